@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Set up ckptgate on a fresh machine and run its main job or its tests.
+
+    python3 scripts/bootstrap.py demo     # set up, then `ckptgate demo` on the embedded OPA
+    python3 scripts/bootstrap.py test     # set up, then every test (pytest, opa test, opa fmt, regal lint)
+    python3 scripts/bootstrap.py setup    # set up only
+    python3 scripts/bootstrap.py run -- ARGS...   # set up, then `ckptgate ARGS...`
+
+Set-up is idempotent and cheap when nothing changed:
+
+* The Python environment (torch and the producers are large) lives *outside* the clone, in
+  ``$CKPTGATE_ENV_HOME`` (default ``~/.cache/ckptgate``), in a folder keyed by a digest of
+  ``pins.toml`` and ``pyproject.toml``.  Every clone with the same pins reuses it.
+* Each clone gets a thin ``.venv`` whose only contents are a ``.pth`` link to that shared
+  environment and an editable install of this clone.
+* OPA and Regal are installed with ``go install <module>@<version>`` into ``.tools/bin``; the
+  install is skipped when the pinned version is already there.
+
+Only the standard library is used here: this script runs before anything is installed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import tomllib
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PINS = ROOT / "pins.toml"
+TOOLS_BIN = ROOT / ".tools" / "bin"
+LOCAL_VENV = ROOT / ".venv"
+# Installed first, so that sdists that import torch at build time (deepspeed) can build
+# without build isolation.
+FIRST_PHASE = ("torch", "numpy")
+BUILD_REQUIREMENTS = ("hatchling==1.29.0", "setuptools==80.9.0", "wheel==0.45.1")
+
+
+def log(msg: str) -> None:
+    print(f"[bootstrap] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], **kw) -> None:
+    log("$ " + " ".join(str(c) for c in cmd))
+    subprocess.run(cmd, check=True, **kw)
+
+
+def load_pins() -> dict:
+    with PINS.open("rb") as f:
+        return tomllib.load(f)
+
+
+def env_key() -> str:
+    h = hashlib.sha256()
+    for p in (PINS, ROOT / "pyproject.toml"):
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    h.update(sysconfig.get_python_version().encode())
+    return h.hexdigest()[:16]
+
+
+def shared_env_dir() -> Path:
+    home = os.environ.get("CKPTGATE_ENV_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ckptgate"
+    )
+    return Path(home) / f"py{sysconfig.get_python_version()}-{env_key()}"
+
+
+def site_packages(env: Path) -> Path:
+    return env / "lib" / f"python{sysconfig.get_python_version()}" / "site-packages"
+
+
+def ensure_shared_env(pins: dict) -> Path:
+    env = shared_env_dir()
+    done = env / ".ckptgate-complete"
+    if done.exists():
+        return env
+    env.parent.mkdir(parents=True, exist_ok=True)
+    with open(env.parent / f".{env.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return env
+        if env.exists():
+            log(f"removing incomplete environment {env}")
+            shutil.rmtree(env)
+        log(f"creating the shared Python environment {env} (first time only; torch is large)")
+        venv.EnvBuilder(with_pip=True, clear=True).create(env)
+        py = str(env / "bin" / "python")
+        pkgs = pins["python"]
+        first = [f"{n}=={pkgs[n]}" for n in FIRST_PHASE]
+        rest = [f"{n}=={v}" for n, v in pkgs.items() if n not in FIRST_PHASE]
+        pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+        run(pip + [*BUILD_REQUIREMENTS, *first])
+        # DeepSpeed ships an sdist whose setup.py imports torch; its ops are JIT-built, never here.
+        run(pip + ["--no-build-isolation", *first, *rest], env={**os.environ, "DS_BUILD_OPS": "0"})
+        done.write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+    return env
+
+
+def ensure_local_venv(shared: Path) -> Path:
+    """A thin per-clone venv: a .pth link to the shared environment plus this clone, editable."""
+    py = LOCAL_VENV / "bin" / "python"
+    link = site_packages(LOCAL_VENV) / "_ckptgate_shared_env.pth"
+    want = f"{site_packages(shared)}\n"
+    if not (py.exists() and link.exists() and link.read_text() == want):
+        if LOCAL_VENV.exists():
+            shutil.rmtree(LOCAL_VENV)
+        venv.EnvBuilder(with_pip=False).create(LOCAL_VENV)
+        link.write_text(want)
+    if not (LOCAL_VENV / "bin" / "ckptgate").exists():
+        run([str(shared / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+             "--no-deps", "--no-build-isolation", "--prefix", str(LOCAL_VENV), "-e", str(ROOT)],
+            stdout=subprocess.DEVNULL)
+        # pip wrote the script's shebang for the shared interpreter; point it at the local venv.
+        script = LOCAL_VENV / "bin" / "ckptgate"
+        lines = script.read_text().splitlines(keepends=True)
+        lines[0] = f"#!{py}\n"
+        script.write_text("".join(lines))
+    return py
+
+
+def tool_version_ok(binary: Path, version: str) -> bool:
+    if not binary.exists():
+        return False
+    try:
+        out = subprocess.run([str(binary), "version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return version.lstrip("v") in out
+
+
+def ensure_go_tools(pins: dict) -> None:
+    """`go install` each pinned tool into .tools/bin, unless that version is already there.
+
+    The install runs inside a throwaway module that requires exactly the pinned version:
+    `go install module@version` also asks the proxy for the module's version list (to report
+    deprecations), which the proxy here refuses for Regal.  The pin itself stays in pins.toml.
+    """
+    TOOLS_BIN.mkdir(parents=True, exist_ok=True)
+    for name, spec in pins["tools"].items():
+        module, version = spec.rsplit("@", 1)
+        if tool_version_ok(TOOLS_BIN / name, version):
+            continue
+        if not shutil.which("go"):
+            sys.exit(f"[bootstrap] Go is needed to install {name} ({spec}); install Go first.")
+        log(f"installing {spec} into {TOOLS_BIN}")
+        version_pkg = {"opa": "github.com/open-policy-agent/opa/v1/version",
+                       "regal": "github.com/open-policy-agent/regal/pkg/version"}[name]
+        with tempfile.TemporaryDirectory(prefix=f"ckptgate-{name}-") as mod:
+            Path(mod, "go.mod").write_text(
+                f"module ckptgate.local/tools/{name}\n\ngo 1.24\n\nrequire {module} {version}\n")
+            run(["go", "install", f"-ldflags=-X {version_pkg}.Version={version.lstrip('v')}", module],
+                cwd=mod, env={**os.environ, "GOBIN": str(TOOLS_BIN), "GOFLAGS": "-mod=mod"})
+        if not tool_version_ok(TOOLS_BIN / name, version):
+            sys.exit(f"[bootstrap] {TOOLS_BIN / name} does not report version {version}")
+
+
+def setup() -> dict[str, str]:
+    pins = load_pins()
+    ensure_go_tools(pins)
+    shared = ensure_shared_env(pins)
+    ensure_local_venv(shared)
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(LOCAL_VENV / "bin"), str(TOOLS_BIN), env.get("PATH", "")])
+    env["VIRTUAL_ENV"] = str(LOCAL_VENV)
+    env.setdefault("CKPTGATE_OPA", str(TOOLS_BIN / "opa"))
+    return env
+
+
+def run_tests(env: dict[str, str]) -> int:
+    opa, regal, py = str(TOOLS_BIN / "opa"), str(TOOLS_BIN / "regal"), str(LOCAL_VENV / "bin" / "python")
+    steps = [
+        ("opa fmt", [opa, "fmt", "--fail", "--list", "policies"]),
+        ("opa check", [opa, "check", "--strict", "policies"]),
+        ("opa test", [opa, "test", "--coverage", "--threshold", "90", "--format", "json", "policies"]),
+        ("regal lint", [regal, "lint", "policies"]),
+        ("pytest", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"]),
+    ]
+    failed = []
+    for name, cmd in steps:
+        log(f"--- {name}")
+        out = subprocess.run(cmd, cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE if name == "opa test" else None, text=True)
+        if name == "opa test" and out.stdout:
+            print(summarise_opa_coverage(out.stdout))
+        if out.returncode != 0:
+            failed.append(name)
+    passed = len(steps) - len(failed)
+    print(f"bootstrap: {passed} passed, {len(failed)} failed" + (f" ({', '.join(failed)})" if failed else ""))
+    return 1 if failed else 0
+
+
+def summarise_opa_coverage(raw: str) -> str:
+    import json
+
+    try:
+        report = json.loads(raw)
+    except ValueError:
+        return raw
+    lines = [f"opa test: coverage {report.get('coverage', 0):.1f}%"]
+    for path, f in sorted(report.get("files", {}).items()):
+        lines.append(f"  {path}: {f.get('coverage', 0):.1f}%")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in {"setup", "demo", "test", "run"}:
+        print(__doc__, file=sys.stderr)
+        return 2
+    env = setup()
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "setup":
+        return 0
+    if cmd == "test":
+        return run_tests(env)
+    ckptgate = str(LOCAL_VENV / "bin" / "ckptgate")
+    args = ["demo", *rest] if cmd == "demo" else [a for a in rest if a != "--"]
+    return subprocess.run([ckptgate, *args], cwd=ROOT, env=env).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,84 @@
+"""The ``ckptgate`` command group, error translation and output helpers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+
+from ckptgate import __version__
+from ckptgate.errors import Error, ExitCode, UsageError
+
+stderr = Console(stderr=True, highlight=False)
+stdout = Console(highlight=False, soft_wrap=True)
+
+
+def emit_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def report_error(err: Error, as_json: bool) -> None:
+    if as_json:
+        emit_json(err.to_json())
+        return
+    stderr.print(f"[bold red]error[/] [{err.code}] {err.message}")
+    reasons = getattr(err, "reasons", None) or []
+    for r in reasons:
+        stderr.print(f"  - [{r.get('code', '?')}] {r.get('message', '')}")
+    stderr.print(f"[dim]advice:[/] {err.diagnostics()}")
+
+
+def json_option(f: Callable) -> Callable:
+    return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")(f)
+
+
+class _Group(click.Group):
+    """Maps click's usage errors to our exit code 2 and keeps them traceback-free."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        kwargs["standalone_mode"] = False
+        as_json = "--json" in sys.argv
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.Abort:
+            stderr.print("aborted")
+            sys.exit(130)
+        except click.UsageError as e:
+            report_error(UsageError("usage.invalid", e.format_message()), as_json)
+            sys.exit(ExitCode.USAGE)
+        except click.ClickException as e:
+            report_error(UsageError("usage.invalid", e.format_message()), as_json)
+            sys.exit(ExitCode.USAGE)
+        except Error as e:
+            report_error(e, as_json)
+            sys.exit(int(e.exit_code))
+        except KeyboardInterrupt:
+            stderr.print("interrupted; nothing was published")
+            sys.exit(130)
+        except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback
+            report_error(Error("internal.unexpected", f"{type(e).__name__}: {e}"), as_json)
+            sys.exit(ExitCode.INTERNAL)
+        sys.exit(int(rv or 0))
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ckptgate")
+def cli() -> None:
+    """ckptgate: a policy-as-code gate for distributed-training checkpoints.
+
+    Exit codes: 0 ok, 1 internal error, 2 usage error, 3 policy denied, 4 input rejected,
+    5 verification failed, 6 policy engine unavailable, 7 contained runtime failed.
+    """
+
+
+def main() -> None:
+    from ckptgate._cli import commands  # noqa: F401  (registers every sub-command)
+
+    cli()

@@ -1,0 +1,135 @@
+"""The one error root of ckptgate, its subsystem subclasses and the stable exit codes.
+
+Every failure that reaches a user is an :class:`Error` with a stable ``code`` (a dotted,
+lower-case string such as ``input.safetensors.offsets_gap``), a plain-words message, and
+``diagnostics()`` advice on what to do next.  Only the CLI turns an error into an exit: it
+prints the message (or, with ``--json``, :meth:`Error.to_json`) and exits with
+:attr:`Error.exit_code`.  No traceback ever reaches the user.
+
+Exit codes are part of the public interface and never change meaning:
+
+====  =====================  ==========================================================
+code  name                   meaning
+====  =====================  ==========================================================
+0     OK                     success; for ``intake``, the decision was allow and DST was published
+1     INTERNAL               a bug in ckptgate; nothing was published
+2     USAGE                  bad command-line usage
+3     DENIED                 the policy decided deny (or the decision was missing/malformed: fail closed)
+4     INPUT_REJECTED         the input is malformed or unsafe to read (inspection refused it)
+5     VERIFICATION_FAILED    a signature, digest or attestation did not verify
+6     ENGINE_UNAVAILABLE     the policy engine could not be started or reached (fail closed: deny)
+7     RUNTIME_FAILED         a contained loader or the consolidation runtime failed; nothing was published
+====  =====================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class ExitCode(enum.IntEnum):
+    """Stable, documented process exit codes."""
+
+    OK = 0
+    INTERNAL = 1
+    USAGE = 2
+    DENIED = 3
+    INPUT_REJECTED = 4
+    VERIFICATION_FAILED = 5
+    ENGINE_UNAVAILABLE = 6
+    RUNTIME_FAILED = 7
+
+
+class Error(Exception):
+    """Root of every ckptgate error.
+
+    :param code: stable machine-readable code, dotted and lower-case.
+    :param message: what went wrong, in plain words.
+    :param evidence: JSON-serialisable facts that support the message (paths, offsets, digests).
+    """
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+    default_advice: str = "This is a bug in ckptgate; please report it with the --json output."
+
+    def __init__(self, code: str, message: str, *, evidence: dict[str, Any] | None = None,
+                 advice: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.evidence = dict(evidence or {})
+        self._advice = advice
+
+    def diagnostics(self) -> str:
+        """Advice on what to do next, not just what broke."""
+        return self._advice or self.default_advice
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "code": self.code,
+                "kind": type(self).__name__,
+                "message": self.message,
+                "evidence": self.evidence,
+                "advice": self.diagnostics(),
+                "exit_code": int(self.exit_code),
+            }
+        }
+
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return f"{self.code}: {self.message}"
+
+
+class UsageError(Error):
+    exit_code = ExitCode.USAGE
+    default_advice = "Run the command with --help to see its arguments."
+
+
+class InputRejected(Error):
+    """The checkpoint (or another input file) is malformed or unsafe to read."""
+
+    exit_code = ExitCode.INPUT_REJECTED
+    default_advice = ("The input was refused before anything in it was loaded or executed. "
+                      "Run `ckptgate inspect PATH` to see every finding; obtain the checkpoint again "
+                      "from its producer if it should have been valid.")
+
+
+class VerificationError(Error):
+    """A signature, digest, certificate or attestation failed verification."""
+
+    exit_code = ExitCode.VERIFICATION_FAILED
+    default_advice = ("Do not trust this evidence. Check that the attestation was made for exactly "
+                      "this checkpoint and signed by a key listed in the trust data.")
+
+
+class PolicyDenied(Error):
+    """The policy decided deny.  ``reasons`` are the policy's object-shaped reasons."""
+
+    exit_code = ExitCode.DENIED
+    default_advice = "Run `ckptgate explain` with the same arguments to see the evidence behind each reason."
+
+    def __init__(self, code: str, message: str, *, reasons: list[dict[str, Any]] | None = None,
+                 evidence: dict[str, Any] | None = None, advice: str | None = None) -> None:
+        super().__init__(code, message, evidence=evidence, advice=advice)
+        self.reasons = list(reasons or [])
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        out["error"]["reasons"] = self.reasons
+        return out
+
+
+class EngineUnavailable(Error):
+    """The policy engine could not be started, reached, or did not answer in time (deny)."""
+
+    exit_code = ExitCode.ENGINE_UNAVAILABLE
+    default_advice = ("The decision is deny because no valid decision arrived. Check that the pinned OPA "
+                      "is installed (`python3 scripts/bootstrap.py setup`) or that --opa-url is reachable.")
+
+
+class RuntimeFailure(Error):
+    """A contained loader or the consolidation runtime failed; nothing was published."""
+
+    exit_code = ExitCode.RUNTIME_FAILED
+    default_advice = ("Nothing was published. If a contained worker was killed, check the resource limits "
+                      "in the containment profile; the receipt of a previous run is unchanged.")

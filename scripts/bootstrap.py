@@ -59,11 +59,24 @@ def load_pins() -> dict:
 
 
 def env_key() -> str:
-    h = hashlib.sha256()
-    for p in (PINS, ROOT / "pyproject.toml"):
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    """The shared environment is keyed by the pins alone (pyproject.toml edits don't rebuild it)."""
+    h = hashlib.sha256(PINS.read_bytes())
     h.update(sysconfig.get_python_version().encode())
     return h.hexdigest()[:16]
+
+
+def check_pins_cover_pyproject(pins: dict) -> None:
+    """Every dependency pyproject.toml declares must be pinned here, or the env would drift."""
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        project = tomllib.load(f)["project"]
+    declared = list(project["dependencies"])
+    for extra in project.get("optional-dependencies", {}).values():
+        declared += extra
+    pinned = {n.lower().replace("_", "-") for n in pins["python"]}
+    for req in declared:
+        name = req.split(">")[0].split("=")[0].split("<")[0].split("[")[0].strip().lower().replace("_", "-")
+        if name not in pinned:
+            sys.exit(f"[bootstrap] pyproject.toml declares {name!r} but pins.toml does not pin it")
 
 
 def shared_env_dir() -> Path:
@@ -105,24 +118,26 @@ def ensure_shared_env(pins: dict) -> Path:
 
 
 def ensure_local_venv(shared: Path) -> Path:
-    """A thin per-clone venv: a .pth link to the shared environment plus this clone, editable."""
+    """A thin per-clone venv: a .pth linking the shared environment and this clone's src/.
+
+    This is what an editable install amounts to, without building anything; the console
+    script below is the one pyproject.toml declares.
+    """
     py = LOCAL_VENV / "bin" / "python"
     link = site_packages(LOCAL_VENV) / "_ckptgate_shared_env.pth"
-    want = f"{site_packages(shared)}\n"
+    want = f"{site_packages(shared)}\n{ROOT / 'src'}\n"
     if not (py.exists() and link.exists() and link.read_text() == want):
         if LOCAL_VENV.exists():
             shutil.rmtree(LOCAL_VENV)
         venv.EnvBuilder(with_pip=False).create(LOCAL_VENV)
         link.write_text(want)
-    if not (LOCAL_VENV / "bin" / "ckptgate").exists():
-        run([str(shared / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-             "--no-deps", "--no-build-isolation", "--prefix", str(LOCAL_VENV), "-e", str(ROOT)],
-            stdout=subprocess.DEVNULL)
-        # pip wrote the script's shebang for the shared interpreter; point it at the local venv.
-        script = LOCAL_VENV / "bin" / "ckptgate"
-        lines = script.read_text().splitlines(keepends=True)
-        lines[0] = f"#!{py}\n"
-        script.write_text("".join(lines))
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    for name, target in scripts.items():
+        module, func = target.split(":")
+        script = LOCAL_VENV / "bin" / name
+        script.write_text(f"#!{py}\nimport sys\nfrom {module} import {func}\nsys.exit({func}())\n")
+        script.chmod(0o755)
     return py
 
 
@@ -164,6 +179,7 @@ def ensure_go_tools(pins: dict) -> None:
 
 def setup() -> dict[str, str]:
     pins = load_pins()
+    check_pins_cover_pyproject(pins)
     ensure_go_tools(pins)
     shared = ensure_shared_env(pins)
     ensure_local_venv(shared)

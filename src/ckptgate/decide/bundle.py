@@ -1,0 +1,151 @@
+"""Policy bundles: build with ``opa build``, sign, and name by revision.
+
+The policy revision is a digest of every file that goes into the bundle (tests excluded), so a
+receipt that names the revision names exactly the policies and policy data that decided.
+
+Two sources are supported:
+
+* :meth:`PolicyBundle.from_directory` builds a bundle from a ``policies/`` tree and signs it with
+  a fresh ES256 key held only in memory and in the private work directory.  This proves the
+  bundle OPA loaded is the one ckptgate built (OPA refuses a modified one); it says nothing more
+  about who wrote the policies than the file system does.
+* :meth:`PolicyBundle.from_signed_file` takes a bundle that a policy maintainer built and signed
+  (``ckptgate policy build --signing-key ...``) together with the maintainer's public key.
+  OPA verifies it at start-up and refuses to start when it was tampered with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from ckptgate.errors import EngineUnavailable
+
+SIGNING_ALG = "ES256"
+_EXCLUDED_SUFFIXES = ("_test.rego",)
+_EXCLUDED_DIRS = (".regal", "schemas")
+
+
+def find_opa() -> str:
+    """The OPA binary: ``$CKPTGATE_OPA``, else ``opa`` on ``PATH``, else the clone's ``.tools/bin``."""
+    explicit = os.environ.get("CKPTGATE_OPA")
+    if explicit:
+        return explicit
+    found = shutil.which("opa")
+    if found:
+        return found
+    local = Path(__file__).resolve().parents[3] / ".tools" / "bin" / "opa"
+    if local.exists():
+        return str(local)
+    raise EngineUnavailable(
+        "engine.opa.not_installed",
+        "the OPA binary was not found (set CKPTGATE_OPA or put opa on PATH)",
+    )
+
+
+def default_policy_dir() -> Path:
+    """``$CKPTGATE_POLICIES``, else the ``policies/`` folder of this source tree."""
+    explicit = os.environ.get("CKPTGATE_POLICIES")
+    path = Path(explicit) if explicit else Path(__file__).resolve().parents[3] / "policies"
+    if not path.is_dir():
+        raise EngineUnavailable("engine.policies.missing", f"policy directory {path} does not exist")
+    return path
+
+
+def policy_files(policy_dir: Path) -> list[Path]:
+    """Every file that goes into the bundle, sorted: Rego (tests excluded) and JSON data."""
+    out = []
+    for p in sorted(policy_dir.rglob("*")):
+        rel = p.relative_to(policy_dir)
+        if not p.is_file() or any(part in _EXCLUDED_DIRS or part.startswith(".") for part in rel.parts):
+            continue
+        if p.suffix == ".rego" and not p.name.endswith(_EXCLUDED_SUFFIXES):
+            out.append(p)
+        elif p.name == "data.json":
+            out.append(p)
+    return out
+
+
+def policy_revision(policy_dir: Path, overlays: dict[str, bytes] | None = None) -> str:
+    """sha256 over (relative path, content) of every bundled file, overlays included."""
+    h = hashlib.sha256()
+    files = {str(p.relative_to(policy_dir)): p.read_bytes() for p in policy_files(policy_dir)}
+    files.update(overlays or {})
+    for rel in sorted(files):
+        data = files[rel]
+        h.update(f"{rel}\0{len(data)}\0".encode())
+        h.update(data)
+    return "sha256:" + h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyBundle:
+    """A signed bundle file on disk with the public key that verifies it."""
+
+    path: Path
+    verification_key: Path
+    revision: str
+
+    @classmethod
+    def from_directory(cls, policy_dir: Path, workdir: Path, *,
+                       overlays: dict[str, bytes] | None = None) -> PolicyBundle:
+        """Build and sign a bundle of ``policy_dir`` inside the private ``workdir``.
+
+        ``overlays`` maps bundle-relative paths to replacement contents (for example a trust
+        data file named on the command line); they count toward the revision.
+        """
+        key = ec.generate_private_key(ec.SECP256R1())
+        key_path, pub_path = workdir / "bundle-signing.pem", workdir / "bundle-verify.pem"
+        _write_private(key_path, key.private_bytes(serialization.Encoding.PEM,
+                                                   serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()))
+        pub_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                           serialization.PublicFormat.SubjectPublicKeyInfo))
+        revision = policy_revision(policy_dir, overlays)
+        out = workdir / "policy-bundle.tar.gz"
+        build_signed(policy_dir, out, signing_key=key_path, revision=revision, overlays=overlays)
+        key_path.unlink()
+        return cls(path=out, verification_key=pub_path, revision=revision)
+
+    @classmethod
+    def from_signed_file(cls, bundle: Path, verification_key: Path) -> PolicyBundle:
+        """A maintainer-signed bundle; its revision is read back by OPA at decision time."""
+        for p in (bundle, verification_key):
+            if not p.is_file():
+                raise EngineUnavailable("engine.bundle.missing", f"{p} does not exist")
+        return cls(path=bundle, verification_key=verification_key, revision="")
+
+
+def build_signed(policy_dir: Path, out: Path, *, signing_key: Path, revision: str,
+                 overlays: dict[str, bytes] | None = None) -> None:
+    """``opa build`` a signed bundle of ``policy_dir`` (plus overlays) into ``out``."""
+    with tempfile.TemporaryDirectory(prefix="ckptgate-bundle-") as stage:
+        root = Path(stage) / "bundle"
+        for p in policy_files(policy_dir):
+            dst = root / p.relative_to(policy_dir)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(p, dst)
+        for rel, data in (overlays or {}).items():
+            dst = root / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(data)
+        cmd = [find_opa(), "build", "--bundle", ".", "--revision", revision,
+               "--signing-key", str(signing_key), "--signing-alg", SIGNING_ALG, "-o", str(out)]
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise EngineUnavailable("engine.bundle.build_failed",
+                                    f"opa build failed: {proc.stderr.strip()[:2000]}")
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)

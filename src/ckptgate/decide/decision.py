@@ -1,0 +1,156 @@
+"""Strict parsing of policy decisions: anything but the exact decision shape is deny.
+
+The shape (see ``docs/architecture.md``)::
+
+    {"allow": bool, "plane": str | null, "permitted_loaders": [str], "required_controls": [str],
+     "reasons": [{"code": str, "message": str, "evidence": object, "severity"?: str}]}
+
+:func:`parse_decision` never raises: a malformed answer becomes a deny :class:`Decision` whose
+single reason says what was wrong with it (fail closed).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from ckptgate.decide.engine import RawDecision
+
+PLANES = ("pure_data", "static_pickle", "framework")
+_KEYS = frozenset({"allow", "plane", "permitted_loaders", "required_controls", "reasons"})
+_REASON_KEYS = frozenset({"code", "message", "evidence", "severity"})
+_NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reason:
+    """One object-shaped reason from the policy."""
+
+    code: str
+    message: str
+    evidence: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    severity: str = "deny"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "evidence": dict(self.evidence),
+                "severity": self.severity}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """A decision that passed the strict shape check, with where it came from."""
+
+    allow: bool
+    plane: str | None
+    permitted_loaders: tuple[str, ...]
+    required_controls: tuple[str, ...]
+    reasons: tuple[Reason, ...]
+    decision_id: str
+    policy_revision: str
+    engine: str
+
+    def __post_init__(self) -> None:
+        if self.allow and self.plane not in PLANES:
+            raise ValueError("an allow decision must name a plane")
+
+    @property
+    def deny_reasons(self) -> tuple[Reason, ...]:
+        return tuple(r for r in self.reasons if r.severity == "deny")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"allow": self.allow, "plane": self.plane,
+                "permitted_loaders": list(self.permitted_loaders),
+                "required_controls": list(self.required_controls),
+                "reasons": [r.to_json() for r in self.reasons],
+                "decision_id": self.decision_id, "policy_revision": self.policy_revision,
+                "engine": self.engine}
+
+
+def deny(code: str, message: str, *, raw: RawDecision | None = None,
+         evidence: Mapping[str, Any] | None = None) -> Decision:
+    """A deny decision made by ckptgate itself (fail closed)."""
+    return Decision(allow=False, plane=None, permitted_loaders=(), required_controls=(),
+                    reasons=(Reason(code=code, message=message,
+                                    evidence=MappingProxyType(dict(evidence or {}))),),
+                    decision_id=raw.decision_id if raw else "",
+                    policy_revision=raw.policy_revision if raw else "",
+                    engine=raw.engine if raw else "ckptgate")
+
+
+class _Malformed(Exception):
+    pass
+
+
+def parse_decision(raw: RawDecision) -> Decision:
+    """The decision in ``raw``, or a deny whose reason explains why it was not accepted."""
+    try:
+        return _parse(raw)
+    except _Malformed as e:
+        return deny("decision_malformed",
+                    f"the policy engine's answer does not match the decision schema ({e}); deny",
+                    raw=raw, evidence={"answer": _preview(raw.result)})
+
+
+def _parse(raw: RawDecision) -> Decision:
+    doc = raw.result
+    if not isinstance(doc, dict):
+        raise _Malformed(f"expected an object, got {type(doc).__name__}")
+    if set(doc) != _KEYS:
+        missing, extra = sorted(_KEYS - set(doc)), sorted(set(doc) - _KEYS)
+        raise _Malformed(f"missing keys {missing}, unexpected keys {extra}")
+    allow = doc["allow"]
+    if not isinstance(allow, bool):
+        raise _Malformed("'allow' is not a boolean")
+    plane = doc["plane"]
+    if plane is not None and plane not in PLANES:
+        raise _Malformed(f"unknown plane {plane!r}")
+    if allow and plane is None:
+        raise _Malformed("an allow decision without a plane")
+    loaders = _names(doc["permitted_loaders"], "permitted_loaders")
+    controls = _names(doc["required_controls"], "required_controls")
+    reasons = _reasons(doc["reasons"], default_severity="info" if allow else "deny")
+    if allow and any(r.severity == "deny" for r in reasons):
+        raise _Malformed("'allow' is true but a deny reason is present")
+    if not allow and not any(r.severity == "deny" for r in reasons):
+        raise _Malformed("'allow' is false but no deny reason says why")
+    if allow and not loaders:
+        raise _Malformed("an allow decision that permits no loader")
+    return Decision(allow=allow, plane=plane, permitted_loaders=loaders, required_controls=controls,
+                    reasons=reasons, decision_id=raw.decision_id, policy_revision=raw.policy_revision,
+                    engine=raw.engine)
+
+
+def _names(value: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and _NAME.match(v) for v in value):
+        raise _Malformed(f"'{what}' is not a list of names")
+    if len(set(value)) != len(value):
+        raise _Malformed(f"'{what}' repeats a name")
+    return tuple(value)
+
+
+def _reasons(value: Any, *, default_severity: str) -> tuple[Reason, ...]:
+    """Reasons without a ``severity`` explain the decision they come with: info for allow, deny for deny."""
+    if not isinstance(value, list):
+        raise _Malformed("'reasons' is not a list")
+    out = []
+    for r in value:
+        if not isinstance(r, dict) or not {"code", "message"} <= set(r) or not set(r) <= _REASON_KEYS:
+            raise _Malformed("a reason is not {code, message, evidence}")
+        if not isinstance(r["code"], str) or not _NAME.match(r["code"]) or not isinstance(r["message"], str):
+            raise _Malformed("a reason has a bad code or message")
+        evidence = r.get("evidence", {})
+        if not isinstance(evidence, dict):
+            raise _Malformed(f"reason {r['code']!r} has non-object evidence")
+        severity = r.get("severity", default_severity)
+        if severity not in ("deny", "warn", "info"):
+            raise _Malformed(f"reason {r['code']!r} has unknown severity {severity!r}")
+        out.append(Reason(code=r["code"], message=r["message"],
+                          evidence=MappingProxyType(dict(evidence)), severity=severity))
+    return tuple(out)
+
+
+def _preview(value: Any, limit: int = 300) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

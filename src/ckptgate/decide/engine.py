@@ -1,0 +1,252 @@
+"""Policy engines: the embedded OPA server that ckptgate owns, or a remote OPA.
+
+Both are queried with ``opa-python-client``.  Every failure to obtain an answer (start-up,
+connection, timeout, HTTP error, undefined result) raises :class:`EngineUnavailable`; the
+caller treats that as deny.  Nothing here interprets a decision: see :mod:`.decision`.
+
+The embedded server:
+
+* listens on ``127.0.0.1`` on a free port, with ``--authentication=token
+  --authorization=basic``.  The ``system.authz`` policy in the bundle admits only a bearer
+  token whose sha256 equals ``CKPTGATE_OPA_TOKEN_SHA256`` in the server's own environment; the
+  token is random per start and never written to disk, so other local users cannot query it;
+* loads the policies as a signed bundle and verifies it (``--verification-key``); a tampered
+  bundle makes OPA refuse to start;
+* dies with its owner: ``PR_SET_PDEATHSIG`` kills it if ckptgate is killed (even ``kill -9``),
+  and :meth:`EmbeddedOpa.close` (context-manager exit, ``atexit``, SIGTERM/SIGINT) stops it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import hashlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+import requests
+from opa_client import OpaClient
+
+from ckptgate.decide.bundle import PolicyBundle, default_policy_dir, find_opa
+from ckptgate.errors import EngineUnavailable
+
+DEFAULT_TIMEOUT_S = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RawDecision:
+    """What the engine answered, before any interpretation."""
+
+    result: Any
+    decision_id: str
+    policy_revision: str
+    engine: str
+
+
+class PolicyEngine(Protocol):
+    """Evaluates one input document at one entrypoint (a ``/``-separated path under ``data``)."""
+
+    def evaluate(self, entrypoint: str, input_doc: dict[str, Any]) -> RawDecision: ...
+
+    def close(self) -> None: ...
+
+
+class _ClientEngine:
+    """Shared query logic over an :class:`OpaClient`."""
+
+    _client: OpaClient
+    _name: str
+    _revision: str
+
+    def evaluate(self, entrypoint: str, input_doc: dict[str, Any]) -> RawDecision:
+        package, _, rule = entrypoint.strip("/").rpartition("/")
+        try:
+            body = self._client.query_rule(input_doc, package.replace("/", "."), rule,
+                                           query_params={"provenance": "true"})
+        except requests.Timeout as e:
+            raise EngineUnavailable("engine.timeout", f"the policy engine did not answer within "
+                                    f"{self._client.timeout:g} s (a late decision is deny)") from e
+        except requests.RequestException as e:
+            raise EngineUnavailable("engine.unreachable", f"the policy engine at {self._name} "
+                                    f"could not be queried: {type(e).__name__}") from e
+        except ValueError as e:  # body was not JSON
+            raise EngineUnavailable("engine.bad_response", "the policy engine answered with non-JSON") from e
+        if not isinstance(body, dict) or "result" not in body:
+            raise EngineUnavailable("engine.undefined", f"the entrypoint data.{package.replace('/', '.')}."
+                                    f"{rule} is undefined in the loaded policies (deny)")
+        bundles = (body.get("provenance") or {}).get("bundles") or {}
+        revisions = sorted({str(b.get("revision", "")) for b in bundles.values() if isinstance(b, dict)})
+        revision = ",".join(r for r in revisions if r) or self._revision or "unknown"
+        return RawDecision(result=body["result"], decision_id=str(body.get("decision_id") or ""),
+                           policy_revision=revision, engine=self._name)
+
+
+class RemoteOpa(_ClientEngine):
+    """An OPA server someone else runs, named by URL (``--opa-url`` or ``CKPTGATE_OPA_URL``)."""
+
+    def __init__(self, url: str, *, token: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        parsed = urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise EngineUnavailable("engine.remote.bad_url", f"--opa-url must be http(s)://host:port, got {url!r}")
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        self._client = OpaClient(host=parsed.hostname, port=port, ssl=parsed.scheme == "https",
+                                 token=token, timeout=timeout_s, retries=0)
+        self._name = f"{parsed.scheme}://{parsed.hostname}:{port}"
+        self._revision = ""
+        if not self._client.check_health():
+            raise EngineUnavailable("engine.remote.unhealthy", f"the OPA at {self._name} is not healthy or not reachable")
+
+    def close(self) -> None:
+        self._client.close_connection()
+
+
+class EmbeddedOpa(_ClientEngine):
+    """A local OPA server owned by this process.  Use as a context manager."""
+
+    _live: set[EmbeddedOpa] = set()
+
+    def __init__(self, *, bundle: PolicyBundle | None = None, policy_dir: Path | None = None,
+                 overlays: dict[str, bytes] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 start_timeout_s: float = 30.0, log_path: Path | None = None) -> None:
+        self._workdir = Path(tempfile.mkdtemp(prefix="ckptgate-opa-"))  # mode 0700
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._closed = False
+        try:
+            if bundle is None:
+                bundle = PolicyBundle.from_directory(policy_dir or default_policy_dir(), self._workdir,
+                                                     overlays=overlays)
+            self._revision = bundle.revision
+            self._start(bundle, timeout_s, start_timeout_s, log_path)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def _start(self, bundle: PolicyBundle, timeout_s: float, start_timeout_s: float,
+               log_path: Path | None) -> None:
+        token = secrets.token_urlsafe(32)
+        port = _free_port()
+        log_path = log_path or self._workdir / "opa.log"
+        env = {"PATH": os.environ.get("PATH", ""),
+               "CKPTGATE_OPA_TOKEN_SHA256": hashlib.sha256(token.encode()).hexdigest()}
+        cmd = [find_opa(), "run", "--server", "--addr", f"127.0.0.1:{port}",
+               "--authentication=token", "--authorization=basic",
+               "--bundle", str(bundle.path),
+               "--verification-key", str(bundle.verification_key), "--signing-alg", "ES256",
+               "--set", "decision_logs.console=true", "--skip-version-check",
+               "--shutdown-grace-period", "1", "--log-level", "info"]
+        with open(log_path, "ab") as log:
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                          env=env, preexec_fn=_die_with_parent, close_fds=True)
+        EmbeddedOpa._live.add(self)
+        self._name = f"embedded OPA (pid {self._proc.pid}, 127.0.0.1:{port})"
+        self._client = OpaClient(host="127.0.0.1", port=port, token=token, timeout=timeout_s, retries=0)
+        deadline = time.monotonic() + start_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise EngineUnavailable(
+                    "engine.opa.start_failed",
+                    f"the embedded OPA exited during start-up (code {self._proc.returncode}): "
+                    f"{_tail(log_path)}",
+                    advice="A bundle whose signature does not verify makes OPA refuse to start; "
+                           "rebuild it with `ckptgate policy build` or use the policies directory.")
+            if self._client.check_health():
+                return
+            time.sleep(0.05)
+        raise EngineUnavailable("engine.opa.start_timeout",
+                                f"the embedded OPA did not become healthy within {start_timeout_s:g} s")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=3)
+        if hasattr(self, "_client"):
+            self._client.close_connection()
+        EmbeddedOpa._live.discard(self)
+        for p in sorted(self._workdir.glob("*"), reverse=True):
+            p.unlink(missing_ok=True)
+        self._workdir.rmdir()
+
+    def __enter__(self) -> EmbeddedOpa:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_engine(*, opa_url: str | None = None, opa_token: str | None = None, policy_dir: Path | None = None,
+                bundle: PolicyBundle | None = None, overlays: dict[str, bytes] | None = None,
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> PolicyEngine:
+    """The remote OPA named by ``opa_url`` (or ``$CKPTGATE_OPA_URL``), else the embedded default."""
+    url = opa_url or os.environ.get("CKPTGATE_OPA_URL")
+    if url:
+        return RemoteOpa(url, token=opa_token or os.environ.get("CKPTGATE_OPA_TOKEN"), timeout_s=timeout_s)
+    return EmbeddedOpa(bundle=bundle, policy_dir=policy_dir, overlays=overlays, timeout_s=timeout_s)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    os.setpgid(0, 0)  # Ctrl-C in a terminal reaches ckptgate, which then stops OPA itself
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(path: Path, limit: int = 800) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            return line[-limit:]
+        if rec.get("level") == "error" or "err" in rec:
+            return str(rec.get("err") or rec.get("msg"))[-limit:]
+    return (lines[-1] if lines else "")[-limit:]
+
+
+def _close_all() -> None:
+    for engine in list(EmbeddedOpa._live):
+        engine.close()
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    _close_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+atexit.register(_close_all)
+if threading.current_thread() is threading.main_thread():
+    for _sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(_sig) in (signal.SIG_DFL, None):
+            signal.signal(_sig, _on_signal)

@@ -1,0 +1,116 @@
+"""The one OPA input document, built by a typed builder (see ``docs/architecture.md``).
+
+The builder takes the records of the earlier steps (anything with ``to_facts()``) and freezes
+them into a :class:`PolicyInput`.  A verification failure enters only as a *rejected*
+attestation with its error code: its statement never reaches policy.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from ckptgate.errors import Error, UsageError
+
+ACTIONS = ("intake", "decide", "verify", "qualify")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class HasFacts(Protocol):
+    def to_facts(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """What the user asked for."""
+
+    action: str
+    now: datetime
+    candidate_commit: str | None = None
+    target: str = "hf-sharded-safetensors"
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise UsageError("usage.request.action", f"unknown action {self.action!r}")
+        if self.now.tzinfo is None:
+            raise UsageError("usage.request.naive_time", "the request time must be timezone-aware")
+        if self.candidate_commit is not None and not _COMMIT.match(self.candidate_commit):
+            raise UsageError("usage.request.commit", "--candidate-commit must be 40 lower-case hex digits")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"action": self.action,
+                "now": self.now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "candidate_commit": self.candidate_commit, "target": self.target}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyInput:
+    """The complete, immutable input document for one decision."""
+
+    request: Request
+    fixture: dict[str, Any]
+    inspection: dict[str, Any]
+    attestations: tuple[dict[str, Any], ...]
+    rejected_attestations: tuple[dict[str, Any], ...]
+    containment: dict[str, Any] | None
+
+    def __post_init__(self) -> None:
+        if not _DIGEST.match(str(self.fixture.get("digest", ""))):
+            raise ValueError("the fixture facts carry no sha256 digest")
+
+    def to_json(self) -> dict[str, Any]:
+        return copy.deepcopy({
+            "request": self.request.to_json(),
+            "fixture": self.fixture,
+            "inspection": self.inspection,
+            "attestations": list(self.attestations),
+            "rejected_attestations": list(self.rejected_attestations),
+            "containment": self.containment,
+        })
+
+
+class PolicyInputBuilder:
+    """Collects facts in pipeline order, then :meth:`build` freezes them."""
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+        self._fixture: dict[str, Any] | None = None
+        self._inspection: dict[str, Any] | None = None
+        self._attestations: list[dict[str, Any]] = []
+        self._rejected: list[dict[str, Any]] = []
+        self._containment: dict[str, Any] | None = None
+
+    def fixture(self, digest: HasFacts) -> PolicyInputBuilder:
+        self._fixture = digest.to_facts()
+        return self
+
+    def inspection(self, inspection: HasFacts) -> PolicyInputBuilder:
+        self._inspection = inspection.to_facts()
+        return self
+
+    def attestation(self, verified: HasFacts) -> PolicyInputBuilder:
+        self._attestations.append(verified.to_facts())
+        return self
+
+    def rejected_attestation(self, source: str, error: Error) -> PolicyInputBuilder:
+        self._rejected.append({"source": source, "code": error.code, "message": error.message})
+        return self
+
+    def containment(self, profile: HasFacts | None) -> PolicyInputBuilder:
+        self._containment = profile.to_facts() if profile is not None else None
+        return self
+
+    def build(self) -> PolicyInput:
+        if self._fixture is None or self._inspection is None:
+            raise ValueError("a policy input needs the fixture digest and the inspection")
+        return PolicyInput(request=self._request, fixture=self._fixture, inspection=self._inspection,
+                           attestations=tuple(self._attestations),
+                           rejected_attestations=tuple(self._rejected), containment=self._containment)
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)

@@ -1,0 +1,79 @@
+"""Permits: the only way a loader that is not pure data may run.
+
+A :class:`Permit` is minted by :func:`issue_permit`, and only from an *allow* decision whose
+``permitted_loaders`` include the loader.  It is bound to the fixture digest, the loader, the
+plane, the controls the policy required and the decision id.  A permit carries a seal (an HMAC
+under a key that exists only in this process's memory), so a permit built by hand, or copied
+with ``dataclasses.replace`` to another digest or loader, does not check.
+
+Every loader that is not pure data calls :meth:`Permit.check` with the digest of the bytes it is
+about to read and the containment controls that are actually active, and refuses to run
+otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ckptgate.decide.decision import Decision
+from ckptgate.errors import PolicyDenied
+
+_SEAL_KEY = secrets.token_bytes(32)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Permit:
+    """Permission to run one loader on the exact bytes with one fixture digest."""
+
+    fixture_digest: str
+    loader: str
+    plane: str
+    required_controls: tuple[str, ...]
+    decision_id: str
+    policy_revision: str
+    seal: str
+
+    def _payload(self) -> bytes:
+        return json.dumps([self.fixture_digest, self.loader, self.plane, list(self.required_controls),
+                           self.decision_id, self.policy_revision]).encode()
+
+    def check(self, *, fixture_digest: str, loader: str, controls: Mapping[str, bool]) -> None:
+        """Raise :class:`PolicyDenied` unless this permit allows ``loader`` on these bytes now."""
+        want = hmac.new(_SEAL_KEY, self._payload(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(want, self.seal):
+            raise PolicyDenied("enforce.permit.forged",
+                               "the permit was not issued by this engine (its seal does not check)")
+        if fixture_digest != self.fixture_digest:
+            raise PolicyDenied("enforce.permit.wrong_digest",
+                               f"the permit is for {self.fixture_digest}, not for {fixture_digest}",
+                               evidence={"permit": self.fixture_digest, "actual": fixture_digest})
+        if loader != self.loader:
+            raise PolicyDenied("enforce.permit.wrong_loader",
+                               f"the permit is for loader {self.loader!r}, not {loader!r}")
+        missing = [c for c in self.required_controls if not controls.get(c, False)]
+        if missing:
+            raise PolicyDenied("enforce.permit.control_missing",
+                               f"containment controls required by the policy are not active: {', '.join(missing)}",
+                               evidence={"missing": missing})
+
+
+def issue_permit(decision: Decision, *, fixture_digest: str, loader: str) -> Permit:
+    """Mint a permit from an allow ``decision`` that permits ``loader``; anything else is denied."""
+    if not decision.allow or decision.plane is None:
+        raise PolicyDenied("enforce.permit.not_allowed", "no permit without an allow decision",
+                           reasons=[r.to_json() for r in decision.deny_reasons])
+    if loader not in decision.permitted_loaders:
+        raise PolicyDenied("enforce.permit.loader_not_permitted",
+                           f"the decision does not permit loader {loader!r} "
+                           f"(permitted: {', '.join(decision.permitted_loaders) or 'none'})")
+    fields = dict(fixture_digest=fixture_digest, loader=loader, plane=decision.plane,
+                  required_controls=tuple(decision.required_controls), decision_id=decision.decision_id,
+                  policy_revision=decision.policy_revision)
+    unsealed = Permit(**fields, seal="")
+    seal = hmac.new(_SEAL_KEY, unsealed._payload(), hashlib.sha256).hexdigest()
+    return Permit(**fields, seal=seal)

@@ -1,0 +1,122 @@
+"""Atomic publication: DST is either absent, or complete, fsynced and carrying its receipt.
+
+Files are written into a private staging directory beside DST (same file system), every file
+and the directory are fsynced, the receipt is written last, and the staging directory is
+renamed to DST with ``renameat2(RENAME_NOREPLACE)``, so an existing DST is never replaced and a
+crash or ``kill -9`` at any point leaves DST absent.  Stale staging directories of dead
+processes are removed on the next run.  Atomic publication is ckptgate's responsibility, not an
+upstream guarantee [R12].
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ckptgate.errors import Error, UsageError
+
+RECEIPT_NAME = "ckptgate-receipt.json"
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_STAGING = re.compile(r"^\.(?P<name>.+)\.ckptgate-staging-(?P<pid>\d+)$")
+
+
+class PublishError(Error):
+    default_advice = "Nothing was published; DST is unchanged."
+
+
+def _renameat2_noreplace(src: Path, dst: Path) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    rc = libc.renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE)
+    if rc != 0:
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise UsageError("usage.dst_exists", f"{dst} already exists; ckptgate never replaces a published output")
+        raise PublishError("publish.rename_failed", f"could not publish to {dst}: {os.strerror(err)}")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_staging(parent: Path) -> list[Path]:
+    """Remove staging directories left in ``parent`` by processes that no longer exist."""
+    removed = []
+    for p in parent.iterdir() if parent.is_dir() else ():
+        m = _STAGING.match(p.name)
+        if m and p.is_dir() and not p.is_symlink() and not _pid_alive(int(m["pid"])):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def check_destination(dst: Path) -> Path:
+    """Refuse a DST that exists or whose parent is missing, before any work is done."""
+    dst = Path(os.path.abspath(dst))
+    if dst.exists() or dst.is_symlink():
+        raise UsageError("usage.dst_exists", f"{dst} already exists; ckptgate never replaces a published output")
+    if not dst.parent.is_dir():
+        raise UsageError("usage.dst_parent_missing", f"the parent directory of {dst} does not exist")
+    return dst
+
+
+@contextmanager
+def staging(dst: Path) -> Iterator[Path]:
+    """A private staging directory beside ``dst``; removed unless :func:`publish` consumed it."""
+    dst = check_destination(dst)
+    remove_stale_staging(dst.parent)
+    stage = dst.parent / f".{dst.name}.ckptgate-staging-{os.getpid()}"
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(mode=0o700)
+    try:
+        yield stage
+    finally:
+        if stage.exists():
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+def publish(stage: Path, dst: Path, receipt: dict[str, Any]) -> Path:
+    """Write the receipt into ``stage``, fsync everything, and rename ``stage`` to ``dst``."""
+    dst = Path(os.path.abspath(dst))
+    raw = (json.dumps(receipt, indent=2, sort_keys=True, default=str) + "\n").encode()
+    fd = os.open(stage / RECEIPT_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, raw)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    for p in stage.iterdir():
+        if p.is_file():
+            ffd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(ffd)
+            finally:
+                os.close(ffd)
+    os.chmod(stage, 0o755)
+    _fsync_dir(stage)
+    _renameat2_noreplace(stage, dst)
+    _fsync_dir(dst.parent)
+    return dst

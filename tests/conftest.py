@@ -1,0 +1,29 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def policy_dir(tmp_path: Path):
+    """A policy tree holding the real system.authz policy plus a test-only decision package.
+
+    Engine tests use it to exercise the engine's mechanics (start, auth, fail closed) apart
+    from the real intake policy, which has its own tests.
+    """
+
+    def make(rego: str) -> Path:
+        root = tmp_path / "policies"
+        shutil.copytree(REPO / "policies" / "system", root / "system")
+        pkg = root / "ckptgate" / "intake"
+        pkg.mkdir(parents=True)
+        (pkg / "intake.rego").write_text(rego)
+        return root
+
+    return make

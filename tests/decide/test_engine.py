@@ -1,0 +1,174 @@
+"""The embedded OPA server: owned, authenticated, signed, and fail-closed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from ckptgate.decide.bundle import PolicyBundle, build_signed, policy_revision
+from ckptgate.decide.engine import EmbeddedOpa, RemoteOpa, open_engine
+from ckptgate.errors import EngineUnavailable
+
+ECHO = textwrap.dedent("""\
+    package ckptgate.intake
+
+    decision := {"allow": input.ok == true, "echo": input}
+    """)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); check its state
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_embedded_answers_with_revision_and_decision_id(policy_dir):
+    root = policy_dir(ECHO)
+    with EmbeddedOpa(policy_dir=root) as opa:
+        raw = opa.evaluate("ckptgate/intake/decision", {"ok": True})
+    assert raw.result["allow"] is True
+    assert raw.result["echo"] == {"ok": True}
+    assert raw.policy_revision == policy_revision(root)
+    assert raw.decision_id  # decision logging is on, so OPA assigns an id
+
+
+def test_embedded_refuses_requests_without_the_owner_token(policy_dir):
+    with EmbeddedOpa(policy_dir=policy_dir(ECHO)) as opa:
+        url = f"http://127.0.0.1:{opa._client.port}/v1/data/ckptgate/intake/decision"
+        anonymous = requests.post(url, json={"input": {"ok": True}}, timeout=5)
+        guessed = requests.post(url, json={"input": {"ok": True}}, timeout=5,
+                                headers={"Authorization": "Bearer guessed"})
+    assert anonymous.status_code == 401
+    assert guessed.status_code == 401
+
+
+def test_server_stops_on_close(policy_dir):
+    opa = EmbeddedOpa(policy_dir=policy_dir(ECHO))
+    pid = opa.pid
+    assert pid and _alive(pid)
+    opa.close()
+    assert not _alive(pid)
+
+
+def test_engine_killed_mid_run_is_unavailable(policy_dir):
+    with EmbeddedOpa(policy_dir=policy_dir(ECHO)) as opa:
+        os.kill(opa.pid, signal.SIGKILL)
+        time.sleep(0.2)
+        with pytest.raises(EngineUnavailable) as e:
+            opa.evaluate("ckptgate/intake/decision", {"ok": True})
+    assert e.value.code == "engine.unreachable"
+
+
+def test_tampered_signed_bundle_makes_opa_refuse_to_start(policy_dir, tmp_path):
+    root = policy_dir(ECHO)
+    key_dir = tmp_path / "keys"
+    key_dir.mkdir()
+    good = PolicyBundle.from_directory(root, key_dir)
+    tampered = tmp_path / "tampered.tar.gz"
+    with tarfile.open(good.path) as src, tarfile.open(tampered, "w:gz") as dst:
+        for member in src.getmembers():
+            data = src.extractfile(member).read() if member.isfile() else None
+            if member.name.endswith("intake.rego"):
+                data = data.replace(b"input.ok == true", b"true")
+                member.size = len(data)
+            dst.addfile(member, None if data is None else __import__("io").BytesIO(data))
+    with pytest.raises(EngineUnavailable) as e:
+        EmbeddedOpa(bundle=PolicyBundle.from_signed_file(tampered, good.verification_key))
+    assert e.value.code == "engine.opa.start_failed"
+    # the untampered bundle starts with the same key
+    with EmbeddedOpa(bundle=PolicyBundle.from_signed_file(good.path, good.verification_key)) as opa:
+        assert opa.evaluate("ckptgate/intake/decision", {"ok": False}).result["allow"] is False
+
+
+def test_missing_entrypoint_is_unavailable_not_allow(policy_dir):
+    with EmbeddedOpa(policy_dir=policy_dir(ECHO)) as opa:
+        with pytest.raises(EngineUnavailable) as e:
+            opa.evaluate("ckptgate/intake/nothing_here", {"ok": True})
+    assert e.value.code == "engine.undefined"
+
+
+def test_late_decision_is_a_timeout(policy_dir):
+    slow = ECHO + "\nslow := x if {\n\tx := count([i | some i in numbers.range(1, 30000000)])\n}\n"
+    with EmbeddedOpa(policy_dir=policy_dir(slow), timeout_s=0.05) as opa:
+        with pytest.raises(EngineUnavailable) as e:
+            opa.evaluate("ckptgate/intake/slow", {})
+    assert e.value.code == "engine.timeout"
+
+
+def test_remote_engine_is_selected_by_url_and_queried(policy_dir, monkeypatch):
+    with EmbeddedOpa(policy_dir=policy_dir(ECHO)) as opa:
+        token = opa._client.headers["Authorization"].split()[1]
+        monkeypatch.setenv("CKPTGATE_OPA_URL", f"http://127.0.0.1:{opa._client.port}")
+        remote = open_engine(opa_token=token)
+        try:
+            assert isinstance(remote, RemoteOpa)
+            assert remote.evaluate("ckptgate/intake/decision", {"ok": True}).result["allow"] is True
+        finally:
+            remote.close()
+
+
+def test_unreachable_remote_is_unavailable():
+    with pytest.raises(EngineUnavailable) as e:
+        RemoteOpa("http://127.0.0.1:9", timeout_s=0.5)
+    assert e.value.code == "engine.remote.unhealthy"
+
+
+def test_no_orphan_when_owner_is_killed(policy_dir, tmp_path):
+    """kill -9 of the owning process takes the embedded OPA with it (PR_SET_PDEATHSIG)."""
+    root = policy_dir(ECHO)
+    pidfile = tmp_path / "opa.pid"
+    script = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from ckptgate.decide.engine import EmbeddedOpa
+        opa = EmbeddedOpa(policy_dir=Path({str(root)!r}))
+        Path({str(pidfile)!r}).write_text(str(opa.pid))
+        time.sleep(60)
+        """)
+    owner = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 30
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        opa_pid = int(pidfile.read_text())
+        assert _alive(opa_pid)
+        owner.kill()
+        owner.wait()
+        deadline = time.monotonic() + 5
+        while _alive(opa_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(opa_pid)
+    finally:
+        owner.kill()
+
+
+def test_build_signed_bundle_has_signatures(policy_dir, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = tmp_path / "k.pem"
+    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))
+    out = tmp_path / "b.tar.gz"
+    build_signed(policy_dir(ECHO), out, signing_key=pem, revision="sha256:test")
+    with tarfile.open(out) as t:
+        names = {m.name.lstrip("/") for m in t.getmembers()}
+    assert ".signatures.json" in names
+    assert "ckptgate/intake/intake.rego" in names
+    assert "system/authz/authz.rego" in names

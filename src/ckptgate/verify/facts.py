@@ -1,0 +1,198 @@
+"""``verify_attestation``: one entry point for DSSE-with-keys and Sigstore bundles, and the facts for OPA.
+
+Python decides what is cryptographically wrong (bad or untrusted signature, wrong subject, malformed
+or expired evidence) and raises :class:`~ckptgate.errors.VerificationError`; only verified statements
+become facts.  Policy decides what verified facts mean (signer scopes, candidate commit, producer
+versions).  A verified signature establishes integrity under a trusted key; it does not make the
+checkpoint safe to deserialise [R27].
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from ckptgate.errors import VerificationError
+from ckptgate.verify import dsse, sigstore
+from ckptgate.verify._json import loads_strict
+from ckptgate.verify.statement import (
+    Validity,
+    bind_subject,
+    check_statement,
+    check_validity,
+    normalise_digest,
+)
+from ckptgate.verify.trust import TrustData
+
+MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
+"""The statement inside an envelope may not be larger than this."""
+DEFAULT_CLOCK_SKEW = timedelta(minutes=5)
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignerFacts:
+    """One verified signer (a key counts once however often it signed)."""
+
+    kind: Literal["key", "sigstore"]
+    signer_id: str | None
+    """The trust-data id; ``None`` for a Sigstore identity given on the command line only."""
+    keyid: str | None = None
+    """The envelope's keyid hint (not a trust decision)."""
+    spki_sha256: str | None = None
+    algorithm: str | None = None
+    identity: str | None = None
+    issuer: str | None = None
+    extensions: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind == "key" and not (self.spki_sha256 and self.algorithm and self.signer_id):
+            raise ValueError("key signer facts need signer_id, spki_sha256 and algorithm")
+        if self.kind == "sigstore" and not (self.identity and self.issuer):
+            raise ValueError("sigstore signer facts need identity and issuer")
+
+    def to_json(self) -> dict[str, Any]:
+        if self.kind == "key":
+            return {"kind": "key", "signer_id": self.signer_id, "keyid": self.keyid,
+                    "spki_sha256": self.spki_sha256, "algorithm": self.algorithm}
+        return {"kind": "sigstore", "signer_id": self.signer_id, "identity": self.identity,
+                "issuer": self.issuer, "extensions": dict(sorted(self.extensions.items()))}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VerifiedAttestation:
+    """A statement whose signature, trust, subject and validity window all verified."""
+
+    source: str
+    statement: dict[str, Any] = field(repr=False)
+    payload_sha256: str
+    """SHA-256 of the exact signed payload bytes."""
+    method: Literal["dsse", "sigstore"]
+    signers: tuple[SignerFacts, ...]
+    checks: tuple[str, ...]
+    verified_at: datetime
+    subject_name: str
+    measured_digest: str
+    validity: Validity | None
+    timing: dict[str, str] = field(default_factory=dict)
+    """Sigstore times (certificate window, log integrated time), ISO 8601."""
+
+    def __post_init__(self) -> None:
+        if not self.signers:
+            raise ValueError("a verified attestation has at least one signer")
+        if self.verified_at.tzinfo is None:
+            raise ValueError("verified_at must be timezone-aware")
+
+    @property
+    def predicate_type(self) -> str:
+        return str(self.statement["predicateType"])
+
+    def to_facts(self) -> dict[str, Any]:
+        """The attestation object of the OPA input document (docs/architecture.md)."""
+        verification: dict[str, Any] = {
+            "method": self.method, "checks": list(self.checks), "verified_at": _iso(self.verified_at),
+            "subject_matches_fixture": True, "measured_digest": self.measured_digest,
+            "subject_name": self.subject_name, "payload_sha256": self.payload_sha256,
+        }
+        if self.validity is not None:
+            verification["validity"] = {"issued_at": _iso(self.validity.issued_at),
+                                        "expires_at": _iso(self.validity.expires_at)}
+        if self.timing:
+            verification["timing"] = dict(sorted(self.timing.items()))
+        return {"source": self.source, "statement": self.statement,
+                "signers": [s.to_json() for s in self.signers], "verification": verification}
+
+
+def rejection_facts(source: str, err: VerificationError) -> dict[str, Any]:
+    """The ``rejected_attestations`` entry for a failure: code and message only, never the statement."""
+    return {"source": source, "code": err.code, "message": err.message}
+
+
+def _detect(doc: Any) -> Literal["dsse", "sigstore"]:
+    if isinstance(doc, dict):
+        mt = doc.get("mediaType")
+        if isinstance(mt, str) and mt.startswith(sigstore.BUNDLE_MEDIA_PREFIX):
+            return "sigstore"
+        if "payloadType" in doc or "signatures" in doc or "payload" in doc:
+            return "dsse"
+    raise VerificationError("verify.format.unknown", "neither a DSSE envelope nor a Sigstore bundle")
+
+
+def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_digest: str, now: datetime,
+                       sigstore_trust_root: Path | str | None = None,
+                       expected_identity: tuple[str, str] | None = None,
+                       expected_commit: str | None = None,
+                       max_clock_skew: timedelta = DEFAULT_CLOCK_SKEW) -> VerifiedAttestation:
+    """Verify one attestation file's bytes for the fixture whose digest was measured.
+
+    Order: size -> strict JSON -> format -> signature under trusted keys (DSSE) or offline Sigstore
+    verification with an identity policy -> strict statement JSON -> Statement v1 and predicate schema ->
+    subject == ``measured_digest`` -> validity window at ``now`` -> optional ``expected_commit``.
+    ``expected_identity`` is ``(identity, issuer)``; without it the trust data's Sigstore identities apply.
+    Raises :class:`VerificationError` with a ``verify.*`` code on any failure.
+    """
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    measured = normalise_digest(measured_digest)
+    if len(raw) > dsse.MAX_ENVELOPE_BYTES:
+        raise VerificationError("verify.dsse.too_large",
+                                f"attestation is {len(raw)} bytes, over {dsse.MAX_ENVELOPE_BYTES}",
+                                evidence={"size": len(raw), "cap": dsse.MAX_ENVELOPE_BYTES})
+    doc = loads_strict(raw, what="attestation", max_bytes=dsse.MAX_ENVELOPE_BYTES)
+    method = _detect(doc)
+    checks: list[str] = []
+    signers: list[SignerFacts]
+    timing: dict[str, str] = {}
+    if method == "dsse":
+        env = dsse.Envelope.from_doc(doc)
+        checks += ["envelope", "payload_type"]
+        verified = dsse.verify_envelope(env, trust.keys)
+        checks.append("signature")
+        signers = [SignerFacts(kind="key", signer_id=v.key.id, keyid=v.keyid_hint, spki_sha256=v.key.spki_sha256,
+                               algorithm=v.key.algorithm) for v in verified]
+        payload = env.payload
+    else:
+        if sigstore_trust_root is None:
+            raise VerificationError("verify.sigstore.no_trust_root",
+                                    "a Sigstore bundle needs a trust root (--sigstore-trust-root)",
+                                    advice="Pass the trusted_root.json of the Sigstore instance you trust.")
+        idents = [expected_identity] if expected_identity else [(s.identity, s.issuer) for s in trust.sigstore]
+        res = sigstore.verify_bundle_dsse(raw, trust_root=sigstore_trust_root, identities=idents)
+        if res.payload_type != dsse.IN_TOTO_PAYLOAD_TYPE:
+            raise VerificationError("verify.dsse.payload_type",
+                                    f"payloadType is {res.payload_type!r}, expected {dsse.IN_TOTO_PAYLOAD_TYPE!r}")
+        assert res.payload is not None
+        payload = res.payload
+        checks += ["bundle", "certificate_chain", "transparency_log", "identity", "payload_type", "signature"]
+        sid = next((s.id for s in trust.sigstore if (s.identity, s.issuer) == (res.identity, res.issuer)), None)
+        signers = [SignerFacts(kind="sigstore", signer_id=sid, identity=res.identity, issuer=res.issuer,
+                               extensions=res.extensions)]
+        timing = {"cert_not_before": _iso(res.cert_not_before), "cert_not_after": _iso(res.cert_not_after),
+                  "log_entry_kind": res.log_entry_kind}
+        if res.integrated_time is not None:
+            timing["integrated_time"] = _iso(res.integrated_time)
+    stmt = loads_strict(payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES)
+    check_statement(stmt)
+    checks.append("statement_schema")
+    subject_name = bind_subject(stmt, measured)
+    checks.append("subject_digest")
+    validity = check_validity(stmt, now, max_clock_skew=max_clock_skew)
+    if validity is not None:
+        checks.append("validity_window")
+    if expected_commit is not None:
+        got = stmt.get("predicate", {}).get("candidate_commit") if isinstance(stmt.get("predicate"), dict) else None
+        if got != expected_commit.lower():
+            raise VerificationError("verify.statement.commit_mismatch",
+                                    f"attestation is for commit {got!r}, not {expected_commit!r}",
+                                    evidence={"attested": got, "expected": expected_commit})
+        checks.append("candidate_commit")
+    return VerifiedAttestation(
+        source=source, statement=stmt, payload_sha256=hashlib.sha256(payload).hexdigest(), method=method,
+        signers=tuple(signers), checks=tuple(checks), verified_at=now, subject_name=subject_name,
+        measured_digest="sha256:" + measured, validity=validity, timing=timing)

@@ -1,0 +1,153 @@
+"""In-toto Statement v1 checks: shape, the qualification predicate schema, subject binding, validity window."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import jsonschema
+
+from ckptgate.errors import VerificationError
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+QUALIFICATION_PREDICATE_TYPE = "https://ckptgate.dev/attestation/qualification/v1"
+"""The versioned predicateType of ckptgate qualification evidence."""
+
+PREDICATE_SCHEMAS = {QUALIFICATION_PREDICATE_TYPE: "qualification-v1.schema.json"}
+"""Predicate types that ckptgate knows, and the JSON Schema each statement must satisfy."""
+
+
+@cache
+def _validator(name: str) -> jsonschema.protocols.Validator:
+    text = resources.files("ckptgate.verify").joinpath("schemas", name).read_text(encoding="utf-8")
+    schema = json.loads(text)
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def schema_text(predicate_type: str = QUALIFICATION_PREDICATE_TYPE) -> str:
+    """The JSON Schema (text) for a known predicate type."""
+    return resources.files("ckptgate.verify").joinpath("schemas", PREDICATE_SCHEMAS[predicate_type]).read_text(
+        encoding="utf-8")
+
+
+def _first_error(validator: jsonschema.protocols.Validator, doc: Any) -> jsonschema.ValidationError | None:
+    return jsonschema.exceptions.best_match(validator.iter_errors(doc))
+
+
+def check_statement(doc: Any) -> dict[str, Any]:
+    """Check an in-toto Statement v1 and, for a known predicate type, its predicate schema.
+
+    Codes: ``verify.statement.type`` (not a Statement v1), ``verify.statement.shape`` (bad
+    subject/fields), ``verify.statement.predicate_invalid`` (a known predicate type whose
+    predicate fails its schema).  An unknown predicate type passes through for policy to judge.
+    """
+    if not isinstance(doc, dict) or doc.get("_type") != STATEMENT_TYPE:
+        got = doc.get("_type") if isinstance(doc, dict) else type(doc).__name__
+        raise VerificationError("verify.statement.type", f"payload is not an in-toto Statement v1 (_type={got!r})",
+                                evidence={"_type": got if isinstance(got, str) else None})
+    err = _first_error(_validator("in-toto-statement-v1.schema.json"), doc)
+    if err is not None:
+        raise VerificationError("verify.statement.shape", f"statement shape: {err.message}",
+                                evidence={"path": "/" + "/".join(str(p) for p in err.absolute_path)})
+    schema = PREDICATE_SCHEMAS.get(doc["predicateType"])
+    if schema is not None:
+        err = _first_error(_validator(schema), doc)
+        if err is not None:
+            raise VerificationError(
+                "verify.statement.predicate_invalid",
+                f"{doc['predicateType']} statement fails its schema: {err.message}",
+                evidence={"path": "/" + "/".join(str(p) for p in err.absolute_path),
+                          "predicate_type": doc["predicateType"]})
+        pred_digest = doc["predicate"]["fixture"]["digest"]
+        if not any("sha256:" + s["digest"]["sha256"] == pred_digest for s in doc["subject"]):
+            raise VerificationError(
+                "verify.statement.fixture_inconsistent",
+                "predicate.fixture.digest names no subject of the statement",
+                evidence={"fixture_digest": pred_digest})
+    return doc
+
+
+def normalise_digest(digest: str) -> str:
+    """``sha256:<hex>`` or bare 64 hex -> lower-case 64 hex; anything else is a usage error code."""
+    d = digest.strip().lower()
+    if d.startswith("sha256:"):
+        d = d[len("sha256:"):]
+    if len(d) != 64 or any(c not in "0123456789abcdef" for c in d):
+        raise VerificationError("verify.digest.malformed", f"not a sha256 digest: {digest!r}",
+                                evidence={"digest": digest}, advice="Give the digest as sha256:<64 hex>.")
+    return d
+
+
+def bind_subject(statement: dict[str, Any], measured_digest: str) -> str:
+    """Require a subject whose sha256 equals the measured digest; returns the subject name."""
+    want = normalise_digest(measured_digest)
+    for s in statement["subject"]:
+        got = s["digest"].get("sha256")
+        if isinstance(got, str) and got.lower() == want:
+            return str(s.get("name", ""))
+    raise VerificationError(
+        "verify.statement.subject_mismatch",
+        "no subject of the statement matches the measured fixture digest",
+        evidence={"measured": "sha256:" + want,
+                  "subjects": [s["digest"].get("sha256") for s in statement["subject"]]},
+        advice="The attestation was made for different bytes: do not reuse it for this checkpoint.")
+
+
+def parse_time(value: str) -> datetime:
+    """RFC 3339 timestamp with an explicit offset -> aware datetime."""
+    t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if t.tzinfo is None:
+        raise ValueError("timestamp without a UTC offset")
+    return t
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Validity:
+    """The predicate's validity window."""
+
+    issued_at: datetime
+    """When the statement says it was issued."""
+    expires_at: datetime
+    """When it stops being valid."""
+
+    def __post_init__(self) -> None:
+        if self.issued_at.tzinfo is None or self.expires_at.tzinfo is None:
+            raise ValueError("validity times must be timezone-aware")
+
+
+def check_validity(statement: dict[str, Any], now: datetime, *, max_clock_skew: timedelta) -> Validity | None:
+    """For a known predicate type, enforce issued_at <= now + skew < expires_at.
+
+    Codes: ``verify.statement.validity_window`` (unparseable or inverted window),
+    ``verify.statement.not_yet_valid``, ``verify.statement.expired``.  Returns ``None`` for
+    predicate types without a validity window (policy decides their freshness).
+    """
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    if statement["predicateType"] not in PREDICATE_SCHEMAS:
+        return None
+    raw = statement["predicate"]["validity"]
+    try:
+        v = Validity(issued_at=parse_time(raw["issued_at"]), expires_at=parse_time(raw["expires_at"]))
+    except ValueError as e:
+        raise VerificationError("verify.statement.validity_window", f"validity times are not RFC 3339: {e}",
+                                evidence=dict(raw)) from None
+    if v.expires_at <= v.issued_at:
+        raise VerificationError("verify.statement.validity_window", "expires_at is not after issued_at",
+                                evidence=dict(raw))
+    if v.issued_at > now + max_clock_skew:
+        raise VerificationError("verify.statement.not_yet_valid",
+                                f"issued_at {raw['issued_at']} is in the future (now {now.isoformat()})",
+                                evidence={**raw, "now": now.isoformat()})
+    if now >= v.expires_at:
+        raise VerificationError("verify.statement.expired",
+                                f"expired at {raw['expires_at']} (now {now.isoformat()})",
+                                evidence={**raw, "now": now.isoformat()},
+                                advice="Re-run the qualification for this commit to obtain fresh evidence.")
+    return v

@@ -1,0 +1,160 @@
+"""``attestations/``: one file per statement, named by subject digest, plus a deterministic index.
+
+Layout::
+
+    attestations/
+      index.json                                   # regenerated, sorted, no timestamps
+      sha256-<subject hex>/<slug>-<payload sha256[:16]>.dsse.json      # DSSE envelope (keys)
+      sha256-<subject hex>/<slug>-<payload sha256[:16]>.sigstore.json  # Sigstore bundle
+
+Storing is not trusting: :meth:`AttestationStore.add` checks structure only; verify at use.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckptgate.errors import VerificationError
+from ckptgate.verify import dsse
+from ckptgate.verify._json import loads_strict
+from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, _detect
+from ckptgate.verify.statement import check_statement
+
+INDEX_VERSION = 1
+_DIR = re.compile(r"^sha256-[0-9a-f]{64}$")
+_FILE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,80}-[0-9a-f]{16}\.(dsse|sigstore)\.json$")
+
+
+def predicate_slug(predicate_type: str) -> str:
+    """``https://ckptgate.dev/attestation/qualification/v1`` -> ``ckptgate.dev-attestation-qualification-v1``."""
+    s = re.sub(r"^[a-z]+://", "", predicate_type.lower())
+    s = re.sub(r"[^a-z0-9.]+", "-", s).strip("-.")
+    return (s or "predicate")[:80].rstrip("-.")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredAttestation:
+    """One stored file, as listed in the index (unverified)."""
+
+    path: str
+    """Relative to the store root, with ``/`` separators."""
+    subjects: tuple[str, ...]
+    """``sha256:<hex>`` of every subject."""
+    predicate_type: str
+    format: str
+    sha256: str
+    """SHA-256 of the stored file."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "subjects": list(self.subjects), "predicate_type": self.predicate_type,
+                "format": self.format, "sha256": self.sha256}
+
+
+def _statement_of(raw: bytes) -> tuple[str, dict[str, Any], bytes]:
+    doc = loads_strict(raw, what="attestation", max_bytes=dsse.MAX_ENVELOPE_BYTES)
+    fmt = _detect(doc)
+    if fmt == "dsse":
+        payload = dsse.Envelope.from_doc(doc).payload
+    else:
+        env = doc.get("dsseEnvelope")
+        if not isinstance(env, dict) or not isinstance(env.get("payload"), str):
+            raise VerificationError("verify.sigstore.not_dsse", "bundle carries no DSSE envelope")
+        if env.get("payloadType") != dsse.IN_TOTO_PAYLOAD_TYPE:
+            raise VerificationError("verify.dsse.payload_type", "bundle payloadType is not in-toto")
+        try:
+            payload = base64.b64decode(env["payload"], validate=True)
+        except ValueError:
+            raise VerificationError("verify.dsse.bad_base64", "bundle payload is not base64") from None
+    stmt = loads_strict(payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES)
+    return fmt, check_statement(stmt), payload
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class AttestationStore:
+    """A directory of attestations keyed by subject digest."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def path_for(self, raw: bytes) -> Path:
+        """Where ``raw`` belongs (first subject's digest, predicate slug, payload digest)."""
+        fmt, stmt, payload = _statement_of(raw)
+        sha = stmt["subject"][0]["digest"].get("sha256")
+        if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
+            raise VerificationError("verify.store.no_sha256_subject", "the first subject has no sha256 digest")
+        name = f"{predicate_slug(stmt['predicateType'])}-{hashlib.sha256(payload).hexdigest()[:16]}.{fmt}.json"
+        return self.root / f"sha256-{sha.lower()}" / name
+
+    def add(self, raw: bytes, *, reindex: bool = True) -> Path:
+        """Store ``raw`` (idempotent) and rebuild the index; a different file at the same name is an error."""
+        dest = self.path_for(raw)
+        if dest.exists():
+            if dest.read_bytes() != raw:
+                raise VerificationError("verify.store.conflict",
+                                        f"{dest} already holds a different envelope for the same statement",
+                                        evidence={"path": str(dest)})
+        else:
+            _atomic_write(dest, raw)
+        if reindex:
+            self.rebuild_index()
+        return dest
+
+    def iter(self) -> Iterator[Path]:
+        """Stored attestation files, sorted; files that do not follow the layout are skipped."""
+        if not self.root.is_dir():
+            return
+        for d in sorted(p for p in self.root.iterdir() if p.is_dir() and _DIR.match(p.name)):
+            for f in sorted(d.iterdir()):
+                if f.is_file() and not f.is_symlink() and _FILE.match(f.name):
+                    yield f
+
+    def find(self, digest: str) -> list[Path]:
+        """Stored files whose directory is the given subject digest (``sha256:<hex>`` or hex)."""
+        from ckptgate.verify.statement import normalise_digest
+
+        d = self.root / f"sha256-{normalise_digest(digest)}"
+        return [p for p in self.iter() if p.parent == d]
+
+    def entries(self) -> list[StoredAttestation]:
+        out = []
+        for p in self.iter():
+            raw = p.read_bytes()
+            fmt, stmt, _ = _statement_of(raw)
+            out.append(StoredAttestation(
+                path=p.relative_to(self.root).as_posix(),
+                subjects=tuple(sorted("sha256:" + s["digest"]["sha256"].lower()
+                                      for s in stmt["subject"] if "sha256" in s["digest"])),
+                predicate_type=stmt["predicateType"], format=fmt, sha256=hashlib.sha256(raw).hexdigest()))
+        return out
+
+    def index_bytes(self) -> bytes:
+        doc = {"version": INDEX_VERSION, "attestations": [e.to_json() for e in self.entries()]}
+        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+    def rebuild_index(self) -> Path:
+        """Regenerate ``index.json`` (sorted, deterministic)."""
+        dest = self.root / "index.json"
+        _atomic_write(dest, self.index_bytes())
+        return dest

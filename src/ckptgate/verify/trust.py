@@ -1,0 +1,195 @@
+"""Trust data: the only source of public keys and Sigstore identities (``data.ckptgate.config.trust``).
+
+A keyid in an envelope is a hint, never a decision; keys come from here only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from ckptgate.errors import VerificationError
+from ckptgate.verify._json import loads_strict
+
+Algorithm = Literal["ed25519", "ecdsa-p256"]
+ALGORITHMS: tuple[str, ...] = ("ed25519", "ecdsa-p256")
+PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
+
+TRUST_RELATIVE = Path("policies/ckptgate/config/trust/data.json")
+TRUST_ENV = "CKPTGATE_TRUST"
+_MAX_TRUST_BYTES = 4 * 1024 * 1024
+
+
+class TrustDataError(VerificationError):
+    """The trust data is missing or malformed: nothing can be verified against it."""
+
+    default_advice = ("Fix the trust data file (policies/ckptgate/config/trust/data.json or --trust): every signer "
+                      "needs an id, a kind, and either a PEM public key whose spki_sha256 matches, or an "
+                      "identity and issuer.")
+
+
+def spki_sha256(key: PublicKey) -> str:
+    """Hex SHA-256 of the DER SubjectPublicKeyInfo: the stable key identifier we compute ourselves."""
+    der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(der).hexdigest()
+
+
+def key_algorithm(key: object) -> Algorithm:
+    """The algorithm name of a supported public or private key; raises ``ValueError`` otherwise."""
+    if isinstance(key, (ed25519.Ed25519PublicKey, ed25519.Ed25519PrivateKey)):
+        return "ed25519"
+    if isinstance(key, (ec.EllipticCurvePublicKey, ec.EllipticCurvePrivateKey)) and isinstance(key.curve, ec.SECP256R1):
+        return "ecdsa-p256"
+    raise ValueError(f"unsupported key type {type(key).__name__}")
+
+
+def _strs(entry: dict[str, Any], name: str, sid: str) -> tuple[str, ...]:
+    v = entry.get(name)
+    if not isinstance(v, list) or not v or not all(isinstance(x, str) and x for x in v):
+        raise TrustDataError("verify.trust.field", f"signer {sid!r}: {name} must be a non-empty list of strings",
+                             evidence={"signer": sid, "field": name})
+    return tuple(v)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrustedKey:
+    """A trusted public key."""
+
+    id: str
+    """Stable signer id, e.g. ``ci-qualification``."""
+    algorithm: Algorithm
+    """``ed25519`` or ``ecdsa-p256``."""
+    public_key: PublicKey = field(repr=False)
+    """The parsed key (from the PEM in trust data)."""
+    spki_sha256: str
+    """Hex SHA-256 of the DER SPKI, recomputed and checked against trust data."""
+    predicate_types: tuple[str, ...]
+    producers: tuple[str, ...]
+    scopes: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if key_algorithm(self.public_key) != self.algorithm:
+            raise ValueError(f"signer {self.id}: key is not {self.algorithm}")
+        if spki_sha256(self.public_key) != self.spki_sha256:
+            raise ValueError(f"signer {self.id}: spki_sha256 does not match the key")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrustedIdentity:
+    """A trusted Sigstore identity: certificate SAN plus OIDC issuer."""
+
+    id: str
+    identity: str
+    issuer: str
+    predicate_types: tuple[str, ...]
+    producers: tuple[str, ...]
+    scopes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrustData:
+    """Validated trust data; build with :meth:`from_file` or :meth:`from_json`."""
+
+    keys: tuple[TrustedKey, ...]
+    sigstore: tuple[TrustedIdentity, ...]
+    source: str
+
+    def __post_init__(self) -> None:
+        ids = [s.id for s in self.keys] + [s.id for s in self.sigstore]
+        if len(ids) != len(set(ids)):
+            raise ValueError("duplicate signer ids")
+
+    @classmethod
+    def from_json(cls, raw: bytes, *, source: str = "<memory>") -> TrustData:
+        """Parse trust data strictly; codes ``verify.trust.*``."""
+        try:
+            doc = loads_strict(raw, what="trust data", max_bytes=_MAX_TRUST_BYTES)
+        except VerificationError as e:
+            raise TrustDataError("verify.trust.json", f"{source}: {e.message}", evidence=e.evidence) from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("signers"), list):
+            raise TrustDataError("verify.trust.shape", f"{source}: expected an object with a 'signers' list")
+        keys: list[TrustedKey] = []
+        stores: list[TrustedIdentity] = []
+        seen: set[str] = set()
+        for i, e in enumerate(doc["signers"]):
+            if not isinstance(e, dict) or not isinstance(e.get("id"), str) or not e["id"]:
+                raise TrustDataError("verify.trust.field", f"{source}: signer #{i} has no id", evidence={"index": i})
+            sid = e["id"]
+            if sid in seen:
+                raise TrustDataError("verify.trust.duplicate_id", f"{source}: signer id {sid!r} repeats",
+                                     evidence={"signer": sid})
+            seen.add(sid)
+            common = {"predicate_types": _strs(e, "predicate_types", sid), "producers": _strs(e, "producers", sid),
+                      "scopes": _strs(e, "scopes", sid)}
+            kind = e.get("kind")
+            if kind == "key":
+                keys.append(_key_signer(e, sid, common, source))
+            elif kind == "sigstore":
+                ident, iss = e.get("identity"), e.get("issuer")
+                if not (isinstance(ident, str) and ident and isinstance(iss, str) and iss):
+                    raise TrustDataError("verify.trust.field", f"signer {sid!r}: identity and issuer are required",
+                                         evidence={"signer": sid})
+                stores.append(TrustedIdentity(id=sid, identity=ident, issuer=iss, **common))
+            else:
+                raise TrustDataError("verify.trust.kind", f"signer {sid!r}: kind must be 'key' or 'sigstore'",
+                                     evidence={"signer": sid, "kind": kind if isinstance(kind, str) else None})
+        return cls(keys=tuple(keys), sigstore=tuple(stores), source=source)
+
+    @classmethod
+    def from_file(cls, path: Path | str | None = None) -> TrustData:
+        """Load trust data from ``path`` or :func:`default_trust_path`."""
+        p = Path(path) if path is not None else default_trust_path()
+        try:
+            raw = p.read_bytes()
+        except OSError as e:
+            raise TrustDataError("verify.trust.unreadable", f"cannot read trust data {p}: {e.strerror}",
+                                 evidence={"path": str(p)}) from None
+        return cls.from_json(raw, source=str(p))
+
+    def key_by_spki(self, spki: str) -> TrustedKey | None:
+        return next((k for k in self.keys if k.spki_sha256 == spki), None)
+
+
+def _key_signer(e: dict[str, Any], sid: str, common: dict[str, Any], source: str) -> TrustedKey:
+    alg, pem, spki = e.get("algorithm"), e.get("public_key"), e.get("spki_sha256")
+    if alg not in ALGORITHMS:
+        raise TrustDataError("verify.trust.algorithm", f"signer {sid!r}: algorithm must be one of {ALGORITHMS}",
+                             evidence={"signer": sid})
+    if not isinstance(pem, str) or not isinstance(spki, str):
+        raise TrustDataError("verify.trust.field", f"signer {sid!r}: public_key and spki_sha256 are required",
+                             evidence={"signer": sid})
+    try:
+        key = serialization.load_pem_public_key(pem.encode("ascii"))
+    except (ValueError, UnicodeEncodeError, TypeError) as ex:
+        raise TrustDataError("verify.trust.public_key", f"signer {sid!r}: public_key is not a PEM public key: {ex}",
+                             evidence={"signer": sid}) from None
+    try:
+        got_alg = key_algorithm(key)
+    except ValueError:
+        got_alg = None
+    if got_alg != alg:
+        raise TrustDataError("verify.trust.algorithm", f"signer {sid!r}: key is {got_alg or 'unsupported'}, "
+                             f"trust data says {alg}", evidence={"signer": sid})
+    actual = spki_sha256(key)  # type: ignore[arg-type]
+    if spki.lower() != actual:
+        raise TrustDataError("verify.trust.spki_mismatch", f"signer {sid!r}: spki_sha256 does not match its key",
+                             evidence={"signer": sid, "declared": spki, "actual": actual})
+    return TrustedKey(id=sid, algorithm=alg, public_key=key, spki_sha256=actual, **common)  # type: ignore[arg-type]
+
+
+def default_trust_path() -> Path:
+    """``$CKPTGATE_TRUST``, else the first ``policies/ckptgate/config/trust/data.json`` above the cwd, else the
+    one in the source checkout that holds this package."""
+    env = os.environ.get(TRUST_ENV)
+    if env:
+        return Path(env)
+    for d in (Path.cwd(), *Path.cwd().parents):
+        if (d / TRUST_RELATIVE).is_file():
+            return d / TRUST_RELATIVE
+    return Path(__file__).resolve().parents[3] / TRUST_RELATIVE

@@ -1,0 +1,60 @@
+"""Placement plans: every output tensor covered exactly once."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptgate.consolidate.plan import (ConsolidationPlan, OutputTensor, Placement, PlanError, ShardTask,
+                                       shard_tensors)
+
+
+def t(name, shape=(2, 3), dtype="F32", ranges=None):
+    nbytes = 4 * shape[0] * shape[1]
+    ranges = ranges or [(0, nbytes)]
+    return OutputTensor(name=name, dtype=dtype, shape=shape,
+                        placements=tuple(Placement(src="a", src_offset=100 + d, dst_offset=d, length=n)
+                                         for d, n in ranges))
+
+
+def test_two_placements_that_tile_the_tensor_are_accepted():
+    assert t("w", ranges=[(0, 12), (12, 12)]).nbytes == 24
+
+
+@pytest.mark.parametrize("ranges, code", [
+    ([(0, 12)], "plan.tensor.gap"),
+    ([(4, 20)], "plan.tensor.gap"),
+    ([(0, 12), (8, 16)], "plan.tensor.overlap"),
+    ([(0, 28)], "plan.tensor.overflow"),
+])
+def test_gaps_and_overlaps_are_errors(ranges, code):
+    with pytest.raises(PlanError) as e:
+        t("w", ranges=ranges)
+    assert e.value.code == code
+
+
+def test_unknown_dtype_is_an_error():
+    with pytest.raises(PlanError) as e:
+        OutputTensor(name="w", dtype="float32", shape=(1,), placements=())
+    assert e.value.code == "plan.tensor.dtype"
+
+
+def test_a_tensor_in_two_shards_is_an_error():
+    with pytest.raises(PlanError) as e:
+        ConsolidationPlan(shards=(ShardTask(filename="a.safetensors", tensors=(t("w"),)),
+                                  ShardTask(filename="b.safetensors", tensors=(t("w"),))))
+    assert e.value.code == "plan.tensor.duplicate"
+
+
+@pytest.mark.parametrize("name", ["../x.safetensors", "/abs.safetensors", "a/b.safetensors", "x.bin"])
+def test_shard_names_are_plain_basenames(name):
+    with pytest.raises(PlanError) as e:
+        ShardTask(filename=name, tensors=())
+    assert e.value.code == "plan.shard.name"
+
+
+def test_shard_tensors_respects_the_maximum_size():
+    plan = shard_tensors([t(f"w{i}") for i in range(5)], max_shard_bytes=50)
+    assert [s.filename for s in plan.shards] == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    assert [len(s.tensors) for s in plan.shards] == [2, 2, 1]
+    assert plan.total_size == 5 * 24
+    assert plan.weight_map["w4"] == "model-00003-of-00003.safetensors"

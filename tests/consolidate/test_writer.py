@@ -1,0 +1,46 @@
+"""The streaming writer produces files the safetensors library reads back bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from ckptgate.consolidate.plan import OutputTensor, Placement, shard_tensors
+from ckptgate.consolidate.writer import INDEX_NAME, write_plan
+
+
+def test_resharded_copy_is_bit_identical(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = {"a": rng.standard_normal((7, 5)).astype(np.float32),
+               "b": rng.integers(-9, 9, (3,), dtype=np.int64),
+               "c": rng.standard_normal((4, 4)).astype(np.float16)}
+    src = tmp_path / "src.safetensors"
+    save_file(tensors, str(src))
+    raw = src.read_bytes()
+    hlen = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + hlen])
+    base = 8 + hlen
+    outs = [OutputTensor(name=k, dtype=v["dtype"], shape=tuple(v["shape"]),
+                         placements=(Placement(src="src.safetensors", src_offset=base + v["data_offsets"][0],
+                                               dst_offset=0, length=v["data_offsets"][1] - v["data_offsets"][0]),))
+            for k, v in header.items() if k != "__metadata__"]
+    plan = shard_tensors(outs, max_shard_bytes=150)
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        written = write_plan(plan, out, {"src.safetensors": fd}, chunk_size=16)
+    finally:
+        os.close(fd)
+    index = json.loads((out / INDEX_NAME).read_text())
+    assert index["metadata"]["total_size"] == sum(v.nbytes for v in tensors.values())
+    loaded = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        loaded.update(load_file(str(out / shard)))
+    assert set(loaded) == set(tensors)
+    for k, v in tensors.items():
+        assert loaded[k].dtype == v.dtype and loaded[k].tobytes() == v.tobytes()
+    assert len(written) == len(plan.shards) + 1

@@ -1,0 +1,77 @@
+"""Permits: only from allow decisions, bound to digest, loader and controls; unforgeable."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ckptgate.decide.decision import parse_decision
+from ckptgate.decide.engine import RawDecision
+from ckptgate.enforce.permit import Permit, issue_permit
+from ckptgate.errors import PolicyDenied
+
+DIGEST = "sha256:" + "ab" * 32
+OTHER = "sha256:" + "cd" * 32
+CONTROLS = {"no_new_privs": True, "seccomp": True, "rlimits": True}
+
+
+def decision(allow=True, loaders=("torch_load",), controls=("no_new_privs", "seccomp")):
+    result = {"allow": allow, "plane": "framework" if allow else None,
+              "permitted_loaders": list(loaders) if allow else [],
+              "required_controls": list(controls),
+              "reasons": [{"code": "ok" if allow else "attestation_missing", "message": "m", "evidence": {}}]}
+    return parse_decision(RawDecision(result=result, decision_id="d-7", policy_revision="sha256:r", engine="t"))
+
+
+def test_permit_from_allow_checks_for_its_digest_and_loader():
+    permit = issue_permit(decision(), fixture_digest=DIGEST, loader="torch_load")
+    permit.check(fixture_digest=DIGEST, loader="torch_load", controls=CONTROLS)
+    assert (permit.decision_id, permit.plane) == ("d-7", "framework")
+
+
+def test_no_permit_from_deny():
+    with pytest.raises(PolicyDenied) as e:
+        issue_permit(decision(allow=False), fixture_digest=DIGEST, loader="torch_load")
+    assert e.value.code == "enforce.permit.not_allowed"
+
+
+def test_no_permit_for_a_loader_the_decision_does_not_name():
+    with pytest.raises(PolicyDenied) as e:
+        issue_permit(decision(loaders=("safetensors",)), fixture_digest=DIGEST, loader="torch_load")
+    assert e.value.code == "enforce.permit.loader_not_permitted"
+
+
+def test_permit_for_another_digest_fails():
+    permit = issue_permit(decision(), fixture_digest=DIGEST, loader="torch_load")
+    with pytest.raises(PolicyDenied) as e:
+        permit.check(fixture_digest=OTHER, loader="torch_load", controls=CONTROLS)
+    assert e.value.code == "enforce.permit.wrong_digest"
+
+
+def test_permit_for_another_loader_fails():
+    permit = issue_permit(decision(loaders=("torch_load", "deepspeed")), fixture_digest=DIGEST, loader="torch_load")
+    with pytest.raises(PolicyDenied) as e:
+        permit.check(fixture_digest=DIGEST, loader="deepspeed", controls=CONTROLS)
+    assert e.value.code == "enforce.permit.wrong_loader"
+
+
+def test_missing_required_control_fails():
+    permit = issue_permit(decision(), fixture_digest=DIGEST, loader="torch_load")
+    with pytest.raises(PolicyDenied) as e:
+        permit.check(fixture_digest=DIGEST, loader="torch_load", controls={"no_new_privs": True})
+    assert e.value.code == "enforce.permit.control_missing"
+    assert e.value.evidence["missing"] == ["seccomp"]
+
+
+@pytest.mark.parametrize("forge", [
+    lambda p: dataclasses.replace(p, fixture_digest=OTHER),
+    lambda p: dataclasses.replace(p, required_controls=()),
+    lambda p: Permit(fixture_digest=OTHER, loader="torch_load", plane="framework", required_controls=(),
+                     decision_id="d-7", policy_revision="sha256:r", seal=p.seal),
+])
+def test_forged_permits_do_not_check(forge):
+    forged = forge(issue_permit(decision(), fixture_digest=DIGEST, loader="torch_load"))
+    with pytest.raises(PolicyDenied) as e:
+        forged.check(fixture_digest=forged.fixture_digest, loader="torch_load", controls=CONTROLS)
+    assert e.value.code == "enforce.permit.forged"

@@ -1,0 +1,76 @@
+"""Atomic publication: DST is absent or complete; never replaced; stale staging cleaned."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ckptgate.errors import UsageError
+from ckptgate.publish import RECEIPT_NAME, publish, staging
+
+
+def test_publish_renames_staging_into_place(tmp_path):
+    dst = tmp_path / "out"
+    with staging(dst) as stage:
+        (stage / "model.safetensors").write_bytes(b"x")
+        publish(stage, dst, {"decision_id": "d"})
+    assert (dst / "model.safetensors").read_bytes() == b"x"
+    assert json.loads((dst / RECEIPT_NAME).read_text())["decision_id"] == "d"
+    assert not [p for p in tmp_path.iterdir() if "staging" in p.name]
+
+
+def test_existing_dst_is_refused_before_any_work(tmp_path):
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "keep").write_text("precious")
+    with pytest.raises(UsageError) as e:
+        with staging(dst):
+            pass
+    assert e.value.code == "usage.dst_exists"
+    assert (dst / "keep").read_text() == "precious"
+
+
+def test_dst_appearing_during_the_run_is_not_replaced(tmp_path):
+    dst = tmp_path / "out"
+    with pytest.raises(UsageError) as e:
+        with staging(dst) as stage:
+            dst.mkdir()
+            (dst / "keep").write_text("precious")
+            publish(stage, dst, {})
+    assert e.value.code == "usage.dst_exists"
+    assert (dst / "keep").read_text() == "precious"
+    assert not [p for p in tmp_path.iterdir() if "staging" in p.name]
+
+
+def test_failure_leaves_no_dst_and_no_staging(tmp_path):
+    dst = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with staging(dst) as stage:
+            (stage / "half").write_bytes(b"partial")
+            raise RuntimeError("boom")
+    assert not dst.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_kill_9_before_rename_leaves_dst_absent_and_is_cleaned_next_time(tmp_path):
+    dst = tmp_path / "out"
+    script = textwrap.dedent(f"""
+        import os, signal
+        from pathlib import Path
+        from ckptgate.publish import staging
+        with staging(Path({str(dst)!r})) as stage:
+            (stage / "half.safetensors").write_bytes(b"partial")
+            os.kill(os.getpid(), signal.SIGKILL)
+        """)
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    assert proc.wait() == -9
+    assert not dst.exists()
+    assert [p.name for p in tmp_path.iterdir()] == [f".out.ckptgate-staging-{proc.pid}"]
+    with staging(dst) as stage:
+        (stage / "m").write_bytes(b"ok")
+        publish(stage, dst, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -1,0 +1,91 @@
+"""Strict, per-context allowlists of pickle globals (never a denylist).
+
+A context names what a file is expected to hold.  ``callables`` may be the target of REDUCE,
+NEWOBJ, OBJ or INST; ``values`` may only be referenced (dtypes, layouts).  The lists follow
+what the pinned producers write (format-notes.md); anything else is a finding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ALLOWLISTS", "Allowlist", "STORAGE_DTYPES", "DTYPE_ITEMSIZE"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Allowlist:
+    name: str
+    callables: frozenset[str]
+    values: frozenset[str]
+    dict_like: frozenset[str]  # call results that SETITEM(S) may fill
+    list_like: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not self.dict_like <= self.callables or not self.list_like <= self.callables:
+            raise ValueError("dict_like/list_like must be callables")
+
+
+# torch dtype name -> itemsize in bytes
+DTYPE_ITEMSIZE: dict[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex128": 16, "complex64": 8,
+    "complex32": 4, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "uint16": 2,
+    "uint32": 4, "uint64": 8, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+}
+
+# legacy typed-storage class -> dtype
+STORAGE_DTYPES: dict[str, str] = {
+    "torch.DoubleStorage": "float64", "torch.FloatStorage": "float32", "torch.HalfStorage": "float16",
+    "torch.BFloat16Storage": "bfloat16", "torch.LongStorage": "int64", "torch.IntStorage": "int32",
+    "torch.ShortStorage": "int16", "torch.CharStorage": "int8", "torch.ByteStorage": "uint8",
+    "torch.BoolStorage": "bool", "torch.ComplexDoubleStorage": "complex128",
+    "torch.ComplexFloatStorage": "complex64", "torch.UntypedStorage": "uint8",
+    "torch.storage.UntypedStorage": "uint8",
+}
+
+_DTYPES = frozenset(f"torch.{d}" for d in DTYPE_ITEMSIZE)
+
+_TENSOR_CALLABLES = frozenset({
+    "torch._utils._rebuild_tensor_v2",
+    "torch._utils._rebuild_tensor_v3",
+    "torch._utils._rebuild_parameter",
+    "collections.OrderedDict",
+    "torch.Size",
+})
+_TENSOR_VALUES = frozenset(STORAGE_DTYPES) | _DTYPES
+
+TENSORS = Allowlist(name="tensors", callables=_TENSOR_CALLABLES, values=_TENSOR_VALUES,
+                    dict_like=frozenset({"collections.OrderedDict"}))
+
+_DCP = "torch.distributed.checkpoint.metadata"
+DCP_METADATA = Allowlist(
+    name="dcp_metadata",
+    callables=frozenset({
+        "pathlib.PosixPath", "torch.Size", "torch.serialization._get_layout",
+        "torch.distributed.checkpoint.filesystem._StorageInfo",
+        f"{_DCP}.Metadata", f"{_DCP}.MetadataIndex", f"{_DCP}.StorageMeta",
+        f"{_DCP}.TensorStorageMetadata", f"{_DCP}.ChunkStorageMetadata", f"{_DCP}.TensorProperties",
+        f"{_DCP}.BytesStorageMetadata", f"{_DCP}._MEM_FORMAT_ENCODING",
+        "torch.distributed._shard.sharded_tensor.metadata.TensorProperties",
+        "collections.OrderedDict",
+    }),
+    values=_DTYPES,
+    dict_like=frozenset({"collections.OrderedDict"}),
+)
+
+DEEPSPEED = Allowlist(
+    name="deepspeed",
+    callables=_TENSOR_CALLABLES | frozenset({
+        "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+        "deepspeed.runtime.zero.config.ZeroStageEnum",
+        "deepspeed.utils.tensor_fragment.fragment_address",
+        "torch._tensor._rebuild_from_type_v2",
+        "copyreg._reconstructor",
+        "builtins.set", "__builtin__.set",
+    }),
+    values=_TENSOR_VALUES | frozenset({"torch.nn.parameter.Parameter", "torch.Tensor",
+                                       "builtins.object", "__builtin__.object"}),
+    dict_like=frozenset({"collections.OrderedDict"}),
+)
+
+ALLOWLISTS: dict[str, Allowlist] = {a.name: a for a in (TENSORS, DCP_METADATA, DEEPSPEED)}

@@ -1,0 +1,488 @@
+"""A static pickle reader: opcode inventory, globals, call sites and a symbolic value.
+
+Nothing is imported, looked up or called.  Opcodes are decoded with :func:`pickletools.genops`
+(a decoder that never executes; its ``ValueError`` on a malformed stream becomes a finding and
+every finding made before it is kept).  A small symbolic machine replays the stack, the mark
+stack and the memo so ``STACK_GLOBAL`` operands are resolved from constants and memo entries
+only; anything computed, missing or out-of-band is a finding, never "clean".
+
+Untrusted pickles can execute arbitrary code when loaded [R27]; ``weights_only`` narrows that
+risk but is no trust control [R17, R29].  This reader is what lets inspection avoid loading.
+"""
+
+from __future__ import annotations
+
+import pickletools
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptgate.inspect.allowlist import ALLOWLISTS, Allowlist
+from ckptgate.inspect.findings import Finding, error, warning
+
+__all__ = ["Call", "Global", "PersId", "PickleLimits", "PickleReport", "SDict", "SList", "SSet",
+           "Unknown", "read_pickle", "looks_like_pickle"]
+
+
+# -- symbolic values ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Global:
+    module: str
+    name: str
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+@dataclass(eq=False, slots=True)
+class Call:
+    """The would-be result of calling ``func`` (REDUCE, NEWOBJ, NEWOBJ_EX, OBJ, INST)."""
+
+    opcode: str
+    func: Any
+    args: Any
+    kwargs: Any = None
+    state: Any = None  # BUILD argument, if any
+    dict_items: list[tuple[Any, Any]] | None = None  # SETITEM(S) on an OrderedDict
+    list_items: list[Any] | None = None
+
+
+@dataclass(eq=False, slots=True)
+class PersId:
+    pid: Any
+
+
+@dataclass(eq=False, slots=True)
+class Unknown:
+    reason: str
+
+
+@dataclass(eq=False, slots=True)
+class SList:
+    items: list[Any] = field(default_factory=list)
+
+
+@dataclass(eq=False, slots=True)
+class SDict:
+    items: list[tuple[Any, Any]] = field(default_factory=list)
+
+
+@dataclass(eq=False, slots=True)
+class SSet:
+    items: list[Any] = field(default_factory=list)
+    frozen: bool = False
+
+
+class _Mark:
+    __slots__ = ()
+
+
+_MARK = _Mark()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PickleLimits:
+    """Caps that bound the reader's time and memory."""
+
+    max_bytes: int = 1 << 30
+    max_ops: int = 50_000_000
+    max_memo: int = 10_000_000
+    max_stack: int = 1_000_000
+    max_frame: int = 1 << 26  # 64 MiB, far above what the pickler writes (64 KiB)
+    max_blob: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        for k in ("max_bytes", "max_ops", "max_memo", "max_stack", "max_frame", "max_blob"):
+            if getattr(self, k) <= 0:
+                raise ValueError(f"PickleLimits.{k} must be positive")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallSite:
+    opcode: str
+    target: str  # dotted global, or "<unresolved>"
+    pos: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PickleReport:
+    """What the reader found in one pickle stream."""
+
+    path: str
+    context: str
+    protocol: int | None
+    complete: bool  # reached STOP with a well-formed stream
+    opcodes: dict[str, int]
+    globals: tuple[str, ...]
+    calls: tuple[CallSite, ...]
+    findings: tuple[Finding, ...]
+    inside_allowlist: bool  # every global and call inside the context's allowlist, nothing unresolved
+    plain_tensors: bool  # ... and inside the plain-tensor allowlist
+    value: Any = None  # the symbolic root value (not serialised)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"context": self.context, "protocol": self.protocol, "complete": self.complete,
+                "opcodes": dict(sorted(self.opcodes.items())), "globals": list(self.globals),
+                "calls": [{"opcode": c.opcode, "target": c.target, "pos": c.pos} for c in self.calls],
+                "inside_allowlist": self.inside_allowlist, "plain_tensors": self.plain_tensors}
+
+
+def looks_like_pickle(b: bytes) -> bool:
+    """A protocol 2-5 header (``\\x80`` + protocol) followed by a plausible opcode."""
+    return len(b) >= 3 and b[0] == 0x80 and 2 <= b[1] <= 5 and b[2] in b"\x95}]()cq\x8c\x8aX"
+
+
+_NESTED_MIN = 8
+
+
+class _Abort(Exception):
+    pass
+
+
+class _Reader:
+    def __init__(self, data: bytes, path: str, allow: Allowlist, limits: PickleLimits) -> None:
+        self.data = data
+        self.path = path
+        self.allow = allow
+        self.limits = limits
+        self.findings: list[Finding] = []
+        self.stack: list[Any] = []
+        self.metastack: list[list[Any]] = []
+        self.memo: dict[int, Any] = {}
+        self.ops: Counter[str] = Counter()
+        self.globals: set[str] = set()
+        self.calls: list[CallSite] = []
+        self.outside = False
+        self.unresolved = False
+        self.protocol: int | None = None
+        self.complete = False
+        self.value: Any = None
+
+    # -- helpers --------------------------------------------------------------------------------
+    def err(self, code: str, msg: str, **ev: Any) -> None:
+        self.findings.append(error(code, self.path, msg, **ev))
+
+    def pop(self, pos: int) -> Any:
+        if not self.stack:
+            self.err("pickle.stack_underflow", "opcode pops from an empty stack", pos=pos)
+            raise _Abort
+        return self.stack.pop()
+
+    def pop_mark(self, pos: int) -> list[Any]:
+        if not self.metastack:
+            self.err("pickle.mark_missing", "opcode needs a MARK that was never pushed", pos=pos)
+            raise _Abort
+        items = self.stack
+        self.stack = self.metastack.pop()
+        return items
+
+    def push(self, v: Any) -> None:
+        self.stack.append(v)
+        if len(self.stack) + len(self.metastack) > self.limits.max_stack:
+            self.err("pickle.stack_limit", "stack depth exceeds the cap", limit=self.limits.max_stack)
+            raise _Abort
+
+    def global_ref(self, module: Any, name: Any, pos: int, op: str) -> Any:
+        if not isinstance(module, str) or not isinstance(name, str):
+            self.unresolved = True
+            self.err("pickle.unresolved_global", f"{op} operands are not constant strings; the global "
+                     "cannot be resolved statically", pos=pos, module=_short(module), name=_short(name))
+            return Unknown(f"{op} with computed operands")
+        g = Global(module, name)
+        self.globals.add(g.dotted)
+        if g.dotted not in self.allow.callables and g.dotted not in self.allow.values:
+            self.outside = True
+            self.err("pickle.global_not_allowed", f"global {g.dotted} is outside the {self.allow.name} allowlist",
+                     pos=pos, globl=g.dotted, context=self.allow.name)
+        return g
+
+    def call(self, op: str, func: Any, args: Any, pos: int, kwargs: Any = None) -> Call:
+        if isinstance(func, Global):
+            target = func.dotted
+            if target in self.allow.values and target not in self.allow.callables:
+                self.outside = True
+                self.err("pickle.call_not_allowed", f"{op} calls {target}, which is allowed only as a value",
+                         pos=pos, target=target)
+            elif target == "copyreg._reconstructor" and target in self.allow.callables:
+                self._check_reconstructor(args, pos)
+        else:
+            target = "<unresolved>"
+            self.unresolved = True
+            self.err("pickle.call_target_unresolved", f"{op} calls something that is not a plain global",
+                     pos=pos, target=_short(func))
+        self.calls.append(CallSite(opcode=op, target=target, pos=pos))
+        return Call(opcode=op, func=func, args=args, kwargs=kwargs)
+
+    def _check_reconstructor(self, args: Any, pos: int) -> None:
+        ok = (isinstance(args, tuple) and len(args) == 3 and isinstance(args[0], Global)
+              and args[0].dotted in self.allow.callables and isinstance(args[1], Global)
+              and args[1].dotted in ("builtins.object", "__builtin__.object") and args[2] is None)
+        if not ok:
+            self.outside = True
+            self.err("pickle.call_not_allowed", "copyreg._reconstructor is allowed only as "
+                     "(allowlisted class, object, None)", pos=pos)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        n = 0
+        data = self.data
+        last_pos = -1
+        try:
+            for opcode, arg, pos in pickletools.genops(data):
+                n += 1
+                last_pos = pos
+                if n > self.limits.max_ops:
+                    self.err("pickle.op_limit", "opcode count exceeds the cap", limit=self.limits.max_ops)
+                    return
+                name = opcode.name
+                self.ops[name] += 1
+                if name == "STOP":
+                    self.value = self.pop(pos)
+                    if self.stack or self.metastack:
+                        self.err("pickle.stack_not_empty", "values or marks left on the stack at STOP",
+                                 pos=pos)
+                    end = pos + 1
+                    if end != len(data):
+                        self.err("pickle.trailing_data", "bytes follow the STOP opcode",
+                                 pos=end, trailing=len(data) - end)
+                    self.complete = True
+                    return
+                self.step(name, arg, pos)
+            self.err("pickle.no_stop", "the stream ends without a STOP opcode", pos=last_pos)
+        except _Abort:
+            return
+        except (ValueError, KeyError, IndexError, TypeError, OverflowError, UnicodeDecodeError,
+                MemoryError, RecursionError) as e:
+            self.err("pickle.malformed", f"malformed pickle stream: {type(e).__name__}: {str(e)[:200]}",
+                     after_pos=last_pos)
+
+    def step(self, name: str, arg: Any, pos: int) -> None:  # noqa: C901, PLR0912, PLR0915
+        st = self.stack
+        if name == "PROTO":
+            if pos != 0 or self.protocol is not None:
+                self.err("pickle.proto_misplaced", "PROTO appears other than as the first opcode", pos=pos)
+            if not 0 <= arg <= 5:
+                self.err("pickle.proto_unknown", f"unknown protocol {arg}", pos=pos)
+            if self.protocol is None:
+                self.protocol = int(arg)
+        elif name == "FRAME":
+            if arg > self.limits.max_frame or arg > len(self.data) - pos - 9:
+                self.err("pickle.frame_too_large", "FRAME length exceeds the cap or the stream",
+                         pos=pos, length=int(arg))
+                raise _Abort
+        elif name == "MARK":
+            self.metastack.append(self.stack)
+            self.stack = []
+            if len(self.metastack) > self.limits.max_stack:
+                self.err("pickle.stack_limit", "mark depth exceeds the cap")
+                raise _Abort
+        elif name in ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT"):
+            self.push(arg)
+        elif name in ("STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE",
+                      "SHORT_BINUNICODE", "BINUNICODE8"):
+            self.push(arg)
+        elif name in ("BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8"):
+            if len(arg) > self.limits.max_blob:
+                self.err("pickle.blob_too_large", "bytes constant exceeds the cap", pos=pos, length=len(arg))
+                raise _Abort
+            if len(arg) >= _NESTED_MIN and (looks_like_pickle(arg) or arg[:4] == b"PK\x03\x04"):
+                self.err("pickle.nested_pickle", "a bytes constant holds a pickle or zip that a loader "
+                         "could unpickle in turn", pos=pos, length=len(arg))
+            self.push(bytes(arg))
+        elif name == "NONE":
+            self.push(None)
+        elif name == "NEWTRUE":
+            self.push(True)
+        elif name == "NEWFALSE":
+            self.push(False)
+        elif name in ("NEXT_BUFFER", "READONLY_BUFFER"):
+            self.unresolved = True
+            self.err("pickle.out_of_band_buffer", f"{name} needs out-of-band buffers; unresolvable", pos=pos)
+            if name == "NEXT_BUFFER":
+                self.push(Unknown("out-of-band buffer"))
+        elif name == "EMPTY_LIST":
+            self.push(SList())
+        elif name == "EMPTY_TUPLE":
+            self.push(())
+        elif name == "EMPTY_DICT":
+            self.push(SDict())
+        elif name == "EMPTY_SET":
+            self.push(SSet())
+        elif name == "LIST":
+            self.push(SList(self.pop_mark(pos)))
+        elif name == "TUPLE":
+            self.push(tuple(self.pop_mark(pos)))
+        elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+            k = int(name[-1])
+            if len(st) < k:
+                self.pop(pos)  # reports the underflow
+            items = st[-k:]
+            del st[-k:]
+            self.push(tuple(items))
+        elif name == "DICT":
+            items = self.pop_mark(pos)
+            if len(items) % 2:
+                self.err("pickle.odd_dict_items", "DICT with an odd number of items", pos=pos)
+                raise _Abort
+            self.push(SDict(list(zip(items[::2], items[1::2], strict=True))))
+        elif name == "FROZENSET":
+            self.push(SSet(self.pop_mark(pos), frozen=True))
+        elif name in ("APPEND", "APPENDS"):
+            items = self.pop_mark(pos) if name == "APPENDS" else [self.pop(pos)]
+            target = self.stack[-1] if self.stack else None
+            if isinstance(target, SList):
+                target.items.extend(items)
+            elif isinstance(target, Call) and self._is_list_like(target):
+                (target.list_items if target.list_items is not None else _init_list(target)).extend(items)
+            else:
+                self.outside = True
+                self.err("pickle.append_non_list", f"{name} on a value that is not a list calls its "
+                         "append/extend method", pos=pos, target=_short(target))
+        elif name in ("SETITEM", "SETITEMS"):
+            if name == "SETITEMS":
+                items = self.pop_mark(pos)
+            else:
+                v = self.pop(pos)
+                k = self.pop(pos)
+                items = [k, v]
+            if len(items) % 2:
+                self.err("pickle.odd_dict_items", f"{name} with an odd number of items", pos=pos)
+                raise _Abort
+            target = self.stack[-1] if self.stack else None
+            pairs = list(zip(items[::2], items[1::2], strict=True))
+            if isinstance(target, SDict):
+                target.items.extend(pairs)
+            elif isinstance(target, Call) and self._is_dict_like(target):
+                if target.dict_items is None:
+                    target.dict_items = []
+                target.dict_items.extend(pairs)
+            else:
+                self.outside = True
+                self.err("pickle.setitem_non_dict", f"{name} on a value that is not a dict calls its "
+                         "__setitem__", pos=pos, target=_short(target))
+        elif name == "ADDITEMS":
+            items = self.pop_mark(pos)
+            target = self.stack[-1] if self.stack else None
+            if isinstance(target, SSet) and not target.frozen:
+                target.items.extend(items)
+            else:
+                self.outside = True
+                self.err("pickle.additems_non_set", "ADDITEMS on a value that is not a set", pos=pos)
+        elif name == "POP":
+            self.pop(pos)
+        elif name == "POP_MARK":
+            self.pop_mark(pos)
+        elif name == "DUP":
+            self.push(st[-1] if st else self.pop(pos))
+        elif name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+            if not self.stack:
+                self.pop(pos)
+            idx = len(self.memo) if name == "MEMOIZE" else int(arg)
+            if idx < 0:
+                self.err("pickle.bad_memo_key", "negative memo key", pos=pos)
+                raise _Abort
+            self.memo[idx] = self.stack[-1]
+            if len(self.memo) > self.limits.max_memo:
+                self.err("pickle.memo_limit", "memo size exceeds the cap", limit=self.limits.max_memo)
+                raise _Abort
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            idx = int(arg)
+            if idx not in self.memo:
+                self.unresolved = True
+                self.err("pickle.memo_missing", f"{name} of memo key {idx} that was never stored", pos=pos,
+                         key=idx)
+                raise _Abort
+            self.push(self.memo[idx])
+        elif name == "GLOBAL":
+            module, _, gname = str(arg).partition(" ")
+            self.push(self.global_ref(module, gname, pos, name))
+        elif name == "STACK_GLOBAL":
+            gname = self.pop(pos)
+            module = self.pop(pos)
+            self.push(self.global_ref(module, gname, pos, name))
+        elif name == "INST":
+            module, _, gname = str(arg).partition(" ")
+            args = tuple(self.pop_mark(pos))
+            self.push(self.call(name, self.global_ref(module, gname, pos, name), args, pos))
+        elif name == "OBJ":
+            items = self.pop_mark(pos)
+            if not items:
+                self.err("pickle.stack_underflow", "OBJ without a class", pos=pos)
+                raise _Abort
+            self.push(self.call(name, items[0], tuple(items[1:]), pos))
+        elif name == "NEWOBJ":
+            args = self.pop(pos)
+            cls = self.pop(pos)
+            self.push(self.call(name, cls, args, pos))
+        elif name == "NEWOBJ_EX":
+            kwargs = self.pop(pos)
+            args = self.pop(pos)
+            cls = self.pop(pos)
+            self.push(self.call(name, cls, args, pos, kwargs))
+        elif name == "REDUCE":
+            args = self.pop(pos)
+            func = self.pop(pos)
+            self.push(self.call(name, func, args, pos))
+        elif name == "BUILD":
+            state = self.pop(pos)
+            target = self.stack[-1] if self.stack else self.pop(pos)
+            if isinstance(target, Call):
+                tname = target.func.dotted if isinstance(target.func, Global) else "<unresolved>"
+                self.calls.append(CallSite(opcode="BUILD", target=tname, pos=pos))
+                target.state = state
+            else:
+                self.outside = True
+                self.err("pickle.build_non_object", "BUILD on a value that is not a constructed object",
+                         pos=pos, target=_short(target))
+        elif name in ("EXT1", "EXT2", "EXT4"):
+            self.unresolved = True
+            self.err("pickle.extension_code", f"{name} {arg} refers to the copyreg extension registry, "
+                     "which is never consulted", pos=pos, code=int(arg))
+            self.push(Unknown(f"extension {arg}"))
+        elif name == "PERSID":
+            self.push(PersId(arg))
+        elif name == "BINPERSID":
+            self.push(PersId(self.pop(pos)))
+        else:  # pragma: no cover - genops knows every opcode we do
+            self.err("pickle.unknown_opcode", f"opcode {name} not handled", pos=pos)
+            raise _Abort
+
+    def _is_dict_like(self, c: Call) -> bool:
+        return isinstance(c.func, Global) and c.func.dotted in self.allow.dict_like
+
+    def _is_list_like(self, c: Call) -> bool:
+        return isinstance(c.func, Global) and c.func.dotted in self.allow.list_like
+
+
+def _init_list(c: Call) -> list[Any]:
+    c.list_items = []
+    return c.list_items
+
+
+def _short(v: Any) -> str:
+    r = repr(v) if not isinstance(v, (Call, SDict, SList, SSet)) else type(v).__name__
+    return r[:80]
+
+
+def read_pickle(data: bytes, *, path: str, context: str = "tensors",
+                limits: PickleLimits = PickleLimits()) -> PickleReport:
+    """Read one pickle stream statically against the ``context`` allowlist."""
+    allow = ALLOWLISTS[context]
+    if len(data) > limits.max_bytes:
+        f = error("pickle.too_large", path, "pickle stream exceeds the size cap", size=len(data),
+                  limit=limits.max_bytes)
+        return PickleReport(path=path, context=context, protocol=None, complete=False, opcodes={},
+                            globals=(), calls=(), findings=(f,), inside_allowlist=False, plain_tensors=False)
+    r = _Reader(data, path, allow, limits)
+    r.run()
+    has_error = any(f.severity == "error" for f in r.findings)
+    inside = r.complete and not r.outside and not r.unresolved and not has_error
+    tensors = ALLOWLISTS["tensors"]
+    plain = inside and all(g in tensors.callables or g in tensors.values for g in r.globals)
+    if not r.complete and not any(f.code.startswith("pickle.") for f in r.findings):
+        r.findings.append(warning("pickle.incomplete", path, "the stream was not read to STOP"))
+    return PickleReport(path=path, context=context, protocol=r.protocol, complete=r.complete,
+                        opcodes=dict(r.ops), globals=tuple(sorted(r.globals)), calls=tuple(r.calls),
+                        findings=tuple(r.findings), inside_allowlist=inside, plain_tensors=plain,
+                        value=r.value if r.complete else None)

@@ -1,0 +1,294 @@
+"""A root-confined walk of a checkpoint directory: every open goes through ``openat2``.
+
+Every path is opened relative to the root directory descriptor with
+``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`` plus ``O_NOFOLLOW``
+[R35].  Only regular files are read; symlinks, FIFOs, devices and sockets are refused with
+findings and never opened for reading (a FIFO is only ever ``fstatat``-ed, so it cannot block).
+Where ``openat2`` is unavailable the walk refuses with ``input.walk.openat2_unavailable``:
+there is no fallback to a weaker path resolution.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import stat
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from ckptgate.errors import InputRejected
+from ckptgate.inspect.findings import Finding, error
+
+__all__ = ["FileEntry", "SafeTree", "WalkLimits", "openat2"]
+
+# linux/openat2.h
+RESOLVE_NO_XDEV = 0x01
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+_RESOLVE = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+
+# The generic syscall table and x86_64 agree on 437.
+_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "arm64": 437, "riscv64": 437, "ppc64le": 437,
+                "s390x": 437}.get(platform.machine())
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def openat2(dir_fd: int, path: str, flags: int, resolve: int = _RESOLVE) -> int:
+    """``openat2(dir_fd, path, {flags, 0, resolve})``; raises ``OSError`` with the errno."""
+    if _SYS_OPENAT2 is None:
+        raise OSError(errno.ENOSYS, "openat2 syscall number unknown on this architecture")
+    how = _OpenHow(flags | os.O_CLOEXEC, 0, resolve)
+    raw = os.fsencode(path)
+    fd = _libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dir_fd), ctypes.c_char_p(raw),
+                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    if fd < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), path)
+    return int(fd)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WalkLimits:
+    """Bounds on what one walk accepts; exceeding one refuses the whole tree."""
+
+    max_files: int = 100_000
+    max_depth: int = 32
+    max_name_bytes: int = 255
+    max_total_bytes: int = 1 << 44  # 16 TiB of declared sizes
+
+    def __post_init__(self) -> None:
+        for name in ("max_files", "max_depth", "max_name_bytes", "max_total_bytes"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"WalkLimits.{name} must be a positive int")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FileEntry:
+    """A regular file found beneath the root, as first seen by ``fstatat``."""
+
+    path: str  # posix, relative to the root, UTF-8
+    size: int
+    dev: int
+    ino: int
+    nlink: int
+
+    def __post_init__(self) -> None:
+        if not self.path or self.path.startswith("/") or ".." in self.path.split("/"):
+            raise ValueError(f"bad relative path {self.path!r}")
+        if self.size < 0:
+            raise ValueError("negative size")
+
+
+_KIND_NAMES = {stat.S_IFLNK: "symlink", stat.S_IFIFO: "fifo", stat.S_IFCHR: "char_device",
+               stat.S_IFBLK: "block_device", stat.S_IFSOCK: "socket"}
+
+
+@dataclass(slots=True)
+class _WalkState:
+    limits: WalkLimits
+    entries: list[FileEntry] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    total: int = 0
+    count: int = 0
+
+
+class SafeTree:
+    """An open checkpoint root: the walked regular files and the findings of the walk.
+
+    Use :meth:`open`; close with :meth:`close` or a ``with`` block.
+    """
+
+    __slots__ = ("_root_fd", "_by_path", "entries", "findings", "limits", "root")
+
+    def __init__(self, *, root: Path, root_fd: int, entries: tuple[FileEntry, ...],
+                 findings: tuple[Finding, ...], limits: WalkLimits) -> None:
+        self.root = root
+        self._root_fd: int | None = root_fd
+        self.entries = entries
+        self.findings = findings
+        self.limits = limits
+        self._by_path = {e.path: e for e in entries}
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def open(cls, root: Path, limits: WalkLimits = WalkLimits()) -> SafeTree:
+        """Open ``root`` (a directory) and walk it beneath its own descriptor."""
+        root = Path(root)
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            root_fd = os.open(root, flags)
+        except OSError as e:
+            raise InputRejected("input.walk.root_unreadable",
+                                f"cannot open {root} as a directory (not following symlinks): {e.strerror}",
+                                evidence={"root": str(root), "errno": e.errno}) from None
+        try:
+            try:
+                probe = openat2(root_fd, ".", os.O_RDONLY | os.O_DIRECTORY)
+                os.close(probe)
+            except OSError as e:
+                if e.errno in (errno.ENOSYS, errno.EPERM):
+                    raise InputRejected(
+                        "input.walk.openat2_unavailable",
+                        "openat2 with RESOLVE_BENEATH is not available on this kernel; refusing to read "
+                        "an untrusted tree without root-confined path resolution [R35]",
+                        evidence={"errno": e.errno},
+                        advice="Run ckptgate on Linux 5.6 or later without a seccomp filter denying openat2.",
+                    ) from None
+                raise
+            st = _WalkState(limits=limits)
+            _walk_dir(root_fd, "", 0, st)
+            entries = tuple(sorted(st.entries, key=lambda e: e.path))
+            return cls(root=root, root_fd=root_fd, entries=entries, findings=tuple(st.findings),
+                       limits=limits)
+        except BaseException:
+            os.close(root_fd)
+            raise
+
+    # -- use --------------------------------------------------------------------------------------
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    def entry(self, relpath: str) -> FileEntry | None:
+        return self._by_path.get(relpath)
+
+    def open_file(self, relpath: str) -> int:
+        """Open a walked regular file read-only beneath the root; the caller closes the fd.
+
+        Refuses (``input.walk.changed``) when the file is no longer the one that was walked.
+        """
+        if self._root_fd is None:
+            raise InputRejected("input.walk.closed", "the tree has been closed")
+        known = self._by_path.get(relpath)
+        if known is None:
+            raise InputRejected("input.walk.not_in_tree", f"{relpath!r} is not a walked regular file",
+                                evidence={"path": relpath})
+        try:
+            fd = openat2(self._root_fd, relpath, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as e:
+            raise InputRejected("input.walk.open_refused", f"cannot open {relpath!r} beneath the root: "
+                                f"{e.strerror}", evidence={"path": relpath, "errno": e.errno}) from None
+        try:
+            s = os.fstat(fd)
+            if (not stat.S_ISREG(s.st_mode) or s.st_dev != known.dev or s.st_ino != known.ino
+                    or s.st_size != known.size):
+                raise InputRejected("input.walk.changed",
+                                    f"{relpath!r} changed between the walk and the read",
+                                    evidence={"path": relpath, "size": s.st_size, "walked_size": known.size})
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def close(self) -> None:
+        if self._root_fd is not None:
+            os.close(self._root_fd)
+            self._root_fd = None
+
+    def __enter__(self) -> SafeTree:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - safety net
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _name_ok(name: str, rel: str, st: _WalkState) -> bool:
+    try:
+        raw = name.encode("utf-8")
+    except UnicodeEncodeError:
+        st.findings.append(error("walk.name_not_utf8", rel, "file name is not valid UTF-8; refused",
+                                 name=repr(os.fsencode(name))))
+        return False
+    if len(raw) > st.limits.max_name_bytes:
+        st.findings.append(error("walk.name_too_long", rel, "file name exceeds the name-length limit; refused",
+                                 length=len(raw), limit=st.limits.max_name_bytes))
+        return False
+    if any(ord(c) < 0x20 or c == "\x7f" or c == "\\" for c in name):
+        st.findings.append(error("walk.name_control_chars", rel,
+                                 "file name contains control characters or a backslash; refused"))
+        return False
+    return True
+
+
+def _walk_dir(dir_fd_rel_root: int, prefix: str, depth: int, st: _WalkState) -> None:
+    if depth > st.limits.max_depth:
+        raise InputRejected("input.walk.too_deep", f"directory nesting exceeds {st.limits.max_depth}",
+                            evidence={"path": prefix, "limit": st.limits.max_depth})
+    if prefix:
+        try:
+            dfd = openat2(dir_fd_rel_root, prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as e:
+            st.findings.append(error("walk.dir_unreadable", prefix, f"cannot open directory: {e.strerror}",
+                                     errno=e.errno))
+            return
+    else:
+        dfd = os.dup(dir_fd_rel_root)
+    try:
+        names = sorted(os.listdir(dfd))
+        seen: dict[str, str] = {}
+        subdirs: list[str] = []
+        for name in names:
+            rel = f"{prefix}/{name}" if prefix else name
+            st.count += 1
+            if st.count > st.limits.max_files:
+                raise InputRejected("input.walk.too_many_files",
+                                    f"the tree holds more than {st.limits.max_files} entries",
+                                    evidence={"limit": st.limits.max_files})
+            if not _name_ok(name, rel, st):
+                continue
+            key = unicodedata.normalize("NFC", name).casefold()
+            if key in seen:
+                st.findings.append(error("walk.name_collision", rel,
+                                         "name collides with another by case or Unicode normalisation",
+                                         other=f"{prefix}/{seen[key]}" if prefix else seen[key]))
+            else:
+                seen[key] = name
+            try:
+                s = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except OSError as e:
+                st.findings.append(error("walk.stat_failed", rel, f"cannot stat: {e.strerror}", errno=e.errno))
+                continue
+            fmt = stat.S_IFMT(s.st_mode)
+            if fmt == stat.S_IFDIR:
+                subdirs.append(rel)
+            elif fmt == stat.S_IFREG:
+                if s.st_nlink > 1:
+                    st.findings.append(error("walk.hardlink", rel,
+                                             "regular file has more than one hard link; its content may be "
+                                             "shared with a file outside the checkpoint", nlink=s.st_nlink))
+                st.total += s.st_size
+                if st.total > st.limits.max_total_bytes:
+                    raise InputRejected("input.walk.too_large",
+                                        f"the tree's files exceed {st.limits.max_total_bytes} bytes",
+                                        evidence={"limit": st.limits.max_total_bytes})
+                st.entries.append(FileEntry(path=rel, size=s.st_size, dev=s.st_dev, ino=s.st_ino,
+                                            nlink=s.st_nlink))
+            else:
+                kind = _KIND_NAMES.get(fmt, "unknown")
+                st.findings.append(error(f"walk.{kind}", rel, f"{kind.replace('_', ' ')} refused; only regular "
+                                         "files and directories are read"))
+        for rel in subdirs:
+            _walk_dir(dir_fd_rel_root, rel, depth + 1, st)
+    finally:
+        os.close(dfd)
+

@@ -1,0 +1,216 @@
+"""``ckptgate attest``: keygen (development), sign, verify, show, add to the store."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ckptgate._cli._base import emit_json, stdout, json_option
+from ckptgate.errors import UsageError, VerificationError
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise UsageError("usage.unreadable", f"cannot read {what} {path}: {e.strerror}") from None
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except FileExistsError:
+        raise UsageError("usage.exists", f"{path} exists; refusing to overwrite") from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _now(value: str | None) -> datetime:
+    if value is None:
+        return datetime.now(timezone.utc)
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError("usage.invalid", f"--now is not an ISO 8601 time: {value!r}") from None
+    if t.tzinfo is None:
+        raise UsageError("usage.invalid", "--now needs a UTC offset (e.g. 2026-01-01T00:00:00Z)")
+    return t
+
+
+@click.group("attest")
+def attest() -> None:
+    """Sign, verify and inspect qualification attestations (DSSE with keys, Sigstore bundles)."""
+
+
+@attest.command("keygen")
+@click.option("--out", "prefix", required=True, help="Writes PREFIX.pem (private, 0600) and PREFIX.pub.pem.")
+@click.option("--algorithm", type=click.Choice(["ed25519", "ecdsa-p256"]), default="ed25519", show_default=True)
+@click.option("--id", "signer_id", default="dev-key", show_default=True, help="Signer id for the trust entry.")
+@json_option
+def keygen(prefix: str, algorithm: str, signer_id: str, as_json: bool) -> None:
+    """Development helper: a new key pair and its trust-data entry (never use for production keys)."""
+    from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, generate_keypair, trust_entry
+
+    private, public = generate_keypair(algorithm)
+    priv_path, pub_path = Path(prefix + ".pem"), Path(prefix + ".pub.pem")
+    _write_new(priv_path, private, 0o600)
+    _write_new(pub_path, public, 0o644)
+    entry = trust_entry(public, signer_id=signer_id, predicate_types=[QUALIFICATION_PREDICATE_TYPE])
+    if as_json:
+        emit_json({"private_key": str(priv_path), "public_key": str(pub_path), "trust_entry": entry})
+        return
+    stdout.print(f"wrote [bold]{priv_path}[/] (private, keep secret) and [bold]{pub_path}[/]")
+    stdout.print(f"algorithm {algorithm}, spki_sha256 {entry['spki_sha256']}")
+    stdout.print("trust-data entry (add to policies/ckptgate/config/trust/data.json):")
+    stdout.print_json(json.dumps(entry))
+
+
+@attest.command("sign")
+@click.option("--key", "key_path", envvar="CKPTGATE_SIGNING_KEY", help="PEM private key (or $CKPTGATE_SIGNING_KEY).")
+@click.option("--keyid", default=None, help="keyid hint to record (default: SPKI SHA-256).")
+@click.option("--statement", "statement_path", type=click.Path(dir_okay=False), help="A full in-toto Statement v1.")
+@click.option("--predicate", "predicate_path", type=click.Path(dir_okay=False), help="A predicate to wrap.")
+@click.option("--subject-digest", default=None, help="sha256:<hex> of the fixture (with --predicate).")
+@click.option("--subject-name", default="fixture", show_default=True)
+@click.option("--predicate-type", default=None, help="Default: the ckptgate qualification v1 type.")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
+@json_option
+def sign(key_path: str | None, keyid: str | None, statement_path: str | None, predicate_path: str | None,
+         subject_digest: str | None, subject_name: str, predicate_type: str | None, out_path: str,
+         as_json: bool) -> None:
+    """Sign a statement (checked against its schema first) into a DSSE envelope."""
+    from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE, KeySigner, sign_statement
+    from ckptgate.verify._json import loads_strict
+    from ckptgate.verify.statement import normalise_digest
+
+    if (statement_path is None) == (predicate_path is None):
+        raise UsageError("usage.invalid", "give exactly one of --statement or --predicate")
+    signer = KeySigner.from_pem(key_path, keyid=keyid)
+    if statement_path is not None:
+        statement = loads_strict(_read(statement_path, "statement"), what="statement", max_bytes=8 << 20)
+    else:
+        if subject_digest is None:
+            raise UsageError("usage.invalid", "--predicate needs --subject-digest")
+        predicate = loads_strict(_read(predicate_path, "predicate"), what="predicate", max_bytes=8 << 20)  # type: ignore[arg-type]
+        statement = {"_type": STATEMENT_TYPE,
+                     "subject": [{"name": subject_name, "digest": {"sha256": normalise_digest(subject_digest)}}],
+                     "predicateType": predicate_type or QUALIFICATION_PREDICATE_TYPE, "predicate": predicate}
+    if not isinstance(statement, dict):
+        raise VerificationError("verify.statement.type", "statement is not a JSON object")
+    envelope = sign_statement(statement, signer)
+    _write_new(Path(out_path), envelope, 0o644)
+    if as_json:
+        emit_json({"envelope": out_path, "keyid": signer.keyid, "algorithm": signer.algorithm,
+                   "predicate_type": statement["predicateType"]})
+        return
+    stdout.print(f"signed [bold]{out_path}[/] with {signer.algorithm} key {signer.keyid[:16]}…")
+
+
+@attest.command("verify")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--digest", required=True, help="sha256:<hex> of the fixture actually measured.")
+@click.option("--trust", "trust_path", default=None, help="Trust data (default: policies/ckptgate/config/trust/data.json).")
+@click.option("--sigstore-trust-root", default=None, help="trusted_root.json for Sigstore bundles ('production': embedded).")
+@click.option("--identity", default=None, help="Expected Sigstore certificate identity (with --issuer).")
+@click.option("--issuer", default=None, help="Expected Sigstore OIDC issuer (with --identity).")
+@click.option("--commit", "expected_commit", default=None, help="Require this candidate commit (40 hex).")
+@click.option("--now", "now_s", default=None, help="Evaluate validity at this time (ISO 8601, default: now).")
+@json_option
+def verify(file: str, digest: str, trust_path: str | None, sigstore_trust_root: str | None, identity: str | None,
+           issuer: str | None, expected_commit: str | None, now_s: str | None, as_json: bool) -> None:
+    """Verify an attestation for a measured fixture digest; exit 5 when it does not verify."""
+    from ckptgate.verify import TrustData, verify_attestation
+
+    if (identity is None) != (issuer is None):
+        raise UsageError("usage.invalid", "--identity and --issuer go together")
+    raw = _read(file, "attestation")
+    trust = TrustData.from_file(trust_path)
+    va = verify_attestation(raw, source=file, trust=trust, measured_digest=digest, now=_now(now_s),
+                            sigstore_trust_root=sigstore_trust_root,
+                            expected_identity=(identity, issuer) if identity and issuer else None,
+                            expected_commit=expected_commit)
+    facts = va.to_facts()
+    if as_json:
+        emit_json({"verified": True, "attestation": facts})
+        return
+    stdout.print(f"[bold green]VERIFIED[/] {file}")
+    stdout.print(f"  predicate  {va.predicate_type}")
+    stdout.print(f"  subject    {va.subject_name} = {va.measured_digest}")
+    for s in facts["signers"]:
+        who = f"{s['signer_id']} ({s['algorithm']}, spki {s['spki_sha256'][:16]}…)" if s["kind"] == "key" \
+            else f"{s['identity']} via {s['issuer']}"
+        stdout.print(f"  signer     {s['kind']}: {who}")
+    stdout.print(f"  checks     {', '.join(va.checks)}")
+    if va.validity is not None:
+        stdout.print(f"  valid      {facts['verification']['validity']['issued_at']} .. "
+                     f"{facts['verification']['validity']['expires_at']}")
+    pred = va.statement.get("predicate") or {}
+    if isinstance(pred, dict) and "candidate_commit" in pred:
+        stdout.print(f"  commit     {pred['candidate_commit']} (policy decides whether it is the candidate)")
+
+
+def _unverified(raw: bytes) -> dict[str, Any]:
+    from ckptgate.verify import dsse
+    from ckptgate.verify._json import loads_strict
+    from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, _detect
+
+    doc = loads_strict(raw, what="attestation", max_bytes=dsse.MAX_ENVELOPE_BYTES)
+    fmt = _detect(doc)
+    if fmt == "dsse":
+        env = dsse.Envelope.from_doc(doc)
+        payload, sigs = env.payload, [{"keyid": s.keyid} for s in env.signatures]
+        ptype = env.payload_type
+    else:
+        env_doc = doc.get("dsseEnvelope")
+        if not isinstance(env_doc, dict) or not isinstance(env_doc.get("payload"), str):
+            raise VerificationError("verify.sigstore.not_dsse", "bundle carries no DSSE envelope")
+        payload = dsse._b64(env_doc["payload"], "payload")
+        ptype = env_doc.get("payloadType")
+        sigs = [{"keyid": s.get("keyid")} for s in env_doc.get("signatures", []) if isinstance(s, dict)]
+    stmt = loads_strict(payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES)
+    return {"verified": False, "UNVERIFIED": "signatures, trust and subject were NOT checked",
+            "format": fmt, "payload_type": ptype, "signatures": sigs, "statement": stmt}
+
+
+@attest.command("show")
+@click.argument("file", type=click.Path(dir_okay=False))
+@json_option
+def show(file: str, as_json: bool) -> None:
+    """Print an attestation's content WITHOUT verifying it (clearly marked UNVERIFIED)."""
+    doc = _unverified(_read(file, "attestation"))
+    if as_json:
+        emit_json(doc)
+        return
+    stdout.print("[bold yellow]UNVERIFIED[/] content: signatures, trust and subject were NOT checked; "
+                 "use `ckptgate attest verify`.")
+    stdout.print(f"format {doc['format']}, payloadType {doc['payload_type']}, "
+                 f"{len(doc['signatures'])} signature(s), keyid hints {[s['keyid'] for s in doc['signatures']]}")
+    stdout.print_json(json.dumps(doc["statement"], sort_keys=True))
+
+
+@attest.command("add")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--store", "store_root", default="attestations", show_default=True)
+@json_option
+def add(files: tuple[str, ...], store_root: str, as_json: bool) -> None:
+    """Store attestations under STORE/sha256-<subject>/ and regenerate STORE/index.json (not a trust decision)."""
+    from ckptgate.verify import AttestationStore
+
+    store = AttestationStore(store_root)
+    paths = [str(store.add(_read(f, "attestation"), reindex=False)) for f in files]
+    store.rebuild_index()
+    if as_json:
+        emit_json({"stored": paths, "index": str(Path(store_root) / "index.json")})
+        return
+    for p in paths:
+        stdout.print(f"stored {p}")
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(attest)

@@ -1,0 +1,61 @@
+"""Helpers for attestation tests: throwaway keys, trust data, a valid qualification statement."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from ckptgate.verify import KeySigner, TrustData, trust_entry
+from ckptgate.verify.statement import QUALIFICATION_PREDICATE_TYPE
+from cryptography.hazmat.primitives import serialization
+
+FIXTURE_HEX = "ab" * 32
+NOW = datetime(2026, 11, 29, 17, 0, 0, tzinfo=timezone.utc)
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+STATEMENT: dict[str, Any] = {
+    "_type": "https://in-toto.io/Statement/v1",
+    "subject": [{"name": "hf_sharded", "digest": {"sha256": FIXTURE_HEX}}],
+    "predicateType": QUALIFICATION_PREDICATE_TYPE,
+    "predicate": {
+        "producer": {"name": "huggingface_hub", "version": "1.0.0"},
+        "adapter": {"name": "hf-sharded-safetensors", "version": "1"},
+        "fixture": {"digest": "sha256:" + FIXTURE_HEX, "digest_algorithm": "sha256",
+                    "manifest": "tests/fixtures/data/hf_sharded/meta.json"},
+        "candidate_commit": COMMIT,
+        "environment": {"python": "3.11.7", "torch": "2.13.0", "os": "linux", "arch": "x86_64",
+                        "accelerator": "cpu"},
+        "topology": {"tp": 1, "pp": 1, "dp": 2, "cp": 1, "ep": 1, "etp": 1, "zero_stage": None,
+                     "world_size": 2},
+        "result": {"status": "passed", "checks_run": ["roundtrip", "tensor_equality"],
+                   "evidence": {"digest": "sha256:" + "cd" * 32, "location": "matrix/evidence/x.json"}},
+        "validity": {"issued_at": "2026-11-01T00:00:00Z", "expires_at": "2027-02-01T00:00:00Z"},
+    },
+}
+
+
+def statement(**predicate_changes: Any) -> dict[str, Any]:
+    s = copy.deepcopy(STATEMENT)
+    s["predicate"].update(predicate_changes)
+    return s
+
+
+def signer(algorithm: str = "ed25519", keyid: str | None = None) -> KeySigner:
+    key = ed25519.Ed25519PrivateKey.generate() if algorithm == "ed25519" else ec.generate_private_key(ec.SECP256R1())
+    return KeySigner.from_key(key, keyid=keyid)
+
+
+def public_pem(s: KeySigner) -> bytes:
+    return s.public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def trust_for(*signers: KeySigner, sigstore: list[dict[str, Any]] | None = None) -> TrustData:
+    entries = [trust_entry(public_pem(s), signer_id=f"key-{i}", predicate_types=[QUALIFICATION_PREDICATE_TYPE])
+               for i, s in enumerate(signers)]
+    entries += sigstore or []
+    return TrustData.from_json(json.dumps({"signers": entries}).encode(), source="test")

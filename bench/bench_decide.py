@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Decision latency through ckptgate's engine against a raw HTTP POST to the same OPA.
+
+Both sides query the same embedded OPA server, with the same input, in one run:
+
+* ckptgate: ``decide()`` = input document -> opa-python-client -> strict decision parse -> audit log;
+* raw: a ``requests.Session`` POST of the same JSON to ``/v1/data/ckptgate/intake/decision``.
+
+It also evaluates a batch of support-matrix rows (``data.ckptgate.support``) through the engine
+against raw REST.  Reports p50/p99 and the overhead ratio (targets: p99 < 10 ms for one decision,
+overhead <= 1.5x raw).  Usage: ``bench/bench_decide.py [--n 1000] [--rows 10000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import report, summary_ms, time_calls  # noqa: E402
+
+from ckptgate.decide import PolicyInput, Request, decide  # noqa: E402
+from ckptgate.decide.engine import EmbeddedOpa  # noqa: E402
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def intake_input(n_files: int = 20) -> PolicyInput:
+    files = [{"path": f"model-{i:05d}-of-{n_files:05d}.safetensors", "kind": "safetensors", "size": 1 << 20}
+             for i in range(n_files)]
+    return PolicyInput(
+        request=Request(action="intake", now=datetime.now(UTC)),
+        fixture={"digest": DIGEST, "algorithm": "sha256", "file_count": n_files, "total_bytes": n_files << 20},
+        inspection={"format": "hf-sharded-safetensors", "clean": True, "loaders": ["safetensors", "json"],
+                    "findings": [], "files": files, "layout": {}},
+        attestations=(), rejected_attestations=(), containment=None)
+
+
+def support_rows(n: int) -> dict:
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    atts = []
+    for i in range(n):
+        atts.append({"source": f"attestations/{i}.json", "signers": [], "verification": {},
+                     "statement": {"predicate": {"producer": {"name": "torch", "version": "2.13.0"},
+                                                 "adapter": {"name": f"a{i % 7}", "version": "1"},
+                                                 "candidate_commit": "0" * 40}}})
+    return {"attestations": atts, "head": {"commit": "0" * 40, "candidate_commit": "0" * 40}, "now": now}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=1000, help="single decisions per side")
+    ap.add_argument("--rows", type=int, default=10000, help="support-matrix rows in the batch case")
+    ap.add_argument("--batches", type=int, default=5, help="batch evaluations per side")
+    args = ap.parse_args()
+
+    pi = intake_input()
+    doc = pi.to_json()
+    rows_doc = support_rows(args.rows)
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedOpa() as opa:
+        audit = Path(tmp) / "audit.jsonl"
+        session = requests.Session()
+        session.headers.update(opa._client.headers)
+        base = f"http://127.0.0.1:{opa._client.port}/v1/data"
+
+        def raw_single() -> None:
+            r = session.post(f"{base}/ckptgate/intake/decision", json={"input": doc}, timeout=5)
+            r.raise_for_status()
+            r.json()["result"]
+
+        def engine_single() -> None:
+            decide(opa, pi, audit_log=audit)
+
+        raw = time_calls(raw_single, args.n)
+        eng = time_calls(engine_single, args.n)
+
+        def raw_batch() -> None:
+            r = session.post(f"{base}/ckptgate/support/rows", json={"input": rows_doc}, timeout=120)
+            r.raise_for_status()
+            assert len(r.json()["result"]) == args.rows
+
+        def engine_batch() -> None:
+            assert len(opa.evaluate("ckptgate/support/rows", rows_doc).result) == args.rows
+
+        try:
+            raw_b = time_calls(raw_batch, args.batches, warmup=1)
+            eng_b = time_calls(engine_batch, args.batches, warmup=1)
+        except (requests.HTTPError, AssertionError, KeyError) as e:
+            print(f"support batch skipped: data.ckptgate.support.rows unavailable ({e})", file=sys.stderr)
+            raw_b = eng_b = []
+
+    s_raw, s_eng = summary_ms(raw), summary_ms(eng)
+    rows = [["single decision", "raw REST", s_raw["p50_ms"], s_raw["p99_ms"], 1.0],
+            ["single decision", "ckptgate", s_eng["p50_ms"], s_eng["p99_ms"], s_eng["p50_ms"] / s_raw["p50_ms"]]]
+    doc_out = {"single": {"raw": s_raw, "ckptgate": s_eng, "overhead_p50": s_eng["p50_ms"] / s_raw["p50_ms"],
+                          "overhead_p99": s_eng["p99_ms"] / s_raw["p99_ms"],
+                          "target": {"p99_ms": 10, "overhead": 1.5}}}
+    if raw_b:
+        b_raw, b_eng = summary_ms(raw_b), summary_ms(eng_b)
+        rows += [[f"batch {args.rows} rows", "raw REST", b_raw["p50_ms"], b_raw["p99_ms"], 1.0],
+                 [f"batch {args.rows} rows", "ckptgate", b_eng["p50_ms"], b_eng["p99_ms"],
+                  b_eng["p50_ms"] / b_raw["p50_ms"]]]
+        doc_out["batch"] = {"rows": args.rows, "raw": b_raw, "ckptgate": b_eng,
+                            "overhead_p50": b_eng["p50_ms"] / b_raw["p50_ms"]}
+    report("bench_decide", ["case", "side", "p50 ms", "p99 ms", "ratio to raw (p50)"], rows, doc_out)
+    return 0
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    rc = main()
+    print(f"done in {time.time() - t0:.1f} s")
+    sys.exit(rc)

@@ -1,0 +1,46 @@
+"""``ckptgate demo``: a real checkpoint, freshly produced, through the whole gate."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from ckptgate._cli._base import emit_json, json_option, stdout
+from ckptgate._cli._options import engine_options, to_engine_options
+
+
+def register(cli: click.Group) -> None:
+    @cli.command("demo")
+    @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                  help="Where to put the demo checkpoint, key, attestation and output "
+                       "(default: ./.ckptgate-demo/<time>).")
+    @engine_options
+    @json_option
+    def demo_command(workdir: Path | None, opa_url, opa_timeout, policy_dir, trust_file, as_json: bool) -> int:
+        """Build a small real checkpoint, sign an attestation with a throwaway key, and take it in.
+
+        Runs offline on the embedded OPA (or --opa-url). --trust is ignored: the demo trusts only
+        its own throwaway key.
+        """
+        from ckptgate.demo import run_demo
+
+        workdir = workdir or Path(".ckptgate-demo") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        options = to_engine_options(opa_url, opa_timeout, policy_dir, None)
+        result = run_demo(workdir.absolute(), options=options)
+        d = result.intake.evaluation.decision
+        if as_json:
+            emit_json({"result": "published", "source": str(result.source), "attestation": str(result.attestation),
+                       "destination": str(result.intake.destination), "decision": d.to_json(),
+                       "tensors_compared": result.tensors_compared, "receipt": result.intake.receipt})
+            return 0
+        stdout.print(f"produced  {result.source}  (huggingface_hub.save_torch_state_dict)")
+        stdout.print(f"signed    {result.attestation}  (throwaway Ed25519 key, trust data {result.trust_file})")
+        stdout.print(f"decision  [bold green]allow[/] plane={d.plane} id={d.decision_id} by {d.engine}")
+        for r in d.reasons:
+            stdout.print(f"          - [{r.code}] {r.message}")
+        stdout.print(f"published {result.intake.destination}  ({len(result.intake.outputs)} files, receipt "
+                     f"ckptgate-receipt.json)")
+        stdout.print(f"checked   {result.tensors_compared} tensors equal the input bit for bit")
+        return 0

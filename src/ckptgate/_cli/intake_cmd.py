@@ -1,0 +1,63 @@
+"""``ckptgate intake``: take a checkpoint in through the gate and publish HF sharded safetensors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from ckptgate._cli._base import emit_json, json_option, stderr, stdout
+from ckptgate._cli._options import engine_options, to_engine_options
+from ckptgate.pipeline import IntakeResult, intake
+
+
+def run_intake(src: Path, out: Path, attestations: tuple[Path, ...], *, options, max_shard_size: int,
+               show_progress: bool) -> IntakeResult:
+    if not show_progress:
+        return intake(src, out, attestations=list(attestations), options=options, max_shard_bytes=max_shard_size)
+    with Progress(TextColumn("[bold]consolidating"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=stderr, transient=True) as bar:
+        task = bar.add_task("copy", total=None)
+        return intake(src, out, attestations=list(attestations), options=options, max_shard_bytes=max_shard_size,
+                      on_plan=lambda total: bar.update(task, total=total),
+                      on_bytes=lambda n: bar.advance(task, n))
+
+
+def print_result(result: IntakeResult) -> None:
+    d = result.evaluation.decision
+    stdout.print(f"[bold green]allowed[/] plane={d.plane} decision={d.decision_id or '-'} "
+                 f"policy={d.policy_revision[:19]}")
+    for r in d.reasons:
+        stdout.print(f"  - [{r.code}] {r.message}")
+    stdout.print(f"published {len(result.outputs)} files to [bold]{result.destination}[/]")
+    stdout.print(f"fixture digest {result.evaluation.digest.digest}")
+
+
+def register(cli: click.Group) -> None:
+    @cli.command("intake")
+    @click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
+    @click.option("--out", "out", required=True, type=click.Path(path_type=Path),
+                  help="Destination directory; must not exist. Published atomically.")
+    @click.option("--attestation", "attestations", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+                  help="A DSSE envelope or Sigstore bundle about SRC (repeatable).")
+    @click.option("--max-shard-size", type=click.IntRange(1), default=2 << 30, show_default=True,
+                  help="Maximum output shard size in bytes.")
+    @engine_options
+    @json_option
+    def intake_command(src: Path, out: Path, attestations: tuple[Path, ...], max_shard_size: int,
+                       opa_url, opa_timeout, policy_dir, trust_file, as_json: bool) -> int:
+        """Inspect, verify, decide, enforce, consolidate and publish SRC at --out.
+
+        Exit 0 when allowed and published; 3 denied; 4 input rejected; 5 verification failed;
+        6 policy engine unavailable; 7 contained runtime failed.
+        """
+        options = to_engine_options(opa_url, opa_timeout, policy_dir, trust_file)
+        result = run_intake(src, out, attestations, options=options, max_shard_size=max_shard_size,
+                            show_progress=not as_json and sys.stderr.isatty())
+        if as_json:
+            emit_json({"result": "published", "destination": str(result.destination), "receipt": result.receipt})
+        else:
+            print_result(result)
+        return 0

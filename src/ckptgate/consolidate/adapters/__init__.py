@@ -1,0 +1,1 @@
+"""Format adapters: each turns an inspected layout into a :class:`ConsolidationPlan`."""

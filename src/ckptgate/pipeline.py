@@ -1,0 +1,202 @@
+"""The intake pipeline: one pass through every step, in order, fail closed.
+
+    walk + inspect -> digest -> verify -> decide -> enforce -> consolidate -> publish
+
+This module composes the steps; none of them imports it.  Nothing is published unless the
+decision is allow, and then only atomically (:mod:`ckptgate.publish`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ckptgate import __version__
+from ckptgate.consolidate import plan_for
+from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_plan
+from ckptgate.decide.bundle import default_policy_dir
+from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBuilder, Request, decide, now_utc,
+                             open_engine)
+from ckptgate.digest import FixtureDigest, fixture_digest
+from ckptgate.errors import InputRejected, PolicyDenied, UsageError, VerificationError
+from ckptgate.inspect import Inspection, SafeTree, inspect_tree
+from ckptgate.publish import check_destination, publish, staging
+from ckptgate.verify import TrustData, verify_attestation
+
+MAX_ATTESTATION_BYTES = 16 << 20
+PURE_DATA_LOADERS = frozenset({"safetensors", "json"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evaluation:
+    """Everything the gate knew and decided about one checkpoint (no output yet)."""
+
+    policy_input: PolicyInput
+    decision: Decision
+    inspection: Inspection
+    digest: FixtureDigest
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IntakeResult:
+    evaluation: Evaluation
+    destination: Path
+    outputs: tuple[WrittenFile, ...]
+    receipt: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineOptions:
+    """How to reach the policy engine (embedded by default)."""
+
+    opa_url: str | None = None
+    opa_token: str | None = None
+    policy_dir: Path | None = None
+    trust_file: Path | None = None
+    timeout_s: float = 5.0
+
+    def overlays(self) -> dict[str, bytes] | None:
+        if self.trust_file is None:
+            return None
+        return {"ckptgate/config/trust/data.json": self.trust_file.read_bytes()}
+
+
+@contextlib.contextmanager
+def engine_for(options: EngineOptions) -> Iterator[PolicyEngine]:
+    engine = open_engine(opa_url=options.opa_url, opa_token=options.opa_token, policy_dir=options.policy_dir,
+                         overlays=options.overlays(), timeout_s=options.timeout_s)
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def load_trust(options: EngineOptions) -> TrustData:
+    """The trust data Python verifies signatures with: the same file the policy bundle carries."""
+    if options.trust_file is not None:
+        return TrustData.from_file(options.trust_file)
+    return TrustData.from_file(trust_file_in(options.policy_dir or default_policy_dir()))
+
+
+def trust_file_in(policy_dir: Path) -> Path:
+    return policy_dir / "ckptgate" / "config" / "trust" / "data.json"
+
+
+def _read_attestation(path: Path) -> bytes:
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_ATTESTATION_BYTES + 1)
+    except OSError as e:
+        raise UsageError("usage.attestation_unreadable", f"cannot read attestation {path}: {e.strerror}") from None
+    return raw
+
+
+def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngine, trust: TrustData,
+             action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
+             containment: Any = None) -> Evaluation:
+    """Inspect, digest, verify and decide.  Never loads anything from the checkpoint."""
+    now = now or now_utc()
+    inspection = inspect_tree(tree)
+    digest = fixture_digest(tree)
+    builder = (PolicyInputBuilder(Request(action=action, now=now, candidate_commit=candidate_commit))
+               .fixture(digest).inspection(inspection))
+    for path in attestations:
+        raw = _read_attestation(path)
+        try:
+            verified = verify_attestation(raw, source=str(path), trust=trust, measured_digest=digest.digest,
+                                          now=now)
+        except VerificationError as e:
+            builder.rejected_attestation(str(path), e)
+        else:
+            builder.attestation(verified)
+    if containment is None and not set(inspection.loaders) <= PURE_DATA_LOADERS:
+        from ckptgate.enforce.containment import preflight  # only when a framework load may follow
+
+        containment = preflight()
+    builder.containment(containment)
+    policy_input = builder.build()
+    decision = decide(engine, policy_input)
+    return Evaluation(policy_input=policy_input, decision=decision, inspection=inspection, digest=digest)
+
+
+def refuse(evaluation: Evaluation) -> None:
+    """Raise the error that a deny decision stands for (4 for a refused input, else 3)."""
+    d = evaluation.decision
+    if d.allow:
+        return
+    reasons = [r.to_json() for r in d.deny_reasons]
+    summary = "; ".join(r.message for r in d.deny_reasons) or "deny"
+    if any(r.code.startswith("inspection") for r in d.deny_reasons):
+        err = InputRejected("input.refused_by_policy", f"the checkpoint was refused: {summary}",
+                            evidence={"reasons": reasons, "decision_id": d.decision_id})
+        raise err
+    raise PolicyDenied(f"policy.{d.deny_reasons[0].code}" if d.deny_reasons else "policy.deny",
+                       f"the policy denied the intake: {summary}", reasons=reasons,
+                       evidence={"decision_id": d.decision_id, "policy_revision": d.policy_revision})
+
+
+def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: EngineOptions | None = None,
+           max_shard_bytes: int = 2 << 30, chunk_size: int = DEFAULT_CHUNK,
+           now: datetime | None = None, on_bytes: Callable[[int], None] | None = None,
+           on_plan: Callable[[int], None] | None = None) -> IntakeResult:
+    """Take ``src`` in through the gate and publish HF sharded safetensors at ``dst``."""
+    options = options or EngineOptions()
+    dst = check_destination(dst)
+    trust = load_trust(options)
+    with SafeTree.open(src) as tree, engine_for(options) as engine:
+        evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now)
+        refuse(evaluation)
+        decision = evaluation.decision
+        plan = plan_for(tree, evaluation.inspection, decision=decision, fixture_digest=evaluation.digest.digest,
+                        max_shard_bytes=max_shard_bytes)
+        if on_plan:
+            on_plan(plan.total_size)
+        with _open_sources(tree, plan) as sources, staging(dst) as stage:
+            outputs = write_plan(plan, stage, sources, chunk_size=chunk_size, on_bytes=on_bytes)
+            receipt = _receipt(src, evaluation, outputs)
+            publish(stage, dst, receipt)
+    return IntakeResult(evaluation=evaluation, destination=dst, outputs=outputs, receipt=receipt)
+
+
+@contextlib.contextmanager
+def _open_sources(tree: SafeTree, plan: Any) -> Iterator[dict[str, int]]:
+    fds: dict[str, int] = {}
+    try:
+        for shard in plan.shards:
+            for t in shard.tensors:
+                for p in t.placements:
+                    if p.src not in fds:
+                        fds[p.src] = tree.open_file(p.src)
+        yield fds
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _receipt(src: Path, evaluation: Evaluation, outputs: Sequence[WrittenFile]) -> dict[str, Any]:
+    d = evaluation.decision
+    return {
+        "receipt_version": 1,
+        "ckptgate_version": __version__,
+        "source": str(src),
+        "input": {"digest": evaluation.digest.digest, "algorithm": "sha256",
+                  "format": evaluation.inspection.to_facts().get("format")},
+        "decision": {"id": d.decision_id, "allow": d.allow, "plane": d.plane,
+                     "permitted_loaders": list(d.permitted_loaders),
+                     "required_controls": list(d.required_controls),
+                     "reasons": [r.to_json() for r in d.reasons], "engine": d.engine},
+        "policy_revision": d.policy_revision,
+        "attestations": [{"source": a.get("source"), "signers": a.get("signers")}
+                         for a in evaluation.policy_input.attestations],
+        "outputs": [{"file": o.filename, "size": o.size, "sha256": o.sha256} for o in outputs],
+        "published_at": now_utc().strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+__all__ = ["EngineOptions", "Evaluation", "IntakeResult", "engine_for", "evaluate", "intake", "load_trust",
+           "refuse"]

@@ -1,0 +1,72 @@
+"""``ckptgate attest`` end to end, as a user runs it (subprocess, real exit codes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from verify_helpers import COMMIT, FIXTURE_HEX, STATEMENT
+
+# The real ``ckptgate`` group and error translation, with only ``attest`` registered (so this test does not
+# depend on other sub-commands importing cleanly).
+CLI = [sys.executable, "-c",
+       "from ckptgate._cli._base import cli; from ckptgate._cli import attest_cmd; attest_cmd.register(cli); cli()"]
+
+
+def run(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_keygen_sign_verify_show_add(tmp_path: Path) -> None:
+    r = run("attest", "keygen", "--out", "dev", "--algorithm", "ecdsa-p256", "--id", "dev", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    entry = json.loads(r.stdout)["trust_entry"]
+    assert oct((tmp_path / "dev.pem").stat().st_mode & 0o777) == "0o600"
+    (tmp_path / "trust.json").write_text(json.dumps({"signers": [entry]}))
+    (tmp_path / "predicate.json").write_text(json.dumps(STATEMENT["predicate"]))
+    r = run("attest", "sign", "--predicate", "predicate.json", "--subject-digest", "sha256:" + FIXTURE_HEX,
+            "--out", "att.dsse.json", cwd=tmp_path, env={"CKPTGATE_SIGNING_KEY": str(tmp_path / "dev.pem")})
+    assert r.returncode == 0, r.stderr
+    now = ["--now", "2026-11-29T17:00:00Z", "--trust", "trust.json"]
+    r = run("attest", "verify", "att.dsse.json", "--digest", "sha256:" + FIXTURE_HEX, "--commit", COMMIT, *now,
+            "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    facts = json.loads(r.stdout)["attestation"]
+    assert facts["signers"][0]["signer_id"] == "dev" and facts["verification"]["subject_matches_fixture"]
+    r = run("attest", "verify", "att.dsse.json", "--digest", "sha256:" + FIXTURE_HEX, *now, cwd=tmp_path)
+    assert r.returncode == 0 and "VERIFIED" in r.stdout
+    # wrong digest: exit 5 with a typed code
+    r = run("attest", "verify", "att.dsse.json", "--digest", "sha256:" + "00" * 32, *now, "--json", cwd=tmp_path)
+    assert r.returncode == 5
+    assert json.loads(r.stdout)["error"]["code"] == "verify.statement.subject_mismatch"
+    # default trust data (CI key only) does not trust the dev key
+    r = run("attest", "verify", "att.dsse.json", "--digest", "sha256:" + FIXTURE_HEX, "--now",
+            "2026-11-29T17:00:00Z", "--trust", str(Path(__file__).resolve().parents[2] /
+                                                   "policies/ckptgate/config/trust/data.json"), "--json", cwd=tmp_path)
+    assert r.returncode == 5 and json.loads(r.stdout)["error"]["code"] == "verify.key.untrusted"
+    r = run("attest", "show", "att.dsse.json", cwd=tmp_path)
+    assert r.returncode == 0 and "UNVERIFIED" in r.stdout
+    r = run("attest", "show", "att.dsse.json", "--json", cwd=tmp_path)
+    doc = json.loads(r.stdout)
+    assert doc["verified"] is False and doc["statement"]["predicate"]["candidate_commit"] == COMMIT
+    r = run("attest", "add", "att.dsse.json", "--store", "store", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "store" / "index.json").is_file()
+    assert Path(json.loads(r.stdout)["stored"][0]).parent.name == f"sha256-{FIXTURE_HEX}"
+
+
+def test_garbage_file_exits_5_without_traceback(tmp_path: Path) -> None:
+    (tmp_path / "g.json").write_bytes(b"\x00garbage")
+    r = run("attest", "verify", "g.json", "--digest", "sha256:" + FIXTURE_HEX, "--json", cwd=tmp_path)
+    assert r.returncode == 5 and "Traceback" not in r.stderr
+    assert json.loads(r.stdout)["error"]["code"] == "verify.json.malformed"
+
+
+def test_sign_usage_errors(tmp_path: Path) -> None:
+    r = run("attest", "sign", "--out", "x", "--key", "nope.pem", "--statement", "s.json", "--json",
+            cwd=tmp_path)
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["code"] == "usage.signing_key_unreadable"

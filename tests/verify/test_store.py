@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from verify_helpers import FIXTURE_HEX, STATEMENT, statement
+
+from ckptgate.errors import VerificationError
+from ckptgate.verify import AttestationStore, sign_statement
+from ckptgate.verify.store import predicate_slug
+
+
+def test_layout_index_and_find(tmp_path, ed_signer, ec_signer) -> None:
+    store = AttestationStore(tmp_path)
+    a = sign_statement(STATEMENT, ed_signer)
+    b = sign_statement(statement(candidate_commit="f" * 40), ec_signer)
+    pa, pb = store.add(a), store.add(b)
+    assert pa.parent.name == f"sha256-{FIXTURE_HEX}" and pa.name.startswith(
+        "ckptgate.dev-attestation-qualification-v1-") and pa.name.endswith(".dsse.json")
+    assert pa != pb and pa.read_bytes() == a
+    assert store.add(a) == pa  # idempotent
+    assert sorted(store.find("sha256:" + FIXTURE_HEX)) == sorted([pa, pb])
+    assert store.find("00" * 32) == []
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert [e["path"] for e in index["attestations"]] == sorted(e["path"] for e in index["attestations"])
+    assert index["attestations"][0]["subjects"] == ["sha256:" + FIXTURE_HEX]
+    before = (tmp_path / "index.json").read_bytes()
+    store.rebuild_index()
+    assert (tmp_path / "index.json").read_bytes() == before  # deterministic
+
+
+def test_conflict_and_garbage(tmp_path, ed_signer) -> None:
+    store = AttestationStore(tmp_path)
+    a = sign_statement(STATEMENT, ed_signer)
+    p = store.add(a)
+    p.write_bytes(a.replace(b"\n", b"\n "))
+    with pytest.raises(VerificationError) as ei:
+        store.add(a)
+    assert ei.value.code == "verify.store.conflict"
+    with pytest.raises(VerificationError) as ei:
+        store.add(b"{oops")
+    assert ei.value.code == "verify.json.malformed"
+
+
+def test_iter_ignores_foreign_files(tmp_path, ed_signer) -> None:
+    store = AttestationStore(tmp_path)
+    p = store.add(sign_statement(STATEMENT, ed_signer))
+    (tmp_path / "README.md").write_text("x")
+    (p.parent / "notes.txt").write_text("x")
+    assert list(store.iter()) == [p]
+
+
+def test_predicate_slug() -> None:
+    assert predicate_slug("https://slsa.dev/provenance/v1") == "slsa.dev-provenance-v1"
+    assert predicate_slug("") == "predicate"

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from verify_helpers import public_pem, signer
+
+from ckptgate.verify import TrustData, TrustDataError, trust_entry
+from ckptgate.verify.trust import TRUST_ENV, default_trust_path
+
+
+def _load(entries) -> TrustData:
+    return TrustData.from_json(json.dumps({"signers": entries}).encode())
+
+
+def _entry(**over):
+    e = trust_entry(public_pem(signer()), signer_id="k", predicate_types=["t"])
+    e.update(over)
+    return e
+
+
+def _code(entries) -> str:
+    with pytest.raises(TrustDataError) as ei:
+        _load(entries)
+    return ei.value.code
+
+
+def test_repo_trust_data_holds_the_ci_public_key_only() -> None:
+    t = TrustData.from_file()
+    assert [k.id for k in t.keys] == ["ci-qualification"]
+    assert t.keys[0].algorithm == "ed25519"
+    raw = default_trust_path().read_text()
+    assert "PRIVATE" not in raw
+
+
+def test_valid_entries_load() -> None:
+    t = _load([_entry(), _entry(id="e", **{k: v for k, v in trust_entry(public_pem(signer("ecdsa-p256")),
+                                                                       signer_id="e", predicate_types=["t"]).items()
+                                           if k != "id"}),
+               {"id": "s", "kind": "sigstore", "identity": "i", "issuer": "https://x", "predicate_types": ["t"],
+                "producers": ["*"], "scopes": ["q"]}])
+    assert [k.algorithm for k in t.keys] == ["ed25519", "ecdsa-p256"]
+    assert t.sigstore[0].identity == "i"
+
+
+@pytest.mark.parametrize("entries, code", [
+    ([_entry(spki_sha256="00" * 32)], "verify.trust.spki_mismatch"),
+    ([_entry(algorithm="ecdsa-p256")], "verify.trust.algorithm"),
+    ([_entry(algorithm="rsa")], "verify.trust.algorithm"),
+    ([_entry(public_key="not a pem")], "verify.trust.public_key"),
+    ([_entry(kind="x509")], "verify.trust.kind"),
+    ([_entry(), _entry()], "verify.trust.duplicate_id"),
+    ([_entry(predicate_types=[])], "verify.trust.field"),
+    ([_entry(id="")], "verify.trust.field"),
+    ([{"id": "s", "kind": "sigstore", "identity": "i", "predicate_types": ["t"], "producers": ["*"],
+       "scopes": ["q"]}], "verify.trust.field"),
+])
+def test_bad_entries(entries, code) -> None:
+    assert _code(entries) == code
+
+
+def test_bad_documents(tmp_path) -> None:
+    with pytest.raises(TrustDataError) as ei:
+        TrustData.from_json(b'{"signers": [], "signers": []}')
+    assert ei.value.code == "verify.trust.json"
+    with pytest.raises(TrustDataError) as ei:
+        TrustData.from_json(b'{"keys": []}')
+    assert ei.value.code == "verify.trust.shape"
+    with pytest.raises(TrustDataError) as ei:
+        TrustData.from_file(tmp_path / "missing.json")
+    assert ei.value.code == "verify.trust.unreadable"
+
+
+def test_env_overrides_default_path(tmp_path, monkeypatch) -> None:
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"signers": []}))
+    monkeypatch.setenv(TRUST_ENV, str(p))
+    assert TrustData.from_file().keys == ()

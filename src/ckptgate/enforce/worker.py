@@ -1,0 +1,574 @@
+"""The contained worker: framework deserializers run only here, under a permit [R27, R28, R34].
+
+:func:`run_contained` spawns ``python -I -B -m ckptgate.enforce._worker_main`` (a fresh
+interpreter, never a fork of this process's state) with a minimal environment, in its own
+process group, and hands it only the input descriptors the parent opened (with ``openat2``) and
+hashed, plus one output pipe.  The worker sets up namespaces, rlimits, pre-imports,
+``no_new_privs`` and seccomp, in that order, re-checks the permit against the controls that are
+then active, and only then reads its inputs (see :mod:`ckptgate.enforce._worker_main`).
+
+Channels: in, the descriptors and a JSON job spec on stdin; out, framed records on one pipe:
+JSON documents (``ready``, ``plan``, ``tensor``, ``done``, ``error``) and raw tensor bytes.
+Never a pickle.  Every record is validated here; a crash, a timeout, a non-zero exit or a
+malformed record raises :class:`~ckptgate.errors.RuntimeFailure` with a stable code.
+
+Containment narrows what hostile code in a loader can reach; it is not proof that the load is
+safe, and the controls hold only as measured on this host [R30–R35, claim rules 5 and 7].
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from ckptgate.enforce import _worker_main as wm
+from ckptgate.enforce.containment import CONTROLS, RLIMITS, ContainmentProfile, cgroup_v2_slot
+from ckptgate.errors import RuntimeFailure
+
+if TYPE_CHECKING:
+    from ckptgate.enforce.permit import Permit
+
+#: Job name -> the loader name a permit must allow.
+JOBS: Mapping[str, str] = MappingProxyType({"torch_load": "torch_load", "torch_load_bytes": "torch_load"})
+
+#: Top-level packages the worker may pre-import before the filter is loaded.  A module outside
+#: these is refused before spawn: importing it would run its top-level code unfiltered.
+PREIMPORT_ROOTS: frozenset[str] = frozenset({
+    "torch", "numpy", "collections", "deepspeed", "megatron", "peft", "transformers", "argparse",
+    "enum", "datetime", "decimal", "fractions", "pathlib", "typing", "dataclasses", "functools",
+    "_codecs", "codecs", "copyreg", "builtins", "types",
+})
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_STDERR_TAIL = 64 << 10
+_DTYPE_SIZES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
+    "int8": 1, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1, "complex64": 8,
+    "complex128": 16, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpenedInput:
+    """An input file the parent opened (with openat2) and hashed; only ``fd`` reaches the worker."""
+
+    fd: int
+    relpath: str
+    sha256: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.fd, int) or self.fd < 3:
+            raise ValueError("fd must be an int >= 3")
+        if not isinstance(self.relpath, str) or not self.relpath or "\0" in self.relpath:
+            raise ValueError("relpath must be a non-empty string")
+        if not isinstance(self.sha256, str) or not _SHA256.match(self.sha256):
+            raise ValueError("sha256 must be 64 lower-case hex digits")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerLimits:
+    """Resource limits of one worker run."""
+
+    #: RLIMIT_AS; torch alone maps about 4.5 GB of address space.
+    address_space_bytes: int = 32 << 30
+    #: RLIMIT_CPU (all threads together).
+    cpu_seconds: int = 3600
+    #: RLIMIT_FSIZE: the worker writes no file, so 0.
+    file_size_bytes: int = 0
+    #: RLIMIT_NOFILE.
+    open_files: int = 256
+    #: RLIMIT_NPROC (threads count too).
+    processes: int = 256
+    #: cgroup v2 ``memory.max`` and ``pids.max``, where the host has them.
+    cgroup_memory_bytes: int = 32 << 30
+    cgroup_pids: int = 256
+    #: Seconds for interpreter start, pre-imports and setup, before the ``ready`` record.
+    setup_timeout_s: float = 120.0
+    #: Largest JSON record accepted from the worker.
+    max_json_bytes: int = 256 << 20
+    #: Tensor bytes are sent in chunks of at most this size.
+    chunk_bytes: int = 8 << 20
+    #: Largest total of tensor bytes collected in memory when no sink is given.
+    max_collected_bytes: int = 1 << 30
+    #: Object-tree limits of the placement plan.
+    max_nodes: int = 2_000_000
+    max_depth: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("address_space_bytes", "cpu_seconds", "open_files", "processes", "cgroup_memory_bytes",
+                     "cgroup_pids", "max_json_bytes", "chunk_bytes", "max_collected_bytes", "max_nodes",
+                     "max_depth"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive int")
+        if not isinstance(self.file_size_bytes, int) or self.file_size_bytes < 0:
+            raise ValueError("file_size_bytes must be an int >= 0")
+        if not self.setup_timeout_s > 0:
+            raise ValueError("setup_timeout_s must be positive")
+
+    def rlimits(self) -> dict[str, int]:
+        out = {"AS": self.address_space_bytes, "CPU": self.cpu_seconds, "FSIZE": self.file_size_bytes,
+               "NOFILE": self.open_files, "NPROC": self.processes}
+        assert set(out) == set(RLIMITS)
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TensorHeader:
+    """A tensor the worker streams as raw bytes (C-contiguous, native little-endian)."""
+
+    file: str
+    path: tuple[str | int, ...]
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TensorBytes:
+    """A streamed tensor collected in memory (when no sink was given)."""
+
+    header: TensorHeader
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerResult:
+    """What a worker run produced: per-file placement plans and, for bytes jobs, tensors."""
+
+    job: str
+    plans: Mapping[str, Any]
+    controls: Mapping[str, bool]
+    tensors: tuple[TensorBytes, ...] = ()
+    streamed: tuple[TensorHeader, ...] = ()
+    wall_s: float = 0.0
+    pid: int = 0
+    stderr_tail: str = field(default="", repr=False)
+
+
+#: A sink receives each chunk of a streamed tensor: (header, offset, bytes).
+ChunkSink = Callable[[TensorHeader, int, bytes], None]
+
+
+def run_contained(job: str, files: Sequence[OpenedInput], *, permit: Permit, profile: ContainmentProfile,
+                  limits: WorkerLimits, timeout_s: float, fixture_digest: str,
+                  preimports: Sequence[str] = (), select: Mapping[str, Sequence[Sequence[str | int]]] | None = None,
+                  sink: ChunkSink | None = None) -> WorkerResult:
+    """Run ``job`` on ``files`` in a contained worker; raises on anything but a clean result.
+
+    :param job: ``torch_load`` (JSON placement plan) or ``torch_load_bytes`` (plan plus raw bytes
+        of the tensors in ``select``, ``{relpath: [path, ...]}``, or of every tensor if ``None``).
+    :param permit: checked here (digest, loader, the profile's controls) before spawn, and again
+        in the worker against the controls that are actually active, before it reads anything.
+    :param fixture_digest: the digest of the fixture these files belong to.
+    :param preimports: modules the pickle's globals live in (from the static reader); each must be
+        under :data:`PREIMPORT_ROOTS`.
+    :param timeout_s: seconds for the load after setup; ``limits.setup_timeout_s`` covers setup.
+    :raises PolicyDenied: the permit does not allow this run (``enforce.permit.*``).
+    :raises RuntimeFailure: ``runtime.worker.*``.
+    """
+    loader = JOBS.get(job)
+    if loader is None:
+        raise RuntimeFailure("runtime.worker.bad_job", f"unknown worker job {job!r}",
+                             evidence={"jobs": sorted(JOBS)})
+    if not isinstance(profile, ContainmentProfile):
+        raise RuntimeFailure("runtime.worker.control_missing", "no containment preflight profile was given")
+    if not isinstance(limits, WorkerLimits):
+        raise RuntimeFailure("runtime.worker.bad_job", "limits must be a WorkerLimits")
+    if not timeout_s > 0:
+        raise RuntimeFailure("runtime.worker.bad_job", "timeout_s must be positive")
+    _check_files(files)
+    mods = _check_preimports(preimports)
+    # The permit is the authority: digest, loader and the controls this host has [PolicyDenied].
+    if permit is None or not callable(getattr(permit, "check", None)):
+        raise RuntimeFailure("runtime.worker.permit_missing", "a framework load needs a permit")
+    permit.check(fixture_digest=fixture_digest, loader=loader, controls=profile.controls)
+    required = tuple(permit.required_controls)
+    unknown = [c for c in required if c not in CONTROLS]
+    if unknown:
+        raise RuntimeFailure("runtime.worker.control_missing",
+                             f"the permit requires controls this worker cannot provide: {', '.join(unknown)}",
+                             evidence={"unknown": unknown})
+
+    spec: dict[str, Any] = {
+        "version": 1, "job": job, "loader": loader, "fixture_digest": fixture_digest,
+        "permit": {"fixture_digest": permit.fixture_digest, "loader": permit.loader,
+                   "required_controls": list(required), "decision_id": permit.decision_id},
+        "parent_controls": {"openat2": bool(profile.controls["openat2"])},
+        "namespaces": bool(profile.controls["user_ns"] or profile.controls["net_ns"]),
+        "rlimits": limits.rlimits(), "cgroup": None, "preimports": mods,
+        "files": [{"fd": f.fd, "relpath": f.relpath, "sha256": f.sha256} for f in files],
+        "select": None if select is None else {k: [list(p) for p in v] for k, v in select.items()},
+        "chunk_bytes": limits.chunk_bytes, "max_nodes": limits.max_nodes, "max_depth": limits.max_depth,
+    }
+    return _Run(spec, files, required, limits, timeout_s, sink, permit, fixture_digest, loader,
+                use_cgroup=profile.controls["cgroup_v2"]).run()
+
+
+def _check_files(files: Sequence[OpenedInput]) -> None:
+    if not files:
+        raise RuntimeFailure("runtime.worker.bad_job", "the worker needs at least one input")
+    seen: set[str] = set()
+    for f in files:
+        if not isinstance(f, OpenedInput):
+            raise RuntimeFailure("runtime.worker.bad_job", "inputs must be OpenedInput records")
+        if f.relpath in seen:
+            raise RuntimeFailure("runtime.worker.bad_job", f"input {f.relpath!r} is given twice")
+        seen.add(f.relpath)
+        try:
+            st = os.fstat(f.fd)
+            flags = fcntl.fcntl(f.fd, fcntl.F_GETFL)
+        except OSError as e:
+            raise RuntimeFailure("runtime.worker.bad_job", f"input descriptor of {f.relpath!r} is not open: {e}") from e
+        if not stat.S_ISREG(st.st_mode):
+            raise RuntimeFailure("runtime.worker.bad_job", f"input {f.relpath!r} is not a regular file")
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            raise RuntimeFailure("runtime.worker.bad_job", f"input {f.relpath!r} must be opened read-only")
+
+
+def _check_preimports(preimports: Sequence[str]) -> list[str]:
+    mods: list[str] = []
+    for m in preimports:
+        if not isinstance(m, str) or not _MODULE.match(m):
+            raise RuntimeFailure("runtime.worker.preimport_refused", f"not a module name: {m!r}")
+        if m.split(".", 1)[0] not in PREIMPORT_ROOTS:
+            raise RuntimeFailure("runtime.worker.preimport_refused",
+                                 f"module {m!r} is not under an allowed package; it would be imported, "
+                                 f"running its top-level code, before the seccomp filter is loaded",
+                                 evidence={"module": m, "allowed_roots": sorted(PREIMPORT_ROOTS)})
+        if m not in mods:
+            mods.append(m)
+    return mods
+
+
+class _Run:
+    """One worker process, its reader threads and its clocks."""
+
+    def __init__(self, spec: dict[str, Any], files: Sequence[OpenedInput], required: tuple[str, ...],
+                 limits: WorkerLimits, timeout_s: float, sink: ChunkSink | None, permit: Permit,
+                 fixture_digest: str, loader: str, *, use_cgroup: bool) -> None:
+        self.spec = spec
+        self.files = files
+        self.required = required
+        self.limits = limits
+        self.timeout_s = timeout_s
+        self.sink = sink
+        self.permit = permit
+        self.fixture_digest = fixture_digest
+        self.loader = loader
+        self.use_cgroup = use_cgroup
+        self.ready = threading.Event()
+        self.eof = threading.Event()
+        self.events: list[dict[str, Any]] = []
+        self.plans: dict[str, Any] = {}
+        self.tensors: list[TensorBytes] = []
+        self.streamed: list[TensorHeader] = []
+        self.controls: dict[str, bool] | None = None
+        self.bad: str | None = None  # first protocol violation
+        self.error: dict[str, Any] | None = None
+        self.done = False
+        self.stderr = bytearray()
+        self.sink_error: BaseException | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    # ---- process
+
+    def run(self) -> WorkerResult:
+        rfd, wfd = os.pipe2(os.O_CLOEXEC)
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "CUDA_VISIBLE_DEVICES": "",
+               "OMP_NUM_THREADS": str(max(1, min(8, os.cpu_count() or 1)))}
+        self.spec["output_fd"] = wfd
+        slot = None
+        if self.use_cgroup:
+            slot, why = cgroup_v2_slot(memory_max=self.limits.cgroup_memory_bytes, pids_max=self.limits.cgroup_pids)
+            if slot is None:
+                os.close(rfd)
+                os.close(wfd)
+                raise RuntimeFailure("runtime.worker.control_missing",
+                                     f"cgroup v2 was preflighted but a group cannot be made now: {why}")
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+                [sys.executable, "-I", "-B", "-m", "ckptgate.enforce._worker_main"],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                pass_fds=(wfd, *(f.fd for f in self.files)), close_fds=True, env=env, cwd="/",
+                start_new_session=True)
+        except OSError as e:
+            os.close(rfd)
+            os.close(wfd)
+            if slot is not None:
+                slot.remove()
+            raise RuntimeFailure("runtime.worker.spawn_failed", f"cannot start the worker: {e}") from e
+        os.close(wfd)
+        self.proc = proc
+        readers = [threading.Thread(target=self._read_output, args=(rfd,), daemon=True),
+                   threading.Thread(target=self._read_stderr, args=(proc.stderr,), daemon=True)]
+        try:
+            for t in readers:
+                t.start()
+            if slot is not None:
+                slot.add(proc.pid)
+                self.spec["cgroup"] = slot.relpath
+            self._send_spec(proc)
+            status = self._wait(proc, t0)
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc)
+            for t in readers:
+                t.join(timeout=5)
+            if slot is not None:
+                slot.remove()
+        return self._result(proc, status, time.monotonic() - t0)
+
+    def _send_spec(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(json.dumps(self.spec).encode())
+            proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass  # the worker died; its exit status tells why
+
+    def _wait(self, proc: subprocess.Popen[bytes], t0: float) -> int:
+        deadline = t0 + self.limits.setup_timeout_s
+        while not self.ready.is_set():
+            if proc.poll() is not None:
+                return proc.returncode
+            if time.monotonic() > deadline:
+                _kill_group(proc)
+                raise RuntimeFailure("runtime.worker.timeout",
+                                     f"the worker did not finish its setup in {self.limits.setup_timeout_s:g} s; "
+                                     "it was killed", evidence={"pid": proc.pid, "phase": "setup"})
+            self.ready.wait(0.05)
+        try:
+            return proc.wait(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise RuntimeFailure("runtime.worker.timeout",
+                                 f"the contained load did not finish in {self.timeout_s:g} s; the worker's "
+                                 "process group was killed and nothing was published",
+                                 evidence={"pid": proc.pid, "phase": "load"}) from None
+
+    # ---- readers
+
+    def _read_stderr(self, stream: Any) -> None:
+        while True:
+            chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+            if not chunk:
+                return
+            self.stderr += chunk
+            if len(self.stderr) > _STDERR_TAIL:
+                del self.stderr[:-_STDERR_TAIL]
+
+    def _read_output(self, rfd: int) -> None:
+        try:
+            with os.fdopen(rfd, "rb", buffering=1 << 20) as f:
+                self._parse(f)
+        finally:
+            self.eof.set()
+            self.ready.set()  # wake the waiter; it checks the exit status
+
+    def _violation(self, why: str) -> None:
+        """Record the first protocol violation and kill the worker: its output is not trusted."""
+        if self.bad is None:
+            self.bad = why
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _parse(self, f: Any) -> None:
+        current: TensorHeader | None = None
+        received = 0
+        buf: bytearray | None = None
+        collected = 0
+        while True:
+            head = f.read(wm.HEADER.size)
+            if not head:
+                if current is not None:
+                    self._violation("the output ended inside a tensor")
+                return
+            if len(head) < wm.HEADER.size:
+                return self._violation("the output ended inside a record header")
+            kind, length = wm.HEADER.unpack(head)
+            if kind == wm.REC_BYTES:
+                if current is None or received + length > current.nbytes:
+                    return self._violation("tensor bytes that no tensor record announced")
+                if length > self.limits.chunk_bytes:
+                    return self._violation("a tensor chunk larger than the chunk limit")
+                data = f.read(length)
+                if len(data) != length:
+                    return self._violation("the output ended inside a tensor chunk")
+                if self.sink is not None:
+                    try:
+                        self.sink(current, received, data)
+                    except BaseException as e:  # noqa: BLE001 - re-raised by the caller's thread
+                        self.sink_error = e
+                        return self._violation("the sink refused a chunk")
+                else:
+                    assert buf is not None
+                    buf += data
+                received += length
+                if received == current.nbytes:
+                    self._finish_tensor(current, buf)
+                    current, buf = None, None
+                continue
+            if kind != wm.REC_JSON:
+                return self._violation(f"unknown record type {kind!r}")
+            if current is not None:
+                return self._violation("a JSON record inside a tensor")
+            if length > self.limits.max_json_bytes:
+                return self._violation(f"a JSON record of {length} bytes, over the limit")
+            payload = f.read(length)
+            if len(payload) != length:
+                return self._violation("the output ended inside a JSON record")
+            try:
+                doc = json.loads(payload)
+            except ValueError:
+                return self._violation("a JSON record that is not JSON")
+            hdr = self._event(doc)
+            if self.bad is not None:
+                return
+            if hdr is not None:
+                collected += hdr.nbytes
+                if self.sink is None and collected > self.limits.max_collected_bytes:
+                    return self._violation("more tensor bytes than max_collected_bytes")
+                current, received = hdr, 0
+                buf = bytearray() if self.sink is None else None
+                if hdr.nbytes == 0:
+                    self._finish_tensor(hdr, buf)
+                    current, buf = None, None
+
+    def _finish_tensor(self, hdr: TensorHeader, buf: bytearray | None) -> None:
+        self.streamed.append(hdr)
+        if buf is not None:
+            self.tensors.append(TensorBytes(header=hdr, data=bytes(buf)))
+
+    def _event(self, doc: Any) -> TensorHeader | None:
+        if not isinstance(doc, dict) or not isinstance(doc.get("event"), str):
+            self._violation("a JSON record that is not an event object")
+            return None
+        ev = doc["event"]
+        if self.done or self.error is not None:
+            self._violation(f"a {ev!r} record after the end")
+            return None
+        if ev == "ready":
+            if self.controls is not None or set(doc) != {"event", "controls", "pid"} \
+                    or not isinstance(doc["controls"], dict) or set(doc["controls"]) != set(CONTROLS) \
+                    or not all(isinstance(v, bool) for v in doc["controls"].values()):
+                self._violation("a malformed or repeated ready record")
+                return None
+            self.controls = dict(doc["controls"])
+            self.ready.set()
+            return None
+        if ev == "error":
+            if set(doc) != {"event", "code", "message"} or doc["code"] not in wm.WORKER_ERROR_CODES \
+                    or not isinstance(doc["message"], str):
+                self._violation("a malformed error record")
+                return None
+            self.error = doc
+            return None
+        if self.controls is None:
+            self._violation(f"a {ev!r} record before the worker was ready")
+            return None
+        if ev == "plan":
+            if set(doc) != {"event", "file", "tree"} or doc["file"] not in {f.relpath for f in self.files} \
+                    or doc["file"] in self.plans:
+                self._violation("a malformed or repeated plan record")
+                return None
+            self.plans[doc["file"]] = doc["tree"]
+            return None
+        if ev == "tensor":
+            return self._tensor_header(doc)
+        if ev == "done":
+            if set(doc) != {"event"}:
+                self._violation("a malformed done record")
+                return None
+            self.done = True
+            return None
+        self._violation(f"an unknown event {ev!r}")
+        return None
+
+    def _tensor_header(self, doc: dict[str, Any]) -> TensorHeader | None:
+        if self.spec["job"] != "torch_load_bytes" or set(doc) != {"event", "file", "path", "dtype", "shape", "nbytes"}:
+            self._violation("a tensor record that this job does not produce")
+            return None
+        shape, nbytes, path = doc["shape"], doc["nbytes"], doc["path"]
+        ok = (doc["file"] in self.plans and isinstance(path, list)
+              and all(type(p) in (str, int) for p in path)
+              and isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
+              and type(nbytes) is int and nbytes >= 0 and doc["dtype"] in _DTYPE_SIZES)
+        if ok:
+            numel = 1
+            for d in shape:
+                numel *= d
+            ok = numel * _DTYPE_SIZES[doc["dtype"]] == nbytes
+        if not ok:
+            self._violation("a malformed tensor record (shape, dtype and byte count must agree)")
+            return None
+        return TensorHeader(file=doc["file"], path=tuple(path), dtype=doc["dtype"], shape=tuple(shape),
+                            nbytes=nbytes)
+
+    # ---- outcome
+
+    def _result(self, proc: subprocess.Popen[bytes], status: int, wall: float) -> WorkerResult:
+        tail = self.stderr.decode("utf-8", "replace")[-4000:]
+        evidence: dict[str, Any] = {"pid": proc.pid, "exit_status": status}
+        if self.sink_error is not None:
+            raise self.sink_error
+        if self.bad is not None:
+            raise RuntimeFailure("runtime.worker.bad_output", f"the worker's output was malformed: {self.bad}",
+                                 evidence=evidence)
+        if status < 0:
+            sig = -status
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            why = {signal.SIGSYS: "a forbidden system call (seccomp)",
+                   signal.SIGXCPU: "the CPU-time limit (RLIMIT_CPU)",
+                   signal.SIGKILL: "SIGKILL (a limit, or the out-of-memory killer)"}.get(sig, f"signal {name}")
+            raise RuntimeFailure("runtime.worker.crashed",
+                                 f"the contained worker was killed by {why}; nothing was published",
+                                 evidence={**evidence, "signal": name, "stderr_tail": tail[-1000:]})
+        if self.error is not None:
+            raise RuntimeFailure(self.error["code"], f"the contained worker failed: {self.error['message'][:500]}",
+                                 evidence={**evidence, "worker_message": self.error["message"][:2000]})
+        if status != 0:
+            raise RuntimeFailure("runtime.worker.crashed",
+                                 f"the contained worker exited with status {status} without a result",
+                                 evidence={**evidence, "stderr_tail": tail[-1000:]})
+        if not self.done or self.controls is None or set(self.plans) != {f.relpath for f in self.files}:
+            raise RuntimeFailure("runtime.worker.bad_output", "the worker exited without a complete result",
+                                 evidence=evidence)
+        missing = [c for c in self.required if not self.controls.get(c, False)]
+        if missing:  # the worker checks this too; a result that claims otherwise is refused
+            raise RuntimeFailure("runtime.worker.control_missing",
+                                 f"required controls were not active in the worker: {', '.join(missing)}",
+                                 evidence={**evidence, "missing": missing})
+        self.permit.check(fixture_digest=self.fixture_digest, loader=self.loader, controls=self.controls)
+        return WorkerResult(job=self.spec["job"], plans=MappingProxyType(self.plans),
+                            controls=MappingProxyType(self.controls), tensors=tuple(self.tensors),
+                            streamed=tuple(self.streamed), wall_s=wall, pid=proc.pid, stderr_tail=tail)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the worker's whole process group and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not wait
+        pass

@@ -49,10 +49,11 @@ _TENSOR_CALLABLES = frozenset({
     "torch._utils._rebuild_tensor_v2",
     "torch._utils._rebuild_tensor_v3",
     "torch._utils._rebuild_parameter",
+    "torch._tensor._rebuild_from_type_v2",
     "collections.OrderedDict",
     "torch.Size",
 })
-_TENSOR_VALUES = frozenset(STORAGE_DTYPES) | _DTYPES
+_TENSOR_VALUES = frozenset(STORAGE_DTYPES) | _DTYPES | frozenset({"torch.Tensor", "torch.nn.parameter.Parameter"})
 
 TENSORS = Allowlist(name="tensors", callables=_TENSOR_CALLABLES, values=_TENSOR_VALUES,
                     dict_like=frozenset({"collections.OrderedDict"}))
@@ -79,12 +80,10 @@ DEEPSPEED = Allowlist(
         "deepspeed.runtime.fp16.loss_scaler.LossScaler",
         "deepspeed.runtime.zero.config.ZeroStageEnum",
         "deepspeed.utils.tensor_fragment.fragment_address",
-        "torch._tensor._rebuild_from_type_v2",
         "copyreg._reconstructor",
         "builtins.set", "__builtin__.set",
     }),
-    values=_TENSOR_VALUES | frozenset({"torch.nn.parameter.Parameter", "torch.Tensor",
-                                       "builtins.object", "__builtin__.object"}),
+    values=_TENSOR_VALUES | frozenset({"builtins.object", "__builtin__.object"}),
     dict_like=frozenset({"collections.OrderedDict"}),
 )
 

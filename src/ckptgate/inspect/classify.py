@@ -31,6 +31,7 @@ class FileKind(enum.StrEnum):
     PICKLE = "pickle"
     NUMPY = "numpy"
     NPZ = "npz"
+    ZIP_STREAM = "zip_stream"  # zips one after another (DCP .distcp), no central directory at the end
     CODE = "code"
     ARCHIVE = "archive"
     EMPTY = "empty"
@@ -50,8 +51,7 @@ EXPECTED_KINDS: dict[str, frozenset[FileKind]] = {
     ".txt": frozenset({FileKind.TEXT, FileKind.EMPTY}),
     ".md": frozenset({FileKind.TEXT, FileKind.EMPTY}),
     ".metadata": frozenset({FileKind.PICKLE}),
-    ".distcp": frozenset({FileKind.TORCH_ZIP, FileKind.UNKNOWN, FileKind.EMPTY, FileKind.PICKLE,
-                          FileKind.SAFETENSORS}),
+    ".distcp": frozenset({FileKind.TORCH_ZIP, FileKind.ZIP_STREAM, FileKind.EMPTY}),
 }
 
 
@@ -159,7 +159,8 @@ def _classify(fd: int, size: int) -> Classification:  # noqa: C901, PLR0911, PLR
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         names = list_zip_names(fd, size)
         if names is None:
-            return Classification(kind=FileKind.ARCHIVE, detail="zip (unreadable central directory)")
+            return Classification(kind=FileKind.ZIP_STREAM, detail="zip local header without a central directory "
+                                  "at the end (concatenated zips?)")
         tops = {n.split("/", 1)[0] for n in names}
         if len(tops) == 1:
             top = next(iter(tops))

@@ -84,7 +84,8 @@ def _tensor_args(c: Call) -> tuple[str, tuple[Any, ...]] | None:
             and isinstance(c.args[0], Call):
         return _tensor_args(c.args[0])
     if f == "torch._tensor._rebuild_from_type_v2" and isinstance(c.args, tuple) and len(c.args) >= 3 \
-            and isinstance(c.args[0], Global) and isinstance(c.args[2], tuple):
+            and isinstance(c.args[0], Global) and isinstance(c.args[2], tuple) \
+            and isinstance(c.args[1], Global) and c.args[1].dotted in ("torch.Tensor", "torch.nn.parameter.Parameter"):
         return _tensor_args(Call(opcode="REDUCE", func=c.args[0], args=c.args[2]))
     return None
 

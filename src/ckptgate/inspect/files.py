@@ -1,0 +1,127 @@
+"""Per-file facts: classification plus the matching structural reader for each kind."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ckptgate.errors import InputRejected
+from ckptgate.inspect.classify import FileKind, classify_fd
+from ckptgate.inspect.findings import Finding, error, warning
+from ckptgate.inspect.pickle import PickleReport, read_pickle
+from ckptgate.inspect.safetensors import SafetensorsHeader, json_loads_strict, read_header
+from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
+from ckptgate.inspect.walk import SafeTree
+from ckptgate.inspect.zipcheck import check_zip
+
+__all__ = ["FileFacts", "analyse_file", "pickle_context"]
+
+MAX_JSON = 64 << 20
+MAX_TEXT = 1 << 20
+_DS = re.compile(r"(^|/)(bf16_)?(zero_pp_rank_\d+_)?mp_rank_\d+_(model|optim)_states\.pt$")
+_NPY_DESCR = re.compile(rb"'descr'\s*:\s*'([^']*)'")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FileFacts:
+    path: str
+    size: int
+    kind: FileKind
+    detail: str
+    safetensors: SafetensorsHeader | None = None
+    json: Any = None
+    text: str | None = None
+    torch: TorchZipLayout | None = None
+    pickle: PickleReport | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "kind": str(self.kind), "size": self.size, "detail": self.detail}
+
+
+def pickle_context(path: str) -> str:
+    base = os.path.basename(path)
+    if base == ".metadata" or re.fullmatch(r"__\d+\.metadata", base):
+        return "dcp_metadata"
+    if _DS.search(path):
+        return "deepspeed"
+    return "tensors"
+
+
+def analyse_file(tree: SafeTree, path: str, *, verify_crc: bool = True) -> tuple[FileFacts, list[Finding]]:
+    """Open ``path`` through the tree, classify it and run the reader for its kind."""
+    entry = tree.entry(path)
+    assert entry is not None
+    fd = tree.open_file(path)
+    try:
+        return _analyse(fd, entry.size, path, verify_crc)
+    finally:
+        os.close(fd)
+
+
+def _analyse(fd: int, size: int, path: str, verify_crc: bool) -> tuple[FileFacts, list[Finding]]:  # noqa: C901
+    c = classify_fd(fd, size, path)
+    findings = list(c.findings)
+    kw: dict[str, Any] = {}
+    k = c.kind
+    ext = os.path.splitext(path)[1].lower()
+    if k == FileKind.SAFETENSORS or (ext == ".safetensors" and k in (FileKind.UNKNOWN, FileKind.TEXT,
+                                                                      FileKind.JSON, FileKind.EMPTY)):
+        try:
+            kw["safetensors"] = read_header(fd, size, path=path)
+        except InputRejected as e:
+            findings.append(error(e.code, path, e.message, **{k2: v for k2, v in e.evidence.items() if k2 != "path"}))
+    elif k == FileKind.JSON:
+        if size > MAX_JSON:
+            findings.append(error("json.too_large", path, "JSON file exceeds the size cap", size=size))
+        else:
+            raw = os.pread(fd, size, 0)
+            try:
+                kw["json"] = json_loads_strict(raw.decode("utf-8"))
+            except RecursionError:
+                findings.append(error("json.too_deep", path, "JSON nests deeper than the cap"))
+            except KeyError as e:
+                findings.append(error("json.duplicate_key", path, f"duplicate JSON key {str(e.args[0])[:80]!r}"))
+            except (ValueError, UnicodeDecodeError) as e:
+                findings.append(error("json.invalid", path, f"invalid JSON: {str(e)[:200]}"))
+    elif k == FileKind.TEXT and size <= MAX_TEXT:
+        kw["text"] = os.pread(fd, size, 0).decode("utf-8", "replace")
+    elif k == FileKind.TORCH_ZIP:
+        layout, f = inspect_torch_zip(fd, size, path=path, context=pickle_context(path), verify_crc=verify_crc)
+        findings.extend(f)
+        kw["torch"] = layout
+        kw["pickle"] = layout.pickle if layout else None
+    elif k == FileKind.PICKLE:
+        ctx = pickle_context(path)
+        rep = read_pickle(os.pread(fd, size, 0), path=path, context=ctx)
+        findings.extend(rep.findings)
+        kw["pickle"] = rep
+        if ctx != "dcp_metadata":
+            findings.append(error("classify.raw_pickle", path, "a raw pickle (not a torch zip) needs an "
+                                  "unpickler to load"))
+    elif k == FileKind.LEGACY_TORCH:
+        findings.append(error("classify.legacy_torch", path, "legacy torch serialization (tar or raw pickle "
+                              "with the magic number) needs torch.load to read"))
+    elif k == FileKind.TORCHSCRIPT:
+        findings.append(error("torch.torchscript_archive", path, "a TorchScript archive is a program, not "
+                              "weights"))
+    elif k == FileKind.ARCHIVE:
+        findings.append(error("classify.archive", path, f"an archive ({c.detail}) around checkpoint data is "
+                              "not unpacked; refused"))
+    elif k == FileKind.NUMPY:
+        m = _NPY_DESCR.search(os.pread(fd, min(size, 4096), 0))
+        if m is None or b"O" in m.group(1):
+            findings.append(error("numpy.object_dtype", path, "npy with object dtype (pickled) or no descr"))
+    elif k == FileKind.NPZ:
+        zr = check_zip(fd, size, path=path, verify_crc=verify_crc)
+        findings.extend(zr.findings)
+        findings.append(warning("numpy.npz", path, "npz members are not validated further"))
+    elif k == FileKind.ZIP_STREAM and ext != ".distcp":
+        findings.append(error("classify.zip_stream", path, "zip data without a central directory at the end "
+                              "(concatenated or truncated zips); refused"))
+    elif k == FileKind.UNKNOWN:
+        findings.append(warning("classify.unknown", path, "content of unknown type"))
+    return FileFacts(path=path, size=size, kind=k, detail=c.detail, **kw), findings
+
+

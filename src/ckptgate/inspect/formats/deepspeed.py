@@ -1,0 +1,119 @@
+"""DeepSpeed ZeRO-1/2/3 checkpoints and DeepSpeed Universal checkpoints [R08, R09, R10].
+
+``latest`` is validated as a plain basename before it names a folder.  ``zero_to_fp32.py`` and
+``zero_to_torch.py`` are code copied into the checkpoint; they are reported, never run.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ckptgate.inspect.classify import FileKind
+from ckptgate.inspect.findings import Finding, error
+from ckptgate.inspect.formats._base import Context, FormatResult, plain_basename
+from ckptgate.inspect.pickle import Call, Global, SDict, SList
+
+__all__ = ["detect_deepspeed", "detect_universal"]
+
+_MODEL = re.compile(r"^(zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
+_OPTIM = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+_UNIVERSAL = re.compile(r"^(?:(.*)/)?zero/([^/]+)/(fp32|exp_avg|exp_avg_sq|step)\.pt$")
+
+
+def _param_shapes(value: Any) -> list[dict[str, list[int]]] | None:
+    if not isinstance(value, SDict):
+        return None
+    ps = dict((k, v) for k, v in value.items if isinstance(k, str)).get("param_shapes")
+    groups = ps.items if isinstance(ps, SList) else [ps] if ps is not None else []
+    out = []
+    for g in groups:
+        items = g.dict_items if isinstance(g, Call) else g.items if isinstance(g, SDict) else None
+        if items is None:
+            return None
+        shapes = {}
+        for k, v in items:
+            if (isinstance(v, Call) and isinstance(v.func, Global) and v.func.dotted == "torch.Size"
+                    and isinstance(v.args, tuple) and len(v.args) == 1 and isinstance(v.args[0], tuple)):
+                shapes[str(k)] = list(v.args[0])
+            else:
+                return None
+        out.append(shapes)
+    return out
+
+
+def detect_deepspeed(ctx: Context) -> FormatResult | None:
+    latest = ctx.files.get("latest")
+    findings: list[Finding] = []
+    tag = ""
+    if latest is not None:
+        t = (latest.text or "").strip()
+        bad = plain_basename(t, "latest", "latest tag")
+        if bad:
+            findings.append(error("deepspeed.bad_latest_tag", "latest", f"the latest tag {t[:80]!r} is not a plain "
+                                  "folder name", value=t[:200]))
+            return FormatResult(format="deepspeed-zero", layout={"tag": None}, loaders=("deepspeed",),
+                                findings=tuple(findings), consolidatable=False)
+        tag = t
+    files = ctx.under(tag) if tag else ctx.files
+    models = {p: m for p in files if "/" not in p and (m := _MODEL.match(p))}
+    optims = {p: m for p in files if "/" not in p and (m := _OPTIM.match(p))}
+    if not models and not optims:
+        if latest is not None:
+            findings.append(error("deepspeed.tag_missing", "latest", f"the tag folder {tag!r} holds no DeepSpeed "
+                                  "states"))
+            return FormatResult(format="deepspeed-zero", layout={"tag": tag}, loaders=("deepspeed",),
+                                findings=tuple(findings), consolidatable=False)
+        return None
+    stage3 = any(m.group(1) for m in models.values())
+    pre = f"{tag}/" if tag else ""
+    model_layout = []
+    for p in sorted(models):
+        f = ctx.files[pre + p]
+        entry: dict[str, Any] = {"path": f.path}
+        if f.torch is not None:
+            entry["tensors"] = [t.to_json() for t in f.torch.tensors]
+            entry["param_shapes"] = _param_shapes(f.pickle.value if f.pickle else None)
+            entry["inside_allowlist"] = bool(f.pickle and f.pickle.inside_allowlist)
+        model_layout.append(entry)
+    optim_layout = []
+    for p in sorted(optims, key=lambda q: int(optims[q].group(2))):
+        f = ctx.files[pre + p]
+        optim_layout.append({"path": f.path, "dp_rank": int(optims[p].group(2)), "bf16": bool(optims[p].group(1)),
+                             "tensors": [t.to_json() for t in f.torch.tensors] if f.torch else None,
+                             "inside_allowlist": bool(f.pickle and f.pickle.inside_allowlist)})
+    ranks = sorted(int(m.group(2)) for m in optims.values())
+    if ranks != list(range(len(ranks))):
+        findings.append(error("deepspeed.ranks_incomplete", pre or "", "optimizer state ranks are not 0..N-1",
+                              ranks=ranks))
+    code = sorted(p for p, f in ctx.files.items() if f.kind == FileKind.CODE)
+    layout = {"tag": tag or None, "stage": 3 if stage3 else "1/2", "world_size": len(ranks),
+              "model_states": model_layout, "optim_states": optim_layout, "code_files": code}
+    return FormatResult(format="deepspeed-zero", layout=layout, loaders=("deepspeed",), findings=tuple(findings))
+
+
+def detect_universal(ctx: Context) -> FormatResult | None:
+    params: dict[str, dict[str, Any]] = {}
+    loaders = set()
+    findings: list[Finding] = []
+    for p, f in ctx.files.items():
+        m = _UNIVERSAL.match(p)
+        if not m:
+            continue
+        rec = params.setdefault(m.group(2), {"folder": m.group(1) or "", "files": {}})
+        info: dict[str, Any] = {"path": p, "kind": str(f.kind)}
+        if f.torch is not None and f.pickle is not None:
+            info["tensors"] = [t.to_json() for t in f.torch.tensors]
+            info["plain"] = f.pickle.plain_tensors
+            loaders.add("static_pickle" if f.pickle.plain_tensors else "torch_load")
+        else:
+            findings.append(error("deepspeed.universal_unreadable", p, "universal state file is not a readable "
+                                  "torch zip"))
+        rec["files"][m.group(3)] = info
+    if not params:
+        return None
+    for name, rec in params.items():
+        if "fp32" not in rec["files"]:
+            findings.append(error("deepspeed.universal_no_fp32", f"zero/{name}", "parameter has no fp32.pt"))
+    return FormatResult(format="deepspeed-universal", layout={"params": dict(sorted(params.items()))},
+                        loaders=tuple(sorted(loaders)) or ("torch_load",), findings=tuple(findings))

@@ -1,0 +1,61 @@
+"""PEFT adapters: ``adapter_config.json`` + ``adapter_model.safetensors`` (or ``.bin``) [R16]."""
+
+from __future__ import annotations
+
+from ckptgate.inspect.classify import FileKind
+from ckptgate.inspect.findings import Finding, error, warning
+from ckptgate.inspect.formats._base import Context, FormatResult
+
+__all__ = ["detect_peft"]
+
+_FIELDS = ("base_model_name_or_path", "revision", "peft_type", "task_type", "peft_version", "r", "lora_alpha",
+           "target_modules", "modules_to_save")
+
+
+def detect_peft(ctx: Context) -> FormatResult | None:
+    configs = sorted(p for p in ctx.files if p.rsplit("/", 1)[-1] == "adapter_config.json")
+    if not configs:
+        return None
+    findings: list[Finding] = []
+    adapters = []
+    loaders = {"json"}
+    for cp in configs:
+        folder = cp.rsplit("/", 1)[0] if "/" in cp else ""
+        doc = ctx.files[cp].json
+        if not isinstance(doc, dict):
+            findings.append(error("peft.config_invalid", cp, "adapter_config.json is not a JSON object"))
+            continue
+        fields = {k: doc.get(k) for k in _FIELDS if k in doc}
+        if not isinstance(doc.get("base_model_name_or_path"), str) or not doc["base_model_name_or_path"]:
+            findings.append(error("peft.base_model_missing", cp, "adapter_config.json names no base model"))
+        if doc.get("revision") is None:
+            findings.append(warning("peft.base_not_pinned", cp, "the base model revision is null: the base is "
+                                    "not pinned [R16]", base=doc.get("base_model_name_or_path")))
+        pre = f"{folder}/" if folder else ""
+        weights = None
+        for name in ("adapter_model.safetensors", "adapter_model.bin"):
+            f = ctx.files.get(pre + name)
+            if f is not None:
+                weights = f
+                break
+        entry = {"config": cp, "fields": fields, "weights": None}
+        if weights is None:
+            findings.append(error("peft.weights_missing", cp, "no adapter_model.safetensors or .bin next to "
+                                  "the config"))
+        else:
+            entry["weights"] = weights.path
+            if weights.kind == FileKind.SAFETENSORS and weights.safetensors is not None:
+                loaders.add("safetensors")
+                entry["tensors"] = [t.to_json() for t in weights.safetensors.tensors]
+            elif weights.kind == FileKind.TORCH_ZIP and weights.torch is not None:
+                plain = weights.pickle is not None and weights.pickle.plain_tensors
+                loaders.add("static_pickle" if plain else "torch_load")
+                entry["tensors"] = [t.to_json() for t in weights.torch.tensors]
+            else:
+                findings.append(error("peft.weights_unreadable", weights.path, "adapter weights are not a valid "
+                                      "safetensors file or torch zip"))
+        adapters.append(entry)
+    peft_types = {a["fields"].get("peft_type") for a in adapters}
+    fmt = "peft-lora" if peft_types == {"LORA"} else "peft"
+    return FormatResult(format=fmt, layout={"adapters": adapters}, loaders=tuple(sorted(loaders)),
+                        findings=tuple(findings))

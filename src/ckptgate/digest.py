@@ -1,0 +1,147 @@
+"""The fixture digest: sha256 over a canonical manifest of (path, size, sha256) of every file.
+
+Files are hashed from the descriptors :class:`~ckptgate.inspect.walk.SafeTree` opens, so what is
+hashed is what is read.  Hashing runs in a thread pool across files (``hashlib`` and ``preadv``
+release the GIL), largest files first, each worker reusing one buffer: memory stays bounded by
+``workers x buffer``.  One file's sha256 is sequential by definition, so a single huge file is
+hashed by one core while the others take the rest.
+
+The digest is ``"sha256:" + sha256(canonical)`` where ``canonical`` is the UTF-8 JSON, with sorted
+keys and no spaces, of ``{"algorithm": "sha256", "files": [{"path", "sha256", "size"}, ...]}`` with
+files sorted by path.  A checksum is integrity, never trust on its own [R27-R29].
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ckptgate.errors import InputRejected
+from ckptgate.inspect.walk import SafeTree
+
+__all__ = ["FixtureDigest", "ManifestEntry", "canonical_manifest", "fixture_digest"]
+
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+DEFAULT_BUFFER = 4 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ManifestEntry:
+    path: str
+    size: int
+    sha256: str
+
+    def __post_init__(self) -> None:
+        if not self.path or self.path.startswith("/") or ".." in self.path.split("/"):
+            raise ValueError(f"bad manifest path {self.path!r}")
+        if self.size < 0 or not _HEX.match(self.sha256):
+            raise ValueError("bad manifest entry")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "sha256": self.sha256, "size": self.size}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FixtureDigest:
+    algorithm: str
+    digest: str
+    manifest: tuple[ManifestEntry, ...]
+
+    def __post_init__(self) -> None:
+        if self.algorithm != "sha256":
+            raise ValueError("only sha256 is supported")
+        if list(self.manifest) != sorted(self.manifest, key=lambda e: e.path):
+            raise ValueError("manifest must be sorted by path")
+        if self.digest != "sha256:" + hashlib.sha256(canonical_manifest(self.manifest)).hexdigest():
+            raise ValueError("digest does not match the manifest")
+
+    @property
+    def file_count(self) -> int:
+        return len(self.manifest)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.manifest)
+
+    def to_facts(self) -> dict[str, Any]:
+        """The ``fixture`` object of the OPA input."""
+        return {"digest": self.digest, "algorithm": self.algorithm, "file_count": self.file_count,
+                "total_bytes": self.total_bytes}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.to_facts(), "manifest": [e.to_json() for e in self.manifest]}
+
+    @classmethod
+    def from_manifest(cls, manifest: list[ManifestEntry] | tuple[ManifestEntry, ...]) -> FixtureDigest:
+        m = tuple(sorted(manifest, key=lambda e: e.path))
+        return cls(algorithm="sha256", digest="sha256:" + hashlib.sha256(canonical_manifest(m)).hexdigest(),
+                   manifest=m)
+
+
+def canonical_manifest(manifest: tuple[ManifestEntry, ...] | list[ManifestEntry]) -> bytes:
+    doc = {"algorithm": "sha256", "files": [e.to_json() for e in sorted(manifest, key=lambda e: e.path)]}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _hash_fd(fd: int, size: int, buf: memoryview, progress: Callable[[int], None] | None) -> str:
+    h = hashlib.sha256()
+    off = 0
+    while off < size:
+        n = os.preadv(fd, [buf[:min(len(buf), size - off)]], off)
+        if n <= 0:
+            break
+        h.update(buf[:n])
+        off += n
+        if progress is not None:
+            progress(n)
+    extra = os.pread(fd, 1, off)
+    if off != size or extra:
+        raise InputRejected("input.walk.changed", "a file changed size while it was hashed",
+                            evidence={"read": off, "expected": size})
+    return h.hexdigest()
+
+
+def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: int = DEFAULT_BUFFER,
+                   progress: Callable[[int], None] | None = None) -> FixtureDigest:
+    """Hash every walked file of ``tree`` and return the fixture digest.
+
+    ``progress`` (thread-safe calls) receives byte counts as they are hashed.
+    """
+    if buffer_size < 4096:
+        raise ValueError("buffer_size must be at least 4096")
+    n_workers = max(1, min(workers or os.cpu_count() or 1, max(1, len(tree.entries))))
+    local = threading.local()
+    lock = threading.Lock()
+
+    def tick(n: int) -> None:
+        if progress is not None:
+            with lock:
+                progress(n)
+
+    def one(path: str) -> ManifestEntry:
+        buf = getattr(local, "buf", None)
+        if buf is None:
+            buf = local.buf = memoryview(bytearray(buffer_size))
+        entry = tree.entry(path)
+        assert entry is not None
+        fd = tree.open_file(path)
+        try:
+            digest = _hash_fd(fd, entry.size, buf, tick if progress else None)
+        finally:
+            os.close(fd)
+        return ManifestEntry(path=path, size=entry.size, sha256=digest)
+
+    order = [e.path for e in sorted(tree.entries, key=lambda e: -e.size)]
+    if n_workers == 1:
+        results = [one(p) for p in order]
+    else:
+        with ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="ckptgate-digest") as ex:
+            results = list(ex.map(one, order))
+    return FixtureDigest.from_manifest(results)

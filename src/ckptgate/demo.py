@@ -51,6 +51,7 @@ def make_checkpoint(out: Path, *, seed: int = 0) -> dict[str, Any]:
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     state["embed.weight"] = torch.randn(50, 32, dtype=torch.bfloat16)
     state["step"] = torch.tensor([7], dtype=torch.int64)
+    out.mkdir(parents=True, exist_ok=True)
     save_torch_state_dict(state, str(out), max_shard_size=6000)
     return state
 

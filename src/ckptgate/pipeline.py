@@ -24,7 +24,7 @@ from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBui
                              open_engine)
 from ckptgate.digest import FixtureDigest, fixture_digest
 from ckptgate.errors import InputRejected, PolicyDenied, UsageError, VerificationError
-from ckptgate.inspect import Inspection, SafeTree, inspect_tree
+from ckptgate.inspect import Inspection, SafeTree, inspect_open_tree
 from ckptgate.publish import check_destination, publish, staging
 from ckptgate.verify import TrustData, verify_attestation
 
@@ -101,7 +101,7 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
              containment: Any = None) -> Evaluation:
     """Inspect, digest, verify and decide.  Never loads anything from the checkpoint."""
     now = now or now_utc()
-    inspection = inspect_tree(tree)
+    inspection = inspect_open_tree(tree)
     digest = fixture_digest(tree)
     builder = (PolicyInputBuilder(Request(action=action, now=now, candidate_commit=candidate_commit))
                .fixture(digest).inspection(inspection))

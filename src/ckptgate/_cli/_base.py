@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from ckptgate import __version__
 from ckptgate.errors import Error, ExitCode, UsageError
@@ -26,11 +27,11 @@ def report_error(err: Error, as_json: bool) -> None:
     if as_json:
         emit_json(err.to_json())
         return
-    stderr.print(f"[bold red]error[/] [{err.code}] {err.message}")
+    stderr.print(f"[bold red]error[/] {escape('[' + err.code + ']')} {escape(err.message)}")
     reasons = getattr(err, "reasons", None) or []
     for r in reasons:
-        stderr.print(f"  - [{r.get('code', '?')}] {r.get('message', '')}")
-    stderr.print(f"[dim]advice:[/] {err.diagnostics()}")
+        stderr.print(f"  - {escape('[' + str(r.get('code', '?')) + ']')} {escape(str(r.get('message', '')))}")
+    stderr.print(f"[dim]advice:[/] {escape(err.diagnostics())}")
 
 
 def json_option(f: Callable) -> Callable:

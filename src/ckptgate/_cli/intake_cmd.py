@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import click
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from ckptgate._cli._base import emit_json, json_option, stderr, stdout
@@ -30,7 +31,7 @@ def print_result(result: IntakeResult) -> None:
     stdout.print(f"[bold green]allowed[/] plane={d.plane} decision={d.decision_id or '-'} "
                  f"policy={d.policy_revision[:19]}")
     for r in d.reasons:
-        stdout.print(f"  - [{r.code}] {r.message}")
+        stdout.print(f"  - {escape('[' + r.code + ']')} {escape(r.message)}")
     stdout.print(f"published {len(result.outputs)} files to [bold]{result.destination}[/]")
     stdout.print(f"fixture digest {result.evaluation.digest.digest}")
 

@@ -16,15 +16,11 @@ from ckptgate.inspect import Inspection, SafeTree
 def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision, fixture_digest: str,
              max_shard_bytes: int) -> ConsolidationPlan:
     """The consolidation plan for an inspected, allowed checkpoint."""
-    facts = inspection.to_facts()
-    fmt = facts.get("format")
-    if fmt in ("hf-sharded-safetensors", "safetensors"):
+    if inspection.format in ("hf-sharded-safetensors", "safetensors"):
         from ckptgate.consolidate.adapters import safetensors
 
-        files = sorted(e.path for e in tree.entries
-                       if any(f["path"] == e.path and f["kind"] == "safetensors" for f in facts["files"]))
-        return safetensors.plan(tree, files, max_shard_bytes=max_shard_bytes)
-    raise PlanError("plan.format.unsupported", f"no consolidation adapter for format {fmt!r} yet",
+        return safetensors.plan(inspection, max_shard_bytes=max_shard_bytes)
+    raise PlanError("plan.format.unsupported", f"no consolidation adapter for format {inspection.format!r} yet",
                     advice="Run `ckptgate inspect` to see what the checkpoint is; see the support matrix.")
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
@@ -21,13 +23,29 @@ PREDICATE_SCHEMAS = {QUALIFICATION_PREDICATE_TYPE: "qualification-v1.schema.json
 """Predicate types that ckptgate knows, and the JSON Schema each statement must satisfy."""
 
 
+def _schema(name: str) -> dict[str, Any]:
+    text = resources.files("ckptgate.verify").joinpath("schemas", name).read_text(encoding="utf-8")
+    return json.loads(text)  # type: ignore[no-any-return]
+
+
 @cache
 def _validator(name: str) -> jsonschema.protocols.Validator:
-    text = resources.files("ckptgate.verify").joinpath("schemas", name).read_text(encoding="utf-8")
-    schema = json.loads(text)
+    schema = _schema(name)
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
     return cls(schema)
+
+
+@cache
+def _fast(name: str) -> Callable[[Any], Any] | None:
+    """The same schema compiled by ``fastjsonschema`` when it is installed (the hot path), else ``None``."""
+    if os.environ.get("CKPTGATE_NO_FASTJSONSCHEMA"):
+        return None
+    try:
+        import fastjsonschema
+    except ImportError:
+        return None
+    return fastjsonschema.compile(_schema(name))  # type: ignore[no-any-return]
 
 
 def schema_text(predicate_type: str = QUALIFICATION_PREDICATE_TYPE) -> str:
@@ -36,8 +54,18 @@ def schema_text(predicate_type: str = QUALIFICATION_PREDICATE_TYPE) -> str:
         encoding="utf-8")
 
 
-def _first_error(validator: jsonschema.protocols.Validator, doc: Any) -> jsonschema.ValidationError | None:
-    return jsonschema.exceptions.best_match(validator.iter_errors(doc))
+def _first_error(name: str, doc: Any) -> jsonschema.ValidationError | None:
+    """``None`` when ``doc`` satisfies schema ``name``; else jsonschema's best error (slow path only)."""
+    fast = _fast(name)
+    if fast is not None:
+        import fastjsonschema
+
+        try:
+            fast(doc)
+            return None
+        except fastjsonschema.JsonSchemaException:
+            pass
+    return jsonschema.exceptions.best_match(_validator(name).iter_errors(doc))
 
 
 def check_statement(doc: Any) -> dict[str, Any]:
@@ -51,13 +79,13 @@ def check_statement(doc: Any) -> dict[str, Any]:
         got = doc.get("_type") if isinstance(doc, dict) else type(doc).__name__
         raise VerificationError("verify.statement.type", f"payload is not an in-toto Statement v1 (_type={got!r})",
                                 evidence={"_type": got if isinstance(got, str) else None})
-    err = _first_error(_validator("in-toto-statement-v1.schema.json"), doc)
+    err = _first_error("in-toto-statement-v1.schema.json", doc)
     if err is not None:
         raise VerificationError("verify.statement.shape", f"statement shape: {err.message}",
                                 evidence={"path": "/" + "/".join(str(p) for p in err.absolute_path)})
     schema = PREDICATE_SCHEMAS.get(doc["predicateType"])
     if schema is not None:
-        err = _first_error(_validator(schema), doc)
+        err = _first_error(schema, doc)
         if err is not None:
             raise VerificationError(
                 "verify.statement.predicate_invalid",

@@ -1,33 +1,39 @@
 """Pure-data adapter: (sharded) safetensors in, resharded HF safetensors out.
 
 Every source tensor becomes one output tensor with one placement: its byte range in the source
-file.  The header was validated by :mod:`ckptgate.inspect.safetensors`; the index (if any) was
-cross-checked by the format detector, so here each tensor name appears exactly once.
+file.  It uses the headers that :mod:`ckptgate.inspect.safetensors` validated during inspection
+(no second read), and the shard list the format detector cross-checked against the index.
 """
 
 from __future__ import annotations
 
-import os
-
 from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, Placement, PlanError, shard_tensors
-from ckptgate.inspect import SafeTree
-from ckptgate.inspect.safetensors import read_header
+from ckptgate.inspect import Inspection
 
 
-def plan(tree: SafeTree, shard_files: list[str], *, max_shard_bytes: int) -> ConsolidationPlan:
+def source_files(inspection: Inspection) -> list[str]:
+    """The safetensors files that hold the model: the index's shards, or the single file."""
+    layout = inspection.layout
+    if inspection.format == "hf-sharded-safetensors":
+        return sorted({s["path"] for s in layout.get("shards", [])})
+    if inspection.format == "safetensors":
+        return [f["path"] for f in layout.get("files", [])]
+    raise PlanError("plan.format.unsupported", f"{inspection.format!r} is not a safetensors layout")
+
+
+def plan(inspection: Inspection, *, max_shard_bytes: int) -> ConsolidationPlan:
+    by_path = {f.path: f for f in inspection.files}
     tensors: list[OutputTensor] = []
-    for rel in shard_files:
-        entry = tree.entry(rel)
-        if entry is None:
-            raise PlanError("plan.source.missing", f"shard {rel!r} is not in the checkpoint")
-        fd = tree.open_file(rel)
-        try:
-            header = read_header(fd, entry.size, path=rel)
-        finally:
-            os.close(fd)
+    for rel in source_files(inspection):
+        facts = by_path.get(rel)
+        if facts is None or facts.safetensors is None:
+            raise PlanError("plan.source.missing", f"shard {rel!r} has no validated safetensors header")
+        header = facts.safetensors
         for t in header.tensors:
             begin, end = t.data_offsets
             placements = () if end == begin else (
                 Placement(src=rel, src_offset=header.data_start + begin, dst_offset=0, length=end - begin),)
             tensors.append(OutputTensor(name=t.name, dtype=t.dtype, shape=tuple(t.shape), placements=placements))
+    if not tensors:
+        raise PlanError("plan.empty", "the checkpoint holds no tensors")
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes)

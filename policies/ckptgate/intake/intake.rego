@@ -1,0 +1,303 @@
+# METADATA
+# title: ckptgate.intake
+# description: >-
+#   The intake decision. The default is deny; allow holds only when no deny reason exists.
+#   The plane is the highest risk class among input.inspection.loaders (pure_data <
+#   static_pickle < framework). Each class names the evidence it needs in
+#   data.ckptgate.config.loaders: pure data needs a clean inspection; the static pickle reader
+#   also needs every pickle global in the allowlist; a framework deserializer also needs a
+#   trusted attestation for this exact fixture digest, a producer-version gate and the
+#   containment controls of its class. Actions (data.ckptgate.config.intake) may require a
+#   trusted attestation even for pure data: intake (publishing) does by default. Containment
+#   limits what a loader can reach; it is not proof that deserialization is safe [R28, R30].
+package ckptgate.intake
+
+import data.ckptgate.gates
+import data.ckptgate.trust
+
+# METADATA
+# description: >-
+#   The decision document, exactly {allow, plane, permitted_loaders, required_controls,
+#   reasons}. Reasons list deny reasons first, then info reasons.
+# entrypoint: true
+decision := {
+	"allow": allow,
+	"plane": plane,
+	"permitted_loaders": permitted_loaders,
+	"required_controls": required_controls,
+	"reasons": reasons,
+}
+
+# METADATA
+# description: True only when the plane is known and there is no deny reason.
+# scope: document
+default allow := false
+
+allow if {
+	is_string(plane)
+	count(deny_reasons) == 0
+}
+
+# METADATA
+# description: All reasons, deny first, each sorted.
+reasons := array.concat(sort(deny_reasons), sort(info_reasons))
+
+# METADATA
+# description: The loaders the permit may name; empty unless allowed.
+# scope: document
+default permitted_loaders := []
+
+permitted_loaders := sort(loaders) if allow
+
+# METADATA
+# description: >-
+#   Controls the contained worker must have for the classes present: each class's
+#   required_controls plus its optional controls that require_optional_controls names.
+required_controls := sort(_required_control_set)
+
+# METADATA
+# description: Loaders the inspection says are needed.
+loaders contains name if {
+	is_array(input.inspection.loaders)
+	some name in input.inspection.loaders
+}
+
+_loaders_cfg := data.ckptgate.config.loaders
+
+_intake_cfg := data.ckptgate.config.intake
+
+_unknown_loaders contains name if {
+	some name in loaders
+	not _loaders_cfg.loaders[name]
+}
+
+_classes contains class if {
+	some name in loaders
+	class := _loaders_cfg.loaders[name].class
+}
+
+# METADATA
+# description: The evidence kinds that the classes present require.
+evidence contains kind if {
+	some class in _classes
+	some kind in _loaders_cfg.classes[class].evidence
+}
+
+# METADATA
+# description: The highest risk class among the loaders; null when a loader is unknown or none is named.
+# scope: document
+default plane := null
+
+plane := _loaders_cfg.risk_order[max(_ranks)] if {
+	count(loaders) > 0
+	count(_unknown_loaders) == 0
+}
+
+_ranks contains rank if {
+	some class in _classes
+	some rank, name in _loaders_cfg.risk_order
+	name == class
+}
+
+_required_control_set contains control if {
+	some class in _classes
+	some control in _loaders_cfg.classes[class].required_controls
+}
+
+_required_control_set contains control if {
+	some class in _classes
+	some control in _loaders_cfg.classes[class].optional_controls
+	control in _loaders_cfg.require_optional_controls
+}
+
+# METADATA
+# description: The request's action settings; null for an unknown action.
+# scope: document
+default action := null
+
+action := _intake_cfg.actions[input.request.action] if is_string(input.request.action)
+
+_now_ns := trust.time_ns(object.get(input, ["request", "now"], null))
+
+# METADATA
+# description: The adapter that the inspected format maps to; null when unknown or not consolidatable.
+# scope: document
+default adapter := null
+
+adapter := data.ckptgate.config.gates.formats[input.inspection.format].adapter if is_string(input.inspection.format)
+
+# METADATA
+# description: The gate for this request's adapter, or null.
+gate := gates.gate(adapter, data.ckptgate.config.gates)
+
+_format := object.get(input, ["inspection", "format"], null)
+
+_format_known if data.ckptgate.config.gates.formats[input.inspection.format]
+
+# METADATA
+# description: Deny reasons. Each is written as the negation of the evidence it needs.
+# scope: document
+deny_reasons contains reason if {
+	action == null
+	reason := _reason("request_invalid", "the request names no known action", {
+		"field": "request.action",
+		"value": object.get(input, ["request", "action"], null),
+		"known_actions": object.keys(_intake_cfg.actions),
+	})
+}
+
+deny_reasons contains reason if {
+	_now_ns == null
+	reason := _reason("request_invalid", "the request time request.now is not an RFC 3339 time", {
+		"field": "request.now",
+		"value": object.get(input, ["request", "now"], null),
+	})
+}
+
+deny_reasons contains reason if {
+	not _format_known
+	reason := _reason(
+		"format_unknown",
+		sprintf("the inspected format %v is not one this policy knows", [_format]),
+		{"format": _format, "known_formats": object.keys(data.ckptgate.config.gates.formats)},
+	)
+}
+
+deny_reasons contains reason if {
+	_format_known
+	adapter == null
+	note := object.get(data.ckptgate.config.gates.formats[_format], "note", "it has no adapter")
+	reason := _reason(
+		"format_not_consolidatable",
+		sprintf("format %v cannot be consolidated: %v", [_format, note]),
+		{"format": _format},
+	)
+}
+
+deny_reasons contains reason if {
+	input.inspection.consolidatable == false
+	reason := _reason(
+		"format_not_consolidatable",
+		sprintf("the inspection reports that this %v checkpoint cannot be consolidated", [_format]),
+		{"format": _format, "consolidatable": false},
+	)
+}
+
+deny_reasons contains reason if {
+	not _inspection_clean
+	reason := _reason(
+		"inspection_not_clean",
+		sprintf("the inspection is not clean: %d error finding(s)", [count(_error_findings)]),
+		{"clean": object.get(input, ["inspection", "clean"], null), "findings": _error_findings},
+	)
+}
+
+deny_reasons contains reason if {
+	count(loaders) == 0
+	reason := _reason(
+		"loaders_missing",
+		"the inspection names no loader, so nothing could be loaded",
+		{"loaders": object.get(input, ["inspection", "loaders"], null)},
+	)
+}
+
+deny_reasons contains reason if {
+	some name in _unknown_loaders
+	reason := _reason(
+		"unknown_loader",
+		sprintf("loader %v is not in the policy's loader table, so it has no risk class", [name]),
+		{"loader": name},
+	)
+}
+
+deny_reasons contains reason if {
+	is_string(input.request.target)
+	some name in loaders
+	targets := _loaders_cfg.loaders[name].targets
+	not input.request.target in targets
+	reason := _reason(
+		"loader_not_consolidatable",
+		sprintf("loader %v cannot produce the requested target %v", [name, input.request.target]),
+		{"loader": name, "target": input.request.target, "targets": targets},
+	)
+}
+
+deny_reasons contains reason if {
+	"pickle_allowlist" in evidence
+	not _pickle_globals_reported
+	reason := _reason(
+		"pickle_globals_unreported",
+		"the static pickle reader needs its allowlist checked, but the inspection reports no pickle_globals list",
+		{"field": "inspection.pickle_globals"},
+	)
+}
+
+deny_reasons contains reason if {
+	"pickle_allowlist" in evidence
+	some name in input.inspection.pickle_globals
+	not name in _loaders_cfg.pickle_allowlist
+	reason := _reason(
+		"pickle_global_not_allowlisted",
+		sprintf("a pickle names the global %v, which is not in the pickle allowlist", [name]),
+		{"global": name},
+	)
+}
+
+deny_reasons contains reason if {
+	_containment_needed
+	not input.containment.preflighted == true
+	reason := _reason(
+		"containment_not_preflighted",
+		"the loaders need containment controls, but the containment profile was not preflighted on this host",
+		{"preflighted": object.get(input, ["containment", "preflighted"], null), "required": required_controls},
+	)
+}
+
+deny_reasons contains reason if {
+	some control in _required_control_set
+	not input.containment.controls[control] == true
+	reason := _reason(
+		"containment_control_missing",
+		sprintf("the %v plane requires the containment control %v; the preflight did not confirm it", [plane, control]),
+		{"control": control, "observed": object.get(input, ["containment", "controls", control], null)},
+	)
+}
+
+# METADATA
+# description: Info reasons. They never change allow.
+# scope: document
+info_reasons contains reason if {
+	is_string(plane)
+	reason := _reason(
+		"plane_selected",
+		sprintf("the load plane is %v, the highest risk class among the loaders %v", [plane, sort(loaders)]),
+		{"plane": plane, "loaders": sort(loaders), "evidence_required": sort(evidence)},
+	)
+}
+
+info_reasons contains reason if {
+	some class in _classes
+	some control in _loaders_cfg.classes[class].optional_controls
+	not control in _required_control_set
+	not input.containment.controls[control] == true
+	reason := _reason(
+		"containment_optional_control_absent",
+		sprintf("the optional control %v is absent on this host; policy data does not require it", [control]),
+		{"control": control, "observed": object.get(input, ["containment", "controls", control], null)},
+	)
+}
+
+_inspection_clean if input.inspection.clean == true
+
+_pickle_globals_reported if is_array(input.inspection.pickle_globals)
+
+_error_findings := [{"code": f.code, "path": object.get(f, "path", null)} |
+	some f in object.get(input, ["inspection", "findings"], [])
+	f.severity == "error"
+]
+
+_containment_needed if "containment" in evidence
+
+_containment_needed if count(_required_control_set) > 0
+
+_reason(code, message, ev) := {"code": code, "message": message, "evidence": ev}

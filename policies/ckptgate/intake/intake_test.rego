@@ -1,0 +1,292 @@
+# METADATA
+# title: ckptgate.intake_test
+# description: Table-driven tests for every intake reason code, and the decision shape.
+package ckptgate.intake_test
+
+import data.ckptgate.intake
+import data.ckptgate.testdata_test as td
+
+_decide(inp) := d if {
+	d := intake.decision with input as inp with data.ckptgate.config.trust as td.trust
+}
+
+_codes(d) := {r.code | some r in d.reasons}
+
+_framework_controls := ["net_ns", "no_new_privs", "openat2", "rlimits", "seccomp", "user_ns"]
+
+# Each deny code and one input that must produce it.
+_deny_cases := {
+	"request_invalid": td.with_value("/request/action", "launch"),
+	"format_unknown": td.with_value("/inspection/format", "tensorflow-saved-model"),
+	"format_not_consolidatable": td.with_value("/inspection/format", "fsdp-local-state-dict"),
+	"inspection_not_clean": td.patched([
+		{"op": "replace", "path": "/inspection/clean", "value": false},
+		{"op": "replace", "path": "/inspection/findings", "value": [{
+			"code": "input.pickle.global_not_allowed", "severity": "error",
+			"path": "global_step2/mp_rank_00_model_states.pt", "message": "m", "evidence": {},
+		}]},
+	]),
+	"loaders_missing": td.with_value("/inspection/loaders", []),
+	"unknown_loader": td.with_value("/inspection/loaders", ["json", "numpy_load"]),
+	"loader_not_consolidatable": td.with_value("/request/target", "gguf"),
+	"pickle_globals_unreported": td.with_value("/inspection/loaders", ["deepspeed", "static_pickle"]),
+	"pickle_global_not_allowlisted": td.patched([
+		{"op": "replace", "path": "/inspection/loaders", "value": ["deepspeed", "static_pickle"]},
+		{"op": "add", "path": "/inspection/pickle_globals", "value": ["torch.Size", "os.system"]},
+	]),
+	"attestation_rejected": td.with_value("/rejected_attestations", [{
+		"source": "attestations/tampered.intoto.json", "code": "verify.dsse.bad_signature",
+		"message": "no trusted key verifies the signature",
+	}]),
+	"attestation_missing": td.with_value("/attestations", []),
+	"attestation_malformed": td.patched([{"op": "remove", "path": "/attestations/0/statement/predicate/validity"}]),
+	"attestation_untrusted_signer": td.with_value(
+		"/attestations/0/signers/0/spki_sha256",
+		concat("", ["c", substring(td.key_spki, 1, -1)]),
+	),
+	"attestation_digest_mismatch": td.with_value("/fixture/digest", concat(":", ["sha256", td.key_spki])),
+	"attestation_freshness_unchecked": td.with_value("/request/now", "yesterday"),
+	"attestation_expired": td.with_value("/request/now", "2027-12-01T00:00:00Z"),
+	"attestation_not_yet_valid": td.with_value("/request/now", "2026-10-01T00:00:00Z"),
+	"attestation_wrong_commit": td.with_value("/request/candidate_commit", "2222222222222222222222222222222222222222"),
+	"attestation_wrong_predicate_type": td.with_value("/attestations/0/statement/predicateType", td.provenance),
+	"attestation_adapter_mismatch": td.with_value("/attestations/0/statement/predicate/adapter/name", "dcp"),
+	"producer_version_not_gated": td.with_value("/attestations/0/statement/predicate/producer/version", "0.18.0"),
+	"containment_not_preflighted": td.with_value("/containment/preflighted", false),
+	"containment_control_missing": td.with_value("/containment/controls/seccomp", false),
+}
+
+_denies(code) if {
+	d := _decide(_deny_cases[code])
+	d.allow == false
+	d.permitted_loaders == []
+	code in _codes(d)
+}
+
+test_every_deny_case_denies_with_its_code if {
+	every code, _ in _deny_cases {
+		_denies(code)
+	}
+}
+
+test_every_deny_case_differs_from_an_allowed_input_only_by_that_case if {
+	_decide(td.framework_input).allow == true
+	every inp in _deny_cases {
+		inp != td.framework_input
+	}
+}
+
+test_allow_framework_with_trusted_qualification_gate_and_controls if {
+	d := _decide(td.framework_input)
+	d.allow == true
+	d.plane == "framework"
+	d.permitted_loaders == ["deepspeed", "json"]
+	d.required_controls == _framework_controls
+	_codes(d) == {"attestation_trusted", "containment_optional_control_absent", "plane_selected"}
+}
+
+test_decision_has_exactly_the_contract_keys if {
+	d := _decide(td.framework_input)
+	object.keys(d) == {"allow", "plane", "permitted_loaders", "required_controls", "reasons"}
+	every r in d.reasons {
+		object.keys(r) == {"code", "message", "evidence"}
+		is_string(r.message)
+		is_object(r.evidence)
+	}
+}
+
+test_deny_reasons_come_before_info_reasons if {
+	d := _decide(td.with_value("/containment/controls/seccomp", false))
+	d.reasons[0].code == "containment_control_missing"
+	d.reasons[count(d.reasons) - 1].code == "plane_selected"
+}
+
+test_deny_when_request_invalid_action if _denies("request_invalid")
+
+test_deny_when_request_time_missing if {
+	d := _decide(td.patched([{"op": "remove", "path": "/request/now"}]))
+	d.allow == false
+	some r in d.reasons
+	r.code == "request_invalid"
+	r.evidence.field == "request.now"
+}
+
+test_deny_when_format_unknown if _denies("format_unknown")
+
+test_deny_when_format_not_consolidatable if _denies("format_not_consolidatable")
+
+test_deny_when_inspection_reports_not_consolidatable if {
+	d := _decide(td.with_value("/inspection/consolidatable", false))
+	d.allow == false
+	"format_not_consolidatable" in _codes(d)
+}
+
+test_deny_when_inspection_not_clean if {
+	_denies("inspection_not_clean")
+	some r in _decide(_deny_cases.inspection_not_clean).reasons
+	r.code == "inspection_not_clean"
+	r.evidence.findings == [{"code": "input.pickle.global_not_allowed", "path": "global_step2/mp_rank_00_model_states.pt"}]
+}
+
+test_deny_when_inspection_clean_flag_missing if {
+	d := _decide(td.patched([{"op": "remove", "path": "/inspection/clean"}]))
+	d.allow == false
+	"inspection_not_clean" in _codes(d)
+}
+
+test_deny_when_loaders_missing if {
+	_denies("loaders_missing")
+	_decide(_deny_cases.loaders_missing).plane == null
+}
+
+test_deny_when_unknown_loader if {
+	_denies("unknown_loader")
+	_decide(_deny_cases.unknown_loader).plane == null
+}
+
+test_deny_when_loader_not_consolidatable if _denies("loader_not_consolidatable")
+
+test_deny_when_pickle_globals_unreported if _denies("pickle_globals_unreported")
+
+test_deny_when_pickle_global_not_allowlisted if {
+	_denies("pickle_global_not_allowlisted")
+	bad := {r.evidence.global | some r in _decide(_deny_cases.pickle_global_not_allowlisted).reasons}
+	bad == {"os.system"}
+}
+
+test_deny_when_attestation_rejected_even_with_a_trusted_one if {
+	_denies("attestation_rejected")
+	not "attestation_missing" in _codes(_decide(_deny_cases.attestation_rejected))
+}
+
+test_deny_when_attestation_missing if _denies("attestation_missing")
+
+test_deny_when_attestation_malformed if _denies("attestation_malformed")
+
+test_deny_when_attestation_signed_by_untrusted_key if _denies("attestation_untrusted_signer")
+
+test_deny_when_attestation_for_another_fixture_digest if _denies("attestation_digest_mismatch")
+
+test_deny_when_request_time_unparseable if _denies("attestation_freshness_unchecked")
+
+test_deny_when_attestation_expired if _denies("attestation_expired")
+
+test_deny_when_attestation_not_yet_valid if _denies("attestation_not_yet_valid")
+
+test_deny_when_attestation_for_another_candidate_commit if _denies("attestation_wrong_commit")
+
+test_allow_when_attestation_matches_requested_candidate_commit if {
+	_decide(td.with_value("/request/candidate_commit", td.commit)).allow == true
+}
+
+test_deny_when_attestation_wrong_predicate_type if _denies("attestation_wrong_predicate_type")
+
+test_deny_when_attestation_adapter_mismatch if _denies("attestation_adapter_mismatch")
+
+test_deny_when_producer_version_not_gated if _denies("producer_version_not_gated")
+
+test_deny_when_producer_name_differs_from_gate if {
+	d := _decide(td.with_value("/attestations/0/statement/predicate/producer/name", "torch"))
+	d.allow == false
+	"producer_version_not_gated" in _codes(d)
+}
+
+test_deny_when_containment_not_preflighted if _denies("containment_not_preflighted")
+
+test_deny_when_containment_profile_absent if {
+	d := _decide(td.with_value("/containment", null))
+	d.allow == false
+	"containment_not_preflighted" in _codes(d)
+	count([r | some r in d.reasons; r.code == "containment_control_missing"]) == count(_framework_controls)
+}
+
+test_deny_when_containment_control_missing if {
+	_denies("containment_control_missing")
+	some r in _decide(_deny_cases.containment_control_missing).reasons
+	r.code == "containment_control_missing"
+	r.evidence == {"control": "seccomp", "observed": false}
+}
+
+test_deny_cgroup_v2_absent_when_policy_data_requires_it if {
+	d := _decide(td.framework_input) with data.ckptgate.config.loaders.require_optional_controls as ["cgroup_v2"]
+	d.allow == false
+	"cgroup_v2" in d.required_controls
+	some r in d.reasons
+	r.code == "containment_control_missing"
+	r.evidence.control == "cgroup_v2"
+}
+
+test_default_deny_on_empty_input if {
+	d := _decide({})
+	d.allow == false
+	d.plane == null
+	d.permitted_loaders == []
+	{"request_invalid", "format_unknown", "inspection_not_clean", "loaders_missing"} - _codes(d) == set()
+}
+
+test_deny_without_trust_data if {
+	d := intake.decision with input as td.framework_input with data.ckptgate.config.trust as {}
+	d.allow == false
+	"attestation_untrusted_signer" in _codes(d)
+}
+
+test_allow_pure_data_intake_with_provenance_and_no_containment if {
+	d := _decide(td.pure_data_input)
+	d.allow == true
+	d.plane == "pure_data"
+	d.required_controls == []
+}
+
+test_deny_pure_data_intake_without_attestation if {
+	d := _decide(json.patch(td.pure_data_input, [{"op": "replace", "path": "/attestations", "value": []}]))
+	d.allow == false
+	_codes(d) & {"attestation_missing"} == {"attestation_missing"}
+}
+
+test_allow_pure_data_qualify_without_attestation if {
+	d := _decide(json.patch(td.pure_data_input, [
+		{"op": "replace", "path": "/attestations", "value": []},
+		{"op": "replace", "path": "/request/action", "value": "qualify"},
+	]))
+	d.allow == true
+	d.plane == "pure_data"
+}
+
+test_deny_framework_qualify_without_provenance if {
+	d := _decide(td.with_value("/request/action", "qualify"))
+	d.allow == false
+	"attestation_wrong_predicate_type" in _codes(d)
+}
+
+test_allow_framework_qualify_with_provenance if {
+	d := _decide(td.patched([
+		{"op": "replace", "path": "/request/action", "value": "qualify"},
+		{"op": "replace", "path": "/attestations/0/statement/predicateType", "value": td.provenance},
+	]))
+	d.allow == true
+}
+
+test_static_pickle_plane_allowed_with_allowlisted_globals if {
+	d := _decide(td.patched([
+		{"op": "replace", "path": "/inspection/format", "value": "dcp-torch-save"},
+		{"op": "replace", "path": "/inspection/loaders", "value": ["static_pickle"]},
+		{"op": "add", "path": "/inspection/pickle_globals", "value": ["torch.Size", "pathlib.PosixPath"]},
+		{"op": "replace", "path": "/attestations/0/statement/predicateType", "value": td.provenance},
+	]))
+	d.allow == true
+	d.plane == "static_pickle"
+}
+
+test_info_attestation_not_used_names_problems if {
+	second := json.patch(td.attestation, [{"op": "replace", "path": "/signers/0/spki_sha256", "value": "00"}])
+	d := _decide(td.with_value("/attestations", [td.attestation, second]))
+	d.allow == true
+	some r in d.reasons
+	r.code == "attestation_not_used"
+	r.evidence == {"attestation": 1, "problems": ["attestation_untrusted_signer"]}
+}
+
+test_plane_is_the_highest_risk_class if {
+	d := _decide(td.with_value("/inspection/loaders", ["safetensors", "static_pickle", "torch_load"]))
+	d.plane == "framework"
+}

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,43 +83,54 @@ class _Dup(Exception):
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    d: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in d:
-            raise _Dup(k)
-        d[k] = v
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _Dup(k)
+            seen.add(k)
     return d
 
 
-_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
-
-
-def json_depth(text: str) -> int:
-    """Maximum nesting depth of ``[``/``{`` outside strings (cheap, no recursion)."""
-    stripped = _STRINGS.sub("", text)
-    depth = best = 0
-    for m in re.finditer(r"[\[\]{}]", stripped):
-        depth += 1 if m.group() in "[{" else -1
-        best = max(best, depth)
+def json_depth(doc: Any) -> int:
+    """Nesting depth of a parsed JSON value (iterative; containers only)."""
+    best = 0
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            v = v.values()
+        elif not isinstance(v, list):
+            continue
+        best = max(best, d)
+        stack.extend((x, d + 1) for x in v if isinstance(x, (dict, list)))
     return best
 
 
-def json_loads_strict(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+def json_loads_strict(text: str, *, max_depth: int | None = MAX_JSON_DEPTH) -> Any:
     """Parse JSON refusing duplicate keys, NaN/Infinity and nesting deeper than ``max_depth``.
 
     Raises ``ValueError`` subclasses: ``RecursionError`` for depth, ``KeyError`` for duplicates
     (with the key), ``json.JSONDecodeError`` otherwise.
     """
-    if json_depth(text) > max_depth:
-        raise RecursionError(f"JSON nesting deeper than {max_depth}")
-
     def _const(c: str) -> Any:
         raise json.JSONDecodeError(f"non-standard constant {c}", text, 0)
 
     try:
-        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_const)
+        doc = json.loads(text, object_pairs_hook=_pairs, parse_constant=_const)
     except _Dup as d:
         raise KeyError(d.key) from None
+    # the C scanner itself stops at the interpreter's recursion limit (RecursionError)
+    if max_depth and json_depth(doc) > max_depth:
+        raise RecursionError(f"JSON nesting deeper than {max_depth}")
+    return doc
+
+
+def _too_deep(v: Any, path: str) -> None:
+    """Called on a failing entry only: a nesting bomb gets its own code."""
+    if json_depth(v) > MAX_JSON_DEPTH - 1:
+        raise _rej("json_too_deep", f"header JSON nests deeper than {MAX_JSON_DEPTH}", path)
 
 
 def _is_int(v: Any) -> bool:
@@ -167,7 +177,7 @@ def _validate(read: Any, file_size: int, path: str, max_header: int) -> Safetens
         raise _rej("not_object_start", "header does not start with '{'", path)
     # 5. JSON
     try:
-        doc = json_loads_strict(text)
+        doc = json_loads_strict(text, max_depth=None)  # the field checks below bound the depth to 3
     except RecursionError:
         raise _rej("json_too_deep", f"header JSON nests deeper than {MAX_JSON_DEPTH}", path) from None
     except KeyError as e:
@@ -181,10 +191,12 @@ def _validate(read: Any, file_size: int, path: str, max_header: int) -> Safetens
     for name, v in doc.items():
         if name == "__metadata__":
             if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
+                _too_deep(v, path)
                 raise _rej("metadata_not_str_map", "__metadata__ is not a string-to-string map", path)
             meta = dict(v)
             continue
         if not isinstance(v, dict) or set(v) != {"dtype", "shape", "data_offsets"}:
+            _too_deep(v, path)
             raise _rej("tensor_fields", f"tensor {name!r} must have exactly dtype, shape, data_offsets",
                        path, tensor=name[:200])
         dtype, shape, offs = v["dtype"], v["shape"], v["data_offsets"]
@@ -192,6 +204,7 @@ def _validate(read: Any, file_size: int, path: str, max_header: int) -> Safetens
             raise _rej("unknown_dtype", f"tensor {name!r} has unknown dtype {dtype!r}", path, tensor=name[:200],
                        dtype=str(dtype)[:40])
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            _too_deep(shape, path)
             raise _rej("bad_shape", f"tensor {name!r} shape is not a list of non-negative integers", path,
                        tensor=name[:200])
         if (not isinstance(offs, list) or len(offs) != 2

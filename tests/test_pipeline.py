@@ -1,0 +1,170 @@
+"""The intake pipeline end to end on a real HF sharded checkpoint, through the real embedded OPA.
+
+Every refusal case checks: non-zero exit with a stable code, a policy reason in plain words
+(human and --json), and DST absent afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckptgate.decide.engine import EmbeddedOpa
+from ckptgate.demo import demo_statement
+from ckptgate.digest import fixture_digest
+from ckptgate.errors import EngineUnavailable, ExitCode
+from ckptgate.inspect import SafeTree
+from ckptgate.pipeline import EngineOptions, intake
+from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
+from ckptgate.verify.dsse import sign_statement
+
+REPO = Path(__file__).resolve().parent.parent
+HF = REPO / "tests" / "fixtures" / "data" / "hf_sharded" / "checkpoint"
+
+
+@pytest.fixture
+def setup(tmp_path):
+    """A copy of the real HF fixture, a trusted throwaway key, and an untrusted one."""
+    src = tmp_path / "ckpt"
+    shutil.copytree(HF, src)
+    keys = {}
+    for name in ("trusted", "untrusted"):
+        priv, pub = generate_keypair("ed25519")
+        (tmp_path / f"{name}.pem").write_bytes(priv)
+        keys[name] = (tmp_path / f"{name}.pem", pub)
+    trust = tmp_path / "trust.json"
+    trust.write_text(json.dumps({"signers": [trust_entry(keys["trusted"][1], signer_id="test-key",
+                                                         predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}))
+    with SafeTree.open(src) as tree:
+        digest = fixture_digest(tree).digest
+
+    def attest(name="trusted", *, subject=None, path=None):
+        statement = demo_statement(subject or digest, "hf_sharded", producer=("huggingface_hub", "2.4.0"))
+        out = path or tmp_path / f"att-{name}-{(subject or digest)[7:15]}.json"
+        out.write_bytes(sign_statement(statement, KeySigner.from_pem(keys[name][0])))
+        return out
+
+    return {"src": src, "trust": trust, "attest": attest, "dst": tmp_path / "out", "tmp": tmp_path}
+
+
+def cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "ckptgate", *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_allowed_intake_publishes_bit_identical_shards_and_a_receipt(setup):
+    import torch
+    from safetensors.torch import load_file
+
+    res = intake(setup["src"], setup["dst"], attestations=[setup["attest"]()],
+                 options=EngineOptions(trust_file=setup["trust"]), max_shard_bytes=700)
+    receipt = json.loads((setup["dst"] / "ckptgate-receipt.json").read_text())
+    assert receipt["decision"]["allow"] is True and receipt["decision"]["id"]
+    assert receipt["policy_revision"].startswith("sha256:")
+    assert receipt["input"]["digest"] == res.evaluation.digest.digest
+    src_tensors, out_tensors = {}, {}
+    for f in HF.glob("*.safetensors"):
+        src_tensors.update(load_file(str(f)))
+    for o in receipt["outputs"]:
+        if o["file"].endswith(".safetensors"):
+            out_tensors.update(load_file(str(setup["dst"] / o["file"])))
+    assert src_tensors.keys() == out_tensors.keys()
+    for k, v in src_tensors.items():
+        assert out_tensors[k].dtype == v.dtype and out_tensors[k].shape == v.shape
+        assert torch.equal(out_tensors[k].flatten().view(torch.uint8), v.flatten().view(torch.uint8))
+
+
+def _refused(setup, attestations, expected_code):
+    args = ["intake", setup["src"], "--out", setup["dst"], "--trust", setup["trust"]]
+    for a in attestations:
+        args += ["--attestation", a]
+    human = cli(*args)
+    assert human.returncode == ExitCode.DENIED, human.stderr
+    assert expected_code in human.stderr and "Traceback" not in human.stderr
+    machine = cli(*args, "--json")
+    assert machine.returncode == ExitCode.DENIED
+    err = json.loads(machine.stdout)["error"]
+    assert expected_code in [r["code"] for r in err["reasons"]]
+    assert all(r["message"] for r in err["reasons"])
+    assert not setup["dst"].exists()
+    assert not [p for p in setup["tmp"].iterdir() if "staging" in p.name]
+    return err
+
+
+def test_missing_attestation_is_denied(setup):
+    _refused(setup, [], "attestation_missing")
+
+
+def test_tampered_signature_is_denied(setup):
+    att = setup["attest"]()
+    env = json.loads(att.read_text())
+    sig = env["signatures"][0]["sig"]
+    env["signatures"][0]["sig"] = ("A" if sig[0] != "A" else "B") + sig[1:]
+    att.write_text(json.dumps(env))
+    err = _refused(setup, [att], "attestation_rejected")
+    assert any("signature" in r["message"] for r in err["reasons"])
+
+
+def test_attestation_for_another_fixture_is_denied(setup):
+    err = _refused(setup, [setup["attest"](subject="sha256:" + "0" * 64)], "attestation_rejected")
+    assert any("subject" in r["message"] or "digest" in r["message"] for r in err["reasons"])
+
+
+def test_attestation_from_an_untrusted_key_is_denied(setup):
+    _refused(setup, [setup["attest"]("untrusted")], "attestation_rejected")
+
+
+def test_unreachable_opa_is_engine_unavailable_and_publishes_nothing(setup):
+    res = cli("intake", setup["src"], "--out", setup["dst"], "--trust", setup["trust"],
+              "--attestation", setup["attest"](), "--opa-url", "http://127.0.0.1:9", "--json")
+    assert res.returncode == ExitCode.ENGINE_UNAVAILABLE
+    assert json.loads(res.stdout)["error"]["code"].startswith("engine.")
+    assert not setup["dst"].exists()
+
+
+def test_opa_killed_mid_run_is_a_deny_with_no_output_and_no_orphan(setup, monkeypatch):
+    """The engine dies after start-up, before the decision: fail closed."""
+    import ckptgate.pipeline as pipeline
+
+    started = []
+    real_open = pipeline.open_engine
+
+    def open_then_kill(**kw):
+        engine = real_open(**kw)
+        started.append(engine.pid)
+        os.kill(engine.pid, signal.SIGKILL)
+        return engine
+
+    monkeypatch.setattr(pipeline, "open_engine", open_then_kill)
+    with pytest.raises(EngineUnavailable):
+        intake(setup["src"], setup["dst"], attestations=[setup["attest"]()],
+               options=EngineOptions(trust_file=setup["trust"]))
+    assert not setup["dst"].exists()
+    assert started and not Path(f"/proc/{started[0]}").exists() or \
+        Path(f"/proc/{started[0]}/stat").read_text().split()[2] == "Z"
+    assert not EmbeddedOpa._live
+
+
+def test_existing_destination_is_a_usage_error_and_untouched(setup):
+    setup["dst"].mkdir()
+    (setup["dst"] / "keep").write_text("x")
+    res = cli("intake", setup["src"], "--out", setup["dst"], "--attestation", setup["attest"](),
+              "--trust", setup["trust"])
+    assert res.returncode == ExitCode.USAGE
+    assert (setup["dst"] / "keep").read_text() == "x"
+
+
+def test_demo_output_equals_its_input(tmp_path):
+    res = cli("demo", "--workdir", tmp_path / "demo", "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["decision"]["allow"] is True
+    assert doc["tensors_compared"] == 6
+    assert Path(doc["destination"], "model.safetensors.index.json").exists()

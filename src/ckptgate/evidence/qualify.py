@@ -25,7 +25,8 @@ from typing import Any
 from ckptgate import __version__
 from ckptgate.evidence.candidate import EVIDENCE_PATHS, candidate_commit, dirty_paths, head_commit
 from ckptgate.evidence.errors import EvidenceError, QualificationFailed
-from ckptgate.errors import Error, VerificationError
+from ckptgate.consolidate.plan import PlanError
+from ckptgate.errors import RuntimeFailure, VerificationError
 
 FIXTURES_DIR = Path("tests") / "fixtures" / "data"
 STORE_DIR = Path("attestations")
@@ -353,7 +354,9 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
             for c in ("tensor_names", "dtype_shape", "tensor_bytes_bit_exact"):
                 checks[c] = comparison[c]
             status = "passed" if all(checks.get(c) for c in CHECKS) else "failed"
-        except Error as e:
+        except (PlanError, RuntimeFailure) as e:
+            # The adapter itself failed: that is a result worth signing.  Anything else (engine
+            # unavailable, policy deny, bad input) raises and nothing is signed.
             if e.code.startswith("plan.format.unsupported"):
                 raise EvidenceError("evidence.qualify.no_runtime",
                                     f"the consolidation runtime has no adapter for {fixture.format!r} yet: "

@@ -1,0 +1,67 @@
+"""``ckptgate matrix build``: regenerate matrix/ from the stored attestations and the support policy."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ckptgate._cli._base import emit_json, json_option, stdout
+from ckptgate._cli._options import engine_options, to_engine_options
+
+
+@click.group("matrix")
+def matrix() -> None:
+    """The generated support matrix (matrix/SUPPORT.md, support.json, index.html)."""
+
+
+@matrix.command("build")
+@click.option("--check", "check_only", is_flag=True, help="Write nothing; exit 3 with the diff if matrix/ is stale.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write here instead of REPO/matrix.")
+@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Repository root (default: the git work tree of the current directory).")
+@engine_options
+@json_option
+def build_command(check_only: bool, out_dir: Path | None, repo: Path | None, opa_url, opa_timeout, policy_dir,
+                  trust_file, as_json: bool) -> int:
+    """Verify every attestation, evaluate data.ckptgate.support.rows and render matrix/.
+
+    Exit 0 written (or up to date with --check); 3 --check found drift; 6 policy engine unavailable.
+    """
+    from ckptgate.evidence import matrix as mx
+    from ckptgate.evidence.candidate import repo_root
+    from ckptgate.evidence.errors import CheckFailed
+    from ckptgate.pipeline import engine_for, load_trust
+
+    root = repo_root(repo)
+    options = to_engine_options(opa_url, opa_timeout, policy_dir or root / "policies", trust_file)
+    with engine_for(options) as engine:
+        m = mx.build(root, engine, load_trust(options))
+    target = out_dir or root / mx.MATRIX_DIR
+    if check_only:
+        diffs = mx.diff(m, target)
+        if diffs:
+            raise CheckFailed("check.matrix.drift", "the committed matrix differs from a fresh build; run "
+                              "`ckptgate matrix build` and commit matrix/",
+                              failures=[{"code": "matrix_drift", "message": d} for d in diffs])
+        if as_json:
+            emit_json({"up_to_date": True, "policy_revision": m.policy_revision, "summary": m.summary()})
+        else:
+            stdout.print(f"matrix/ is up to date (policy revision {m.policy_revision[:19]})")
+        return 0
+    written = mx.write(m, target)
+    if as_json:
+        emit_json({"written": [str(p) for p in written], "policy_revision": m.policy_revision,
+                   "summary": m.summary(), "rows": list(m.rows)})
+    else:
+        for p in written:
+            stdout.print(f"wrote {p}")
+        stdout.print(", ".join(f"{n} {s}" for s, n in m.summary().items()))
+    sys.stdout.flush()
+    return 0
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(matrix)

@@ -1,0 +1,60 @@
+"""``ckptgate qualify``: run an adapter on a real fixture, compare bit for bit, sign and store the result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ckptgate._cli._base import emit_json, json_option, stdout
+from ckptgate._cli._options import engine_options, to_engine_options
+from ckptgate.errors import UsageError
+
+
+def register(cli: click.Group) -> None:
+    @cli.command("qualify")
+    @click.option("--adapter", default=None, help="Adapter name (as in policies/ckptgate/config/gates/data.json).")
+    @click.option("--fixture", default=None, help="Fixture name under tests/fixtures/data, or its directory.")
+    @click.option("--all", "all_", is_flag=True, help="Qualify every fixture whose format has an adapter.")
+    @click.option("--allow-dirty", is_flag=True, help="Run on a work tree with uncommitted changes (recorded).")
+    @click.option("--key", "key", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="PEM private key (default: $CKPTGATE_SIGNING_KEY, else ../shared/keys/ci-qualification).")
+    @click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
+                  help="Repository root (default: the git work tree of the current directory).")
+    @engine_options
+    @json_option
+    def qualify_command(adapter: str | None, fixture: str | None, all_: bool, allow_dirty: bool, key: Path | None,
+                        repo: Path | None, opa_url, opa_timeout, policy_dir, trust_file, as_json: bool) -> int:
+        """Qualify ADAPTER on FIXTURE; store the signed statement and result log under attestations/.
+
+        Exit 0 passed; 2 dirty tree or bad usage; 5 the signature does not verify under the trust
+        data; 7 the output differs from expected.safetensors (a signed failed result is stored).
+        """
+        from ckptgate.evidence.candidate import repo_root
+        from ckptgate.evidence.qualify import find_fixture, qualify, qualify_all
+
+        root = repo_root(repo)
+        options = to_engine_options(opa_url, opa_timeout, policy_dir or root / "policies", trust_file)
+        if all_:
+            if adapter or fixture:
+                raise UsageError("usage.invalid", "--all takes no --adapter or --fixture")
+            results = qualify_all(root, key=key, options=options, allow_dirty=allow_dirty)
+            if as_json:
+                emit_json({"results": results})
+            else:
+                for r in results:
+                    stdout.print(f"{r['status']:8} {r['adapter']:20} {r['fixture']:28} "
+                                 f"{r.get('attestation') or r.get('reason') or ''}")
+            return 0 if all(r["status"] in ("passed", "skipped") for r in results) else 7
+        if not adapter or not fixture:
+            raise UsageError("usage.invalid", "give --adapter and --fixture, or --all")
+        result = qualify(root, find_fixture(root, fixture), adapter, key=key, options=options,
+                         allow_dirty=allow_dirty)
+        if as_json:
+            emit_json(result.to_json())
+        else:
+            stdout.print(f"[bold green]{result.status}[/] {adapter} on {result.fixture} "
+                         f"(fixture {result.fixture_digest}, candidate {result.candidate_commit[:12]})")
+            stdout.print(f"  attestation {result.attestation}")
+            stdout.print(f"  result log  {result.log} (sha256:{result.log_sha256})")
+        return 0

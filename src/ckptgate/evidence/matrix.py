@@ -1,0 +1,377 @@
+"""The generated support matrix: verify every stored attestation, let ``ckptgate.support`` decide
+each row's status, and render ``matrix/SUPPORT.md``, ``matrix/support.json`` and ``matrix/index.html``.
+
+Generation is deterministic: the policy is evaluated "as of" the newest of the candidate commit's
+time and the stored statements' ``issued_at`` (never the wall clock), attestation sources are
+repository-relative, and nothing names HEAD.  So regenerating at the same candidate commit with the
+same attestations and policies gives the same bytes, and ``ckptgate check`` detects drift.
+A row is a claim about one exact producer version, adapter version, fixture digest, candidate
+commit, environment and topology (register claim rule 3), nothing more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ckptgate.evidence.candidate import (EVIDENCE_PATHS, _filtered_tree, candidate_commit, commit_time, git,
+                                         head_commit)
+from ckptgate.evidence.errors import EvidenceError
+from ckptgate.evidence.qualify import GATES_DATA, STORE_DIR, list_fixtures
+from ckptgate.errors import VerificationError
+
+ROWS_ENTRYPOINT = "ckptgate/support/rows"
+MATRIX_DIR = Path("matrix")
+FILES = ("SUPPORT.md", "support.json", "index.html")
+STATUSES = ("supported", "stale", "unqualified", "refused")
+GENERATOR = "ckptgate matrix build"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Head:
+    """``input.head`` of the support policy: HEAD, the candidate commit and the evidence commits."""
+
+    commit: str
+    candidate_commit: str
+    source_tree: str
+    candidate_source_tree: str
+    evidence_commits: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"commit": self.commit, "candidate_commit": self.candidate_commit, "source_tree": self.source_tree,
+                "candidate_source_tree": self.candidate_source_tree,
+                "evidence_commits": list(self.evidence_commits)}
+
+
+def _source_tree_id(repo: Path, commit: str) -> str:
+    lines = _filtered_tree(repo, commit, EVIDENCE_PATHS)
+    return "sha256:" + hashlib.sha256("\0".join(lines).encode()).hexdigest()
+
+
+def head_facts(repo: Path) -> Head:
+    head = head_commit(repo)
+    cand = candidate_commit(repo)
+    between = git(repo, "rev-list", "--first-parent", f"{cand}..{head}").split() if cand != head else []
+    return Head(commit=head, candidate_commit=cand, source_tree=_source_tree_id(repo, head),
+                candidate_source_tree=_source_tree_id(repo, cand), evidence_commits=tuple(sorted(between)))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Matrix:
+    """The rendered matrix: rows from policy, the policy revision, and the evaluation time."""
+
+    rows: tuple[dict[str, Any], ...]
+    policy_revision: str
+    candidate_commit: str
+    as_of: str
+
+    def summary(self) -> dict[str, int]:
+        return {s: sum(1 for r in self.rows if r.get("status") == s) for s in STATUSES}
+
+    def files(self) -> dict[str, bytes]:
+        return {"SUPPORT.md": render_markdown(self).encode(), "support.json": render_json(self).encode(),
+                "index.html": render_html(self).encode()}
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(s: Any) -> datetime | None:
+    if not isinstance(s, str):
+        return None
+    try:
+        t = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else None
+
+
+def fixture_digests(repo: Path) -> dict[str, str]:
+    """``sha256:<hex>`` -> fixture name, measured now over every fixture's ``checkpoint/``."""
+    from ckptgate.digest import fixture_digest
+    from ckptgate.inspect import SafeTree
+
+    out: dict[str, str] = {}
+    for f in list_fixtures(repo):
+        with SafeTree.open(f.checkpoint) as tree:
+            out[fixture_digest(tree).digest] = f.name
+    return out
+
+
+def collect(repo: Path, trust: Any, *, now: datetime | None = None) -> tuple[list[dict[str, Any]],
+                                                                          list[dict[str, Any]], datetime]:
+    """Verify every stored attestation against the fixture it names; (facts, rejected, as-of time)."""
+    from ckptgate.verify import AttestationStore, verify_attestation
+    from ckptgate.verify.facts import rejection_facts
+    from ckptgate.verify.store import _statement_of
+
+    store = AttestationStore(repo / STORE_DIR)
+    paths = list(store.iter())
+    if now is None:
+        times = [commit_time(repo, candidate_commit(repo))]
+        for p in paths:
+            try:
+                _f, stmt, _ = _statement_of(p.read_bytes())
+            except VerificationError:
+                continue
+            issued = _parse_time(((stmt.get("predicate") or {}).get("validity") or {}).get("issued_at"))
+            if issued is not None:
+                times.append(issued)
+        now = max(times)
+    measured = fixture_digests(repo) if paths else {}
+    facts: list[dict[str, Any]] = []
+    rejected: list[dict[str, Any]] = []
+    for p in paths:
+        source = p.relative_to(repo).as_posix()
+        digest = "sha256:" + p.parent.name.removeprefix("sha256-")
+        if digest not in measured:
+            rejected.append({"source": source, "code": "evidence.fixture_unknown",
+                             "message": f"no fixture under tests/fixtures/data has digest {digest}"})
+            continue
+        try:
+            va = verify_attestation(p.read_bytes(), source=source, trust=trust, measured_digest=digest, now=now)
+        except VerificationError as e:
+            rejected.append(rejection_facts(source, e))
+        else:
+            facts.append(va.to_facts())
+    return facts, rejected, now
+
+
+def targets(repo: Path) -> list[str]:
+    """Every adapter the gates data knows: each gets a row, unqualified until evidence supports it."""
+    try:
+        gates = json.loads((repo / GATES_DATA).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise EvidenceError("evidence.matrix.gates_unreadable", f"cannot read {GATES_DATA}: {e}") from None
+    return sorted(a for a in (gates.get("adapters") or {}) if isinstance(a, str))
+
+
+def support_input(repo: Path, trust: Any, *, now: datetime | None = None) -> dict[str, Any]:
+    facts, rejected, as_of = collect(repo, trust, now=now)
+    return {"attestations": facts, "rejected_attestations": rejected, "now": _iso(as_of),
+            "head": head_facts(repo).to_json(), "targets": targets(repo)}
+
+
+def build(repo: Path, engine: Any, trust: Any, *, now: datetime | None = None) -> Matrix:
+    """Evaluate ``data.ckptgate.support.rows`` over the verified facts and return the matrix."""
+    doc = support_input(repo, trust, now=now)
+    raw = engine.evaluate(ROWS_ENTRYPOINT, doc)
+    rows = raw.result
+    if isinstance(rows, dict) and isinstance(rows.get("rows"), list):
+        rows = rows["rows"]
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise EvidenceError("evidence.matrix.bad_rows", "data.ckptgate.support.rows is not a list of objects",
+                            evidence={"type": type(rows).__name__})
+    ordered = sorted(rows, key=_row_key)
+    return Matrix(rows=tuple(ordered), policy_revision=raw.policy_revision,
+                  candidate_commit=doc["head"]["candidate_commit"], as_of=doc["now"])
+
+
+def _row_key(row: dict[str, Any]) -> tuple[str, ...]:
+    return (str(row.get("adapter") or ""), str(_formats(row)), str(row.get("producer_version") or ""),
+            str(row.get("fixture_digest") or ""), str(row.get("source") or ""), str(row.get("status")))
+
+
+# --------------------------------------------------------------------------------------------- render
+def _formats(row: dict[str, Any]) -> str:
+    f = row.get("format")
+    if isinstance(f, list):
+        return ", ".join(str(x) for x in f) or "-"
+    return str(f) if f else "-"
+
+
+def _topology(row: dict[str, Any]) -> str:
+    t = row.get("topology")
+    if not isinstance(t, dict):
+        return "-"
+    return " ".join(f"{k}={t[k]}" for k in sorted(t) if t[k] not in (None, False)) or "-"
+
+
+def _env(row: dict[str, Any]) -> str:
+    e = row.get("environment")
+    if not isinstance(e, dict):
+        return "-"
+    return ", ".join(f"{k} {e[k]}" for k in ("python", "torch", "arch", "accelerator") if e.get(k)) or "-"
+
+
+def _producer(row: dict[str, Any]) -> str:
+    p, v = row.get("producer"), row.get("producer_version")
+    return f"{p} {v}" if p and v else str(p or "-")
+
+
+def _adapter(row: dict[str, Any]) -> str:
+    a, v = row.get("adapter"), row.get("adapter_version")
+    return f"{a} {v}" if a and v else str(a or "-")
+
+
+def evidence_location(row: dict[str, Any]) -> str | None:
+    ev = row.get("evidence")
+    loc = ev.get("location") if isinstance(ev, dict) else None
+    return loc if isinstance(loc, str) and loc else None
+
+
+def _link(row: dict[str, Any]) -> str | None:
+    """Where a cell links, relative to ``matrix/``: the evidence log, else the attestation file."""
+    target = evidence_location(row) or (row.get("source") if isinstance(row.get("source"), str) else None)
+    return f"../{target}" if target else None
+
+
+def _reasons(row: dict[str, Any]) -> list[str]:
+    out = []
+    for r in row.get("reasons") or []:
+        if isinstance(r, dict):
+            out.append(f"{r.get('code')}: {r.get('message')}")
+    return out
+
+
+def _columns(row: dict[str, Any]) -> list[tuple[str, str]]:
+    digest = str(row.get("fixture_digest") or "-")
+    commit = str(row.get("candidate_commit") or "-")
+    return [("status", str(row.get("status"))), ("format", _formats(row)), ("adapter", _adapter(row)),
+            ("producer", _producer(row)), ("fixture", digest[:19] + "…" if len(digest) > 20 else digest),
+            ("topology", _topology(row)), ("environment", _env(row)),
+            ("commit", commit[:12] if len(commit) == 40 else commit)]
+
+
+def _header_lines(m: Matrix) -> list[str]:
+    return [f"Generated by `{GENERATOR}`; do not edit by hand.",
+            f"Policy revision: {m.policy_revision}.",
+            f"Candidate commit: {m.candidate_commit}; evaluated as of {m.as_of}."]
+
+
+def render_json(m: Matrix) -> str:
+    doc = {"generated": {"by": GENERATOR, "note": "generated file; do not edit by hand",
+                         "policy_revision": m.policy_revision, "candidate_commit": m.candidate_commit,
+                         "as_of": m.as_of},
+           "summary": m.summary(), "rows": list(m.rows)}
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _md(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(m: Matrix) -> str:
+    lines = [f"<!-- {GENERATOR}: generated file, do not edit. policy revision {m.policy_revision} -->", "",
+             "# Support matrix", ""]
+    lines += [f"> {h}" for h in _header_lines(m)]
+    lines += ["", "A row is supported only at its exact producer version, adapter version, fixture digest, "
+              "candidate commit, environment and topology, with retained evidence (register rule 3). "
+              "The HTML view is [index.html](index.html).", ""]
+    summary = m.summary()
+    lines += ["Summary: " + ", ".join(f"{summary[s]} {s}" for s in STATUSES) + ".", ""]
+    cols = [c for c, _ in _columns({})] + ["evidence", "reasons"]
+    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in m.rows:
+        cells = [_md(v) for _, v in _columns(row)]
+        link = _link(row)
+        cells.append(f"[{_md(evidence_location(row) or str(row.get('source') or '-'))}]({link})" if link else "-")
+        cells.append(_md("; ".join(_reasons(row)) or "-"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;width:100%}th,td{border:1px solid #ccc;padding:4px 6px;text-align:left;vertical-align:top}
+th{background:#f3f3f3}td a{color:inherit;text-decoration:none;display:block}td a:hover{text-decoration:underline}
+tr.status-supported td.c-status{background:#c8efc8}tr.status-stale td.c-status{background:#fbe6a6}
+tr.status-unqualified td.c-status{background:#e4e4e4}tr.status-refused td.c-status{background:#f6b8b8}
+.meta{color:#555}#filters{margin:1em 0}#filters label{margin-right:1em}.reasons{font-size:12px;color:#444}
+"""
+
+_JS = """
+(function(){
+  var q=document.getElementById('q'), st=document.getElementById('status');
+  function apply(){
+    var text=q.value.toLowerCase(), want=st.value, shown=0;
+    var rows=document.querySelectorAll('#matrix tbody tr');
+    for(var i=0;i<rows.length;i++){
+      var r=rows[i], ok=(!want||r.getAttribute('data-status')===want)&&
+        (!text||r.textContent.toLowerCase().indexOf(text)>=0);
+      r.hidden=!ok; if(ok){shown++;}
+    }
+    document.getElementById('shown').textContent=String(shown);
+  }
+  q.addEventListener('input',apply); st.addEventListener('change',apply);
+  var params=new URLSearchParams(window.location.search);
+  if(params.get('status')){st.value=params.get('status');}
+  if(params.get('q')){q.value=params.get('q');}
+  apply();
+})();
+"""
+
+
+def render_html(m: Matrix) -> str:
+    e = html.escape
+    head = "".join(f"<p class=\"meta\">{e(h.replace('`', ''))}</p>" for h in _header_lines(m))
+    options = "".join(f"<option value=\"{s}\">{s}</option>" for s in STATUSES)
+    cols = [c for c, _ in _columns({})] + ["reasons"]
+    body = []
+    for row in m.rows:
+        status = str(row.get("status"))
+        link = _link(row)
+        cells = []
+        for name, value in _columns(row):
+            inner = f"<a href=\"{e(link)}\">{e(value)}</a>" if link else e(value)
+            cells.append(f"<td class=\"c-{name}\">{inner}</td>")
+        reasons = "<br>".join(e(r) for r in _reasons(row)) or "-"
+        inner = f"<a href=\"{e(link)}\">{reasons}</a>" if link else reasons
+        cells.append(f"<td class=\"c-reasons reasons\">{inner}</td>")
+        body.append(f"<tr class=\"status-{e(status)}\" data-status=\"{e(status)}\">{''.join(cells)}</tr>")
+    summary = m.summary()
+    return (
+        "<!DOCTYPE html>\n"
+        f"<!-- {GENERATOR}: generated file, do not edit. policy revision {e(m.policy_revision)} -->\n"
+        "<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<meta name=\"generator\" content=\"{GENERATOR}\">"
+        f"<meta name=\"policy-revision\" content=\"{e(m.policy_revision)}\">"
+        "<title>ckptgate support matrix</title>"
+        f"<style>{_CSS}</style></head><body>\n"
+        "<h1>ckptgate support matrix</h1>\n"
+        f"{head}\n"
+        "<p class=\"meta\">Summary: " + ", ".join(f"{summary[s]} {s}" for s in STATUSES) + ".</p>\n"
+        "<div id=\"filters\"><label>Filter <input id=\"q\" type=\"search\" placeholder=\"adapter, format, producer…\">"
+        "</label><label>Status <select id=\"status\"><option value=\"\">all</option>"
+        f"{options}</select></label> <span id=\"shown\">{len(m.rows)}</span> shown</div>\n"
+        "<table id=\"matrix\"><thead><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr></thead><tbody>\n"
+        + "\n".join(body) + "\n</tbody></table>\n"
+        f"<script>{_JS}</script>\n</body></html>\n"
+    )
+
+
+def write(m: Matrix, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, data in m.files().items():
+        p = out_dir / name
+        p.write_bytes(data)
+        written.append(p)
+    return written
+
+
+def diff(m: Matrix, committed_dir: Path) -> list[str]:
+    """Unified diffs between the regenerated files and ``committed_dir`` (empty when equal)."""
+    import difflib
+
+    out = []
+    for name, data in m.files().items():
+        p = committed_dir / name
+        old = p.read_text(encoding="utf-8") if p.is_file() else ""
+        new = data.decode()
+        if old != new:
+            out.append("".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                                    fromfile=f"committed/{name}", tofile=f"regenerated/{name}",
+                                                    n=1)) or f"{name} differs\n")
+    return out
+
+
+__all__ = ["FILES", "Head", "Matrix", "ROWS_ENTRYPOINT", "STATUSES", "build", "collect", "diff",
+           "evidence_location", "fixture_digests", "head_facts", "render_html", "render_json", "render_markdown",
+           "support_input", "targets", "write"]

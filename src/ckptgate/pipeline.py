@@ -19,7 +19,7 @@ from typing import Any
 from ckptgate import __version__
 from ckptgate.consolidate import plan_for
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_plan
-from ckptgate.decide.bundle import default_policy_dir
+from ckptgate.decide.bundle import PolicyBundle, default_policy_dir
 from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBuilder, Request, decide, now_utc,
                              open_engine)
 from ckptgate.digest import FixtureDigest, fixture_digest
@@ -59,6 +59,8 @@ class EngineOptions:
     policy_dir: Path | None = None
     trust_file: Path | None = None
     timeout_s: float = 5.0
+    policy_bundle: Path | None = None
+    policy_key: Path | None = None
 
     def overlays(self) -> dict[str, bytes] | None:
         if self.trust_file is None:
@@ -68,8 +70,14 @@ class EngineOptions:
 
 @contextlib.contextmanager
 def engine_for(options: EngineOptions) -> Iterator[PolicyEngine]:
+    bundle = None
+    if options.policy_bundle is not None:
+        if options.policy_key is None or options.trust_file is not None:
+            raise UsageError("usage.policy_bundle", "--policy-bundle needs --policy-key, and its trust data is "
+                             "the bundle's own (--trust cannot overlay a signed bundle)")
+        bundle = PolicyBundle.from_signed_file(options.policy_bundle, options.policy_key)
     engine = open_engine(opa_url=options.opa_url, opa_token=options.opa_token, policy_dir=options.policy_dir,
-                         overlays=options.overlays(), timeout_s=options.timeout_s)
+                         bundle=bundle, overlays=options.overlays(), timeout_s=options.timeout_s)
     try:
         yield engine
     finally:

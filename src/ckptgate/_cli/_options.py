@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,22 +13,40 @@ import click
 from ckptgate.pipeline import EngineOptions
 
 
+_ENGINE_KEYS = ("opa_url", "opa_timeout", "policy_dir", "trust_file", "policy_bundle", "policy_key")
+
+
 def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("--opa-url", envvar="CKPTGATE_OPA_URL", default=None,
+    """Add the policy-engine options; the command receives them as one ``engine: EngineOptions``."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        values = {k: kwargs.pop(k) for k in _ENGINE_KEYS}
+        kwargs["engine"] = EngineOptions(
+            opa_url=values["opa_url"], opa_token=os.environ.get("CKPTGATE_OPA_TOKEN"),
+            policy_dir=values["policy_dir"], trust_file=values["trust_file"], timeout_s=values["opa_timeout"],
+            policy_bundle=values["policy_bundle"], policy_key=values["policy_key"])
+        return f(*args, **kwargs)
+
+    w: Callable[..., Any] = wrapper
+    w = click.option("--opa-url", envvar="CKPTGATE_OPA_URL", default=None,
                      help="Use the OPA server at this URL instead of the embedded one "
-                          "(token from CKPTGATE_OPA_TOKEN).")(f)
-    f = click.option("--opa-timeout", type=click.FloatRange(0.01, 600), default=5.0, show_default=True,
-                     help="Seconds to wait for a decision; a late decision is deny.")(f)
-    f = click.option("--policies", "policy_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                     help="Policy directory for the embedded OPA (default: the bundled policies/).")(f)
-    f = click.option("--trust", "trust_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="Trust data file (default: policies/ckptgate/config/trust/data.json).")(f)
-    return f
+                          "(token from CKPTGATE_OPA_TOKEN).")(w)
+    w = click.option("--opa-timeout", type=click.FloatRange(0.01, 600), default=5.0, show_default=True,
+                     help="Seconds to wait for a decision; a late decision is deny.")(w)
+    w = click.option("--policies", "policy_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                     help="Policy directory for the embedded OPA (default: the bundled policies/).")(w)
+    w = click.option("--policy-bundle", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+                     help="A signed bundle from `ckptgate policy build` (needs --policy-key).")(w)
+    w = click.option("--policy-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+                     help="PEM public key that verifies --policy-bundle; OPA refuses a tampered bundle.")(w)
+    w = click.option("--trust", "trust_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="Trust data file (default: policies/ckptgate/config/trust/data.json).")(w)
+    return w
 
 
 def to_engine_options(opa_url: str | None, opa_timeout: float, policy_dir: Path | None,
                       trust_file: Path | None) -> EngineOptions:
-    import os
-
+    """Deprecated spelling kept while commands move to the ``engine`` parameter."""
     return EngineOptions(opa_url=opa_url, opa_token=os.environ.get("CKPTGATE_OPA_TOKEN"), policy_dir=policy_dir,
                          trust_file=trust_file, timeout_s=opa_timeout)

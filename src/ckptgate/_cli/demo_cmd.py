@@ -9,7 +9,8 @@ import click
 from rich.markup import escape
 
 from ckptgate._cli._base import emit_json, json_option, stdout
-from ckptgate._cli._options import engine_options, to_engine_options
+from ckptgate._cli._options import engine_options
+from ckptgate.pipeline import EngineOptions
 
 
 def register(cli: click.Group) -> None:
@@ -19,7 +20,7 @@ def register(cli: click.Group) -> None:
                        "(default: ./.ckptgate-demo/<time>).")
     @engine_options
     @json_option
-    def demo_command(workdir: Path | None, opa_url, opa_timeout, policy_dir, trust_file, as_json: bool) -> int:
+    def demo_command(workdir: Path | None, engine: EngineOptions, as_json: bool) -> int:
         """Build a small real checkpoint, sign an attestation with a throwaway key, and take it in.
 
         Runs offline on the embedded OPA (or --opa-url). --trust is ignored: the demo trusts only
@@ -28,8 +29,7 @@ def register(cli: click.Group) -> None:
         from ckptgate.demo import run_demo
 
         workdir = workdir or Path(".ckptgate-demo") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        options = to_engine_options(opa_url, opa_timeout, policy_dir, None)
-        result = run_demo(workdir.absolute(), options=options)
+        result = run_demo(workdir.absolute(), options=engine)
         d = result.intake.evaluation.decision
         if as_json:
             emit_json({"result": "published", "source": str(result.source), "attestation": str(result.attestation),

@@ -10,8 +10,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from ckptgate._cli._base import emit_json, json_option, stderr, stdout
-from ckptgate._cli._options import engine_options, to_engine_options
-from ckptgate.pipeline import IntakeResult, intake
+from ckptgate._cli._options import engine_options
+from ckptgate.pipeline import EngineOptions, IntakeResult, intake
 
 
 def run_intake(src: Path, out: Path, attestations: tuple[Path, ...], *, options, max_shard_size: int,
@@ -48,14 +48,13 @@ def register(cli: click.Group) -> None:
     @engine_options
     @json_option
     def intake_command(src: Path, out: Path, attestations: tuple[Path, ...], max_shard_size: int,
-                       opa_url, opa_timeout, policy_dir, trust_file, as_json: bool) -> int:
+                       engine: EngineOptions, as_json: bool) -> int:
         """Inspect, verify, decide, enforce, consolidate and publish SRC at --out.
 
         Exit 0 when allowed and published; 3 denied; 4 input rejected; 5 verification failed;
         6 policy engine unavailable; 7 contained runtime failed.
         """
-        options = to_engine_options(opa_url, opa_timeout, policy_dir, trust_file)
-        result = run_intake(src, out, attestations, options=options, max_shard_size=max_shard_size,
+        result = run_intake(src, out, attestations, options=engine, max_shard_size=max_shard_size,
                             show_progress=not as_json and sys.stderr.isatty())
         if as_json:
             emit_json({"result": "published", "destination": str(result.destination), "receipt": result.receipt})

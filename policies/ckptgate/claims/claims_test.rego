@@ -36,6 +36,7 @@ test_violation_is_object_with_location if {
 	v.location == {"file": "docs/x.md", "line": 3}
 	v.evidence.citations == ["R99"]
 	contains(v.message, "R99")
+	v.evidence.text == "See [R99]."
 }
 
 test_rule1_vendor_without_documents_verb if {
@@ -52,6 +53,14 @@ test_rule1_vendor_currently_implements if {
 
 test_rule1_vendor_documentation_as_support if {
 	"claims_vendor_as_support" in _codes("PyTorch documents resharding, so ckptgate supports DCP [R01].", ["R01"])
+}
+
+test_rule1_mixed_citations_not_vendor_rule if {
+	count(_codes("weights_only=True is never treated as sufficient trust [R17, R27].", ["R17", "R27"])) == 0
+}
+
+test_rule1_register_pointer_not_vendor_rule if {
+	count(_codes("Source IDs such as [R01] refer to docs/references.md.", ["R01"])) == 0
 }
 
 test_rule1_security_source_not_vendor_rule if {

@@ -1,0 +1,52 @@
+"""``ckptgate check``: the pre-merge gate (policy tests, fmt, lint, matrix drift, evidence, claims)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ckptgate._cli._base import emit_json, json_option, stdout
+from ckptgate._cli._options import engine_options, to_engine_options
+
+
+def register(cli: click.Group) -> None:
+    @cli.command("check")
+    @click.option("--sarif", "sarif", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="Also write a SARIF 2.1.0 report here (for code scanning).")
+    @click.option("--junit", "junit", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="Also write a JUnit XML report here.")
+    @click.option("--skip", multiple=True, type=click.Choice(["policy_tests", "opa_fmt", "regal_lint",
+                                                               "matrix_drift", "evidence", "claims"]),
+                  help="Skip a check (repeatable; reported as skipped by omission).")
+    @click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
+                  help="Repository root (default: the git work tree of the current directory).")
+    @engine_options
+    @json_option
+    def check_command(sarif: Path | None, junit: Path | None, skip: tuple[str, ...], repo: Path | None,
+                      opa_url, opa_timeout, policy_dir, trust_file, as_json: bool) -> int:
+        """Run the pre-merge gate. Exit 0 when every check passes, 3 when any fails."""
+        from ckptgate.evidence.candidate import repo_root
+        from ckptgate.evidence.check import run_check, to_junit, to_sarif
+
+        root = repo_root(repo)
+        options = to_engine_options(opa_url, opa_timeout, policy_dir or root / "policies", trust_file)
+        report = run_check(root, options=options, skip=skip)
+        if sarif is not None:
+            sarif.write_text(json.dumps(to_sarif(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        if junit is not None:
+            junit.write_bytes(to_junit(report))
+        if as_json:
+            emit_json(report.to_json())
+        else:
+            for r in report.results:
+                mark = "[bold green]PASS[/]" if r.passed else "[bold red]FAIL[/]"
+                stdout.print(f"{mark} {r.name:13} {r.summary}", markup=True, highlight=False)
+                for f in r.findings:
+                    where = f" {f.file}{':' + str(f.line) if f.line else ''}" if f.file else ""
+                    stdout.print(f"       [{f.code}]{where} {f.message}", markup=False)
+                    if f.detail and r.name == "matrix_drift":
+                        stdout.print(f.detail, markup=False)
+            stdout.print("check passed" if report.passed else "check FAILED (exit 3)")
+        return 0 if report.passed else 3

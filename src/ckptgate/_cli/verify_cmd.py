@@ -1,0 +1,37 @@
+"""``ckptgate verify PATH``: the reviewer report (what, digest, who signed, which policy decided, controls)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ckptgate._cli._base import emit_json, json_option, stdout
+from ckptgate._cli._options import engine_options, to_engine_options
+
+
+def register(cli: click.Group) -> None:
+    @cli.command("verify")
+    @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+    @click.option("--attestation", "attestations", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+                  help="A DSSE envelope or Sigstore bundle about PATH (repeatable).")
+    @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="Also write the report as a self-contained HTML file.")
+    @engine_options
+    @json_option
+    def verify_command(path: Path, attestations: tuple[Path, ...], html_out: Path | None, opa_url, opa_timeout,
+                       policy_dir, trust_file, as_json: bool) -> int:
+        """Report on PATH without loading it. Exit 0 when the policy allows, 3 when it denies,
+        4 input rejected, 6 policy engine unavailable."""
+        from ckptgate.evidence.report import build_report, render_html, render_text
+
+        doc = build_report(path, attestations, options=to_engine_options(opa_url, opa_timeout, policy_dir,
+                                                                         trust_file))
+        if html_out is not None:
+            html_out.write_text(render_html(doc), encoding="utf-8")
+        if as_json:
+            emit_json(doc)
+        else:
+            for line in render_text(doc):
+                stdout.print(line, markup=False, highlight=False)
+        return 0 if doc["decision"]["allow"] else 3

@@ -1,0 +1,111 @@
+"""The reviewer report for one checkpoint: what it is, whether its digest matches the attestation
+subjects, who signed what, which policy revision decided (allow or deny, and why), and which
+containment controls a load would need.  Nothing in the checkpoint is loaded: the report comes
+from :func:`ckptgate.pipeline.evaluate` (inspect, digest, verify, decide).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+
+def build_report(path: Path, attestations: Sequence[Path], *, options: Any = None,
+                 now: datetime | None = None) -> dict[str, Any]:
+    """The report document (JSON-serialisable) for the checkpoint at ``path``."""
+    from ckptgate.inspect import SafeTree
+    from ckptgate.pipeline import EngineOptions, engine_for, evaluate, load_trust
+
+    options = options or EngineOptions()
+    trust = load_trust(options)
+    with SafeTree.open(path) as tree, engine_for(options) as engine:
+        ev = evaluate(tree, attestations=list(attestations), engine=engine, trust=trust, action="verify", now=now)
+    facts = ev.inspection.to_facts()
+    pin = ev.policy_input.to_json()
+    d = ev.decision
+    signed = []
+    for att in pin.get("attestations") or []:
+        stmt = att.get("statement") or {}
+        pred = stmt.get("predicate") or {}
+        ver = att.get("verification") or {}
+        signed.append({
+            "source": att.get("source"),
+            "predicate_type": stmt.get("predicateType"),
+            "subjects": [f"sha256:{(s.get('digest') or {}).get('sha256')}" for s in stmt.get("subject") or []],
+            "digest_matches": bool(ver.get("subject_matches_fixture")) and ver.get("measured_digest") == ev.digest.digest,
+            "signers": att.get("signers") or [],
+            "issued_at": (ver.get("validity") or {}).get("issued_at") or (pred.get("validity") or {}).get("issued_at"),
+            "expires_at": (ver.get("validity") or {}).get("expires_at"),
+            "timing": ver.get("timing"),
+            "claims": {k: pred.get(k) for k in ("producer", "adapter", "candidate_commit", "topology", "result")
+                       if k in pred},
+        })
+    return {
+        "report_version": 1,
+        "checkpoint": {"path": str(path), "format": facts.get("format"), "clean": facts.get("clean"),
+                       "digest": ev.digest.digest, "file_count": len(facts.get("files") or []),
+                       "files": facts.get("files") or [], "loaders": facts.get("loaders") or [],
+                       "findings": facts.get("findings") or []},
+        "attestations": signed,
+        "rejected_attestations": pin.get("rejected_attestations") or [],
+        "digest_matches_any_attestation": any(a["digest_matches"] for a in signed),
+        "decision": {"allow": d.allow, "plane": d.plane, "decision_id": d.decision_id,
+                     "policy_revision": d.policy_revision, "engine": d.engine,
+                     "reasons": [r.to_json() for r in d.reasons],
+                     "permitted_loaders": list(d.permitted_loaders)},
+        "load_requires": {"plane": d.plane, "controls": list(d.required_controls),
+                          "containment_observed": pin.get("containment"),
+                          "note": "containment controls limit what a loader can reach; they are not proof "
+                                  "that deserialization is safe [R28, R30]"},
+    }
+
+
+def render_text(doc: dict[str, Any]) -> list[str]:
+    c, d = doc["checkpoint"], doc["decision"]
+    out = [f"checkpoint  {c['path']}",
+           f"  format    {c['format']} ({c['file_count']} files, inspection {'clean' if c['clean'] else 'NOT clean'})",
+           f"  digest    {c['digest']}"]
+    for f in c["findings"]:
+        out.append(f"  finding   [{f.get('severity')}] {f.get('code')}: {f.get('message')}")
+    if not doc["attestations"] and not doc["rejected_attestations"]:
+        out.append("attestations  none offered")
+    for a in doc["attestations"]:
+        out.append(f"attestation {a['source']}  digest {'MATCHES' if a['digest_matches'] else 'DOES NOT MATCH'}")
+        for s in a["signers"]:
+            who = s.get("signer_id") or s.get("identity")
+            out.append(f"  signed by {s.get('kind')} {who} ({s.get('algorithm') or s.get('issuer')}, "
+                       f"spki {str(s.get('spki_sha256') or '-')[:16]})")
+        out.append(f"  issued    {a['issued_at']}  expires {a['expires_at']}")
+        claims = a["claims"]
+        if claims:
+            out.append(f"  states    {json.dumps(claims, sort_keys=True)[:300]}")
+    for r in doc["rejected_attestations"]:
+        out.append(f"REJECTED    {r.get('source')}: [{r.get('code')}] {r.get('message')}")
+    out.append(f"decision    {'ALLOW' if d['allow'] else 'DENY'} plane={d['plane']} "
+               f"policy revision {d['policy_revision']} (decision {d['decision_id'] or '-'})")
+    for r in d["reasons"]:
+        out.append(f"  because   [{r.get('code')}] {r.get('message')}")
+    lr = doc["load_requires"]
+    out.append(f"a load needs plane {lr['plane']} with controls: {', '.join(lr['controls']) or 'none'}")
+    out.append(f"  note      {lr['note']}")
+    return out
+
+
+def render_html(doc: dict[str, Any]) -> str:
+    e = html.escape
+    lines = "\n".join(e(line) for line in render_text(doc))
+    verdict = "allow" if doc["decision"]["allow"] else "deny"
+    colour = "#c8efc8" if verdict == "allow" else "#f6b8b8"
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>ckptgate verify report</title>"
+            f"<style>body{{font:14px system-ui,sans-serif;margin:1.5em}}.v{{background:{colour};padding:4px 8px}}"
+            "pre{background:#f6f6f6;padding:1em;white-space:pre-wrap}</style></head><body>"
+            f"<h1>ckptgate verify report</h1><p class=\"v\" id=\"verdict\">{verdict}</p><pre>{lines}</pre>"
+            f"<details><summary>JSON</summary><pre>{e(json.dumps(doc, indent=2, sort_keys=True))}</pre></details>"
+            "</body></html>\n")
+
+
+__all__ = ["build_report", "render_html", "render_text"]

@@ -1,0 +1,70 @@
+"""`ckptgate decide`, `explain` and `policy build` on a real fixture through the embedded OPA."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from ckptgate.errors import ExitCode
+
+REPO = Path(__file__).resolve().parents[2]
+HF = REPO / "tests" / "fixtures" / "data" / "hf_sharded" / "checkpoint"
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "ckptgate", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ))
+
+
+def test_decide_prints_the_input_document_and_the_decision():
+    res = cli("decide", HF, "--json")
+    assert res.returncode == ExitCode.DENIED  # no attestation offered
+    doc = json.loads(res.stdout)
+    assert set(doc["input"]) == {"request", "fixture", "inspection", "attestations", "rejected_attestations",
+                                 "containment"}
+    assert doc["input"]["inspection"]["format"] == "hf-sharded-safetensors"
+    assert doc["decision"]["allow"] is False
+    assert "attestation_missing" in [r["code"] for r in doc["decision"]["reasons"]]
+
+
+def test_explain_names_the_failed_evidence_in_plain_words(tmp_path):
+    bogus = tmp_path / "bogus.json"
+    bogus.write_text('{"payloadType": "application/vnd.in-toto+json", "payload": "e30=", "signatures": []}')
+    res = cli("explain", HF, "--attestation", bogus)
+    assert res.returncode == ExitCode.DENIED
+    assert "REJECTED" in res.stdout and str(bogus) in res.stdout
+    assert "attestation_rejected" in res.stdout
+
+
+def test_policy_build_makes_a_bundle_that_the_engine_verifies(tmp_path):
+    key = ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "k.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+    (tmp_path / "k.pub").write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                                   serialization.PublicFormat.SubjectPublicKeyInfo))
+    bundle = tmp_path / "policy.tar.gz"
+    built = cli("policy", "build", "--signing-key", tmp_path / "k.pem", "--out", bundle, "--json")
+    assert built.returncode == 0, built.stderr
+    revision = json.loads(built.stdout)["revision"]
+    ok = cli("decide", HF, "--policy-bundle", bundle, "--policy-key", tmp_path / "k.pub", "--json")
+    assert ok.returncode == ExitCode.DENIED
+    assert json.loads(ok.stdout)["decision"]["policy_revision"] == revision
+    # Tamper with one policy file: OPA refuses to start, and the result is a deny (engine unavailable).
+    tampered = tmp_path / "tampered.tar.gz"
+    with tarfile.open(bundle) as src, tarfile.open(tampered, "w:gz") as dst:
+        for m in src.getmembers():
+            data = src.extractfile(m).read() if m.isfile() else None
+            if m.name.endswith("intake/intake.rego"):
+                data += b"\n# tampered\n"
+                m.size = len(data)
+            dst.addfile(m, None if data is None else __import__("io").BytesIO(data))
+    bad = cli("decide", HF, "--policy-bundle", tampered, "--policy-key", tmp_path / "k.pub", "--json")
+    assert bad.returncode == ExitCode.ENGINE_UNAVAILABLE
+    assert json.loads(bad.stdout)["error"]["code"] == "engine.opa.start_failed"

@@ -19,7 +19,7 @@ def test_schema_is_valid_and_versioned() -> None:
     import jsonschema
 
     schema = json.loads(schema_text())
-    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validators.validator_for(schema).check_schema(schema)
     assert schema["properties"]["predicateType"]["const"] == QUALIFICATION_PREDICATE_TYPE
     assert QUALIFICATION_PREDICATE_TYPE.endswith("/v1")
 
@@ -54,3 +54,36 @@ def test_subject_and_type_checks() -> None:
     s = json.loads(json.dumps(STATEMENT))
     s["subject"] = [{"name": "x"}]
     assert _code(s) == "verify.statement.shape"
+
+
+def _fast_available() -> bool:
+    try:
+        import fastjsonschema  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_fast_and_reference_validators_agree(monkeypatch) -> None:
+    """The fastjsonschema hot path (when installed) and jsonschema give the same verdicts."""
+    from ckptgate.verify import statement as st
+
+    cases = [STATEMENT, statement(candidate_commit="abc"), statement(extra=1),
+             statement(topology={"tp": True, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "world_size": 1}),
+             statement(topology={"tp": 1.0, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "world_size": 1}),
+             statement(result={"status": "passed", "checks_run": ["a", "a"],
+                               "evidence": {"digest": "sha256:" + "0" * 64, "location": "l"}})]
+    ref = [st._validator("qualification-v1.schema.json").is_valid(c) for c in cases]
+    assert ref == [True, False, False, False, True, False]  # 1.0 is an integer in JSON Schema
+    if _fast_available():
+        fast = st._fast("qualification-v1.schema.json")
+        import fastjsonschema
+
+        got = []
+        for c in cases:
+            try:
+                fast(c)
+                got.append(True)
+            except fastjsonschema.JsonSchemaException:
+                got.append(False)
+        assert got == ref

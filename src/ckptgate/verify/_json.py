@@ -30,18 +30,14 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
-def _depth(doc: Any) -> int:
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(doc, 1)]
-    while stack:
-        node, d = stack.pop()
-        if isinstance(node, dict):
-            deepest = max(deepest, d)
-            stack.extend((v, d + 1) for v in node.values())
-        elif isinstance(node, list):
-            deepest = max(deepest, d)
-            stack.extend((v, d + 1) for v in node)
-    return deepest
+def _too_deep(node: Any, depth: int) -> bool:
+    """True when containers nest deeper than :data:`MAX_DEPTH` (stops descending at the cap)."""
+    if depth > MAX_DEPTH:
+        return True
+    for v in node.values() if isinstance(node, dict) else node:
+        if isinstance(v, (dict, list)) and _too_deep(v, depth + 1):
+            return True
+    return False
 
 
 def loads_strict(raw: bytes, *, what: str, max_bytes: int) -> Any:
@@ -71,8 +67,7 @@ def loads_strict(raw: bytes, *, what: str, max_bytes: int) -> Any:
     except ValueError as e:
         raise VerificationError("verify.json.malformed", f"{what} is not valid JSON: {e}",
                                 evidence={"what": what}) from None
-    depth = _depth(doc)
-    if depth > MAX_DEPTH:
-        raise VerificationError("verify.json.too_deep", f"{what} nests {depth} levels, over the cap of {MAX_DEPTH}",
-                                evidence={"what": what, "depth": depth, "cap": MAX_DEPTH})
+    if isinstance(doc, (dict, list)) and _too_deep(doc, 1):
+        raise VerificationError("verify.json.too_deep", f"{what} nests over the cap of {MAX_DEPTH} levels",
+                                evidence={"what": what, "cap": MAX_DEPTH})
     return doc

@@ -1,27 +1,100 @@
 """Consolidate: placement plans per output shard, executed by a streaming writer.
 
-:func:`plan_for` picks the adapter for the inspected format.  Adapters for pure-data formats read
-only validated headers; adapters for pickled formats require a :class:`~ckptgate.enforce.permit.Permit`
-and run the framework loader in the contained worker, which returns a placement plan (never a
-pickle); the parent then moves the raw bytes.
+:func:`plan_for` is the single entry point: it picks the adapter for the inspected format.
+Adapters for pure-data and statically read formats use only the layout inspection validated;
+adapters for framework-pickled formats (DeepSpeed ZeRO) need a
+:class:`~ckptgate.enforce.permit.Permit`, minted here from the allow decision, and run the
+loader in the contained worker, which returns JSON placement trees (never a pickle); the parent
+maps them to byte ranges and moves the raw bytes.  See ``docs/consolidation.md``.
 """
 
 from __future__ import annotations
 
-from ckptgate.consolidate.plan import ConsolidationPlan, PlanError
+from typing import TYPE_CHECKING
+
+from ckptgate.consolidate.contained import WorkerOptions, load_plans
+from ckptgate.consolidate.plan import ConsolidationPlan, NotConsolidatable, PlanError
 from ckptgate.decide.decision import Decision
+from ckptgate.errors import RuntimeFailure
 from ckptgate.inspect import Inspection, SafeTree
 
+if TYPE_CHECKING:
+    from ckptgate.digest import FixtureDigest
 
-def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision, fixture_digest: str,
-             max_shard_bytes: int) -> ConsolidationPlan:
-    """The consolidation plan for an inspected, allowed checkpoint."""
-    if inspection.format in ("hf-sharded-safetensors", "safetensors"):
+#: Formats with an adapter (``peft-*`` formats all go to the PEFT adapter).
+FORMATS = ("hf-sharded-safetensors", "safetensors", "dcp-torch-save", "dcp-hf-safetensors", "fsdp-full",
+           "fsdp-local", "megatron-torch-dist", "deepspeed-zero", "deepspeed-universal", "peft-lora")
+#: Framework loaders that consolidation may run in the worker, in order of preference.
+WORKER_LOADERS = ("deepspeed", "torch_load")
+
+
+def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
+             fixture_digest: FixtureDigest | str, max_shard_bytes: int, mapping: str | None = None,
+             worker: WorkerOptions | None = None) -> ConsolidationPlan:
+    """The consolidation plan for an inspected, allowed checkpoint.
+
+    :param fixture_digest: the measured :class:`~ckptgate.digest.FixtureDigest`; a framework
+        load needs it (not just the digest string) to check each file against the manifest.
+    :param mapping: a declared, qualified mapping adapter (only ``megatron-unstack-layers``).
+    :param worker: timeout, limits and containment profile for framework loads.
+    :raises PlanError: ``plan.*`` (a layout that does not cover every tensor exactly once).
+    :raises NotConsolidatable: the checkpoint cannot be consolidated without guessing.
+    :raises PolicyDenied: a framework load that the decision does not permit.
+    :raises RuntimeFailure: the contained worker failed.
+    """
+    if not decision.allow:
+        raise PlanError("plan.not_allowed", "no consolidation plan without an allow decision")
+    fmt = inspection.format
+    layout = inspection.layout
+    files = {f.path: f for f in inspection.files}
+    if mapping is not None and fmt != "megatron-torch-dist":
+        raise PlanError("plan.mapping.unknown", f"mapping {mapping!r} does not apply to format {fmt!r}")
+    if fmt in ("hf-sharded-safetensors", "safetensors"):
         from ckptgate.consolidate.adapters import safetensors
 
         return safetensors.plan(inspection, max_shard_bytes=max_shard_bytes)
-    raise PlanError("plan.format.unsupported", f"no consolidation adapter for format {inspection.format!r} yet",
-                    advice="Run `ckptgate inspect` to see what the checkpoint is; see the support matrix.")
+    if fmt in ("dcp-torch-save", "dcp-hf-safetensors"):
+        from ckptgate.consolidate.adapters import dcp
+
+        return dcp.plan(fmt, layout, max_shard_bytes=max_shard_bytes)
+    if fmt in ("fsdp-full", "fsdp-local"):
+        from ckptgate.consolidate.adapters import fsdp
+
+        return fsdp.plan(fmt, layout, max_shard_bytes=max_shard_bytes)
+    if fmt == "megatron-torch-dist":
+        from ckptgate.consolidate.adapters import megatron
+
+        return megatron.plan(layout, max_shard_bytes=max_shard_bytes, mapping=mapping)
+    if fmt is not None and fmt.startswith("peft"):
+        from ckptgate.consolidate.adapters import peft
+
+        return peft.plan(layout, files)
+    if fmt == "deepspeed-universal":
+        from ckptgate.consolidate.adapters import deepspeed
+
+        return deepspeed.universal_plan(layout, max_shard_bytes=max_shard_bytes)
+    if fmt == "deepspeed-zero":
+        from ckptgate.consolidate.adapters import deepspeed
+        from ckptgate.enforce.permit import issue_permit
+
+        if isinstance(fixture_digest, str):
+            raise RuntimeFailure("runtime.worker.manifest_missing",
+                                 "a framework load needs the fixture digest's manifest to check each file "
+                                 "it hands to the worker; only the digest string was given")
+        loader = next((name for name in WORKER_LOADERS if name in decision.permitted_loaders), None)
+        if loader is None:
+            from ckptgate.errors import PolicyDenied
+
+            raise PolicyDenied("enforce.permit.loader_not_permitted",
+                               "the decision permits no framework loader for this DeepSpeed checkpoint",
+                               evidence={"permitted_loaders": list(decision.permitted_loaders)})
+        permit = issue_permit(decision, fixture_digest=fixture_digest.digest, loader=loader)
+        rels = deepspeed.zero_files(layout)
+        loaded = load_plans(tree, inspection, rels, permit=permit, digest=fixture_digest,
+                            options=worker or WorkerOptions())
+        return deepspeed.zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes)
+    raise PlanError("plan.format.unsupported", f"no consolidation adapter for format {fmt!r}",
+                    advice="Run `ckptgate inspect` to see what the checkpoint is; see docs/consolidation.md.")
 
 
-__all__ = ["ConsolidationPlan", "PlanError", "plan_for"]
+__all__ = ["FORMATS", "ConsolidationPlan", "NotConsolidatable", "PlanError", "WorkerOptions", "plan_for"]

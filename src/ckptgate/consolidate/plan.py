@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ckptgate.errors import Error
+from ckptgate.errors import Error, InputRejected
 
 DTYPE_SIZES: Mapping[str, int] = MappingProxyType({
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1,
@@ -28,6 +28,15 @@ DTYPE_SIZES: Mapping[str, int] = MappingProxyType({
     "I64": 8, "U64": 8, "F64": 8,
 })
 _SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.safetensors$")
+_EXTRA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+
+#: torch dtype names (as inspection reports them) -> safetensors dtype codes.
+TORCH_DTYPES: Mapping[str, str] = MappingProxyType({
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "float8_e5m2": "F8_E5M2", "float8_e4m3fn": "F8_E4M3",
+    "int16": "I16", "uint16": "U16", "float16": "F16", "bfloat16": "BF16",
+    "int32": "I32", "uint32": "U32", "float32": "F32",
+    "int64": "I64", "uint64": "U64", "float64": "F64",
+})
 
 
 class PlanError(Error):
@@ -35,6 +44,101 @@ class PlanError(Error):
 
     default_advice = ("The checkpoint's layout does not describe every output tensor exactly once; "
                       "nothing was written. Run `ckptgate inspect` to see the layout.")
+
+
+class NotConsolidatable(InputRejected):
+    """The checkpoint cannot be consolidated without guessing (e.g. FSDP flat_param shards, an
+    unpinned PEFT base); nothing is loaded or written."""
+
+    default_advice = ("ckptgate refuses to guess what the checkpoint does not record. Save it again in a "
+                      "consolidatable form (see docs/consolidation.md), or supply the missing facts.")
+
+
+def st_dtype(torch_dtype: str, *, what: str) -> str:
+    """The safetensors code of a torch dtype name; an unknown one is a typed error."""
+    code = TORCH_DTYPES.get(torch_dtype)
+    if code is None:
+        raise PlanError("plan.tensor.dtype", f"{what}: dtype {torch_dtype!r} has no safetensors equivalent",
+                        evidence={"dtype": torch_dtype})
+    return code
+
+
+def numel(shape: Iterable[int]) -> int:
+    return math.prod(shape)
+
+
+def chunk_runs(full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...]
+               ) -> Iterable[tuple[int, int, int]]:
+    """Contiguous element runs of a row-major chunk inside a row-major tensor.
+
+    Yields ``(src_elem, dst_elem, n_elems)``: ``n`` elements at ``src_elem`` of the (contiguous)
+    chunk go to ``dst_elem`` of the full tensor.  A chunk split only on dim 0 is one run; the
+    trailing dims that the chunk spans fully are merged into each run.
+    """
+    nd = len(full)
+    if len(offsets) != nd or len(sizes) != nd:
+        raise PlanError("plan.chunk.rank", "chunk and tensor have different ranks",
+                        evidence={"shape": list(full), "offsets": list(offsets), "sizes": list(sizes)})
+    for d in range(nd):
+        if offsets[d] < 0 or sizes[d] < 0 or offsets[d] + sizes[d] > full[d]:
+            raise PlanError("plan.chunk.bounds", f"chunk {list(offsets)}+{list(sizes)} lies outside {list(full)}",
+                            evidence={"shape": list(full), "offsets": list(offsets), "sizes": list(sizes)})
+    if numel(sizes) == 0:
+        return
+    if nd == 0:
+        yield 0, 0, 1
+        return
+    full_strides = [1] * nd
+    for d in range(nd - 2, -1, -1):
+        full_strides[d] = full_strides[d + 1] * full[d + 1]
+    # j: the last dim the chunk does not span fully; dims after it merge into each run.
+    j = nd - 1
+    while j > 0 and sizes[j] == full[j] and offsets[j] == 0:
+        j -= 1
+    run = sizes[j] * full_strides[j]
+    outer = sizes[:j]
+    chunk_strides = [1] * j
+    for d in range(j - 2, -1, -1):
+        chunk_strides[d] = chunk_strides[d + 1] * sizes[d + 1]
+    src_step = run  # consecutive runs are adjacent in the contiguous chunk
+    base = offsets[j] * full_strides[j]
+    src = 0
+    for idx in _ndindex(outer):
+        dst = base + sum((offsets[d] + idx[d]) * full_strides[d] for d in range(j))
+        yield src, dst, run
+        src += src_step
+
+
+def _ndindex(shape: tuple[int, ...]) -> Iterable[tuple[int, ...]]:
+    if not shape:
+        yield ()
+        return
+    idx = [0] * len(shape)
+    while True:
+        yield tuple(idx)
+        d = len(shape) - 1
+        while d >= 0:
+            idx[d] += 1
+            if idx[d] < shape[d]:
+                break
+            idx[d] = 0
+            d -= 1
+        if d < 0:
+            return
+
+
+def merge_placements(placements: Iterable[Placement]) -> tuple[Placement, ...]:
+    """Join placements that continue each other in both source and destination."""
+    out: list[Placement] = []
+    for p in sorted(placements, key=lambda p: p.dst_offset):
+        last = out[-1] if out else None
+        if (last is not None and last.src == p.src and last.dst_offset + last.length == p.dst_offset
+                and last.src_offset + last.length == p.src_offset):
+            out[-1] = Placement(src=p.src, src_offset=last.src_offset, dst_offset=last.dst_offset,
+                                length=last.length + p.length)
+        else:
+            out.append(p)
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,15 +210,40 @@ class ShardTask:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CopiedFile:
+    """A small non-tensor file copied verbatim (e.g. a PEFT ``adapter_config.json``)."""
+
+    src: str
+    filename: str
+    size: int
+
+    def __post_init__(self) -> None:
+        if not _EXTRA_NAME.match(self.filename) or self.filename.endswith(".safetensors"):
+            raise PlanError("plan.copy.name", f"bad copied file name {self.filename!r}")
+        if self.size < 0:
+            raise PlanError("plan.copy.size", f"bad size for {self.filename!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ConsolidationPlan:
-    """Every output shard task, plus what the index needs."""
+    """Every output shard task, plus what the index needs.
+
+    ``index_metadata`` goes into ``model.safetensors.index.json`` (written unless ``write_index``
+    is false, as for a passed-through PEFT adapter); ``report`` is what the adapter observed but did
+    not act on (model-family semantics, skipped items), for the receipt and ``--json`` output.
+    """
 
     shards: tuple[ShardTask, ...]
     index_metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    copies: tuple[CopiedFile, ...] = ()
+    write_index: bool = True
+    report: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         seen: dict[str, str] = {}
-        files = [s.filename for s in self.shards]
+        files = [s.filename for s in self.shards] + [c.filename for c in self.copies]
+        if self.write_index:
+            files.append("model.safetensors.index.json")
         if len(set(files)) != len(files):
             raise PlanError("plan.shard.duplicate_file", "two shard tasks write the same file")
         for shard in self.shards:
@@ -136,10 +265,18 @@ class ConsolidationPlan:
     def largest_tensor(self) -> int:
         return max((t.nbytes for s in self.shards for t in s.tensors), default=0)
 
+    @property
+    def source_paths(self) -> tuple[str, ...]:
+        """Every source relpath the writer reads (placements and copied files), sorted."""
+        paths = {p.src for s in self.shards for t in s.tensors for p in t.placements}
+        paths.update(c.src for c in self.copies)
+        return tuple(sorted(paths))
+
 
 def shard_tensors(tensors: Iterable[OutputTensor], *, max_shard_bytes: int,
                   metadata: Mapping[str, str] | None = None,
-                  index_metadata: Mapping[str, Any] | None = None) -> ConsolidationPlan:
+                  index_metadata: Mapping[str, Any] | None = None,
+                  report: Mapping[str, Any] | None = None) -> ConsolidationPlan:
     """Pack tensors, in name order, into ``model-XXXXX-of-YYYYY.safetensors`` tasks of at most
     ``max_shard_bytes`` each (a single larger tensor gets a shard of its own).  The output is
     always sharded-with-index, even with one shard, so consumers see one layout."""
@@ -159,4 +296,5 @@ def shard_tensors(tensors: Iterable[OutputTensor], *, max_shard_bytes: int,
         ShardTask(filename=f"model-{i + 1:05d}-of-{n:05d}.safetensors",
                   tensors=tuple(g), metadata=meta)
         for i, g in enumerate(groups))
-    return ConsolidationPlan(shards=shards, index_metadata=MappingProxyType(dict(index_metadata or {})))
+    return ConsolidationPlan(shards=shards, index_metadata=MappingProxyType(dict(index_metadata or {})),
+                             report=MappingProxyType(dict(report or {})))

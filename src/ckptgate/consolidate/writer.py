@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptgate.consolidate.plan import ConsolidationPlan, ShardTask
+from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, ShardTask
 from ckptgate.errors import RuntimeFailure
 
 DEFAULT_CHUNK = 8 << 20
@@ -81,14 +81,43 @@ def write_shard(task: ShardTask, out_dir: Path, sources: Mapping[str, int], *,
     return WrittenFile(filename=task.filename, size=pos, sha256=h.hexdigest())
 
 
+def copy_file(item: CopiedFile, out_dir: Path, sources: Mapping[str, int], *,
+              chunk_size: int = DEFAULT_CHUNK) -> WrittenFile:
+    """Copy one small non-tensor file verbatim (exactly ``item.size`` bytes), hashing it."""
+    src = sources.get(item.src)
+    if src is None:
+        raise RuntimeFailure("runtime.copy.source_missing", f"no open source for {item.src!r}")
+    h = hashlib.sha256()
+    fd = os.open(out_dir / item.filename, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        pos = 0
+        while pos < item.size:
+            data = os.pread(src, min(chunk_size, item.size - pos), pos)
+            if not data:
+                raise RuntimeFailure("runtime.copy.short_read", f"{item.src}: the source ended early at byte {pos}",
+                                     evidence={"source": item.src, "offset": pos})
+            h.update(data)
+            written = 0
+            while written < len(data):
+                written += os.pwrite(fd, data[written:], pos + written)
+            pos += len(data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return WrittenFile(filename=item.filename, size=item.size, sha256=h.hexdigest())
+
+
 def write_plan(plan: ConsolidationPlan, out_dir: Path, sources: Mapping[str, int], *,
                chunk_size: int = DEFAULT_CHUNK, threads: int = 2,
                on_bytes: Callable[[int], None] | None = None) -> tuple[WrittenFile, ...]:
-    """Write every shard task and the index into ``out_dir`` (which must be empty)."""
+    """Write every shard task, the copied files and the index into ``out_dir`` (which must be empty)."""
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         futures = [pool.submit(write_shard, task, out_dir, sources, chunk_size=chunk_size, on_bytes=on_bytes)
                    for task in plan.shards]
         written = [f.result() for f in futures]
+    written.extend(copy_file(c, out_dir, sources, chunk_size=chunk_size) for c in plan.copies)
+    if not plan.write_index:
+        return tuple(written)
     index = {"metadata": {**dict(plan.index_metadata), "total_size": plan.total_size},
              "weight_map": dict(sorted(plan.weight_map.items()))}
     raw = (json.dumps(index, indent=2, sort_keys=False) + "\n").encode()

@@ -1,0 +1,93 @@
+"""Helpers shared by adapters: byte ranges of torch-zip tensor records and flat segments."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ckptgate.consolidate.plan import DTYPE_SIZES, Placement, PlanError, merge_placements, numel, st_dtype
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Segment:
+    """``count`` elements of ``itemsize`` bytes, contiguous at byte ``offset`` of source ``src``."""
+
+    src: str
+    offset: int
+    count: int
+    itemsize: int
+
+    def __post_init__(self) -> None:
+        if self.offset < 0 or self.count < 0 or self.itemsize <= 0:
+            raise PlanError("plan.segment.range", f"bad segment in {self.src!r}")
+
+
+def record_segment(src: str, rec: Mapping[str, Any], *, what: str) -> Segment:
+    """The bytes of a contiguous tensor record (``TensorRecord.to_json()`` shape) in ``src``.
+
+    The range is checked against the record's storage range: a tensor view that would read past
+    its storage is an error, as is a dtype that differs from its storage's (no reinterpretation).
+    """
+    dtype = st_dtype(str(rec.get("dtype")), what=what)
+    if rec.get("storage_dtype", rec.get("dtype")) != rec.get("dtype"):
+        raise PlanError("plan.tensor.storage_dtype", f"{what}: tensor dtype {rec.get('dtype')} differs from its "
+                        f"storage dtype {rec.get('storage_dtype')}", evidence={"tensor": what})
+    shape = tuple(int(d) for d in rec["shape"])
+    if not _contiguous(shape, tuple(int(s) for s in rec["stride"])):
+        raise PlanError("plan.tensor.not_contiguous", f"{what}: the saved tensor is a non-contiguous view; "
+                        "ckptgate copies contiguous byte ranges only", evidence={"tensor": what,
+                                                                                 "stride": list(rec["stride"])})
+    size = DTYPE_SIZES[dtype]
+    begin, end = (int(x) for x in rec["storage_range"])
+    start = begin + int(rec["storage_offset"]) * size
+    n = numel(shape)
+    if start < begin or start + n * size > end:
+        raise PlanError("plan.tensor.outside_storage", f"{what}: the tensor's bytes run outside its storage",
+                        evidence={"tensor": what, "storage_range": [begin, end], "start": start,
+                                  "nbytes": n * size})
+    return Segment(src=src, offset=start, count=n, itemsize=size)
+
+
+def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    if len(shape) != len(stride):
+        return False
+    expect = 1
+    for d, s in zip(reversed(shape), reversed(stride), strict=True):
+        if d != 1 and s != expect:
+            return False
+        expect *= d
+    return True
+
+
+def take(segments: Sequence[Segment], start: int, count: int, *, dst_elem: int = 0,
+         what: str) -> list[Placement]:
+    """Placements for elements ``[start, start + count)`` of the concatenation of ``segments``,
+    written from element ``dst_elem`` of the output tensor."""
+    out: list[Placement] = []
+    pos = 0
+    need_lo, need_hi = start, start + count
+    for seg in segments:
+        lo, hi = max(pos, need_lo), min(pos + seg.count, need_hi)
+        if lo < hi:
+            out.append(Placement(src=seg.src, src_offset=seg.offset + (lo - pos) * seg.itemsize,
+                                 dst_offset=(dst_elem + lo - need_lo) * seg.itemsize,
+                                 length=(hi - lo) * seg.itemsize))
+        pos += seg.count
+        if pos >= need_hi:
+            break
+    if pos < need_hi:
+        raise PlanError("plan.segment.short", f"{what}: the flat buffers hold {pos} elements, "
+                        f"{need_hi} are needed", evidence={"tensor": what, "available": pos, "needed": need_hi})
+    return out
+
+
+def slice_placements(placements: Iterable[Placement], start: int, length: int) -> tuple[Placement, ...]:
+    """The placements of destination bytes ``[start, start + length)``, rebased to 0."""
+    out: list[Placement] = []
+    for p in sorted(placements, key=lambda p: p.dst_offset):
+        lo, hi = max(p.dst_offset, start), min(p.dst_offset + p.length, start + length)
+        if lo < hi:
+            out.append(Placement(src=p.src, src_offset=p.src_offset + lo - p.dst_offset, dst_offset=lo - start,
+                                 length=hi - lo))
+    return merge_placements(out)

@@ -1,0 +1,104 @@
+"""PyTorch DCP, both storage layouts, into full tensors [R01, R02, R18].
+
+* torch_save storage (``.metadata`` + ``__<rank>_<n>.distcp``): inspection read ``.metadata``
+  with the static pickle reader and located, for each chunk, the torch-zip item in its
+  ``.distcp`` file and the stored (uncompressed) tensor bytes in it.  Each chunk is placed by its
+  ``offsets``/``sizes``: a chunk of a tensor sharded on dim 0 is one contiguous range; a general
+  N-d chunk is split into contiguous runs (:func:`~ckptgate.consolidate.plan.chunk_runs`).
+* HF-safetensors storage (``shard-*-model-*.safetensors``): each shard's ``DCP_SHARDING_INFO``
+  gives ``saved_offsets`` per tensor; the full shape is the largest ``offset + size`` (there is
+  no ``.metadata``), and the plan invariants refuse any gap or overlap, which torch's own
+  ``consolidate_safetensors_files`` does not check.
+
+BYTE_IO items (non-tensor values) are never unpickled here; they are listed in the plan report
+as skipped.  FSDP2 ``DTensor`` ``Shard(0)`` state dicts saved through DCP take this path [R03].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ckptgate.consolidate.adapters._common import record_segment
+from ckptgate.consolidate.plan import (DTYPE_SIZES, ConsolidationPlan, OutputTensor, Placement, PlanError,
+                                       chunk_runs, merge_placements, numel, shard_tensors, st_dtype)
+
+
+def _ints(v: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise PlanError("plan.dcp.layout", f"{what} is not a list of integers")
+    return tuple(v)
+
+
+def _chunk_placements(fqn: str, full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...],
+                      src: str, base: int, itemsize: int) -> list[Placement]:
+    return [Placement(src=src, src_offset=base + s * itemsize, dst_offset=d * itemsize, length=n * itemsize)
+            for s, d, n in chunk_runs(full, offsets, sizes)]
+
+
+def torch_save_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
+    """Output tensors of a DCP torch_save layout (``Inspection.layout`` of ``dcp-torch-save``)."""
+    items: dict[tuple[str, tuple[int, ...]], Mapping[str, Any]] = {}
+    for it in layout.get("items", []):
+        if it.get("kind") == "tensor" and it.get("chunk_offsets") is not None:
+            items[(it["fqn"], tuple(it["chunk_offsets"]))] = it
+    out: list[OutputTensor] = []
+    for t in layout.get("tensors", []):
+        fqn = t["fqn"]
+        dtype = st_dtype(t["dtype"], what=fqn)
+        full = _ints(t["size"], f"{fqn}: size")
+        size = DTYPE_SIZES[dtype]
+        placements: list[Placement] = []
+        for c in t["chunks"]:
+            offsets, sizes = _ints(c["offsets"], f"{fqn}: chunk offsets"), _ints(c["sizes"], f"{fqn}: chunk sizes")
+            if numel(sizes) == 0:
+                continue
+            item = items.get((fqn, offsets))
+            if item is None or "tensor" not in item:
+                raise PlanError("plan.dcp.chunk_without_item", f"{fqn}: chunk {list(offsets)} has no located "
+                                "storage item", evidence={"tensor": fqn, "offsets": list(offsets)})
+            rec = item["tensor"]
+            if tuple(rec["shape"]) != sizes or st_dtype(rec["dtype"], what=fqn) != dtype:
+                raise PlanError("plan.dcp.item_mismatch", f"{fqn}: the item at chunk {list(offsets)} does not "
+                                "match the chunk's shape or dtype", evidence={"tensor": fqn})
+            seg = record_segment(item["path"], rec, what=fqn)
+            placements += _chunk_placements(fqn, full, offsets, sizes, seg.src, seg.offset, size)
+        out.append(OutputTensor(name=fqn, dtype=dtype, shape=full, placements=merge_placements(placements)))
+    return out
+
+
+def hf_storage_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
+    """Output tensors of a DCP HF-storage layout (``Inspection.layout`` of ``dcp-hf-safetensors``)."""
+    out: list[OutputTensor] = []
+    for t in layout.get("tensors", []):
+        fqn = t["fqn"]
+        dtype = st_dtype(t["dtype"], what=fqn)
+        full = _ints(t["size"], f"{fqn}: size")
+        size = DTYPE_SIZES[dtype]
+        placements: list[Placement] = []
+        for c in t["chunks"]:
+            offsets, sizes = _ints(c["offsets"], f"{fqn}: saved_offsets"), _ints(c["sizes"], f"{fqn}: shape")
+            begin, end = _ints(c["data_offsets"], f"{fqn}: data_offsets")
+            if end - begin != numel(sizes) * size:
+                raise PlanError("plan.dcp.item_mismatch", f"{fqn}: a chunk's byte range does not match its shape",
+                                evidence={"tensor": fqn, "path": c["path"]})
+            if numel(sizes):
+                placements += _chunk_placements(fqn, full, offsets, sizes, c["path"], begin, size)
+        out.append(OutputTensor(name=fqn, dtype=dtype, shape=full, placements=merge_placements(placements)))
+    return out
+
+
+def plan(fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int) -> ConsolidationPlan:
+    if fmt == "dcp-torch-save":
+        tensors = torch_save_tensors(layout)
+        skipped: Sequence[str] = sorted(layout.get("bytes_items", []))
+    elif fmt == "dcp-hf-safetensors":
+        tensors, skipped = hf_storage_tensors(layout), ()
+    else:
+        raise PlanError("plan.format.unsupported", f"{fmt!r} is not a DCP layout")
+    if not tensors:
+        raise PlanError("plan.empty", "the checkpoint holds no tensors")
+    report = {"adapter": "dcp", "format": fmt}
+    if skipped:
+        report["skipped_bytes_items"] = list(skipped)
+    return shard_tensors(tensors, max_shard_bytes=max_shard_bytes, report=report)

@@ -1,0 +1,301 @@
+"""DeepSpeed ZeRO-2/3 to fp32, and DeepSpeed Universal, into HF safetensors [R08, R09, R10].
+
+ZeRO checkpoints are pickles with DeepSpeed objects in them; the policy classes the
+``deepspeed`` loader as a framework deserializer.  So the files are loaded only in the contained
+worker, under a permit, and the worker returns JSON trees: ``param_shapes``, ``shared_params``,
+``buffer_names``, ``partition_count``, ``zero_stage`` and, for each flat fp32 group, its storage
+key and element offset.  Here those storage keys become byte ranges through the torch-zip layout
+inspection read statically (the worker's word is never taken for a byte range), and the worker's
+``param_shapes`` must equal what the static reader saw.  The rules follow DeepSpeed 0.19.8's
+``zero_to_fp32.py`` [R10]:
+
+* ZeRO-1/2: per param group, the ranks' ``single_partition_of_fp32_groups`` are concatenated in
+  rank order; params are walked in ``param_shapes`` order, each ``numel`` elements, plus its
+  ``param_alignment_paddings`` entry when present; the group's end is padding up to a multiple
+  of ``2 * world_size``, and the walk must consume exactly the aligned group.
+* ZeRO-3: each param is ``ceil(numel / world_size)`` elements from each rank's flat buffer (the
+  rank's ``fp32_flat_groups`` concatenated), at the same offset on every rank, concatenated in
+  rank order and cut to ``numel``: the padding sits on the last rank.
+* ``shared_params`` are re-linked (written once per name); frozen params come from
+  ``frozen_param_fragments`` in their saved dtype.  Buffers keep their saved dtype (zero_to_fp32
+  up-casts floating buffers to fp32; ckptgate preserves dtypes and says so in the report).
+
+Universal checkpoints hold one ``zero/<param>/fp32.pt`` per parameter: the ``param`` tensor in it
+is the full fp32 parameter [R09].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ckptgate.consolidate.adapters._common import Segment, record_segment, take
+from ckptgate.consolidate.plan import (DTYPE_SIZES, ConsolidationPlan, OutputTensor, PlanError, numel,
+                                       shard_tensors, st_dtype)
+from ckptgate.errors import RuntimeFailure
+
+
+class StorageMap:
+    """Storage key -> absolute byte range, per file, from inspection's static torch-zip reader."""
+
+    def __init__(self, files: Mapping[str, Any]) -> None:
+        self._files = files
+        self._maps: dict[str, dict[str, tuple[int, int]]] = {}
+
+    def ranges(self, rel: str) -> dict[str, tuple[int, int]]:
+        if rel not in self._maps:
+            f = self._files.get(rel)
+            if f is None or f.torch is None:
+                raise RuntimeFailure("runtime.plan.storage_unknown", f"{rel} has no statically read torch zip "
+                                     "layout, so no storage key can be mapped to bytes", evidence={"path": rel})
+            self._maps[rel] = {t.storage_key: tuple(t.storage_range) for t in f.torch.tensors}
+        return self._maps[rel]
+
+    def segment(self, rel: str, desc: Any, *, what: str) -> Segment:
+        """The bytes of a worker ``__tensor__`` record, through the static storage map."""
+        t = desc.get("__tensor__") if isinstance(desc, Mapping) else None
+        if not isinstance(t, Mapping):
+            raise RuntimeFailure("runtime.plan.not_a_tensor", f"{rel}: {what} is not a tensor in the worker's plan",
+                                 evidence={"path": rel, "what": what})
+        key = t.get("storage_key")
+        rng = self.ranges(rel).get(key) if isinstance(key, str) else None
+        if rng is None:
+            raise RuntimeFailure("runtime.plan.storage_unknown", f"{rel}: {what} names storage {key!r}, which the "
+                                 "static reader did not see", evidence={"path": rel, "storage_key": key})
+        if t.get("storage_nbytes") != rng[1] - rng[0]:
+            raise RuntimeFailure("runtime.plan.worker_disagrees", f"{rel}: storage {key!r} has "
+                                 f"{rng[1] - rng[0]} bytes in the file, the worker says {t.get('storage_nbytes')}",
+                                 evidence={"path": rel, "storage_key": key})
+        rec = {"dtype": t.get("dtype"), "storage_dtype": t.get("dtype"), "shape": t.get("shape"),
+               "stride": t.get("stride"), "storage_offset": t.get("storage_offset"), "storage_range": rng}
+        try:
+            return record_segment(rel, rec, what=what)
+        except (KeyError, TypeError, ValueError) as e:
+            raise RuntimeFailure("runtime.plan.bad_tensor", f"{rel}: malformed tensor record for {what}") from e
+
+
+def _get(tree: Any, *path: str, what: str) -> Any:
+    node = tree
+    for k in path:
+        if not isinstance(node, Mapping) or k not in node:
+            raise RuntimeFailure("runtime.plan.missing_key", f"{what}: no {'.'.join(path)} in the worker's plan",
+                                 evidence={"what": what, "key": ".".join(path)})
+        node = node[k]
+    return node
+
+
+def _int(v: Any, what: str) -> int:
+    if isinstance(v, Mapping) and "__enum__" in v:
+        v = v.get("value")
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise RuntimeFailure("runtime.plan.bad_value", f"{what} is not an integer", evidence={"what": what})
+    return v
+
+
+def _shapes(groups: Any, what: str) -> list[dict[str, tuple[int, ...]]]:
+    if not isinstance(groups, list):
+        raise RuntimeFailure("runtime.plan.bad_value", f"{what}: param_shapes is not a list")
+    out = []
+    for g in groups:
+        if not isinstance(g, Mapping) or not all(
+                isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v)
+                for v in g.values()):
+            raise RuntimeFailure("runtime.plan.bad_value", f"{what}: a param_shapes group is not name -> shape")
+        out.append({str(k): tuple(v) for k, v in g.items()})
+    return out
+
+
+def _paths(layout: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    models = [m["path"] for m in layout.get("model_states", [])]
+    optims = [o["path"] for o in sorted(layout.get("optim_states", []), key=lambda o: o.get("dp_rank", 0))]
+    if not models or not optims:
+        raise PlanError("plan.zero.layout", "the ZeRO layout lists no model_states or no optim_states files")
+    return models, optims
+
+
+def zero_files(layout: Mapping[str, Any]) -> list[str]:
+    """The files the worker must load: every model_states and optim_states file."""
+    models, optims = _paths(layout)
+    return models + optims
+
+
+def zero_tensors(layout: Mapping[str, Any], trees: Mapping[str, Any], files: Mapping[str, Any]
+                 ) -> tuple[list[OutputTensor], dict[str, Any]]:
+    """Output tensors of a ZeRO checkpoint from the worker's trees; also the report."""
+    models, optims = _paths(layout)
+    smap = StorageMap(files)
+    m0 = trees[models[0]]
+    shapes = _shapes(_get(m0, "param_shapes", what=models[0]), models[0])
+    static = layout["model_states"][0].get("param_shapes")
+    if static is not None and _shapes(static, "static layout") != shapes:
+        raise RuntimeFailure("runtime.plan.worker_disagrees", "the worker's param_shapes differ from what the "
+                             "static reader saw in the same file", evidence={"path": models[0]})
+    osd = [_get(trees[p], "optimizer_state_dict", what=p) for p in optims]
+    stage = _int(_get(osd[0], "zero_stage", what=optims[0]), "zero_stage")
+    pc = _get(osd[0], "partition_count", what=optims[0])
+    world = max(_int(x, "partition_count") for x in pc) if isinstance(pc, list) else _int(pc, "partition_count")
+    if world != len(optims) or world != layout.get("world_size", world):
+        raise PlanError("plan.zero.world_size", f"partition_count is {world} but there are {len(optims)} "
+                        "optimizer state files", evidence={"partition_count": world, "files": optims})
+    key = "fp32_flat_groups" if stage == 3 else "single_partition_of_fp32_groups"
+    if stage not in (1, 2, 3):
+        raise PlanError("plan.zero.stage", f"unknown ZeRO stage {stage}")
+    groups: list[list[Segment]] = []  # [rank][group]
+    for p, sd in zip(optims, osd, strict=True):
+        descs = _get(sd, key, what=p)
+        if not isinstance(descs, list):
+            raise RuntimeFailure("runtime.plan.bad_value", f"{p}: {key} is not a list")
+        segs = [smap.segment(p, d, what=f"{key}[{i}]") for i, d in enumerate(descs)]
+        if any(d["__tensor__"].get("dtype") != "float32" or len(d["__tensor__"].get("shape", [])) != 1
+               for d in descs):
+            raise PlanError("plan.zero.flat_group", f"{p}: {key} holds a tensor that is not flat fp32")
+        groups.append(segs)
+    if len({len(g) for g in groups}) != 1:
+        raise PlanError("plan.zero.groups", "ranks hold different numbers of fp32 groups")
+    out: dict[str, OutputTensor] = {}
+    report: dict[str, Any] = {"adapter": "deepspeed-zero", "zero_stage": stage, "world_size": world,
+                              "output_dtype": "F32 for trainable params (fp32 master weights)"}
+    if stage == 3:
+        _zero3(shapes, groups, world, out)
+    else:
+        paddings = osd[0].get("param_alignment_paddings") if isinstance(osd[0], Mapping) else None
+        _zero2(shapes, groups, world, paddings, out)
+    _frozen(models, trees, smap, stage, world, out, report)
+    _buffers(models[0], m0, smap, out, report)
+    shared = m0.get("shared_params") or {}
+    if isinstance(shared, Mapping):
+        for alias, target in shared.items():
+            if target in out and alias not in out:
+                src = out[target]
+                out[alias] = OutputTensor(name=alias, dtype=src.dtype, shape=src.shape, placements=src.placements)
+        report["shared_params"] = [[a, t] for a, t in shared.items()]
+    return list(out.values()), report
+
+
+def _zero2(shapes: list[dict[str, tuple[int, ...]]], groups: list[list[Segment]], world: int, paddings: Any,
+           out: dict[str, OutputTensor]) -> None:
+    if len(shapes) != len(groups[0]):
+        raise PlanError("plan.zero.groups", f"{len(shapes)} param_shapes groups but {len(groups[0])} fp32 groups")
+    align = 2 * world
+    for gi, group_shapes in enumerate(shapes):
+        merged = [groups[r][gi] for r in range(world)]  # rank order
+        avail = sum(s.count for s in merged)
+        pads = paddings[gi] if isinstance(paddings, list) else None
+        if pads is not None and (not isinstance(pads, list) or len(pads) != len(group_shapes)):
+            raise PlanError("plan.zero.padding", f"group {gi}: param_alignment_paddings does not match its params")
+        offset = 0
+        for pi, (name, shape) in enumerate(group_shapes.items()):
+            n = numel(shape)
+            placements = take(merged, offset, n, what=name) if n else []
+            out[name] = OutputTensor(name=name, dtype="F32", shape=shape, placements=tuple(placements))
+            offset += n + (_int(pads[pi], "padding") if pads is not None else 0)
+        aligned_off, aligned_avail = align * math.ceil(offset / align), align * math.ceil(avail / align)
+        if aligned_off != aligned_avail:
+            raise PlanError("plan.zero.padding_mismatch", f"group {gi}: params consume {offset} elements of "
+                            f"{avail} (aligned to {align}: {aligned_off} != {aligned_avail})",
+                            evidence={"group": gi, "consumed": offset, "available": avail, "align": align})
+
+
+def _zero3(shapes: list[dict[str, tuple[int, ...]]], groups: list[list[Segment]], world: int,
+           out: dict[str, OutputTensor]) -> None:
+    sizes = [[s.count for s in rank] for rank in groups]
+    if any(sz != sizes[0] for sz in sizes):
+        raise PlanError("plan.zero.groups", "ranks hold fp32 flat groups of different sizes",
+                        evidence={"sizes": sizes})
+    flat = {name: shape for g in shapes for name, shape in g.items()}
+    offset = 0
+    for name, shape in flat.items():
+        n = numel(shape)
+        part = math.ceil(n / world)
+        placements = []
+        got = 0
+        for r in range(world):
+            k = min(part, n - got)
+            if k > 0:
+                placements += take(groups[r], offset, k, dst_elem=got, what=name)
+                got += k
+        out[name] = OutputTensor(name=name, dtype="F32", shape=shape, placements=tuple(placements))
+        offset += part
+    if offset != sum(sizes[0]):
+        raise PlanError("plan.zero.padding_mismatch", f"params consume {offset} elements per rank, each rank "
+                        f"holds {sum(sizes[0])}", evidence={"consumed": offset, "available": sum(sizes[0])})
+
+
+def _frozen(models: Sequence[str], trees: Mapping[str, Any], smap: StorageMap, stage: int, world: int,
+            out: dict[str, OutputTensor], report: dict[str, Any]) -> None:
+    fshapes = trees[models[0]].get("frozen_param_shapes")
+    if not fshapes:
+        return
+    shapes = _shapes([fshapes], "frozen_param_shapes")[0]
+    for name, shape in shapes.items():
+        n = numel(shape)
+        if stage == 3:
+            if len(models) != world:
+                raise PlanError("plan.zero.world_size", "ZeRO-3 frozen params need one model_states file per rank")
+            segs = [smap.segment(m, _get(trees[m], "frozen_param_fragments", name, what=m), what=name)
+                    for m in models]
+        else:
+            segs = [smap.segment(models[0], _get(trees[models[0]], "frozen_param_fragments", name, what=models[0]),
+                                 what=name)]
+        desc = _get(trees[models[0]], "frozen_param_fragments", name, what=models[0])["__tensor__"]
+        dtype = st_dtype(str(desc.get("dtype")), what=name)
+        out[name] = OutputTensor(name=name, dtype=dtype, shape=shape,
+                                 placements=tuple(take(segs, 0, n, what=name)) if n else ())
+    report["frozen_params"] = sorted(shapes)
+
+
+def _buffers(rel: str, m0: Any, smap: StorageMap, out: dict[str, OutputTensor], report: dict[str, Any]) -> None:
+    names = m0.get("buffer_names") or []
+    module = m0.get("module") or {}
+    kept = []
+    for name in names:
+        desc = module.get(name) if isinstance(module, Mapping) else None
+        if desc is None:
+            continue
+        seg = smap.segment(rel, desc, what=name)
+        t = desc["__tensor__"]
+        out[name] = OutputTensor(name=name, dtype=st_dtype(t["dtype"], what=name), shape=tuple(t["shape"]),
+                                 placements=tuple(take([seg], 0, seg.count, what=name)) if seg.count else ())
+        kept.append(name)
+    if kept:
+        report["buffers_saved_dtype_kept"] = kept
+
+
+def zero_plan(layout: Mapping[str, Any], trees: Mapping[str, Any], files: Mapping[str, Any], *,
+              max_shard_bytes: int) -> ConsolidationPlan:
+    tensors, report = zero_tensors(layout, trees, files)
+    if not tensors:
+        raise PlanError("plan.empty", "the checkpoint holds no parameters")
+    return shard_tensors(tensors, max_shard_bytes=max_shard_bytes, report=report)
+
+
+def universal_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
+    """Output tensors of a Universal checkpoint: the ``param`` tensor of each ``zero/<name>/fp32.pt``."""
+    out = []
+    for name, rec in sorted(layout.get("params", {}).items()):
+        info = rec.get("files", {}).get("fp32")
+        if info is None or "tensors" not in info:
+            raise PlanError("plan.universal.no_fp32", f"parameter {name!r} has no readable fp32.pt",
+                            evidence={"param": name})
+        tensors = info["tensors"]
+        chosen = [t for t in tensors if t["name"] == "param"] or (tensors if len(tensors) == 1 else [])
+        if len(chosen) != 1:
+            raise PlanError("plan.universal.ambiguous", f"{info['path']}: no single 'param' tensor",
+                            evidence={"param": name, "tensors": [t["name"] for t in tensors]})
+        t = chosen[0]
+        seg = record_segment(info["path"], t, what=name)
+        dtype = st_dtype(t["dtype"], what=name)
+        if DTYPE_SIZES[dtype] != seg.itemsize:
+            raise PlanError("plan.tensor.dtype", f"{name}: dtype size mismatch")
+        out.append(OutputTensor(name=name, dtype=dtype, shape=tuple(int(d) for d in t["shape"]),
+                                placements=tuple(take([seg], 0, seg.count, what=name)) if seg.count else ()))
+    return out
+
+
+def universal_plan(layout: Mapping[str, Any], *, max_shard_bytes: int) -> ConsolidationPlan:
+    tensors = universal_tensors(layout)
+    if not tensors:
+        raise PlanError("plan.empty", "the checkpoint holds no parameters")
+    return shard_tensors(tensors, max_shard_bytes=max_shard_bytes,
+                         report={"adapter": "deepspeed-universal", "params": len(tensors)})

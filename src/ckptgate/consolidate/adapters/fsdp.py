@@ -1,0 +1,49 @@
+"""FSDP state dicts [R03].
+
+* ``SHARDED_STATE_DICT`` / FSDP2 ``DTensor`` ``Shard(0)`` saved through DCP: the DCP adapter.
+* ``FULL_STATE_DICT`` saved with ``torch.save``: one torch zip; inspection's static reader
+  located every tensor's storage bytes, so each output tensor is one byte range.
+* ``LOCAL_STATE_DICT`` (``flat_param`` shards): the shards record no per-parameter names,
+  shapes or padding, so they are refused (``plan.format.not_consolidatable``); nothing is guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ckptgate.consolidate.adapters._common import record_segment, take
+from ckptgate.consolidate.plan import (ConsolidationPlan, NotConsolidatable, OutputTensor, PlanError,
+                                       shard_tensors, st_dtype)
+
+
+def full_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
+    """Output tensors of an ``fsdp-full`` layout (``{"file", "prefix", "tensors": [TensorRecord]}``)."""
+    src = layout.get("file")
+    if not isinstance(src, str):
+        raise PlanError("plan.fsdp.layout", "the FULL_STATE_DICT layout names no file")
+    out = []
+    for rec in layout.get("tensors", []):
+        name = rec["name"]
+        seg = record_segment(src, rec, what=name)
+        out.append(OutputTensor(name=name, dtype=st_dtype(rec["dtype"], what=name),
+                                shape=tuple(int(d) for d in rec["shape"]),
+                                placements=tuple(take([seg], 0, seg.count, what=name)) if seg.count else ()))
+    return out
+
+
+def plan(fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int) -> ConsolidationPlan:
+    if fmt == "fsdp-local":
+        raise NotConsolidatable("plan.format.not_consolidatable",
+                                "FSDP LOCAL_STATE_DICT flat_param shards record no per-parameter names, shapes "
+                                "or padding; ckptgate does not guess them [R03]",
+                                evidence={"format": fmt, "files": list(layout.get("files", []))},
+                                advice="Save the model again with SHARDED_STATE_DICT through "
+                                       "torch.distributed.checkpoint, or with FULL_STATE_DICT.")
+    if fmt != "fsdp-full":
+        raise PlanError("plan.format.unsupported", f"{fmt!r} is not an FSDP torch.save layout")
+    tensors = full_tensors(layout)
+    if not tensors:
+        raise PlanError("plan.empty", "the checkpoint holds no tensors")
+    return shard_tensors(tensors, max_shard_bytes=max_shard_bytes,
+                         report={"adapter": "fsdp-full", "format": fmt, "prefix": layout.get("prefix")})

@@ -1,0 +1,146 @@
+"""Framework loads for consolidation: only in the contained worker, only under a permit [R28, R34].
+
+:func:`load_plans` opens each input with the :class:`~ckptgate.inspect.SafeTree` (openat2),
+hashes the open descriptor and checks it against the ``FixtureDigest`` manifest, so the bytes
+the worker loads are the bytes that were verified and decided on; then it runs the worker job
+that the permit's loader names.  The worker returns JSON object trees (tensors as storage keys
+and offsets, never data, never a pickle); adapters map storage keys to byte ranges with the
+torch-zip layout that inspection read statically, and the writer moves the raw bytes.
+
+Containment limits what a hostile loader can reach; it is not proof that the load is safe
+[R30, claim rule 5].
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ckptgate.errors import RuntimeFailure
+
+if TYPE_CHECKING:
+    from ckptgate.digest import FixtureDigest
+    from ckptgate.enforce.containment import ContainmentProfile
+    from ckptgate.enforce.permit import Permit
+    from ckptgate.enforce.worker import WorkerLimits
+    from ckptgate.inspect import Inspection, SafeTree
+
+_HASH_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerOptions:
+    """How consolidation runs framework loaders: timeout, limits and the host's preflight profile
+    (measured on first use when ``None``)."""
+
+    timeout_s: float = 600.0
+    limits: WorkerLimits | None = None
+    profile: ContainmentProfile | None = None
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ValueError("timeout_s must be positive")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadedPlans:
+    """What the worker said about each file: its JSON object tree, keyed by relpath."""
+
+    trees: Mapping[str, Any]
+    controls: Mapping[str, bool]
+    job: str
+    wall_s: float
+    worker_pid: int = field(default=0)
+
+
+def job_for(loader: str) -> str:
+    """The worker job that runs ``loader`` and returns placement trees only."""
+    from ckptgate.enforce.worker import JOBS
+
+    for job, name in JOBS.items():
+        if name == loader and not job.endswith("_bytes"):
+            return job
+    raise RuntimeFailure("runtime.worker.no_job", f"the contained worker has no job for loader {loader!r}",
+                         evidence={"loader": loader, "jobs": dict(JOBS)},
+                         advice="This loader cannot run in the contained worker yet; nothing was loaded.")
+
+
+def preimports_for(inspection: Inspection, relpaths: Sequence[str]) -> list[str]:
+    """Modules the pickles' globals live in (from the static reader), under the allowed roots."""
+    from ckptgate.enforce.worker import PREIMPORT_ROOTS
+
+    by_path = {f.path: f for f in inspection.files}
+    mods: list[str] = []
+    for rel in relpaths:
+        rep = by_path[rel].pickle if rel in by_path else None
+        for g in (rep.globals if rep is not None else ()):
+            mod = g.rsplit(".", 1)[0]
+            if mod.split(".", 1)[0] in PREIMPORT_ROOTS and mod not in mods:
+                mods.append(mod)
+    return mods
+
+
+def open_verified(tree: SafeTree, relpaths: Sequence[str], digest: FixtureDigest) -> list[Any]:
+    """Open each file beneath the root and check its sha256 against the manifest (caller closes)."""
+    from ckptgate.enforce.worker import OpenedInput
+
+    manifest = {e.path: e for e in digest.manifest}
+    opened: list[OpenedInput] = []
+    try:
+        for rel in relpaths:
+            entry = manifest.get(rel)
+            if entry is None:
+                raise RuntimeFailure("runtime.input.not_in_manifest", f"{rel} is not in the fixture digest manifest",
+                                     evidence={"path": rel, "digest": digest.digest})
+            fd = tree.open_file(rel)
+            opened.append(OpenedInput(fd=fd, relpath=rel, sha256=entry.sha256))
+            h, pos = hashlib.sha256(), 0
+            while chunk := os.pread(fd, _HASH_CHUNK, pos):
+                h.update(chunk)
+                pos += len(chunk)
+            if h.hexdigest() != entry.sha256 or pos != entry.size:
+                raise RuntimeFailure("runtime.input.digest_mismatch",
+                                     f"{rel} does not have the sha256 recorded in the fixture digest; it was not "
+                                     "loaded", evidence={"path": rel, "expected": entry.sha256,
+                                                         "actual": h.hexdigest(), "digest": digest.digest})
+    except BaseException:
+        for o in opened:
+            os.close(o.fd)
+        raise
+    return opened
+
+
+def load_plans(tree: SafeTree, inspection: Inspection, relpaths: Sequence[str], *, permit: Permit | None,
+               digest: FixtureDigest, options: WorkerOptions) -> LoadedPlans:
+    """Run the permit's loader on ``relpaths`` in the contained worker; return the JSON trees.
+
+    :raises RuntimeFailure: no permit (``runtime.worker.permit_missing``), a file that differs from
+        the manifest, or any worker failure (timeout, crash, protocol violation).
+    :raises PolicyDenied: the permit does not allow this load (``enforce.permit.*``).
+    """
+    from ckptgate.enforce.containment import preflight
+    from ckptgate.enforce.worker import WorkerLimits, run_contained
+
+    if permit is None:
+        raise RuntimeFailure("runtime.worker.permit_missing", "a framework load needs a permit; none was given")
+    job = job_for(permit.loader)
+    profile = options.profile or preflight()
+    # The permit is checked before any descriptor is opened, and again by run_contained and the worker.
+    permit.check(fixture_digest=digest.digest, loader=permit.loader, controls=profile.controls)
+    files = open_verified(tree, relpaths, digest)
+    try:
+        res = run_contained(job, files, permit=permit, profile=profile, limits=options.limits or WorkerLimits(),
+                            timeout_s=options.timeout_s, fixture_digest=digest.digest,
+                            preimports=preimports_for(inspection, relpaths))
+    finally:
+        for f in files:
+            os.close(f.fd)
+    missing = [r for r in relpaths if r not in res.plans]
+    if missing:
+        raise RuntimeFailure("runtime.worker.plan_missing", f"the worker returned no plan for {missing}",
+                             evidence={"missing": missing})
+    return LoadedPlans(trees=dict(res.plans), controls=dict(res.controls), job=job, wall_s=res.wall_s,
+                       worker_pid=res.pid)

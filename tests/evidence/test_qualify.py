@@ -1,0 +1,80 @@
+"""Qualification on the real hf_sharded fixture: round trip, signed statement, retained log."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from ckptgate.evidence.errors import EvidenceError
+from ckptgate.evidence.qualify import find_fixture, qualify
+from ckptgate.verify import AttestationStore, TrustData, verify_attestation
+from ckptgate.verify.store import _statement_of
+from evidence_helpers import FIXTURE, EvidenceRepo
+
+
+def _only_attestation(repo: Path) -> Path:
+    files = list(AttestationStore(repo / "attestations").iter())
+    assert len(files) == 1
+    return files[0]
+
+
+def test_qualified_statement_verifies_and_names_exact_facts(qualified_repo: EvidenceRepo) -> None:
+    repo = qualified_repo.path
+    att = _only_attestation(repo)
+    trust = TrustData.from_file(repo / "policies" / "ckptgate" / "config" / "trust" / "data.json")
+    digest = "sha256:" + att.parent.name.removeprefix("sha256-")
+    va = verify_attestation(att.read_bytes(), source=str(att), trust=trust, measured_digest=digest,
+                            now=datetime.now(timezone.utc))
+    pred = va.statement["predicate"]
+    meta = json.loads((repo / "tests/fixtures/data" / FIXTURE / "meta.json").read_text())
+    assert pred["producer"] == {"name": "huggingface_hub", "version": meta["versions"]["huggingface_hub"]}
+    assert pred["adapter"]["name"] == "hf-safetensors"
+    assert pred["candidate_commit"] == qualified_repo.code_commit
+    assert pred["topology"]["world_size"] == 1 and pred["topology"]["tp"] == 1
+    assert pred["fixture"]["digest"] == digest
+    assert pred["result"]["status"] == "passed"
+    assert "tensor_bytes_bit_exact" in pred["result"]["checks_run"]
+    log = repo / pred["result"]["evidence"]["location"]
+    assert log.is_relative_to(repo / "attestations" / "evidence")
+    assert pred["result"]["evidence"]["digest"] == "sha256:" + hashlib.sha256(log.read_bytes()).hexdigest()
+    doc = json.loads(log.read_text())
+    assert doc["status"] == "passed" and doc["tree_dirty"] is False
+    names = {t["name"] for t in doc["comparison"]}
+    assert names == set(meta["expected"]["tensors"])
+    assert all(t["bytes_equal"] for t in doc["comparison"])
+
+
+def test_dirty_tree_is_refused(clone: Path, qualified_repo: EvidenceRepo) -> None:
+    (clone / "stray.txt").write_text("uncommitted\n")
+    with pytest.raises(EvidenceError) as e:
+        qualify(clone, find_fixture(clone, FIXTURE), "hf-safetensors", key=qualified_repo.key)
+    assert e.value.code == "evidence.qualify.dirty_tree"
+    assert e.value.evidence["paths"] == ["stray.txt"]
+
+
+def test_adapter_must_match_the_fixture_format(clone: Path, qualified_repo: EvidenceRepo) -> None:
+    with pytest.raises(EvidenceError) as e:
+        qualify(clone, find_fixture(clone, FIXTURE), "dcp", key=qualified_repo.key)
+    assert e.value.code == "evidence.qualify.adapter_mismatch"
+
+
+def test_unknown_fixture(clone: Path) -> None:
+    with pytest.raises(EvidenceError) as e:
+        find_fixture(clone, "no_such_fixture")
+    assert e.value.code == "evidence.fixture.unknown"
+    assert FIXTURE in e.value.evidence["known"]
+
+
+def test_requalifying_supersedes_the_previous_statement(clone: Path, qualified_repo: EvidenceRepo) -> None:
+    before = _only_attestation(clone)
+    result = qualify(clone, find_fixture(clone, FIXTURE), "hf-safetensors", key=qualified_repo.key,
+                     now=datetime(2031, 1, 1, tzinfo=timezone.utc))
+    after = _only_attestation(clone)
+    assert result.superseded == (before,)
+    assert after == result.attestation and after != before
+    _, stmt, _ = _statement_of(after.read_bytes())
+    assert stmt["predicate"]["validity"]["issued_at"] == "2031-01-01T00:00:00Z"

@@ -57,13 +57,23 @@ default time_ns(_) := null
 time_ns(value) := time.parse_rfc3339_ns(value) if is_string(value)
 
 # METADATA
+# scope: document
 # description: >-
 #   Every trust problem of one attestation, as reason objects. Empty means trusted. ctx holds
 #   bind_fixture, fixture_digest, now_ns and candidate_commit (null: no commit binding).
-#   cfg holds signers (trust data) and intake (intake data).
+#   cfg holds signers (trust data) and intake (intake data). When the checks cannot be
+#   evaluated at all, the one problem is attestation_unchecked (fail closed).
+default problems(_, _, _, _) := {{
+	"code": "attestation_unchecked",
+	"message": "the trust checks could not be evaluated (policy data or request context incomplete)",
+	"evidence": {},
+}}
+
 problems(i, att, ctx, cfg) := {_reason(code, i, att, ctx, cfg) |
-	some code, failed in checks(att, ctx, cfg)
+	some code, failed in c
 	failed
+} if {
+	c := checks(att, ctx, cfg)
 }
 
 # METADATA
@@ -72,7 +82,7 @@ checks(att, ctx, cfg) := {
 	"attestation_malformed": count(malformed_fields(att, cfg.intake.statement_types)) > 0,
 	"attestation_untrusted_signer": signer_trusted(att, cfg) == false,
 	"attestation_digest_mismatch": _fixture_unbound(att, ctx),
-	"attestation_freshness_unchecked": is_number(ctx.now_ns) == false,
+	"attestation_freshness_unchecked": _freshness_unknown(ctx.now_ns, cfg.intake.freshness),
 	"attestation_expired": expired(att, ctx.now_ns, cfg.intake.freshness),
 	"attestation_not_yet_valid": not_yet_valid(att, ctx.now_ns, cfg.intake.freshness),
 	"attestation_wrong_commit": commit_bound(att, ctx.candidate_commit) == false,
@@ -99,7 +109,7 @@ malformed_fields(att, statement_types) := {name |
 }
 
 _field_checks(att, statement_types) := {
-	"statement._type": at(att, ["statement", "_type"]) in statement_types,
+	"statement._type": _member(at(att, ["statement", "_type"]), statement_types),
 	"statement.predicateType": _non_empty_string(at(att, ["statement", "predicateType"])),
 	"statement.subject": _non_empty_array(at(att, ["statement", "subject"])),
 	"statement.predicate": is_object(at(att, ["statement", "predicate"])),
@@ -108,6 +118,21 @@ _field_checks(att, statement_types) := {
 	"predicate.validity.issued_at": is_number(time_ns(at(att, ["statement", "predicate", "validity", "issued_at"]))),
 	"predicate.validity.expires_at": is_number(time_ns(at(att, ["statement", "predicate", "validity", "expires_at"]))),
 	"signers": _non_empty_array(at(att, ["signers"])),
+}
+
+default _member(_, _) := false
+
+_member(x, xs) if {
+	is_array(xs)
+	x in xs
+}
+
+default _freshness_unknown(_, _) := true
+
+_freshness_unknown(now_ns, freshness) := false if {
+	is_number(now_ns)
+	is_number(freshness.max_age_seconds)
+	is_number(freshness.max_clock_skew_seconds)
 }
 
 default _non_empty_string(_) := false
@@ -261,8 +286,8 @@ _message("attestation_digest_mismatch", _, ctx, _) := sprintf(
 )
 
 _message("attestation_freshness_unchecked", _, _, _) := concat("", [
-	"freshness cannot be checked: ",
-	"request.now is not an RFC 3339 time",
+	"freshness cannot be checked: request.now is not an RFC 3339 time ",
+	"or the freshness policy data is incomplete",
 ])
 
 _message("attestation_expired", att, _, cfg) := sprintf(

@@ -170,3 +170,28 @@ test_time_ns_is_null_for_non_times if {
 	trust.time_ns("not a time") == null
 	trust.time_ns(42) == null
 }
+
+test_freshness_unchecked_when_intake_data_lacks_freshness if {
+	inp := td.framework_input
+	ts := trust.trusted_attestations with input as inp
+		with data.ckptgate.config.trust as td.trust
+		with data.ckptgate.config.intake.freshness as null
+	ts == set()
+	rs := trust.reasons with input as inp
+		with data.ckptgate.config.trust as td.trust
+		with data.ckptgate.config.intake.freshness as null
+	{r.code | some r in rs} == {"attestation_freshness_unchecked"}
+}
+
+test_malformed_when_statement_types_data_missing if {
+	rs := trust.reasons with input as td.framework_input
+		with data.ckptgate.config.trust as td.trust
+		with data.ckptgate.config.intake.statement_types as null
+	{r.code | some r in rs} == {"attestation_malformed"}
+}
+
+test_unchecked_when_checks_cannot_be_evaluated if {
+	ctx := {"bind_fixture": true, "fixture_digest": null, "now_ns": 0, "candidate_commit": null}
+	ps := trust.problems(0, td.attestation, ctx, {"signers": []})
+	{p.code | some p in ps} == {"attestation_unchecked"}
+}

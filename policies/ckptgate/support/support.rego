@@ -1,0 +1,184 @@
+# METADATA
+# title: ckptgate.support
+# description: >-
+#   Turns every qualification attestation into a support-matrix row with a status:
+#   supported, stale (qualified at another candidate commit, or expired), unqualified
+#   (evidence incomplete, version not gated, or the candidate commit not established) or
+#   refused (result failed, signer untrusted, statement malformed or not yet valid, or naming
+#   an evidence commit). Claim rule 3: a row is supported only with an exact producer version,
+#   adapter version, immutable fixture digest, candidate commit, environment, topology and a
+#   retained result (evidence digest and location) at the exact candidate commit.
+#
+#   The candidate commit: walking first parents back from HEAD, the oldest commit whose tree,
+#   outside attestations/ and matrix/, equals HEAD's. The commits after it change only
+#   attestations/ and matrix/ and are evidence commits; an evidence commit cannot name itself,
+#   so an attestation that names an evidence commit (or HEAD, when HEAD is one) is refused.
+#   Python computes input.head; this policy checks that it is consistent with that definition
+#   and that each attestation names exactly input.head.candidate_commit.
+#
+#   Input: {attestations: [verified facts], rejected_attestations: [...], now,
+#   head: {commit, candidate_commit, source_tree, candidate_source_tree, evidence_commits},
+#   targets: [adapter names]}. Every row costs a constant amount of work (linear batches).
+package ckptgate.support
+
+import data.ckptgate.trust
+
+# METADATA
+# description: >-
+#   One row per qualification attestation (input order), then one per rejected attestation,
+#   then one unqualified row per target adapter that has no supported row.
+# entrypoint: true
+rows := array.concat(array.concat(attestation_rows, rejected_rows), target_rows)
+
+# METADATA
+# description: Row counts per status.
+# entrypoint: true
+summary[status] := count([1 | some row in rows; row.status == status]) if {
+	some status in ["supported", "stale", "unqualified", "refused"]
+}
+
+# METADATA
+# description: The rows of verified qualification attestations.
+attestation_rows := [row |
+	some i, att in _attestations
+	trust.at(att, ["statement", "predicateType"]) == _qualification_type
+	row := _row(i, att)
+]
+
+# METADATA
+# description: Attestations that are not qualification evidence; they make no row.
+ignored contains {"attestation": i, "source": trust.at(att, ["source"]), "predicate_type": t} if {
+	some i, att in _attestations
+	t := trust.at(att, ["statement", "predicateType"])
+	t != _qualification_type
+}
+
+# METADATA
+# description: Refused rows for attestations whose cryptographic verification failed.
+rejected_rows := [row |
+	some rejected in object.get(input, "rejected_attestations", [])
+	row := object.union(_empty_row, {
+		"source": object.get(rejected, "source", null),
+		"status": "refused",
+		"reasons": [_reason(
+			"attestation_rejected",
+			sprintf("attestation %v failed verification (%v)", [
+				object.get(rejected, "source", null),
+				object.get(rejected, "code", null),
+			]),
+			{"error_code": object.get(rejected, "code", null), "message": object.get(rejected, "message", null)},
+		)],
+	})
+]
+
+# METADATA
+# description: Unqualified rows for target adapters without a supported row.
+target_rows := [row |
+	some adapter in object.get(input, "targets", [])
+	not adapter in _supported_adapters
+	row := object.union(_empty_row, {
+		"adapter": adapter,
+		"format": object.get(_formats_by_adapter, adapter, []),
+		"status": "unqualified",
+		"reasons": [_reason(
+			"no_supported_attestation",
+			sprintf("adapter %v has no supported qualification at candidate commit %v", [adapter, _candidate]),
+			{"adapter": adapter, "candidate_commit": _candidate},
+		)],
+	})
+]
+
+_supported_adapters contains row.adapter if {
+	some row in attestation_rows
+	row.status == "supported"
+}
+
+_attestations := object.get(input, "attestations", [])
+
+_qualification_type := data.ckptgate.config.intake.predicates.qualification.type
+
+_candidate := object.get(input, ["head", "candidate_commit"], null)
+
+_formats_by_adapter[adapter] := sort(names) if {
+	some f in data.ckptgate.config.gates.formats
+	adapter := f.adapter
+	is_string(adapter)
+	names := {name | some name, g in data.ckptgate.config.gates.formats; g.adapter == adapter}
+}
+
+_empty_row := {
+	"source": null, "format": [], "adapter": null, "adapter_version": null,
+	"producer": null, "producer_version": null, "fixture_digest": null,
+	"candidate_commit": null, "environment": null, "topology": null,
+	"status": "refused", "reasons": [], "evidence": null,
+}
+
+_context := {
+	"bind_fixture": false,
+	"fixture_digest": null,
+	"now_ns": trust.time_ns(object.get(input, "now", null)),
+	"candidate_commit": _candidate,
+}
+
+_config := {
+	"signers": object.get(data.ckptgate.config, ["trust", "signers"], []),
+	"intake": data.ckptgate.config.intake,
+}
+
+_row(i, att) := {
+	"source": trust.at(att, ["source"]),
+	"format": object.get(_formats_by_adapter, _p(att, ["adapter", "name"]), []),
+	"adapter": _p(att, ["adapter", "name"]),
+	"adapter_version": _p(att, ["adapter", "version"]),
+	"producer": _p(att, ["producer", "name"]),
+	"producer_version": _p(att, ["producer", "version"]),
+	"fixture_digest": _p(att, ["fixture", "digest"]),
+	"candidate_commit": _p(att, ["candidate_commit"]),
+	"environment": _p(att, ["environment"]),
+	"topology": _p(att, ["topology"]),
+	"status": _status(reasons, status_of),
+	"reasons": sort(reasons),
+	"evidence": {
+		"result": _p(att, ["result", "status"]),
+		"digest": _p(att, ["result", "evidence", "digest"]),
+		"location": _p(att, ["result", "evidence", "location"]),
+		"signers": [s | some signer in object.get(att, "signers", []); s := object.get(signer, "signer_id", null)],
+	},
+} if {
+	reasons := trust.problems(i, att, _context, _config) | row_problems(i, att)
+}
+
+default _p(_, _) := null
+
+_p(att, path) := object.get(att.statement.predicate, path, null) if is_object(att.statement.predicate)
+
+# METADATA
+# description: The status class of each reason code; an unknown code refuses.
+status_of := {
+	"attestation_rejected": "refused",
+	"attestation_malformed": "refused",
+	"attestation_untrusted_signer": "refused",
+	"attestation_not_yet_valid": "refused",
+	"attestation_digest_mismatch": "refused",
+	"result_failed": "refused",
+	"candidate_commit_is_evidence_commit": "refused",
+	"attestation_wrong_commit": "stale",
+	"attestation_expired": "stale",
+	"attestation_freshness_unchecked": "stale",
+	"claim_incomplete": "unqualified",
+	"producer_version_not_gated": "unqualified",
+	"adapter_unknown": "unqualified",
+	"candidate_commit_unverified": "unqualified",
+	"attestation_unchecked": "refused",
+	"no_supported_attestation": "unqualified",
+}
+
+_status(reasons, classes) := order[max({0} | {rank |
+	some r in reasons
+	some rank, status in order
+	status == object.get(classes, r.code, "refused")
+})] if {
+	order := ["supported", "unqualified", "stale", "refused"]
+}
+
+_reason(code, message, ev) := {"code": code, "message": message, "evidence": ev}

@@ -1,0 +1,205 @@
+# METADATA
+# title: ckptgate.support_test
+# description: Table-driven tests for every support status and row reason code.
+package ckptgate.support_test
+
+import data.ckptgate.support
+import data.ckptgate.testdata_test as td
+
+_head := {
+	"commit": "3333333333333333333333333333333333333333",
+	"candidate_commit": td.commit,
+	"source_tree": "tree-outside-evidence",
+	"candidate_source_tree": "tree-outside-evidence",
+	"evidence_commits": ["3333333333333333333333333333333333333333"],
+}
+
+_other_commit := "2222222222222222222222222222222222222222"
+
+_input(atts) := {"now": "2026-11-29T17:00:00Z", "head": _head, "attestations": atts}
+
+_att(ops) := json.patch(td.attestation, ops)
+
+_set(path, value) := _att([{"op": "replace", "path": path, "value": value}])
+
+_rows(inp) := rs if {
+	rs := support.rows with input as inp with data.ckptgate.config.trust as td.trust
+}
+
+_row(att) := _rows(_input([att]))[0]
+
+_row_codes(row) := {r.code | some r in row.reasons}
+
+# Each row reason code, the attestation that must produce it, and the status it must give.
+_cases := {
+	"attestation_malformed": [_att([{"op": "remove", "path": "/statement/predicate/validity"}]), "refused"],
+	"attestation_untrusted_signer": [_set("/signers/0/spki_sha256", "00"), "refused"],
+	"attestation_not_yet_valid": [_set("/statement/predicate/validity/issued_at", "2026-12-01T00:00:00Z"), "refused"],
+	"attestation_digest_mismatch": [
+		_set("/statement/predicate/fixture/digest", concat(":", ["sha256", td.key_spki])),
+		"refused",
+	],
+	"result_failed": [_set("/statement/predicate/result/status", "failed"), "refused"],
+	"candidate_commit_is_evidence_commit": [_set("/statement/predicate/candidate_commit", _head.commit), "refused"],
+	"attestation_wrong_commit": [_set("/statement/predicate/candidate_commit", _other_commit), "stale"],
+	"attestation_expired": [_set("/statement/predicate/validity/expires_at", "2026-11-29T16:59:59Z"), "stale"],
+	"claim_incomplete": [_set("/statement/predicate/topology", {}), "unqualified"],
+	"producer_version_not_gated": [_set("/statement/predicate/producer/version", "0.18.0"), "unqualified"],
+	"adapter_unknown": [_set("/statement/predicate/adapter/name", "onnx"), "unqualified"],
+}
+
+test_every_row_case_has_its_code_and_status if {
+	every code, case in _cases {
+		row := _row(case[0])
+		code in _row_codes(row)
+		row.status == case[1]
+	}
+}
+
+test_supported_row_carries_every_claim_rule_3_field if {
+	row := _row(td.attestation)
+	row.status == "supported"
+	row.reasons == []
+	row.adapter == "deepspeed-zero"
+	row.format == ["deepspeed-zero"]
+	row.adapter_version == "0.1.0"
+	row.producer == "deepspeed"
+	row.producer_version == "0.19.8"
+	row.fixture_digest == concat(":", ["sha256", td.fixture_hex])
+	row.candidate_commit == td.commit
+	row.topology.world_size == 2
+	row.environment.python == "3.11.2"
+	row.evidence.location == "attestations/evidence/run.log"
+	row.evidence.signers == ["ci-test"]
+}
+
+test_refused_when_result_failed if {
+	row := _row(_cases.result_failed[0])
+	row.status == "refused"
+	"result_failed" in _row_codes(row)
+}
+
+test_refused_when_signer_untrusted if _row(_cases.attestation_untrusted_signer[0]).status == "refused"
+
+test_refused_when_candidate_names_evidence_commit if {
+	_row(_cases.candidate_commit_is_evidence_commit[0]).status == "refused"
+}
+
+test_stale_when_qualified_at_another_candidate_commit if {
+	_row(_cases.attestation_wrong_commit[0]).status == "stale"
+}
+
+test_stale_when_expired if _row(_cases.attestation_expired[0]).status == "stale"
+
+test_stale_when_now_missing if {
+	row := _rows({"head": _head, "attestations": [td.attestation]})[0]
+	row.status == "stale"
+	_row_codes(row) == {"attestation_freshness_unchecked"}
+}
+
+test_unqualified_when_producer_version_is_a_range if {
+	row := _row(_set("/statement/predicate/producer/version", ">=0.19"))
+	row.status == "unqualified"
+	some r in row.reasons
+	r.code == "claim_incomplete"
+	r.evidence.field == "producer.version"
+}
+
+test_unqualified_when_evidence_location_escapes if {
+	row := _row(_set("/statement/predicate/result/evidence/location", "../elsewhere.log"))
+	row.status == "unqualified"
+	some r in row.reasons
+	r.evidence.field == "result.evidence.location"
+}
+
+test_unqualified_when_result_not_retained if {
+	row := _row(_att([{"op": "remove", "path": "/statement/predicate/result/evidence"}]))
+	row.status == "unqualified"
+	{r.evidence.field | some r in row.reasons} == {"result.evidence.digest", "result.evidence.location"}
+}
+
+test_refused_beats_stale_and_unqualified if {
+	row := _row(_att([
+		{"op": "replace", "path": "/statement/predicate/result/status", "value": "error"},
+		{"op": "replace", "path": "/statement/predicate/candidate_commit", "value": _other_commit},
+		{"op": "replace", "path": "/statement/predicate/topology", "value": {}},
+	]))
+	row.status == "refused"
+	_row_codes(row) == {"result_failed", "attestation_wrong_commit", "claim_incomplete"}
+}
+
+test_unqualified_when_source_trees_differ if {
+	inp := json.patch(_input([td.attestation]), [{"op": "replace", "path": "/head/source_tree", "value": "other"}])
+	row := _rows(inp)[0]
+	row.status == "unqualified"
+	some r in row.reasons
+	r.code == "candidate_commit_unverified"
+	r.evidence.failed == ["trees_equal"]
+}
+
+test_unqualified_when_candidate_listed_as_evidence_commit if {
+	inp := json.patch(_input([td.attestation]), [{"op": "add", "path": "/head/evidence_commits/-", "value": td.commit}])
+	row := _rows(inp)[0]
+	row.status == "unqualified"
+	some r in row.reasons
+	r.evidence.failed == ["candidate_not_evidence"]
+}
+
+test_unqualified_when_head_missing if {
+	row := _rows({"now": "2026-11-29T17:00:00Z", "attestations": [td.attestation]})[0]
+	row.status == "unqualified"
+	some r in row.reasons
+	r.evidence.failed == ["candidate_commit", "commit", "source_tree", "trees_equal"]
+}
+
+test_supported_when_head_is_the_candidate if {
+	inp := json.patch(_input([td.attestation]), [
+		{"op": "replace", "path": "/head/commit", "value": td.commit},
+		{"op": "replace", "path": "/head/evidence_commits", "value": []},
+	])
+	_rows(inp)[0].status == "supported"
+}
+
+test_rejected_attestation_is_a_refused_row if {
+	inp := object.union(_input([]), {"rejected_attestations": [{
+		"source": "attestations/bad.intoto.json",
+		"code": "verify.dsse.bad_signature",
+		"message": "m",
+	}]})
+	rows := _rows(inp)
+	count(rows) == 1
+	rows[0].status == "refused"
+	rows[0].reasons[0].code == "attestation_rejected"
+	rows[0].source == "attestations/bad.intoto.json"
+}
+
+test_target_without_supported_row_is_unqualified if {
+	inp := object.union(_input([td.attestation]), {"targets": ["deepspeed-zero", "dcp"]})
+	rows := _rows(inp)
+	count(rows) == 2
+	rows[1].adapter == "dcp"
+	rows[1].status == "unqualified"
+	rows[1].reasons[0].code == "no_supported_attestation"
+	rows[1].format == ["dcp-hf-safetensors", "dcp-torch-save"]
+}
+
+test_non_qualification_attestations_make_no_row if {
+	prov := _set("/statement/predicateType", td.provenance)
+	inp := _input([prov, td.attestation])
+	rows := _rows(inp)
+	count(rows) == 1
+	ignored := support.ignored with input as inp with data.ckptgate.config.trust as td.trust
+	ignored == {{"attestation": 0, "source": td.attestation.source, "predicate_type": td.provenance}}
+}
+
+test_summary_counts_rows_by_status if {
+	inp := _input([td.attestation, _cases.result_failed[0], _cases.attestation_expired[0]])
+	s := support.summary with input as inp with data.ckptgate.config.trust as td.trust
+	s == {"supported": 1, "stale": 1, "unqualified": 0, "refused": 1}
+}
+
+test_every_row_reason_code_has_a_status_class if {
+	every code, _ in _cases {
+		support.status_of[code] in {"refused", "stale", "unqualified"}
+	}
+}

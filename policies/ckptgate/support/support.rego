@@ -5,7 +5,7 @@
 #   supported, stale (qualified at another candidate commit, or expired), unqualified
 #   (evidence incomplete, version not gated, or the candidate commit not established) or
 #   refused (result failed, signer untrusted, statement malformed or not yet valid, or naming
-#   an evidence commit). Claim rule 3: a row is supported only with an exact producer version,
+#   an evidence commit). Claim rule 3: a row gets the status supported only with an exact producer version,
 #   adapter version, immutable fixture digest, candidate commit, environment, topology and a
 #   retained result (evidence digest and location) at the exact candidate commit.
 #

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
-from ckptgate._cli._options import engine_options, to_engine_options
+from ckptgate._cli._options import engine_options
 
 
 def register(cli: click.Group) -> None:
@@ -25,13 +26,13 @@ def register(cli: click.Group) -> None:
     @engine_options
     @json_option
     def check_command(sarif: Path | None, junit: Path | None, skip: tuple[str, ...], repo: Path | None,
-                      opa_url, opa_timeout, policy_dir, trust_file, as_json: bool) -> int:
+                      engine, as_json: bool) -> int:
         """Run the pre-merge gate. Exit 0 when every check passes, 3 when any fails."""
         from ckptgate.evidence.candidate import repo_root
         from ckptgate.evidence.check import run_check, to_junit, to_sarif
 
         root = repo_root(repo)
-        options = to_engine_options(opa_url, opa_timeout, policy_dir or root / "policies", trust_file)
+        options = dataclasses.replace(engine, policy_dir=engine.policy_dir or root / "policies")
         report = run_check(root, options=options, skip=skip)
         if sarif is not None:
             sarif.write_text(json.dumps(to_sarif(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -44,7 +45,7 @@ def register(cli: click.Group) -> None:
                 mark = "[bold green]PASS[/]" if r.passed else "[bold red]FAIL[/]"
                 stdout.print(f"{mark} {r.name:13} {r.summary}", markup=True, highlight=False)
                 for f in r.findings:
-                    where = f" {f.file}{':' + str(f.line) if f.line else ''}" if f.file else ""
+                    where = f" {f.file}{':' + str(f.line) if f.line else ''}" if f.file and f.file not in f.message else ""
                     stdout.print(f"       [{f.code}]{where} {f.message}", markup=False)
                     if f.detail and r.name == "matrix_drift":
                         stdout.print(f.detail, markup=False)

@@ -8,7 +8,9 @@ from pathlib import Path
 import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
-from ckptgate._cli._options import engine_options, to_engine_options
+import dataclasses
+
+from ckptgate._cli._options import engine_options
 
 
 @click.group("matrix")
@@ -24,8 +26,7 @@ def matrix() -> None:
               help="Repository root (default: the git work tree of the current directory).")
 @engine_options
 @json_option
-def build_command(check_only: bool, out_dir: Path | None, repo: Path | None, opa_url, opa_timeout, policy_dir,
-                  trust_file, as_json: bool) -> int:
+def build_command(check_only: bool, out_dir: Path | None, repo: Path | None, engine, as_json: bool) -> int:
     """Verify every attestation, evaluate data.ckptgate.support.rows and render matrix/.
 
     Exit 0 written (or up to date with --check); 3 --check found drift; 6 policy engine unavailable.
@@ -36,7 +37,7 @@ def build_command(check_only: bool, out_dir: Path | None, repo: Path | None, opa
     from ckptgate.pipeline import engine_for, load_trust
 
     root = repo_root(repo)
-    options = to_engine_options(opa_url, opa_timeout, policy_dir or root / "policies", trust_file)
+    options = dataclasses.replace(engine, policy_dir=engine.policy_dir or root / "policies")
     with engine_for(options) as engine:
         m = mx.build(root, engine, load_trust(options))
     target = out_dir or root / mx.MATRIX_DIR

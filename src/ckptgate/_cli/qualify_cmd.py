@@ -7,7 +7,9 @@ from pathlib import Path
 import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
-from ckptgate._cli._options import engine_options, to_engine_options
+import dataclasses
+
+from ckptgate._cli._options import engine_options
 from ckptgate.errors import UsageError
 
 
@@ -24,7 +26,7 @@ def register(cli: click.Group) -> None:
     @engine_options
     @json_option
     def qualify_command(adapter: str | None, fixture: str | None, all_: bool, allow_dirty: bool, key: Path | None,
-                        repo: Path | None, opa_url, opa_timeout, policy_dir, trust_file, as_json: bool) -> int:
+                        repo: Path | None, engine, as_json: bool) -> int:
         """Qualify ADAPTER on FIXTURE; store the signed statement and result log under attestations/.
 
         Exit 0 passed; 2 dirty tree or bad usage; 5 the signature does not verify under the trust
@@ -34,7 +36,7 @@ def register(cli: click.Group) -> None:
         from ckptgate.evidence.qualify import find_fixture, qualify, qualify_all
 
         root = repo_root(repo)
-        options = to_engine_options(opa_url, opa_timeout, policy_dir or root / "policies", trust_file)
+        options = dataclasses.replace(engine, policy_dir=engine.policy_dir or root / "policies")
         if all_:
             if adapter or fixture:
                 raise UsageError("usage.invalid", "--all takes no --adapter or --fixture")

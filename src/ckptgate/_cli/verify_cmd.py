@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
-from ckptgate._cli._options import engine_options, to_engine_options
+from ckptgate._cli._options import engine_options
 
 
 def register(cli: click.Group) -> None:
@@ -25,8 +25,7 @@ def register(cli: click.Group) -> None:
         4 input rejected, 6 policy engine unavailable."""
         from ckptgate.evidence.report import build_report, render_html, render_text
 
-        doc = build_report(path, attestations, options=to_engine_options(opa_url, opa_timeout, policy_dir,
-                                                                         trust_file))
+        doc = build_report(path, attestations, options=engine)
         if html_out is not None:
             html_out.write_text(render_html(doc), encoding="utf-8")
         if as_json:

@@ -47,6 +47,11 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
     fmt = inspection.format
     layout = inspection.layout
     files = {f.path: f for f in inspection.files}
+    if not inspection.consolidatable and fmt != "fsdp-local":
+        raise NotConsolidatable("plan.format.not_consolidatable",
+                                f"inspection found this {fmt} checkpoint not consolidatable",
+                                evidence={"format": fmt, "findings": [f.code for f in inspection.findings
+                                                                      if f.severity == "error"]})
     if mapping is not None and fmt != "megatron-torch-dist":
         raise PlanError("plan.mapping.unknown", f"mapping {mapping!r} does not apply to format {fmt!r}")
     if fmt in ("hf-sharded-safetensors", "safetensors"):
@@ -72,7 +77,7 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
     if fmt == "deepspeed-universal":
         from ckptgate.consolidate.adapters import deepspeed
 
-        return deepspeed.universal_plan(layout, max_shard_bytes=max_shard_bytes)
+        return deepspeed.universal_plan(layout, files, max_shard_bytes=max_shard_bytes)
     if fmt == "deepspeed-zero":
         from ckptgate.consolidate.adapters import deepspeed
         from ckptgate.enforce.permit import issue_permit

@@ -270,10 +270,50 @@ def zero_plan(layout: Mapping[str, Any], trees: Mapping[str, Any], files: Mappin
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes, report=report)
 
 
-def universal_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
-    """Output tensors of a Universal checkpoint: the ``param`` tensor of each ``zero/<name>/fp32.pt``."""
+def universal_aliases(layout: Mapping[str, Any], files: Mapping[str, Any]) -> dict[str, str]:
+    """Tied aliases of a Universal checkpoint: ``{alias: target}``.
+
+    ``ds_to_universal`` writes a ``zero/<alias>/fp32.pt`` for a tied alias too, holding the
+    bf16 model weights up-cast, not the fp32 master weights; the alias must take its target's
+    ``fp32.pt``.  An alias is a key of ``shared_params`` in the folder's ``*model_states.pt``; its
+    target is the one *other* param in ``param_shapes`` whose saved tensor is the same view of the
+    same storage (static reader only).  Anything else is refused, not guessed.
+    """
+    folders = {rec.get("folder", "") for rec in layout.get("params", {}).values()}
+    out: dict[str, str] = {}
+    for folder in sorted(folders):
+        pre = f"{folder}/" if folder else ""
+        states = [f for p, f in files.items() if p.startswith(pre) and "/" not in p[len(pre):]
+                  and p.endswith("model_states.pt")]
+        for f in states:
+            if f.torch is None:
+                continue
+            aliases = [k.removeprefix("shared_params.") for k in f.torch.values if k.startswith("shared_params.")]
+            if not aliases:
+                continue
+            trainable = {k.split(".", 2)[2] for k in f.torch.values if k.startswith("param_shapes.")
+                         and k.count(".") >= 2}
+            views = {r.name.removeprefix("module."): (r.storage_key, r.storage_offset, r.shape, r.stride, r.dtype)
+                     for r in f.torch.tensors if r.name.startswith("module.")}
+            for alias in aliases:
+                view = views.get(alias)
+                targets = [n for n, v in views.items() if n != alias and v == view and n in trainable]
+                if view is None or len(targets) != 1:
+                    raise PlanError("plan.universal.alias_unresolved",
+                                    f"{f.path}: tied alias {alias!r} has no single trainable parameter sharing "
+                                    "its storage", evidence={"alias": alias, "candidates": targets})
+                out[alias] = targets[0]
+    return out
+
+
+def universal_tensors(layout: Mapping[str, Any], aliases: Mapping[str, str] | None = None) -> list[OutputTensor]:
+    """Output tensors of a Universal checkpoint: the ``param`` tensor of each ``zero/<name>/fp32.pt``
+    (an alias takes its target's)."""
+    aliases = aliases or {}
+    params = layout.get("params", {})
     out = []
-    for name, rec in sorted(layout.get("params", {}).items()):
+    for name in sorted(params):
+        rec = params[aliases.get(name, name)] if aliases.get(name, name) in params else params[name]
         info = rec.get("files", {}).get("fp32")
         if info is None or "tensors" not in info:
             raise PlanError("plan.universal.no_fp32", f"parameter {name!r} has no readable fp32.pt",
@@ -293,9 +333,12 @@ def universal_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
     return out
 
 
-def universal_plan(layout: Mapping[str, Any], *, max_shard_bytes: int) -> ConsolidationPlan:
-    tensors = universal_tensors(layout)
+def universal_plan(layout: Mapping[str, Any], files: Mapping[str, Any], *, max_shard_bytes: int
+                   ) -> ConsolidationPlan:
+    aliases = universal_aliases(layout, files)
+    tensors = universal_tensors(layout, aliases)
     if not tensors:
         raise PlanError("plan.empty", "the checkpoint holds no parameters")
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes,
-                         report={"adapter": "deepspeed-universal", "params": len(tensors)})
+                         report={"adapter": "deepspeed-universal", "params": len(tensors),
+                                 "shared_params": [[a, t] for a, t in sorted(aliases.items())]})

@@ -160,7 +160,7 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
         evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now)
         refuse(evaluation)
         decision = evaluation.decision
-        plan = plan_for(tree, evaluation.inspection, decision=decision, fixture_digest=evaluation.digest.digest,
+        plan = plan_for(tree, evaluation.inspection, decision=decision, fixture_digest=evaluation.digest,
                         max_shard_bytes=max_shard_bytes)
         if on_plan:
             on_plan(plan.total_size)
@@ -175,11 +175,8 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
 def _open_sources(tree: SafeTree, plan: Any) -> Iterator[dict[str, int]]:
     fds: dict[str, int] = {}
     try:
-        for shard in plan.shards:
-            for t in shard.tensors:
-                for p in t.placements:
-                    if p.src not in fds:
-                        fds[p.src] = tree.open_file(p.src)
+        for src in plan.source_paths:
+            fds[src] = tree.open_file(src)
         yield fds
     finally:
         for fd in fds.values():

@@ -1,0 +1,237 @@
+"""The committed real-producer fixtures are intact, self-consistent and match their ground truth.
+
+Fast checks (no torch): manifests, meta.json fields and versions, expected.safetensors headers,
+and, per format, that the committed files hold exactly the ground truth where that can be read
+as pure data (HF shards, PEFT adapter, DCP HF-storage shards).  The ``producers`` tests
+re-read pickled fixtures with the producers' own readers (torch DCP, torch.load, DeepSpeed's
+zero_to_fp32) and compare with the ground truth.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.fixtures import catalog
+from tests.fixtures.catalog import FIXTURES, checkpoint_dir, load_expected, load_expected_bytes, load_meta
+from tests.fixtures.generate import SPECS
+
+REPO = Path(__file__).resolve().parents[1]
+PINS = tomllib.loads((REPO / "pins.toml").read_text())["python"]
+NAMES = sorted(FIXTURES)
+MAX_FILE = 2 * 1024 * 1024
+MAX_TOTAL = 5 * 1024 * 1024
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def test_catalog_matches_the_generator() -> None:
+    assert set(FIXTURES) == set(SPECS)
+
+
+def test_size_budget() -> None:
+    files = [p for n in NAMES for p in _files(FIXTURES[n])]
+    assert all(p.stat().st_size < MAX_FILE for p in files)
+    assert sum(p.stat().st_size for p in files) < MAX_TOTAL
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_meta_records_producer_versions_and_provenance(name: str) -> None:
+    meta = load_meta(name)
+    assert meta["name"] == name
+    assert meta["generator"] == "tests/fixtures/generate.py"
+    assert (REPO / meta["producer_script"]).is_file()
+    assert meta["producer_script"].rsplit("/", 1)[1] in meta["command"]
+    assert meta["regenerate"].endswith(f"--only {name}")
+    versions = meta["versions"]
+    for dist in ("torch", "deepspeed", "megatron-core", "peft", "huggingface-hub", "safetensors", "numpy"):
+        assert versions[dist.replace("huggingface-hub", "huggingface_hub")] == PINS[dist], dist
+    assert versions["python"].count(".") == 2
+    assert meta["launch_env"]["CUDA_VISIBLE_DEVICES"] == ""
+    assert meta["topology"]["world_size"] >= 1
+    assert meta["producer"] and meta["format"] and meta["dtype"]
+    assert isinstance(meta.get("notes", []), list)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_checkpoint_files_match_the_manifest(name: str) -> None:
+    root = checkpoint_dir(name)
+    manifest = load_meta(name)["checkpoint_files"]
+    assert manifest, "empty checkpoint"
+    assert not [p for p in root.rglob("*") if p.is_symlink()]
+    on_disk = {p.relative_to(root).as_posix(): p for p in _files(root)}
+    assert sorted(on_disk) == sorted(manifest)
+    for rel, p in on_disk.items():
+        assert p.stat().st_size == manifest[rel]["size"], rel
+        assert _sha256(p) == manifest[rel]["sha256"], rel
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_expected_matches_its_meta_summary(name: str) -> None:
+    meta = load_meta(name)["expected"]
+    path = catalog.expected_path(name)
+    assert _sha256(path) == meta["sha256"]
+    assert path.stat().st_size == meta["size"]
+    raw = load_expected_bytes(name)
+    assert {k: {"dtype": d, "shape": list(s)} for k, (d, s, _) in raw.items()} == meta["tensors"]
+    arrays = load_expected(name)
+    assert arrays
+    for key, arr in arrays.items():
+        assert list(arr.shape) == meta["tensors"][key]["shape"]
+        assert arr.nbytes == len(raw[key][2])
+
+
+def _assert_same(got: dict[str, tuple[str, tuple[int, ...], bytes]], name: str) -> None:
+    want = load_expected_bytes(name)
+    assert sorted(got) == sorted(want)
+    for key in want:
+        assert got[key] == want[key], key
+
+
+def test_hf_sharded_index_and_shards_hold_exactly_the_ground_truth() -> None:
+    root = checkpoint_dir("hf_sharded")
+    index = json.loads((root / "model.safetensors.index.json").read_text())
+    shards = sorted({*index["weight_map"].values()})
+    assert len(shards) >= 2
+    got: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
+    for shard in shards:
+        assert "/" not in shard and (root / shard).is_file()
+        assert catalog.read_safetensors_metadata(root / shard) == {"format": "pt"}
+        tensors = catalog.read_safetensors(root / shard)
+        assert {k for k, v in index["weight_map"].items() if v == shard} == set(tensors)
+        got.update(tensors)
+    assert index["metadata"]["total_size"] == sum(len(b) for _, _, b in got.values())
+    # the tied alias was dropped and recorded as {removed: kept}
+    assert index["metadata"]["model.embed_tokens.weight"] == "lm_head.weight"
+    _assert_same(got, "hf_sharded")
+
+
+@pytest.mark.parametrize("name", ["peft_lora", "peft_lora_unpinned"])
+def test_peft_adapter_config_and_weights(name: str) -> None:
+    root = checkpoint_dir(name)
+    cfg = json.loads((root / "adapter_config.json").read_text())
+    meta = load_meta(name)
+    assert cfg["peft_type"] == "LORA" and cfg["peft_version"] == PINS["peft"]
+    assert cfg["base_model_name_or_path"] == meta["base_model"]["name"]
+    assert cfg["revision"] == meta["base_model"]["revision"]
+    assert (cfg["revision"] is None) is (name == "peft_lora_unpinned")
+    _assert_same(catalog.read_safetensors(root / "adapter_model.safetensors"), name)
+
+
+@pytest.mark.parametrize("name", ["dcp_hf_safetensors", "dcp_hf_safetensors_bytes"])
+def test_dcp_hf_storage_shards_assemble_to_the_ground_truth(name: str) -> None:
+    root = checkpoint_dir(name)
+    described = load_meta(name)["observed"]["safetensors_named_files"]
+    assert not (root / ".metadata").exists()
+    want = load_expected(name)
+    full = {k: np.zeros_like(v) for k, v in want.items()}
+    covered = {k: np.zeros(v.shape, dtype=np.int32) for k, v in want.items()}
+    for fname, info in described.items():
+        path = root / fname
+        head = path.read_bytes()[:4]
+        assert (head == b"PK\x03\x04") is (info["leading_torch_zips"] > 0)
+        meta = catalog.read_safetensors_metadata(path, offset=info["safetensors_offset"])
+        sharding = json.loads(meta["DCP_SHARDING_INFO"])
+        for key, (dtype, shape, data) in catalog.read_safetensors(path, offset=info["safetensors_offset"]).items():
+            idx = tuple(slice(o, o + s) for o, s in zip(sharding[key]["saved_offsets"], shape, strict=True))
+            full[key][idx] = catalog.to_numpy(dtype, shape, data)
+            covered[key][idx] += 1
+    for key in want:
+        assert (covered[key] == 1).all(), key
+        assert np.array_equal(full[key], want[key]), key
+    if name.endswith("_bytes"):
+        assert any(i["leading_torch_zips"] > 0 for i in described.values())
+
+
+@pytest.mark.parametrize("name", ["deepspeed_zero2", "deepspeed_zero3"])
+def test_deepspeed_layout(name: str) -> None:
+    root = checkpoint_dir(name)
+    meta = load_meta(name)
+    tag = (root / "latest").read_text().strip()
+    assert tag == meta["tag"] == "global_step2"
+    assert (root / "zero_to_fp32.py").is_file()
+    stage = meta["topology"]["zero_stage"]
+    model_states = sorted(p.name for p in (root / tag).glob("*model_states.pt"))
+    if stage == 2:
+        assert model_states == ["mp_rank_00_model_states.pt"]
+    else:
+        assert model_states == [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(2)]
+    optim = sorted(p.name for p in (root / tag).glob("*optim_states.pt"))
+    assert optim == [f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(2)]
+    assert meta["param_numel_total"] % 2 == 1  # odd: the last rank is padded
+
+
+def test_megatron_layout_and_stacked_layer_axis() -> None:
+    root = checkpoint_dir("megatron_torch_dist")
+    assert json.loads((root / "metadata.json").read_text()) == {
+        "sharded_backend": "torch_dist", "sharded_backend_version": 1,
+        "common_backend": "torch", "common_backend_version": 1,
+    }
+    assert (root / "common.pt").is_file() and (root / ".metadata").is_file()
+    num_layers = load_meta("megatron_torch_dist")["topology"]["num_layers"]
+    expected = load_expected("megatron_torch_dist")
+    stacked = [k for k in expected if k.startswith("decoder.layers.")]
+    assert stacked and all(expected[k].shape[0] == num_layers for k in stacked)
+
+
+def test_universal_layout() -> None:
+    root = checkpoint_dir("deepspeed_universal")
+    assert (root / "latest_universal").read_text().strip() == "global_step2_universal"
+    zero = root / "global_step2_universal" / "zero"
+    assert sorted(p.name for p in zero.iterdir() if p.is_dir()) == sorted(load_expected("deepspeed_universal"))
+    assert (zero / "optimizer_state.pt").is_file()
+
+
+# --- cross-checks with the producers' own readers (slower: torch / deepspeed imports) ---------
+
+
+def _torch_equal(got: dict, name: str) -> None:  # noqa: ANN001
+    import torch
+    from safetensors.torch import load_file
+
+    want = load_file(str(catalog.expected_path(name)))
+    for key, t in want.items():
+        assert got[key].dtype == t.dtype, key
+        assert torch.equal(got[key], t), key
+
+
+@pytest.mark.producers
+@pytest.mark.parametrize("name", ["dcp_torch_save", "dcp_torch_save_bytes", "megatron_torch_dist"])
+def test_dcp_readback_with_torch_equals_expected(name: str, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = tmp_path / "full.pt"
+    dcp_to_torch_save(str(checkpoint_dir(name)), str(out))
+    got = torch.load(out, weights_only=False)  # our own trusted, committed fixture
+    _torch_equal(got, name)
+    for key, value in load_meta(name).get("non_tensor_items", {}).items():
+        assert got[key] == value
+
+
+@pytest.mark.producers
+def test_fsdp_full_readback_equals_expected() -> None:
+    torch = pytest.importorskip("torch")
+    got = torch.load(checkpoint_dir("fsdp_full") / "model.pt", weights_only=True)
+    _torch_equal(got, "fsdp_full")
+
+
+@pytest.mark.producers
+@pytest.mark.parametrize("name", ["deepspeed_zero2", "deepspeed_zero3"])
+def test_zero_to_fp32_readback_equals_expected(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    pytest.importorskip("deepspeed")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    _torch_equal(get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(name))), name)

@@ -224,22 +224,39 @@ deny_reasons contains reason if {
 
 deny_reasons contains reason if {
 	"pickle_allowlist" in evidence
-	not _pickle_globals_reported
+	not _pickle_reports_present
 	reason := _reason(
-		"pickle_globals_unreported",
-		"the static pickle reader needs its allowlist checked, but the inspection reports no pickle_globals list",
-		{"field": "inspection.pickle_globals"},
+		"pickle_report_missing",
+		"a static-pickle loader is needed, but the inspection carries no pickle reports (inspection.pickles)",
+		{"field": "inspection.pickles"},
 	)
 }
 
 deny_reasons contains reason if {
 	"pickle_allowlist" in evidence
-	some name in input.inspection.pickle_globals
+	some path, report in input.inspection.pickles
+	not _pickle_report_ok(report)
+	reason := _reason(
+		"pickle_outside_allowlist",
+		sprintf("the static reader reports pickle %v as incomplete or outside its allowlist", [path]),
+		{
+			"path": path,
+			"context": object.get(report, "context", null),
+			"complete": object.get(report, "complete", null),
+			"inside_allowlist": object.get(report, "inside_allowlist", null),
+		},
+	)
+}
+
+deny_reasons contains reason if {
+	"pickle_allowlist" in evidence
+	some path, report in input.inspection.pickles
+	some name in _pickle_names(report)
 	not name in _loaders_cfg.pickle_allowlist
 	reason := _reason(
 		"pickle_global_not_allowlisted",
-		sprintf("a pickle names the global %v, which is not in the pickle allowlist", [name]),
-		{"global": name},
+		sprintf("pickle %v names the global %v, which is not in the policy's pickle allowlist", [path, name]),
+		{"path": path, "global": name},
 	)
 }
 
@@ -289,7 +306,16 @@ info_reasons contains reason if {
 
 _inspection_clean if input.inspection.clean == true
 
-_pickle_globals_reported if is_array(input.inspection.pickle_globals)
+_pickle_reports_present if is_object(input.inspection.pickles)
+
+_pickle_report_ok(report) if {
+	report.complete == true
+	report.inside_allowlist == true
+}
+
+_pickle_names(report) := {name | some name in object.get(report, "globals", [])} | {call.target |
+	some call in object.get(report, "calls", [])
+}
 
 _error_findings := [{"code": f.code, "path": object.get(f, "path", null)} |
 	some f in object.get(input, ["inspection", "findings"], [])

@@ -12,13 +12,21 @@ _decide(inp) := d if {
 
 _codes(d) := {r.code | some r in d.reasons}
 
+_pickle := {
+	"context": "dcp_metadata", "protocol": 4, "complete": true, "opcodes": {},
+	"globals": ["torch.Size", "pathlib.PosixPath"], "calls": [{"opcode": "REDUCE", "target": "torch.Size", "pos": 3}],
+	"inside_allowlist": true, "plain_tensors": false,
+}
+
+_bad_call_pickle := object.union(_pickle, {"calls": [{"opcode": "REDUCE", "target": "os.system", "pos": 7}]})
+
 _framework_controls := ["net_ns", "no_new_privs", "openat2", "rlimits", "seccomp", "user_ns"]
 
 # Each deny code and one input that must produce it.
 _deny_cases := {
 	"request_invalid": td.with_value("/request/action", "launch"),
 	"format_unknown": td.with_value("/inspection/format", "tensorflow-saved-model"),
-	"format_not_consolidatable": td.with_value("/inspection/format", "fsdp-local-state-dict"),
+	"format_not_consolidatable": td.with_value("/inspection/format", "fsdp-local"),
 	"inspection_not_clean": td.patched([
 		{"op": "replace", "path": "/inspection/clean", "value": false},
 		{"op": "replace", "path": "/inspection/findings", "value": [{
@@ -29,10 +37,14 @@ _deny_cases := {
 	"loaders_missing": td.with_value("/inspection/loaders", []),
 	"unknown_loader": td.with_value("/inspection/loaders", ["json", "numpy_load"]),
 	"loader_not_consolidatable": td.with_value("/request/target", "gguf"),
-	"pickle_globals_unreported": td.with_value("/inspection/loaders", ["deepspeed", "static_pickle"]),
+	"pickle_report_missing": td.with_value("/inspection/loaders", ["deepspeed", "static_pickle"]),
+	"pickle_outside_allowlist": td.patched([
+		{"op": "replace", "path": "/inspection/loaders", "value": ["deepspeed", "static_pickle"]},
+		{"op": "add", "path": "/inspection/pickles", "value": {".metadata": object.union(_pickle, {"complete": false})}},
+	]),
 	"pickle_global_not_allowlisted": td.patched([
 		{"op": "replace", "path": "/inspection/loaders", "value": ["deepspeed", "static_pickle"]},
-		{"op": "add", "path": "/inspection/pickle_globals", "value": ["torch.Size", "os.system"]},
+		{"op": "add", "path": "/inspection/pickles", "value": {".metadata": _bad_call_pickle}},
 	]),
 	"attestation_rejected": td.with_value("/rejected_attestations", [{
 		"source": "attestations/tampered.intoto.json", "code": "verify.dsse.bad_signature",
@@ -146,12 +158,14 @@ test_deny_when_unknown_loader if {
 
 test_deny_when_loader_not_consolidatable if _denies("loader_not_consolidatable")
 
-test_deny_when_pickle_globals_unreported if _denies("pickle_globals_unreported")
+test_deny_when_pickle_report_missing if _denies("pickle_report_missing")
+
+test_deny_when_pickle_outside_allowlist if _denies("pickle_outside_allowlist")
 
 test_deny_when_pickle_global_not_allowlisted if {
 	_denies("pickle_global_not_allowlisted")
-	bad := {r.evidence.global | some r in _decide(_deny_cases.pickle_global_not_allowlisted).reasons}
-	bad == {"os.system"}
+	d := _decide(_deny_cases.pickle_global_not_allowlisted)
+	{r.evidence.global | some r in d.reasons; r.code == "pickle_global_not_allowlisted"} == {"os.system"}
 }
 
 test_deny_when_attestation_rejected_even_with_a_trusted_one if {
@@ -270,7 +284,7 @@ test_static_pickle_plane_allowed_with_allowlisted_globals if {
 	d := _decide(td.patched([
 		{"op": "replace", "path": "/inspection/format", "value": "dcp-torch-save"},
 		{"op": "replace", "path": "/inspection/loaders", "value": ["static_pickle"]},
-		{"op": "add", "path": "/inspection/pickle_globals", "value": ["torch.Size", "pathlib.PosixPath"]},
+		{"op": "add", "path": "/inspection/pickles", "value": {".metadata": _pickle}},
 		{"op": "replace", "path": "/attestations/0/statement/predicateType", "value": td.provenance},
 	]))
 	d.allow == true

@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.fixtures import catalog
-from tests.fixtures.catalog import FIXTURES, checkpoint_dir, load_expected, load_expected_bytes, load_meta
-from tests.fixtures.generate import SPECS
-
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # until pyproject sets [tool.pytest.ini_options] pythonpath = ["."]
+    sys.path.insert(0, str(REPO))
+
+from tests.fixtures import catalog  # noqa: E402
+from tests.fixtures.catalog import FIXTURES, checkpoint_dir, load_expected, load_expected_bytes, load_meta  # noqa: E402
+from tests.fixtures.generate import SPECS  # noqa: E402
+
 PINS = tomllib.loads((REPO / "pins.toml").read_text())["python"]
 NAMES = sorted(FIXTURES)
 MAX_FILE = 2 * 1024 * 1024

@@ -212,6 +212,16 @@ attempt("create", lambda: open(CANARY, "w").write("x"))
 attempt("mkdir", lambda: os.mkdir(CANARY + ".d"))
 attempt("symlink", lambda: os.symlink(SECRET, CANARY + ".lnk"))
 attempt("kill_parent", lambda: os.kill(os.getppid(), 0))
+def _open_fds():
+    out = []
+    for fd in range(1024):
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        out.append(fd)
+    return out
+OPEN_FDS = _open_fds()
 '''
 
 
@@ -341,6 +351,8 @@ def test_reading_outside_its_fds_fails_and_the_secret_never_reaches_output(malic
     assert set(loot) == {"open", "os.open", "openat2", "environ", "parent_mem", "create", "mkdir", "symlink",
                          "kill_parent"}
     assert all(status == "PermissionError" for status, _ in loot.values()), loot
+    # The worker holds stdin, stdout (/dev/null), stderr, its output pipe and its one input: nothing else.
+    assert len(scope_out["OPEN_FDS"]) == 5 and scope_out["OPEN_FDS"][:3] == [0, 1, 2], scope_out["OPEN_FDS"]
 
 
 def test_memory_bomb_is_stopped_by_rlimit_as(malicious: _Malicious) -> None:

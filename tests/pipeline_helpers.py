@@ -1,0 +1,81 @@
+"""Helpers for end-to-end intake tests: a throwaway signing key, trust data naming only it, and a
+qualification statement for a fixture's measured digest (as ``ckptgate.demo`` does)."""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from ckptgate.decide import now_utc
+from ckptgate.digest import fixture_digest
+from ckptgate.inspect import SafeTree
+from ckptgate.pipeline import EngineOptions
+from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE, KeySigner, generate_keypair, trust_entry
+from ckptgate.verify.dsse import sign_statement
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures" / "data"
+GATES = json.loads((REPO / "policies" / "ckptgate" / "config" / "gates" / "data.json").read_text())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Signer:
+    key_path: Path
+    trust_file: Path
+
+    @property
+    def options(self) -> EngineOptions:
+        return EngineOptions(trust_file=self.trust_file)
+
+
+def make_signer(workdir: Path) -> Signer:
+    private_pem, public_pem = generate_keypair("ed25519")
+    key_path = workdir / "throwaway-key.pem"
+    key_path.write_bytes(private_pem)
+    key_path.chmod(0o600)
+    trust_file = workdir / "trust.json"
+    trust_file.write_text(json.dumps({"signers": [trust_entry(public_pem, signer_id="test-throwaway-key",
+                                                              predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}))
+    return Signer(key_path=key_path, trust_file=trust_file)
+
+
+def producer_for(fmt: str, meta: dict[str, Any]) -> tuple[str, str, str]:
+    """(adapter, producer name, producer version) for a format, from the policy's gates and the
+    versions the fixture's meta.json records."""
+    adapter = (GATES["formats"].get(fmt) or {}).get("adapter") or "hf-safetensors"
+    gate = GATES["adapters"].get(adapter, {"producer": "*"})
+    name = gate["producer"] if gate["producer"] != "*" else "huggingface_hub"
+    versions = meta.get("versions", {})
+    return adapter, name, str(versions.get(name, versions.get("huggingface_hub", "0")))
+
+
+def attest(signer: Signer, src: Path, out: Path, *, fmt: str, meta: dict[str, Any]) -> Path:
+    """Sign a qualification statement for the measured digest of ``src``; return its path."""
+    with SafeTree.open(src) as tree:
+        digest = fixture_digest(tree).digest
+    adapter, name, version = producer_for(fmt, meta)
+    now = now_utc()
+    iso = "%Y-%m-%dT%H:%M:%SZ"
+    statement = {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": src.parent.name, "digest": {"sha256": digest.removeprefix("sha256:")}}],
+        "predicateType": QUALIFICATION_PREDICATE_TYPE,
+        "predicate": {
+            "producer": {"name": name, "version": version},
+            "adapter": {"name": adapter, "version": "1"},
+            "fixture": {"digest": digest, "digest_algorithm": "sha256", "manifest": src.parent.name},
+            "candidate_commit": "0" * 40,
+            "environment": {"python": platform.python_version(), "torch": "2.13.0", "os": "linux",
+                            "arch": platform.machine(), "accelerator": "cpu"},
+            "topology": {"tp": 1, "pp": 1, "dp": 2, "cp": 1, "ep": 1, "etp": 1, "world_size": 2},
+            "result": {"status": "passed", "checks_run": ["bit-exact"], "evidence": {"digest": digest,
+                                                                                     "location": "test"}},
+            "validity": {"issued_at": now.strftime(iso), "expires_at": (now + timedelta(hours=1)).strftime(iso)},
+        },
+    }
+    out.write_bytes(sign_statement(statement, KeySigner.from_pem(signer.key_path)))
+    return out

@@ -1,0 +1,176 @@
+"""Adapters on layouts: DCP chunk placement (N-d runs, gaps), FSDP/PEFT refusals, Megatron
+layer unstacking and reported semantics, Universal aliases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ckptgate.consolidate import plan_for
+from ckptgate.consolidate.adapters import dcp, fsdp, megatron
+from ckptgate.consolidate.plan import NotConsolidatable, PlanError, chunk_runs
+from ckptgate.decide.decision import Decision
+from ckptgate.inspect import SafeTree, inspect_open_tree
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "data"
+ALLOW = Decision(allow=True, plane="pure_data", permitted_loaders=("safetensors", "json", "static_pickle"),
+                 required_controls=(), reasons=(), decision_id="t", policy_revision="t", engine="t")
+
+
+def _expand(full, offsets, sizes):
+    """Reference: element indices of the full tensor that a chunk covers, in chunk order."""
+    import itertools
+
+    strides = [1] * len(full)
+    for d in range(len(full) - 2, -1, -1):
+        strides[d] = strides[d + 1] * full[d + 1]
+    return [sum((o + i) * s for o, i, s in zip(offsets, idx, strides)) for idx in
+            itertools.product(*[range(n) for n in sizes])]
+
+
+@pytest.mark.parametrize("full, offsets, sizes, runs", [
+    ((8, 4), (4, 0), (4, 4), 1),          # Shard(0): one contiguous range
+    ((8, 4), (0, 2), (8, 2), 8),          # Shard(1): one run per row
+    ((2, 3, 4), (1, 1, 0), (1, 2, 4), 1),  # trailing full dims merge
+    ((2, 3, 4), (0, 0, 1), (2, 3, 2), 6),
+    ((5,), (2,), (3,), 1),
+])
+def test_chunk_runs_cover_exactly_the_chunk_elements(full, offsets, sizes, runs) -> None:
+    got = list(chunk_runs(full, offsets, sizes))
+    assert len(got) == runs
+    flat = [(s + k, d + k) for s, d, n in got for k in range(n)]
+    assert [s for s, _ in flat] == list(range(len(flat)))  # the chunk is read in order, once
+    assert [d for _, d in flat] == _expand(full, offsets, sizes)
+
+
+def test_chunk_outside_the_tensor_is_an_error() -> None:
+    with pytest.raises(PlanError) as e:
+        list(chunk_runs((4, 4), (3, 0), (2, 4)))
+    assert e.value.code == "plan.chunk.bounds"
+
+
+def _hf_layout(chunks):
+    return {"tensors": [{"fqn": "w", "dtype": "float32", "size": [4, 2],
+                         "chunks": [{"path": p, "offsets": o, "sizes": s, "data_offsets": [b, b + 4 * s[0] * s[1]]}
+                                    for p, o, s, b in chunks]}]}
+
+
+def test_dcp_hf_column_shards_interleave_per_row() -> None:
+    [t] = dcp.hf_storage_tensors(_hf_layout([("a", [0, 0], [4, 1], 100), ("b", [0, 1], [4, 1], 200)]))
+    assert [(p.src, p.src_offset, p.dst_offset, p.length) for p in t.placements] == [
+        ("a", 100, 0, 4), ("b", 200, 4, 4), ("a", 104, 8, 4), ("b", 204, 12, 4),
+        ("a", 108, 16, 4), ("b", 208, 20, 4), ("a", 112, 24, 4), ("b", 212, 28, 4)]
+
+
+@pytest.mark.parametrize("chunks, code", [
+    ([("a", [0, 0], [1, 2], 0), ("b", [2, 0], [2, 2], 0)], "plan.tensor.gap"),        # row 1 missing
+    ([("a", [0, 0], [3, 2], 0), ("b", [2, 0], [2, 2], 0)], "plan.tensor.overlap"),    # row 2 twice
+])
+def test_dcp_hf_gap_or_overlap_is_refused(chunks, code) -> None:
+    with pytest.raises(PlanError) as e:
+        dcp.hf_storage_tensors(_hf_layout(chunks))
+    assert e.value.code == code
+
+
+def test_dcp_hf_byte_range_that_disagrees_with_the_shape_is_refused() -> None:
+    layout = _hf_layout([("a", [0, 0], [4, 2], 0)])
+    layout["tensors"][0]["chunks"][0]["data_offsets"] = [0, 16]
+    with pytest.raises(PlanError) as e:
+        dcp.hf_storage_tensors(layout)
+    assert e.value.code == "plan.dcp.item_mismatch"
+
+
+def test_dcp_torch_save_chunk_without_item_is_refused() -> None:
+    layout = {"tensors": [{"fqn": "w", "dtype": "float32", "size": [2], "chunks": [{"offsets": [0], "sizes": [2]}]}],
+              "items": []}
+    with pytest.raises(PlanError) as e:
+        dcp.torch_save_tensors(layout)
+    assert e.value.code == "plan.dcp.chunk_without_item"
+
+
+def test_dcp_torch_save_bytes_items_are_reported_not_loaded() -> None:
+    with SafeTree.open(FIXTURES / "dcp_torch_save_bytes" / "checkpoint") as tree:
+        plan = plan_for(tree, inspect_open_tree(tree), decision=ALLOW, fixture_digest="sha256:" + "0" * 64,
+                        max_shard_bytes=1 << 20)
+    assert plan.report["skipped_bytes_items"] == ["run_name", "step", "train_state.epoch", "train_state.lr"]
+    assert "step" not in plan.weight_map and "token_ids" in plan.weight_map
+
+
+def test_fsdp_local_is_not_consolidatable() -> None:
+    with pytest.raises(NotConsolidatable) as e:
+        fsdp.plan("fsdp-local", {"files": ["model_rank0.pt"]}, max_shard_bytes=1)
+    assert e.value.code == "plan.format.not_consolidatable" and e.value.exit_code == 4
+
+
+def test_fsdp_non_contiguous_view_is_refused() -> None:
+    rec = {"name": "w", "dtype": "float32", "shape": [2, 2], "stride": [1, 2], "storage_offset": 0,
+           "storage_key": "0", "storage_dtype": "float32", "storage_nbytes": 16, "storage_range": [64, 80]}
+    with pytest.raises(PlanError) as e:
+        fsdp.full_tensors({"file": "model.pt", "tensors": [rec]})
+    assert e.value.code == "plan.tensor.not_contiguous"
+
+
+def test_peft_without_base_revision_is_refused() -> None:
+    with SafeTree.open(FIXTURES / "peft_lora_unpinned" / "checkpoint") as tree:
+        ins = inspect_open_tree(tree)
+        with pytest.raises(NotConsolidatable) as e:
+            plan_for(tree, ins, decision=ALLOW, fixture_digest="sha256:" + "0" * 64, max_shard_bytes=1 << 20)
+    assert e.value.code == "plan.peft.base_revision_missing"
+
+
+def test_plan_needs_an_allow_decision() -> None:
+    deny = Decision(allow=False, plane=None, permitted_loaders=(), required_controls=(), reasons=(),
+                    decision_id="t", policy_revision="t", engine="t")
+    with SafeTree.open(FIXTURES / "hf_sharded" / "checkpoint") as tree:
+        with pytest.raises(PlanError) as e:
+            plan_for(tree, inspect_open_tree(tree), decision=deny, fixture_digest="sha256:" + "0" * 64,
+                     max_shard_bytes=1 << 20)
+    assert e.value.code == "plan.not_allowed"
+
+
+def _megatron_layout() -> dict:
+    # decoder.layers.mlp.linear_fc1.weight: [2 layers, 4, 3] float32, saved as two TP chunks on dim 1.
+    items, chunks = [], []
+    for k, off in enumerate((0, 2)):
+        chunks.append({"offsets": [0, off, 0], "sizes": [2, 2, 3]})
+        items.append({"fqn": "decoder.layers.mlp.linear_fc1.weight", "path": f"__{k}_0.distcp", "kind": "tensor",
+                      "chunk_offsets": [0, off, 0],
+                      "tensor": {"dtype": "float32", "shape": [2, 2, 3], "stride": [6, 3, 1], "storage_offset": 0,
+                                 "storage_key": "0", "storage_dtype": "float32", "storage_nbytes": 48,
+                                 "storage_range": [1000, 1048]}})
+    return {"layer_stacked": ["decoder.layers.mlp.linear_fc1.weight"],
+            "dcp": {"tensors": [{"fqn": "decoder.layers.mlp.linear_fc1.weight", "dtype": "float32",
+                                 "size": [2, 4, 3], "chunks": chunks}], "items": items, "bytes_items": []}}
+
+
+def test_megatron_keeps_the_layer_axis_and_reports_semantics_by_default() -> None:
+    plan = megatron.plan(_megatron_layout(), max_shard_bytes=1 << 20)
+    [t] = plan.shards[0].tensors
+    assert (t.name, t.shape) == ("decoder.layers.mlp.linear_fc1.weight", (2, 4, 3))
+    assert plan.report["layer_axis"].startswith("kept")
+    assert [s["kind"] for s in plan.report["model_family_semantics"]] == ["fc1_may_be_gated"]
+
+
+def test_megatron_unstacks_layers_only_when_the_mapping_is_declared() -> None:
+    plan = megatron.plan(_megatron_layout(), max_shard_bytes=1 << 20, mapping=megatron.UNSTACK_LAYERS)
+    ts = {t.name: t for t in plan.shards[0].tensors}
+    assert sorted(ts) == ["decoder.layers.0.mlp.linear_fc1.weight", "decoder.layers.1.mlp.linear_fc1.weight"]
+    # layer 1 = rows 0..1 from rank 0's second half (bytes 24..48), rows 2..3 from rank 1's
+    assert [(p.src, p.src_offset, p.dst_offset, p.length) for p in ts["decoder.layers.1.mlp.linear_fc1.weight"]
+            .placements] == [("__0_0.distcp", 1024, 0, 24), ("__1_0.distcp", 1024, 24, 24)]
+    with pytest.raises(PlanError) as e:
+        megatron.plan(_megatron_layout(), max_shard_bytes=1, mapping="guess-qkv")
+    assert e.value.code == "plan.mapping.unknown"
+
+
+def test_universal_alias_takes_the_target_fp32() -> None:
+    if not (FIXTURES / "deepspeed_universal").exists():
+        pytest.skip("no deepspeed_universal fixture in this checkout")
+    with SafeTree.open(FIXTURES / "deepspeed_universal" / "checkpoint") as tree:
+        plan = plan_for(tree, inspect_open_tree(tree), decision=ALLOW, fixture_digest="sha256:" + "0" * 64,
+                        max_shard_bytes=1 << 20)
+    ts = {t.name: t for s in plan.shards for t in s.tensors}
+    assert plan.report["shared_params"] == [["head.weight", "embed.weight"]]
+    assert ts["head.weight"].placements == ts["embed.weight"].placements
+    assert ts["embed.weight"].placements[0].src.endswith("zero/embed.weight/fp32.pt")

@@ -1,0 +1,140 @@
+"""DeepSpeed ZeRO-2/3 to fp32 through the contained worker, under a permit, bit for bit against
+DeepSpeed's own zero_to_fp32 result; and the permit and manifest checks in front of the worker."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ckptgate.consolidate import WorkerOptions, plan_for  # noqa: E402
+from ckptgate.consolidate.adapters import deepspeed  # noqa: E402
+from ckptgate.consolidate.contained import load_plans  # noqa: E402
+from ckptgate.consolidate.writer import write_plan  # noqa: E402
+from ckptgate.decide.decision import Decision  # noqa: E402
+from ckptgate.digest import FixtureDigest, ManifestEntry, fixture_digest  # noqa: E402
+from ckptgate.enforce.containment import preflight  # noqa: E402
+from ckptgate.enforce.permit import issue_permit  # noqa: E402
+from ckptgate.errors import PolicyDenied, RuntimeFailure  # noqa: E402
+from ckptgate.inspect import SafeTree, inspect_open_tree  # noqa: E402
+
+pytestmark = pytest.mark.producers
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "data"
+CONTROLS = ("no_new_privs", "seccomp", "rlimits", "user_ns", "net_ns", "openat2")
+
+
+def _decision(loaders: tuple[str, ...] = ("torch_load",)) -> Decision:
+    # The worker's jobs run torch_load; see the report for the `deepspeed` job the policy names.
+    return Decision(allow=True, plane="framework", permitted_loaders=loaders, required_controls=CONTROLS,
+                    reasons=(), decision_id="test", policy_revision="test", engine="test")
+
+
+@pytest.fixture(scope="module")
+def options() -> WorkerOptions:
+    p = preflight()
+    missing = [c for c in CONTROLS if not p.controls[c]]
+    if missing:
+        pytest.skip(f"this host lacks containment controls {missing}")
+    return WorkerOptions(timeout_s=120.0, profile=p)
+
+
+@pytest.mark.parametrize("name", ["deepspeed_zero2", "deepspeed_zero3"])
+def test_zero_to_fp32_bit_exact_through_the_worker(name: str, options: WorkerOptions, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    with SafeTree.open(FIXTURES / name / "checkpoint") as tree:
+        ins = inspect_open_tree(tree)
+        plan = plan_for(tree, ins, decision=_decision(), fixture_digest=fixture_digest(tree), max_shard_bytes=300,
+                        worker=options)
+        fds = {p: tree.open_file(p) for p in plan.source_paths}
+        try:
+            write_plan(plan, tmp_path, fds)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+    assert all(p.endswith("_optim_states.pt") for p in plan.source_paths)  # fp32 master weights only
+    got: dict[str, torch.Tensor] = {}
+    for f in tmp_path.glob("*.safetensors"):
+        got.update(load_file(str(f)))
+    want = load_file(str(FIXTURES / name / "expected.safetensors"))
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype == torch.float32 and got[k].shape == v.shape
+        assert torch.equal(got[k].view(torch.int32), v.view(torch.int32)), k
+    assert plan.report["shared_params"] == [["head.weight", "embed.weight"]]
+    assert plan.report["zero_stage"] == (3 if name.endswith("3") else 2)
+
+
+@pytest.fixture
+def zero3() -> tuple[SafeTree, object, FixtureDigest]:
+    with SafeTree.open(FIXTURES / "deepspeed_zero3" / "checkpoint") as tree:
+        yield tree, inspect_open_tree(tree), fixture_digest(tree)
+
+
+def test_no_permit_no_load(zero3, options: WorkerOptions) -> None:
+    tree, ins, digest = zero3
+    with pytest.raises(RuntimeFailure) as e:
+        load_plans(tree, ins, deepspeed.zero_files(ins.layout), permit=None, digest=digest, options=options)
+    assert e.value.code == "runtime.worker.permit_missing"
+
+
+def test_permit_for_another_digest_is_refused(zero3, options: WorkerOptions) -> None:
+    tree, ins, digest = zero3
+    other = issue_permit(_decision(), fixture_digest="sha256:" + "cd" * 32, loader="torch_load")
+    with pytest.raises(PolicyDenied) as e:
+        load_plans(tree, ins, deepspeed.zero_files(ins.layout), permit=other, digest=digest, options=options)
+    assert e.value.code == "enforce.permit.wrong_digest"
+
+
+def test_forged_permit_is_refused(zero3, options: WorkerOptions) -> None:
+    tree, ins, digest = zero3
+    permit = replace(issue_permit(_decision(), fixture_digest="sha256:" + "cd" * 32, loader="torch_load"),
+                     fixture_digest=digest.digest)
+    with pytest.raises(PolicyDenied) as e:
+        load_plans(tree, ins, deepspeed.zero_files(ins.layout), permit=permit, digest=digest, options=options)
+    assert e.value.code == "enforce.permit.forged"
+
+
+def test_decision_without_a_worker_loader_is_refused(zero3, options: WorkerOptions) -> None:
+    tree, ins, digest = zero3
+    with pytest.raises(PolicyDenied) as e:
+        plan_for(tree, ins, decision=_decision(("static_pickle",)), fixture_digest=digest, max_shard_bytes=1,
+                 worker=options)
+    assert e.value.code == "enforce.permit.loader_not_permitted"
+
+
+def test_digest_string_alone_is_not_enough(zero3, options: WorkerOptions) -> None:
+    tree, ins, digest = zero3
+    with pytest.raises(RuntimeFailure) as e:
+        plan_for(tree, ins, decision=_decision(), fixture_digest=digest.digest, max_shard_bytes=1, worker=options)
+    assert e.value.code == "runtime.worker.manifest_missing"
+
+
+def test_file_that_differs_from_the_manifest_is_not_loaded(zero3, options: WorkerOptions) -> None:
+    tree, ins, digest = zero3
+    rels = deepspeed.zero_files(ins.layout)
+    forged = FixtureDigest.from_manifest([ManifestEntry(path=e.path, size=e.size,
+                                                        sha256=("0" * 64 if e.path == rels[0] else e.sha256))
+                                          for e in digest.manifest])
+    permit = issue_permit(_decision(), fixture_digest=forged.digest, loader="torch_load")
+    with pytest.raises(RuntimeFailure) as e:
+        load_plans(tree, ins, rels, permit=permit, digest=forged, options=options)
+    assert e.value.code == "runtime.input.digest_mismatch" and e.value.evidence["path"] == rels[0]
+
+
+def test_worker_plan_that_names_an_unknown_storage_is_refused() -> None:
+    with SafeTree.open(FIXTURES / "deepspeed_zero3" / "checkpoint") as tree:
+        ins = inspect_open_tree(tree)
+    files = {f.path: f for f in ins.files}
+    rel = deepspeed.zero_files(ins.layout)[-1]
+    smap = deepspeed.StorageMap(files)
+    desc = {"__tensor__": {"storage_key": "99", "dtype": "float32", "shape": [4], "stride": [1],
+                           "storage_offset": 0, "storage_nbytes": 16}}
+    with pytest.raises(RuntimeFailure) as e:
+        smap.segment(rel, desc, what="fp32_flat_groups[0]")
+    assert e.value.code == "runtime.plan.storage_unknown"

@@ -435,6 +435,10 @@ def test_unknown_job_and_writable_descriptor_are_refused(inputs: _Inputs, no_spa
         run_contained("exec_python", [f], permit=_permit(), profile=_fake_profile(), limits=LIMITS,
                       timeout_s=5, fixture_digest=DIGEST)
     assert ei.value.code == "runtime.worker.bad_job"
+    with pytest.raises(RuntimeFailure) as ei:
+        run_contained("torch_load_bytes", [f], permit=_permit(), profile=_fake_profile(), limits=LIMITS,
+                      timeout_s=5, fixture_digest=DIGEST, select={"other.pt": [["a"]]})
+    assert ei.value.code == "runtime.worker.bad_job" and ei.value.evidence["unknown_files"] == ["other.pt"]
     wfd = os.open(inputs.root / "m.pt", os.O_RDWR)
     try:
         rw = OpenedInput(fd=wfd, relpath="m.pt", sha256=f.sha256)

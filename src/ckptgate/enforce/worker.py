@@ -192,6 +192,14 @@ def run_contained(job: str, files: Sequence[OpenedInput], *, permit: Permit, pro
         raise RuntimeFailure("runtime.worker.bad_job", "timeout_s must be positive")
     _check_files(files)
     mods = _check_preimports(preimports)
+    if select is not None:
+        unknown_files = sorted(set(select) - {f.relpath for f in files})
+        bad_paths = [p for paths in select.values() for p in paths
+                     if not all(type(seg) in (str, int) for seg in p)]
+        if job != "torch_load_bytes" or unknown_files or bad_paths:
+            raise RuntimeFailure("runtime.worker.bad_job",
+                                 "select applies to torch_load_bytes, names input files, and holds paths of "
+                                 "str/int segments", evidence={"unknown_files": unknown_files})
     # The permit is the authority: digest, loader and the controls this host has [PolicyDenied].
     if permit is None or not callable(getattr(permit, "check", None)):
         raise RuntimeFailure("runtime.worker.permit_missing", "a framework load needs a permit")

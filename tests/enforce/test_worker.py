@@ -267,6 +267,10 @@ def _scenarios(tmp: Path, root: Path) -> tuple[dict[str, tuple[Any, dict[str, An
         "bomb": (lambda: _write_pickle(root, "bomb.pt", _Reduce(bytearray, (24 << 30,))),
                  {"limits": WorkerLimits(setup_timeout_s=90.0, address_space_bytes=12 << 30)}),
         "timeout": (lambda: _write_pickle(root, "timeout.pt", _Reduce(time.sleep, (600,))), {"timeout_s": 1.5}),
+        # a non-daemon thread left running must not keep the worker alive past its result
+        "thread": (lambda: torch.save({"t": _Reduce(exec, ("import threading, time\n"
+                                                          "threading.Thread(target=time.sleep, args=(600,)).start()",)),
+                                       "w": torch.ones(1)}, root / "thread.pt"), {"timeout_s": 30.0}),
         "changed": (lambda: _write_pickle(root, "changed.pt", _Reduce(open, (str(c["open"]), "w"))),
                     {"sha256": "0" * 64}),
     }, c, secret
@@ -365,6 +369,14 @@ def test_timeout_kills_the_process_group_and_leaves_no_orphan(malicious: _Malici
     assert malicious.outcomes["timeout"].elapsed < 60
     with pytest.raises(ProcessLookupError):
         os.kill(e.evidence["pid"], 0)
+
+
+def test_a_lingering_thread_does_not_keep_the_worker_alive(malicious: _Malicious) -> None:
+    out = malicious.outcomes["thread"]
+    assert out.error is None, out.error
+    assert out.result.plans["thread.pt"]["w"]["__tensor__"]["shape"] == [1]
+    with pytest.raises(ProcessLookupError):
+        os.kill(out.result.pid, 0)
 
 
 def test_changed_input_is_refused_before_load(malicious: _Malicious) -> None:

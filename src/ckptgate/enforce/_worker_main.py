@@ -358,7 +358,7 @@ def _load_one(item: dict[str, Any]) -> tuple[Any, dict[int, str], list[Any]]:
                           f"loading {item['relpath']} ran out of address space (RLIMIT_AS)") from e
     except BaseException as e:  # noqa: BLE001 - the loaded code may raise anything
         raise WorkerError("runtime.worker.load_failed",
-                          f"loading {item['relpath']} failed: {type(e).__name__}: {str(e)[:300]}") from e
+                          f"loading {item['relpath']} failed: {type(e).__name__}: {_safe_text(e)}") from e
     return obj, record, keep
 
 
@@ -421,6 +421,15 @@ def _run_job(spec: dict[str, Any], out: Output) -> None:
         del obj, enc, tree, record, keep
 
 
+def _safe_text(e: BaseException, limit: int = 300) -> str:
+    """``str(e)``, bounded; an exception whose ``__str__`` fails is named, not re-raised."""
+    try:
+        text = str(e)
+    except BaseException:  # noqa: BLE001 - the exception may come from hostile code
+        return "<unprintable>"
+    return text[:limit]
+
+
 def main() -> int:
     out: Output | None = None
     loading = False
@@ -446,7 +455,7 @@ def main() -> int:
             code = "runtime.worker.bad_job"
         else:
             code = "runtime.worker.setup_failed"
-        message = f"{type(e).__name__}: {str(e)[:300]}"
+        message = f"{type(e).__name__}: {_safe_text(e)}"
     if out is not None:
         try:
             out.json({"event": "error", "code": code, "message": message})
@@ -456,4 +465,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # os._exit: no atexit handler, no non-daemon thread the loaded code may have left keeps us alive.
+    _status = main()
+    sys.stderr.flush()
+    os._exit(_status)

@@ -18,7 +18,7 @@ import data.ckptgate.trust
 # METADATA
 # description: >-
 #   The decision document, exactly {allow, plane, permitted_loaders, required_controls,
-#   reasons}. Reasons list deny reasons first, then info reasons.
+#   reasons}. Reasons list deny reasons first, then info reasons; each carries its severity.
 # entrypoint: true
 decision := {
 	"allow": allow,
@@ -39,8 +39,11 @@ allow if {
 }
 
 # METADATA
-# description: All reasons, deny first, each sorted.
-reasons := array.concat(sort(deny_reasons), sort(info_reasons))
+# description: All reasons, deny first, each sorted, each marked with its severity.
+reasons := array.concat(
+	[object.union(r, {"severity": "deny"}) | some r in sort(deny_reasons)],
+	[object.union(r, {"severity": "info"}) | some r in sort(info_reasons)],
+)
 
 # METADATA
 # description: The loaders the permit may name; empty unless allowed.

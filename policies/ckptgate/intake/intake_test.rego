@@ -101,7 +101,8 @@ test_decision_has_exactly_the_contract_keys if {
 	d := _decide(td.framework_input)
 	object.keys(d) == {"allow", "plane", "permitted_loaders", "required_controls", "reasons"}
 	every r in d.reasons {
-		object.keys(r) == {"code", "message", "evidence"}
+		object.keys(r) == {"code", "message", "evidence", "severity"}
+		r.severity in {"deny", "info"}
 		is_string(r.message)
 		is_object(r.evidence)
 	}

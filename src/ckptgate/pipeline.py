@@ -164,7 +164,7 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
                         max_shard_bytes=max_shard_bytes)
         if on_plan:
             on_plan(plan.total_size)
-        with _open_sources(tree, plan) as sources, staging(dst) as stage:
+        with open_sources(tree, plan) as sources, staging(dst) as stage:
             outputs = write_plan(plan, stage, sources, chunk_size=chunk_size, on_bytes=on_bytes)
             receipt = _receipt(src, evaluation, outputs)
             publish(stage, dst, receipt)
@@ -172,7 +172,7 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
 
 
 @contextlib.contextmanager
-def _open_sources(tree: SafeTree, plan: Any) -> Iterator[dict[str, int]]:
+def open_sources(tree: SafeTree, plan: Any) -> Iterator[dict[str, int]]:
     fds: dict[str, int] = {}
     try:
         for src in plan.source_paths:
@@ -203,5 +203,5 @@ def _receipt(src: Path, evaluation: Evaluation, outputs: Sequence[WrittenFile]) 
     }
 
 
-__all__ = ["EngineOptions", "Evaluation", "IntakeResult", "engine_for", "evaluate", "intake", "load_trust",
+__all__ = ["EngineOptions", "Evaluation", "IntakeResult", "engine_for", "evaluate", "intake", "load_trust", "open_sources",
            "refuse"]

@@ -12,7 +12,7 @@ import pytest
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.qualify import find_fixture, qualify
 from ckptgate.verify import AttestationStore, TrustData, verify_attestation
-from ckptgate.verify.store import _statement_of
+from ckptgate.verify.store import statement_of
 from evidence_helpers import FIXTURE, EvidenceRepo
 
 
@@ -76,5 +76,5 @@ def test_requalifying_supersedes_the_previous_statement(clone: Path, qualified_r
     after = _only_attestation(clone)
     assert result.superseded == (before,)
     assert after == result.attestation and after != before
-    _, stmt, _ = _statement_of(after.read_bytes())
+    _, stmt, _ = statement_of(after.read_bytes())
     assert stmt["predicate"]["validity"]["issued_at"] == "2031-01-01T00:00:00Z"

@@ -109,7 +109,7 @@ def collect(repo: Path, trust: Any, *, now: datetime | None = None) -> tuple[lis
     """Verify every stored attestation against the fixture it names; (facts, rejected, as-of time)."""
     from ckptgate.verify import AttestationStore, verify_attestation
     from ckptgate.verify.facts import rejection_facts
-    from ckptgate.verify.store import _statement_of
+    from ckptgate.verify.store import statement_of
 
     store = AttestationStore(repo / STORE_DIR)
     paths = list(store.iter())
@@ -117,7 +117,7 @@ def collect(repo: Path, trust: Any, *, now: datetime | None = None) -> tuple[lis
         times = [commit_time(repo, candidate_commit(repo))]
         for p in paths:
             try:
-                _f, stmt, _ = _statement_of(p.read_bytes())
+                _f, stmt, _ = statement_of(p.read_bytes())
             except VerificationError:
                 continue
             issued = _parse_time(((stmt.get("predicate") or {}).get("validity") or {}).get("issued_at"))

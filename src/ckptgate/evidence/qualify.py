@@ -253,7 +253,7 @@ def _consolidate(fixture: Fixture, out_dir: Path, *, options: Any, commit: str, 
     from ckptgate.consolidate import plan_for
     from ckptgate.consolidate.writer import write_plan
     from ckptgate.inspect import SafeTree
-    from ckptgate.pipeline import _open_sources, engine_for, evaluate, load_trust, refuse
+    from ckptgate.pipeline import open_sources, engine_for, evaluate, load_trust, refuse
 
     trust = load_trust(options)
     with SafeTree.open(fixture.checkpoint) as tree, engine_for(options) as engine:
@@ -262,7 +262,7 @@ def _consolidate(fixture: Fixture, out_dir: Path, *, options: Any, commit: str, 
         refuse(ev)
         plan = plan_for(tree, ev.inspection, decision=ev.decision, fixture_digest=ev.digest,
                         max_shard_bytes=2 << 30)
-        with _open_sources(tree, plan) as fds:
+        with open_sources(tree, plan) as fds:
             written = write_plan(plan, out_dir, fds)
     d = ev.decision
     return {"fixture_digest": ev.digest.digest, "inspected_format": ev.inspection.to_facts().get("format"),
@@ -404,12 +404,12 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
 
 def _supersede(store: Any, digest: str, adapter: str) -> tuple[Path, ...]:
     """Remove earlier qualifications of the same adapter on the same fixture: their log is replaced."""
-    from ckptgate.verify.store import _statement_of
+    from ckptgate.verify.store import statement_of
 
     removed = []
     for p in store.find(digest):
         try:
-            _fmt, stmt, _ = _statement_of(p.read_bytes())
+            _fmt, stmt, _ = statement_of(p.read_bytes())
         except VerificationError:
             continue
         pred = stmt.get("predicate") or {}

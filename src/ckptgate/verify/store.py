@@ -59,7 +59,7 @@ class StoredAttestation:
                 "format": self.format, "sha256": self.sha256}
 
 
-def _statement_of(raw: bytes) -> tuple[str, dict[str, Any], bytes]:
+def statement_of(raw: bytes) -> tuple[str, dict[str, Any], bytes]:
     doc = loads_strict(raw, what="attestation", max_bytes=dsse.MAX_ENVELOPE_BYTES)
     fmt = _detect(doc)
     if fmt == "dsse":
@@ -100,7 +100,7 @@ class AttestationStore:
 
     def path_for(self, raw: bytes) -> Path:
         """Where ``raw`` belongs (first subject's digest, predicate slug, payload digest)."""
-        fmt, stmt, payload = _statement_of(raw)
+        fmt, stmt, payload = statement_of(raw)
         sha = stmt["subject"][0]["digest"].get("sha256")
         if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
             raise VerificationError("verify.store.no_sha256_subject", "the first subject has no sha256 digest")
@@ -141,7 +141,7 @@ class AttestationStore:
         out = []
         for p in self.iter():
             raw = p.read_bytes()
-            fmt, stmt, _ = _statement_of(raw)
+            fmt, stmt, _ = statement_of(raw)
             out.append(StoredAttestation(
                 path=p.relative_to(self.root).as_posix(),
                 subjects=tuple(sorted("sha256:" + s["digest"]["sha256"].lower()

@@ -190,6 +190,18 @@ def setup() -> dict[str, str]:
     return env
 
 
+def ensure_chromium() -> None:
+    """Debian's chromium, for the headless DOM test of the generated matrix page."""
+    if shutil.which("chromium") or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return
+    log("installing Debian's chromium (headless test of matrix/index.html)")
+    quiet = {"stdout": subprocess.DEVNULL, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
+    if subprocess.run(["apt-get", "update", "-qq"], **quiet).returncode == 0:
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"], **quiet)
+    if not shutil.which("chromium"):
+        log("chromium could not be installed; the HTML DOM test will be skipped")
+
+
 def run_tests(env: dict[str, str]) -> int:
     opa, regal, py = str(TOOLS_BIN / "opa"), str(TOOLS_BIN / "regal"), str(LOCAL_VENV / "bin" / "python")
     steps = [
@@ -199,6 +211,7 @@ def run_tests(env: dict[str, str]) -> int:
         ("regal lint", [regal, "lint", "policies"]),
         ("pytest", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"]),
     ]
+    ensure_chromium()
     failed = []
     for name, cmd in steps:
         log(f"--- {name}")

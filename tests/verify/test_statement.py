@@ -56,16 +56,8 @@ def test_subject_and_type_checks() -> None:
     assert _code(s) == "verify.statement.shape"
 
 
-def _fast_available() -> bool:
-    try:
-        import fastjsonschema  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def test_fast_and_reference_validators_agree(monkeypatch) -> None:
-    """The fastjsonschema hot path (when installed) and jsonschema give the same verdicts."""
+    """The fastjsonschema hot path and jsonschema give the same verdicts."""
     from ckptgate.verify import statement as st
 
     cases = [STATEMENT, statement(candidate_commit="abc"), statement(extra=1),
@@ -75,15 +67,14 @@ def test_fast_and_reference_validators_agree(monkeypatch) -> None:
                                "evidence": {"digest": "sha256:" + "0" * 64, "location": "l"}})]
     ref = [st._validator("qualification-v1.schema.json").is_valid(c) for c in cases]
     assert ref == [True, False, False, False, True, False]  # 1.0 is an integer in JSON Schema
-    if _fast_available():
-        fast = st._fast("qualification-v1.schema.json")
-        import fastjsonschema
+    fast = st._fast("qualification-v1.schema.json")
+    import fastjsonschema
 
-        got = []
-        for c in cases:
-            try:
-                fast(c)
-                got.append(True)
-            except fastjsonschema.JsonSchemaException:
-                got.append(False)
-        assert got == ref
+    got = []
+    for c in cases:
+        try:
+            fast(c)
+            got.append(True)
+        except fastjsonschema.JsonSchemaException:
+            got.append(False)
+    assert got == ref

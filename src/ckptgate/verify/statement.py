@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -11,6 +10,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+import fastjsonschema
 import jsonschema
 
 from ckptgate.errors import VerificationError
@@ -37,14 +37,8 @@ def _validator(name: str) -> jsonschema.protocols.Validator:
 
 
 @cache
-def _fast(name: str) -> Callable[[Any], Any] | None:
-    """The same schema compiled by ``fastjsonschema`` when it is installed (the hot path), else ``None``."""
-    if os.environ.get("CKPTGATE_NO_FASTJSONSCHEMA"):
-        return None
-    try:
-        import fastjsonschema
-    except ImportError:
-        return None
+def _fast(name: str) -> Callable[[Any], Any]:
+    """The same schema compiled by ``fastjsonschema``: the hot path for documents that are valid."""
     return fastjsonschema.compile(_schema(name))  # type: ignore[no-any-return]
 
 
@@ -56,15 +50,11 @@ def schema_text(predicate_type: str = QUALIFICATION_PREDICATE_TYPE) -> str:
 
 def _first_error(name: str, doc: Any) -> jsonschema.ValidationError | None:
     """``None`` when ``doc`` satisfies schema ``name``; else jsonschema's best error (slow path only)."""
-    fast = _fast(name)
-    if fast is not None:
-        import fastjsonschema
-
-        try:
-            fast(doc)
-            return None
-        except fastjsonschema.JsonSchemaException:
-            pass
+    try:
+        _fast(name)(doc)
+        return None
+    except fastjsonschema.JsonSchemaException:
+        pass
     return jsonschema.exceptions.best_match(_validator(name).iter_errors(doc))
 
 

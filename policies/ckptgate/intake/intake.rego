@@ -307,7 +307,43 @@ info_reasons contains reason if {
 	)
 }
 
+# Every applied finding exception is reported, never silent.
+info_reasons contains reason if {
+	some f in _error_findings
+	some exception in _intake_cfg.finding_exceptions
+	_exception_applies(exception, f, input.inspection.format)
+	reason := _reason(
+		"finding_excepted",
+		sprintf("the finding %v in %v is excepted by policy data (%v): %v", [f.code, f.path, exception.id, exception.why]),
+		{"exception": exception.id, "code": f.code, "path": f.path},
+	)
+}
+
 _inspection_clean if input.inspection.clean == true
+
+# Python reports not clean only because of findings that policy data explicitly excepts:
+# every error finding is excepted, and every pickle report is complete and inside its allowlist.
+_inspection_clean if {
+	input.inspection.clean == false
+	count(_error_findings) > 0
+	every f in _error_findings {
+		_excepted(f)
+	}
+	every report in object.get(input, ["inspection", "pickles"], {}) {
+		_pickle_report_ok(report)
+	}
+}
+
+_excepted(finding) if {
+	some exception in _intake_cfg.finding_exceptions
+	_exception_applies(exception, finding, input.inspection.format)
+}
+
+_exception_applies(exception, finding, format) if {
+	format in exception.formats
+	finding.code == exception.code
+	finding.path in exception.paths
+}
 
 _pickle_reports_present if is_object(input.inspection.pickles)
 

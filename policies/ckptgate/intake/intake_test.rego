@@ -305,3 +305,51 @@ test_plane_is_the_highest_risk_class if {
 	d := _decide(td.with_value("/inspection/loaders", ["safetensors", "static_pickle", "torch_load"]))
 	d.plane == "framework"
 }
+
+_helper_script_finding(path) := {
+	"code": "classify.code", "severity": "error", "path": path,
+	"message": "code in the checkpoint", "evidence": {},
+}
+
+test_allow_when_only_excepted_deepspeed_helper_scripts_are_found if {
+	d := _decide(td.patched([
+		{"op": "replace", "path": "/inspection/clean", "value": false},
+		{"op": "replace", "path": "/inspection/findings", "value": [
+			_helper_script_finding("zero_to_fp32.py"),
+			_helper_script_finding("zero_to_torch.py"),
+		]},
+	]))
+	d.allow == true
+	excepted := {r.evidence.path | some r in d.reasons; r.code == "finding_excepted"; r.severity == "info"}
+	excepted == {"zero_to_fp32.py", "zero_to_torch.py"}
+}
+
+test_deny_when_code_is_found_outside_the_excepted_paths if {
+	d := _decide(td.patched([
+		{"op": "replace", "path": "/inspection/clean", "value": false},
+		{"op": "replace", "path": "/inspection/findings", "value": [
+			_helper_script_finding("zero_to_fp32.py"),
+			_helper_script_finding("global_step2/evil.py"),
+		]},
+	]))
+	d.allow == false
+	"inspection_not_clean" in _codes(d)
+}
+
+test_deny_when_the_exception_names_another_format if {
+	d := _decide(td.patched([
+		{"op": "replace", "path": "/inspection/format", "value": "fsdp-full"},
+		{"op": "replace", "path": "/inspection/clean", "value": false},
+		{"op": "replace", "path": "/inspection/findings", "value": [_helper_script_finding("zero_to_fp32.py")]},
+	]))
+	"inspection_not_clean" in _codes(d)
+}
+
+test_deny_when_an_excepted_finding_comes_with_a_pickle_outside_the_allowlist if {
+	d := _decide(td.patched([
+		{"op": "replace", "path": "/inspection/clean", "value": false},
+		{"op": "replace", "path": "/inspection/findings", "value": [_helper_script_finding("zero_to_fp32.py")]},
+		{"op": "add", "path": "/inspection/pickles", "value": {"a.pt": {"complete": true, "inside_allowlist": false}}},
+	]))
+	"inspection_not_clean" in _codes(d)
+}

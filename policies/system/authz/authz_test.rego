@@ -27,3 +27,8 @@ test_short_digest_is_refused if {
 test_allow_is_false_without_the_server_environment if {
 	not authz.allow with input as {"identity": "abc"}
 }
+
+test_allow_admits_the_owner_token_from_the_server_environment if {
+	authz.allow with input as {"identity": "abc"}
+		with opa.runtime as {"env": {"CKPTGATE_OPA_TOKEN_SHA256": _abc_sha256}}
+}

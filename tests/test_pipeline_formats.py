@@ -34,7 +34,8 @@ from pipeline_helpers import FIXTURES, Signer, attest, make_signer  # noqa: E402
 pytestmark = pytest.mark.opa
 
 #: fixture -> outcome on this host with the current policy data.
-PUBLISHED = ["hf_sharded", "dcp_torch_save", "dcp_torch_save_bytes", "dcp_hf_safetensors", "fsdp_full", "peft_lora"]
+PUBLISHED = ["hf_sharded", "dcp_torch_save", "dcp_torch_save_bytes", "dcp_hf_safetensors", "fsdp_full", "peft_lora",
+             "deepspeed_zero2", "deepspeed_zero3"]
 REFUSED: dict[str, tuple[type[Exception], str]] = {
     # A rank's shard is a zip stream (BYTE_IO before the safetensors data): inspection refuses it.
     "dcp_hf_safetensors_bytes": (InputRejected, "input.refused_by_policy"),
@@ -46,8 +47,6 @@ REFUSED: dict[str, tuple[type[Exception], str]] = {
 #: Refused by the policy on this host, though the adapter can consolidate them (see the adapter
 #: tests in tests/consolidate/): the finding is recorded with its reason code.
 POLICY_FINDINGS: dict[str, str] = {
-    "deepspeed_zero2": "inspection_not_clean",      # zero_to_fp32.py / zero_to_torch.py code files are errors
-    "deepspeed_zero3": "inspection_not_clean",
     "deepspeed_universal": "inspection_not_clean",  # zero/optimizer_state.pt globals outside the allowlist
     "megatron_torch_dist": "inspection_not_clean",  # .metadata names planner classes outside the allowlist
 }

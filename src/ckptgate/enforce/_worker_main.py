@@ -341,7 +341,11 @@ def _recording_pickle(record: dict[int, str], keep: list[Any]) -> Any:
 # --------------------------------------------------------------------------- jobs
 
 
-def _load_one(item: dict[str, Any]) -> tuple[Any, dict[int, str], list[Any]]:
+def _load_one(item: dict[str, Any], *, with_data: bool) -> tuple[Any, dict[int, str], list[Any]]:
+    """``torch.load`` one file.  Without ``with_data`` the storages are allocated but never
+    filled (``torch.serialization.skip_data``): the plan needs only keys, dtypes, shapes and
+    offsets, so the worker's resident memory stays small whatever the checkpoint's size."""
+    import contextlib  # noqa: PLC0415
     import io  # noqa: PLC0415
 
     import torch  # noqa: PLC0415
@@ -351,8 +355,9 @@ def _load_one(item: dict[str, Any]) -> tuple[Any, dict[int, str], list[Any]]:
     try:
         # weights_only=False: the policy allowed a framework load of these exact bytes, under
         # containment.  weights_only=True is not a trust control [R17, R29].
-        obj = torch.load(io.FileIO(item["fd"], closefd=False), weights_only=False,  # nosec B614
-                         map_location="cpu", pickle_module=_recording_pickle(record, keep))
+        with contextlib.nullcontext() if with_data else torch.serialization.skip_data():
+            obj = torch.load(io.FileIO(item["fd"], closefd=False), weights_only=False,  # nosec B614
+                             map_location="cpu", pickle_module=_recording_pickle(record, keep))
     except MemoryError as e:
         raise WorkerError("runtime.worker.memory_limit",
                           f"loading {item['relpath']} ran out of address space (RLIMIT_AS)") from e
@@ -394,7 +399,7 @@ def _run_job(spec: dict[str, Any], out: Output) -> None:
     budget = _Budget(int(spec["max_nodes"]), int(spec["max_depth"]))
     select = spec["select"]
     for item in spec["files"]:
-        obj, record, keep = _load_one(item)
+        obj, record, keep = _load_one(item, with_data=spec["job"] == "torch_load_bytes")
         enc = PlanEncoder(record, budget)
         tree = enc.encode(obj, [])
         out.json({"event": "plan", "file": item["relpath"], "tree": tree})

@@ -41,7 +41,11 @@ if TYPE_CHECKING:
     from ckptgate.enforce.permit import Permit
 
 #: Job name -> the loader name a permit must allow.
-JOBS: Mapping[str, str] = MappingProxyType({"torch_load": "torch_load", "torch_load_bytes": "torch_load"})
+JOBS: Mapping[str, str] = MappingProxyType({
+    "torch_load": "torch_load",          # plan only: tensor bytes are never read into the worker
+    "deepspeed": "deepspeed",            # the same plan job, permitted as the DeepSpeed loader
+    "torch_load_bytes": "torch_load",    # plan plus the selected tensors' bytes, streamed back
+})
 
 #: Top-level packages the worker may pre-import before the filter is loaded.  A module outside
 #: these is refused before spawn: importing it would run its top-level code unfiltered.

@@ -43,14 +43,35 @@ def intake_input(n_files: int = 20) -> PolicyInput:
 
 
 def support_rows(n: int) -> dict:
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """``n`` verified qualification facts (one real signed statement, verified once, then varied)."""
+    import copy
+    import json
+
+    from ckptgate.demo import demo_statement
+    from ckptgate.verify import (QUALIFICATION_PREDICATE_TYPE, KeySigner, TrustData, generate_keypair, trust_entry,
+                                 verify_attestation)
+    from ckptgate.verify.dsse import sign_statement
+
+    with tempfile.TemporaryDirectory() as tmp:
+        priv, pub = generate_keypair("ed25519")
+        key = Path(tmp) / "k.pem"
+        key.write_bytes(priv)
+        trust = TrustData.from_json(json.dumps({"signers": [trust_entry(
+            pub, signer_id="bench", predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}).encode())
+        raw = sign_statement(demo_statement(DIGEST, "bench", producer=("torch", "2.13.0")), KeySigner.from_pem(key))
+        facts = verify_attestation(raw, source="bench.json", trust=trust, measured_digest=DIGEST,
+                                   now=datetime.now(UTC)).to_facts()
+    commit = facts["statement"]["predicate"]["candidate_commit"]
     atts = []
     for i in range(n):
-        atts.append({"source": f"attestations/{i}.json", "signers": [], "verification": {},
-                     "statement": {"predicate": {"producer": {"name": "torch", "version": "2.13.0"},
-                                                 "adapter": {"name": f"a{i % 7}", "version": "1"},
-                                                 "candidate_commit": "0" * 40}}})
-    return {"attestations": atts, "head": {"commit": "0" * 40, "candidate_commit": "0" * 40}, "now": now}
+        f = copy.deepcopy(facts)
+        f["source"] = f"attestations/{i}.json"
+        f["statement"]["predicate"]["adapter"]["name"] = f"adapter-{i % 50}"
+        atts.append(f)
+    head = {"commit": commit, "candidate_commit": commit, "source_tree": "t", "candidate_source_tree": "t",
+            "evidence_commits": []}
+    return {"attestations": atts, "rejected_attestations": [], "head": head, "targets": [],
+            "now": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
 def main() -> int:
@@ -92,7 +113,7 @@ def main() -> int:
             raw_b = time_calls(raw_batch, args.batches, warmup=1)
             eng_b = time_calls(engine_batch, args.batches, warmup=1)
         except (requests.HTTPError, AssertionError, KeyError) as e:
-            print(f"support batch skipped: data.ckptgate.support.rows unavailable ({e})", file=sys.stderr)
+            print(f"support batch skipped: data.ckptgate.support.rows unavailable ({e!r})", file=sys.stderr)
             raw_b = eng_b = []
 
     s_raw, s_eng = summary_ms(raw), summary_ms(eng)

@@ -154,6 +154,32 @@ def gate_producer(repo: Path, adapter: str) -> str | None:
     return producer if isinstance(producer, str) else None
 
 
+def fixture_format(repo: Path, fixture: Fixture) -> str:
+    """The format the gates data knows the fixture by: ``meta.json``'s when the gates data lists it
+    (``peft-lora``), else the format the static inspection reports (``deepspeed-zero`` for a fixture
+    recorded as ``deepspeed-zero2``).  Inspection reads, never loads; a refused tree keeps the meta format."""
+    from ckptgate.errors import Error
+    from ckptgate.inspect import SafeTree, inspect_open_tree
+
+    try:
+        gates = json.loads((repo / GATES_DATA).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return fixture.format
+    if fixture.format in (gates.get("formats") or {}):
+        return fixture.format
+    try:
+        with SafeTree.open(fixture.checkpoint) as tree:
+            inspected = inspect_open_tree(tree).to_facts().get("format")
+    except Error:
+        return fixture.format
+    return inspected if isinstance(inspected, str) and inspected else fixture.format
+
+
+def fixture_adapter(repo: Path, fixture: Fixture) -> str | None:
+    """The adapter that consolidates the fixture's format (:func:`fixture_format`), or None."""
+    return adapter_for_format(repo, fixture_format(repo, fixture))
+
+
 def _validity(repo: Path) -> timedelta:
     try:
         cfg = json.loads((repo / INTAKE_DATA).read_text(encoding="utf-8"))
@@ -236,6 +262,8 @@ class QualificationResult:
     log: Path
     log_sha256: str
     superseded: tuple[Path, ...] = ()
+    provenance: tuple[str, ...] = ()
+    """Repository-relative provenance attestations the qualify decision was taken with (framework plane)."""
 
     def __post_init__(self) -> None:
         if self.status not in ("passed", "failed", "error"):
@@ -245,20 +273,48 @@ class QualificationResult:
         return {"fixture": self.fixture, "adapter": self.adapter, "status": self.status,
                 "fixture_digest": self.fixture_digest, "candidate_commit": self.candidate_commit,
                 "attestation": str(self.attestation) if self.attestation else None, "log": str(self.log),
-                "log_sha256": "sha256:" + self.log_sha256, "superseded": [str(p) for p in self.superseded]}
+                "log_sha256": "sha256:" + self.log_sha256, "superseded": [str(p) for p in self.superseded],
+                "provenance": list(self.provenance)}
 
 
-def _consolidate(fixture: Fixture, out_dir: Path, *, options: Any, commit: str, now: datetime) -> dict[str, Any]:
-    """Inspect, digest, decide (action qualify), plan and write the fixture into ``out_dir``."""
+def _consolidate(repo: Path, fixture: Fixture, out_dir: Path, *, options: Any, commit: str, now: datetime,
+                 key: Path) -> dict[str, Any]:
+    """Inspect, digest, decide (action qualify), plan and write the fixture into ``out_dir``.
+
+    When the only deny reason is a missing provenance attestation (a framework-plane fixture), a
+    stored provenance statement that verifies for this digest and commit is used, else one is
+    signed with ``key`` after the committed bytes are checked (:mod:`ckptgate.evidence.provenance`),
+    stored, and the decision is taken again with it.  A new statement that policy still refuses
+    is removed again; nothing is loaded before an allow decision.
+    """
     from ckptgate.consolidate import plan_for
     from ckptgate.consolidate.writer import write_plan
+    from ckptgate.evidence import provenance as prov
     from ckptgate.inspect import SafeTree
     from ckptgate.pipeline import open_sources, engine_for, evaluate, load_trust, refuse
+    from ckptgate.verify import KeySigner
 
     trust = load_trust(options)
+    used: dict[str, Any] | None = None
     with SafeTree.open(fixture.checkpoint) as tree, engine_for(options) as engine:
         ev = evaluate(tree, attestations=[], engine=engine, trust=trust, action="qualify", now=now,
                       candidate_commit=commit)
+        if prov.provenance_needed(ev.decision):
+            stored = prov.usable_provenance(repo, ev.digest.digest, trust=trust, commit=commit, now=now)
+            fresh: Path | None = None
+            if not stored:
+                envelope = prov.sign_provenance(repo, fixture, tree, ev.digest, signer=KeySigner.from_pem(key),
+                                                trust=trust, commit=commit, now=now)
+                fresh = prov.store_provenance(repo, envelope)
+                stored = [fresh]
+            ev = evaluate(tree, attestations=stored, engine=engine, trust=trust, action="qualify", now=now,
+                          candidate_commit=commit)
+            if fresh is not None and not ev.decision.allow:
+                prov.discard_provenance(repo, fresh)
+            superseded = prov.supersede_provenance(repo, fresh, ev.digest.digest) if fresh and ev.decision.allow \
+                else ()
+            used = {"attestations": [_rel(repo, p) for p in stored], "signed_now": fresh is not None,
+                    "superseded": [_rel(repo, p) for p in superseded]}
         refuse(ev)
         plan = plan_for(tree, ev.inspection, decision=ev.decision, fixture_digest=ev.digest,
                         max_shard_bytes=2 << 30)
@@ -268,6 +324,7 @@ def _consolidate(fixture: Fixture, out_dir: Path, *, options: Any, commit: str, 
     return {"fixture_digest": ev.digest.digest, "inspected_format": ev.inspection.to_facts().get("format"),
             "decision": {"id": d.decision_id, "allow": d.allow, "plane": d.plane,
                          "policy_revision": d.policy_revision},
+            "provenance": used,
             "outputs": [{"file": w.filename, "size": w.size, "sha256": w.sha256} for w in written]}
 
 
@@ -313,12 +370,13 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
                             f"the work tree has {len(dirty)} uncommitted change(s); evidence must name exact code",
                             evidence={"paths": dirty[:50]},
                             advice="Commit or stash the changes (or pass --allow-dirty for a local trial run).")
-    named = adapter_for_format(repo, fixture.format)
+    fmt = fixture_format(repo, fixture)
+    named = adapter_for_format(repo, fmt)
     if named != adapter:
         raise EvidenceError("evidence.qualify.adapter_mismatch",
-                            f"adapter {adapter!r} does not consolidate format {fixture.format!r} "
+                            f"adapter {adapter!r} does not consolidate format {fmt!r} "
                             f"(the gates data names {named!r})",
-                            evidence={"fixture": fixture.name, "format": fixture.format, "adapter": named})
+                            evidence={"fixture": fixture.name, "format": fmt, "adapter": named})
     key_path = resolve_key(repo, key)
     signer = KeySigner.from_pem(key_path)
     now = (now or datetime.now(timezone.utc)).replace(microsecond=0)
@@ -343,7 +401,7 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
         out_dir = Path(tmp) / "out"
         out_dir.mkdir()
         try:
-            run = _consolidate(fixture, out_dir, options=options, commit=commit, now=now)
+            run = _consolidate(repo, fixture, out_dir, options=options, commit=commit, now=now, key=key_path)
             digest = run["fixture_digest"]
             log.update(run)
             checks["policy_allows_qualify"] = bool(run["decision"]["allow"])
@@ -393,7 +451,8 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
     stored = store.add(envelope)
     result = QualificationResult(fixture=fixture.name, adapter=adapter, status=status, fixture_digest=digest,
                                  candidate_commit=commit, attestation=stored, log=log_path, log_sha256=log_sha,
-                                 superseded=superseded)
+                                 superseded=superseded,
+                                 provenance=tuple((log.get("provenance") or {}).get("attestations") or ()))
     if status != "passed":
         failing = [c for c in CHECKS if not checks.get(c)]
         raise QualificationFailed("evidence.qualify.failed",
@@ -438,7 +497,7 @@ def qualifiable(repo: Path) -> list[tuple[Fixture, str]]:
     """Every fixture whose format the gates data maps to an adapter, with that adapter."""
     out = []
     for f in list_fixtures(repo):
-        adapter = adapter_for_format(repo, f.format)
+        adapter = fixture_adapter(repo, f)
         if adapter is not None:
             out.append((f, adapter))
     return out
@@ -472,4 +531,5 @@ def qualify_all(repo: Path, *, key: Path | str | None = None, options: Any = Non
 
 
 __all__ = ["CHECKS", "Fixture", "QualificationResult", "adapter_for_format", "compare_outputs", "environment",
-           "find_fixture", "list_fixtures", "qualifiable", "qualify", "qualify_all", "resolve_key"]
+           "find_fixture", "fixture_adapter", "fixture_format", "list_fixtures", "qualifiable", "qualify", "qualify_all",
+           "resolve_key"]

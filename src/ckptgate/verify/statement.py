@@ -1,4 +1,5 @@
-"""In-toto Statement v1 checks: shape, the qualification predicate schema, subject binding, validity window."""
+"""In-toto Statement v1 checks: shape, the known predicate schemas (qualification, fixture provenance),
+subject binding, validity window."""
 
 from __future__ import annotations
 
@@ -19,7 +20,12 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 QUALIFICATION_PREDICATE_TYPE = "https://ckptgate.dev/attestation/qualification/v1"
 """The versioned predicateType of ckptgate qualification evidence."""
 
-PREDICATE_SCHEMAS = {QUALIFICATION_PREDICATE_TYPE: "qualification-v1.schema.json"}
+PROVENANCE_PREDICATE_TYPE = "https://ckptgate.dev/attestation/fixture-provenance/v1"
+"""The versioned predicateType of fixture provenance: the signer vouches that a fixture's bytes are the
+ones committed at a candidate commit, written by the recorded generator and producer versions."""
+
+PREDICATE_SCHEMAS = {QUALIFICATION_PREDICATE_TYPE: "qualification-v1.schema.json",
+                     PROVENANCE_PREDICATE_TYPE: "fixture-provenance-v1.schema.json"}
 """Predicate types that ckptgate knows, and the JSON Schema each statement must satisfy."""
 
 

@@ -1,0 +1,53 @@
+"""``ckptgate attest provenance``: CI vouches for a committed fixture's bytes (fixture-provenance v1)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import click
+
+from ckptgate._cli._base import emit_json, json_option, stdout
+from ckptgate._cli._options import engine_options
+from ckptgate.errors import Error
+
+
+@click.command("provenance")
+@click.option("--fixture", "fixture", required=True, help="Fixture name under tests/fixtures/data, or its directory.")
+@click.option("--key", "key", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PEM private key (default: $CKPTGATE_SIGNING_KEY, else ../shared/keys/ci-qualification).")
+@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Repository root (default: the git work tree of the current directory).")
+@engine_options
+@json_option
+def provenance(fixture: str, key: Path | None, repo: Path | None, engine, as_json: bool) -> int:  # type: ignore[no-untyped-def]
+    """Sign and store a fixture-provenance statement for FIXTURE at the candidate commit.
+
+    It states that the bytes under tests/fixtures/data/<name>/checkpoint are the ones committed at the
+    candidate commit, written by the generator and producer versions recorded in meta.json; the basis
+    is the repository's review, not a regeneration, and it says nothing about safety to load.
+    Exit 0 stored; 2 the bytes differ from the commit or from meta.json; 5 the key is not trusted.
+    """
+    from ckptgate.evidence.candidate import repo_root
+    from ckptgate.evidence.provenance import attest_provenance
+    from ckptgate.evidence.qualify import find_fixture
+
+    root = repo_root(repo)
+    options = dataclasses.replace(engine, policy_dir=engine.policy_dir or root / "policies")
+    result = attest_provenance(root, find_fixture(root, fixture), key=key, options=options)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        stdout.print(f"[bold green]stored[/] provenance for {result.fixture} "
+                     f"(fixture {result.fixture_digest}, candidate {result.candidate_commit[:12]})")
+        stdout.print(f"  attestation {result.attestation}")
+        for p in result.superseded:
+            stdout.print(f"  superseded  {p}")
+    return 0
+
+
+def register(cli: click.Group) -> None:
+    attest = cli.commands.get("attest")
+    if not isinstance(attest, click.Group):
+        raise Error("internal.cli_order", "`attest provenance` needs the attest group registered first")
+    attest.add_command(provenance)

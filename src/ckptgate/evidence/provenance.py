@@ -1,0 +1,335 @@
+"""Fixture provenance: CI vouches that a fixture's checkpoint bytes are the ones committed at the
+candidate commit, written by the recorded generator with the recorded producer versions.
+
+``ckptgate qualify`` on a framework-plane fixture (DeepSpeed ZeRO, Megatron ``torch_dist``) runs a
+framework deserializer on the fixture bytes inside the contained worker, and the policy first
+asks for a trusted ``provenance`` attestation of the exact fixture digest.  This module makes one.
+
+What the statement asserts, and on what basis: the bytes under ``tests/fixtures/data/<name>/checkpoint``
+equal the git tree committed at the candidate commit (every blob is hashed again here) and the
+file manifest the generator wrote into ``meta.json``; ``meta.json`` itself is committed unchanged.
+The trust basis is the repository's review of that commit (``basis: repository-review``), not a
+fresh regeneration.  A signature is integrity and origin under a separately trusted key [R27];
+it is not evidence that deserializing the bytes is safe, so containment still applies [R28].
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ckptgate.evidence.candidate import candidate_commit, git
+from ckptgate.evidence.errors import EvidenceError
+from ckptgate.evidence.qualify import (STORE_DIR, Fixture, _iso, _rel, _validity, fixture_adapter, gate_producer,
+                                       resolve_key)
+from ckptgate.errors import VerificationError
+
+BASIS = "repository-review"
+"""The one trust basis this predicate states: the review of the commit that holds the fixture."""
+_READ = 1 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommittedFixture:
+    """A fixture whose measured bytes were checked equal to the tree at ``commit``."""
+
+    location: str
+    """Repository-relative path of the checkpoint directory."""
+    manifest: str
+    """Repository-relative path of ``meta.json``."""
+    commit: str
+    """The candidate commit (40 hex)."""
+    git_tree: str
+    """The git tree object of ``location`` at ``commit``."""
+    digest: str
+    """``sha256:<hex>``: the ckptgate fixture digest of the checked bytes."""
+
+    def __post_init__(self) -> None:
+        if len(self.commit) != 40 or any(c not in "0123456789abcdef" for c in self.commit):
+            raise ValueError(f"bad commit {self.commit!r}")
+        if not self.digest.startswith("sha256:") or len(self.digest) != 71:
+            raise ValueError(f"bad digest {self.digest!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProvenanceResult:
+    """A stored provenance attestation for one fixture digest."""
+
+    fixture: str
+    fixture_digest: str
+    candidate_commit: str
+    attestation: Path
+    reused: bool
+    """True when a stored statement already verified for this digest, commit and time."""
+    superseded: tuple[Path, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fixture": self.fixture, "fixture_digest": self.fixture_digest,
+                "candidate_commit": self.candidate_commit, "attestation": str(self.attestation),
+                "reused": self.reused, "superseded": [str(p) for p in self.superseded]}
+
+
+# --------------------------------------------------------------------------------------------- checks
+def _object_format(repo: Path) -> str:
+    fmt = git(repo, "rev-parse", "--show-object-format", check=False).strip() or "sha1"
+    if fmt not in ("sha1", "sha256"):
+        raise EvidenceError("evidence.provenance.object_format", f"unknown git object format {fmt!r}")
+    return fmt
+
+
+def _blob_id_fd(fd: int, size: int, fmt: str) -> str:
+    h = hashlib.new(fmt)
+    h.update(b"blob %d\0" % size)
+    pos = 0
+    while pos < size:
+        chunk = os.pread(fd, min(_READ, size - pos), pos)
+        if not chunk:
+            raise EvidenceError("evidence.provenance.short_read", f"short read at offset {pos}")
+        h.update(chunk)
+        pos += len(chunk)
+    return h.hexdigest()
+
+
+def _committed_blobs(repo: Path, commit: str, location: str) -> dict[str, tuple[str, str, str]]:
+    """path (relative to ``location``) -> (mode, type, object) of every entry under it at ``commit``."""
+    out: dict[str, tuple[str, str, str]] = {}
+    for rec in git(repo, "ls-tree", "-r", "-z", "--full-tree", commit, "--", location).split("\0"):
+        if not rec:
+            continue
+        meta, _, path = rec.partition("\t")
+        mode, kind, obj = meta.split(" ")
+        out[path.removeprefix(location + "/")] = (mode, kind, obj)
+    return out
+
+
+def committed_fixture(repo: Path, fixture: Fixture, tree: Any, digest: Any, commit: str) -> CommittedFixture:
+    """Check, in order, that the measured bytes are the committed, generator-recorded ones.
+
+    ``tree`` is the open :class:`~ckptgate.inspect.SafeTree` of the checkpoint and ``digest`` its
+    :class:`~ckptgate.digest.FixtureDigest`.  Codes: ``evidence.provenance.outside_repo``,
+    ``.meta_uncommitted`` (meta.json differs from the commit), ``.meta_mismatch`` (the generator's
+    ``checkpoint_files`` differ from the measured files), ``.not_committed`` (no tree at the commit),
+    ``.files_differ`` (file sets differ), ``.bytes_differ`` (a blob differs).
+    """
+    repo = repo.resolve()
+    location, manifest = _rel(repo, fixture.checkpoint), _rel(repo, fixture.root / "meta.json")
+    if Path(location).is_absolute() or Path(manifest).is_absolute():
+        raise EvidenceError("evidence.provenance.outside_repo",
+                            f"fixture {fixture.name} is not inside the repository {repo}",
+                            evidence={"fixture": str(fixture.root)})
+    fmt = _object_format(repo)
+    want_meta = git(repo, "rev-parse", "--verify", "-q", f"{commit}:{manifest}", check=False).strip()
+    meta_bytes = (fixture.root / "meta.json").read_bytes()
+    got_meta = hashlib.new(fmt, b"blob %d\0" % len(meta_bytes) + meta_bytes).hexdigest()
+    if want_meta != got_meta:
+        raise EvidenceError("evidence.provenance.meta_uncommitted",
+                            f"{manifest} is not the file committed at {commit[:12]}",
+                            evidence={"manifest": manifest, "commit": commit},
+                            advice="Commit the fixture's meta.json (or restore it) before vouching for it.")
+    measured = {e.path: {"sha256": e.sha256, "size": e.size} for e in digest.manifest}
+    recorded = fixture.meta.get("checkpoint_files")
+    if not isinstance(recorded, dict) or recorded != measured:
+        rec = recorded if isinstance(recorded, dict) else {}
+        differ = sorted(p for p in set(rec) | set(measured) if rec.get(p) != measured.get(p))
+        raise EvidenceError("evidence.provenance.meta_mismatch",
+                            f"fixture {fixture.name}: the files differ from the generator's checkpoint_files "
+                            f"in meta.json", evidence={"paths": differ[:50], "recorded": isinstance(recorded, dict)},
+                            advice="Regenerate the fixture with tests/fixtures/generate.py and commit it.")
+    git_tree = git(repo, "rev-parse", "--verify", "-q", f"{commit}:{location}", check=False).strip()
+    blobs = _committed_blobs(repo, commit, location) if git_tree else {}
+    if not git_tree or not blobs:
+        raise EvidenceError("evidence.provenance.not_committed",
+                            f"{location} holds no committed files at {commit[:12]}",
+                            evidence={"location": location, "commit": commit})
+    if set(blobs) != set(measured):
+        raise EvidenceError("evidence.provenance.files_differ",
+                            f"the files under {location} are not the committed ones",
+                            evidence={"uncommitted": sorted(set(measured) - set(blobs))[:50],
+                                      "missing": sorted(set(blobs) - set(measured))[:50]})
+    for path in sorted(measured):
+        mode, kind, obj = blobs[path]
+        fd = tree.open_file(path)
+        try:
+            got = _blob_id_fd(fd, measured[path]["size"], fmt)
+        finally:
+            os.close(fd)
+        if kind != "blob" or mode not in ("100644", "100755") or got != obj:
+            raise EvidenceError("evidence.provenance.bytes_differ",
+                                f"{location}/{path} differs from the blob committed at {commit[:12]}",
+                                evidence={"path": path, "committed": obj, "measured": got, "mode": mode})
+    return CommittedFixture(location=location, manifest=manifest, commit=commit, git_tree=git_tree,
+                            digest=digest.digest)
+
+
+# --------------------------------------------------------------------------------------------- statement
+def _generator(fixture: Fixture) -> dict[str, str]:
+    meta = fixture.meta
+    out: dict[str, str] = {}
+    for key, field_ in (("script", "generator"), ("command", "regenerate"), ("producer_script", "producer_script"),
+                        ("producer_command", "command")):
+        value = meta.get(field_)
+        if isinstance(value, str) and value:
+            out[key] = value
+        elif key in ("script", "command"):
+            raise EvidenceError("evidence.fixture.meta_field", f"fixture {fixture.name}: meta.json has no {field_!r}",
+                                evidence={"fixture": fixture.name, "field": field_})
+    return out
+
+
+def _producers(fixture: Fixture) -> dict[str, str]:
+    versions = fixture.meta.get("versions")
+    out = {k: v for k, v in versions.items() if isinstance(k, str) and isinstance(v, str) and v} \
+        if isinstance(versions, dict) else {}
+    if not out:
+        raise EvidenceError("evidence.fixture.meta_field", f"fixture {fixture.name}: meta.json records no versions",
+                            evidence={"fixture": fixture.name, "field": "versions"})
+    return out
+
+
+def provenance_statement(repo: Path, fixture: Fixture, committed: CommittedFixture, *, now: datetime) -> dict[str, Any]:
+    """The in-toto Statement v1 (subject: the fixture digest) for a checked fixture."""
+    from ckptgate.verify.statement import PROVENANCE_PREDICATE_TYPE, STATEMENT_TYPE
+
+    adapter = fixture_adapter(repo, fixture)
+    producer = fixture.producer(gate_producer(repo, adapter) if adapter else None)
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": fixture.name, "digest": {"sha256": committed.digest.split(":", 1)[1]}}],
+        "predicateType": PROVENANCE_PREDICATE_TYPE,
+        "predicate": {
+            "basis": BASIS,
+            "fixture": {"digest": committed.digest, "digest_algorithm": "sha256", "location": committed.location,
+                        "manifest": committed.manifest, "git_tree": committed.git_tree},
+            "producer": {**producer, "call": str(fixture.meta["producer"])},
+            "producers": _producers(fixture),
+            "generator": _generator(fixture),
+            "topology": fixture.topology(),
+            "candidate_commit": committed.commit,
+            "validity": {"issued_at": _iso(now), "expires_at": _iso(now + _validity(repo))},
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------- store
+def _provenance_files(store: Any, digest: str) -> list[tuple[Path, dict[str, Any]]]:
+    from ckptgate.verify.statement import PROVENANCE_PREDICATE_TYPE
+    from ckptgate.verify.store import statement_of
+
+    out = []
+    for p in store.find(digest):
+        try:
+            _fmt, stmt, _ = statement_of(p.read_bytes())
+        except VerificationError:
+            continue
+        if stmt.get("predicateType") == PROVENANCE_PREDICATE_TYPE:
+            out.append((p, stmt))
+    return out
+
+
+def usable_provenance(repo: Path, digest: str, *, trust: Any, commit: str, now: datetime) -> list[Path]:
+    """Stored provenance statements for ``digest`` that verify now, for ``commit``, under ``trust``.
+
+    Only statements that verify are returned, so a stale one never reaches policy as a rejected
+    attestation (which would deny).  Whether the signer is trusted *for provenance* is policy's call.
+    """
+    from ckptgate.verify import AttestationStore, verify_attestation
+
+    ok = []
+    for p, _stmt in _provenance_files(AttestationStore(repo / STORE_DIR), digest):
+        try:
+            verify_attestation(p.read_bytes(), source=str(p), trust=trust, measured_digest=digest, now=now,
+                               expected_commit=commit)
+        except VerificationError:
+            continue
+        ok.append(p)
+    return ok
+
+
+def sign_provenance(repo: Path, fixture: Fixture, tree: Any, digest: Any, *, signer: Any, trust: Any, commit: str,
+                    now: datetime) -> bytes:
+    """Check the committed bytes (:func:`committed_fixture`), sign the statement and verify the
+    envelope under ``trust`` for ``digest`` and ``commit``; returns the DSSE envelope (not stored)."""
+    from ckptgate.verify import sign_statement, verify_attestation
+
+    repo = repo.resolve()
+    committed = committed_fixture(repo, fixture, tree, digest, commit)
+    envelope = sign_statement(provenance_statement(repo, fixture, committed, now=now), signer)
+    # Storing is only useful when the trust data accepts the key: verify before anyone stores it.
+    verify_attestation(envelope, source="<new>", trust=trust, measured_digest=digest.digest, now=now,
+                       expected_commit=commit)
+    return envelope
+
+
+def store_provenance(repo: Path, envelope: bytes) -> Path:
+    """Store a provenance envelope under ``attestations/`` (idempotent) and rebuild the index."""
+    from ckptgate.verify import AttestationStore
+
+    return AttestationStore(repo / STORE_DIR).add(envelope)
+
+
+def discard_provenance(repo: Path, path: Path) -> None:
+    """Remove a just-stored provenance envelope that policy did not accept, and rebuild the index."""
+    from ckptgate.verify import AttestationStore
+
+    path.unlink(missing_ok=True)
+    AttestationStore(repo / STORE_DIR).rebuild_index()
+
+
+def supersede_provenance(repo: Path, keep: Path, digest: str) -> tuple[Path, ...]:
+    """Remove every other stored provenance statement for ``digest`` with the same fixture location."""
+    from ckptgate.verify import AttestationStore
+    from ckptgate.verify.store import statement_of
+
+    store = AttestationStore(repo / STORE_DIR)
+    location = statement_of(keep.read_bytes())[1]["predicate"]["fixture"]["location"]
+    removed = []
+    for p, stmt in _provenance_files(store, digest):
+        if p != keep and (stmt["predicate"].get("fixture") or {}).get("location") == location:
+            p.unlink()
+            removed.append(p)
+    if removed:
+        store.rebuild_index()
+    return tuple(removed)
+
+
+def attest_provenance(repo: Path, fixture: Fixture, *, key: Path | str | None = None, options: Any = None,
+                      now: datetime | None = None) -> ProvenanceResult:
+    """``ckptgate attest provenance``: sign and store a fresh provenance statement for ``fixture``,
+    superseding earlier ones for the same digest and location."""
+    from ckptgate.digest import fixture_digest
+    from ckptgate.inspect import SafeTree
+    from ckptgate.pipeline import EngineOptions, load_trust
+    from ckptgate.verify import KeySigner
+
+    repo = repo.resolve()
+    options = options or EngineOptions(policy_dir=repo / "policies")
+    signer = KeySigner.from_pem(resolve_key(repo, key))
+    now = (now or datetime.now(timezone.utc)).replace(microsecond=0)
+    commit = candidate_commit(repo)
+    with SafeTree.open(fixture.checkpoint) as tree:
+        digest = fixture_digest(tree)
+        envelope = sign_provenance(repo, fixture, tree, digest, signer=signer, trust=load_trust(options),
+                                   commit=commit, now=now)
+    stored = store_provenance(repo, envelope)
+    return ProvenanceResult(fixture=fixture.name, fixture_digest=digest.digest, candidate_commit=commit,
+                            attestation=stored, reused=False,
+                            superseded=supersede_provenance(repo, stored, digest.digest))
+
+
+def provenance_needed(decision: Any) -> bool:
+    """True when the only deny reason is a missing attestation that a provenance statement can satisfy."""
+    from ckptgate.verify.statement import PROVENANCE_PREDICATE_TYPE
+
+    deny = list(decision.deny_reasons)
+    if decision.allow or not deny or any(r.code != "attestation_missing" for r in deny):
+        return False
+    return any(PROVENANCE_PREDICATE_TYPE in (r.evidence.get("accepted_predicate_types") or []) for r in deny)
+
+
+__all__ = ["BASIS", "CommittedFixture", "ProvenanceResult", "attest_provenance", "committed_fixture",
+           "discard_provenance", "provenance_needed", "provenance_statement", "sign_provenance", "store_provenance",
+           "supersede_provenance", "usable_provenance"]

@@ -281,6 +281,15 @@ test_allow_framework_qualify_with_provenance if {
 	d.allow == true
 }
 
+test_deny_framework_intake_with_provenance_only if {
+	d := _decide(td.with_value("/attestations/0/statement/predicateType", td.provenance))
+	d.allow == false
+	{"attestation_missing", "attestation_wrong_predicate_type"} & _codes(d) == {
+		"attestation_missing",
+		"attestation_wrong_predicate_type",
+	}
+}
+
 test_static_pickle_plane_allowed_with_allowlisted_globals if {
 	d := _decide(td.patched([
 		{"op": "replace", "path": "/inspection/format", "value": "dcp-torch-save"},

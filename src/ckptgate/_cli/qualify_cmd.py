@@ -29,8 +29,13 @@ def register(cli: click.Group) -> None:
                         repo: Path | None, engine, as_json: bool) -> int:
         """Qualify ADAPTER on FIXTURE; store the signed statement and result log under attestations/.
 
-        Exit 0 passed; 2 dirty tree or bad usage; 5 the signature does not verify under the trust
-        data; 7 the output differs from expected.safetensors (a signed failed result is stored).
+        A framework-plane fixture (DeepSpeed ZeRO, Megatron) is loaded only after a trusted
+        fixture-provenance attestation for its digest: a stored one that verifies, else one signed
+        with the same key once the fixture's bytes are checked equal to the candidate commit.
+
+        Exit 0 passed; 2 dirty tree, fixture bytes not committed, or bad usage; 3 policy denied; 4
+        inspection refused the fixture; 5 the signature does not verify under the trust data; 7 the
+        output differs from expected.safetensors (a signed failed result is stored).
         """
         from ckptgate.evidence.candidate import repo_root
         from ckptgate.evidence.qualify import find_fixture, qualify, qualify_all
@@ -59,4 +64,6 @@ def register(cli: click.Group) -> None:
                          f"(fixture {result.fixture_digest}, candidate {result.candidate_commit[:12]})")
             stdout.print(f"  attestation {result.attestation}")
             stdout.print(f"  result log  {result.log} (sha256:{result.log_sha256})")
+            for prov in result.provenance:
+                stdout.print(f"  provenance  {prov} (the fixture's committed bytes, vouched for before loading)")
         return 0

@@ -5,6 +5,8 @@ A qualification is evidence for one exact producer version, adapter version, imm
 digest, candidate commit, environment and topology (register claim rule 3).  It is not a claim
 about any other version, fixture or topology.  The consolidation goes through the same path as
 ``ckptgate intake``: inspect -> digest -> decide (action ``qualify``) -> plan -> streaming writer.
+A framework-plane fixture is loaded only after a trusted fixture-provenance attestation for its
+digest (:mod:`ckptgate.evidence.provenance`).
 """
 
 from __future__ import annotations

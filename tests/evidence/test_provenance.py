@@ -106,7 +106,7 @@ def _provenance_files(repo: Path) -> list[Path]:
 def test_signed_provenance_verifies_and_names_the_committed_bytes(repo: Path, key: Path) -> None:
     result = attest_provenance(repo, find_fixture(repo, ZERO2), key=key)
     commit = candidate_commit(repo)
-    assert result.candidate_commit == commit and not result.reused
+    assert result.candidate_commit == commit and result.superseded == ()
     va = verify_attestation(result.attestation.read_bytes(), source="t", trust=_trust(repo),
                             measured_digest=result.fixture_digest, now=datetime.now(timezone.utc),
                             expected_commit=commit)

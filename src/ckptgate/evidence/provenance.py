@@ -16,6 +16,7 @@ it is not evidence that deserializing the bytes is safe, so containment still ap
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -63,14 +64,13 @@ class ProvenanceResult:
     fixture_digest: str
     candidate_commit: str
     attestation: Path
-    reused: bool
-    """True when a stored statement already verified for this digest, commit and time."""
     superseded: tuple[Path, ...] = ()
+    """Earlier provenance statements for the same digest and location, now removed."""
 
     def to_json(self) -> dict[str, Any]:
         return {"fixture": self.fixture, "fixture_digest": self.fixture_digest,
                 "candidate_commit": self.candidate_commit, "attestation": str(self.attestation),
-                "reused": self.reused, "superseded": [str(p) for p in self.superseded]}
+                "superseded": [str(p) for p in self.superseded]}
 
 
 # --------------------------------------------------------------------------------------------- checks
@@ -106,6 +106,13 @@ def _committed_blobs(repo: Path, commit: str, location: str) -> dict[str, tuple[
     return out
 
 
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
 def committed_fixture(repo: Path, fixture: Fixture, tree: Any, digest: Any, commit: str) -> CommittedFixture:
     """Check, in order, that the measured bytes are the committed, generator-recorded ones.
 
@@ -125,7 +132,7 @@ def committed_fixture(repo: Path, fixture: Fixture, tree: Any, digest: Any, comm
     want_meta = git(repo, "rev-parse", "--verify", "-q", f"{commit}:{manifest}", check=False).strip()
     meta_bytes = (fixture.root / "meta.json").read_bytes()
     got_meta = hashlib.new(fmt, b"blob %d\0" % len(meta_bytes) + meta_bytes).hexdigest()
-    if want_meta != got_meta:
+    if want_meta != got_meta or _json_or_none(meta_bytes) != fixture.meta:
         raise EvidenceError("evidence.provenance.meta_uncommitted",
                             f"{manifest} is not the file committed at {commit[:12]}",
                             evidence={"manifest": manifest, "commit": commit},
@@ -316,8 +323,7 @@ def attest_provenance(repo: Path, fixture: Fixture, *, key: Path | str | None = 
                                    commit=commit, now=now)
     stored = store_provenance(repo, envelope)
     return ProvenanceResult(fixture=fixture.name, fixture_digest=digest.digest, candidate_commit=commit,
-                            attestation=stored, reused=False,
-                            superseded=supersede_provenance(repo, stored, digest.digest))
+                            attestation=stored, superseded=supersede_provenance(repo, stored, digest.digest))
 
 
 def provenance_needed(decision: Any) -> bool:

@@ -119,7 +119,7 @@ class PickleReport:
     findings: tuple[Finding, ...]
     inside_allowlist: bool  # every global and call inside the context's allowlist, nothing unresolved
     plain_tensors: bool  # ... and inside the plain-tensor allowlist
-    value: Any = None  # the symbolic root value (not serialised)
+    value: Any = field(default=None, repr=False, compare=False)  # symbolic root value (not serialised)
 
     def to_json(self) -> dict[str, Any]:
         return {"context": self.context, "protocol": self.protocol, "complete": self.complete,
@@ -254,6 +254,9 @@ class _Reader:
             return
         except (ValueError, KeyError, IndexError, TypeError, OverflowError, UnicodeDecodeError,
                 MemoryError, RecursionError) as e:
+            if "exhausted before seeing STOP" in str(e):
+                self.err("pickle.no_stop", "the stream ends without a STOP opcode", pos=last_pos)
+                return
             self.err("pickle.malformed", f"malformed pickle stream: {type(e).__name__}: {str(e)[:200]}",
                      after_pos=last_pos)
 
@@ -438,7 +441,7 @@ class _Reader:
         elif name in ("EXT1", "EXT2", "EXT4"):
             self.unresolved = True
             self.err("pickle.extension_code", f"{name} {arg} refers to the copyreg extension registry, "
-                     "which is never consulted", pos=pos, code=int(arg))
+                     "which is never consulted", pos=pos, ext_code=int(arg))
             self.push(Unknown(f"extension {arg}"))
         elif name == "PERSID":
             self.push(PersId(arg))

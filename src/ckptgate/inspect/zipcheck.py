@@ -137,8 +137,8 @@ def _eocd(z: _Z) -> tuple[int, int, int]:
     elif 0xFFFF in (n,) or 0xFFFFFFFF in (cd_size, cd_off):
         z.fail("zip.bad_zip64", "saturated end record without a zip64 locator")
     if cd_off + cd_size != cd_end:
-        z.fail("zip.trailing_bytes" if cd_off + cd_size < cd_end else "zip.overlap",
-               "bytes between the central directory and the end record", cd_end=cd_end,
+        z.fail("zip.bad_central_offset", "the central directory does not end where the end record starts "
+               "(bytes before the first entry, or between the directory and the end record)", cd_end=cd_end,
                expected=cd_off + cd_size)
     return n, cd_off, cd_end
 

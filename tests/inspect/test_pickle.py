@@ -1,0 +1,198 @@
+"""Static pickle reader: nothing imported or called; every trick is a typed finding."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+from pathlib import Path
+
+import pytest
+
+from ckptgate.inspect import inspect_tree
+from ckptgate.inspect.pickle import PickleLimits, SList, read_pickle
+from ckptgate.inspect.torchzip import walk_value
+
+from ckpt_inspect_helpers import p_str, write
+
+
+def _codes(data: bytes, context: str = "tensors", **kw: object) -> list[str]:
+    return [f.code for f in read_pickle(data, path="p", context=context, **kw).findings]
+
+
+class _Canary:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):  # noqa: ANN204
+        return (exec, (f"open({self.path!r}, 'w').write('pwned')",))
+
+
+def test_canary_pickle_is_reported_and_never_executed(tmp_path: Path) -> None:
+    canary = tmp_path / "CANARY"
+    root = tmp_path / "ck"
+    write(root, "pytorch_model.bin", pickle.dumps({"w": _Canary(str(canary))}, protocol=2))
+    insp = inspect_tree(root)
+    codes = {f.code for f in insp.findings}
+    assert {"pickle.global_not_allowed", "classify.raw_pickle", "classify.extension_mismatch"} <= codes
+    assert not insp.clean
+    assert not canary.exists()
+
+
+@pytest.mark.parametrize("proto", [0, 1, 2, 3, 4, 5])
+def test_all_protocols_read_statically(proto: int, tmp_path: Path) -> None:
+    blob = [b"y"] if proto >= 3 else []  # protocols 0-2 pickle bytes through _codecs.encode
+    data = pickle.dumps({"a": [1, 2.5, "x", None, True, *blob], "t": (1, 2)}, protocol=proto)
+    r = read_pickle(data, path="p")
+    assert r.complete and r.inside_allowlist and r.findings == ()
+
+
+def test_stack_global_from_memo_is_resolved_and_refused() -> None:
+    data = (b"\x80\x04" + b"\x8c\x02os\x94" + b"\x8c\x06system\x94" + b"00" + b"h\x00h\x01\x93"
+            + b"\x8c\x04echo\x85R.")
+    r = read_pickle(data, path="p")
+    assert [f.code for f in r.findings] == ["pickle.global_not_allowed"]
+    assert r.globals == ("os.system",)
+    assert [c.target for c in r.calls] == ["os.system"]
+
+
+def test_stack_global_from_computed_value_is_unresolved() -> None:
+    data = b"\x80\x04ccollections\nOrderedDict\n)R\x8c\x06system\x93)R."
+    codes = _codes(data)
+    assert codes[0] == "pickle.unresolved_global"
+    assert "pickle.call_target_unresolved" in codes
+
+
+def test_binget_of_missing_memo_key() -> None:
+    assert _codes(b"\x80\x02h\x07.") == ["pickle.memo_missing"]
+
+
+@pytest.mark.parametrize("ext", [b"\x82\x01", b"\x83\x01\x00", b"\x84\x01\x00\x00\x00"])
+def test_ext_opcodes_are_findings(ext: bytes) -> None:
+    r = read_pickle(b"\x80\x02" + ext + b")R.", path="p")
+    codes = [f.code for f in r.findings]
+    assert codes[0] == "pickle.extension_code"
+    assert not r.inside_allowlist
+
+
+def test_nested_pickle_in_bytes() -> None:
+    inner = pickle.dumps({"x": 1}, protocol=4)
+    data = b"\x80\x04C" + bytes([len(inner)]) + inner + b"."
+    assert _codes(data) == ["pickle.nested_pickle"]
+
+
+def test_findings_before_a_corrupt_tail_are_kept() -> None:
+    data = b"\x80\x02cos\nsystem\n" + p_str("id") + b"\x85R" + b"\xff\xfe garbage"
+    codes = _codes(data)
+    assert codes[0] == "pickle.global_not_allowed"
+    assert codes[-1] == "pickle.malformed"
+
+
+def test_misplaced_and_duplicated_proto() -> None:
+    assert _codes(b"N\x80\x02.") == ["pickle.proto_misplaced"]
+    assert _codes(b"\x80\x02\x80\x02N.") == ["pickle.proto_misplaced"]
+
+
+def test_trailing_data_after_stop() -> None:
+    assert _codes(b"\x80\x02N.EXTRA") == ["pickle.trailing_data"]
+
+
+def test_huge_frame_length() -> None:
+    assert _codes(b"\x80\x04\x95" + struct.pack("<Q", 1 << 40) + b"N.") == ["pickle.frame_too_large"]
+
+
+def test_huge_binbytes8_length_is_malformed_not_allocated() -> None:
+    assert _codes(b"\x80\x04\x8e" + struct.pack("<Q", 1 << 62) + b"xx.") == ["pickle.malformed"]
+
+
+TRAMPOLINES = ["pkgutil resolve_name", "importlib import_module", "operator attrgetter", "_operator getitem",
+               "functools partial", "pip main", "marshal loads", "types FunctionType", "codeop compile_command",
+               "uuid _get_command_stdout", "timeit timeit", "asyncio.unix_events _UnixSubprocessTransport",
+               "_posixsubprocess fork_exec", "picklescan.scanner scan_pickle_bytes", "torch load",
+               "pickle loads", "builtins getattr", "builtins eval", "subprocess Popen", "runpy _run_code"]
+
+
+@pytest.mark.parametrize("target", TRAMPOLINES)
+def test_trampolines_are_outside_the_allowlist(target: str) -> None:
+    data = b"\x80\x02c" + target.replace(" ", "\n").encode() + b"\n" + p_str("x") + b"\x85R."
+    r = read_pickle(data, path="p")
+    assert [f.code for f in r.findings] == ["pickle.global_not_allowed"]
+    assert not r.inside_allowlist
+
+
+@pytest.mark.parametrize("op", [b"\x81", b"R", b"o", b"i"])
+def test_calls_to_non_allowlisted_callables_even_when_popped(op: bytes) -> None:
+    if op == b"i":
+        body = b"(" + b"ibuiltins\nprint\n0"
+    elif op == b"o":
+        body = b"(cbuiltins\nprint\no0"
+    else:
+        body = b"cbuiltins\nprint\n)" + op + b"0"
+    r = read_pickle(b"\x80\x02" + body + b"N.", path="p")
+    assert "pickle.global_not_allowed" in [f.code for f in r.findings]
+    assert "builtins.print" in [c.target for c in r.calls]
+
+
+def test_newobj_ex_and_build_on_unknown_class() -> None:
+    data = b"\x80\x04cevil\nThing\n)}\x92}b."
+    r = read_pickle(data, path="p")
+    assert [f.code for f in r.findings] == ["pickle.global_not_allowed"]
+    assert [c.opcode for c in r.calls] == ["NEWOBJ_EX", "BUILD"]
+
+
+def test_setitem_on_non_dict() -> None:
+    assert _codes(b"\x80\x02ctorch\nSize\n)RK\x01K\x02s.") == ["pickle.setitem_non_dict"]
+
+
+def test_build_on_non_object() -> None:
+    assert _codes(b"\x80\x02}}b.") == ["pickle.build_non_object"]
+
+
+def test_allowlisted_global_used_as_callable_only_when_allowed() -> None:
+    assert _codes(b"\x80\x02ctorch\nfloat32\n)R.") == ["pickle.call_not_allowed"]
+
+
+def test_context_allowlists_are_separate() -> None:
+    data = b"\x80\x02cpathlib\nPosixPath\n" + p_str("x") + b"\x85R."
+    assert _codes(data, "dcp_metadata") == []
+    assert _codes(data, "tensors") == ["pickle.global_not_allowed"]
+
+
+def test_op_and_memo_caps() -> None:
+    data = b"\x80\x02" + b"N0" * 1000 + b"N."
+    assert _codes(data, limits=PickleLimits(max_ops=100)) == ["pickle.op_limit"]
+    data = b"\x80\x04" + b"N\x940" * 100 + b"N."
+    assert _codes(data, limits=PickleLimits(max_memo=10)) == ["pickle.memo_limit"]
+
+
+def test_memo_expansion_is_linear_and_walks_are_budgeted() -> None:
+    body = b"\x80\x04]\x940" + b"0".join(b"h" + bytes([i]) + b"h" + bytes([i]) + b"\x86\x94" for i in range(60))
+    r = read_pickle(body + b".", path="p")
+    assert r.findings == ()
+    assert r.complete and r.inside_allowlist
+    assert walk_value(r.value, lambda p, v: False, max_nodes=100_000) is False
+    assert isinstance(SList(), SList)
+
+
+def test_pickle_without_stop() -> None:
+    assert _codes(b"\x80\x02N") == ["pickle.no_stop"]
+
+
+def test_stack_underflow_and_missing_mark() -> None:
+    assert _codes(b"\x80\x02R.") == ["pickle.stack_underflow"]
+    assert _codes(b"\x80\x02t.") == ["pickle.mark_missing"]
+
+
+def test_oversized_pickle_is_refused() -> None:
+    assert _codes(b"\x80\x02N.", limits=PickleLimits(max_bytes=2)) == ["pickle.too_large"]
+
+
+@pytest.mark.parametrize("name", ["model.bin", "weights.pt", "model.safetensors", "config.json", "noext"])
+def test_plain_pickle_under_any_name(name: str, tmp_path: Path) -> None:
+    write(tmp_path, name, pickle.dumps({"w": [1, 2, 3]}, protocol=0 if name.endswith(".json") else 4))
+    insp = inspect_tree(tmp_path)
+    codes = {f.code for f in insp.findings}
+    assert "classify.raw_pickle" in codes
+    assert ("classify.extension_mismatch" in codes) == (name != "noext")
+    assert insp.files[0].kind == "pickle"
+    assert os.path.exists(tmp_path / name)

@@ -74,6 +74,16 @@ DCP_METADATA = Allowlist(
     dict_like=frozenset({"collections.OrderedDict"}),
 )
 
+_PLANNER = "torch.distributed.checkpoint.planner."
+# Megatron Core caches every rank's SavePlan in Metadata.all_local_plans (plain DCP dataclasses).
+MEGATRON_DCP_METADATA = Allowlist(
+    name="megatron_dcp_metadata",
+    callables=DCP_METADATA.callables | frozenset(
+        _PLANNER + c for c in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData")),
+    values=DCP_METADATA.values,
+    dict_like=DCP_METADATA.dict_like,
+)
+
 DEEPSPEED = Allowlist(
     name="deepspeed",
     callables=_TENSOR_CALLABLES | frozenset({
@@ -87,4 +97,4 @@ DEEPSPEED = Allowlist(
     dict_like=frozenset({"collections.OrderedDict"}),
 )
 
-ALLOWLISTS: dict[str, Allowlist] = {a.name: a for a in (TENSORS, DCP_METADATA, DEEPSPEED)}
+ALLOWLISTS: dict[str, Allowlist] = {a.name: a for a in (TENSORS, DCP_METADATA, MEGATRON_DCP_METADATA, DEEPSPEED)}

@@ -44,7 +44,7 @@ def pickle_context(path: str) -> str:
     base = os.path.basename(path)
     if base == ".metadata" or re.fullmatch(r"__\d+\.metadata", base):
         return "dcp_metadata"
-    if _DS.search(path):
+    if _DS.search(path) or re.search(r"(^|/)zero/optimizer_state\.pt$", path):
         return "deepspeed"
     return "tensors"
 
@@ -53,14 +53,19 @@ def analyse_file(tree: SafeTree, path: str, *, verify_crc: bool = True) -> tuple
     """Open ``path`` through the tree, classify it and run the reader for its kind."""
     entry = tree.entry(path)
     assert entry is not None
+    ctx = pickle_context(path)
+    folder = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
+    if ctx == "dcp_metadata" and tree.entry(folder + "metadata.json") is not None:
+        ctx = "megatron_dcp_metadata"
     fd = tree.open_file(path)
     try:
-        return _analyse(fd, entry.size, path, verify_crc)
+        return _analyse(fd, entry.size, path, verify_crc, ctx)
     finally:
         os.close(fd)
 
 
-def _analyse(fd: int, size: int, path: str, verify_crc: bool) -> tuple[FileFacts, list[Finding]]:  # noqa: C901
+def _analyse(fd: int, size: int, path: str, verify_crc: bool,  # noqa: C901
+             pctx: str) -> tuple[FileFacts, list[Finding]]:
     c = classify_fd(fd, size, path)
     findings = list(c.findings)
     kw: dict[str, Any] = {}
@@ -85,19 +90,22 @@ def _analyse(fd: int, size: int, path: str, verify_crc: bool) -> tuple[FileFacts
                 findings.append(error("json.duplicate_key", path, f"duplicate JSON key {str(e.args[0])[:80]!r}"))
             except (ValueError, UnicodeDecodeError) as e:
                 findings.append(error("json.invalid", path, f"invalid JSON: {str(e)[:200]}"))
+            doc = kw.get("json")
+            if isinstance(doc, dict) and "auto_map" in doc:
+                findings.append(error("config.auto_map", path, "config names custom code (auto_map); it is "
+                                      "flagged and never run", auto_map=str(doc["auto_map"])[:200]))
     elif k == FileKind.TEXT and size <= MAX_TEXT:
         kw["text"] = os.pread(fd, size, 0).decode("utf-8", "replace")
     elif k == FileKind.TORCH_ZIP:
-        layout, f = inspect_torch_zip(fd, size, path=path, context=pickle_context(path), verify_crc=verify_crc)
+        layout, f = inspect_torch_zip(fd, size, path=path, context=pctx, verify_crc=verify_crc)
         findings.extend(f)
         kw["torch"] = layout
         kw["pickle"] = layout.pickle if layout else None
     elif k == FileKind.PICKLE:
-        ctx = pickle_context(path)
-        rep = read_pickle(os.pread(fd, size, 0), path=path, context=ctx)
+        rep = read_pickle(os.pread(fd, size, 0), path=path, context=pctx)
         findings.extend(rep.findings)
         kw["pickle"] = rep
-        if ctx != "dcp_metadata":
+        if not pctx.endswith("dcp_metadata"):
             findings.append(error("classify.raw_pickle", path, "a raw pickle (not a torch zip) needs an "
                                   "unpickler to load"))
     elif k == FileKind.LEGACY_TORCH:

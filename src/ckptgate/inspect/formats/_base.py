@@ -38,13 +38,13 @@ class FormatResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def plain_basename(value: Any, path: str, what: str) -> Finding | None:
+def plain_basename(value: Any, path: str, what: str, prefix: str = "index") -> Finding | None:
     """A finding unless ``value`` is a plain file name (no folders, no escapes)."""
     if not isinstance(value, str) or not value:
-        return error("index.bad_target", path, f"{what} is not a non-empty string", value=repr(value)[:80])
+        return error(f"{prefix}.bad_target", path, f"{what} is not a non-empty string", value=repr(value)[:80])
     bad = ("/" in value or "\\" in value or "\x00" in value or value in (".", "..")
            or "%" in value or (len(value) > 1 and value[1] == ":") or posixpath.basename(value) != value
            or any(ord(ch) < 0x20 for ch in value))
     if bad:
-        return error("index.unsafe_target", path, f"{what} {value!r} is not a plain basename", value=value[:200])
+        return error(f"{prefix}.unsafe_target", path, f"{what} {value!r} is not a plain basename", value=value[:200])
     return None

@@ -69,7 +69,7 @@ def _check_items(ctx: Context, pre: str, md: DcpMetadata, findings: list[Finding
     out: list[dict[str, Any]] = []
     mp = pre + ".metadata"
     for s in md.storage:
-        bad = plain_basename(s.relative_path, mp, f"storage relative_path for {s.fqn!r}")
+        bad = plain_basename(s.relative_path, mp, f"storage relative_path for {s.fqn!r}", "dcp")
         if bad:
             findings.append(bad)
             continue

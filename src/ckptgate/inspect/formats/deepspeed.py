@@ -52,7 +52,7 @@ def detect_deepspeed(ctx: Context) -> FormatResult | None:
         if bad:
             findings.append(error("deepspeed.bad_latest_tag", "latest", f"the latest tag {t[:80]!r} is not a plain "
                                   "folder name", value=t[:200]))
-            return FormatResult(format="deepspeed-zero", layout={"tag": None}, loaders=("deepspeed",),
+            return FormatResult(format="deepspeed-zero2", layout={"tag": None}, loaders=("deepspeed",),
                                 findings=tuple(findings), consolidatable=False)
         tag = t
     files = ctx.under(tag) if tag else ctx.files
@@ -62,7 +62,7 @@ def detect_deepspeed(ctx: Context) -> FormatResult | None:
         if latest is not None:
             findings.append(error("deepspeed.tag_missing", "latest", f"the tag folder {tag!r} holds no DeepSpeed "
                                   "states"))
-            return FormatResult(format="deepspeed-zero", layout={"tag": tag}, loaders=("deepspeed",),
+            return FormatResult(format="deepspeed-zero2", layout={"tag": tag}, loaders=("deepspeed",),
                                 findings=tuple(findings), consolidatable=False)
         return None
     stage3 = any(m.group(1) for m in models.values())
@@ -89,7 +89,8 @@ def detect_deepspeed(ctx: Context) -> FormatResult | None:
     code = sorted(p for p, f in ctx.files.items() if f.kind == FileKind.CODE)
     layout = {"tag": tag or None, "stage": 3 if stage3 else "1/2", "world_size": len(ranks),
               "model_states": model_layout, "optim_states": optim_layout, "code_files": code}
-    return FormatResult(format="deepspeed-zero", layout=layout, loaders=("deepspeed",), findings=tuple(findings))
+    fmt = "deepspeed-zero3" if stage3 else "deepspeed-zero2"
+    return FormatResult(format=fmt, layout=layout, loaders=("deepspeed",), findings=tuple(findings))
 
 
 def detect_universal(ctx: Context) -> FormatResult | None:

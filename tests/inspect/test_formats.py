@@ -1,0 +1,396 @@
+"""Format detectors: real fixtures (tests/fixtures/data) and synthetic layouts and attacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from ckptgate.inspect import inspect_tree
+
+from ckpt_inspect_helpers import write
+
+torch = pytest.importorskip("torch")
+import safetensors.torch  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
+
+
+def _codes(insp) -> set[str]:  # noqa: ANN001
+    return {f.code for f in insp.findings}
+
+
+def _fixture(name: str) -> tuple[Path, dict]:
+    d = FIXTURES / name
+    if not (d / "meta.json").exists():
+        pytest.fail(f"fixture {name} missing: run tests/fixtures/generate.py --only {name}")
+    return d, json.loads((d / "meta.json").read_text())
+
+
+def _real(name: str) -> list[str]:
+    return [name] if (FIXTURES / name).exists() else []
+
+
+def _from_range(raw: bytes, dtype: str, shape: list[int], stride: list[int], offset: int, rng: list[int]):  # noqa: ANN202
+    dt = getattr(torch, dtype)
+    storage = torch.frombuffer(bytearray(raw[rng[0]:rng[1]]), dtype=dt) if rng[1] > rng[0] else torch.empty(0, dtype=dt)
+    return torch.as_strided(storage, shape, stride, offset)
+
+
+# -- real fixtures ------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir()) if FIXTURES.exists() else [])
+def test_real_fixture_format_matches_its_producer(name: str) -> None:
+    d, meta = _fixture(name)
+    insp = inspect_tree(d / "checkpoint")
+    assert insp.format == meta["format"]
+    facts = insp.to_facts()
+    json.dumps(facts)  # serialisable
+    on_disk = sorted(os.path.relpath(os.path.join(r, n), d / "checkpoint")
+                     for r, _dirs, names in os.walk(d / "checkpoint") for n in names)
+    assert [f["path"] for f in facts["files"]] == on_disk
+
+
+@pytest.mark.parametrize("name", _real("hf_sharded"))
+def test_hf_sharded_layout_matches_expected(name: str) -> None:
+    d, meta = _fixture(name)
+    insp = inspect_tree(d / "checkpoint")
+    assert insp.clean and insp.loaders == ("safetensors", "json")
+    got = {t["name"]: (t["dtype"], t["shape"]) for s in insp.layout["shards"] for t in s["tensors"]}
+    assert got == {k: (v["dtype"], v["shape"]) for k, v in meta["expected"]["tensors"].items()}
+
+
+@pytest.mark.parametrize("name", _real("dcp_torch_save") + _real("dcp_torch_save_bytes"))
+def test_dcp_torch_save_byte_ranges_hold_the_expected_values(name: str) -> None:
+    d, meta = _fixture(name)
+    insp = inspect_tree(d / "checkpoint")
+    assert insp.clean and insp.loaders == ("static_pickle",)
+    expected = safetensors.torch.load_file(str(d / "expected.safetensors"))
+    lay = insp.layout
+    assert {t["fqn"]: t["size"] for t in lay["tensors"]} == {k: list(v.shape) for k, v in expected.items()}
+    assert {b.split(".")[0] for b in lay["bytes_items"]} == set(meta["non_tensor_items"])
+    n = 0
+    for item in lay["items"]:
+        if item["kind"] != "tensor":
+            continue
+        t = item["tensor"]
+        raw = (d / "checkpoint" / item["path"]).read_bytes()
+        got = _from_range(raw, t["dtype"], t["shape"], t["stride"], t["storage_offset"], t["storage_range"])
+        full = expected[item["fqn"]]
+        sl = tuple(slice(o, o + s) for o, s in zip(item["chunk_offsets"], t["shape"]))
+        assert torch.equal(got, full[sl]), item["fqn"]
+        n += 1
+    assert n >= len(expected)
+
+
+@pytest.mark.parametrize("name", _real("dcp_hf_safetensors"))
+def test_dcp_hf_storage_layout(name: str) -> None:
+    d, meta = _fixture(name)
+    insp = inspect_tree(d / "checkpoint")
+    assert insp.clean
+    shapes = {t["fqn"]: t["size"] for t in insp.layout["tensors"]}
+    assert shapes == {k: v["shape"] for k, v in meta["expected"]["tensors"].items()}
+    assert "dcp.hf_size_inferred" in _codes(insp)
+
+
+@pytest.mark.parametrize("name", _real("dcp_hf_safetensors_bytes"))
+def test_dcp_hf_storage_with_byte_io_is_a_torch_zip_named_safetensors(name: str) -> None:
+    d, _ = _fixture(name)
+    insp = inspect_tree(d / "checkpoint")
+    assert not insp.clean and not insp.consolidatable
+    assert {"classify.extension_mismatch", "dcp.hf_not_safetensors"} <= _codes(insp)
+
+
+@pytest.mark.parametrize("name", _real("fsdp_full"))
+def test_fsdp_full_layout_matches_expected(name: str) -> None:
+    d, _ = _fixture(name)
+    insp = inspect_tree(d / "checkpoint")
+    assert insp.clean and insp.loaders == ("static_pickle",)
+    expected = safetensors.torch.load_file(str(d / "expected.safetensors"))
+    raw = (d / "checkpoint" / insp.layout["file"]).read_bytes()
+    got = {t["name"]: t for t in insp.layout["tensors"]}
+    assert set(got) == set(expected)
+    for k, v in expected.items():
+        t = got[k]
+        assert torch.equal(_from_range(raw, t["dtype"], t["shape"], t["stride"], t["storage_offset"],
+                                       t["storage_range"]), v)
+
+
+@pytest.mark.parametrize("name", _real("fsdp_local"))
+def test_fsdp_local_is_not_consolidatable(name: str) -> None:
+    d, _ = _fixture(name)
+    insp = inspect_tree(d / "checkpoint")
+    assert insp.format == "fsdp-local" and not insp.consolidatable
+    assert "fsdp.local_not_consolidatable" in _codes(insp)
+
+
+@pytest.mark.parametrize("name", _real("peft_lora") + _real("peft_lora_unpinned"))
+def test_peft_fields(name: str) -> None:
+    d, meta = _fixture(name)
+    insp = inspect_tree(d / "checkpoint")
+    a = insp.layout["adapters"][0]
+    assert a["fields"]["base_model_name_or_path"] == meta["base_model"]["name"]
+    assert a["fields"]["revision"] == meta["base_model"]["revision"]
+    assert sorted(t["name"] for t in a["tensors"]) == meta["observed"]["adapter_keys"]
+    assert ("peft.base_not_pinned" in _codes(insp)) == (meta["base_model"]["revision"] is None)
+
+
+# -- HF index attacks ---------------------------------------------------------------------------
+def _hf(root: Path, weight_map: dict[str, str] | None = None, total: int | None = None, extra_shard: bool = False,
+        index_text: str | None = None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    safetensors.numpy.save_file({"a": np.zeros(2, np.float32)}, str(root / "model-00001-of-00002.safetensors"))
+    safetensors.numpy.save_file({"b": np.zeros(3, np.float32)}, str(root / "model-00002-of-00002.safetensors"))
+    if extra_shard:
+        safetensors.numpy.save_file({"c": np.zeros(1, np.float32)}, str(root / "stray.safetensors"))
+    wm = weight_map if weight_map is not None else {"a": "model-00001-of-00002.safetensors",
+                                                    "b": "model-00002-of-00002.safetensors"}
+    doc = {"metadata": {"total_size": 20 if total is None else total}, "weight_map": wm}
+    (root / "model.safetensors.index.json").write_text(index_text or json.dumps(doc))
+    return root
+
+
+def test_hf_index_valid(tmp_path: Path) -> None:
+    insp = inspect_tree(_hf(tmp_path))
+    assert insp.format == "hf-sharded-safetensors" and insp.clean
+
+
+@pytest.mark.parametrize("target", ["../x", "/etc/passwd", "C:model.safetensors", "\\\\host\\share", "sub\\x",
+                                    "%2e%2e/x", "a\x00b", ".."])
+def test_weight_map_escapes(target: str, tmp_path: Path) -> None:
+    insp = inspect_tree(_hf(tmp_path, {"a": target, "b": "model-00002-of-00002.safetensors"}))
+    assert "index.unsafe_target" in _codes(insp) and not insp.clean
+
+
+def test_weight_map_names_missing_shard(tmp_path: Path) -> None:
+    insp = inspect_tree(_hf(tmp_path, {"a": "model-00001-of-00002.safetensors", "b": "nope.safetensors"}))
+    assert "index.missing_shard" in _codes(insp)
+
+
+def test_tensor_missing_from_its_shard(tmp_path: Path) -> None:
+    wm = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors",
+          "ghost": "model-00001-of-00002.safetensors"}
+    assert "index.tensor_missing" in _codes(inspect_tree(_hf(tmp_path, wm)))
+
+
+def test_tensor_in_two_shards(tmp_path: Path) -> None:
+    root = _hf(tmp_path)
+    safetensors.numpy.save_file({"b": np.zeros(3, np.float32), "a": np.zeros(2, np.float32)},
+                                str(root / "model-00002-of-00002.safetensors"))
+    assert "index.duplicate_tensor" in _codes(inspect_tree(root))
+
+
+def test_shard_the_index_never_names(tmp_path: Path) -> None:
+    assert "index.unnamed_shard" in _codes(inspect_tree(_hf(tmp_path, extra_shard=True)))
+
+
+def test_total_size_mismatch(tmp_path: Path) -> None:
+    assert "index.total_size" in _codes(inspect_tree(_hf(tmp_path, total=999)))
+
+
+def test_duplicate_keys_in_index(tmp_path: Path) -> None:
+    text = ('{"metadata": {"total_size": 20}, "weight_map": {"a": "model-00001-of-00002.safetensors", '
+            '"a": "model-00002-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}')
+    assert "json.duplicate_key" in _codes(inspect_tree(_hf(tmp_path, index_text=text)))
+
+
+def test_deeply_nested_json(tmp_path: Path) -> None:
+    write(tmp_path, "config.json", "[" * 100_000 + "]" * 100_000)
+    insp = inspect_tree(tmp_path)
+    assert _codes(insp) >= {"json.too_deep"}
+
+
+def test_config_auto_map_and_code_files(tmp_path: Path) -> None:
+    write(tmp_path, "config.json", json.dumps({"auto_map": {"AutoModel": "modeling_x.Model"}}))
+    write(tmp_path, "modeling_x.py", "import os\n\nclass Model:\n    pass\n")
+    write(tmp_path, "kernel.so", b"\x7fELF\x02\x01\x01" + b"\0" * 64)
+    insp = inspect_tree(tmp_path)
+    assert {"config.auto_map", "classify.code"} <= _codes(insp)
+    assert {f.path for f in insp.findings if f.code == "classify.code"} == {"modeling_x.py", "kernel.so"}
+
+
+def test_torch_zip_named_safetensors(tmp_path: Path) -> None:
+    torch.save({"w": torch.ones(2), "step": 3}, tmp_path / "shard-00001-model-00001-of-00001.safetensors")
+    insp = inspect_tree(tmp_path)
+    assert insp.files[0].kind == "torch_zip"
+    assert "classify.extension_mismatch" in _codes(insp) and not insp.clean
+
+
+# -- DCP, Megatron, DeepSpeed, unknown ----------------------------------------------------------
+def _dcp(root: Path, sd: dict) -> Path:
+    import torch.distributed.checkpoint as dcp
+
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(sd, checkpoint_id=str(root), no_dist=True)
+    return root
+
+
+def test_dcp_single_process_layout(tmp_path: Path) -> None:
+    w = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    root = _dcp(tmp_path / "ck", {"w": w, "extra": {"lr": 0.1}})
+    insp = inspect_tree(root)
+    assert insp.format == "dcp-torch-save" and insp.clean
+    (t,) = insp.layout["tensors"]
+    assert (t["fqn"], t["size"], t["dtype"]) == ("w", [3, 4], "float32")
+    assert insp.layout["bytes_items"] == ["extra.lr"]
+    assert insp.layout["planner_data"]["extra.lr"] == ["extra", "lr"]
+
+
+def _rewrite_metadata(root: Path, edit) -> None:  # noqa: ANN001
+    md = pickle.loads((root / ".metadata").read_bytes())  # our own test file, written just above
+    edit(md)
+    (root / ".metadata").write_bytes(pickle.dumps(md, protocol=4))
+
+
+def test_dcp_relative_path_escape(tmp_path: Path) -> None:
+    root = _dcp(tmp_path / "ck", {"w": torch.ones(4)})
+
+    def edit(md) -> None:  # noqa: ANN001
+        for v in md.storage_data.values():
+            v.relative_path = "../outside.distcp"
+
+    _rewrite_metadata(root, edit)
+    assert "dcp.unsafe_target" in _codes(inspect_tree(root))
+
+
+def test_dcp_chunk_gap_is_detected(tmp_path: Path) -> None:
+    root = _dcp(tmp_path / "ck", {"w": torch.ones(4, 2)})
+
+    def edit(md) -> None:  # noqa: ANN001
+        md.state_dict_metadata["w"].size = torch.Size([6, 2])
+
+    _rewrite_metadata(root, edit)
+    assert "dcp.chunks_incomplete" in _codes(inspect_tree(root))
+
+
+def test_dcp_item_range_past_file(tmp_path: Path) -> None:
+    root = _dcp(tmp_path / "ck", {"w": torch.ones(4)})
+
+    def edit(md) -> None:  # noqa: ANN001
+        for v in md.storage_data.values():
+            v.length += 10_000
+
+    _rewrite_metadata(root, edit)
+    assert "dcp.item_out_of_range" in _codes(inspect_tree(root))
+
+
+def test_megatron_torch_dist_layer_axis(tmp_path: Path) -> None:
+    root = _dcp(tmp_path / "ck", {"decoder.layers.mlp.linear_fc1.weight": torch.ones(2, 8, 4),
+                                  "embedding.word_embeddings.weight": torch.ones(5, 4)})
+    write(root, "metadata.json", json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                                             "common_backend": "torch", "common_backend_version": 1}))
+    torch.save({"iteration": 3}, root / "common.pt")
+    insp = inspect_tree(root)
+    assert insp.format == "megatron-torch-dist" and insp.clean
+    assert insp.layout["layer_stacked"] == ["decoder.layers.mlp.linear_fc1.weight"]
+
+
+def _deepspeed(root: Path, tag: str = "global_step2") -> Path:
+    from collections import OrderedDict
+
+    (root / tag).mkdir(parents=True)
+    write(root, "latest", tag)
+    write(root, "zero_to_fp32.py", "#!/usr/bin/env python\nimport torch\n")
+    torch.save({"module": OrderedDict(w=torch.ones(2, 2)), "param_shapes": [OrderedDict(w=torch.Size([2, 2]))],
+                "ds_version": "0.19.8"}, root / tag / "mp_rank_00_model_states.pt")
+    for r in range(2):
+        torch.save({"optimizer_state_dict": {"single_partition_of_fp32_groups": [torch.zeros(2)]}},
+                   root / tag / f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
+    return root
+
+
+def test_deepspeed_zero_layout(tmp_path: Path) -> None:
+    insp = inspect_tree(_deepspeed(tmp_path))
+    assert insp.format == "deepspeed-zero2"
+    lay = insp.layout
+    assert (lay["tag"], lay["world_size"], lay["code_files"]) == ("global_step2", 2, ["zero_to_fp32.py"])
+    assert lay["model_states"][0]["param_shapes"] == [{"w": [2, 2]}]
+    assert all(o["bf16"] for o in lay["optim_states"])
+    assert "classify.code" in _codes(insp) and "deepspeed" in insp.loaders
+
+
+@pytest.mark.parametrize("tag", ["../../etc", "/etc", "a/b"])
+def test_deepspeed_latest_tag_used_as_path(tag: str, tmp_path: Path) -> None:
+    root = _deepspeed(tmp_path / "ck")
+    write(root, "latest", tag)
+    assert "deepspeed.bad_latest_tag" in _codes(inspect_tree(root))
+
+
+def test_deepspeed_universal(tmp_path: Path) -> None:
+    for p in ("w", "b"):
+        (tmp_path / "zero" / p).mkdir(parents=True)
+        torch.save({"param": torch.ones(3)}, tmp_path / "zero" / p / "fp32.pt")
+        torch.save({"param": torch.zeros(3)}, tmp_path / "zero" / p / "exp_avg.pt")
+    insp = inspect_tree(tmp_path)
+    assert insp.format == "deepspeed-universal" and insp.clean
+    assert sorted(insp.layout["params"]) == ["b", "w"]
+    assert insp.layout["params"]["w"]["files"]["fp32"]["tensors"][0]["shape"] == [3]
+
+
+def test_unknown_layout_is_reported_not_guessed(tmp_path: Path) -> None:
+    write(tmp_path, "notes.txt", "hello")
+    insp = inspect_tree(tmp_path)
+    assert insp.format == "unknown" and "format.unknown" in _codes(insp) and not insp.consolidatable
+
+
+@pytest.mark.parametrize("name", _real("megatron_torch_dist"))
+def test_megatron_fixture_byte_ranges_hold_the_expected_values(name: str) -> None:
+    d, _ = _fixture(name)
+    insp = inspect_tree(d / "checkpoint")
+    assert insp.clean and insp.consolidatable
+    expected = safetensors.torch.load_file(str(d / "expected.safetensors"))
+    dcp = insp.layout["dcp"]
+    assert {t["fqn"]: t["size"] for t in dcp["tensors"]} == {k: list(v.shape) for k, v in expected.items()}
+    assert insp.layout["layer_stacked"]
+    assert all(expected[k].shape[0] == 2 for k in insp.layout["layer_stacked"])
+    for item in dcp["items"]:
+        if item.get("kind") != "tensor":
+            continue
+        t = item["tensor"]
+        raw = (d / "checkpoint" / item["path"]).read_bytes()
+        got = _from_range(raw, t["dtype"], t["shape"], t["stride"], t["storage_offset"], t["storage_range"])
+        sl = tuple(slice(o, o + s) for o, s in zip(item["chunk_offsets"], t["shape"]))
+        assert torch.equal(got, expected[item["fqn"]][sl]), item["fqn"]
+
+
+@pytest.mark.parametrize("name", _real("deepspeed_zero2") + _real("deepspeed_zero3"))
+def test_deepspeed_fixture_param_shapes(name: str) -> None:
+    d, meta = _fixture(name)
+    insp = inspect_tree(d / "checkpoint")
+    assert insp.format == meta["format"] and insp.loaders == ("deepspeed",)
+    assert {f.path for f in insp.findings if f.code == "classify.code"} == {"zero_to_fp32.py", "zero_to_torch.py"}
+    shapes: dict[str, list[int]] = {}
+    for m in insp.layout["model_states"]:
+        for group in m["param_shapes"] or []:
+            shapes.update(group)
+    expected = safetensors.torch.load_file(str(d / "expected.safetensors"))
+    assert {k: v for k, v in shapes.items() if k in expected} == {k: list(v.shape) for k, v in expected.items()
+                                                                  if k in shapes}
+    assert shapes
+    assert all(o["inside_allowlist"] for o in insp.layout["optim_states"])
+
+
+@pytest.mark.parametrize("name", _real("deepspeed_universal"))
+def test_deepspeed_universal_fixture_fp32_values(name: str) -> None:
+    d, _ = _fixture(name)
+    insp = inspect_tree(d / "checkpoint")
+    assert insp.format == "deepspeed-universal"
+    expected = safetensors.torch.load_file(str(d / "expected.safetensors"))
+    params = insp.layout["params"]
+    checked = 0
+    for k, v in expected.items():
+        if k not in params or "exp_avg" not in params[k]["files"]:
+            continue  # a tied alias is injected from the bf16 model weights, not the fp32 master
+        info = params[k]["files"]["fp32"]
+        (t,) = [x for x in info["tensors"] if x["name"] == "param"]
+        raw = (d / "checkpoint" / info["path"]).read_bytes()
+        got = _from_range(raw, t["dtype"], t["shape"], t["stride"], t["storage_offset"], t["storage_range"])
+        assert torch.equal(got.to(v.dtype), v), k
+        checked += 1
+    assert checked

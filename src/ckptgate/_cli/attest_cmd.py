@@ -55,13 +55,16 @@ def attest() -> None:
 @json_option
 def keygen(prefix: str, algorithm: str, signer_id: str, as_json: bool) -> None:
     """Development helper: a new key pair and its trust-data entry (never use for production keys)."""
-    from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, generate_keypair, trust_entry
+    from ckptgate.verify import (PROVENANCE_PREDICATE_TYPE, QUALIFICATION_PREDICATE_TYPE, generate_keypair,
+                                 trust_entry)
 
     private, public = generate_keypair(algorithm)
     priv_path, pub_path = Path(prefix + ".pem"), Path(prefix + ".pub.pem")
     _write_new(priv_path, private, 0o600)
     _write_new(pub_path, public, 0o644)
-    entry = trust_entry(public, signer_id=signer_id, predicate_types=[QUALIFICATION_PREDICATE_TYPE])
+    entry = trust_entry(public, signer_id=signer_id,
+                        predicate_types=[QUALIFICATION_PREDICATE_TYPE, PROVENANCE_PREDICATE_TYPE],
+                        scopes=["qualification", "provenance"])
     if as_json:
         emit_json({"private_key": str(priv_path), "public_key": str(pub_path), "trust_entry": entry})
         return

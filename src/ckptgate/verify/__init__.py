@@ -18,12 +18,13 @@ from ckptgate.verify.dsse import (
     verify_envelope,
 )
 from ckptgate.verify.facts import SignerFacts, VerifiedAttestation, rejection_facts, verify_attestation
-from ckptgate.verify.statement import QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE, check_statement
+from ckptgate.verify.statement import (PROVENANCE_PREDICATE_TYPE, QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE,
+                                       check_statement)
 from ckptgate.verify.store import AttestationStore
 from ckptgate.verify.trust import TrustData, TrustDataError, TrustedIdentity, TrustedKey
 
 __all__ = [
-    "IN_TOTO_PAYLOAD_TYPE", "QUALIFICATION_PREDICATE_TYPE", "STATEMENT_TYPE", "AttestationStore", "Envelope",
+    "IN_TOTO_PAYLOAD_TYPE", "PROVENANCE_PREDICATE_TYPE", "QUALIFICATION_PREDICATE_TYPE", "STATEMENT_TYPE", "AttestationStore", "Envelope",
     "KeySigner", "Signer", "SignerFacts", "TrustData", "TrustDataError", "TrustedIdentity", "TrustedKey",
     "VerificationError", "VerifiedAttestation", "check_statement", "generate_keypair", "pae", "rejection_facts",
     "sign_payload", "sign_statement", "trust_entry", "verify_attestation", "verify_envelope",

@@ -1,0 +1,81 @@
+"""Fixture digest: canonical manifest, descriptors from SafeTree, parallel and sequential agree."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ckptgate.digest import FixtureDigest, ManifestEntry, canonical_manifest, fixture_digest
+from ckptgate.errors import InputRejected
+from ckptgate.inspect.walk import SafeTree
+
+
+def _tree(root: Path) -> Path:
+    (root / "sub").mkdir(parents=True)
+    (root / "b.bin").write_bytes(os.urandom(3 << 20) + b"tail")
+    (root / "a.json").write_text('{"x": 1}')
+    (root / "sub" / "c").write_bytes(b"")
+    (root / "sub" / "\u00e9t\u00e9.txt").write_text("unicode name")
+    return root
+
+
+def test_digest_matches_an_independent_computation(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "ck")
+    with SafeTree.open(root) as t:
+        d = fixture_digest(t, buffer_size=1 << 16)
+    files = []
+    for rel in sorted(["a.json", "b.bin", "sub/c", "sub/\u00e9t\u00e9.txt"]):
+        data = (root / rel).read_bytes()
+        files.append({"path": rel, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
+    doc = json.dumps({"algorithm": "sha256", "files": files}, sort_keys=True, separators=(",", ":"),
+                     ensure_ascii=False).encode("utf-8")
+    assert d.digest == "sha256:" + hashlib.sha256(doc).hexdigest()
+    assert [e.path for e in d.manifest] == [f["path"] for f in files]
+    assert d.to_facts() == {"digest": d.digest, "algorithm": "sha256", "file_count": 4,
+                            "total_bytes": sum(f["size"] for f in files)}
+
+
+def test_parallel_equals_sequential_and_progress_counts_bytes(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "ck")
+    seen = []
+    with SafeTree.open(root) as t:
+        one = fixture_digest(t, workers=1)
+        many = fixture_digest(t, workers=4, progress=seen.append)
+        assert sum(seen) == t.total_bytes
+    assert one == many
+
+
+def test_any_change_changes_the_digest(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "ck")
+    with SafeTree.open(root) as t:
+        before = fixture_digest(t).digest
+    (root / "a.json").write_text('{"x": 2}')
+    with SafeTree.open(root) as t:
+        assert fixture_digest(t).digest != before
+    os.rename(root / "a.json", root / "z.json")
+    with SafeTree.open(root) as t:
+        assert fixture_digest(t).digest != before
+
+
+def test_file_growing_after_the_walk_is_refused(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "ck")
+    with SafeTree.open(root) as t:
+        with open(root / "a.json", "ab") as f:
+            f.write(b" ")
+        with pytest.raises(InputRejected) as e:
+            fixture_digest(t)
+    assert e.value.code == "input.walk.changed"
+
+
+def test_records_are_validated() -> None:
+    with pytest.raises(ValueError):
+        ManifestEntry(path="../x", size=1, sha256="0" * 64)
+    e = ManifestEntry(path="a", size=1, sha256="0" * 64)
+    with pytest.raises(ValueError):
+        FixtureDigest(algorithm="sha256", digest="sha256:" + "0" * 64, manifest=(e,))
+    ok = FixtureDigest.from_manifest([e])
+    assert ok.digest == "sha256:" + hashlib.sha256(canonical_manifest([e])).hexdigest()

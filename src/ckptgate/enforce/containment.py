@@ -35,6 +35,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ckptgate.errors import RuntimeFailure
+from ckptgate.inspect.walk import openat2  # one openat2 for the whole project [R35]
 
 #: Every control the preflight measures, in the order the OPA input lists them.
 CONTROLS: tuple[str, ...] = ("no_new_privs", "seccomp", "rlimits", "cgroup_v2", "user_ns", "net_ns",
@@ -46,10 +47,6 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_GET_NO_NEW_PRIVS = 39
 PR_GET_SECCOMP = 21
 SECCOMP_MODE_FILTER = 2
-SYS_OPENAT2 = 437  # x86_64 and the generic table
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_NO_SYMLINKS = 0x04
-RESOLVE_BENEATH = 0x08
 
 #: rlimit names used in job specs and the preflight, mapped to the ``resource`` constants.
 RLIMITS: Mapping[str, int] = MappingProxyType({
@@ -191,22 +188,6 @@ def seccomp_active() -> tuple[bool, str]:
         return False, f"openat failed with {errno.errorcode.get(e.errno or 0, e.errno)}, not EPERM"
     os.close(fd)
     return False, "openat still succeeds under the filter"
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
-def openat2(dirfd: int, path: str, *, flags: int = os.O_RDONLY | os.O_CLOEXEC,
-            resolve: int = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS) -> int:
-    """``openat2(2)`` through ``syscall(437)`` [R35]; raises :class:`OSError`."""
-    how = _OpenHow(flags=flags, mode=0, resolve=resolve)
-    fd = _libc.syscall(SYS_OPENAT2, ctypes.c_int(dirfd), os.fsencode(path), ctypes.byref(how),
-                       ctypes.c_size_t(ctypes.sizeof(how)))
-    if fd < 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), path)
-    return int(fd)
 
 
 # --------------------------------------------------------------------------- cgroup v2

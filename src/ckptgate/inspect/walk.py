@@ -45,7 +45,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
 
-def openat2(dir_fd: int, path: str, flags: int, resolve: int = _RESOLVE) -> int:
+def openat2(dir_fd: int, path: str, flags: int = os.O_RDONLY, resolve: int = _RESOLVE) -> int:
     """``openat2(dir_fd, path, {flags, 0, resolve})``; raises ``OSError`` with the errno."""
     if _SYS_OPENAT2 is None:
         raise OSError(errno.ENOSYS, "openat2 syscall number unknown on this architecture")

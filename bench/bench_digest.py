@@ -1,0 +1,132 @@
+"""Fixture digest throughput vs model_signing and vs this machine's sha256 limit, in one run.
+
+    python bench/bench_digest.py [--size GB] [--files N] [--dir /tmp/...] [--runs 3]
+
+Generates (once) a tree of ``--files`` random files totalling ``--size`` GB in /tmp, warms the page
+cache, then measures: single-core ``hashlib`` sha256 speed (the limit is cores x that), our
+``fixture_digest`` and ``model_signing``'s default file hashing (sha256) of the same tree.
+Prints a table and writes bench/results/bench_digest.json.  Targets: >= 1.2x model_signing and
+>= 85% of the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import resource
+import sys
+import time
+import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import report  # noqa: E402
+
+from ckptgate.digest import fixture_digest  # noqa: E402
+from ckptgate.inspect.walk import SafeTree  # noqa: E402
+
+_BLOCK = 64 << 20
+
+
+def make_tree(root: Path, size: int, files: int) -> None:
+    per = size // files
+    root.mkdir(parents=True, exist_ok=True)
+    want = {f"model-{i + 1:05d}-of-{files:05d}.safetensors": per for i in range(files)}
+    if {p.name: p.stat().st_size for p in root.iterdir()} == want:
+        return
+    for p in root.iterdir():
+        p.unlink()
+    block = os.urandom(_BLOCK)
+    for name, n in want.items():
+        with open(root / name, "wb") as f:
+            left = n
+            while left:
+                k = min(left, _BLOCK)
+                f.write(block[:k])
+                left -= k
+
+
+def warm(root: Path) -> None:
+    buf = bytearray(8 << 20)
+    for p in sorted(root.iterdir()):
+        with open(p, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+
+def single_core_sha256(seconds: float = 2.0) -> float:
+    data = os.urandom(64 << 20)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        hashlib.sha256(data).digest()
+        n += len(data)
+    return n / (time.perf_counter() - t0)
+
+
+def load_model_signing() -> types.ModuleType:
+    """Import ``model_signing.hashing`` without the package ``__init__`` (it needs pyOpenSSL for signing,
+    which hashing does not use)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("model_signing")
+    if spec is None or spec.submodule_search_locations is None:
+        raise SystemExit("model_signing is not installed")
+    pkg = types.ModuleType("model_signing")
+    pkg.__path__ = list(spec.submodule_search_locations)
+    sys.modules.setdefault("model_signing", pkg)
+    import model_signing.hashing as msh
+
+    return msh
+
+
+def best_of(fn, runs: int) -> float:  # noqa: ANN001
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", type=float, default=4.0, help="total GB (default 4)")
+    ap.add_argument("--files", type=int, default=8, help="number of files (default 8)")
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/ckptgate-bench-digest"))
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=None)
+    a = ap.parse_args()
+    size = int(a.size * (1 << 30))
+    make_tree(a.dir, size, a.files)
+    warm(a.dir)
+    cores = len(os.sched_getaffinity(0))
+    one = single_core_sha256()
+    limit = cores * one
+    with SafeTree.open(a.dir) as tree:
+        total = tree.total_bytes
+        ours_s = best_of(lambda: fixture_digest(tree, workers=a.workers), a.runs)
+    msh = load_model_signing()
+    cfg = msh.Config().use_file_serialization(hashing_algorithm="sha256")
+    ms_s = best_of(lambda: cfg.hash(a.dir), a.runs)
+    ours, ms = total / ours_s, total / ms_s
+    gb = 1e9
+    rows = [
+        ["sha256 single core", f"{one / gb:.2f}", "", ""],
+        [f"machine limit ({cores} cores)", f"{limit / gb:.2f}", "", ""],
+        ["model_signing (file, sha256)", f"{ms / gb:.2f}", f"{ms_s:.2f}", f"{ms / limit:.0%}"],
+        ["ckptgate fixture_digest", f"{ours / gb:.2f}", f"{ours_s:.2f}", f"{ours / limit:.0%}"],
+    ]
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    doc = {"total_bytes": total, "files": a.files, "cores": cores, "runs": a.runs,
+           "single_core_sha256_Bps": one, "limit_Bps": limit, "model_signing_Bps": ms, "ours_Bps": ours,
+           "ratio_vs_model_signing": ours / ms, "fraction_of_limit": ours / limit, "peak_rss_bytes": rss,
+           "targets": {"vs_model_signing": 1.2, "fraction_of_limit": 0.85},
+           "met": {"vs_model_signing": ours / ms >= 1.2, "fraction_of_limit": ours / limit >= 0.85}}
+    report("bench_digest", ["what", "GB/s", "seconds", "of limit"], rows, doc)
+    print(f"ratio vs model_signing: {ours / ms:.2f}x   fraction of limit: {ours / limit:.0%}   "
+          f"peak RSS: {rss / (1 << 20):.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()

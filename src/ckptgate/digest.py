@@ -92,6 +92,10 @@ def canonical_manifest(manifest: tuple[ManifestEntry, ...] | list[ManifestEntry]
 
 def _hash_fd(fd: int, size: int, buf: memoryview, progress: Callable[[int], None] | None) -> str:
     h = hashlib.sha256()
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    except OSError:  # pragma: no cover - advisory only
+        pass
     off = 0
     while off < size:
         n = os.preadv(fd, [buf[:min(len(buf), size - off)]], off)
@@ -116,7 +120,8 @@ def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: i
     """
     if buffer_size < 4096:
         raise ValueError("buffer_size must be at least 4096")
-    n_workers = max(1, min(workers or os.cpu_count() or 1, max(1, len(tree.entries))))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n_workers = max(1, min(workers or cores, max(1, len(tree.entries))))
     local = threading.local()
     lock = threading.Lock()
 

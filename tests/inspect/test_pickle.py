@@ -196,3 +196,15 @@ def test_plain_pickle_under_any_name(name: str, tmp_path: Path) -> None:
     assert ("classify.extension_mismatch" in codes) == (name != "noext")
     assert insp.files[0].kind == "pickle"
     assert os.path.exists(tmp_path / name)
+
+
+def test_a_reader_crash_is_a_reject_not_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ckptgate.inspect.files as files
+
+    def boom(*a: object, **k: object) -> None:
+        raise RuntimeError("scanner crashed")
+
+    monkeypatch.setattr(files, "read_pickle", boom)
+    write(tmp_path, ".metadata", pickle.dumps({"x": 1}, protocol=4))
+    insp = inspect_tree(tmp_path)
+    assert "inspect.reader_failed" in {f.code for f in insp.findings} and not insp.clean

@@ -122,3 +122,14 @@ def test_million_tensor_header_is_bounded() -> None:
     blob = st_bytes(hdr, b"\0" * n)
     h = parse_header_bytes(blob, len(blob))
     assert len(h.tensors) == n
+
+
+def test_sparse_terabyte_behind_a_tiny_header_is_checked_without_reading_it(tmp_path: Path) -> None:
+    from ckptgate.inspect import inspect_tree
+
+    p = tmp_path / "model.safetensors"
+    p.write_bytes(st_bytes({"a": _t("U8", [4], 0, 4)}, b"\0" * 4))
+    with open(p, "r+b") as f:
+        f.truncate(1 << 40)
+    insp = inspect_tree(tmp_path)
+    assert [f.code for f in insp.findings if f.severity == "error"] == ["input.safetensors.trailing_bytes"]

@@ -108,6 +108,14 @@ def test_bad_crc(real_pt: Path) -> None:
     assert _zip_codes(real_pt) == ["zip.bad_crc"]
 
 
+def test_data_descriptor_disagrees_with_central_directory(real_pt: Path) -> None:
+    b = bytearray(real_pt.read_bytes())
+    i = b.index(b"PK\x07\x08")  # torch writes a signed data descriptor after each entry
+    b[i + 4] ^= 0xFF  # its CRC
+    real_pt.write_bytes(bytes(b))
+    assert _zip_codes(real_pt) == ["zip.descriptor_mismatch"]
+
+
 def test_duplicate_entry_names(tmp_path: Path) -> None:
     p = tmp_path / "dup.pt"
     with warnings.catch_warnings():
@@ -181,7 +189,7 @@ def test_pickle_hidden_in_a_storage(tmp_path: Path) -> None:
 
 
 def test_torchscript_archive_offered_as_weights(tmp_path: Path) -> None:
-    p = torch_zip(tmp_path / "model.pt", b"\x80\x02}.", {}, extra={"constants.pkl": b"\x80\x02).",
+    torch_zip(tmp_path / "model.pt", b"\x80\x02}.", {}, extra={"constants.pkl": b"\x80\x02).",
                                                                   "code/__torch__.py": b"def f(): pass"})
     insp = inspect_tree(tmp_path)
     codes = {f.code for f in insp.findings}

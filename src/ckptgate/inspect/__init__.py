@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptgate.errors import InputRejected
 from ckptgate.inspect.classify import FileKind
 from ckptgate.inspect.files import FileFacts, analyse_file
-from ckptgate.inspect.findings import Finding, Severity
-from ckptgate.inspect.formats import Context, detect_format
+from ckptgate.inspect.findings import Finding, Severity, error
+from ckptgate.inspect.formats import Context, FormatResult, detect_format
 from ckptgate.inspect.pickle import PickleReport
 from ckptgate.inspect.walk import FileEntry, SafeTree, WalkLimits
 
@@ -65,11 +66,24 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: bool = True) -> Inspection:
     findings: list[Finding] = list(tree.findings)
     facts: dict[str, FileFacts] = {}
     for e in tree.entries:
-        f, fs = analyse_file(tree, e.path, verify_crc=verify_crc)
+        try:
+            f, fs = analyse_file(tree, e.path, verify_crc=verify_crc)
+        except InputRejected:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a reader crash is a reject, never "clean"
+            f = FileFacts(path=e.path, size=e.size, kind=FileKind.UNKNOWN, detail="reader failed")
+            fs = [error("inspect.reader_failed", e.path, f"the reader failed on this file: {type(exc).__name__}",
+                        exception=type(exc).__name__)]
         facts[e.path] = f
         findings.extend(fs)
     ctx = Context(tree=tree, files=facts)
-    res = detect_format(ctx, verify_crc=verify_crc)
+    try:
+        res = detect_format(ctx, verify_crc=verify_crc)
+    except InputRejected:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        res = FormatResult(format="unknown", layout={}, loaders=(), consolidatable=False, findings=(
+            error("inspect.detector_failed", "", f"format detection failed: {type(exc).__name__}"),))
     findings.extend(res.findings)
     loaders = set(res.loaders)
     for f in facts.values():

@@ -14,7 +14,8 @@ from ckptgate.decide import now_utc
 from ckptgate.digest import fixture_digest
 from ckptgate.inspect import SafeTree
 from ckptgate.pipeline import EngineOptions
-from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE, KeySigner, generate_keypair, trust_entry
+from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
+from ckptgate.verify.statement import qualification_statement
 from ckptgate.verify.dsse import sign_statement
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,24 +59,14 @@ def attest(signer: Signer, src: Path, out: Path, *, fmt: str, meta: dict[str, An
     with SafeTree.open(src) as tree:
         digest = fixture_digest(tree).digest
     adapter, name, version = producer_for(fmt, meta)
-    now = now_utc()
-    iso = "%Y-%m-%dT%H:%M:%SZ"
-    statement = {
-        "_type": STATEMENT_TYPE,
-        "subject": [{"name": src.parent.name, "digest": {"sha256": digest.removeprefix("sha256:")}}],
-        "predicateType": QUALIFICATION_PREDICATE_TYPE,
-        "predicate": {
-            "producer": {"name": name, "version": version},
-            "adapter": {"name": adapter, "version": "1"},
-            "fixture": {"digest": digest, "digest_algorithm": "sha256", "manifest": src.parent.name},
-            "candidate_commit": "0" * 40,
-            "environment": {"python": platform.python_version(), "torch": "2.13.0", "os": "linux",
-                            "arch": platform.machine(), "accelerator": "cpu"},
-            "topology": {"tp": 1, "pp": 1, "dp": 2, "cp": 1, "ep": 1, "etp": 1, "world_size": 2},
-            "result": {"status": "passed", "checks_run": ["bit-exact"], "evidence": {"digest": digest,
-                                                                                     "location": "test"}},
-            "validity": {"issued_at": now.strftime(iso), "expires_at": (now + timedelta(hours=1)).strftime(iso)},
-        },
-    }
+    statement = qualification_statement(
+        subject_name=src.parent.name, fixture_digest=digest, manifest=src.parent.name,
+        producer={"name": name, "version": version}, adapter={"name": adapter, "version": "1"},
+        candidate_commit="0" * 40,
+        environment={"python": platform.python_version(), "torch": "2.13.0", "os": "linux",
+                     "arch": platform.machine(), "accelerator": "cpu"},
+        topology={"tp": 1, "pp": 1, "dp": 2, "cp": 1, "ep": 1, "etp": 1, "world_size": 2},
+        status="passed", checks_run=["bit-exact"], evidence_digest=digest, evidence_location="test",
+        issued_at=now_utc(), valid_for=timedelta(hours=1))
     out.write_bytes(sign_statement(statement, KeySigner.from_pem(signer.key_path)))
     return out

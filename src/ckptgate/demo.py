@@ -24,8 +24,9 @@ from ckptgate.digest import fixture_digest
 from ckptgate.errors import Error
 from ckptgate.inspect import SafeTree
 from ckptgate.pipeline import EngineOptions, IntakeResult, intake
-from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE, KeySigner, generate_keypair, trust_entry
+from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
 from ckptgate.verify.dsse import sign_statement
+from ckptgate.verify.statement import qualification_statement
 
 
 class DemoFailed(Error):
@@ -66,27 +67,18 @@ def git_head() -> str:
 
 
 def demo_statement(digest: str, manifest: str, *, producer: tuple[str, str]) -> dict[str, Any]:
+    """A qualification statement for the demo checkpoint, valid for one hour."""
     import torch
 
-    now = now_utc()
-    iso = "%Y-%m-%dT%H:%M:%SZ"
-    return {
-        "_type": STATEMENT_TYPE,
-        "subject": [{"name": "demo-checkpoint", "digest": {"sha256": digest.removeprefix("sha256:")}}],
-        "predicateType": QUALIFICATION_PREDICATE_TYPE,
-        "predicate": {
-            "producer": {"name": producer[0], "version": producer[1]},
-            "adapter": {"name": "hf-safetensors", "version": "1"},
-            "fixture": {"digest": digest, "digest_algorithm": "sha256", "manifest": manifest},
-            "candidate_commit": git_head(),
-            "environment": {"python": platform.python_version(), "torch": torch.__version__,
-                            "os": platform.system().lower(), "arch": platform.machine(), "accelerator": "cpu"},
-            "topology": {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "world_size": 1},
-            "result": {"status": "passed", "checks_run": ["demo-roundtrip"],
-                       "evidence": {"digest": digest, "location": "demo"}},
-            "validity": {"issued_at": now.strftime(iso), "expires_at": (now + timedelta(hours=1)).strftime(iso)},
-        },
-    }
+    return qualification_statement(
+        subject_name="demo-checkpoint", fixture_digest=digest, manifest=manifest,
+        producer={"name": producer[0], "version": producer[1]}, adapter={"name": "hf-safetensors", "version": "1"},
+        candidate_commit=git_head(),
+        environment={"python": platform.python_version(), "torch": torch.__version__,
+                     "os": platform.system().lower(), "arch": platform.machine(), "accelerator": "cpu"},
+        topology={"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "world_size": 1},
+        status="passed", checks_run=["demo-roundtrip"], evidence_digest=digest, evidence_location="demo",
+        issued_at=now_utc(), valid_for=timedelta(hours=1))
 
 
 def run_demo(workdir: Path, *, options: EngineOptions | None = None) -> DemoResult:

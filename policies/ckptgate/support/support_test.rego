@@ -61,7 +61,7 @@ test_supported_row_carries_every_claim_rule_3_field if {
 	row.status == "supported"
 	row.reasons == []
 	row.adapter == "deepspeed-zero"
-	row.format == ["deepspeed-zero"]
+	row.format == ["deepspeed-zero2", "deepspeed-zero3"]
 	row.adapter_version == "0.1.0"
 	row.producer == "deepspeed"
 	row.producer_version == "0.19.8"

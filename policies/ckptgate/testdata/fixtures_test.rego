@@ -102,7 +102,7 @@ framework_input := {
 	},
 	"fixture": {"digest": concat(":", ["sha256", fixture_hex]), "algorithm": "sha256", "file_count": 3},
 	"inspection": {
-		"format": "deepspeed-zero",
+		"format": "deepspeed-zero2",
 		"clean": true,
 		"consolidatable": true,
 		"loaders": ["deepspeed", "json"],

@@ -19,8 +19,8 @@ def register(cli: click.Group) -> None:
                   help="Also write the report as a self-contained HTML file.")
     @engine_options
     @json_option
-    def verify_command(path: Path, attestations: tuple[Path, ...], html_out: Path | None, opa_url, opa_timeout,
-                       policy_dir, trust_file, as_json: bool) -> int:
+    def verify_command(path: Path, attestations: tuple[Path, ...], html_out: Path | None, engine,
+                       as_json: bool) -> int:
         """Report on PATH without loading it. Exit 0 when the policy allows, 3 when it denies,
         4 input rejected, 6 policy engine unavailable."""
         from ckptgate.evidence.report import build_report, render_html, render_text

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 #: Formats with an adapter (``peft-*`` formats all go to the PEFT adapter).
 FORMATS = ("hf-sharded-safetensors", "safetensors", "dcp-torch-save", "dcp-hf-safetensors", "fsdp-full",
-           "fsdp-local", "megatron-torch-dist", "deepspeed-zero", "deepspeed-universal", "peft-lora")
+           "fsdp-local", "megatron-torch-dist", "deepspeed-zero2", "deepspeed-zero3", "deepspeed-universal", "peft-lora")
 #: Framework loaders that consolidation may run in the worker, in order of preference.
 WORKER_LOADERS = ("deepspeed", "torch_load")
 
@@ -78,7 +78,7 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
         from ckptgate.consolidate.adapters import deepspeed
 
         return deepspeed.universal_plan(layout, files, max_shard_bytes=max_shard_bytes)
-    if fmt == "deepspeed-zero":
+    if fmt in ("deepspeed-zero2", "deepspeed-zero3"):
         from ckptgate.consolidate.adapters import deepspeed
         from ckptgate.enforce.permit import issue_permit
 

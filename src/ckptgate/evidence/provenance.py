@@ -25,9 +25,10 @@ from typing import Any
 
 from ckptgate.evidence.candidate import candidate_commit, git
 from ckptgate.evidence.errors import EvidenceError
-from ckptgate.evidence.qualify import (STORE_DIR, Fixture, _iso, _rel, _validity, fixture_adapter, gate_producer,
+from ckptgate.evidence.qualify import (STORE_DIR, Fixture, _rel, _validity, fixture_adapter, gate_producer,
                                        resolve_key)
 from ckptgate.errors import VerificationError
+from ckptgate.verify.statement import iso_utc
 
 BASIS = "repository-review"
 """The one trust basis this predicate states: the review of the commit that holds the fixture."""
@@ -216,7 +217,7 @@ def provenance_statement(repo: Path, fixture: Fixture, committed: CommittedFixtu
             "generator": _generator(fixture),
             "topology": fixture.topology(),
             "candidate_commit": committed.commit,
-            "validity": {"issued_at": _iso(now), "expires_at": _iso(now + _validity(repo))},
+            "validity": {"issued_at": iso_utc(now), "expires_at": iso_utc(now + _validity(repo))},
         },
     }
 

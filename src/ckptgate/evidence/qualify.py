@@ -338,10 +338,6 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _iso(t: datetime) -> str:
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def resolve_key(repo: Path, key: Path | str | None) -> Path:
     """``--key``, else ``$CKPTGATE_SIGNING_KEY``, else ``../shared/keys/ci-qualification.ed25519.pem``."""
     chosen = key or os.environ.get("CKPTGATE_SIGNING_KEY") or (repo / DEFAULT_KEY)
@@ -361,7 +357,8 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
     ``failed`` result when the output differs from ``expected.safetensors``.
     """
     from ckptgate.pipeline import EngineOptions, load_trust
-    from ckptgate.verify import AttestationStore, KeySigner, QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE
+    from ckptgate.verify import AttestationStore, KeySigner
+    from ckptgate.verify.statement import iso_utc, qualification_statement
     from ckptgate.verify import sign_statement, verify_attestation
 
     repo = repo.resolve()
@@ -395,7 +392,7 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
         "adapter": {"name": adapter, "version": __version__},
         "candidate_commit": commit, "head_commit": head_commit(repo), "tree_dirty": bool(dirty),
         "dirty_paths": dirty[:50], "environment": env, "topology": topology, "topology_raw": fixture.meta["topology"],
-        "expected": {"file": _rel(repo, fixture.expected), "sha256": expected_sha}, "started_at": _iso(now),
+        "expected": {"file": _rel(repo, fixture.expected), "sha256": expected_sha}, "started_at": iso_utc(now),
     }
     status = "error"
     digest: str | None = None
@@ -431,20 +428,12 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_bytes(log_raw)
     log_sha = hashlib.sha256(log_raw).hexdigest()
-    statement = {
-        "_type": STATEMENT_TYPE,
-        "subject": [{"name": fixture.name, "digest": {"sha256": hexd}}],
-        "predicateType": QUALIFICATION_PREDICATE_TYPE,
-        "predicate": {
-            "producer": producer, "adapter": {"name": adapter, "version": __version__},
-            "fixture": {"digest": digest, "digest_algorithm": "sha256",
-                        "manifest": _rel(repo, fixture.root / "meta.json")},
-            "candidate_commit": commit, "environment": env, "topology": topology,
-            "result": {"status": status, "checks_run": list(checks),
-                       "evidence": {"digest": "sha256:" + log_sha, "location": _rel(repo, log_path)}},
-            "validity": {"issued_at": _iso(now), "expires_at": _iso(now + _validity(repo))},
-        },
-    }
+    statement = qualification_statement(
+        subject_name=fixture.name, fixture_digest=digest, manifest=_rel(repo, fixture.root / "meta.json"),
+        producer=producer, adapter={"name": adapter, "version": __version__}, candidate_commit=commit,
+        environment=env, topology=topology, status=status, checks_run=list(checks),
+        evidence_digest="sha256:" + log_sha, evidence_location=_rel(repo, log_path),
+        issued_at=now, valid_for=_validity(repo))
     envelope = sign_statement(statement, signer)
     # Storing is only useful when the trust data accepts the signer: verify before storing.
     verify_attestation(envelope, source="<new>", trust=load_trust(options), measured_digest=digest, now=now)

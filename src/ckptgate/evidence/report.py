@@ -88,7 +88,8 @@ def render_text(doc: dict[str, Any]) -> list[str]:
     out.append(f"decision    {'ALLOW' if d['allow'] else 'DENY'} plane={d['plane']} "
                f"policy revision {d['policy_revision']} (decision {d['decision_id'] or '-'})")
     for r in d["reasons"]:
-        out.append(f"  because   [{r.get('code')}] {r.get('message')}")
+        label = "because" if r.get("severity") == "deny" else "note"
+        out.append(f"  {label:<9} [{r.get('code')}] {r.get('message')}")
     lr = doc["load_requires"]
     out.append(f"a load needs plane {lr['plane']} with controls: {', '.join(lr['controls']) or 'none'}")
     out.append(f"  note      {lr['note']}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -179,3 +179,32 @@ def check_validity(statement: dict[str, Any], now: datetime, *, max_clock_skew: 
                                 evidence={**raw, "now": now.isoformat()},
                                 advice="Re-run the qualification for this commit to obtain fresh evidence.")
     return v
+
+
+def iso_utc(t: datetime) -> str:
+    """RFC 3339 UTC with seconds, as the schemas' timestamps expect."""
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def qualification_statement(*, subject_name: str, fixture_digest: str, manifest: str,
+                            producer: dict[str, str], adapter: dict[str, str], candidate_commit: str,
+                            environment: dict[str, Any], topology: dict[str, Any], status: str,
+                            checks_run: list[str], evidence_digest: str, evidence_location: str,
+                            issued_at: datetime, valid_for: timedelta) -> dict[str, Any]:
+    """A qualification Statement v1 for one fixture; checked against its schema before it is returned."""
+    statement = {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": subject_name, "digest": {"sha256": normalise_digest(fixture_digest)}}],
+        "predicateType": QUALIFICATION_PREDICATE_TYPE,
+        "predicate": {
+            "producer": producer, "adapter": adapter,
+            "fixture": {"digest": "sha256:" + normalise_digest(fixture_digest), "digest_algorithm": "sha256",
+                        "manifest": manifest},
+            "candidate_commit": candidate_commit, "environment": environment, "topology": topology,
+            "result": {"status": status, "checks_run": list(checks_run),
+                       "evidence": {"digest": evidence_digest, "location": evidence_location}},
+            "validity": {"issued_at": iso_utc(issued_at), "expires_at": iso_utc(issued_at + valid_for)},
+        },
+    }
+    check_statement(statement)
+    return statement

@@ -1,0 +1,23 @@
+"""The policy's pickle allowlist covers every global the static reader can interpret.
+
+The static reader (``ckptgate.inspect.allowlist``) knows how to interpret each global without
+running it; the policy decides which of them are acceptable.  A global the reader accepts but the
+policy data does not name would make every such checkpoint a ``pickle_global_not_allowlisted``
+deny, so the two must move together.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ckptgate.inspect.allowlist import ALLOWLISTS
+
+DATA = Path(__file__).resolve().parents[2] / "policies" / "ckptgate" / "config" / "loaders" / "data.json"
+
+
+def test_policy_allowlist_covers_the_static_readers_allowlists():
+    policy = set(json.loads(DATA.read_text())["pickle_allowlist"])
+    lists = ALLOWLISTS.values() if isinstance(ALLOWLISTS, dict) else ALLOWLISTS
+    reader = set().union(*(set(a.callables) | set(a.values) for a in lists))
+    assert sorted(reader - policy) == []

@@ -64,6 +64,25 @@ def single_core_sha256(seconds: float = 2.0) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def threaded_sha256(threads: int, seconds: float = 1.0) -> float:
+    """sha256 of in-memory data on ``threads`` threads at once: the ceiling under the current load."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = os.urandom(64 << 20)
+
+    def work(_: int) -> int:
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            hashlib.sha256(data).digest()
+            n += len(data)
+        return n
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as ex:
+        n = sum(ex.map(work, range(threads)))
+    return n / (time.perf_counter() - t0)
+
+
 def load_model_signing() -> types.ModuleType:
     """Import ``model_signing.hashing`` without the package ``__init__`` (it needs pyOpenSSL for signing,
     which hashing does not use)."""
@@ -101,25 +120,31 @@ def main() -> None:
     make_tree(a.dir, size, a.files)
     warm(a.dir)
     cores = len(os.sched_getaffinity(0))
-    one = single_core_sha256()
-    limit = cores * one
-    with SafeTree.open(a.dir) as tree:
-        total = tree.total_bytes
-        ours_s = best_of(lambda: fixture_digest(tree, workers=a.workers), a.runs)
     msh = load_model_signing()
     cfg = msh.Config().use_file_serialization(hashing_algorithm="sha256")
-    ms_s = best_of(lambda: cfg.hash(a.dir), a.runs)
+    # interleave the three measurements round by round and keep the best of each, so a burst of
+    # load from other jobs on a shared machine does not favour one of them
+    one, par, ours_s, ms_s = 0.0, 0.0, float("inf"), float("inf")
+    with SafeTree.open(a.dir) as tree:
+        total = tree.total_bytes
+        for _ in range(a.runs):
+            one = max(one, single_core_sha256(1.0))
+            par = max(par, threaded_sha256(cores))
+            ours_s = min(ours_s, best_of(lambda: fixture_digest(tree, workers=a.workers), 1))
+            ms_s = min(ms_s, best_of(lambda: cfg.hash(a.dir), 1))
+    limit = cores * one
     ours, ms = total / ours_s, total / ms_s
     gb = 1e9
     rows = [
         ["sha256 single core", f"{one / gb:.2f}", "", ""],
-        [f"machine limit ({cores} cores)", f"{limit / gb:.2f}", "", ""],
+        [f"machine limit ({cores} cores x single core)", f"{limit / gb:.2f}", "", ""],
+        [f"in-memory sha256 on {cores} threads (ceiling under current load)", f"{par / gb:.2f}", "", f"{par / limit:.0%}"],
         ["model_signing (file, sha256)", f"{ms / gb:.2f}", f"{ms_s:.2f}", f"{ms / limit:.0%}"],
         ["ckptgate fixture_digest", f"{ours / gb:.2f}", f"{ours_s:.2f}", f"{ours / limit:.0%}"],
     ]
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     doc = {"total_bytes": total, "files": a.files, "cores": cores, "runs": a.runs,
-           "single_core_sha256_Bps": one, "limit_Bps": limit, "model_signing_Bps": ms, "ours_Bps": ours,
+           "single_core_sha256_Bps": one, "limit_Bps": limit, "threaded_in_memory_Bps": par, "model_signing_Bps": ms, "ours_Bps": ours,
            "ratio_vs_model_signing": ours / ms, "fraction_of_limit": ours / limit, "peak_rss_bytes": rss,
            "targets": {"vs_model_signing": 1.2, "fraction_of_limit": 0.85},
            "met": {"vs_model_signing": ours / ms >= 1.2, "fraction_of_limit": ours / limit >= 0.85}}

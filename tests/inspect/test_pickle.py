@@ -208,3 +208,12 @@ def test_a_reader_crash_is_a_reject_not_clean(tmp_path: Path, monkeypatch: pytes
     write(tmp_path, ".metadata", pickle.dumps({"x": 1}, protocol=4))
     insp = inspect_tree(tmp_path)
     assert "inspect.reader_failed" in {f.code for f in insp.findings} and not insp.clean
+
+
+def test_huge_sparse_pickle_is_refused_unread(tmp_path: Path) -> None:
+    p = tmp_path / ".metadata"
+    p.write_bytes(b"\x80\x04")
+    with open(p, "r+b") as f:
+        f.truncate(1 << 40)
+    insp = inspect_tree(tmp_path)
+    assert "pickle.too_large" in {f.code for f in insp.findings} and not insp.clean

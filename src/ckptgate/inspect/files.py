@@ -10,7 +10,7 @@ from typing import Any
 from ckptgate.errors import InputRejected
 from ckptgate.inspect.classify import FileKind, classify_fd
 from ckptgate.inspect.findings import Finding, error, warning
-from ckptgate.inspect.pickle import PickleReport, read_pickle
+from ckptgate.inspect.pickle import PickleLimits, PickleReport, read_pickle, refused_report
 from ckptgate.inspect.safetensors import SafetensorsHeader, json_loads_strict, read_header
 from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
 from ckptgate.inspect.walk import SafeTree
@@ -102,7 +102,11 @@ def _analyse(fd: int, size: int, path: str, verify_crc: bool,  # noqa: C901
         kw["torch"] = layout
         kw["pickle"] = layout.pickle if layout else None
     elif k == FileKind.PICKLE:
-        rep = read_pickle(os.pread(fd, size, 0), path=path, context=pctx)
+        cap = PickleLimits().max_bytes
+        if size > cap:  # refused before anything is read into memory
+            rep = refused_report(path=path, context=pctx, size=size, limit=cap)
+        else:
+            rep = read_pickle(os.pread(fd, size, 0), path=path, context=pctx)
         findings.extend(rep.findings)
         kw["pickle"] = rep
         if not pctx.endswith("dcp_metadata"):

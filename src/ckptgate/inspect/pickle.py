@@ -21,7 +21,7 @@ from ckptgate.inspect.allowlist import ALLOWLISTS, Allowlist
 from ckptgate.inspect.findings import Finding, error, warning
 
 __all__ = ["Call", "Global", "PersId", "PickleLimits", "PickleReport", "SDict", "SList", "SSet",
-           "Unknown", "read_pickle", "looks_like_pickle"]
+           "Unknown", "read_pickle", "looks_like_pickle", "refused_report"]
 
 
 # -- symbolic values ----------------------------------------------------------------------------
@@ -85,7 +85,7 @@ _MARK = _Mark()
 class PickleLimits:
     """Caps that bound the reader's time and memory."""
 
-    max_bytes: int = 1 << 30
+    max_bytes: int = 512 << 20
     max_ops: int = 50_000_000
     max_memo: int = 10_000_000
     max_stack: int = 1_000_000
@@ -468,15 +468,19 @@ def _short(v: Any) -> str:
     return r[:80]
 
 
+def refused_report(*, path: str, context: str, size: int, limit: int) -> PickleReport:
+    """The report for a pickle refused unread because it exceeds the size cap."""
+    f = error("pickle.too_large", path, "pickle stream exceeds the size cap; not read", size=size, limit=limit)
+    return PickleReport(path=path, context=context, protocol=None, complete=False, opcodes={}, globals=(), calls=(),
+                        findings=(f,), inside_allowlist=False, plain_tensors=False)
+
+
 def read_pickle(data: bytes, *, path: str, context: str = "tensors",
                 limits: PickleLimits = PickleLimits()) -> PickleReport:
     """Read one pickle stream statically against the ``context`` allowlist."""
     allow = ALLOWLISTS[context]
     if len(data) > limits.max_bytes:
-        f = error("pickle.too_large", path, "pickle stream exceeds the size cap", size=len(data),
-                  limit=limits.max_bytes)
-        return PickleReport(path=path, context=context, protocol=None, complete=False, opcodes={},
-                            globals=(), calls=(), findings=(f,), inside_allowlist=False, plain_tensors=False)
+        return refused_report(path=path, context=context, size=len(data), limit=limits.max_bytes)
     r = _Reader(data, path, allow, limits)
     r.run()
     has_error = any(f.severity == "error" for f in r.findings)

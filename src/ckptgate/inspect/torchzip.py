@@ -16,11 +16,11 @@ from typing import Any
 from ckptgate.inspect.allowlist import DTYPE_ITEMSIZE, STORAGE_DTYPES
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.pickle import Call, Global, PersId, PickleReport, SDict, SList, read_pickle
-from ckptgate.inspect.zipcheck import ZipReport, check_zip
+from ckptgate.inspect.zipcheck import ZipReport, check_zip, verify_crcs
 
 __all__ = ["TensorRecord", "TorchZipLayout", "inspect_torch_zip", "walk_value"]
 
-MAX_DATA_PKL = 1 << 30
+MAX_DATA_PKL = 512 << 20
 _MAX_NODES = 5_000_000
 _KNOWN_RECORDS = {"byteorder", "version", ".format_version", ".storage_alignment", ".data/serialization_id",
                   ".data/version"}
@@ -123,7 +123,8 @@ def walk_value(value: Any, visit: Any, *, max_nodes: int = _MAX_NODES) -> bool:
 def inspect_torch_zip(fd: int, size: int, *, path: str, base: int = 0, context: str = "tensors",
                       verify_crc: bool = True) -> tuple[TorchZipLayout | None, tuple[Finding, ...]]:
     """Check and read the torch zip at ``[base, base + size)`` of ``fd``."""
-    zr: ZipReport = check_zip(fd, size, path=path, base=base, verify_crc=verify_crc, stored_only=True)
+    # structure first; the CRC pass (a full read) runs last, only if everything cheap passed
+    zr: ZipReport = check_zip(fd, size, path=path, base=base, verify_crc=False, stored_only=True)
     findings: list[Finding] = list(zr.findings)
     if not zr.ok:
         return None, tuple(findings)
@@ -191,6 +192,8 @@ def inspect_torch_zip(fd: int, size: int, *, path: str, base: int = 0, context: 
             if head == b"PK\x03\x04" or (head[0] == 0x80 and head[1] in (2, 3, 4, 5)):
                 findings.append(warning("torch.storage_looks_like_pickle", path,
                                         f"storage {r} starts like a pickle or zip", record=r))
+    if verify_crc and not any(f.severity == "error" for f in findings):
+        findings.extend(verify_crcs(fd, size, zr.entries, path=path, base=base))
     layout = TorchZipLayout(prefix=prefix, tensors=tuple(tensors), values=values, pickle=rep)
     return layout, tuple(findings)
 

@@ -244,16 +244,20 @@ def _walk_dir(dir_fd_rel_root: int, prefix: str, depth: int, st: _WalkState) -> 
     else:
         dfd = os.dup(dir_fd_rel_root)
     try:
-        names = sorted(os.listdir(dfd))
+        names: list[str] = []
+        with os.scandir(dfd) as it:  # streamed, so a huge directory is refused before it is listed
+            for de in it:
+                st.count += 1
+                if st.count > st.limits.max_files:
+                    raise InputRejected("input.walk.too_many_files",
+                                        f"the tree holds more than {st.limits.max_files} entries",
+                                        evidence={"limit": st.limits.max_files})
+                names.append(de.name)
+        names.sort()
         seen: dict[str, str] = {}
         subdirs: list[str] = []
         for name in names:
             rel = f"{prefix}/{name}" if prefix else name
-            st.count += 1
-            if st.count > st.limits.max_files:
-                raise InputRejected("input.walk.too_many_files",
-                                    f"the tree holds more than {st.limits.max_files} entries",
-                                    evidence={"limit": st.limits.max_files})
             if not _name_ok(name, rel, st):
                 continue
             key = unicodedata.normalize("NFC", name).casefold()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ckptgate.inspect.findings import Finding, error
 
-__all__ = ["ZipEntry", "ZipReport", "check_zip", "list_zip_names"]
+__all__ = ["ZipEntry", "ZipReport", "check_zip", "list_zip_names", "verify_crcs"]
 
 _EOCD = 0x06054B50
 _Z64_EOCD = 0x06064B50
@@ -143,9 +143,14 @@ def _eocd(z: _Z) -> tuple[int, int, int]:
     return n, cd_off, cd_end
 
 
+MAX_CENTRAL = 512 << 20
+
+
 def _central(z: _Z, n: int, cd_off: int, cd_end: int, max_entries: int) -> list[tuple[str, int, int, int, int, int, int]]:
     if n > max_entries:
         z.fail("zip.too_many_entries", "the zip declares too many entries", entries=n, limit=max_entries)
+    if cd_end - cd_off > MAX_CENTRAL or cd_end < cd_off:
+        z.fail("zip.bad_central", "the central directory size is out of bounds", size=cd_end - cd_off)
     out = []
     cd = z.read(cd_off, cd_end - cd_off)
     p = 0
@@ -300,6 +305,17 @@ def check_zip(fd: int, size: int, *, path: str, base: int = 0, verify_crc: bool 
     except _Fail:
         pass
     return ZipReport(entries=tuple(entries), findings=tuple(z.findings))
+
+
+def verify_crcs(fd: int, size: int, entries: tuple[ZipEntry, ...], *, path: str, base: int = 0) -> tuple[Finding, ...]:
+    """Stream the CRC-32 of already checked entries (run after the cheap structural checks)."""
+    z = _Z(fd, base, size, path)
+    try:
+        for e in entries:
+            _crc(z, e)
+    except _Fail:
+        pass
+    return tuple(z.findings)
 
 
 def list_zip_names(fd: int, size: int, *, base: int = 0, max_entries: int = 1_000_000) -> tuple[str, ...] | None:

@@ -8,99 +8,11 @@ detects the checkpoint format and returns a frozen :class:`Inspection` whose
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
-from ckptgate.errors import InputRejected
 from ckptgate.inspect.classify import FileKind
-from ckptgate.inspect.files import FileFacts, analyse_file
-from ckptgate.inspect.findings import Finding, Severity, error
-from ckptgate.inspect.formats import Context, FormatResult, detect_format
-from ckptgate.inspect.pickle import PickleReport
+from ckptgate.inspect.files import FileFacts
+from ckptgate.inspect.findings import Finding, Severity
+from ckptgate.inspect.inspection import LOADERS, Inspection, inspect_open_tree, inspect_tree
 from ckptgate.inspect.walk import FileEntry, SafeTree, WalkLimits
 
-__all__ = ["FileEntry", "FileFacts", "FileKind", "Finding", "Inspection", "SafeTree", "Severity", "WalkLimits",
-           "inspect_open_tree", "inspect_tree"]
-
-LOADERS = ("safetensors", "json", "static_pickle", "torch_load", "deepspeed")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Inspection:
-    """Facts about one checkpoint tree."""
-
-    format: str
-    files: tuple[FileFacts, ...]
-    findings: tuple[Finding, ...]
-    loaders: tuple[str, ...]
-    layout: dict[str, Any]
-    pickles: tuple[PickleReport, ...]
-    consolidatable: bool
-
-    def __post_init__(self) -> None:
-        if any(ld not in LOADERS for ld in self.loaders):
-            raise ValueError(f"unknown loader in {self.loaders}")
-
-    @property
-    def clean(self) -> bool:
-        """No error finding, and every pickle stayed inside its allowlist."""
-        return (not any(f.severity == Severity.ERROR for f in self.findings)
-                and all(p.inside_allowlist for p in self.pickles))
-
-    def to_facts(self) -> dict[str, Any]:
-        return {
-            "format": self.format,
-            "clean": self.clean,
-            "consolidatable": self.consolidatable,
-            "loaders": list(self.loaders),
-            "findings": [f.to_json() for f in self.findings],
-            "files": [f.to_json() for f in self.files],
-            "pickles": {p.path: p.to_json() for p in self.pickles},
-            "layout": self.layout,
-        }
-
-
-def inspect_open_tree(tree: SafeTree, *, verify_crc: bool = True) -> Inspection:
-    """Inspect an already opened tree (so a digest can share the same descriptors)."""
-    findings: list[Finding] = list(tree.findings)
-    facts: dict[str, FileFacts] = {}
-    for e in tree.entries:
-        try:
-            f, fs = analyse_file(tree, e.path, verify_crc=verify_crc)
-        except InputRejected:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a reader crash is a reject, never "clean"
-            f = FileFacts(path=e.path, size=e.size, kind=FileKind.UNKNOWN, detail="reader failed")
-            fs = [error("inspect.reader_failed", e.path, f"the reader failed on this file: {type(exc).__name__}",
-                        exception=type(exc).__name__)]
-        facts[e.path] = f
-        findings.extend(fs)
-    ctx = Context(tree=tree, files=facts)
-    try:
-        res = detect_format(ctx, verify_crc=verify_crc)
-    except InputRejected:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        res = FormatResult(format="unknown", layout={}, loaders=(), consolidatable=False, findings=(
-            error("inspect.detector_failed", "", f"format detection failed: {type(exc).__name__}"),))
-    findings.extend(res.findings)
-    loaders = set(res.loaders)
-    for f in facts.values():
-        if f.kind in (FileKind.LEGACY_TORCH, FileKind.TORCHSCRIPT):
-            loaders.add("torch_load")
-    pickles = tuple(f.pickle for f in facts.values() if f.pickle is not None)
-    uniq: dict[tuple[str, str, str], Finding] = {}
-    for f in findings:
-        uniq.setdefault((f.code, f.path, f.message), f)
-    order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
-    ordered = tuple(sorted(uniq.values(), key=lambda f: (order[f.severity], f.path, f.code)))
-    return Inspection(format=res.format, files=tuple(facts[p] for p in sorted(facts)), findings=ordered,
-                      loaders=tuple(ld for ld in LOADERS if ld in loaders), layout=res.layout, pickles=pickles,
-                      consolidatable=res.consolidatable)
-
-
-def inspect_tree(root: Path, *, limits: WalkLimits = WalkLimits(), verify_crc: bool = True) -> Inspection:
-    """Walk ``root`` safely and inspect every file; raises ``InputRejected`` only for the whole tree."""
-    with SafeTree.open(Path(root), limits) as tree:
-        return inspect_open_tree(tree, verify_crc=verify_crc)
+__all__ = ["LOADERS", "FileEntry", "FileFacts", "FileKind", "Finding", "Inspection", "SafeTree", "Severity",
+           "WalkLimits", "inspect_open_tree", "inspect_tree"]

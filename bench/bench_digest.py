@@ -17,7 +17,6 @@ import os
 import resource
 import sys
 import time
-import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -83,22 +82,6 @@ def threaded_sha256(threads: int, seconds: float = 1.0) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def load_model_signing() -> types.ModuleType:
-    """Import ``model_signing.hashing`` without the package ``__init__`` (it needs pyOpenSSL for signing,
-    which hashing does not use)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("model_signing")
-    if spec is None or spec.submodule_search_locations is None:
-        raise SystemExit("model_signing is not installed")
-    pkg = types.ModuleType("model_signing")
-    pkg.__path__ = list(spec.submodule_search_locations)
-    sys.modules.setdefault("model_signing", pkg)
-    import model_signing.hashing as msh
-
-    return msh
-
-
 def best_of(fn, runs: int) -> float:  # noqa: ANN001
     best = float("inf")
     for _ in range(runs):
@@ -120,7 +103,7 @@ def main() -> None:
     make_tree(a.dir, size, a.files)
     warm(a.dir)
     cores = len(os.sched_getaffinity(0))
-    msh = load_model_signing()
+    import model_signing.hashing as msh
     cfg = msh.Config().use_file_serialization(hashing_algorithm="sha256")
     # interleave the three measurements round by round and keep the best of each, so a burst of
     # load from other jobs on a shared machine does not favour one of them

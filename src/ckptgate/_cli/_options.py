@@ -44,9 +44,3 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Trust data file (default: policies/ckptgate/config/trust/data.json).")(w)
     return w
 
-
-def to_engine_options(opa_url: str | None, opa_timeout: float, policy_dir: Path | None,
-                      trust_file: Path | None) -> EngineOptions:
-    """Deprecated spelling kept while commands move to the ``engine`` parameter."""
-    return EngineOptions(opa_url=opa_url, opa_token=os.environ.get("CKPTGATE_OPA_TOKEN"), policy_dir=policy_dir,
-                         trust_file=trust_file, timeout_s=opa_timeout)

@@ -2,7 +2,8 @@
 """Set up ckptgate on a fresh machine and run its main job or its tests.
 
     python3 scripts/bootstrap.py demo     # set up, then `ckptgate demo` on the embedded OPA
-    python3 scripts/bootstrap.py test     # set up, then every test (pytest, opa test, opa fmt, regal lint)
+    python3 scripts/bootstrap.py test     # set up, then every test (opa fmt/check/test, regal lint, pytest,
+                                          # and `ckptgate check`: matrix drift, evidence, claims)
     python3 scripts/bootstrap.py setup    # set up only
     python3 scripts/bootstrap.py run -- ARGS...   # set up, then `ckptgate ARGS...`
 
@@ -210,6 +211,11 @@ def run_tests(env: dict[str, str]) -> int:
         ("opa test", [opa, "test", "--coverage", "--threshold", "90", "--format", "json", "policies"]),
         ("regal lint", [regal, "lint", "policies"]),
         ("pytest", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"]),
+        # The pre-merge gate's own checks (the policy tools above are not run twice): the committed
+        # matrix matches a fresh build, every supported row has its evidence at the candidate
+        # commit, and the docs obey the register's claim rules.
+        ("ckptgate check", [str(LOCAL_VENV / "bin" / "ckptgate"), "check", "--skip", "policy_tests",
+                            "--skip", "opa_fmt", "--skip", "regal_lint"]),
     ]
     ensure_chromium()
     failed = []

@@ -84,7 +84,7 @@ def main() -> int:
     pi = intake_input()
     doc = pi.to_json()
     rows_doc = support_rows(args.rows)
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedOpa() as opa:
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedOpa(timeout_s=600) as opa:
         audit = Path(tmp) / "audit.jsonl"
         session = requests.Session()
         session.headers.update(opa._client.headers)

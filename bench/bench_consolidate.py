@@ -6,19 +6,26 @@ Cases (generated under --workdir at --size bytes each, 2 gloo ranks on CPU):
   FileSystemWriter; the tool is ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``.
 * ``dcp-hf``: the same saved with ``HuggingFaceStorageWriter``; the tool is torch's
   ``consolidate_safetensors_files`` (1 and 2 threads).
+* ``deepspeed-zero3``: a ZeRO-3 bf16 checkpoint of a model with about --size bytes of bf16 params
+  (``bench/_zero3_producer.py``: 1 AdamW step, ``engine.save_checkpoint``; about 12 bytes per param
+  on disk, so 256M gives ~134M params and ~1.6 GB); generated once and cached under
+  --workdir/cache.  The tool is DeepSpeed's ``convert_zero_checkpoint_to_fp32_state_dict``
+  (safetensors output).  Before timing, one untimed run of each side checks that ckptgate's output
+  equals DeepSpeed's bit for bit (names, dtype, shape, bytes of every tensor).
 
 ``ckptgate`` is the whole ``pipeline.intake``: walk, inspect, sha256 digest of every input byte,
 a signed qualification statement verified, the embedded OPA decision, the plan, the streaming
 writer and atomic publication.  Every side runs in its own subprocess; peak RSS is that
 process's ``ru_maxrss`` from ``wait4`` (its waited-for descendants included, e.g. a worker).
-The DeepSpeed ZeRO-3 case of issue 6 is not implemented here (see docs/consolidation.md).
 
     .venv/bin/python bench/bench_consolidate.py --size 512M
+    .venv/bin/python bench/bench_consolidate.py --size 256M --cases deepspeed-zero3
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import shutil
@@ -81,7 +88,38 @@ elif side.startswith("consolidate_safetensors_files"):
             names.update(h.keys())
     c.consolidate_safetensors_files(str(src), str(dst), fqn_to_index_mapping={n: 1 for n in names},
                                     num_threads=int(side.rsplit("_t", 1)[1]))
+elif side == "zero_to_fp32":
+    from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
+    convert_zero_checkpoint_to_fp32_state_dict(str(src), str(dst), safe_serialization=True)
 print(json.dumps({"wall_s": time.perf_counter() - t0}))
+"""
+
+#: Compare two safetensors output directories tensor by tensor (one tensor in memory at a time).
+_SAME = r"""
+import json, sys
+from pathlib import Path
+from safetensors import safe_open
+def index(d):
+    out = {}
+    for f in sorted(Path(d).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            out.update({k: f for k in h.keys()})
+    return out
+a, b = index(sys.argv[1]), index(sys.argv[2])
+if sorted(a) != sorted(b):
+    raise SystemExit(f"tensor names differ: {sorted(set(a) ^ set(b))[:10]}")
+n, dtypes = 0, set()
+for k in sorted(a):
+    with safe_open(str(a[k]), "pt") as ha, safe_open(str(b[k]), "pt") as hb:
+        x, y = ha.get_tensor(k), hb.get_tensor(k)
+    if (x.dtype, tuple(x.shape)) != (y.dtype, tuple(y.shape)):
+        raise SystemExit(f"{k}: {x.dtype} {tuple(x.shape)} != {y.dtype} {tuple(y.shape)}")
+    if x.contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes() != \
+            y.contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes():
+        raise SystemExit(f"{k}: bytes differ")
+    n += x.numel()
+    dtypes.add(str(x.dtype))
+print(json.dumps({"tensors": len(a), "numel": n, "dtypes": sorted(dtypes)}))
 """
 
 
@@ -117,12 +155,40 @@ def run_measured(argv: list[str]) -> dict[str, Any]:
     return {"wall_s": rec["wall_s"], "inner_s": inner.get("wall_s"), "peak_rss_bytes": rec["maxrss_kib"] * 1024}
 
 
+def _torchrun(argv: list[str]) -> None:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           *argv], check=False, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if proc.returncode != 0:
+        raise SystemExit(f"generator {argv[0]} failed ({proc.returncode}):\n{proc.stderr.decode()[-3000:]}")
+
+
 def generate(kind: str, out: Path, size: int) -> None:
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     script = _write(out.parent / f"gen_{kind}.py", _GEN)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                    str(script), kind, str(out), str(size)],
-                   check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _torchrun([str(script), kind, str(out), str(size)])
+
+
+def generate_zero3(cache: Path, size: int) -> Path:
+    """The ZeRO-3 checkpoint for ``size`` bytes of bf16 params, generated once under ``cache``."""
+    src = cache / f"deepspeed-zero3-{size}" / "checkpoint"
+    done = src.parent / "done"
+    if not done.exists():
+        shutil.rmtree(src.parent, ignore_errors=True)
+        src.parent.mkdir(parents=True)
+        _torchrun([str(HERE / "_zero3_producer.py"), str(src), str(size)])
+        done.write_text("ok\n")
+    return src
+
+
+def largest_tensor_bytes(out: Path) -> int:
+    """The largest tensor in a safetensors output directory, from the headers' data offsets."""
+    best = 0
+    for f in out.glob("*.safetensors"):
+        with f.open("rb") as h:
+            header = json.loads(h.read(int.from_bytes(h.read(8), "little")))
+        best = max([best, *(e - b for k, v in header.items() if k != "__metadata__"
+                            for b, e in [v["data_offsets"]])])
+    return best
 
 
 def _write(path: Path, text: str) -> Path:
@@ -130,54 +196,96 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+#: case -> (format for the attestation, the tools a user would use).
+CASES: dict[str, tuple[str, list[str]]] = {
+    "dcp-torch-save": ("dcp-torch-save", ["dcp_to_torch_save"]),
+    "dcp-hf": ("dcp-hf-safetensors", ["consolidate_safetensors_files_t1", "consolidate_safetensors_files_t2"]),
+    "deepspeed-zero3": ("deepspeed-zero3", ["zero_to_fp32"]),
+}
+MIB = 1 << 20
+
+
+def targets(case: str, res: dict[str, Any], tools: list[str]) -> dict[str, Any]:
+    """Issue 6's targets for a case, measured values and met/not met."""
+    g = res["ckptgate"]
+    budget = 256 * 10**6 + res["largest_tensor_bytes"]
+    out: dict[str, Any] = {"peak_rss_le_256MB_plus_largest_tensor": {
+        "value_bytes": g["peak_rss_bytes"], "limit_bytes": budget, "met": g["peak_rss_bytes"] <= budget}}
+    if case == "deepspeed-zero3":
+        t = res[tools[0]]
+        speed = t["wall_s"] / g["wall_s"]
+        rss = g["peak_rss_bytes"] / t["peak_rss_bytes"]
+        out["speedup_ge_3x_vs_zero_to_fp32"] = {"value": speed, "met": speed >= 3}
+        out["peak_rss_le_one_eighth_of_zero_to_fp32"] = {"value": rss, "met": rss <= 1 / 8}
+    return out
+
+
 def main() -> None:
     from _common import report
     from pipeline_helpers import attest, make_signer
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="2G", help="checkpoint size per case (e.g. 256M, 2G; default 2G)")
+    ap.add_argument("--size", default="2G", help="checkpoint size per DCP case, bf16 param bytes for "
+                                                  "deepspeed-zero3 (e.g. 256M, 2G; default 2G)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/ckptgate-bench-consolidate"))
-    ap.add_argument("--cases", default="dcp-torch-save,dcp-hf")
+    ap.add_argument("--cases", default="dcp-torch-save,dcp-hf,deepspeed-zero3")
     args = ap.parse_args()
     size = parse_size(args.size)
     work = args.workdir
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ["DS_ACCELERATOR"] = "cpu"
     signer = make_signer(work)
     side_py = _write(work / "side.py", _SIDE)
+    same_py = _write(work / "same.py", _SAME)
     py = sys.executable
+    versions = {"versions": {"torch": __import__("torch").__version__.split("+")[0],
+                             "deepspeed": importlib.metadata.version("deepspeed")}}
     rows: list[list[Any]] = []
     doc: dict[str, Any] = {"size_bytes": size, "cases": {}}
     for case in args.cases.split(","):
-        src = work / case / "checkpoint"
-        src.parent.mkdir()
-        generate("hf" if case == "dcp-hf" else "ts", src, size)
+        fmt, tools = CASES[case]
+        shutil.rmtree(work / case, ignore_errors=True)
+        (work / case).mkdir()
+        if case == "deepspeed-zero3":
+            src = generate_zero3(work / "cache", size)
+        else:
+            src = work / case / "checkpoint"
+            generate("hf" if case == "dcp-hf" else "ts", src, size)
         nbytes = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
-        fmt = "dcp-hf-safetensors" if case == "dcp-hf" else "dcp-torch-save"
-        meta = {"versions": {"torch": __import__("torch").__version__.split("+")[0]}}
-        att = attest(signer, src, work / case / "att.json", fmt=fmt, meta=meta)
-        tools = ["dcp_to_torch_save"] if case == "dcp-torch-save" else \
-            ["consolidate_safetensors_files_t1", "consolidate_safetensors_files_t2"]
+        att = attest(signer, src, work / case / "att.json", fmt=fmt, meta=versions)
+        gate_argv = [py, str(side_py), "ckptgate", str(src), str(work / case / "out-ckptgate"),
+                     str(REPO / "tests"), str(signer.key_path), str(signer.trust_file), str(att)]
         res: dict[str, Any] = {"input_bytes": nbytes}
+        if case == "deepspeed-zero3":  # untimed: the outputs must agree bit for bit before timing
+            run_measured(gate_argv)
+            run_measured([py, str(side_py), tools[0], str(src), str(work / case / f"out-{tools[0]}")])
+            same = subprocess.run([py, str(same_py), str(work / case / "out-ckptgate"),
+                                   str(work / case / f"out-{tools[0]}")], capture_output=True, check=False)
+            if same.returncode != 0:
+                raise SystemExit(f"ckptgate and {tools[0]} outputs differ: {same.stderr.decode()[-2000:]}")
+            res["bit_exact_vs_" + tools[0]] = json.loads(same.stdout.decode().strip().splitlines()[-1])
+            print(f"{case}: ckptgate output equals {tools[0]} output bit for bit "
+                  f"({res['bit_exact_vs_' + tools[0]]})")
+            for p in (work / case).glob("out-*"):
+                shutil.rmtree(p)
         subprocess.run(["sync"], check=False)
         res["cp"] = run_measured([shutil.which("cp") or "/bin/cp", "-r", str(src), str(work / case / "cp")])
-        res["ckptgate"] = run_measured([py, str(side_py), "ckptgate", str(src), str(work / case / "out-ckptgate"),
-                                        str(REPO / "tests"), str(signer.key_path), str(signer.trust_file),
-                                        str(att)])
+        res["ckptgate"] = run_measured(gate_argv)
         for tool in tools:
             res[tool] = run_measured([py, str(side_py), tool, str(src), str(work / case / f"out-{tool}")])
-        largest = max(p.stat().st_size for p in (work / case / "out-ckptgate").glob("*.safetensors"))
-        res["largest_tensor_bytes"] = nbytes // 16
-        res["largest_output_shard_bytes"] = largest
+        res["largest_tensor_bytes"] = largest_tensor_bytes(work / case / "out-ckptgate")
+        res["largest_output_shard_bytes"] = max(p.stat().st_size
+                                                for p in (work / case / "out-ckptgate").glob("*.safetensors"))
+        res["targets"] = targets(case, res, tools)
         doc["cases"][case] = res
         g = res["ckptgate"]
         for name in ["cp", *tools]:
             r = res[name]
-            rows.append([case, name, r["wall_s"], r["peak_rss_bytes"] / 2**20, g["wall_s"],
-                         g["peak_rss_bytes"] / 2**20, r["wall_s"] / g["wall_s"]])
-        for p in (work / case).glob("out-*"):
-            shutil.rmtree(p, ignore_errors=True)
-        shutil.rmtree(work / case / "cp", ignore_errors=True)
+            rows.append([case, name, r["wall_s"], r["peak_rss_bytes"] / MIB, g["wall_s"],
+                         g["peak_rss_bytes"] / MIB, r["wall_s"] / g["wall_s"]])
+        shutil.rmtree(work / case, ignore_errors=True)
+        print(f"{case}: input {nbytes / MIB:.0f} MiB, largest tensor {res['largest_tensor_bytes'] / MIB:.0f} MiB, "
+              f"targets: {json.dumps(res['targets'])}")
     report("bench_consolidate", ["case", "vs", "its s", "its peak MiB", "ckptgate s",
                                  "ckptgate peak MiB", "its s / ckptgate s"], rows, doc)
 

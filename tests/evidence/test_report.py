@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ckptgate.evidence.report import build_report, render_html, render_text
 from ckptgate.pipeline import EngineOptions
 from evidence_helpers import FIXTURE, EvidenceRepo

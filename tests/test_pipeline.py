@@ -168,3 +168,25 @@ def test_demo_output_equals_its_input(tmp_path):
     assert doc["decision"]["allow"] is True
     assert doc["tensors_compared"] == 6
     assert Path(doc["destination"], "model.safetensors.index.json").exists()
+
+
+def test_malicious_pickle_is_rejected_by_content_and_never_executed(tmp_path):
+    """A pickle named like weights, whose execution would write a canary: exit 4, nothing runs."""
+    import pickle
+
+    canary = tmp_path / "CANARY"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {canary}",))
+
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    (src / "pytorch_model.bin").write_bytes(pickle.dumps(Payload()))
+    res = cli("intake", src, "--out", tmp_path / "out", "--json")
+    assert res.returncode == ExitCode.INPUT_REJECTED, res.stderr
+    err = json.loads(res.stdout)["error"]
+    assert err["code"] == "input.refused_by_policy"
+    assert "inspection_not_clean" in [r["code"] for r in err["reasons"]]
+    assert not canary.exists()
+    assert not (tmp_path / "out").exists()

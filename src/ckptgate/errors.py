@@ -47,17 +47,19 @@ class Error(Exception):
     :param code: stable machine-readable code, dotted and lower-case.
     :param message: what went wrong, in plain words.
     :param evidence: JSON-serialisable facts that support the message (paths, offsets, digests).
+    :param reasons: the policy's object-shaped reasons, when a policy decision stands behind the error.
     """
 
     exit_code: ExitCode = ExitCode.INTERNAL
     default_advice: str = "This is a bug in ckptgate; please report it with the --json output."
 
     def __init__(self, code: str, message: str, *, evidence: dict[str, Any] | None = None,
-                 advice: str | None = None) -> None:
+                 advice: str | None = None, reasons: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.evidence = dict(evidence or {})
+        self.reasons = list(reasons or [])
         self._advice = advice
 
     def diagnostics(self) -> str:
@@ -73,6 +75,7 @@ class Error(Exception):
                 "evidence": self.evidence,
                 "advice": self.diagnostics(),
                 "exit_code": int(self.exit_code),
+                "reasons": self.reasons,
             }
         }
 
@@ -107,16 +110,6 @@ class PolicyDenied(Error):
 
     exit_code = ExitCode.DENIED
     default_advice = "Run `ckptgate explain` with the same arguments to see the evidence behind each reason."
-
-    def __init__(self, code: str, message: str, *, reasons: list[dict[str, Any]] | None = None,
-                 evidence: dict[str, Any] | None = None, advice: str | None = None) -> None:
-        super().__init__(code, message, evidence=evidence, advice=advice)
-        self.reasons = list(reasons or [])
-
-    def to_json(self) -> dict[str, Any]:
-        out = super().to_json()
-        out["error"]["reasons"] = self.reasons
-        return out
 
 
 class EngineUnavailable(Error):

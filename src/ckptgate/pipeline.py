@@ -140,9 +140,8 @@ def refuse(evaluation: Evaluation) -> None:
     reasons = [r.to_json() for r in d.deny_reasons]
     summary = "; ".join(r.message for r in d.deny_reasons) or "deny"
     if any(r.code.startswith("inspection") for r in d.deny_reasons):
-        err = InputRejected("input.refused_by_policy", f"the checkpoint was refused: {summary}",
-                            evidence={"reasons": reasons, "decision_id": d.decision_id})
-        raise err
+        raise InputRejected("input.refused_by_policy", f"the checkpoint was refused: {summary}", reasons=reasons,
+                            evidence={"decision_id": d.decision_id, "policy_revision": d.policy_revision})
     raise PolicyDenied(f"policy.{d.deny_reasons[0].code}" if d.deny_reasons else "policy.deny",
                        f"the policy denied the intake: {summary}", reasons=reasons,
                        evidence={"decision_id": d.decision_id, "policy_revision": d.policy_revision})

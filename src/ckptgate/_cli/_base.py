@@ -28,8 +28,7 @@ def report_error(err: Error, as_json: bool) -> None:
         emit_json(err.to_json())
         return
     stderr.print(f"[bold red]error[/] {escape('[' + err.code + ']')} {escape(err.message)}")
-    reasons = getattr(err, "reasons", None) or []
-    for r in reasons:
+    for r in err.reasons:
         stderr.print(f"  - {escape('[' + str(r.get('code', '?')) + ']')} {escape(str(r.get('message', '')))}")
     stderr.print(f"[dim]advice:[/] {escape(err.diagnostics())}")
 

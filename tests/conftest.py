@@ -27,3 +27,9 @@ def policy_dir(tmp_path: Path):
         return root
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _audit_log_in_tmp(tmp_path_factory, monkeypatch):
+    """Decisions made by tests are audited into a temporary file, not the user's state directory."""
+    monkeypatch.setenv("CKPTGATE_AUDIT_LOG", str(tmp_path_factory.getbasetemp() / "decisions.jsonl"))

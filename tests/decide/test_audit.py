@@ -1,0 +1,35 @@
+"""Every decision is appended to the local audit log, with its id, revision and fixture."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from datetime import UTC, datetime
+
+from ckptgate.decide import PolicyInput, Request, decide
+from ckptgate.decide.engine import EmbeddedOpa
+
+ALLOW = textwrap.dedent("""\
+    package ckptgate.intake
+
+    decision := {"allow": true, "plane": "pure_data", "permitted_loaders": ["safetensors"],
+                 "required_controls": [], "reasons": [{"code": "ok", "message": "fine", "evidence": {}}]}
+    """)
+DIGEST = "sha256:" + "ab" * 32
+
+
+def test_each_decision_is_appended_to_the_audit_log(policy_dir, tmp_path):
+    log = tmp_path / "audit" / "decisions.jsonl"
+    pi = PolicyInput(request=Request(action="intake", now=datetime.now(UTC)),
+                     fixture={"digest": DIGEST, "algorithm": "sha256", "file_count": 1, "total_bytes": 1},
+                     inspection={"format": "safetensors"}, attestations=(), rejected_attestations=(),
+                     containment=None)
+    with EmbeddedOpa(policy_dir=policy_dir(ALLOW)) as opa:
+        first = decide(opa, pi, audit_log=log)
+        second = decide(opa, pi, audit_log=log)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["decision"]["decision_id"] for r in records] == [first.decision_id, second.decision_id]
+    assert first.decision_id != second.decision_id
+    assert all(r["fixture_digest"] == DIGEST and r["decision"]["allow"] is True for r in records)
+    assert records[0]["decision"]["policy_revision"] == first.policy_revision
+    assert oct(log.stat().st_mode & 0o777) == "0o600"

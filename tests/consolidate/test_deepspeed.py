@@ -28,8 +28,8 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "data"
 CONTROLS = ("no_new_privs", "seccomp", "rlimits", "user_ns", "net_ns", "openat2")
 
 
-def _decision(loaders: tuple[str, ...] = ("torch_load",)) -> Decision:
-    # The worker's jobs run torch_load; see the report for the `deepspeed` job the policy names.
+def _decision(loaders: tuple[str, ...] = ("deepspeed",)) -> Decision:
+    # The policy names DeepSpeed checkpoints' loader `deepspeed`; the worker runs it as a plan-only job.
     return Decision(allow=True, plane="framework", permitted_loaders=loaders, required_controls=CONTROLS,
                     reasons=(), decision_id="test", policy_revision="test", engine="test")
 
@@ -85,7 +85,7 @@ def test_no_permit_no_load(zero3, options: WorkerOptions) -> None:
 
 def test_permit_for_another_digest_is_refused(zero3, options: WorkerOptions) -> None:
     tree, ins, digest = zero3
-    other = issue_permit(_decision(), fixture_digest="sha256:" + "cd" * 32, loader="torch_load")
+    other = issue_permit(_decision(), fixture_digest="sha256:" + "cd" * 32, loader="deepspeed")
     with pytest.raises(PolicyDenied) as e:
         load_plans(tree, ins, deepspeed.zero_files(ins.layout), permit=other, digest=digest, options=options)
     assert e.value.code == "enforce.permit.wrong_digest"
@@ -93,7 +93,7 @@ def test_permit_for_another_digest_is_refused(zero3, options: WorkerOptions) -> 
 
 def test_forged_permit_is_refused(zero3, options: WorkerOptions) -> None:
     tree, ins, digest = zero3
-    permit = replace(issue_permit(_decision(), fixture_digest="sha256:" + "cd" * 32, loader="torch_load"),
+    permit = replace(issue_permit(_decision(), fixture_digest="sha256:" + "cd" * 32, loader="deepspeed"),
                      fixture_digest=digest.digest)
     with pytest.raises(PolicyDenied) as e:
         load_plans(tree, ins, deepspeed.zero_files(ins.layout), permit=permit, digest=digest, options=options)
@@ -105,7 +105,7 @@ def test_decision_without_a_worker_loader_is_refused(zero3, options: WorkerOptio
     with pytest.raises(PolicyDenied) as e:
         plan_for(tree, ins, decision=_decision(("static_pickle",)), fixture_digest=digest, max_shard_bytes=1,
                  worker=options)
-    assert e.value.code == "enforce.permit.loader_not_permitted"
+    assert e.value.code == "enforce.loader_not_permitted"
 
 
 def test_digest_string_alone_is_not_enough(zero3, options: WorkerOptions) -> None:
@@ -121,7 +121,7 @@ def test_file_that_differs_from_the_manifest_is_not_loaded(zero3, options: Worke
     forged = FixtureDigest.from_manifest([ManifestEntry(path=e.path, size=e.size,
                                                         sha256=("0" * 64 if e.path == rels[0] else e.sha256))
                                           for e in digest.manifest])
-    permit = issue_permit(_decision(), fixture_digest=forged.digest, loader="torch_load")
+    permit = issue_permit(_decision(), fixture_digest=forged.digest, loader="deepspeed")
     with pytest.raises(RuntimeFailure) as e:
         load_plans(tree, ins, rels, permit=permit, digest=forged, options=options)
     assert e.value.code == "runtime.worker.input_changed"

@@ -58,3 +58,23 @@ def test_shard_tensors_respects_the_maximum_size():
     assert [len(s.tensors) for s in plan.shards] == [2, 2, 1]
     assert plan.total_size == 5 * 24
     assert plan.weight_map["w4"] == "model-00003-of-00003.safetensors"
+
+
+def test_plan_for_refuses_a_loader_the_decision_does_not_permit():
+    """Enforcement in Python: an allow decision that omits a needed loader plans nothing."""
+    from ckptgate.consolidate import plan_for
+    from ckptgate.decide.decision import parse_decision
+    from ckptgate.decide.engine import RawDecision
+    from ckptgate.errors import PolicyDenied
+    from ckptgate.inspect import SafeTree, inspect_open_tree
+    from tests.fixtures.catalog import checkpoint_dir
+
+    decision = parse_decision(RawDecision(result={
+        "allow": True, "plane": "pure_data", "permitted_loaders": ["json"], "required_controls": [],
+        "reasons": []}, decision_id="d", policy_revision="r", engine="t"))
+    with SafeTree.open(checkpoint_dir("hf_sharded")) as tree:
+        inspection = inspect_open_tree(tree)
+        with pytest.raises(PolicyDenied) as e:
+            plan_for(tree, inspection, decision=decision, fixture_digest="sha256:" + "0" * 64, max_shard_bytes=1)
+    assert e.value.code == "enforce.loader_not_permitted"
+    assert "safetensors" in e.value.message

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ckptgate.consolidate.contained import WorkerOptions, load_plans
 from ckptgate.consolidate.plan import ConsolidationPlan, NotConsolidatable, PlanError
 from ckptgate.decide.decision import Decision
-from ckptgate.errors import RuntimeFailure
+from ckptgate.errors import PolicyDenied, RuntimeFailure
 from ckptgate.inspect import Inspection, SafeTree
 
 if TYPE_CHECKING:
@@ -39,11 +39,17 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
     :param worker: timeout, limits and containment profile for framework loads.
     :raises PlanError: ``plan.*`` (a layout that does not cover every tensor exactly once).
     :raises NotConsolidatable: the checkpoint cannot be consolidated without guessing.
-    :raises PolicyDenied: a framework load that the decision does not permit.
+    :raises PolicyDenied: a loader (pure data, static or framework) that the decision does not permit.
     :raises RuntimeFailure: the contained worker failed.
     """
     if not decision.allow:
         raise PlanError("plan.not_allowed", "no consolidation plan without an allow decision")
+    unpermitted = sorted(set(inspection.loaders) - set(decision.permitted_loaders))
+    if unpermitted:
+        raise PolicyDenied("enforce.loader_not_permitted",
+                           f"the decision does not permit the loaders this checkpoint needs: {', '.join(unpermitted)}",
+                           evidence={"needed": list(inspection.loaders),
+                                     "permitted": list(decision.permitted_loaders)})
     fmt = inspection.format
     layout = inspection.layout
     files = {f.path: f for f in inspection.files}
@@ -88,7 +94,6 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
                                  "it hands to the worker; only the digest string was given")
         loader = next((name for name in WORKER_LOADERS if name in decision.permitted_loaders), None)
         if loader is None:
-            from ckptgate.errors import PolicyDenied
 
             raise PolicyDenied("enforce.permit.loader_not_permitted",
                                "the decision permits no framework loader for this DeepSpeed checkpoint",

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import platform
 import subprocess
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -128,6 +127,3 @@ def run_demo(workdir: Path, *, options: EngineOptions | None = None) -> DemoResu
     return DemoResult(source=src, attestation=attestation, trust_file=trust_file, intake=result,
                       tensors_compared=len(state))
 
-
-if __name__ == "__main__":  # pragma: no cover
-    print(run_demo(Path(sys.argv[1])))

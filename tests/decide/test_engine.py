@@ -172,3 +172,22 @@ def test_build_signed_bundle_has_signatures(policy_dir, tmp_path):
     assert ".signatures.json" in names
     assert "ckptgate/intake/intake.rego" in names
     assert "system/authz/authz.rego" in names
+
+
+def test_a_port_taken_before_opa_binds_is_retried(policy_dir, monkeypatch):
+    import socket
+
+    import ckptgate.decide.engine as engine_mod
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    ports = iter([taken.getsockname()[1]])
+    real = engine_mod._free_port
+    monkeypatch.setattr(engine_mod, "_free_port", lambda: next(ports, None) or real())
+    try:
+        with EmbeddedOpa(policy_dir=policy_dir(ECHO)) as opa:
+            assert opa._client.port != taken.getsockname()[1]
+            assert opa.evaluate("ckptgate/intake/decision", {"ok": True}).result["allow"] is True
+    finally:
+        taken.close()

@@ -42,6 +42,7 @@ from ckptgate.decide.bundle import PolicyBundle, default_policy_dir, find_opa
 from ckptgate.errors import EngineUnavailable
 
 DEFAULT_TIMEOUT_S = 5.0
+_PORT_ATTEMPTS = 3
 _PR_SET_PDEATHSIG = 1
 
 
@@ -128,7 +129,16 @@ class EmbeddedOpa(_ClientEngine):
                 bundle = PolicyBundle.from_directory(policy_dir or default_policy_dir(), self._workdir,
                                                      overlays=overlays)
             self._revision = bundle.revision
-            self._start(bundle, timeout_s, start_timeout_s, log_path)
+            for attempt in range(_PORT_ATTEMPTS):
+                try:
+                    self._start(bundle, timeout_s, start_timeout_s, log_path)
+                    break
+                except EngineUnavailable as e:
+                    # The free port was taken between our probe and OPA's bind: try another one.
+                    if "address already in use" not in e.message or attempt == _PORT_ATTEMPTS - 1:
+                        raise
+                    EmbeddedOpa._live.discard(self)
+                    self._client.close_connection()
         except BaseException:
             self.close()
             raise

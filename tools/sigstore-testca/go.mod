@@ -1,4 +1,4 @@
-module github.com/ckptgate/ckptgate/tools/sigstore-testca
+module ckptgate.local/tools/sigstore-testca
 
 go 1.25.8
 

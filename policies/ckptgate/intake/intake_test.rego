@@ -169,43 +169,6 @@ test_deny_when_pickle_global_not_allowlisted if {
 	{r.evidence.global | some r in d.reasons; r.code == "pickle_global_not_allowlisted"} == {"os.system"}
 }
 
-test_deny_when_attestation_rejected_even_with_a_trusted_one if {
-	_denies("attestation_rejected")
-	not "attestation_missing" in _codes(_decide(_deny_cases.attestation_rejected))
-}
-
-test_deny_when_attestation_missing if _denies("attestation_missing")
-
-test_deny_when_attestation_malformed if _denies("attestation_malformed")
-
-test_deny_when_attestation_signed_by_untrusted_key if _denies("attestation_untrusted_signer")
-
-test_deny_when_attestation_for_another_fixture_digest if _denies("attestation_digest_mismatch")
-
-test_deny_when_request_time_unparseable if _denies("attestation_freshness_unchecked")
-
-test_deny_when_attestation_expired if _denies("attestation_expired")
-
-test_deny_when_attestation_not_yet_valid if _denies("attestation_not_yet_valid")
-
-test_deny_when_attestation_for_another_candidate_commit if _denies("attestation_wrong_commit")
-
-test_allow_when_attestation_matches_requested_candidate_commit if {
-	_decide(td.with_value("/request/candidate_commit", td.commit)).allow == true
-}
-
-test_deny_when_attestation_wrong_predicate_type if _denies("attestation_wrong_predicate_type")
-
-test_deny_when_attestation_adapter_mismatch if _denies("attestation_adapter_mismatch")
-
-test_deny_when_producer_version_not_gated if _denies("producer_version_not_gated")
-
-test_deny_when_producer_name_differs_from_gate if {
-	d := _decide(td.with_value("/attestations/0/statement/predicate/producer/name", "torch"))
-	d.allow == false
-	"producer_version_not_gated" in _codes(d)
-}
-
 test_deny_when_containment_not_preflighted if _denies("containment_not_preflighted")
 
 test_deny_when_containment_profile_absent if {
@@ -245,51 +208,6 @@ test_deny_without_trust_data if {
 	"attestation_untrusted_signer" in _codes(d)
 }
 
-test_allow_pure_data_intake_with_provenance_and_no_containment if {
-	d := _decide(td.pure_data_input)
-	d.allow == true
-	d.plane == "pure_data"
-	d.required_controls == []
-}
-
-test_deny_pure_data_intake_without_attestation if {
-	d := _decide(json.patch(td.pure_data_input, [{"op": "replace", "path": "/attestations", "value": []}]))
-	d.allow == false
-	_codes(d) & {"attestation_missing"} == {"attestation_missing"}
-}
-
-test_allow_pure_data_qualify_without_attestation if {
-	d := _decide(json.patch(td.pure_data_input, [
-		{"op": "replace", "path": "/attestations", "value": []},
-		{"op": "replace", "path": "/request/action", "value": "qualify"},
-	]))
-	d.allow == true
-	d.plane == "pure_data"
-}
-
-test_deny_framework_qualify_without_provenance if {
-	d := _decide(td.with_value("/request/action", "qualify"))
-	d.allow == false
-	"attestation_wrong_predicate_type" in _codes(d)
-}
-
-test_allow_framework_qualify_with_provenance if {
-	d := _decide(td.patched([
-		{"op": "replace", "path": "/request/action", "value": "qualify"},
-		{"op": "replace", "path": "/attestations/0/statement/predicateType", "value": td.provenance},
-	]))
-	d.allow == true
-}
-
-test_deny_framework_intake_with_provenance_only if {
-	d := _decide(td.with_value("/attestations/0/statement/predicateType", td.provenance))
-	d.allow == false
-	{"attestation_missing", "attestation_wrong_predicate_type"} & _codes(d) == {
-		"attestation_missing",
-		"attestation_wrong_predicate_type",
-	}
-}
-
 test_static_pickle_plane_allowed_with_allowlisted_globals if {
 	d := _decide(td.patched([
 		{"op": "replace", "path": "/inspection/format", "value": "dcp-torch-save"},
@@ -299,15 +217,6 @@ test_static_pickle_plane_allowed_with_allowlisted_globals if {
 	]))
 	d.allow == true
 	d.plane == "static_pickle"
-}
-
-test_info_attestation_not_used_names_problems if {
-	second := json.patch(td.attestation, [{"op": "replace", "path": "/signers/0/spki_sha256", "value": "00"}])
-	d := _decide(td.with_value("/attestations", [td.attestation, second]))
-	d.allow == true
-	some r in d.reasons
-	r.code == "attestation_not_used"
-	r.evidence == {"attestation": 1, "problems": ["attestation_untrusted_signer"]}
 }
 
 test_plane_is_the_highest_risk_class if {

@@ -16,7 +16,7 @@ as skipped.  FSDP2 ``DTensor`` ``Shard(0)`` state dicts saved through DCP take t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ckptgate.consolidate.adapters._common import record_segment
@@ -36,56 +36,64 @@ def _chunk_placements(fqn: str, full: tuple[int, ...], offsets: tuple[int, ...],
             for s, d, n in chunk_runs(full, offsets, sizes)]
 
 
+def _tensors(layout: Mapping[str, Any], locate: Callable[[str, str, Mapping[str, Any], tuple[int, ...],
+                                                             tuple[int, ...], int], tuple[str, int]],
+             what: tuple[str, str]) -> list[OutputTensor]:
+    """Output tensors of a DCP layout; ``locate`` gives each non-empty chunk's (file, byte offset)."""
+    out: list[OutputTensor] = []
+    for t in layout.get("tensors", []):
+        fqn = t["fqn"]
+        dtype = st_dtype(t["dtype"], what=fqn)
+        full = _ints(t["size"], f"{fqn}: size")
+        size = DTYPE_SIZES[dtype]
+        placements: list[Placement] = []
+        for c in t["chunks"]:
+            offsets = _ints(c["offsets"], f"{fqn}: {what[0]}")
+            sizes = _ints(c["sizes"], f"{fqn}: {what[1]}")
+            src, base = locate(fqn, dtype, c, offsets, sizes, size)
+            if numel(sizes):
+                placements += _chunk_placements(fqn, full, offsets, sizes, src, base, size)
+        out.append(OutputTensor(name=fqn, dtype=dtype, shape=full, placements=merge_placements(placements)))
+    return out
+
+
 def torch_save_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
     """Output tensors of a DCP torch_save layout (``Inspection.layout`` of ``dcp-torch-save``)."""
     items: dict[tuple[str, tuple[int, ...]], Mapping[str, Any]] = {}
     for it in layout.get("items", []):
         if it.get("kind") == "tensor" and it.get("chunk_offsets") is not None:
             items[(it["fqn"], tuple(it["chunk_offsets"]))] = it
-    out: list[OutputTensor] = []
-    for t in layout.get("tensors", []):
-        fqn = t["fqn"]
-        dtype = st_dtype(t["dtype"], what=fqn)
-        full = _ints(t["size"], f"{fqn}: size")
-        size = DTYPE_SIZES[dtype]
-        placements: list[Placement] = []
-        for c in t["chunks"]:
-            offsets, sizes = _ints(c["offsets"], f"{fqn}: chunk offsets"), _ints(c["sizes"], f"{fqn}: chunk sizes")
-            if numel(sizes) == 0:
-                continue
-            item = items.get((fqn, offsets))
-            if item is None or "tensor" not in item:
-                raise PlanError("plan.dcp.chunk_without_item", f"{fqn}: chunk {list(offsets)} has no located "
-                                "storage item", evidence={"tensor": fqn, "offsets": list(offsets)})
-            rec = item["tensor"]
-            if tuple(rec["shape"]) != sizes or st_dtype(rec["dtype"], what=fqn) != dtype:
-                raise PlanError("plan.dcp.item_mismatch", f"{fqn}: the item at chunk {list(offsets)} does not "
-                                "match the chunk's shape or dtype", evidence={"tensor": fqn})
-            seg = record_segment(item["path"], rec, what=fqn)
-            placements += _chunk_placements(fqn, full, offsets, sizes, seg.src, seg.offset, size)
-        out.append(OutputTensor(name=fqn, dtype=dtype, shape=full, placements=merge_placements(placements)))
-    return out
+
+    def locate(fqn: str, dtype: str, c: Mapping[str, Any], offsets: tuple[int, ...], sizes: tuple[int, ...],
+               size: int) -> tuple[str, int]:
+        if numel(sizes) == 0:
+            return "", 0
+        item = items.get((fqn, offsets))
+        if item is None or "tensor" not in item:
+            raise PlanError("plan.dcp.chunk_without_item", f"{fqn}: chunk {list(offsets)} has no located "
+                            "storage item", evidence={"tensor": fqn, "offsets": list(offsets)})
+        rec = item["tensor"]
+        if tuple(rec["shape"]) != sizes or st_dtype(rec["dtype"], what=fqn) != dtype:
+            raise PlanError("plan.dcp.item_mismatch", f"{fqn}: the item at chunk {list(offsets)} does not "
+                            "match the chunk's shape or dtype", evidence={"tensor": fqn})
+        seg = record_segment(item["path"], rec, what=fqn)
+        return seg.src, seg.offset
+
+    return _tensors(layout, locate, ("chunk offsets", "chunk sizes"))
 
 
 def hf_storage_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
     """Output tensors of a DCP HF-storage layout (``Inspection.layout`` of ``dcp-hf-safetensors``)."""
-    out: list[OutputTensor] = []
-    for t in layout.get("tensors", []):
-        fqn = t["fqn"]
-        dtype = st_dtype(t["dtype"], what=fqn)
-        full = _ints(t["size"], f"{fqn}: size")
-        size = DTYPE_SIZES[dtype]
-        placements: list[Placement] = []
-        for c in t["chunks"]:
-            offsets, sizes = _ints(c["offsets"], f"{fqn}: saved_offsets"), _ints(c["sizes"], f"{fqn}: shape")
-            begin, end = _ints(c["data_offsets"], f"{fqn}: data_offsets")
-            if end - begin != numel(sizes) * size:
-                raise PlanError("plan.dcp.item_mismatch", f"{fqn}: a chunk's byte range does not match its shape",
-                                evidence={"tensor": fqn, "path": c["path"]})
-            if numel(sizes):
-                placements += _chunk_placements(fqn, full, offsets, sizes, c["path"], begin, size)
-        out.append(OutputTensor(name=fqn, dtype=dtype, shape=full, placements=merge_placements(placements)))
-    return out
+
+    def locate(fqn: str, dtype: str, c: Mapping[str, Any], offsets: tuple[int, ...], sizes: tuple[int, ...],
+               size: int) -> tuple[str, int]:
+        begin, end = _ints(c["data_offsets"], f"{fqn}: data_offsets")
+        if end - begin != numel(sizes) * size:
+            raise PlanError("plan.dcp.item_mismatch", f"{fqn}: a chunk's byte range does not match its shape",
+                            evidence={"tensor": fqn, "path": c["path"]})
+        return c["path"], begin
+
+    return _tensors(layout, locate, ("saved_offsets", "shape"))
 
 
 def plan(fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int) -> ConsolidationPlan:

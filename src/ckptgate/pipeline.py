@@ -195,6 +195,7 @@ def _receipt(src: Path, evaluation: Evaluation, outputs: Sequence[WrittenFile]) 
                      "required_controls": list(d.required_controls),
                      "reasons": [r.to_json() for r in d.reasons], "engine": d.engine},
         "policy_revision": d.policy_revision,
+        "containment": evaluation.policy_input.containment,
         "attestations": [{"source": a.get("source"), "signers": a.get("signers")}
                          for a in evaluation.policy_input.attestations],
         "outputs": [{"file": o.filename, "size": o.size, "sha256": o.sha256} for o in outputs],

@@ -10,8 +10,8 @@
 Set-up is idempotent and cheap when nothing changed:
 
 * The Python environment (torch and the producers are large) lives *outside* the clone, in
-  ``$CKPTGATE_ENV_HOME`` (default ``~/.cache/ckptgate``), in a folder keyed by a digest of
-  ``pins.toml`` and ``pyproject.toml``.  Every clone with the same pins reuses it.
+  ``$CKPTGATE_ENV_HOME`` (default ``~/.cache/ckptgate``), in a folder keyed by a digest of the
+  ``[python]`` pins in ``pins.toml``.  Every clone with the same pins reuses it.
 * Each clone gets a thin ``.venv`` whose only contents are a ``.pth`` link to that shared
   environment and an editable install of this clone.
 * OPA and Regal are installed with ``go install <module>@<version>`` into ``.tools/bin``; the
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -60,8 +61,10 @@ def load_pins() -> dict:
 
 
 def env_key() -> str:
-    """The shared environment is keyed by the pins alone (pyproject.toml edits don't rebuild it)."""
-    h = hashlib.sha256(PINS.read_bytes())
+    """The shared environment is keyed by the Python pins alone: tool pins and pyproject.toml
+    edits do not rebuild it."""
+    pins = json.dumps(load_pins()["python"], sort_keys=True, separators=(",", ":"))
+    h = hashlib.sha256(pins.encode())
     h.update(sysconfig.get_python_version().encode())
     return h.hexdigest()[:16]
 
@@ -233,8 +236,6 @@ def run_tests(env: dict[str, str]) -> int:
 
 
 def summarise_opa_coverage(raw: str) -> str:
-    import json
-
     try:
         report = json.loads(raw)
     except ValueError:

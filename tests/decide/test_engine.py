@@ -191,3 +191,45 @@ def test_a_port_taken_before_opa_binds_is_retried(policy_dir, monkeypatch):
             assert opa.evaluate("ckptgate/intake/decision", {"ok": True}).result["allow"] is True
     finally:
         taken.close()
+
+
+def test_a_trickled_answer_past_the_deadline_is_a_timeout():
+    """requests' timeout bounds each read; the whole answer must also arrive in time."""
+    import http.server
+    import threading
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # health
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b'{"result": {"allow": true}}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            for byte in body:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.03)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        remote = RemoteOpa(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=0.3)
+        with pytest.raises(EngineUnavailable) as e:
+            remote.evaluate("ckptgate/intake/decision", {})
+        assert e.value.code == "engine.timeout"
+    finally:
+        server.shutdown()
+
+
+def test_plain_http_to_another_host_is_refused():
+    with pytest.raises(EngineUnavailable) as e:
+        RemoteOpa("http://opa.example.com:8181")
+    assert e.value.code == "engine.remote.insecure"

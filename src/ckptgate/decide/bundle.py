@@ -35,16 +35,16 @@ _EXCLUDED_DIRS = (".regal", "schemas")
 
 
 def find_opa() -> str:
-    """The OPA binary: ``$CKPTGATE_OPA``, else ``opa`` on ``PATH``, else the clone's ``.tools/bin``."""
+    """The OPA binary: ``$CKPTGATE_OPA``, else the clone's pinned ``.tools/bin/opa``, else ``opa`` on ``PATH``."""
     explicit = os.environ.get("CKPTGATE_OPA")
     if explicit:
         return explicit
-    found = shutil.which("opa")
-    if found:
-        return found
     local = Path(__file__).resolve().parents[3] / ".tools" / "bin" / "opa"
     if local.exists():
         return str(local)
+    found = shutil.which("opa")
+    if found:
+        return found
     raise EngineUnavailable(
         "engine.opa.not_installed",
         "the OPA binary was not found (set CKPTGATE_OPA or put opa on PATH)",

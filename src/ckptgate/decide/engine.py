@@ -73,6 +73,7 @@ class _ClientEngine:
 
     def evaluate(self, entrypoint: str, input_doc: dict[str, Any]) -> RawDecision:
         package, _, rule = entrypoint.strip("/").rpartition("/")
+        started = time.monotonic()
         try:
             body = self._client.query_rule(input_doc, package.replace("/", "."), rule,
                                            query_params={"provenance": "true"})
@@ -84,6 +85,10 @@ class _ClientEngine:
                                     f"could not be queried: {type(e).__name__}") from e
         except ValueError as e:  # body was not JSON
             raise EngineUnavailable("engine.bad_response", "the policy engine answered with non-JSON") from e
+        # requests' timeout bounds each socket read, not the whole answer: a trickled answer is late too.
+        if time.monotonic() - started > self._client.timeout:
+            raise EngineUnavailable("engine.timeout", f"the policy engine's answer took longer than "
+                                    f"{self._client.timeout:g} s (a late decision is deny)")
         if not isinstance(body, dict) or "result" not in body:
             raise EngineUnavailable("engine.undefined", f"the entrypoint data.{package.replace('/', '.')}."
                                     f"{rule} is undefined in the loaded policies (deny)")
@@ -101,6 +106,10 @@ class RemoteOpa(_ClientEngine):
         parsed = urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise EngineUnavailable("engine.remote.bad_url", f"--opa-url must be http(s)://host:port, got {url!r}")
+        if parsed.scheme == "http" and parsed.hostname not in ("127.0.0.1", "::1", "localhost"):
+            raise EngineUnavailable("engine.remote.insecure", f"{url!r} is plain http to another host: the bearer "
+                                    "token and the decisions would travel unprotected; use https",
+                                    advice="Serve OPA over TLS, or reach it through a loopback tunnel.")
         port = parsed.port or (443 if parsed.scheme == "https" else 80)
         self._client = OpaClient(host=parsed.hostname, port=port, ssl=parsed.scheme == "https",
                                  token=token, timeout=timeout_s, retries=0)

@@ -70,6 +70,10 @@ class FixtureDigest:
     def total_bytes(self) -> int:
         return sum(e.size for e in self.manifest)
 
+    def file_hashes(self) -> dict[str, str]:
+        """relpath -> sha256 of every file in the manifest."""
+        return {e.path: e.sha256 for e in self.manifest}
+
     def to_facts(self) -> dict[str, Any]:
         """The ``fixture`` object of the OPA input."""
         return {"digest": self.digest, "algorithm": self.algorithm, "file_count": self.file_count,

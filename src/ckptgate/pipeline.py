@@ -164,7 +164,8 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
         if on_plan:
             on_plan(plan.total_size)
         with open_sources(tree, plan) as sources, staging(dst) as stage:
-            outputs = write_plan(plan, stage, sources, chunk_size=chunk_size, on_bytes=on_bytes)
+            outputs = write_plan(plan, stage, sources, expected=evaluation.digest.file_hashes(),
+                                 chunk_size=chunk_size, on_bytes=on_bytes)
             receipt = _receipt(src, evaluation, outputs)
             publish(stage, dst, receipt)
     return IntakeResult(evaluation=evaluation, destination=dst, outputs=outputs, receipt=receipt)

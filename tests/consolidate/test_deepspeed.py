@@ -49,11 +49,12 @@ def test_zero_to_fp32_bit_exact_through_the_worker(name: str, options: WorkerOpt
 
     with SafeTree.open(FIXTURES / name / "checkpoint") as tree:
         ins = inspect_open_tree(tree)
-        plan = plan_for(tree, ins, decision=_decision(), fixture_digest=fixture_digest(tree), max_shard_bytes=300,
+        digest = fixture_digest(tree)
+        plan = plan_for(tree, ins, decision=_decision(), fixture_digest=digest, max_shard_bytes=300,
                         worker=options)
         fds = {p: tree.open_file(p) for p in plan.source_paths}
         try:
-            write_plan(plan, tmp_path, fds)
+            write_plan(plan, tmp_path, fds, expected=digest.file_hashes())
         finally:
             for fd in fds.values():
                 os.close(fd)

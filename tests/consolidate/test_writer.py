@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -32,7 +33,8 @@ def test_resharded_copy_is_bit_identical(tmp_path):
     out.mkdir()
     fd = os.open(src, os.O_RDONLY)
     try:
-        written = write_plan(plan, out, {"src.safetensors": fd}, chunk_size=16)
+        written = write_plan(plan, out, {"src.safetensors": fd}, chunk_size=16,
+                             expected={"src.safetensors": hashlib.sha256(raw).hexdigest()})
     finally:
         os.close(fd)
     index = json.loads((out / INDEX_NAME).read_text())
@@ -44,3 +46,34 @@ def test_resharded_copy_is_bit_identical(tmp_path):
     for k, v in tensors.items():
         assert loaded[k].dtype == v.dtype and loaded[k].tobytes() == v.tobytes()
     assert len(written) == len(plan.shards) + 1
+
+
+def test_a_source_rewritten_in_place_after_it_was_measured_is_not_published(tmp_path):
+    """Same inode, same size, other bytes: the single verified pass refuses it."""
+    import pytest
+
+    from ckptgate.errors import RuntimeFailure
+
+    tensors = {"a": np.arange(64, dtype=np.float32)}
+    src = tmp_path / "src.safetensors"
+    save_file(tensors, str(src))
+    measured = hashlib.sha256(src.read_bytes()).hexdigest()
+    raw = bytearray(src.read_bytes())
+    hlen = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + hlen])
+    begin, end = header["a"]["data_offsets"]
+    plan = shard_tensors([OutputTensor(name="a", dtype="F32", shape=(64,), placements=(
+        Placement(src="src.safetensors", src_offset=8 + hlen + begin, dst_offset=0, length=end - begin),))],
+        max_shard_bytes=1 << 20)
+    raw[8 + hlen + begin] ^= 0xFF  # rewritten in place after the digest was measured
+    with open(src, "r+b") as f:
+        f.write(raw)
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        with pytest.raises(RuntimeFailure) as e:
+            write_plan(plan, out, {"src.safetensors": fd}, expected={"src.safetensors": measured})
+    finally:
+        os.close(fd)
+    assert e.value.code == "runtime.copy.source_changed"

@@ -321,7 +321,7 @@ def _consolidate(repo: Path, fixture: Fixture, out_dir: Path, *, options: Any, c
         plan = plan_for(tree, ev.inspection, decision=ev.decision, fixture_digest=ev.digest,
                         max_shard_bytes=2 << 30)
         with open_sources(tree, plan) as fds:
-            written = write_plan(plan, out_dir, fds)
+            written = write_plan(plan, out_dir, fds, expected=ev.digest.file_hashes())
     d = ev.decision
     return {"fixture_digest": ev.digest.digest, "inspected_format": ev.inspection.to_facts().get("format"),
             "decision": {"id": d.decision_id, "allow": d.allow, "plane": d.plane,

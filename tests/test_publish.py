@@ -69,8 +69,20 @@ def test_kill_9_before_rename_leaves_dst_absent_and_is_cleaned_next_time(tmp_pat
     proc = subprocess.Popen([sys.executable, "-c", script])
     assert proc.wait() == -9
     assert not dst.exists()
-    assert [p.name for p in tmp_path.iterdir()] == [f".out.ckptgate-staging-{proc.pid}"]
+    left = [p.name for p in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".out.ckptgate-staging-")
     with staging(dst) as stage:
         (stage / "m").write_bytes(b"ok")
         publish(stage, dst, {})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_live_staging_directory_of_another_intake_is_left_alone(tmp_path):
+    """Two intakes into the same parent: the second never removes the first's staging directory."""
+    with staging(tmp_path / "first") as first:
+        (first / "part").write_bytes(b"in progress")
+        with staging(tmp_path / "second") as second:
+            assert first.exists() and (first / "part").read_bytes() == b"in progress"
+            publish(second, tmp_path / "second", {})
+        publish(first, tmp_path / "first", {})
+    assert (tmp_path / "first" / "part").read_bytes() == b"in progress"

@@ -3,8 +3,8 @@
 Files are written into a private staging directory beside DST (same file system), every file
 and the directory are fsynced, the receipt is written last, and the staging directory is
 renamed to DST with ``renameat2(RENAME_NOREPLACE)``, so an existing DST is never replaced and a
-crash or ``kill -9`` at any point leaves DST absent.  Stale staging directories of dead
-processes are removed on the next run.  Atomic publication is ckptgate's responsibility, not an
+crash or ``kill -9`` at any point leaves DST absent.  A staging directory has a random name and is
+flock-ed by its owner while in use; one that no live process holds is removed on the next run.  Atomic publication is ckptgate's responsibility, not an
 upstream guarantee [R12].
 """
 
@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import json
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +28,7 @@ from ckptgate.errors import Error, UsageError
 RECEIPT_NAME = "ckptgate-receipt.json"
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
-_STAGING = re.compile(r"^\.(?P<name>.+)\.ckptgate-staging-(?P<pid>\d+)$")
+_STAGING = re.compile(r"^\..+\.ckptgate-staging-[A-Za-z0-9_]+$")
 
 
 class PublishError(Error):
@@ -51,22 +53,26 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
+def _held(path: Path) -> bool:
+    """Whether a live ckptgate still holds the staging directory (its flock); a dead one cannot."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return True  # cannot tell: leave it alone
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return True
-    return True
+    finally:
+        os.close(fd)  # closing releases a lock we just took
+    return False
 
 
 def remove_stale_staging(parent: Path) -> list[Path]:
-    """Remove staging directories left in ``parent`` by processes that no longer exist."""
+    """Remove staging directories in ``parent`` whose owner is gone (no one holds their lock)."""
     removed = []
     for p in parent.iterdir() if parent.is_dir() else ():
-        m = _STAGING.match(p.name)
-        if m and p.is_dir() and not p.is_symlink() and not _pid_alive(int(m["pid"])):
+        if _STAGING.match(p.name) and p.is_dir() and not p.is_symlink() and not _held(p):
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed
@@ -87,15 +93,15 @@ def staging(dst: Path) -> Iterator[Path]:
     """A private staging directory beside ``dst``; removed unless :func:`publish` consumed it."""
     dst = check_destination(dst)
     remove_stale_staging(dst.parent)
-    stage = dst.parent / f".{dst.name}.ckptgate-staging-{os.getpid()}"
-    if stage.exists():
-        shutil.rmtree(stage)
-    stage.mkdir(mode=0o700)
+    stage = Path(tempfile.mkdtemp(prefix=f".{dst.name}.ckptgate-staging-", dir=dst.parent))  # mode 0700
+    lock = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # held until we are done: marks the directory as live
     try:
         yield stage
     finally:
         if stage.exists():
             shutil.rmtree(stage, ignore_errors=True)
+        os.close(lock)
 
 
 def publish(stage: Path, dst: Path, receipt: dict[str, Any]) -> Path:

@@ -23,7 +23,7 @@ from ckptgate.decide.bundle import PolicyBundle, default_policy_dir
 from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBuilder, Request, decide, now_utc,
                              open_engine)
 from ckptgate.digest import FixtureDigest, fixture_digest
-from ckptgate.errors import InputRejected, PolicyDenied, UsageError, VerificationError
+from ckptgate.errors import InputRejected, PolicyDenied, RuntimeFailure, UsageError, VerificationError
 from ckptgate.inspect import Inspection, SafeTree, inspect_open_tree
 from ckptgate.publish import check_destination, publish, staging
 from ckptgate.verify import TrustData, verify_attestation
@@ -163,11 +163,15 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
                         max_shard_bytes=max_shard_bytes)
         if on_plan:
             on_plan(plan.total_size)
-        with open_sources(tree, plan) as sources, staging(dst) as stage:
-            outputs = write_plan(plan, stage, sources, expected=evaluation.digest.file_hashes(),
-                                 chunk_size=chunk_size, on_bytes=on_bytes)
-            receipt = _receipt(src, evaluation, outputs)
-            publish(stage, dst, receipt)
+        try:
+            with open_sources(tree, plan) as sources, staging(dst) as stage:
+                outputs = write_plan(plan, stage, sources, expected=evaluation.digest.file_hashes(),
+                                     chunk_size=chunk_size, on_bytes=on_bytes)
+                receipt = _receipt(src, evaluation, outputs)
+                publish(stage, dst, receipt)
+        except OSError as e:  # ENOSPC, EFBIG, EIO...: an I/O failure, not a bug; nothing was published
+            raise RuntimeFailure("runtime.io", f"writing the output failed: {e.strerror or e}",
+                                 evidence={"errno": e.errno, "destination": str(dst)}) from None
     return IntakeResult(evaluation=evaluation, destination=dst, outputs=outputs, receipt=receipt)
 
 

@@ -110,7 +110,9 @@ def publish(stage: Path, dst: Path, receipt: dict[str, Any]) -> Path:
     raw = (json.dumps(receipt, indent=2, sort_keys=True, default=str) + "\n").encode()
     fd = os.open(stage / RECEIPT_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        os.write(fd, raw)
+        view = memoryview(raw)
+        while view:
+            view = view[os.write(fd, view):]
         os.fsync(fd)
     finally:
         os.close(fd)

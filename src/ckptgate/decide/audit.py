@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from ckptgate.errors import UsageError
 
 
 def default_audit_log() -> Path:
@@ -21,12 +24,18 @@ def default_audit_log() -> Path:
 def append(record: dict[str, Any], path: Path | None = None) -> Path:
     """Append one record with a timestamp; one ``write`` of one line, under O_APPEND."""
     path = path or default_audit_log()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    line = json.dumps({"logged_at": datetime.now(UTC).isoformat(), **record}, sort_keys=True,
-                      default=str) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    line = (json.dumps({"logged_at": datetime.now(UTC).isoformat(), **record}, sort_keys=True,
+                       default=str) + "\n").encode()
     try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            if os.write(fd, line) != len(line):
+                raise OSError(errno.EIO, "short write")
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise UsageError("usage.audit_log_unwritable",
+                         f"the decision audit log {path} cannot be written: {e.strerror or e}",
+                         advice="Set CKPTGATE_AUDIT_LOG to a writable file; no decision is used unaudited.") from None
     return path

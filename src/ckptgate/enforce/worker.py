@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from ckptgate.enforce.permit import Permit
 
 #: Job name -> the loader name a permit must allow.
+_READER_JOIN_S = 120.0
+
 JOBS: Mapping[str, str] = MappingProxyType({
     "torch_load": "torch_load",          # plan only: tensor bytes are never read into the worker
     "deepspeed": "deepspeed",            # the same plan job, permitted as the DeepSpeed loader
@@ -283,8 +285,6 @@ class _Run:
         self.loader = loader
         self.use_cgroup = use_cgroup
         self.ready = threading.Event()
-        self.eof = threading.Event()
-        self.events: list[dict[str, Any]] = []
         self.plans: dict[str, Any] = {}
         self.tensors: list[TensorBytes] = []
         self.streamed: list[TensorHeader] = []
@@ -339,10 +339,14 @@ class _Run:
         finally:
             if proc.poll() is None:
                 _kill_group(proc)
+            # The group is reaped, so the pipes reach EOF; parsing a large plan may still take a while.
             for t in readers:
-                t.join(timeout=5)
+                t.join(timeout=_READER_JOIN_S)
             if slot is not None:
                 slot.remove()
+        if any(t.is_alive() for t in readers):
+            raise RuntimeFailure("runtime.worker.bad_output",
+                                 f"the worker's output was still being read {_READER_JOIN_S:g} s after it exited")
         return self._result(proc, status, time.monotonic() - t0)
 
     def _send_spec(self, proc: subprocess.Popen[bytes]) -> None:
@@ -389,7 +393,6 @@ class _Run:
             with os.fdopen(rfd, "rb", buffering=1 << 20) as f:
                 self._parse(f)
         finally:
-            self.eof.set()
             self.ready.set()  # wake the waiter; it checks the exit status
 
     def _violation(self, why: str) -> None:

@@ -139,3 +139,23 @@ def test_worker_plan_that_names_an_unknown_storage_is_refused() -> None:
     with pytest.raises(RuntimeFailure) as e:
         smap.segment(rel, desc, what="fp32_flat_groups[0]")
     assert e.value.code == "runtime.plan.storage_unknown"
+
+
+def test_a_hostile_worker_description_is_a_typed_error(monkeypatch, options: WorkerOptions) -> None:
+    """Trees from a framework load are untrusted: a wrong shape raises runtime.plan.bad_value."""
+    import ckptgate.consolidate as consolidate
+
+    real = consolidate.load_plans
+
+    def hostile(*args, **kwargs):
+        loaded = real(*args, **kwargs)
+        trees = {k: {"optimizer_state_dict": {"partition_count": []}} for k in loaded.trees}
+        return replace(loaded, trees=trees)
+
+    monkeypatch.setattr(consolidate, "load_plans", hostile)
+    with SafeTree.open(FIXTURES / "deepspeed_zero3" / "checkpoint") as tree:
+        ins = inspect_open_tree(tree)
+        with pytest.raises(RuntimeFailure) as e:
+            plan_for(tree, ins, decision=_decision(), fixture_digest=fixture_digest(tree), max_shard_bytes=300,
+                     worker=options)
+    assert e.value.code.startswith("runtime.plan.")

@@ -94,7 +94,6 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
                                  "it hands to the worker; only the digest string was given")
         loader = next((name for name in WORKER_LOADERS if name in decision.permitted_loaders), None)
         if loader is None:
-
             raise PolicyDenied("enforce.permit.loader_not_permitted",
                                "the decision permits no framework loader for this DeepSpeed checkpoint",
                                evidence={"permitted_loaders": list(decision.permitted_loaders)})
@@ -102,7 +101,14 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
         rels = deepspeed.zero_files(layout)
         loaded = load_plans(tree, inspection, rels, permit=permit, digest=fixture_digest,
                             options=worker or WorkerOptions())
-        return deepspeed.zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes)
+        try:
+            return deepspeed.zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            # The trees came out of a framework load of untrusted bytes: a shape we do not expect is
+            # an input problem, never a crash.
+            raise RuntimeFailure("runtime.plan.bad_value",
+                                 f"the contained worker's description has an unexpected shape: {type(e).__name__}",
+                                 evidence={"format": fmt}) from None
     raise PlanError("plan.format.unsupported", f"no consolidation adapter for format {fmt!r}",
                     advice="Run `ckptgate inspect` to see what the checkpoint is; see docs/consolidation.md.")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate import __version__
-from ckptgate.consolidate import plan_for
+from ckptgate.consolidate import WorkerOptions, plan_for
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_plan
 from ckptgate.decide.bundle import PolicyBundle, default_policy_dir
 from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBuilder, Request, decide, now_utc,
@@ -40,6 +40,7 @@ class Evaluation:
     decision: Decision
     inspection: Inspection
     digest: FixtureDigest
+    containment: Any = None  # the ContainmentProfile the decision saw (None for pure data)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,7 +130,8 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
     builder.containment(containment)
     policy_input = builder.build()
     decision = decide(engine, policy_input)
-    return Evaluation(policy_input=policy_input, decision=decision, inspection=inspection, digest=digest)
+    return Evaluation(policy_input=policy_input, decision=decision, inspection=inspection, digest=digest,
+                      containment=containment)
 
 
 def refuse(evaluation: Evaluation) -> None:
@@ -159,8 +161,10 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
         evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now)
         refuse(evaluation)
         decision = evaluation.decision
+        # The worker runs under the same preflighted profile the policy decided on.
         plan = plan_for(tree, evaluation.inspection, decision=decision, fixture_digest=evaluation.digest,
-                        max_shard_bytes=max_shard_bytes)
+                        max_shard_bytes=max_shard_bytes,
+                        worker=WorkerOptions(profile=evaluation.containment) if evaluation.containment else None)
         if on_plan:
             on_plan(plan.total_size)
         try:

@@ -62,6 +62,7 @@ class EngineOptions:
     timeout_s: float = 5.0
     policy_bundle: Path | None = None
     policy_key: Path | None = None
+    sigstore_trust_root: Path | None = None
 
     def overlays(self) -> dict[str, bytes] | None:
         if self.trust_file is None:
@@ -107,7 +108,7 @@ def _read_attestation(path: Path) -> bytes:
 
 def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngine, trust: TrustData,
              action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
-             containment: Any = None) -> Evaluation:
+             containment: Any = None, sigstore_trust_root: Path | None = None) -> Evaluation:
     """Inspect, digest, verify and decide.  Never loads anything from the checkpoint."""
     now = now or now_utc()
     inspection = inspect_open_tree(tree)
@@ -118,7 +119,7 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
         raw = _read_attestation(path)
         try:
             verified = verify_attestation(raw, source=str(path), trust=trust, measured_digest=digest.digest,
-                                          now=now)
+                                          now=now, sigstore_trust_root=sigstore_trust_root)
         except VerificationError as e:
             builder.rejected_attestation(str(path), e)
         else:
@@ -158,7 +159,8 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
     dst = check_destination(dst)
     trust = load_trust(options)
     with SafeTree.open(src) as tree, engine_for(options) as engine:
-        evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now)
+        evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now,
+                              sigstore_trust_root=options.sigstore_trust_root)
         refuse(evaluation)
         decision = evaluation.decision
         # The worker runs under the same preflighted profile the policy decided on.

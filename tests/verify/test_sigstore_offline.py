@@ -127,3 +127,49 @@ def test_another_trust_root_is_rejected(testca: Path, signed: Signed, tmp_path: 
         _verify(signed, root=other.trusted_root)
     assert ei.value.code == "verify.sigstore.failed"
     assert "chain" in ei.value.message
+
+
+def test_intake_decision_accepts_a_sigstore_bundle_through_the_cli(testca: Path, tmp_path: Path) -> None:
+    """`decide --attestation BUNDLE --sigstore-trust-root ROOT`: verified offline, trusted by identity."""
+    import os
+    import sys
+    from datetime import timedelta
+
+    from ckptgate.decide import now_utc
+    from ckptgate.digest import fixture_digest
+    from ckptgate.inspect import SafeTree
+    from ckptgate.verify.statement import qualification_statement
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "data" / "hf_sharded" / "checkpoint"
+    with SafeTree.open(fixture) as tree:
+        digest = fixture_digest(tree).digest
+    statement = qualification_statement(
+        subject_name="hf_sharded", fixture_digest=digest, manifest="hf_sharded",
+        producer={"name": "huggingface_hub", "version": "2.4.0"}, adapter={"name": "hf-safetensors", "version": "1"},
+        candidate_commit="0" * 40,
+        environment={"python": "3.11", "torch": None, "os": "linux", "arch": "x86_64", "accelerator": "cpu"},
+        topology={"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "world_size": 1},
+        status="passed", checks_run=["bit-exact"], evidence_digest=digest, evidence_location="test",
+        issued_at=now_utc(), valid_for=timedelta(hours=1))
+    signed = _sign(testca, tmp_path, json.dumps(statement).encode())
+    bundle = tmp_path / "attestation.sigstore.json"
+    bundle.write_bytes(signed.bundle)
+    trust = tmp_path / "trust.json"
+    trust.write_text(json.dumps({"signers": [{
+        "id": "ci-sigstore", "kind": "sigstore", "identity": IDENTITY, "issuer": ISSUER,
+        "predicate_types": [statement["predicateType"]], "producers": ["*"], "scopes": ["qualification"]}]}))
+
+    def decide(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ckptgate", "decide", str(fixture), "--attestation", str(bundle),
+                               "--trust", str(trust), "--json", *extra], capture_output=True, text=True,
+                              timeout=120, env=dict(os.environ))
+
+    ok = decide("--sigstore-trust-root", str(signed.trusted_root))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    doc = json.loads(ok.stdout)
+    assert doc["decision"]["allow"] is True
+    assert doc["input"]["attestations"][0]["signers"][0]["identity"] == IDENTITY
+    without_root = decide()
+    assert without_root.returncode == 3
+    assert json.loads(without_root.stdout)["input"]["rejected_attestations"][0]["code"] == \
+        "verify.sigstore.no_trust_root"

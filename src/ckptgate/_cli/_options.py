@@ -13,7 +13,8 @@ import click
 from ckptgate.pipeline import EngineOptions
 
 
-_ENGINE_KEYS = ("opa_url", "opa_timeout", "policy_dir", "trust_file", "policy_bundle", "policy_key")
+_ENGINE_KEYS = ("opa_url", "opa_timeout", "policy_dir", "trust_file", "policy_bundle", "policy_key",
+                "sigstore_trust_root")
 
 
 def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -25,7 +26,8 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
         kwargs["engine"] = EngineOptions(
             opa_url=values["opa_url"], opa_token=os.environ.get("CKPTGATE_OPA_TOKEN"),
             policy_dir=values["policy_dir"], trust_file=values["trust_file"], timeout_s=values["opa_timeout"],
-            policy_bundle=values["policy_bundle"], policy_key=values["policy_key"])
+            policy_bundle=values["policy_bundle"], policy_key=values["policy_key"],
+            sigstore_trust_root=values["sigstore_trust_root"])
         return f(*args, **kwargs)
 
     w: Callable[..., Any] = wrapper
@@ -40,6 +42,9 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="A signed bundle from `ckptgate policy build` (needs --policy-key).")(w)
     w = click.option("--policy-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
                      help="PEM public key that verifies --policy-bundle; OPA refuses a tampered bundle.")(w)
+    w = click.option("--sigstore-trust-root", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+                     default=None, help="trusted_root.json for verifying Sigstore bundles offline; the identities "
+                                        "come from the trust data's sigstore signers.")(w)
     w = click.option("--trust", "trust_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="Trust data file (default: policies/ckptgate/config/trust/data.json).")(w)
     return w

@@ -23,7 +23,8 @@ def _evaluate(src: Path, attestations: tuple[Path, ...], candidate_commit: str |
     trust = load_trust(options)
     with SafeTree.open(src) as tree, engine_for(options) as engine:
         return evaluate(tree, attestations=list(attestations), engine=engine, trust=trust,
-                        action="decide", candidate_commit=candidate_commit)
+                        action="decide", candidate_commit=candidate_commit,
+                        sigstore_trust_root=options.sigstore_trust_root)
 
 
 def _common(f):

@@ -9,7 +9,9 @@ decision is allow, and then only atomically (:mod:`ckptgate.publish`).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import tarfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -67,7 +69,7 @@ class EngineOptions:
     def overlays(self) -> dict[str, bytes] | None:
         if self.trust_file is None:
             return None
-        return {"ckptgate/config/trust/data.json": self.trust_file.read_bytes()}
+        return {TRUST_IN_BUNDLE: self.trust_file.read_bytes()}
 
 
 @contextlib.contextmanager
@@ -87,14 +89,39 @@ def engine_for(options: EngineOptions) -> Iterator[PolicyEngine]:
 
 
 def load_trust(options: EngineOptions) -> TrustData:
-    """The trust data Python verifies signatures with: the same file the policy bundle carries."""
+    """The trust data Python verifies signatures with: the same file the policy engine carries.
+
+    With a signed bundle, that is the bundle's own trust data (OPA refuses the bundle at start-up
+    if it was tampered with, and the result is then a deny).
+    """
     if options.trust_file is not None:
         return TrustData.from_file(options.trust_file)
+    if options.policy_bundle is not None:
+        return TrustData.from_json(_bundle_trust(options.policy_bundle))
     return TrustData.from_file(trust_file_in(options.policy_dir or default_policy_dir()))
 
 
+def _bundle_trust(bundle: Path) -> bytes:
+    """``data.ckptgate.config.trust`` of a built bundle (``opa build`` merges data into /data.json)."""
+    try:
+        with tarfile.open(bundle, "r:gz") as tar:
+            for member in tar.getmembers():
+                if member.isfile() and member.name.lstrip("/") == "data.json":
+                    f = tar.extractfile(member)
+                    data = json.loads(f.read(64 << 20)) if f is not None else {}
+                    trust = data.get("ckptgate", {}).get("config", {}).get("trust")
+                    if isinstance(trust, dict):
+                        return json.dumps(trust).encode()
+    except (OSError, tarfile.TarError, ValueError, AttributeError) as e:
+        raise UsageError("usage.policy_bundle", f"cannot read the policy bundle {bundle}: {e}") from None
+    raise UsageError("usage.policy_bundle", f"the policy bundle {bundle} carries no ckptgate.config.trust data")
+
+
+TRUST_IN_BUNDLE = "ckptgate/config/trust/data.json"
+
+
 def trust_file_in(policy_dir: Path) -> Path:
-    return policy_dir / "ckptgate" / "config" / "trust" / "data.json"
+    return policy_dir / TRUST_IN_BUNDLE
 
 
 def _read_attestation(path: Path) -> bytes:

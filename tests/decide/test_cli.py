@@ -68,3 +68,39 @@ def test_policy_build_makes_a_bundle_that_the_engine_verifies(tmp_path):
     bad = cli("decide", HF, "--policy-bundle", tampered, "--policy-key", tmp_path / "k.pub", "--json")
     assert bad.returncode == ExitCode.ENGINE_UNAVAILABLE
     assert json.loads(bad.stdout)["error"]["code"] == "engine.opa.start_failed"
+
+
+def test_a_signed_bundle_brings_its_own_trust_data(tmp_path):
+    """A signer listed only in the bundle's trust data is trusted when that bundle decides."""
+    import shutil
+
+    from ckptgate.demo import demo_statement
+    from ckptgate.digest import fixture_digest
+    from ckptgate.inspect import SafeTree
+    from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
+    from ckptgate.verify.dsse import sign_statement
+
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    priv, pub = generate_keypair("ed25519")
+    (tmp_path / "signer.pem").write_bytes(priv)
+    (policies / "ckptgate" / "config" / "trust" / "data.json").write_text(json.dumps(
+        {"signers": [trust_entry(pub, signer_id="bundle-only", predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}))
+    key = ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "k.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+    (tmp_path / "k.pub").write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                                   serialization.PublicFormat.SubjectPublicKeyInfo))
+    bundle = tmp_path / "policy.tar.gz"
+    assert cli("policy", "build", "--signing-key", tmp_path / "k.pem", "--out", bundle,
+               "--policies", policies).returncode == 0
+    with SafeTree.open(HF) as tree:
+        digest = fixture_digest(tree).digest
+    att = tmp_path / "att.json"
+    att.write_bytes(sign_statement(demo_statement(digest, "hf", producer=("huggingface_hub", "2.4.0")),
+                                   KeySigner.from_pem(tmp_path / "signer.pem")))
+    res = cli("decide", HF, "--attestation", att, "--policy-bundle", bundle, "--policy-key", tmp_path / "k.pub",
+              "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["input"]["attestations"][0]["signers"][0]["signer_id"] == "bundle-only"

@@ -127,6 +127,7 @@ class PolicyBundle:
 def build_signed(policy_dir: Path, out: Path, *, signing_key: Path, revision: str,
                  overlays: dict[str, bytes] | None = None) -> None:
     """``opa build`` a signed bundle of ``policy_dir`` (plus overlays) into ``out``."""
+    out, signing_key = out.absolute(), signing_key.absolute()  # opa build runs in the staging dir
     with tempfile.TemporaryDirectory(prefix="ckptgate-bundle-") as stage:
         root = Path(stage) / "bundle"
         for p in policy_files(policy_dir):
@@ -142,7 +143,7 @@ def build_signed(policy_dir: Path, out: Path, *, signing_key: Path, revision: st
         proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise EngineUnavailable("engine.bundle.build_failed",
-                                    f"opa build failed: {proc.stderr.strip()[:2000]}")
+                                    f"opa build failed: {(proc.stderr or proc.stdout).strip()[:2000]}")
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -29,8 +29,8 @@ from ckptgate.errors import InputRejected, PolicyDenied, RuntimeFailure, UsageEr
 from ckptgate.inspect import Inspection, SafeTree, inspect_open_tree
 from ckptgate.publish import check_destination, publish, staging
 from ckptgate.verify import TrustData, verify_attestation
+from ckptgate.verify.dsse import MAX_ENVELOPE_BYTES
 
-MAX_ATTESTATION_BYTES = 16 << 20
 PURE_DATA_LOADERS = frozenset({"safetensors", "json"})
 
 
@@ -127,7 +127,7 @@ def trust_file_in(policy_dir: Path) -> Path:
 def _read_attestation(path: Path) -> bytes:
     try:
         with path.open("rb") as f:
-            raw = f.read(MAX_ATTESTATION_BYTES + 1)
+            raw = f.read(MAX_ENVELOPE_BYTES + 1)  # one byte more, so verification sees it is too large
     except OSError as e:
         raise UsageError("usage.attestation_unreadable", f"cannot read attestation {path}: {e.strerror}") from None
     return raw

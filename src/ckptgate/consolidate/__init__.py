@@ -53,7 +53,7 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
     fmt = inspection.format
     layout = inspection.layout
     files = {f.path: f for f in inspection.files}
-    if not inspection.consolidatable and fmt != "fsdp-local":
+    if not inspection.consolidatable:
         raise NotConsolidatable("plan.format.not_consolidatable",
                                 f"inspection found this {fmt} checkpoint not consolidatable",
                                 evidence={"format": fmt, "findings": [f.code for f in inspection.findings

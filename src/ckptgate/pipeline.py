@@ -177,6 +177,25 @@ def refuse(evaluation: Evaluation) -> None:
                        evidence={"decision_id": d.decision_id, "policy_revision": d.policy_revision})
 
 
+def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: Path, *, max_shard_bytes: int,
+                     chunk_size: int = DEFAULT_CHUNK, on_bytes: Callable[[int], None] | None = None,
+                     on_plan: Callable[[int], None] | None = None) -> tuple[WrittenFile, ...]:
+    """Enforce an evaluated decision and write the consolidated output into ``out_dir``.
+
+    A deny raises (:func:`refuse`); an allow plans (framework loads run in the worker under the
+    profile the policy decided on) and writes every source in one verified pass.
+    """
+    refuse(evaluation)
+    plan = plan_for(tree, evaluation.inspection, decision=evaluation.decision, fixture_digest=evaluation.digest,
+                    max_shard_bytes=max_shard_bytes,
+                    worker=WorkerOptions(profile=evaluation.containment) if evaluation.containment else None)
+    if on_plan:
+        on_plan(plan.total_size)
+    with open_sources(tree, plan) as sources:
+        return write_plan(plan, out_dir, sources, expected=evaluation.digest.file_hashes(),
+                          chunk_size=chunk_size, on_bytes=on_bytes)
+
+
 def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: EngineOptions | None = None,
            max_shard_bytes: int = 2 << 30, chunk_size: int = DEFAULT_CHUNK,
            now: datetime | None = None, on_bytes: Callable[[int], None] | None = None,
@@ -188,18 +207,10 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
     with SafeTree.open(src) as tree, engine_for(options) as engine:
         evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now,
                               sigstore_trust_root=options.sigstore_trust_root)
-        refuse(evaluation)
-        decision = evaluation.decision
-        # The worker runs under the same preflighted profile the policy decided on.
-        plan = plan_for(tree, evaluation.inspection, decision=decision, fixture_digest=evaluation.digest,
-                        max_shard_bytes=max_shard_bytes,
-                        worker=WorkerOptions(profile=evaluation.containment) if evaluation.containment else None)
-        if on_plan:
-            on_plan(plan.total_size)
         try:
-            with open_sources(tree, plan) as sources, staging(dst) as stage:
-                outputs = write_plan(plan, stage, sources, expected=evaluation.digest.file_hashes(),
-                                     chunk_size=chunk_size, on_bytes=on_bytes)
+            with staging(dst) as stage:
+                outputs = consolidate_into(tree, evaluation, stage, max_shard_bytes=max_shard_bytes,
+                                           chunk_size=chunk_size, on_bytes=on_bytes, on_plan=on_plan)
                 receipt = _receipt(src, evaluation, outputs)
                 publish(stage, dst, receipt)
         except OSError as e:  # ENOSPC, EFBIG, EIO...: an I/O failure, not a bug; nothing was published
@@ -241,5 +252,5 @@ def _receipt(src: Path, evaluation: Evaluation, outputs: Sequence[WrittenFile]) 
     }
 
 
-__all__ = ["EngineOptions", "Evaluation", "IntakeResult", "engine_for", "evaluate", "intake", "load_trust", "open_sources",
-           "refuse"]
+__all__ = ["EngineOptions", "Evaluation", "IntakeResult", "consolidate_into", "engine_for", "evaluate", "intake",
+           "load_trust", "open_sources", "refuse"]

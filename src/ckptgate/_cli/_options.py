@@ -49,3 +49,9 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Trust data file (default: policies/ckptgate/config/trust/data.json).")(w)
     return w
 
+
+
+def repo_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--repo DIR``: the repository the evidence commands work on."""
+    return click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        help="Repository root (default: the git work tree of the current directory).")(f)

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
-from ckptgate._cli._options import engine_options
+from ckptgate._cli._options import engine_options, repo_option
 
 
 def register(cli: click.Group) -> None:
@@ -21,8 +21,7 @@ def register(cli: click.Group) -> None:
     @click.option("--skip", multiple=True, type=click.Choice(["policy_tests", "opa_fmt", "regal_lint",
                                                                "matrix_drift", "evidence", "claims"]),
                   help="Skip a check (repeatable; reported as skipped by omission).")
-    @click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
-                  help="Repository root (default: the git work tree of the current directory).")
+    @repo_option
     @engine_options
     @json_option
     def check_command(sarif: Path | None, junit: Path | None, skip: tuple[str, ...], repo: Path | None,

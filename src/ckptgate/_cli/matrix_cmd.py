@@ -10,7 +10,7 @@ import click
 from ckptgate._cli._base import emit_json, json_option, stdout
 import dataclasses
 
-from ckptgate._cli._options import engine_options
+from ckptgate._cli._options import engine_options, repo_option
 
 
 @click.group("matrix")
@@ -22,8 +22,7 @@ def matrix() -> None:
 @click.option("--check", "check_only", is_flag=True, help="Write nothing; exit 3 with the diff if matrix/ is stale.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write here instead of REPO/matrix.")
-@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Repository root (default: the git work tree of the current directory).")
+@repo_option
 @engine_options
 @json_option
 def build_command(check_only: bool, out_dir: Path | None, repo: Path | None, engine, as_json: bool) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
-from ckptgate._cli._options import engine_options
+from ckptgate._cli._options import engine_options, repo_option
 from ckptgate.errors import Error
 
 
@@ -16,8 +16,7 @@ from ckptgate.errors import Error
 @click.option("--fixture", "fixture", required=True, help="Fixture name under tests/fixtures/data, or its directory.")
 @click.option("--key", "key", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="PEM private key (default: $CKPTGATE_SIGNING_KEY, else ../shared/keys/ci-qualification).")
-@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Repository root (default: the git work tree of the current directory).")
+@repo_option
 @engine_options
 @json_option
 def provenance(fixture: str, key: Path | None, repo: Path | None, engine, as_json: bool) -> int:  # type: ignore[no-untyped-def]

@@ -9,7 +9,7 @@ import click
 from ckptgate._cli._base import emit_json, json_option, stdout
 import dataclasses
 
-from ckptgate._cli._options import engine_options
+from ckptgate._cli._options import engine_options, repo_option
 from ckptgate.errors import UsageError
 
 
@@ -21,8 +21,7 @@ def register(cli: click.Group) -> None:
     @click.option("--allow-dirty", is_flag=True, help="Run on a work tree with uncommitted changes (recorded).")
     @click.option("--key", "key", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="PEM private key (default: $CKPTGATE_SIGNING_KEY, else ../shared/keys/ci-qualification).")
-    @click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
-                  help="Repository root (default: the git work tree of the current directory).")
+    @repo_option
     @engine_options
     @json_option
     def qualify_command(adapter: str | None, fixture: str | None, all_: bool, allow_dirty: bool, key: Path | None,

@@ -289,11 +289,9 @@ def _consolidate(repo: Path, fixture: Fixture, out_dir: Path, *, options: Any, c
     stored, and the decision is taken again with it.  A new statement that policy still refuses
     is removed again; nothing is loaded before an allow decision.
     """
-    from ckptgate.consolidate import plan_for
-    from ckptgate.consolidate.writer import write_plan
     from ckptgate.evidence import provenance as prov
     from ckptgate.inspect import SafeTree
-    from ckptgate.pipeline import open_sources, engine_for, evaluate, load_trust, refuse
+    from ckptgate.pipeline import consolidate_into, engine_for, evaluate, load_trust
     from ckptgate.verify import KeySigner
 
     trust = load_trust(options)
@@ -317,11 +315,7 @@ def _consolidate(repo: Path, fixture: Fixture, out_dir: Path, *, options: Any, c
                 else ()
             used = {"attestations": [_rel(repo, p) for p in stored], "signed_now": fresh is not None,
                     "superseded": [_rel(repo, p) for p in superseded]}
-        refuse(ev)
-        plan = plan_for(tree, ev.inspection, decision=ev.decision, fixture_digest=ev.digest,
-                        max_shard_bytes=2 << 30)
-        with open_sources(tree, plan) as fds:
-            written = write_plan(plan, out_dir, fds, expected=ev.digest.file_hashes())
+        written = consolidate_into(tree, ev, out_dir, max_shard_bytes=2 << 30)
     d = ev.decision
     return {"fixture_digest": ev.digest.digest, "inspected_format": ev.inspection.to_facts().get("format"),
             "decision": {"id": d.decision_id, "allow": d.allow, "plane": d.plane,

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,28 @@ def test_malicious_pickle_is_rejected_by_content_and_never_executed(tmp_path):
     assert "inspection_not_clean" in [r["code"] for r in err["reasons"]]
     assert not canary.exists()
     assert not (tmp_path / "out").exists()
+
+
+def test_a_source_opened_for_writing_during_intake_is_not_published(setup):
+    """The tree holds read leases from the walk to the last byte copied; a writer breaks one."""
+    from ckptgate.errors import RuntimeFailure
+
+    victim = next(setup["src"].glob("*.safetensors"))
+    writers = []
+
+    def open_for_writing(_n):  # during the copy
+        if writers:
+            return
+        writers.append(subprocess.Popen([sys.executable, "-c", "import os, sys; os.open(sys.argv[1], os.O_WRONLY)",
+                                         str(victim)]))
+        deadline = time.monotonic() + 10
+        while "BREAKING" not in Path("/proc/locks").read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the kernel is breaking our lease for the blocked writer
+
+    with pytest.raises(RuntimeFailure) as e:
+        intake(setup["src"], setup["dst"], attestations=[setup["attest"]()],
+               options=EngineOptions(trust_file=setup["trust"]), max_shard_bytes=700, on_bytes=open_for_writing)
+    assert e.value.code == "runtime.copy.source_changed"
+    assert not setup["dst"].exists()
+    assert not [p for p in setup["tmp"].iterdir() if "staging" in p.name]
+    assert writers[0].wait(timeout=10) == 0  # released when the intake ended

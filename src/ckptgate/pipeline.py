@@ -183,7 +183,10 @@ def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: Path, *, m
     """Enforce an evaluated decision and write the consolidated output into ``out_dir``.
 
     A deny raises (:func:`refuse`); an allow plans (framework loads run in the worker under the
-    profile the policy decided on) and writes every source in one verified pass.
+    profile the policy decided on) and writes.  When ``tree`` holds its files
+    (:meth:`~ckptgate.inspect.SafeTree.hold`), only the placed bytes are read, and the leases must
+    still hold after the write; otherwise every source is re-hashed in the writer's single pass
+    and must match the manifest.  Either way the bytes written are the bytes that were measured.
     """
     refuse(evaluation)
     plan = plan_for(tree, evaluation.inspection, decision=evaluation.decision, fixture_digest=evaluation.digest,
@@ -191,9 +194,16 @@ def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: Path, *, m
                     worker=WorkerOptions(profile=evaluation.containment) if evaluation.containment else None)
     if on_plan:
         on_plan(plan.total_size)
+    held = tree.intact()
     with open_sources(tree, plan) as sources:
-        return write_plan(plan, out_dir, sources, expected=evaluation.digest.file_hashes(),
-                          chunk_size=chunk_size, on_bytes=on_bytes)
+        outputs = write_plan(plan, out_dir, sources, expected=None if held else evaluation.digest.file_hashes(),
+                             chunk_size=chunk_size, on_bytes=on_bytes)
+    if held and not tree.intact():
+        raise RuntimeFailure("runtime.copy.source_changed",
+                             "a checkpoint file was opened for writing while it was being taken in; nothing was "
+                             "published", evidence={"source": str(tree.root)},
+                             advice="Take the checkpoint in again from a copy that nothing else writes to.")
+    return outputs
 
 
 def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: EngineOptions | None = None,
@@ -205,6 +215,7 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
     dst = check_destination(dst)
     trust = load_trust(options)
     with SafeTree.open(src) as tree, engine_for(options) as engine:
+        tree.hold()  # best effort: where the kernel refuses leases, the writer re-verifies every source
         evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now,
                               sigstore_trust_root=options.sigstore_trust_root)
         try:

@@ -13,7 +13,11 @@ from ckptgate.consolidate.plan import OutputTensor, Placement, shard_tensors
 from ckptgate.consolidate.writer import INDEX_NAME, write_plan
 
 
-def test_resharded_copy_is_bit_identical(tmp_path):
+import pytest
+
+
+@pytest.mark.parametrize("mode", ["verified", "held"])
+def test_resharded_copy_is_bit_identical(tmp_path, mode):
     rng = np.random.default_rng(0)
     tensors = {"a": rng.standard_normal((7, 5)).astype(np.float32),
                "b": rng.integers(-9, 9, (3,), dtype=np.int64),
@@ -34,7 +38,8 @@ def test_resharded_copy_is_bit_identical(tmp_path):
     fd = os.open(src, os.O_RDONLY)
     try:
         written = write_plan(plan, out, {"src.safetensors": fd}, chunk_size=16,
-                             expected={"src.safetensors": hashlib.sha256(raw).hexdigest()})
+                             expected={"src.safetensors": hashlib.sha256(raw).hexdigest()} if mode == "verified"
+                             else None)
     finally:
         os.close(fd)
     index = json.loads((out / INDEX_NAME).read_text())
@@ -46,12 +51,35 @@ def test_resharded_copy_is_bit_identical(tmp_path):
     for k, v in tensors.items():
         assert loaded[k].dtype == v.dtype and loaded[k].tobytes() == v.tobytes()
     assert len(written) == len(plan.shards) + 1
+    for w in written:  # the receipt's hashes are the bytes on disk, in both modes
+        assert hashlib.sha256((out / w.filename).read_bytes()).hexdigest() == w.sha256
+        assert (out / w.filename).stat().st_size == w.size
+
+
+def test_held_mode_refuses_a_plan_that_does_not_tile_its_output(tmp_path):
+    """The plan types already refuse gaps; the writer checks again, against the bytes it writes."""
+    from ckptgate.errors import RuntimeFailure
+
+    src = tmp_path / "src.bin"
+    src.write_bytes(bytes(range(64)))
+    plan = shard_tensors([OutputTensor(name="a", dtype="U8", shape=(16,), placements=(
+        Placement(src="src.bin", src_offset=0, dst_offset=0, length=8),
+        Placement(src="src.bin", src_offset=8, dst_offset=8, length=8)))], max_shard_bytes=1 << 20)
+    tensor = plan.shards[0].tensors[0]
+    object.__setattr__(tensor, "placements", tensor.placements[:1])  # bypass validation: a gap
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        with pytest.raises(RuntimeFailure) as e:
+            write_plan(plan, out, {"src.bin": fd}, expected=None)
+    finally:
+        os.close(fd)
+    assert e.value.code == "runtime.copy.not_tiled"
 
 
 def test_a_source_rewritten_in_place_after_it_was_measured_is_not_published(tmp_path):
     """Same inode, same size, other bytes: the single verified pass refuses it."""
-    import pytest
-
     from ckptgate.errors import RuntimeFailure
 
     tensors = {"a": np.arange(64, dtype=np.float32)}

@@ -194,3 +194,54 @@ def test_openat2_unavailable_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(InputRejected) as e:
         SafeTree.open(tmp_path)
     assert e.value.code == "input.walk.openat2_unavailable"
+
+
+_OPEN_FOR_WRITING = "import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY); print('opened', flush=True)"
+
+
+def test_hold_leases_every_file_and_notices_an_open_for_writing(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    write(tmp_path, "a.bin", b"a" * 10)
+    write(tmp_path, "sub/b.bin", b"b" * 10)
+    with SafeTree.open(tmp_path) as t:
+        assert t.hold() and t.held and t.intact()
+        fd = t.open_file("a.bin")  # the held description itself
+        try:
+            assert os.pread(fd, 3, 0) == b"aaa"
+        finally:
+            os.close(fd)
+        assert t.intact()
+        writer = subprocess.Popen([sys.executable, "-c", _OPEN_FOR_WRITING, str(tmp_path / "sub" / "b.bin")],
+                                  stdout=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while t.intact() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not t.intact()
+        assert writer.poll() is None  # the writer waits for the lease to go
+    # closing the tree releases the leases: the writer gets its descriptor at once
+    assert writer.communicate(timeout=10)[0] == b"opened\n"
+
+
+def test_hold_is_refused_while_a_file_is_open_for_writing(tmp_path: Path) -> None:
+    write(tmp_path, "a.bin", b"a")
+    write(tmp_path, "b.bin", b"b")
+    wfd = os.open(tmp_path / "b.bin", os.O_WRONLY)
+    try:
+        with SafeTree.open(tmp_path) as t:
+            assert not t.hold() and not t.held and not t.intact()
+            fd = t.open_file("a.bin")  # reads still work, unheld
+            os.close(fd)
+    finally:
+        os.close(wfd)
+
+
+def test_hold_off_the_main_thread_holds_nothing(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    write(tmp_path, "a.bin", b"a")
+    with SafeTree.open(tmp_path) as t, ThreadPoolExecutor(1) as pool:
+        assert pool.submit(t.hold).result() is False
+        assert not t.intact()

@@ -1,14 +1,22 @@
-"""The streaming safetensors writer: executes a plan by moving raw bytes, in one verified pass.
+"""The streaming safetensors writer: executes a plan by moving raw bytes.
 
-Every source file is read once, sequentially, from its first byte to its last, through one
-reused buffer of ``chunk_size`` bytes per thread.  Each chunk is hashed and the parts of it that
-the plan places are written (``pwrite``) into the output files at their offsets.  At the end of
-the pass the source's sha256 must equal the one in the fixture manifest, or nothing is
-published (``runtime.copy.source_changed``): the bytes copied are exactly the bytes that were
-measured, attested and decided on, even if someone rewrote the file in place meanwhile.  Outputs
-are fsynced, then hashed for the receipt.  Peak memory is bounded by the chunk (per thread),
-never by the model.  ``os.pread``/``os.pwrite`` and ``hashlib`` release the GIL, so sources are
-read on a small thread pool.
+It runs in one of two modes, and neither holds more than ``chunk_size`` bytes per thread, never
+the model:
+
+* **Held sources** (``expected=None``): the caller holds every source unchanged
+  (:meth:`ckptgate.inspect.SafeTree.hold`: read leases, checked with ``intact()`` after the
+  write), so the bytes read here are the bytes that were inspected and hashed.  Each output file
+  is written front to back: its header, then every placed range read from its source with
+  ``preadv`` and written with ``pwrite``, and hashed as it goes, so the receipt's sha256 costs no
+  second pass.  Only the placed bytes are read.
+* **Verified sources** (``expected`` = the fixture manifest): every source file is read once,
+  from its first byte to its last; each chunk is hashed and the parts of it that the plan places
+  are written into the outputs at their offsets.  At the end of the pass the source's sha256 must
+  equal the manifest's, or nothing is published (``runtime.copy.source_changed``), even if
+  someone rewrote the file in place meanwhile.  The outputs are then read back and hashed.
+
+Outputs are fsynced before they are handed to publication.  ``os.pread``/``os.pwrite`` and
+``hashlib`` release the GIL, so files are processed on a small thread pool.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +33,7 @@ from ckptgate.consolidate.plan import ConsolidationPlan, ShardTask
 from ckptgate.errors import RuntimeFailure
 
 DEFAULT_CHUNK = 8 << 20
+_RING = 3  # buffers per output in held mode: one being read and written, up to two being hashed
 INDEX_NAME = "model.safetensors.index.json"
 
 
@@ -56,10 +65,12 @@ class _Segment:
 
 
 def _layout(plan: ConsolidationPlan, out_dir: Path, opened: dict[str, int]) -> tuple[
-        dict[str, list[_Segment]], dict[str, int]]:
-    """Create every output file at its final size, headers written; return the segments per source."""
+        dict[str, list[_Segment]], dict[str, int], dict[str, bytes]]:
+    """Create every output file at its final size, headers written; return the segments per
+    source, the sizes and the headers."""
     segments: dict[str, list[_Segment]] = {}
     sizes: dict[str, int] = {}
+    heads: dict[str, bytes] = {}
 
     def create(name: str, size: int) -> int:
         fd = os.open(out_dir / name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -69,7 +80,7 @@ def _layout(plan: ConsolidationPlan, out_dir: Path, opened: dict[str, int]) -> t
         return fd
 
     for task in plan.shards:
-        head = header_bytes(task)
+        head = heads[task.filename] = header_bytes(task)
         fd = create(task.filename, len(head) + task.nbytes)
         _pwrite_all(fd, head, 0)
         base = len(head)
@@ -81,7 +92,7 @@ def _layout(plan: ConsolidationPlan, out_dir: Path, opened: dict[str, int]) -> t
         fd = create(c.filename, c.size)
         if c.size:
             segments.setdefault(c.src, []).append(_Segment(0, c.size, fd, 0))
-    return segments, sizes
+    return segments, sizes, heads
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
@@ -132,38 +143,94 @@ def _scatter_source(src: str, fd: int, segments: list[_Segment], expected_sha256
 
 def _hash_file(fd: int, chunk_size: int) -> str:
     h = hashlib.sha256()
+    size = os.fstat(fd).st_size
+    buf = memoryview(bytearray(max(1, min(chunk_size, size))))
     pos = 0
-    while data := os.pread(fd, chunk_size, pos):
-        h.update(data)
-        pos += len(data)
+    while pos < size and (n := os.preadv(fd, [buf[:size - pos]], pos)) > 0:
+        h.update(buf[:n])
+        pos += n
+    return h.hexdigest()
+
+
+def _copy_in_order(name: str, fd: int, size: int, head: bytes, pieces: list[tuple[int, str, int, int]],
+                   sources: Mapping[str, int], chunk_size: int, on_bytes: Callable[[int], None] | None) -> str:
+    """Write output ``name`` front to back from held sources; return its sha256.
+
+    ``pieces`` are ``(out_offset, src, src_offset, length)``; together with the header they must
+    tile ``[0, size)`` exactly.  This thread reads and writes; a second one hashes the chunk just
+    written while the next is read, through a ring of :data:`_RING` buffers.
+    """
+    h = hashlib.sha256(head)  # written by _layout
+    pos = len(head)
+    n_buf = max(1, min(chunk_size, max((p[3] for p in pieces), default=1)))
+    ring = [memoryview(bytearray(n_buf)) for _ in range(_RING)]
+    pending: list[Future[None] | None] = [None] * _RING
+    k = 0
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-hash") as hasher:  # FIFO: in order
+        for out_off, src, src_off, length in sorted(pieces):
+            if out_off != pos:
+                raise RuntimeFailure("runtime.copy.not_tiled", f"{name}: the plan leaves a gap or an overlap at "
+                                     f"byte {min(pos, out_off)}", evidence={"output": name, "at": pos, "next": out_off})
+            sfd, end = sources[src], src_off + length
+            while src_off < end:
+                if (f := pending[k]) is not None:
+                    f.result()  # the hasher is done with this buffer
+                buf = ring[k]
+                n = os.preadv(sfd, [buf[:min(n_buf, end - src_off)]], src_off)
+                if n <= 0:
+                    raise RuntimeFailure("runtime.copy.short_read", f"{src}: the source ended early at byte "
+                                         f"{src_off}", evidence={"source": src, "offset": src_off})
+                pending[k] = hasher.submit(h.update, buf[:n])
+                _pwrite_all(fd, buf[:n], pos)
+                src_off, pos, k = src_off + n, pos + n, (k + 1) % _RING
+                if on_bytes:
+                    on_bytes(n)
+        for f in pending:
+            if f is not None:
+                f.result()
+    if pos != size:
+        raise RuntimeFailure("runtime.copy.not_tiled", f"{name}: the plan covers {pos} of {size} bytes",
+                             evidence={"output": name, "covered": pos, "size": size})
     return h.hexdigest()
 
 
 def write_plan(plan: ConsolidationPlan, out_dir: Path, sources: Mapping[str, int], *,
-               expected: Mapping[str, str], chunk_size: int = DEFAULT_CHUNK, threads: int = 2,
+               expected: Mapping[str, str] | None, chunk_size: int = DEFAULT_CHUNK, threads: int = 2,
                on_bytes: Callable[[int], None] | None = None) -> tuple[WrittenFile, ...]:
     """Write every shard, copied file and the index into ``out_dir`` (which must be empty).
 
     :param sources: source relpath -> an fd opened beneath the checkpoint root.
     :param expected: source relpath -> the sha256 recorded in the fixture manifest; every source
-        the plan reads must have one, and must still have it when its single pass ends.
+        the plan reads must have one, and must still have it when its single pass ends.  ``None``
+        only when the caller holds every source unchanged and checks that after this returns
+        (:meth:`ckptgate.inspect.SafeTree.intact`).
     """
-    missing = sorted(set(plan.source_paths) - set(sources)) + sorted(set(plan.source_paths) - set(expected))
+    missing = sorted(set(plan.source_paths) - set(sources))
+    if expected is not None:
+        missing += sorted(set(plan.source_paths) - set(expected))
     if missing:
         raise RuntimeFailure("runtime.copy.source_missing", f"no open, measured source for {missing[0]!r}",
                              evidence={"missing": missing})
     opened: dict[str, int] = {}
     try:
-        segments, sizes = _layout(plan, out_dir, opened)
+        segments, sizes, heads = _layout(plan, out_dir, opened)
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-            futures = [pool.submit(_scatter_source, src, sources[src], segs, expected[src], chunk_size, on_bytes)
-                       for src, segs in sorted(segments.items())]
-            for f in futures:
+            if expected is None:
+                pieces: dict[int, list[tuple[int, str, int, int]]] = {fd: [] for fd in opened.values()}
+                for src, segs in segments.items():
+                    for g in segs:
+                        pieces[g.out_fd].append((g.out_offset, src, g.src_offset, g.length))
+                futures = {name: pool.submit(_copy_in_order, name, fd, sizes[name], heads.get(name, b""), pieces[fd],
+                                             sources, chunk_size, on_bytes) for name, fd in opened.items()}
+                digests = {name: f.result() for name, f in futures.items()}
+            else:
+                for f in [pool.submit(_scatter_source, src, sources[src], segs, expected[src], chunk_size, on_bytes)
+                          for src, segs in sorted(segments.items())]:
+                    f.result()
+            for f in [pool.submit(os.fsync, fd) for fd in opened.values()]:
                 f.result()
-        for fd in opened.values():
-            os.fsync(fd)
-        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-            digests = dict(zip(opened, pool.map(lambda fd: _hash_file(fd, chunk_size), opened.values())))
+            if expected is not None:
+                digests = dict(zip(opened, pool.map(lambda fd: _hash_file(fd, chunk_size), opened.values())))
     finally:
         for fd in opened.values():
             os.close(fd)

@@ -129,66 +129,91 @@ class EmbeddedOpa(_ClientEngine):
 
     def __init__(self, *, bundle: PolicyBundle | None = None, policy_dir: Path | None = None,
                  overlays: dict[str, bytes] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 start_timeout_s: float = 30.0, log_path: Path | None = None) -> None:
+                 start_timeout_s: float = 30.0, log_path: Path | None = None, wait: bool = True) -> None:
+        """Build the bundle and launch OPA.  With ``wait=False`` the wait for OPA to become healthy
+        is left to the first :meth:`evaluate`, so the caller's own work overlaps OPA's start-up."""
         self._workdir = Path(tempfile.mkdtemp(prefix="ckptgate-opa-"))  # mode 0700
         self._proc: subprocess.Popen[bytes] | None = None
         self._closed = False
+        self._started = False
+        self._attempt = 0
         try:
             if bundle is None:
                 bundle = PolicyBundle.from_directory(policy_dir or default_policy_dir(), self._workdir,
                                                      overlays=overlays)
             self._revision = bundle.revision
-            for attempt in range(_PORT_ATTEMPTS):
-                try:
-                    self._start(bundle, timeout_s, start_timeout_s, log_path)
-                    break
-                except EngineUnavailable as e:
-                    # The free port was taken between our probe and OPA's bind: try another one.
-                    if "address already in use" not in e.message or attempt == _PORT_ATTEMPTS - 1:
-                        raise
-                    EmbeddedOpa._live.discard(self)
-                    self._client.close_connection()
+            self._bundle, self._timeout_s, self._start_timeout_s = bundle, timeout_s, start_timeout_s
+            self._log_path = log_path or self._workdir / "opa.log"
+            self._launch()  # in the caller's thread: PDEATHSIG follows the thread that forks
+            if wait:
+                self._ensure_started()
         except BaseException:
             self.close()
             raise
+
+    def evaluate(self, entrypoint: str, input_doc: dict[str, Any]) -> RawDecision:
+        self._ensure_started()
+        return super().evaluate(entrypoint, input_doc)
+
+    def _ensure_started(self) -> None:
+        if self._started:
+            return
+        if self._closed:
+            raise EngineUnavailable("engine.opa.closed", "the embedded OPA has been stopped")
+        while True:
+            try:
+                self._wait_healthy()
+            except EngineUnavailable as e:
+                # The free port was taken between our probe and OPA's bind: try another one.
+                if "address already in use" not in e.message or self._attempt >= _PORT_ATTEMPTS - 1:
+                    self.close()
+                    raise
+                self._attempt += 1
+                EmbeddedOpa._live.discard(self)
+                self._client.close_connection()
+                self._launch()
+            else:
+                self._started = True
+                return
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    def _start(self, bundle: PolicyBundle, timeout_s: float, start_timeout_s: float,
-               log_path: Path | None) -> None:
+    def _launch(self) -> None:
         token = secrets.token_urlsafe(32)
         port = _free_port()
-        log_path = log_path or self._workdir / "opa.log"
         env = {"PATH": os.environ.get("PATH", ""),
                "CKPTGATE_OPA_TOKEN_SHA256": hashlib.sha256(token.encode()).hexdigest()}
         cmd = [find_opa(), "run", "--server", "--addr", f"127.0.0.1:{port}",
                "--authentication=token", "--authorization=basic",
-               "--bundle", str(bundle.path),
-               "--verification-key", str(bundle.verification_key), "--signing-alg", "ES256",
+               "--bundle", str(self._bundle.path),
+               "--verification-key", str(self._bundle.verification_key), "--signing-alg", "ES256",
                "--set", "decision_logs.console=true", "--skip-version-check",
                "--shutdown-grace-period", "1", "--log-level", "info"]
-        with open(log_path, "ab") as log:
+        with open(self._log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                           env=env, preexec_fn=_die_with_parent, close_fds=True)
         EmbeddedOpa._live.add(self)
         self._name = f"embedded OPA (pid {self._proc.pid}, 127.0.0.1:{port})"
-        self._client = OpaClient(host="127.0.0.1", port=port, token=token, timeout=timeout_s, retries=0)
-        deadline = time.monotonic() + start_timeout_s
-        while time.monotonic() < deadline:
+        self._client = OpaClient(host="127.0.0.1", port=port, token=token, timeout=self._timeout_s, retries=0)
+        self._deadline = time.monotonic() + self._start_timeout_s
+
+    def _wait_healthy(self) -> None:
+        assert self._proc is not None
+        while time.monotonic() < self._deadline:
             if self._proc.poll() is not None:
                 raise EngineUnavailable(
                     "engine.opa.start_failed",
                     f"the embedded OPA exited during start-up (code {self._proc.returncode}): "
-                    f"{_tail(log_path)}",
+                    f"{_tail(self._log_path)}",
                     advice="A bundle whose signature does not verify makes OPA refuse to start; "
                            "rebuild it with `ckptgate policy build` or use the policies directory.")
             if self._client.check_health():
                 return
-            time.sleep(0.05)
+            time.sleep(0.02)
         raise EngineUnavailable("engine.opa.start_timeout",
-                                f"the embedded OPA did not become healthy within {start_timeout_s:g} s")
+                                f"the embedded OPA did not become healthy within {self._start_timeout_s:g} s")
 
     def close(self) -> None:
         if self._closed:
@@ -223,7 +248,7 @@ def open_engine(*, opa_url: str | None = None, opa_token: str | None = None, pol
     url = opa_url or os.environ.get("CKPTGATE_OPA_URL")
     if url:
         return RemoteOpa(url, token=opa_token or os.environ.get("CKPTGATE_OPA_TOKEN"), timeout_s=timeout_s)
-    return EmbeddedOpa(bundle=bundle, policy_dir=policy_dir, overlays=overlays, timeout_s=timeout_s)
+    return EmbeddedOpa(bundle=bundle, policy_dir=policy_dir, overlays=overlays, timeout_s=timeout_s, wait=False)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

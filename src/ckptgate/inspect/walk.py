@@ -6,15 +6,28 @@ Every path is opened relative to the root directory descriptor with
 findings and never opened for reading (a FIFO is only ever ``fstatat``-ed, so it cannot block).
 Where ``openat2`` is unavailable the walk refuses with ``input.walk.openat2_unavailable``:
 there is no fallback to a weaker path resolution.
+
+:meth:`SafeTree.hold` freezes the walked files for as long as the tree is open: it takes a read
+lease (``fcntl(F_SETLEASE, F_RDLCK)``) on one open file description per file.  The kernel grants
+a read lease only while no one has the file open for writing, and breaks it as soon as anyone
+opens it for writing or truncates it (that opener then waits for us, up to
+``/proc/sys/fs/lease-break-time``).  So while :meth:`SafeTree.intact` is true, every byte read
+through the tree since :meth:`~SafeTree.hold` comes from one unchanging snapshot, and the bytes
+that were inspected and hashed are the bytes that are copied, without hashing them twice.
+Where the kernel refuses a lease (another owner without ``CAP_LEASE``, NFS, leases disabled)
+``hold`` returns False and callers re-verify what they read instead.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import platform
+import signal
 import stat
+import threading
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,7 +124,7 @@ class SafeTree:
     Use :meth:`open`; close with :meth:`close` or a ``with`` block.
     """
 
-    __slots__ = ("_root_fd", "_by_path", "entries", "findings", "limits", "root")
+    __slots__ = ("_by_path", "_held", "_prev_sigio", "_root_fd", "entries", "findings", "limits", "root")
 
     def __init__(self, *, root: Path, root_fd: int, entries: tuple[FileEntry, ...],
                  findings: tuple[Finding, ...], limits: WalkLimits) -> None:
@@ -121,6 +134,8 @@ class SafeTree:
         self.findings = findings
         self.limits = limits
         self._by_path = {e.path: e for e in entries}
+        self._held: dict[str, int] = {}
+        self._prev_sigio: object = None
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -176,6 +191,8 @@ class SafeTree:
         if known is None:
             raise InputRejected("input.walk.not_in_tree", f"{relpath!r} is not a walked regular file",
                                 evidence={"path": relpath})
+        if relpath in self._held:  # the same open file description, under its lease
+            return os.dup(self._held[relpath])
         try:
             fd = openat2(self._root_fd, relpath, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as e:
@@ -194,7 +211,50 @@ class SafeTree:
             raise
         return fd
 
+    def hold(self) -> bool:
+        """Take a read lease on every walked file; True when all of them are held.
+
+        Call it before reading anything.  A lease breaks when anyone opens the file for writing or
+        truncates it; :meth:`intact` says whether every lease still holds.  Returns False (and
+        holds nothing) where the kernel refuses a lease on any file, or off the main thread (the
+        lease-break signal, ``SIGIO``, can only be handled there).
+        """
+        if self._held:
+            return True
+        if not self.entries or threading.current_thread() is not threading.main_thread():
+            return False
+        self._prev_sigio = signal.signal(signal.SIGIO, _lease_broken)  # default action would kill us
+        held: dict[str, int] = {}
+        try:
+            for e in self.entries:
+                fd = self.open_file(e.path)
+                held[e.path] = fd
+                fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        except OSError:  # EAGAIN (open for writing), EACCES (not ours), EINVAL (no leases here), EMFILE
+            self._held = held
+            self._release()
+            return False
+        self._held = held
+        return True
+
+    def intact(self) -> bool:
+        """Whether every file :meth:`hold` took is still held: nobody opened one for writing since."""
+        return bool(self._held) and all(_lease(fd) == fcntl.F_RDLCK for fd in self._held.values())
+
+    @property
+    def held(self) -> bool:
+        return bool(self._held)
+
+    def _release(self) -> None:
+        for fd in self._held.values():
+            os.close(fd)  # the last descriptor of the description: the lease goes with it
+        self._held = {}
+        if self._prev_sigio is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGIO, self._prev_sigio)  # type: ignore[arg-type]
+            self._prev_sigio = None
+
     def close(self) -> None:
+        self._release()
         if self._root_fd is not None:
             os.close(self._root_fd)
             self._root_fd = None
@@ -210,6 +270,17 @@ class SafeTree:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _lease_broken(signum: int, frame: object) -> None:
+    """SIGIO: someone opened a held file for writing.  :meth:`SafeTree.intact` will say so."""
+
+
+def _lease(fd: int) -> int:
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GETLEASE)
+    except OSError:
+        return fcntl.F_UNLCK
 
 
 def _name_ok(name: str, rel: str, st: _WalkState) -> bool:

@@ -1,5 +1,10 @@
-"""DeepSpeed ZeRO-2/3 to fp32 through the contained worker, under a permit, bit for bit against
-DeepSpeed's own zero_to_fp32 result; and the permit and manifest checks in front of the worker."""
+"""DeepSpeed ZeRO-2/3 to fp32, bit for bit against DeepSpeed's own zero_to_fp32 result, both from
+the static reader and through the contained worker under a permit; and the permit and manifest
+checks in front of the worker.
+
+The real fixtures' pickles stay inside the static reader's DeepSpeed allowlist, so ``plan_for``
+builds their plans without the worker; the worker path is exercised by marking one state file as
+outside that allowlist (what inspection reports for, say, a non-allowlisted ``client_state``)."""
 
 from __future__ import annotations
 
@@ -34,6 +39,15 @@ def _decision(loaders: tuple[str, ...] = ("deepspeed",)) -> Decision:
                     reasons=(), decision_id="test", policy_revision="test", engine="test")
 
 
+def _framework(ins):
+    """The inspection with its first model_states file outside the static allowlist."""
+    assert ins.loaders == ("deepspeed",)
+    rel = deepspeed.zero_files(ins.layout)[0]
+    files = tuple(replace(f, pickle=replace(f.pickle, inside_allowlist=False)) if f.path == rel else f
+                  for f in ins.files)
+    return replace(ins, files=files)
+
+
 @pytest.fixture(scope="module")
 def options() -> WorkerOptions:
     p = preflight()
@@ -43,15 +57,16 @@ def options() -> WorkerOptions:
     return WorkerOptions(timeout_s=120.0, profile=p)
 
 
+@pytest.mark.parametrize("path", ["static", "worker"])
 @pytest.mark.parametrize("name", ["deepspeed_zero2", "deepspeed_zero3"])
-def test_zero_to_fp32_bit_exact_through_the_worker(name: str, options: WorkerOptions, tmp_path: Path) -> None:
+def test_zero_to_fp32_bit_exact(name: str, path: str, options: WorkerOptions, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
     with SafeTree.open(FIXTURES / name / "checkpoint") as tree:
         ins = inspect_open_tree(tree)
         digest = fixture_digest(tree)
-        plan = plan_for(tree, ins, decision=_decision(), fixture_digest=digest, max_shard_bytes=300,
-                        worker=options)
+        plan = plan_for(tree, ins if path == "static" else _framework(ins), decision=_decision(),
+                        fixture_digest=digest, max_shard_bytes=300, worker=options)
         fds = {p: tree.open_file(p) for p in plan.source_paths}
         try:
             write_plan(plan, tmp_path, fds, expected=digest.file_hashes())
@@ -69,12 +84,50 @@ def test_zero_to_fp32_bit_exact_through_the_worker(name: str, options: WorkerOpt
         assert torch.equal(got[k].view(torch.int32), v.view(torch.int32)), k
     assert plan.report["shared_params"] == [["head.weight", "embed.weight"]]
     assert plan.report["zero_stage"] == (3 if name.endswith("3") else 2)
+    assert plan.report["ds_version"] == "0.19.8"
+    assert plan.report["trees_from"] == ("static_reader" if path == "static" else "contained_worker")
+
+
+@pytest.mark.parametrize("name", ["deepspeed_zero2", "deepspeed_zero3"])
+def test_static_trees_agree_with_the_worker(name: str, options: WorkerOptions) -> None:
+    """What the static reader rebuilds is what DeepSpeed's own load says, for every key the plan reads."""
+    with SafeTree.open(FIXTURES / name / "checkpoint") as tree:
+        ins = inspect_open_tree(tree)
+        digest = fixture_digest(tree)
+        rels = deepspeed.zero_files(ins.layout)
+        permit = issue_permit(_decision(), fixture_digest=digest.digest, loader="deepspeed")
+        worker = load_plans(tree, ins, rels, permit=permit, digest=digest, options=options).trees
+    static = deepspeed.static_trees({f.path: f for f in ins.files}, rels)
+    for rel in rels:
+        for key in ("param_shapes", "frozen_param_shapes", "shared_params", "buffer_names", "ds_version"):
+            if key in worker[rel]:
+                assert static[rel][key] == worker[rel][key], (rel, key)
+        if "optimizer_state_dict" in worker[rel]:
+            w, st = worker[rel]["optimizer_state_dict"], static[rel]["optimizer_state_dict"]
+            for key in ("partition_count", "fp32_flat_groups", "single_partition_of_fp32_groups",
+                        "param_alignment_paddings"):
+                if key in w:
+                    strip = lambda v: [{k: x for k, x in d["__tensor__"].items() if k != "parameter"}  # noqa: E731
+                                       for d in v] if key.endswith("groups") else v
+                    assert strip(st[key]) == strip(w[key]), (rel, key)
+            assert st["zero_stage"]["value"] == w["zero_stage"]["value"]
+
+
+def test_static_plan_refuses_a_file_outside_the_allowlist() -> None:
+    with SafeTree.open(FIXTURES / "deepspeed_zero3" / "checkpoint") as tree:
+        ins = inspect_open_tree(tree)
+    files = {f.path: f for f in ins.files}
+    rel = deepspeed.zero_files(ins.layout)[-1]
+    files[rel] = replace(files[rel], pickle=replace(files[rel].pickle, inside_allowlist=False))
+    with pytest.raises(RuntimeFailure) as e:
+        deepspeed.static_trees(files, [rel])
+    assert e.value.code == "runtime.plan.not_static"
 
 
 @pytest.fixture
 def zero3() -> tuple[SafeTree, object, FixtureDigest]:
     with SafeTree.open(FIXTURES / "deepspeed_zero3" / "checkpoint") as tree:
-        yield tree, inspect_open_tree(tree), fixture_digest(tree)
+        yield tree, _framework(inspect_open_tree(tree)), fixture_digest(tree)
 
 
 def test_no_permit_no_load(zero3, options: WorkerOptions) -> None:
@@ -154,7 +207,7 @@ def test_a_hostile_worker_description_is_a_typed_error(monkeypatch, options: Wor
 
     monkeypatch.setattr(consolidate, "load_plans", hostile)
     with SafeTree.open(FIXTURES / "deepspeed_zero3" / "checkpoint") as tree:
-        ins = inspect_open_tree(tree)
+        ins = _framework(inspect_open_tree(tree))
         with pytest.raises(RuntimeFailure) as e:
             plan_for(tree, ins, decision=_decision(), fixture_digest=fixture_digest(tree), max_shard_bytes=300,
                      worker=options)

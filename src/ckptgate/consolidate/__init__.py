@@ -1,10 +1,11 @@
 """Consolidate: placement plans per output shard, executed by a streaming writer.
 
 :func:`plan_for` is the single entry point: it picks the adapter for the inspected format.
-Adapters for pure-data and statically read formats use only the layout inspection validated;
-adapters for framework-pickled formats (DeepSpeed ZeRO) need a
-:class:`~ckptgate.enforce.permit.Permit`, minted here from the allow decision, and run the
-loader in the contained worker, which returns JSON placement trees (never a pickle); the parent
+Adapters for pure-data and statically read formats use only what inspection read.  DeepSpeed
+ZeRO is gated as a framework load (its loader is DeepSpeed's); when every state file stayed
+inside the static reader's DeepSpeed allowlist, the plan is still built from the static reader
+and no worker starts.  Otherwise the plan needs a :class:`~ckptgate.enforce.permit.Permit`,
+minted here from the allow decision, and runs the loader in the contained worker, which returns JSON placement trees (never a pickle); the parent
 maps them to byte ranges and moves the raw bytes.  See ``docs/consolidation.md``.
 """
 
@@ -88,6 +89,10 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
         from ckptgate.consolidate.adapters import deepspeed
         from ckptgate.enforce.permit import issue_permit
 
+        rels = deepspeed.zero_files(layout)
+        if deepspeed.statically_readable(files, rels):  # less than the decision permits: no worker at all
+            return deepspeed.zero_plan(layout, deepspeed.static_trees(files, rels), files,
+                                       max_shard_bytes=max_shard_bytes, trees_from="static_reader")
         if isinstance(fixture_digest, str):
             raise RuntimeFailure("runtime.worker.manifest_missing",
                                  "a framework load needs the fixture digest's manifest to check each file "
@@ -98,11 +103,11 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
                                "the decision permits no framework loader for this DeepSpeed checkpoint",
                                evidence={"permitted_loaders": list(decision.permitted_loaders)})
         permit = issue_permit(decision, fixture_digest=fixture_digest.digest, loader=loader)
-        rels = deepspeed.zero_files(layout)
         loaded = load_plans(tree, inspection, rels, permit=permit, digest=fixture_digest,
                             options=worker or WorkerOptions())
         try:
-            return deepspeed.zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes)
+            return deepspeed.zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes,
+                                       trees_from="contained_worker")
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
             # The trees came out of a framework load of untrusted bytes: a shape we do not expect is
             # an input problem, never a crash.

@@ -1,13 +1,21 @@
 """DeepSpeed ZeRO-2/3 to fp32, and DeepSpeed Universal, into HF safetensors [R08, R09, R10].
 
-ZeRO checkpoints are pickles with DeepSpeed objects in them; the policy classes the
-``deepspeed`` loader as a framework deserializer.  So the files are loaded only in the contained
-worker, under a permit, and the worker returns JSON trees: ``param_shapes``, ``shared_params``,
-``buffer_names``, ``partition_count``, ``zero_stage`` and, for each flat fp32 group, its storage
-key and element offset.  Here those storage keys become byte ranges through the torch-zip layout
-inspection read statically (the worker's word is never taken for a byte range), and the worker's
-``param_shapes`` must equal what the static reader saw.  The rules follow DeepSpeed 0.19.8's
-``zero_to_fp32.py`` [R10]:
+ZeRO checkpoints are pickles with DeepSpeed objects in them; the policy classes their loader,
+``deepspeed``, as a framework deserializer, and gates them as such (attestation, containment).
+The plan needs JSON trees of them: ``param_shapes``, ``shared_params``, ``buffer_names``,
+``partition_count``, ``zero_stage`` and, for each flat fp32 group, its storage key and element
+offset.  Those trees come from one of two places:
+
+* every state file a torch zip whose pickle stayed inside the static reader's DeepSpeed
+  allowlist (:func:`statically_readable`): :func:`static_trees` builds them from the static
+  reader's symbolic values.  Nothing is imported or called and no worker starts: less than the
+  decision permits.
+* otherwise the files are loaded only in the contained worker, under a permit, which returns the
+  same trees.
+
+Either way, storage keys become byte ranges only through the torch-zip layout inspection read
+statically (the worker's word is never taken for a byte range), and ``param_shapes`` must equal
+what the static reader saw.  The rules follow DeepSpeed 0.19.8's ``zero_to_fp32.py`` [R10]:
 
 * ZeRO-1/2: per param group, the ranks' ``single_partition_of_fp32_groups`` are concatenated in
   rank order; params are walked in ``param_shapes`` order, each ``numel`` elements, plus its
@@ -34,6 +42,80 @@ from ckptgate.consolidate.adapters._common import Segment, record_segment, take
 from ckptgate.consolidate.plan import (DTYPE_SIZES, ConsolidationPlan, OutputTensor, PlanError, numel,
                                        shard_tensors, st_dtype)
 from ckptgate.errors import RuntimeFailure
+from ckptgate.inspect.pickle import Call, Global, SDict, SList, SSet
+
+#: Classes a ZeRO pickle rebuilds as ``REDUCE(cls, (value,))`` that are enums [R10].
+_ENUMS = frozenset({"deepspeed.runtime.zero.config.ZeroStageEnum"})
+_MAX_NODES = 5_000_000
+_MAX_DEPTH = 200
+
+
+def statically_readable(files: Mapping[str, Any], rels: Sequence[str]) -> bool:
+    """Whether every file in ``rels`` is a torch zip whose pickle the static reader read completely
+    inside its allowlist."""
+    return all((f := files.get(rel)) is not None and f.torch is not None and f.pickle is not None
+               and f.pickle.complete and f.pickle.inside_allowlist and f.pickle.value is not None for rel in rels)
+
+
+def static_trees(files: Mapping[str, Any], rels: Sequence[str]) -> dict[str, Any]:
+    """The worker's JSON trees for ``rels``, built from the static reader's symbolic values.
+
+    Tensors become ``__tensor__`` records from the statically read torch-zip layout; an
+    OrderedDict becomes a dict, ``torch.Size`` a list, a known enum ``{"__enum__", "value"}``, and
+    any other call ``{"__object__", "state"}`` (its arguments are never interpreted).
+    """
+    out: dict[str, Any] = {}
+    for rel in rels:
+        if not statically_readable(files, [rel]):
+            raise RuntimeFailure("runtime.plan.not_static", f"{rel} was not read statically inside the allowlist, "
+                                 "so no plan can be built from it without a framework load",
+                                 evidence={"path": rel})
+        f = files[rel]
+        tensors = {t.name: t for t in f.torch.tensors}
+        out[rel] = _json(f.pickle.value, "", tensors, [_MAX_NODES], 0, rel)
+    return out
+
+
+def _json(v: Any, path: str, tensors: Mapping[str, Any], budget: list[int], depth: int, rel: str) -> Any:
+    budget[0] -= 1
+    if budget[0] < 0 or depth > _MAX_DEPTH:
+        raise RuntimeFailure("runtime.plan.too_large", f"{rel}: the pickle's object tree is too large or too deep "
+                             "to plan from", evidence={"path": rel})
+
+    def sub(k: Any, x: Any) -> Any:
+        key = k if isinstance(k, str) else repr(k)
+        return _json(x, f"{path}.{key}" if path else key, tensors, budget, depth + 1, rel)
+
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (bytes, bytearray)):
+        return {"__bytes__": None, "len": len(v)}
+    if isinstance(v, tuple):
+        return [sub(i, x) for i, x in enumerate(v)]
+    if isinstance(v, SList):
+        return [sub(i, x) for i, x in enumerate(v.items)]
+    if isinstance(v, SSet):
+        return {"__set__": [sub(i, x) for i, x in enumerate(v.items)]}
+    if isinstance(v, SDict) or (isinstance(v, Call) and (v.dict_items is not None or (
+            isinstance(v.func, Global) and v.func.dotted == "collections.OrderedDict" and not v.args))):
+        items = v.items if isinstance(v, SDict) else v.dict_items or []
+        if all(isinstance(k, str) for k, _ in items):
+            return {k: sub(k, x) for k, x in items}
+        return {"__map__": [[sub(i, k), sub(k, x)] for i, (k, x) in enumerate(items)]}
+    if isinstance(v, Call):
+        if path in tensors:
+            t = tensors[path]
+            return {"__tensor__": {"storage_key": t.storage_key, "dtype": t.dtype, "shape": list(t.shape),
+                                   "stride": list(t.stride), "storage_offset": t.storage_offset,
+                                   "storage_nbytes": t.storage_nbytes}}
+        func = v.func.dotted if isinstance(v.func, Global) else "?"
+        if func == "torch.Size" and isinstance(v.args, tuple) and len(v.args) == 1 and isinstance(v.args[0], tuple):
+            return [sub(i, x) for i, x in enumerate(v.args[0])]
+        if func in _ENUMS and isinstance(v.args, tuple) and len(v.args) == 1:
+            return {"__enum__": func, "value": sub(0, v.args[0])}
+        return {"__object__": func, "state": sub("state", v.state) if v.state is not None else {}}
+    return {"__unknown__": type(v).__name__}
+
 
 
 class StorageMap:
@@ -156,6 +238,8 @@ def zero_tensors(layout: Mapping[str, Any], trees: Mapping[str, Any], files: Map
     out: dict[str, OutputTensor] = {}
     report: dict[str, Any] = {"adapter": "deepspeed-zero", "zero_stage": stage, "world_size": world,
                               "output_dtype": "F32 for trainable params (fp32 master weights)"}
+    if isinstance(m0.get("ds_version"), str):
+        report["ds_version"] = m0["ds_version"]
     if stage == 3:
         _zero3(shapes, groups, world, out)
     else:
@@ -263,8 +347,11 @@ def _buffers(rel: str, m0: Any, smap: StorageMap, out: dict[str, OutputTensor], 
 
 
 def zero_plan(layout: Mapping[str, Any], trees: Mapping[str, Any], files: Mapping[str, Any], *,
-              max_shard_bytes: int) -> ConsolidationPlan:
+              max_shard_bytes: int, trees_from: str) -> ConsolidationPlan:
+    """The plan from JSON trees; ``trees_from`` (``static_reader`` or ``contained_worker``) goes
+    into the report."""
     tensors, report = zero_tensors(layout, trees, files)
+    report["trees_from"] = trees_from
     if not tensors:
         raise PlanError("plan.empty", "the checkpoint holds no parameters")
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes, report=report)

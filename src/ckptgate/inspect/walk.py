@@ -25,6 +25,7 @@ import errno
 import fcntl
 import os
 import platform
+import resource
 import signal
 import stat
 import threading
@@ -216,34 +217,33 @@ class SafeTree:
 
         Call it before reading anything.  A lease breaks when anyone opens the file for writing or
         truncates it; :meth:`intact` says whether every lease still holds.  Returns False (and
-        holds nothing) where the kernel refuses a lease on any file, or off the main thread (the
-        lease-break signal, ``SIGIO``, can only be handled there).
+        holds nothing) where the kernel refuses a lease on any file, off the main thread (the
+        lease-break signal, ``SIGIO``, can only be handled there), or when one descriptor per file
+        would take more than half of ``RLIMIT_NOFILE``.
         """
         if self._held:
             return True
-        if not self.entries or threading.current_thread() is not threading.main_thread():
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if (not self.entries or threading.current_thread() is not threading.main_thread()
+                or (soft != resource.RLIM_INFINITY and len(self.entries) > soft // 2)):
             return False
         self._prev_sigio = signal.signal(signal.SIGIO, _lease_broken)  # default action would kill us
-        held: dict[str, int] = {}
         try:
             for e in self.entries:
                 fd = self.open_file(e.path)
-                held[e.path] = fd
+                self._held[e.path] = fd
                 fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
-        except OSError:  # EAGAIN (open for writing), EACCES (not ours), EINVAL (no leases here), EMFILE
-            self._held = held
+        except OSError:  # EAGAIN (open for writing), EACCES (not ours), EINVAL (no leases here)
             self._release()
             return False
-        self._held = held
+        except BaseException:
+            self._release()
+            raise
         return True
 
     def intact(self) -> bool:
         """Whether every file :meth:`hold` took is still held: nobody opened one for writing since."""
         return bool(self._held) and all(_lease(fd) == fcntl.F_RDLCK for fd in self._held.values())
-
-    @property
-    def held(self) -> bool:
-        return bool(self._held)
 
     def _release(self) -> None:
         for fd in self._held.values():

@@ -24,7 +24,7 @@ from ckptgate.errors import Error
 from ckptgate.inspect import SafeTree
 from ckptgate.pipeline import EngineOptions, IntakeResult, intake
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
-from ckptgate.verify.dsse import sign_statement
+from ckptgate.verify.dsse import sign_statement, write_private_key
 from ckptgate.verify.statement import qualification_statement
 
 
@@ -94,8 +94,7 @@ def run_demo(workdir: Path, *, options: EngineOptions | None = None) -> DemoResu
 
     private_pem, public_pem = generate_keypair("ed25519")
     key_path = workdir / "demo-signing-key.pem"
-    key_path.write_bytes(private_pem)
-    key_path.chmod(0o600)
+    write_private_key(key_path, private_pem)
     trust_file = workdir / "trust.json"
     trust_file.write_text(json.dumps({"signers": [trust_entry(public_pem, signer_id="demo-throwaway-key",
                                                               predicate_types=[QUALIFICATION_PREDICATE_TYPE])]},

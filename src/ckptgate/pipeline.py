@@ -66,14 +66,15 @@ class EngineOptions:
     policy_key: Path | None = None
     sigstore_trust_root: Path | None = None
 
-    def overlays(self) -> dict[str, bytes] | None:
-        if self.trust_file is None:
-            return None
-        return {TRUST_IN_BUNDLE: self.trust_file.read_bytes()}
 
 
 @contextlib.contextmanager
-def engine_for(options: EngineOptions) -> Iterator[PolicyEngine]:
+def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterator[PolicyEngine]:
+    """The policy engine ``options`` name.  With ``--trust``, the engine carries the very bytes
+    ``trust`` was parsed from (read here when ``trust`` is not given), never a second read."""
+    overlays = None
+    if options.trust_file is not None:
+        overlays = {TRUST_IN_BUNDLE: (trust or load_trust(options)).raw}
     bundle = None
     if options.policy_bundle is not None:
         if options.policy_key is None or options.trust_file is not None:
@@ -81,7 +82,7 @@ def engine_for(options: EngineOptions) -> Iterator[PolicyEngine]:
                              "the bundle's own (--trust cannot overlay a signed bundle)")
         bundle = PolicyBundle.from_signed_file(options.policy_bundle, options.policy_key)
     engine = open_engine(opa_url=options.opa_url, opa_token=options.opa_token, policy_dir=options.policy_dir,
-                         bundle=bundle, overlays=options.overlays(), timeout_s=options.timeout_s)
+                         bundle=bundle, overlays=overlays, timeout_s=options.timeout_s)
     try:
         yield engine
     finally:
@@ -214,7 +215,7 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
     options = options or EngineOptions()
     dst = check_destination(dst)
     trust = load_trust(options)
-    with SafeTree.open(src) as tree, engine_for(options) as engine:
+    with SafeTree.open(src) as tree, engine_for(options, trust) as engine:
         tree.hold()  # best effort: where the kernel refuses leases, the writer re-verifies every source
         evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now,
                               sigstore_trust_root=options.sigstore_trust_root)

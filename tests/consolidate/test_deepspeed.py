@@ -212,3 +212,18 @@ def test_a_hostile_worker_description_is_a_typed_error(monkeypatch, options: Wor
             plan_for(tree, ins, decision=_decision(), fixture_digest=fixture_digest(tree), max_shard_bytes=300,
                      worker=options)
     assert e.value.code.startswith("runtime.plan.")
+
+
+@pytest.mark.parametrize("bad", [{"buffer_names": 5}, {"shared_params": {"alias": ["not", "a", "name"]}},
+                                 {"param_shapes": "nope"}])
+def test_a_malformed_static_tree_is_a_typed_error(bad: dict) -> None:
+    """Static trees come from untrusted pickles too: an unexpected shape is runtime.plan.*, never a crash."""
+    with SafeTree.open(FIXTURES / "deepspeed_zero2" / "checkpoint") as tree:
+        ins = inspect_open_tree(tree)
+    files = {f.path: f for f in ins.files}
+    rels = deepspeed.zero_files(ins.layout)
+    trees = deepspeed.static_trees(files, rels)
+    trees[rels[0]] = {**trees[rels[0]], **bad}
+    with pytest.raises(RuntimeFailure) as e:
+        deepspeed.zero_plan(ins.layout, trees, files, max_shard_bytes=300, trees_from="static_reader")
+    assert e.value.code.startswith("runtime.plan.")

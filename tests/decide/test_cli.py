@@ -104,3 +104,12 @@ def test_a_signed_bundle_brings_its_own_trust_data(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads(res.stdout)
     assert doc["input"]["attestations"][0]["signers"][0]["signer_id"] == "bundle-only"
+
+
+def test_an_unreadable_trust_file_is_a_typed_error_on_every_engine_command(tmp_path):
+    missing = tmp_path / "no-such-trust.json"
+    for args in (("decide", HF), ("matrix", "build", "--check", "--repo", REPO)):
+        res = cli(*args, "--trust", missing, "--json")
+        assert res.returncode == ExitCode.VERIFICATION_FAILED, (args, res.stderr)
+        assert json.loads(res.stdout)["error"]["code"] == "verify.trust.unreadable"
+        assert "Traceback" not in res.stderr

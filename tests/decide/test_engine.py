@@ -233,3 +233,11 @@ def test_plain_http_to_another_host_is_refused():
     with pytest.raises(EngineUnavailable) as e:
         RemoteOpa("http://opa.example.com:8181")
     assert e.value.code == "engine.remote.insecure"
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:notaport", "http://127.0.0.1:99999", "http://[::1", "ftp://x:1",
+                                 "127.0.0.1:8181"])
+def test_a_malformed_remote_url_is_a_typed_error(url: str) -> None:
+    with pytest.raises(EngineUnavailable) as e:
+        RemoteOpa(url)
+    assert e.value.code == "engine.remote.bad_url"

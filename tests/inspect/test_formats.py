@@ -291,6 +291,50 @@ def test_megatron_torch_dist_layer_axis(tmp_path: Path) -> None:
     assert insp.layout["layer_stacked"] == ["decoder.layers.mlp.linear_fc1.weight"]
 
 
+@pytest.mark.parametrize("tracker", ["\u00b2", "\u0663", "x1"])
+def test_megatron_tracker_that_is_not_an_ascii_integer_is_a_finding(tmp_path: Path, tracker: str) -> None:
+    root = _dcp(tmp_path / "ck", {"embedding.word_embeddings.weight": torch.ones(5, 4)})
+    write(root, "metadata.json", json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                                             "common_backend": "torch", "common_backend_version": 1}))
+    torch.save({"iteration": 3}, root / "common.pt")
+    write(root, "latest_checkpointed_iteration.txt", tracker)
+    codes = _codes(inspect_tree(root))
+    assert "megatron.bad_latest" in codes and "inspect.detector_failed" not in codes
+
+
+def _dcp_hf(root: Path, sharding_info: list[str]) -> Path:
+    root.mkdir(parents=True)
+    for i, info in enumerate(sharding_info, start=1):
+        safetensors.numpy.save_file({"w": np.ones((2, 3) if i == 1 else (2,), dtype=np.float32)},
+                                    str(root / f"shard-{i:05d}-model-00001-of-00001.safetensors"),
+                                    metadata={"DCP_SHARDING_INFO": info})
+    return root
+
+
+@pytest.mark.parametrize("info", ['{"w": {"saved_offsets": [0, 0]}, "w": {"saved_offsets": [0, 0]}}',
+                                  "[" * 5000 + "]" * 5000])
+def test_dcp_hf_sharding_info_is_parsed_strictly(tmp_path: Path, info: str) -> None:
+    codes = _codes(inspect_tree(_dcp_hf(tmp_path / "ck", [info])))
+    assert "dcp.hf_sharding_info" in codes and "inspect.detector_failed" not in codes
+
+
+def test_dcp_hf_chunks_that_disagree_on_dimensions_are_a_finding(tmp_path: Path) -> None:
+    root = _dcp_hf(tmp_path / "ck", ['{"w": {"saved_offsets": [0, 0]}}', '{"w": {"saved_offsets": [2]}}'])
+    insp = inspect_tree(root)
+    assert "dcp.hf_sharding_info" in _codes(insp) and "inspect.detector_failed" not in _codes(insp)
+    assert not insp.consolidatable
+
+
+def test_dcp_hf_unsigned_and_fp8_dtypes_map_to_torch_names(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    root.mkdir()
+    safetensors.numpy.save_file({"u": np.arange(4, dtype=np.uint16)},
+                                str(root / "shard-00001-model-00001-of-00001.safetensors"),
+                                metadata={"DCP_SHARDING_INFO": '{"u": {"saved_offsets": [0]}}'})
+    insp = inspect_tree(root)
+    assert [t["dtype"] for t in insp.layout["tensors"]] == ["uint16"]
+
+
 def _deepspeed(root: Path, tag: str = "global_step2") -> Path:
     from collections import OrderedDict
 

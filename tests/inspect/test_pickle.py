@@ -183,6 +183,16 @@ def test_stack_underflow_and_missing_mark() -> None:
     assert _codes(b"\x80\x02t.") == ["pickle.mark_missing"]
 
 
+@pytest.mark.parametrize("data", [b"\x80\x02K\x01\x86.", b"\x80\x02\x85.", b"\x80\x02K\x01K\x02\x87."])
+def test_short_stack_under_tuple1_2_3_is_an_underflow(data: bytes) -> None:
+    """pickle itself refuses these; the static reader must not call them clean."""
+    with pytest.raises(pickle.UnpicklingError):
+        pickle.loads(data)
+    rep = read_pickle(data, path="x", context="tensors")
+    assert [f.code for f in rep.findings] == ["pickle.stack_underflow"]
+    assert not rep.complete and not rep.inside_allowlist
+
+
 def test_oversized_pickle_is_refused() -> None:
     assert _codes(b"\x80\x02N.", limits=PickleLimits(max_bytes=2)) == ["pickle.too_large"]
 

@@ -21,7 +21,7 @@ from ckptgate.pipeline import EngineOptions, Evaluation, engine_for, evaluate, l
 def _evaluate(src: Path, attestations: tuple[Path, ...], candidate_commit: str | None,
               options: EngineOptions) -> Evaluation:
     trust = load_trust(options)
-    with SafeTree.open(src) as tree, engine_for(options) as engine:
+    with SafeTree.open(src) as tree, engine_for(options, trust) as engine:
         return evaluate(tree, attestations=list(attestations), engine=engine, trust=trust,
                         action="decide", candidate_commit=candidate_commit,
                         sigstore_trust_root=options.sigstore_trust_root)

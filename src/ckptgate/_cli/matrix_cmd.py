@@ -37,8 +37,9 @@ def build_command(check_only: bool, out_dir: Path | None, repo: Path | None, eng
 
     root = repo_root(repo)
     options = dataclasses.replace(engine, policy_dir=engine.policy_dir or root / "policies")
-    with engine_for(options) as engine:
-        m = mx.build(root, engine, load_trust(options))
+    trust = load_trust(options)
+    with engine_for(options, trust) as engine:
+        m = mx.build(root, engine, trust)
     target = out_dir or root / mx.MATRIX_DIR
     if check_only:
         diffs = mx.diff(m, target)

@@ -105,15 +105,8 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
         permit = issue_permit(decision, fixture_digest=fixture_digest.digest, loader=loader)
         loaded = load_plans(tree, inspection, rels, permit=permit, digest=fixture_digest,
                             options=worker or WorkerOptions())
-        try:
-            return deepspeed.zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes,
-                                       trees_from="contained_worker")
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-            # The trees came out of a framework load of untrusted bytes: a shape we do not expect is
-            # an input problem, never a crash.
-            raise RuntimeFailure("runtime.plan.bad_value",
-                                 f"the contained worker's description has an unexpected shape: {type(e).__name__}",
-                                 evidence={"format": fmt}) from None
+        return deepspeed.zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes,
+                                   trees_from="contained_worker")
     raise PlanError("plan.format.unsupported", f"no consolidation adapter for format {fmt!r}",
                     advice="Run `ckptgate inspect` to see what the checkpoint is; see docs/consolidation.md.")
 

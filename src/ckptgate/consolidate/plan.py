@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ckptgate.errors import Error, InputRejected
+from ckptgate.inspect.safetensors import TORCH_DTYPES
 
 DTYPE_SIZES: Mapping[str, int] = MappingProxyType({
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1,
@@ -29,14 +30,6 @@ DTYPE_SIZES: Mapping[str, int] = MappingProxyType({
 })
 _SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.safetensors$")
 _EXTRA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
-
-#: torch dtype names (as inspection reports them) -> safetensors dtype codes.
-TORCH_DTYPES: Mapping[str, str] = MappingProxyType({
-    "bool": "BOOL", "uint8": "U8", "int8": "I8", "float8_e5m2": "F8_E5M2", "float8_e4m3fn": "F8_E4M3",
-    "int16": "I16", "uint16": "U16", "float16": "F16", "bfloat16": "BF16",
-    "int32": "I32", "uint32": "U32", "float32": "F32",
-    "int64": "I64", "uint64": "U64", "float64": "F64",
-})
 
 
 class PlanError(Error):

@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from ckptgate.errors import EngineUnavailable
+from ckptgate.verify.dsse import write_private_key
 
 SIGNING_ALG = "ES256"
 _EXCLUDED_SUFFIXES = ("_test.rego",)
@@ -104,9 +105,9 @@ class PolicyBundle:
         """
         key = ec.generate_private_key(ec.SECP256R1())
         key_path, pub_path = workdir / "bundle-signing.pem", workdir / "bundle-verify.pem"
-        _write_private(key_path, key.private_bytes(serialization.Encoding.PEM,
-                                                   serialization.PrivateFormat.PKCS8,
-                                                   serialization.NoEncryption()))
+        write_private_key(key_path, key.private_bytes(serialization.Encoding.PEM,
+                                                      serialization.PrivateFormat.PKCS8,
+                                                      serialization.NoEncryption()))
         pub_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
                                                            serialization.PublicFormat.SubjectPublicKeyInfo))
         revision = policy_revision(policy_dir, overlays)
@@ -144,9 +145,3 @@ def build_signed(policy_dir: Path, out: Path, *, signing_key: Path, revision: st
         if proc.returncode != 0:
             raise EngineUnavailable("engine.bundle.build_failed",
                                     f"opa build failed: {(proc.stderr or proc.stdout).strip()[:2000]}")
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)

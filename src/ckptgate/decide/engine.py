@@ -103,14 +103,18 @@ class RemoteOpa(_ClientEngine):
     """An OPA server someone else runs, named by URL (``--opa-url`` or ``CKPTGATE_OPA_URL``)."""
 
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        parsed = urlparse(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        try:
+            parsed = urlparse(url)
+            explicit_port = parsed.port  # raises ValueError for a port that is not a number in range
+        except ValueError:
+            parsed, explicit_port = None, None
+        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise EngineUnavailable("engine.remote.bad_url", f"--opa-url must be http(s)://host:port, got {url!r}")
         if parsed.scheme == "http" and parsed.hostname not in ("127.0.0.1", "::1", "localhost"):
             raise EngineUnavailable("engine.remote.insecure", f"{url!r} is plain http to another host: the bearer "
                                     "token and the decisions would travel unprotected; use https",
                                     advice="Serve OPA over TLS, or reach it through a loopback tunnel.")
-        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        port = explicit_port or (443 if parsed.scheme == "https" else 80)
         self._client = OpaClient(host=parsed.hostname, port=port, ssl=parsed.scheme == "https",
                                  token=token, timeout=timeout_s, retries=0)
         self._name = f"{parsed.scheme}://{parsed.hostname}:{port}"

@@ -211,8 +211,9 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = ()) -> R
             results.append(fn(policies, repo))
     revision = None
     try:
-        with engine_for(options) as engine:
-            built = matrix.build(repo, engine, load_trust(options))
+        trust = load_trust(options)
+        with engine_for(options, trust) as engine:
+            built = matrix.build(repo, engine, trust)
             revision = built.policy_revision
             if "matrix_drift" not in skip:
                 diffs = matrix.diff(built, repo / matrix.MATRIX_DIR)

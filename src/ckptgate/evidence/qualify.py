@@ -296,7 +296,7 @@ def _consolidate(repo: Path, fixture: Fixture, out_dir: Path, *, options: Any, c
 
     trust = load_trust(options)
     used: dict[str, Any] | None = None
-    with SafeTree.open(fixture.checkpoint) as tree, engine_for(options) as engine:
+    with SafeTree.open(fixture.checkpoint) as tree, engine_for(options, trust) as engine:
         ev = evaluate(tree, attestations=[], engine=engine, trust=trust, action="qualify", now=now,
                       candidate_commit=commit)
         if prov.provenance_needed(ev.decision):

@@ -22,7 +22,7 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
 
     options = options or EngineOptions()
     trust = load_trust(options)
-    with SafeTree.open(path) as tree, engine_for(options) as engine:
+    with SafeTree.open(path) as tree, engine_for(options, trust) as engine:
         ev = evaluate(tree, attestations=list(attestations), engine=engine, trust=trust, action="verify", now=now,
                       sigstore_trust_root=options.sigstore_trust_root)
     facts = ev.inspection.to_facts()

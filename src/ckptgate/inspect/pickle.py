@@ -319,7 +319,8 @@ class _Reader:
         elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
             k = int(name[-1])
             if len(st) < k:
-                self.pop(pos)  # reports the underflow
+                self.err("pickle.stack_underflow", f"{name} pops {k} items from a stack of {len(st)}", pos=pos)
+                raise _Abort
             items = st[-k:]
             del st[-k:]
             self.push(tuple(items))

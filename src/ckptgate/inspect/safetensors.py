@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from ckptgate.errors import InputRejected
 
-__all__ = ["DTYPE_BITS", "SafetensorsHeader", "TensorInfo", "parse_header_bytes", "read_header",
+__all__ = ["DTYPE_BITS", "TORCH_DTYPES", "SafetensorsHeader", "TensorInfo", "parse_header_bytes", "read_header",
            "json_loads_strict"]
 
 MAX_HEADER = 100_000_000
@@ -32,6 +34,14 @@ DTYPE_BITS: dict[str, int] = {
     "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
     "I64": 64, "U64": 64, "F64": 64, "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
 }
+
+#: torch dtype names (as inspection reports them) -> the safetensors dtype codes they map to.
+TORCH_DTYPES: Mapping[str, str] = MappingProxyType({
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "float8_e5m2": "F8_E5M2", "float8_e4m3fn": "F8_E4M3",
+    "int16": "I16", "uint16": "U16", "float16": "F16", "bfloat16": "BF16",
+    "int32": "I32", "uint32": "U32", "float32": "F32",
+    "int64": "I64", "uint64": "U64", "float64": "F64",
+})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -291,6 +291,14 @@ def generate_keypair(algorithm: str = "ed25519") -> tuple[bytes, bytes]:
     return private, public
 
 
+def write_private_key(path: Path, pem: bytes) -> None:
+    """Create ``path`` with mode 0600 and write ``pem``: the key is never readable by others, not
+    even briefly, and an existing file is never replaced (``FileExistsError``)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+
+
 def trust_entry(public_pem: bytes, *, signer_id: str, predicate_types: Sequence[str],
                 producers: Sequence[str] = ("*",), scopes: Sequence[str] = ("qualification",)) -> dict[str, Any]:
     """The trust-data entry for a public key (to paste into ``config/trust/data.json``)."""

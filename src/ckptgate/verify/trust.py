@@ -99,6 +99,7 @@ class TrustData:
     keys: tuple[TrustedKey, ...]
     sigstore: tuple[TrustedIdentity, ...]
     source: str
+    raw: bytes = field(default=b"", repr=False)  # the exact bytes parsed, so OPA is given the same ones
 
     def __post_init__(self) -> None:
         ids = [s.id for s in self.keys] + [s.id for s in self.sigstore]
@@ -139,7 +140,7 @@ class TrustData:
             else:
                 raise TrustDataError("verify.trust.kind", f"signer {sid!r}: kind must be 'key' or 'sigstore'",
                                      evidence={"signer": sid, "kind": kind if isinstance(kind, str) else None})
-        return cls(keys=tuple(keys), sigstore=tuple(stores), source=source)
+        return cls(keys=tuple(keys), sigstore=tuple(stores), source=source, raw=bytes(raw))
 
     @classmethod
     def from_file(cls, path: Path | str | None = None) -> TrustData:
@@ -151,9 +152,6 @@ class TrustData:
             raise TrustDataError("verify.trust.unreadable", f"cannot read trust data {p}: {e.strerror}",
                                  evidence={"path": str(p)}) from None
         return cls.from_json(raw, source=str(p))
-
-    def key_by_spki(self, spki: str) -> TrustedKey | None:
-        return next((k for k in self.keys if k.spki_sha256 == spki), None)
 
 
 def _key_signer(e: dict[str, Any], sid: str, common: dict[str, Any], source: str) -> TrustedKey:

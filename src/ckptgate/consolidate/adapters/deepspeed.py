@@ -349,8 +349,17 @@ def _buffers(rel: str, m0: Any, smap: StorageMap, out: dict[str, OutputTensor], 
 def zero_plan(layout: Mapping[str, Any], trees: Mapping[str, Any], files: Mapping[str, Any], *,
               max_shard_bytes: int, trees_from: str) -> ConsolidationPlan:
     """The plan from JSON trees; ``trees_from`` (``static_reader`` or ``contained_worker``) goes
-    into the report."""
-    tensors, report = zero_tensors(layout, trees, files)
+    into the report.
+
+    The trees describe untrusted bytes either way: a shape the rules do not expect is an input
+    problem (``runtime.plan.bad_value``), never a crash.
+    """
+    try:
+        tensors, report = zero_tensors(layout, trees, files)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise RuntimeFailure("runtime.plan.bad_value", f"the {trees_from.replace('_', ' ')}'s description of "
+                             f"the ZeRO checkpoint has an unexpected shape: {type(e).__name__}",
+                             evidence={"trees_from": trees_from}) from None
     report["trees_from"] = trees_from
     if not tensors:
         raise PlanError("plan.empty", "the checkpoint holds no parameters")

@@ -8,7 +8,6 @@ tensor whose shape and dtype match its chunk, and each tensor's chunks covering 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
@@ -17,12 +16,12 @@ from ckptgate.inspect.classify import FileKind
 from ckptgate.inspect.dcp import DcpMetadata, extract_dcp_metadata
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.formats._base import Context, FormatResult, plain_basename
+from ckptgate.inspect.safetensors import TORCH_DTYPES, json_loads_strict
 from ckptgate.inspect.torchzip import inspect_torch_zip
 
 __all__ = ["detect_dcp", "detect_dcp_hf", "dcp_layout"]
 
-_SAFETENSORS_DTYPE = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+_SAFETENSORS_DTYPE = {code: name for name, code in TORCH_DTYPES.items()}
 _HF_NAME = re.compile(r"^shard-\d{5}-model-\d{5}-of-\d{5}\.safetensors$")
 
 
@@ -172,8 +171,8 @@ def detect_dcp_hf(ctx: Context) -> FormatResult | None:
             continue
         meta = f.safetensors.metadata or {}
         try:
-            info = json.loads(meta.get("DCP_SHARDING_INFO", ""))
-        except ValueError:
+            info = json_loads_strict(meta.get("DCP_SHARDING_INFO", ""))
+        except (ValueError, KeyError, RecursionError):
             info = None
         if not isinstance(info, dict):
             findings.append(error("dcp.hf_sharding_info", p, "DCP_SHARDING_INFO metadata is missing or not JSON"))
@@ -198,6 +197,12 @@ def detect_dcp_hf(ctx: Context) -> FormatResult | None:
         layout_files.append({"path": p, **f.safetensors.to_json()})
     for rec in tensors.values():
         ndim = len(rec["chunks"][0]["offsets"])
+        if any(len(c["offsets"]) != ndim for c in rec["chunks"]):
+            findings.append(error("dcp.hf_sharding_info", "", f"chunks of {rec['fqn']!r} disagree on the number "
+                                  "of dimensions", fqn=rec["fqn"]))
+            consolidatable = False
+            rec["size"] = None
+            continue
         size = [max(c["offsets"][d] + c["sizes"][d] for c in rec["chunks"]) for d in range(ndim)]
         rec["size"] = size
         covered = sum(_numel(tuple(c["sizes"])) for c in rec["chunks"])

@@ -23,7 +23,7 @@ def _folder(ctx: Context) -> tuple[str, list[Finding]]:
     if f is None:
         return "", []
     txt = (f.text or "").strip()
-    if not txt.isdigit():
+    if not (txt.isascii() and txt.isdigit()):
         return "", [error("megatron.bad_latest", f.path, "latest_checkpointed_iteration.txt is not an integer",
                           value=txt[:40])]
     return f"iter_{int(txt):07d}", []

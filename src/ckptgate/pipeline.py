@@ -250,7 +250,7 @@ def _receipt(src: Path, evaluation: Evaluation, outputs: Sequence[WrittenFile]) 
         "ckptgate_version": __version__,
         "source": str(src),
         "input": {"digest": evaluation.digest.digest, "algorithm": "sha256",
-                  "format": evaluation.inspection.to_facts().get("format")},
+                  "format": evaluation.inspection.format},
         "decision": {"id": d.decision_id, "allow": d.allow, "plane": d.plane,
                      "permitted_loaders": list(d.permitted_loaders),
                      "required_controls": list(d.required_controls),

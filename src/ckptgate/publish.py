@@ -116,7 +116,7 @@ def publish(stage: Path, dst: Path, receipt: dict[str, Any]) -> Path:
         os.fsync(fd)
     finally:
         os.close(fd)
-    for p in stage.iterdir():
+    for p in stage.iterdir():  # the one fsync of each output: the writer leaves durability to us
         if p.is_file():
             ffd = os.open(p, os.O_RDONLY)
             try:

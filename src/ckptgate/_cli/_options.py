@@ -10,8 +10,6 @@ from typing import Any
 
 import click
 
-from ckptgate.pipeline import EngineOptions
-
 
 _ENGINE_KEYS = ("opa_url", "opa_timeout", "policy_dir", "trust_file", "policy_bundle", "policy_key",
                 "sigstore_trust_root")
@@ -22,6 +20,8 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from ckptgate.pipeline import EngineOptions  # imported on use: the CLI starts without the engine stack
+
         values = {k: kwargs.pop(k) for k in _ENGINE_KEYS}
         kwargs["engine"] = EngineOptions(
             opa_url=values["opa_url"], opa_token=os.environ.get("CKPTGATE_OPA_TOKEN"),

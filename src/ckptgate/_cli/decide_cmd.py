@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
@@ -12,14 +12,17 @@ from rich.syntax import Syntax
 
 from ckptgate._cli._base import emit_json, json_option, stdout
 from ckptgate._cli._options import engine_options
-from ckptgate.decide.bundle import build_signed, default_policy_dir, policy_revision
 from ckptgate.errors import ExitCode, UsageError
-from ckptgate.inspect import SafeTree
-from ckptgate.pipeline import EngineOptions, Evaluation, engine_for, evaluate, load_trust
+
+if TYPE_CHECKING:
+    from ckptgate.pipeline import EngineOptions, Evaluation
 
 
 def _evaluate(src: Path, attestations: tuple[Path, ...], candidate_commit: str | None,
               options: EngineOptions) -> Evaluation:
+    from ckptgate.inspect import SafeTree
+    from ckptgate.pipeline import engine_for, evaluate, load_trust
+
     trust = load_trust(options)
     with SafeTree.open(src) as tree, engine_for(options, trust) as engine:
         return evaluate(tree, attestations=list(attestations), engine=engine, trust=trust,
@@ -124,6 +127,8 @@ def register(cli: click.Group) -> None:
     @json_option
     def build_command(signing_key: Path, out: Path, policy_dir: Path | None, as_json: bool) -> int:
         """Build a signed policy bundle with `opa build`; use it with --policy-bundle/--policy-key."""
+        from ckptgate.decide.bundle import build_signed, default_policy_dir, policy_revision
+
         policy_dir = policy_dir or default_policy_dir()
         if out.exists():
             raise UsageError("usage.out_exists", f"{out} already exists")

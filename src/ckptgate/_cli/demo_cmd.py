@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.markup import escape
 
 from ckptgate._cli._base import emit_json, json_option, stdout
 from ckptgate._cli._options import engine_options
-from ckptgate.pipeline import EngineOptions
+
+if TYPE_CHECKING:
+    from ckptgate.pipeline import EngineOptions
 
 
 def register(cli: click.Group) -> None:

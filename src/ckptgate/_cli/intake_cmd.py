@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.markup import escape
@@ -11,11 +12,15 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 
 from ckptgate._cli._base import emit_json, json_option, stderr, stdout
 from ckptgate._cli._options import engine_options
-from ckptgate.pipeline import EngineOptions, IntakeResult, intake
+
+if TYPE_CHECKING:
+    from ckptgate.pipeline import EngineOptions, IntakeResult
 
 
 def run_intake(src: Path, out: Path, attestations: tuple[Path, ...], *, options, max_shard_size: int,
                show_progress: bool) -> IntakeResult:
+    from ckptgate.pipeline import intake
+
     if not show_progress:
         return intake(src, out, attestations=list(attestations), options=options, max_shard_bytes=max_shard_size)
     with Progress(TextColumn("[bold]consolidating"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),

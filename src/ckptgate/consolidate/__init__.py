@@ -22,9 +22,6 @@ from ckptgate.inspect import Inspection, SafeTree
 if TYPE_CHECKING:
     from ckptgate.digest import FixtureDigest
 
-#: Formats with an adapter (``peft-*`` formats all go to the PEFT adapter).
-FORMATS = ("hf-sharded-safetensors", "safetensors", "dcp-torch-save", "dcp-hf-safetensors", "fsdp-full",
-           "fsdp-local", "megatron-torch-dist", "deepspeed-zero2", "deepspeed-zero3", "deepspeed-universal", "peft-lora")
 #: Framework loaders that consolidation may run in the worker, in order of preference.
 WORKER_LOADERS = ("deepspeed", "torch_load")
 
@@ -111,4 +108,4 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
                     advice="Run `ckptgate inspect` to see what the checkpoint is; see docs/consolidation.md.")
 
 
-__all__ = ["FORMATS", "ConsolidationPlan", "NotConsolidatable", "PlanError", "WorkerOptions", "plan_for"]
+__all__ = ["ConsolidationPlan", "NotConsolidatable", "PlanError", "WorkerOptions", "plan_for"]

@@ -255,10 +255,6 @@ class ConsolidationPlan:
         return {t.name: s.filename for s in self.shards for t in s.tensors}
 
     @property
-    def largest_tensor(self) -> int:
-        return max((t.nbytes for s in self.shards for t in s.tensors), default=0)
-
-    @property
     def source_paths(self) -> tuple[str, ...]:
         """Every source relpath the writer reads (placements and copied files), sorted."""
         paths = {p.src for s in self.shards for t in s.tensors for p in t.placements}

@@ -15,8 +15,9 @@ the model:
   equal the manifest's, or nothing is published (``runtime.copy.source_changed``), even if
   someone rewrote the file in place meanwhile.  The outputs are then read back and hashed.
 
-Outputs are fsynced before they are handed to publication.  ``os.pread``/``os.pwrite`` and
-``hashlib`` release the GIL, so files are processed on a small thread pool.
+Durability is publication's job (:func:`ckptgate.publish.publish` fsyncs every staged file
+once).  ``os.pread``/``os.pwrite`` and ``hashlib`` release the GIL, so files are processed on a
+small thread pool.
 """
 
 from __future__ import annotations
@@ -227,8 +228,6 @@ def write_plan(plan: ConsolidationPlan, out_dir: Path, sources: Mapping[str, int
                 for f in [pool.submit(_scatter_source, src, sources[src], segs, expected[src], chunk_size, on_bytes)
                           for src, segs in sorted(segments.items())]:
                     f.result()
-            for f in [pool.submit(os.fsync, fd) for fd in opened.values()]:
-                f.result()
             if expected is not None:
                 digests = dict(zip(opened, pool.map(lambda fd: _hash_file(fd, chunk_size), opened.values())))
     finally:
@@ -243,7 +242,6 @@ def write_plan(plan: ConsolidationPlan, out_dir: Path, sources: Mapping[str, int
     fd = os.open(out_dir / INDEX_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         _pwrite_all(fd, raw, 0)
-        os.fsync(fd)
     finally:
         os.close(fd)
     written.append(WrittenFile(filename=INDEX_NAME, size=len(raw), sha256=hashlib.sha256(raw).hexdigest()))

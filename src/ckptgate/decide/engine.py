@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -195,6 +196,7 @@ class EmbeddedOpa(_ClientEngine):
                "--verification-key", str(self._bundle.verification_key), "--signing-alg", "ES256",
                "--set", "decision_logs.console=true", "--skip-version-check",
                "--shutdown-grace-period", "1", "--log-level", "info"]
+        _install_cleanup()
         with open(self._log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                           env=env, preexec_fn=_die_with_parent, close_fds=True)
@@ -293,8 +295,12 @@ def _on_signal(signum: int, _frame: object) -> None:
     os.kill(os.getpid(), signum)
 
 
-atexit.register(_close_all)
-if threading.current_thread() is threading.main_thread():
-    for _sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(_sig) in (signal.SIG_DFL, None):
-            signal.signal(_sig, _on_signal)
+@functools.cache
+def _install_cleanup() -> None:
+    """On the first launch (not at import): stop every embedded OPA at exit and on SIGTERM/SIGHUP,
+    where those signals still have their default action."""
+    atexit.register(_close_all)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                signal.signal(sig, _on_signal)

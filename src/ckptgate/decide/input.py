@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ckptgate.errors import Error, UsageError
+from ckptgate.verify.facts import rejection_facts
+from ckptgate.verify.statement import iso_utc
 
 ACTIONS = ("intake", "decide", "verify", "qualify")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -43,7 +45,7 @@ class Request:
 
     def to_json(self) -> dict[str, Any]:
         return {"action": self.action,
-                "now": self.now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "now": iso_utc(self.now),
                 "candidate_commit": self.candidate_commit, "target": self.target}
 
 
@@ -97,7 +99,7 @@ class PolicyInputBuilder:
         return self
 
     def rejected_attestation(self, source: str, error: Error) -> PolicyInputBuilder:
-        self._rejected.append({"source": source, "code": error.code, "message": error.message})
+        self._rejected.append(rejection_facts(source, error))
         return self
 
     def containment(self, profile: HasFacts | None) -> PolicyInputBuilder:

@@ -232,12 +232,10 @@ def _v2_relpath(proc_cgroup: str) -> str | None:
     return None
 
 
-def cgroup_v2_slot(*, memory_max: int, pids_max: int, root: str = "/",
-                   create: bool = True) -> tuple[CgroupV2Slot | None, str]:
+def cgroup_v2_slot(*, memory_max: int, pids_max: int, root: str = "/") -> tuple[CgroupV2Slot | None, str]:
     """Create a child group with ``memory.max`` and ``pids.max`` set, or say why not.
 
-    ``root`` prefixes ``/proc`` (for tests on a fake tree).  With ``create=False`` only the
-    availability is checked (controllers present in a v2 hierarchy).
+    ``root`` prefixes ``/proc`` (for tests on a fake tree).
     """
     try:
         with open(os.path.join(root, "proc/self/mountinfo"), encoding="utf-8") as f:
@@ -268,8 +266,6 @@ def cgroup_v2_slot(*, memory_max: int, pids_max: int, root: str = "/",
                 f.write("+memory +pids\n")
     except OSError as e:
         return None, f"cannot enable memory and pids for child groups of {base}: {e}"
-    if not create:
-        return None, ""
     name = f"ckptgate-{secrets.token_hex(6)}"
     path = os.path.join(base, name)
     try:

@@ -15,7 +15,7 @@ import hashlib
 import html
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from ckptgate.evidence.candidate import (EVIDENCE_PATHS, _filtered_tree, candida
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.qualify import GATES_DATA, STORE_DIR, list_fixtures
 from ckptgate.errors import VerificationError
+from ckptgate.verify.statement import iso_utc, parse_time
 
 ROWS_ENTRYPOINT = "ckptgate/support/rows"
 MATRIX_DIR = Path("matrix")
@@ -78,18 +79,11 @@ class Matrix:
                 "index.html": render_html(self).encode()}
 
 
-def _iso(t: datetime) -> str:
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _parse_time(s: Any) -> datetime | None:
-    if not isinstance(s, str):
-        return None
     try:
-        t = datetime.fromisoformat(s.replace("Z", "+00:00"))
+        return parse_time(s) if isinstance(s, str) else None
     except ValueError:
         return None
-    return t if t.tzinfo else None
 
 
 def fixture_digests(repo: Path) -> dict[str, str]:
@@ -154,7 +148,7 @@ def targets(repo: Path) -> list[str]:
 
 def support_input(repo: Path, trust: Any, *, now: datetime | None = None) -> dict[str, Any]:
     facts, rejected, as_of = collect(repo, trust, now=now)
-    return {"attestations": facts, "rejected_attestations": rejected, "now": _iso(as_of),
+    return {"attestations": facts, "rejected_attestations": rejected, "now": iso_utc(as_of),
             "head": head_facts(repo).to_json(), "targets": targets(repo)}
 
 

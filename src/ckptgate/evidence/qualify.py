@@ -171,7 +171,7 @@ def fixture_format(repo: Path, fixture: Fixture) -> str:
         return fixture.format
     try:
         with SafeTree.open(fixture.checkpoint) as tree:
-            inspected = inspect_open_tree(tree).to_facts().get("format")
+            inspected = inspect_open_tree(tree).format
     except Error:
         return fixture.format
     return inspected if isinstance(inspected, str) and inspected else fixture.format
@@ -317,7 +317,7 @@ def _consolidate(repo: Path, fixture: Fixture, out_dir: Path, *, options: Any, c
                     "superseded": [_rel(repo, p) for p in superseded]}
         written = consolidate_into(tree, ev, out_dir, max_shard_bytes=2 << 30)
     d = ev.decision
-    return {"fixture_digest": ev.digest.digest, "inspected_format": ev.inspection.to_facts().get("format"),
+    return {"fixture_digest": ev.digest.digest, "inspected_format": ev.inspection.format,
             "decision": {"id": d.decision_id, "allow": d.allow, "plane": d.plane,
                          "policy_revision": d.policy_revision},
             "provenance": used,

@@ -40,7 +40,6 @@ from ckptgate.inspect.findings import Finding, error
 __all__ = ["FileEntry", "SafeTree", "WalkLimits", "openat2"]
 
 # linux/openat2.h
-RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
@@ -97,7 +96,6 @@ class FileEntry:
     size: int
     dev: int
     ino: int
-    nlink: int
 
     def __post_init__(self) -> None:
         if not self.path or self.path.startswith("/") or ".." in self.path.split("/"):
@@ -356,8 +354,7 @@ def _walk_dir(dir_fd_rel_root: int, prefix: str, depth: int, st: _WalkState) -> 
                     raise InputRejected("input.walk.too_large",
                                         f"the tree's files exceed {st.limits.max_total_bytes} bytes",
                                         evidence={"limit": st.limits.max_total_bytes})
-                st.entries.append(FileEntry(path=rel, size=s.st_size, dev=s.st_dev, ino=s.st_ino,
-                                            nlink=s.st_nlink))
+                st.entries.append(FileEntry(path=rel, size=s.st_size, dev=s.st_dev, ino=s.st_ino))
             else:
                 kind = _KIND_NAMES.get(fmt, "unknown")
                 st.findings.append(error(f"walk.{kind}", rel, f"{kind.replace('_', ' ')} refused; only regular "

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from ckptgate.errors import VerificationError
+from ckptgate.errors import Error, VerificationError
 from ckptgate.verify import dsse, sigstore
 from ckptgate.verify._json import loads_strict
 from ckptgate.verify.statement import (
@@ -109,7 +109,7 @@ class VerifiedAttestation:
                 "signers": [s.to_json() for s in self.signers], "verification": verification}
 
 
-def rejection_facts(source: str, err: VerificationError) -> dict[str, Any]:
+def rejection_facts(source: str, err: Error) -> dict[str, Any]:
     """The ``rejected_attestations`` entry for a failure: code and message only, never the statement."""
     return {"source": source, "code": err.code, "message": err.message}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ckptgate.inspect.files import FileFacts
@@ -24,9 +24,6 @@ class Context:
         p = folder.rstrip("/") + "/" if folder else ""
         return {k[len(p):]: v for k, v in self.files.items() if k.startswith(p)}
 
-    def names(self) -> set[str]:
-        return set(self.files)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FormatResult:
@@ -35,7 +32,6 @@ class FormatResult:
     loaders: tuple[str, ...]
     findings: tuple[Finding, ...] = ()
     consolidatable: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def plain_basename(value: Any, path: str, what: str, prefix: str = "index") -> Finding | None:

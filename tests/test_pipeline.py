@@ -193,14 +193,16 @@ def test_malicious_pickle_is_rejected_by_content_and_never_executed(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_source_opened_for_writing_during_intake_is_not_published(setup):
-    """The tree holds read leases from the walk to the last byte copied; a writer breaks one."""
+@pytest.mark.parametrize("when", ["on_plan", "on_bytes"])
+def test_a_source_opened_for_writing_during_intake_is_not_published(setup, when):
+    """The tree holds read leases from the walk to the last byte copied; a writer breaks one,
+    before the copy (after the decision and the plan) or during it."""
     from ckptgate.errors import RuntimeFailure
 
     victim = next(setup["src"].glob("*.safetensors"))
     writers = []
 
-    def open_for_writing(_n):  # during the copy
+    def open_for_writing(_n):
         if writers:
             return
         writers.append(subprocess.Popen([sys.executable, "-c", "import os, sys; os.open(sys.argv[1], os.O_WRONLY)",
@@ -211,7 +213,7 @@ def test_a_source_opened_for_writing_during_intake_is_not_published(setup):
 
     with pytest.raises(RuntimeFailure) as e:
         intake(setup["src"], setup["dst"], attestations=[setup["attest"]()],
-               options=EngineOptions(trust_file=setup["trust"]), max_shard_bytes=700, on_bytes=open_for_writing)
+               options=EngineOptions(trust_file=setup["trust"]), max_shard_bytes=700, **{when: open_for_writing})
     assert e.value.code == "runtime.copy.source_changed"
     assert not setup["dst"].exists()
     assert not [p for p in setup["tmp"].iterdir() if "staging" in p.name]

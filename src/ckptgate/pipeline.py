@@ -195,16 +195,21 @@ def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: Path, *, m
                     worker=WorkerOptions(profile=evaluation.containment) if evaluation.containment else None)
     if on_plan:
         on_plan(plan.total_size)
-    held = tree.intact()
+    _still_held(tree)
     with open_sources(tree, plan) as sources:
-        outputs = write_plan(plan, out_dir, sources, expected=None if held else evaluation.digest.file_hashes(),
+        outputs = write_plan(plan, out_dir, sources, expected=None if tree.held else evaluation.digest.file_hashes(),
                              chunk_size=chunk_size, on_bytes=on_bytes)
-    if held and not tree.intact():
+    _still_held(tree)
+    return outputs
+
+
+def _still_held(tree: SafeTree) -> None:
+    """A held tree whose lease broke was opened for writing during the intake: fail closed."""
+    if tree.held and not tree.intact():
         raise RuntimeFailure("runtime.copy.source_changed",
                              "a checkpoint file was opened for writing while it was being taken in; nothing was "
                              "published", evidence={"source": str(tree.root)},
                              advice="Take the checkpoint in again from a copy that nothing else writes to.")
-    return outputs
 
 
 def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: EngineOptions | None = None,

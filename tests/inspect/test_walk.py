@@ -207,7 +207,7 @@ def test_hold_leases_every_file_and_notices_an_open_for_writing(tmp_path: Path) 
     write(tmp_path, "a.bin", b"a" * 10)
     write(tmp_path, "sub/b.bin", b"b" * 10)
     with SafeTree.open(tmp_path) as t:
-        assert t.hold() and t.intact()
+        assert t.hold() and t.held and t.intact()
         fd = t.open_file("a.bin")  # the held description itself
         try:
             assert os.pread(fd, 3, 0) == b"aaa"
@@ -219,7 +219,7 @@ def test_hold_leases_every_file_and_notices_an_open_for_writing(tmp_path: Path) 
         deadline = time.monotonic() + 10
         while t.intact() and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not t.intact()
+        assert t.held and not t.intact()  # still held, but broken
         assert writer.poll() is None  # the writer waits for the lease to go
     # closing the tree releases the leases: the writer gets its descriptor at once
     assert writer.communicate(timeout=10)[0] == b"opened\n"
@@ -231,7 +231,7 @@ def test_hold_is_refused_while_a_file_is_open_for_writing(tmp_path: Path) -> Non
     wfd = os.open(tmp_path / "b.bin", os.O_WRONLY)
     try:
         with SafeTree.open(tmp_path) as t:
-            assert not t.hold() and not t.intact()
+            assert not t.hold() and not t.held and not t.intact()
             fd = t.open_file("a.bin")  # reads still work, unheld
             os.close(fd)
     finally:
@@ -256,7 +256,7 @@ def test_hold_does_not_take_more_than_half_the_descriptor_limit(tmp_path: Path) 
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
     try:
         with SafeTree.open(tmp_path) as t:
-            assert not t.hold() and not t.intact()  # 40 files > 64 // 2: not held, reads still work
+            assert not t.hold() and not t.held and not t.intact()  # 40 files > 64 // 2: not held, reads still work
             fd = t.open_file("f39.bin")
             os.close(fd)
     finally:

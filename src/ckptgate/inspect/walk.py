@@ -243,6 +243,11 @@ class SafeTree:
         """Whether every file :meth:`hold` took is still held: nobody opened one for writing since."""
         return bool(self._held) and all(_lease(fd) == fcntl.F_RDLCK for fd in self._held.values())
 
+    @property
+    def held(self) -> bool:
+        """Whether :meth:`hold` took the files (they may have been opened for writing since)."""
+        return bool(self._held)
+
     def _release(self) -> None:
         for fd in self._held.values():
             os.close(fd)  # the last descriptor of the description: the lease goes with it

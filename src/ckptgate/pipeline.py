@@ -9,6 +9,7 @@ decision is allow, and then only atomically (:mod:`ckptgate.publish`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import tarfile
@@ -65,6 +66,10 @@ class EngineOptions:
     policy_bundle: Path | None = None
     policy_key: Path | None = None
     sigstore_trust_root: Path | None = None
+
+    def in_repo(self, root: Path) -> EngineOptions:
+        """These options with the repository's own ``policies/`` unless a policy directory was named."""
+        return dataclasses.replace(self, policy_dir=self.policy_dir or root / "policies")
 
 
 

@@ -98,6 +98,8 @@ def test_static_trees_agree_with_the_worker(name: str, options: WorkerOptions) -
         permit = issue_permit(_decision(), fixture_digest=digest.digest, loader="deepspeed")
         worker = load_plans(tree, ins, rels, permit=permit, digest=digest, options=options).trees
     static = deepspeed.static_trees({f.path: f for f in ins.files}, rels)
+    models = {m["path"] for m in ins.layout["model_states"]}
+    assert all("param_shapes" in worker[r] if r in models else "optimizer_state_dict" in worker[r] for r in rels)
     for rel in rels:
         for key in ("param_shapes", "frozen_param_shapes", "shared_params", "buffer_names", "ds_version"):
             if key in worker[rel]:

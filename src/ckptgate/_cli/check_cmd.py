@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -31,7 +30,7 @@ def register(cli: click.Group) -> None:
         from ckptgate.evidence.check import run_check, to_junit, to_sarif
 
         root = repo_root(repo)
-        options = dataclasses.replace(engine, policy_dir=engine.policy_dir or root / "policies")
+        options = engine.in_repo(root)
         report = run_check(root, options=options, skip=skip)
         if sarif is not None:
             sarif.write_text(json.dumps(to_sarif(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")

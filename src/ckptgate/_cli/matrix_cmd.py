@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
-import dataclasses
 
 from ckptgate._cli._options import engine_options, repo_option
 
@@ -36,7 +35,7 @@ def build_command(check_only: bool, out_dir: Path | None, repo: Path | None, eng
     from ckptgate.pipeline import engine_for, load_trust
 
     root = repo_root(repo)
-    options = dataclasses.replace(engine, policy_dir=engine.policy_dir or root / "policies")
+    options = engine.in_repo(root)
     trust = load_trust(options)
     with engine_for(options, trust) as engine:
         m = mx.build(root, engine, trust)

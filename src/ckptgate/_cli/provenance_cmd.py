@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import click
@@ -32,7 +31,7 @@ def provenance(fixture: str, key: Path | None, repo: Path | None, engine, as_jso
     from ckptgate.evidence.qualify import find_fixture
 
     root = repo_root(repo)
-    options = dataclasses.replace(engine, policy_dir=engine.policy_dir or root / "policies")
+    options = engine.in_repo(root)
     result = attest_provenance(root, find_fixture(root, fixture), key=key, options=options)
     if as_json:
         emit_json(result.to_json())

@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
-import dataclasses
 
 from ckptgate._cli._options import engine_options, repo_option
 from ckptgate.errors import UsageError
@@ -40,7 +39,7 @@ def register(cli: click.Group) -> None:
         from ckptgate.evidence.qualify import find_fixture, qualify, qualify_all
 
         root = repo_root(repo)
-        options = dataclasses.replace(engine, policy_dir=engine.policy_dir or root / "policies")
+        options = engine.in_repo(root)
         if all_:
             if adapter or fixture:
                 raise UsageError("usage.invalid", "--all takes no --adapter or --fixture")

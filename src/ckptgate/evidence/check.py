@@ -80,18 +80,17 @@ class Report:
 
 # --------------------------------------------------------------------------------------------- tools
 def find_tool(name: str, repo: Path) -> str | None:
-    """``$CKPTGATE_<NAME>``, else ``name`` on PATH, else ``REPO/.tools/bin``, else this source tree's."""
+    """``$CKPTGATE_<NAME>``, else the pinned ``REPO/.tools/bin`` (or this source tree's), else
+    ``name`` on PATH: the order :func:`ckptgate.decide.bundle.find_opa` uses, so ``opa test`` runs
+    the binary the engine runs."""
     explicit = os.environ.get(f"CKPTGATE_{name.upper()}")
     if explicit:
         return explicit
-    found = shutil.which(name)
-    if found:
-        return found
     for base in (repo, Path(__file__).resolve().parents[3]):
         p = base / ".tools" / "bin" / name
         if p.exists():
             return str(p)
-    return None
+    return shutil.which(name)
 
 
 def _run(cmd: Sequence[str], cwd: Path) -> tuple[int, str]:
@@ -203,8 +202,8 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = ()) -> R
     from ckptgate.pipeline import EngineOptions, engine_for, load_trust
 
     repo = repo.resolve()
-    policies = (options.policy_dir if options is not None and options.policy_dir else repo / "policies")
-    options = options or EngineOptions(policy_dir=policies)
+    options = (options or EngineOptions()).in_repo(repo)
+    policies = options.policy_dir
     results: list[CheckResult] = []
     for name, fn in (("policy_tests", policy_tests), ("opa_fmt", opa_fmt), ("regal_lint", regal_lint)):
         if name not in skip:

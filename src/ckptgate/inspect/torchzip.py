@@ -15,12 +15,12 @@ from typing import Any
 
 from ckptgate.inspect.allowlist import DTYPE_ITEMSIZE, STORAGE_DTYPES
 from ckptgate.inspect.findings import Finding, error, warning
-from ckptgate.inspect.pickle import Call, Global, PersId, PickleReport, SDict, SList, read_pickle
+from ckptgate.inspect.pickle import Call, Global, PersId, PickleLimits, PickleReport, SDict, SList, read_pickle
 from ckptgate.inspect.zipcheck import ZipReport, check_zip, verify_crcs
 
 __all__ = ["TensorRecord", "TorchZipLayout", "inspect_torch_zip", "walk_value"]
 
-MAX_DATA_PKL = 512 << 20
+MAX_DATA_PKL = PickleLimits().max_bytes  # the reader's own cap: data.pkl is read whole
 _MAX_NODES = 5_000_000
 _KNOWN_RECORDS = {"byteorder", "version", ".format_version", ".storage_alignment", ".data/serialization_id",
                   ".data/version"}

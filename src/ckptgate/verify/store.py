@@ -135,7 +135,9 @@ class AttestationStore:
         from ckptgate.verify.statement import normalise_digest
 
         d = self.root / f"sha256-{normalise_digest(digest)}"
-        return [p for p in self.iter() if p.parent == d]
+        if not d.is_dir() or d.is_symlink():
+            return []
+        return [f for f in sorted(d.iterdir()) if f.is_file() and not f.is_symlink() and _FILE.match(f.name)]
 
     def entries(self) -> list[StoredAttestation]:
         out = []

@@ -6,7 +6,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckptgate.consolidate.plan import DTYPE_SIZES, Placement, PlanError, merge_placements, numel, st_dtype
+from ckptgate.consolidate.plan import (DTYPE_SIZES, OutputTensor, Placement, PlanError, merge_placements, numel,
+                                       st_dtype)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,3 +92,20 @@ def slice_placements(placements: Iterable[Placement], start: int, length: int) -
             out.append(Placement(src=p.src, src_offset=p.src_offset + lo - p.dst_offset, dst_offset=lo - start,
                                  length=hi - lo))
     return merge_placements(out)
+
+
+def segment_tensor(name: str, dtype: str, shape: Sequence[int], seg: Segment) -> OutputTensor:
+    """An output tensor that is the whole of one contiguous segment (none for zero elements)."""
+    return OutputTensor(name=name, dtype=dtype, shape=tuple(int(d) for d in shape),
+                        placements=tuple(take([seg], 0, seg.count, what=name)) if seg.count else ())
+
+
+def header_tensors(rel: str, header: Any) -> list[OutputTensor]:
+    """One output tensor per tensor of a validated safetensors header, each one byte range of ``rel``."""
+    out = []
+    for t in header.tensors:
+        begin, end = t.data_offsets
+        placements = () if end == begin else (
+            Placement(src=rel, src_offset=header.data_start + begin, dst_offset=0, length=end - begin),)
+        out.append(OutputTensor(name=t.name, dtype=t.dtype, shape=tuple(t.shape), placements=placements))
+    return out

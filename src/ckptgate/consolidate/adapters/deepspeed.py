@@ -38,7 +38,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ckptgate.consolidate.adapters._common import Segment, record_segment, take
+from ckptgate.consolidate.adapters._common import Segment, record_segment, segment_tensor, take
 from ckptgate.consolidate.plan import (DTYPE_SIZES, ConsolidationPlan, OutputTensor, PlanError, numel,
                                        shard_tensors, st_dtype)
 from ckptgate.errors import RuntimeFailure
@@ -339,8 +339,7 @@ def _buffers(rel: str, m0: Any, smap: StorageMap, out: dict[str, OutputTensor], 
             continue
         seg = smap.segment(rel, desc, what=name)
         t = desc["__tensor__"]
-        out[name] = OutputTensor(name=name, dtype=st_dtype(t["dtype"], what=name), shape=tuple(t["shape"]),
-                                 placements=tuple(take([seg], 0, seg.count, what=name)) if seg.count else ())
+        out[name] = segment_tensor(name, st_dtype(t["dtype"], what=name), t["shape"], seg)
         kept.append(name)
     if kept:
         report["buffers_saved_dtype_kept"] = kept
@@ -424,8 +423,7 @@ def universal_tensors(layout: Mapping[str, Any], aliases: Mapping[str, str] | No
         dtype = st_dtype(t["dtype"], what=name)
         if DTYPE_SIZES[dtype] != seg.itemsize:
             raise PlanError("plan.tensor.dtype", f"{name}: dtype size mismatch")
-        out.append(OutputTensor(name=name, dtype=dtype, shape=tuple(int(d) for d in t["shape"]),
-                                placements=tuple(take([seg], 0, seg.count, what=name)) if seg.count else ()))
+        out.append(segment_tensor(name, dtype, t["shape"], seg))
     return out
 
 

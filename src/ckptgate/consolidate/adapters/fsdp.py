@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ckptgate.consolidate.adapters._common import record_segment, take
+from ckptgate.consolidate.adapters._common import record_segment, segment_tensor
 from ckptgate.consolidate.plan import (ConsolidationPlan, NotConsolidatable, OutputTensor, PlanError,
                                        shard_tensors, st_dtype)
 
@@ -26,9 +26,7 @@ def full_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
     for rec in layout.get("tensors", []):
         name = rec["name"]
         seg = record_segment(src, rec, what=name)
-        out.append(OutputTensor(name=name, dtype=st_dtype(rec["dtype"], what=name),
-                                shape=tuple(int(d) for d in rec["shape"]),
-                                placements=tuple(take([seg], 0, seg.count, what=name)) if seg.count else ()))
+        out.append(segment_tensor(name, st_dtype(rec["dtype"], what=name), rec["shape"], seg))
     return out
 
 

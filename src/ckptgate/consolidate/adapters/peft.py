@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from ckptgate.consolidate.plan import (ConsolidationPlan, CopiedFile, NotConsolidatable, OutputTensor,
-                                       Placement, PlanError, ShardTask)
+from ckptgate.consolidate.adapters._common import header_tensors
+from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, NotConsolidatable, PlanError, ShardTask
 
 WEIGHTS = "adapter_model.safetensors"
 CONFIG = "adapter_config.json"
@@ -41,12 +41,7 @@ def plan(layout: Mapping[str, Any], files: Mapping[str, Any]) -> ConsolidationPl
     if wf is None or wf.safetensors is None or cf is None:
         raise PlanError("plan.source.missing", "the adapter weights or config were not inspected")
     header = wf.safetensors
-    tensors = []
-    for t in header.tensors:
-        begin, end = t.data_offsets
-        placements = () if end == begin else (
-            Placement(src=wrel, src_offset=header.data_start + begin, dst_offset=0, length=end - begin),)
-        tensors.append(OutputTensor(name=t.name, dtype=t.dtype, shape=tuple(t.shape), placements=placements))
+    tensors = header_tensors(wrel, header)
     meta = dict(header.metadata or {"format": "pt"})
     shard = ShardTask(filename=WEIGHTS, tensors=tuple(tensors), metadata=MappingProxyType(meta))
     return ConsolidationPlan(

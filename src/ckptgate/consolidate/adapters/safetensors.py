@@ -7,7 +7,8 @@ file.  It uses the headers that :mod:`ckptgate.inspect.safetensors` validated du
 
 from __future__ import annotations
 
-from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, Placement, PlanError, shard_tensors
+from ckptgate.consolidate.adapters._common import header_tensors
+from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, PlanError, shard_tensors
 from ckptgate.inspect import Inspection
 
 
@@ -28,12 +29,7 @@ def plan(inspection: Inspection, *, max_shard_bytes: int) -> ConsolidationPlan:
         facts = by_path.get(rel)
         if facts is None or facts.safetensors is None:
             raise PlanError("plan.source.missing", f"shard {rel!r} has no validated safetensors header")
-        header = facts.safetensors
-        for t in header.tensors:
-            begin, end = t.data_offsets
-            placements = () if end == begin else (
-                Placement(src=rel, src_offset=header.data_start + begin, dst_offset=0, length=end - begin),)
-            tensors.append(OutputTensor(name=t.name, dtype=t.dtype, shape=tuple(t.shape), placements=placements))
+        tensors += header_tensors(rel, facts.safetensors)
     if not tensors:
         raise PlanError("plan.empty", "the checkpoint holds no tensors")
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes)

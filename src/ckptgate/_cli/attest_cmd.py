@@ -158,26 +158,14 @@ def verify(file: str, digest: str, trust_path: str | None, sigstore_trust_root: 
 
 
 def _unverified(raw: bytes) -> dict[str, Any]:
-    from ckptgate.verify import dsse
     from ckptgate.verify._json import loads_strict
-    from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, _detect
+    from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, read_envelope
 
-    doc = loads_strict(raw, what="attestation", max_bytes=dsse.MAX_ENVELOPE_BYTES)
-    fmt = _detect(doc)
-    if fmt == "dsse":
-        env = dsse.Envelope.from_doc(doc)
-        payload, sigs = env.payload, [{"keyid": s.keyid} for s in env.signatures]
-        ptype = env.payload_type
-    else:
-        env_doc = doc.get("dsseEnvelope")
-        if not isinstance(env_doc, dict) or not isinstance(env_doc.get("payload"), str):
-            raise VerificationError("verify.sigstore.not_dsse", "bundle carries no DSSE envelope")
-        payload = dsse._b64(env_doc["payload"], "payload")
-        ptype = env_doc.get("payloadType")
-        sigs = [{"keyid": s.get("keyid")} for s in env_doc.get("signatures", []) if isinstance(s, dict)]
-    stmt = loads_strict(payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES)
+    env = read_envelope(raw)
+    stmt = loads_strict(env.payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES)
     return {"verified": False, "UNVERIFIED": "signatures, trust and subject were NOT checked",
-            "format": fmt, "payload_type": ptype, "signatures": sigs, "statement": stmt}
+            "format": env.format, "payload_type": env.payload_type,
+            "signatures": [{"keyid": k} for k in env.keyids], "statement": stmt}
 
 
 @attest.command("show")

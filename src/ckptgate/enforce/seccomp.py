@@ -107,24 +107,16 @@ def build_filter(*, self_pid: int | None = None) -> tuple[pyseccomp.SyscallFilte
     eperm: list[str] = []
     kill: list[str] = []
     self_only: list[str] = []
-    for name in EPERM_SYSCALLS:
-        if _resolve(name) is None:
-            unknown.append(name)
-            continue
-        f.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
-        eperm.append(name)
-    for name in KILL_SYSCALLS:
-        if _resolve(name) is None:
-            unknown.append(name)
-            continue
-        f.add_rule(pyseccomp.KILL_PROCESS, name)
-        kill.append(name)
-    for name in SELF_ONLY_SYSCALLS:
-        if _resolve(name) is None:
-            unknown.append(name)
-            continue
-        f.add_rule(pyseccomp.ERRNO(errno.EPERM), name, pyseccomp.Arg(0, pyseccomp.NE, pid))
-        self_only.append(name)
+    for names, action, args, report in ((EPERM_SYSCALLS, pyseccomp.ERRNO(errno.EPERM), (), eperm),
+                                         (KILL_SYSCALLS, pyseccomp.KILL_PROCESS, (), kill),
+                                         (SELF_ONLY_SYSCALLS, pyseccomp.ERRNO(errno.EPERM),
+                                          (pyseccomp.Arg(0, pyseccomp.NE, pid),), self_only)):
+        for name in names:
+            if _resolve(name) is None:
+                unknown.append(name)
+                continue
+            f.add_rule(action, name, *args)
+            report.append(name)
     # clone: threads only.  clone3: ENOSYS, so that glibc falls back to clone.
     f.add_rule(pyseccomp.KILL_PROCESS, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, CLONE_THREAD, 0))
     kill.append("clone(!CLONE_THREAD)")

@@ -124,6 +124,32 @@ def _detect(doc: Any) -> Literal["dsse", "sigstore"]:
     raise VerificationError("verify.format.unknown", "neither a DSSE envelope nor a Sigstore bundle")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnverifiedEnvelope:
+    """What an attestation file says before anything is checked: never trust it as is."""
+
+    format: Literal["dsse", "sigstore"]
+    payload_type: Any
+    payload: bytes = field(repr=False)
+    keyids: tuple[Any, ...]
+
+
+def read_envelope(raw: bytes) -> UnverifiedEnvelope:
+    """Parse a DSSE envelope or a Sigstore bundle and decode its DSSE payload; checks nothing else."""
+    doc = loads_strict(raw, what="attestation", max_bytes=dsse.MAX_ENVELOPE_BYTES)
+    fmt = _detect(doc)
+    if fmt == "dsse":
+        env = dsse.Envelope.from_doc(doc)
+        return UnverifiedEnvelope(format=fmt, payload_type=env.payload_type, payload=env.payload,
+                                  keyids=tuple(s.keyid for s in env.signatures))
+    env_doc = doc.get("dsseEnvelope")
+    if not isinstance(env_doc, dict) or not isinstance(env_doc.get("payload"), str):
+        raise VerificationError("verify.sigstore.not_dsse", "bundle carries no DSSE envelope")
+    return UnverifiedEnvelope(format=fmt, payload_type=env_doc.get("payloadType"),
+                              payload=dsse._b64(env_doc["payload"], "payload"),
+                              keyids=tuple(s.get("keyid") for s in env_doc.get("signatures", []) if isinstance(s, dict)))
+
+
 def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_digest: str, now: datetime,
                        sigstore_trust_root: Path | str | None = None,
                        expected_identity: tuple[str, str] | None = None,

@@ -12,7 +12,6 @@ Storing is not trusting: :meth:`AttestationStore.add` checks structure only; ver
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -26,7 +25,7 @@ from typing import Any
 from ckptgate.errors import VerificationError
 from ckptgate.verify import dsse
 from ckptgate.verify._json import loads_strict
-from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, _detect
+from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, read_envelope
 from ckptgate.verify.statement import check_statement
 
 INDEX_VERSION = 1
@@ -60,22 +59,11 @@ class StoredAttestation:
 
 
 def statement_of(raw: bytes) -> tuple[str, dict[str, Any], bytes]:
-    doc = loads_strict(raw, what="attestation", max_bytes=dsse.MAX_ENVELOPE_BYTES)
-    fmt = _detect(doc)
-    if fmt == "dsse":
-        payload = dsse.Envelope.from_doc(doc).payload
-    else:
-        env = doc.get("dsseEnvelope")
-        if not isinstance(env, dict) or not isinstance(env.get("payload"), str):
-            raise VerificationError("verify.sigstore.not_dsse", "bundle carries no DSSE envelope")
-        if env.get("payloadType") != dsse.IN_TOTO_PAYLOAD_TYPE:
-            raise VerificationError("verify.dsse.payload_type", "bundle payloadType is not in-toto")
-        try:
-            payload = base64.b64decode(env["payload"], validate=True)
-        except ValueError:
-            raise VerificationError("verify.dsse.bad_base64", "bundle payload is not base64") from None
-    stmt = loads_strict(payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES)
-    return fmt, check_statement(stmt), payload
+    env = read_envelope(raw)
+    if env.format == "sigstore" and env.payload_type != dsse.IN_TOTO_PAYLOAD_TYPE:
+        raise VerificationError("verify.dsse.payload_type", "bundle payloadType is not in-toto")
+    stmt = loads_strict(env.payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES)
+    return env.format, check_statement(stmt), env.payload
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

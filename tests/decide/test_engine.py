@@ -143,8 +143,8 @@ def test_no_orphan_when_owner_is_killed(policy_dir, tmp_path):
     owner = subprocess.Popen([sys.executable, "-c", script])
     try:
         deadline = time.monotonic() + 30
-        while not pidfile.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the owner has finished writing the pid, not just created the file
         opa_pid = int(pidfile.read_text())
         assert _alive(opa_pid)
         owner.kill()

@@ -143,9 +143,20 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
              action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
              containment: Any = None, sigstore_trust_root: Path | None = None) -> Evaluation:
     """Inspect, digest, verify and decide.  Never loads anything from the checkpoint."""
+    return judge(inspect_open_tree(tree), fixture_digest(tree), attestations=attestations, engine=engine,
+                 trust=trust, action=action, now=now, candidate_commit=candidate_commit, containment=containment,
+                 sigstore_trust_root=sigstore_trust_root)
+
+
+def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequence[Path], engine: PolicyEngine,
+          trust: TrustData, action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
+          containment: Any = None, sigstore_trust_root: Path | None = None) -> Evaluation:
+    """Verify ``attestations`` against what was measured and decide; :func:`evaluate` measures first.
+
+    For a second decision on the same measurement (more evidence, same bytes), without inspecting
+    and hashing again.
+    """
     now = now or now_utc()
-    inspection = inspect_open_tree(tree)
-    digest = fixture_digest(tree)
     builder = (PolicyInputBuilder(Request(action=action, now=now, candidate_commit=candidate_commit))
                .fixture(digest).inspection(inspection))
     for path in attestations:
@@ -275,4 +286,4 @@ def _receipt(src: Path, evaluation: Evaluation, outputs: Sequence[WrittenFile]) 
 
 
 __all__ = ["EngineOptions", "Evaluation", "IntakeResult", "consolidate_into", "engine_for", "evaluate", "intake",
-           "load_trust", "open_sources", "refuse"]
+           "judge", "load_trust", "open_sources", "refuse"]

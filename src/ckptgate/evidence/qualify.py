@@ -291,7 +291,7 @@ def _consolidate(repo: Path, fixture: Fixture, out_dir: Path, *, options: Any, c
     """
     from ckptgate.evidence import provenance as prov
     from ckptgate.inspect import SafeTree
-    from ckptgate.pipeline import consolidate_into, engine_for, evaluate, load_trust
+    from ckptgate.pipeline import consolidate_into, engine_for, evaluate, judge, load_trust
     from ckptgate.verify import KeySigner
 
     trust = load_trust(options)
@@ -307,8 +307,8 @@ def _consolidate(repo: Path, fixture: Fixture, out_dir: Path, *, options: Any, c
                                                 trust=trust, commit=commit, now=now)
                 fresh = prov.store_provenance(repo, envelope)
                 stored = [fresh]
-            ev = evaluate(tree, attestations=stored, engine=engine, trust=trust, action="qualify", now=now,
-                          candidate_commit=commit)
+            ev = judge(ev.inspection, ev.digest, attestations=stored, engine=engine, trust=trust, action="qualify",
+                       now=now, candidate_commit=commit, containment=ev.containment)  # same bytes: not measured again
             if fresh is not None and not ev.decision.allow:
                 prov.discard_provenance(repo, fresh)
             superseded = prov.supersede_provenance(repo, fresh, ev.digest.digest) if fresh and ev.decision.allow \

@@ -72,7 +72,6 @@ class EngineOptions:
         return dataclasses.replace(self, policy_dir=self.policy_dir or root / "policies")
 
 
-
 @contextlib.contextmanager
 def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterator[PolicyEngine]:
     """The policy engine ``options`` name.  With ``--trust``, the engine carries the very bytes

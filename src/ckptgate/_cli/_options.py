@@ -50,7 +50,6 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return w
 
 
-
 def repo_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """``--repo DIR``: the repository the evidence commands work on."""
     return click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from ckptgate.inspect import Inspection, SafeTree
 
 
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerOptions:
     """How consolidation runs framework loaders: timeout, limits and the host's preflight profile

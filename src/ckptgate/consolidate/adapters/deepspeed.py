@@ -117,7 +117,6 @@ def _json(v: Any, path: str, tensors: Mapping[str, Any], budget: list[int], dept
     return {"__unknown__": type(v).__name__}
 
 
-
 class StorageMap:
     """Storage key -> absolute byte range, per file, from inspection's static torch-zip reader."""
 

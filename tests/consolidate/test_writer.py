@@ -17,7 +17,17 @@ import pytest
 
 
 @pytest.mark.parametrize("mode", ["verified", "held"])
-def test_resharded_copy_is_bit_identical(tmp_path, mode):
+def test_resharded_copy_is_bit_identical(tmp_path, mode, monkeypatch):
+    from ckptgate.consolidate import writer
+
+    hinted: dict[int, list[tuple[int, int]]] = {}  # inode -> ranges handed to write-back
+    real = writer._sync_file_range
+
+    def record(fd, offset, length, flags):
+        hinted.setdefault(os.fstat(fd).st_ino, []).append((offset, length))
+        return real(fd, offset, length, flags)
+
+    monkeypatch.setattr(writer, "_sync_file_range", record)
     rng = np.random.default_rng(0)
     tensors = {"a": rng.standard_normal((7, 5)).astype(np.float32),
                "b": rng.integers(-9, 9, (3,), dtype=np.int64),
@@ -54,6 +64,12 @@ def test_resharded_copy_is_bit_identical(tmp_path, mode):
     for w in written:  # the receipt's hashes are the bytes on disk, in both modes
         assert hashlib.sha256((out / w.filename).read_bytes()).hexdigest() == w.sha256
         assert (out / w.filename).stat().st_size == w.size
+    for shard in plan.shards:  # write-back was started for every tensor byte, each byte once
+        f = out / shard.filename
+        spans = sorted(hinted[f.stat().st_ino])
+        data_start = 8 + int.from_bytes(f.read_bytes()[:8], "little")
+        assert spans[0][0] == data_start and sum(n for _, n in spans) == shard.nbytes
+        assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))
 
 
 def test_held_mode_refuses_a_plan_that_does_not_tile_its_output(tmp_path):

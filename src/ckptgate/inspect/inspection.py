@@ -11,8 +11,9 @@ from ckptgate.inspect.classify import FileKind
 from ckptgate.inspect.files import FileFacts, analyse_file
 from ckptgate.inspect.findings import Finding, Severity, error
 from ckptgate.inspect.formats import Context, FormatResult, detect_format
+from ckptgate.inspect._threads import map_in_threads
 from ckptgate.inspect.pickle import PickleReport
-from ckptgate.inspect.walk import SafeTree, WalkLimits
+from ckptgate.inspect.walk import SafeTree, FileEntry, WalkLimits
 
 __all__ = ["LOADERS", "Inspection", "inspect_open_tree", "inspect_tree"]
 
@@ -58,15 +59,18 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: bool = True) -> Inspection:
     """Inspect an already opened tree (so a digest can share the same descriptors)."""
     findings: list[Finding] = list(tree.findings)
     facts: dict[str, FileFacts] = {}
-    for e in tree.entries:
+
+    def analyse(e: FileEntry) -> tuple[FileFacts, list[Finding]]:
         try:
-            f, fs = analyse_file(tree, e.path, verify_crc=verify_crc)
+            return analyse_file(tree, e.path, verify_crc=verify_crc)
         except InputRejected:
             raise
         except Exception as exc:  # noqa: BLE001 - a reader crash is a reject, never "clean"
-            f = FileFacts(path=e.path, size=e.size, kind=FileKind.UNKNOWN, detail="reader failed")
-            fs = [error("inspect.reader_failed", e.path, f"the reader failed on this file: {type(exc).__name__}",
-                        exception=type(exc).__name__)]
+            return (FileFacts(path=e.path, size=e.size, kind=FileKind.UNKNOWN, detail="reader failed"),
+                    [error("inspect.reader_failed", e.path, f"the reader failed on this file: {type(exc).__name__}",
+                           exception=type(exc).__name__)])
+
+    for e, (f, fs) in zip(tree.entries, map_in_threads(analyse, tree.entries, lambda e: e.size), strict=True):
         facts[e.path] = f
         findings.extend(fs)
     ctx = Context(tree=tree, files=facts)

@@ -12,12 +12,13 @@ import os
 import re
 from typing import Any
 
+from ckptgate.inspect._threads import map_in_threads
 from ckptgate.inspect.classify import FileKind
-from ckptgate.inspect.dcp import DcpMetadata, extract_dcp_metadata
+from ckptgate.inspect.dcp import DcpMetadata, DcpStorageItem, extract_dcp_metadata
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.formats._base import Context, FormatResult, plain_basename
 from ckptgate.inspect.safetensors import TORCH_DTYPES, json_loads_strict
-from ckptgate.inspect.torchzip import inspect_torch_zip
+from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
 
 __all__ = ["detect_dcp", "detect_dcp_hf", "dcp_layout"]
 
@@ -67,6 +68,7 @@ def _check_items(ctx: Context, pre: str, md: DcpMetadata, findings: list[Finding
     byfile: dict[str, list[tuple[int, int, str]]] = {}
     out: list[dict[str, Any]] = []
     mp = pre + ".metadata"
+    items: list[tuple[DcpStorageItem, str]] = []  # (storage item, its file): read below, in parallel
     for s in md.storage:
         bad = plain_basename(s.relative_path, mp, f"storage relative_path for {s.fqn!r}", "dcp")
         if bad:
@@ -86,11 +88,17 @@ def _check_items(ctx: Context, pre: str, md: DcpMetadata, findings: list[Finding
             findings.append(error("dcp.transformed_item", path, f"item {s.fqn!r} has storage transforms "
                                   f"{list(s.transforms)}; refused", fqn=s.fqn))
         byfile.setdefault(path, []).append((s.file_offset, s.file_offset + s.length, s.fqn))
+        items.append((s, path))
+
+    def read_item(item: tuple[DcpStorageItem, str]) -> tuple[TorchZipLayout | None, tuple[Finding, ...]]:
+        s, path = item
         fd = ctx.tree.open_file(path)
         try:
-            lay, fs = inspect_torch_zip(fd, s.length, path=path, base=s.file_offset, verify_crc=verify_crc)
+            return inspect_torch_zip(fd, s.length, path=path, base=s.file_offset, verify_crc=verify_crc)
         finally:
             os.close(fd)
+
+    for (s, path), (lay, fs) in zip(items, map_in_threads(read_item, items, lambda it: it[0].length), strict=True):
         findings.extend(fs)
         rec: dict[str, Any] = {"fqn": s.fqn, "path": path, "offset": s.file_offset, "length": s.length,
                                "chunk_offsets": None if s.offset is None else list(s.offset)}

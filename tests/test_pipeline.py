@@ -12,11 +12,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+import ckptgate.pipeline as pipeline
 from ckptgate.decide.engine import EmbeddedOpa
 from ckptgate.demo import demo_statement
 from ckptgate.digest import fixture_digest
@@ -218,3 +220,37 @@ def test_a_source_opened_for_writing_during_intake_is_not_published(setup, when)
     assert not setup["dst"].exists()
     assert not [p for p in setup["tmp"].iterdir() if "staging" in p.name]
     assert writers[0].wait(timeout=10) == 0  # released when the intake ended
+
+
+@pytest.mark.parametrize(("fixture", "needs_profile"), [("dcp_torch_save", True), ("hf_sharded", False)])
+def test_the_containment_preflight_runs_while_the_digest_hashes(monkeypatch, fixture, needs_profile):
+    """Loads beyond pure data get a containment profile, measured beside the digest, not after it."""
+    started = threading.Event()
+    ran_on: list[str] = []
+    seen: dict[str, object] = {}
+
+    def preflight() -> str:
+        ran_on.append(threading.current_thread().name)
+        started.set()
+        return "profile"
+
+    def digest(tree):
+        if needs_profile:
+            assert started.wait(10), "the preflight had not started when hashing began"
+        return "digest"
+
+    def judge(inspection, measured, **kw):
+        seen.update(kw, digest=measured, loaders=inspection.loaders)
+        return "evaluation"
+
+    monkeypatch.setattr(pipeline, "_preflight", preflight)
+    monkeypatch.setattr(pipeline, "fixture_digest", digest)
+    monkeypatch.setattr(pipeline, "judge", judge)
+    with SafeTree.open(REPO / "tests" / "fixtures" / "data" / fixture / "checkpoint") as tree:
+        assert pipeline.evaluate(tree, attestations=[], engine=None, trust=None) == "evaluation"
+    assert seen["digest"] == "digest"
+    if needs_profile:
+        assert "static_pickle" in seen["loaders"]
+        assert seen["containment"] == "profile" and ran_on and ran_on[0].startswith("ckptgate-preflight")
+    else:
+        assert seen["containment"] is None and not ran_on

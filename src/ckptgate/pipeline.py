@@ -14,6 +14,7 @@ import json
 import os
 import tarfile
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -141,10 +142,30 @@ def _read_attestation(path: Path) -> bytes:
 def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngine, trust: TrustData,
              action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
              containment: Any = None, sigstore_trust_root: Path | None = None) -> Evaluation:
-    """Inspect, digest, verify and decide.  Never loads anything from the checkpoint."""
-    return judge(inspect_open_tree(tree), fixture_digest(tree), attestations=attestations, engine=engine,
-                 trust=trust, action=action, now=now, candidate_commit=candidate_commit, containment=containment,
+    """Inspect, digest, verify and decide.  Never loads anything from the checkpoint.
+
+    When the loaders need a containment profile, the preflight's child runs while the digest hashes.
+    """
+    inspection = inspect_open_tree(tree)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-preflight") as pool:
+        profile = pool.submit(_preflight) if containment is None and _needs_profile(inspection) else None
+        digest = fixture_digest(tree)
+        if profile is not None:
+            containment = profile.result()
+    return judge(inspection, digest, attestations=attestations, engine=engine, trust=trust, action=action,
+                 now=now, candidate_commit=candidate_commit, containment=containment,
                  sigstore_trust_root=sigstore_trust_root)
+
+
+def _needs_profile(inspection: Inspection) -> bool:
+    """Only loads beyond pure data can need containment; the policy decides which controls."""
+    return not set(inspection.loaders) <= PURE_DATA_LOADERS
+
+
+def _preflight() -> Any:
+    from ckptgate.enforce.containment import preflight  # only when a framework load may follow
+
+    return preflight()
 
 
 def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequence[Path], engine: PolicyEngine,
@@ -167,10 +188,8 @@ def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequen
             builder.rejected_attestation(str(path), e)
         else:
             builder.attestation(verified)
-    if containment is None and not set(inspection.loaders) <= PURE_DATA_LOADERS:
-        from ckptgate.enforce.containment import preflight  # only when a framework load may follow
-
-        containment = preflight()
+    if containment is None and _needs_profile(inspection):
+        containment = _preflight()
     builder.containment(containment)
     policy_input = builder.build()
     decision = decide(engine, policy_input)

@@ -241,3 +241,12 @@ def test_a_malformed_remote_url_is_a_typed_error(url: str) -> None:
     with pytest.raises(EngineUnavailable) as e:
         RemoteOpa(url)
     assert e.value.code == "engine.remote.bad_url"
+
+
+def test_the_opa_client_is_imported_only_once_an_engine_starts():
+    """Importing the pipeline leaves opa_client (requests, aiohttp) to a thread the engine starts."""
+    code = ("import sys, ckptgate.pipeline as p; before = 'opa_client' in sys.modules; "
+            "e = p.open_engine(); e.evaluate('ckptgate/intake/decision', {}); e.close(); "
+            "print(before, 'opa_client' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["False", "True"]

@@ -19,28 +19,31 @@ The embedded server:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import functools
 import hashlib
+import importlib
 import json
 import os
 import secrets
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
-
-import requests
-from opa_client import OpaClient
 
 from ckptgate.decide.bundle import PolicyBundle, default_policy_dir, find_opa
 from ckptgate.errors import EngineUnavailable
+
+if TYPE_CHECKING:
+    from opa_client import OpaClient
 
 DEFAULT_TIMEOUT_S = 5.0
 _PORT_ATTEMPTS = 3
@@ -73,6 +76,8 @@ class _ClientEngine:
     _revision: str
 
     def evaluate(self, entrypoint: str, input_doc: dict[str, Any]) -> RawDecision:
+        import requests  # loaded with opa_client (see _new_client)
+
         package, _, rule = entrypoint.strip("/").rpartition("/")
         started = time.monotonic()
         try:
@@ -116,8 +121,8 @@ class RemoteOpa(_ClientEngine):
                                     "token and the decisions would travel unprotected; use https",
                                     advice="Serve OPA over TLS, or reach it through a loopback tunnel.")
         port = explicit_port or (443 if parsed.scheme == "https" else 80)
-        self._client = OpaClient(host=parsed.hostname, port=port, ssl=parsed.scheme == "https",
-                                 token=token, timeout=timeout_s, retries=0)
+        self._client = _new_client(host=parsed.hostname, port=port, ssl=parsed.scheme == "https",
+                                   token=token, timeout=timeout_s, retries=0)
         self._name = f"{parsed.scheme}://{parsed.hostname}:{port}"
         self._revision = ""
         if not self._client.check_health():
@@ -202,11 +207,14 @@ class EmbeddedOpa(_ClientEngine):
                                           env=env, preexec_fn=_die_with_parent, close_fds=True)
         EmbeddedOpa._live.add(self)
         self._name = f"embedded OPA (pid {self._proc.pid}, 127.0.0.1:{port})"
-        self._client = OpaClient(host="127.0.0.1", port=port, token=token, timeout=self._timeout_s, retries=0)
+        self._port, self._token = port, token
+        _preload_client()
         self._deadline = time.monotonic() + self._start_timeout_s
 
     def _wait_healthy(self) -> None:
         assert self._proc is not None
+        self._client = _new_client(host="127.0.0.1", port=self._port, token=self._token, timeout=self._timeout_s,
+                                   retries=0)
         while time.monotonic() < self._deadline:
             if self._proc.poll() is not None:
                 raise EngineUnavailable(
@@ -255,6 +263,24 @@ def open_engine(*, opa_url: str | None = None, opa_token: str | None = None, pol
     if url:
         return RemoteOpa(url, token=opa_token or os.environ.get("CKPTGATE_OPA_TOKEN"), timeout_s=timeout_s)
     return EmbeddedOpa(bundle=bundle, policy_dir=policy_dir, overlays=overlays, timeout_s=timeout_s, wait=False)
+
+
+def _new_client(**kwargs: Any) -> OpaClient:
+    from opa_client import OpaClient  # waits for _preload_client's import, if one is running
+
+    return OpaClient(**kwargs)
+
+
+def _preload_client() -> None:
+    """Import opa_client (with requests and aiohttp, about 0.3 s) on a thread while OPA starts and
+    the caller inspects and hashes; :func:`_new_client` then finds it loaded."""
+    if "opa_client" not in sys.modules:
+        threading.Thread(target=_import_quietly, args=("opa_client",), name="ckptgate-import", daemon=True).start()
+
+
+def _import_quietly(name: str) -> None:
+    with contextlib.suppress(ImportError):  # the import in _new_client raises it again, where it is handled
+        importlib.import_module(name)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fastjsonschema
-import jsonschema
 
 from ckptgate.errors import VerificationError
+
+if TYPE_CHECKING:
+    import jsonschema
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 QUALIFICATION_PREDICATE_TYPE = "https://ckptgate.dev/attestation/qualification/v1"
@@ -36,6 +38,8 @@ def _schema(name: str) -> dict[str, Any]:
 
 @cache
 def _validator(name: str) -> jsonschema.protocols.Validator:
+    import jsonschema  # the slow path's error messages only: valid statements never need it
+
     schema = _schema(name)
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
@@ -61,7 +65,9 @@ def _first_error(name: str, doc: Any) -> jsonschema.ValidationError | None:
         return None
     except fastjsonschema.JsonSchemaException:
         pass
-    return jsonschema.exceptions.best_match(_validator(name).iter_errors(doc))
+    from jsonschema.exceptions import best_match
+
+    return best_match(_validator(name).iter_errors(doc))
 
 
 def check_statement(doc: Any) -> dict[str, Any]:

@@ -250,3 +250,14 @@ def test_the_opa_client_is_imported_only_once_an_engine_starts():
             "print(before, 'opa_client' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_a_bundle_that_fails_to_build_is_raised_at_the_first_decision_and_leaves_nothing(policy_dir):
+    """The keeper thread builds and launches while the caller works; its failure is a typed deny."""
+    engine = open_engine(policy_dir=policy_dir("package ckptgate.intake\n\ndecision := {\n"))
+    workdir = engine._workdir
+    with pytest.raises(EngineUnavailable) as e:
+        engine.evaluate("ckptgate/intake/decision", {"ok": True})
+    assert e.value.code == "engine.bundle.build_failed"
+    assert engine.pid is None and not EmbeddedOpa._live and not workdir.exists()
+    engine.close()  # closing again is harmless

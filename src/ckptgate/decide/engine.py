@@ -12,6 +12,7 @@ The embedded server:
   token is random per start and never written to disk, so other local users cannot query it;
 * loads the policies as a signed bundle and verifies it (``--verification-key``); a tampered
   bundle makes OPA refuse to start;
+* is built and launched on a keeper thread, so the caller inspects and hashes meanwhile;
 * dies with its owner: ``PR_SET_PDEATHSIG`` kills it if ckptgate is killed (even ``kill -9``),
   and :meth:`EmbeddedOpa.close` (context-manager exit, ``atexit``, SIGTERM/SIGINT) stops it.
 """
@@ -140,26 +141,46 @@ class EmbeddedOpa(_ClientEngine):
     def __init__(self, *, bundle: PolicyBundle | None = None, policy_dir: Path | None = None,
                  overlays: dict[str, bytes] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  start_timeout_s: float = 30.0, log_path: Path | None = None, wait: bool = True) -> None:
-        """Build the bundle and launch OPA.  With ``wait=False`` the wait for OPA to become healthy
-        is left to the first :meth:`evaluate`, so the caller's own work overlaps OPA's start-up."""
+        """Build the bundle and launch OPA on a keeper thread.  With ``wait=False`` the wait for the
+        bundle and for OPA to become healthy is left to the first :meth:`evaluate`, so the caller's
+        own work overlaps both; a failure to build or launch is raised there."""
         self._workdir = Path(tempfile.mkdtemp(prefix="ckptgate-opa-"))  # mode 0700
         self._proc: subprocess.Popen[bytes] | None = None
         self._closed = False
         self._started = False
         self._attempt = 0
+        self._revision = bundle.revision if bundle else ""
+        self._timeout_s, self._start_timeout_s = timeout_s, start_timeout_s
+        self._log_path = log_path or self._workdir / "opa.log"
+        self._ready, self._stop = threading.Event(), threading.Event()
+        self._failure: BaseException | None = None
+        _install_cleanup()  # signal handlers can only be set from the main thread
+        self._keeper = threading.Thread(target=self._keep, args=(bundle, policy_dir, overlays), name="ckptgate-opa",
+                                        daemon=True)
+        self._keeper.start()
+        if wait:
+            try:
+                self._ensure_started()
+            except BaseException:
+                self.close()
+                raise
+
+    def _keep(self, bundle: PolicyBundle | None, policy_dir: Path | None, overlays: dict[str, bytes] | None) -> None:
+        """Build the bundle and launch OPA, then stay alive until :meth:`close`: OPA's PDEATHSIG
+        follows the thread that forked it, so this thread must outlive the server."""
         try:
             if bundle is None:
                 bundle = PolicyBundle.from_directory(policy_dir or default_policy_dir(), self._workdir,
                                                      overlays=overlays)
-            self._revision = bundle.revision
-            self._bundle, self._timeout_s, self._start_timeout_s = bundle, timeout_s, start_timeout_s
-            self._log_path = log_path or self._workdir / "opa.log"
-            self._launch()  # in the caller's thread: PDEATHSIG follows the thread that forks
-            if wait:
-                self._ensure_started()
-        except BaseException:
-            self.close()
-            raise
+                self._revision = bundle.revision
+            self._bundle = bundle
+            if not self._stop.is_set():
+                self._launch()
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread by _ensure_started
+            self._failure = e
+        finally:
+            self._ready.set()
+        self._stop.wait()
 
     def evaluate(self, entrypoint: str, input_doc: dict[str, Any]) -> RawDecision:
         self._ensure_started()
@@ -170,6 +191,10 @@ class EmbeddedOpa(_ClientEngine):
             return
         if self._closed:
             raise EngineUnavailable("engine.opa.closed", "the embedded OPA has been stopped")
+        self._ready.wait()
+        if self._failure is not None:
+            self.close()
+            raise self._failure
         while True:
             try:
                 self._wait_healthy()
@@ -188,6 +213,8 @@ class EmbeddedOpa(_ClientEngine):
 
     @property
     def pid(self) -> int | None:
+        """The server's pid once the keeper has launched it (waits for that); ``None`` if it failed."""
+        self._ready.wait()
         return self._proc.pid if self._proc else None
 
     def _launch(self) -> None:
@@ -201,7 +228,6 @@ class EmbeddedOpa(_ClientEngine):
                "--verification-key", str(self._bundle.verification_key), "--signing-alg", "ES256",
                "--set", "decision_logs.console=true", "--skip-version-check",
                "--shutdown-grace-period", "1", "--log-level", "info"]
-        _install_cleanup()
         with open(self._log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                           env=env, preexec_fn=_die_with_parent, close_fds=True)
@@ -233,6 +259,9 @@ class EmbeddedOpa(_ClientEngine):
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
+        if self._keeper is not threading.current_thread():
+            self._keeper.join()  # a launch in progress finishes first, so no server outlives close()
         proc = self._proc
         if proc is not None and proc.poll() is None:
             proc.terminate()

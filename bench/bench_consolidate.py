@@ -17,6 +17,10 @@ Cases (generated under --workdir at --size bytes each, 2 gloo ranks on CPU):
 a signed qualification statement verified, the embedded OPA decision, the plan, the streaming
 writer and atomic publication.  Every side runs in its own subprocess; peak RSS is that
 process's ``ru_maxrss`` from ``wait4`` (its waited-for descendants included, e.g. a worker).
+Each side runs --repeat times, the sides interleaved, each run after ``sync`` and with its
+previous output removed; the table shows the median wall time (every run's is in the JSON).
+Writing fresh page-cache pages on this VM swings between runs by a factor of several, which a
+single run per side turns into noise in the ratios.
 
     .venv/bin/python bench/bench_consolidate.py --size 512M
     .venv/bin/python bench/bench_consolidate.py --size 256M --cases deepspeed-zero3
@@ -29,6 +33,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -229,6 +234,8 @@ def main() -> None:
                                                   "deepspeed-zero3 (e.g. 256M, 2G; default 2G)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/ckptgate-bench-consolidate"))
     ap.add_argument("--cases", default="dcp-torch-save,dcp-hf,deepspeed-zero3")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of every side, interleaved; the median wall time "
+                                                          "and the highest peak RSS are reported (default 3)")
     args = ap.parse_args()
     size = parse_size(args.size)
     work = args.workdir
@@ -268,11 +275,19 @@ def main() -> None:
                   f"({res['bit_exact_vs_' + tools[0]]})")
             for p in (work / case).glob("out-*"):
                 shutil.rmtree(p)
-        subprocess.run(["sync"], check=False)
-        res["cp"] = run_measured([shutil.which("cp") or "/bin/cp", "-r", str(src), str(work / case / "cp")])
-        res["ckptgate"] = run_measured(gate_argv)
-        for tool in tools:
-            res[tool] = run_measured([py, str(side_py), tool, str(src), str(work / case / f"out-{tool}")])
+        sides = {"cp": ([shutil.which("cp") or "/bin/cp", "-r", str(src), str(work / case / "cp")], work / case / "cp"),
+                 "ckptgate": (gate_argv, work / case / "out-ckptgate"),
+                 **{tool: ([py, str(side_py), tool, str(src), str(work / case / f"out-{tool}")],
+                           work / case / f"out-{tool}") for tool in tools}}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+        for _ in range(args.repeat):  # interleaved, so a slow spell of the machine hits every side
+            for name, (argv, out) in sides.items():
+                shutil.rmtree(out, ignore_errors=True)
+                subprocess.run(["sync"], check=False)  # every side starts with no dirty pages to flush
+                runs[name].append(run_measured(argv))
+        for name, rs in runs.items():
+            res[name] = {"wall_s": statistics.median(r["wall_s"] for r in rs), "walls_s": [r["wall_s"] for r in rs],
+                         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rs)}
         res["largest_tensor_bytes"] = largest_tensor_bytes(work / case / "out-ckptgate")
         res["largest_output_shard_bytes"] = max(p.stat().st_size
                                                 for p in (work / case / "out-ckptgate").glob("*.safetensors"))

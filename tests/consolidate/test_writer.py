@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -9,6 +11,7 @@ import os
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from ckptgate.consolidate import writer
 from ckptgate.consolidate.plan import OutputTensor, Placement, shard_tensors
 from ckptgate.consolidate.writer import INDEX_NAME, write_plan
 
@@ -16,22 +19,43 @@ from ckptgate.consolidate.writer import INDEX_NAME, write_plan
 import pytest
 
 
-@pytest.mark.parametrize("mode", ["verified", "held"])
-def test_resharded_copy_is_bit_identical(tmp_path, mode, monkeypatch):
-    from ckptgate.consolidate import writer
+class DiskPath:
+    """Records, per output inode, the ranges written with O_DIRECT and those handed to write-back."""
 
-    hinted: dict[int, list[tuple[int, int]]] = {}  # inode -> ranges handed to write-back
-    real = writer._sync_file_range
+    def __init__(self, monkeypatch, *, fail_direct_with: int | None = None) -> None:
+        self.direct: dict[int, list[tuple[int, int]]] = {}
+        self.hinted: dict[int, list[tuple[int, int]]] = {}
+        real_hint, real_pwrite = writer._sync_file_range, writer._pwrite_all
 
-    def record(fd, offset, length, flags):
-        hinted.setdefault(os.fstat(fd).st_ino, []).append((offset, length))
-        return real(fd, offset, length, flags)
+        def hint(fd, offset, length, flags):
+            self.hinted.setdefault(os.fstat(fd).st_ino, []).append((offset, length))
+            return real_hint(fd, offset, length, flags)
 
-    monkeypatch.setattr(writer, "_sync_file_range", record)
-    rng = np.random.default_rng(0)
-    tensors = {"a": rng.standard_normal((7, 5)).astype(np.float32),
-               "b": rng.integers(-9, 9, (3,), dtype=np.int64),
-               "c": rng.standard_normal((4, 4)).astype(np.float16)}
+        def pwrite_all(fd, data, offset):
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+                if fail_direct_with is not None:
+                    raise OSError(fail_direct_with, os.strerror(fail_direct_with))
+                self.direct.setdefault(os.fstat(fd).st_ino, []).append((offset, len(data)))
+            return real_pwrite(fd, data, offset)
+
+        monkeypatch.setattr(writer, "_sync_file_range", hint)
+        monkeypatch.setattr(writer, "_pwrite_all", pwrite_all)
+
+    def covered(self, path) -> list[tuple[int, int]]:
+        """Merged ranges of ``path`` that went to the disk path, either way."""
+        ino = path.stat().st_ino
+        merged: list[tuple[int, int]] = []
+        for a, n in sorted(self.direct.get(ino, []) + self.hinted.get(ino, [])):
+            if merged and a < merged[-1][1]:
+                raise AssertionError(f"{path.name}: byte {a} went to the disk path twice")
+            if merged and a == merged[-1][1]:
+                merged[-1] = (merged[-1][0], a + n)
+            else:
+                merged.append((a, a + n))
+        return merged
+
+
+def _plan_from(tmp_path, tensors, max_shard_bytes):
     src = tmp_path / "src.safetensors"
     save_file(tensors, str(src))
     raw = src.read_bytes()
@@ -42,12 +66,15 @@ def test_resharded_copy_is_bit_identical(tmp_path, mode, monkeypatch):
                          placements=(Placement(src="src.safetensors", src_offset=base + v["data_offsets"][0],
                                                dst_offset=0, length=v["data_offsets"][1] - v["data_offsets"][0]),))
             for k, v in header.items() if k != "__metadata__"]
-    plan = shard_tensors(outs, max_shard_bytes=150)
+    return src, raw, shard_tensors(outs, max_shard_bytes=max_shard_bytes)
+
+
+def _write_and_check(tmp_path, tensors, plan, src, raw, *, mode, chunk_size):
     out = tmp_path / "out"
     out.mkdir()
     fd = os.open(src, os.O_RDONLY)
     try:
-        written = write_plan(plan, out, {"src.safetensors": fd}, chunk_size=16,
+        written = write_plan(plan, out, {"src.safetensors": fd}, chunk_size=chunk_size,
                              expected={"src.safetensors": hashlib.sha256(raw).hexdigest()} if mode == "verified"
                              else None)
     finally:
@@ -64,12 +91,45 @@ def test_resharded_copy_is_bit_identical(tmp_path, mode, monkeypatch):
     for w in written:  # the receipt's hashes are the bytes on disk, in both modes
         assert hashlib.sha256((out / w.filename).read_bytes()).hexdigest() == w.sha256
         assert (out / w.filename).stat().st_size == w.size
-    for shard in plan.shards:  # write-back was started for every tensor byte, each byte once
+    return out
+
+
+@pytest.mark.parametrize("mode", ["verified", "held"])
+def test_resharded_copy_is_bit_identical(tmp_path, mode, monkeypatch):
+    disk = DiskPath(monkeypatch)
+    rng = np.random.default_rng(0)
+    tensors = {"a": rng.standard_normal((7, 5)).astype(np.float32),
+               "b": rng.integers(-9, 9, (3,), dtype=np.int64),
+               "c": rng.standard_normal((4, 4)).astype(np.float16)}
+    src, raw, plan = _plan_from(tmp_path, tensors, max_shard_bytes=150)
+    out = _write_and_check(tmp_path, tensors, plan, src, raw, mode=mode, chunk_size=16)
+    for shard in plan.shards:  # every tensor byte went to the disk path, each byte once
         f = out / shard.filename
-        spans = sorted(hinted[f.stat().st_ino])
         data_start = 8 + int.from_bytes(f.read_bytes()[:8], "little")
-        assert spans[0][0] == data_start and sum(n for _, n in spans) == shard.nbytes
-        assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))
+        [(a, b)] = disk.covered(f)
+        assert b == f.stat().st_size and a == (0 if mode == "held" else data_start)
+
+
+@pytest.mark.parametrize("direct", ["taken", "refused_by_fcntl", "einval_on_write"])
+def test_held_mode_writes_whole_blocks_directly_and_the_rest_buffered(tmp_path, monkeypatch, direct):
+    """Windows of several blocks, an unaligned tail; and where O_DIRECT is refused, all buffered."""
+    if direct == "refused_by_fcntl":
+        monkeypatch.setattr(writer, "_set_direct", lambda fd, on: not on)
+    disk = DiskPath(monkeypatch, fail_direct_with=errno.EINVAL if direct == "einval_on_write" else None)
+    rng = np.random.default_rng(1)
+    tensors = {"a": rng.standard_normal((3001,)).astype(np.float32),
+               "b": rng.standard_normal((123, 77)).astype(np.float16)}
+    src, raw, plan = _plan_from(tmp_path, tensors, max_shard_bytes=1 << 20)
+    out = _write_and_check(tmp_path, tensors, plan, src, raw, mode="held", chunk_size=3 * 4096 + 5)
+    [shard] = plan.shards
+    f = out / shard.filename
+    assert disk.covered(f) == [(0, f.stat().st_size)] and f.stat().st_size % 4096
+    ino = f.stat().st_ino
+    if direct == "taken":
+        assert disk.direct[ino] and all(a % 4096 == 0 and n % 4096 == 0 for a, n in disk.direct[ino])
+        assert sum(n for _, n in disk.direct[ino]) == f.stat().st_size // 4096 * 4096
+    else:
+        assert not disk.direct.get(ino)
 
 
 def test_held_mode_refuses_a_plan_that_does_not_tile_its_output(tmp_path):

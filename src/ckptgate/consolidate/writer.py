@@ -6,9 +6,10 @@ the model:
 * **Held sources** (``expected=None``): the caller holds every source unchanged
   (:meth:`ckptgate.inspect.SafeTree.hold`: read leases, checked with ``intact()`` after the
   write), so the bytes read here are the bytes that were inspected and hashed.  Each output file
-  is written front to back: its header, then every placed range read from its source with
-  ``preadv`` and written with ``pwrite``, and hashed as it goes, so the receipt's sha256 costs no
-  second pass.  Only the placed bytes are read.
+  is assembled front to back in page-aligned windows: its header, then every placed range read
+  from its source with ``preadv`` straight into place.  Each full window is hashed (so the
+  receipt's sha256 costs no second pass) and written, with ``O_DIRECT`` where the file system
+  takes it, while the next one is filled.  Only the placed bytes are read.
 * **Verified sources** (``expected`` = the fixture manifest): every source file is read once,
   from its first byte to its last; each chunk is hashed and the parts of it that the plan places
   are written into the outputs at their offsets.  At the end of the pass the source's sha256 must
@@ -25,8 +26,11 @@ on a small thread pool.
 from __future__ import annotations
 
 import ctypes
+import errno
+import fcntl
 import hashlib
 import json
+import mmap
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,7 +41,8 @@ from ckptgate.consolidate.plan import ConsolidationPlan, ShardTask
 from ckptgate.errors import RuntimeFailure
 
 DEFAULT_CHUNK = 8 << 20
-_RING = 3  # buffers per output in held mode: one being read and written, up to two being hashed
+_RING = 4  # windows per output in held mode: one being filled, the others being hashed and written
+_ALIGN = 4096  # O_DIRECT: buffer address, file offset and length in whole blocks
 INDEX_NAME = "model.safetensors.index.json"
 _SYNC_FILE_RANGE_WRITE = 2
 _sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
@@ -71,10 +76,10 @@ class _Segment:
     out_offset: int
 
 
-def _layout(plan: ConsolidationPlan, out_dir: Path, opened: dict[str, int]) -> tuple[
+def _layout(plan: ConsolidationPlan, out_dir: Path, opened: dict[str, int], *, write_heads: bool) -> tuple[
         dict[str, list[_Segment]], dict[str, int], dict[str, bytes]]:
-    """Create every output file at its final size, headers written; return the segments per
-    source, the sizes and the headers."""
+    """Create every output file at its final size (headers written if ``write_heads``); return the
+    segments per source, the sizes and the headers."""
     segments: dict[str, list[_Segment]] = {}
     sizes: dict[str, int] = {}
     heads: dict[str, bytes] = {}
@@ -89,7 +94,8 @@ def _layout(plan: ConsolidationPlan, out_dir: Path, opened: dict[str, int]) -> t
     for task in plan.shards:
         head = heads[task.filename] = header_bytes(task)
         fd = create(task.filename, len(head) + task.nbytes)
-        _pwrite_all(fd, head, 0)
+        if write_heads:
+            _pwrite_all(fd, head, 0)
         base = len(head)
         for t in task.tensors:
             for p in t.placements:
@@ -168,41 +174,99 @@ def _hash_file(fd: int, chunk_size: int) -> str:
     return h.hexdigest()
 
 
+class _Sink:
+    """One output file, written by one thread: whole aligned blocks with ``O_DIRECT`` where the file
+    system takes it (no page cache to fill and no write-back left for the fsync; on this project's
+    VM, page-cache writes vary several-fold in speed from one run to the next), the rest buffered."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.direct = _set_direct(fd, True)
+
+    def write(self, data: memoryview, offset: int) -> None:
+        n = len(data) & -_ALIGN if self.direct else 0
+        if n:
+            try:
+                _pwrite_all(self.fd, data[:n], offset)
+            except OSError as e:
+                if e.errno != errno.EINVAL:  # EINVAL: this file system's direct I/O wants other alignment
+                    raise
+                n = 0
+        if n < len(data):
+            if self.direct:  # the unaligned tail, or the rest after EINVAL: buffered from here on
+                _set_direct(self.fd, False)
+                self.direct = False
+            _write_back(self.fd, data[n:], offset + n)
+
+
+def _set_direct(fd: int, on: bool) -> bool:
+    """Turn ``O_DIRECT`` on or off for ``fd``; whether that worked."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT if on else flags & ~os.O_DIRECT)
+    except OSError:
+        return False
+    return True
+
+
 def _copy_in_order(name: str, fd: int, size: int, head: bytes, pieces: list[tuple[int, str, int, int]],
                    sources: Mapping[str, int], chunk_size: int, on_bytes: Callable[[int], None] | None) -> str:
     """Write output ``name`` front to back from held sources; return its sha256.
 
     ``pieces`` are ``(out_offset, src, src_offset, length)``; together with the header they must
-    tile ``[0, size)`` exactly.  This thread reads and writes; a second one hashes the chunk just
-    written while the next is read, through a ring of :data:`_RING` buffers.
+    tile ``[0, size)`` exactly.  The output is assembled in page-aligned windows of about
+    ``chunk_size`` bytes: the header, then every placed range read with ``preadv`` straight into
+    its place.  Each full window is hashed on one thread and written (:class:`_Sink`) on another
+    while this thread fills the next, through a ring of :data:`_RING` windows.
     """
-    h = hashlib.sha256(head)  # written by _layout
-    pos = len(head)
-    n_buf = max(1, min(chunk_size, max((p[3] for p in pieces), default=1)))
-    ring = [memoryview(bytearray(n_buf)) for _ in range(_RING)]
-    pending: list[Future[None] | None] = [None] * _RING
-    k = 0
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-hash") as hasher:  # FIFO: in order
+    window = max(_ALIGN, chunk_size - chunk_size % _ALIGN)
+    ring = [mmap.mmap(-1, window) for _ in range(_RING)]  # anonymous maps: page-aligned, as O_DIRECT needs
+    views = [memoryview(m) for m in ring]
+    pending: list[tuple[Future[None], ...]] = [()] * _RING
+    h = hashlib.sha256()
+    sink = _Sink(fd)
+    k = fill = base = 0  # window k holds the output bytes [base, base + fill)
+    with (ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-hash") as hasher,  # FIFO: in order
+          ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-write") as writer):
+
+        def ship() -> None:
+            nonlocal k, fill, base
+            view = views[k][:fill]
+            pending[k] = (hasher.submit(h.update, view), writer.submit(sink.write, view, base))
+            k, base, fill = (k + 1) % _RING, base + fill, 0
+            for f in pending[k]:  # the next window is free once it is hashed and written
+                f.result()
+
+        def take(src: str, sfd: int | None, src_off: int, length: int) -> None:
+            nonlocal fill
+            while length:
+                n = min(window - fill, length)
+                if sfd is None:
+                    views[k][fill:fill + n] = head[src_off:src_off + n]
+                else:
+                    n = os.preadv(sfd, [views[k][fill:fill + n]], src_off)
+                    if n <= 0:
+                        raise RuntimeFailure("runtime.copy.short_read", f"{src}: the source ended early at "
+                                             f"byte {src_off}", evidence={"source": src, "offset": src_off})
+                    if on_bytes:
+                        on_bytes(n)
+                fill, src_off, length = fill + n, src_off + n, length - n
+                if fill == window:
+                    ship()
+
+        take(name, None, 0, len(head))
+        pos = len(head)
         for out_off, src, src_off, length in sorted(pieces):
             if out_off != pos:
-                raise RuntimeFailure("runtime.copy.not_tiled", f"{name}: the plan leaves a gap or an overlap at "
-                                     f"byte {min(pos, out_off)}", evidence={"output": name, "at": pos, "next": out_off})
-            sfd, end = sources[src], src_off + length
-            while src_off < end:
-                if (f := pending[k]) is not None:
-                    f.result()  # the hasher is done with this buffer
-                buf = ring[k]
-                n = os.preadv(sfd, [buf[:min(n_buf, end - src_off)]], src_off)
-                if n <= 0:
-                    raise RuntimeFailure("runtime.copy.short_read", f"{src}: the source ended early at byte "
-                                         f"{src_off}", evidence={"source": src, "offset": src_off})
-                pending[k] = hasher.submit(h.update, buf[:n])
-                _write_back(fd, buf[:n], pos)
-                src_off, pos, k = src_off + n, pos + n, (k + 1) % _RING
-                if on_bytes:
-                    on_bytes(n)
-        for f in pending:
-            if f is not None:
+                raise RuntimeFailure("runtime.copy.not_tiled", f"{name}: the plan leaves a gap or an overlap "
+                                     f"at byte {min(pos, out_off)}", evidence={"output": name, "at": pos,
+                                                                               "next": out_off})
+            take(src, sources[src], src_off, length)
+            pos += length
+        if fill:
+            ship()
+        for fs in pending:
+            for f in fs:
                 f.result()
     if pos != size:
         raise RuntimeFailure("runtime.copy.not_tiled", f"{name}: the plan covers {pos} of {size} bytes",
@@ -229,7 +293,7 @@ def write_plan(plan: ConsolidationPlan, out_dir: Path, sources: Mapping[str, int
                              evidence={"missing": missing})
     opened: dict[str, int] = {}
     try:
-        segments, sizes, heads = _layout(plan, out_dir, opened)
+        segments, sizes, heads = _layout(plan, out_dir, opened, write_heads=expected is not None)
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             if expected is None:
                 pieces: dict[int, list[tuple[int, str, int, int]]] = {fd: [] for fd in opened.values()}

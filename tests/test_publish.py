@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -10,7 +12,7 @@ import textwrap
 import pytest
 
 from ckptgate.errors import UsageError
-from ckptgate.publish import RECEIPT_NAME, publish, staging
+from ckptgate.publish import RECEIPT_NAME, publish, remove_stale_staging, staging
 
 
 def test_publish_renames_staging_into_place(tmp_path):
@@ -86,3 +88,16 @@ def test_a_live_staging_directory_of_another_intake_is_left_alone(tmp_path):
             publish(second, tmp_path / "second", {})
         publish(first, tmp_path / "first", {})
     assert (tmp_path / "first" / "part").read_bytes() == b"in progress"
+
+
+def test_a_staging_directory_not_yet_locked_by_its_intake_is_not_taken_for_stale(tmp_path):
+    """Between mkdtemp and flock an intake holds its parent's lock shared: no clean-up runs then."""
+    fresh = tmp_path / ".out.ckptgate-staging-abc123"
+    fresh.mkdir()  # created, not yet locked
+    parent = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(parent, fcntl.LOCK_SH)  # what staging() holds while it creates and locks
+        assert remove_stale_staging(tmp_path) == [] and fresh.exists()
+    finally:
+        os.close(parent)
+    assert remove_stale_staging(tmp_path) == [fresh] and not fresh.exists()  # an owner that is gone

@@ -4,8 +4,9 @@ Files are written into a private staging directory beside DST (same file system)
 and the directory are fsynced, the receipt is written last, and the staging directory is
 renamed to DST with ``renameat2(RENAME_NOREPLACE)``, so an existing DST is never replaced and a
 crash or ``kill -9`` at any point leaves DST absent.  A staging directory has a random name and is
-flock-ed by its owner while in use; one that no live process holds is removed on the next run.  Atomic publication is ckptgate's responsibility, not an
-upstream guarantee [R12].
+flock-ed by its owner while in use; one that no live process holds is removed on the next run
+(under an exclusive flock of the parent, which an intake holds shared until its own directory is
+locked).  Atomic publication is ckptgate's responsibility, not an upstream guarantee [R12].
 """
 
 from __future__ import annotations
@@ -69,12 +70,29 @@ def _held(path: Path) -> bool:
 
 
 def remove_stale_staging(parent: Path) -> list[Path]:
-    """Remove staging directories in ``parent`` whose owner is gone (no one holds their lock)."""
-    removed = []
-    for p in parent.iterdir() if parent.is_dir() else ():
-        if _STAGING.match(p.name) and p.is_dir() and not p.is_symlink() and not _held(p):
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
+    """Remove staging directories in ``parent`` whose owner is gone (no one holds their lock).
+
+    Runs only with an exclusive lock on ``parent`` itself; an intake holds that lock shared from
+    creating its staging directory until it has locked it (:func:`staging`), so a directory
+    that is not yet locked is never mistaken for a stale one.  If the lock is taken, the clean-up
+    is left to a later intake.
+    """
+    removed: list[Path] = []
+    try:
+        pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return removed
+    try:
+        try:
+            fcntl.flock(pfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return removed
+        for p in parent.iterdir():
+            if _STAGING.match(p.name) and p.is_dir() and not p.is_symlink() and not _held(p):
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+    finally:
+        os.close(pfd)  # releases the lock
     return removed
 
 
@@ -93,9 +111,14 @@ def staging(dst: Path) -> Iterator[Path]:
     """A private staging directory beside ``dst``; removed unless :func:`publish` consumed it."""
     dst = check_destination(dst)
     remove_stale_staging(dst.parent)
-    stage = Path(tempfile.mkdtemp(prefix=f".{dst.name}.ckptgate-staging-", dir=dst.parent))  # mode 0700
-    lock = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    fcntl.flock(lock, fcntl.LOCK_EX)  # held until we are done: marks the directory as live
+    pfd = os.open(dst.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(pfd, fcntl.LOCK_SH)  # no clean-up runs until our directory is locked
+        stage = Path(tempfile.mkdtemp(prefix=f".{dst.name}.ckptgate-staging-", dir=dst.parent))  # mode 0700
+        lock = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held until we are done: marks the directory as live
+    finally:
+        os.close(pfd)
     try:
         yield stage
     finally:

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 import tarfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -45,6 +45,14 @@ class Evaluation:
     inspection: Inspection
     digest: FixtureDigest
     containment: Any = None  # the ContainmentProfile the decision saw (None for pure data)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Consolidated:
+    """What :func:`consolidate_into` wrote, and what the plan's adapter reported (JSON)."""
+
+    outputs: tuple[WrittenFile, ...]
+    plan_report: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -214,7 +222,7 @@ def refuse(evaluation: Evaluation) -> None:
 
 def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: Path, *, max_shard_bytes: int,
                      chunk_size: int = DEFAULT_CHUNK, on_bytes: Callable[[int], None] | None = None,
-                     on_plan: Callable[[int], None] | None = None) -> tuple[WrittenFile, ...]:
+                     on_plan: Callable[[int], None] | None = None) -> Consolidated:
     """Enforce an evaluated decision and write the consolidated output into ``out_dir``.
 
     A deny raises (:func:`refuse`); an allow plans (framework loads run in the worker under the
@@ -234,7 +242,16 @@ def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: Path, *, m
         outputs = write_plan(plan, out_dir, sources, expected=None if tree.held else evaluation.digest.file_hashes(),
                              chunk_size=chunk_size, on_bytes=on_bytes)
     _still_held(tree)
-    return outputs
+    return Consolidated(outputs=outputs, plan_report=_plain(plan.report))
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every mapping a dict and every sequence a list: JSON for the receipt."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _still_held(tree: SafeTree) -> None:
@@ -260,14 +277,14 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
                               sigstore_trust_root=options.sigstore_trust_root)
         try:
             with staging(dst) as stage:
-                outputs = consolidate_into(tree, evaluation, stage, max_shard_bytes=max_shard_bytes,
-                                           chunk_size=chunk_size, on_bytes=on_bytes, on_plan=on_plan)
-                receipt = _receipt(src, evaluation, outputs)
+                done = consolidate_into(tree, evaluation, stage, max_shard_bytes=max_shard_bytes,
+                                        chunk_size=chunk_size, on_bytes=on_bytes, on_plan=on_plan)
+                receipt = _receipt(src, evaluation, done)
                 publish(stage, dst, receipt)
         except OSError as e:  # ENOSPC, EFBIG, EIO...: an I/O failure, not a bug; nothing was published
             raise RuntimeFailure("runtime.io", f"writing the output failed: {e.strerror or e}",
                                  evidence={"errno": e.errno, "destination": str(dst)}) from None
-    return IntakeResult(evaluation=evaluation, destination=dst, outputs=outputs, receipt=receipt)
+    return IntakeResult(evaluation=evaluation, destination=dst, outputs=done.outputs, receipt=receipt)
 
 
 @contextlib.contextmanager
@@ -282,7 +299,7 @@ def open_sources(tree: SafeTree, plan: Any) -> Iterator[dict[str, int]]:
             os.close(fd)
 
 
-def _receipt(src: Path, evaluation: Evaluation, outputs: Sequence[WrittenFile]) -> dict[str, Any]:
+def _receipt(src: Path, evaluation: Evaluation, done: Consolidated) -> dict[str, Any]:
     d = evaluation.decision
     return {
         "receipt_version": 1,
@@ -298,10 +315,11 @@ def _receipt(src: Path, evaluation: Evaluation, outputs: Sequence[WrittenFile]) 
         "containment": evaluation.policy_input.containment,
         "attestations": [{"source": a.get("source"), "signers": a.get("signers")}
                          for a in evaluation.policy_input.attestations],
-        "outputs": [{"file": o.filename, "size": o.size, "sha256": o.sha256} for o in outputs],
+        "plan": done.plan_report,
+        "outputs": [{"file": o.filename, "size": o.size, "sha256": o.sha256} for o in done.outputs],
         "published_at": now_utc().strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 
 
-__all__ = ["EngineOptions", "Evaluation", "IntakeResult", "consolidate_into", "engine_for", "evaluate", "intake",
+__all__ = ["Consolidated", "EngineOptions", "Evaluation", "IntakeResult", "consolidate_into", "engine_for", "evaluate", "intake",
            "judge", "load_trust", "open_sources", "refuse"]

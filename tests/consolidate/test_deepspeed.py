@@ -86,6 +86,12 @@ def test_zero_to_fp32_bit_exact(name: str, path: str, options: WorkerOptions, tm
     assert plan.report["zero_stage"] == (3 if name.endswith("3") else 2)
     assert plan.report["ds_version"] == "0.19.8"
     assert plan.report["trees_from"] == ("static_reader" if path == "static" else "contained_worker")
+    if path == "worker":  # the receipt records what held inside the worker, not only the preflight
+        worker = plan.report["worker"]
+        assert worker["job"] and worker["wall_s"] > 0
+        assert worker["controls"]["no_new_privs"] is True and worker["controls"]["seccomp"] is True
+    else:
+        assert "worker" not in plan.report
 
 
 @pytest.mark.parametrize("name", ["deepspeed_zero2", "deepspeed_zero3"])

@@ -5,12 +5,16 @@ Adapters for pure-data and statically read formats use only what inspection read
 ZeRO is gated as a framework load (its loader is DeepSpeed's); when every state file stayed
 inside the static reader's DeepSpeed allowlist, the plan is still built from the static reader
 and no worker starts.  Otherwise the plan needs a :class:`~ckptgate.enforce.permit.Permit`,
-minted here from the allow decision, and runs the loader in the contained worker, which returns JSON placement trees (never a pickle); the parent
-maps them to byte ranges and moves the raw bytes.  See ``docs/consolidation.md``.
+minted here from the allow decision, and runs the loader in the contained worker, which returns
+JSON placement trees (never a pickle); the parent maps them to byte ranges and moves the raw
+bytes.  The plan's report says which (``trees_from``) and, for the worker, the controls that
+were active inside it.  See ``docs/consolidation.md``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from ckptgate.consolidate.contained import WorkerOptions, load_plans
@@ -102,8 +106,10 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
         permit = issue_permit(decision, fixture_digest=fixture_digest.digest, loader=loader)
         loaded = load_plans(tree, inspection, rels, permit=permit, digest=fixture_digest,
                             options=worker or WorkerOptions())
-        return deepspeed.zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes,
+        plan = deepspeed.zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes,
                                    trees_from="contained_worker")
+        worker_record = {"job": loaded.job, "controls": dict(loaded.controls), "wall_s": round(loaded.wall_s, 3)}
+        return dataclasses.replace(plan, report=MappingProxyType({**plan.report, "worker": worker_record}))
     raise PlanError("plan.format.unsupported", f"no consolidation adapter for format {fmt!r}",
                     advice="Run `ckptgate inspect` to see what the checkpoint is; see docs/consolidation.md.")
 

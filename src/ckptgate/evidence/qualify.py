@@ -315,7 +315,7 @@ def _consolidate(repo: Path, fixture: Fixture, out_dir: Path, *, options: Any, c
                 else ()
             used = {"attestations": [_rel(repo, p) for p in stored], "signed_now": fresh is not None,
                     "superseded": [_rel(repo, p) for p in superseded]}
-        written = consolidate_into(tree, ev, out_dir, max_shard_bytes=2 << 30)
+        written = consolidate_into(tree, ev, out_dir, max_shard_bytes=2 << 30).outputs
     d = ev.decision
     return {"fixture_digest": ev.digest.digest, "inspected_format": ev.inspection.format,
             "decision": {"id": d.decision_id, "allow": d.allow, "plane": d.plane,

@@ -1,7 +1,7 @@
 """The streaming safetensors writer: executes a plan by moving raw bytes.
 
-It runs in one of two modes, and neither holds more than ``chunk_size`` bytes per thread, never
-the model:
+It runs in one of two modes; neither holds more than a few ``chunk_size`` buffers per output
+being written (a ring of :data:`_RING` in held mode), never the model:
 
 * **Held sources** (``expected=None``): the caller holds every source unchanged
   (:meth:`ckptgate.inspect.SafeTree.hold`: read leases, checked with ``intact()`` after the
@@ -17,9 +17,9 @@ the model:
   someone rewrote the file in place meanwhile.  The outputs are then read back and hashed.
 
 Durability is publication's job (:func:`ckptgate.publish.publish` fsyncs every staged file
-once); the writer only asks the kernel to start writing each chunk back as soon as it is written
-(``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not wait), so that fsync finds little
-left to do.  ``os.pread``/``os.pwrite`` and ``hashlib`` release the GIL, so files are processed
+once); what the writer writes through the page cache, it asks the kernel to start writing back
+at once (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not wait), so that fsync finds
+little left to do.  ``os.pread``/``os.pwrite`` and ``hashlib`` release the GIL, so files are processed
 on a small thread pool.
 """
 

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate.errors import InputRejected
+from ckptgate.inspect._threads import map_in_threads
 from ckptgate.inspect.classify import FileKind
 from ckptgate.inspect.files import FileFacts, analyse_file
 from ckptgate.inspect.findings import Finding, Severity, error
 from ckptgate.inspect.formats import Context, FormatResult, detect_format
-from ckptgate.inspect._threads import map_in_threads
 from ckptgate.inspect.pickle import PickleReport
-from ckptgate.inspect.walk import SafeTree, FileEntry, WalkLimits
+from ckptgate.inspect.walk import FileEntry, SafeTree, WalkLimits
 
 __all__ = ["LOADERS", "Inspection", "inspect_open_tree", "inspect_tree"]
 

@@ -321,5 +321,5 @@ def _receipt(src: Path, evaluation: Evaluation, done: Consolidated) -> dict[str,
     }
 
 
-__all__ = ["Consolidated", "EngineOptions", "Evaluation", "IntakeResult", "consolidate_into", "engine_for", "evaluate", "intake",
-           "judge", "load_trust", "open_sources", "refuse"]
+__all__ = ["Consolidated", "EngineOptions", "Evaluation", "IntakeResult", "consolidate_into", "engine_for", "evaluate",
+           "intake", "judge", "load_trust", "open_sources", "refuse"]

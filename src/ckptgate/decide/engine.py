@@ -127,7 +127,8 @@ class RemoteOpa(_ClientEngine):
         self._name = f"{parsed.scheme}://{parsed.hostname}:{port}"
         self._revision = ""
         if not self._client.check_health():
-            raise EngineUnavailable("engine.remote.unhealthy", f"the OPA at {self._name} is not healthy or not reachable")
+            raise EngineUnavailable("engine.remote.unhealthy",
+                                    f"the OPA at {self._name} is not healthy or not reachable")
 
     def close(self) -> None:
         self._client.close_connection()

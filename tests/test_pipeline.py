@@ -234,7 +234,7 @@ def test_the_containment_preflight_runs_while_the_digest_hashes(monkeypatch, fix
         started.set()
         return "profile"
 
-    def digest(tree):
+    def digest(tree, **_kw):
         if needs_profile:
             assert started.wait(10), "the preflight had not started when hashing began"
         return "digest"

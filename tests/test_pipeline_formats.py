@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import pytest
 from ckptgate.consolidate.plan import NotConsolidatable
 from ckptgate.errors import InputRejected
 from ckptgate.inspect import SafeTree, inspect_open_tree
+from ckptgate.inspect.zipcheck import ZipEntry, check_zip
 from ckptgate.pipeline import intake
 from ckptgate.publish import RECEIPT_NAME
 
@@ -114,6 +116,42 @@ def test_fixture_is_refused_and_nothing_is_published(name: str, signer: Signer, 
     assert e.value.code == code
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["att.json"]  # no staging left behind
+
+
+def _entries(path: Path) -> tuple[ZipEntry, ...]:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return check_zip(fd, os.fstat(fd).st_size, path=path.name, verify_crc=False).entries
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("name", ["dcp_torch_save", "deepspeed_zero3"])
+def test_a_tensor_byte_changed_after_saving_is_refused_even_when_attested(name: str, signer: Signer,
+                                                                         tmp_path: Path) -> None:
+    """The CRC-32 that inspection leaves to the digest's read still refuses a corrupted storage."""
+    src = tmp_path / "checkpoint"
+    shutil.copytree(FIXTURES / name / "checkpoint", src)
+    with SafeTree.open(src) as tree:
+        layout = inspect_open_tree(tree).layout
+    if "items" in layout:  # DCP: a tensor item past the file's first, so the zip sits at an offset
+        item = next(i for i in layout["items"] if i["offset"] > 0 and i.get("kind") == "tensor")
+        victim, at = src / item["path"], item["tensor"]["storage_range"][0]
+    else:
+        victim, at = next((p, e.data_offset) for p in sorted(src.rglob("*.pt"), key=lambda p: -p.stat().st_size)
+                          for e in _entries(p) if "/data/" in e.name and e.compressed_size)
+    raw = bytearray(victim.read_bytes())
+    raw[at] ^= 0x01
+    victim.write_bytes(bytes(raw))
+    meta = json.loads((FIXTURES / name / "meta.json").read_text())
+    att = attest(signer, src, tmp_path / "att.json", fmt=_fmt(src), meta=meta)  # signed for these very bytes
+    with pytest.raises(InputRejected) as e:
+        intake(src, tmp_path / "out", attestations=[att], options=signer.options)
+    assert e.value.code == "input.refused_by_policy"
+    bad = [f for r in e.value.reasons if r["code"] == "inspection_not_clean"
+           for f in r["evidence"]["findings"] if f["code"] == "zip.bad_crc"]
+    assert bad == [{"code": "zip.bad_crc", "path": victim.relative_to(src).as_posix()}]
+    assert not (tmp_path / "out").exists()
 
 
 # --------------------------------------------------------------------------- kill -9

@@ -94,7 +94,8 @@ def canonical_manifest(manifest: tuple[ManifestEntry, ...] | list[ManifestEntry]
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def _hash_fd(fd: int, size: int, buf: memoryview, progress: Callable[[int], None] | None) -> str:
+def _hash_fd(fd: int, size: int, buf: memoryview, progress: Callable[[int], None] | None,
+             also: Callable[[int, memoryview], None] | None) -> str:
     h = hashlib.sha256()
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -106,6 +107,8 @@ def _hash_fd(fd: int, size: int, buf: memoryview, progress: Callable[[int], None
         if n <= 0:
             break
         h.update(buf[:n])
+        if also is not None:
+            also(off, buf[:n])
         off += n
         if progress is not None:
             progress(n)
@@ -117,10 +120,14 @@ def _hash_fd(fd: int, size: int, buf: memoryview, progress: Callable[[int], None
 
 
 def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: int = DEFAULT_BUFFER,
-                   progress: Callable[[int], None] | None = None) -> FixtureDigest:
+                   progress: Callable[[int], None] | None = None,
+                   also: Callable[[str], Callable[[int, memoryview], None] | None] | None = None) -> FixtureDigest:
     """Hash every walked file of ``tree`` and return the fixture digest.
 
-    ``progress`` (thread-safe calls) receives byte counts as they are hashed.
+    ``progress`` (thread-safe calls) receives byte counts as they are hashed.  ``also(path)`` may
+    return a callable that is handed every chunk of that file as well, ``(offset, bytes)`` in
+    order, on the thread hashing it: another check of the same bytes without another read (the
+    deferred CRC pass, :class:`ckptgate.inspect.DeferredCrcs`).
     """
     if buffer_size < 4096:
         raise ValueError("buffer_size must be at least 4096")
@@ -142,7 +149,7 @@ def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: i
         assert entry is not None
         fd = tree.open_file(path)
         try:
-            digest = _hash_fd(fd, entry.size, buf, tick if progress else None)
+            digest = _hash_fd(fd, entry.size, buf, tick if progress else None, also(path) if also else None)
         finally:
             os.close(fd)
         return ManifestEntry(path=path, size=entry.size, sha256=digest)

@@ -28,7 +28,7 @@ from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBui
                              open_engine)
 from ckptgate.digest import FixtureDigest, fixture_digest
 from ckptgate.errors import InputRejected, PolicyDenied, RuntimeFailure, UsageError, VerificationError
-from ckptgate.inspect import Inspection, SafeTree, inspect_open_tree
+from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
 from ckptgate.publish import check_destination, publish, staging
 from ckptgate.verify import TrustData, verify_attestation
 from ckptgate.verify.dsse import MAX_ENVELOPE_BYTES
@@ -152,14 +152,18 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
              containment: Any = None, sigstore_trust_root: Path | None = None) -> Evaluation:
     """Inspect, digest, verify and decide.  Never loads anything from the checkpoint.
 
-    When the loaders need a containment profile, the preflight's child runs while the digest hashes.
+    The CRC-32 of torch-zip entries is computed from the bytes the digest reads (one read of the
+    input, not two), and when the loaders need a containment profile, the preflight's child runs
+    while the digest hashes.
     """
-    inspection = inspect_open_tree(tree)
+    crcs = DeferredCrcs()
+    inspection = inspect_open_tree(tree, verify_crc=crcs)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-preflight") as pool:
         profile = pool.submit(_preflight) if containment is None and _needs_profile(inspection) else None
-        digest = fixture_digest(tree)
+        digest = fixture_digest(tree, also=crcs.reader)
         if profile is not None:
             containment = profile.result()
+    inspection = inspection.with_findings(crcs.findings())
     return judge(inspection, digest, attestations=attestations, engine=engine, trust=trust, action=action,
                  now=now, candidate_commit=candidate_commit, containment=containment,
                  sigstore_trust_root=sigstore_trust_root)

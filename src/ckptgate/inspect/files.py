@@ -14,7 +14,7 @@ from ckptgate.inspect.pickle import PickleLimits, PickleReport, read_pickle, ref
 from ckptgate.inspect.safetensors import SafetensorsHeader, json_loads_strict, read_header
 from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
 from ckptgate.inspect.walk import SafeTree
-from ckptgate.inspect.zipcheck import check_zip
+from ckptgate.inspect.zipcheck import CrcMode, check_zip
 
 __all__ = ["FileFacts", "analyse_file", "pickle_context"]
 
@@ -49,7 +49,7 @@ def pickle_context(path: str) -> str:
     return "tensors"
 
 
-def analyse_file(tree: SafeTree, path: str, *, verify_crc: bool = True) -> tuple[FileFacts, list[Finding]]:
+def analyse_file(tree: SafeTree, path: str, *, verify_crc: CrcMode = True) -> tuple[FileFacts, list[Finding]]:
     """Open ``path`` through the tree, classify it and run the reader for its kind."""
     entry = tree.entry(path)
     assert entry is not None
@@ -64,7 +64,7 @@ def analyse_file(tree: SafeTree, path: str, *, verify_crc: bool = True) -> tuple
         os.close(fd)
 
 
-def _analyse(fd: int, size: int, path: str, verify_crc: bool,  # noqa: C901
+def _analyse(fd: int, size: int, path: str, verify_crc: CrcMode,  # noqa: C901
              pctx: str) -> tuple[FileFacts, list[Finding]]:
     c = classify_fd(fd, size, path)
     findings = list(c.findings)
@@ -126,7 +126,7 @@ def _analyse(fd: int, size: int, path: str, verify_crc: bool,  # noqa: C901
         if m is None or b"O" in m.group(1):
             findings.append(error("numpy.object_dtype", path, "npy with object dtype (pickled) or no descr"))
     elif k == FileKind.NPZ:
-        zr = check_zip(fd, size, path=path, verify_crc=verify_crc)
+        zr = check_zip(fd, size, path=path, verify_crc=bool(verify_crc))  # a plain zip: checked now
         findings.extend(zr.findings)
         findings.append(warning("numpy.npz", path, "npz members are not validated further"))
     elif k == FileKind.ZIP_STREAM and ext != ".distcp":

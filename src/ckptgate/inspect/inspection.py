@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from ckptgate.inspect.findings import Finding, Severity, error
 from ckptgate.inspect.formats import Context, FormatResult, detect_format
 from ckptgate.inspect.pickle import PickleReport
 from ckptgate.inspect.walk import FileEntry, SafeTree, WalkLimits
+from ckptgate.inspect.zipcheck import CrcMode
 
 __all__ = ["LOADERS", "Inspection", "inspect_open_tree", "inspect_tree"]
 
@@ -36,6 +38,10 @@ class Inspection:
         if any(ld not in LOADERS for ld in self.loaders):
             raise ValueError(f"unknown loader in {self.loaders}")
 
+    def with_findings(self, extra: list[Finding]) -> Inspection:
+        """This inspection with ``extra`` findings merged in (those of a deferred CRC pass)."""
+        return dataclasses.replace(self, findings=_ordered([*self.findings, *extra]))
+
     @property
     def clean(self) -> bool:
         """No error finding, and every pickle stayed inside its allowlist."""
@@ -55,7 +61,7 @@ class Inspection:
         }
 
 
-def inspect_open_tree(tree: SafeTree, *, verify_crc: bool = True) -> Inspection:
+def inspect_open_tree(tree: SafeTree, *, verify_crc: CrcMode = True) -> Inspection:
     """Inspect an already opened tree (so a digest can share the same descriptors)."""
     findings: list[Finding] = list(tree.findings)
     facts: dict[str, FileFacts] = {}
@@ -87,14 +93,18 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: bool = True) -> Inspection:
         if f.kind in (FileKind.LEGACY_TORCH, FileKind.TORCHSCRIPT):
             loaders.add("torch_load")
     pickles = tuple(f.pickle for f in facts.values() if f.pickle is not None)
+    return Inspection(format=res.format, files=tuple(facts[p] for p in sorted(facts)), findings=_ordered(findings),
+                      loaders=tuple(ld for ld in LOADERS if ld in loaders), layout=res.layout, pickles=pickles,
+                      consolidatable=res.consolidatable)
+
+
+def _ordered(findings: list[Finding]) -> tuple[Finding, ...]:
+    """Findings without repeats, errors first, then by path and code."""
     uniq: dict[tuple[str, str, str], Finding] = {}
     for f in findings:
         uniq.setdefault((f.code, f.path, f.message), f)
     order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
-    ordered = tuple(sorted(uniq.values(), key=lambda f: (order[f.severity], f.path, f.code)))
-    return Inspection(format=res.format, files=tuple(facts[p] for p in sorted(facts)), findings=ordered,
-                      loaders=tuple(ld for ld in LOADERS if ld in loaders), layout=res.layout, pickles=pickles,
-                      consolidatable=res.consolidatable)
+    return tuple(sorted(uniq.values(), key=lambda f: (order[f.severity], f.path, f.code)))
 
 
 def inspect_tree(root: Path, *, limits: WalkLimits = WalkLimits(), verify_crc: bool = True) -> Inspection:

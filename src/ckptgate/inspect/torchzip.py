@@ -16,7 +16,7 @@ from typing import Any
 from ckptgate.inspect.allowlist import DTYPE_ITEMSIZE, STORAGE_DTYPES
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.pickle import Call, Global, PersId, PickleLimits, PickleReport, SDict, SList, read_pickle
-from ckptgate.inspect.zipcheck import ZipReport, check_zip, verify_crcs
+from ckptgate.inspect.zipcheck import CrcMode, DeferredCrcs, ZipReport, check_zip, verify_crcs
 
 __all__ = ["TensorRecord", "TorchZipLayout", "inspect_torch_zip", "walk_value"]
 
@@ -121,8 +121,9 @@ def walk_value(value: Any, visit: Any, *, max_nodes: int = _MAX_NODES) -> bool:
 
 
 def inspect_torch_zip(fd: int, size: int, *, path: str, base: int = 0, context: str = "tensors",
-                      verify_crc: bool = True) -> tuple[TorchZipLayout | None, tuple[Finding, ...]]:
-    """Check and read the torch zip at ``[base, base + size)`` of ``fd``."""
+                      verify_crc: CrcMode = True) -> tuple[TorchZipLayout | None, tuple[Finding, ...]]:
+    """Check and read the torch zip at ``[base, base + size)`` of ``fd``; with :class:`DeferredCrcs`
+    the CRC pass is left to it (every entry is stored)."""
     # structure first; the CRC pass (a full read) runs last, only if everything cheap passed
     zr: ZipReport = check_zip(fd, size, path=path, base=base, verify_crc=False, stored_only=True)
     findings: list[Finding] = list(zr.findings)
@@ -192,7 +193,9 @@ def inspect_torch_zip(fd: int, size: int, *, path: str, base: int = 0, context: 
             if head == b"PK\x03\x04" or (head[0] == 0x80 and head[1] in (2, 3, 4, 5)):
                 findings.append(warning("torch.storage_looks_like_pickle", path,
                                         f"storage {r} starts like a pickle or zip", record=r))
-    if verify_crc and not any(f.severity == "error" for f in findings):
+    if isinstance(verify_crc, DeferredCrcs) and not any(f.severity == "error" for f in findings):
+        verify_crc.add(path, base, zr.entries)
+    elif verify_crc and not any(f.severity == "error" for f in findings):
         findings.extend(verify_crcs(fd, size, zr.entries, path=path, base=base))
     layout = TorchZipLayout(prefix=prefix, tensors=tuple(tensors), values=values, pickle=rep)
     return layout, tuple(findings)

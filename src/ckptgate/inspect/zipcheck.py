@@ -9,20 +9,26 @@ central directory, compression ratio capped, and each entry's CRC-32 streamed (I
 through ``isal``: the same checksum as ``zlib.crc32``, several times faster, which matters because
 it covers every stored tensor byte).  The alignment padding torch writes sits inside the local
 extra field, so it is allowed.
+
+The CRC pass is the only part that reads every byte.  :class:`DeferredCrcs` lets another reader
+that streams every file once anyway (the fixture digest) compute it from the same bytes, so an
+intake reads its input one time fewer; its findings are the same as the immediate pass's.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import threading
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from isal.isal_zlib import crc32
 
 from ckptgate.inspect.findings import Finding, error
 
-__all__ = ["ZipEntry", "ZipReport", "check_zip", "list_zip_names", "verify_crcs"]
+__all__ = ["CrcMode", "DeferredCrcs", "ZipEntry", "ZipReport", "check_zip", "list_zip_names", "verify_crcs"]
 
 _EOCD = 0x06054B50
 _Z64_EOCD = 0x06064B50
@@ -326,6 +332,96 @@ def verify_crcs(fd: int, size: int, entries: tuple[ZipEntry, ...], *, path: str,
     except _Fail:
         pass
     return tuple(z.findings)
+
+
+class DeferredCrcs:
+    """CRC-32 checks of stored zip entries, left to a reader that streams each file once, in order.
+
+    Inspection adds (:meth:`add`) the entries of every torch zip it would otherwise CRC; the reader
+    asks :meth:`reader` for a per-file callable and feeds it every chunk of that file, in order
+    (the fixture digest does, from the same descriptors it hashes).  :meth:`findings` then gives
+    what the immediate pass would have: ``zip.bad_crc``, plus ``zip.truncated`` for an entry the
+    reader never reached and ``zip.crc_not_checked`` for a file it never streamed, so a check that
+    was skipped is never read as one that passed.  Safe to use from several threads.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spans: dict[str, list[tuple[int, ZipEntry]]] = {}
+        self._files: dict[str, _StreamedCrcs] = {}
+
+    def add(self, path: str, base: int, entries: tuple[ZipEntry, ...]) -> None:
+        """Entries of the zip at offset ``base`` of ``path`` (stored entries only)."""
+        if any(e.method != 0 for e in entries):
+            raise ValueError("only stored entries can be checked from streamed bytes")
+        with self._lock:
+            self._spans.setdefault(path, []).extend((base + e.data_offset, e) for e in entries)
+
+    def reader(self, path: str) -> Callable[[int, memoryview], None] | None:
+        """The callable that takes ``(offset, chunk)`` of ``path`` in order; ``None`` if it has no entries."""
+        with self._lock:
+            spans = self._spans.get(path)
+            if not spans:
+                return None
+            f = self._files[path] = _StreamedCrcs(path, spans)
+        return f.update
+
+    def findings(self) -> list[Finding]:
+        out: list[Finding] = []
+        with self._lock:
+            for path in sorted(self._spans):
+                f = self._files.get(path)
+                if f is None:
+                    out.append(error("zip.crc_not_checked", path, "the CRC-32 of this file's zip entries was never "
+                                     "computed"))
+                else:
+                    out.extend(f.findings())
+        return out
+
+
+#: ``True``: CRC every entry now; ``False``: do not; :class:`DeferredCrcs`: leave stored entries to it.
+CrcMode = bool | DeferredCrcs
+
+
+class _StreamedCrcs:
+    def __init__(self, path: str, spans: list[tuple[int, ZipEntry]]) -> None:
+        self.path = path
+        self.spans = sorted(spans, key=lambda s: s[0])
+        self.crcs = [0] * len(self.spans)
+        self.pos = 0
+        self.next = 0
+        self.active: list[int] = []
+        self.out_of_order = False
+
+    def update(self, offset: int, chunk: memoryview) -> None:
+        if offset != self.pos:
+            self.out_of_order = True
+            return
+        end = offset + len(chunk)
+        while self.next < len(self.spans) and self.spans[self.next][0] < end:
+            self.active.append(self.next)
+            self.next += 1
+        for i in self.active:
+            start, e = self.spans[i]
+            lo, hi = max(offset, start), min(end, start + e.compressed_size)
+            if lo < hi:
+                self.crcs[i] = crc32(chunk[lo - offset:hi - offset], self.crcs[i])
+        self.active = [i for i in self.active if self.spans[i][0] + self.spans[i][1].compressed_size > end]
+        self.pos = end
+
+    def findings(self) -> list[Finding]:
+        if self.out_of_order:
+            return [error("zip.crc_not_checked", self.path, "the file was not streamed in order; its CRC-32 "
+                          "cannot be trusted")]
+        out = []
+        for (start, e), crc in zip(self.spans, self.crcs, strict=True):
+            if self.pos < start + e.compressed_size:
+                out.append(error("zip.truncated", self.path, "the file ended before this entry's data did",
+                                 name=e.name, offset=start, length=e.compressed_size))
+            elif crc != e.crc:
+                out.append(error("zip.bad_crc", self.path, "CRC-32 of the entry does not match", name=e.name,
+                                 expected=e.crc, actual=crc))
+        return out
 
 
 def list_zip_names(fd: int, size: int, *, base: int = 0, max_entries: int = 1_000_000) -> tuple[str, ...] | None:

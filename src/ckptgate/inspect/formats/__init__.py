@@ -10,11 +10,12 @@ from ckptgate.inspect.formats.hf import detect_hf_sharded, detect_single_safeten
 from ckptgate.inspect.formats.megatron import detect_megatron
 from ckptgate.inspect.formats.peft import detect_peft
 from ckptgate.inspect.findings import warning
+from ckptgate.inspect.zipcheck import CrcMode
 
 __all__ = ["Context", "FormatResult", "detect_format"]
 
 
-def detect_format(ctx: Context, *, verify_crc: bool = True) -> FormatResult:
+def detect_format(ctx: Context, *, verify_crc: CrcMode = True) -> FormatResult:
     """Run the detectors in a fixed order; report ``unknown`` rather than guess."""
     for det in (detect_hf_sharded, detect_peft):
         r = det(ctx)

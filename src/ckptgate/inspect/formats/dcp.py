@@ -19,6 +19,7 @@ from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.formats._base import Context, FormatResult, plain_basename
 from ckptgate.inspect.safetensors import TORCH_DTYPES, json_loads_strict
 from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
+from ckptgate.inspect.zipcheck import CrcMode
 
 __all__ = ["detect_dcp", "detect_dcp_hf", "dcp_layout"]
 
@@ -33,7 +34,7 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def dcp_layout(ctx: Context, folder: str, *, verify_crc: bool = True) -> tuple[dict[str, Any] | None, list[Finding],
+def dcp_layout(ctx: Context, folder: str, *, verify_crc: CrcMode = True) -> tuple[dict[str, Any] | None, list[Finding],
                                                                             set[str]]:
     """Layout of the DCP checkpoint in ``folder`` ('' = root); returns (layout, findings, loaders)."""
     pre = f"{folder}/" if folder else ""
@@ -63,7 +64,7 @@ def dcp_layout(ctx: Context, folder: str, *, verify_crc: bool = True) -> tuple[d
 
 
 def _check_items(ctx: Context, pre: str, md: DcpMetadata, findings: list[Finding], loaders: set[str],
-                 verify_crc: bool) -> list[dict[str, Any]]:
+                 verify_crc: CrcMode) -> list[dict[str, Any]]:
     tensors = {t.fqn: t for t in md.tensors}
     byfile: dict[str, list[tuple[int, int, str]]] = {}
     out: list[dict[str, Any]] = []
@@ -153,7 +154,7 @@ def _check_chunks(md: DcpMetadata, mp: str, findings: list[Finding]) -> None:
                                       "storage item", fqn=t.fqn))
 
 
-def detect_dcp(ctx: Context, *, verify_crc: bool = True) -> FormatResult | None:
+def detect_dcp(ctx: Context, *, verify_crc: CrcMode = True) -> FormatResult | None:
     if ".metadata" not in ctx.files:
         return None
     layout, findings, loaders = dcp_layout(ctx, "", verify_crc=verify_crc)

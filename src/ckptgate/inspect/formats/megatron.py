@@ -12,6 +12,7 @@ import re
 from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.formats._base import Context, FormatResult
 from ckptgate.inspect.formats.dcp import dcp_layout
+from ckptgate.inspect.zipcheck import CrcMode
 
 __all__ = ["detect_megatron"]
 
@@ -29,7 +30,7 @@ def _folder(ctx: Context) -> tuple[str, list[Finding]]:
     return f"iter_{int(txt):07d}", []
 
 
-def detect_megatron(ctx: Context, *, verify_crc: bool = True) -> FormatResult | None:
+def detect_megatron(ctx: Context, *, verify_crc: CrcMode = True) -> FormatResult | None:
     folder, findings = _folder(ctx)
     pre = f"{folder}/" if folder else ""
     mj = ctx.files.get(pre + "metadata.json")

@@ -251,6 +251,6 @@ def test_the_containment_preflight_runs_while_the_digest_hashes(monkeypatch, fix
     assert seen["digest"] == "digest"
     if needs_profile:
         assert "static_pickle" in seen["loaders"]
-        assert seen["containment"] == "profile" and ran_on and ran_on[0].startswith("ckptgate-preflight")
+        assert seen["containment"] == "profile" and ran_on and ran_on[0].startswith("ckptgate-beside-digest")
     else:
         assert seen["containment"] is None and not ran_on

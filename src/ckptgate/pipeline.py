@@ -30,7 +30,7 @@ from ckptgate.digest import FixtureDigest, fixture_digest
 from ckptgate.errors import InputRejected, PolicyDenied, RuntimeFailure, UsageError, VerificationError
 from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
 from ckptgate.publish import check_destination, publish, staging
-from ckptgate.verify import TrustData, verify_attestation
+from ckptgate.verify import TrustData, prepare_statement_checks, verify_attestation
 from ckptgate.verify.dsse import MAX_ENVELOPE_BYTES
 
 PURE_DATA_LOADERS = frozenset({"safetensors", "json"})
@@ -153,12 +153,13 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
     """Inspect, digest, verify and decide.  Never loads anything from the checkpoint.
 
     The CRC-32 of torch-zip entries is computed from the bytes the digest reads (one read of the
-    input, not two), and when the loaders need a containment profile, the preflight's child runs
-    while the digest hashes.
+    input, not two).  While the digest hashes, the statement schemas are compiled and, when the
+    loaders need a containment profile, the preflight's child runs.
     """
     crcs = DeferredCrcs()
     inspection = inspect_open_tree(tree, verify_crc=crcs)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-preflight") as pool:
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptgate-beside-digest") as pool:
+        pool.submit(prepare_statement_checks)
         profile = pool.submit(_preflight) if containment is None and _needs_profile(inspection) else None
         digest = fixture_digest(tree, also=crcs.reader)
         if profile is not None:

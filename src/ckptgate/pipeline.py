@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 import tarfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -247,16 +247,7 @@ def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: Path, *, m
         outputs = write_plan(plan, out_dir, sources, expected=None if tree.held else evaluation.digest.file_hashes(),
                              chunk_size=chunk_size, on_bytes=on_bytes)
     _still_held(tree)
-    return Consolidated(outputs=outputs, plan_report=_plain(plan.report))
-
-
-def _plain(value: Any) -> Any:
-    """``value`` with every mapping a dict and every sequence a list: JSON for the receipt."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+    return Consolidated(outputs=outputs, plan_report=dict(plan.report))  # adapters build it from plain JSON
 
 
 def _still_held(tree: SafeTree) -> None:

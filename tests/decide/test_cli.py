@@ -43,12 +43,17 @@ def test_explain_names_the_failed_evidence_in_plain_words(tmp_path):
     assert "attestation_rejected" in res.stdout
 
 
-def test_policy_build_makes_a_bundle_that_the_engine_verifies(tmp_path):
+def _bundle_keys(tmp_path):
+    """An ES256 bundle-signing key pair: tmp_path/k.pem (private) and tmp_path/k.pub."""
     key = ec.generate_private_key(ec.SECP256R1())
     (tmp_path / "k.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                        serialization.NoEncryption()))
     (tmp_path / "k.pub").write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
                                                                    serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def test_policy_build_makes_a_bundle_that_the_engine_verifies(tmp_path):
+    _bundle_keys(tmp_path)
     bundle = tmp_path / "policy.tar.gz"
     built = cli("policy", "build", "--signing-key", tmp_path / "k.pem", "--out", bundle, "--json")
     assert built.returncode == 0, built.stderr
@@ -86,11 +91,7 @@ def test_a_signed_bundle_brings_its_own_trust_data(tmp_path):
     (tmp_path / "signer.pem").write_bytes(priv)
     (policies / "ckptgate" / "config" / "trust" / "data.json").write_text(json.dumps(
         {"signers": [trust_entry(pub, signer_id="bundle-only", predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}))
-    key = ec.generate_private_key(ec.SECP256R1())
-    (tmp_path / "k.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                       serialization.NoEncryption()))
-    (tmp_path / "k.pub").write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                                   serialization.PublicFormat.SubjectPublicKeyInfo))
+    _bundle_keys(tmp_path)
     bundle = tmp_path / "policy.tar.gz"
     assert cli("policy", "build", "--signing-key", tmp_path / "k.pem", "--out", bundle,
                "--policies", policies).returncode == 0

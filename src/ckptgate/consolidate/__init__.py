@@ -13,8 +13,6 @@ were active inside it.  See ``docs/consolidation.md``.
 
 from __future__ import annotations
 
-import dataclasses
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from ckptgate.consolidate.contained import WorkerOptions, load_plans
@@ -106,10 +104,10 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
         permit = issue_permit(decision, fixture_digest=fixture_digest.digest, loader=loader)
         loaded = load_plans(tree, inspection, rels, permit=permit, digest=fixture_digest,
                             options=worker or WorkerOptions())
-        plan = deepspeed.zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes,
-                                   trees_from="contained_worker")
-        worker_record = {"job": loaded.job, "controls": dict(loaded.controls), "wall_s": round(loaded.wall_s, 3)}
-        return dataclasses.replace(plan, report=MappingProxyType({**plan.report, "worker": worker_record}))
+        return deepspeed.zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes,
+                                   trees_from="contained_worker",
+                                   worker={"job": loaded.job, "controls": dict(loaded.controls),
+                                           "wall_s": round(loaded.wall_s, 3)})
     raise PlanError("plan.format.unsupported", f"no consolidation adapter for format {fmt!r}",
                     advice="Run `ckptgate inspect` to see what the checkpoint is; see docs/consolidation.md.")
 

@@ -307,7 +307,6 @@ def write_plan(plan: ConsolidationPlan, out_dir: Path, sources: Mapping[str, int
                 for f in [pool.submit(_scatter_source, src, sources[src], segs, expected[src], chunk_size, on_bytes)
                           for src, segs in sorted(segments.items())]:
                     f.result()
-            if expected is not None:
                 digests = dict(zip(opened, pool.map(lambda fd: _hash_file(fd, chunk_size), opened.values())))
     finally:
         for fd in opened.values():

@@ -345,9 +345,9 @@ def _buffers(rel: str, m0: Any, smap: StorageMap, out: dict[str, OutputTensor], 
 
 
 def zero_plan(layout: Mapping[str, Any], trees: Mapping[str, Any], files: Mapping[str, Any], *,
-              max_shard_bytes: int, trees_from: str) -> ConsolidationPlan:
-    """The plan from JSON trees; ``trees_from`` (``static_reader`` or ``contained_worker``) goes
-    into the report.
+              max_shard_bytes: int, trees_from: str, worker: Mapping[str, Any] | None = None) -> ConsolidationPlan:
+    """The plan from JSON trees; ``trees_from`` (``static_reader`` or ``contained_worker``) and,
+    for the worker, what it reported about itself (``worker``) go into the report.
 
     The trees describe untrusted bytes either way: a shape the rules do not expect is an input
     problem (``runtime.plan.bad_value``), never a crash.
@@ -359,6 +359,8 @@ def zero_plan(layout: Mapping[str, Any], trees: Mapping[str, Any], files: Mappin
                              f"the ZeRO checkpoint has an unexpected shape: {type(e).__name__}",
                              evidence={"trees_from": trees_from}) from None
     report["trees_from"] = trees_from
+    if worker is not None:
+        report["worker"] = dict(worker)
     if not tensors:
         raise PlanError("plan.empty", "the checkpoint holds no parameters")
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes, report=report)

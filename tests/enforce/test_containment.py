@@ -93,6 +93,9 @@ def test_preflight_cgroup_v2_agrees_with_the_hierarchy(host_profile: Containment
         # This workplace's hosts: a hybrid hierarchy whose v2 part has only hugetlb.
         assert host_profile.controls["cgroup_v2"] is False
         assert "memory" in host_profile.details["cgroup_v2"]
+    else:  # both offered: a limited child group can be made wherever this process may write
+        writable = os.access(Path(mount) / rel.lstrip("/") / "cgroup.subtree_control", os.W_OK)
+        assert host_profile.controls["cgroup_v2"] is writable, host_profile.details.get("cgroup_v2")
 
 
 def _fake_child(monkeypatch: pytest.MonkeyPatch, lines: list[dict[str, Any]], returncode: int) -> None:

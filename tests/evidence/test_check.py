@@ -77,9 +77,14 @@ def test_policy_change_without_regenerating_fails_with_the_diff(clone: Path) -> 
     assert case is not None and case.find("failure") is not None
 
 
-def test_policy_tools_run(clone: Path) -> None:
-    report = _check(clone, skip=("matrix_drift", "evidence", "claims"))
-    names = [r.name for r in report.results]
-    assert names == ["policy_tests", "opa_fmt", "regal_lint"]
-    for r in report.results:
-        assert r.passed or r.findings, r.name
+def test_policy_tools_pass_on_the_policies_and_fail_on_a_broken_test_or_format(clone: Path) -> None:
+    only_tools = ("matrix_drift", "evidence", "claims")
+    report = _check(clone, skip=only_tools)
+    assert [r.name for r in report.results] == ["policy_tests", "opa_fmt", "regal_lint"]
+    assert {r.name: r.passed for r in report.results} == dict.fromkeys(FAST, True), report.results
+    broken = clone / "policies" / "ckptgate" / "gates" / "broken_test.rego"
+    broken.write_text("package ckptgate.gates_test\n\ntest_fails if {\n    1 == 2\n}\n")
+    results = _by_name(_check(clone, skip=only_tools))
+    assert not results["policy_tests"].passed and not results["opa_fmt"].passed
+    assert [f.code for f in results["policy_tests"].findings] == ["check.policy_tests.failed"]
+    assert any(f.file and f.file.endswith("broken_test.rego") for f in results["opa_fmt"].findings)

@@ -17,7 +17,7 @@ from ckpt_inspect_helpers import write
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir()) if FIXTURES.exists() else [])
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir()))
 def test_fixture_facts_follow_the_schema(name: str) -> None:
     facts = inspect_tree(FIXTURES / name / "checkpoint").to_facts()
     validate_facts(json.loads(json.dumps(facts)))

@@ -81,7 +81,7 @@ test_every_deny_case_denies_with_its_code if {
 	}
 }
 
-test_every_deny_case_differs_from_an_allowed_input_only_by_that_case if {
+test_every_deny_case_changes_the_allowed_input if {
 	_decide(td.framework_input).allow == true
 	every inp in _deny_cases {
 		inp != td.framework_input

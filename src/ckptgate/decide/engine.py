@@ -25,6 +25,7 @@ import ctypes
 import functools
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import secrets
@@ -77,7 +78,7 @@ class _ClientEngine:
     _revision: str
 
     def evaluate(self, entrypoint: str, input_doc: dict[str, Any]) -> RawDecision:
-        import requests  # loaded with opa_client (see _new_client)
+        import requests  # loaded with opa_client.opa (see _client_class)
 
         package, _, rule = entrypoint.strip("/").rpartition("/")
         started = time.monotonic()
@@ -296,21 +297,39 @@ def open_engine(*, opa_url: str | None = None, opa_token: str | None = None, pol
 
 
 def _new_client(**kwargs: Any) -> OpaClient:
-    from opa_client import OpaClient  # waits for _preload_client's import, if one is running
+    return _client_class()(**kwargs)  # waits for _preload_client's import, if one is running
 
-    return OpaClient(**kwargs)
+
+_client_lock = threading.Lock()
+
+
+def _client_class() -> type[OpaClient]:
+    """``opa_client.OpaClient``, loaded without the package's ``__init__``.
+
+    That ``__init__`` also imports the asyncio client and with it aiohttp: about 0.27 s of CPU
+    holding the GIL, which on two cores slows the digest it overlaps by as much.  ckptgate uses
+    only the synchronous client, so it loads the package bare and imports ``opa_client.opa``
+    alone.  Where the package is already imported whole, that is used.
+    """
+    with _client_lock:
+        if "opa_client" not in sys.modules:
+            spec = importlib.util.find_spec("opa_client")
+            if spec is None:
+                raise ImportError("No module named 'opa_client'", name="opa_client")
+            sys.modules["opa_client"] = importlib.util.module_from_spec(spec)  # __path__ set, __init__ not run
+        return importlib.import_module("opa_client.opa").OpaClient  # type: ignore[no-any-return]
 
 
 def _preload_client() -> None:
-    """Import opa_client (with requests and aiohttp, about 0.3 s) on a thread while OPA starts and
-    the caller inspects and hashes; :func:`_new_client` then finds it loaded."""
-    if "opa_client" not in sys.modules:
-        threading.Thread(target=_import_quietly, args=("opa_client",), name="ckptgate-import", daemon=True).start()
+    """Load the client (with requests, about 0.1 s) on a thread while OPA starts and the caller
+    inspects and hashes; :func:`_new_client` then finds it loaded."""
+    if "opa_client.opa" not in sys.modules:
+        threading.Thread(target=_load_quietly, name="ckptgate-import", daemon=True).start()
 
 
-def _import_quietly(name: str) -> None:
-    with contextlib.suppress(ImportError):  # the import in _new_client raises it again, where it is handled
-        importlib.import_module(name)
+def _load_quietly() -> None:
+    with contextlib.suppress(ImportError):  # _new_client raises it again, where it is handled
+        _client_class()
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

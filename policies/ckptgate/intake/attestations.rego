@@ -81,18 +81,23 @@ deny_reasons contains reason if {
 deny_reasons contains reason if {
 	not requirement_met
 	digest := object.get(input, ["fixture", "digest"], null)
-	offered := count(object.get(input, "attestations", []))
+	verified := count(object.get(input, "attestations", []))
+	rejected := count(object.get(input, "rejected_attestations", []))
 	trusted := sort(trust.trusted_attestations)
 	reason := _reason(
 		"attestation_missing",
-		sprintf(
-			"no trusted attestation of type %v for fixture %v satisfies this request (%d offered, %d trusted)",
-			[_type_words, digest, offered, count(trusted)],
-		),
+		concat(" ", [
+			sprintf("no trusted attestation of type %v for fixture %v satisfies this request", [_type_words, digest]),
+			sprintf(
+				"(%d offered: %d failed verification, %d verified, %d trusted)",
+				[verified + rejected, rejected, verified, count(trusted)],
+			),
+		]),
 		{
 			"accepted_predicate_types": sort(accepted_predicate_types),
 			"fixture_digest": digest,
-			"offered": offered,
+			"offered": verified + rejected,
+			"rejected": rejected,
 			"trusted": trusted,
 		},
 	)

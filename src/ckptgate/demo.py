@@ -20,7 +20,7 @@ from typing import Any
 
 from ckptgate.decide import now_utc
 from ckptgate.digest import fixture_digest
-from ckptgate.errors import Error
+from ckptgate.errors import Error, UsageError
 from ckptgate.inspect import SafeTree
 from ckptgate.pipeline import EngineOptions, IntakeResult, intake
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
@@ -86,9 +86,13 @@ def run_demo(workdir: Path, *, options: EngineOptions | None = None) -> DemoResu
     import torch
     from safetensors.torch import load_file
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    if any(workdir.iterdir()):
-        raise DemoFailed("demo.workdir_not_empty", f"{workdir} is not empty", advice="Pass an empty --workdir.")
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        empty = not any(workdir.iterdir())
+    except OSError as e:
+        raise UsageError("usage.workdir", f"cannot use {workdir} as the demo's directory: {e.strerror}") from None
+    if not empty:
+        raise UsageError("usage.workdir", f"{workdir} is not empty", advice="Pass an empty --workdir.")
     src, out = workdir / "checkpoint", workdir / "published"
     state = make_checkpoint(src)
 

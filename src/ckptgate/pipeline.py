@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import tarfile
 from collections.abc import Callable, Iterator, Sequence
@@ -23,13 +24,14 @@ from typing import Any
 from ckptgate import __version__
 from ckptgate.consolidate import WorkerOptions, plan_for
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_plan
-from ckptgate.decide.bundle import PolicyBundle, default_policy_dir
+from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, default_policy_dir
 from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBuilder, Request, decide, now_utc,
                              open_engine)
 from ckptgate.digest import FixtureDigest, fixture_digest
 from ckptgate.errors import InputRejected, PolicyDenied, RuntimeFailure, UsageError, VerificationError
 from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
 from ckptgate.publish import check_destination, publish, staging
+from ckptgate.userfiles import read_regular_file
 from ckptgate.verify import TrustData, prepare_statement_checks, verify_attestation
 from ckptgate.verify.dsse import MAX_ENVELOPE_BYTES
 
@@ -75,6 +77,15 @@ class EngineOptions:
     policy_bundle: Path | None = None
     policy_key: Path | None = None
     sigstore_trust_root: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
+            raise UsageError("usage.opa_timeout", f"the decision timeout must be a positive number of seconds, "
+                             f"not {self.timeout_s!r}")
+        if self.policy_key is not None and self.policy_bundle is None:
+            raise UsageError("usage.policy_bundle", "--policy-key verifies a --policy-bundle; none was given")
+        if self.policy_dir is not None:
+            check_policy_dir(self.policy_dir)
 
     def in_repo(self, root: Path) -> EngineOptions:
         """These options with the repository's own ``policies/`` unless a policy directory was named."""
@@ -140,8 +151,7 @@ def trust_file_in(policy_dir: Path) -> Path:
 
 def _read_attestation(path: Path) -> bytes:
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_ENVELOPE_BYTES + 1)  # one byte more, so verification sees it is too large
+        raw = read_regular_file(path, limit=MAX_ENVELOPE_BYTES)  # one byte more, so verification sees it is too large
     except OSError as e:
         raise UsageError("usage.attestation_unreadable", f"cannot read attestation {path}: {e.strerror}") from None
     return raw
@@ -215,8 +225,9 @@ def refuse(evaluation: Evaluation) -> None:
     d = evaluation.decision
     if d.allow:
         return
-    reasons = [r.to_json() for r in d.deny_reasons]
-    summary = "; ".join(r.message for r in d.deny_reasons) or "deny"
+    ordered = sorted(d.deny_reasons, key=lambda r: not r.code.startswith("inspection"))  # what is wrong with it first
+    reasons = [r.to_json() for r in ordered]
+    summary = "; ".join(r.message for r in ordered) or "deny"
     if any(r.code.startswith("inspection") for r in d.deny_reasons):
         raise InputRejected("input.refused_by_policy", f"the checkpoint was refused: {summary}", reasons=reasons,
                             evidence={"decision_id": d.decision_id, "policy_revision": d.policy_revision})
@@ -265,7 +276,7 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
            on_plan: Callable[[int], None] | None = None) -> IntakeResult:
     """Take ``src`` in through the gate and publish HF sharded safetensors at ``dst``."""
     options = options or EngineOptions()
-    dst = check_destination(dst)
+    dst = check_destination(dst, source=src)
     trust = load_trust(options)
     with SafeTree.open(src) as tree, engine_for(options, trust) as engine:
         tree.hold()  # best effort: where the kernel refuses leases, the writer re-verifies every source

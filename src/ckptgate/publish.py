@@ -96,13 +96,18 @@ def remove_stale_staging(parent: Path) -> list[Path]:
     return removed
 
 
-def check_destination(dst: Path) -> Path:
-    """Refuse a DST that exists or whose parent is missing, before any work is done."""
+def check_destination(dst: Path, *, source: Path | None = None) -> Path:
+    """Refuse a DST that exists, whose parent is missing, or that lies inside ``source`` (publishing
+    there would change the checkpoint just measured), before any work is done."""
     dst = Path(os.path.abspath(dst))
     if dst.exists() or dst.is_symlink():
         raise UsageError("usage.dst_exists", f"{dst} already exists; ckptgate never replaces a published output")
     if not dst.parent.is_dir():
-        raise UsageError("usage.dst_parent_missing", f"the parent directory of {dst} does not exist")
+        raise UsageError("usage.dst_parent_missing", f"the parent of {dst} "
+                         f"{'is not a directory' if dst.parent.exists() else 'does not exist'}")
+    if source is not None and (dst.parent.resolve() / dst.name).is_relative_to(source.resolve()):
+        raise UsageError("usage.dst_inside_source", f"{dst} is inside the checkpoint {source}; publishing there "
+                         "would change what was measured", advice="Choose a destination outside the checkpoint.")
     return dst
 
 

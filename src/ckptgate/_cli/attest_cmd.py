@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -12,22 +13,20 @@ import click
 
 from ckptgate._cli._base import emit_json, stdout, json_option
 from ckptgate.errors import UsageError, VerificationError
+from ckptgate.userfiles import read_regular_file, write_output_file
+
+
+_MAX_INPUT = 16 << 20  # a statement, predicate or envelope; larger ones are refused, never read whole
 
 
 def _read(path: str, what: str) -> bytes:
     try:
-        return Path(path).read_bytes()
+        raw = read_regular_file(path, limit=_MAX_INPUT)
     except OSError as e:
         raise UsageError("usage.unreadable", f"cannot read {what} {path}: {e.strerror}") from None
-
-
-def _write_new(path: Path, data: bytes, mode: int) -> None:
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    except FileExistsError:
-        raise UsageError("usage.exists", f"{path} exists; refusing to overwrite") from None
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    if len(raw) > _MAX_INPUT:
+        raise UsageError("usage.too_large", f"{what} {path} is larger than {_MAX_INPUT >> 20} MiB")
+    return raw
 
 
 def _now(value: str | None) -> datetime:
@@ -57,10 +56,19 @@ def keygen(prefix: str, algorithm: str, signer_id: str, as_json: bool) -> None:
     from ckptgate.verify import (PROVENANCE_PREDICATE_TYPE, QUALIFICATION_PREDICATE_TYPE, generate_keypair,
                                  trust_entry)
 
-    private, public = generate_keypair(algorithm)
+    if not Path(prefix).name:
+        raise UsageError("usage.invalid", f"--out {prefix!r} names no file prefix (e.g. keys/dev)")
     priv_path, pub_path = Path(prefix + ".pem"), Path(prefix + ".pub.pem")
-    _write_new(priv_path, private, 0o600)
-    _write_new(pub_path, public, 0o644)
+    for p in (priv_path, pub_path):  # both checked before either is written
+        if os.path.lexists(p):
+            raise UsageError("usage.exists", f"{p} exists; refusing to overwrite")
+    private, public = generate_keypair(algorithm)
+    write_output_file(priv_path, private, what="the private key", mode=0o600, exclusive=True)
+    try:
+        write_output_file(pub_path, public, what="the public key", exclusive=True)
+    except UsageError:
+        priv_path.unlink()  # no half pair
+        raise
     entry = trust_entry(public, signer_id=signer_id,
                         predicate_types=[QUALIFICATION_PREDICATE_TYPE, PROVENANCE_PREDICATE_TYPE],
                         scopes=["qualification", "provenance"])
@@ -89,7 +97,7 @@ def sign(key_path: str | None, keyid: str | None, statement_path: str | None, pr
     """Sign a statement (checked against its schema first) into a DSSE envelope."""
     from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE, KeySigner, sign_statement
     from ckptgate.verify._json import loads_strict
-    from ckptgate.verify.statement import normalise_digest
+    from ckptgate.verify.statement import PREDICATE_SCHEMAS, normalise_digest
 
     if (statement_path is None) == (predicate_path is None):
         raise UsageError("usage.invalid", "give exactly one of --statement or --predicate")
@@ -99,14 +107,21 @@ def sign(key_path: str | None, keyid: str | None, statement_path: str | None, pr
     else:
         if subject_digest is None:
             raise UsageError("usage.invalid", "--predicate needs --subject-digest")
+        try:
+            normalise_digest(subject_digest)
+        except VerificationError as e:
+            raise UsageError("usage.digest", e.message, advice="Give the digest as sha256:<64 hex>.") from None
         predicate = loads_strict(_read(predicate_path, "predicate"), what="predicate", max_bytes=8 << 20)  # type: ignore[arg-type]
         statement = {"_type": STATEMENT_TYPE,
                      "subject": [{"name": subject_name, "digest": {"sha256": normalise_digest(subject_digest)}}],
                      "predicateType": predicate_type or QUALIFICATION_PREDICATE_TYPE, "predicate": predicate}
     if not isinstance(statement, dict):
         raise VerificationError("verify.statement.type", "statement is not a JSON object")
+    if statement.get("predicateType") not in PREDICATE_SCHEMAS:  # every type signed here is checked by a schema
+        raise UsageError("usage.predicate_type", f"ckptgate signs only its own predicate types, each checked "
+                         f"against its schema: {sorted(PREDICATE_SCHEMAS)}; not {statement.get('predicateType')!r}")
     envelope = sign_statement(statement, signer)
-    _write_new(Path(out_path), envelope, 0o644)
+    write_output_file(out_path, envelope, what="the envelope", exclusive=True)
     if as_json:
         emit_json({"envelope": out_path, "keyid": signer.keyid, "algorithm": signer.algorithm,
                    "predicate_type": statement["predicateType"]})
@@ -129,8 +144,19 @@ def verify(file: str, digest: str, trust_path: str | None, sigstore_trust_root: 
     """Verify an attestation for a measured fixture digest; exit 5 when it does not verify."""
     from ckptgate.verify import TrustData, verify_attestation
 
+    from ckptgate.verify.statement import normalise_digest
+
     if (identity is None) != (issuer is None):
         raise UsageError("usage.invalid", "--identity and --issuer go together")
+    try:
+        normalise_digest(digest)
+    except VerificationError as e:
+        raise UsageError("usage.digest", e.message, advice="Give the digest as sha256:<64 hex>.") from None
+    if expected_commit is not None and not re.fullmatch(r"[0-9a-f]{40}", expected_commit):
+        raise UsageError("usage.request.commit", "--commit must be 40 lower-case hex digits")
+    if sigstore_trust_root not in (None, "production") and not os.path.isfile(sigstore_trust_root):
+        raise UsageError("usage.sigstore_trust_root", f"--sigstore-trust-root {sigstore_trust_root} is not a file "
+                         "(or 'production')")
     raw = _read(file, "attestation")
     trust = TrustData.from_file(trust_path)
     va = verify_attestation(raw, source=file, trust=trust, measured_digest=digest, now=_now(now_s),
@@ -192,9 +218,17 @@ def add(files: tuple[str, ...], store_root: str, as_json: bool) -> None:
     """Store attestations under STORE/sha256-<subject>/ and regenerate STORE/index.json (not a trust decision)."""
     from ckptgate.verify import AttestationStore
 
+    if os.path.exists(store_root) and not os.path.isdir(store_root):
+        raise UsageError("usage.store", f"--store {store_root} is not a directory")
     store = AttestationStore(store_root)
-    paths = [str(store.add(_read(f, "attestation"), reindex=False)) for f in files]
-    store.rebuild_index()
+    raws = [_read(f, "attestation") for f in files]
+    for raw in raws:  # every one is a readable statement before any is stored
+        store.path_for(raw)
+    try:
+        paths = [str(store.add(raw, reindex=False)) for raw in raws]
+        store.rebuild_index()
+    except OSError as e:
+        raise UsageError("usage.store", f"cannot write to the store {store_root}: {e.strerror}") from None
     if as_json:
         emit_json({"stored": paths, "index": str(Path(store_root) / "index.json")})
         return

@@ -9,6 +9,7 @@ import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
 from ckptgate._cli._options import engine_options, repo_option
+from ckptgate.userfiles import check_output_file, write_output_file
 
 
 def register(cli: click.Group) -> None:
@@ -29,13 +30,17 @@ def register(cli: click.Group) -> None:
         from ckptgate.evidence.candidate import repo_root
         from ckptgate.evidence.check import run_check, to_junit, to_sarif
 
+        for out, what in ((sarif, "the SARIF report"), (junit, "the JUnit report")):
+            if out is not None:
+                check_output_file(out, what=what)
         root = repo_root(repo)
         options = engine.in_repo(root)
         report = run_check(root, options=options, skip=skip)
         if sarif is not None:
-            sarif.write_text(json.dumps(to_sarif(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            write_output_file(sarif, (json.dumps(to_sarif(report), indent=2, sort_keys=True) + "\n").encode(),
+                              what="the SARIF report")
         if junit is not None:
-            junit.write_bytes(to_junit(report))
+            write_output_file(junit, to_junit(report), what="the JUnit report")
         if as_json:
             emit_json(report.to_json())
         else:

@@ -8,6 +8,7 @@ import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
 from ckptgate._cli._options import engine_options
+from ckptgate.userfiles import check_output_file, write_output_file
 
 
 def register(cli: click.Group) -> None:
@@ -25,9 +26,11 @@ def register(cli: click.Group) -> None:
         4 input rejected, 6 policy engine unavailable."""
         from ckptgate.evidence.report import build_report, render_html, render_text
 
+        if html_out is not None:
+            check_output_file(html_out, what="the HTML report", not_inside=[path])
         doc = build_report(path, attestations, options=engine)
         if html_out is not None:
-            html_out.write_text(render_html(doc), encoding="utf-8")
+            write_output_file(html_out, render_html(doc).encode(), what="the HTML report", not_inside=[path])
         if as_json:
             emit_json(doc)
         else:

@@ -178,6 +178,9 @@ class EmbeddedOpa(_ClientEngine):
             self._bundle = bundle
             if not self._stop.is_set():
                 self._launch()
+        except OSError as e:  # EFBIG, ENOSPC... in the private work directory: no engine, which is a deny
+            self._failure = EngineUnavailable("engine.opa.start_failed", f"the embedded OPA could not be prepared: "
+                                              f"{e.strerror or e}", evidence={"workdir": str(self._workdir)})
         except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread by _ensure_started
             self._failure = e
         finally:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import os
+import stat
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -23,7 +25,8 @@ from ckptgate.evidence.candidate import (EVIDENCE_PATHS, _filtered_tree, candida
                                          head_commit)
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.qualify import GATES_DATA, STORE_DIR, list_fixtures
-from ckptgate.errors import VerificationError
+from ckptgate.errors import UsageError, VerificationError
+from ckptgate.userfiles import write_output_file
 from ckptgate.verify.statement import iso_utc, parse_time
 
 ROWS_ENTRYPOINT = "ckptgate/support/rows"
@@ -341,13 +344,20 @@ def render_html(m: Matrix) -> str:
 
 
 def write(m: Matrix, out_dir: Path) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, data in m.files().items():
+    """Write the matrix files into ``out_dir``, each whole (:func:`~ckptgate.userfiles.write_output_file`);
+    every target is checked before the first is written."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError("usage.output_parent", f"cannot create the matrix directory {out_dir}: {e.strerror}") from None
+    files = m.files()
+    for name in files:
         p = out_dir / name
-        p.write_bytes(data)
-        written.append(p)
-    return written
+        if os.path.lexists(p) and not stat.S_ISREG(os.lstat(p).st_mode):
+            raise UsageError("usage.exists", f"{p} exists and is not a regular file; refusing to replace it")
+    for name, data in files.items():
+        write_output_file(out_dir / name, data, what="the matrix file")
+    return [out_dir / name for name in files]
 
 
 def diff(m: Matrix, committed_dir: Path) -> list[str]:

@@ -20,11 +20,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from ckptgate.errors import UsageError, VerificationError
+from ckptgate.userfiles import read_regular_file
 from ckptgate.verify._json import loads_strict
 from ckptgate.verify.trust import PublicKey, TrustedKey, key_algorithm, spki_sha256
 
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 MAX_ENVELOPE_BYTES = 16 * 1024 * 1024
+_MAX_KEY_BYTES = 1 << 20  # a PEM key is a few KiB; more is not a key
 """Envelopes larger than this are refused before parsing."""
 MAX_SIGNATURES = 16
 """More signatures than this are refused (bounds the work an envelope can demand)."""
@@ -228,7 +230,7 @@ class KeySigner:
         if not p:
             raise UsageError("usage.signing_key_missing", f"no signing key: pass --key or set {SIGNING_KEY_ENV}")
         try:
-            key = serialization.load_pem_private_key(Path(p).read_bytes(), password=None)
+            key = serialization.load_pem_private_key(read_regular_file(p, limit=_MAX_KEY_BYTES), password=None)
         except OSError as e:
             raise UsageError("usage.signing_key_unreadable", f"cannot read signing key {p}: {e.strerror}") from None
         except (ValueError, TypeError) as e:

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from ckptgate.errors import VerificationError
+from ckptgate.userfiles import read_regular_file
 from ckptgate.verify._json import loads_strict
 
 Algorithm = Literal["ed25519", "ecdsa-p256"]
@@ -147,7 +148,7 @@ class TrustData:
         """Load trust data from ``path`` or :func:`default_trust_path`."""
         p = Path(path) if path is not None else default_trust_path()
         try:
-            raw = p.read_bytes()
+            raw = read_regular_file(p, limit=_MAX_TRUST_BYTES)  # one byte more: from_json refuses it
         except OSError as e:
             raise TrustDataError("verify.trust.unreadable", f"cannot read trust data {p}: {e.strerror}",
                                  evidence={"path": str(p)}) from None

@@ -1,0 +1,100 @@
+"""Files a user names on the command line or to the library: read one bounded, write one whole.
+
+These are the attestations, trust data, keys and predicates ckptgate reads, and the reports and
+keys it writes; never checkpoint files (those go through :class:`ckptgate.inspect.SafeTree`).
+
+* :func:`read_regular_file` reads a regular file only, and at most one byte more than the
+  caller allows: a FIFO (which would block until a writer came), ``/dev/zero`` or a directory is
+  refused before any read, and an endless or huge file cannot exhaust memory.
+* :func:`write_output_file` writes beside the target and renames it into place, so a failure
+  leaves the old file or none, never half of one; it refuses a target inside an input (``verify
+  --html`` into the checkpoint it reports on) and a missing or non-directory parent, with a
+  typed :class:`~ckptgate.errors.UsageError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from ckptgate.errors import UsageError
+
+__all__ = ["check_output_file", "read_regular_file", "write_output_file"]
+
+_READ_STEP = 1 << 20
+
+
+def read_regular_file(path: Path | str, *, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of the regular file ``path``: one more than allowed, so the caller
+    can tell that it is too large.  Raises :class:`OSError` (``EINVAL``, "not a regular file") for
+    anything else, before reading."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        chunks, left = [], limit + 1
+        while left > 0 and (chunk := os.read(fd, min(left, _READ_STEP))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def check_output_file(path: Path | str, *, what: str, exclusive: bool = False,
+                      not_inside: Iterable[Path] = ()) -> Path:
+    """Refuse a target :func:`write_output_file` would refuse, before the work that produces it;
+    returns the target with its parent resolved."""
+    path = Path(path)
+    if not path.name or path.name in (".", ".."):
+        raise UsageError("usage.output_path", f"{what}: {str(path)!r} does not name a file")
+    parent = path.parent.absolute()
+    if not parent.is_dir():
+        raise UsageError("usage.output_parent", f"cannot write {what} {path}: {parent} "
+                         f"{'is not a directory' if parent.exists() else 'does not exist'}")
+    target = parent.resolve() / path.name
+    for root in not_inside:
+        if target == root.resolve() or target.is_relative_to(root.resolve()):
+            raise UsageError("usage.output_inside_input", f"{what} {path} would be written inside {root}, "
+                             "an input of this command", advice="Write it somewhere outside the input.")
+    if os.path.lexists(target) and (exclusive or not stat.S_ISREG(os.lstat(target).st_mode)):
+        raise UsageError("usage.exists", f"{path} exists; refusing to overwrite"
+                         + ("" if exclusive else " something that is not a regular file"))
+    return target
+
+
+def write_output_file(path: Path | str, data: bytes, *, what: str, mode: int = 0o644, exclusive: bool = False,
+                      not_inside: Iterable[Path] = ()) -> None:
+    """Write ``data`` to ``path`` whole: a temporary file beside it, flushed, then renamed over it.
+
+    :param exclusive: refuse an existing ``path`` (keys, signed envelopes) instead of replacing it.
+    :param not_inside: inputs of the command; a ``path`` inside one of them is refused.
+    """
+    target = check_output_file(path, what=what, exclusive=exclusive, not_inside=not_inside)
+    parent = target.parent
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as e:
+        raise UsageError("usage.output_unwritable", f"cannot write {what} {path}: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if exclusive:
+            os.link(tmp, target)  # fails if something appeared meanwhile
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, target)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, FileExistsError):
+            raise UsageError("usage.exists", f"{path} exists; refusing to overwrite") from None
+        raise UsageError("usage.output_unwritable", f"cannot write {what} {path}: {e.strerror}") from None

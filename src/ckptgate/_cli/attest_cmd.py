@@ -143,7 +143,6 @@ def verify(file: str, digest: str, trust_path: str | None, sigstore_trust_root: 
            issuer: str | None, expected_commit: str | None, now_s: str | None, as_json: bool) -> None:
     """Verify an attestation for a measured fixture digest; exit 5 when it does not verify."""
     from ckptgate.verify import TrustData, verify_attestation
-
     from ckptgate.verify.statement import normalise_digest
 
     if (identity is None) != (issuer is None):

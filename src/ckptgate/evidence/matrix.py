@@ -14,8 +14,6 @@ from __future__ import annotations
 import hashlib
 import html
 import json
-import os
-import stat
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -26,7 +24,7 @@ from ckptgate.evidence.candidate import (EVIDENCE_PATHS, _filtered_tree, candida
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.qualify import GATES_DATA, STORE_DIR, list_fixtures
 from ckptgate.errors import UsageError, VerificationError
-from ckptgate.userfiles import write_output_file
+from ckptgate.userfiles import check_output_file, write_output_file
 from ckptgate.verify.statement import iso_utc, parse_time
 
 ROWS_ENTRYPOINT = "ckptgate/support/rows"
@@ -352,9 +350,7 @@ def write(m: Matrix, out_dir: Path) -> list[Path]:
         raise UsageError("usage.output_parent", f"cannot create the matrix directory {out_dir}: {e.strerror}") from None
     files = m.files()
     for name in files:
-        p = out_dir / name
-        if os.path.lexists(p) and not stat.S_ISREG(os.lstat(p).st_mode):
-            raise UsageError("usage.exists", f"{p} exists and is not a regular file; refusing to replace it")
+        check_output_file(out_dir / name, what="the matrix file")
     for name, data in files.items():
         write_output_file(out_dir / name, data, what="the matrix file")
     return [out_dir / name for name in files]

@@ -26,8 +26,8 @@ from ckptgate.verify.trust import PublicKey, TrustedKey, key_algorithm, spki_sha
 
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 MAX_ENVELOPE_BYTES = 16 * 1024 * 1024
-_MAX_KEY_BYTES = 1 << 20  # a PEM key is a few KiB; more is not a key
 """Envelopes larger than this are refused before parsing."""
+_MAX_KEY_BYTES = 1 << 20  # a PEM key is a few KiB; more is not a key
 MAX_SIGNATURES = 16
 """More signatures than this are refused (bounds the work an envelope can demand)."""
 SIGNING_KEY_ENV = "CKPTGATE_SIGNING_KEY"

@@ -30,6 +30,13 @@ def _classify(p: Path):  # noqa: ANN202
     ("helper", b"import os\nos.system('id')\n", FileKind.CODE),
     ("kernel.so", b"\x7fELF\x02\x01\x01\x00" + b"\0" * 56, FileKind.CODE),
     ("blob.bin", b"\x00\x01\x02\xff" * 10, FileKind.UNKNOWN),
+    # protocol 0 is text: pickle.load acts on each opcode as it reads it, so a stream that imports
+    # and calls is a pickle even when it never reaches STOP, and even past the probe's 1 MiB
+    ("latest_notes", b"cos\nsystem\n(S'touch /tmp/x'\ntR\n# run notes\n", FileKind.PICKLE),
+    ("notes.txt", b"cos\nsystem\n(S'touch /tmp/x'\ntR" + b"x" * (2 << 20), FileKind.PICKLE),
+    ("README.md", b"(S'id'\nios\nsystem\n", FileKind.PICKLE),  # INST imports and calls at once
+    ("README.md", b"cosmic\nnotes about this model\n", FileKind.TEXT),  # a GLOBAL-shaped start, no call
+    ("README.md", b"credits\nauthors\nThis model was trained\n", FileKind.TEXT),
 ])
 def test_kinds(name: str, data: bytes, kind: FileKind, tmp_path: Path) -> None:
     assert _classify(write(tmp_path, name, data)).kind == kind

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import os
 import pickletools
+import re
 from dataclasses import dataclass
 
 from ckptgate.inspect.findings import Finding, error
@@ -18,6 +19,7 @@ __all__ = ["FileKind", "Classification", "classify_fd", "EXPECTED_KINDS"]
 
 _HEAD = 4096
 _TEXT_PICKLE_MAX = 1 << 20  # protocol 0/1 probing reads at most 1 MiB
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _LEGACY_MAGIC = (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
 
 
@@ -114,17 +116,34 @@ def _looks_like_code(text: str) -> bool:
     return False
 
 
+_CALLS = frozenset({"REDUCE", "BUILD", "OBJ", "NEWOBJ", "NEWOBJ_EX", "INST"})
+_IMPORTS = frozenset({"GLOBAL", "INST"})
+
+
 def _proto01_pickle(fd: int, size: int) -> bool:
-    if size > _TEXT_PICKLE_MAX:
-        return False
-    data = os.pread(fd, size, 0)
+    """Whether the file's start is a protocol 0/1 pickle, which is printable text.
+
+    ``pickle.load`` runs a stream from its first byte and acts on each opcode as it reads it, so
+    what matters is the prefix, not whether it ends well: a stream that imports a callable by a
+    dotted name and then calls something is a pickle even if garbage follows, and so is one that
+    reaches STOP.  Only the first :data:`_TEXT_PICKLE_MAX` bytes are probed, whatever the size.
+    """
+    data = os.pread(fd, min(size, _TEXT_PICKLE_MAX), 0)
+    imported = False
     try:
-        last = None
-        for op, _arg, _pos in pickletools.genops(data):
-            last = op.name
-        return last == "STOP"
-    except Exception:  # noqa: BLE001 - any decoding error means "not a pickle"
-        return False
+        for op, arg, _pos in pickletools.genops(data):
+            if op.name == "STOP":
+                return True
+            if op.name in _IMPORTS and isinstance(arg, str) and all(
+                    _DOTTED.fullmatch(part) for part in arg.split(" ", 1)) and " " in arg:
+                imported = True
+                if op.name == "INST":  # INST imports and calls in one opcode
+                    return True
+            elif op.name in _CALLS and imported:
+                return True
+    except Exception:  # noqa: BLE001 - any decoding error ends the prefix
+        pass
+    return False
 
 
 def classify_fd(fd: int, size: int, path: str) -> Classification:

@@ -78,3 +78,29 @@ def test_plan_for_refuses_a_loader_the_decision_does_not_permit():
             plan_for(tree, inspection, decision=decision, fixture_digest="sha256:" + "0" * 64, max_shard_bytes=1)
     assert e.value.code == "enforce.loader_not_permitted"
     assert "safetensors" in e.value.message
+
+
+@pytest.mark.parametrize("index", [True, False])
+def test_a_checkpoint_without_tensors_is_a_rejected_input_not_a_plan_bug(tmp_path, index):
+    """An index with an empty weight map, or a safetensors file whose header is ``{}``: exit 4."""
+    import json
+
+    from ckptgate.consolidate import plan_for
+    from ckptgate.consolidate.plan import EmptyCheckpoint
+    from ckptgate.decide.decision import parse_decision
+    from ckptgate.decide.engine import RawDecision
+    from ckptgate.errors import ExitCode
+    from ckptgate.inspect import SafeTree, inspect_open_tree
+
+    (tmp_path / "model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")
+    if index:
+        (tmp_path / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": 0}, "weight_map": {}}))
+    decision = parse_decision(RawDecision(result={
+        "allow": True, "plane": "pure_data", "permitted_loaders": ["json", "safetensors"], "required_controls": [],
+        "reasons": []}, decision_id="d", policy_revision="r", engine="t"))
+    with SafeTree.open(tmp_path) as tree:
+        inspection = inspect_open_tree(tree)
+        with pytest.raises(EmptyCheckpoint) as e:
+            plan_for(tree, inspection, decision=decision, fixture_digest="sha256:" + "0" * 64, max_shard_bytes=1 << 20)
+    assert e.value.code == "input.empty" and e.value.exit_code == ExitCode.INPUT_REJECTED

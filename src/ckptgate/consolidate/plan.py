@@ -39,6 +39,16 @@ class PlanError(Error):
                       "nothing was written. Run `ckptgate inspect` to see the layout.")
 
 
+class EmptyCheckpoint(InputRejected):
+    """The checkpoint holds no tensors to consolidate: an input problem, not a plan bug."""
+
+    default_advice = "Check that the directory is the checkpoint itself, not a parent or a partial copy."
+
+
+def no_tensors(what: str = "tensors") -> EmptyCheckpoint:
+    return EmptyCheckpoint("input.empty", f"the checkpoint holds no {what}")
+
+
 class NotConsolidatable(InputRejected):
     """The checkpoint cannot be consolidated without guessing (e.g. FSDP flat_param shards, an
     unpinned PEFT base); nothing is loaded or written."""

@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ckptgate.consolidate.adapters._common import record_segment
-from ckptgate.consolidate.plan import (DTYPE_SIZES, ConsolidationPlan, OutputTensor, Placement, PlanError,
-                                       chunk_runs, merge_placements, numel, shard_tensors, st_dtype)
+from ckptgate.consolidate.plan import (DTYPE_SIZES, ConsolidationPlan, OutputTensor, Placement, PlanError, chunk_runs,
+                                       merge_placements, no_tensors, numel, shard_tensors, st_dtype)
 
 
 def _ints(v: Any, what: str) -> tuple[int, ...]:
@@ -105,7 +105,7 @@ def plan(fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int) -> Consol
     else:
         raise PlanError("plan.format.unsupported", f"{fmt!r} is not a DCP layout")
     if not tensors:
-        raise PlanError("plan.empty", "the checkpoint holds no tensors")
+        raise no_tensors()
     report = {"adapter": "dcp", "format": fmt}
     if skipped:
         report["skipped_bytes_items"] = list(skipped)

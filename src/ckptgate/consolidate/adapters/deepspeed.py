@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ckptgate.consolidate.adapters._common import Segment, record_segment, segment_tensor, take
-from ckptgate.consolidate.plan import (DTYPE_SIZES, ConsolidationPlan, OutputTensor, PlanError, numel,
+from ckptgate.consolidate.plan import (DTYPE_SIZES, ConsolidationPlan, OutputTensor, PlanError, no_tensors, numel,
                                        shard_tensors, st_dtype)
 from ckptgate.errors import RuntimeFailure
 from ckptgate.inspect.pickle import Call, Global, SDict, SList, SSet
@@ -362,7 +362,7 @@ def zero_plan(layout: Mapping[str, Any], trees: Mapping[str, Any], files: Mappin
     if worker is not None:
         report["worker"] = dict(worker)
     if not tensors:
-        raise PlanError("plan.empty", "the checkpoint holds no parameters")
+        raise no_tensors("parameters")
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes, report=report)
 
 
@@ -433,7 +433,7 @@ def universal_plan(layout: Mapping[str, Any], files: Mapping[str, Any], *, max_s
     aliases = universal_aliases(layout, files)
     tensors = universal_tensors(layout, aliases)
     if not tensors:
-        raise PlanError("plan.empty", "the checkpoint holds no parameters")
+        raise no_tensors("parameters")
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes,
                          report={"adapter": "deepspeed-universal", "params": len(tensors),
                                  "shared_params": [[a, t] for a, t in sorted(aliases.items())]})

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ckptgate.consolidate.adapters._common import record_segment, segment_tensor
-from ckptgate.consolidate.plan import (ConsolidationPlan, NotConsolidatable, OutputTensor, PlanError,
+from ckptgate.consolidate.plan import (ConsolidationPlan, NotConsolidatable, OutputTensor, PlanError, no_tensors,
                                        shard_tensors, st_dtype)
 
 
@@ -42,6 +42,6 @@ def plan(fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int) -> Consol
         raise PlanError("plan.format.unsupported", f"{fmt!r} is not an FSDP torch.save layout")
     tensors = full_tensors(layout)
     if not tensors:
-        raise PlanError("plan.empty", "the checkpoint holds no tensors")
+        raise no_tensors()
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes,
                          report={"adapter": "fsdp-full", "format": fmt, "prefix": layout.get("prefix")})

@@ -17,7 +17,7 @@ from typing import Any
 
 from ckptgate.consolidate.adapters import dcp
 from ckptgate.consolidate.adapters._common import slice_placements
-from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, PlanError, shard_tensors
+from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, PlanError, no_tensors, shard_tensors
 
 UNSTACK_LAYERS = "megatron-unstack-layers"
 _STACKED = re.compile(r"(^|\.)layers\.(?!\d+\.)(?=[A-Za-z_])")
@@ -65,7 +65,7 @@ def plan(layout: Mapping[str, Any], *, max_shard_bytes: int, mapping: str | None
     if mapping == UNSTACK_LAYERS:
         tensors = [u for t in tensors for u in (unstack(t) if t.name in stacked else [t])]
     if not tensors:
-        raise PlanError("plan.empty", "the checkpoint holds no tensors")
+        raise no_tensors()
     report: dict[str, Any] = {
         "adapter": "megatron-torch-dist", "mapping": mapping, "layer_stacked": sorted(stacked),
         "layer_axis": "unstacked" if mapping == UNSTACK_LAYERS else "kept as saved (prepended layer axis)",

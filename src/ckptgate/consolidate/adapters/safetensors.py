@@ -8,7 +8,7 @@ file.  It uses the headers that :mod:`ckptgate.inspect.safetensors` validated du
 from __future__ import annotations
 
 from ckptgate.consolidate.adapters._common import header_tensors
-from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, PlanError, shard_tensors
+from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, PlanError, no_tensors, shard_tensors
 from ckptgate.inspect import Inspection
 
 
@@ -31,5 +31,5 @@ def plan(inspection: Inspection, *, max_shard_bytes: int) -> ConsolidationPlan:
             raise PlanError("plan.source.missing", f"shard {rel!r} has no validated safetensors header")
         tensors += header_tensors(rel, facts.safetensors)
     if not tensors:
-        raise PlanError("plan.empty", "the checkpoint holds no tensors")
+        raise no_tensors()
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes)

@@ -108,3 +108,17 @@ def test_attest_add_stores_nothing_when_one_envelope_is_bad(work: Path) -> None:
     res = cli("attest", "add", "good.json", "garbage.json", "--store", "store", cwd=work)
     assert res.returncode == ExitCode.VERIFICATION_FAILED and "Traceback" not in res.stderr
     assert not (work / "store").exists()
+
+
+def test_terminal_controls_in_a_file_name_reach_the_terminal_escaped(tmp_path: Path) -> None:
+    """A name that would retitle the window and clear the screen is shown, not obeyed."""
+    (tmp_path / "ckpt").mkdir()
+    for f in HF.iterdir():
+        (tmp_path / "ckpt" / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "ckpt" / "\x1b]0;pwned\x07\x1b[2Jx.json").write_text("{}")
+    res = subprocess.run([sys.executable, "-m", "ckptgate", "inspect", "ckpt"], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, env={**os.environ, "COLUMNS": "400"})
+    assert res.returncode == ExitCode.INPUT_REJECTED
+    assert "\x1b]" not in res.stdout and "\x07" not in res.stdout and "\x1b[2J" not in res.stdout
+    assert "\\x1b]0;pwned\\x07\\x1b[2Jx.json" in res.stdout
+    assert "walk.name_control_chars" in res.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,21 @@ stderr = Console(stderr=True, highlight=False)
 stdout = Console(highlight=False, soft_wrap=True)
 
 
+# C0 controls but tab and newline, DEL, C1 controls, and the bidirectional overrides: a checkpoint's
+# file names and an attestation's fields reach the terminal, and must not drive it
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: object) -> str:
+    """``text`` with every terminal control character shown as an escape (``\\x1b``)."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+
+
+def shown(text: object) -> str:
+    """:func:`printable`, and safe inside rich markup."""
+    return escape(printable(text))
+
+
 def emit_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
     sys.stdout.flush()
@@ -27,10 +43,10 @@ def report_error(err: Error, as_json: bool) -> None:
     if as_json:
         emit_json(err.to_json())
         return
-    stderr.print(f"[bold red]error[/] {escape('[' + err.code + ']')} {escape(err.message)}")
+    stderr.print(f"[bold red]error[/] {shown('[' + err.code + ']')} {shown(err.message)}")
     for r in err.reasons:
-        stderr.print(f"  - {escape('[' + str(r.get('code', '?')) + ']')} {escape(str(r.get('message', '')))}")
-    stderr.print(f"[dim]advice:[/] {escape(err.diagnostics())}")
+        stderr.print(f"  - {shown('[' + str(r.get('code', '?')) + ']')} {shown(r.get('message', ''))}")
+    stderr.print(f"[dim]advice:[/] {shown(err.diagnostics())}")
 
 
 def json_option(f: Callable) -> Callable:

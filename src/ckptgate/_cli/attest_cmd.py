@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ckptgate._cli._base import emit_json, stdout, json_option
+from ckptgate._cli._base import emit_json, json_option, shown, stdout
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import read_regular_file, write_output_file
 
@@ -166,20 +166,20 @@ def verify(file: str, digest: str, trust_path: str | None, sigstore_trust_root: 
     if as_json:
         emit_json({"verified": True, "attestation": facts})
         return
-    stdout.print(f"[bold green]VERIFIED[/] {file}")
-    stdout.print(f"  predicate  {va.predicate_type}")
-    stdout.print(f"  subject    {va.subject_name} = {va.measured_digest}")
+    stdout.print(f"[bold green]VERIFIED[/] {shown(file)}")
+    stdout.print(f"  predicate  {shown(va.predicate_type)}")
+    stdout.print(f"  subject    {shown(va.subject_name)} = {va.measured_digest}")
     for s in facts["signers"]:
         who = f"{s['signer_id']} ({s['algorithm']}, spki {s['spki_sha256'][:16]}…)" if s["kind"] == "key" \
             else f"{s['identity']} via {s['issuer']}"
-        stdout.print(f"  signer     {s['kind']}: {who}")
+        stdout.print(f"  signer     {s['kind']}: {shown(who)}")
     stdout.print(f"  checks     {', '.join(va.checks)}")
     if va.validity is not None:
         stdout.print(f"  valid      {facts['verification']['validity']['issued_at']} .. "
                      f"{facts['verification']['validity']['expires_at']}")
     pred = va.statement.get("predicate") or {}
     if isinstance(pred, dict) and "candidate_commit" in pred:
-        stdout.print(f"  commit     {pred['candidate_commit']} (policy decides whether it is the candidate)")
+        stdout.print(f"  commit     {shown(pred['candidate_commit'])} (policy decides whether it is the candidate)")
 
 
 def _unverified(raw: bytes) -> dict[str, Any]:
@@ -204,8 +204,8 @@ def show(file: str, as_json: bool) -> None:
         return
     stdout.print("[bold yellow]UNVERIFIED[/] content: signatures, trust and subject were NOT checked; "
                  "use `ckptgate attest verify`.")
-    stdout.print(f"format {doc['format']}, payloadType {doc['payload_type']}, "
-                 f"{len(doc['signatures'])} signature(s), keyid hints {[s['keyid'] for s in doc['signatures']]}")
+    stdout.print(f"format {doc['format']}, payloadType {shown(doc['payload_type'])}, "
+                 f"{len(doc['signatures'])} signature(s), keyid hints {shown([s['keyid'] for s in doc['signatures']])}")
     stdout.print_json(json.dumps(doc["statement"], sort_keys=True))
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, stdout
+from ckptgate._cli._base import emit_json, json_option, printable, stdout
 from ckptgate._cli._options import engine_options, repo_option
 from ckptgate.userfiles import check_output_file, write_output_file
 
@@ -49,8 +49,8 @@ def register(cli: click.Group) -> None:
                 stdout.print(f"{mark} {r.name:13} {r.summary}", markup=True, highlight=False)
                 for f in r.findings:
                     where = f" {f.file}{':' + str(f.line) if f.line else ''}" if f.file and f.file not in f.message else ""
-                    stdout.print(f"       [{f.code}]{where} {f.message}", markup=False)
+                    stdout.print(printable(f"       [{f.code}]{where} {f.message}"), markup=False)
                     if f.detail and r.name == "matrix_drift":
-                        stdout.print(f.detail, markup=False)
+                        stdout.print(printable(f.detail), markup=False)
             stdout.print("check passed" if report.passed else "check FAILED (exit 3)")
         return 0 if report.passed else 3

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.markup import escape
 from rich.syntax import Syntax
 
-from ckptgate._cli._base import emit_json, json_option, stdout
+from ckptgate._cli._base import emit_json, json_option, shown, stdout
 from ckptgate._cli._options import engine_options
 from ckptgate.errors import ExitCode, UsageError
 
@@ -110,7 +109,7 @@ def register(cli: click.Group) -> None:
             emit_json({"explanation": lines, "decision": ev.decision.to_json()})
         else:
             for line in lines:
-                stdout.print(escape(line))
+                stdout.print(shown(line))
         return ExitCode.OK if ev.decision.allow else ExitCode.DENIED
 
     @cli.group("policy")

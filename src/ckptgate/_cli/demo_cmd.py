@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-from rich.markup import escape
 
-from ckptgate._cli._base import emit_json, json_option, stdout
+from ckptgate._cli._base import emit_json, json_option, shown, stdout
 from ckptgate._cli._options import engine_options
 
 if TYPE_CHECKING:
@@ -43,7 +42,7 @@ def register(cli: click.Group) -> None:
         stdout.print(f"signed    {result.attestation}  (throwaway Ed25519 key, trust data {result.trust_file})")
         stdout.print(f"decision  [bold green]allow[/] plane={d.plane} id={d.decision_id} by {d.engine}")
         for r in d.reasons:
-            stdout.print(f"          - {escape('[' + r.code + ']')} {escape(r.message)}")
+            stdout.print(f"          - {shown('[' + r.code + ']')} {shown(r.message)}")
         stdout.print(f"published {result.intake.destination}  ({len(result.intake.outputs)} files, receipt "
                      f"ckptgate-receipt.json)")
         stdout.print(f"checked   {result.tensors_compared} tensors equal the input bit for bit")

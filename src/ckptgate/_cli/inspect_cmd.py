@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.markup import escape
 from rich.table import Table
 
-from ckptgate._cli._base import emit_json, json_option, stdout
+from ckptgate._cli._base import emit_json, json_option, shown, stdout
 from ckptgate.errors import InputRejected
 
 
@@ -35,14 +34,14 @@ def _human(facts: dict[str, Any], digest: Any) -> None:
         stdout.print(f"[bold]fixture digest[/] {digest.digest} ({digest.file_count} files, {digest.total_bytes} bytes)")
     t = Table("path", "kind", "size", title="files")
     for f in facts["files"]:
-        t.add_row(escape(f["path"]), f["kind"], str(f["size"]))
+        t.add_row(shown(f["path"]), f["kind"], str(f["size"]))
     stdout.print(t)
     if facts["findings"]:
         ft = Table("severity", "code", "path", "message", title="findings")
         colour = {"error": "red", "warning": "yellow", "info": "dim"}
         for x in facts["findings"]:
-            ft.add_row(f"[{colour[x['severity']]}]{x['severity']}[/]", x["code"], escape(x["path"]),
-                       escape(x["message"]))
+            ft.add_row(f"[{colour[x['severity']]}]{x['severity']}[/]", x["code"], shown(x["path"]),
+                       shown(x["message"]))
         stdout.print(ft)
 
 

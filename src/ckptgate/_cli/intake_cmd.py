@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from ckptgate._cli._base import emit_json, json_option, stderr, stdout
+from ckptgate._cli._base import emit_json, json_option, shown, stderr, stdout
 from ckptgate._cli._options import engine_options
 
 if TYPE_CHECKING:
@@ -36,7 +35,7 @@ def print_result(result: IntakeResult) -> None:
     stdout.print(f"[bold green]allowed[/] plane={d.plane} decision={d.decision_id or '-'} "
                  f"policy={d.policy_revision[:19]}")
     for r in d.reasons:
-        stdout.print(f"  - {escape('[' + r.code + ']')} {escape(r.message)}")
+        stdout.print(f"  - {shown('[' + r.code + ']')} {shown(r.message)}")
     stdout.print(f"published {len(result.outputs)} files to [bold]{result.destination}[/]")
     stdout.print(f"fixture digest {result.evaluation.digest.digest}")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, stdout
+from ckptgate._cli._base import emit_json, json_option, printable, stdout
 from ckptgate._cli._options import engine_options
 from ckptgate.userfiles import check_output_file, write_output_file
 
@@ -35,5 +35,5 @@ def register(cli: click.Group) -> None:
             emit_json(doc)
         else:
             for line in render_text(doc):
-                stdout.print(line, markup=False, highlight=False)
+                stdout.print(printable(line), markup=False, highlight=False)
         return 0 if doc["decision"]["allow"] else 3

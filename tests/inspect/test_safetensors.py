@@ -124,6 +124,18 @@ def test_million_tensor_header_is_bounded() -> None:
     assert len(h.tensors) == n
 
 
+def test_more_tensors_than_the_cap_are_refused_before_the_json_is_parsed() -> None:
+    from ckptgate.inspect.safetensors import MAX_TENSORS
+
+    n = MAX_TENSORS + 1
+    blob = st_bytes({f"t{i}": _t("U8", [1], i, i + 1) for i in range(n)}, b"\0" * n)
+    assert _check(blob) == "input.safetensors.too_many_tensors"
+    # the names may hide the key from the text count (JSON escapes); the parsed count catches them
+    hidden = b"{" + b",".join(b'"t%d":{"dtype":"U8","shape":[1],"data_\\u006fffsets":[%d,%d]}' % (i, i, i + 1)
+                             for i in range(n)) + b"}"
+    assert _check(st_bytes(hidden, b"\0" * n)) == "input.safetensors.too_many_tensors"
+
+
 def test_sparse_terabyte_behind_a_tiny_header_is_checked_without_reading_it(tmp_path: Path) -> None:
     from ckptgate.inspect import inspect_tree
 

@@ -26,6 +26,9 @@ __all__ = ["DTYPE_BITS", "TORCH_DTYPES", "SafetensorsHeader", "TensorInfo", "par
 
 MAX_HEADER = 100_000_000
 MAX_JSON_DEPTH = 64
+MAX_TENSORS = 1 << 17
+"""Tensors in one file: ten times the most a released model puts in a shard (DeepSeek-V3 holds
+about 91,000 in all).  More would make inspection and the policy input large for no model."""
 _MAX_SAFE_INT = 1 << 53
 
 # safetensors 0.8 dtypes, in bits
@@ -185,7 +188,9 @@ def _validate(read: Any, file_size: int, path: str, max_header: int) -> Safetens
         raise _rej("not_utf8", "header is not valid UTF-8", path, at=e.start) from None
     if not text.startswith("{"):
         raise _rej("not_object_start", "header does not start with '{'", path)
-    # 5. JSON
+    # 5. JSON, after a count of the tensors it would declare (each has one "data_offsets" key)
+    if text.count('"data_offsets"') > MAX_TENSORS:
+        raise _rej("too_many_tensors", f"header declares more than {MAX_TENSORS} tensors", path, limit=MAX_TENSORS)
     try:
         doc = json_loads_strict(text, max_depth=None)  # the field checks below bound the depth to 3
     except RecursionError:
@@ -196,6 +201,8 @@ def _validate(read: Any, file_size: int, path: str, max_header: int) -> Safetens
         raise _rej("invalid_json", f"header is not valid JSON: {e}", path) from None
     if not isinstance(doc, dict):
         raise _rej("header_not_object", "header JSON is not an object", path)
+    if len(doc) - ("__metadata__" in doc) > MAX_TENSORS:  # a key escaped in JSON hides from the count above
+        raise _rej("too_many_tensors", f"header declares more than {MAX_TENSORS} tensors", path, limit=MAX_TENSORS)
     meta: dict[str, str] | None = None
     tensors: list[TensorInfo] = []
     for name, v in doc.items():

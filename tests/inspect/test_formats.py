@@ -163,6 +163,32 @@ def test_weight_map_escapes(target: str, tmp_path: Path) -> None:
     assert "index.unsafe_target" in _codes(insp) and not insp.clean
 
 
+@pytest.mark.parametrize(("name", "target", "codes"), [
+    # a second safetensors index: which one a loader reads is the attacker's choice
+    ("zzz.safetensors.index.json", "model-00001-of-00002.safetensors", {"index.ambiguous"}),
+    ("aaa.safetensors.index.json", "../../etc/passwd", {"index.ambiguous", "index.unsafe_target"}),
+    # what transformers reads with use_safetensors=False
+    ("pytorch_model.bin.index.json", "/root/.ssh/id_rsa", {"index.unsafe_target", "index.not_consolidated"}),
+    ("pytorch_model.bin.index.json", "pytorch_model-00001.bin", {"index.missing_shard", "index.not_consolidated"}),
+])
+def test_every_index_beside_the_consolidated_one_is_checked(name: str, target: str, codes: set[str],
+                                                          tmp_path: Path) -> None:
+    root = _hf(tmp_path)
+    (root / name).write_text(json.dumps({"metadata": {}, "weight_map": {"a": target}}))
+    insp = inspect_tree(root)
+    assert insp.layout["index"] == ("aaa.safetensors.index.json" if name.startswith("aaa") else
+                                    "model.safetensors.index.json")
+    assert codes <= _codes(insp) and not insp.clean
+
+
+def test_an_index_that_only_names_present_shards_is_a_warning(tmp_path: Path) -> None:
+    root = _hf(tmp_path)
+    (root / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {
+        "a": "model-00001-of-00002.safetensors"}}))
+    insp = inspect_tree(root)
+    assert insp.clean and "index.not_consolidated" in _codes(insp)
+
+
 def test_weight_map_names_missing_shard(tmp_path: Path) -> None:
     insp = inspect_tree(_hf(tmp_path, {"a": "model-00001-of-00002.safetensors", "b": "nope.safetensors"}))
     assert "index.missing_shard" in _codes(insp)

@@ -23,11 +23,37 @@ def _index_path(ctx: Context) -> str | None:
     return idx[0] if idx else None
 
 
+def _other_indexes(ctx: Context, ip: str) -> list[Finding]:
+    """Every other index beside the one consolidated: a loader could follow it instead (two
+    safetensors indexes leave the choice to whoever named them; ``pytorch_model.bin.index.json``
+    is what transformers reads with ``use_safetensors=False``), so it must be as sound."""
+    findings: list[Finding] = []
+    for p in sorted(p for p in ctx.files if "/" not in p and p.endswith(".index.json") and p != ip):
+        if p.endswith(".safetensors.index.json"):
+            findings.append(error("index.ambiguous", p, f"a second safetensors index beside {ip!r}; which one a "
+                                  "loader reads is not defined", index=ip))
+        doc = ctx.files[p].json
+        wm = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(wm, dict):
+            continue
+        for tensor, target in wm.items():
+            bad = plain_basename(target, p, f"weight_map[{tensor!r}]")
+            if bad:
+                findings.append(bad)
+            elif target not in ctx.files:
+                findings.append(error("index.missing_shard", p, f"weight_map names {target!r}, which is not in "
+                                      "the checkpoint", shard=target, tensor=tensor))
+        if not p.endswith(".safetensors.index.json"):
+            findings.append(warning("index.not_consolidated", p, f"an index beside {ip!r} that intake does not "
+                                    "follow; it is not published"))
+    return findings
+
+
 def detect_hf_sharded(ctx: Context) -> FormatResult | None:
     ip = _index_path(ctx)
     if ip is None:
         return None
-    findings: list[Finding] = []
+    findings: list[Finding] = _other_indexes(ctx, ip)
     doc = ctx.files[ip].json
     if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
         findings.append(error("index.invalid", ip, "index has no weight_map object"))

@@ -136,6 +136,24 @@ def test_peft_fields(name: str) -> None:
     assert ("peft.base_not_pinned" in _codes(insp)) == (meta["base_model"]["revision"] is None)
 
 
+@pytest.mark.parametrize(("field", "value"), [("base_model_name_or_path", "A" * 5000),
+                                              ("revision", "0" * 5000),
+                                              ("target_modules", [f"module_{i:06d}" for i in range(8000)])])
+def test_an_implausibly_long_peft_field_is_refused_and_kept_out_of_the_facts(field: str, value: object,
+                                                                            tmp_path: Path) -> None:
+    d, _meta = _fixture("peft_lora")
+    root = tmp_path / "adapter"
+    root.mkdir()
+    for f in (d / "checkpoint").iterdir():
+        (root / f.name).write_bytes(f.read_bytes())
+    config = json.loads((root / "adapter_config.json").read_text())
+    (root / "adapter_config.json").write_text(json.dumps({**config, field: value}))
+    insp = inspect_tree(root)
+    assert "peft.field_too_long" in _codes(insp) and not insp.clean
+    assert insp.layout["adapters"][0]["fields"][field] is None
+    assert len(json.dumps(insp.to_facts())) < 100_000
+
+
 # -- HF index attacks ---------------------------------------------------------------------------
 def _hf(root: Path, weight_map: dict[str, str] | None = None, total: int | None = None, extra_shard: bool = False,
         index_text: str | None = None) -> Path:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from ckptgate.inspect.classify import FileKind
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.formats._base import Context, FormatResult
@@ -10,6 +12,14 @@ __all__ = ["detect_peft"]
 
 _FIELDS = ("base_model_name_or_path", "revision", "peft_type", "task_type", "peft_version", "r", "lora_alpha",
            "target_modules", "modules_to_save")
+_MAX_STRING = 4096  # a hub id is at most 96 characters, a local path at most PATH_MAX
+_MAX_FIELD = 64 << 10  # JSON-encoded: a long explicit target_modules list fits
+
+
+def _too_long(value: object) -> bool:
+    if isinstance(value, str):
+        return len(value) > _MAX_STRING
+    return len(json.dumps(value)) > _MAX_FIELD
 
 
 def detect_peft(ctx: Context) -> FormatResult | None:
@@ -26,6 +36,10 @@ def detect_peft(ctx: Context) -> FormatResult | None:
             findings.append(error("peft.config_invalid", cp, "adapter_config.json is not a JSON object"))
             continue
         fields = {k: doc.get(k) for k in _FIELDS if k in doc}
+        for k in [k for k, v in fields.items() if _too_long(v)]:  # kept out of the facts, the policy input
+            findings.append(error("peft.field_too_long", cp, f"adapter_config.json field {k!r} is implausibly long",
+                                  field=k, limit=_MAX_STRING if isinstance(fields[k], str) else _MAX_FIELD))
+            fields[k] = None
         if not isinstance(doc.get("base_model_name_or_path"), str) or not doc["base_model_name_or_path"]:
             findings.append(error("peft.base_model_missing", cp, "adapter_config.json names no base model"))
         if doc.get("revision") is None:

@@ -178,8 +178,8 @@ def _classify(fd: int, size: int) -> Classification:  # noqa: C901, PLR0911, PLR
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         names = list_zip_names(fd, size)
         if names is None:
-            return Classification(kind=FileKind.ZIP_STREAM, detail="zip local header without a central directory "
-                                  "at the end (concatenated zips?)")
+            return Classification(kind=FileKind.ZIP_STREAM, detail="zip local header without a readable central "
+                                  "directory at the end (concatenated or malformed zips)")
         tops = {n.split("/", 1)[0] for n in names}
         if len(tops) == 1:
             top = next(iter(tops))

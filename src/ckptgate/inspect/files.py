@@ -130,8 +130,9 @@ def _analyse(fd: int, size: int, path: str, verify_crc: CrcMode,  # noqa: C901
         findings.extend(zr.findings)
         findings.append(warning("numpy.npz", path, "npz members are not validated further"))
     elif k == FileKind.ZIP_STREAM and ext != ".distcp":
-        findings.append(error("classify.zip_stream", path, "zip data without a central directory at the end "
-                              "(concatenated or truncated zips); refused"))
+        findings.append(error("classify.zip_stream", path, "zip data whose central directory cannot be read "
+                              "(concatenated, truncated or malformed zips); refused"))
+        findings.extend(check_zip(fd, size, path=path, verify_crc=False).findings)  # what is wrong with it
     elif k == FileKind.UNKNOWN:
         findings.append(warning("classify.unknown", path, "content of unknown type"))
     return FileFacts(path=path, size=size, kind=k, detail=c.detail, **kw), findings

@@ -261,3 +261,11 @@ def test_a_bundle_that_fails_to_build_is_raised_at_the_first_decision_and_leaves
     assert e.value.code == "engine.bundle.build_failed"
     assert engine.pid is None and not EmbeddedOpa._live and not workdir.exists()
     engine.close()  # closing again is harmless
+
+
+def test_a_first_decision_long_after_the_launch_still_finds_the_server(policy_dir):
+    """The start-up deadline runs from the launch; a digest that outlasts it must not turn a
+    healthy server into engine.opa.start_timeout (the health check is asked at least once)."""
+    with EmbeddedOpa(policy_dir=policy_dir(ECHO), wait=False, start_timeout_s=0.5) as opa:
+        time.sleep(2.0)  # the caller inspects and hashes meanwhile
+        assert opa.evaluate("ckptgate/intake/decision", {"ok": True}).result is not None

@@ -246,7 +246,7 @@ class EmbeddedOpa(_ClientEngine):
         assert self._proc is not None
         self._client = _new_client(host="127.0.0.1", port=self._port, token=self._token, timeout=self._timeout_s,
                                    retries=0)
-        while time.monotonic() < self._deadline:
+        while True:  # asked at least once: the first decision may come long after the launch (a large digest)
             if self._proc.poll() is not None:
                 raise EngineUnavailable(
                     "engine.opa.start_failed",
@@ -256,6 +256,8 @@ class EmbeddedOpa(_ClientEngine):
                            "rebuild it with `ckptgate policy build` or use the policies directory.")
             if self._client.check_health():
                 return
+            if time.monotonic() >= self._deadline:
+                break
             time.sleep(0.02)
         raise EngineUnavailable("engine.opa.start_timeout",
                                 f"the embedded OPA did not become healthy within {self._start_timeout_s:g} s")

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from opa_client import OpaClient
 
 DEFAULT_TIMEOUT_S = 5.0
+_LATE_ADVICE = ("The decision is deny because none arrived in time. A checkpoint with a very large layout makes a "
+                "large policy input: raise --opa-timeout. Otherwise the engine or the machine is overloaded.")
 _PORT_ATTEMPTS = 3
 _PR_SET_PDEATHSIG = 1
 
@@ -87,7 +89,8 @@ class _ClientEngine:
                                            query_params={"provenance": "true"})
         except requests.Timeout as e:
             raise EngineUnavailable("engine.timeout", f"the policy engine did not answer within "
-                                    f"{self._client.timeout:g} s (a late decision is deny)") from e
+                                    f"{self._client.timeout:g} s (a late decision is deny)",
+                                    advice=_LATE_ADVICE) from e
         except requests.RequestException as e:
             raise EngineUnavailable("engine.unreachable", f"the policy engine at {self._name} "
                                     f"could not be queried: {type(e).__name__}") from e
@@ -96,7 +99,7 @@ class _ClientEngine:
         # requests' timeout bounds each socket read, not the whole answer: a trickled answer is late too.
         if time.monotonic() - started > self._client.timeout:
             raise EngineUnavailable("engine.timeout", f"the policy engine's answer took longer than "
-                                    f"{self._client.timeout:g} s (a late decision is deny)")
+                                    f"{self._client.timeout:g} s (a late decision is deny)", advice=_LATE_ADVICE)
         if not isinstance(body, dict) or "result" not in body:
             raise EngineUnavailable("engine.undefined", f"the entrypoint data.{package.replace('/', '.')}."
                                     f"{rule} is undefined in the loaded policies (deny)")

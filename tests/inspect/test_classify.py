@@ -37,6 +37,13 @@ def _classify(p: Path):  # noqa: ANN202
     ("README.md", b"(S'id'\nios\nsystem\n", FileKind.PICKLE),  # INST imports and calls at once
     ("README.md", b"cosmic\nnotes about this model\n", FileKind.TEXT),  # a GLOBAL-shaped start, no call
     ("README.md", b"credits\nauthors\nThis model was trained\n", FileKind.TEXT),
+    # what pickletools refuses but the interpreter's unpickler accepts: it is the oracle
+    ("notes.txt", b"I0x1\n0cbuiltins\nprint\n(S'x'\ntR.", FileKind.PICKLE),  # a base-16 INT
+    ("notes.txt", b"S'\xc3\xa9'\n0cbuiltins\nprint\n(S'x'\ntR.", FileKind.PICKLE),  # a non-ASCII STRING
+    ("notes.txt", b"S'" + b"a" * 5000 + b"'\n0\x8c\x08builtins\x8c\x05print\x93\x8c\x01x\x85R\xffjunk",
+     FileKind.PICKLE),  # STACK_GLOBAL after a text head, then garbage
+    ("extra_state.dat", b"\x8c\x08builtins\x8c\x05print\x93\x8c\x01x\x85R\xff", FileKind.PICKLE),  # no PROTO
+    ("notes.txt", b"S'" + b"a" * (5 << 20) + b"'\n0cbuiltins\nprint\n(S'x'\ntR.", FileKind.PICKLE),  # padded
 ])
 def test_kinds(name: str, data: bytes, kind: FileKind, tmp_path: Path) -> None:
     assert _classify(write(tmp_path, name, data)).kind == kind

@@ -7,10 +7,11 @@ The extension is only compared afterwards: a mismatch is a finding
 from __future__ import annotations
 
 import enum
+import io
 import os
-import pickletools
-import re
+import pickle
 from dataclasses import dataclass
+from typing import Any
 
 from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.zipcheck import list_zip_names
@@ -18,8 +19,7 @@ from ckptgate.inspect.zipcheck import list_zip_names
 __all__ = ["FileKind", "Classification", "classify_fd", "EXPECTED_KINDS"]
 
 _HEAD = 4096
-_TEXT_PICKLE_MAX = 1 << 20  # protocol 0/1 probing reads at most 1 MiB
-_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_PICKLE_PROBE = 4 << 20  # bytes of a file without a protocol header that the pickle oracle reads, at most
 _LEGACY_MAGIC = (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
 
 
@@ -116,34 +116,82 @@ def _looks_like_code(text: str) -> bool:
     return False
 
 
-_CALLS = frozenset({"REDUCE", "BUILD", "OBJ", "NEWOBJ", "NEWOBJ_EX", "INST"})
-_IMPORTS = frozenset({"GLOBAL", "INST"})
+class _Reaches(Exception):
+    """The stream called something, or asked for a persistent object: ``pickle.load`` would act."""
 
 
-def _proto01_pickle(fd: int, size: int) -> bool:
-    """Whether the file's start is a protocol 0/1 pickle, which is printable text.
+class _Acts(type):
+    """The metaclass of what :class:`_Oracle` hands out for a global: calling it (REDUCE, NEWOBJ,
+    OBJ, INST) or touching an attribute of it (BUILD's ``__setstate__``, APPEND's ``append``) is
+    the point where a real load would run code, so each stops the run."""
 
-    ``pickle.load`` runs a stream from its first byte and acts on each opcode as it reads it, so
-    what matters is the prefix, not whether it ends well: a stream that imports a callable by a
-    dotted name and then calls something is a pickle even if garbage follows, and so is one that
-    reaches STOP.  Only the first :data:`_TEXT_PICKLE_MAX` bytes are probed, whatever the size.
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        raise _Reaches
+
+    def __getattr__(cls, name: str) -> Any:
+        raise _Reaches
+
+
+class _Global(metaclass=_Acts):
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:  # NEWOBJ and NEWOBJ_EX call cls.__new__ directly
+        raise _Reaches
+
+
+class _Oracle(pickle.Unpickler):
+    """The interpreter's own unpickler, as an oracle that never imports or calls anything.
+
+    ``find_class`` is the only way a pickle obtains a callable (GLOBAL, INST, STACK_GLOBAL and the
+    EXT codes all go through it) and ``persistent_load`` the only way it reaches outside itself.
+    Here the first hands out :class:`_Global`, which stops the run when it would be called, and
+    the second stops it at once. A stream that names a global and never uses it, like a text
+    file whose first line starts with ``c``, is not taken for a pickle; a real load of it would
+    at most import a module and fail.
     """
-    data = os.pread(fd, min(size, _TEXT_PICKLE_MAX), 0)
-    imported = False
+
+    def find_class(self, module: str, name: str) -> Any:  # noqa: ARG002
+        return _Global
+
+    def persistent_load(self, pid: Any) -> Any:  # noqa: ARG002
+        raise _Reaches
+
+
+class _Prefix(io.RawIOBase):
+    """The first ``limit`` bytes of ``fd``, read on demand (a stream that fails early reads little)."""
+
+    def __init__(self, fd: int, limit: int) -> None:
+        self.fd, self.limit, self.pos = fd, limit, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = min(len(b), self.limit - self.pos)
+        if n <= 0:
+            return 0
+        data = os.pread(self.fd, n, self.pos)
+        b[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+def _unheadered_pickle(fd: int, size: int) -> bool:
+    """Whether ``pickle.load`` would reach a callable, or a STOP, from this file's first byte.
+
+    Protocol 0 and 1 pickles are printable text, and any pickle may omit the PROTO header, so
+    what a file says it is does not decide this: the interpreter's unpickler does, run as an
+    :class:`_Oracle` over at most :data:`_PICKLE_PROBE` bytes (``latin-1``, so no string fails to
+    decode where the real load would accept it).  A stream still well-formed where the probe ends
+    is treated as a pickle: padding must not carry a call past the probe.
+    """
+    limit = min(size, _PICKLE_PROBE)
+    raw = _Prefix(fd, limit)
     try:
-        for op, arg, _pos in pickletools.genops(data):
-            if op.name == "STOP":
-                return True
-            if op.name in _IMPORTS and isinstance(arg, str) and all(
-                    _DOTTED.fullmatch(part) for part in arg.split(" ", 1)) and " " in arg:
-                imported = True
-                if op.name == "INST":  # INST imports and calls in one opcode
-                    return True
-            elif op.name in _CALLS and imported:
-                return True
-    except Exception:  # noqa: BLE001 - any decoding error ends the prefix
-        pass
-    return False
+        _Oracle(io.BufferedReader(raw, buffer_size=64 << 10), encoding="latin1").load()
+    except _Reaches:
+        return True
+    except Exception:  # noqa: BLE001 - a malformed stream: not a pickle, unless the probe cut it short
+        return size > limit and raw.pos >= limit
+    return True  # reached STOP
 
 
 def classify_fd(fd: int, size: int, path: str) -> Classification:
@@ -212,8 +260,9 @@ def _classify(fd: int, size: int) -> Classification:  # noqa: C901, PLR0911, PLR
     stripped = head.lstrip(b" \t\r\n")
     if stripped[:1] in (b"{", b"[") and _is_text(head):
         return Classification(kind=FileKind.JSON, detail="json")
-    if _proto01_pickle(fd, size):
-        return Classification(kind=FileKind.PICKLE, detail="pickle protocol 0/1")
+    if _unheadered_pickle(fd, size):
+        return Classification(kind=FileKind.PICKLE, detail="pickle without a protocol header (protocol 0/1 text, or "
+                              "later opcodes with the header left out)")
     if _is_text(head):
         text = head.decode("utf-8", "ignore")
         if _looks_like_code(text):

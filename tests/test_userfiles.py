@@ -87,3 +87,18 @@ def test_bad_targets_are_typed_usage_errors(tmp_path: Path, target: str, code: s
     with pytest.raises(UsageError) as e:
         write_output_file(tmp_path / target if target else Path(""), b"x", what="the report")
     assert e.value.code == code
+
+
+def test_new_files_get_the_mode_less_the_umask_and_long_names_fit(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        write_output_file(tmp_path / "report.html", b"x", what="the report")
+        write_output_file(tmp_path / "key.pem", b"k", what="the private key", mode=0o600, exclusive=True)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "report.html").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "key.pem").stat().st_mode & 0o777 == 0o600
+    long = tmp_path / ("r" * 250 + ".html")
+    write_output_file(long, b"x", what="the report")
+    assert long.read_bytes() == b"x" and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["report.html", "key.pem", long.name])

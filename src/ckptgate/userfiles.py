@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -72,18 +72,19 @@ def write_output_file(path: Path | str, data: bytes, *, what: str, mode: int = 0
                       not_inside: Iterable[Path] = ()) -> None:
     """Write ``data`` to ``path`` whole: a temporary file beside it, flushed, then renamed over it.
 
+    :param mode: permissions for a new file, less the umask (``0o600`` for a private key).
     :param exclusive: refuse an existing ``path`` (keys, signed envelopes) instead of replacing it.
     :param not_inside: inputs of the command; a ``path`` inside one of them is refused.
     """
     target = check_output_file(path, what=what, exclusive=exclusive, not_inside=not_inside)
     parent = target.parent
+    tmp = parent / f".ckptgate-{secrets.token_hex(8)}.tmp"  # short: any name the target may have still fits
     try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)  # the umask applies
     except OSError as e:
         raise UsageError("usage.output_unwritable", f"cannot write {what} {path}: {e.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

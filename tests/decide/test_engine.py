@@ -244,12 +244,14 @@ def test_a_malformed_remote_url_is_a_typed_error(url: str) -> None:
 
 
 def test_the_opa_client_is_imported_only_once_an_engine_starts():
-    """Importing the pipeline leaves opa_client (requests, aiohttp) to a thread the engine starts."""
+    """Importing the pipeline leaves opa_client to a thread the engine starts; the engine loads only
+    its synchronous client (no aiohttp), and the package still works whole for anyone else."""
     code = ("import sys, ckptgate.pipeline as p; before = 'opa_client' in sys.modules; "
             "e = p.open_engine(); e.evaluate('ckptgate/intake/decision', {}); e.close(); "
-            "print(before, 'opa_client' in sys.modules)")
+            "print(before, 'opa_client' in sys.modules, 'aiohttp' in sys.modules); "
+            "from opa_client import AsyncOpaClient, OpaClient; print(AsyncOpaClient.__name__, OpaClient.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
-    assert out.stdout.split() == ["False", "True"]
+    assert out.stdout.split() == ["False", "True", "False", "AsyncOpaClient", "OpaClient"]
 
 
 def test_a_bundle_that_fails_to_build_is_raised_at_the_first_decision_and_leaves_nothing(policy_dir):

@@ -317,14 +317,23 @@ def _client_class() -> type[OpaClient]:
     That ``__init__`` also imports the asyncio client and with it aiohttp: about 0.27 s of CPU
     holding the GIL, which on two cores slows the digest it overlaps by as much.  ckptgate uses
     only the synchronous client, so it loads the package bare and imports ``opa_client.opa``
-    alone.  Where the package is already imported whole, that is used.
+    alone; the first use of any other name from the package runs its ``__init__`` after all.
+    Where the package is already imported whole, that is used.
     """
     with _client_lock:
         if "opa_client" not in sys.modules:
             spec = importlib.util.find_spec("opa_client")
-            if spec is None:
+            if spec is None or spec.loader is None:
                 raise ImportError("No module named 'opa_client'", name="opa_client")
-            sys.modules["opa_client"] = importlib.util.module_from_spec(spec)  # __path__ set, __init__ not run
+            package = importlib.util.module_from_spec(spec)  # __path__ set, __init__ not run
+
+            def complete(name: str) -> Any:  # anyone else's `from opa_client import X` runs the __init__ then
+                del package.__getattr__
+                spec.loader.exec_module(package)  # type: ignore[union-attr]
+                return getattr(package, name)
+
+            package.__getattr__ = complete  # type: ignore[method-assign]
+            sys.modules["opa_client"] = package
         return importlib.import_module("opa_client.opa").OpaClient  # type: ignore[no-any-return]
 
 

@@ -136,10 +136,12 @@ def test_peft_fields(name: str) -> None:
     assert ("peft.base_not_pinned" in _codes(insp)) == (meta["base_model"]["revision"] is None)
 
 
-@pytest.mark.parametrize(("field", "value"), [("base_model_name_or_path", "A" * 5000),
-                                              ("revision", "0" * 5000),
-                                              ("target_modules", [f"module_{i:06d}" for i in range(8000)])])
-def test_an_implausibly_long_peft_field_is_refused_and_kept_out_of_the_facts(field: str, value: object,
+@pytest.mark.parametrize(("field", "value", "extra"), [
+    ("base_model_name_or_path", "A" * 5000, {}),
+    ("base_model_name_or_path", "A" * 200_000, {"revision": None}),  # nor in the unpinned warning's evidence
+    ("revision", "0" * 5000, {}),
+    ("target_modules", [f"module_{i:06d}" for i in range(8000)], {})])
+def test_an_implausibly_long_peft_field_is_refused_and_kept_out_of_the_facts(field: str, value: object, extra: dict,
                                                                             tmp_path: Path) -> None:
     d, _meta = _fixture("peft_lora")
     root = tmp_path / "adapter"
@@ -147,7 +149,7 @@ def test_an_implausibly_long_peft_field_is_refused_and_kept_out_of_the_facts(fie
     for f in (d / "checkpoint").iterdir():
         (root / f.name).write_bytes(f.read_bytes())
     config = json.loads((root / "adapter_config.json").read_text())
-    (root / "adapter_config.json").write_text(json.dumps({**config, field: value}))
+    (root / "adapter_config.json").write_text(json.dumps({**config, field: value, **extra}))
     insp = inspect_tree(root)
     assert "peft.field_too_long" in _codes(insp) and not insp.clean
     assert insp.layout["adapters"][0]["fields"][field] is None
@@ -187,7 +189,6 @@ def test_weight_map_escapes(target: str, tmp_path: Path) -> None:
     ("aaa.safetensors.index.json", "../../etc/passwd", {"index.ambiguous", "index.unsafe_target"}),
     # what transformers reads with use_safetensors=False
     ("pytorch_model.bin.index.json", "/root/.ssh/id_rsa", {"index.unsafe_target", "index.not_consolidated"}),
-    ("pytorch_model.bin.index.json", "pytorch_model-00001.bin", {"index.missing_shard", "index.not_consolidated"}),
 ])
 def test_every_index_beside_the_consolidated_one_is_checked(name: str, target: str, codes: set[str],
                                                           tmp_path: Path) -> None:
@@ -199,12 +200,13 @@ def test_every_index_beside_the_consolidated_one_is_checked(name: str, target: s
     assert codes <= _codes(insp) and not insp.clean
 
 
-def test_an_index_that_only_names_present_shards_is_a_warning(tmp_path: Path) -> None:
+@pytest.mark.parametrize("target", ["model-00001-of-00002.safetensors", "pytorch_model-00001-of-00002.bin"])
+def test_a_bin_index_with_safe_targets_is_a_warning_even_when_its_shards_were_not_downloaded(
+        target: str, tmp_path: Path) -> None:
     root = _hf(tmp_path)
-    (root / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {
-        "a": "model-00001-of-00002.safetensors"}}))
+    (root / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"a": target}}))
     insp = inspect_tree(root)
-    assert insp.clean and "index.not_consolidated" in _codes(insp)
+    assert insp.clean and "index.not_consolidated" in _codes(insp) and "index.missing_shard" not in _codes(insp)
 
 
 def test_weight_map_names_missing_shard(tmp_path: Path) -> None:

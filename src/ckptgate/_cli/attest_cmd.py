@@ -206,7 +206,7 @@ def show(file: str, as_json: bool) -> None:
                  "use `ckptgate attest verify`.")
     stdout.print(f"format {doc['format']}, payloadType {shown(doc['payload_type'])}, "
                  f"{len(doc['signatures'])} signature(s), keyid hints {shown([s['keyid'] for s in doc['signatures']])}")
-    stdout.print_json(json.dumps(doc["statement"], sort_keys=True))
+    stdout.print_json(json.dumps(doc["statement"], sort_keys=True), ensure_ascii=True)  # untrusted: escaped
 
 
 @attest.command("add")

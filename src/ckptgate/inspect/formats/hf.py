@@ -26,7 +26,9 @@ def _index_path(ctx: Context) -> str | None:
 def _other_indexes(ctx: Context, ip: str) -> list[Finding]:
     """Every other index beside the one consolidated: a loader could follow it instead (two
     safetensors indexes leave the choice to whoever named them; ``pytorch_model.bin.index.json``
-    is what transformers reads with ``use_safetensors=False``), so it must be as sound."""
+    is what transformers reads with ``use_safetensors=False``), so its targets must be safe.
+    Targets it names but the checkpoint lacks are left alone (a download of only the safetensors
+    keeps the ``.bin`` index), unless it is a second safetensors index."""
     findings: list[Finding] = []
     for p in sorted(p for p in ctx.files if "/" not in p and p.endswith(".index.json") and p != ip):
         if p.endswith(".safetensors.index.json"):
@@ -40,7 +42,7 @@ def _other_indexes(ctx: Context, ip: str) -> list[Finding]:
             bad = plain_basename(target, p, f"weight_map[{tensor!r}]")
             if bad:
                 findings.append(bad)
-            elif target not in ctx.files:
+            elif target not in ctx.files and p.endswith(".safetensors.index.json"):
                 findings.append(error("index.missing_shard", p, f"weight_map names {target!r}, which is not in "
                                       "the checkpoint", shard=target, tensor=tensor))
         if not p.endswith(".safetensors.index.json"):

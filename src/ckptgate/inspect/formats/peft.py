@@ -44,7 +44,7 @@ def detect_peft(ctx: Context) -> FormatResult | None:
             findings.append(error("peft.base_model_missing", cp, "adapter_config.json names no base model"))
         if doc.get("revision") is None:
             findings.append(warning("peft.base_not_pinned", cp, "the base model revision is null: the base is "
-                                    "not pinned [R16]", base=doc.get("base_model_name_or_path")))
+                                    "not pinned [R16]", base=fields.get("base_model_name_or_path")))
         pre = f"{folder}/" if folder else ""
         weights = None
         for name in ("adapter_model.safetensors", "adapter_model.bin"):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptgate.errors import InputRejected
+from ckptgate.inspect._threads import usable_cores
 from ckptgate.inspect.walk import SafeTree
 
 __all__ = ["FixtureDigest", "ManifestEntry", "canonical_manifest", "fixture_digest"]
@@ -131,8 +132,7 @@ def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: i
     """
     if buffer_size < 4096:
         raise ValueError("buffer_size must be at least 4096")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    n_workers = max(1, min(workers or cores, max(1, len(tree.entries))))
+    n_workers = max(1, min(workers or usable_cores(), max(1, len(tree.entries))))
     local = threading.local()
     lock = threading.Lock()
 

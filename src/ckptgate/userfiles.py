@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ckptgate.errors import UsageError
 
-__all__ = ["check_output_file", "read_regular_file", "write_output_file"]
+__all__ = ["check_output_file", "read_regular_file", "replace_whole", "write_output_file"]
 
 _READ_STEP = 1 << 20
 
@@ -70,32 +70,41 @@ def check_output_file(path: Path | str, *, what: str, exclusive: bool = False,
 
 def write_output_file(path: Path | str, data: bytes, *, what: str, mode: int = 0o644, exclusive: bool = False,
                       not_inside: Iterable[Path] = ()) -> None:
-    """Write ``data`` to ``path`` whole: a temporary file beside it, flushed, then renamed over it.
+    """Write ``data`` to ``path`` whole (:func:`replace_whole`), after :func:`check_output_file`.
 
     :param mode: permissions for a new file, less the umask (``0o600`` for a private key).
     :param exclusive: refuse an existing ``path`` (keys, signed envelopes) instead of replacing it.
     :param not_inside: inputs of the command; a ``path`` inside one of them is refused.
     """
     target = check_output_file(path, what=what, exclusive=exclusive, not_inside=not_inside)
-    parent = target.parent
-    tmp = parent / f".ckptgate-{secrets.token_hex(8)}.tmp"  # short: any name the target may have still fits
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)  # the umask applies
+        replace_whole(target, data, mode=mode, exclusive=exclusive)
+    except FileExistsError:
+        raise UsageError("usage.exists", f"{path} exists; refusing to overwrite") from None
     except OSError as e:
         raise UsageError("usage.output_unwritable", f"cannot write {what} {path}: {e.strerror}") from None
+
+
+def replace_whole(target: Path, data: bytes, *, mode: int = 0o644, exclusive: bool = False) -> None:
+    """Write ``data`` to a temporary file beside ``target``, flush it, and rename it into place, so
+    ``target`` is the old file or the new one, never half of one; raises :class:`OSError`.
+
+    :param exclusive: link instead of rename, so an existing ``target`` is never replaced
+        (``FileExistsError``).
+    """
+    tmp = target.parent / f".ckptgate-{secrets.token_hex(8)}.tmp"  # short: any name the target may have fits
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)  # the umask applies
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         if exclusive:
-            os.link(tmp, target)  # fails if something appeared meanwhile
+            os.link(tmp, target)
             os.unlink(tmp)
         else:
             os.replace(tmp, target)
-    except OSError as e:
+    except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(e, FileExistsError):
-            raise UsageError("usage.exists", f"{path} exists; refusing to overwrite") from None
-        raise UsageError("usage.output_unwritable", f"cannot write {what} {path}: {e.strerror}") from None
+        raise

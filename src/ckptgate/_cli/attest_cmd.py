@@ -29,6 +29,16 @@ def _read(path: str, what: str) -> bytes:
     return raw
 
 
+def _digest_arg(value: str, option: str) -> str:
+    """``value`` as 64 lower-case hex: a malformed digest on the command line is a usage error."""
+    from ckptgate.verify.statement import normalise_digest
+
+    try:
+        return normalise_digest(value)
+    except VerificationError as e:
+        raise UsageError("usage.digest", f"{option}: {e.message}", advice="Give the digest as sha256:<64 hex>.") from None
+
+
 def _now(value: str | None) -> datetime:
     if value is None:
         return datetime.now(timezone.utc)
@@ -97,7 +107,7 @@ def sign(key_path: str | None, keyid: str | None, statement_path: str | None, pr
     """Sign a statement (checked against its schema first) into a DSSE envelope."""
     from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE, KeySigner, sign_statement
     from ckptgate.verify._json import loads_strict
-    from ckptgate.verify.statement import PREDICATE_SCHEMAS, normalise_digest
+    from ckptgate.verify.statement import PREDICATE_SCHEMAS
 
     if (statement_path is None) == (predicate_path is None):
         raise UsageError("usage.invalid", "give exactly one of --statement or --predicate")
@@ -107,13 +117,10 @@ def sign(key_path: str | None, keyid: str | None, statement_path: str | None, pr
     else:
         if subject_digest is None:
             raise UsageError("usage.invalid", "--predicate needs --subject-digest")
-        try:
-            normalise_digest(subject_digest)
-        except VerificationError as e:
-            raise UsageError("usage.digest", e.message, advice="Give the digest as sha256:<64 hex>.") from None
+        subject_hex = _digest_arg(subject_digest, "--subject-digest")
         predicate = loads_strict(_read(predicate_path, "predicate"), what="predicate", max_bytes=8 << 20)  # type: ignore[arg-type]
         statement = {"_type": STATEMENT_TYPE,
-                     "subject": [{"name": subject_name, "digest": {"sha256": normalise_digest(subject_digest)}}],
+                     "subject": [{"name": subject_name, "digest": {"sha256": subject_hex}}],
                      "predicateType": predicate_type or QUALIFICATION_PREDICATE_TYPE, "predicate": predicate}
     if not isinstance(statement, dict):
         raise VerificationError("verify.statement.type", "statement is not a JSON object")
@@ -143,14 +150,10 @@ def verify(file: str, digest: str, trust_path: str | None, sigstore_trust_root: 
            issuer: str | None, expected_commit: str | None, now_s: str | None, as_json: bool) -> None:
     """Verify an attestation for a measured fixture digest; exit 5 when it does not verify."""
     from ckptgate.verify import TrustData, verify_attestation
-    from ckptgate.verify.statement import normalise_digest
 
     if (identity is None) != (issuer is None):
         raise UsageError("usage.invalid", "--identity and --issuer go together")
-    try:
-        normalise_digest(digest)
-    except VerificationError as e:
-        raise UsageError("usage.digest", e.message, advice="Give the digest as sha256:<64 hex>.") from None
+    _digest_arg(digest, "--digest")
     if expected_commit is not None and not re.fullmatch(r"[0-9a-f]{40}", expected_commit):
         raise UsageError("usage.request.commit", "--commit must be 40 lower-case hex digits")
     if sigstore_trust_root not in (None, "production") and not os.path.isfile(sigstore_trust_root):

@@ -28,8 +28,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from ckptgate.errors import EngineUnavailable, UsageError
-from ckptgate.userfiles import read_regular_file
-from ckptgate.verify.dsse import write_private_key
+from ckptgate.userfiles import check_output_file
+from ckptgate.verify.dsse import KeySigner, write_private_key
 
 SIGNING_ALG = "ES256"
 _EXCLUDED_SUFFIXES = ("_test.rego",)
@@ -77,14 +77,8 @@ def policy_files(policy_dir: Path) -> list[Path]:
 
 
 def _check_signing_key(path: Path) -> None:
-    """The bundle signing key must be an unencrypted PEM EC P-256 private key (``ES256``)."""
-    try:
-        key = serialization.load_pem_private_key(read_regular_file(path, limit=1 << 20), password=None)
-    except OSError as e:
-        raise UsageError("usage.signing_key_unreadable", f"cannot read the signing key {path}: {e.strerror}") from None
-    except (ValueError, TypeError) as e:
-        raise UsageError("usage.signing_key_invalid", f"{path} is not an unencrypted PEM private key: {e}") from None
-    if not isinstance(key, ec.EllipticCurvePrivateKey) or not isinstance(key.curve, ec.SECP256R1):
+    """The bundle signing key must be an EC P-256 private key (``ES256``); loaded as any signing key is."""
+    if KeySigner.from_pem(path).algorithm != "ecdsa-p256":
         raise UsageError("usage.signing_key_invalid", f"{path} is not an EC P-256 key; policy bundles are signed "
                          f"with {SIGNING_ALG}", advice="Create one with `openssl ecparam -name prime256v1 -genkey "
                          "-noout | openssl pkcs8 -topk8 -nocrypt`.")
@@ -128,7 +122,6 @@ class PolicyBundle:
         ``overlays`` maps bundle-relative paths to replacement contents (for example a trust
         data file named on the command line); they count toward the revision.
         """
-        check_policy_dir(policy_dir)
         key = ec.generate_private_key(ec.SECP256R1())
         key_path, pub_path = workdir / "bundle-signing.pem", workdir / "bundle-verify.pem"
         write_private_key(key_path, key.private_bytes(serialization.Encoding.PEM,
@@ -156,9 +149,7 @@ def build_signed(policy_dir: Path, out: Path, *, signing_key: Path, revision: st
     """``opa build`` a signed bundle of ``policy_dir`` (plus overlays) into ``out``."""
     out, signing_key = out.absolute(), signing_key.absolute()  # opa build runs in the staging dir
     check_policy_dir(policy_dir)
-    if not out.parent.is_dir():
-        raise UsageError("usage.output_parent", f"cannot write the bundle {out}: {out.parent} "
-                         f"{'is not a directory' if out.parent.exists() else 'does not exist'}")
+    check_output_file(out, what="the bundle")
     _check_signing_key(signing_key)
     with tempfile.TemporaryDirectory(prefix="ckptgate-bundle-") as stage:
         root = Path(stage) / "bundle"

@@ -16,11 +16,16 @@ THREADED_MIN_BYTES = 4 << 20
 _MAX_THREADS = 8
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def map_in_threads(fn: Callable[[T], R], items: Sequence[T], size: Callable[[T], int]) -> list[R]:
     """``[fn(x) for x in items]``, in order.  Items of at least :data:`THREADED_MIN_BYTES` (by
     ``size``) run on up to one thread per core; the first exception in item order propagates."""
     big = [i for i, x in enumerate(items) if size(x) >= THREADED_MIN_BYTES]
-    n = min(len(big), os.cpu_count() or 1, _MAX_THREADS)
+    n = min(len(big), usable_cores(), _MAX_THREADS)
     if n < 2:
         return [fn(x) for x in items]
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="ckptgate-inspect") as pool:

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ckptgate.errors import VerificationError
+from ckptgate.userfiles import replace_whole
 from ckptgate.verify import dsse
 from ckptgate.verify._json import loads_strict
 from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, read_envelope
@@ -68,16 +67,7 @@ def statement_of(raw: bytes) -> tuple[str, dict[str, Any], bytes]:
 
 def _atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_whole(path, data, mode=0o600)
 
 
 class AttestationStore:

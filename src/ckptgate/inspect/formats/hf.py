@@ -23,6 +23,24 @@ def _index_path(ctx: Context) -> str | None:
     return idx[0] if idx else None
 
 
+def _targets(ctx: Context, ip: str, wm: dict[str, Any], *,
+             require_present: bool) -> tuple[dict[str, list[str]], list[Finding]]:
+    """The index's shards (target -> its tensors) among the checkpoint's files, and findings: every
+    target must be a plain basename, and, if ``require_present``, a file of the checkpoint."""
+    shards: dict[str, list[str]] = {}
+    findings: list[Finding] = []
+    for tensor, target in wm.items():
+        bad = plain_basename(target, ip, f"weight_map[{tensor!r}]")
+        if bad:
+            findings.append(bad)
+        elif target in ctx.files:
+            shards.setdefault(target, []).append(tensor)
+        elif require_present:
+            findings.append(error("index.missing_shard", ip, f"weight_map names {target!r}, which is not in the "
+                                  "checkpoint", shard=target, tensor=tensor))
+    return shards, findings
+
+
 def _other_indexes(ctx: Context, ip: str) -> list[Finding]:
     """Every other index beside the one consolidated: a loader could follow it instead (two
     safetensors indexes leave the choice to whoever named them; ``pytorch_model.bin.index.json``
@@ -38,13 +56,7 @@ def _other_indexes(ctx: Context, ip: str) -> list[Finding]:
         wm = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(wm, dict):
             continue
-        for tensor, target in wm.items():
-            bad = plain_basename(target, p, f"weight_map[{tensor!r}]")
-            if bad:
-                findings.append(bad)
-            elif target not in ctx.files and p.endswith(".safetensors.index.json"):
-                findings.append(error("index.missing_shard", p, f"weight_map names {target!r}, which is not in "
-                                      "the checkpoint", shard=target, tensor=tensor))
+        findings += _targets(ctx, p, wm, require_present=p.endswith(".safetensors.index.json"))[1]
         if not p.endswith(".safetensors.index.json"):
             findings.append(warning("index.not_consolidated", p, f"an index beside {ip!r} that intake does not "
                                     "follow; it is not published"))
@@ -62,17 +74,8 @@ def detect_hf_sharded(ctx: Context) -> FormatResult | None:
         return FormatResult(format="hf-sharded-safetensors", layout={"index": ip}, loaders=("json",),
                             findings=tuple(findings), consolidatable=False)
     wm: dict[str, Any] = doc["weight_map"]
-    shards: dict[str, list[str]] = {}
-    for tensor, target in wm.items():
-        bad = plain_basename(target, ip, f"weight_map[{tensor!r}]")
-        if bad:
-            findings.append(bad)
-            continue
-        if target not in ctx.files:
-            findings.append(error("index.missing_shard", ip, f"weight_map names {target!r}, which is not in the "
-                                  "checkpoint", shard=target, tensor=tensor))
-            continue
-        shards.setdefault(target, []).append(tensor)
+    shards, found = _targets(ctx, ip, wm, require_present=True)
+    findings += found
     seen: dict[str, str] = {}
     total = 0
     layout_shards = []

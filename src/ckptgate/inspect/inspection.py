@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,16 +66,19 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: CrcMode = True) -> Inspecti
     """Inspect an already opened tree (so a digest can share the same descriptors)."""
     findings: list[Finding] = list(tree.findings)
     facts: dict[str, FileFacts] = {}
+    tensors = _TensorCount(tree.limits.max_tensors)
 
     def analyse(e: FileEntry) -> tuple[FileFacts, list[Finding]]:
         try:
-            return analyse_file(tree, e.path, verify_crc=verify_crc)
+            done = analyse_file(tree, e.path, verify_crc=verify_crc)
         except InputRejected:
             raise
         except Exception as exc:  # noqa: BLE001 - a reader crash is a reject, never "clean"
             return (FileFacts(path=e.path, size=e.size, kind=FileKind.UNKNOWN, detail="reader failed"),
                     [error("inspect.reader_failed", e.path, f"the reader failed on this file: {type(exc).__name__}",
                            exception=type(exc).__name__)])
+        tensors.add(done[0])
+        return done
 
     for e, (f, fs) in zip(tree.entries, map_in_threads(analyse, tree.entries, lambda e: e.size), strict=True):
         facts[e.path] = f
@@ -96,6 +100,27 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: CrcMode = True) -> Inspecti
     return Inspection(format=res.format, files=tuple(facts[p] for p in sorted(facts)), findings=_ordered(findings),
                       loaders=tuple(ld for ld in LOADERS if ld in loaders), layout=res.layout, pickles=pickles,
                       consolidatable=res.consolidatable)
+
+
+class _TensorCount:
+    """The tensors read so far across the tree, against :attr:`WalkLimits.max_tensors`.
+
+    Each file's own header is capped (:data:`ckptgate.inspect.safetensors.MAX_TENSORS`); this
+    bounds many files together, so the inspection and the policy input stay bounded too.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.total, self._lock = limit, 0, threading.Lock()
+
+    def add(self, facts: FileFacts) -> None:
+        n = len(facts.safetensors.tensors) if facts.safetensors is not None else 0
+        n += len(facts.torch.tensors) if facts.torch is not None else 0
+        with self._lock:
+            self.total += n
+            if self.total > self.limit:
+                raise InputRejected("input.too_many_tensors",
+                                    f"the checkpoint's files declare more than {self.limit} tensors together",
+                                    evidence={"limit": self.limit, "path": facts.path})
 
 
 def _ordered(findings: list[Finding]) -> tuple[Finding, ...]:

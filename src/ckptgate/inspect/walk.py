@@ -74,15 +74,17 @@ def openat2(dir_fd: int, path: str, flags: int = os.O_RDONLY, resolve: int = _RE
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WalkLimits:
-    """Bounds on what one walk accepts; exceeding one refuses the whole tree."""
+    """Bounds on what one walk accepts, and on the tensors its inspection reads across the whole
+    tree; exceeding one refuses the whole tree."""
 
     max_files: int = 100_000
     max_depth: int = 32
     max_name_bytes: int = 255
     max_total_bytes: int = 1 << 44  # 16 TiB of declared sizes
+    max_tensors: int = 1 << 21  # safetensors and torch-zip tensors, all files together
 
     def __post_init__(self) -> None:
-        for name in ("max_files", "max_depth", "max_name_bytes", "max_total_bytes"):
+        for name in ("max_files", "max_depth", "max_name_bytes", "max_total_bytes", "max_tensors"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"WalkLimits.{name} must be a positive int")

@@ -77,6 +77,11 @@ CASES = [
      "usage.request.commit"),
     (["attest", "verify", "garbage.json", "--digest", "sha256:" + HEX, "--sigstore-trust-root", "nofile"],
      ExitCode.USAGE, "usage.sigstore_trust_root"),
+    (["attest", "verify", "garbage.json", "--digest", "sha256:" + HEX, "--sigstore-trust-root", "garbage.json"],
+     ExitCode.USAGE, "usage.sigstore_trust_root"),
+    # a trust root is checked when it is named, not only when a Sigstore bundle comes to need it
+    (["decide", "ckpt", "--sigstore-trust-root", "garbage.json"], ExitCode.USAGE, "usage.sigstore_trust_root"),
+    (["decide", "ckpt", "--sigstore-trust-root", "att.fifo"], ExitCode.USAGE, "usage.sigstore_trust_root"),
     (["attest", "sign", "--key", "garbage.json", "--predicate", "predicate.json", "--subject-digest", "bad",
       "--out", "s.json"], ExitCode.USAGE, "usage.signing_key_invalid"),
 ]

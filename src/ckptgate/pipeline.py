@@ -34,6 +34,7 @@ from ckptgate.publish import check_destination, publish, staging
 from ckptgate.userfiles import read_regular_file
 from ckptgate.verify import TrustData, prepare_statement_checks, verify_attestation
 from ckptgate.verify.dsse import MAX_ENVELOPE_BYTES
+from ckptgate.verify.sigstore import check_trust_root
 
 PURE_DATA_LOADERS = frozenset({"safetensors", "json"})
 
@@ -86,6 +87,8 @@ class EngineOptions:
             raise UsageError("usage.policy_bundle", "--policy-key verifies a --policy-bundle; none was given")
         if self.policy_dir is not None:
             check_policy_dir(self.policy_dir)
+        if self.sigstore_trust_root is not None:
+            check_trust_root(self.sigstore_trust_root)
 
     def in_repo(self, root: Path) -> EngineOptions:
         """These options with the repository's own ``policies/`` unless a policy directory was named."""

@@ -150,15 +150,15 @@ def verify(file: str, digest: str, trust_path: str | None, sigstore_trust_root: 
            issuer: str | None, expected_commit: str | None, now_s: str | None, as_json: bool) -> None:
     """Verify an attestation for a measured fixture digest; exit 5 when it does not verify."""
     from ckptgate.verify import TrustData, verify_attestation
+    from ckptgate.verify.sigstore import check_trust_root
 
     if (identity is None) != (issuer is None):
         raise UsageError("usage.invalid", "--identity and --issuer go together")
     _digest_arg(digest, "--digest")
     if expected_commit is not None and not re.fullmatch(r"[0-9a-f]{40}", expected_commit):
         raise UsageError("usage.request.commit", "--commit must be 40 lower-case hex digits")
-    if sigstore_trust_root not in (None, "production") and not os.path.isfile(sigstore_trust_root):
-        raise UsageError("usage.sigstore_trust_root", f"--sigstore-trust-root {sigstore_trust_root} is not a file "
-                         "(or 'production')")
+    if sigstore_trust_root is not None:
+        check_trust_root(sigstore_trust_root)
     raw = _read(file, "attestation")
     trust = TrustData.from_file(trust_path)
     va = verify_attestation(raw, source=file, trust=trust, measured_digest=digest, now=_now(now_s),

@@ -8,6 +8,8 @@ does that.  Identity is decided by an identity policy (certificate SAN plus OIDC
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -17,12 +19,15 @@ from typing import Any
 from cryptography import x509
 from cryptography.x509.oid import ObjectIdentifier
 
-from ckptgate.errors import VerificationError
+from ckptgate.errors import UsageError, VerificationError
 
 PRODUCTION = "production"
 """Pass as ``trust_root`` to use the production root embedded in ``sigstore`` (offline, no TUF refresh)."""
 
 BUNDLE_MEDIA_PREFIX = "application/vnd.dev.sigstore.bundle"
+
+MAX_TRUST_ROOT_BYTES = 16 << 20
+"""A trusted_root.json is a few KiB; a larger file is refused before it is read."""
 
 _FULCIO = "1.3.6.1.4.1.57264.1."
 _FULCIO_NAMES = {
@@ -121,12 +126,24 @@ def _verifier(trust_root: Path | str) -> Any:
     try:
         if trust_root == PRODUCTION:
             return Verifier.production(offline=True)
+        st = os.stat(trust_root)  # a FIFO would block the read below, a device would never end
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_TRUST_ROOT_BYTES:
+            raise ValueError(f"not a regular file of at most {MAX_TRUST_ROOT_BYTES} bytes")
         return Verifier(trusted_root=TrustedRoot.from_file(str(trust_root)))
     except Exception as e:  # noqa: BLE001 - sigstore raises pydantic, OSError, its own errors
         raise VerificationError("verify.sigstore.trust_root", f"cannot load the Sigstore trust root {trust_root}: "
                                 f"{type(e).__name__}: {str(e)[:300]}", evidence={"trust_root": str(trust_root)},
                                 advice="Pass a trusted_root.json (Sigstore TrustedRoot v0.1+) that you obtained "
                                        "out of band.") from None
+
+
+def check_trust_root(trust_root: Path | str) -> None:
+    """Load ``trust_root`` now: a file that is no usable trusted_root.json is refused as a usage
+    error before anything is measured, whether or not a Sigstore bundle is offered later."""
+    try:
+        _verifier(trust_root)
+    except VerificationError as e:
+        raise UsageError("usage.sigstore_trust_root", e.message, evidence=e.evidence, advice=e.diagnostics()) from None
 
 
 def _bundle(raw: bytes) -> Any:

@@ -195,6 +195,36 @@ def test_malicious_pickle_is_rejected_by_content_and_never_executed(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_checkpoint_refused_by_its_structure_is_not_hashed_in_full(tmp_path, monkeypatch):
+    """attack catalogue: a sparse file behind a broken header.  The policy's precheck refuses
+    from the inspection while the digest runs, the digest stops, and nothing is published."""
+    src, size = tmp_path / "ckpt", 64 << 30
+    src.mkdir()
+    header = json.dumps({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}).encode()
+    with open(src / "model.safetensors", "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
+        f.truncate(size)  # sparse: 64 GiB of zeros behind a header whose tensor needs 8 bytes, not 4
+    hashed = []
+    real = pipeline.fixture_digest
+    monkeypatch.setattr(pipeline, "fixture_digest", lambda tree, **kw: real(tree, progress=hashed.append, **kw))
+    with pytest.raises(pipeline.InputRejected) as e:
+        intake(src, tmp_path / "out", attestations=[])
+    assert e.value.code == "input.refused_by_policy"
+    assert e.value.evidence["before_digest"] is True
+    assert "inspection_not_clean" in [r["code"] for r in e.value.reasons]
+    assert sum(hashed) < size // 2, "the digest went on after the refusal"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_structurally_sound_refusal_still_comes_from_the_whole_decision(setup):
+    """The precheck refuses only on structure: a clean checkpoint without evidence is hashed in
+    full and denied by the decision, which names the missing attestation."""
+    with pytest.raises(pipeline.PolicyDenied) as e:
+        intake(setup["src"], setup["dst"], attestations=[], options=EngineOptions(trust_file=setup["trust"]))
+    assert e.value.evidence["before_digest"] is False
+    assert e.value.code == "policy.attestation_missing"
+
+
 @pytest.mark.parametrize("when", ["on_plan", "on_bytes"])
 def test_a_source_opened_for_writing_during_intake_is_not_published(setup, when):
     """The tree holds read leases from the walk to the last byte copied; a writer breaks one,

@@ -27,10 +27,14 @@ from ckptgate.errors import InputRejected
 from ckptgate.inspect._threads import usable_cores
 from ckptgate.inspect.walk import SafeTree
 
-__all__ = ["FixtureDigest", "ManifestEntry", "canonical_manifest", "fixture_digest"]
+__all__ = ["DigestCancelled", "FixtureDigest", "ManifestEntry", "canonical_manifest", "fixture_digest"]
 
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 DEFAULT_BUFFER = 4 << 20
+
+
+class DigestCancelled(Exception):
+    """The caller cancelled the digest (its ``cancel`` event was set); nothing was returned."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,7 +100,7 @@ def canonical_manifest(manifest: tuple[ManifestEntry, ...] | list[ManifestEntry]
 
 
 def _hash_fd(fd: int, size: int, buf: memoryview, progress: Callable[[int], None] | None,
-             also: Callable[[int, memoryview], None] | None) -> str:
+             also: Callable[[int, memoryview], None] | None, cancel: threading.Event | None) -> str:
     h = hashlib.sha256()
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -104,6 +108,8 @@ def _hash_fd(fd: int, size: int, buf: memoryview, progress: Callable[[int], None
         pass
     off = 0
     while off < size:
+        if cancel is not None and cancel.is_set():
+            raise DigestCancelled
         n = os.preadv(fd, [buf[:min(len(buf), size - off)]], off)
         if n <= 0:
             break
@@ -122,13 +128,15 @@ def _hash_fd(fd: int, size: int, buf: memoryview, progress: Callable[[int], None
 
 def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: int = DEFAULT_BUFFER,
                    progress: Callable[[int], None] | None = None,
-                   also: Callable[[str], Callable[[int, memoryview], None] | None] | None = None) -> FixtureDigest:
+                   also: Callable[[str], Callable[[int, memoryview], None] | None] | None = None,
+                   cancel: threading.Event | None = None) -> FixtureDigest:
     """Hash every walked file of ``tree`` and return the fixture digest.
 
     ``progress`` (thread-safe calls) receives byte counts as they are hashed.  ``also(path)`` may
     return a callable that is handed every chunk of that file as well, ``(offset, bytes)`` in
     order, on the thread hashing it: another check of the same bytes without another read (the
-    deferred CRC pass, :class:`ckptgate.inspect.DeferredCrcs`).
+    deferred CRC pass, :class:`ckptgate.inspect.DeferredCrcs`).  Setting ``cancel`` stops every
+    thread at its next chunk and raises :class:`DigestCancelled`.
     """
     if buffer_size < 4096:
         raise ValueError("buffer_size must be at least 4096")
@@ -149,7 +157,7 @@ def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: i
         assert entry is not None
         fd = tree.open_file(path)
         try:
-            digest = _hash_fd(fd, entry.size, buf, tick if progress else None, also(path) if also else None)
+            digest = _hash_fd(fd, entry.size, buf, tick if progress else None, also(path) if also else None, cancel)
         finally:
             os.close(fd)
         return ManifestEntry(path=path, size=entry.size, sha256=digest)

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import tarfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,9 +26,9 @@ from ckptgate import __version__
 from ckptgate.consolidate import WorkerOptions, plan_for
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_plan
 from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, default_policy_dir
-from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBuilder, Request, decide, now_utc,
-                             open_engine)
-from ckptgate.digest import FixtureDigest, fixture_digest
+from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBuilder, Precheck, Reason, Request,
+                             decide, now_utc, open_engine, precheck)
+from ckptgate.digest import DigestCancelled, FixtureDigest, fixture_digest
 from ckptgate.errors import InputRejected, PolicyDenied, RuntimeFailure, UsageError, VerificationError
 from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
 from ckptgate.publish import check_destination, publish, staging
@@ -162,25 +163,55 @@ def _read_attestation(path: Path) -> bytes:
 
 def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngine, trust: TrustData,
              action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
-             containment: Any = None, sigstore_trust_root: Path | None = None) -> Evaluation:
+             containment: Any = None, sigstore_trust_root: Path | None = None,
+             refuse_early: bool = False) -> Evaluation:
     """Inspect, digest, verify and decide.  Never loads anything from the checkpoint.
 
     The CRC-32 of torch-zip entries is computed from the bytes the digest reads (one read of the
     input, not two).  While the digest hashes, the statement schemas are compiled and, when the
     loaders need a containment profile, the preflight's child runs.
+
+    With ``refuse_early``, the policy's precheck is asked beside the digest, from the inspection
+    alone; when it refuses, the digest stops where it is and the refusal is raised, so a
+    checkpoint whose structure is already refused is never hashed in full (a sparse terabyte
+    behind a broken header costs a header read, not the hours of a full hash).
     """
+    now = now or now_utc()
     crcs = DeferredCrcs()
     inspection = inspect_open_tree(tree, verify_crc=crcs)
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptgate-beside-digest") as pool:
+    stop = threading.Event()
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="ckptgate-beside-digest") as pool:
         pool.submit(prepare_statement_checks)
         profile = pool.submit(_preflight) if containment is None and _needs_profile(inspection) else None
-        digest = fixture_digest(tree, also=crcs.reader)
+        early = pool.submit(_precheck, engine, inspection, Request(action=action, now=now,
+                            candidate_commit=candidate_commit), stop) if refuse_early else None
+        try:
+            digest = fixture_digest(tree, also=crcs.reader, cancel=stop)
+        except DigestCancelled:
+            digest = None
+        found = early.result() if early is not None else None  # raises what the precheck raised
+        if found is not None and found.refuse:
+            raise _refusal(found.deny_reasons, found.decision_id, found.policy_revision, before_digest=True)
+        assert digest is not None  # only a refusal or a failed precheck cancels it
         if profile is not None:
             containment = profile.result()
     inspection = inspection.with_findings(crcs.findings())
     return judge(inspection, digest, attestations=attestations, engine=engine, trust=trust, action=action,
                  now=now, candidate_commit=candidate_commit, containment=containment,
                  sigstore_trust_root=sigstore_trust_root)
+
+
+def _precheck(engine: PolicyEngine, inspection: Inspection, request: Request, stop: threading.Event) -> Precheck | None:
+    """The policy's precheck; a refusal, or a failure to ask, stops the digest (the failure is
+    raised to the caller, as the decision's would be)."""
+    try:
+        found = precheck(engine, inspection, request)
+    except BaseException:
+        stop.set()
+        raise
+    if found is not None and found.refuse:
+        stop.set()
+    return found
 
 
 def _needs_profile(inspection: Inspection) -> bool:
@@ -226,17 +257,23 @@ def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequen
 def refuse(evaluation: Evaluation) -> None:
     """Raise the error that a deny decision stands for (4 for a refused input, else 3)."""
     d = evaluation.decision
-    if d.allow:
-        return
-    ordered = sorted(d.deny_reasons, key=lambda r: not r.code.startswith("inspection"))  # what is wrong with it first
+    if not d.allow:
+        raise _refusal(d.deny_reasons, d.decision_id, d.policy_revision)
+
+
+def _refusal(deny_reasons: Sequence[Reason], decision_id: str, policy_revision: str, *,
+             before_digest: bool = False) -> InputRejected | PolicyDenied:
+    ordered = sorted(deny_reasons, key=lambda r: not r.code.startswith("inspection"))  # what is wrong with it first
     reasons = [r.to_json() for r in ordered]
     summary = "; ".join(r.message for r in ordered) or "deny"
-    if any(r.code.startswith("inspection") for r in d.deny_reasons):
-        raise InputRejected("input.refused_by_policy", f"the checkpoint was refused: {summary}", reasons=reasons,
-                            evidence={"decision_id": d.decision_id, "policy_revision": d.policy_revision})
-    raise PolicyDenied(f"policy.{d.deny_reasons[0].code}" if d.deny_reasons else "policy.deny",
-                       f"the policy denied the intake: {summary}", reasons=reasons,
-                       evidence={"decision_id": d.decision_id, "policy_revision": d.policy_revision})
+    if before_digest:
+        summary += " (refused before the checkpoint was hashed)"
+    evidence = {"decision_id": decision_id, "policy_revision": policy_revision, "before_digest": before_digest}
+    if any(r.code.startswith("inspection") for r in deny_reasons):
+        return InputRejected("input.refused_by_policy", f"the checkpoint was refused: {summary}", reasons=reasons,
+                             evidence=evidence)
+    return PolicyDenied(f"policy.{deny_reasons[0].code}" if deny_reasons else "policy.deny",
+                        f"the policy denied the intake: {summary}", reasons=reasons, evidence=evidence)
 
 
 def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: Path, *, max_shard_bytes: int,
@@ -284,7 +321,7 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
     with SafeTree.open(src) as tree, engine_for(options, trust) as engine:
         tree.hold()  # best effort: where the kernel refuses leases, the writer re-verifies every source
         evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now,
-                              sigstore_trust_root=options.sigstore_trust_root)
+                              sigstore_trust_root=options.sigstore_trust_root, refuse_early=True)
         try:
             with staging(dst) as stage:
                 done = consolidate_into(tree, evaluation, stage, max_shard_bytes=max_shard_bytes,

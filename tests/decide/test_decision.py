@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from ckptgate.decide.decision import parse_decision
+from ckptgate.decide.decision import parse_decision, parse_precheck
 from ckptgate.decide.engine import RawDecision
 
 GOOD_ALLOW = {"allow": True, "plane": "pure_data", "permitted_loaders": ["safetensors", "json"],
@@ -60,3 +62,81 @@ def test_malformed_allow_becomes_deny(mutate, why):
 def test_deny_without_a_reason_is_malformed():
     d = parse_decision(raw({**GOOD_DENY, "reasons": []}))
     assert [r.code for r in d.reasons] == ["decision_malformed"]
+
+
+REFUSE = {"refuse": True, "reasons": [{"code": "inspection_not_clean", "message": "m", "evidence": {},
+                                      "severity": "deny"}]}
+
+
+def test_a_precheck_refusal_is_parsed_with_its_reasons():
+    p = parse_precheck(raw(REFUSE))
+    assert p is not None and p.refuse
+    assert [r.code for r in p.deny_reasons] == ["inspection_not_clean"]
+    assert (p.decision_id, p.policy_revision) == ("d-1", "sha256:r")
+    assert parse_precheck(raw({"refuse": False, "reasons": []})).refuse is False
+
+
+@pytest.mark.parametrize("result", [
+    None,
+    {"refuse": True},
+    {**REFUSE, "allow": True},
+    {**REFUSE, "refuse": "yes"},
+    {"refuse": True, "reasons": []},  # a refusal must say why
+    {"refuse": False, "reasons": REFUSE["reasons"]},  # a deny reason that refuses nothing
+    {"refuse": True, "reasons": [{"code": "x", "message": "m", "severity": "fatal"}]},
+], ids=["none", "no-reasons-key", "extra-key", "refuse-not-bool", "refusal-without-reason",
+        "deny-reason-without-refusal", "unknown-severity"])
+def test_a_malformed_precheck_refuses_nothing_early(result):
+    """Only the decision can allow; a precheck that is not exactly {refuse, reasons} is set aside."""
+    assert parse_precheck(raw(result)) is None
+
+
+class _Engine:
+    def __init__(self, result=None, error=None):
+        self.result, self.error, self.calls = result, error, []
+
+    def evaluate(self, entrypoint, doc):
+        self.calls.append((entrypoint, doc))
+        if self.error is not None:
+            raise self.error
+        return raw(self.result)
+
+
+class _Facts:
+    def to_facts(self):
+        return {"format": "safetensors", "clean": False}
+
+
+def _request():
+    from datetime import UTC, datetime
+
+    from ckptgate.decide import Request
+
+    return Request(action="intake", now=datetime(2026, 11, 30, tzinfo=UTC))
+
+
+def test_the_precheck_sees_only_the_inspection_and_the_request_and_a_refusal_is_audited(tmp_path, monkeypatch):
+    from ckptgate.decide import PRECHECK_ENTRYPOINT, precheck
+
+    log = tmp_path / "audit.jsonl"
+    engine = _Engine(REFUSE)
+    found = precheck(engine, _Facts(), _request(), audit_log=log)
+    assert found is not None and found.refuse
+    [(entrypoint, doc)] = engine.calls
+    assert entrypoint == PRECHECK_ENTRYPOINT and set(doc) == {"inspection", "request"}
+    [line] = log.read_text().splitlines()
+    assert json.loads(line)["entrypoint"] == PRECHECK_ENTRYPOINT
+    assert json.loads(line)["decision"]["refuse"] is True
+
+
+def test_policies_without_a_precheck_refuse_nothing_early_but_other_engine_failures_raise(tmp_path):
+    from ckptgate.decide import precheck
+    from ckptgate.errors import EngineUnavailable
+
+    undefined = EngineUnavailable("engine.undefined", "undefined")
+    assert precheck(_Engine(error=undefined), _Facts(), _request(), audit_log=tmp_path / "a") is None
+    with pytest.raises(EngineUnavailable) as e:
+        precheck(_Engine(error=EngineUnavailable("engine.timeout", "late")), _Facts(), _request(),
+                 audit_log=tmp_path / "a")
+    assert e.value.code == "engine.timeout"
+    assert not (tmp_path / "a").exists()

@@ -158,112 +158,6 @@ deny_reasons contains reason if {
 }
 
 deny_reasons contains reason if {
-	not _format_known
-	reason := _reason(
-		"format_unknown",
-		sprintf("the inspected format %v is not one this policy knows", [_format]),
-		{"format": _format, "known_formats": object.keys(data.ckptgate.config.gates.formats)},
-	)
-}
-
-deny_reasons contains reason if {
-	_format_known
-	adapter == null
-	note := object.get(data.ckptgate.config.gates.formats[_format], "note", "it has no adapter")
-	reason := _reason(
-		"format_not_consolidatable",
-		sprintf("format %v cannot be consolidated: %v", [_format, note]),
-		{"format": _format},
-	)
-}
-
-deny_reasons contains reason if {
-	input.inspection.consolidatable == false
-	reason := _reason(
-		"format_not_consolidatable",
-		sprintf("the inspection reports that this %v checkpoint cannot be consolidated", [_format]),
-		{"format": _format, "consolidatable": false},
-	)
-}
-
-deny_reasons contains reason if {
-	not _inspection_clean
-	reason := _reason(
-		"inspection_not_clean",
-		sprintf("the inspection is not clean: %d error finding(s)", [count(_error_findings)]),
-		{"clean": object.get(input, ["inspection", "clean"], null), "findings": _error_findings},
-	)
-}
-
-deny_reasons contains reason if {
-	count(loaders) == 0
-	reason := _reason(
-		"loaders_missing",
-		"the inspection names no loader, so nothing could be loaded",
-		{"loaders": object.get(input, ["inspection", "loaders"], null)},
-	)
-}
-
-deny_reasons contains reason if {
-	some name in _unknown_loaders
-	reason := _reason(
-		"unknown_loader",
-		sprintf("loader %v is not in the policy's loader table, so it has no risk class", [name]),
-		{"loader": name},
-	)
-}
-
-deny_reasons contains reason if {
-	is_string(input.request.target)
-	some name in loaders
-	targets := _loaders_cfg.loaders[name].targets
-	not input.request.target in targets
-	reason := _reason(
-		"loader_not_consolidatable",
-		sprintf("loader %v cannot produce the requested target %v", [name, input.request.target]),
-		{"loader": name, "target": input.request.target, "targets": targets},
-	)
-}
-
-deny_reasons contains reason if {
-	"pickle_allowlist" in evidence
-	not _pickle_reports_present
-	reason := _reason(
-		"pickle_report_missing",
-		"a static-pickle loader is needed, but the inspection carries no pickle reports (inspection.pickles)",
-		{"field": "inspection.pickles"},
-	)
-}
-
-deny_reasons contains reason if {
-	"pickle_allowlist" in evidence
-	some path, report in input.inspection.pickles
-	not _pickle_report_ok(report)
-	reason := _reason(
-		"pickle_outside_allowlist",
-		sprintf("the static reader reports pickle %v as incomplete or outside its allowlist", [path]),
-		{
-			"path": path,
-			"context": object.get(report, "context", null),
-			"complete": object.get(report, "complete", null),
-			"inside_allowlist": object.get(report, "inside_allowlist", null),
-		},
-	)
-}
-
-deny_reasons contains reason if {
-	"pickle_allowlist" in evidence
-	some path, report in input.inspection.pickles
-	some name in _pickle_names(report)
-	not name in _loaders_cfg.pickle_allowlist
-	reason := _reason(
-		"pickle_global_not_allowlisted",
-		sprintf("pickle %v names the global %v, which is not in the policy's pickle allowlist", [path, name]),
-		{"path": path, "global": name},
-	)
-}
-
-deny_reasons contains reason if {
 	_containment_needed
 	not input.containment.preflighted == true
 	reason := _reason(
@@ -281,6 +175,134 @@ deny_reasons contains reason if {
 		sprintf("the %v plane requires the containment control %v; the preflight did not confirm it", [plane, control]),
 		{"control": control, "observed": object.get(input, ["containment", "controls", control], null)},
 	)
+}
+
+deny_reasons contains reason if {
+	some reason in structural_deny_reasons
+}
+
+# METADATA
+# description: >-
+#   Deny reasons that follow from the checkpoint's structure and the request alone: the format,
+#   the inspection's findings, the loaders and the pickle reports. No digest, attestation or
+#   containment can cure them, so the precheck refuses on them before anything is hashed.
+# scope: document
+structural_deny_reasons contains reason if {
+	not _format_known
+	reason := _reason(
+		"format_unknown",
+		sprintf("the inspected format %v is not one this policy knows", [_format]),
+		{"format": _format, "known_formats": object.keys(data.ckptgate.config.gates.formats)},
+	)
+}
+
+structural_deny_reasons contains reason if {
+	_format_known
+	adapter == null
+	note := object.get(data.ckptgate.config.gates.formats[_format], "note", "it has no adapter")
+	reason := _reason(
+		"format_not_consolidatable",
+		sprintf("format %v cannot be consolidated: %v", [_format, note]),
+		{"format": _format},
+	)
+}
+
+structural_deny_reasons contains reason if {
+	input.inspection.consolidatable == false
+	reason := _reason(
+		"format_not_consolidatable",
+		sprintf("the inspection reports that this %v checkpoint cannot be consolidated", [_format]),
+		{"format": _format, "consolidatable": false},
+	)
+}
+
+structural_deny_reasons contains reason if {
+	not _inspection_clean
+	reason := _reason(
+		"inspection_not_clean",
+		sprintf("the inspection is not clean: %d error finding(s)", [count(_error_findings)]),
+		{"clean": object.get(input, ["inspection", "clean"], null), "findings": _error_findings},
+	)
+}
+
+structural_deny_reasons contains reason if {
+	count(loaders) == 0
+	reason := _reason(
+		"loaders_missing",
+		"the inspection names no loader, so nothing could be loaded",
+		{"loaders": object.get(input, ["inspection", "loaders"], null)},
+	)
+}
+
+structural_deny_reasons contains reason if {
+	some name in _unknown_loaders
+	reason := _reason(
+		"unknown_loader",
+		sprintf("loader %v is not in the policy's loader table, so it has no risk class", [name]),
+		{"loader": name},
+	)
+}
+
+structural_deny_reasons contains reason if {
+	is_string(input.request.target)
+	some name in loaders
+	targets := _loaders_cfg.loaders[name].targets
+	not input.request.target in targets
+	reason := _reason(
+		"loader_not_consolidatable",
+		sprintf("loader %v cannot produce the requested target %v", [name, input.request.target]),
+		{"loader": name, "target": input.request.target, "targets": targets},
+	)
+}
+
+structural_deny_reasons contains reason if {
+	"pickle_allowlist" in evidence
+	not _pickle_reports_present
+	reason := _reason(
+		"pickle_report_missing",
+		"a static-pickle loader is needed, but the inspection carries no pickle reports (inspection.pickles)",
+		{"field": "inspection.pickles"},
+	)
+}
+
+structural_deny_reasons contains reason if {
+	"pickle_allowlist" in evidence
+	some path, report in input.inspection.pickles
+	not _pickle_report_ok(report)
+	reason := _reason(
+		"pickle_outside_allowlist",
+		sprintf("the static reader reports pickle %v as incomplete or outside its allowlist", [path]),
+		{
+			"path": path,
+			"context": object.get(report, "context", null),
+			"complete": object.get(report, "complete", null),
+			"inside_allowlist": object.get(report, "inside_allowlist", null),
+		},
+	)
+}
+
+structural_deny_reasons contains reason if {
+	"pickle_allowlist" in evidence
+	some path, report in input.inspection.pickles
+	some name in _pickle_names(report)
+	not name in _loaders_cfg.pickle_allowlist
+	reason := _reason(
+		"pickle_global_not_allowlisted",
+		sprintf("pickle %v names the global %v, which is not in the policy's pickle allowlist", [path, name]),
+		{"path": path, "global": name},
+	)
+}
+
+# METADATA
+# description: >-
+#   The answer before the fixture is hashed, from input.inspection and input.request only:
+#   {refuse, reasons}. refuse is true when a structural deny reason holds, and the caller then
+#   stops measuring [attack catalogue: cheap structural checks before any full hash]. It never
+#   allows anything; only the decision does.
+# entrypoint: true
+precheck := {
+	"refuse": count(structural_deny_reasons) > 0,
+	"reasons": [object.union(r, {"severity": "deny"}) | some r in sort(structural_deny_reasons)],
 }
 
 # METADATA

@@ -271,3 +271,43 @@ test_deny_when_an_excepted_finding_comes_with_a_pickle_outside_the_allowlist if 
 	]))
 	"inspection_not_clean" in _codes(d)
 }
+
+_precheck(inp) := p if {
+	p := intake.precheck with input as inp with data.ckptgate.config.trust as td.trust
+}
+
+_structural_codes := {
+	"format_unknown", "format_not_consolidatable", "inspection_not_clean", "loaders_missing", "unknown_loader",
+	"loader_not_consolidatable", "pickle_report_missing", "pickle_outside_allowlist", "pickle_global_not_allowlisted",
+}
+
+test_precheck_refuses_exactly_the_structural_deny_cases if {
+	every code, inp in _deny_cases {
+		structural := code in _structural_codes
+		_precheck(inp).refuse == structural
+	}
+}
+
+test_precheck_refusals_carry_their_code_as_deny_reasons if {
+	every code in _structural_codes {
+		some r in _precheck(_deny_cases[code]).reasons
+		r.code == code
+		r.severity == "deny"
+	}
+}
+
+test_precheck_passes_a_checkpoint_before_its_fixture_and_attestations_are_known if {
+	inp := td.patched([
+		{"op": "remove", "path": "/fixture"},
+		{"op": "replace", "path": "/attestations", "value": []},
+		{"op": "remove", "path": "/containment"},
+	])
+	_precheck(inp) == {"refuse": false, "reasons": []}
+	_decide(inp).allow == false
+}
+
+test_precheck_refuses_on_an_empty_input if {
+	p := _precheck({})
+	p.refuse == true
+	{r.code | some r in p.reasons} == {"format_unknown", "inspection_not_clean", "loaders_missing"}
+}

@@ -79,8 +79,46 @@ def deny(code: str, message: str, *, raw: RawDecision | None = None,
                     engine=raw.engine if raw else "ckptgate")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Precheck:
+    """The policy's answer before the fixture is hashed: ``refuse`` and its deny reasons.
+
+    It can only refuse, never allow: an intake it does not refuse still needs the decision.
+    """
+
+    refuse: bool
+    reasons: tuple[Reason, ...]
+    decision_id: str
+    policy_revision: str
+    engine: str
+
+    @property
+    def deny_reasons(self) -> tuple[Reason, ...]:
+        return tuple(r for r in self.reasons if r.severity == "deny")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"refuse": self.refuse, "reasons": [r.to_json() for r in self.reasons],
+                "decision_id": self.decision_id, "policy_revision": self.policy_revision, "engine": self.engine}
+
+
 class _Malformed(Exception):
     pass
+
+
+def parse_precheck(raw: RawDecision) -> Precheck | None:
+    """The precheck in ``raw``, or None when it is not exactly ``{refuse, reasons}`` with a deny
+    reason behind every refusal.  None refuses nothing early; the decision still decides."""
+    doc = raw.result
+    try:
+        if not isinstance(doc, dict) or set(doc) != {"refuse", "reasons"} or not isinstance(doc["refuse"], bool):
+            raise _Malformed("not {refuse, reasons}")
+        reasons = _reasons(doc["reasons"], default_severity="deny")
+        if doc["refuse"] != any(r.severity == "deny" for r in reasons):
+            raise _Malformed("'refuse' does not match its deny reasons")
+    except _Malformed:
+        return None
+    return Precheck(refuse=doc["refuse"], reasons=reasons, decision_id=raw.decision_id,
+                    policy_revision=raw.policy_revision, engine=raw.engine)
 
 
 def parse_decision(raw: RawDecision) -> Decision:

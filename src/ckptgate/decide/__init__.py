@@ -40,7 +40,8 @@ def decide(engine: PolicyEngine, policy_input: PolicyInput, *, entrypoint: str =
     return decision
 
 
-def precheck(engine: PolicyEngine, inspection: HasFacts, request: Request, *, audit_log: Path | None = None) -> Precheck | None:
+def precheck(engine: PolicyEngine, inspection: HasFacts, request: Request, *,
+             audit_log: Path | None = None) -> Precheck | None:
     """Ask the policy, from the inspection and the request alone, whether the checkpoint is refused
     already, so nothing more needs measuring.  A refusal is audited like a decision; a malformed
     answer, or policies without a precheck, give None, which refuses nothing early.  Other engine

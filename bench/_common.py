@@ -51,3 +51,45 @@ def report(name: str, columns: list[str], rows: list[list[Any]], doc: dict[str, 
     out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     Console().print(f"wrote {out}")
     return out
+
+
+def plain_sha256_seconds(paths: list[Path], threads: int) -> float:
+    """Wall time of the plainest hasher there is: each file ``preadv``'d into one 4 MiB buffer and
+    fed to ``hashlib.sha256``, one file per thread, largest first; no manifest, no checks.
+
+    Any tool that reads these files with ``read()`` and hashes every byte takes at least this long,
+    which makes it the floor to hold a speed target against.
+    """
+    import hashlib
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(path: Path) -> None:
+        buf, h, off = memoryview(bytearray(4 << 20)), hashlib.sha256(), 0
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while n := os.preadv(fd, [buf], off):
+                h.update(buf[:n])
+                off += n
+        finally:
+            os.close(fd)
+
+    order = sorted(paths, key=lambda p: -p.stat().st_size)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max(1, threads)) as ex:
+        list(ex.map(one, order))
+    return time.perf_counter() - t0
+
+
+def single_core_sha256(size: int, seconds: float = 1.0) -> float:
+    """Bytes per second of ``hashlib`` sha256 over one ``size``-byte buffer, again and again, on one
+    core: in the core's cache for a small buffer, at memory speed for one far larger than the caches."""
+    import hashlib
+    import os
+
+    data = os.urandom(size)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        hashlib.sha256(data).digest()
+        n += len(data)
+    return n / (time.perf_counter() - t0)

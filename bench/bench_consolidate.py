@@ -29,7 +29,9 @@ single run per side turns into noise in the ratios.
 Beside the sides, each case measures its hashing floor: every input byte read and hashed by the
 plainest loop, then every output byte hashed from memory (:func:`hashing_floor`).  An intake that
 hashes both, as ckptgate must, cannot finish sooner, so each speed target also records the time it
-allows and whether that time is below the floor.
+allows and whether that time is below the floor.  ckptgate's side also reports its two halves
+(medians): the gate (inspect, digest, verify, decide) and the copy step (plan, write with the
+output sha256, publish), and the copy step against ``cp`` as ``copy_step_vs_cp``.
 
     .venv/bin/python bench/bench_consolidate.py --size 512M
     .venv/bin/python bench/bench_consolidate.py --size 256M --cases deepspeed-zero3
@@ -82,12 +84,25 @@ import json, sys, time
 from pathlib import Path
 side, src, dst = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 t0 = time.perf_counter()
+phases = {}
+def timed(name, fn):
+    def run(*a, **k):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            phases[name] = phases.get(name, 0.0) + time.perf_counter() - t
+    return run
 if side == "ckptgate":
     sys.path.insert(0, sys.argv[4])
     from pipeline_helpers import Signer
-    from ckptgate.pipeline import intake
+    import ckptgate.pipeline as pipeline
+    # the gate (inspect, digest, verify, decide), then the copy step (plan, write, publish)
+    pipeline.evaluate = timed("gate_s", pipeline.evaluate)
+    pipeline.consolidate_into = timed("copy_s", pipeline.consolidate_into)
+    pipeline.publish = timed("copy_s", pipeline.publish)
     s = Signer(key_path=Path(sys.argv[5]), trust_file=Path(sys.argv[6]))
-    intake(src, dst, attestations=[Path(sys.argv[7])], options=s.options, max_shard_bytes=2 << 30)
+    pipeline.intake(src, dst, attestations=[Path(sys.argv[7])], options=s.options, max_shard_bytes=2 << 30)
 elif side == "dcp_to_torch_save":
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     dst.mkdir()
@@ -105,7 +120,7 @@ elif side.startswith("consolidate_safetensors_files"):
 elif side == "zero_to_fp32":
     from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
     convert_zero_checkpoint_to_fp32_state_dict(str(src), str(dst), safe_serialization=True)
-print(json.dumps({"wall_s": time.perf_counter() - t0}))
+print(json.dumps({"wall_s": time.perf_counter() - t0, **phases}))
 """
 
 #: Compare two safetensors output directories tensor by tensor (one tensor in memory at a time).
@@ -166,7 +181,8 @@ def run_measured(argv: list[str]) -> dict[str, Any]:
         raise SystemExit(f"{argv[:4]} failed ({rec['rc']}):\n{err[-3000:]}")
     out = proc.stdout.decode().strip()
     inner = json.loads(out.splitlines()[-1]) if out else {}
-    return {"wall_s": rec["wall_s"], "inner_s": inner.get("wall_s"), "peak_rss_bytes": rec["maxrss_kib"] * 1024}
+    return {"wall_s": rec["wall_s"], "inner_s": inner.get("wall_s"), "peak_rss_bytes": rec["maxrss_kib"] * 1024,
+            **{k: v for k, v in inner.items() if k in ("gate_s", "copy_s")}}
 
 
 def _torchrun(argv: list[str]) -> None:
@@ -340,7 +356,8 @@ def main() -> None:
                 runs[name].append(run_measured(argv))
         for name, rs in runs.items():
             res[name] = {"wall_s": statistics.median(r["wall_s"] for r in rs), "walls_s": [r["wall_s"] for r in rs],
-                         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rs)}
+                         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rs),
+                         **{k: statistics.median(r[k] for r in rs) for k in ("gate_s", "copy_s") if k in rs[0]}}
         res["largest_tensor_bytes"] = largest_tensor_bytes(work / case / "out-ckptgate")
         res["largest_output_shard_bytes"] = max(p.stat().st_size
                                                 for p in (work / case / "out-ckptgate").glob("*.safetensors"))
@@ -355,6 +372,11 @@ def main() -> None:
         shutil.rmtree(work / case, ignore_errors=True)
         h = res["hashing_floor"]
         rows.append([case, "hashing floor", h["floor_s"], "", g["wall_s"], "", h["floor_s"] / g["wall_s"]])
+        res["copy_step_vs_cp"] = {"copy_s": g["copy_s"], "gate_s": g["gate_s"], "cp_s": res["cp"]["wall_s"],
+                                  "ratio": g["copy_s"] / res["cp"]["wall_s"],
+                                  "ratio_vs_cp_sync": g["copy_s"] / res["cp+sync"]["wall_s"]}
+        print(f"{case}: ckptgate's gate {g['gate_s']:.2f} s, copy step {g['copy_s']:.2f} s "
+              f"({res['copy_step_vs_cp']['ratio']:.2f}x cp, {res['copy_step_vs_cp']['ratio_vs_cp_sync']:.2f}x cp+sync)")
         print(f"{case}: input {nbytes / MIB:.0f} MiB, largest tensor {res['largest_tensor_bytes'] / MIB:.0f} MiB, "
               f"targets: {json.dumps(res['targets'])}")
     report("bench_consolidate", ["case", "vs", "its s", "its peak MiB", "ckptgate s",

@@ -216,6 +216,30 @@ def test_a_checkpoint_refused_by_its_structure_is_not_hashed_in_full(tmp_path, m
     assert not (tmp_path / "out").exists()
 
 
+def test_a_precheck_that_cannot_be_asked_stops_the_digest_and_is_raised(tmp_path, monkeypatch):
+    """An engine failure during the precheck is the decision's failure too (fail closed): the
+    digest stops rather than hashing on for a decision that cannot come."""
+    src, size = tmp_path / "ckpt", 64 << 30
+    src.mkdir()
+    with open(src / "blob.bin", "wb") as f:
+        f.truncate(size)
+
+    class Unreachable:
+        def evaluate(self, entrypoint, doc):
+            raise EngineUnavailable("engine.unreachable", "the policy engine could not be queried")
+
+        def close(self):
+            pass
+
+    hashed = []
+    real = pipeline.fixture_digest
+    monkeypatch.setattr(pipeline, "fixture_digest", lambda tree, **kw: real(tree, progress=hashed.append, **kw))
+    with SafeTree.open(src) as tree, pytest.raises(EngineUnavailable) as e:
+        pipeline.evaluate(tree, attestations=[], engine=Unreachable(), trust=None, refuse_early=True)
+    assert e.value.code == "engine.unreachable"
+    assert sum(hashed) < size // 2
+
+
 def test_a_structurally_sound_refusal_still_comes_from_the_whole_decision(setup):
     """The precheck refuses only on structure: a clean checkpoint without evidence is hashed in
     full and denied by the decision, which names the missing attestation."""

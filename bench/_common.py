@@ -57,8 +57,9 @@ def plain_sha256_seconds(paths: list[Path], threads: int) -> float:
     """Wall time of the plainest hasher there is: each file ``preadv``'d into one 4 MiB buffer and
     fed to ``hashlib.sha256``, one file per thread, largest first; no manifest, no checks.
 
-    Any tool that reads these files with ``read()`` and hashes every byte takes at least this long,
-    which makes it the floor to hold a speed target against.
+    A tool that reads these files with ``read()`` and hashes every byte can hardly be faster; on
+    this machine no other way in (buffer sizes, ``mmap``, ``O_DIRECT``) was, which makes it the
+    floor to hold a speed target against (``docs/benchmarks.md``).
     """
     import hashlib
     import os

@@ -262,8 +262,8 @@ def hashing_floor(src: Path, out: Path, repeat: int = 3) -> dict[str, Any]:
 
 def targets(case: str, res: dict[str, Any], tools: list[str]) -> dict[str, Any]:
     """Issue 6's targets for a case: measured value, met or not, and the time the target allows
-    beside the hashing floor (a target whose allowed time is below the floor cannot be met by
-    any intake that hashes every input and output byte on this machine)."""
+    beside the hashing floor (a target whose allowed time is below the floor leaves no time for
+    anything but hashing every input and output byte, as measured on this machine)."""
     g = res["ckptgate"]
     floor = res["hashing_floor"]["floor_s"]
     budget = 256 * 10**6 + res["largest_tensor_bytes"]

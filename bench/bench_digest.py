@@ -19,7 +19,6 @@ Prints a table and writes bench/results/bench_digest.json.  Targets: >= 1.2x mod
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import resource
 import sys
@@ -66,22 +65,11 @@ _OUT_OF_CACHE = 64 << 20  # far larger than any cache
 
 
 def threaded_sha256(threads: int, seconds: float = 1.0) -> float:
-    """sha256 of in-memory data of a cache-sized buffer on ``threads`` threads at once: the ceiling under the current load."""
+    """sha256 of a cache-sized buffer on ``threads`` threads at once: the ceiling under the current load."""
     from concurrent.futures import ThreadPoolExecutor
 
-    data = os.urandom(_IN_CACHE)
-
-    def work(_: int) -> int:
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            hashlib.sha256(data).digest()
-            n += len(data)
-        return n
-
-    t0 = time.perf_counter()
     with ThreadPoolExecutor(threads) as ex:
-        n = sum(ex.map(work, range(threads)))
-    return n / (time.perf_counter() - t0)
+        return sum(ex.map(lambda _: single_core_sha256(_IN_CACHE, seconds), range(threads)))
 
 
 def best_of(fn, runs: int) -> float:  # noqa: ANN001

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -149,14 +148,15 @@ def sign(key_path: str | None, keyid: str | None, statement_path: str | None, pr
 def verify(file: str, digest: str, trust_path: str | None, sigstore_trust_root: str | None, identity: str | None,
            issuer: str | None, expected_commit: str | None, now_s: str | None, as_json: bool) -> None:
     """Verify an attestation for a measured fixture digest; exit 5 when it does not verify."""
+    from ckptgate.decide.input import check_commit
     from ckptgate.verify import TrustData, verify_attestation
     from ckptgate.verify.sigstore import check_trust_root
 
     if (identity is None) != (issuer is None):
         raise UsageError("usage.invalid", "--identity and --issuer go together")
     _digest_arg(digest, "--digest")
-    if expected_commit is not None and not re.fullmatch(r"[0-9a-f]{40}", expected_commit):
-        raise UsageError("usage.request.commit", "--commit must be 40 lower-case hex digits")
+    if expected_commit is not None:
+        check_commit(expected_commit, "--commit")
     if sigstore_trust_root is not None:
         check_trust_root(sigstore_trust_root)
     raw = _read(file, "attestation")

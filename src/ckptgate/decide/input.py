@@ -22,6 +22,13 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
+def check_commit(value: str, option: str = "--candidate-commit") -> str:
+    """``value`` if it is a full commit id (40 lower-case hex), else a usage error naming ``option``."""
+    if not _COMMIT.match(value):
+        raise UsageError("usage.request.commit", f"{option} must be 40 lower-case hex digits")
+    return value
+
+
 class HasFacts(Protocol):
     def to_facts(self) -> dict[str, Any]: ...
 
@@ -40,8 +47,8 @@ class Request:
             raise UsageError("usage.request.action", f"unknown action {self.action!r}")
         if self.now.tzinfo is None:
             raise UsageError("usage.request.naive_time", "the request time must be timezone-aware")
-        if self.candidate_commit is not None and not _COMMIT.match(self.candidate_commit):
-            raise UsageError("usage.request.commit", "--candidate-commit must be 40 lower-case hex digits")
+        if self.candidate_commit is not None:
+            check_commit(self.candidate_commit)
 
     def to_json(self) -> dict[str, Any]:
         return {"action": self.action,

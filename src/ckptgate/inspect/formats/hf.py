@@ -49,15 +49,16 @@ def _other_indexes(ctx: Context, ip: str) -> list[Finding]:
     keeps the ``.bin`` index), unless it is a second safetensors index."""
     findings: list[Finding] = []
     for p in sorted(p for p in ctx.files if "/" not in p and p.endswith(".index.json") and p != ip):
-        if p.endswith(".safetensors.index.json"):
+        safetensors_index = p.endswith(".safetensors.index.json")
+        if safetensors_index:
             findings.append(error("index.ambiguous", p, f"a second safetensors index beside {ip!r}; which one a "
                                   "loader reads is not defined", index=ip))
         doc = ctx.files[p].json
         wm = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(wm, dict):
             continue
-        findings += _targets(ctx, p, wm, require_present=p.endswith(".safetensors.index.json"))[1]
-        if not p.endswith(".safetensors.index.json"):
+        findings += _targets(ctx, p, wm, require_present=safetensors_index)[1]
+        if not safetensors_index:
             findings.append(warning("index.not_consolidated", p, f"an index beside {ip!r} that intake does not "
                                     "follow; it is not published"))
     return findings

@@ -45,3 +45,11 @@ def test_missing_root_is_a_typed_error(tmp_path: Path) -> None:
     r = _run(str(tmp_path / "nope"), "--json")
     assert r.returncode == 4
     assert json.loads(r.stdout)["error"]["code"] == "input.walk.root_unreadable"
+
+
+def test_empty_directory_is_not_clean(tmp_path: Path) -> None:
+    r = _run(str(tmp_path), "--json")
+    assert r.returncode == 4, r.stderr
+    doc = json.loads(r.stdout)["inspection"]
+    assert doc["clean"] is False and doc["files"] == []
+    assert [f["code"] for f in doc["findings"] if f["severity"] == "error"] == ["walk.empty"]

@@ -261,3 +261,16 @@ def test_hold_does_not_take_more_than_half_the_descriptor_limit(tmp_path: Path) 
             os.close(fd)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_tree_without_files_is_refused_as_empty(tmp_path: Path) -> None:
+    (tmp_path / "only" / "dirs").mkdir(parents=True)
+    with SafeTree.open(tmp_path) as t:
+        assert t.entries == ()
+        assert [(f.code, f.severity.value) for f in t.findings] == [("walk.empty", "error")]
+
+
+def test_a_tree_whose_only_entry_was_refused_is_not_also_empty(tmp_path: Path) -> None:
+    (tmp_path / "escape").symlink_to("/etc/passwd")
+    with SafeTree.open(tmp_path) as t:
+        assert [f.code for f in t.findings] == ["walk.symlink"]

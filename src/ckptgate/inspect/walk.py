@@ -166,6 +166,9 @@ class SafeTree:
                 raise
             st = _WalkState(limits=limits)
             _walk_dir(root_fd, "", 0, st)
+            if not st.entries and not st.findings:
+                st.findings.append(error("walk.empty", "", "the directory holds no files: there is no checkpoint "
+                                                          "to inspect"))
             entries = tuple(sorted(st.entries, key=lambda e: e.path))
             return cls(root=root, root_fd=root_fd, entries=entries, findings=tuple(st.findings),
                        limits=limits)

@@ -40,7 +40,9 @@ from pathlib import Path
 from ckptgate.consolidate.plan import ConsolidationPlan, ShardTask
 from ckptgate.errors import RuntimeFailure
 
-DEFAULT_CHUNK = 8 << 20
+#: 4 MiB, measured: on the 2-core development VM, held-mode windows of 2-4 MiB copied 2 GB 15-20%
+#: faster than 8 MiB ones, and 1 MiB ones more slowly (interleaved A/B in whole intakes, 2026-11-30).
+DEFAULT_CHUNK = 4 << 20
 _RING = 4  # windows per output in held mode: one being filled, the others being hashed and written
 _ALIGN = 4096  # O_DIRECT: buffer address, file offset and length in whole blocks
 INDEX_NAME = "model.safetensors.index.json"

@@ -74,13 +74,43 @@ def test_engine_killed_mid_run_is_unavailable(policy_dir):
     assert e.value.code == "engine.unreachable"
 
 
-def test_tampered_signed_bundle_makes_opa_refuse_to_start(policy_dir, tmp_path):
+def test_a_staged_bundle_changed_after_signing_makes_opa_refuse_to_start(policy_dir, tmp_path):
+    """The embedded bundle is a signed directory: a changed file is refused, and so is an added one."""
     root = policy_dir(ECHO)
-    key_dir = tmp_path / "keys"
-    key_dir.mkdir()
-    good = PolicyBundle.from_directory(root, key_dir)
+    work = tmp_path / "work"
+    work.mkdir()
+    good = PolicyBundle.from_directory(root, work)
+    assert good.path.is_dir() and not (work / "bundle-signing.pem").exists()  # the private key is gone
+    with EmbeddedOpa(bundle=good) as opa:
+        assert opa.evaluate("ckptgate/intake/decision", {"ok": True}).result["allow"] is True
+    rego = good.path / "ckptgate" / "intake" / "intake.rego"
+    original = rego.read_bytes()
+    rego.write_bytes(original.replace(b"input.ok == true", b"true"))
+    with pytest.raises(EngineUnavailable) as e:
+        EmbeddedOpa(bundle=good)
+    assert e.value.code == "engine.opa.start_failed" and "digest mismatch" in e.value.message
+    rego.write_bytes(original)
+    (good.path / "ckptgate" / "intake" / "extra.rego").write_text("package ckptgate.extra\n\nx := 1\n")
+    with pytest.raises(EngineUnavailable) as e:
+        EmbeddedOpa(bundle=good)
+    assert e.value.code == "engine.opa.start_failed" and "not included in bundle signature" in e.value.message
+
+
+def test_tampered_maintainer_bundle_makes_opa_refuse_to_start(policy_dir, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    root = policy_dir(ECHO)
+    key = ec.generate_private_key(ec.SECP256R1())
+    key_path, pub_path = tmp_path / "maintainer.pem", tmp_path / "maintainer.pub"
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    pub_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                       serialization.PublicFormat.SubjectPublicKeyInfo))
+    good = tmp_path / "good.tar.gz"
+    build_signed(root, good, signing_key=key_path, revision=policy_revision(root))
     tampered = tmp_path / "tampered.tar.gz"
-    with tarfile.open(good.path) as src, tarfile.open(tampered, "w:gz") as dst:
+    with tarfile.open(good) as src, tarfile.open(tampered, "w:gz") as dst:
         for member in src.getmembers():
             data = src.extractfile(member).read() if member.isfile() else None
             if member.name.endswith("intake.rego"):
@@ -88,10 +118,10 @@ def test_tampered_signed_bundle_makes_opa_refuse_to_start(policy_dir, tmp_path):
                 member.size = len(data)
             dst.addfile(member, None if data is None else __import__("io").BytesIO(data))
     with pytest.raises(EngineUnavailable) as e:
-        EmbeddedOpa(bundle=PolicyBundle.from_signed_file(tampered, good.verification_key))
+        EmbeddedOpa(bundle=PolicyBundle.from_signed_file(tampered, pub_path))
     assert e.value.code == "engine.opa.start_failed"
     # the untampered bundle starts with the same key
-    with EmbeddedOpa(bundle=PolicyBundle.from_signed_file(good.path, good.verification_key)) as opa:
+    with EmbeddedOpa(bundle=PolicyBundle.from_signed_file(good, pub_path)) as opa:
         assert opa.evaluate("ckptgate/intake/decision", {"ok": False}).result["allow"] is False
 
 
@@ -254,14 +284,18 @@ def test_the_opa_client_is_imported_only_once_an_engine_starts():
     assert out.stdout.split() == ["False", "True", "False", "AsyncOpaClient", "OpaClient"]
 
 
-def test_a_bundle_that_fails_to_build_is_raised_at_the_first_decision_and_leaves_nothing(policy_dir):
-    """The keeper thread builds and launches while the caller works; its failure is a typed deny."""
-    engine = open_engine(policy_dir=policy_dir("package ckptgate.intake\n\ndecision := {\n"))
+def test_a_policy_that_does_not_compile_is_raised_at_the_first_decision_and_leaves_nothing(policy_dir):
+    """The keeper thread stages and launches while the caller works; OPA refuses the policy at
+    start-up, and that is a typed deny carrying OPA's own error."""
+    root = policy_dir("package ckptgate.intake\n\ndecision := {\n")
+    engine = open_engine(policy_dir=root)
     workdir = engine._workdir
     with pytest.raises(EngineUnavailable) as e:
         engine.evaluate("ckptgate/intake/decision", {"ok": True})
-    assert e.value.code == "engine.bundle.build_failed"
-    assert engine.pid is None and not EmbeddedOpa._live and not workdir.exists()
+    assert e.value.code == "engine.opa.start_failed" and "rego_parse_error" in e.value.message
+    assert f"{root}/ckptgate/intake/intake.rego:4" in e.value.message  # the user's file, not the staged copy
+    assert str(workdir) not in e.value.message
+    assert not EmbeddedOpa._live and not workdir.exists()
     engine.close()  # closing again is harmless
 
 

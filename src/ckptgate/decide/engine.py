@@ -29,6 +29,7 @@ import importlib.util
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -159,6 +160,7 @@ class EmbeddedOpa(_ClientEngine):
         self._log_path = log_path or self._workdir / "opa.log"
         self._ready, self._stop = threading.Event(), threading.Event()
         self._failure: BaseException | None = None
+        self._staged = ("", "")  # (staged bundle directory, the policy directory it was staged from)
         _install_cleanup()  # signal handlers can only be set from the main thread
         self._keeper = threading.Thread(target=self._keep, args=(bundle, policy_dir, overlays), name="ckptgate-opa",
                                         daemon=True)
@@ -175,9 +177,10 @@ class EmbeddedOpa(_ClientEngine):
         follows the thread that forked it, so this thread must outlive the server."""
         try:
             if bundle is None:
-                bundle = PolicyBundle.from_directory(policy_dir or default_policy_dir(), self._workdir,
-                                                     overlays=overlays)
+                source = policy_dir or default_policy_dir()
+                bundle = PolicyBundle.from_directory(source, self._workdir, overlays=overlays)
                 self._revision = bundle.revision
+                self._staged = (str(bundle.path), str(source))  # OPA's errors name the staged copy
             self._bundle = bundle
             if not self._stop.is_set():
                 self._launch()
@@ -254,9 +257,10 @@ class EmbeddedOpa(_ClientEngine):
                 raise EngineUnavailable(
                     "engine.opa.start_failed",
                     f"the embedded OPA exited during start-up (code {self._proc.returncode}): "
-                    f"{_tail(self._log_path)}",
-                    advice="A bundle whose signature does not verify makes OPA refuse to start; "
-                           "rebuild it with `ckptgate policy build` or use the policies directory.")
+                    f"{_tail(self._log_path).replace(*self._staged)}",
+                    advice="OPA refuses to start on a policy that does not compile (fix it; `opa check` "
+                           "names the line) and on a bundle whose signature does not verify (rebuild it with "
+                           "`ckptgate policy build`, or use the policies directory).")
             if self._client.check_health():
                 return
             if time.monotonic() >= self._deadline:
@@ -283,9 +287,7 @@ class EmbeddedOpa(_ClientEngine):
         if hasattr(self, "_client"):
             self._client.close_connection()
         EmbeddedOpa._live.discard(self)
-        for p in sorted(self._workdir.glob("*"), reverse=True):
-            p.unlink(missing_ok=True)
-        self._workdir.rmdir()
+        shutil.rmtree(self._workdir, ignore_errors=True)  # our private directory: the bundle, its key, the log
 
     def __enter__(self) -> EmbeddedOpa:
         return self
@@ -362,17 +364,25 @@ def _free_port() -> int:
 
 
 def _tail(path: Path, limit: int = 800) -> str:
+    """What OPA said last: its exit message (plain text, which for a policy that does not compile
+    spans the error, the source line and a caret), else its last error record."""
     try:
         lines = path.read_text(errors="replace").strip().splitlines()
     except OSError:
         return ""
+    plain: list[str] = []
     for line in reversed(lines):
         try:
             rec = json.loads(line)
         except ValueError:
-            return line[-limit:]
-        if rec.get("level") == "error" or "err" in rec:
+            plain.append(line.strip())
+            continue
+        if plain:
+            break
+        if isinstance(rec, dict) and (rec.get("level") == "error" or "err" in rec):
             return str(rec.get("err") or rec.get("msg"))[-limit:]
+    if plain:
+        return " / ".join(reversed([p for p in plain if p]))[:limit]
     return (lines[-1] if lines else "")[-limit:]
 
 

@@ -75,7 +75,7 @@ def test_engine_killed_mid_run_is_unavailable(policy_dir):
 
 
 def test_a_staged_bundle_changed_after_signing_makes_opa_refuse_to_start(policy_dir, tmp_path):
-    """The embedded bundle is a signed directory: a changed file is refused, and so is an added one."""
+    """The embedded bundle is a signed directory: a changed, an added or a missing file is refused."""
     root = policy_dir(ECHO)
     work = tmp_path / "work"
     work.mkdir()
@@ -94,6 +94,11 @@ def test_a_staged_bundle_changed_after_signing_makes_opa_refuse_to_start(policy_
     with pytest.raises(EngineUnavailable) as e:
         EmbeddedOpa(bundle=good)
     assert e.value.code == "engine.opa.start_failed" and "not included in bundle signature" in e.value.message
+    (good.path / "ckptgate" / "intake" / "extra.rego").unlink()
+    rego.unlink()
+    with pytest.raises(EngineUnavailable) as e:
+        EmbeddedOpa(bundle=good)
+    assert e.value.code == "engine.opa.start_failed" and "not found in the target bundle" in e.value.message
 
 
 def test_tampered_maintainer_bundle_makes_opa_refuse_to_start(policy_dir, tmp_path):

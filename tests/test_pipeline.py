@@ -84,6 +84,37 @@ def test_allowed_intake_publishes_bit_identical_shards_and_a_receipt(setup):
         assert torch.equal(out_tensors[k].flatten().view(torch.uint8), v.flatten().view(torch.uint8))
 
 
+def test_intake_casts_floating_point_tensors_only_when_asked(setup):
+    """``--dtype bf16``: every float tensor as torch's ``.to(torch.bfloat16)`` gives it, the rest
+    untouched; the receipt records the cast and the hashes of the cast files."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import load_file
+
+    out = cli("intake", setup["src"], "--out", setup["dst"], "--trust", setup["trust"],
+              "--attestation", setup["attest"](), "--dtype", "bf16", "--json")
+    assert out.returncode == 0, out.stderr
+    receipt = json.loads(out.stdout)["receipt"]
+    assert receipt["plan"]["cast"]["dtype"] == "BF16" and receipt["plan"]["cast"]["tensors"] > 0
+    src_tensors, out_tensors = {}, {}
+    for f in HF.glob("*.safetensors"):
+        src_tensors.update(load_file(str(f)))
+    for o in receipt["outputs"]:
+        data = (setup["dst"] / o["file"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == o["sha256"]
+        if o["file"].endswith(".safetensors"):
+            out_tensors.update(load_file(str(setup["dst"] / o["file"])))
+    assert src_tensors.keys() == out_tensors.keys()
+    assert any(v.dtype != torch.bfloat16 and v.is_floating_point() for v in src_tensors.values())
+    for k, v in src_tensors.items():
+        want = v.to(torch.bfloat16) if v.is_floating_point() else v
+        assert out_tensors[k].dtype == want.dtype
+        assert torch.equal(out_tensors[k].flatten().view(torch.uint8), want.flatten().view(torch.uint8))
+    index = json.loads((setup["dst"] / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["total_size"] == sum(v.numel() * v.element_size() for v in out_tensors.values())
+
+
 def _refused(setup, attestations, expected_code):
     args = ["intake", setup["src"], "--out", setup["dst"], "--trust", setup["trust"]]
     for a in attestations:

@@ -24,6 +24,7 @@ from typing import Any
 
 from ckptgate import __version__
 from ckptgate.consolidate import WorkerOptions, plan_for
+from ckptgate.consolidate.plan import cast_plan
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_plan
 from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, default_policy_dir
 from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBuilder, Precheck, Reason, Request,
@@ -278,7 +279,7 @@ def _refusal(deny_reasons: Sequence[Reason], decision_id: str, policy_revision: 
 
 def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: Path, *, max_shard_bytes: int,
                      chunk_size: int = DEFAULT_CHUNK, on_bytes: Callable[[int], None] | None = None,
-                     on_plan: Callable[[int], None] | None = None) -> Consolidated:
+                     on_plan: Callable[[int], None] | None = None, dtype: str | None = None) -> Consolidated:
     """Enforce an evaluated decision and write the consolidated output into ``out_dir``.
 
     A deny raises (:func:`refuse`); an allow plans (framework loads run in the worker under the
@@ -286,11 +287,14 @@ def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: Path, *, m
     (:meth:`~ckptgate.inspect.SafeTree.hold`), only the placed bytes are read, and the leases must
     still hold after the write; otherwise every source is re-hashed in the writer's single pass
     and must match the manifest.  Either way the bytes written are the bytes that were measured.
+    Dtypes are preserved unless ``dtype`` names one to cast every floating-point tensor to
+    (:func:`~ckptgate.consolidate.plan.cast_plan`).
     """
     refuse(evaluation)
     plan = plan_for(tree, evaluation.inspection, decision=evaluation.decision, fixture_digest=evaluation.digest,
                     max_shard_bytes=max_shard_bytes,
                     worker=WorkerOptions(profile=evaluation.containment) if evaluation.containment else None)
+    plan = cast_plan(plan, dtype, max_shard_bytes=max_shard_bytes)
     if on_plan:
         on_plan(plan.total_size)
     _still_held(tree)
@@ -313,8 +317,9 @@ def _still_held(tree: SafeTree) -> None:
 def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: EngineOptions | None = None,
            max_shard_bytes: int = 2 << 30, chunk_size: int = DEFAULT_CHUNK,
            now: datetime | None = None, on_bytes: Callable[[int], None] | None = None,
-           on_plan: Callable[[int], None] | None = None) -> IntakeResult:
-    """Take ``src`` in through the gate and publish HF sharded safetensors at ``dst``."""
+           on_plan: Callable[[int], None] | None = None, dtype: str | None = None) -> IntakeResult:
+    """Take ``src`` in through the gate and publish HF sharded safetensors at ``dst`` (every
+    floating-point tensor cast to ``dtype`` if one is named; dtypes are otherwise preserved)."""
     options = options or EngineOptions()
     dst = check_destination(dst, source=src)
     trust = load_trust(options)
@@ -325,7 +330,7 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
         try:
             with staging(dst) as stage:
                 done = consolidate_into(tree, evaluation, stage, max_shard_bytes=max_shard_bytes,
-                                        chunk_size=chunk_size, on_bytes=on_bytes, on_plan=on_plan)
+                                        chunk_size=chunk_size, on_bytes=on_bytes, on_plan=on_plan, dtype=dtype)
                 receipt = _receipt(src, evaluation, done)
                 publish(stage, dst, receipt)
         except OSError as e:  # ENOSPC, EFBIG, EIO...: an I/O failure, not a bug; nothing was published

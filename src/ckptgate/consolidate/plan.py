@@ -8,6 +8,10 @@ existing engine (e.g. ``torch.distributed``); ckptgate does not run a cluster of
 Invariants are checked when a record is built: every output tensor is covered exactly once
 (a gap or an overlap is an error), dtypes and shapes are consistent with the byte counts, and
 shard and tensor names are unique.
+
+Dtypes are preserved: the writer moves raw bytes.  Only when the user asks (:func:`cast_plan`)
+does a floating-point tensor carry a ``source_dtype``: its placements are then bytes of that
+dtype, which the writer converts element by element.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ DTYPE_SIZES: Mapping[str, int] = MappingProxyType({
     "I32": 4, "U32": 4, "F32": 4,
     "I64": 8, "U64": 8, "F64": 8,
 })
+#: Floating-point dtypes a plan can be cast between (on request only): the F8 types are left as they are.
+CASTABLE: frozenset[str] = frozenset({"F64", "F32", "F16", "BF16"})
 _SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.safetensors$")
 _EXTRA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
@@ -160,16 +166,28 @@ class Placement:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutputTensor:
-    """One tensor of an output shard, and the placements that fill it."""
+    """One tensor of an output shard, and the placements that fill it.
+
+    With ``source_dtype`` the placements are bytes of that dtype (offsets and lengths in its
+    units), converted to ``dtype`` as they are written; without it they are ``dtype``'s own bytes.
+    """
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     placements: tuple[Placement, ...]
+    source_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_SIZES:
             raise PlanError("plan.tensor.dtype", f"{self.name}: unknown dtype {self.dtype!r}")
+        if self.source_dtype is not None and not {self.source_dtype, self.dtype} <= CASTABLE:
+            raise PlanError("plan.tensor.cast", f"{self.name}: cannot convert {self.source_dtype} to {self.dtype}",
+                            evidence={"tensor": self.name, "from": self.source_dtype, "to": self.dtype})
+        size = DTYPE_SIZES[self.source_dtype or self.dtype]
+        if self.source_dtype is not None and any(p.dst_offset % size or p.length % size for p in self.placements):
+            raise PlanError("plan.tensor.cast", f"{self.name}: a placement splits a {self.source_dtype} element",
+                            evidence={"tensor": self.name})
         if any(d < 0 for d in self.shape):
             raise PlanError("plan.tensor.shape", f"{self.name}: negative dimension")
         covered = 0
@@ -181,14 +199,16 @@ class OutputTensor:
                 raise PlanError("plan.tensor.overlap", f"{self.name}: bytes from {p.dst_offset} are placed twice",
                                 evidence={"tensor": self.name, "overlap_at": p.dst_offset})
             covered = p.dst_offset + p.length
-        if covered != self.nbytes:
-            kind = "gap" if covered < self.nbytes else "overflow"
+        want = math.prod(self.shape) * size
+        if covered != want:
+            kind = "gap" if covered < want else "overflow"
             raise PlanError(f"plan.tensor.{kind}",
-                            f"{self.name}: placements cover {covered} bytes, the tensor has {self.nbytes}",
-                            evidence={"tensor": self.name, "covered": covered, "nbytes": self.nbytes})
+                            f"{self.name}: placements cover {covered} bytes, the tensor has {want}",
+                            evidence={"tensor": self.name, "covered": covered, "nbytes": want})
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the tensor in the output."""
         return math.prod(self.shape) * DTYPE_SIZES[self.dtype]
 
 
@@ -297,3 +317,34 @@ def shard_tensors(tensors: Iterable[OutputTensor], *, max_shard_bytes: int,
         for i, g in enumerate(groups))
     return ConsolidationPlan(shards=shards, index_metadata=MappingProxyType(dict(index_metadata or {})),
                              report=MappingProxyType(dict(report or {})))
+
+
+def cast_plan(plan: ConsolidationPlan, dtype: str | None, *, max_shard_bytes: int) -> ConsolidationPlan:
+    """``plan`` with every floating-point tensor (:data:`CASTABLE`) converted to ``dtype``; other
+    dtypes are never touched.  ``None`` returns ``plan`` itself.  A sharded output is packed again
+    at ``max_shard_bytes`` (the tensors changed size); a pass-through output (no index, e.g. a PEFT
+    adapter) keeps its files.  The plan's report records the cast."""
+    if dtype is None:
+        return plan
+    if dtype not in CASTABLE:
+        raise PlanError("plan.cast.dtype", f"cannot cast to {dtype!r}: one of {', '.join(sorted(CASTABLE))}")
+
+    def one(t: OutputTensor) -> OutputTensor:
+        src = t.source_dtype or t.dtype
+        if src not in CASTABLE or t.dtype == dtype:
+            return t
+        return OutputTensor(name=t.name, dtype=dtype, shape=t.shape, placements=t.placements,
+                            source_dtype=None if src == dtype else src)
+
+    shards = [(s, tuple(one(t) for t in s.tensors)) for s in plan.shards]
+    cast = sorted({t.name for s, ts in shards for t in ts if t.source_dtype is not None})
+    report = MappingProxyType({**plan.report, "cast": {"dtype": dtype, "tensors": len(cast)}})
+    if plan.write_index and plan.shards:
+        packed = shard_tensors([t for _, ts in shards for t in ts], max_shard_bytes=max_shard_bytes,
+                               metadata=plan.shards[0].metadata, index_metadata=plan.index_metadata, report=report)
+        return ConsolidationPlan(shards=packed.shards, index_metadata=packed.index_metadata, copies=plan.copies,
+                                 write_index=True, report=report)
+    return ConsolidationPlan(shards=tuple(ShardTask(filename=s.filename, tensors=ts, metadata=s.metadata)
+                                          for s, ts in shards),
+                             index_metadata=plan.index_metadata, copies=plan.copies, write_index=plan.write_index,
+                             report=report)

@@ -37,7 +37,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptgate.consolidate.plan import ConsolidationPlan, ShardTask
+from ckptgate.consolidate.cast import convert
+from ckptgate.consolidate.plan import DTYPE_SIZES, ConsolidationPlan, ShardTask
 from ckptgate.errors import RuntimeFailure
 
 #: 4 MiB, measured: on the 2-core development VM, held-mode windows of 2-4 MiB copied 2 GB 15-20%
@@ -72,10 +73,14 @@ def header_bytes(task: ShardTask) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class _Segment:
+    """``length`` source bytes at ``src_offset`` go to ``out_offset`` of ``out_fd``, converted from
+    ``conv[0]`` to ``conv[1]`` when the user asked for a cast (the output length then differs)."""
+
     src_offset: int
     length: int
     out_fd: int
     out_offset: int
+    conv: tuple[str, str] | None = None
 
 
 def _layout(plan: ConsolidationPlan, out_dir: Path, opened: dict[str, int], *, write_heads: bool) -> tuple[
@@ -100,8 +105,11 @@ def _layout(plan: ConsolidationPlan, out_dir: Path, opened: dict[str, int], *, w
             _pwrite_all(fd, head, 0)
         base = len(head)
         for t in task.tensors:
+            conv = (t.source_dtype, t.dtype) if t.source_dtype else None
+            scale = (DTYPE_SIZES[t.dtype], DTYPE_SIZES[t.source_dtype]) if t.source_dtype else (1, 1)
             for p in t.placements:
-                segments.setdefault(p.src, []).append(_Segment(p.src_offset, p.length, fd, base + p.dst_offset))
+                segments.setdefault(p.src, []).append(
+                    _Segment(p.src_offset, p.length, fd, base + p.dst_offset * scale[0] // scale[1], conv))
             base += t.nbytes
     for c in plan.copies:
         fd = create(c.filename, c.size)
@@ -134,6 +142,7 @@ def _scatter_source(src: str, fd: int, segments: list[_Segment], expected_sha256
         raise RuntimeFailure("runtime.copy.short_read", f"{src}: the plan reads past the end of the file",
                              evidence={"source": src, "size": size})
     order = sorted(segments, key=lambda s: s.src_offset)
+    carry: dict[int, tuple[bytes, int]] = {}  # a converting segment: (its partial element, output written)
     h = hashlib.sha256()
     buf = bytearray(max(1, min(chunk_size, size)))
     view = memoryview(buf)
@@ -150,10 +159,19 @@ def _scatter_source(src: str, fd: int, segments: list[_Segment], expected_sha256
             nxt += 1
         for s in active:
             lo, hi = max(pos, s.src_offset), min(end, s.src_offset + s.length)
-            if lo < hi:
+            if lo < hi and s.conv is None:
                 _write_back(s.out_fd, view[lo - pos:hi - pos], s.out_offset + (lo - s.src_offset))
                 if on_bytes:
                     on_bytes(hi - lo)
+            elif lo < hi:  # whole elements only: a chunk may end inside one
+                part, done = carry.get(id(s), (b"", 0))
+                data = part + view[lo - pos:hi - pos].tobytes()
+                whole = len(data) - len(data) % DTYPE_SIZES[s.conv[0]]
+                out = convert(data[:whole], *s.conv)
+                _write_back(s.out_fd, memoryview(out), s.out_offset + done)
+                carry[id(s)] = (data[whole:], done + len(out))
+                if on_bytes:
+                    on_bytes(len(out))
         active = [s for s in active if s.src_offset + s.length > end]
         pos = end
     if h.hexdigest() != expected_sha256:
@@ -211,15 +229,18 @@ def _set_direct(fd: int, on: bool) -> bool:
     return True
 
 
-def _copy_in_order(name: str, fd: int, size: int, head: bytes, pieces: list[tuple[int, str, int, int]],
+def _copy_in_order(name: str, fd: int, size: int, head: bytes,
+                   pieces: list[tuple[int, str, int, int, tuple[str, str] | None]],
                    sources: Mapping[str, int], chunk_size: int, on_bytes: Callable[[int], None] | None) -> str:
     """Write output ``name`` front to back from held sources; return its sha256.
 
-    ``pieces`` are ``(out_offset, src, src_offset, length)``; together with the header they must
-    tile ``[0, size)`` exactly.  The output is assembled in page-aligned windows of about
+    ``pieces`` are ``(out_offset, src, src_offset, length, conv)``; together with the header they
+    must tile ``[0, size)`` exactly.  The output is assembled in page-aligned windows of about
     ``chunk_size`` bytes: the header, then every placed range read with ``preadv`` straight into
     its place.  Each full window is hashed on one thread and written (:class:`_Sink`) on another
-    while this thread fills the next, through a ring of :data:`_RING` windows.
+    while this thread fills the next, through a ring of :data:`_RING` windows.  A piece with
+    ``conv`` (a cast the user asked for) is read in whole elements, converted
+    (:func:`~ckptgate.consolidate.cast.convert`) and taken like the header.
     """
     window = max(_ALIGN, chunk_size - chunk_size % _ALIGN)
     ring = [mmap.mmap(-1, window) for _ in range(_RING)]  # anonymous maps: page-aligned, as O_DIRECT needs
@@ -239,12 +260,12 @@ def _copy_in_order(name: str, fd: int, size: int, head: bytes, pieces: list[tupl
             for f in pending[k]:  # the next window is free once it is hashed and written
                 f.result()
 
-        def take(src: str, sfd: int | None, src_off: int, length: int) -> None:
+        def take(src: str, sfd: int | None, src_off: int, length: int, mem: bytes = head) -> None:
             nonlocal fill
             while length:
                 n = min(window - fill, length)
                 if sfd is None:
-                    views[k][fill:fill + n] = head[src_off:src_off + n]
+                    views[k][fill:fill + n] = mem[src_off:src_off + n]
                 else:
                     n = os.preadv(sfd, [views[k][fill:fill + n]], src_off)
                     if n <= 0:
@@ -256,15 +277,35 @@ def _copy_in_order(name: str, fd: int, size: int, head: bytes, pieces: list[tupl
                 if fill == window:
                     ship()
 
+        def take_converted(src: str, sfd: int, src_off: int, length: int, conv: tuple[str, str]) -> int:
+            """Read whole elements into ``scratch``, convert them and take the result; return its size."""
+            out_len = 0
+            while length:
+                n = min(len(scratch), length)
+                got = os.preadv(sfd, [scratch[:n]], src_off)
+                if got != n:
+                    raise RuntimeFailure("runtime.copy.short_read", f"{src}: the source ended early at "
+                                         f"byte {src_off + max(got, 0)}", evidence={"source": src, "offset": src_off})
+                out = convert(scratch[:n], *conv)
+                take(src, None, 0, len(out), out)
+                if on_bytes:
+                    on_bytes(len(out))  # progress counts output bytes, as the plan's total does
+                out_len, src_off, length = out_len + len(out), src_off + n, length - n
+            return out_len
+
+        scratch = memoryview(bytearray(window if any(p[4] for p in pieces) else 0))  # a multiple of 8: whole elements
         take(name, None, 0, len(head))
         pos = len(head)
-        for out_off, src, src_off, length in sorted(pieces):
+        for out_off, src, src_off, length, conv in sorted(pieces, key=lambda p: p[0]):
             if out_off != pos:
                 raise RuntimeFailure("runtime.copy.not_tiled", f"{name}: the plan leaves a gap or an overlap "
                                      f"at byte {min(pos, out_off)}", evidence={"output": name, "at": pos,
                                                                                "next": out_off})
-            take(src, sources[src], src_off, length)
-            pos += length
+            if conv is None:
+                take(src, sources[src], src_off, length)
+                pos += length
+            else:
+                pos += take_converted(src, sources[src], src_off, length, conv)
         if fill:
             ship()
         for fs in pending:
@@ -298,10 +339,11 @@ def write_plan(plan: ConsolidationPlan, out_dir: Path, sources: Mapping[str, int
         segments, sizes, heads = _layout(plan, out_dir, opened, write_heads=expected is not None)
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             if expected is None:
-                pieces: dict[int, list[tuple[int, str, int, int]]] = {fd: [] for fd in opened.values()}
+                pieces: dict[int, list[tuple[int, str, int, int, tuple[str, str] | None]]] = {
+                    fd: [] for fd in opened.values()}
                 for src, segs in segments.items():
                     for g in segs:
-                        pieces[g.out_fd].append((g.out_offset, src, g.src_offset, g.length))
+                        pieces[g.out_fd].append((g.out_offset, src, g.src_offset, g.length, g.conv))
                 futures = {name: pool.submit(_copy_in_order, name, fd, sizes[name], heads.get(name, b""), pieces[fd],
                                              sources, chunk_size, on_bytes) for name, fd in opened.items()}
                 digests = {name: f.result() for name, f in futures.items()}

@@ -337,8 +337,8 @@ def cast_plan(plan: ConsolidationPlan, dtype: str | None, *, max_shard_bytes: in
                             source_dtype=None if src == dtype else src)
 
     shards = [(s, tuple(one(t) for t in s.tensors)) for s in plan.shards]
-    cast = sorted({t.name for s, ts in shards for t in ts if t.source_dtype is not None})
-    report = MappingProxyType({**plan.report, "cast": {"dtype": dtype, "tensors": len(cast)}})
+    n_cast = sum(t.source_dtype is not None for _, ts in shards for t in ts)
+    report = MappingProxyType({**plan.report, "cast": {"dtype": dtype, "tensors": n_cast}})
     if plan.write_index and plan.shards:
         packed = shard_tensors([t for _, ts in shards for t in ts], max_shard_bytes=max_shard_bytes,
                                metadata=plan.shards[0].metadata, index_metadata=plan.index_metadata, report=report)

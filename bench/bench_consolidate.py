@@ -26,10 +26,10 @@ previous output removed; the table shows the median wall time (every run's is in
 Writing fresh page-cache pages on this VM swings between runs by a factor of several, which a
 single run per side turns into noise in the ratios.
 
-Beside the sides, each case measures its hashing floor: every input byte read and hashed by the
-plainest loop, then every output byte hashed at sha256's in-cache speed (:func:`hashing_floor`).  An intake that
-hashes both, as ckptgate must, cannot finish sooner, so each speed target also records the time it
-allows and whether that time is below the floor.  ckptgate's side also reports its two halves
+Beside the sides, each case measures its hashing floor (:func:`hashing_floor`): every input byte
+read and hashed by the plainest loop, then every output byte hashed at sha256's in-cache speed.
+An intake that hashes both, as ckptgate must, cannot finish sooner, so each speed target also
+records the time it allows and whether that time is below the floor.  ckptgate's side also reports its two halves
 (medians): the gate (inspect, digest, verify, decide) and the copy step (plan, write with the
 output sha256, publish), and the copy step against ``cp`` as ``copy_step_vs_cp``.
 
@@ -250,9 +250,11 @@ def hashing_floor(src: Path, out: Path, repeat: int = 3) -> dict[str, Any]:
     """
     from _common import plain_sha256_seconds, single_core_sha256
 
+    from ckptgate.inspect._threads import usable_cores
+
     ins = [p for p in src.rglob("*") if p.is_file()]
     sizes = [p.stat().st_size for p in out.glob("*.safetensors")]
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     in_s = statistics.median(plain_sha256_seconds(ins, cores) for _ in range(repeat))
     rate = max(single_core_sha256(256 << 10) for _ in range(repeat))
     out_s = max(max(sizes), sum(sizes) / cores) / rate

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import plain_sha256_seconds, report, single_core_sha256  # noqa: E402
 
 from ckptgate.digest import fixture_digest  # noqa: E402
+from ckptgate.inspect._threads import usable_cores  # noqa: E402
 from ckptgate.inspect.walk import SafeTree  # noqa: E402
 
 _BLOCK = 64 << 20
@@ -92,7 +93,7 @@ def main() -> None:
     size = int(a.size * (1 << 30))
     make_tree(a.dir, size, a.files)
     warm(a.dir)
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     import model_signing.hashing as msh
     cfg = msh.Config().use_file_serialization(hashing_algorithm="sha256")
     # interleave the measurements round by round and keep the best of each, so a burst of load

@@ -24,7 +24,7 @@ from typing import Any
 
 from ckptgate import __version__
 from ckptgate.consolidate import WorkerOptions, plan_for
-from ckptgate.consolidate.plan import cast_plan
+from ckptgate.consolidate.plan import cast_plan, check_cast
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_plan
 from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, default_policy_dir
 from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBuilder, Precheck, Reason, Request,
@@ -290,6 +290,7 @@ def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: Path, *, m
     Dtypes are preserved unless ``dtype`` names one to cast every floating-point tensor to
     (:func:`~ckptgate.consolidate.plan.cast_plan`).
     """
+    check_cast(dtype)
     refuse(evaluation)
     plan = plan_for(tree, evaluation.inspection, decision=evaluation.decision, fixture_digest=evaluation.digest,
                     max_shard_bytes=max_shard_bytes,
@@ -321,6 +322,7 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
     """Take ``src`` in through the gate and publish HF sharded safetensors at ``dst`` (every
     floating-point tensor cast to ``dtype`` if one is named; dtypes are otherwise preserved)."""
     options = options or EngineOptions()
+    check_cast(dtype)  # before the digest, not after it
     dst = check_destination(dst, source=src)
     trust = load_trust(options)
     with SafeTree.open(src) as tree, engine_for(options, trust) as engine:

@@ -25,7 +25,7 @@ def _wide(data: memoryview, src: str) -> np.ndarray:
     if src == "BF16":
         return (np.frombuffer(data, "<u2").astype("<u4") << 16).view("<f4")
     a = np.frombuffer(data, _NUMPY[src])
-    return a if src == "F64" else a.astype("<f4")
+    return a if src == "F64" else a.astype("<f4", copy=False)
 
 
 def convert(data: memoryview | bytes, src: str, dst: str) -> bytes:
@@ -38,7 +38,7 @@ def convert(data: memoryview | bytes, src: str, dst: str) -> bytes:
     if dst == "F64":
         with np.errstate(invalid="ignore"):
             return a.astype("<f8").tobytes()
-    a = a.astype("<f4")  # F64 narrows to float32 first, as in torch
+    a = a.astype("<f4", copy=False)  # F64 narrows to float32 first, as in torch
     if dst == "F32":
         return a.tobytes()
     if dst == "F16":

@@ -319,15 +319,21 @@ def shard_tensors(tensors: Iterable[OutputTensor], *, max_shard_bytes: int,
                              report=MappingProxyType(dict(report or {})))
 
 
+def check_cast(dtype: str | None) -> None:
+    """``dtype`` must be ``None`` (preserve) or one of :data:`CASTABLE`: checked where a request
+    names it, before anything is measured, and again by :func:`cast_plan`."""
+    if dtype is not None and dtype not in CASTABLE:
+        raise PlanError("plan.cast.dtype", f"cannot cast to {dtype!r}: one of {', '.join(sorted(CASTABLE))}")
+
+
 def cast_plan(plan: ConsolidationPlan, dtype: str | None, *, max_shard_bytes: int) -> ConsolidationPlan:
     """``plan`` with every floating-point tensor (:data:`CASTABLE`) converted to ``dtype``; other
     dtypes are never touched.  ``None`` returns ``plan`` itself.  A sharded output is packed again
     at ``max_shard_bytes`` (the tensors changed size); a pass-through output (no index, e.g. a PEFT
     adapter) keeps its files.  The plan's report records the cast."""
+    check_cast(dtype)
     if dtype is None:
         return plan
-    if dtype not in CASTABLE:
-        raise PlanError("plan.cast.dtype", f"cannot cast to {dtype!r}: one of {', '.join(sorted(CASTABLE))}")
 
     def one(t: OutputTensor) -> OutputTensor:
         src = t.source_dtype or t.dtype

@@ -153,3 +153,15 @@ def test_written_cast_equals_torch_in_both_modes(tmp_path, mode, dtype):
     assert index["metadata"]["total_size"] == plan.total_size == sum(progress)
     for w in written:
         assert hashlib.sha256((out / w.filename).read_bytes()).hexdigest() == w.sha256
+
+
+def test_numpy_is_imported_only_by_a_cast() -> None:
+    """numpy costs every start about 0.1 s; an intake without ``--dtype`` never needs it."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, ckptgate._cli.commands, ckptgate.pipeline; print('numpy' in sys.modules); "
+             "from ckptgate.consolidate.cast import convert; convert(b'\\0\\0\\0\\0', 'F32', 'F16'); "
+             "print('numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True"]

@@ -11,9 +11,12 @@ vectorised paths, so no NaN pattern is promised beyond that.
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ckptgate.consolidate.plan import CASTABLE, DTYPE_SIZES
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["convert"]
 
@@ -22,6 +25,8 @@ _NUMPY = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
 
 def _wide(data: memoryview, src: str) -> np.ndarray:
     """``data`` as float32 (float64 for F64), exactly."""
+    import numpy as np
+
     if src == "BF16":
         return (np.frombuffer(data, "<u2").astype("<u4") << 16).view("<f4")
     a = np.frombuffer(data, _NUMPY[src])
@@ -30,6 +35,8 @@ def _wide(data: memoryview, src: str) -> np.ndarray:
 
 def convert(data: memoryview | bytes, src: str, dst: str) -> bytes:
     """Whole elements of ``src`` in ``data``, as ``dst`` bytes."""
+    import numpy as np  # imported here: only a cast needs it, and it costs every start 0.1 s
+
     if src not in CASTABLE or dst not in CASTABLE:
         raise ValueError(f"cannot convert {src} to {dst}")
     if len(data) % DTYPE_SIZES[src]:

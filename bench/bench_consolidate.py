@@ -26,11 +26,12 @@ previous output removed; the table shows the median wall time (every run's is in
 Writing fresh page-cache pages on this VM swings between runs by a factor of several, which a
 single run per side turns into noise in the ratios.
 
-Beside the sides, each case measures its hashing floor (:func:`hashing_floor`): every input byte
-read and hashed by the plainest loop, then every output byte hashed at sha256's in-cache speed.
-An intake that hashes both, as ckptgate must, cannot finish sooner, so each speed target also
-records the time it allows and whether that time is below the floor.  ckptgate's side also reports its two halves
-(medians): the gate (inspect, digest, verify, decide) and the copy step (plan, write with the
+Beside the sides, each case measures its floor (:func:`floor`): every input byte read and hashed
+by the plainest loop, or the embedded OPA's start if that is later, then every output byte hashed
+at sha256's in-cache speed.  An intake that decides on the input's digest before it writes, and
+hashes its output, as ckptgate must, cannot finish sooner, so each speed target also records the
+time it allows and whether that time is below the floor.  ckptgate's side also reports its two
+halves (medians): the gate (inspect, digest, verify, decide) and the copy step (plan, write with the
 output sha256, publish), and the copy step against ``cp`` as ``copy_step_vs_cp``.
 
     .venv/bin/python bench/bench_consolidate.py --size 512M
@@ -235,18 +236,32 @@ CASES: dict[str, tuple[str, list[str]]] = {
 MIB = 1 << 20
 
 
-def hashing_floor(src: Path, out: Path, repeat: int = 3) -> dict[str, Any]:
-    """How long hashing alone takes here and now, before anything is copied or written.
+#: In a fresh process: how long ckptgate's embedded OPA takes from its launch (its policies staged
+#: and signed, ``opa run``) until it answers its health check; Python's start and imports excluded.
+_ENGINE = r"""
+import time
+from ckptgate.decide.engine import EmbeddedOpa
+t0 = time.perf_counter()
+EmbeddedOpa().close()
+print(time.perf_counter() - t0)
+"""
+
+
+def floor(src: Path, out: Path, repeat: int = 3) -> dict[str, Any]:
+    """The least time any intake like ckptgate's can take here and now: the decision needs the
+    input's digest and a running policy engine; the output's sha256 can only follow it.
 
     * Input: the plainest ``preadv`` + sha256 loop over every input file from the page cache
       (:func:`_common.plain_sha256_seconds`), as the fixture digest must read them; the fastest
       way to read and hash a file measured on this machine (``docs/benchmarks.md``).
+    * Engine: the embedded OPA, launched with ckptgate's policies in a fresh process, until it
+      answers its health check (Python's start and imports not counted). It can run beside the
+      input's hash, so the decision comes no sooner than the later of the two.
     * Output: every output byte at one core's sha256 speed on a buffer in its cache, the fastest
       sha256 goes, one stream per output file, the files spread over the cores.
 
-    The output cannot be hashed before the decision, and the decision needs the input's digest,
-    so an intake that hashes both, as ckptgate must, takes at least the sum.  Starting Python,
-    copying and writing come on top.
+    So the floor is ``max(input, engine) + output``. Copying, writing, verifying the signature and
+    the interpreter's start on the input's side come on top.
     """
     from _common import plain_sha256_seconds, single_core_sha256
 
@@ -256,25 +271,28 @@ def hashing_floor(src: Path, out: Path, repeat: int = 3) -> dict[str, Any]:
     sizes = [p.stat().st_size for p in out.glob("*.safetensors")]
     cores = usable_cores()
     in_s = statistics.median(plain_sha256_seconds(ins, cores) for _ in range(repeat))
+    engine_s = statistics.median(float(subprocess.run([sys.executable, "-I", "-c", _ENGINE], capture_output=True,
+                                                      check=True, text=True).stdout) for _ in range(repeat))
     rate = max(single_core_sha256(256 << 10) for _ in range(repeat))
     out_s = max(max(sizes), sum(sizes) / cores) / rate
-    return {"input_s": in_s, "output_s": out_s, "floor_s": in_s + out_s, "threads": cores,
-            "sha256_in_cache_Bps": rate}
+    return {"input_s": in_s, "engine_s": engine_s, "output_s": out_s, "floor_s": max(in_s, engine_s) + out_s,
+            "threads": cores, "sha256_in_cache_Bps": rate}
 
 
 def targets(case: str, res: dict[str, Any], tools: list[str]) -> dict[str, Any]:
     """Issue 6's targets for a case: measured value, met or not, and the time the target allows
-    beside the hashing floor (a target whose allowed time is below the floor leaves no time for
-    anything but hashing every input and output byte, as measured on this machine)."""
+    beside the floor (:func:`floor`: a target whose allowed time is below it cannot be met by any
+    intake that hashes every input byte and asks a policy engine before it writes, and hashes
+    every output byte after, as measured on this machine)."""
     g = res["ckptgate"]
-    floor = res["hashing_floor"]["floor_s"]
+    least = res["floor"]["floor_s"]
     budget = 256 * 10**6 + res["largest_tensor_bytes"]
     out: dict[str, Any] = {"peak_rss_le_256MB_plus_largest_tensor": {
         "value_bytes": g["peak_rss_bytes"], "limit_bytes": budget, "met": g["peak_rss_bytes"] <= budget}}
     def faster(tool: str, factor: float) -> dict[str, Any]:
         speed = res[tool]["wall_s"] / g["wall_s"]
         allowed = res[tool]["wall_s"] / factor
-        return {"value": speed, "met": speed >= factor, "allowed_s": allowed, "allowed_below_hashing_floor": allowed < floor}
+        return {"value": speed, "met": speed >= factor, "allowed_s": allowed, "allowed_below_floor": allowed < least}
 
     if case == "dcp-torch-save":
         out["speedup_ge_3x_vs_dcp_to_torch_save"] = faster("dcp_to_torch_save", 3)
@@ -284,7 +302,7 @@ def targets(case: str, res: dict[str, Any], tools: list[str]) -> dict[str, Any]:
         within = g["wall_s"] / res["cp"]["wall_s"]
         allowed = 2 * res["cp"]["wall_s"]
         out["within_2x_of_cp"] = {"value": within, "met": within <= 2, "allowed_s": allowed,
-                                  "allowed_below_hashing_floor": allowed < floor}
+                                  "allowed_below_floor": allowed < least}
     if case == "deepspeed-zero3":
         t = res[tools[0]]
         rss = g["peak_rss_bytes"] / t["peak_rss_bytes"]
@@ -364,7 +382,7 @@ def main() -> None:
         res["largest_tensor_bytes"] = largest_tensor_bytes(work / case / "out-ckptgate")
         res["largest_output_shard_bytes"] = max(p.stat().st_size
                                                 for p in (work / case / "out-ckptgate").glob("*.safetensors"))
-        res["hashing_floor"] = hashing_floor(src, work / case / "out-ckptgate")
+        res["floor"] = floor(src, work / case / "out-ckptgate")
         res["targets"] = targets(case, res, tools)
         doc["cases"][case] = res
         g = res["ckptgate"]
@@ -373,8 +391,8 @@ def main() -> None:
             rows.append([case, name, r["wall_s"], r["peak_rss_bytes"] / MIB, g["wall_s"],
                          g["peak_rss_bytes"] / MIB, r["wall_s"] / g["wall_s"]])
         shutil.rmtree(work / case, ignore_errors=True)
-        h = res["hashing_floor"]
-        rows.append([case, "hashing floor", h["floor_s"], "", g["wall_s"], "", h["floor_s"] / g["wall_s"]])
+        h = res["floor"]
+        rows.append([case, "floor", h["floor_s"], "", g["wall_s"], "", h["floor_s"] / g["wall_s"]])
         res["copy_step_vs_cp"] = {"copy_s": g["copy_s"], "gate_s": g["gate_s"], "cp_s": res["cp"]["wall_s"],
                                   "ratio": g["copy_s"] / res["cp"]["wall_s"],
                                   "ratio_vs_cp_sync": g["copy_s"] / res["cp+sync"]["wall_s"]}

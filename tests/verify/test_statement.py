@@ -56,6 +56,14 @@ def test_subject_and_type_checks() -> None:
     assert _code(s) == "verify.statement.shape"
 
 
+@pytest.mark.parametrize("predicate_type", [[QUALIFICATION_PREDICATE_TYPE], {"a": 1}, 7, None])
+def test_a_predicate_type_that_is_not_a_string_is_a_shape_error(predicate_type) -> None:
+    """Found by fuzzing signed statements: a list here was a TypeError (a traceback), not a typed error."""
+    s = json.loads(json.dumps(STATEMENT))
+    s["predicateType"] = predicate_type
+    assert _code(s) == "verify.statement.shape"
+
+
 def test_fast_and_reference_validators_agree(monkeypatch) -> None:
     """The fastjsonschema hot path and jsonschema give the same verdicts."""
     from ckptgate.verify import statement as st

@@ -88,7 +88,8 @@ def check_statement(doc: Any) -> dict[str, Any]:
         got = doc.get("_type") if isinstance(doc, dict) else type(doc).__name__
         raise VerificationError("verify.statement.type", f"payload is not an in-toto Statement v1 (_type={got!r})",
                                 evidence={"_type": got if isinstance(got, str) else None})
-    schema = PREDICATE_SCHEMAS.get(doc.get("predicateType"))  # type: ignore[arg-type]
+    predicate_type = doc.get("predicateType")
+    schema = PREDICATE_SCHEMAS.get(predicate_type) if isinstance(predicate_type, str) else None
     # A known predicate type's schema is stricter than the generic one, so it alone decides a valid
     # statement (the hot path); on failure the generic schema tells shape errors from predicate errors.
     if schema is None or _first_error(schema, doc) is not None:

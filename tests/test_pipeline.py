@@ -48,8 +48,9 @@ def setup(tmp_path):
     with SafeTree.open(src) as tree:
         digest = fixture_digest(tree).digest
 
-    def attest(name="trusted", *, subject=None, path=None):
+    def attest(name="trusted", *, subject=None, path=None, status="passed"):
         statement = demo_statement(subject or digest, "hf_sharded", producer=("huggingface_hub", "2.4.0"))
+        statement["predicate"]["result"]["status"] = status
         out = path or tmp_path / f"att-{name}-{(subject or digest)[7:15]}.json"
         out.write_bytes(sign_statement(statement, KeySigner.from_pem(keys[name][0])))
         return out
@@ -153,6 +154,13 @@ def test_attestation_for_another_fixture_is_denied(setup):
 
 def test_attestation_from_an_untrusted_key_is_denied(setup):
     _refused(setup, [setup["attest"]("untrusted")], "attestation_rejected")
+
+
+@pytest.mark.parametrize("status", ["failed", "error"])
+def test_a_trusted_qualification_that_did_not_pass_is_denied(setup, status):
+    """A qualification retains its result: one that failed or errored qualifies nothing."""
+    err = _refused(setup, [setup["attest"](status=status)], "attestation_result_not_passed")
+    assert any(status in r["message"] for r in err["reasons"])
 
 
 def test_unreachable_opa_is_engine_unavailable_and_publishes_nothing(setup):

@@ -36,16 +36,24 @@ _candidates contains i if {
 
 # METADATA
 # description: >-
-#   Indices of trusted attestations of an accepted type, bound to this format's adapter (for
-#   predicate types that bind one) and, when the classes need it, passing the producer gate.
+#   Indices of trusted attestations of an accepted type that retain a passing result (for
+#   predicate types that retain one), are bound to this format's adapter (for predicate types
+#   that bind one) and, when the classes need it, pass the producer gate.
 satisfying_attestations contains i if {
 	some i in _candidates
+	_result_passes(input.attestations[i])
 	_adapter_bound(input.attestations[i])
 	_gated(input.attestations[i])
 }
 
+_predicate_cfg(att) := _intake_cfg.predicates[_kind_of_type[att.statement.predicateType]]
+
+_result_passes(att) if _predicate_cfg(att).passing_result == null
+
+_result_passes(att) if att.statement.predicate.result.status == _predicate_cfg(att).passing_result
+
 _adapter_bound(att) if {
-	_intake_cfg.predicates[_kind_of_type[att.statement.predicateType]].binds_adapter == false
+	_predicate_cfg(att).binds_adapter == false
 }
 
 _adapter_bound(att) if {
@@ -117,6 +125,19 @@ deny_reasons contains reason if {
 		"attestation_wrong_predicate_type",
 		sprintf("attestation %v has predicate type %v; this request accepts %v", [_source(i), predicate_type, _type_words]),
 		{"attestation": i, "predicate_type": predicate_type},
+	)
+}
+
+deny_reasons contains reason if {
+	not requirement_met
+	some i in _candidates
+	not _result_passes(input.attestations[i])
+	result := trust.at(input.attestations[i], ["statement", "predicate", "result", "status"])
+	needed := _predicate_cfg(input.attestations[i]).passing_result
+	reason := _reason(
+		"attestation_result_not_passed",
+		sprintf("attestation %v retains the result %v; this request needs %v", [_source(i), result, needed]),
+		{"attestation": i, "result": result, "needed": needed},
 	)
 }
 

@@ -34,6 +34,25 @@ test_deny_when_attestation_adapter_mismatch if _denies("attestation_adapter_mism
 
 test_deny_when_producer_version_not_gated if _denies("producer_version_not_gated")
 
+test_deny_when_qualification_result_is_not_passed if {
+	every status in ["failed", "error", "", null, {"status": "passed"}] {
+		d := _decide(td.with_value("/attestations/0/statement/predicate/result/status", status))
+		d.allow == false
+		"attestation_result_not_passed" in _codes(d)
+	}
+}
+
+test_deny_when_qualification_result_is_absent if {
+	d := _decide(td.patched([{"op": "remove", "path": "/attestations/0/statement/predicate/result"}]))
+	d.allow == false
+	"attestation_result_not_passed" in _codes(d)
+}
+
+test_provenance_needs_no_result if {
+	no_result := json.patch(td.pure_data_input, [{"op": "remove", "path": "/attestations/0/statement/predicate/result"}])
+	_decide(no_result).allow == true
+}
+
 test_deny_when_producer_name_differs_from_gate if {
 	d := _decide(td.with_value("/attestations/0/statement/predicate/producer/name", "torch"))
 	d.allow == false

@@ -63,6 +63,7 @@ _deny_cases := {
 	"attestation_wrong_commit": td.with_value("/request/candidate_commit", "2222222222222222222222222222222222222222"),
 	"attestation_wrong_predicate_type": td.with_value("/attestations/0/statement/predicateType", td.provenance),
 	"attestation_adapter_mismatch": td.with_value("/attestations/0/statement/predicate/adapter/name", "dcp"),
+	"attestation_result_not_passed": td.with_value("/attestations/0/statement/predicate/result/status", "failed"),
 	"producer_version_not_gated": td.with_value("/attestations/0/statement/predicate/producer/version", "0.18.0"),
 	"containment_not_preflighted": td.with_value("/containment/preflighted", false),
 	"containment_control_missing": td.with_value("/containment/controls/seccomp", false),

@@ -1,0 +1,164 @@
+"""Seeded mutations of real inputs, for the tests that feed every stage hostile variants of what
+the producers wrote.  Each mutation is one small, deterministic change chosen by ``rng``, so a
+failing case is named by its fixture and seed and can be replayed."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import struct
+import zipfile
+from pathlib import Path
+from collections.abc import Iterator
+from typing import Any
+
+#: Values a hostile writer puts where a field was: wrong types, bounds, empties, look-alikes.
+ODD: tuple[Any, ...] = (None, -1, 0, 1, 2**31, 2**63, 2**64 + 7, -2**63, 1.5, 1e308, "", "x", "F32", "BF16",
+                        "passed", "failed", "0" * 40, "sha256:" + "0" * 64, [], [0], [-1, 5], {}, {"a": 1}, True)
+
+#: Pickle opcodes, for substitutions that keep a pickle looking like one.
+_OPCODES = b"()*.0123456789:=BCDEFGHIJKLMNPQRSTUVXabcdehijklmopqrstu}\x80\x81\x82\x83\x84\x85\x86\x87\x88\x89" \
+           b"\x8a\x8b\x8c\x8d\x8e\x8f\x90\x91\x92\x93\x94\x95\x96"
+
+
+def _paths(doc: Any) -> list[list[Any]]:
+    """Every node's path in ``doc`` (the first 50 keys and 20 items of each container)."""
+    out: list[list[Any]] = []
+
+    def walk(node: Any, path: list[Any]) -> None:
+        out.append(path)
+        if isinstance(node, dict):
+            for k in list(node)[:50]:
+                walk(node[k], [*path, k])
+        elif isinstance(node, list):
+            for i in range(min(len(node), 20)):
+                walk(node[i], [*path, i])
+
+    walk(doc, [])
+    return out
+
+
+def single_changes(doc: Any) -> Iterator[tuple[Any, str]]:
+    """Every one-field change of ``doc``: each node below the root set to each of :data:`ODD`, and
+    each key deleted; a fresh copy each time."""
+    for path in _paths(doc)[1:]:
+        for value in (*ODD, _DELETE):
+            changed = json.loads(json.dumps(doc))
+            parent = changed
+            for p in path[:-1]:
+                parent = parent[p]
+            if value is _DELETE:
+                if not isinstance(parent, dict):
+                    continue
+                del parent[path[-1]]
+                yield changed, f"del {path}"
+            else:
+                parent[path[-1]] = value
+                yield changed, f"set {path}={value!r}"
+
+
+_DELETE = object()
+
+
+def mutate_json(doc: Any, rng: random.Random) -> tuple[Any, str]:
+    """One change to a JSON document: a value replaced, a key deleted or added, an item duplicated.
+    Returns the document (changed in place where it could be) and what was done."""
+    path = rng.choice(_paths(doc))
+    if not path:
+        value = rng.choice(ODD)
+        return value, f"root={value!r}"
+    parent = doc
+    for p in path[:-1]:
+        parent = parent[p]
+    op, key = rng.random(), path[-1]
+    if op < 0.15 and isinstance(parent, dict):
+        del parent[key]
+        return doc, f"del {path}"
+    if op < 0.25 and isinstance(parent, dict):
+        parent[f"extra{rng.randrange(2)}"] = rng.choice(ODD)
+        return doc, f"add beside {path}"
+    if op < 0.35 and isinstance(parent, list):
+        parent.append(json.loads(json.dumps(parent[key])))
+        return doc, f"dup {path}"
+    current = parent[key]
+    if isinstance(current, int) and not isinstance(current, bool) and op < 0.6:
+        parent[key] = current + rng.choice([-1, 1, 8, -8, 4096, current, -current])
+    else:
+        parent[key] = rng.choice(ODD)
+    return doc, f"set {path}={parent[key]!r}"
+
+
+def mutate_bytes(data: bytes, rng: random.Random) -> tuple[bytes, str]:
+    """One byte-level change: bits flipped, an opcode or edge value written, a cut, a repeat, a gap,
+    or a little-endian int overwritten."""
+    b = bytearray(data)
+    if not b:
+        return rng.randbytes(rng.randrange(1, 16)), "filled"
+    i, op = rng.randrange(len(b)), rng.randrange(7)
+    if op == 0:
+        for _ in range(rng.randrange(1, 5)):
+            j = rng.randrange(len(b))
+            b[j] ^= 1 << rng.randrange(8)
+    elif op == 1:
+        b[i] = rng.choice(_OPCODES)
+    elif op == 2:
+        b[i] = rng.choice([0, 0xFF, 0x7F, 0x80, 0x01])
+    elif op == 3:
+        del b[i:]
+    elif op == 4:
+        k = rng.randrange(len(b))
+        b[k:k] = b[i:i + rng.randrange(1, 64)]
+    elif op == 5:
+        del b[i:i + rng.randrange(1, 16)]
+    else:
+        b[i:i + 4] = struct.pack("<i", rng.choice([-1, 0, 1, 2**31 - 1, -2**31, rng.randrange(-100, 100000)]))
+    return bytes(b), f"bytes op {op} at {i}"
+
+
+def mutate_file(path: Path, rng: random.Random) -> tuple[bytes, str]:
+    """New contents for ``path``, one change deep where the format allows it.
+
+    * A torch zip (``.pt``) is rebuilt around one changed member, most often its pickle, so the
+      CRCs and the directory still agree and the change reaches the pickle reader.
+    * A safetensors header is changed as JSON and padded back to its length where it fits, so the
+      offsets other files record stay true.
+    * Other JSON is changed as JSON; anything else byte by byte.
+    """
+    data = path.read_bytes()
+    if path.suffix == ".pt" and rng.random() < 0.8:
+        try:
+            with zipfile.ZipFile(path) as z:
+                infos = z.infolist()
+                members = {i.filename: z.read(i) for i in infos}
+        except (zipfile.BadZipFile, OSError, ValueError):
+            members = {}
+        if members:
+            pickles = [n for n in members if n.endswith(".pkl")]
+            name = rng.choice(pickles) if pickles and rng.random() < 0.85 else rng.choice(sorted(members))
+            members[name], how = mutate_bytes(members[name], rng)
+            out = io.BytesIO()
+            with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+                for info in infos:
+                    z.writestr(info.filename, members[info.filename])
+            return out.getvalue(), f"zip member {name}: {how}"
+    if len(data) >= 9 and data[8:9] == b"{" and rng.random() < 0.85:
+        n = struct.unpack("<Q", data[:8])[0]
+        try:
+            header = json.loads(data[8:8 + n]) if n <= len(data) - 8 else None
+        except ValueError:
+            header = None
+        if isinstance(header, dict):
+            header, how = mutate_json(header, rng)
+            raw = json.dumps(header).encode()
+            raw += b" " * (max(n, len(raw)) - len(raw))
+            raw += b" " * (-len(raw) % 8)
+            return struct.pack("<Q", len(raw)) + raw + data[8 + n:], f"safetensors header: {how}"
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        doc = None
+    if doc is not None and rng.random() < 0.8:
+        doc, how = mutate_json(doc, rng)
+        return json.dumps(doc).encode(), f"json: {how}"
+    return mutate_bytes(data, rng)

@@ -1,0 +1,96 @@
+"""Every real fixture, changed by seeded hostile mutations (``tests/mutations.py``), through
+inspect, digest, plan and write: each case ends in findings or in a typed error with a stable
+code, and never in any other exception (which the CLI would show as a traceback).
+
+A failure names the fixture, the seed and the mutation, so it can be replayed with
+``_mutated(name, seed, tmp_path)``."""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from mutations import mutate_file
+
+from ckptgate.consolidate import plan_for
+from ckptgate.consolidate.writer import write_plan
+from ckptgate.decide.decision import Decision
+from ckptgate.digest import fixture_digest
+from ckptgate.errors import Error
+from ckptgate.inspect import SafeTree, inspect_open_tree
+from ckptgate.pipeline import open_sources
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "data"
+NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "checkpoint").is_dir())
+#: Fixtures whose unchanged copy is planned and written: the mutations start from a checkpoint
+#: that reaches every stage.
+PLANNED = {"dcp_hf_safetensors", "dcp_torch_save", "dcp_torch_save_bytes", "deepspeed_universal", "deepspeed_zero2",
+           "deepspeed_zero3", "fsdp_full", "hf_sharded", "megatron_torch_dist", "peft_lora"}
+SEEDS = 24
+CODE = re.compile(r"[a-z0-9_]+(\.[a-z0-9_]+)+")
+#: Every loader but a framework one: a checkpoint that would need the worker gets a typed refusal.
+ALLOW = Decision(allow=True, plane="static_pickle",
+                 permitted_loaders=("deepspeed", "json", "safetensors", "static_pickle"), required_controls=(),
+                 reasons=(), decision_id="mutations", policy_revision="test", engine="test")
+
+
+def _outcome(root: Path, out: Path) -> str:
+    """``ok``, ``refused`` (error findings) or the typed error's code; anything else raises."""
+    try:
+        with SafeTree.open(root) as tree:
+            inspection = inspect_open_tree(tree)
+            if any(f.severity == "error" for f in inspection.findings):
+                assert all(CODE.fullmatch(f.code) for f in inspection.findings)
+                return "refused"
+            digest = fixture_digest(tree)
+            # The digest string, not its manifest: a plan that would need the worker is refused.
+            plan = plan_for(tree, inspection, decision=ALLOW, fixture_digest=digest.digest, max_shard_bytes=4096)
+            with open_sources(tree, plan) as fds:
+                write_plan(plan, out, fds, expected=digest.file_hashes())
+    except Error as e:
+        assert CODE.fullmatch(e.code), e.code
+        return e.code
+    return "ok"
+
+
+def _copy(name: str, dst: Path) -> Path:
+    # DeepSpeed's helper scripts are left out: the policy excepts them by name, inspection does not.
+    shutil.copytree(FIXTURES / name / "checkpoint", dst, ignore=shutil.ignore_patterns("*.py"))
+    return dst
+
+
+def _mutated(name: str, seed: int, tmp_path: Path) -> tuple[Path, str]:
+    rng = random.Random(f"{name}:{seed}")
+    root = _copy(name, tmp_path / f"{name}-{seed}")
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    victim = rng.choice(files)
+    hows = []
+    for _ in range(rng.choice([1, 1, 1, 2])):
+        data, how = mutate_file(victim, rng)
+        victim.write_bytes(data)
+        hows.append(how)
+    return root, f"{victim.relative_to(root)}: {'; '.join(hows)}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_unchanged_fixture_reaches_the_writer(name: str, tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    got = _outcome(_copy(name, tmp_path / "ckpt"), tmp_path / "out")
+    assert (got == "ok") == (name in PLANNED), got
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mutated_fixture_ends_in_findings_or_a_typed_error(name: str, tmp_path: Path) -> None:
+    outcomes = {}
+    for seed in range(SEEDS):
+        root, how = _mutated(name, seed, tmp_path)
+        out = tmp_path / f"out-{seed}"
+        out.mkdir()
+        try:
+            outcomes[seed] = _outcome(root, out)
+        except Exception as e:  # noqa: BLE001 - the point: name the case that escaped
+            pytest.fail(f"{name} seed {seed} ({how}): {type(e).__name__}: {e}")
+    assert set(outcomes.values()) - {"ok"}, f"no mutation of {name} was refused: {outcomes}"

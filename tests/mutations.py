@@ -116,6 +116,52 @@ def mutate_bytes(data: bytes, rng: random.Random) -> tuple[bytes, str]:
     return bytes(b), f"bytes op {op} at {i}"
 
 
+#: Same-width values for the fixed-width arguments pickles carry their numbers in.
+_INT_ARGS = {"BININT": ("<i", (-1, 0, 1, 2, 7, 2**31 - 1, -2**31)), "BININT1": ("<B", (0, 1, 2, 255)),
+             "BININT2": ("<H", (0, 1, 2, 65535)), "BINFLOAT": (">d", (float("nan"), float("inf"), -1.0, 0.0, 1e308))}
+_TEXT_ARGS = {"SHORT_BINUNICODE", "BINUNICODE", "SHORT_BINBYTES", "BINBYTES", "SHORT_BINSTRING", "BINSTRING"}
+
+
+def mutate_pickle_values(data: bytes, rng: random.Random) -> tuple[bytes, str]:
+    """One value inside a well-formed pickle changed in place, at the same width, so the result is
+    still a well-formed pickle that says something else: an int, a float, or a string (another
+    string of the same length from the same pickle, or its own characters shuffled).  The opcodes
+    are listed with :func:`pickletools.genops`, which reads and never executes."""
+    import pickletools
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # genops decodes protocol-0 strings with a deprecated escape
+            warnings.simplefilter("ignore", DeprecationWarning)
+            ops = [(op.name, arg, pos) for op, arg, pos in pickletools.genops(data)]
+    except (ValueError, EOFError):
+        return mutate_bytes(data, rng)
+    numbers = [(n, pos) for n, _, pos in ops if n in _INT_ARGS]
+    texts = [(n, arg, pos) for n, arg, pos in ops if n in _TEXT_ARGS and isinstance(arg, (str, bytes)) and arg]
+    b = bytearray(data)
+    if numbers and (not texts or rng.random() < 0.6):
+        name, pos = rng.choice(numbers)
+        fmt, values = _INT_ARGS[name]
+        value = rng.choice(values)
+        b[pos + 1:pos + 1 + struct.calcsize(fmt)] = struct.pack(fmt, value)
+        return bytes(b), f"pickle {name} at {pos} = {value!r}"
+    if not texts:
+        return mutate_bytes(data, rng)
+    name, arg, pos = rng.choice(texts)
+    raw = arg.encode("utf-8", "surrogatepass") if isinstance(arg, str) else arg
+    same = [a for _, a, _ in texts if len(a.encode("utf-8", "surrogatepass") if isinstance(a, str) else a) == len(raw)
+            and a != arg]
+    if same and rng.random() < 0.5:
+        other = rng.choice(same)
+        new = other.encode("utf-8", "surrogatepass") if isinstance(other, str) else other
+    else:
+        new = bytes(rng.sample(list(raw), len(raw)))
+    width = {"SHORT_BINUNICODE": 1, "SHORT_BINBYTES": 1, "SHORT_BINSTRING": 1}.get(name, 4)
+    start = pos + 1 + width
+    b[start:start + len(raw)] = new
+    return bytes(b), f"pickle {name} at {pos}: {arg!r} -> {new!r}"
+
+
 def mutate_file(path: Path, rng: random.Random) -> tuple[bytes, str]:
     """New contents for ``path``, one change deep where the format allows it.
 
@@ -136,7 +182,8 @@ def mutate_file(path: Path, rng: random.Random) -> tuple[bytes, str]:
         if members:
             pickles = [n for n in members if n.endswith(".pkl")]
             name = rng.choice(pickles) if pickles and rng.random() < 0.85 else rng.choice(sorted(members))
-            members[name], how = mutate_bytes(members[name], rng)
+            change = mutate_pickle_values if name.endswith(".pkl") and rng.random() < 0.5 else mutate_bytes
+            members[name], how = change(members[name], rng)
             out = io.BytesIO()
             with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
                 for info in infos:
@@ -161,4 +208,6 @@ def mutate_file(path: Path, rng: random.Random) -> tuple[bytes, str]:
     if doc is not None and rng.random() < 0.8:
         doc, how = mutate_json(doc, rng)
         return json.dumps(doc).encode(), f"json: {how}"
+    if data[:1] == b"\x80" and rng.random() < 0.5:  # a bare pickle, such as DCP's .metadata
+        return mutate_pickle_values(data, rng)
     return mutate_bytes(data, rng)

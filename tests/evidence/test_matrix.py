@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -48,3 +49,43 @@ def test_deleted_attestation_changes_the_matrix(clone: Path) -> None:
         p.unlink()
     diffs = matrix.diff(_build(clone), clone / "matrix")
     assert diffs and any("supported" in d for d in diffs)
+
+
+def _forge(clone: Path, name: str, change) -> Path:
+    """A copy of the stored attestation with its statement changed and its signature kept: no
+    trusted key signed what it now says."""
+    [genuine] = (clone / "attestations").glob("sha256-*/*.dsse.json")
+    env = json.loads(genuine.read_text())
+    statement = json.loads(base64.b64decode(env["payload"]))
+    change(statement)
+    env["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    forged = genuine.parent / name
+    forged.write_text(json.dumps(env))
+    return forged
+
+
+def test_an_unsigned_future_issue_time_does_not_move_the_evaluation_time(clone: Path) -> None:
+    """The as-of time comes from the commit and the newest issue time a trusted key signed; a
+    forged file claiming 2099 used to make it 2099 and every genuine attestation look expired."""
+    before = _build(clone)
+
+    def future(statement):
+        statement["predicate"]["validity"] = {"issued_at": "2099-01-01T00:00:00Z",
+                                              "expires_at": "2099-06-01T00:00:00Z"}
+
+    forged = _forge(clone, "ckptgate.dev-attestation-qualification-v1-ffffffffffffffff.dsse.json", future)
+    after = _build(clone)
+    assert after.as_of == before.as_of
+    assert [r["status"] for r in after.rows if r["status"] == "supported"] == ["supported"]
+    assert any(r["status"] == "refused" and forged.name in json.dumps(r) for r in after.rows)
+
+
+def test_a_stored_statement_of_any_shape_is_a_row_not_a_crash(clone: Path) -> None:
+    def odd(statement):
+        statement["predicateType"] = "https://example.com/other/v1"
+        statement["predicate"] = {"validity": "soon"}
+
+    forged = _forge(clone, "example.com-other-v1-eeeeeeeeeeeeeeee.dsse.json", odd)
+    rows = _build(clone).rows
+    assert any(r["status"] == "refused" and forged.name in json.dumps(r) for r in rows)
+    assert [r["status"] for r in rows if r["status"] == "supported"] == ["supported"]

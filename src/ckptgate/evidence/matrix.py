@@ -104,18 +104,14 @@ def collect(repo: Path, trust: Any, *, now: datetime | None = None) -> tuple[lis
     """Verify every stored attestation against the fixture it names; (facts, rejected, as-of time)."""
     from ckptgate.verify import AttestationStore, verify_attestation
     from ckptgate.verify.facts import rejection_facts
-    from ckptgate.verify.store import statement_of
 
     store = AttestationStore(repo / STORE_DIR)
     paths = list(store.iter())
-    if now is None:
+    if now is None:  # the newest signed issue time: a file nobody trusted signed cannot move it
         times = [commit_time(repo, candidate_commit(repo))]
         for p in paths:
-            try:
-                _f, stmt, _ = statement_of(p.read_bytes())
-            except VerificationError:
-                continue
-            issued = _parse_time(((stmt.get("predicate") or {}).get("validity") or {}).get("issued_at"))
+            issued = _signed_issue_time(p.read_bytes(), source=p.relative_to(repo).as_posix(), trust=trust,
+                                        digest=_digest_of(p))
             if issued is not None:
                 times.append(issued)
         now = max(times)
@@ -124,7 +120,7 @@ def collect(repo: Path, trust: Any, *, now: datetime | None = None) -> tuple[lis
     rejected: list[dict[str, Any]] = []
     for p in paths:
         source = p.relative_to(repo).as_posix()
-        digest = "sha256:" + p.parent.name.removeprefix("sha256-")
+        digest = _digest_of(p)
         if digest not in measured:
             rejected.append({"source": source, "code": "evidence.fixture_unknown",
                              "message": f"no fixture under tests/fixtures/data has digest {digest}"})
@@ -136,6 +132,33 @@ def collect(repo: Path, trust: Any, *, now: datetime | None = None) -> tuple[lis
         else:
             facts.append(va.to_facts())
     return facts, rejected, now
+
+
+def _digest_of(stored: Path) -> str:
+    """The subject digest a stored attestation's directory names."""
+    return "sha256:" + stored.parent.name.removeprefix("sha256-")
+
+
+def _signed_issue_time(raw: bytes, *, source: str, trust: Any, digest: str) -> datetime | None:
+    """``issued_at`` of an attestation that verifies at that instant (trusted signature, known
+    statement shape, subject ``digest``); ``None`` for anything else, however it is malformed."""
+    from ckptgate.verify import verify_attestation
+    from ckptgate.verify.store import statement_of
+
+    try:
+        _f, stmt, _ = statement_of(raw)
+    except VerificationError:
+        return None
+    predicate = stmt.get("predicate")
+    validity = predicate.get("validity") if isinstance(predicate, dict) else None
+    issued = _parse_time(validity.get("issued_at")) if isinstance(validity, dict) else None
+    if issued is None:
+        return None
+    try:
+        verify_attestation(raw, source=source, trust=trust, measured_digest=digest, now=issued)
+    except VerificationError:
+        return None
+    return issued
 
 
 def targets(repo: Path) -> list[str]:

@@ -78,3 +78,21 @@ def test_requalifying_supersedes_the_previous_statement(clone: Path, qualified_r
     assert after == result.attestation and after != before
     _, stmt, _ = statement_of(after.read_bytes())
     assert stmt["predicate"]["validity"]["issued_at"] == "2031-01-01T00:00:00Z"
+
+
+def test_requalifying_beside_a_stored_statement_of_any_shape(clone: Path, qualified_repo: EvidenceRepo) -> None:
+    """A stored statement of a predicate type without a schema may name its adapter as a string;
+    requalifying used to stop on it with an AttributeError.  It is not this adapter's: it stays."""
+    import base64
+
+    before = _only_attestation(clone)
+    odd = {"_type": "https://in-toto.io/Statement/v1", "subject": [{"name": "x", "digest": {
+        "sha256": before.parent.name.removeprefix("sha256-")}}], "predicateType": "https://example.com/other/v1",
+        "predicate": {"adapter": "hf-safetensors"}}
+    other = before.parent / "example.com-other-v1-eeeeeeeeeeeeeeee.dsse.json"
+    other.write_text(json.dumps({"payloadType": "application/vnd.in-toto+json", "signatures": [{"sig": "AAAA"}],
+                                 "payload": base64.b64encode(json.dumps(odd).encode()).decode()}))
+    result = qualify(clone, find_fixture(clone, FIXTURE), "hf-safetensors", key=qualified_repo.key,
+                     now=datetime(2031, 1, 1, tzinfo=timezone.utc))
+    assert result.superseded == (before,)
+    assert other.exists()

@@ -456,8 +456,9 @@ def _supersede(store: Any, digest: str, adapter: str) -> tuple[Path, ...]:
             _fmt, stmt, _ = statement_of(p.read_bytes())
         except VerificationError:
             continue
-        pred = stmt.get("predicate") or {}
-        if isinstance(pred, dict) and (pred.get("adapter") or {}).get("name") == adapter:
+        pred = stmt.get("predicate")
+        named = pred.get("adapter") if isinstance(pred, dict) else None  # any shape, for unknown predicate types
+        if isinstance(named, dict) and named.get("name") == adapter:
             p.unlink()
             removed.append(p)
     return tuple(removed)

@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Any
 
 
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def build_report(path: Path, attestations: Sequence[Path], *, options: Any = None,
                  now: datetime | None = None) -> dict[str, Any]:
     """The report document (JSON-serialisable) for the checkpoint at ``path``."""
@@ -30,17 +34,19 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
     d = ev.decision
     signed = []
     for att in pin.get("attestations") or []:
-        stmt = att.get("statement") or {}
-        pred = stmt.get("predicate") or {}
-        ver = att.get("verification") or {}
+        # A statement of a predicate type ckptgate has no schema for is only checked as in-toto:
+        # its predicate may hold anything a trusted key signed, so every field is read defensively.
+        stmt, ver = _obj(att.get("statement")), _obj(att.get("verification"))
+        pred = _obj(stmt.get("predicate"))
+        subjects = stmt.get("subject") if isinstance(stmt.get("subject"), list) else []
         signed.append({
             "source": att.get("source"),
             "predicate_type": stmt.get("predicateType"),
-            "subjects": [f"sha256:{(s.get('digest') or {}).get('sha256')}" for s in stmt.get("subject") or []],
+            "subjects": [f"sha256:{_obj(_obj(s).get('digest')).get('sha256')}" for s in subjects],
             "digest_matches": bool(ver.get("subject_matches_fixture")) and ver.get("measured_digest") == ev.digest.digest,
             "signers": att.get("signers") or [],
-            "issued_at": (ver.get("validity") or {}).get("issued_at") or (pred.get("validity") or {}).get("issued_at"),
-            "expires_at": (ver.get("validity") or {}).get("expires_at"),
+            "issued_at": _obj(ver.get("validity")).get("issued_at") or _obj(pred.get("validity")).get("issued_at"),
+            "expires_at": _obj(ver.get("validity")).get("expires_at"),
             "timing": ver.get("timing"),
             "claims": {k: pred.get(k) for k in ("producer", "adapter", "candidate_commit", "topology", "result")
                        if k in pred},

@@ -89,3 +89,18 @@ def test_a_stored_statement_of_any_shape_is_a_row_not_a_crash(clone: Path) -> No
     rows = _build(clone).rows
     assert any(r["status"] == "refused" and forged.name in json.dumps(r) for r in rows)
     assert [r["status"] for r in rows if r["status"] == "supported"] == ["supported"]
+
+
+def test_a_retained_result_that_changed_is_refused_by_the_policy(clone: Path) -> None:
+    """The support policy sees the sha256 of the retained result log (Python reads it): a log that
+    no longer matches the signed evidence digest refuses the row in the matrix itself, not only
+    in `ckptgate check`."""
+    [log] = (clone / "attestations" / "evidence").glob("sha256-*/*.log.json")
+    log.write_text(log.read_text() + " ")
+    [row] = [r for r in _build(clone).rows if (r.get("source") or "").endswith(".dsse.json")]
+    assert row["status"] == "refused"
+    [reason] = [r for r in row["reasons"] if r["code"] == "result_not_retained"]
+    assert reason["evidence"]["location"] == log.relative_to(clone).as_posix()
+    log.unlink()
+    [row] = [r for r in _build(clone).rows if (r.get("source") or "").endswith(".dsse.json")]
+    assert row["status"] == "refused" and "result_not_retained" in [r["code"] for r in row["reasons"]]

@@ -55,6 +55,7 @@ _claim_value(att, field) := _p(att, split(field, "."))
 _refusals(att) := [problem |
 	some problem in [
 		_result_failed(att),
+		_result_not_retained(att),
 		_fixture_not_subject(att),
 		_names_evidence_commit(att),
 	]
@@ -70,6 +71,23 @@ _result_failed(att) := ["result_failed", sprintf("the qualification result is %v
 	status := _p(att, ["result", "status"])
 	is_string(status)
 	status != "passed"
+}
+
+default _result_not_retained(_) := null
+
+# A well-formed location whose file, read by Python (input retained_result), is missing or holds
+# other bytes than the statement's evidence digest: the result the row would rest on is not the
+# one that was signed. (A malformed location is claim_incomplete already.)
+_result_not_retained(att) := [
+	"result_not_retained",
+	sprintf("the retained result %v has sha256 %v; the attestation names %v", [location, held, attested]),
+	{"location": location, "retained_sha256": held, "attested_digest": attested},
+] if {
+	location := _p(att, ["result", "evidence", "location"])
+	_retained_location(location)
+	attested := _p(att, ["result", "evidence", "digest"])
+	held := object.get(att, ["retained_result", "sha256"], null)
+	held != attested
 }
 
 default _fixture_not_subject(_) := null

@@ -9,6 +9,26 @@ test_refused_when_result_failed if {
 	"result_failed" in _row_codes(row)
 }
 
+test_refused_when_the_retained_result_is_missing_or_other_bytes if {
+	every held in [null, concat(":", ["sha256", td.fixture_hex])] {
+		row := _row(_set("/retained_result/sha256", held))
+		row.status == "refused"
+		"result_not_retained" in _row_codes(row)
+	}
+}
+
+test_refused_when_the_retained_result_fact_is_absent if {
+	row := _row(_att([{"op": "remove", "path": "/retained_result"}]))
+	row.status == "refused"
+	"result_not_retained" in _row_codes(row)
+}
+
+test_a_malformed_location_is_incomplete_not_also_unretained if {
+	row := _row(_set("/statement/predicate/result/evidence/location", "../outside.log"))
+	row.status == "unqualified"
+	not "result_not_retained" in _row_codes(row)
+}
+
 test_refused_when_signer_untrusted if _row(_cases.attestation_untrusted_signer[0]).status == "refused"
 
 test_refused_when_candidate_names_evidence_commit if {

@@ -4,10 +4,11 @@
 #   Turns every qualification attestation into a support-matrix row with a status:
 #   supported, stale (qualified at another candidate commit, or expired), unqualified
 #   (evidence incomplete, version not gated, or the candidate commit not established) or
-#   refused (result failed, signer untrusted, statement malformed or not yet valid, or naming
-#   an evidence commit). Claim rule 3: a row gets the status supported only with an exact producer version,
-#   adapter version, immutable fixture digest, candidate commit, environment, topology and a
-#   retained result (evidence digest and location) at the exact candidate commit.
+#   refused (result failed, retained result missing or changed, signer untrusted, statement
+#   malformed or not yet valid, or naming an evidence commit). Claim rule 3: a row gets the
+#   status supported only with an exact producer version, adapter version, immutable fixture
+#   digest, candidate commit, environment, topology and a retained result (evidence digest and
+#   location, whose file holds those bytes) at the exact candidate commit.
 #
 #   The candidate commit: walking first parents back from HEAD, the oldest commit whose tree,
 #   outside attestations/ and matrix/, equals HEAD's. The commits after it change only
@@ -16,7 +17,8 @@
 #   Python computes input.head; this policy checks that it is consistent with that definition
 #   and that each attestation names exactly input.head.candidate_commit.
 #
-#   Input: {attestations: [verified facts], rejected_attestations: [...], now,
+#   Input: {attestations: [verified facts, each with retained_result: {location, sha256}
+#   read by Python], rejected_attestations: [...], now,
 #   head: {commit, candidate_commit, source_tree, candidate_source_tree, evidence_commits},
 #   targets: [adapter names]}. Every row costs a constant amount of work (linear batches).
 package ckptgate.support
@@ -161,6 +163,7 @@ status_of := {
 	"attestation_not_yet_valid": "refused",
 	"attestation_digest_mismatch": "refused",
 	"result_failed": "refused",
+	"result_not_retained": "refused",
 	"candidate_commit_is_evidence_commit": "refused",
 	"attestation_wrong_commit": "stale",
 	"attestation_expired": "stale",

@@ -40,6 +40,7 @@ _cases := {
 		"refused",
 	],
 	"result_failed": [_set("/statement/predicate/result/status", "failed"), "refused"],
+	"result_not_retained": [_set("/retained_result/sha256", null), "refused"],
 	"candidate_commit_is_evidence_commit": [_set("/statement/predicate/candidate_commit", _head.commit), "refused"],
 	"attestation_wrong_commit": [_set("/statement/predicate/candidate_commit", _other_commit), "stale"],
 	"attestation_expired": [_set("/statement/predicate/validity/expires_at", "2026-11-29T16:59:59Z"), "stale"],

@@ -89,6 +89,7 @@ attestation := {
 		"verified_at": "2026-11-29T17:00:00Z",
 		"subject_matches_fixture": true,
 	},
+	"retained_result": {"location": "attestations/evidence/run.log", "sha256": concat(":", ["sha256", key_spki])},
 }
 
 # METADATA

@@ -24,7 +24,7 @@ from ckptgate.evidence.candidate import (EVIDENCE_PATHS, _filtered_tree, candida
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.qualify import GATES_DATA, STORE_DIR, list_fixtures
 from ckptgate.errors import UsageError, VerificationError
-from ckptgate.userfiles import check_output_file, write_output_file
+from ckptgate.userfiles import check_output_file, read_regular_file, write_output_file
 from ckptgate.verify.statement import iso_utc, parse_time
 
 ROWS_ENTRYPOINT = "ckptgate/support/rows"
@@ -130,8 +130,33 @@ def collect(repo: Path, trust: Any, *, now: datetime | None = None) -> tuple[lis
         except VerificationError as e:
             rejected.append(rejection_facts(source, e))
         else:
-            facts.append(va.to_facts())
+            facts.append({**va.to_facts(), "retained_result": retained_result(repo, va.statement)})
     return facts, rejected, now
+
+
+#: The largest result log read back to check its digest (qualification logs are a few KiB).
+MAX_RESULT_LOG_BYTES = 16 << 20
+
+
+def retained_result(repo: Path, statement: dict[str, Any]) -> dict[str, Any]:
+    """The fact the support policy checks a row's retained result against: the sha256 of the file
+    at the statement's ``result.evidence.location`` in ``repo`` (``None`` when there is no regular
+    file of at most :data:`MAX_RESULT_LOG_BYTES` there, inside the repository)."""
+    predicate = statement.get("predicate")
+    result = predicate.get("result") if isinstance(predicate, dict) else None
+    evidence = result.get("evidence") if isinstance(result, dict) else None
+    location = evidence.get("location") if isinstance(evidence, dict) else None
+    digest = None
+    if isinstance(location, str) and location and not location.startswith("/"):
+        path = repo / location
+        try:
+            inside = path.resolve().is_relative_to(repo.resolve())
+            raw = read_regular_file(path, limit=MAX_RESULT_LOG_BYTES) if inside else None
+        except OSError:
+            raw = None
+        if raw is not None and len(raw) <= MAX_RESULT_LOG_BYTES:
+            digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+    return {"location": location, "sha256": digest}
 
 
 def _digest_of(stored: Path) -> str:

@@ -74,13 +74,13 @@ requirement_met if count(satisfying_attestations) > 0
 
 deny_reasons contains reason if {
 	some rejected in input.rejected_attestations
-	source := object.get(rejected, "source", null)
-	code := object.get(rejected, "code", null)
+	source := trust.at(rejected, ["source"])
+	code := trust.at(rejected, ["code"])
 	reason := _reason(
 		"attestation_rejected",
 		sprintf("attestation %v failed cryptographic verification (%v): %v", [
 			source, code,
-			object.get(rejected, "message", null),
+			trust.at(rejected, ["message"]),
 		]),
 		{"source": source, "error_code": code},
 	)

@@ -8,6 +8,14 @@ test_deny_when_attestation_rejected_even_with_a_trusted_one if {
 	not "attestation_missing" in _codes(_decide(_deny_cases.attestation_rejected))
 }
 
+test_a_rejected_entry_of_any_shape_denies if {
+	every entry in [0, "x", [], {}] {
+		d := _decide(td.with_value("/rejected_attestations", [entry]))
+		d.allow == false
+		"attestation_rejected" in _codes(d)
+	}
+}
+
 test_deny_when_attestation_missing if _denies("attestation_missing")
 
 test_deny_when_attestation_malformed if _denies("attestation_malformed")

@@ -181,6 +181,39 @@ deny_reasons contains reason if {
 	some reason in structural_deny_reasons
 }
 
+deny_reasons contains reason if {
+	some field in _decision_fields
+	reason := _malformed(field)
+}
+
+# METADATA
+# description: >-
+#   The fields whose type the decision relies on, with the JSON type each must have. A fact of
+#   another type is a deny (input_malformed), never read as absent or false: Python always sends
+#   these types, so any other is a broken caller, and the decision fails closed on it.
+_structural_fields := [
+	{"path": ["inspection", "clean"], "type": "boolean"},
+	{"path": ["inspection", "consolidatable"], "type": "boolean"},
+	{"path": ["inspection", "findings"], "type": "array"},
+	{"path": ["inspection", "loaders"], "type": "array"},
+	{"path": ["request", "target"], "type": "string"},
+]
+
+_decision_fields := [
+	{"path": ["fixture", "digest"], "type": "string"},
+	{"path": ["attestations"], "type": "array"},
+	{"path": ["rejected_attestations"], "type": "array"},
+]
+
+_malformed(field) := _reason(
+	"input_malformed",
+	sprintf("input.%v is of type %v, not %v", [concat(".", field.path), found, field.type]),
+	{"field": concat(".", field.path), "type": found, "expected": field.type},
+) if {
+	found := type_name(object.get(input, field.path, null))
+	found != field.type
+}
+
 # METADATA
 # description: >-
 #   Deny reasons that follow from the checkpoint's structure and the request alone: the format,
@@ -205,6 +238,11 @@ structural_deny_reasons contains reason if {
 		sprintf("format %v cannot be consolidated: %v", [_format, note]),
 		{"format": _format},
 	)
+}
+
+structural_deny_reasons contains reason if {
+	some field in _structural_fields
+	reason := _malformed(field)
 }
 
 structural_deny_reasons contains reason if {

@@ -37,6 +37,7 @@ _deny_cases := {
 	"loaders_missing": td.with_value("/inspection/loaders", []),
 	"unknown_loader": td.with_value("/inspection/loaders", ["json", "numpy_load"]),
 	"loader_not_consolidatable": td.with_value("/request/target", "gguf"),
+	"input_malformed": td.with_value("/inspection/consolidatable", "no"),
 	"pickle_report_missing": td.with_value("/inspection/loaders", ["deepspeed", "static_pickle"]),
 	"pickle_outside_allowlist": td.patched([
 		{"op": "replace", "path": "/inspection/loaders", "value": ["deepspeed", "static_pickle"]},
@@ -278,7 +279,8 @@ _precheck(inp) := p if {
 }
 
 _structural_codes := {
-	"format_unknown", "format_not_consolidatable", "inspection_not_clean", "loaders_missing", "unknown_loader",
+	"format_unknown", "format_not_consolidatable", "inspection_not_clean", "input_malformed", "loaders_missing",
+	"unknown_loader",
 	"loader_not_consolidatable", "pickle_report_missing", "pickle_outside_allowlist", "pickle_global_not_allowlisted",
 }
 
@@ -310,5 +312,34 @@ test_precheck_passes_a_checkpoint_before_its_fixture_and_attestations_are_known 
 test_precheck_refuses_on_an_empty_input if {
 	p := _precheck({})
 	p.refuse == true
-	{r.code | some r in p.reasons} == {"format_unknown", "inspection_not_clean", "loaders_missing"}
+	{r.code | some r in p.reasons} == {"format_unknown", "inspection_not_clean", "input_malformed", "loaders_missing"}
+}
+
+# A fact of the wrong type is a deny, never read as absent or false: each of these used to allow.
+_malformed_cases := [
+	["/inspection/consolidatable", 0, true],
+	["/inspection/consolidatable", null, true],
+	["/inspection/clean", "true", true],
+	["/inspection/findings", {"a": 1}, true],
+	["/inspection/findings", null, true],
+	["/inspection/loaders", "deepspeed", true],
+	["/request/target", null, true],
+	["/request/target", ["hf-sharded-safetensors"], true],
+	["/attestations", null, false],
+	["/attestations", 1, false],
+	["/rejected_attestations", {}, false],
+	["/fixture/digest", 7, false],
+]
+
+test_a_fact_of_the_wrong_type_is_input_malformed if {
+	every case in _malformed_cases {
+		[path, value, structural] := case
+		inp := td.with_value(path, value)
+		d := _decide(inp)
+		d.allow == false
+		some r in d.reasons
+		r.code == "input_malformed"
+		r.evidence.field == concat(".", array.slice(split(path, "/"), 1, 10))
+		_precheck(inp).refuse == structural
+	}
 }

@@ -87,7 +87,13 @@ _result_not_retained(att) := [
 	_retained_location(location)
 	attested := _p(att, ["result", "evidence", "digest"])
 	held := object.get(att, ["retained_result", "sha256"], null)
-	held != attested
+	not _retained_as_attested(att, location, attested)
+}
+
+# The fact must be about the attested location, and hold the attested bytes.
+_retained_as_attested(att, location, attested) if {
+	att.retained_result.location == location
+	att.retained_result.sha256 == attested
 }
 
 default _fixture_not_subject(_) := null
@@ -151,6 +157,7 @@ _head_checks := {
 	"source_tree": _non_empty(object.get(input, ["head", "source_tree"], null)),
 	"trees_equal": _trees_equal(object.get(input, "head", null)),
 	"candidate_not_evidence": not_listed(_candidate, object.get(input, ["head", "evidence_commits"], [])),
+	"evidence_commits": is_array(object.get(input, ["head", "evidence_commits"], [])),
 }
 
 _head_problems := [["candidate_commit_unverified", msg, ev] |

@@ -17,6 +17,23 @@ test_refused_when_the_retained_result_is_missing_or_other_bytes if {
 	}
 }
 
+test_refused_when_the_retained_result_fact_is_about_another_location if {
+	row := _row(_set("/retained_result/location", "attestations/evidence/other.log"))
+	row.status == "refused"
+	"result_not_retained" in _row_codes(row)
+}
+
+test_unqualified_when_head_evidence_commits_is_not_a_list if {
+	every value in [null, "x", 1, {}] {
+		row := _rows(json.patch(_input([td.attestation]), [{
+			"op": "replace", "path": "/head/evidence_commits",
+			"value": value,
+		}]))[0]
+		row.status == "unqualified"
+		"candidate_commit_unverified" in _row_codes(row)
+	}
+}
+
 test_refused_when_the_retained_result_fact_is_absent if {
 	row := _row(_att([{"op": "remove", "path": "/retained_result"}]))
 	row.status == "refused"

@@ -142,10 +142,7 @@ def retained_result(repo: Path, statement: dict[str, Any]) -> dict[str, Any]:
     """The fact the support policy checks a row's retained result against: the sha256 of the file
     at the statement's ``result.evidence.location`` in ``repo`` (``None`` when there is no regular
     file of at most :data:`MAX_RESULT_LOG_BYTES` there, inside the repository)."""
-    predicate = statement.get("predicate")
-    result = predicate.get("result") if isinstance(predicate, dict) else None
-    evidence = result.get("evidence") if isinstance(result, dict) else None
-    location = evidence.get("location") if isinstance(evidence, dict) else None
+    location = _at(statement, "predicate", "result", "evidence", "location")
     digest = None
     if isinstance(location, str) and location and not location.startswith("/"):
         path = repo / location
@@ -157,6 +154,14 @@ def retained_result(repo: Path, statement: dict[str, Any]) -> dict[str, Any]:
         if raw is not None and len(raw) <= MAX_RESULT_LOG_BYTES:
             digest = "sha256:" + hashlib.sha256(raw).hexdigest()
     return {"location": location, "sha256": digest}
+
+
+def _at(doc: Any, *keys: str) -> Any:
+    """``doc[k1][k2]...`` while each level is an object, else ``None``: a statement of a predicate
+    type without a schema may hold any shape."""
+    for key in keys:
+        doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc
 
 
 def _digest_of(stored: Path) -> str:
@@ -174,9 +179,7 @@ def _signed_issue_time(raw: bytes, *, source: str, trust: Any, digest: str) -> d
         _f, stmt, _ = statement_of(raw)
     except VerificationError:
         return None
-    predicate = stmt.get("predicate")
-    validity = predicate.get("validity") if isinstance(predicate, dict) else None
-    issued = _parse_time(validity.get("issued_at")) if isinstance(validity, dict) else None
+    issued = _parse_time(_at(stmt, "predicate", "validity", "issued_at"))
     if issued is None:
         return None
     try:

@@ -5,8 +5,9 @@
 #   and the versions an adapter was qualified on: any version, an exact list, or half-open
 #   ranges [min, max_exclusive). Versions compare as semantic versions, so build metadata such
 #   as "+cpu" is ignored; a version that is not valid semver never passes an exact or range
-#   gate. DCP documents no general saved-state backward-compatibility guarantee, so its
-#   adapter is gated to the torch versions it was qualified on [R01].
+#   gate, and a pre-release (0.22.0-rc1) never passes a range. DCP documents no general
+#   saved-state backward-compatibility guarantee, so its adapter is gated to the torch versions
+#   it was qualified on [R01].
 package ckptgate.gates
 
 # METADATA
@@ -49,6 +50,7 @@ version_allowed(version, spec) if {
 
 version_allowed(version, spec) if {
 	semver.is_valid(version)
+	not _prerelease(version)
 	some range in spec.ranges
 	semver.is_valid(range.min)
 	semver.is_valid(range.max_exclusive)
@@ -72,3 +74,7 @@ _spans(spec) := array.concat(
 	[e | some e in spec.exact],
 	[sprintf(">=%s,<%s", [r.min, r.max_exclusive]) | some r in spec.ranges],
 )
+
+# A pre-release sorts below its release, so 0.22.0-rc1 lies inside [0.21.0, 0.22.0): it is not a
+# release of the range, and a range admits releases only.
+_prerelease(version) if regex.match(`^[0-9]+\.[0-9]+\.[0-9]+-`, version)

@@ -33,6 +33,13 @@ test_peft_accepts_the_0_21_range if {
 	not gates.passes({"name": "peft", "version": "0.20.9"}, _g("peft"))
 }
 
+test_a_range_admits_releases_only if {
+	gates.passes({"name": "peft", "version": "0.21.2+local"}, _g("peft")) # build metadata is ignored
+	not gates.passes({"name": "peft", "version": "0.22.0-rc1"}, _g("peft")) # sorts below 0.22.0
+	not gates.passes({"name": "peft", "version": "0.21.1-rc.1"}, _g("peft"))
+	not gates.passes({"name": "peft", "version": "0.21.0-dev0+abc"}, _g("peft"))
+}
+
 test_hf_safetensors_accepts_any_producer if {
 	gates.passes({"name": "huggingface_hub", "version": "whatever"}, _g("hf-safetensors"))
 	not gates.passes({"name": 7, "version": "1.0.0"}, _g("hf-safetensors"))

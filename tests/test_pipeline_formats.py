@@ -186,11 +186,14 @@ def test_kill_9_at_a_random_point_leaves_dst_absent_or_complete(signer: Signer, 
     src = _big_checkpoint(tmp_path)
     att = attest(signer, src, tmp_path / "att.json", fmt="safetensors", meta={})
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
+    tmp = tmp_path / "tmp"  # where each killed intake's OPA work directory stays: pytest's, not /tmp
+    tmp.mkdir()
     for trial in range(3):
         dst = tmp_path / f"dst{trial}"
         proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(Path(__file__).resolve().parent),
                                  str(signer.key_path), str(signer.trust_file), str(src), str(dst), str(att)],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, "TMPDIR": str(tmp)})
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == b"start"
         time.sleep(rng.uniform(0.0, 1.5))
@@ -205,7 +208,7 @@ def test_kill_9_at_a_random_point_leaves_dst_absent_or_complete(signer: Signer, 
         else:
             assert not finished, "the intake returned but published nothing"
         # whatever the kill left is a hidden staging directory beside dst, never a partial dst
-        left = {p.name for p in tmp_path.iterdir()} - {"big", "att.json"} - {f"dst{i}" for i in range(trial + 1)}
+        left = {p.name for p in tmp_path.iterdir()} - {"big", "att.json", "tmp"} - {f"dst{i}" for i in range(trial + 1)}
         assert all(re.match(r"\.dst\d\.ckptgate-staging-", n) for n in left), left
     # a later intake to the same place clears what a kill left and publishes
     dst = tmp_path / "dst0"

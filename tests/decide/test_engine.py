@@ -175,7 +175,9 @@ def test_no_orphan_when_owner_is_killed(policy_dir, tmp_path):
         Path({str(pidfile)!r}).write_text(str(opa.pid))
         time.sleep(60)
         """)
-    owner = subprocess.Popen([sys.executable, "-c", script])
+    tmp = tmp_path / "tmp"  # where the killed owner's work directory stays: pytest's, not /tmp
+    tmp.mkdir()
+    owner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TMPDIR": str(tmp)})
     try:
         deadline = time.monotonic() + 30
         while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
@@ -188,6 +190,41 @@ def test_no_orphan_when_owner_is_killed(policy_dir, tmp_path):
         while _alive(opa_pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(opa_pid)
+    finally:
+        owner.kill()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_the_bundle_is_staged_leaves_no_work_directory(policy_dir, tmp_path, signum):
+    """The engine is registered for clean-up before its keeper stages the bundle; it used to be
+    registered only at launch, so a signal in the first 0.2-0.3 s left the directory behind."""
+    root = policy_dir(ECHO)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    script = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from ckptgate.decide import bundle
+        from ckptgate.decide.engine import EmbeddedOpa
+        staged = bundle.PolicyBundle.from_directory.__func__
+
+        def slow(cls, *args, **kwargs):
+            print("staging", flush=True)
+            time.sleep(1)
+            return staged(cls, *args, **kwargs)
+
+        bundle.PolicyBundle.from_directory = classmethod(slow)
+        EmbeddedOpa(policy_dir=Path({str(root)!r}), wait=False)
+        time.sleep(30)
+        """)
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                             env={**os.environ, "TMPDIR": str(tmp)})
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == b"staging"
+        assert [p.name for p in tmp.iterdir()][0].startswith("ckptgate-opa-")
+        owner.send_signal(signum)
+        assert owner.wait(timeout=30) == -signum
+        assert list(tmp.iterdir()) == []
     finally:
         owner.kill()
 

@@ -164,6 +164,7 @@ class EmbeddedOpa(_ClientEngine):
         _install_cleanup()  # signal handlers can only be set from the main thread
         self._keeper = threading.Thread(target=self._keep, args=(bundle, policy_dir, overlays), name="ckptgate-opa",
                                         daemon=True)
+        EmbeddedOpa._live.add(self)  # from now on: a signal during the bundle's staging still removes the workdir
         self._keeper.start()
         if wait:
             try:
@@ -274,7 +275,7 @@ class EmbeddedOpa(_ClientEngine):
             return
         self._closed = True
         self._stop.set()
-        if self._keeper is not threading.current_thread():
+        if self._keeper is not threading.current_thread() and self._keeper.ident is not None:
             self._keeper.join()  # a launch in progress finishes first, so no server outlives close()
         proc = self._proc
         if proc is not None and proc.poll() is None:

@@ -246,6 +246,17 @@ structural_deny_reasons contains reason if {
 }
 
 structural_deny_reasons contains reason if {
+	is_array(input.inspection.findings)
+	some i, finding in input.inspection.findings
+	not is_object(finding)
+	reason := _reason(
+		"input_malformed",
+		sprintf("input.inspection.findings[%d] is of type %v, not object", [i, type_name(finding)]),
+		{"field": sprintf("inspection.findings[%d]", [i]), "type": type_name(finding), "expected": "object"},
+	)
+}
+
+structural_deny_reasons contains reason if {
 	input.inspection.consolidatable == false
 	reason := _reason(
 		"format_not_consolidatable",

@@ -331,6 +331,14 @@ _malformed_cases := [
 	["/fixture/digest", 7, false],
 ]
 
+test_a_finding_that_is_not_an_object_is_input_malformed if {
+	every finding in [0, "inspection.error", [], null] {
+		inp := td.with_value("/inspection/findings", [finding])
+		"input_malformed" in _codes(_decide(inp))
+		_precheck(inp).refuse == true
+	}
+}
+
 test_a_fact_of_the_wrong_type_is_input_malformed if {
 	every case in _malformed_cases {
 		[path, value, structural] := case

@@ -5,7 +5,7 @@ written, the ``safetensors`` library reads as the plan says.
 
 A failure names the fixture, the seed and the mutation, so it can be replayed with
 ``_mutated(name, seed, tmp_path)``.  ``CKPTGATE_MUTATION_SEEDS`` sets the seeds per fixture (24 by
-default; 2,000 per fixture ran clean on 2026-11-30, 200 with the read-back check)."""
+default; 2,000 per fixture ran clean on 2026-11-30, 1,000 with the read-back check)."""
 
 from __future__ import annotations
 

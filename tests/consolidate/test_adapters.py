@@ -9,7 +9,7 @@ import pytest
 
 from ckptgate.consolidate import plan_for
 from ckptgate.consolidate.adapters import dcp, fsdp, megatron
-from ckptgate.consolidate.plan import NotConsolidatable, PlanError, chunk_runs
+from ckptgate.consolidate.plan import MAX_PLAN_RUNS, NotConsolidatable, PlanError, chunk_run_count, chunk_runs
 from ckptgate.decide.decision import Decision
 from ckptgate.inspect import SafeTree, inspect_open_tree
 
@@ -71,6 +71,27 @@ def test_dcp_hf_gap_or_overlap_is_refused(chunks, code) -> None:
     with pytest.raises(PlanError) as e:
         dcp.hf_storage_tensors(_hf_layout(chunks))
     assert e.value.code == code
+
+
+def test_chunk_run_count_is_what_chunk_runs_yields() -> None:
+    for full, offsets, sizes in [((8, 4), (4, 0), (4, 4)), ((8, 4), (0, 2), (8, 2)), ((2, 3, 4), (0, 0, 1), (2, 3, 2)),
+                                 ((5,), (2,), (3,)), ((), (), ()), ((4, 0), (0, 0), (4, 0))]:
+        assert chunk_run_count(full, offsets, sizes) == len(list(chunk_runs(full, offsets, sizes)))
+
+
+def test_a_layout_of_too_many_runs_is_refused_before_any_is_built(monkeypatch) -> None:
+    """A tall, narrow tensor split by columns declares a run per row: 2 x 10^8 placements (tens of
+    GB) behind a sparse file. The runs are counted first, and the plan refuses them."""
+    def build(*args, **kwargs):
+        raise AssertionError("placements were built")
+
+    monkeypatch.setattr(dcp, "_chunk_placements", build)
+    rows = 10**8
+    layout = _hf_layout([("a", [0, 0], [rows, 1], 0), ("b", [0, 1], [rows, 1], 0)])
+    layout["tensors"][0]["size"] = [rows, 2]
+    with pytest.raises(PlanError) as e:
+        dcp.hf_storage_tensors(layout)
+    assert e.value.code == "plan.too_many_runs" and e.value.evidence["limit"] == MAX_PLAN_RUNS
 
 
 def test_dcp_hf_byte_range_that_disagrees_with_the_shape_is_refused() -> None:

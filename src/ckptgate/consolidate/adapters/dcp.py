@@ -20,8 +20,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ckptgate.consolidate.adapters._common import record_segment
-from ckptgate.consolidate.plan import (DTYPE_SIZES, ConsolidationPlan, OutputTensor, Placement, PlanError, chunk_runs,
-                                       merge_placements, no_tensors, numel, shard_tensors, st_dtype)
+from ckptgate.consolidate.plan import (DTYPE_SIZES, MAX_PLAN_RUNS, ConsolidationPlan, OutputTensor, Placement,
+                                       PlanError, chunk_run_count, chunk_runs, merge_placements, no_tensors, numel,
+                                       shard_tensors, st_dtype)
 
 
 def _ints(v: Any, what: str) -> tuple[int, ...]:
@@ -41,6 +42,7 @@ def _tensors(layout: Mapping[str, Any], locate: Callable[[str, str, Mapping[str,
              what: tuple[str, str]) -> list[OutputTensor]:
     """Output tensors of a DCP layout; ``locate`` gives each non-empty chunk's (file, byte offset)."""
     out: list[OutputTensor] = []
+    runs = 0
     for t in layout.get("tensors", []):
         fqn = t["fqn"]
         dtype = st_dtype(t["dtype"], what=fqn)
@@ -50,6 +52,12 @@ def _tensors(layout: Mapping[str, Any], locate: Callable[[str, str, Mapping[str,
         for c in t["chunks"]:
             offsets = _ints(c["offsets"], f"{fqn}: {what[0]}")
             sizes = _ints(c["sizes"], f"{fqn}: {what[1]}")
+            runs += chunk_run_count(full, offsets, sizes)  # counted before any is built
+            if runs > MAX_PLAN_RUNS:
+                raise PlanError("plan.too_many_runs", f"{fqn}: the layout splits its tensors into more than "
+                                f"{MAX_PLAN_RUNS:,} contiguous runs", evidence={"tensor": fqn, "limit": MAX_PLAN_RUNS},
+                                advice="A chunk of a tensor sharded on a dimension other than its first needs a "
+                                       "run per row; ckptgate bounds the plan's memory instead of building them.")
             src, base = locate(fqn, dtype, c, offsets, sizes, size)
             if numel(sizes):
                 placements += _chunk_placements(fqn, full, offsets, sizes, src, base, size)

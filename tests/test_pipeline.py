@@ -347,3 +347,22 @@ def test_the_containment_preflight_runs_while_the_digest_hashes(monkeypatch, fix
         assert seen["containment"] == "profile" and ran_on and ran_on[0].startswith("ckptgate-beside-digest")
     else:
         assert seen["containment"] is None and not ran_on
+
+
+def test_a_plan_the_checkpoint_contradicts_is_a_rejected_input(setup, monkeypatch, capsys):
+    """Planning finds inconsistencies of the checkpoint's own layout (a gap, an overlap, padding
+    that does not add up): exit 4 like any rejected input, not 1, which promises a bug."""
+    from ckptgate._cli import main
+    from ckptgate.consolidate.plan import PlanError
+
+    def contradicted(*args, **kwargs):
+        raise PlanError("plan.tensor.gap", "w: bytes 4-8 are covered by no chunk")
+
+    monkeypatch.setattr(pipeline, "plan_for", contradicted)
+    monkeypatch.setattr(sys, "argv", ["ckptgate", "intake", str(setup["src"]), "--out", str(setup["dst"]),
+                                      "--trust", str(setup["trust"]), "--attestation", str(setup["attest"]()), "--json"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == ExitCode.INPUT_REJECTED
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "plan.tensor.gap"
+    assert not setup["dst"].exists()

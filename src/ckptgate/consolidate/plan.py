@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ckptgate.errors import Error, InputRejected
+from ckptgate.errors import InputRejected
 from ckptgate.inspect.safetensors import TORCH_DTYPES
 
 DTYPE_SIZES: Mapping[str, int] = MappingProxyType({
@@ -38,8 +38,9 @@ _SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.safetensors$")
 _EXTRA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
 
-class PlanError(Error):
-    """A placement plan violates an invariant (a bug in an adapter, or an inconsistent input)."""
+class PlanError(InputRejected):
+    """A placement plan violates an invariant. The layout came from the checkpoint, so this is an
+    input the gate rejects (exit 4): a gap, an overlap, a size or padding that does not add up."""
 
     default_advice = ("The checkpoint's layout does not describe every output tensor exactly once; "
                       "nothing was written. Run `ckptgate inspect` to see the layout.")

@@ -54,12 +54,11 @@ def producer_for(fmt: str, meta: dict[str, Any]) -> tuple[str, str, str]:
     return adapter, name, str(versions.get(name, versions.get("huggingface_hub", "0")))
 
 
-def attest(signer: Signer, src: Path, out: Path, *, fmt: str, meta: dict[str, Any]) -> Path:
-    """Sign a qualification statement for the measured digest of ``src``; return its path."""
-    with SafeTree.open(src) as tree:
-        digest = fixture_digest(tree).digest
+def qualification(src: Path, digest: str, *, fmt: str, meta: dict[str, Any], issued_at: Any = None) -> dict[str, Any]:
+    """A passing qualification statement of ``fmt``'s adapter for the checkpoint ``src`` whose
+    measured digest is ``digest``, valid for one hour from ``issued_at`` (now by default)."""
     adapter, name, version = producer_for(fmt, meta)
-    statement = qualification_statement(
+    return qualification_statement(
         subject_name=src.parent.name, fixture_digest=digest, manifest=src.parent.name,
         producer={"name": name, "version": version}, adapter={"name": adapter, "version": "1"},
         candidate_commit="0" * 40,
@@ -67,6 +66,13 @@ def attest(signer: Signer, src: Path, out: Path, *, fmt: str, meta: dict[str, An
                      "arch": platform.machine(), "accelerator": "cpu"},
         topology={"tp": 1, "pp": 1, "dp": 2, "cp": 1, "ep": 1, "etp": 1, "world_size": 2},
         status="passed", checks_run=["bit-exact"], evidence_digest=digest, evidence_location="test",
-        issued_at=now_utc(), valid_for=timedelta(hours=1))
+        issued_at=issued_at or now_utc(), valid_for=timedelta(hours=1))
+
+
+def attest(signer: Signer, src: Path, out: Path, *, fmt: str, meta: dict[str, Any]) -> Path:
+    """Sign a qualification statement for the measured digest of ``src``; return its path."""
+    with SafeTree.open(src) as tree:
+        digest = fixture_digest(tree).digest
+    statement = qualification(src, digest, fmt=fmt, meta=meta)
     out.write_bytes(sign_statement(statement, KeySigner.from_pem(signer.key_path)))
     return out

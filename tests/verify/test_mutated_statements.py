@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import copy
 import json
-import platform
 import random
 import re
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import pytest
 from mutations import mutate_json, single_changes
-from pipeline_helpers import FIXTURES, make_signer, producer_for
+from pipeline_helpers import FIXTURES, make_signer, qualification
 
 from ckptgate.decide import decide, now_utc
 from ckptgate.decide.engine import EmbeddedOpa
@@ -29,7 +28,6 @@ from ckptgate.pipeline import TRUST_IN_BUNDLE
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, TrustData
 from ckptgate.verify.dsse import canonical_payload, sign_payload
 from ckptgate.verify.facts import verify_attestation
-from ckptgate.verify.statement import qualification_statement
 
 pytestmark = pytest.mark.opa
 
@@ -46,17 +44,10 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     src = FIXTURES / fixture / "checkpoint"
     with SafeTree.open(src) as tree:
         inspection, digest = inspect_open_tree(tree), fixture_digest(tree)
-    adapter, name, version = producer_for(fmt, json.loads((FIXTURES / fixture / "meta.json").read_text()))
     now = now_utc()
-    statement = qualification_statement(
-        subject_name=fixture, fixture_digest=digest.digest, manifest=fixture,
-        producer={"name": name, "version": version}, adapter={"name": adapter, "version": "1"},
-        candidate_commit="0" * 40,
-        environment={"python": platform.python_version(), "torch": "2.13.0", "os": "linux",
-                     "arch": platform.machine(), "accelerator": "cpu"},
-        topology={"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "world_size": 1},
-        status="passed", checks_run=["bit-exact"], evidence_digest=digest.digest, evidence_location="test",
-        issued_at=now, valid_for=timedelta(hours=1))
+    statement = qualification(src, digest.digest, fmt=fmt, issued_at=now,
+                              meta=json.loads((FIXTURES / fixture / "meta.json").read_text()))
+    adapter = statement["predicate"]["adapter"]["name"]
     containment = None
     if fixture == "deepspeed_zero3":  # the framework plane: the policy requires the preflight's controls
         from ckptgate.enforce.containment import preflight

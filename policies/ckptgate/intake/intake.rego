@@ -205,14 +205,16 @@ _decision_fields := [
 	{"path": ["rejected_attestations"], "type": "array"},
 ]
 
-_malformed(field) := _reason(
-	"input_malformed",
-	sprintf("input.%v is of type %v, not %v", [concat(".", field.path), found, field.type]),
-	{"field": concat(".", field.path), "type": found, "expected": field.type},
-) if {
+_malformed(field) := _type_reason(concat(".", field.path), found, field.type) if {
 	found := type_name(object.get(input, field.path, null))
 	found != field.type
 }
+
+_type_reason(field, found, expected) := _reason(
+	"input_malformed",
+	sprintf("input.%v is of type %v, not %v", [field, found, expected]),
+	{"field": field, "type": found, "expected": expected},
+)
 
 # METADATA
 # description: >-
@@ -249,11 +251,7 @@ structural_deny_reasons contains reason if {
 	is_array(input.inspection.findings)
 	some i, finding in input.inspection.findings
 	not is_object(finding)
-	reason := _reason(
-		"input_malformed",
-		sprintf("input.inspection.findings[%d] is of type %v, not object", [i, type_name(finding)]),
-		{"field": sprintf("inspection.findings[%d]", [i]), "type": type_name(finding), "expected": "object"},
-	)
+	reason := _type_reason(sprintf("inspection.findings[%d]", [i]), type_name(finding), "object")
 }
 
 structural_deny_reasons contains reason if {

@@ -64,7 +64,7 @@ def register(cli: click.Group) -> None:
         """
         result = run_intake(src, out, attestations, options=engine, max_shard_size=max_shard_size,
                             show_progress=not as_json and sys.stderr.isatty(),
-                            dtype=dtype.upper() if dtype else None)
+                            dtype=dtype)  # click gives the choice as listed: F32, BF16, F16, F64
         if as_json:
             emit_json({"result": "published", "destination": str(result.destination), "receipt": result.receipt})
         else:

@@ -164,7 +164,7 @@ class EmbeddedOpa(_ClientEngine):
         _install_cleanup()  # signal handlers can only be set from the main thread
         self._keeper = threading.Thread(target=self._keep, args=(bundle, policy_dir, overlays), name="ckptgate-opa",
                                         daemon=True)
-        EmbeddedOpa._live.add(self)  # from now on: a signal during the bundle's staging still removes the workdir
+        EmbeddedOpa._live.add(self)  # until close(): a signal even during the bundle's staging removes the workdir
         self._keeper.start()
         if wait:
             try:
@@ -216,7 +216,6 @@ class EmbeddedOpa(_ClientEngine):
                     self.close()
                     raise
                 self._attempt += 1
-                EmbeddedOpa._live.discard(self)
                 self._client.close_connection()
                 self._launch()
             else:
@@ -243,7 +242,6 @@ class EmbeddedOpa(_ClientEngine):
         with open(self._log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                           env=env, preexec_fn=_die_with_parent, close_fds=True)
-        EmbeddedOpa._live.add(self)
         self._name = f"embedded OPA (pid {self._proc.pid}, 127.0.0.1:{port})"
         self._port, self._token = port, token
         _preload_client()

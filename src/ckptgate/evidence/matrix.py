@@ -25,7 +25,7 @@ from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.qualify import GATES_DATA, STORE_DIR, list_fixtures
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import check_output_file, read_regular_file, write_output_file
-from ckptgate.verify.statement import iso_utc, parse_time
+from ckptgate.verify.statement import field_at, iso_utc, parse_time
 
 ROWS_ENTRYPOINT = "ckptgate/support/rows"
 MATRIX_DIR = Path("matrix")
@@ -105,28 +105,26 @@ def collect(repo: Path, trust: Any, *, now: datetime | None = None) -> tuple[lis
     from ckptgate.verify import AttestationStore, verify_attestation
     from ckptgate.verify.facts import rejection_facts
 
-    store = AttestationStore(repo / STORE_DIR)
-    paths = list(store.iter())
+    # (source, the subject digest its directory names, its bytes): each stored file is read once
+    stored = [(p.relative_to(repo).as_posix(), "sha256:" + p.parent.name.removeprefix("sha256-"), p.read_bytes())
+              for p in AttestationStore(repo / STORE_DIR).iter()]
     if now is None:  # the newest signed issue time: a file nobody trusted signed cannot move it
         times = [commit_time(repo, candidate_commit(repo))]
-        for p in paths:
-            issued = _signed_issue_time(p.read_bytes(), source=p.relative_to(repo).as_posix(), trust=trust,
-                                        digest=_digest_of(p))
+        for source, digest, raw in stored:
+            issued = _signed_issue_time(raw, source=source, trust=trust, digest=digest)
             if issued is not None:
                 times.append(issued)
         now = max(times)
-    measured = fixture_digests(repo) if paths else {}
+    measured = fixture_digests(repo) if stored else {}
     facts: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
-    for p in paths:
-        source = p.relative_to(repo).as_posix()
-        digest = _digest_of(p)
+    for source, digest, raw in stored:
         if digest not in measured:
             rejected.append({"source": source, "code": "evidence.fixture_unknown",
                              "message": f"no fixture under tests/fixtures/data has digest {digest}"})
             continue
         try:
-            va = verify_attestation(p.read_bytes(), source=source, trust=trust, measured_digest=digest, now=now)
+            va = verify_attestation(raw, source=source, trust=trust, measured_digest=digest, now=now)
         except VerificationError as e:
             rejected.append(rejection_facts(source, e))
         else:
@@ -142,7 +140,7 @@ def retained_result(repo: Path, statement: dict[str, Any]) -> dict[str, Any]:
     """The fact the support policy checks a row's retained result against: the sha256 of the file
     at the statement's ``result.evidence.location`` in ``repo`` (``None`` when there is no regular
     file of at most :data:`MAX_RESULT_LOG_BYTES` there, inside the repository)."""
-    location = _at(statement, "predicate", "result", "evidence", "location")
+    location = field_at(statement, "predicate", "result", "evidence", "location")
     digest = None
     if isinstance(location, str) and location and not location.startswith("/"):
         path = repo / location
@@ -156,19 +154,6 @@ def retained_result(repo: Path, statement: dict[str, Any]) -> dict[str, Any]:
     return {"location": location, "sha256": digest}
 
 
-def _at(doc: Any, *keys: str) -> Any:
-    """``doc[k1][k2]...`` while each level is an object, else ``None``: a statement of a predicate
-    type without a schema may hold any shape."""
-    for key in keys:
-        doc = doc.get(key) if isinstance(doc, dict) else None
-    return doc
-
-
-def _digest_of(stored: Path) -> str:
-    """The subject digest a stored attestation's directory names."""
-    return "sha256:" + stored.parent.name.removeprefix("sha256-")
-
-
 def _signed_issue_time(raw: bytes, *, source: str, trust: Any, digest: str) -> datetime | None:
     """``issued_at`` of an attestation that verifies at that instant (trusted signature, known
     statement shape, subject ``digest``); ``None`` for anything else, however it is malformed."""
@@ -179,7 +164,7 @@ def _signed_issue_time(raw: bytes, *, source: str, trust: Any, digest: str) -> d
         _f, stmt, _ = statement_of(raw)
     except VerificationError:
         return None
-    issued = _parse_time(_at(stmt, "predicate", "validity", "issued_at"))
+    issued = _parse_time(field_at(stmt, "predicate", "validity", "issued_at"))
     if issued is None:
         return None
     try:

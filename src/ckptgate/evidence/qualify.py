@@ -448,6 +448,7 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
 
 def _supersede(store: Any, digest: str, adapter: str) -> tuple[Path, ...]:
     """Remove earlier qualifications of the same adapter on the same fixture: their log is replaced."""
+    from ckptgate.verify.statement import field_at
     from ckptgate.verify.store import statement_of
 
     removed = []
@@ -456,9 +457,7 @@ def _supersede(store: Any, digest: str, adapter: str) -> tuple[Path, ...]:
             _fmt, stmt, _ = statement_of(p.read_bytes())
         except VerificationError:
             continue
-        pred = stmt.get("predicate")
-        named = pred.get("adapter") if isinstance(pred, dict) else None  # any shape, for unknown predicate types
-        if isinstance(named, dict) and named.get("name") == adapter:
+        if field_at(stmt, "predicate", "adapter", "name") == adapter:  # any shape, for unknown predicate types
             p.unlink()
             removed.append(p)
     return tuple(removed)

@@ -14,15 +14,12 @@ from pathlib import Path
 from typing import Any
 
 
-def _obj(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def build_report(path: Path, attestations: Sequence[Path], *, options: Any = None,
                  now: datetime | None = None) -> dict[str, Any]:
     """The report document (JSON-serialisable) for the checkpoint at ``path``."""
     from ckptgate.inspect import SafeTree
     from ckptgate.pipeline import EngineOptions, engine_for, evaluate, load_trust
+    from ckptgate.verify.statement import field_at
 
     options = options or EngineOptions()
     trust = load_trust(options)
@@ -34,22 +31,23 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
     d = ev.decision
     signed = []
     for att in pin.get("attestations") or []:
-        # A statement of a predicate type ckptgate has no schema for is only checked as in-toto:
-        # its predicate may hold anything a trusted key signed, so every field is read defensively.
-        stmt, ver = _obj(att.get("statement")), _obj(att.get("verification"))
-        pred = _obj(stmt.get("predicate"))
-        subjects = stmt.get("subject") if isinstance(stmt.get("subject"), list) else []
+        # Every field is read with field_at: a predicate ckptgate has no schema for may hold any shape.
+        pred = field_at(att, "statement", "predicate")
+        subjects = field_at(att, "statement", "subject")
+        subjects = subjects if isinstance(subjects, list) else []
         signed.append({
             "source": att.get("source"),
-            "predicate_type": stmt.get("predicateType"),
-            "subjects": [f"sha256:{_obj(_obj(s).get('digest')).get('sha256')}" for s in subjects],
-            "digest_matches": bool(ver.get("subject_matches_fixture")) and ver.get("measured_digest") == ev.digest.digest,
+            "predicate_type": field_at(att, "statement", "predicateType"),
+            "subjects": [f"sha256:{field_at(s, 'digest', 'sha256')}" for s in subjects],
+            "digest_matches": bool(field_at(att, "verification", "subject_matches_fixture"))
+            and field_at(att, "verification", "measured_digest") == ev.digest.digest,
             "signers": att.get("signers") or [],
-            "issued_at": _obj(ver.get("validity")).get("issued_at") or _obj(pred.get("validity")).get("issued_at"),
-            "expires_at": _obj(ver.get("validity")).get("expires_at"),
-            "timing": ver.get("timing"),
-            "claims": {k: pred.get(k) for k in ("producer", "adapter", "candidate_commit", "topology", "result")
-                       if k in pred},
+            "issued_at": field_at(att, "verification", "validity", "issued_at")
+            or field_at(pred, "validity", "issued_at"),
+            "expires_at": field_at(att, "verification", "validity", "expires_at"),
+            "timing": field_at(att, "verification", "timing"),
+            "claims": {k: pred[k] for k in ("producer", "adapter", "candidate_commit", "topology", "result")
+                       if isinstance(pred, dict) and k in pred},
         })
     return {
         "report_version": 1,

@@ -115,6 +115,14 @@ def check_statement(doc: Any) -> dict[str, Any]:
     return doc
 
 
+def field_at(doc: Any, *keys: str) -> Any:
+    """``doc[k1][k2]...`` while each level is an object, else ``None``: a statement of a predicate
+    type without a schema is checked only as in-toto, so its predicate may hold any shape."""
+    for key in keys:
+        doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc
+
+
 def normalise_digest(digest: str) -> str:
     """``sha256:<hex>`` or bare 64 hex -> lower-case 64 hex; anything else is a usage error code."""
     d = digest.strip().lower()

@@ -366,3 +366,44 @@ def test_a_plan_the_checkpoint_contradicts_is_a_rejected_input(setup, monkeypatc
     assert e.value.code == ExitCode.INPUT_REJECTED
     assert json.loads(capsys.readouterr().out)["error"]["code"] == "plan.tensor.gap"
     assert not setup["dst"].exists()
+
+
+def _swap_offsets(shard: bytes) -> bytes:
+    """The same shard with the data offsets of its two 192-byte tensors swapped: same size, same
+    header length, each name pointing at the other tensor's bytes."""
+    a, b = b'"data_offsets":[0,192]', b'"data_offsets":[192,384]'
+    assert shard.count(a) == 1 and shard.count(b) == 1
+    return shard.replace(a, b"@A@").replace(b, a).replace(b"@A@", b)
+
+
+def test_a_file_rewritten_between_inspection_and_digest_is_refused(setup, monkeypatch):
+    """Issue 16 F1: a writer keeps a file open (so no lease can be taken), inspection reads a header
+    X, and the file is then rewritten in place to the attested Y.  The layout must never come from
+    X while the digest and the attestation vouch for Y: the digest's pass finds the inspected
+    chunk changed, and nothing is published."""
+    from ckptgate.errors import InputRejected
+
+    victim = setup["src"] / "model-00002-of-00003.safetensors"
+    y = victim.read_bytes()
+    x = _swap_offsets(y)
+    assert len(x) == len(y) and x != y
+    att = setup["attest"]()  # for Y
+    victim.write_bytes(x)  # same inode
+    writer = os.open(victim, os.O_WRONLY)
+    real = pipeline.inspect_open_tree
+
+    def inspect_then_rewrite(tree, **kw):
+        found = real(tree, **kw)
+        os.pwrite(writer, y, 0)
+        return found
+
+    monkeypatch.setattr(pipeline, "inspect_open_tree", inspect_then_rewrite)
+    try:
+        with pytest.raises(InputRejected) as e:
+            intake(setup["src"], setup["dst"], attestations=[att], options=EngineOptions(trust_file=setup["trust"]))
+    finally:
+        os.close(writer)
+    assert e.value.code == "input.walk.changed"
+    assert e.value.evidence["path"] == victim.name
+    assert not setup["dst"].exists()
+    assert not [p for p in setup["tmp"].iterdir() if "staging" in p.name]

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from ckptgate.inspect.hashed import HashedFile
 from ckptgate.consolidate.plan import NotConsolidatable
 from ckptgate.errors import InputRejected
 from ckptgate.inspect import SafeTree, inspect_open_tree
@@ -122,7 +123,7 @@ def test_fixture_is_refused_and_nothing_is_published(name: str, signer: Signer, 
 def _entries(path: Path) -> tuple[ZipEntry, ...]:
     fd = os.open(path, os.O_RDONLY)
     try:
-        return check_zip(fd, os.fstat(fd).st_size, path=path.name, verify_crc=False).entries
+        return check_zip(HashedFile.over(fd), os.fstat(fd).st_size, path=path.name, verify_crc=False).entries
     finally:
         os.close(fd)
 

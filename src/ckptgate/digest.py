@@ -1,7 +1,8 @@
 """The fixture digest: sha256 over a canonical manifest of (path, size, sha256) of every file.
 
 Files are hashed from the descriptors :class:`~ckptgate.inspect.walk.SafeTree` opens, so what is
-hashed is what is read.  Hashing runs in a thread pool across files (``hashlib`` and ``preadv``
+hashed is what is read, and the same pass checks that every chunk inspection decided on is a
+chunk of these bytes (:mod:`ckptgate.inspect.hashed`).  Hashing runs in a thread pool across files (``hashlib`` and ``preadv``
 release the GIL), largest files first, each worker reusing one buffer: memory stays bounded by
 ``workers x buffer``.  One file's sha256 is sequential by definition, so a single huge file is
 hashed by one core while the others take the rest.
@@ -126,6 +127,18 @@ def _hash_fd(fd: int, size: int, buf: memoryview, progress: Callable[[int], None
     return h.hexdigest()
 
 
+def _each(checks: list[Callable[[int, memoryview], None]]) -> Callable[[int, memoryview], None] | None:
+    if not checks:
+        return None
+    if len(checks) == 1:
+        return checks[0]
+
+    def both(offset: int, view: memoryview) -> None:
+        for c in checks:
+            c(offset, view)
+    return both
+
+
 def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: int = DEFAULT_BUFFER,
                    progress: Callable[[int], None] | None = None,
                    also: Callable[[str], Callable[[int, memoryview], None] | None] | None = None,
@@ -137,6 +150,10 @@ def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: i
     order, on the thread hashing it: another check of the same bytes without another read (the
     deferred CRC pass, :class:`ckptgate.inspect.DeferredCrcs`).  Setting ``cancel`` stops every
     thread at its next chunk and raises :class:`DigestCancelled`.
+
+    Every byte inspection read through the tree (:meth:`~ckptgate.inspect.SafeTree.reader`) is
+    checked against this pass, chunk by chunk: the bytes that decided the layout are the bytes
+    hashed into the digest, or the file is ``input.walk.changed`` (:mod:`ckptgate.inspect.hashed`).
     """
     if buffer_size < 4096:
         raise ValueError("buffer_size must be at least 4096")
@@ -155,14 +172,17 @@ def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: i
             buf = local.buf = memoryview(bytearray(buffer_size))
         entry = tree.entry(path)
         assert entry is not None
+        checks = [c for c in (tree.ledger(path).checker(), also(path) if also else None) if c is not None]
         fd = tree.open_file(path)
         try:
-            digest = _hash_fd(fd, entry.size, buf, tick if progress else None, also(path) if also else None, cancel)
+            digest = _hash_fd(fd, entry.size, buf, tick if progress else None, _each(checks), cancel)
         finally:
             os.close(fd)
         return ManifestEntry(path=path, size=entry.size, sha256=digest)
 
     order = [e.path for e in sorted(tree.entries, key=lambda e: -e.size)]
+    for p in order:  # sealed before any hashing: inspection reads nothing more once hashing began
+        tree.ledger(p).checker()
     if n_workers == 1:
         results = [one(p) for p in order]
     else:

@@ -326,7 +326,9 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
     dst = check_destination(dst, source=src)
     trust = load_trust(options)
     with SafeTree.open(src) as tree, engine_for(options, trust) as engine:
-        tree.hold()  # best effort: where the kernel refuses leases, the writer re-verifies every source
+        # Leases let the copy read only the placed bytes; without them it hashes every source in its
+        # one read.  Inspection is bound to the digest by the tree's read ledger either way.
+        tree.hold()
         evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now,
                               sigstore_trust_root=options.sigstore_trust_root, refuse_early=True)
         try:

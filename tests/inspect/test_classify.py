@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ckptgate.inspect.hashed import HashedFile
 from ckptgate.inspect import inspect_tree
-from ckptgate.inspect.classify import FileKind, classify_fd
+from ckptgate.inspect.classify import FileKind, classify_file
 
 from ckpt_inspect_helpers import st_bytes, write
 
@@ -17,7 +18,7 @@ from ckpt_inspect_helpers import st_bytes, write
 def _classify(p: Path):  # noqa: ANN202
     fd = os.open(p, os.O_RDONLY)
     try:
-        return classify_fd(fd, os.fstat(fd).st_size, p.name)
+        return classify_file(HashedFile.over(fd), os.fstat(fd).st_size, p.name)
     finally:
         os.close(fd)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ckptgate.inspect.hashed import HashedFile
 from ckptgate.digest import fixture_digest
 from ckptgate.inspect import DeferredCrcs, SafeTree, inspect_open_tree
 from ckptgate.inspect.zipcheck import check_zip
@@ -34,7 +35,7 @@ def _first_stored_entry(path: Path) -> tuple[int, str] | None:
     """(offset of the first byte of the first non-empty tensor storage, its entry name) in a torch zip."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        entries = check_zip(fd, os.fstat(fd).st_size, path=path.name, verify_crc=False).entries
+        entries = check_zip(HashedFile.over(fd), os.fstat(fd).st_size, path=path.name, verify_crc=False).entries
     finally:
         os.close(fd)
     e = next((x for x in entries if "/data/" in x.name and x.compressed_size), None)
@@ -69,7 +70,7 @@ def _one_zip(tmp_path: Path) -> tuple[Path, DeferredCrcs]:
     torch.save({"w": torch.arange(5000, dtype=torch.float32)}, p)
     fd = os.open(p, os.O_RDONLY)
     try:
-        entries = check_zip(fd, os.fstat(fd).st_size, path="m.pt", verify_crc=False).entries
+        entries = check_zip(HashedFile.over(fd), os.fstat(fd).st_size, path="m.pt", verify_crc=False).entries
     finally:
         os.close(fd)
     crcs = DeferredCrcs()

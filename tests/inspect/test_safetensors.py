@@ -12,6 +12,7 @@ import safetensors
 import safetensors.numpy
 import numpy as np
 
+from ckptgate.inspect.hashed import HashedFile
 from ckptgate.errors import InputRejected
 from ckptgate.inspect.safetensors import parse_header_bytes, read_header
 
@@ -96,7 +97,7 @@ def test_valid_files_round_trip_like_the_library(tmp_path: Path) -> None:
     safetensors.numpy.save_file(arrays, str(p), metadata={"format": "np"})
     fd = os.open(p, os.O_RDONLY)
     try:
-        h = read_header(fd, os.fstat(fd).st_size, path="m.safetensors")
+        h = read_header(HashedFile.over(fd), os.fstat(fd).st_size, path="m.safetensors")
     finally:
         os.close(fd)
     assert h.metadata == {"format": "np"}

@@ -248,19 +248,19 @@ def test_hold_off_the_main_thread_holds_nothing(tmp_path: Path) -> None:
 
 
 def test_hold_does_not_take_more_than_half_the_descriptor_limit(tmp_path: Path) -> None:
-    import resource
+    """Where even the hard limit is too low, hold() gives up (and inspection stays bound by the
+    read ledger, the copy by hashing every source)."""
+    import subprocess
+    import sys
 
     for i in range(40):
         write(tmp_path, f"f{i:02}.bin", b"x")
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
-    try:
-        with SafeTree.open(tmp_path) as t:
-            assert not t.hold() and not t.held and not t.intact()  # 40 files > 64 // 2: not held, reads still work
-            fd = t.open_file("f39.bin")
-            os.close(fd)
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    code = ("import os, resource, sys; from pathlib import Path; from ckptgate.inspect import SafeTree\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\n"
+            "t = SafeTree.open(Path(sys.argv[1])); print(t.hold(), t.held, t.intact())\n"
+            "os.close(t.open_file('f39.bin'))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "False", "False"], out.stderr  # 40 files > 64 // 2
 
 
 def test_a_tree_without_files_is_refused_as_empty(tmp_path: Path) -> None:
@@ -274,3 +274,24 @@ def test_a_tree_whose_only_entry_was_refused_is_not_also_empty(tmp_path: Path) -
     (tmp_path / "escape").symlink_to("/etc/passwd")
     with SafeTree.open(tmp_path) as t:
         assert [f.code for f in t.findings] == ["walk.symlink"]
+
+
+def test_hold_raises_the_descriptor_limit_for_a_tree_of_many_files(tmp_path):
+    """Issue 16 F1: with the common soft limit of 1024, 600 files used to make hold() give up."""
+    import resource
+    import subprocess
+    import sys
+
+    root = tmp_path / "many"
+    root.mkdir()
+    for i in range(600):
+        (root / f"f{i:03d}.json").write_text("{}")
+    code = ("import resource, sys; from pathlib import Path; from ckptgate.inspect import SafeTree\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))\n"
+            "t = SafeTree.open(Path(sys.argv[1])); print(t.hold(), t.intact())")
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1300:
+        pytest.skip(f"the hard descriptor limit here is {hard}")
+    out = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "True"], out.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ckptgate.inspect.hashed import HashedFile
 from ckptgate.inspect import inspect_tree
 from ckptgate.inspect.torchzip import inspect_torch_zip
 from ckptgate.inspect.zipcheck import check_zip
@@ -25,7 +26,7 @@ torch = pytest.importorskip("torch")
 def _zip_codes(p: Path, **kw: object) -> list[str]:
     fd = os.open(p, os.O_RDONLY)
     try:
-        return [f.code for f in check_zip(fd, os.fstat(fd).st_size, path=p.name, **kw).findings]
+        return [f.code for f in check_zip(HashedFile.over(fd), os.fstat(fd).st_size, path=p.name, **kw).findings]
     finally:
         os.close(fd)
 
@@ -33,7 +34,7 @@ def _zip_codes(p: Path, **kw: object) -> list[str]:
 def _tz(p: Path) -> tuple[object, list[str]]:
     fd = os.open(p, os.O_RDONLY)
     try:
-        lay, f = inspect_torch_zip(fd, os.fstat(fd).st_size, path=p.name)
+        lay, f = inspect_torch_zip(HashedFile.over(fd), os.fstat(fd).st_size, path=p.name)
         return lay, [x.code for x in f]
     finally:
         os.close(fd)
@@ -100,7 +101,7 @@ def test_bad_crc(real_pt: Path) -> None:
     b = bytearray(real_pt.read_bytes())
     fd = os.open(real_pt, os.O_RDONLY)
     try:
-        e = next(x for x in check_zip(fd, len(b), path="m").entries if x.name.endswith("data/0"))
+        e = next(x for x in check_zip(HashedFile.over(fd), len(b), path="m").entries if x.name.endswith("data/0"))
     finally:
         os.close(fd)
     b[e.data_offset] ^= 0xFF

@@ -1,8 +1,8 @@
 """Framework loads for consolidation: only in the contained worker, only under a permit [R28, R34].
 
-:func:`load_plans` opens each input with the :class:`~ckptgate.inspect.SafeTree` (openat2),
-hashes the open descriptor and checks it against the ``FixtureDigest`` manifest, so the bytes
-the worker loads are the bytes that were verified and decided on; then it runs the worker job
+:func:`load_plans` reads each input with the :class:`~ckptgate.inspect.SafeTree` (openat2) into
+a sealed in-memory copy, hashing it on the way against the ``FixtureDigest`` manifest, so the
+bytes the worker loads are the bytes that were verified and decided on; then it runs the worker job
 that the permit's loader names.  The worker returns JSON object trees (tensors as storage keys
 and offsets, never data, never a pickle); adapters map storage keys to byte ranges with the
 torch-zip layout that inspection read statically, and the writer moves the raw bytes.
@@ -13,6 +13,8 @@ Containment limits what a hostile loader can reach; it is not proof that the loa
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -81,12 +83,14 @@ def preimports_for(inspection: Inspection, relpaths: Sequence[str]) -> list[str]
 
 
 def open_verified(tree: SafeTree, relpaths: Sequence[str], digest: FixtureDigest) -> list[Any]:
-    """Open each manifest file beneath the root, bound to its manifest sha256 (caller closes).
+    """A sealed in-memory copy of each manifest file, made and hashed in one read (caller closes).
 
-    The descriptor is the walked file (``SafeTree.open_file`` refuses another inode or size).  Its
-    bytes are hashed once more where it matters: inside the contained worker, after the filter is
-    loaded and before anything is read, against the sha256 given here (``runtime.worker.input_changed``).
-    Hashing here as well would be a third pass over the same bytes for no stronger guarantee.
+    Each file is read once through the tree (``SafeTree.open_file`` refuses another inode or size)
+    into a ``memfd``, hashing every byte on the way; the copy is used only if its sha256 is the
+    manifest's, and it is then sealed against every write, shrink and grow and handed over
+    read-only.  So the worker's loader reads exactly the bytes that were measured and decided on,
+    whether or not the tree holds leases, and nothing that later writes to the checkpoint can
+    reach it (the worker hashes its descriptor once more, as a check of this one).
     """
     from ckptgate.enforce.worker import OpenedInput
 
@@ -98,13 +102,43 @@ def open_verified(tree: SafeTree, relpaths: Sequence[str], digest: FixtureDigest
             if entry is None:
                 raise RuntimeFailure("runtime.input.not_in_manifest", f"{rel} is not in the fixture digest manifest",
                                      evidence={"path": rel, "digest": digest.digest})
-            fd = tree.open_file(rel)
-            opened.append(OpenedInput(fd=fd, relpath=rel, sha256=entry.sha256))
+            opened.append(OpenedInput(fd=_sealed_copy(tree, rel, entry.sha256), relpath=rel, sha256=entry.sha256))
     except BaseException:
         for o in opened:
             os.close(o.fd)
         raise
     return opened
+
+
+_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+_COPY_CHUNK = 4 << 20
+
+
+def _sealed_copy(tree: SafeTree, rel: str, sha256: str) -> int:
+    """A read-only descriptor of a sealed memfd holding ``rel``'s bytes, which hash to ``sha256``."""
+    src = tree.open_file(rel)
+    mem = os.memfd_create(f"ckptgate-input-{len(rel)}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        h = hashlib.sha256()
+        buf = memoryview(bytearray(_COPY_CHUNK))
+        pos = 0
+        while (n := os.preadv(src, [buf], pos)) > 0:
+            h.update(buf[:n])
+            view = buf[:n]
+            while view:
+                view = view[os.write(mem, view):]
+            pos += n
+        if h.hexdigest() != sha256:
+            raise RuntimeFailure("runtime.copy.source_changed",
+                                 f"{rel} no longer has the sha256 that was measured and decided on; nothing was "
+                                 "loaded", evidence={"source": rel, "expected": sha256, "actual": h.hexdigest()},
+                                 advice="The checkpoint changed while it was being taken in. Take it in again "
+                                        "from a copy that nothing else writes to.")
+        fcntl.fcntl(mem, fcntl.F_ADD_SEALS, _SEALS)
+        return os.open(f"/proc/self/fd/{mem}", os.O_RDONLY | os.O_CLOEXEC)  # a read-only description
+    finally:
+        os.close(mem)
+        os.close(src)
 
 
 def load_plans(tree: SafeTree, inspection: Inspection, relpaths: Sequence[str], *, permit: Permit | None,

@@ -204,12 +204,14 @@ def environment() -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- compare
 def _tensor_digests(path: Path) -> dict[str, dict[str, Any]]:
     """name -> {dtype, shape, sha256 of the raw bytes}, read through our strict header validator."""
+    from ckptgate.inspect.hashed import HashedFile
     from ckptgate.inspect.safetensors import read_header
 
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
-        header = read_header(fd, size, path=path.name)
+        with HashedFile.over(fd, path.name) as src:
+            header = read_header(src, size, path=path.name)
         out: dict[str, dict[str, Any]] = {}
         for t in header.tensors:
             begin, end = t.data_offsets

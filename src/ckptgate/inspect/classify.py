@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptgate.inspect.findings import Finding, error
+from ckptgate.inspect.hashed import HashedFile
 from ckptgate.inspect.zipcheck import list_zip_names
 
-__all__ = ["FileKind", "Classification", "classify_fd", "EXPECTED_KINDS"]
+__all__ = ["FileKind", "Classification", "classify_file", "EXPECTED_KINDS"]
 
 _HEAD = 4096
 _PICKLE_PROBE = 4 << 20  # bytes of a file without a protocol header that the pickle oracle reads, at most
@@ -82,10 +83,10 @@ def _archive(head: bytes) -> str | None:
     return None
 
 
-def _tar_names(fd: int, size: int, limit: int = 64) -> list[str]:
+def _tar_names(src: HashedFile, size: int, limit: int = 64) -> list[str]:
     names, off = [], 0
     while off + 512 <= size and len(names) < limit:
-        h = os.pread(fd, 512, off)
+        h = src.pread(512, off)
         if h[257:262] != b"ustar":
             break
         names.append(h[:100].split(b"\x00", 1)[0].decode("latin-1"))
@@ -156,10 +157,10 @@ class _Oracle(pickle.Unpickler):
 
 
 class _Prefix(io.RawIOBase):
-    """The first ``limit`` bytes of ``fd``, read on demand (a stream that fails early reads little)."""
+    """The first ``limit`` bytes of ``src``, read on demand (a stream that fails early reads little)."""
 
-    def __init__(self, fd: int, limit: int) -> None:
-        self.fd, self.limit, self.pos = fd, limit, 0
+    def __init__(self, src: HashedFile, limit: int) -> None:
+        self.src, self.limit, self.pos = src, limit, 0
 
     def readable(self) -> bool:
         return True
@@ -168,13 +169,13 @@ class _Prefix(io.RawIOBase):
         n = min(len(b), self.limit - self.pos)
         if n <= 0:
             return 0
-        data = os.pread(self.fd, n, self.pos)
+        data = self.src.pread(n, self.pos)
         b[:len(data)] = data
         self.pos += len(data)
         return len(data)
 
 
-def _unheadered_pickle(fd: int, size: int) -> bool:
+def _unheadered_pickle(src: HashedFile, size: int) -> bool:
     """Whether ``pickle.load`` would reach a callable, or a STOP, from this file's first byte.
 
     Protocol 0 and 1 pickles are printable text, and any pickle may omit the PROTO header, so
@@ -184,7 +185,7 @@ def _unheadered_pickle(fd: int, size: int) -> bool:
     is treated as a pickle: padding must not carry a call past the probe.
     """
     limit = min(size, _PICKLE_PROBE)
-    raw = _Prefix(fd, limit)
+    raw = _Prefix(src, limit)
     try:
         _Oracle(io.BufferedReader(raw, buffer_size=64 << 10), encoding="latin1").load()
     except _Reaches:
@@ -194,9 +195,9 @@ def _unheadered_pickle(fd: int, size: int) -> bool:
     return True  # reached STOP
 
 
-def classify_fd(fd: int, size: int, path: str) -> Classification:
-    """Classify the file open on ``fd`` and compare with its extension."""
-    c = _classify(fd, size)
+def classify_file(src: HashedFile, size: int, path: str) -> Classification:
+    """Classify the file ``src`` and compare with its extension."""
+    c = _classify(src, size)
     ext = os.path.splitext(path)[1].lower()
     findings = list(c.findings)
     expected = EXPECTED_KINDS.get(ext)
@@ -213,10 +214,10 @@ def classify_fd(fd: int, size: int, path: str) -> Classification:
     return Classification(kind=c.kind, detail=c.detail, findings=tuple(findings))
 
 
-def _classify(fd: int, size: int) -> Classification:  # noqa: C901, PLR0911, PLR0912
+def _classify(src: HashedFile, size: int) -> Classification:  # noqa: C901, PLR0911, PLR0912
     if size == 0:
         return Classification(kind=FileKind.EMPTY, detail="empty")
-    head = os.pread(fd, min(_HEAD, size), 0)
+    head = src.pread(min(_HEAD, size), 0)
     if head.startswith(b"\x7fELF"):
         return Classification(kind=FileKind.CODE, detail="ELF binary")
     if head.startswith(b"#!"):
@@ -224,7 +225,7 @@ def _classify(fd: int, size: int) -> Classification:  # noqa: C901, PLR0911, PLR
     if head.startswith((b"MZ", b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe")):
         return Classification(kind=FileKind.CODE, detail="native executable")
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
-        names = list_zip_names(fd, size)
+        names = list_zip_names(src, size)
         if names is None:
             return Classification(kind=FileKind.ZIP_STREAM, detail="zip local header without a readable central "
                                   "directory at the end (concatenated or malformed zips)")
@@ -241,7 +242,7 @@ def _classify(fd: int, size: int) -> Classification:  # noqa: C901, PLR0911, PLR
         return Classification(kind=FileKind.ARCHIVE, detail="zip")
     arch = _archive(head)
     if arch == "tar":
-        names = _tar_names(fd, size)
+        names = _tar_names(src, size)
         if {"pickle", "storages"} & {n.strip("./") for n in names}:
             return Classification(kind=FileKind.LEGACY_TORCH, detail="legacy torch tar")
         return Classification(kind=FileKind.ARCHIVE, detail="tar")
@@ -260,7 +261,7 @@ def _classify(fd: int, size: int) -> Classification:  # noqa: C901, PLR0911, PLR
     stripped = head.lstrip(b" \t\r\n")
     if stripped[:1] in (b"{", b"[") and _is_text(head):
         return Classification(kind=FileKind.JSON, detail="json")
-    if _unheadered_pickle(fd, size):
+    if _unheadered_pickle(src, size):
         return Classification(kind=FileKind.PICKLE, detail="pickle without a protocol header (protocol 0/1 text, or "
                               "later opcodes with the header left out)")
     if _is_text(head):

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptgate.errors import InputRejected
-from ckptgate.inspect.classify import FileKind, classify_fd
+from ckptgate.inspect.classify import FileKind, classify_file
 from ckptgate.inspect.findings import Finding, error, warning
+from ckptgate.inspect.hashed import HashedFile
 from ckptgate.inspect.pickle import PickleLimits, PickleReport, read_pickle, refused_report
 from ckptgate.inspect.safetensors import SafetensorsHeader, json_loads_strict, read_header
 from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
@@ -57,16 +58,13 @@ def analyse_file(tree: SafeTree, path: str, *, verify_crc: CrcMode = True) -> tu
     folder = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
     if ctx == "dcp_metadata" and tree.entry(folder + "metadata.json") is not None:
         ctx = "megatron_dcp_metadata"
-    fd = tree.open_file(path)
-    try:
-        return _analyse(fd, entry.size, path, verify_crc, ctx)
-    finally:
-        os.close(fd)
+    with tree.reader(path) as src:
+        return _analyse(src, entry.size, path, verify_crc, ctx)
 
 
-def _analyse(fd: int, size: int, path: str, verify_crc: CrcMode,  # noqa: C901
+def _analyse(src: HashedFile, size: int, path: str, verify_crc: CrcMode,  # noqa: C901
              pctx: str) -> tuple[FileFacts, list[Finding]]:
-    c = classify_fd(fd, size, path)
+    c = classify_file(src, size, path)
     findings = list(c.findings)
     kw: dict[str, Any] = {}
     k = c.kind
@@ -74,14 +72,14 @@ def _analyse(fd: int, size: int, path: str, verify_crc: CrcMode,  # noqa: C901
     if k == FileKind.SAFETENSORS or (ext == ".safetensors" and k in (FileKind.UNKNOWN, FileKind.TEXT,
                                                                       FileKind.JSON, FileKind.EMPTY)):
         try:
-            kw["safetensors"] = read_header(fd, size, path=path)
+            kw["safetensors"] = read_header(src, size, path=path)
         except InputRejected as e:
             findings.append(error(e.code, path, e.message, **{k2: v for k2, v in e.evidence.items() if k2 != "path"}))
     elif k == FileKind.JSON:
         if size > MAX_JSON:
             findings.append(error("json.too_large", path, "JSON file exceeds the size cap", size=size))
         else:
-            raw = os.pread(fd, size, 0)
+            raw = src.pread(size, 0)
             try:
                 kw["json"] = json_loads_strict(raw.decode("utf-8"))
             except RecursionError:
@@ -95,9 +93,9 @@ def _analyse(fd: int, size: int, path: str, verify_crc: CrcMode,  # noqa: C901
                 findings.append(error("config.auto_map", path, "config names custom code (auto_map); it is "
                                       "flagged and never run", auto_map=str(doc["auto_map"])[:200]))
     elif k == FileKind.TEXT and size <= MAX_TEXT:
-        kw["text"] = os.pread(fd, size, 0).decode("utf-8", "replace")
+        kw["text"] = src.pread(size, 0).decode("utf-8", "replace")
     elif k == FileKind.TORCH_ZIP:
-        layout, f = inspect_torch_zip(fd, size, path=path, context=pctx, verify_crc=verify_crc)
+        layout, f = inspect_torch_zip(src, size, path=path, context=pctx, verify_crc=verify_crc)
         findings.extend(f)
         kw["torch"] = layout
         kw["pickle"] = layout.pickle if layout else None
@@ -106,7 +104,7 @@ def _analyse(fd: int, size: int, path: str, verify_crc: CrcMode,  # noqa: C901
         if size > cap:  # refused before anything is read into memory
             rep = refused_report(path=path, context=pctx, size=size, limit=cap)
         else:
-            rep = read_pickle(os.pread(fd, size, 0), path=path, context=pctx)
+            rep = read_pickle(src.pread(size, 0), path=path, context=pctx)
         findings.extend(rep.findings)
         kw["pickle"] = rep
         if not pctx.endswith("dcp_metadata"):
@@ -122,17 +120,17 @@ def _analyse(fd: int, size: int, path: str, verify_crc: CrcMode,  # noqa: C901
         findings.append(error("classify.archive", path, f"an archive ({c.detail}) around checkpoint data is "
                               "not unpacked; refused"))
     elif k == FileKind.NUMPY:
-        m = _NPY_DESCR.search(os.pread(fd, min(size, 4096), 0))
+        m = _NPY_DESCR.search(src.pread(min(size, 4096), 0))
         if m is None or b"O" in m.group(1):
             findings.append(error("numpy.object_dtype", path, "npy with object dtype (pickled) or no descr"))
     elif k == FileKind.NPZ:
-        zr = check_zip(fd, size, path=path, verify_crc=bool(verify_crc))  # a plain zip: checked now
+        zr = check_zip(src, size, path=path, verify_crc=bool(verify_crc))  # a plain zip: checked now
         findings.extend(zr.findings)
         findings.append(warning("numpy.npz", path, "npz members are not validated further"))
     elif k == FileKind.ZIP_STREAM and ext != ".distcp":
         findings.append(error("classify.zip_stream", path, "zip data whose central directory cannot be read "
                               "(concatenated, truncated or malformed zips); refused"))
-        findings.extend(check_zip(fd, size, path=path, verify_crc=False).findings)  # what is wrong with it
+        findings.extend(check_zip(src, size, path=path, verify_crc=False).findings)  # what is wrong with it
     elif k == FileKind.UNKNOWN:
         findings.append(warning("classify.unknown", path, "content of unknown type"))
     return FileFacts(path=path, size=size, kind=k, detail=c.detail, **kw), findings

@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ckptgate.errors import InputRejected
+from ckptgate.inspect.hashed import HashedFile
 
 __all__ = ["DTYPE_BITS", "TORCH_DTYPES", "SafetensorsHeader", "TensorInfo", "parse_header_bytes", "read_header",
            "json_loads_strict"]
@@ -155,9 +156,9 @@ def parse_header_bytes(prefix_and_header: bytes, file_size: int, *, path: str = 
     return _validate(lambda off, n: prefix_and_header[off:off + n], file_size, path, MAX_HEADER)
 
 
-def read_header(fd: int, file_size: int, *, path: str, max_header: int = MAX_HEADER) -> SafetensorsHeader:
-    """Validate the header of the safetensors file open on ``fd`` (``pread`` only)."""
-    return _validate(lambda off, n: os.pread(fd, n, off), file_size, path, max_header)
+def read_header(src: HashedFile, file_size: int, *, path: str, max_header: int = MAX_HEADER) -> SafetensorsHeader:
+    """Validate the header of the safetensors file ``src`` (its bytes are the hashed bytes)."""
+    return _validate(lambda off, n: src.pread(n, off), file_size, path, max_header)
 
 
 def _validate(read: Any, file_size: int, path: str, max_header: int) -> SafetensorsHeader:  # noqa: C901, PLR0912

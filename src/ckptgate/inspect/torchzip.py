@@ -15,6 +15,7 @@ from typing import Any
 
 from ckptgate.inspect.allowlist import DTYPE_ITEMSIZE, STORAGE_DTYPES
 from ckptgate.inspect.findings import Finding, error, warning
+from ckptgate.inspect.hashed import HashedFile
 from ckptgate.inspect.pickle import Call, Global, PersId, PickleLimits, PickleReport, SDict, SList, read_pickle
 from ckptgate.inspect.zipcheck import CrcMode, DeferredCrcs, ZipReport, check_zip, verify_crcs
 
@@ -120,12 +121,12 @@ def walk_value(value: Any, visit: Any, *, max_nodes: int = _MAX_NODES) -> bool:
     return True
 
 
-def inspect_torch_zip(fd: int, size: int, *, path: str, base: int = 0, context: str = "tensors",
+def inspect_torch_zip(src: HashedFile, size: int, *, path: str, base: int = 0, context: str = "tensors",
                       verify_crc: CrcMode = True) -> tuple[TorchZipLayout | None, tuple[Finding, ...]]:
-    """Check and read the torch zip at ``[base, base + size)`` of ``fd``; with :class:`DeferredCrcs`
+    """Check and read the torch zip at ``[base, base + size)`` of ``src``; with :class:`DeferredCrcs`
     the CRC pass is left to it (every entry is stored)."""
     # structure first; the CRC pass (a full read) runs last, only if everything cheap passed
-    zr: ZipReport = check_zip(fd, size, path=path, base=base, verify_crc=False, stored_only=True)
+    zr: ZipReport = check_zip(src, size, path=path, base=base, verify_crc=False, stored_only=True)
     findings: list[Finding] = list(zr.findings)
     if not zr.ok:
         return None, tuple(findings)
@@ -149,13 +150,13 @@ def inspect_torch_zip(fd: int, size: int, *, path: str, base: int = 0, context: 
         findings.append(error("torch.data_pkl_too_large", path, "data.pkl exceeds the size cap", size=pkl.size))
         return None, tuple(findings)
     bo = rel.get("byteorder")
-    if bo is not None and os.pread(fd, min(bo.size, 16), base + bo.data_offset) != b"little":
+    if bo is not None and src.pread(min(bo.size, 16), base + bo.data_offset) != b"little":
         findings.append(error("torch.byteorder", path, "storages are not little-endian"))
     for r in rel:
         if r != "data.pkl" and not r.startswith("data/") and r not in _KNOWN_RECORDS:
             findings.append(warning("torch.unknown_record", path, f"unexpected record {r!r} in the torch zip",
                                     record=r))
-    data = os.pread(fd, pkl.size, base + pkl.data_offset)
+    data = src.pread(pkl.size, base + pkl.data_offset)
     rep = read_pickle(data, path=path, context=context)
     findings.extend(rep.findings)
     tensors: list[TensorRecord] = []
@@ -189,14 +190,14 @@ def inspect_torch_zip(fd: int, size: int, *, path: str, base: int = 0, context: 
                                     record=r))
     for r, e in rel.items():
         if r.startswith("data/") and e.size >= 8:
-            head = os.pread(fd, 4, base + e.data_offset)
+            head = src.pread(4, base + e.data_offset)
             if head == b"PK\x03\x04" or (head[0] == 0x80 and head[1] in (2, 3, 4, 5)):
                 findings.append(warning("torch.storage_looks_like_pickle", path,
                                         f"storage {r} starts like a pickle or zip", record=r))
     if isinstance(verify_crc, DeferredCrcs) and not any(f.severity == "error" for f in findings):
         verify_crc.add(path, base, zr.entries)
     elif verify_crc and not any(f.severity == "error" for f in findings):
-        findings.extend(verify_crcs(fd, size, zr.entries, path=path, base=base))
+        findings.extend(verify_crcs(src, size, zr.entries, path=path, base=base))
     layout = TorchZipLayout(prefix=prefix, tensors=tuple(tensors), values=values, pickle=rep)
     return layout, tuple(findings)
 

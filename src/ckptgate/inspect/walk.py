@@ -7,15 +7,20 @@ findings and never opened for reading (a FIFO is only ever ``fstatat``-ed, so it
 Where ``openat2`` is unavailable the walk refuses with ``input.walk.openat2_unavailable``:
 there is no fallback to a weaker path resolution.
 
-:meth:`SafeTree.hold` freezes the walked files for as long as the tree is open: it takes a read
-lease (``fcntl(F_SETLEASE, F_RDLCK)``) on one open file description per file.  The kernel grants
-a read lease only while no one has the file open for writing, and breaks it as soon as anyone
-opens it for writing or truncates it (that opener then waits for us, up to
-``/proc/sys/fs/lease-break-time``).  So while :meth:`SafeTree.intact` is true, every byte read
-through the tree since :meth:`~SafeTree.hold` comes from one unchanging snapshot, and the bytes
-that were inspected and hashed are the bytes that are copied, without hashing them twice.
-Where the kernel refuses a lease (another owner without ``CAP_LEASE``, NFS, leases disabled)
-``hold`` returns False and callers re-verify what they read instead.
+Inspection reads only through :meth:`SafeTree.reader`, which records the sha256 of every chunk
+it reads; the fixture digest checks those chunks against its own single pass
+(:mod:`ckptgate.inspect.hashed`).  That binding does not depend on leases.
+
+:meth:`SafeTree.hold` is what lets the copy read only the placed bytes once more, without
+hashing them again: it takes a read lease (``fcntl(F_SETLEASE, F_RDLCK)``) on one open file
+description per file.  The kernel grants a read lease only while no one has the file open for
+writing, and breaks it as soon as anyone opens it for writing or truncates it (that opener then
+waits for us, up to ``/proc/sys/fs/lease-break-time``).  So while :meth:`SafeTree.intact` is
+true, every byte read through the tree since :meth:`~SafeTree.hold` comes from one unchanging
+snapshot.  Where the kernel refuses a lease (another owner without ``CAP_LEASE``, NFS, leases
+disabled, a writer that keeps a file open) ``hold`` returns False and the copy hashes every byte
+it reads and compares with the manifest before anything is published; a contained loader
+always reads a sealed in-memory copy that was hashed as it was made.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from types import TracebackType
 
 from ckptgate.errors import InputRejected
 from ckptgate.inspect.findings import Finding, error
+from ckptgate.inspect.hashed import HashedFile, ReadLedger
 
 __all__ = ["FileEntry", "SafeTree", "WalkLimits", "openat2"]
 
@@ -125,7 +131,8 @@ class SafeTree:
     Use :meth:`open`; close with :meth:`close` or a ``with`` block.
     """
 
-    __slots__ = ("_by_path", "_held", "_prev_sigio", "_root_fd", "entries", "findings", "limits", "root")
+    __slots__ = ("_by_path", "_held", "_ledgers", "_prev_sigio", "_root_fd", "entries", "findings", "limits",
+                 "root")
 
     def __init__(self, *, root: Path, root_fd: int, entries: tuple[FileEntry, ...],
                  findings: tuple[Finding, ...], limits: WalkLimits) -> None:
@@ -135,6 +142,7 @@ class SafeTree:
         self.findings = findings
         self.limits = limits
         self._by_path = {e.path: e for e in entries}
+        self._ledgers = {e.path: ReadLedger(e.path, e.size) for e in entries}
         self._held: dict[str, int] = {}
         self._prev_sigio: object = None
 
@@ -184,6 +192,15 @@ class SafeTree:
     def entry(self, relpath: str) -> FileEntry | None:
         return self._by_path.get(relpath)
 
+    def reader(self, relpath: str) -> HashedFile:
+        """Open a walked file for inspection: every byte read is recorded in its ledger, which the
+        fixture digest checks against its own pass (:mod:`ckptgate.inspect.hashed`)."""
+        return HashedFile(self.open_file(relpath), self._ledgers[relpath])
+
+    def ledger(self, relpath: str) -> ReadLedger:
+        """What inspection read of ``relpath`` (chunk digests), for the digest to check and seal."""
+        return self._ledgers[relpath]
+
     def open_file(self, relpath: str) -> int:
         """Open a walked regular file read-only beneath the root; the caller closes the fd.
 
@@ -226,9 +243,8 @@ class SafeTree:
         """
         if self._held:
             return True
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if (not self.entries or threading.current_thread() is not threading.main_thread()
-                or (soft != resource.RLIM_INFINITY and len(self.entries) > soft // 2)):
+        if not self.entries or threading.current_thread() is not threading.main_thread() or not _room_for(
+                len(self.entries)):
             return False
         self._prev_sigio = signal.signal(signal.SIGIO, _lease_broken)  # default action would kill us
         try:
@@ -278,6 +294,24 @@ class SafeTree:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _room_for(files: int) -> bool:
+    """Whether one descriptor per file fits in half of ``RLIMIT_NOFILE``, raising the soft limit
+    towards the hard one when that makes it fit (the common soft limit of 1024 is a default for
+    ``select``, which ckptgate does not use)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or files <= soft // 2:
+        return True
+    want = 2 * files + 64
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    if want > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (OSError, ValueError):
+            return False
+    return files <= want // 2
 
 
 def _lease_broken(signum: int, frame: object) -> None:

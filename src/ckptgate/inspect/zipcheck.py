@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from isal.isal_zlib import crc32
 
 from ckptgate.inspect.findings import Finding, error
+from ckptgate.inspect.hashed import HashedFile
 
 __all__ = ["CrcMode", "DeferredCrcs", "ZipEntry", "ZipReport", "check_zip", "list_zip_names", "verify_crcs"]
 
@@ -71,14 +72,14 @@ class _Fail(Exception):
 
 
 class _Z:
-    def __init__(self, fd: int, base: int, size: int, path: str) -> None:
-        self.fd, self.base, self.size, self.path = fd, base, size, path
+    def __init__(self, src: HashedFile, base: int, size: int, path: str) -> None:
+        self.src, self.base, self.size, self.path = src, base, size, path
         self.findings: list[Finding] = []
 
     def read(self, off: int, n: int) -> bytes:
         if off < 0 or n < 0 or off + n > self.size:
             self.fail("zip.truncated", "a structure points beyond the end of the zip", offset=off, length=n)
-        b = os.pread(self.fd, n, self.base + off)
+        b = self.src.pread(n, self.base + off)
         if len(b) != n:
             self.fail("zip.truncated", "short read", offset=off, length=n)
         return b
@@ -225,7 +226,7 @@ def _crc(z: _Z, e: ZipEntry) -> None:
             z.fail("zip.truncated", "a structure points beyond the end of the zip", offset=pos, length=left)
         buf = memoryview(bytearray(min(_STORED_CHUNK, left)))
         while left:
-            n = os.preadv(z.fd, [buf[:min(len(buf), left)]], z.base + pos)
+            n = z.src.read_unrecorded(buf[:min(len(buf), left)], z.base + pos)  # CRC only: adds findings
             if n <= 0:
                 z.fail("zip.truncated", "short read", offset=pos, length=left)
             crc = crc32(buf[:n], crc)
@@ -252,10 +253,10 @@ def _crc(z: _Z, e: ZipEntry) -> None:
         z.err("zip.bad_crc", "CRC-32 of the entry does not match", name=e.name, expected=e.crc, actual=crc)
 
 
-def check_zip(fd: int, size: int, *, path: str, base: int = 0, verify_crc: bool = True,
+def check_zip(src: HashedFile, size: int, *, path: str, base: int = 0, verify_crc: bool = True,
               max_ratio: int = 100, max_entries: int = 1_000_000, stored_only: bool = False) -> ZipReport:
-    """Check the zip occupying ``[base, base + size)`` of ``fd``."""
-    z = _Z(fd, base, size, path)
+    """Check the zip occupying ``[base, base + size)`` of ``src``."""
+    z = _Z(src, base, size, path)
     entries: list[ZipEntry] = []
     try:
         n, cd_off, cd_end = _eocd(z)
@@ -323,9 +324,10 @@ def check_zip(fd: int, size: int, *, path: str, base: int = 0, verify_crc: bool 
     return ZipReport(entries=tuple(entries), findings=tuple(z.findings))
 
 
-def verify_crcs(fd: int, size: int, entries: tuple[ZipEntry, ...], *, path: str, base: int = 0) -> tuple[Finding, ...]:
+def verify_crcs(src: HashedFile, size: int, entries: tuple[ZipEntry, ...], *, path: str,
+                base: int = 0) -> tuple[Finding, ...]:
     """Stream the CRC-32 of already checked entries (run after the cheap structural checks)."""
-    z = _Z(fd, base, size, path)
+    z = _Z(src, base, size, path)
     try:
         for e in entries:
             _crc(z, e)
@@ -424,9 +426,10 @@ class _StreamedCrcs:
         return out
 
 
-def list_zip_names(fd: int, size: int, *, base: int = 0, max_entries: int = 1_000_000) -> tuple[str, ...] | None:
+def list_zip_names(src: HashedFile, size: int, *, base: int = 0,
+                   max_entries: int = 1_000_000) -> tuple[str, ...] | None:
     """Central directory names, or ``None`` when the directory cannot be read."""
-    z = _Z(fd, base, size, "")
+    z = _Z(src, base, size, "")
     try:
         n, cd_off, cd_end = _eocd(z)
         return tuple(c[0] for c in _central(z, n, cd_off, cd_end, max_entries))

@@ -93,11 +93,8 @@ def _check_items(ctx: Context, pre: str, md: DcpMetadata, findings: list[Finding
 
     def read_item(item: tuple[DcpStorageItem, str]) -> tuple[TorchZipLayout | None, tuple[Finding, ...]]:
         s, path = item
-        fd = ctx.tree.open_file(path)
-        try:
-            return inspect_torch_zip(fd, s.length, path=path, base=s.file_offset, verify_crc=verify_crc)
-        finally:
-            os.close(fd)
+        with ctx.tree.reader(path) as src:
+            return inspect_torch_zip(src, s.length, path=path, base=s.file_offset, verify_crc=verify_crc)
 
     for (s, path), (lay, fs) in zip(items, map_in_threads(read_item, items, lambda it: it[0].length), strict=True):
         findings.extend(fs)

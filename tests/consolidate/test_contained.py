@@ -47,4 +47,4 @@ def test_a_file_rewritten_after_the_digest_is_never_handed_to_a_loader(tmp_path)
         (root / "model_states.pt").write_bytes(b"\x80\x02" + data[2:])  # same inode, same size
         with pytest.raises(RuntimeFailure) as e:
             open_verified(tree, ["model_states.pt"], digest)
-    assert e.value.code == "runtime.copy.source_changed"
+    assert e.value.code == "runtime.worker.input_changed"

@@ -129,7 +129,7 @@ def _sealed_copy(tree: SafeTree, rel: str, sha256: str) -> int:
                 view = view[os.write(mem, view):]
             pos += n
         if h.hexdigest() != sha256:
-            raise RuntimeFailure("runtime.copy.source_changed",
+            raise RuntimeFailure("runtime.worker.input_changed",
                                  f"{rel} no longer has the sha256 that was measured and decided on; nothing was "
                                  "loaded", evidence={"source": rel, "expected": sha256, "actual": h.hexdigest()},
                                  advice="The checkpoint changed while it was being taken in. Take it in again "

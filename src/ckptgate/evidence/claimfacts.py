@@ -245,7 +245,8 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
         for m in vocab.rx("capability", cls).finditer(masked):
             head = masked[:m.start()]
             passive = bool(vocab.rx("passive").search(head)) or cls in ("compatible", "out_of_the_box")
-            false_after = bool(vocab.rx("false_after").match(masked[m.end():]))
+            false_after = bool(vocab.rx("false_after").match(masked[m.end():])
+                               or vocab.rx("object_negation").match(masked[m.end():]))
             capability.append({"class": cls, "term": m.group(), "at": m.start(), "passive": passive,
                                "negated": false_after or _negated(vocab, clause, m.start(), consumed),
                                "agent": _agent(vocab, clause, masked, m.start(), systems, passive)})

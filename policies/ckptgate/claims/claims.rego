@@ -250,9 +250,8 @@ _rule3_support(s) := {"claims_support_not_in_matrix": msg} if {
 		some r in _unbacked(s, c)
 	}
 	count(reasons) > 0
-	msg := sprintf("a capability claim must match a row the support matrix marks supported (rule 3): %s", [
-		concat("; ", sort(reasons)),
-	])
+	prefix := "a capability claim must match a row the support matrix marks supported (rule 3)"
+	msg := sprintf("%s: %s", [prefix, concat("; ", sort(reasons))])
 } else := {}
 
 _topics(_, c) := c.topics if count(c.topics) > 0
@@ -334,9 +333,8 @@ _unknown_systems(s) := {"claims_unknown_system": msg} if {
 		some n in c.unknown
 	}
 	count(names) > 0
-	msg := sprintf("a capability claim names %s, not in the claims vocabulary (add it to config/claims/data.json)", [
-		concat(", ", sort(names)),
-	])
+	hint := "not in the claims vocabulary (add it to config/claims/data.json)"
+	msg := sprintf("a capability claim names %s, %s", [concat(", ", sort(names)), hint])
 } else := {}
 
 # A generated matrix table row is checked against the rows it was generated from, not as prose.
@@ -371,4 +369,4 @@ _unknown_citations(s) := {"claims_unknown_citation": msg} if {
 # METADATA
 # description: The claims vocabulary (systems, producers, lexicon), for the Python extractor.
 # entrypoint: true
-vocabulary := _cfg
+vocabulary := data.ckptgate.config.claims

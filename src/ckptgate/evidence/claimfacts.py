@@ -18,8 +18,8 @@ conjunctions such as ``, but`` / ``, so`` / ``which``); in each clause the extra
   (scope limited to matrix rows, universal quantifiers, cross-platform cues, platform bounds,
   hypotheticals) and **unknown** system-like names.
 
-Quoted text (three words or more between quotation marks) is a mention, not a claim, and is
-blanked before analysis.  The facts are plain JSON; nothing here decides a violation.
+Quoted text (between double quotation marks, or three words or more between single ones) is a
+mention, not a claim, and is blanked before analysis.  The facts are plain JSON; nothing here decides a violation.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ _CLAUSE = re.compile(
     r"|\s+(?=(?:but|whereas|although|though|because|however|therefore)\b)|\s+\|\s+",
     re.IGNORECASE)
 _PAREN = re.compile(r"\(([^()]*)\)")
-_QUOTED = re.compile(r"[\"\u201c]([^\"\u201d]{3,}?)[\"\u201d]|'([^']{3,}?)'(?!\w)")
+_QUOTED = re.compile(r"[\"\u201c]([^\"\u201d]+?)[\"\u201d]|(?<!\w)'([^']{3,}?)'(?!\w)")
 _CAND = re.compile(r"(?<![\w./-])(?:[A-Z][a-z]+[A-Z][\w-]*|[A-Z]{2,}[\w+-]*|[A-Za-z]+-?\d[\w.-]*|[A-Z][a-z]{2,}\w*)"
                    r"(?![\w/])")
 _VERSION = re.compile(r"\s*(?:version\s+|v(?=\d))?(\d+(?:\.\d+){0,2}(?:\.x|\.\*)?)")
@@ -291,7 +291,7 @@ def _own_clause(vocab: Vocabulary, text: str) -> bool:
 def sentence_facts(vocab: Vocabulary, text: str) -> dict[str, Any]:
     """Claim facts for one sentence: its clauses, and sentence-wide cues."""
     quoted = [(m.start(), m.end()) for m in _QUOTED.finditer(text)
-              if len((m.group(1) or m.group(2) or "").split()) >= 3]
+              if m.group(1) is not None or len((m.group(2) or "").split()) >= 3]
     body = _mask(text, quoted)
     parts = clauses(_PAREN.sub(lambda m: " " * len(m.group()) if _own_clause(vocab, m.group(1)) else m.group(), body))
     parts += [c for m in _PAREN.finditer(body) if _own_clause(vocab, m.group(1)) for c in clauses(m.group(1))]

@@ -250,7 +250,6 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
             capability.append({"class": cls, "term": m.group(), "at": m.start(), "passive": passive,
                                "negated": false_after or _negated(vocab, clause, m.start(), consumed),
                                "agent": _agent(vocab, clause, masked, m.start(), systems, passive)})
-    first_cap = min((c["at"] for c in capability), default=len(masked))
     for sys in systems:  # a framework named right after the predicate is its object: "works with PyTorch"
         gap = clause[:sys["at"]]
         sys["object"] = sys["artifact"] or any(

@@ -8,11 +8,47 @@ import data.ckptgate.claims
 _refs := ["R01", "R11", "R14", "R17", "R27", "R28", "R30", "R32"]
 
 _rows := [
-	{"format": "hf-sharded-safetensors", "adapter": "hf-safetensors", "status": "supported"},
+	{
+		"format": "hf-sharded-safetensors",
+		"adapter": "hf-safetensors",
+		"status": "supported",
+		"producer": "huggingface_hub",
+		"producer_version": "2.4.0",
+	},
 	{"format": "torch-dcp", "adapter": "dcp", "status": "unqualified"},
 ]
 
 _sentence(text, citations) := {"file": "docs/x.md", "line": 3, "text": text, "citations": citations}
+
+# Claim facts as ckptgate.evidence.claimfacts extracts them, one clause.
+_clause(overrides) := object.union(
+	{
+		"text": "", "connective": "", "vendor_phrasing": false, "negation": false,
+		"systems": [], "versions": [], "capability": [], "safety": [], "topics": [],
+		"universal": [], "scope": [], "cross_platform": [], "cross_platform_negated": false,
+		"platform_bounds": [], "hypothetical": false, "unknown": [],
+	},
+	overrides,
+)
+
+_facts(clauses, topics) := {
+	"register_entry": false, "clauses": clauses, "topics": topics, "scope": [],
+	"vendor_phrasing": false, "interrogative": false,
+}
+
+_fact_codes(text, citations, clauses, topics) := {v.code |
+	some v in claims.violations with input as {
+		"sentences": [object.union(_sentence(text, citations), {"facts": _facts(clauses, topics)})],
+		"references": _refs,
+		"matrix": _rows,
+	}
+}
+
+_cap(class, negated, agent) := {"class": class, "term": class, "passive": false, "negated": negated, "agent": agent}
+
+_safe(class, negated) := {"class": class, "term": class, "negated": negated}
+
+_mention(id) := {"id": id, "term": id, "object": true}
 
 _codes(text, citations) := {v.code |
 	some v in claims.violations with input as {
@@ -52,7 +88,20 @@ test_rule1_vendor_currently_implements if {
 }
 
 test_rule1_vendor_documentation_as_support if {
-	"claims_vendor_as_support" in _codes("PyTorch documents resharding, so ckptgate supports DCP [R01].", ["R01"])
+	c1 := _clause({"vendor_phrasing": true})
+	c2 := _clause({
+		"connective": "so",
+		"systems": [_mention("hf-sharded-safetensors")],
+		"capability": [_cap("support", false, "project")],
+	})
+	"claims_vendor_as_support" in _fact_codes("x [R01].", ["R01"], [c1, c2], [])
+}
+
+test_rule1_vendor_negative_reason_is_not_support if {
+	c1 := _clause({"systems": [_mention("hf-sharded-safetensors")], "capability": [_cap("accept", false, "project")]})
+	c2 := _clause({"connective": "because", "vendor_phrasing": true, "negation": true})
+	codes := _fact_codes("x documents no guarantee [R01].", ["R01"], [c1, c2], [])
+	not "claims_vendor_as_support" in codes
 }
 
 test_rule1_mixed_citations_not_vendor_rule if {
@@ -76,24 +125,112 @@ test_rule2_device_map_marked if {
 	count(codes) == 0
 }
 
-test_rule3_support_claim_without_row if {
-	"claims_support_not_in_matrix" in _codes("ckptgate supports Megatron torch_dist checkpoints.", [])
+test_rule3_capability_claim_without_row if {
+	c := _clause({"systems": [_mention("zero-1")], "capability": [_cap("handle", false, "project")]})
+	"claims_support_not_in_matrix" in _fact_codes("ckptgate handles ZeRO-1.", [], [c], [])
 }
 
-test_rule3_support_claim_for_unqualified_row if {
-	"claims_support_not_in_matrix" in _codes("ckptgate supports torch-dcp checkpoints.", [])
+test_rule3_capability_claim_for_unqualified_row if {
+	c := _clause({"systems": [_mention("dcp")], "capability": [_cap("read", false, "implicit")]})
+	"claims_support_not_in_matrix" in _fact_codes("DCP is read.", [], [c], [])
 }
 
-test_rule3_support_claim_with_supported_row if {
-	count(_codes("ckptgate supports hf sharded safetensors.", [])) == 0
+test_rule3_capability_claim_with_supported_row if {
+	c := _clause({"systems": [_mention("hf-sharded-safetensors")], "capability": [_cap("support", false, "project")]})
+	count(_fact_codes("ckptgate supports hf sharded safetensors.", [], [c], [])) == 0
 }
 
-test_rule3_support_pointer_to_matrix if {
-	count(_codes("Which formats are supported is listed in the support matrix.", [])) == 0
+test_rule3_family_needs_matrix_scope if {
+	c := _clause({"systems": [_mention("deepspeed")], "capability": [_cap("consolidate", false, "project")]})
+	"claims_support_not_in_matrix" in _fact_codes("x", [], [c], [])
+	scoped := object.union(c, {"scope": ["support matrix"]})
+	count(_fact_codes("x", [], [scoped], [])) == 0
 }
 
-test_rule3_negated_support if {
-	count(_codes("ckptgate does not support FSDP local state dicts.", [])) == 0
+test_rule3_variant_without_row_even_with_scope if {
+	c := _clause({
+		"systems": [_mention("fsdp2")],
+		"capability": [_cap("read", false, "project")],
+		"scope": ["support matrix"],
+	})
+	"claims_support_not_in_matrix" in _fact_codes("x", [], [c], [])
+}
+
+test_rule3_universal_claim if {
+	c := _clause({
+		"systems": [_mention("hf-sharded-safetensors")],
+		"capability": [_cap("handle", false, "project")],
+		"universal": ["any topology"],
+	})
+	"claims_support_not_in_matrix" in _fact_codes("x", [], [c], [])
+}
+
+test_rule3_versions if {
+	open := _clause({
+		"capability": [_cap("read", false, "project")],
+		"versions": [{"producer": "huggingface_hub", "version": "2.4", "open": true, "term": "hub 2.4+"}],
+	})
+	"claims_support_not_in_matrix" in _fact_codes("x", [], [open], [])
+	exact := _clause({
+		"capability": [_cap("read", false, "project")],
+		"versions": [{"producer": "huggingface_hub", "version": "2.4", "open": false, "term": "hub 2.4"}],
+	})
+	count(_fact_codes("x", [], [exact], [])) == 0
+	other := _clause({
+		"capability": [_cap("read", false, "project")],
+		"versions": [{"producer": "huggingface_hub", "version": "1.0", "open": false, "term": "hub 1.0"}],
+	})
+	"claims_support_not_in_matrix" in _fact_codes("x", [], [other], [])
+}
+
+test_rule3_negated_vendor_and_hypothetical_claims_pass if {
+	neg := _clause({"systems": [_mention("zero-1")], "capability": [_cap("support", true, "project")]})
+	vendor := _clause({"systems": [_mention("zero-1")], "capability": [_cap("consolidate", false, "vendor")]})
+	hypo := _clause({
+		"systems": [_mention("zero-1")],
+		"capability": [_cap("support", false, "implicit")],
+		"hypothetical": true,
+	})
+	count(_fact_codes("x", [], [neg, vendor, hypo], [])) == 0
+}
+
+test_rule3_tools_and_instrument_frameworks_are_not_claims if {
+	tool := _clause({"systems": [_mention("zero_to_fp32")], "capability": [_cap("consolidate", false, "project")]})
+	fw := _clause({
+		"systems": [{"id": "pytorch", "term": "torch", "object": false}],
+		"capability": [_cap("read", false, "project")],
+	})
+	count(_fact_codes("x", [], [tool, fw], [])) == 0
+	obj := _clause({"systems": [_mention("pytorch")], "capability": [_cap("work_with", false, "project")]})
+	"claims_support_not_in_matrix" in _fact_codes("x", [], [obj], [])
+}
+
+test_unknown_system_is_a_warning if {
+	c := _clause({"capability": [_cap("accept", false, "project")], "unknown": ["Frobnicator"]})
+	some v in claims.violations with input as {
+		"sentences": [object.union(_sentence("x", []), {"facts": _facts([c], [])})],
+		"references": _refs, "matrix": _rows,
+	}
+	v.code == "claims_unknown_system"
+	v.severity == "warning"
+}
+
+test_generated_row_checked_against_matrix if {
+	gen := {"file": "matrix/SUPPORT.md", "line": 9, "text": "| supported | ... |", "row": {
+		"status": "supported", "adapter": "hf-safetensors", "adapter_version": "0.1.0",
+		"format": ["hf-sharded-safetensors"], "fixture": "sha256:ab",
+	}}
+	rows := [{
+		"format": ["hf-sharded-safetensors"],
+		"adapter": "hf-safetensors",
+		"adapter_version": "0.1.0",
+		"fixture_digest": "sha256:abcd",
+		"status": "supported",
+	}]
+	count(claims.violations) == 0 with input as {"sentences": [], "references": [], "matrix": rows, "generated": [gen]}
+	forged := object.union(gen, {"row": object.union(gen.row, {"adapter": "dcp"})})
+	some v in claims.violations with input as {"sentences": [], "references": [], "matrix": rows, "generated": [forged]}
+	v.code == "claims_generated_mismatch"
 }
 
 test_rule4_archived_link_not_historical if {
@@ -105,31 +242,46 @@ test_rule4_archived_link_historical if {
 }
 
 test_rule5_containment_as_proof if {
-	"claims_containment_as_proof" in _codes("The seccomp worker proves the load is safe [R32].", ["R32"])
+	c := _clause({"safety": [_safe("harm", false)], "topics": ["containment", "loader"]})
+	"claims_containment_as_proof" in _fact_codes("A pickle cannot harm the host in the worker.", [], [c], [])
 }
 
-test_rule5_containment_bounded if {
-	count(_codes("Containment limits what a loader reaches; it is never proof of safety [R28].", ["R28"])) == 0
+test_rule5_bounded if {
+	c := _clause({"safety": [_safe("proof", true), _safe("inherent", true)], "topics": ["containment"]})
+	count(_fact_codes("Containment does not prove the load is safe.", [], [c], [])) == 0
 }
 
-test_rule6_weights_only_sufficient if {
-	"claims_surrogate_trust" in _codes("weights_only=True is sufficient to trust a checkpoint.", [])
+test_rule5_shield_needs_a_security_topic if {
+	c := _clause({"safety": [_safe("shield", false)], "topics": []})
+	count(_fact_codes("x", [], [c], [])) == 0
+	"claims_containment_as_proof" in _fact_codes("x", [], [object.union(c, {"topics": ["containment"]})], [])
 }
 
-test_rule6_checksum_sufficient if {
-	"claims_surrogate_trust" in _codes("A matching checksum is enough to accept the file.", [])
+test_rule6_surrogate_called_safe if {
+	c := _clause({"safety": [_safe("inherent", false)], "topics": ["surrogate"]})
+	"claims_surrogate_trust" in _fact_codes("weights_only=True is safe.", [], [c], [])
+}
+
+test_rule6_trust_needs_a_surrogate if {
+	c := _clause({"safety": [_safe("trust", false)], "topics": ["signature"]})
+	count(_fact_codes("A signer is trusted for qualification.", [], [c], [])) == 0
+	"claims_surrogate_trust" in _fact_codes("x", [], [object.union(c, {"topics": ["surrogate"]})], [])
 }
 
 test_rule6_bounded if {
-	count(_codes("weights_only=True is never treated as sufficient trust [R27].", ["R27"])) == 0
+	c := _clause({"safety": [_safe("trust", true)], "topics": ["surrogate"]})
+	count(_fact_codes("weights_only=True is never treated as sufficient trust [R27].", ["R27"], [c], [])) == 0
 }
 
 test_rule7_portable_sandbox if {
-	"claims_portable_sandbox" in _codes("seccomp and cgroups give a portable sandbox.", [])
+	c := _clause({"cross_platform": ["macOS"], "topics": ["os_control"]})
+	"claims_portable_sandbox" in _fact_codes("seccomp works on macOS.", [], [c], ["os_control"])
 }
 
 test_rule7_exact_profile if {
-	count(_codes("seccomp is an exact-profile mechanism, not a portable sandbox [R32].", ["R32"])) == 0
+	neg := _clause({"cross_platform": ["portable"], "cross_platform_negated": true, "topics": ["os_control"]})
+	bound := _clause({"cross_platform": ["other platforms"], "platform_bounds": ["refuse"], "topics": ["os_control"]})
+	count(_fact_codes("x", [], [neg, bound], ["os_control"])) == 0
 }
 
 test_unknown_citation if {

@@ -27,7 +27,7 @@ def register(cli: click.Group) -> None:
                         repo: Path | None, engine, as_json: bool) -> int:
         """Qualify ADAPTER on FIXTURE; store the signed statement and result log under attestations/.
 
-        A framework-plane fixture (DeepSpeed ZeRO, Megatron) is loaded only after a trusted
+        A framework-plane fixture (DeepSpeed ZeRO-2/3, Megatron Core torch_dist) is loaded only after a trusted
         fixture-provenance attestation for its digest: a stored one that verifies, else one signed
         with the same key once the fixture's bytes are checked equal to the candidate commit.
 

@@ -38,14 +38,17 @@ class Finding:
     file: str | None = None
     line: int | None = None
     detail: str | None = None
+    severity: str = "error"
 
     def __post_init__(self) -> None:
         if self.check not in CHECK_NAMES or not self.code or not self.message:
             raise ValueError(f"bad finding {self.check!r}/{self.code!r}")
+        if self.severity not in ("error", "warning"):
+            raise ValueError(f"bad severity {self.severity!r}")
 
     def to_json(self) -> dict[str, Any]:
         return {"check": self.check, "code": self.code, "message": self.message, "file": self.file,
-                "line": self.line, "detail": self.detail}
+                "line": self.line, "detail": self.detail, "severity": self.severity}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -240,10 +243,15 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = ()) -> R
                                    message=str(v.get("message")),
                                    file=(v.get("location") or {}).get("file"),
                                    line=(v.get("location") or {}).get("line"),
-                                   detail=str((v.get("evidence") or {}).get("text"))) for v in violations]
-                results.append(CheckResult(name="claims", passed=not found_c,
-                                           summary="claims lint: ok" if not found_c else
-                                           f"{len(found_c)} claim violation(s)", findings=tuple(found_c)))
+                                   detail=str((v.get("evidence") or {}).get("text")),
+                                   severity="warning" if v.get("severity") == "warning" else "error")
+                           for v in violations]
+                errors = [f for f in found_c if f.severity == "error"]
+                warned = len(found_c) - len(errors)
+                results.append(CheckResult(name="claims", passed=not errors,
+                                           summary=(f"{len(errors)} claim violation(s)" if errors else "claims lint: ok")
+                                           + (f", {warned} warning(s)" if warned else ""),
+                                           findings=tuple(found_c)))
     except Error as e:  # the checks below need the matrix; none of them ran
         results.append(CheckResult(name="matrix_build", passed=False, summary=f"could not build the matrix: {e.code}",
                                    findings=(Finding(check="matrix_build", code=e.code, message=e.message),)))
@@ -261,7 +269,7 @@ def to_sarif(report: Report) -> dict[str, Any]:
     codes = sorted({f.code for f in report.findings})
     results = []
     for f in report.findings:
-        res: dict[str, Any] = {"ruleId": f.code, "level": "error", "message": {"text": f.message}}
+        res: dict[str, Any] = {"ruleId": f.code, "level": f.severity, "message": {"text": f.message}}
         if f.file:
             region = {"startLine": f.line} if f.line else {}
             loc: dict[str, Any] = {"physicalLocation": {"artifactLocation": {"uri": f.file}}}

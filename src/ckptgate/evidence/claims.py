@@ -1,16 +1,26 @@
-"""The claims lint: sentences and ``[Rnn]`` citations extracted from ``docs/**/*.md`` and ``README.md``,
+"""The claims lint: what users read, as sentences with their ``[Rnn]`` citations and claim facts,
 judged by the ``ckptgate.claims`` Rego package against the register's claim rules 1-7.
 
-Python only extracts (fenced code blocks and HTML comments are skipped; inline code is kept as
-text); Rego decides.  Input document::
+What users read: ``README.md``, ``docs/**/*.md``, the notes of the generated ``matrix/SUPPORT.md``
+and, in ckptgate's own source tree, the CLI help text (``help=`` and command docstrings in
+``src/ckptgate/_cli``) and the docstrings of the public API (the modules ``ckptgate/__init__.py``
+names).  Fenced code blocks and HTML comments are skipped; inline code is kept as text.  Table rows
+between generated-block markers (``<!-- ckptgate:generated ... -->`` ... ``<!-- /ckptgate:generated -->``,
+or a whole file whose first line says ``generated file, do not edit``) are not linted as prose:
+they are checked against the matrix rows they were generated from.
 
-    {"sentences": [{"file", "line", "text", "citations": ["R01", ...]}],
+Python only extracts (the claim model is :mod:`ckptgate.evidence.claimfacts`, its vocabulary the
+policy data ``data.ckptgate.config.claims``, read from the engine); Rego decides.  Input document::
+
+    {"sentences": [{"file", "line", "text", "origin", "citations": ["R01", ...], "facts": {...}}],
      "references": ["R01", ...],          # ids defined in docs/references.md
-     "matrix": [row, ...]}                # rows of matrix/support.json
+     "matrix": [row, ...],                # the rows of this repository's support matrix
+     "generated": [{"file", "line", "text", "row": {...}}]}   # generated table rows
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -18,9 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptgate.evidence.claimfacts import Vocabulary, sentence_facts
 from ckptgate.evidence.errors import EvidenceError
 
 ENTRYPOINT = "ckptgate/claims/violations"
+VOCABULARY = "ckptgate/claims/vocabulary"
+GENERATED_FILES = (Path("matrix") / "SUPPORT.md",)
 REFERENCES = Path("docs") / "references.md"
 MAX_DOC_BYTES = 4 << 20
 
@@ -31,6 +44,10 @@ _RANGE = re.compile(r"R(\d{2})\s*[-\u2013]\s*R(\d{2})")
 _REF_ROW = re.compile(r"^\s*(?:\|\s*|#+\s*|[-*]\s+\*{0,2})(R\d{2})\b")
 _SPLIT = re.compile(r"(?<=[.!?])[\"')\]*_]*\s+(?=[A-Z`\"'(\[*_0-9])")
 _TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}")
+_GEN_BEGIN = re.compile(r"<!--\s*ckptgate:generated\b")
+_GEN_END = re.compile(r"<!--\s*/ckptgate:generated\s*-->")
+_GEN_FILE = re.compile(r"generated file, do not edit")
+ORIGINS = ("doc", "generated-notes", "cli", "docstring")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,13 +58,30 @@ class Sentence:
     line: int
     text: str
     citations: tuple[str, ...]
+    origin: str = "doc"
 
     def __post_init__(self) -> None:
         if self.line < 1 or not self.text:
             raise ValueError("a sentence needs a line >= 1 and text")
+        if self.origin not in ORIGINS:
+            raise ValueError(f"unknown origin {self.origin!r}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "text": self.text, "citations": list(self.citations)}
+        return {"file": self.file, "line": self.line, "text": self.text, "citations": list(self.citations),
+                "origin": self.origin}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GeneratedRow:
+    """One row of a generated matrix table: checked against the matrix data, not linted as prose."""
+
+    file: str
+    line: int
+    text: str
+    row: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "text": self.text, "row": dict(self.row)}
 
 
 def citations_in(text: str) -> tuple[str, ...]:
@@ -64,6 +98,7 @@ def citations_in(text: str) -> tuple[str, ...]:
 def _blocks(lines: Sequence[str]) -> Iterable[tuple[int, list[tuple[int, str]]]]:
     """Paragraph-like blocks outside code fences and HTML comments: (first line, [(line, text)])."""
     in_fence, in_comment = False, False
+    header: list[str] | None = None
     block: list[tuple[int, str]] = []
     for n, raw in enumerate(lines, start=1):
         line = raw.rstrip("\n")
@@ -79,6 +114,13 @@ def _blocks(lines: Sequence[str]) -> Iterable[tuple[int, list[tuple[int, str]]]]
             in_comment = "-->" not in line.split("<!--")[-1] if "<!--" in line else "-->" not in line
             continue
         stripped = line.strip()
+        if stripped.startswith("|") and not _TABLE_RULE.match(stripped):
+            if header is None:
+                header = [c.strip() for c in re.split(r"(?<!\\)\|", stripped.strip("|"))]
+            else:
+                stripped = _table_text(stripped, header)
+        elif not _TABLE_RULE.match(stripped):
+            header = None
         is_item = bool(re.match(r"^(#+\s|[-*+]\s|\d+[.)]\s|\|)", stripped))
         if not stripped or is_item or _TABLE_RULE.match(stripped):
             if block:
@@ -92,6 +134,20 @@ def _blocks(lines: Sequence[str]) -> Iterable[tuple[int, list[tuple[int, str]]]]
         yield block[0][0], block
 
 
+def _table_text(line: str, header: list[str] | None) -> str:
+    """A table row; a cell under a negating column header ("does not", "limits") is read with it."""
+    if header is None or not line.lstrip().startswith("|"):
+        return line
+    cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+    if len(cells) != len(header):
+        return line
+    out = [f"{h} {c}" if _COLUMN_NEGATION.search(h) and c else c for h, c in zip(header, cells, strict=True)]
+    return "| " + " | ".join(out) + " |"
+
+
+_COLUMN_NEGATION = re.compile(r"\b(?:not|never|no|limits?|out of scope|cannot)\b", re.IGNORECASE)
+
+
 def _clean(text: str) -> str:
     text = re.sub(r"^(#+|[-*+]|\d+[.)])\s+", "", text)
     text = text.replace("`", "").replace("**", "")
@@ -99,10 +155,13 @@ def _clean(text: str) -> str:
     return re.sub(r"\s+", " ", text.strip(" |"))
 
 
-def extract(text: str, *, file: str) -> list[Sentence]:
-    """Sentences of one Markdown document (fenced code skipped)."""
+def extract(text: str, *, file: str, origin: str = "doc") -> list[Sentence]:
+    """Sentences of one Markdown document (fenced code and generated blocks skipped)."""
     out: list[Sentence] = []
-    for _, block in _blocks(text.splitlines()):
+    lines = text.splitlines()
+    for n in _generated_lines(lines, whole_file=False):
+        lines[n - 1] = ""
+    for _, block in _blocks(lines):
         joined, starts = "", []
         for n, part in block:
             starts.append((len(joined), n))
@@ -114,8 +173,64 @@ def extract(text: str, *, file: str) -> list[Sentence]:
             line = max(n for off, n in starts if off <= max(at, 0))
             cleaned = _clean(piece)
             if re.search(r"[A-Za-z]", cleaned):
-                out.append(Sentence(file=file, line=line, text=cleaned, citations=citations_in(piece)))
+                out.append(Sentence(file=file, line=line, text=cleaned, citations=citations_in(piece),
+                                    origin=origin))
     return out
+
+
+def _generated_lines(lines: Sequence[str], *, whole_file: bool) -> list[int]:
+    """Line numbers inside generated blocks (markers included); every table line of a generated file."""
+    out: list[int] = []
+    inside = False
+    for n, line in enumerate(lines, start=1):
+        if _GEN_END.search(line):
+            out.append(n)
+            inside = False
+        elif _GEN_BEGIN.search(line):
+            out.append(n)
+            inside = True
+        elif inside or (whole_file and line.lstrip().startswith("|")):
+            out.append(n)
+    return out
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+
+
+def generated_rows(text: str, *, file: str) -> list[GeneratedRow]:
+    """Matrix table rows (a header with ``status`` and ``adapter``) inside generated blocks."""
+    lines = text.splitlines()
+    whole = bool(lines) and bool(_GEN_FILE.search(lines[0]))
+    out: list[GeneratedRow] = []
+    header: list[str] | None = None
+    for n in _generated_lines(lines, whole_file=whole):
+        line = lines[n - 1]
+        if not line.lstrip().startswith("|") or _TABLE_RULE.match(line.strip()):
+            if not line.lstrip().startswith("|"):
+                header = None
+            continue
+        cells = _cells(line)
+        if header is None:
+            header = [c.lower() for c in cells]
+            continue
+        if "status" not in header or "adapter" not in header:
+            continue
+        got = dict(zip(header, cells, strict=False))
+        adapter, _, version = got.get("adapter", "").partition(" ")
+        row = {"status": got.get("status", ""), "adapter": adapter, "adapter_version": version.strip(),
+               "format": [f.strip() for f in got.get("format", "").split(",") if f.strip()],
+               "fixture": got.get("fixture", "").rstrip("\u2026.").strip()}
+        out.append(GeneratedRow(file=file, line=n, text=_clean(line), row=row))
+    return out
+
+
+def _generated_prose(text: str, *, file: str) -> list[Sentence]:
+    """The notes of a generated file: every line that is not part of a table."""
+    lines = text.splitlines()
+    for n in _generated_lines(lines, whole_file=True):
+        lines[n - 1] = ""
+    return extract("\n".join(lines), file=file, origin="generated-notes")
 
 
 def doc_files(repo: Path) -> list[Path]:
@@ -146,19 +261,198 @@ def reference_ids(repo: Path) -> list[str]:
     return sorted({m.group(1) for line in _read(path).splitlines() if (m := _REF_ROW.match(line))})
 
 
+def generated_files(repo: Path) -> list[Path]:
+    return [repo / p for p in GENERATED_FILES if (repo / p).is_file()]
+
+
 def sentences(repo: Path) -> list[Sentence]:
+    """Every sentence users read: docs, generated notes, CLI help and public docstrings."""
     out: list[Sentence] = []
     for f in doc_files(repo):
         out.extend(extract(_read(f), file=f.relative_to(repo).as_posix()))
+    for f in generated_files(repo):
+        out.extend(_generated_prose(_read(f), file=f.relative_to(repo).as_posix()))
+    out.extend(cli_help(repo))
+    out.extend(api_docstrings(repo))
     return out
 
 
-def claims_input(repo: Path, matrix_rows: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The input document for ``data.ckptgate.claims.violations``."""
+def generated(repo: Path) -> list[GeneratedRow]:
+    out: list[GeneratedRow] = []
+    for f in [*doc_files(repo), *generated_files(repo)]:
+        out.extend(generated_rows(_read(f), file=f.relative_to(repo).as_posix()))
+    return out
+
+
+# ----------------------------------------------------------------------------- source text
+_SOURCE = Path("src") / "ckptgate"
+_CLICK_CALLS = {"option", "argument", "command", "group", "Option", "Argument"}
+
+
+def _parse(path: Path) -> ast.Module | None:
+    try:
+        return ast.parse(_read(path), filename=str(path))
+    except SyntaxError:
+        raise EvidenceError("evidence.claims.syntax", f"{path} does not parse as Python") from None
+
+
+def _rst_to_text(doc: str) -> str:
+    """A docstring as Markdown-ish text: literal blocks after ``::`` fenced, roles reduced to their text."""
+    out: list[str] = []
+    literal_indent: int | None = None
+    pending = False
+    for line in doc.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if literal_indent is not None:
+            if line.strip() and indent <= literal_indent:
+                out.append("```")
+                literal_indent = None
+            else:
+                out.append(line)
+                continue
+        if pending and line.strip():
+            out.append("```")
+            literal_indent = indent - 1
+            pending = False
+            out.append(line)
+            continue
+        text = re.sub(r":\w+:`~?([^`]+)`", r"\1", line)
+        out.append(text)
+        if line.rstrip().endswith("::"):
+            pending = True
+            out[-1] = text.rstrip()[:-1]
+    if literal_indent is not None:
+        out.append("```")
+    return "\n".join(out)
+
+
+def _docstring_sentences(node: ast.AST, rel: str, origin: str) -> list[Sentence]:
+    doc = ast.get_docstring(node, clean=True)  # type: ignore[arg-type]
+    if not doc:
+        return []
+    body = getattr(node, "body", None)
+    first = body[0].lineno if body else getattr(node, "lineno", 1)
+    return [Sentence(file=rel, line=first + s.line - 1, text=s.text, citations=s.citations, origin=origin)
+            for s in extract(_rst_to_text(doc), file=rel, origin=origin)]
+
+
+def cli_help(repo: Path) -> list[Sentence]:
+    """Help text of the click commands in ``src/ckptgate/_cli``: ``help=`` strings and command docstrings."""
+    base = repo / _SOURCE / "_cli"
+    if not base.is_dir():
+        return []
+    out: list[Sentence] = []
+    for path in sorted(base.glob("*.py")):
+        tree = _parse(path)
+        rel = path.relative_to(repo).as_posix()
+        for node in ast.walk(tree) if tree else ():
+            if isinstance(node, ast.Call) and _call_name(node) in _CLICK_CALLS:
+                for kw in node.keywords:
+                    if kw.arg in ("help", "short_help") and isinstance(kw.value, ast.Constant) \
+                            and isinstance(kw.value.value, str):
+                        out.extend(Sentence(file=rel, line=kw.value.lineno + s.line - 1, text=s.text,
+                                            citations=s.citations, origin="cli")
+                                   for s in extract(kw.value.value, file=rel, origin="cli"))
+            if isinstance(node, ast.FunctionDef) and any(
+                    isinstance(d, ast.Call) and _call_name(d) in ("command", "group") for d in node.decorator_list):
+                out.extend(_docstring_sentences(node, rel, "cli"))
+    return out
+
+
+def _call_name(node: ast.Call) -> str:
+    f = node.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def public_modules(repo: Path) -> list[Path]:
+    """The package's ``__init__.py`` and every source file of the modules it names with ``:mod:``."""
+    init = repo / _SOURCE / "__init__.py"
+    if not init.is_file():
+        return []
+    names = sorted(set(re.findall(r":mod:`ckptgate\.([a-z][\w]*)`", _read(init))))
+    files = [init]
+    for name in names:
+        pkg, mod = repo / _SOURCE / name, repo / _SOURCE / f"{name}.py"
+        if pkg.is_dir():
+            files.extend(p for p in sorted(pkg.rglob("*.py"))
+                         if not any(part.startswith("_") and part != "__init__.py"
+                                    for part in p.relative_to(pkg).parts))
+        elif mod.is_file():
+            files.append(mod)
+    return files
+
+
+def _exported(tree: ast.Module) -> set[str] | None:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            try:
+                return {str(x) for x in ast.literal_eval(node.value)}
+            except ValueError:
+                return None
+    return None
+
+
+def api_docstrings(repo: Path) -> list[Sentence]:
+    """Docstrings of the public API: each public module, and the classes and functions it exports."""
+    out: list[Sentence] = []
+    for path in public_modules(repo):
+        tree = _parse(path)
+        if tree is None:
+            continue
+        rel = path.relative_to(repo).as_posix()
+        out.extend(_docstring_sentences(tree, rel, "docstring"))
+        exported = _exported(tree)
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and (
+                    node.name in exported if exported is not None else not node.name.startswith("_")):
+                out.extend(_docstring_sentences(node, rel, "docstring"))
+                if isinstance(node, ast.ClassDef):
+                    for sub in node.body:
+                        if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and not sub.name.startswith("_"):
+                            out.extend(_docstring_sentences(sub, rel, "docstring"))
+    return out
+
+
+def with_facts(items: Iterable[Sentence], vocabulary: Vocabulary) -> list[dict[str, Any]]:
+    """Each sentence as JSON with its claim facts."""
+    return [{**s.to_json(), "facts": sentence_facts(vocabulary, s.text)} for s in items]
+
+
+def claims_input(repo: Path, matrix_rows: Sequence[dict[str, Any]] | None = None, *,
+                 vocabulary: Vocabulary | None = None) -> dict[str, Any]:
+    """The input document for ``data.ckptgate.claims.violations``: this repository's text and matrix."""
     if matrix_rows is None:
         matrix_rows = committed_rows(repo)
-    return {"sentences": [s.to_json() for s in sentences(repo)], "references": reference_ids(repo),
-            "matrix": list(matrix_rows)}
+    if vocabulary is None:
+        vocabulary = local_vocabulary(repo)
+    return {"sentences": with_facts(sentences(repo), vocabulary), "references": reference_ids(repo),
+            "matrix": list(matrix_rows), "generated": [g.to_json() for g in generated(repo)]}
+
+
+def local_vocabulary(repo: Path) -> Vocabulary:
+    """The claims vocabulary from ``REPO/policies`` (or this source tree's), for use without an engine."""
+    for base in (repo / "policies", Path(__file__).resolve().parents[3] / "policies"):
+        p = base / "ckptgate" / "config" / "claims" / "data.json"
+        if p.is_file():
+            return _vocabulary_from(json.loads(_read(p)))
+    raise EvidenceError("evidence.claims.no_vocabulary", "no policies/ckptgate/config/claims/data.json found")
+
+
+def _vocabulary_from(doc: Any) -> Vocabulary:
+    if not isinstance(doc, dict) or not isinstance(doc.get("systems"), dict) or not isinstance(doc.get("lexicon"), dict):
+        raise EvidenceError("evidence.claims.bad_vocabulary",
+                            "data.ckptgate.config.claims has no systems or lexicon object")
+    try:
+        vocab = Vocabulary(doc)
+        sentence_facts(vocab, "ckptgate supports safetensors.")  # compiles every pattern once
+    except (re.error, KeyError, TypeError, AttributeError) as e:
+        raise EvidenceError("evidence.claims.bad_vocabulary", f"the claims vocabulary is invalid: {e}") from None
+    return vocab
+
+
+def engine_vocabulary(engine: Any) -> Vocabulary:
+    """The vocabulary the policy itself sees (``data.ckptgate.claims.vocabulary``)."""
+    return _vocabulary_from(engine.evaluate(VOCABULARY, {}).result)
 
 
 def committed_rows(repo: Path) -> list[dict[str, Any]]:
@@ -175,7 +469,7 @@ def committed_rows(repo: Path) -> list[dict[str, Any]]:
 
 def lint(engine: Any, repo: Path, matrix_rows: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Violations (``{code, message, evidence, location}``) from the ``ckptgate.claims`` policy, sorted."""
-    raw = engine.evaluate(ENTRYPOINT, claims_input(repo, matrix_rows))
+    raw = engine.evaluate(ENTRYPOINT, claims_input(repo, matrix_rows, vocabulary=engine_vocabulary(engine)))
     result = raw.result
     if not isinstance(result, list) or not all(isinstance(v, dict) for v in result):
         raise EvidenceError("evidence.claims.bad_result", "data.ckptgate.claims.violations is not a list of objects",
@@ -184,5 +478,6 @@ def lint(engine: Any, repo: Path, matrix_rows: Sequence[dict[str, Any]] | None =
                                          int((v.get("location") or {}).get("line") or 0), str(v.get("code"))))
 
 
-__all__ = ["ENTRYPOINT", "Sentence", "citations_in", "claims_input", "committed_rows", "doc_files", "extract",
-           "lint", "reference_ids", "sentences"]
+__all__ = ["ENTRYPOINT", "VOCABULARY", "GeneratedRow", "Sentence", "api_docstrings", "citations_in", "claims_input",
+           "cli_help", "committed_rows", "doc_files", "engine_vocabulary", "extract", "generated", "generated_rows",
+           "lint", "local_vocabulary", "public_modules", "reference_ids", "sentences", "with_facts"]

@@ -1,0 +1,307 @@
+"""The claim model: rule-based claim facts for one sentence, for the ``ckptgate.claims`` policy to judge.
+
+Python extracts, Rego decides.  A sentence is split into clauses (at ``;``, ``:``, dashes and
+conjunctions such as ``, but`` / ``, so`` / ``which``); in each clause the extractor finds
+
+* **systems**: mentions of formats, frameworks, their variants (ZeRO stages, FSDP generations,
+  Megatron Bridge, ...) and tools, longest alias first, from the vocabulary in policy data
+  (``data.ckptgate.config.claims.systems``); producer **versions** written after a producer name
+  (``torch 2.13.0``, ``DeepSpeed 0.14 and later``), open-ended or not;
+* **capability predicates** (support, load, consolidate, convert, read, handle, work with,
+  compatible, accept), each with its polarity (a negation before it in the clause), voice, and the
+  clause's **agent**: ``project`` (ckptgate, we, intake, the adapters ...), ``vendor`` (vendor
+  phrasing such as "documents", or a vendor tool as the active subject) or ``implicit``;
+* **safety predicates** (safe, harmless, cannot harm, protects, prevents ..., proves/guarantees
+  safety, trust surrogates called sufficient or trusted), each with its polarity; "cannot harm"
+  is a safety claim, not a negation;
+* **topics** (trust surrogates, signatures, containment, OS controls, loaders), **bounding cues**
+  (scope limited to matrix rows, universal quantifiers, cross-platform cues, platform bounds,
+  hypotheticals) and **unknown** system-like names.
+
+Quoted text (between double quotation marks, or three words or more between single ones) is a
+mention, not a claim, and is blanked before analysis.  The facts are plain JSON; nothing here decides a violation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+_CLAUSE = re.compile(
+    r"\s*;\s*|:\s+(?!(?:false|true|no|none|null)\b)|\s+[\u2014\u2013]\s+|\s+--?\s+|\s*\u2014\s*"
+    r"|,\s*(?=(?:but|and|so|while|whereas|yet|though|although|because|since|which|whereby|hence|thus|"
+    r"therefore|however|so that)\b)"
+    r"|\s+(?=(?:but|whereas|although|though|because|however|therefore)\b)|\s+\|\s+",
+    re.IGNORECASE)
+_PAREN = re.compile(r"\(([^()]*)\)")
+_QUOTED = re.compile(r"[\"\u201c]([^\"\u201d]+?)[\"\u201d]|(?<!\w)'([^']{3,}?)'(?!\w)")
+_CAND = re.compile(r"(?<![\w./-])(?:[A-Z][a-z]+[A-Z][\w-]*|[A-Z]{2,}[\w+-]*|[A-Za-z]+-?\d[\w.-]*|[A-Z][a-z]{2,}\w*)"
+                   r"(?![\w/])")
+_VERSION = re.compile(r"\s*(?:version\s+|v(?=\d))?(\d+(?:\.\d+){0,2}(?:\.x|\.\*)?)")
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The claims policy data (``config/claims/data.json``): systems, producers and the lexicon."""
+
+    data: Mapping[str, Any]
+
+    @cached_property
+    def lexicon(self) -> Mapping[str, Any]:
+        return self.data.get("lexicon") or {}
+
+    def rx(self, *path: str) -> re.Pattern[str]:
+        node: Any = self.lexicon
+        for p in path:
+            node = node[p]
+        return _compile(node)
+
+    @cached_property
+    def aliases(self) -> list[tuple[re.Pattern[str], str, str]]:
+        """(pattern, system id, alias), longest alias first."""
+        out = []
+        for sid, entry in (self.data.get("systems") or {}).items():
+            for alias in entry.get("aliases") or []:
+                exact = alias.startswith("=") or len(alias) <= 3
+                text = alias.lstrip("=")
+                flags = 0 if exact else re.IGNORECASE
+                pat = re.compile(r"(?<![\w./-])" + re.escape(text).replace(r"\ ", r"[\s_-]+") + r"(?![\w/-]|\.\w)", flags)
+                out.append((pat, sid, text))
+        out.sort(key=lambda t: -len(t[2]))
+        return out
+
+    @cached_property
+    def producers(self) -> list[tuple[re.Pattern[str], str]]:
+        out = []
+        for pid, names in (self.data.get("producers") or {}).items():
+            for n in names:
+                out.append((re.compile(r"(?<![\w./-])" + re.escape(n) + r"(?![\w/-])", re.IGNORECASE), pid))
+        return out
+
+    @cached_property
+    def kinds(self) -> dict[str, str]:
+        return {sid: str(e.get("kind")) for sid, e in (self.data.get("systems") or {}).items()}
+
+    def related(self, variant: str, family: str) -> bool:
+        """Whether ``family`` is an ancestor or the producer framework of ``variant``."""
+        systems = self.data.get("systems") or {}
+        seen: set[str] = set()
+        sid: str | None = variant
+        while sid and sid not in seen:
+            seen.add(sid)
+            entry = systems.get(sid) or {}
+            if sid != variant and sid == family:
+                return True
+            if entry.get("producer") and entry.get("producer") == (systems.get(family) or {}).get("producer") \
+                    and self.kinds.get(family) == "framework":
+                return True
+            sid = entry.get("family")
+        return False
+
+    @cached_property
+    def non_systems(self) -> set[str]:
+        return {s.lower() for s in self.data.get("non_systems") or []}
+
+    @cached_property
+    def alias_words(self) -> set[str]:
+        return {a.lower() for _, _, a in self.aliases}
+
+
+_CACHE: dict[str, re.Pattern[str]] = {}
+
+
+def _compile(p: str) -> re.Pattern[str]:
+    if p not in _CACHE:
+        _CACHE[p] = re.compile(p, re.IGNORECASE)
+    return _CACHE[p]
+
+
+def _mask(text: str, spans: list[tuple[int, int]]) -> str:
+    chars = list(text)
+    for a, b in spans:
+        for i in range(a, b):
+            chars[i] = " " if chars[i] != "\n" else "\n"
+    return "".join(chars)
+
+
+def clauses(text: str) -> list[str]:
+    parts = [p for p in _CLAUSE.split(text) if p and p.strip()]
+    return parts or [text]
+
+
+def _systems(vocab: Vocabulary, clause: str) -> tuple[list[dict[str, Any]], str]:
+    """Mentions of vocabulary systems (longest alias first), and the clause with them blanked."""
+    found: list[dict[str, Any]] = []
+    masked = clause
+    for pat, sid, alias in vocab.aliases:
+        for m in pat.finditer(masked):
+            found.append({"id": sid, "term": clause[m.start():m.end()], "at": m.start()})
+            masked = masked[:m.start()] + "\0" * (m.end() - m.start()) + masked[m.end():]
+    found.sort(key=lambda f: f["at"])
+    kept = []
+    after_rx = vocab.rx("artifact_after")
+    for f in found:
+        end = f["at"] + len(f["term"])
+        f["artifact"] = bool(after_rx.match(clause[end:]))
+    for i, f in enumerate(found):  # a family or producer written right before its variant: "DeepSpeed ZeRO-2"
+        nxt = found[i + 1] if i + 1 < len(found) else None
+        end = f["at"] + len(f["term"])
+        if nxt is not None and vocab.kinds.get(f["id"]) in ("family", "framework") and \
+                not clause[end:nxt["at"]].strip(" '’s") and vocab.related(nxt["id"], f["id"]):
+            continue
+        if _VERSION.match(clause, end) and vocab.kinds.get(f["id"]) in ("family", "framework"):
+            continue  # "torch 2.13.0" names a producer version, reported under versions
+        kept.append(f)
+    return kept, masked
+
+
+def _versions(vocab: Vocabulary, clause: str) -> list[dict[str, Any]]:
+    out = []
+    open_rx = vocab.rx("version_open")
+    for pat, pid in vocab.producers:
+        for m in pat.finditer(clause):
+            v = _VERSION.match(clause, m.end())
+            if not v:
+                continue
+            before = clause[max(0, m.start() - 24):m.start()]
+            after = clause[v.end(1):v.end(1) + 24]
+            is_open = bool(open_rx.search(after)) or bool(open_rx.search(before)) or v.group(1).endswith(("x", "*"))
+            out.append({"producer": pid, "version": v.group(1).rstrip(".x*").rstrip("."), "open": is_open,
+                        "term": clause[m.start():v.end(1)]})
+    return out
+
+
+def _negated(vocab: Vocabulary, clause: str, at: int, consumed: list[tuple[int, int]]) -> bool:
+    """A negation cue before position ``at`` in the clause (not one consumed as a safety claim)."""
+    head = clause[:at]
+    head = _mask(head, [(a, min(b, at)) for a, b in consumed if a < at])
+    head = vocab.rx("not_negation").sub(lambda m: " " * len(m.group()), head)
+    if vocab.rx("negation").search(head):
+        return True
+    w = vocab.rx("without")
+    return any(len(head[m.end():].split()) <= 2 for m in w.finditer(head))
+
+
+def _agent(vocab: Vocabulary, clause: str, masked: str, at: int, systems: list[dict[str, Any]],
+           passive: bool) -> str:
+    if vocab.rx("project").search(clause):
+        return "project"
+    if vocab.rx("vendor_phrasing").search(clause):
+        return "vendor"
+    if passive:
+        return "implicit"
+    subject = [s for s in systems if s["at"] < at]
+    if subject and vocab.kinds.get(subject[-1]["id"]) in ("tool", "framework") and \
+            not re.search(r"\b(checkpoints?|shards?|files?|state|states|outputs?|layouts?|formats?)\b",
+                          clause[subject[-1]["at"]:at], re.IGNORECASE):
+        return "vendor"
+    return "implicit"
+
+
+def _unknown(vocab: Vocabulary, masked: str, ends: list[int]) -> list[str]:
+    """System-like names that are what a capability claim is about: right after the predicate
+    ("supports GGUF"), or named as an artifact ("Orbax checkpoints")."""
+    out = []
+    after_rx = vocab.rx("artifact_after")
+    for m in _CAND.finditer(masked):
+        word = m.group().strip("-.")
+        if not word or "_" in word or word.lower() in vocab.non_systems or word.lower() in vocab.alias_words:
+            continue
+        if re.fullmatch(r"R\d{2}|v?\d.*", word):
+            continue
+        if re.fullmatch(r"[A-Z][a-z]+", word) and not masked[:m.start()].strip():
+            continue  # a capitalised first word
+        near = any(e <= m.start() and len(masked[e:m.start()].split()) <= 2 for e in ends)
+        named = any(e <= m.start() for e in ends) and re.match(
+            r"\s+(?:checkpoints?|models?|formats?|shards?|state[ _-]?dicts?|adapters?)\b", masked[m.end():], re.IGNORECASE)
+        if near or named:
+            out.append(word)
+    return out
+
+
+def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
+    systems, masked = _systems(vocab, clause)
+    lex = vocab.lexicon
+    safety: list[dict[str, Any]] = []
+    consumed: list[tuple[int, int]] = []
+    benign = [(m.start(), m.end()) for m in vocab.rx("benign_safety").finditer(masked)]
+    for cls in lex.get("safety", {}):
+        for m in vocab.rx("safety", cls).finditer(masked):
+            if any(a <= m.start() < b for a, b in benign):
+                continue
+            safety.append({"class": cls, "term": m.group(), "at": m.start()})
+            if cls == "harm":
+                consumed.append((m.start(), m.end()))
+    for s in safety:
+        inside = any(a <= s["at"] < b for a, b in consumed) and s["class"] != "harm"
+        s["negated"] = _negated(vocab, clause, s["at"], consumed)
+        s["nested"] = inside
+    safety = [s for s in safety if not s.pop("nested")]
+    capability: list[dict[str, Any]] = []
+    for cls in lex.get("capability", {}):
+        for m in vocab.rx("capability", cls).finditer(masked):
+            head = masked[:m.start()]
+            passive = bool(vocab.rx("passive").search(head)) or cls in ("compatible", "out_of_the_box")
+            false_after = bool(vocab.rx("false_after").match(masked[m.end():])
+                               or vocab.rx("object_negation").match(masked[m.end():]))
+            capability.append({"class": cls, "term": m.group(), "at": m.start(), "passive": passive,
+                               "negated": false_after or _negated(vocab, clause, m.start(), consumed),
+                               "agent": _agent(vocab, clause, masked, m.start(), systems, passive)})
+    for sys in systems:  # a framework named right after the predicate is its object: "works with PyTorch"
+        gap = clause[:sys["at"]]
+        sys["object"] = sys["artifact"] or any(
+            c["at"] < sys["at"] and len(gap[c["at"] + len(c["term"]):].split()) <= 2 for c in capability)
+    topics = sorted(t for t in lex.get("topics", {}) if vocab.rx("topics", t).search(clause))
+    cross = [m.group() for m in vocab.rx("cross_platform").finditer(clause)]
+    cross_negated = any(_negated(vocab, clause, m.start(), consumed) for m in vocab.rx("cross_platform").finditer(clause))
+    lead = re.match(r"\s*(?:and\s+|,\s*)?(so|therefore|hence|thus|consequently|because|since|which means)\b", clause,
+                    re.IGNORECASE)
+    return {
+        "text": clause.strip(),
+        "connective": lead.group(1).lower() if lead else "",
+        "vendor_phrasing": bool(vocab.rx("vendor_phrasing").search(clause)),
+        "negation": bool(vocab.rx("negation").search(vocab.rx("not_negation").sub(" ", clause))),
+        "systems": [{"id": s["id"], "term": s["term"], "object": s["object"]} for s in systems],
+        "versions": _versions(vocab, clause),
+        "capability": [{k: v for k, v in c.items() if k != "at"} for c in capability],
+        "safety": [{k: v for k, v in s.items() if k != "at"} for s in safety],
+        "topics": topics,
+        "universal": [m.group() for m in vocab.rx("universal").finditer(masked)],
+        "scope": [m.group() for m in vocab.rx("scope").finditer(clause)],
+        "cross_platform": cross,
+        "cross_platform_negated": cross_negated,
+        "platform_bounds": [m.group() for m in vocab.rx("platform_bounds").finditer(clause)],
+        "hypothetical": bool(vocab.rx("hypothetical").search(clause)),
+        "unknown": _unknown(vocab, masked, [c["at"] + len(c["term"]) for c in capability]),
+    }
+
+
+def _own_clause(vocab: Vocabulary, text: str) -> bool:
+    """A parenthesis with its own predicate, negation or vendor phrasing is a clause of its own."""
+    lex = vocab.lexicon
+    return bool(vocab.rx("vendor_phrasing").search(text) or vocab.rx("negation").search(text)
+                or any(vocab.rx("capability", c).search(text) for c in lex.get("capability", {}))
+                or any(vocab.rx("safety", c).search(text) for c in lex.get("safety", {})))
+
+
+def sentence_facts(vocab: Vocabulary, text: str) -> dict[str, Any]:
+    """Claim facts for one sentence: its clauses, and sentence-wide cues."""
+    quoted = [(m.start(), m.end()) for m in _QUOTED.finditer(text)
+              if m.group(1) is not None or len((m.group(2) or "").split()) >= 3]
+    body = _mask(text, quoted)
+    parts = clauses(_PAREN.sub(lambda m: " " * len(m.group()) if _own_clause(vocab, m.group(1)) else m.group(), body))
+    parts += [c for m in _PAREN.finditer(body) if _own_clause(vocab, m.group(1)) for c in clauses(m.group(1))]
+    return {
+        "register_entry": bool(vocab.rx("register_entry").search(text)),
+        "clauses": [clause_facts(vocab, c) for c in parts],
+        "topics": sorted(t for t in vocab.lexicon.get("topics", {}) if vocab.rx("topics", t).search(body)),
+        "scope": [m.group() for m in vocab.rx("scope").finditer(body)],
+        "vendor_phrasing": bool(vocab.rx("vendor_phrasing").search(body)),
+        "interrogative": bool(vocab.rx("interrogative").search(body)),
+    }
+
+
+__all__ = ["Vocabulary", "clause_facts", "clauses", "sentence_facts"]

@@ -116,15 +116,15 @@ def test_intake_casts_floating_point_tensors_only_when_asked(setup):
     assert index["metadata"]["total_size"] == sum(v.numel() * v.element_size() for v in out_tensors.values())
 
 
-def _refused(setup, attestations, expected_code):
+def _refused(setup, attestations, expected_code, exit_code=ExitCode.DENIED):
     args = ["intake", setup["src"], "--out", setup["dst"], "--trust", setup["trust"]]
     for a in attestations:
         args += ["--attestation", a]
     human = cli(*args)
-    assert human.returncode == ExitCode.DENIED, human.stderr
+    assert human.returncode == exit_code, human.stderr
     assert expected_code in human.stderr and "Traceback" not in human.stderr
     machine = cli(*args, "--json")
-    assert machine.returncode == ExitCode.DENIED
+    assert machine.returncode == exit_code
     err = json.loads(machine.stdout)["error"]
     assert expected_code in [r["code"] for r in err["reasons"]]
     assert all(r["message"] for r in err["reasons"])
@@ -143,17 +143,19 @@ def test_tampered_signature_is_denied(setup):
     sig = env["signatures"][0]["sig"]
     env["signatures"][0]["sig"] = ("A" if sig[0] != "A" else "B") + sig[1:]
     att.write_text(json.dumps(env))
-    err = _refused(setup, [att], "attestation_rejected")
+    err = _refused(setup, [att], "attestation_rejected", ExitCode.VERIFICATION_FAILED)
     assert any("signature" in r["message"] for r in err["reasons"])
 
 
 def test_attestation_for_another_fixture_is_denied(setup):
-    err = _refused(setup, [setup["attest"](subject="sha256:" + "0" * 64)], "attestation_rejected")
+    err = _refused(setup, [setup["attest"](subject="sha256:" + "0" * 64)], "attestation_rejected",
+                   ExitCode.VERIFICATION_FAILED)
     assert any("subject" in r["message"] or "digest" in r["message"] for r in err["reasons"])
 
 
 def test_attestation_from_an_untrusted_key_is_denied(setup):
-    _refused(setup, [setup["attest"]("untrusted")], "attestation_rejected")
+    err = _refused(setup, [setup["attest"]("untrusted")], "attestation_rejected", ExitCode.VERIFICATION_FAILED)
+    assert "--trust" in err["advice"]
 
 
 @pytest.mark.parametrize("status", ["failed", "error"])

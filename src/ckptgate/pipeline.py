@@ -30,7 +30,7 @@ from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, default_polic
 from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBuilder, Precheck, Reason, Request,
                              decide, now_utc, open_engine, precheck)
 from ckptgate.digest import DigestCancelled, FixtureDigest, fixture_digest
-from ckptgate.errors import InputRejected, PolicyDenied, RuntimeFailure, UsageError, VerificationError
+from ckptgate.errors import Error, InputRejected, PolicyDenied, RuntimeFailure, UsageError, VerificationError
 from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
 from ckptgate.publish import check_destination, publish, staging
 from ckptgate.userfiles import read_regular_file
@@ -192,7 +192,8 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
             digest = None
         found = early.result() if early is not None else None  # raises what the precheck raised
         if found is not None and found.refuse:
-            raise _refusal(found.deny_reasons, found.decision_id, found.policy_revision, before_digest=True)
+            raise _refusal(found.deny_reasons, found.decision_id, found.policy_revision, found.refusal or "policy",
+                           before_digest=True)
         assert digest is not None  # only a refusal or a failed precheck cancels it
         if profile is not None:
             containment = profile.result()
@@ -256,25 +257,41 @@ def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequen
 
 
 def refuse(evaluation: Evaluation) -> None:
-    """Raise the error that a deny decision stands for (4 for a refused input, else 3)."""
+    """Raise the error that a deny decision stands for: the policy's refusal class sets it (4 for
+    the checkpoint's own content, 5 when only failed or untrusted signatures explain the deny,
+    else 3)."""
     d = evaluation.decision
     if not d.allow:
-        raise _refusal(d.deny_reasons, d.decision_id, d.policy_revision)
+        raise _refusal(d.deny_reasons, d.decision_id, d.policy_revision, d.refusal or "policy")
 
 
-def _refusal(deny_reasons: Sequence[Reason], decision_id: str, policy_revision: str, *,
-             before_digest: bool = False) -> InputRejected | PolicyDenied:
-    ordered = sorted(deny_reasons, key=lambda r: not r.code.startswith("inspection"))  # what is wrong with it first
+def _refusal(deny_reasons: Sequence[Reason], decision_id: str, policy_revision: str, refusal: str, *,
+             before_digest: bool = False) -> Error:
+    ordered = sorted(deny_reasons, key=lambda r: r.code not in _FIRST.get(refusal, ()))  # what decided it first
     reasons = [r.to_json() for r in ordered]
     summary = "; ".join(r.message for r in ordered) or "deny"
     if before_digest:
         summary += " (refused before the checkpoint was hashed)"
-    evidence = {"decision_id": decision_id, "policy_revision": policy_revision, "before_digest": before_digest}
-    if any(r.code.startswith("inspection") for r in deny_reasons):
+    evidence = {"decision_id": decision_id, "policy_revision": policy_revision, "before_digest": before_digest,
+                "refusal": refusal}
+    first = ordered[0].code if ordered else "deny"
+    if refusal == "input":
         return InputRejected("input.refused_by_policy", f"the checkpoint was refused: {summary}", reasons=reasons,
                              evidence=evidence)
-    return PolicyDenied(f"policy.{deny_reasons[0].code}" if deny_reasons else "policy.deny",
+    if refusal == "verification":
+        return VerificationError(f"verify.{first}", f"no attestation verified for this checkpoint: {summary}",
+                                 reasons=reasons, evidence=evidence, advice=_VERIFY_ADVICE)
+    return PolicyDenied(f"policy.{first}" if deny_reasons else "policy.deny",
                         f"the policy denied the intake: {summary}", reasons=reasons, evidence=evidence)
+
+
+# Within a refusal, the reasons of its own class come first (the code names the first one).
+_FIRST = {"input": ("inspection_not_clean", "pickle_outside_allowlist", "pickle_global_not_allowlisted"),
+          "verification": ("attestation_rejected", "attestation_untrusted_signer", "attestation_digest_mismatch")}
+_VERIFY_ADVICE = ("Do not trust this evidence as it stands. An untrusted signer is trusted only through the trust "
+                  "data: pass a trust file naming its key or identity with --trust FILE (`ckptgate attest keygen "
+                  "--trust-out FILE` writes one for a new key). A failed signature or another digest means the "
+                  "attestation was not made for exactly these bytes.")
 
 
 def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: Path, *, max_shard_bytes: int,

@@ -142,7 +142,7 @@ def test_peft_without_base_revision_is_refused() -> None:
 
 def test_plan_needs_an_allow_decision() -> None:
     deny = Decision(allow=False, plane=None, permitted_loaders=(), required_controls=(), reasons=(),
-                    decision_id="t", policy_revision="t", engine="t")
+                    refusal="policy", decision_id="t", policy_revision="t", engine="t")
     with SafeTree.open(FIXTURES / "hf_sharded" / "checkpoint") as tree:
         with pytest.raises(PlanError) as e:
             plan_for(tree, inspect_open_tree(tree), decision=deny, fixture_digest="sha256:" + "0" * 64,

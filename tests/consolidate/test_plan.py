@@ -71,7 +71,7 @@ def test_plan_for_refuses_a_loader_the_decision_does_not_permit():
 
     decision = parse_decision(RawDecision(result={
         "allow": True, "plane": "pure_data", "permitted_loaders": ["json"], "required_controls": [],
-        "reasons": []}, decision_id="d", policy_revision="r", engine="t"))
+        "reasons": [], "refusal": None}, decision_id="d", policy_revision="r", engine="t"))
     with SafeTree.open(checkpoint_dir("hf_sharded")) as tree:
         inspection = inspect_open_tree(tree)
         with pytest.raises(PolicyDenied) as e:
@@ -98,7 +98,7 @@ def test_a_checkpoint_without_tensors_is_a_rejected_input_not_a_plan_bug(tmp_pat
             json.dumps({"metadata": {"total_size": 0}, "weight_map": {}}))
     decision = parse_decision(RawDecision(result={
         "allow": True, "plane": "pure_data", "permitted_loaders": ["json", "safetensors"], "required_controls": [],
-        "reasons": []}, decision_id="d", policy_revision="r", engine="t"))
+        "reasons": [], "refusal": None}, decision_id="d", policy_revision="r", engine="t"))
     with SafeTree.open(tmp_path) as tree:
         inspection = inspect_open_tree(tree)
         with pytest.raises(EmptyCheckpoint) as e:

@@ -13,7 +13,8 @@ ALLOW = textwrap.dedent("""\
     package ckptgate.intake
 
     decision := {"allow": true, "plane": "pure_data", "permitted_loaders": ["safetensors"],
-                 "required_controls": [], "reasons": [{"code": "ok", "message": "fine", "evidence": {}}]}
+                 "required_controls": [], "reasons": [{"code": "ok", "message": "fine", "evidence": {}}],
+                 "refusal": null}
     """)
 DIGEST = "sha256:" + "ab" * 32
 

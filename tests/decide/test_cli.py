@@ -38,7 +38,7 @@ def test_explain_names_the_failed_evidence_in_plain_words(tmp_path):
     bogus = tmp_path / "bogus.json"
     bogus.write_text('{"payloadType": "application/vnd.in-toto+json", "payload": "e30=", "signatures": []}')
     res = cli("explain", HF, "--attestation", bogus)
-    assert res.returncode == ExitCode.DENIED
+    assert res.returncode == ExitCode.VERIFICATION_FAILED  # a failed signature alone explains the deny
     assert "REJECTED" in res.stdout and str(bogus) in res.stdout
     assert "attestation_rejected" in res.stdout
 

@@ -10,9 +10,11 @@ from ckptgate.decide.decision import parse_decision, parse_precheck
 from ckptgate.decide.engine import RawDecision
 
 GOOD_ALLOW = {"allow": True, "plane": "pure_data", "permitted_loaders": ["safetensors", "json"],
-              "required_controls": [], "reasons": [{"code": "attestation_trusted", "message": "ok", "evidence": {}}]}
+              "required_controls": [], "reasons": [{"code": "attestation_trusted", "message": "ok", "evidence": {}}],
+              "refusal": None}
 GOOD_DENY = {"allow": False, "plane": None, "permitted_loaders": [], "required_controls": [],
-             "reasons": [{"code": "attestation_missing", "message": "no attestation", "evidence": {"n": 0}}]}
+             "reasons": [{"code": "attestation_missing", "message": "no attestation", "evidence": {"n": 0}}],
+             "refusal": "policy"}
 
 
 def raw(result):
@@ -50,6 +52,7 @@ def test_deny_keeps_its_reasons():
     (lambda d: {**d, "reasons": [{"code": "x", "message": "m", "evidence": []}]}, "non-object evidence"),
     (lambda d: {**d, "reasons": [{"code": "x", "message": "m", "severity": "deny"}]}, "deny reason is present"),
     (lambda d: {**d, "reasons": [{"code": "x", "message": "m", "severity": "fatal"}]}, "unknown severity"),
+    (lambda d: {**d, "refusal": "policy"}, "refuses nothing"),
 ])
 def test_malformed_allow_becomes_deny(mutate, why):
     d = parse_decision(raw(mutate(dict(GOOD_ALLOW))))
@@ -64,8 +67,21 @@ def test_deny_without_a_reason_is_malformed():
     assert [r.code for r in d.reasons] == ["decision_malformed"]
 
 
+@pytest.mark.parametrize(("refusal", "exit_code"), [("input", 4), ("verification", 5), ("policy", 3)])
+def test_a_deny_exits_as_its_refusal_class_says(refusal, exit_code):
+    assert parse_decision(raw({**GOOD_DENY, "refusal": refusal})).exit_code == exit_code
+    assert parse_decision(raw(GOOD_ALLOW)).exit_code == 0
+
+
+@pytest.mark.parametrize("refusal", [None, "fatal", 5, ["policy"]])
+def test_a_deny_without_a_known_refusal_class_is_malformed_and_a_policy_deny(refusal):
+    d = parse_decision(raw({**GOOD_DENY, "refusal": refusal}))
+    assert [r.code for r in d.reasons] == ["decision_malformed"]
+    assert d.refusal == "policy" and d.exit_code == 3
+
+
 REFUSE = {"refuse": True, "reasons": [{"code": "inspection_not_clean", "message": "m", "evidence": {},
-                                      "severity": "deny"}]}
+                                      "severity": "deny"}], "refusal": "input"}
 
 
 def test_a_precheck_refusal_is_parsed_with_its_reasons():
@@ -73,7 +89,8 @@ def test_a_precheck_refusal_is_parsed_with_its_reasons():
     assert p is not None and p.refuse
     assert [r.code for r in p.deny_reasons] == ["inspection_not_clean"]
     assert (p.decision_id, p.policy_revision) == ("d-1", "sha256:r")
-    assert parse_precheck(raw({"refuse": False, "reasons": []})).refuse is False
+    assert p.refusal == "input"
+    assert parse_precheck(raw({"refuse": False, "reasons": [], "refusal": None})).refuse is False
 
 
 @pytest.mark.parametrize("result", [
@@ -81,11 +98,13 @@ def test_a_precheck_refusal_is_parsed_with_its_reasons():
     {"refuse": True},
     {**REFUSE, "allow": True},
     {**REFUSE, "refuse": "yes"},
-    {"refuse": True, "reasons": []},  # a refusal must say why
-    {"refuse": False, "reasons": REFUSE["reasons"]},  # a deny reason that refuses nothing
-    {"refuse": True, "reasons": [{"code": "x", "message": "m", "severity": "fatal"}]},
+    {**REFUSE, "reasons": []},  # a refusal must say why
+    {**REFUSE, "refuse": False},  # a deny reason that refuses nothing
+    {**REFUSE, "reasons": [{"code": "x", "message": "m", "severity": "fatal"}]},
+    {**REFUSE, "refusal": None},
+    {"refuse": False, "reasons": [], "refusal": "input"},
 ], ids=["none", "no-reasons-key", "extra-key", "refuse-not-bool", "refusal-without-reason",
-        "deny-reason-without-refusal", "unknown-severity"])
+        "deny-reason-without-refusal", "unknown-severity", "refusal-without-class", "class-without-refusal"])
 def test_a_malformed_precheck_refuses_nothing_early(result):
     """Only the decision can allow; a precheck that is not exactly {refuse, reasons} is set aside."""
     assert parse_precheck(raw(result)) is None

@@ -170,6 +170,6 @@ def test_intake_decision_accepts_a_sigstore_bundle_through_the_cli(testca: Path,
     assert doc["decision"]["allow"] is True
     assert doc["input"]["attestations"][0]["signers"][0]["identity"] == IDENTITY
     without_root = decide()
-    assert without_root.returncode == 3
+    assert without_root.returncode == 5  # verification alone failed
     assert json.loads(without_root.stdout)["input"]["rejected_attestations"][0]["code"] == \
         "verify.sigstore.no_trust_root"

@@ -18,7 +18,7 @@ import data.ckptgate.trust
 # METADATA
 # description: >-
 #   The decision document, exactly {allow, plane, permitted_loaders, required_controls,
-#   reasons}. Reasons list deny reasons first, then info reasons; each carries its severity.
+#   reasons, refusal}. Reasons list deny reasons first, then info reasons; each carries its severity.
 # entrypoint: true
 decision := {
 	"allow": allow,
@@ -26,7 +26,35 @@ decision := {
 	"permitted_loaders": permitted_loaders,
 	"required_controls": required_controls,
 	"reasons": reasons,
+	"refusal": refusal,
 }
+
+# METADATA
+# description: >-
+#   What a deny stands for, which sets the exit code of every command alike: "input" (4) when a
+#   deny reason is about the checkpoint's own content; else "verification" (5) when failed or
+#   untrusted signatures alone explain it; else "policy" (3). null when allowed.
+# scope: document
+default refusal := null
+
+refusal := refusal_of(deny_reasons) if not allow
+
+# METADATA
+# description: The refusal class of a set of deny reasons (config/intake/data.json refusal).
+refusal_of(denied) := "input" if {
+	some r in denied
+	r.code in _intake_cfg.refusal.input
+} else := "verification" if {
+	some r in denied
+	r.code in _intake_cfg.refusal.verification
+	every r2 in denied {
+		_explained_by_verification(r2.code)
+	}
+} else := "policy"
+
+_explained_by_verification(code) if code in _intake_cfg.refusal.verification
+
+_explained_by_verification(code) if code in _intake_cfg.refusal.verification_consequences
 
 # METADATA
 # description: True only when the plane is known and there is no deny reason.
@@ -343,14 +371,19 @@ structural_deny_reasons contains reason if {
 # METADATA
 # description: >-
 #   The answer before the fixture is hashed, from input.inspection and input.request only:
-#   {refuse, reasons}. refuse is true when a structural deny reason holds, and the caller then
+#   {refuse, reasons, refusal}. refuse is true when a structural deny reason holds, and the caller then
 #   stops measuring [attack catalogue: cheap structural checks before any full hash]. It never
 #   allows anything; only the decision does.
 # entrypoint: true
 precheck := {
 	"refuse": count(structural_deny_reasons) > 0,
 	"reasons": [object.union(r, {"severity": "deny"}) | some r in sort(structural_deny_reasons)],
+	"refusal": _precheck_refusal,
 }
+
+default _precheck_refusal := null
+
+_precheck_refusal := refusal_of(structural_deny_reasons) if count(structural_deny_reasons) > 0
 
 # METADATA
 # description: Info reasons. They never change allow.

@@ -101,7 +101,7 @@ test_allow_framework_with_trusted_qualification_gate_and_controls if {
 
 test_decision_has_exactly_the_contract_keys if {
 	d := _decide(td.framework_input)
-	object.keys(d) == {"allow", "plane", "permitted_loaders", "required_controls", "reasons"}
+	object.keys(d) == {"allow", "plane", "permitted_loaders", "required_controls", "reasons", "refusal"}
 	every r in d.reasons {
 		object.keys(r) == {"code", "message", "evidence", "severity"}
 		r.severity in {"deny", "info"}
@@ -305,7 +305,7 @@ test_precheck_passes_a_checkpoint_before_its_fixture_and_attestations_are_known 
 		{"op": "replace", "path": "/attestations", "value": []},
 		{"op": "remove", "path": "/containment"},
 	])
-	_precheck(inp) == {"refuse": false, "reasons": []}
+	_precheck(inp) == {"refuse": false, "reasons": [], "refusal": null}
 	_decide(inp).allow == false
 }
 
@@ -350,4 +350,46 @@ test_a_fact_of_the_wrong_type_is_input_malformed if {
 		r.evidence.field == concat(".", array.slice(split(path, "/"), 1, 10))
 		_precheck(inp).refuse == structural
 	}
+}
+
+# One rule sets what a deny stands for, and so the exit code, whichever command asks.
+test_an_allow_has_no_refusal if {
+	_decide(td.framework_input).refusal == null
+}
+
+test_the_checkpoints_own_content_is_an_input_refusal_whatever_else_fails if {
+	every code in ["inspection_not_clean", "pickle_outside_allowlist", "pickle_global_not_allowlisted"] {
+		_decide(_deny_cases[code]).refusal == "input"
+	}
+	both := json.patch(_deny_cases.inspection_not_clean, [{"op": "replace", "path": "/attestations", "value": []}])
+	_decide(both).refusal == "input"
+}
+
+test_failed_or_untrusted_signatures_alone_are_a_verification_refusal if {
+	every code in ["attestation_rejected", "attestation_untrusted_signer", "attestation_digest_mismatch"] {
+		_decide(_deny_cases[code]).refusal == "verification"
+	}
+	bad_signature_only := json.patch(
+		_deny_cases.attestation_rejected,
+		[{"op": "replace", "path": "/attestations", "value": []}],
+	)
+	d := _decide(bad_signature_only)
+	{"attestation_rejected", "attestation_missing"} == _codes(d) & {"attestation_rejected", "attestation_missing"}
+	d.refusal == "verification"
+}
+
+test_any_other_reason_beside_a_verification_failure_is_a_policy_refusal if {
+	_decide(_deny_cases.attestation_missing).refusal == "policy"
+	_decide(_deny_cases.attestation_expired).refusal == "policy"
+	_decide(_deny_cases.containment_control_missing).refusal == "policy"
+	mixed := json.patch(
+		_deny_cases.attestation_rejected,
+		[{"op": "replace", "path": "/containment/controls/seccomp", "value": false}],
+	)
+	_decide(mixed).refusal == "policy"
+}
+
+test_the_precheck_names_its_refusal_too if {
+	_precheck(_deny_cases.inspection_not_clean).refusal == "input"
+	_precheck(_deny_cases.format_unknown).refusal == "policy"
 }

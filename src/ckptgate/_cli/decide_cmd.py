@@ -82,7 +82,8 @@ def register(cli: click.Group) -> None:
                        engine: EngineOptions, as_json: bool) -> int:
         """Print the OPA input document for SRC and the policy's decision. Loads nothing.
 
-        Exit 0 allow, 3 deny, 4 unreadable input, 6 engine unavailable.
+        Exit 0 allow; a deny exits as its refusal class says: 4 the checkpoint itself, 5 only
+        failed or untrusted signatures, 3 any other reason; 6 engine unavailable.
         """
         ev = _evaluate(src, attestations, candidate_commit, engine)
         doc = {"input": ev.policy_input.to_json(), "decision": ev.decision.to_json()}
@@ -93,7 +94,7 @@ def register(cli: click.Group) -> None:
             stdout.print(Syntax(json.dumps(doc["input"], indent=2, sort_keys=True), "json", word_wrap=True))
             stdout.print("[bold]decision[/]")
             stdout.print(Syntax(json.dumps(doc["decision"], indent=2, sort_keys=True), "json", word_wrap=True))
-        return ExitCode.OK if ev.decision.allow else ExitCode.DENIED
+        return ev.decision.exit_code
 
     @cli.command("explain")
     @_common
@@ -101,7 +102,8 @@ def register(cli: click.Group) -> None:
                         engine: EngineOptions, as_json: bool) -> int:
         """Explain the decision for SRC in plain words, naming the evidence that failed.
 
-        Exit 0 allow, 3 deny, 4 unreadable input, 6 engine unavailable.
+        Exit 0 allow; a deny exits as its refusal class says: 4 the checkpoint itself, 5 only
+        failed or untrusted signatures, 3 any other reason; 6 engine unavailable.
         """
         ev = _evaluate(src, attestations, candidate_commit, engine)
         lines = explain_lines(ev)
@@ -110,7 +112,7 @@ def register(cli: click.Group) -> None:
         else:
             for line in lines:
                 stdout.print(shown(line))
-        return ExitCode.OK if ev.decision.allow else ExitCode.DENIED
+        return ev.decision.exit_code
 
     @cli.group("policy")
     def policy_group() -> None:

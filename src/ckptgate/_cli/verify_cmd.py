@@ -22,8 +22,10 @@ def register(cli: click.Group) -> None:
     @json_option
     def verify_command(path: Path, attestations: tuple[Path, ...], html_out: Path | None, engine,
                        as_json: bool) -> int:
-        """Report on PATH without loading it. Exit 0 when the policy allows, 3 when it denies,
-        4 input rejected, 6 policy engine unavailable."""
+        """Report on PATH without loading it. Exit 0 when the policy allows; a deny exits as its
+        refusal class says: 4 the checkpoint itself, 5 only failed or untrusted signatures, 3 any
+        other reason; 6 policy engine unavailable."""
+        from ckptgate.decide.decision import REFUSAL_EXIT
         from ckptgate.evidence.report import build_report, render_html, render_text
 
         if html_out is not None:
@@ -36,4 +38,4 @@ def register(cli: click.Group) -> None:
         else:
             for line in render_text(doc):
                 stdout.print(printable(line), markup=False, highlight=False)
-        return 0 if doc["decision"]["allow"] else 3
+        return 0 if doc["decision"]["allow"] else int(REFUSAL_EXIT[doc["decision"]["refusal"]])

@@ -3,7 +3,11 @@
 The shape (see ``docs/architecture.md``)::
 
     {"allow": bool, "plane": str | null, "permitted_loaders": [str], "required_controls": [str],
-     "reasons": [{"code": str, "message": str, "evidence": object, "severity"?: str}]}
+     "reasons": [{"code": str, "message": str, "evidence": object, "severity"?: str}],
+     "refusal": null | "input" | "verification" | "policy"}
+
+``refusal`` is what a deny stands for, decided by the policy, and it alone sets the exit code of
+every command (:data:`REFUSAL_EXIT`).
 
 :func:`parse_decision` never raises: a malformed answer becomes a deny :class:`Decision` whose
 single reason says what was wrong with it (fail closed).
@@ -17,9 +21,13 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from ckptgate.decide.engine import RawDecision
+from ckptgate.errors import ExitCode
 
 PLANES = ("pure_data", "static_pickle", "framework")
-_KEYS = frozenset({"allow", "plane", "permitted_loaders", "required_controls", "reasons"})
+#: What a deny stands for -> the exit code every command gives it.
+REFUSAL_EXIT = MappingProxyType({"input": ExitCode.INPUT_REJECTED, "verification": ExitCode.VERIFICATION_FAILED,
+                                 "policy": ExitCode.DENIED})
+_KEYS = frozenset({"allow", "plane", "permitted_loaders", "required_controls", "reasons", "refusal"})
 _REASON_KEYS = frozenset({"code", "message", "evidence", "severity"})
 _NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 
@@ -50,10 +58,18 @@ class Decision:
     decision_id: str
     policy_revision: str
     engine: str
+    refusal: str | None = None
 
     def __post_init__(self) -> None:
         if self.allow and self.plane not in PLANES:
             raise ValueError("an allow decision must name a plane")
+        if (self.refusal is None) != self.allow or (self.refusal is not None and self.refusal not in REFUSAL_EXIT):
+            raise ValueError("a deny, and only a deny, names its refusal class")
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """0 for allow; for a deny, the exit code of its refusal class."""
+        return ExitCode.OK if self.refusal is None else REFUSAL_EXIT[self.refusal]
 
     @property
     def deny_reasons(self) -> tuple[Reason, ...]:
@@ -64,8 +80,8 @@ class Decision:
                 "permitted_loaders": list(self.permitted_loaders),
                 "required_controls": list(self.required_controls),
                 "reasons": [r.to_json() for r in self.reasons],
-                "decision_id": self.decision_id, "policy_revision": self.policy_revision,
-                "engine": self.engine}
+                "refusal": self.refusal, "decision_id": self.decision_id,
+                "policy_revision": self.policy_revision, "engine": self.engine}
 
 
 def deny(code: str, message: str, *, raw: RawDecision | None = None,
@@ -76,7 +92,7 @@ def deny(code: str, message: str, *, raw: RawDecision | None = None,
                                     evidence=MappingProxyType(dict(evidence or {}))),),
                     decision_id=raw.decision_id if raw else "",
                     policy_revision=raw.policy_revision if raw else "",
-                    engine=raw.engine if raw else "ckptgate")
+                    engine=raw.engine if raw else "ckptgate", refusal="policy")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,13 +107,14 @@ class Precheck:
     decision_id: str
     policy_revision: str
     engine: str
+    refusal: str | None = None
 
     @property
     def deny_reasons(self) -> tuple[Reason, ...]:
         return tuple(r for r in self.reasons if r.severity == "deny")
 
     def to_json(self) -> dict[str, Any]:
-        return {"refuse": self.refuse, "reasons": [r.to_json() for r in self.reasons],
+        return {"refuse": self.refuse, "reasons": [r.to_json() for r in self.reasons], "refusal": self.refusal,
                 "decision_id": self.decision_id, "policy_revision": self.policy_revision, "engine": self.engine}
 
 
@@ -106,19 +123,22 @@ class _Malformed(Exception):
 
 
 def parse_precheck(raw: RawDecision) -> Precheck | None:
-    """The precheck in ``raw``, or None when it is not exactly ``{refuse, reasons}`` with a deny
-    reason behind every refusal.  None refuses nothing early; the decision still decides."""
+    """The precheck in ``raw``, or None when it is not exactly ``{refuse, reasons, refusal}`` with
+    a deny reason and a refusal class behind every refusal.  None refuses nothing early; the
+    decision still decides."""
     doc = raw.result
     try:
-        if not isinstance(doc, dict) or set(doc) != {"refuse", "reasons"} or not isinstance(doc["refuse"], bool):
-            raise _Malformed("not {refuse, reasons}")
+        if (not isinstance(doc, dict) or set(doc) != {"refuse", "reasons", "refusal"}
+                or not isinstance(doc["refuse"], bool)):
+            raise _Malformed("not {refuse, reasons, refusal}")
         reasons = _reasons(doc["reasons"], default_severity="deny")
         if doc["refuse"] != any(r.severity == "deny" for r in reasons):
             raise _Malformed("'refuse' does not match its deny reasons")
+        refusal = _refusal(doc["refusal"], denied=doc["refuse"])
     except _Malformed:
         return None
     return Precheck(refuse=doc["refuse"], reasons=reasons, decision_id=raw.decision_id,
-                    policy_revision=raw.policy_revision, engine=raw.engine)
+                    policy_revision=raw.policy_revision, engine=raw.engine, refusal=refusal)
 
 
 def parse_decision(raw: RawDecision) -> Decision:
@@ -155,9 +175,20 @@ def _parse(raw: RawDecision) -> Decision:
         raise _Malformed("'allow' is false but no deny reason says why")
     if allow and not loaders:
         raise _Malformed("an allow decision that permits no loader")
+    refusal = _refusal(doc["refusal"], denied=not allow)
     return Decision(allow=allow, plane=plane, permitted_loaders=loaders, required_controls=controls,
                     reasons=reasons, decision_id=raw.decision_id, policy_revision=raw.policy_revision,
-                    engine=raw.engine)
+                    engine=raw.engine, refusal=refusal)
+
+
+def _refusal(value: Any, *, denied: bool) -> str | None:
+    if not denied:
+        if value is not None:
+            raise _Malformed("a refusal class on an answer that refuses nothing")
+        return None
+    if not isinstance(value, str) or value not in REFUSAL_EXIT:
+        raise _Malformed(f"a deny whose refusal class is {_preview(value, 40)}, not one of {sorted(REFUSAL_EXIT)}")
+    return str(value)
 
 
 def _names(value: Any, what: str) -> tuple[str, ...]:

@@ -507,7 +507,7 @@ def qualify_all(repo: Path, *, key: Path | str | None = None, options: Any = Non
         except EvidenceError as e:
             results.append({"fixture": fixture.name, "adapter": adapter, "status": "skipped",
                             "reason": f"[{e.code}] {e.message}"})
-        except (InputRejected, PolicyDenied) as e:
+        except (InputRejected, PolicyDenied, VerificationError) as e:
             # Inspection or policy refuses this fixture today (e.g. no consolidation runtime for its
             # layout yet): nothing was run or signed; the matrix keeps the adapter unqualified.
             results.append({"fixture": fixture.name, "adapter": adapter, "status": "skipped",

@@ -22,7 +22,7 @@ import ckptgate.pipeline as pipeline
 from ckptgate.decide.engine import EmbeddedOpa
 from ckptgate.demo import demo_statement
 from ckptgate.digest import fixture_digest
-from ckptgate.errors import EngineUnavailable, ExitCode
+from ckptgate.errors import EngineUnavailable, ExitCode, UsageError
 from ckptgate.inspect import SafeTree
 from ckptgate.pipeline import EngineOptions, intake
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
@@ -409,3 +409,39 @@ def test_a_file_rewritten_between_inspection_and_digest_is_refused(setup, monkey
     assert e.value.evidence["path"] == victim.name
     assert not setup["dst"].exists()
     assert not [p for p in setup["tmp"].iterdir() if "staging" in p.name]
+
+
+def _listing(root: Path) -> list[tuple[str, int]]:
+    return sorted((str(p.relative_to(root)), p.lstat().st_size) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("hook", ["check_destination", "evaluate", "consolidate_into"])
+def test_swapping_the_parent_of_dst_for_a_symlink_into_the_source_never_writes_inside_it(setup, monkeypatch,
+                                                                                          hook):
+    """Issue #16, F7: after the destination checks, DST's parent is swapped for a symlink into the
+    checkpoint.  The intake either refuses with a typed error or publishes at the original parent;
+    nothing is ever written inside the source."""
+    src, parent = setup["src"], setup["tmp"] / "parent"
+    parent.mkdir()
+    dst = parent / "out"
+    before = _listing(src)
+    moved = parent.with_name("parent.orig")
+    real = getattr(pipeline, hook)
+
+    def then_swap(*args, **kwargs):
+        result = real(*args, **kwargs)
+        parent.rename(moved)
+        parent.symlink_to(src, target_is_directory=True)
+        return result
+
+    monkeypatch.setattr(pipeline, hook, then_swap)
+    try:
+        intake(src, dst, attestations=[setup["attest"]()], options=EngineOptions(trust_file=setup["trust"]))
+    except UsageError as e:  # resolved after the swap: the parent is proved to be inside the source
+        assert hook == "check_destination" and e.code == "usage.dst_inside_source"
+        assert not (moved / "out").exists()
+    else:
+        assert hook != "check_destination"
+        assert json.loads((moved / "out" / "ckptgate-receipt.json").read_text())["decision"]["allow"] is True
+    assert parent.is_symlink()  # the swap did happen
+    assert _listing(src) == before  # nothing published, staged or left inside the source

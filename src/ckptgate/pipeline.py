@@ -32,7 +32,7 @@ from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBui
 from ckptgate.digest import DigestCancelled, FixtureDigest, fixture_digest
 from ckptgate.errors import Error, InputRejected, PolicyDenied, RuntimeFailure, UsageError, VerificationError
 from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
-from ckptgate.publish import check_destination, publish, staging
+from ckptgate.publish import check_destination, open_destination, publish, staging
 from ckptgate.userfiles import read_regular_file
 from ckptgate.verify import TrustData, prepare_statement_checks, verify_attestation
 from ckptgate.verify.dsse import MAX_ENVELOPE_BYTES
@@ -294,10 +294,11 @@ _VERIFY_ADVICE = ("Do not trust this evidence as it stands. An untrusted signer 
                   "attestation was not made for exactly these bytes.")
 
 
-def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: Path, *, max_shard_bytes: int,
+def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: int | Path, *, max_shard_bytes: int,
                      chunk_size: int = DEFAULT_CHUNK, on_bytes: Callable[[int], None] | None = None,
                      on_plan: Callable[[int], None] | None = None, dtype: str | None = None) -> Consolidated:
-    """Enforce an evaluated decision and write the consolidated output into ``out_dir``.
+    """Enforce an evaluated decision and write the consolidated output into ``out_dir`` (a
+    directory descriptor, or a path the writer opens once as one).
 
     A deny raises (:func:`refuse`); an allow plans (framework loads run in the worker under the
     profile the policy decided on) and writes.  When ``tree`` holds its files
@@ -340,20 +341,23 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
     floating-point tensor cast to ``dtype`` if one is named; dtypes are otherwise preserved)."""
     options = options or EngineOptions()
     check_cast(dtype)  # before the digest, not after it
-    dst = check_destination(dst, source=src)
+    dst = check_destination(dst, source=src)  # the early answer, by path, before any work
     trust = load_trust(options)
-    with SafeTree.open(src) as tree, engine_for(options, trust) as engine:
+    # DST's parent is resolved once, here, into a descriptor proved to lie outside the root that
+    # is walked; staging, writing, fsync and the final rename are all relative to it.
+    with (SafeTree.open(src) as tree, open_destination(dst, source_root=tree.root_id) as destination,
+          engine_for(options, trust) as engine):
         # Leases let the copy read only the placed bytes; without them it hashes every source in its
         # one read.  Inspection is bound to the digest by the tree's read ledger either way.
         tree.hold()
         evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now,
                               sigstore_trust_root=options.sigstore_trust_root, refuse_early=True)
         try:
-            with staging(dst) as stage:
-                done = consolidate_into(tree, evaluation, stage, max_shard_bytes=max_shard_bytes,
+            with staging(destination) as stage:
+                done = consolidate_into(tree, evaluation, stage.fd, max_shard_bytes=max_shard_bytes,
                                         chunk_size=chunk_size, on_bytes=on_bytes, on_plan=on_plan, dtype=dtype)
                 receipt = _receipt(src, evaluation, done)
-                publish(stage, dst, receipt)
+                publish(stage, receipt)
         except OSError as e:  # ENOSPC, EFBIG, EIO...: an I/O failure, not a bug; nothing was published
             raise RuntimeFailure("runtime.io", f"writing the output failed: {e.strerror or e}",
                                  evidence={"errno": e.errno, "destination": str(dst)}) from None

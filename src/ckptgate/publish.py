@@ -1,63 +1,102 @@
 """Atomic publication: DST is either absent, or complete, fsynced and carrying its receipt.
 
+DST's parent is resolved once (:func:`open_destination`: the user's path, symlinks and all, is
+resolved to a canonical path, which ``openat2(RESOLVE_NO_SYMLINKS)`` then opens) into a directory
+descriptor; everything after that is relative to that descriptor, never to a path: the staging
+directory is created, locked, filled (:mod:`ckptgate.consolidate.writer` creates its files
+relative to the staging directory's descriptor), fsynced and renamed to DST with
+``renameat2(RENAME_NOREPLACE)`` against it.  Swapping DST's parent (or any directory above it)
+for a symlink after that changes nothing: the output goes to the directory that was opened.
+That neither the parent nor the staging directory lies inside the source checkpoint is proved on
+the descriptors (:func:`ckptgate._fs.is_within`: ``..`` by descriptor up to the root, comparing
+``(st_dev, st_ino)`` with the source root's), when DST is opened, when the staging directory is
+made and again just before the rename.
+
 Files are written into a private staging directory beside DST (same file system), every file
 and the directory are fsynced, the receipt is written last, and the staging directory is
-renamed to DST with ``renameat2(RENAME_NOREPLACE)``, so an existing DST is never replaced and a
-crash or ``kill -9`` at any point leaves DST absent.  A staging directory has a random name and is
-flock-ed by its owner while in use; one that no live process holds is removed on the next run
-(under an exclusive flock of the parent, which an intake holds shared until its own directory is
-locked).  Atomic publication is ckptgate's responsibility, not an upstream guarantee [R12].
+renamed to DST, so an existing DST is never replaced and a crash or ``kill -9`` at any point
+leaves DST absent.  A staging directory has a random name and is flock-ed by its owner while in
+use; one that no live process holds is removed on the next run (under an exclusive flock of the
+parent, which an intake holds shared until its own directory is locked).  Atomic publication is
+ckptgate's responsibility, not an upstream guarantee [R12].
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
-import tempfile
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptgate._fs import RENAME_NOREPLACE, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, is_within, openat2, renameat2
 from ckptgate.errors import Error, UsageError
 
 RECEIPT_NAME = "ckptgate-receipt.json"
 _AT_FDCWD = -100
-_RENAME_NOREPLACE = 1
 _STAGING = re.compile(r"^\..+\.ckptgate-staging-[A-Za-z0-9_]+$")
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class PublishError(Error):
     default_advice = "Nothing was published; DST is unchanged."
 
 
-def _renameat2_noreplace(src: Path, dst: Path) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    rc = libc.renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE)
-    if rc != 0:
-        err = ctypes.get_errno()
-        if err == errno.EEXIST:
-            raise UsageError("usage.dst_exists", f"{dst} already exists; ckptgate never replaces a published output")
-        raise PublishError("publish.rename_failed", f"could not publish to {dst}: {os.strerror(err)}")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Destination:
+    """DST resolved once: its parent open as a directory descriptor, and its last name.
+
+    Only :func:`open_destination` makes one; the descriptor lives as long as its ``with`` block.
+    """
+
+    path: Path
+    """DST as the user named it (absolute): for messages and the receipt, never opened."""
+    parent_fd: int
+    """DST's parent directory; staging, fsync and the final rename are relative to it."""
+    name: str
+    """DST's last path component, the name the output gets in the parent."""
+    source_root: tuple[int, int] | None = None
+    """``(st_dev, st_ino)`` of the source checkpoint's root, which the output may not lie inside."""
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stage:
+    """A private staging directory in DST's parent, open as :attr:`fd` and locked while in use."""
+
+    fd: int
+    """The staging directory: the outputs and the receipt are created relative to it."""
+    name: str
+    """Its name in the parent (relative to :attr:`Destination.parent_fd`)."""
+    destination: Destination
+
+    @property
+    def path(self) -> Path:
+        """Where the staging directory was made, for messages only: never opened by ckptgate."""
+        return self.destination.path.parent / self.name
 
 
-def _held(path: Path) -> bool:
+def _inside_source(dst: Path) -> UsageError:
+    return UsageError("usage.dst_inside_source", f"{dst} is inside the checkpoint; publishing there would "
+                      "change what was measured", evidence={"destination": str(dst)},
+                      advice="Choose a destination outside the checkpoint.")
+
+
+def _exists(dst: Path) -> UsageError:
+    return UsageError("usage.dst_exists", f"{dst} already exists; ckptgate never replaces a published output")
+
+
+def _held(parent_fd: int, name: str) -> bool:
     """Whether a live ckptgate still holds the staging directory (its flock); a dead one cannot."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(name, _DIR, dir_fd=parent_fd)
     except OSError:
         return True  # cannot tell: leave it alone
     try:
@@ -69,17 +108,18 @@ def _held(path: Path) -> bool:
     return False
 
 
-def remove_stale_staging(parent: Path) -> list[Path]:
-    """Remove staging directories in ``parent`` whose owner is gone (no one holds their lock).
+def remove_stale_staging(parent_fd: int) -> list[str]:
+    """Remove staging directories in the directory ``parent_fd`` whose owner is gone (no one holds
+    their lock); returns their names.
 
-    Runs only with an exclusive lock on ``parent`` itself; an intake holds that lock shared from
+    Runs only with an exclusive lock on the parent itself; an intake holds that lock shared from
     creating its staging directory until it has locked it (:func:`staging`), so a directory
     that is not yet locked is never mistaken for a stale one.  If the lock is taken, the clean-up
     is left to a later intake.
     """
-    removed: list[Path] = []
+    removed: list[str] = []
     try:
-        pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        pfd = os.open(".", _DIR, dir_fd=parent_fd)  # a lock of our own: flock belongs to the open file
     except OSError:
         return removed
     try:
@@ -87,10 +127,12 @@ def remove_stale_staging(parent: Path) -> list[Path]:
             fcntl.flock(pfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return removed
-        for p in parent.iterdir():
-            if _STAGING.match(p.name) and p.is_dir() and not p.is_symlink() and not _held(p):
-                shutil.rmtree(p, ignore_errors=True)
-                removed.append(p)
+        with os.scandir(pfd) as it:
+            names = sorted(e.name for e in it if _STAGING.match(e.name) and e.is_dir(follow_symlinks=False))
+        for name in names:
+            if not _held(pfd, name):
+                shutil.rmtree(name, dir_fd=pfd, ignore_errors=True)
+                removed.append(name)
     finally:
         os.close(pfd)  # releases the lock
     return removed
@@ -98,45 +140,121 @@ def remove_stale_staging(parent: Path) -> list[Path]:
 
 def check_destination(dst: Path, *, source: Path | None = None) -> Path:
     """Refuse a DST that exists, whose parent is missing, or that lies inside ``source`` (publishing
-    there would change the checkpoint just measured), before any work is done."""
+    there would change the checkpoint just measured), before any work is done.
+
+    This is the early answer, by path; the binding one is :func:`open_destination`'s, on the
+    descriptors that are then used.
+    """
     dst = Path(os.path.abspath(dst))
     if dst.exists() or dst.is_symlink():
-        raise UsageError("usage.dst_exists", f"{dst} already exists; ckptgate never replaces a published output")
+        raise _exists(dst)
     if not dst.parent.is_dir():
         raise UsageError("usage.dst_parent_missing", f"the parent of {dst} "
                          f"{'is not a directory' if dst.parent.exists() else 'does not exist'}")
     if source is not None and (dst.parent.resolve() / dst.name).is_relative_to(source.resolve()):
-        raise UsageError("usage.dst_inside_source", f"{dst} is inside the checkpoint {source}; publishing there "
-                         "would change what was measured", advice="Choose a destination outside the checkpoint.")
+        raise _inside_source(dst)
     return dst
 
 
 @contextmanager
-def staging(dst: Path) -> Iterator[Path]:
-    """A private staging directory beside ``dst``; removed unless :func:`publish` consumed it."""
-    dst = check_destination(dst)
-    remove_stale_staging(dst.parent)
-    pfd = os.open(dst.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def open_destination(dst: Path, *, source_root: tuple[int, int] | None = None) -> Iterator[Destination]:
+    """Resolve DST's parent once into a directory descriptor and check DST against it.
+
+    The parent's path is made canonical (the user's symlinks resolved) and opened with
+    ``openat2(RESOLVE_NO_SYMLINKS)``: a symlink that appears on that path in between refuses
+    (``usage.dst_parent_changed``) rather than being followed.  Then, on the descriptor: DST must
+    not exist in it (``usage.dst_exists``), and the parent must not be, or lie beneath, the
+    directory ``source_root`` (``usage.dst_inside_source``).
+    """
+    dst = Path(os.path.abspath(dst))
+    if dst.name in ("", ".", ".."):
+        raise UsageError("usage.dst_invalid", f"{dst} names no directory entry to publish as")
+    parent = os.path.realpath(dst.parent)
+    try:
+        parent_fd = openat2(_AT_FDCWD, parent, os.O_RDONLY | os.O_DIRECTORY,
+                            resolve=RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise UsageError("usage.dst_parent_missing", f"the parent of {dst} is not a directory or does not "
+                             f"exist: {e.strerror}", evidence={"destination": str(dst)}) from None
+        if e.errno == errno.ELOOP:
+            raise UsageError("usage.dst_parent_changed", f"the parent of {dst} changed while it was being "
+                             "opened (a symlink appeared on its path); nothing was published",
+                             evidence={"destination": str(dst), "resolved_parent": parent}) from None
+        raise UsageError("usage.dst_parent_unusable", f"cannot open the parent of {dst}: {e.strerror}",
+                         evidence={"destination": str(dst), "errno": e.errno}) from None
+    try:
+        try:
+            os.stat(dst.name, dir_fd=parent_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+        else:
+            raise _exists(dst)
+        if source_root is not None and is_within(parent_fd, source_root):
+            raise _inside_source(dst)
+        yield Destination(path=dst, parent_fd=parent_fd, name=dst.name, source_root=source_root)
+    finally:
+        os.close(parent_fd)
+
+
+def _make_stage_dir(dest: Destination) -> str:
+    """Create a new staging directory (mode 0700) in the parent; its name."""
+    for _ in range(100):
+        name = f".{dest.name}.ckptgate-staging-{secrets.token_hex(8)}"
+        try:
+            os.mkdir(name, 0o700, dir_fd=dest.parent_fd)
+        except FileExistsError:
+            continue
+        return name
+    raise PublishError("publish.staging_exists", f"could not make a staging directory beside {dest.path}")
+
+
+def _remove_stage(dest: Destination, name: str, fd: int) -> None:
+    """Remove the staging directory ``name`` if it still is the one open as ``fd``."""
+    try:
+        s = os.stat(name, dir_fd=dest.parent_fd, follow_symlinks=False)
+    except OSError:
+        return  # published (renamed to DST), or gone
+    here = os.fstat(fd)
+    if stat.S_ISDIR(s.st_mode) and (s.st_dev, s.st_ino) == (here.st_dev, here.st_ino):
+        shutil.rmtree(name, dir_fd=dest.parent_fd, ignore_errors=True)
+
+
+@contextmanager
+def staging(dest: Destination) -> Iterator[Stage]:
+    """A private staging directory in DST's parent (by descriptor); removed unless :func:`publish`
+    consumed it."""
+    if dest.source_root is not None and is_within(dest.parent_fd, dest.source_root):
+        raise _inside_source(dest.path)  # the parent was moved into the source since it was opened
+    remove_stale_staging(dest.parent_fd)
+    pfd = os.open(".", _DIR, dir_fd=dest.parent_fd)  # our own open file for the shared lock
     try:
         fcntl.flock(pfd, fcntl.LOCK_SH)  # no clean-up runs until our directory is locked
-        stage = Path(tempfile.mkdtemp(prefix=f".{dst.name}.ckptgate-staging-", dir=dst.parent))  # mode 0700
-        lock = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        name = _make_stage_dir(dest)
+        try:
+            lock = os.open(name, _DIR, dir_fd=dest.parent_fd)
+        except OSError as e:
+            raise PublishError("publish.staging_changed", f"the staging directory beside {dest.path} was replaced "
+                               f"before it could be opened: {e.strerror}") from None
         fcntl.flock(lock, fcntl.LOCK_EX)  # held until we are done: marks the directory as live
     finally:
         os.close(pfd)
     try:
-        yield stage
+        if dest.source_root is not None and is_within(lock, dest.source_root):
+            raise _inside_source(dest.path)
+        yield Stage(fd=lock, name=name, destination=dest)
     finally:
-        if stage.exists():
-            shutil.rmtree(stage, ignore_errors=True)
+        _remove_stage(dest, name, lock)
         os.close(lock)
 
 
-def publish(stage: Path, dst: Path, receipt: dict[str, Any]) -> Path:
-    """Write the receipt into ``stage``, fsync everything, and rename ``stage`` to ``dst``."""
-    dst = Path(os.path.abspath(dst))
+def publish(stage: Stage, receipt: dict[str, Any]) -> Path:
+    """Write the receipt into ``stage``, fsync everything, and rename ``stage`` to DST, all relative
+    to the descriptors; returns DST's path."""
+    dest = stage.destination
     raw = (json.dumps(receipt, indent=2, sort_keys=True, default=str) + "\n").encode()
-    fd = os.open(stage / RECEIPT_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(RECEIPT_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                 dir_fd=stage.fd)
     try:
         view = memoryview(raw)
         while view:
@@ -144,15 +262,24 @@ def publish(stage: Path, dst: Path, receipt: dict[str, Any]) -> Path:
         os.fsync(fd)
     finally:
         os.close(fd)
-    for p in stage.iterdir():  # the one fsync of each output: the writer leaves durability to us
-        if p.is_file():
-            ffd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(ffd)
-            finally:
-                os.close(ffd)
-    os.chmod(stage, 0o755)
-    _fsync_dir(stage)
-    _renameat2_noreplace(stage, dst)
-    _fsync_dir(dst.parent)
-    return dst
+    with os.scandir(stage.fd) as it:  # the one fsync of each output: the writer leaves durability to us
+        names = [e.name for e in it if e.is_file(follow_symlinks=False)]
+    for name in names:
+        ffd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stage.fd)
+        try:
+            os.fsync(ffd)
+        finally:
+            os.close(ffd)
+    os.fchmod(stage.fd, 0o755)
+    os.fsync(stage.fd)
+    if dest.source_root is not None and is_within(dest.parent_fd, dest.source_root):
+        raise _inside_source(dest.path)  # the parent was moved into the source meanwhile
+    try:
+        renameat2(dest.parent_fd, stage.name, dest.parent_fd, dest.name, RENAME_NOREPLACE)
+    except OSError as e:
+        if e.errno == errno.EEXIST:
+            raise _exists(dest.path) from None
+        raise PublishError("publish.rename_failed", f"could not publish to {dest.path}: {e.strerror}",
+                           evidence={"errno": e.errno}) from None
+    os.fsync(dest.parent_fd)
+    return dest.path

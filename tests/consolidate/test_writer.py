@@ -181,3 +181,27 @@ def test_a_source_rewritten_in_place_after_it_was_measured_is_not_published(tmp_
     finally:
         os.close(fd)
     assert e.value.code == "runtime.copy.source_changed"
+
+
+@pytest.mark.parametrize("mode", ["verified", "held"])
+def test_outputs_are_created_relative_to_the_directory_descriptor_never_by_path(tmp_path, mode):
+    """An intake passes its staging directory's descriptor: replacing the directory's path with a
+    symlink elsewhere (issue #16, F7) changes nothing; every output lands in the directory opened."""
+    tensors = {"w": np.arange(64, dtype=np.float32)}
+    src, raw, plan = _plan_from(tmp_path, tensors, 1 << 20)
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    dfd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    sfd = os.open(src, os.O_RDONLY)
+    try:
+        out.rename(tmp_path / "out.orig")
+        out.symlink_to(elsewhere, target_is_directory=True)
+        written = write_plan(plan, dfd, {"src.safetensors": sfd},
+                             expected={"src.safetensors": hashlib.sha256(raw).hexdigest()} if mode == "verified"
+                             else None)
+    finally:
+        os.close(sfd)
+        os.close(dfd)
+    assert list(elsewhere.iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "out.orig").iterdir()) == sorted(w.filename for w in written)

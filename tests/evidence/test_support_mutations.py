@@ -66,3 +66,29 @@ def test_a_changed_claim_is_never_supported(qualified_repo: EvidenceRepo) -> Non
                     raise AssertionError(f"supported after {how}: {e}") from None
             seen[got] = seen.get(got, 0) + 1
     assert {"not verified", "supported", "unqualified", "refused"} <= set(seen), seen
+
+
+def test_a_co_subject_never_inherits_another_fixtures_row(qualified_repo: EvidenceRepo) -> None:
+    """Issue #16, F6, in the matrix: the genuine statement made about another fixture Z, with the
+    qualified fixture added as a second subject, verifies for the fixture but is refused."""
+    repo = qualified_repo.path
+    [stored] = (repo / "attestations").glob("sha256-*/*.dsse.json")
+    _, genuine, _ = statement_of(stored.read_bytes())
+    digest = "sha256:" + stored.parent.name.removeprefix("sha256-")
+    other = "ab" * 32
+    statement = {**genuine, "subject": [{"name": "other", "digest": {"sha256": other}}, *genuine["subject"]],
+                 "predicate": {**genuine["predicate"], "fixture": {**genuine["predicate"]["fixture"],
+                                                                   "digest": "sha256:" + other}}}
+    options = EngineOptions(policy_dir=repo / "policies")
+    trust, key = load_trust(options), KeySigner.from_pem(qualified_repo.key)
+    base = matrix.support_input(repo, trust)
+    now = datetime.fromisoformat(base["now"].replace("Z", "+00:00"))
+    raw = sign_payload(canonical_payload(statement), [key])
+    facts = verify_attestation(raw, source="co-subject", trust=trust, measured_digest=digest, now=now)
+    assert facts.to_facts()["verification"]["predicate_subject"] == {"fixture.digest": False}
+    doc = {**facts.to_facts(), "retained_result": matrix.retained_result(repo, statement)}
+    with engine_for(options) as engine:
+        rows = engine.evaluate(matrix.ROWS_ENTRYPOINT, {**base, "attestations": [doc]}).result
+    [row] = [r for r in rows if r.get("source") == "co-subject"]
+    assert row["status"] == "refused"
+    assert "attestation_predicate_mismatch" in {r["code"] for r in row["reasons"]}

@@ -24,6 +24,11 @@ test_deny_when_attestation_signed_by_untrusted_key if _denies("attestation_untru
 
 test_deny_when_attestation_for_another_fixture_digest if _denies("attestation_digest_mismatch")
 
+test_deny_when_a_co_subject_would_inherit_another_fixtures_qualification if {
+	_denies("attestation_predicate_mismatch")
+	not "attestation_digest_mismatch" in _codes(_decide(_deny_cases.attestation_predicate_mismatch))
+}
+
 test_deny_when_request_time_unparseable if _denies("attestation_freshness_unchecked")
 
 test_deny_when_attestation_expired if _denies("attestation_expired")

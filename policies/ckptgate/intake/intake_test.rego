@@ -58,6 +58,7 @@ _deny_cases := {
 		concat("", ["c", substring(td.key_spki, 1, -1)]),
 	),
 	"attestation_digest_mismatch": td.with_value("/fixture/digest", concat(":", ["sha256", td.key_spki])),
+	"attestation_predicate_mismatch": td.patched(td.co_subject_ops("/attestations/0")),
 	"attestation_freshness_unchecked": td.with_value("/request/now", "yesterday"),
 	"attestation_expired": td.with_value("/request/now", "2027-12-01T00:00:00Z"),
 	"attestation_not_yet_valid": td.with_value("/request/now", "2026-10-01T00:00:00Z"),

@@ -162,6 +162,7 @@ status_of := {
 	"attestation_untrusted_signer": "refused",
 	"attestation_not_yet_valid": "refused",
 	"attestation_digest_mismatch": "refused",
+	"attestation_predicate_mismatch": "refused",
 	"result_failed": "refused",
 	"result_not_retained": "refused",
 	"candidate_commit_is_evidence_commit": "refused",

@@ -39,6 +39,7 @@ _cases := {
 		_set("/statement/predicate/fixture/digest", concat(":", ["sha256", td.key_spki])),
 		"refused",
 	],
+	"attestation_predicate_mismatch": [_att(td.co_subject_ops("")), "refused"],
 	"result_failed": [_set("/statement/predicate/result/status", "failed"), "refused"],
 	"result_not_retained": [_set("/retained_result/sha256", null), "refused"],
 	"candidate_commit_is_evidence_commit": [_set("/statement/predicate/candidate_commit", _head.commit), "refused"],

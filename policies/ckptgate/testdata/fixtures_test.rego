@@ -88,6 +88,8 @@ attestation := {
 		"checks": ["envelope", "payload_type", "signature", "statement_schema", "subject_digest"],
 		"verified_at": "2026-11-29T17:00:00Z",
 		"subject_matches_fixture": true,
+		"subject_digest": concat(":", ["sha256", fixture_hex]),
+		"predicate_subject": {"fixture.digest": true},
 	},
 	"retained_result": {"location": "attestations/evidence/run.log", "sha256": concat(":", ["sha256", key_spki])},
 }
@@ -140,3 +142,21 @@ patched(ops) := json.patch(framework_input, ops)
 # METADATA
 # description: The framework input with one value replaced at a JSON pointer.
 with_value(path, value) := patched([{"op": "replace", "path": path, "value": value}])
+
+# METADATA
+# description: >-
+#   JSON patch operations (under prefix, e.g. "/attestations/0") that turn the attestation into
+#   one whose predicate is about another fixture (key_spki as its digest), with the measured
+#   fixture added as a second subject: Python binds the second subject and reports that
+#   predicate.fixture.digest does not name it.
+co_subject_ops(prefix) := [
+	{"op": "replace", "path": concat("", [prefix, "/statement/subject"]), "value": [
+		{"name": "other", "digest": {"sha256": key_spki}},
+		{"name": "fixture", "digest": {"sha256": fixture_hex}},
+	]},
+	{
+		"op": "replace", "path": concat("", [prefix, "/statement/predicate/fixture/digest"]),
+		"value": concat(":", ["sha256", key_spki]),
+	},
+	{"op": "replace", "path": concat("", [prefix, "/verification/predicate_subject"]), "value": {"fixture.digest": false}},
+]

@@ -82,6 +82,7 @@ checks(att, ctx, cfg) := {
 	"attestation_malformed": count(malformed_fields(att, cfg.intake.statement_types)) > 0,
 	"attestation_untrusted_signer": signer_trusted(att, cfg) == false,
 	"attestation_digest_mismatch": _fixture_unbound(att, ctx),
+	"attestation_predicate_mismatch": predicate_unbound(att, cfg),
 	"attestation_freshness_unchecked": _freshness_unknown(ctx.now_ns, cfg.intake.freshness),
 	"attestation_expired": expired(att, ctx.now_ns, cfg.intake.freshness),
 	"attestation_not_yet_valid": not_yet_valid(att, ctx.now_ns, cfg.intake.freshness),
@@ -204,15 +205,44 @@ signer_matches(signer, entry) if {
 # METADATA
 # scope: document
 # description: >-
-#   True when a subject of att has the fixture digest ("<alg>:<hex>") and Python checked the
-#   subject against the measured fixture.
+#   True when Python bound a subject of att to the measured fixture and that bound subject
+#   (verification.subject_digest) is the fixture digest ("<alg>:<hex>"), which a subject of
+#   the statement carries.
 default binds_fixture(_, _) := false
 
 binds_fixture(att, fixture_digest) if {
 	at(att, ["verification", "subject_matches_fixture"]) == true
+	at(att, ["verification", "subject_digest"]) == fixture_digest
 	[alg, digest_hex] := split(fixture_digest, ":")
 	some subject in at(att, ["statement", "subject"])
 	subject.digest[alg] == digest_hex
+}
+
+# METADATA
+# scope: document
+# description: >-
+#   True when att is of one of ckptgate's predicate types (cfg.intake.predicates) and its
+#   predicate is not about the subject the binding used: predicate.fixture.digest is not
+#   verification.subject_digest, or Python found a predicate field naming the attested
+#   checkpoint (verification.predicate_subject) that names another, or checked none. A second
+#   subject never inherits a predicate that is about the first. Applies to every request,
+#   whether or not it binds a fixture (the support matrix does not).
+default predicate_unbound(_, _) := true
+
+predicate_unbound(att, cfg) := false if {
+	count(_kinds_of(at(att, ["statement", "predicateType"]), cfg.intake.predicates)) == 0
+}
+
+predicate_unbound(att, _) := false if {
+	bound := at(att, ["verification", "subject_digest"])
+	is_string(bound)
+	at(att, ["statement", "predicate", "fixture", "digest"]) == bound
+	fields := at(att, ["verification", "predicate_subject"])
+	is_object(fields)
+	count(fields) > 0
+	every named in fields {
+		named == true
+	}
 }
 
 # METADATA
@@ -285,6 +315,11 @@ _message("attestation_digest_mismatch", _, ctx, _) := sprintf(
 	[ctx.fixture_digest],
 )
 
+_message("attestation_predicate_mismatch", att, _, _) := sprintf(
+	"its predicate is about fixture %v, not the subject %v that was bound to the measured bytes",
+	[at(att, ["statement", "predicate", "fixture", "digest"]), at(att, ["verification", "subject_digest"])],
+)
+
 _message("attestation_freshness_unchecked", _, _, _) := concat("", [
 	"freshness cannot be checked: request.now is not an RFC 3339 time ",
 	"or the freshness policy data is incomplete",
@@ -326,6 +361,13 @@ _evidence("attestation_digest_mismatch", att, ctx, _) := {
 	"fixture_digest": ctx.fixture_digest,
 	"subject": at(att, ["statement", "subject"]),
 	"subject_matches_fixture": at(att, ["verification", "subject_matches_fixture"]),
+}
+
+_evidence("attestation_predicate_mismatch", att, _, _) := {
+	"predicate_fixture_digest": at(att, ["statement", "predicate", "fixture", "digest"]),
+	"subject_digest": at(att, ["verification", "subject_digest"]),
+	"predicate_subject": at(att, ["verification", "predicate_subject"]),
+	"subject": at(att, ["statement", "subject"]),
 }
 
 _evidence("attestation_freshness_unchecked", _, _, _) := {"field": "request.now"}

@@ -106,6 +106,71 @@ test_digest_mismatch_when_python_did_not_bind_the_subject if {
 	_problem_codes(inp) == {"attestation_digest_mismatch"}
 }
 
+test_predicate_mismatch_when_a_co_subject_would_inherit_another_fixtures_predicate if {
+	inp := _att_with(td.co_subject_ops(""))
+	_problem_codes(inp) == {"attestation_predicate_mismatch"}
+	_trusted(inp) == set()
+}
+
+test_predicate_mismatch_for_a_provenance_predicate_too if {
+	inp := json.patch(td.pure_data_input, td.co_subject_ops("/attestations/0"))
+	_problem_codes(inp) == {"attestation_predicate_mismatch"}
+}
+
+test_predicate_mismatch_when_predicate_names_another_digest_than_the_bound_subject if {
+	# Python's field fact says true, but the predicate's own digest is not the bound subject.
+	inp := _att_with([{
+		"op": "replace", "path": "/statement/predicate/fixture/digest",
+		"value": concat(":", ["sha256", td.key_spki]),
+	}])
+	"attestation_predicate_mismatch" in _problem_codes(inp)
+}
+
+test_predicate_mismatch_when_any_field_python_checked_names_another_fixture if {
+	inp := _att_with([{"op": "replace", "path": "/verification/predicate_subject", "value": {
+		"fixture.digest": true,
+		"fixture.other": false,
+	}}])
+	_problem_codes(inp) == {"attestation_predicate_mismatch"}
+}
+
+test_predicate_mismatch_when_python_checked_no_field if {
+	every facts in [{}, null, [true], true] {
+		inp := _att_with([{"op": "replace", "path": "/verification/predicate_subject", "value": facts}])
+		_problem_codes(inp) == {"attestation_predicate_mismatch"}
+	}
+}
+
+test_predicate_and_digest_mismatch_without_the_bound_subject_fact if {
+	inp := _att_with([{"op": "remove", "path": "/verification/subject_digest"}])
+	_problem_codes(inp) == {"attestation_digest_mismatch", "attestation_predicate_mismatch"}
+}
+
+test_digest_mismatch_when_the_bound_subject_is_not_the_request_fixture if {
+	other := concat(":", ["sha256", td.key_spki])
+	inp := _att_with([
+		{"op": "replace", "path": "/verification/subject_digest", "value": other},
+		{"op": "replace", "path": "/statement/predicate/fixture/digest", "value": other},
+	])
+	_problem_codes(inp) == {"attestation_digest_mismatch"}
+}
+
+test_trusted_with_a_co_subject_when_the_predicate_is_about_the_bound_one if {
+	inp := _att_with([{"op": "add", "path": "/statement/subject/-", "value": {
+		"name": "other",
+		"digest": {"sha256": td.key_spki},
+	}}])
+	_trusted(inp) == {0}
+}
+
+test_foreign_predicate_types_are_not_bound_by_ckptgate_fields if {
+	inp := _att_with([
+		{"op": "replace", "path": "/statement/predicateType", "value": "https://slsa.dev/provenance/v1"},
+		{"op": "replace", "path": "/verification/predicate_subject", "value": {}},
+	])
+	not "attestation_predicate_mismatch" in _problem_codes(inp)
+}
+
 test_digest_mismatch_when_fixture_digest_missing if {
 	inp := json.patch(td.framework_input, [{"op": "remove", "path": "/fixture"}])
 	_problem_codes(inp) == {"attestation_digest_mismatch"}

@@ -50,6 +50,7 @@ INDEX_NAME = "model.safetensors.index.json"
 _SYNC_FILE_RANGE_WRITE = 2
 _sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
 _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+_CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,7 +84,7 @@ class _Segment:
     conv: tuple[str, str] | None = None
 
 
-def _layout(plan: ConsolidationPlan, out_dir: Path, opened: dict[str, int], *, write_heads: bool) -> tuple[
+def _layout(plan: ConsolidationPlan, out_fd: int, opened: dict[str, int], *, write_heads: bool) -> tuple[
         dict[str, list[_Segment]], dict[str, int], dict[str, bytes]]:
     """Create every output file at its final size (headers written if ``write_heads``); return the
     segments per source, the sizes and the headers."""
@@ -92,7 +93,7 @@ def _layout(plan: ConsolidationPlan, out_dir: Path, opened: dict[str, int], *, w
     heads: dict[str, bytes] = {}
 
     def create(name: str, size: int) -> int:
-        fd = os.open(out_dir / name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = os.open(name, os.O_RDWR | _CREATE, 0o644, dir_fd=out_fd)  # a plain name, relative to the output directory's fd
         opened[name] = fd
         os.ftruncate(fd, size)
         sizes[name] = size
@@ -317,11 +318,14 @@ def _copy_in_order(name: str, fd: int, size: int, head: bytes,
     return h.hexdigest()
 
 
-def write_plan(plan: ConsolidationPlan, out_dir: Path, sources: Mapping[str, int], *,
+def write_plan(plan: ConsolidationPlan, out_dir: int | Path, sources: Mapping[str, int], *,
                expected: Mapping[str, str] | None, chunk_size: int = DEFAULT_CHUNK, threads: int = 2,
                on_bytes: Callable[[int], None] | None = None) -> tuple[WrittenFile, ...]:
     """Write every shard, copied file and the index into ``out_dir`` (which must be empty).
 
+    :param out_dir: a directory descriptor (an intake passes its staging directory's,
+        :class:`ckptgate.publish.Stage`), or a path, opened once as one.  Every output is created
+        relative to that descriptor, by its plain name, never by a path.
     :param sources: source relpath -> an fd opened beneath the checkpoint root.
     :param expected: source relpath -> the sha256 recorded in the fixture manifest; every source
         the plan reads must have one, and must still have it when its single pass ends.  ``None``
@@ -334,9 +338,23 @@ def write_plan(plan: ConsolidationPlan, out_dir: Path, sources: Mapping[str, int
     if missing:
         raise RuntimeFailure("runtime.copy.source_missing", f"no open, measured source for {missing[0]!r}",
                              evidence={"missing": missing})
+    if isinstance(out_dir, int):
+        return _write_plan(plan, out_dir, sources, expected=expected, chunk_size=chunk_size, threads=threads,
+                           on_bytes=on_bytes)
+    out_fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return _write_plan(plan, out_fd, sources, expected=expected, chunk_size=chunk_size, threads=threads,
+                           on_bytes=on_bytes)
+    finally:
+        os.close(out_fd)
+
+
+def _write_plan(plan: ConsolidationPlan, out_fd: int, sources: Mapping[str, int], *,
+                expected: Mapping[str, str] | None, chunk_size: int, threads: int,
+                on_bytes: Callable[[int], None] | None) -> tuple[WrittenFile, ...]:
     opened: dict[str, int] = {}
     try:
-        segments, sizes, heads = _layout(plan, out_dir, opened, write_heads=expected is not None)
+        segments, sizes, heads = _layout(plan, out_fd, opened, write_heads=expected is not None)
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             if expected is None:
                 pieces: dict[int, list[tuple[int, str, int, int, tuple[str, str] | None]]] = {
@@ -361,7 +379,7 @@ def write_plan(plan: ConsolidationPlan, out_dir: Path, sources: Mapping[str, int
     index = {"metadata": {**dict(plan.index_metadata), "total_size": plan.total_size},
              "weight_map": dict(sorted(plan.weight_map.items()))}
     raw = (json.dumps(index, indent=2, sort_keys=False) + "\n").encode()
-    fd = os.open(out_dir / INDEX_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    fd = os.open(INDEX_NAME, os.O_WRONLY | _CREATE, 0o644, dir_fd=out_fd)
     try:
         _pwrite_all(fd, raw, 0)
     finally:

@@ -35,7 +35,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ckptgate.errors import RuntimeFailure
-from ckptgate.inspect.walk import openat2  # one openat2 for the whole project [R35]
+from ckptgate._fs import openat2  # one openat2 for the whole project [R35]
 
 #: Every control the preflight measures, in the order the OPA input lists them.
 CONTROLS: tuple[str, ...] = ("no_new_privs", "seccomp", "rlimits", "cgroup_v2", "user_ns", "net_ns",

@@ -39,8 +39,11 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
             "source": att.get("source"),
             "predicate_type": field_at(att, "statement", "predicateType"),
             "subjects": [f"sha256:{field_at(s, 'digest', 'sha256')}" for s in subjects],
+            # The bound subject is this checkpoint, and the predicate is about that subject (not a
+            # co-subject beside a statement about another fixture).
             "digest_matches": bool(field_at(att, "verification", "subject_matches_fixture"))
-            and field_at(att, "verification", "measured_digest") == ev.digest.digest,
+            and field_at(att, "verification", "measured_digest") == ev.digest.digest
+            and _predicate_about_subject(att),
             "signers": att.get("signers") or [],
             "issued_at": field_at(att, "verification", "validity", "issued_at")
             or field_at(pred, "validity", "issued_at"),
@@ -67,6 +70,14 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
                           "note": "containment controls limit what a loader can reach; they are not proof "
                                   "that deserialization is safe [R28, R30]"},
     }
+
+
+def _predicate_about_subject(att: dict[str, Any]) -> bool:
+    """No predicate field Python checked names another fixture than the bound subject."""
+    from ckptgate.verify.statement import field_at
+
+    named = field_at(att, "verification", "predicate_subject")
+    return isinstance(named, dict) and all(v is True for v in named.values())
 
 
 def render_text(doc: dict[str, Any]) -> list[str]:

@@ -25,11 +25,9 @@ always reads a sealed in-memory copy that was hashed as it was made.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import os
-import platform
 import resource
 import signal
 import stat
@@ -39,43 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from ckptgate._fs import file_id, openat2  # one openat2 for the whole project [R35]
 from ckptgate.errors import InputRejected
 from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.hashed import HashedFile, ReadLedger
 
 __all__ = ["FileEntry", "SafeTree", "WalkLimits", "openat2"]
-
-# linux/openat2.h
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_NO_SYMLINKS = 0x04
-RESOLVE_BENEATH = 0x08
-_RESOLVE = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
-
-# The generic syscall table and x86_64 agree on 437.
-_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "arm64": 437, "riscv64": 437, "ppc64le": 437,
-                "s390x": 437}.get(platform.machine())
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-
-
-def openat2(dir_fd: int, path: str, flags: int = os.O_RDONLY, resolve: int = _RESOLVE) -> int:
-    """``openat2(dir_fd, path, {flags, 0, resolve})``; raises ``OSError`` with the errno."""
-    if _SYS_OPENAT2 is None:
-        raise OSError(errno.ENOSYS, "openat2 syscall number unknown on this architecture")
-    how = _OpenHow(flags | os.O_CLOEXEC, 0, resolve)
-    raw = os.fsencode(path)
-    fd = _libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dir_fd), ctypes.c_char_p(raw),
-                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
-    if fd < 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), path)
-    return int(fd)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,6 +152,13 @@ class SafeTree:
             raise
 
     # -- use --------------------------------------------------------------------------------------
+    @property
+    def root_id(self) -> tuple[int, int]:
+        """``(st_dev, st_ino)`` of the root directory that was walked, from its descriptor."""
+        if self._root_fd is None:
+            raise InputRejected("input.walk.closed", "the tree has been closed")
+        return file_id(self._root_fd)
+
     @property
     def total_bytes(self) -> int:
         return sum(e.size for e in self.entries)

@@ -79,6 +79,11 @@ class VerifiedAttestation:
     verified_at: datetime
     subject_name: str
     measured_digest: str
+    """``sha256:<hex>``: the digest measured, and so the digest of the subject that was bound."""
+    predicate_subject: dict[str, bool] = field(default_factory=dict)
+    """Per predicate field that names the attested checkpoint (``fixture.digest``), whether it names
+    the bound subject (:class:`~ckptgate.verify.statement.SubjectBinding`); policy refuses a ckptgate
+    predicate where any is false or none was checked."""
     validity: Validity | None
     timing: dict[str, str] = field(default_factory=dict)
     """Sigstore times (certificate window, log integrated time), ISO 8601."""
@@ -98,7 +103,8 @@ class VerifiedAttestation:
         verification: dict[str, Any] = {
             "method": self.method, "checks": list(self.checks), "verified_at": _iso(self.verified_at),
             "subject_matches_fixture": True, "measured_digest": self.measured_digest,
-            "subject_name": self.subject_name, "payload_sha256": self.payload_sha256,
+            "subject_name": self.subject_name, "subject_digest": self.measured_digest,
+            "predicate_subject": dict(sorted(self.predicate_subject.items())), "payload_sha256": self.payload_sha256,
         }
         if self.validity is not None:
             verification["validity"] = {"issued_at": _iso(self.validity.issued_at),
@@ -159,7 +165,7 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
 
     Order: size -> strict JSON -> format -> signature under trusted keys (DSSE) or offline Sigstore
     verification with an identity policy -> strict statement JSON -> Statement v1 and predicate schema ->
-    subject == ``measured_digest`` -> validity window at ``now`` -> optional ``expected_commit``.
+    subject == ``measured_digest`` (and whether the predicate names that subject: a fact for policy) -> validity window at ``now`` -> optional ``expected_commit``.
     ``expected_identity`` is ``(identity, issuer)``; without it the trust data's Sigstore identities apply.
     Raises :class:`VerificationError` with a ``verify.*`` code on any failure.
     """
@@ -206,7 +212,7 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
     stmt = loads_strict(payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES)
     check_statement(stmt)
     checks.append("statement_schema")
-    subject_name = bind_subject(stmt, measured)
+    binding = bind_subject(stmt, measured)
     checks.append("subject_digest")
     validity = check_validity(stmt, now, max_clock_skew=max_clock_skew)
     if validity is not None:
@@ -220,5 +226,6 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
         checks.append("candidate_commit")
     return VerifiedAttestation(
         source=source, statement=stmt, payload_sha256=hashlib.sha256(payload).hexdigest(), method=method,
-        signers=tuple(signers), checks=tuple(checks), verified_at=now, subject_name=subject_name,
-        measured_digest="sha256:" + measured, validity=validity, timing=timing)
+        signers=tuple(signers), checks=tuple(checks), verified_at=now, subject_name=binding.name,
+        measured_digest=binding.digest, predicate_subject=dict(binding.predicate_fields), validity=validity,
+        timing=timing)

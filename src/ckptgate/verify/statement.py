@@ -4,8 +4,8 @@ subject binding, validity window."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from functools import cache
 from importlib import resources
@@ -29,6 +29,16 @@ ones committed at a candidate commit, written by the recorded generator and prod
 PREDICATE_SCHEMAS = {QUALIFICATION_PREDICATE_TYPE: "qualification-v1.schema.json",
                      PROVENANCE_PREDICATE_TYPE: "fixture-provenance-v1.schema.json"}
 """Predicate types that ckptgate knows, and the JSON Schema each statement must satisfy."""
+
+PREDICATE_SUBJECT_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
+    QUALIFICATION_PREDICATE_TYPE: (("fixture", "digest"),),
+    PROVENANCE_PREDICATE_TYPE: (("fixture", "digest"),),
+}
+"""Per known predicate type, the predicate fields that name, by digest, the checkpoint the statement
+is about.  Each must equal the subject that the binding used (:func:`bind_subject`): a statement
+with a second subject Y and ``fixture.digest`` Z is about Z, and says nothing about Y.  (The
+qualification's ``result.evidence.digest`` names the result log; ``fixture.manifest``, and the
+provenance's ``fixture.location`` and ``git_tree``, name repository paths, not bytes.)"""
 
 
 def _schema(name: str) -> dict[str, Any]:
@@ -134,13 +144,43 @@ def normalise_digest(digest: str) -> str:
     return d
 
 
-def bind_subject(statement: dict[str, Any], measured_digest: str) -> str:
-    """Require a subject whose sha256 equals the measured digest; returns the subject name."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubjectBinding:
+    """The subject of a statement that was bound to the measured digest, and, for a known predicate
+    type, whether each predicate field naming the attested checkpoint names that same subject."""
+
+    name: str
+    """The bound subject's name (a label: only its digest binds)."""
+    digest: str
+    """``sha256:<hex>`` of the bound subject (the measured digest)."""
+    predicate_fields: Mapping[str, bool] = field(default_factory=dict)
+    """Dotted predicate field -> whether it equals :attr:`digest`; empty for predicate types that
+    ckptgate does not know (policy accepts none of those)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "predicate_fields", dict(self.predicate_fields))  # a copy the caller cannot change
+
+    @property
+    def predicate_matches(self) -> bool | None:
+        """True when every such field names the bound subject; ``None`` when there are none."""
+        return all(self.predicate_fields.values()) if self.predicate_fields else None
+
+
+def bind_subject(statement: dict[str, Any], measured_digest: str) -> SubjectBinding:
+    """Require a subject whose sha256 equals the measured digest, and say whether the predicate's
+    fields that name the attested checkpoint (:data:`PREDICATE_SUBJECT_FIELDS`) name that subject.
+
+    A mismatch there is not a cryptographic failure, so it is a fact for policy (``ckptgate.trust``
+    refuses it), not an error here.
+    """
     want = normalise_digest(measured_digest)
     for s in statement["subject"]:
         got = s["digest"].get("sha256")
         if isinstance(got, str) and got.lower() == want:
-            return str(s.get("name", ""))
+            digest = "sha256:" + want
+            fields = {".".join(path): field_at(statement.get("predicate"), *path) == digest
+                      for path in PREDICATE_SUBJECT_FIELDS.get(statement.get("predicateType"), ())}
+            return SubjectBinding(name=str(s.get("name", "")), digest=digest, predicate_fields=fields)
     raise VerificationError(
         "verify.statement.subject_mismatch",
         "no subject of the statement matches the measured fixture digest",

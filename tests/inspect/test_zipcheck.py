@@ -17,7 +17,7 @@ from ckptgate.inspect import inspect_tree
 from ckptgate.inspect.torchzip import inspect_torch_zip
 from ckptgate.inspect.zipcheck import check_zip
 
-from ckpt_inspect_helpers import p_state_dict, p_tensor, torch_zip, write
+from ckpt_inspect_helpers import p_state_dict, p_str, p_tensor, torch_zip, write
 
 torch = pytest.importorskip("torch")
 
@@ -386,3 +386,32 @@ def test_records_resolve_to_what_torch_reads_in_a_real_zip(real_pt: Path) -> Non
     for record, (start, end) in lay.records.items():
         assert reader.get_record(record) == raw[start:end], record
         assert reader.get_record_offset(record) == start, record
+
+
+def _bare_persid(key: bytes) -> bytes:
+    """A pickle whose root is a storage persistent id outside any tensor-rebuilding call."""
+    return b"\x80\x02(" + p_str("storage") + b"ctorch\nFloatStorage\n" + key + p_str("cpu") + b"J\x01\x00\x00\x00tQ."
+
+
+@pytest.mark.parametrize(("entry", "codes"), [
+    ("archive/data/0", []),
+    ("archive/DATA/0", ["torch.record_name_mismatch", "torch.storage_missing"]),
+    ("archive/data/1", ["torch.storage_missing"]),
+])
+def test_a_storage_named_outside_any_tensor_is_resolved_as_torch_would(tmp_path: Path, entry: str,
+                                                                      codes: list[str]) -> None:
+    """torch.load's persistent_load reads ``data/<key>`` for every persistent id it meets, in a
+    recognised tensor or not."""
+    p = _members_zip(tmp_path / "k.pt", [*_torch_members(_bare_persid(p_str("0"))), (entry, b"\0" * 4)])
+    lay, found = _tz(p)
+    assert [c for c in found if c.startswith("torch.") and c != "torch.unknown_record"
+            and c != "torch.storage_unreferenced"] == codes
+    assert ("data/0" in lay.records) == (not codes)
+
+
+def test_a_persistent_id_torch_would_not_resolve_as_a_storage_is_refused(tmp_path: Path) -> None:
+    p = _members_zip(tmp_path / "k.pt", [*_torch_members(_bare_persid(b"\x88")), ("archive/data/0", b"\0" * 4)])
+    assert "torch.unrecognised_persistent_id" in _tz(p)[1]
+    p = _members_zip(tmp_path / "i.pt", [*_torch_members(_bare_persid(b"K\x00")), ("archive/data/0", b"\0" * 4)])
+    lay, found = _tz(p)  # an int key: torch reads f"data/{0}"
+    assert "torch.unrecognised_persistent_id" not in found and "data/0" in lay.records

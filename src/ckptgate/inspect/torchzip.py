@@ -31,7 +31,10 @@ Records are resolved exactly as torch's reader resolves them, so the bytes read 
   ``.format_version`` and ``.storage_alignment`` (each if present), ``data.pkl``, and
   ``data/<key>`` for each storage the pickle names (``get_storage_from_record``, or
   ``get_record_offset`` with ``mmap=True``).  A zip whose records include ``constants.pkl`` (exact
-  name) is handed to ``torch.jit.load``.
+  name) is handed to ``torch.jit.load``.  ``persistent_load`` builds the name as ``f"data/{key}"``
+  from the pickled key, whatever its type.
+* Records ending ``.debug_pkl`` are hidden only when the reader's ``load_debug_symbol_`` is off; it
+  is on by default, and ``torch.load`` reads them like any other (checked on torch 2.13).
 
 Here each of those records is resolved the same way (:class:`_Records`), and refused unless the
 match is unique and exact: two entries one lookup could open (``zip.name_collision`` from the zip

@@ -211,3 +211,89 @@ def mutate_file(path: Path, rng: random.Random) -> tuple[bytes, str]:
     if data[:1] == b"\x80" and rng.random() < 0.5:  # a bare pickle, such as DCP's .metadata
         return mutate_pickle_values(data, rng)
     return mutate_bytes(data, rng)
+
+
+def zip_members(data: bytes) -> list[tuple[str, bytes]]:
+    """A zip's members in record order (duplicates kept), read with :mod:`zipfile`."""
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        return [(i.filename, z.read(i)) for i in z.infolist()]
+
+
+def build_zip(members: list[tuple[str, bytes]]) -> bytes:
+    """A stored zip holding ``members`` in that order, duplicates and odd names as given."""
+    import warnings
+
+    out = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns on a duplicate name, and writes it
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+            for name, data in members:
+                z.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
+    return out.getvalue()
+
+
+#: Other spellings of ``prefix/rel`` that some reader takes for the same file.
+_SPELLINGS: tuple[tuple[str, Any], ...] = (
+    ("ascii-upper", lambda p, r: f"{p}/{r.upper()}"),
+    ("ascii-title", lambda p, r: f"{p}/{r[:1].upper()}{r[1:]}"),
+    ("nfkc-fullwidth", lambda p, r: p + "/" + "".join(chr(ord(c) + 0xFEE0) if "a" <= c <= "z" else c for c in r)),
+    ("nfkc-fullwidth-solidus", lambda p, r: f"{p}\uff0f{r}"),
+    # KELVIN SIGN, or LATIN SMALL LETTER LONG S: both fold (and NFKC-normalise) to ASCII
+    ("unicode-casefold", lambda p, r: p + "/" + r.replace("k", "\u212a", 1) if "k" in r
+     else p + "/" + r.replace("s", "\u017f", 1) if "s" in r else None),
+    ("dot-segment", lambda p, r: f"{p}/./{r}"),
+    ("double-slash", lambda p, r: f"{p}//{r}"),
+    ("trailing-slash", lambda p, r: f"{p}/{r}/"),
+    ("backslash", lambda p, r: f"{p}\\{r}"),
+    ("leading-slash", lambda p, r: f"/{p}/{r}"),
+    ("dot-dot", lambda p, r: f"{p}/x/../{r}"),
+)
+
+
+def zip_name_mutations(data: bytes, rng: random.Random) -> Iterator[tuple[bytes, str, bool]]:
+    """Deliberate name mutations of a torch zip: ``(zip bytes, what was done, must the static reader
+    refuse it)``.  Collisions put a second entry beside a record torch reads (``data.pkl``, a
+    storage, ``version``...) whose name is the same under case folding, NFC/NFKC or path
+    normalisation, before or after it, holding other bytes (the original pickle, when ``data.pkl``
+    itself is swapped for a pickle of ``None``: the issue #16 recipe); exact duplicates; a record
+    renamed to another case; inconsistent prefixes.  Harmless rewrites (record order shuffled, a
+    new prefix) must stay readable."""
+    members = zip_members(data)
+    prefix = members[0][0].split("/", 1)[0]
+    rels = [n[len(prefix) + 1:] for n, _ in members]
+    none_pickle = b"\x80\x02N."
+    targets = sorted({r for r in rels if r == "data.pkl" or r.startswith("data/") or r in ("version", "byteorder")})
+    for rel in targets:
+        i = rels.index(rel)
+        orig = members[i][1]
+        for kind, spell in _SPELLINGS:
+            other = spell(prefix, rel)
+            if other is None:
+                continue
+            for before in (False, True):
+                changed = list(members)
+                if rel == "data.pkl":
+                    changed[i] = (members[i][0], none_pickle)
+                    twin = (other, orig)
+                else:
+                    twin = (other, bytes(rng.randrange(256) for _ in range(len(orig))) if orig else b"x")
+                changed.insert(i if before else i + 1, twin)
+                yield build_zip(changed), f"{kind} twin of {rel} {'before' if before else 'after'} it", True
+        changed = list(members)
+        changed.insert(i + 1, members[i])
+        yield build_zip(changed), f"exact duplicate of {rel}", True
+        changed = list(members)
+        changed[i] = (f"{prefix}/{rel.upper()}", orig)
+        yield build_zip(changed), f"{rel} renamed to {rel.upper()}", True
+    composed = [(n, d) for n, d in members] + [(f"{prefix}/caf\u00e9", b"a"), (f"{prefix}/cafe\u0301", b"b")]
+    yield build_zip(composed), "NFC-equal names beside the records", True
+    yield build_zip([(f"{prefix.upper()}/{n.split('/', 1)[1]}" if k == 1 else n, d)
+                     for k, (n, d) in enumerate(members)]), "second entry under another-case prefix", True
+    yield build_zip([(f"other/{n.split('/', 1)[1]}" if k == len(members) - 1 else n, d)
+                     for k, (n, d) in enumerate(members)]), "last entry under another prefix", True
+    yield build_zip([(n.split("/", 1)[1], d) if k == 0 else (n, d) for k, (n, d) in enumerate(members)]), \
+        "first entry without a prefix", True
+    shuffled = list(members)
+    rng.shuffle(shuffled)
+    yield build_zip(shuffled), "records shuffled", False
+    yield build_zip([(f"renamed/{n.split('/', 1)[1]}", d) for n, d in members]), "new prefix", False

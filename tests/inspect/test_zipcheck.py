@@ -18,7 +18,7 @@ from ckptgate.inspect import inspect_tree
 from ckptgate.inspect.torchzip import inspect_torch_zip
 from ckptgate.inspect.zipcheck import check_zip
 
-from ckpt_inspect_helpers import p_state_dict, p_tensor, torch_zip, write
+from ckpt_inspect_helpers import p_state_dict, p_str, p_tensor, torch_zip, write
 
 torch = pytest.importorskip("torch")
 
@@ -242,3 +242,177 @@ def test_archive_wrappers_around_torch_data(wrapper: str, tmp_path: Path, real_p
     insp = inspect_tree(root)
     assert insp.files[0].kind == "archive"
     assert {"classify.archive", "classify.extension_mismatch"} <= {f.code for f in insp.findings}
+
+
+# --------------------------------------------------------------------------- names torch resolves
+# miniz, under torch's reader, looks records up ignoring ASCII case; other readers fold Unicode case,
+# normalise (NFC, NFKC) or normalise paths.  Two names one of them takes for the same file are refused.
+
+def _members_zip(p: Path, members: list[tuple[str, bytes]]) -> Path:
+    from mutations import build_zip
+
+    p.write_bytes(build_zip(members))
+    return p
+
+
+def _torch_members(pkl: bytes = b"\x80\x02}.") -> list[tuple[str, bytes]]:
+    return [("archive/data.pkl", pkl), ("archive/byteorder", b"little"), ("archive/version", b"3\n")]
+
+
+@pytest.mark.parametrize(("fold", "first", "second"), [
+    ("case", "archive/data.pkl", "archive/DATA.PKL"),  # the issue #16 recipe's pair
+    ("case", "archive/data/0", "archive/Data/0"),
+    ("case", "archive/strasse", "archive/STRAßE"),  # full Unicode case folding, beyond miniz's ASCII
+    ("nfc", "archive/caf\u00e9", "archive/cafe\u0301"),
+    ("nfkc", "archive/data.pkl", "archive/data.\uff50kl"),  # FULLWIDTH LATIN SMALL LETTER P
+    ("nfkc", "archive/data/0", "archive/data\uff0f0"),  # FULLWIDTH SOLIDUS
+    ("combined", "archive/data.pkl", "archive/DATA.\uff50kl"),  # only case and NFKC together
+])
+def test_names_that_collide_are_refused(tmp_path: Path, fold: str, first: str, second: str) -> None:
+    for order in ((first, second), (second, first)):
+        base = [m for m in _torch_members() if m[0] not in order]
+        p = _members_zip(tmp_path / "c.pt", [*base, (order[0], b"a"), (order[1], b"b")])
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            rep = check_zip(HashedFile.over(fd), os.fstat(fd).st_size, path=p.name)
+        finally:
+            os.close(fd)
+        [f] = [f for f in rep.findings if f.code == "zip.name_collision"]
+        assert f.severity == "error" and f.evidence["fold"] == fold
+        assert set(f.evidence["names"]) == {first, second}
+        lay, codes = _tz(p)
+        assert lay is None and "zip.name_collision" in codes
+
+
+def test_the_recipe_data_pkl_beside_DATA_PKL_is_refused_in_either_order(tmp_path: Path) -> None:
+    payload = b"\x80\x02cbuiltins\nprint\nX\x02\x00\x00\x00hi\x85R."
+    for before in (False, True):
+        members = _torch_members(b"\x80\x02N.")
+        members.insert(0 if before else 1, ("archive/DATA.PKL", payload))
+        p = _members_zip(tmp_path / f"m{before}.pt", members)
+        lay, codes = _tz(p)
+        assert lay is None and "zip.name_collision" in codes
+
+
+@pytest.mark.parametrize(("name", "code"), [
+    ("archive/./data.pkl", "zip.noncanonical_name"),
+    ("archive//data.pkl", "zip.noncanonical_name"),
+    ("archive/data/", "zip.noncanonical_name"),  # a trailing slash: a directory entry
+    ("archive/data.pkl/", "zip.noncanonical_name"),
+    ("archive\\data.pkl", "zip.unsafe_name"),
+    ("/archive/data.pkl", "zip.unsafe_name"),
+    ("archive/x/../data.pkl", "zip.unsafe_name"),
+])
+def test_names_that_path_normalisation_changes_are_refused(tmp_path: Path, name: str, code: str) -> None:
+    p = _members_zip(tmp_path / "n.pt", [*_torch_members(), (name, b"x")])
+    assert _zip_codes(p) == [code]
+    lay, codes = _tz(p)
+    assert lay is None and codes == [code]
+
+
+def test_path_normalisation_collisions_are_named() -> None:
+    from ckptgate.inspect.zipcheck import name_collisions
+
+    assert name_collisions(["a/b", "a/./b", "a//b", "a\\b", "/a/b", "a/x/../b", "a/b/"]) == [
+        ("path", "a/b", n) for n in ("a/./b", "a//b", "a\\b", "/a/b", "a/x/../b", "a/b/")]
+    assert name_collisions(["a/b", "a/c", "A/c\u0301"]) == []
+    assert name_collisions(["a", "a"]) == []  # exact duplicates: zip.duplicate_name, not a fold
+
+
+def test_a_name_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
+    p = _members_zip(tmp_path / "u.pt", [*_torch_members(), ("archive/Q.bin", b"x")])
+    p.write_bytes(p.read_bytes().replace(b"archive/Q.bin", b"archive/\xff.bin"))  # local and central
+    assert _zip_codes(p) == ["zip.bad_name"]
+    assert _tz(p)[1] == ["zip.bad_name"]
+
+
+@pytest.mark.parametrize("members", [
+    [("archive/data.pkl", b"\x80\x02}."), ("other/version", b"3\n")],
+    [("archive/data.pkl", b"\x80\x02}."), ("ARCHIVE/version", b"3\n")],  # torch's prefix check is exact
+    [("version", b"3\n"), ("archive/data.pkl", b"\x80\x02}.")],  # torch: "not in a subdirectory"
+    [("archive/version", b"3\n"), ("data.pkl", b"\x80\x02}.")],
+])
+def test_names_prefixed_inconsistently_are_refused(tmp_path: Path, members: list[tuple[str, bytes]]) -> None:
+    lay, codes = _tz(_members_zip(tmp_path / "p.pt", members))
+    assert lay is None and codes == ["torch.bad_archive"]
+
+
+@pytest.mark.parametrize("rename", [("archive/data.pkl", "archive/DATA.PKL"), ("archive/version", "archive/Version"),
+                                    ("archive/byteorder", "archive/BYTEORDER"), ("archive/data/0", "archive/DATA/0")])
+def test_a_record_torch_finds_only_by_ignoring_case_is_refused(tmp_path: Path, rename: tuple[str, str]) -> None:
+    members = [("archive/data.pkl", p_state_dict({"w": p_tensor("0", 1, (1,), (1,))})),
+               ("archive/byteorder", b"little"), ("archive/data/0", b"\0" * 4), ("archive/version", b"3\n")]
+    members = [(rename[1] if n == rename[0] else n, d) for n, d in members]
+    p = _members_zip(tmp_path / "r.pt", members)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        lay, findings = inspect_torch_zip(HashedFile.over(fd), os.fstat(fd).st_size, path=p.name)
+    finally:
+        os.close(fd)
+    record = rename[0].split("/", 1)[1]
+    [f] = [f for f in findings if f.code == "torch.record_name_mismatch"]
+    assert f.severity == "error" and f.evidence == {"record": record, "entry": rename[1]}
+    assert lay is None or record not in lay.records
+
+
+def test_the_resolver_refuses_a_record_two_entries_answer() -> None:
+    """Unreachable through ``inspect_torch_zip`` (the zip check refuses the pair first as a name
+    collision); the resolver refuses it on its own too."""
+    from ckptgate.inspect.torchzip import _Records
+    from ckptgate.inspect.zipcheck import ZipEntry
+
+    def entry(name: str, i: int) -> ZipEntry:
+        return ZipEntry(name=name, flags=0, method=0, crc=0, compressed_size=1, size=1, header_offset=i * 64,
+                        data_offset=i * 64 + 40, index=i)
+
+    findings: list = []
+    rec = _Records("archive", (entry("archive/data.pkl", 0), entry("archive/DATA.PKL", 1),
+                               entry("archive/version", 2)), 100, "m.pt", findings)
+    assert rec.get("data.pkl") is None and [f.code for f in findings] == ["torch.ambiguous_record"]
+    assert rec.get("version").index == 2
+    assert rec.get("version\0junk") is None  # torch reads archive/version (a C string ends at NUL): refused
+    assert [f.code for f in findings][1:] == ["torch.record_name_mismatch"]
+    assert findings[1].evidence == {"record": "version\0junk", "entry": "archive/version"}
+    assert rec.ranges() == {"version": (100 + 168, 100 + 169)}
+
+
+def test_records_resolve_to_what_torch_reads_in_a_real_zip(real_pt: Path) -> None:
+    lay, codes = _tz(real_pt)
+    assert codes == []
+    raw = real_pt.read_bytes()
+    assert {"data.pkl", "byteorder", "version", ".data/serialization_id"} <= set(lay.records)
+    assert {f"data/{t.storage_key}" for t in lay.tensors} <= set(lay.records)
+    assert raw[slice(*lay.records["byteorder"])] == b"little"
+    reader = torch._C.PyTorchFileReader(str(real_pt))  # records only: nothing is unpickled
+    for record, (start, end) in lay.records.items():
+        assert reader.get_record(record) == raw[start:end], record
+        assert reader.get_record_offset(record) == start, record
+
+
+def _bare_persid(key: bytes) -> bytes:
+    """A pickle whose root is a storage persistent id outside any tensor-rebuilding call."""
+    return b"\x80\x02(" + p_str("storage") + b"ctorch\nFloatStorage\n" + key + p_str("cpu") + b"J\x01\x00\x00\x00tQ."
+
+
+@pytest.mark.parametrize(("entry", "codes"), [
+    ("archive/data/0", []),
+    ("archive/DATA/0", ["torch.record_name_mismatch", "torch.storage_missing"]),
+    ("archive/data/1", ["torch.storage_missing"]),
+])
+def test_a_storage_named_outside_any_tensor_is_resolved_as_torch_would(tmp_path: Path, entry: str,
+                                                                      codes: list[str]) -> None:
+    """torch.load's persistent_load reads ``data/<key>`` for every persistent id it meets, in a
+    recognised tensor or not."""
+    p = _members_zip(tmp_path / "k.pt", [*_torch_members(_bare_persid(p_str("0"))), (entry, b"\0" * 4)])
+    lay, found = _tz(p)
+    assert [c for c in found if c.startswith("torch.") and c != "torch.unknown_record"
+            and c != "torch.storage_unreferenced"] == codes
+    assert ("data/0" in lay.records) == (not codes)
+
+
+def test_a_persistent_id_torch_would_not_resolve_as_a_storage_is_refused(tmp_path: Path) -> None:
+    p = _members_zip(tmp_path / "k.pt", [*_torch_members(_bare_persid(b"\x88")), ("archive/data/0", b"\0" * 4)])
+    assert "torch.unrecognised_persistent_id" in _tz(p)[1]
+    p = _members_zip(tmp_path / "i.pt", [*_torch_members(_bare_persid(b"K\x00")), ("archive/data/0", b"\0" * 4)])
+    lay, found = _tz(p)  # an int key: torch reads f"data/{0}"
+    assert "torch.unrecognised_persistent_id" not in found and "data/0" in lay.records

@@ -120,6 +120,9 @@ class PickleReport:
     inside_allowlist: bool  # every global and call inside the context's allowlist, nothing unresolved
     plain_tensors: bool  # ... and inside the plain-tensor allowlist
     value: Any = field(default=None, repr=False, compare=False)  # symbolic root value (not serialised)
+    #: the argument of every PERSID/BINPERSID read, in order, wherever it ends up (not serialised):
+    #: an unpickler calls ``persistent_load`` on each as it reads it, reachable from the root or not
+    persistent_ids: tuple[Any, ...] = field(default=(), repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"context": self.context, "protocol": self.protocol, "complete": self.complete,
@@ -158,6 +161,7 @@ class _Reader:
         self.protocol: int | None = None
         self.complete = False
         self.value: Any = None
+        self.persistent_ids: list[Any] = []
 
     # -- helpers --------------------------------------------------------------------------------
     def err(self, code: str, msg: str, **ev: Any) -> None:
@@ -445,9 +449,11 @@ class _Reader:
                      "which is never consulted", pos=pos, ext_code=int(arg))
             self.push(Unknown(f"extension {arg}"))
         elif name == "PERSID":
+            self.persistent_ids.append(arg)
             self.push(PersId(arg))
         elif name == "BINPERSID":
-            self.push(PersId(self.pop(pos)))
+            self.persistent_ids.append(self.pop(pos))
+            self.push(PersId(self.persistent_ids[-1]))
         else:  # pragma: no cover - genops knows every opcode we do
             self.err("pickle.unknown_opcode", f"opcode {name} not handled", pos=pos)
             raise _Abort
@@ -493,4 +499,4 @@ def read_pickle(data: bytes, *, path: str, context: str = "tensors",
     return PickleReport(path=path, context=context, protocol=r.protocol, complete=r.complete,
                         opcodes=dict(r.ops), globals=tuple(sorted(r.globals)), calls=tuple(r.calls),
                         findings=tuple(r.findings), inside_allowlist=inside, plain_tensors=plain,
-                        value=r.value if r.complete else None)
+                        value=r.value if r.complete else None, persistent_ids=tuple(r.persistent_ids))

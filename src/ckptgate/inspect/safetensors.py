@@ -13,7 +13,6 @@ nothing about where the file came from [R11].
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType

@@ -5,11 +5,45 @@ The zip structure is checked first (:mod:`ckptgate.inspect.zipcheck`, stored ent
 ``torch._utils._rebuild_tensor_v2/_v3`` call names a storage by key, and the layout records the
 dtype, shape, stride, storage offset and the absolute byte range of its storage, so raw bytes can
 be moved without unpickling.  Storages shorter than the tensor view needs are refused [R29].
+
+Records are resolved exactly as torch's reader resolves them, so the bytes read here are the bytes
+``torch.load`` would read.  How torch does it (``caffe2/serialize/inline_container.cc``,
+``PyTorchStreamReader``, over miniz; checked against the installed torch by
+``tests/inspect/test_torchzip_differential.py``):
+
+* The archive's prefix is the part before the first ``/`` of the *first central-directory entry*
+  (``init``: an entry without ``/`` is an error).  ``getAllRecords`` then requires every name to
+  start with ``prefix + "/"`` (``strncmp``: exact, case-sensitive).
+* ``getRecord(name)`` / ``hasRecord(name)`` / ``getRecordOffset(name)`` call
+  ``mz_zip_reader_locate_file(archive, prefix + "/" + name, NULL, 0)``.  With flags 0 miniz takes
+  its sorted path: a binary search over the central directory sorted by ``mz_zip_reader_filename_less``,
+  both comparing with ``MZ_TOLOWER``, i.e. **ASCII case-insensitively** (non-ASCII bytes compare
+  exactly).  Among several entries that are equal under that folding it returns whichever the
+  binary search meets over an unstable heap sort: neither the first nor the last in record order.
+  So ``archive/data.pkl`` then ``archive/DATA.PKL`` is read as ``DATA.PKL`` (issue #16).  The
+  name is a C string: the lookup stops at a NUL byte.
+* The data of an entry starts at its *local* header offset + 30 + the *local* header's name and
+  extra lengths (miniz's extract and ``getRecordOffset`` alike); miniz does not compare the local
+  name with the central one.  :mod:`ckptgate.inspect.zipcheck` requires them to agree, and the
+  sizes and CRC too, for every entry.
+* What ``torch.load`` reads: in ``init``, ``.data/serialization_id`` (if present) and
+  ``.data/version`` or else ``version``; in ``torch.serialization._load``, ``byteorder``,
+  ``.format_version`` and ``.storage_alignment`` (each if present), ``data.pkl``, and
+  ``data/<key>`` for each storage the pickle names (``get_storage_from_record``, or
+  ``get_record_offset`` with ``mmap=True``).  A zip whose records include ``constants.pkl`` (exact
+  name) is handed to ``torch.jit.load``.  ``persistent_load`` builds the name as ``f"data/{key}"``
+  from the pickled key, whatever its type.
+* Records ending ``.debug_pkl`` are hidden only when the reader's ``load_debug_symbol_`` is off; it
+  is on by default, and ``torch.load`` reads them like any other (checked on torch 2.13).
+
+Here each of those records is resolved the same way (:class:`_Records`), and refused unless the
+match is unique and exact: two entries one lookup could open (``zip.name_collision`` from the zip
+check, and ``torch.ambiguous_record`` here) or an entry that answers for a record only under case
+folding or NUL truncation (``torch.record_name_mismatch``).  Names must all carry the first entry's prefix.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,14 +51,16 @@ from ckptgate.inspect.allowlist import DTYPE_ITEMSIZE, STORAGE_DTYPES
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.hashed import HashedFile
 from ckptgate.inspect.pickle import Call, Global, PersId, PickleLimits, PickleReport, SDict, SList, read_pickle
-from ckptgate.inspect.zipcheck import CrcMode, DeferredCrcs, ZipReport, check_zip, verify_crcs
+from ckptgate.inspect.zipcheck import CrcMode, DeferredCrcs, ZipEntry, ZipReport, check_zip, verify_crcs
 
 __all__ = ["TensorRecord", "TorchZipLayout", "inspect_torch_zip", "walk_value"]
 
 MAX_DATA_PKL = PickleLimits().max_bytes  # the reader's own cap: data.pkl is read whole
 _MAX_NODES = 5_000_000
-_KNOWN_RECORDS = {"byteorder", "version", ".format_version", ".storage_alignment", ".data/serialization_id",
-                  ".data/version"}
+#: Records ``torch.load`` reads when present, besides ``data/<key>`` (see the module docstring).
+TORCH_READS = ("data.pkl", "byteorder", "version", ".data/version", ".data/serialization_id", ".format_version",
+               ".storage_alignment")
+_KNOWN_RECORDS = set(TORCH_READS) - {"data.pkl"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,10 +97,51 @@ class TorchZipLayout:
     tensors: tuple[TensorRecord, ...]
     values: dict[str, str]  # non-tensor leaves: key path -> type name
     pickle: PickleReport
+    #: every record torch would read that is present, resolved as torch resolves it: record name
+    #: (``data.pkl``, ``data/<key>``, ...) -> absolute ``[start, end)`` of its bytes in the file
+    records: dict[str, tuple[int, int]]
 
     def to_json(self) -> dict[str, Any]:
         return {"prefix": self.prefix, "tensors": [t.to_json() for t in self.tensors],
                 "values": dict(self.values), "pickle": self.pickle.to_json()}
+
+
+class _Records:
+    """Record name -> the zip entry torch's reader opens for it (miniz's ASCII case-insensitive
+    lookup of ``prefix/name``), refusing ambiguous and inexact matches with findings."""
+
+    def __init__(self, prefix: str, entries: tuple[ZipEntry, ...], base: int, path: str,
+                 findings: list[Finding]) -> None:
+        self.prefix, self.base, self.path, self.findings = prefix, base, path, findings
+        self.folded: dict[bytes, list[ZipEntry]] = {}
+        for e in entries:
+            self.folded.setdefault(e.name.encode("utf-8").lower(), []).append(e)  # bytes.lower: ASCII only
+        self.resolved: dict[str, ZipEntry | None] = {}
+
+    def get(self, record: str) -> ZipEntry | None:
+        if record in self.resolved:
+            return self.resolved[record]
+        want = f"{self.prefix}/{record}"
+        # miniz compares C strings: a NUL ends the name torch looks up
+        found = self.folded.get(want.encode("utf-8", "surrogatepass").split(b"\0", 1)[0].lower(), [])
+        entry = None
+        if len(found) > 1:
+            self.findings.append(error("torch.ambiguous_record", self.path, f"record {record!r} matches "
+                                       f"{len(found)} entries under torch's case-insensitive lookup; which one "
+                                       "torch reads is miniz's choice", record=record,
+                                       entries=[e.name for e in found][:10]))
+        elif found and found[0].name != want:
+            self.findings.append(error("torch.record_name_mismatch", self.path,
+                                       f"torch reads entry {found[0].name!r} for record {record!r} (its lookup "
+                                       "ignores ASCII case and stops at a NUL)", record=record, entry=found[0].name))
+        elif found:
+            entry = found[0]
+        self.resolved[record] = entry
+        return entry
+
+    def ranges(self) -> dict[str, tuple[int, int]]:
+        return {r: (self.base + e.data_offset, self.base + e.data_offset + e.size)
+                for r, e in self.resolved.items() if e is not None}
 
 
 def _ints(v: Any) -> tuple[int, ...] | None:
@@ -131,25 +208,29 @@ def inspect_torch_zip(src: HashedFile, size: int, *, path: str, base: int = 0, c
     if not zr.ok:
         return None, tuple(findings)
     names = zr.by_name()
-    tops = {n.split("/", 1)[0] for n in names}
-    if len(tops) != 1:
-        findings.append(error("torch.bad_archive", path, "torch zip entries do not share one top-level folder",
-                              tops=sorted(tops)[:10]))
+    first = zr.entries[0].name if zr.entries else ""
+    prefix = first.split("/", 1)[0]
+    if "/" not in first or any(not n.startswith(prefix + "/") for n in names):
+        findings.append(error("torch.bad_archive", path, "torch zip entries do not all sit under the first "
+                              "entry's top-level folder", prefix=prefix,
+                              tops=sorted({n.split("/", 1)[0] for n in names})[:10]))
         return None, tuple(findings)
-    prefix = next(iter(tops))
     rel = {n[len(prefix) + 1:]: e for n, e in names.items()}
+    records = _Records(prefix, zr.entries, base, path, findings)
     if "constants.pkl" in rel or any(r.startswith("code/") for r in rel):
         findings.append(error("torch.torchscript_archive", path,
                               "a TorchScript archive (code/, constants.pkl) is not a weights file"))
         return None, tuple(findings)
-    pkl = rel.get("data.pkl")
+    for r in TORCH_READS:
+        records.get(r)
+    pkl = records.get("data.pkl")
     if pkl is None:
-        findings.append(error("torch.no_data_pkl", path, "torch zip without data.pkl"))
+        findings.append(error("torch.no_data_pkl", path, "torch zip without a data.pkl torch would read"))
         return None, tuple(findings)
     if pkl.size > MAX_DATA_PKL:
         findings.append(error("torch.data_pkl_too_large", path, "data.pkl exceeds the size cap", size=pkl.size))
         return None, tuple(findings)
-    bo = rel.get("byteorder")
+    bo = records.get("byteorder")
     if bo is not None and src.pread(min(bo.size, 16), base + bo.data_offset) != b"little":
         findings.append(error("torch.byteorder", path, "storages are not little-endian"))
     for r in rel:
@@ -171,7 +252,7 @@ def inspect_torch_zip(src: HashedFile, size: int, *, path: str, base: int = 0, c
                     values[p] = f"call:{v.func.dotted if isinstance(v.func, Global) else '?'}"
                     return True
                 return False
-            t = _tensor(p, ta, rel, base, findings, path, used)
+            t = _tensor(p, ta, records, base, findings, path, used)
             if t is not None:
                 tensors.append(t)
             return True
@@ -184,8 +265,9 @@ def inspect_torch_zip(src: HashedFile, size: int, *, path: str, base: int = 0, c
         if not walk_value(rep.value, visit):
             findings.append(error("pickle.expansion_limit", path, "the pickle's object graph exceeds the "
                                   "node budget (memo expansion)"))
+    named = _persistent_storages(rep, records, used, findings, path)
     for r in rel:
-        if r.startswith("data/") and r[5:] not in used:
+        if r.startswith("data/") and r[5:] not in used and r[5:] not in named:
             findings.append(warning("torch.storage_unreferenced", path, f"storage {r} is never referenced",
                                     record=r))
     for r, e in rel.items():
@@ -198,11 +280,35 @@ def inspect_torch_zip(src: HashedFile, size: int, *, path: str, base: int = 0, c
         verify_crc.add(path, base, zr.entries)
     elif verify_crc and not any(f.severity == "error" for f in findings):
         findings.extend(verify_crcs(src, size, zr.entries, path=path, base=base))
-    layout = TorchZipLayout(prefix=prefix, tensors=tuple(tensors), values=values, pickle=rep)
+    layout = TorchZipLayout(prefix=prefix, tensors=tuple(tensors), values=values, pickle=rep,
+                            records=records.ranges())
     return layout, tuple(findings)
 
 
-def _tensor(name: str, ta: tuple[str, tuple[Any, ...]], rel: dict[str, Any], base: int,
+def _persistent_storages(rep: PickleReport, records: _Records, used: dict[str, str], findings: list[Finding],
+                         path: str) -> set[str]:
+    """Resolve ``data/<key>`` for every persistent id the pickle holds, as ``torch.load``'s
+    ``persistent_load`` does for each one it reads (``("storage", type, key, location, numel)``,
+    ``f"data/{key}"``), wherever it ends up: inside a recognised tensor (already resolved, in
+    ``used``), an unrecognised call, or nowhere.  Returns the keys named."""
+    named: set[str] = set()
+    for pid in rep.persistent_ids:
+        key = pid[2] if isinstance(pid, tuple) and len(pid) == 5 and pid[0] in ("storage", b"storage") else None
+        if not isinstance(key, str) and not (isinstance(key, int) and not isinstance(key, bool)):
+            findings.append(error("torch.unrecognised_persistent_id", path, "a persistent id is not a storage "
+                                  "reference torch.load would resolve", pid=repr(pid)[:200]))
+            continue
+        key = str(key)
+        if key in used or key in named:
+            continue
+        named.add(key)
+        if records.get(f"data/{key}") is None:
+            findings.append(error("torch.storage_missing", path, f"the pickle names storage {key}, which is not "
+                                  "in the archive", key=key))
+    return named
+
+
+def _tensor(name: str, ta: tuple[str, tuple[Any, ...]], records: _Records, base: int,
             findings: list[Finding], path: str, used: dict[str, str]) -> TensorRecord | None:
     fn, args = ta
     bad = error("torch.unrecognised_tensor", path, f"tensor {name!r} is not in a recognised form", name=name)
@@ -230,7 +336,7 @@ def _tensor(name: str, ta: tuple[str, tuple[Any, ...]], rel: dict[str, Any], bas
     if used.setdefault(key, sdtype) != sdtype:
         findings.append(error("torch.storage_dtype_conflict", path, f"storage {key} is used with two dtypes",
                               key=key))
-    entry = rel.get(f"data/{key}")
+    entry = records.get(f"data/{key}")
     if entry is None:
         findings.append(error("torch.storage_missing", path, f"tensor {name!r} names storage {key}, which is "
                               "not in the archive", name=name, key=key))

@@ -1,7 +1,8 @@
 """Strict zip structure check for torch zips (and any zip we meet), reading with ``pread`` only.
 
 Checks, in order: end-of-central-directory at the very end (no comment, no trailing bytes),
-zip64 records consistent, central entries parsed with safe UTF-8 names and no duplicates,
+zip64 records consistent, central entries parsed with safe, canonical UTF-8 names that stay
+distinct under case folding, Unicode normalisation and path normalisation (:func:`name_collisions`),
 each local header matches its central entry (name, flags, method, sizes), entries are
 contiguous from offset 0 up to the central directory (no bytes before, between or after),
 no encryption or unknown flag bits, data descriptors (torch's writer sets bit 3) match the
@@ -17,9 +18,10 @@ intake reads its input one time fewer; its findings are the same as the immediat
 
 from __future__ import annotations
 
-import os
+import posixpath
 import struct
 import threading
+import unicodedata
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +31,8 @@ from isal.isal_zlib import crc32
 from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.hashed import HashedFile
 
-__all__ = ["CrcMode", "DeferredCrcs", "ZipEntry", "ZipReport", "check_zip", "list_zip_names", "verify_crcs"]
+__all__ = ["CrcMode", "DeferredCrcs", "ZipEntry", "ZipReport", "check_zip", "list_zip_names", "name_collisions",
+           "verify_crcs"]
 
 _EOCD = 0x06054B50
 _Z64_EOCD = 0x06064B50
@@ -51,7 +54,8 @@ class ZipEntry:
     compressed_size: int
     size: int
     header_offset: int  # relative to the zip's start
-    data_offset: int  # relative to the zip's start
+    data_offset: int  # relative to the zip's start; from the *local* header's name and extra lengths
+    index: int  # position in the central directory (what miniz's file index means)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +69,56 @@ class ZipReport:
 
     def by_name(self) -> dict[str, ZipEntry]:
         return {e.name: e for e in self.entries}
+
+
+#: Ways two distinct entry names can name one file for some reader.  miniz (torch's reader) folds
+#: ASCII case; file systems and other zip readers fold Unicode case, compose or compatibility-
+#: normalise, or normalise paths.  ``casefold`` covers miniz's ASCII folding: two names that differ
+#: only by ASCII case have the same ``casefold``.
+def _path_fold(name: str) -> str:
+    return posixpath.normpath("/" + name.replace("\\", "/")).lstrip("/")
+
+
+_FOLDS: tuple[tuple[str, Callable[[str], str]], ...] = (
+    ("case", str.casefold),
+    ("nfc", lambda n: unicodedata.normalize("NFC", n)),
+    ("nfkc", lambda n: unicodedata.normalize("NFKC", n)),
+    ("path", _path_fold),
+    ("combined", lambda n: _combined(n)),
+)
+
+
+def _combined(name: str) -> str:
+    """Every fold at once, to a fixed point: NFKC can make a ``/`` or ``.`` (U+FF0F, U+FE52) that
+    path folding then removes, and case folding can un-normalise."""
+    for _ in range(4):
+        k = _path_fold(unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold()))
+        if k == name:
+            break
+        name = k
+    return name
+
+
+def name_collisions(names: list[str] | tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """``(fold, first, second)`` for each pair of distinct names that a fold maps to the same key,
+    named by the first fold that does (exact duplicates are left to the caller)."""
+    out: list[tuple[str, str, str]] = []
+    pairs: set[tuple[str, str]] = set()
+    distinct = list(dict.fromkeys(names))
+    for fold, f in _FOLDS:
+        seen: dict[str, str] = {}
+        for n in distinct:
+            other = seen.setdefault(f(n), n)
+            if other != n and (other, n) not in pairs:
+                pairs.add((other, n))
+                out.append((fold, other, n))
+    return out
+
+
+def _canonical(name: str) -> bool:
+    """No empty, ``.`` or ``..`` segment: no ``a//b``, ``a/./b``, leading or trailing slash
+    (a directory entry).  torch's writer never produces one; readers normalise them differently."""
+    return all(seg not in ("", ".", "..") for seg in name.split("/"))
 
 
 class _Fail(Exception):
@@ -186,6 +240,9 @@ def _central(z: _Z, n: int, cd_off: int, cd_end: int, max_entries: int) -> list[
         if (not name or name.startswith("/") or "\\" in name or "\x00" in name
                 or ".." in name.split("/") or (len(name) > 1 and name[1] == ":")):
             z.fail("zip.unsafe_name", "entry name is absolute or escapes the archive", name=name)
+        if not _canonical(name):
+            z.fail("zip.noncanonical_name", "entry name has an empty or '.' path segment (a//b, a/./b, a "
+                   "trailing slash): readers normalise it differently", name=name)
         if name in seen:
             z.fail("zip.duplicate_name", "two entries have the same name", name=name)
         seen.add(name)
@@ -196,6 +253,9 @@ def _central(z: _Z, n: int, cd_off: int, cd_end: int, max_entries: int) -> list[
         out.append((name, flags, method, crc, csize, usize, off))
     if p != len(cd):
         z.fail("zip.bad_central", "bytes left in the central directory after its entries")
+    for fold, first, second in name_collisions([c[0] for c in out]):
+        z.err("zip.name_collision", f"two entry names are the same under {fold} folding or normalisation: "
+              "which one a reader opens is the reader's choice", fold=fold, names=[first, second])
     return out
 
 
@@ -262,7 +322,7 @@ def check_zip(src: HashedFile, size: int, *, path: str, base: int = 0, verify_cr
         n, cd_off, cd_end = _eocd(z)
         cen = _central(z, n, cd_off, cd_end, max_entries)
         cursor = 0
-        for name, flags, method, crc, csize, usize, off in sorted(cen, key=lambda t: t[6]):
+        for index, (name, flags, method, crc, csize, usize, off) in sorted(enumerate(cen), key=lambda t: t[1][6]):
             if off != cursor:
                 z.fail("zip.gap" if off > cursor else "zip.overlap",
                        "bytes before or between entries" if off > cursor else "entries overlap",
@@ -312,7 +372,7 @@ def check_zip(src: HashedFile, size: int, *, path: str, base: int = 0, verify_cr
                 end += _descriptor(z, end, crc, csize, usize, cd_off)
             cursor = end
             entries.append(ZipEntry(name=name, flags=flags, method=method, crc=crc, compressed_size=csize,
-                                    size=usize, header_offset=off, data_offset=data))
+                                    size=usize, header_offset=off, data_offset=data, index=index))
         if cursor != cd_off:
             z.fail("zip.gap", "bytes between the last entry and the central directory", end=cursor,
                    central_directory=cd_off)
@@ -321,7 +381,8 @@ def check_zip(src: HashedFile, size: int, *, path: str, base: int = 0, verify_cr
                 _crc(z, e)
     except _Fail:
         pass
-    return ZipReport(entries=tuple(entries), findings=tuple(z.findings))
+    # central directory order: torch derives the archive's prefix from entry 0
+    return ZipReport(entries=tuple(sorted(entries, key=lambda e: e.index)), findings=tuple(z.findings))
 
 
 def verify_crcs(src: HashedFile, size: int, entries: tuple[ZipEntry, ...], *, path: str,

@@ -8,7 +8,6 @@ tensor whose shape and dtype match its chunk, and each tensor's chunks covering 
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 

@@ -3,33 +3,31 @@
 Files are written into a private staging directory beside DST (same file system), every file
 and the directory are fsynced, the receipt is written last, and the staging directory is
 renamed to DST with ``renameat2(RENAME_NOREPLACE)``, so an existing DST is never replaced and a
-crash or ``kill -9`` at any point leaves DST absent.  A staging directory has a random name and is
-flock-ed by its owner while in use; one that no live process holds is removed on the next run
-(under an exclusive flock of the parent, which an intake holds shared until its own directory is
-locked).  Atomic publication is ckptgate's responsibility, not an upstream guarantee [R12].
+crash or ``kill -9`` at any point leaves DST absent.  A staging directory has a random name, is
+recorded in the per-user registry and flock-ed by its owner while in use
+(:mod:`ckptgate.workdirs`); one that no live process holds is removed by the next run that
+starts, whatever its destination.  Atomic publication is ckptgate's responsibility, not an
+upstream guarantee [R12].
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import json
 import os
-import re
-import shutil
-import tempfile
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ckptgate.errors import Error, UsageError
+from ckptgate.workdirs import create, sweep_parent, sweep_registry
 
 RECEIPT_NAME = "ckptgate-receipt.json"
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
-_STAGING = re.compile(r"^\..+\.ckptgate-staging-[A-Za-z0-9_]+$")
 
 
 class PublishError(Error):
@@ -54,46 +52,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _held(path: Path) -> bool:
-    """Whether a live ckptgate still holds the staging directory (its flock); a dead one cannot."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return True  # cannot tell: leave it alone
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing releases a lock we just took
-    return False
-
-
 def remove_stale_staging(parent: Path) -> list[Path]:
-    """Remove staging directories in ``parent`` whose owner is gone (no one holds their lock).
-
-    Runs only with an exclusive lock on ``parent`` itself; an intake holds that lock shared from
-    creating its staging directory until it has locked it (:func:`staging`), so a directory
-    that is not yet locked is never mistaken for a stale one.  If the lock is taken, the clean-up
-    is left to a later intake.
-    """
-    removed: list[Path] = []
-    try:
-        pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return removed
-    try:
-        try:
-            fcntl.flock(pfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return removed
-        for p in parent.iterdir():
-            if _STAGING.match(p.name) and p.is_dir() and not p.is_symlink() and not _held(p):
-                shutil.rmtree(p, ignore_errors=True)
-                removed.append(p)
-    finally:
-        os.close(pfd)  # releases the lock
-    return removed
+    """Remove this user's staging directories in ``parent`` whose owner is gone (no one holds their
+    lock), under an exclusive lock of ``parent`` (:func:`ckptgate.workdirs.sweep_parent`)."""
+    return sweep_parent(parent, "staging")
 
 
 def check_destination(dst: Path, *, source: Path | None = None) -> Path:
@@ -113,23 +75,17 @@ def check_destination(dst: Path, *, source: Path | None = None) -> Path:
 
 @contextmanager
 def staging(dst: Path) -> Iterator[Path]:
-    """A private staging directory beside ``dst``; removed unless :func:`publish` consumed it."""
+    """A private staging directory beside ``dst``, registered and locked for as long as it is in
+    use; removed unless :func:`publish` consumed it.  Staging directories that killed intakes left,
+    beside this DST or any other, are swept first."""
     dst = check_destination(dst)
+    sweep_registry()
     remove_stale_staging(dst.parent)
-    pfd = os.open(dst.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    lease = create(dst.parent, f".{dst.name}.ckptgate-staging-{secrets.token_hex(16)}", "staging")  # mode 0700
     try:
-        fcntl.flock(pfd, fcntl.LOCK_SH)  # no clean-up runs until our directory is locked
-        stage = Path(tempfile.mkdtemp(prefix=f".{dst.name}.ckptgate-staging-", dir=dst.parent))  # mode 0700
-        lock = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        fcntl.flock(lock, fcntl.LOCK_EX)  # held until we are done: marks the directory as live
+        yield lease.path
     finally:
-        os.close(pfd)
-    try:
-        yield stage
-    finally:
-        if stage.exists():
-            shutil.rmtree(stage, ignore_errors=True)
-        os.close(lock)
+        lease.release()  # removes the directory unless it was renamed to DST
 
 
 def publish(stage: Path, dst: Path, receipt: dict[str, Any]) -> Path:

@@ -310,3 +310,12 @@ def test_doctor_removes_old_unlocked_work_directories_only_when_quiet(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_destination_reached_through_a_symlinked_parent_is_staged_and_published(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with staging(tmp_path / "link" / "out") as stage:
+        (stage / "m").write_bytes(b"ok")
+        publish(stage, tmp_path / "link" / "out", {})
+    assert (tmp_path / "real" / "out" / "m").read_bytes() == b"ok"

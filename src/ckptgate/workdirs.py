@@ -180,8 +180,9 @@ def registry_dir(*, create: bool = True) -> Path:
 
 @contextlib.contextmanager
 def _flocked(path: Path, how: int) -> Iterator[bool]:
-    """``path`` (a directory) open and flock-ed with ``how``; yields False when ``LOCK_NB`` found it busy."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """``path`` (a directory) open and flock-ed with ``how``; yields False when ``LOCK_NB`` found it busy.
+    A symlink is followed: DST's parent may well be reached through one."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         try:
             fcntl.flock(fd, how)

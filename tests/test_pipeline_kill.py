@@ -68,11 +68,17 @@ def _staging(parent: Path) -> list[Path]:
     return [p for p in parent.iterdir() if ".ckptgate-staging-" in p.name]
 
 
+def _work_dirs(*roots: Path) -> set[Path]:
+    """Every embedded-OPA work directory under ``roots``, whatever version made it."""
+    return {p for root in roots for p in root.rglob("*")
+            if p.is_dir() and p.name.startswith(("opa-", "ckptgate-opa-"))}
+
+
 def test_intakes_killed_at_20_moments_leave_nothing_after_one_more_run(big, tmp_path):
-    run, state = tmp_path / "run", tmp_path / "state"
+    run, tmp, state = tmp_path / "run", tmp_path / "tmp", tmp_path / "state"
     run.mkdir(mode=0o700)
-    env = {**os.environ, "XDG_RUNTIME_DIR": str(run), "XDG_STATE_HOME": str(state)}
-    work, registry = run / "ckptgate", state / "ckptgate" / "live"
+    tmp.mkdir()
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(run), "TMPDIR": str(tmp), "XDG_STATE_HOME": str(state)}
     killed = tmp_path / "killed"
     killed.mkdir()
 
@@ -91,8 +97,8 @@ def test_intakes_killed_at_20_moments_leave_nothing_after_one_more_run(big, tmp_
             assert (dst / "ckptgate-receipt.json").is_file()
         else:
             assert not dst.exists()  # publication held
-        assert _private_keys(run) == [] and _private_keys(state) == []
-        left_work |= {p for p in work.iterdir()} if work.exists() else set()
+        assert _private_keys(run) == [] and _private_keys(tmp) == [] and _private_keys(state) == []
+        left_work |= _work_dirs(run, tmp)
         left_staging |= set(_staging(killed))
     assert left_work and left_staging  # the kills did leave work and partial output behind
 
@@ -100,7 +106,7 @@ def test_intakes_killed_at_20_moments_leave_nothing_after_one_more_run(big, tmp_
     other.mkdir()
     assert _intake(big, other / "out", env).wait(timeout=300) == 0  # into another parent: found by the registry
 
-    assert list(work.iterdir()) == []
+    assert _work_dirs(run, tmp) == set()
     assert _staging(killed) == [] and sorted(killed.iterdir()) == sorted(published)
     assert sorted(p.name for p in other.iterdir()) == ["out"]
-    assert list(registry.iterdir()) == []
+    assert list((state / "ckptgate" / "live").iterdir()) == []

@@ -8,11 +8,12 @@ Two sources are supported:
 * :meth:`PolicyBundle.from_directory` stages a ``policies/`` tree as a bundle directory in the
   private work directory and signs it (``opa sign``) with a fresh ES256 key held only in memory:
   ``opa sign`` reads it from an anonymous memory file (``memfd_create``) as ``/proc/self/fd/N``,
-  so the private key is never in any file system, not even for a moment, and a run killed
-  during start-up leaves no secret behind.  This proves the bundle OPA loaded is the one
-  ckptgate staged (OPA refuses a modified, added or missing file); it says nothing more about
-  who wrote the policies than the file system does.  OPA compiles the policies once, when it loads them: ``opa build`` would
-  compile them a second time on every start, which cost 0.1-0.3 s of CPU beside the digest.
+  so the private key never has a name in any directory, not even for a moment, and a run
+  killed during start-up leaves no secret behind (like any process memory, it may be swapped).
+  This proves the bundle OPA loaded is the one ckptgate staged (OPA refuses a modified, added
+  or missing file); it says nothing more about who wrote the policies than the file system
+  does.  OPA compiles the policies once, when it loads them: ``opa build`` would compile them a
+  second time on every start, which cost 0.1-0.3 s of CPU beside the digest.
 * :meth:`PolicyBundle.from_signed_file` takes a bundle that a policy maintainer built and signed
   (``ckptgate policy build --signing-key ...``) together with the maintainer's public key.
   OPA verifies it at start-up and refuses to start when it was tampered with.

@@ -38,6 +38,17 @@ HOLD = textwrap.dedent("""
     """)
 
 
+@pytest.fixture(autouse=True)
+def _private_tmp(tmp_path, monkeypatch):
+    """$TMPDIR (the fallback parent, and where old versions left ckptgate-opa-*) is this test's own:
+    neither the sweep nor doctor ever looks at the machine's /tmp here."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
+
+
 def _hold(kind: str, dst: Path | None = None, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
     proc = subprocess.Popen([sys.executable, "-c", HOLD, kind, str(dst or "")], stdout=subprocess.PIPE,
                             env={**os.environ, **(env or {})})
@@ -83,8 +94,6 @@ def test_work_directories_live_in_a_private_xdg_runtime_dir(tmp_path, monkeypatc
 @pytest.mark.parametrize("xdg", ["unset", "open to others", "relative"])
 def test_without_a_usable_xdg_runtime_dir_a_private_per_user_directory_is_used(tmp_path, monkeypatch, xdg):
     tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     if xdg == "unset":
         monkeypatch.delenv("XDG_RUNTIME_DIR")
     elif xdg == "open to others":
@@ -100,8 +109,6 @@ def test_without_a_usable_xdg_runtime_dir_a_private_per_user_directory_is_used(t
 @pytest.mark.parametrize("hostile", ["symlink", "open to others", "another owner", "a file"])
 def test_a_hostile_per_user_directory_is_refused_with_a_typed_error(tmp_path, monkeypatch, hostile):
     tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     planted = tmp / f"ckptgate-{os.getuid()}"
     elsewhere = tmp_path / "attacker"
@@ -263,19 +270,16 @@ def test_doctor_lists_live_and_stale_leftovers_and_clean_removes_only_the_stale(
         live.wait()
 
 
-def test_doctor_without_leftovers_says_so(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "ckptgate", "doctor"], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "TMPDIR": str(tmp_path)})
+def test_doctor_without_leftovers_says_so():
+    out = subprocess.run([sys.executable, "-m", "ckptgate", "doctor"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "no leftovers" in out.stdout
 
 
 def test_doctor_refuses_a_hostile_work_directory_parent(tmp_path):
-    run = tmp_path / "tmp"
-    run.mkdir()
-    (run / f"ckptgate-{os.getuid()}").symlink_to(tmp_path)
+    (tmp_path / "tmp" / f"ckptgate-{os.getuid()}").symlink_to(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
     out = subprocess.run([sys.executable, "-m", "ckptgate", "doctor", "--json"], capture_output=True, text=True,
-                         timeout=120, env={**env, "TMPDIR": str(run)})
+                         timeout=120, env=env)
     assert out.returncode == 6 and json.loads(out.stdout)["error"]["code"] == "engine.workdir.unsafe"
 
 
@@ -283,7 +287,6 @@ def test_doctor_removes_old_unlocked_work_directories_only_when_quiet(tmp_path):
     """Work directories of older ckptgate versions have no lock: `--clean` removes one only when
     no process has a file in it open and nothing in it changed for LEGACY_QUIET_S."""
     tmp = tmp_path / "tmp"
-    tmp.mkdir()
     old = time.time() - workdirs.LEGACY_QUIET_S - 60
     dirs = {}
     for name in ("quiet", "fresh", "open"):
@@ -299,12 +302,11 @@ def test_doctor_removes_old_unlocked_work_directories_only_when_quiet(tmp_path):
     os.utime(dirs["open"] / "opa.log", (old, old))
     os.utime(dirs["open"], (old, old))
     try:
-        env = {"TMPDIR": str(tmp)}
-        rc, doc = _doctor(env=env)
+        rc, doc = _doctor()
         legacy = {Path(item["path"]).name: item for item in doc["leftovers"] if item["kind"] == "legacy"}
         assert rc == 3 and set(legacy) == {"ckptgate-opa-quiet", "ckptgate-opa-fresh", "ckptgate-opa-open"}
         assert [n for n, item in legacy.items() if item["removable"]] == ["ckptgate-opa-quiet"]
-        rc, doc = _doctor("--clean", env=env)
+        rc, doc = _doctor("--clean")
         assert rc == 0
         assert not dirs["quiet"].exists() and dirs["fresh"].exists() and dirs["open"].exists()
     finally:

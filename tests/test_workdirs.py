@@ -149,6 +149,7 @@ def test_a_killed_owners_work_directory_is_swept_and_a_live_owners_never_is():
     finally:
         live.kill()
         live.wait()
+        workdirs.sweep()
     workdirs.sweep()
     assert not live_dir.exists() and _registry() == []
 
@@ -223,6 +224,7 @@ def test_a_live_intakes_staging_directory_is_never_swept_from_another_destinatio
     finally:
         live.kill()
         live.wait()
+        workdirs.sweep()
 
 
 def test_a_registry_entry_naming_something_else_removes_nothing(tmp_path):
@@ -268,6 +270,7 @@ def test_doctor_lists_live_and_stale_leftovers_and_clean_removes_only_the_stale(
     finally:
         live.kill()
         live.wait()
+        workdirs.sweep()
 
 
 def test_doctor_without_leftovers_says_so():

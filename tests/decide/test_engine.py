@@ -256,9 +256,9 @@ def test_the_per_start_signing_key_is_never_on_disk(policy_dir, tmp_path, monkey
     for _ in range(3):
         with EmbeddedOpa(policy_dir=root) as opa:  # the signature verifies: OPA read the real key
             assert opa.evaluate("ckptgate/intake/decision", {"ok": True}).result["allow"] is True
+    assert report.read_text() == ""  # no private key anywhere, while each of the three signed
     signed = calls.read_text().splitlines()
     assert len(signed) == 3 and all("--signing-key /proc/self/fd/" in line for line in signed)
-    assert report.read_text() == ""
 
 
 def test_a_signing_key_path_opa_cannot_read_is_a_deny_not_a_key_taken_from_the_path(policy_dir, monkeypatch):

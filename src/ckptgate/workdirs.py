@@ -468,8 +468,8 @@ def find_leftovers() -> list[Leftover]:
 
 def clean(found: list[Leftover]) -> list[Leftover]:
     """Remove what :func:`find_leftovers` marked removable; returns what is gone.  Stale
-    directories go through the same locked sweeps as at start-up, so an owner that came alive in
-    between (it cannot: names are random) would still be respected."""
+    directories are removed by the same locked sweeps as at start-up, which take each lock again:
+    what was listed is never the proof."""
     sweep()
     now = time.time()
     for item in found:

@@ -33,3 +33,14 @@ def policy_dir(tmp_path: Path):
 def _audit_log_in_tmp(tmp_path_factory, monkeypatch):
     """Decisions made by tests are audited into a temporary file, not the user's state directory."""
     monkeypatch.setenv("CKPTGATE_AUDIT_LOG", str(tmp_path_factory.getbasetemp() / "decisions.jsonl"))
+
+
+@pytest.fixture(autouse=True)
+def _private_runtime_and_state(tmp_path_factory, monkeypatch):
+    """Work directories and the registry of live directories of tests live in this session's
+    temporary directory, not in the user's $XDG_RUNTIME_DIR, /tmp/ckptgate-<uid> or state directory."""
+    base = tmp_path_factory.getbasetemp()
+    runtime = base / "xdg-runtime"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("XDG_STATE_HOME", str(base / "xdg-state"))

@@ -14,11 +14,13 @@ made and again just before the rename.
 
 Files are written into a private staging directory beside DST (same file system), every file
 and the directory are fsynced, the receipt is written last, and the staging directory is
-renamed to DST, so an existing DST is never replaced and a crash or ``kill -9`` at any point
-leaves DST absent.  A staging directory has a random name and is flock-ed by its owner while in
-use; one that no live process holds is removed on the next run (under an exclusive flock of the
-parent, which an intake holds shared until its own directory is locked).  Atomic publication is
-ckptgate's responsibility, not an upstream guarantee [R12].
+renamed to DST with ``renameat2(RENAME_NOREPLACE)``, so an existing DST is never replaced and a
+crash or ``kill -9`` at any point leaves DST absent.  A staging directory has a random name, is
+recorded in the per-user registry (:mod:`ckptgate.workdirs`) and flock-ed by its owner while in
+use; one that no live process holds is removed by the next run that starts, whatever its
+destination (beside DST: under an exclusive flock of the parent, which an intake holds shared until
+its own directory is locked).  Atomic publication is ckptgate's responsibility, not an upstream
+guarantee [R12].
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any
 
 from ckptgate._fs import RENAME_NOREPLACE, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, is_within, openat2, renameat2
 from ckptgate.errors import Error, UsageError
+from ckptgate.workdirs import registered, sweep_registry
 
 RECEIPT_NAME = "ckptgate-receipt.json"
 _AT_FDCWD = -100
@@ -108,6 +111,15 @@ def _held(parent_fd: int, name: str) -> bool:
     return False
 
 
+def _ours(parent_fd: int, name: str) -> bool:
+    """A real directory (not a symlink) owned by this user: only those are ever swept."""
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+
+
 def remove_stale_staging(parent_fd: int) -> list[str]:
     """Remove staging directories in the directory ``parent_fd`` whose owner is gone (no one holds
     their lock); returns their names.
@@ -130,7 +142,7 @@ def remove_stale_staging(parent_fd: int) -> list[str]:
         with os.scandir(pfd) as it:
             names = sorted(e.name for e in it if _STAGING.match(e.name) and e.is_dir(follow_symlinks=False))
         for name in names:
-            if not _held(pfd, name):
+            if _ours(pfd, name) and not _held(pfd, name):
                 shutil.rmtree(name, dir_fd=pfd, ignore_errors=True)
                 removed.append(name)
     finally:
@@ -197,16 +209,17 @@ def open_destination(dst: Path, *, source_root: tuple[int, int] | None = None) -
         os.close(parent_fd)
 
 
-def _make_stage_dir(dest: Destination) -> str:
-    """Create a new staging directory (mode 0700) in the parent; its name."""
-    for _ in range(100):
-        name = f".{dest.name}.ckptgate-staging-{secrets.token_hex(8)}"
-        try:
-            os.mkdir(name, 0o700, dir_fd=dest.parent_fd)
-        except FileExistsError:
-            continue
-        return name
-    raise PublishError("publish.staging_exists", f"could not make a staging directory beside {dest.path}")
+def _stage_name(dest: Destination) -> str:
+    return f".{dest.name}.ckptgate-staging-{secrets.token_hex(16)}"
+
+
+def _make_stage_dir(dest: Destination, name: str) -> None:
+    """Create the staging directory ``name`` (mode 0700) in the parent."""
+    try:
+        os.mkdir(name, 0o700, dir_fd=dest.parent_fd)
+    except FileExistsError:  # 128 random bits: someone made it on purpose
+        raise PublishError("publish.staging_exists", f"a staging directory beside {dest.path} already had the new "
+                           "random name; nothing was published") from None
 
 
 def _remove_stage(dest: Destination, name: str, fd: int) -> None:
@@ -226,11 +239,18 @@ def staging(dest: Destination) -> Iterator[Stage]:
     consumed it."""
     if dest.source_root is not None and is_within(dest.parent_fd, dest.source_root):
         raise _inside_source(dest.path)  # the parent was moved into the source since it was opened
+    sweep_registry()  # what killed intakes left beside any other DST
     remove_stale_staging(dest.parent_fd)
+    name = _stage_name(dest)
+    with registered("staging", Path(os.path.realpath(dest.path.parent)) / name):  # before it exists
+        yield from _staged(dest, name)
+
+
+def _staged(dest: Destination, name: str) -> Iterator[Stage]:
     pfd = os.open(".", _DIR, dir_fd=dest.parent_fd)  # our own open file for the shared lock
     try:
         fcntl.flock(pfd, fcntl.LOCK_SH)  # no clean-up runs until our directory is locked
-        name = _make_stage_dir(dest)
+        _make_stage_dir(dest, name)
         try:
             lock = os.open(name, _DIR, dir_fd=dest.parent_fd)
         except OSError as e:

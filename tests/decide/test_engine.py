@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from ckptgate.decide.bundle import PolicyBundle, build_signed, policy_revision
+from ckptgate.decide.bundle import PolicyBundle, build_signed, find_opa, policy_revision
 from ckptgate.decide.engine import EmbeddedOpa, RemoteOpa, open_engine
 from ckptgate.errors import EngineUnavailable
 
@@ -200,7 +200,7 @@ def test_a_signal_while_the_bundle_is_staged_leaves_no_work_directory(policy_dir
     registered only at launch, so a signal in the first 0.2-0.3 s left the directory behind."""
     root = policy_dir(ECHO)
     tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    tmp.mkdir(mode=0o700)
     script = textwrap.dedent(f"""
         import time
         from pathlib import Path
@@ -218,15 +218,64 @@ def test_a_signal_while_the_bundle_is_staged_leaves_no_work_directory(policy_dir
         time.sleep(30)
         """)
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                             env={**os.environ, "TMPDIR": str(tmp)})
+                             env={**os.environ, "XDG_RUNTIME_DIR": str(tmp)})
+    runtime = tmp / "ckptgate"
     try:
         assert owner.stdout is not None and owner.stdout.readline().strip() == b"staging"
-        assert [p.name for p in tmp.iterdir()][0].startswith("ckptgate-opa-")
+        assert [p.name for p in runtime.iterdir()][0].startswith("opa-")
         owner.send_signal(signum)
         assert owner.wait(timeout=30) == -signum
-        assert list(tmp.iterdir()) == []
+        assert list(runtime.iterdir()) == []
     finally:
         owner.kill()
+
+
+def test_the_per_start_signing_key_is_never_on_disk(policy_dir, tmp_path, monkeypatch):
+    """At the moment `opa sign` runs (when the old code had written bundle-signing.pem into the work
+    directory), no file under any place a work directory can live holds a private key; a kill
+    then would leave none behind.  OPA reads the key from an anonymous memory file."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(mode=0o700)
+    report, calls = tmp_path / "scan.txt", tmp_path / "calls.txt"
+    wrapper = tmp_path / "opa-wrapper"
+    wrapper.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        if [ "$1" = sign ]; then
+          echo "$@" >> {calls}
+          grep -rl "PRIVATE KEY" {tmp} "$XDG_RUNTIME_DIR" >> {report} 2>/dev/null
+        fi
+        exec {find_opa()} "$@"
+        """))
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CKPTGATE_OPA", str(wrapper))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # where the old code made its work directory
+    root = policy_dir(ECHO)
+    for _ in range(3):
+        with EmbeddedOpa(policy_dir=root) as opa:  # the signature verifies: OPA read the real key
+            assert opa.evaluate("ckptgate/intake/decision", {"ok": True}).result["allow"] is True
+    assert report.read_text() == ""  # no private key anywhere, while each of the three signed
+    signed = calls.read_text().splitlines()
+    assert len(signed) == 3 and all("--signing-key /proc/self/fd/" in line for line in signed)
+
+
+def test_a_signing_key_path_opa_cannot_read_is_a_deny_not_a_key_taken_from_the_path(policy_dir, monkeypatch):
+    """`opa sign --signing-key X` takes X itself as the key when no file X exists; the memory file
+    must be readable by OPA, or the bundle is not signed at all (build_failed, never a weak key)."""
+    from ckptgate.decide import bundle
+
+    real = bundle._opa
+
+    def without_the_key(*args, **kwargs):
+        kwargs["pass_fds"] = ()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bundle, "_opa", without_the_key)
+    with pytest.raises(EngineUnavailable) as e:
+        EmbeddedOpa(policy_dir=policy_dir(ECHO))
+    assert e.value.code == "engine.bundle.build_failed"
 
 
 def test_build_signed_bundle_has_signatures(policy_dir, tmp_path):

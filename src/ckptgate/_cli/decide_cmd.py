@@ -11,7 +11,7 @@ from rich.syntax import Syntax
 
 from ckptgate._cli._base import emit_json, json_option, shown, stdout
 from ckptgate._cli._options import engine_options
-from ckptgate.errors import ExitCode, UsageError
+from ckptgate.errors import UsageError
 
 if TYPE_CHECKING:
     from ckptgate.pipeline import EngineOptions, Evaluation

@@ -6,11 +6,14 @@ receipt that names the revision names exactly the policies and policy data that 
 Two sources are supported:
 
 * :meth:`PolicyBundle.from_directory` stages a ``policies/`` tree as a bundle directory in the
-  private work directory and signs it (``opa sign``) with a fresh ES256 key held only in memory
-  and there.  This proves the bundle OPA loaded is the one ckptgate staged (OPA refuses a
-  modified, added or missing file); it says nothing more about who wrote the policies than the
-  file system does.  OPA compiles the policies once, when it loads them: ``opa build`` would
-  compile them a second time on every start, which cost 0.1-0.3 s of CPU beside the digest.
+  private work directory and signs it (``opa sign``) with a fresh ES256 key held only in memory:
+  ``opa sign`` reads it from an anonymous memory file (``memfd_create``) as ``/proc/self/fd/N``,
+  so the private key never has a name in any directory, not even for a moment, and a run
+  killed during start-up leaves no secret behind (like any process memory, it may be swapped).
+  This proves the bundle OPA loaded is the one ckptgate staged (OPA refuses a modified, added
+  or missing file); it says nothing more about who wrote the policies than the file system
+  does.  OPA compiles the policies once, when it loads them: ``opa build`` would compile them a
+  second time on every start, which cost 0.1-0.3 s of CPU beside the digest.
 * :meth:`PolicyBundle.from_signed_file` takes a bundle that a policy maintainer built and signed
   (``ckptgate policy build --signing-key ...``) together with the maintainer's public key.
   OPA verifies it at start-up and refuses to start when it was tampered with.
@@ -18,12 +21,14 @@ Two sources are supported:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from ckptgate.errors import EngineUnavailable, UsageError
 from ckptgate.userfiles import check_output_file
-from ckptgate.verify.dsse import KeySigner, write_private_key
+from ckptgate.verify.dsse import KeySigner
 
 SIGNING_ALG = "ES256"
 _EXCLUDED_SUFFIXES = ("_test.rego",)
@@ -129,21 +134,17 @@ class PolicyBundle:
         """
         check_policy_dir(policy_dir)
         key = ec.generate_private_key(ec.SECP256R1())
-        key_path, pub_path = workdir / "bundle-signing.pem", workdir / "bundle-verify.pem"
-        write_private_key(key_path, key.private_bytes(serialization.Encoding.PEM,
-                                                      serialization.PrivateFormat.PKCS8,
-                                                      serialization.NoEncryption()))
+        pub_path = workdir / "bundle-verify.pem"
         pub_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
                                                            serialization.PublicFormat.SubjectPublicKeyInfo))
         revision = policy_revision(policy_dir, overlays)
         root = (workdir / "bundle").absolute()
         _stage(policy_dir, root, overlays)
         (root / ".manifest").write_text(json.dumps({"revision": revision}))
-        try:
-            _opa("sign", "--signing-key", str(key_path), "--signing-alg", SIGNING_ALG, "--bundle", str(root),
-                 "-o", str(root))
-        finally:
-            key_path.unlink()
+        with _in_memory(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption())) as key_fd:
+            _opa("sign", "--signing-key", f"/proc/self/fd/{key_fd}", "--signing-alg", SIGNING_ALG,
+                 "--bundle", str(root), "-o", str(root), pass_fds=(key_fd,))
         return cls(path=root, verification_key=pub_path, revision=revision)
 
     @classmethod
@@ -181,9 +182,25 @@ def _stage(policy_dir: Path, root: Path, overlays: dict[str, bytes] | None) -> N
         dst.write_bytes(data)
 
 
-def _opa(*args: str, cwd: Path | None = None) -> None:
+@contextlib.contextmanager
+def _in_memory(secret: bytes) -> Iterator[int]:
+    """``secret`` in an anonymous memory file (``memfd_create``): a descriptor with no name in any
+    file system, closed on exec unless passed on explicitly, gone when the last descriptor closes
+    (so with the process, however it dies).  ``opa sign`` reads it as ``/proc/self/fd/N``."""
+    fd = os.memfd_create("ckptgate-bundle-signing-key", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(secret)
+        while view:
+            view = view[os.write(fd, view):]
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _opa(*args: str, cwd: Path | None = None, pass_fds: tuple[int, ...] = ()) -> None:
     """Run ``opa <args>`` to prepare a bundle; a failure is ``engine.bundle.build_failed``."""
-    proc = subprocess.run([find_opa(), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([find_opa(), *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          pass_fds=pass_fds)
     if proc.returncode != 0:
         raise EngineUnavailable("engine.bundle.build_failed",
                                 f"opa {args[0]} failed: {(proc.stderr or proc.stdout).strip()[:2000]}")

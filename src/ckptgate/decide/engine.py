@@ -14,7 +14,10 @@ The embedded server:
   bundle makes OPA refuse to start;
 * is built and launched on a keeper thread, so the caller inspects and hashes meanwhile;
 * dies with its owner: ``PR_SET_PDEATHSIG`` kills it if ckptgate is killed (even ``kill -9``),
-  and :meth:`EmbeddedOpa.close` (context-manager exit, ``atexit``, SIGTERM/SIGINT) stops it.
+  and :meth:`EmbeddedOpa.close` (context-manager exit, ``atexit``, SIGTERM/SIGINT) stops it;
+* works in a private work directory (:func:`ckptgate.workdirs.create_work_dir`) that this process
+  holds locked and registered until :meth:`EmbeddedOpa.close`; each start first sweeps the work
+  and staging directories that killed runs left (their owners are provably dead).
 """
 
 from __future__ import annotations
@@ -29,12 +32,10 @@ import importlib.util
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
 from ckptgate.decide.bundle import PolicyBundle, default_policy_dir, find_opa
+from ckptgate import workdirs
 from ckptgate.errors import EngineUnavailable
 
 if TYPE_CHECKING:
@@ -150,7 +152,8 @@ class EmbeddedOpa(_ClientEngine):
         """Build the bundle and launch OPA on a keeper thread.  With ``wait=False`` the wait for the
         bundle and for OPA to become healthy is left to the first :meth:`evaluate`, so the caller's
         own work overlaps both; a failure to build or launch is raised there."""
-        self._workdir = Path(tempfile.mkdtemp(prefix="ckptgate-opa-"))  # mode 0700
+        self._lease = workdirs.create_work_dir()  # mode 0700, locked and registered until close()
+        self._workdir = self._lease.path
         self._proc: subprocess.Popen[bytes] | None = None
         self._closed = False
         self._started = False
@@ -177,6 +180,7 @@ class EmbeddedOpa(_ClientEngine):
         """Build the bundle and launch OPA, then stay alive until :meth:`close`: OPA's PDEATHSIG
         follows the thread that forked it, so this thread must outlive the server."""
         try:
+            workdirs.sweep()  # what killed runs left: their owners are provably dead (see ckptgate.workdirs)
             if bundle is None:
                 source = policy_dir or default_policy_dir()
                 bundle = PolicyBundle.from_directory(source, self._workdir, overlays=overlays)
@@ -286,7 +290,7 @@ class EmbeddedOpa(_ClientEngine):
         if hasattr(self, "_client"):
             self._client.close_connection()
         EmbeddedOpa._live.discard(self)
-        shutil.rmtree(self._workdir, ignore_errors=True)  # our private directory: the bundle, its key, the log
+        self._lease.release()  # our private directory (the bundle, its public key, the log), then its lock
 
     def __enter__(self) -> EmbeddedOpa:
         return self

@@ -142,7 +142,6 @@ def _systems(vocab: Vocabulary, clause: str) -> tuple[list[dict[str, Any]], str]
             masked = masked[:m.start()] + "\0" * (m.end() - m.start()) + masked[m.end():]
     found.sort(key=lambda f: f["at"])
     kept = []
-    after_rx = vocab.rx("artifact_after")
     for f in found:
         end = f["at"] + len(f["term"])
         f["artifact"] = bool(after_rx.match(clause[end:]))
@@ -205,7 +204,6 @@ def _unknown(vocab: Vocabulary, masked: str, ends: list[int]) -> list[str]:
     """System-like names that are what a capability claim is about: right after the predicate
     ("supports GGUF"), or named as an artifact ("Orbax checkpoints")."""
     out = []
-    after_rx = vocab.rx("artifact_after")
     for m in _CAND.finditer(masked):
         word = m.group().strip("-.")
         if not word or "_" in word or word.lower() in vocab.non_systems or word.lower() in vocab.alias_words:

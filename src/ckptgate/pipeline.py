@@ -85,6 +85,12 @@ class EngineOptions:
         if not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
             raise UsageError("usage.opa_timeout", f"the decision timeout must be a positive number of seconds, "
                              f"not {self.timeout_s!r}")
+        if self.opa_url is not None and self.trust_file is not None:
+            raise UsageError("usage.trust_with_remote_opa",
+                             "--trust cannot be combined with --opa-url: a remote policy engine decides with the trust "
+                             "data of its own bundle, and a client must not widen or replace central trust",
+                             advice="Drop --trust to use the remote engine's trust data, or drop --opa-url to "
+                                    "decide locally with the embedded engine and this trust file.")
         if self.policy_key is not None and self.policy_bundle is None:
             raise UsageError("usage.policy_bundle", "--policy-key verifies a --policy-bundle; none was given")
         if self.policy_dir is not None:

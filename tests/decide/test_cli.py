@@ -114,3 +114,12 @@ def test_an_unreadable_trust_file_is_a_typed_error_on_every_engine_command(tmp_p
         assert res.returncode == ExitCode.VERIFICATION_FAILED, (args, res.stderr)
         assert json.loads(res.stdout)["error"]["code"] == "verify.trust.unreadable"
         assert "Traceback" not in res.stderr
+
+
+def test_trust_with_a_remote_engine_is_refused_not_silently_ignored(tmp_path):
+    """Issue 19, item 11: the remote engine's bundle holds the trust data; --trust would be ignored."""
+    trust = tmp_path / "trust.json"
+    trust.write_text('{"signers": []}')
+    res = cli("decide", HF, "--opa-url", "http://127.0.0.1:9", "--trust", trust, "--json")
+    assert res.returncode == ExitCode.USAGE
+    assert json.loads(res.stdout)["error"]["code"] == "usage.trust_with_remote_opa"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,3 +55,28 @@ def repo_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """``--repo DIR``: the repository the evidence commands work on."""
     return click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
                         help="Repository root (default: the git work tree of the current directory).")(f)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+class ByteSize(click.ParamType):
+    """A size in bytes: a plain integer, or a number with the units ``huggingface_hub`` accepts
+    (``5GB``, ``500MB``: powers of 1000) or IEC units (``2GiB``: powers of 1024)."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        else:
+            m = _SIZE.match(str(value))
+            if m is None:
+                self.fail(f"{value!r} is not a size: use bytes (2147483648), or units such as 5GB, 500MB or 2GiB",
+                          param, ctx)
+            n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
+        if n < 1:
+            self.fail(f"{value!r} is less than one byte", param, ctx)
+        return n

@@ -10,7 +10,7 @@ import click
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from ckptgate._cli._base import emit_json, json_option, shown, stderr, stdout
-from ckptgate._cli._options import engine_options
+from ckptgate._cli._options import ByteSize, engine_options
 
 if TYPE_CHECKING:
     from ckptgate.pipeline import EngineOptions, IntakeResult
@@ -48,8 +48,8 @@ def register(cli: click.Group) -> None:
                   help="Destination directory; must not exist. Published atomically.")
     @click.option("--attestation", "attestations", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
                   help="A DSSE envelope or Sigstore bundle about SRC (repeatable).")
-    @click.option("--max-shard-size", type=click.IntRange(1), default=2 << 30, show_default=True,
-                  help="Maximum output shard size in bytes.")
+    @click.option("--max-shard-size", type=ByteSize(), default="2GiB", show_default=True,
+                  help="Maximum output shard size: bytes, or 5GB, 500MB (powers of 1000) or 2GiB (of 1024).")
     @click.option("--dtype", type=click.Choice(["F32", "BF16", "F16", "F64"], case_sensitive=False), default=None,
                   help="Cast every floating-point tensor (F64, F32, F16, BF16) to this dtype, rounding to nearest "
                        "even; other dtypes are never changed.  Default: every dtype is preserved.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import click
@@ -15,8 +15,40 @@ from rich.markup import escape
 from ckptgate import __version__
 from ckptgate.errors import Error, ExitCode, UsageError
 
-stderr = Console(stderr=True, highlight=False)
+# soft_wrap: a line is never wrapped or cut to the terminal's width (a code, digest or path must
+# survive a pipe whole); off a terminal, rich prints no colour and no progress bars.
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 stdout = Console(highlight=False, soft_wrap=True)
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """A table on stdout: drawn with rich on a terminal (cells fold, never cut); elsewhere one
+    tab-separated line per row under a ``# title`` line, so logs and ``grep`` see every value whole
+    and unpadded.  Cells are rich markup, as :func:`shown` makes them."""
+    if stdout.is_terminal:
+        from rich.table import Table  # noqa: PLC0415 - only humans at a terminal pay its import
+
+        t = Table(*columns, title=title)
+        for c in t.columns:
+            c.overflow = "fold"
+        for row in rows:
+            t.add_row(*row)
+        stdout.print(t)
+        return
+    stdout.print(f"# {title}: " + "\t".join(columns), markup=False)
+    for row in rows:
+        stdout.print("\t".join(row))
+
+
+def print_json_text(doc: Any) -> None:
+    """Pretty JSON for humans: highlighted on a terminal, plain text elsewhere (never padded)."""
+    text = json.dumps(doc, indent=2, sort_keys=True)
+    if stdout.is_terminal:
+        from rich.syntax import Syntax  # noqa: PLC0415 - pulls in pygments: only at a terminal
+
+        stdout.print(Syntax(text, "json", word_wrap=True))
+    else:
+        stdout.print(text, markup=False)
 
 
 # C0 controls but tab and newline, DEL, C1 controls, and the bidirectional overrides: a checkpoint's

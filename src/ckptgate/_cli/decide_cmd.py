@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.syntax import Syntax
 
-from ckptgate._cli._base import emit_json, json_option, shown, stdout
+from ckptgate._cli._base import emit_json, json_option, print_json_text, shown, stdout
 from ckptgate._cli._options import engine_options
 from ckptgate.errors import UsageError
 
@@ -91,9 +90,9 @@ def register(cli: click.Group) -> None:
             emit_json(doc)
         else:
             stdout.print("[bold]input[/]")
-            stdout.print(Syntax(json.dumps(doc["input"], indent=2, sort_keys=True), "json", word_wrap=True))
+            print_json_text(doc["input"])
             stdout.print("[bold]decision[/]")
-            stdout.print(Syntax(json.dumps(doc["decision"], indent=2, sort_keys=True), "json", word_wrap=True))
+            print_json_text(doc["decision"])
         return ev.decision.exit_code
 
     @cli.command("explain")

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import click
-from rich.table import Table
 
-from ckptgate._cli._base import emit_json, json_option, shown, stdout
+from ckptgate._cli._base import emit_json, json_option, shown, stdout, table
 from ckptgate.errors import ExitCode
 
 
@@ -33,11 +32,9 @@ def register(cli: click.Group) -> None:
         elif not found:
             stdout.print("no leftovers")
         else:
-            t = Table("kind", "state", "bytes", "path", "note", title="ckptgate leftovers")
-            for item in found:
-                state = "removed" if item.path in gone else item.state
-                t.add_row(item.kind, state, str(item.size), shown(item.path), shown(item.detail))
-            stdout.print(t)
+            table("ckptgate leftovers", ("kind", "state", "bytes", "path", "note"),
+                  ((item.kind, "removed" if item.path in gone else item.state, str(item.size), shown(item.path),
+                    shown(item.detail)) for item in found))
             if remaining:
                 stdout.print(f"{len(remaining)} removable leftover(s)" + ("; run `ckptgate doctor --clean`"
                                                                          if not clean else " could not be removed"))

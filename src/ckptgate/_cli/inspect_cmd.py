@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.table import Table
 
-from ckptgate._cli._base import emit_json, json_option, shown, stdout
+from ckptgate._cli._base import emit_json, json_option, shown, stdout, table
 from ckptgate.errors import InputRejected
 
 
@@ -32,17 +31,12 @@ def _human(facts: dict[str, Any], digest: Any) -> None:
                  f"   consolidatable: {facts['consolidatable']}")
     if digest is not None:
         stdout.print(f"[bold]fixture digest[/] {digest.digest} ({digest.file_count} files, {digest.total_bytes} bytes)")
-    t = Table("path", "kind", "size", title="files")
-    for f in facts["files"]:
-        t.add_row(shown(f["path"]), f["kind"], str(f["size"]))
-    stdout.print(t)
+    table("files", ("path", "kind", "size"), ((shown(f["path"]), f["kind"], str(f["size"])) for f in facts["files"]))
     if facts["findings"]:
-        ft = Table("severity", "code", "path", "message", title="findings")
         colour = {"error": "red", "warning": "yellow", "info": "dim"}
-        for x in facts["findings"]:
-            ft.add_row(f"[{colour[x['severity']]}]{x['severity']}[/]", x["code"], shown(x["path"]),
-                       shown(x["message"]))
-        stdout.print(ft)
+        table("findings", ("severity", "code", "path", "message"),
+              ((f"[{colour[x['severity']]}]{x['severity']}[/]", shown(x["code"]), shown(x["path"]), shown(x["message"]))
+               for x in facts["findings"]))
 
 
 def register(cli: click.Group) -> None:

@@ -156,6 +156,8 @@ def test_attestation_for_another_fixture_is_denied(setup):
 def test_attestation_from_an_untrusted_key_is_denied(setup):
     err = _refused(setup, [setup["attest"]("untrusted")], "attestation_rejected", ExitCode.VERIFICATION_FAILED)
     assert "--trust" in err["advice"]
+    [reason] = [r for r in err["reasons"] if r["code"] == "attestation_rejected"]
+    assert "keyid" in reason["message"] and "--trust" in reason["message"]  # names the signer and the way in
 
 
 @pytest.mark.parametrize("status", ["failed", "error"])

@@ -70,3 +70,30 @@ def test_sign_usage_errors(tmp_path: Path) -> None:
     r = run("attest", "sign", "--out", "x", "--key", "nope.pem", "--statement", "s.json", "--json",
             cwd=tmp_path)
     assert r.returncode == 2 and json.loads(r.stdout)["error"]["code"] == "usage.signing_key_unreadable"
+
+
+def test_keygen_writes_a_trust_file_that_trust_takes_as_it_is(tmp_path: Path) -> None:
+    """Issue 19, item 5: keygen's entry used to fail as --trust (verify.trust.shape)."""
+    r = run("attest", "keygen", "--out", "k", "--trust-out", "trust.json", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["trust_file"] == "trust.json"
+    (tmp_path / "predicate.json").write_text(json.dumps(STATEMENT["predicate"]))
+    r = run("attest", "sign", "--predicate", "predicate.json", "--subject-digest", "sha256:" + FIXTURE_HEX,
+            "--key", "k.pem", "--out", "att.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = run("attest", "verify", "att.json", "--digest", "sha256:" + FIXTURE_HEX, "--trust", "trust.json",
+            "--now", "2026-11-29T17:00:00Z", cwd=tmp_path)
+    assert r.returncode == 0 and "VERIFIED" in r.stdout, r.stdout + r.stderr
+    again = run("attest", "keygen", "--out", "k2", "--trust-out", "trust.json", "--json", cwd=tmp_path)
+    assert again.returncode == 2 and not (tmp_path / "k2.pem").exists()  # nothing written when one exists
+
+
+def test_signing_an_invalid_predicate_is_a_usage_error_not_untrusted_evidence(tmp_path: Path) -> None:
+    r = run("attest", "keygen", "--out", "k", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "predicate.json").write_text(json.dumps({**STATEMENT["predicate"], "result": "great"}))
+    r = run("attest", "sign", "--predicate", "predicate.json", "--subject-digest", "sha256:" + FIXTURE_HEX,
+            "--key", "k.pem", "--out", "att.json", "--json", cwd=tmp_path)
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 2 and err["code"] == "usage.statement_invalid"
+    assert "do not trust" not in err["advice"].lower() and not (tmp_path / "att.json").exists()

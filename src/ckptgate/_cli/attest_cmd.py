@@ -59,8 +59,10 @@ def attest() -> None:
 @click.option("--out", "prefix", required=True, help="Writes PREFIX.pem (private, 0600) and PREFIX.pub.pem.")
 @click.option("--algorithm", type=click.Choice(["ed25519", "ecdsa-p256"]), default="ed25519", show_default=True)
 @click.option("--id", "signer_id", default="dev-key", show_default=True, help="Signer id for the trust entry.")
+@click.option("--trust-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write a trust file naming only this key, ready for --trust FILE.")
 @json_option
-def keygen(prefix: str, algorithm: str, signer_id: str, as_json: bool) -> None:
+def keygen(prefix: str, algorithm: str, signer_id: str, trust_out: Path | None, as_json: bool) -> None:
     """Development helper: a new key pair and its trust-data entry (never use for production keys)."""
     from ckptgate.verify import (PROVENANCE_PREDICATE_TYPE, QUALIFICATION_PREDICATE_TYPE, generate_keypair,
                                  trust_entry)
@@ -68,7 +70,7 @@ def keygen(prefix: str, algorithm: str, signer_id: str, as_json: bool) -> None:
     if not Path(prefix).name:
         raise UsageError("usage.invalid", f"--out {prefix!r} names no file prefix (e.g. keys/dev)")
     priv_path, pub_path = Path(prefix + ".pem"), Path(prefix + ".pub.pem")
-    for p in (priv_path, pub_path):  # both checked before either is written
+    for p in (priv_path, pub_path, *([trust_out] if trust_out else [])):  # all checked before any is written
         if os.path.lexists(p):
             raise UsageError("usage.exists", f"{p} exists; refusing to overwrite")
     private, public = generate_keypair(algorithm)
@@ -81,13 +83,22 @@ def keygen(prefix: str, algorithm: str, signer_id: str, as_json: bool) -> None:
     entry = trust_entry(public, signer_id=signer_id,
                         predicate_types=[QUALIFICATION_PREDICATE_TYPE, PROVENANCE_PREDICATE_TYPE],
                         scopes=["qualification", "provenance"])
+    if trust_out is not None:
+        write_output_file(trust_out, (json.dumps({"signers": [entry]}, indent=2) + "\n").encode(),
+                          what="the trust file", exclusive=True)
     if as_json:
-        emit_json({"private_key": str(priv_path), "public_key": str(pub_path), "trust_entry": entry})
+        emit_json({"private_key": str(priv_path), "public_key": str(pub_path), "trust_entry": entry,
+                   "trust_file": str(trust_out) if trust_out else None})
         return
     stdout.print(f"wrote [bold]{priv_path}[/] (private, keep secret) and [bold]{pub_path}[/]")
     stdout.print(f"algorithm {algorithm}, spki_sha256 {entry['spki_sha256']}")
-    stdout.print("trust-data entry (add to policies/ckptgate/config/trust/data.json):")
-    stdout.print_json(json.dumps(entry))
+    if trust_out is not None:
+        stdout.print(f"wrote the trust file [bold]{trust_out}[/]: pass it as --trust {trust_out}")
+    else:
+        stdout.print("trust-data entry; put it in a trust file {\"signers\": [...]} of your own and pass it with "
+                     "--trust FILE (--trust-out FILE writes one), rather than editing ckptgate's bundled policy data:",
+                     markup=False)
+        stdout.print_json(json.dumps(entry))
 
 
 @attest.command("sign")
@@ -122,11 +133,17 @@ def sign(key_path: str | None, keyid: str | None, statement_path: str | None, pr
                      "subject": [{"name": subject_name, "digest": {"sha256": subject_hex}}],
                      "predicateType": predicate_type or QUALIFICATION_PREDICATE_TYPE, "predicate": predicate}
     if not isinstance(statement, dict):
-        raise VerificationError("verify.statement.type", "statement is not a JSON object")
+        raise UsageError("usage.statement_invalid", "the statement is not a JSON object; nothing was signed")
     if statement.get("predicateType") not in PREDICATE_SCHEMAS:  # every type signed here is checked by a schema
         raise UsageError("usage.predicate_type", f"ckptgate signs only its own predicate types, each checked "
                          f"against its schema: {sorted(PREDICATE_SCHEMAS)}; not {statement.get('predicateType')!r}")
-    envelope = sign_statement(statement, signer)
+    try:
+        envelope = sign_statement(statement, signer)
+    except VerificationError as e:  # the statement is what is wrong: fix it, then sign
+        raise UsageError("usage.statement_invalid", f"the statement does not match its schema, so it was not "
+                         f"signed: {e.message}", evidence={"check": e.code, **e.evidence},
+                         advice="Fix the statement or predicate so that it matches the schema of its predicate "
+                                "type (docs/attestations.md), then sign it again.") from None
     write_output_file(out_path, envelope, what="the envelope", exclusive=True)
     if as_json:
         emit_json({"envelope": out_path, "keyid": signer.keyid, "algorithm": signer.algorithm,

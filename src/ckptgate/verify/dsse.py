@@ -182,11 +182,14 @@ def verify_envelope(env: Envelope, keys: Sequence[TrustedKey]) -> tuple[Verified
             f"no signature verifies, though a keyid names trusted key(s) {named}: the payload was altered "
             "or signed by another key",
             evidence={"keyid_hints": hints, "keyid_hint_trusted": named, "trusted_keys_tried": len(keys)})
+    signed_by = ", ".join(repr(h)[:80] for h in hints[:4] if h) or "no keyid given"
     raise VerificationError(
         "verify.key.untrusted",
-        "no signature verifies under any trusted key",
+        f"no signature verifies under any trusted key (the envelope names keyid {signed_by}); to trust that "
+        "signer, name its public key in a trust file and pass it with --trust FILE",
         evidence={"keyid_hints": hints, "trusted_keys_tried": len(keys)},
-        advice="The envelope was signed by a key that is not in the trust data, or altered after signing.")
+        advice="The envelope was signed by a key that is not in the trust data, or altered after signing. "
+               "`ckptgate attest keygen --trust-out FILE` shows the trust file's shape.")
 
 
 @runtime_checkable

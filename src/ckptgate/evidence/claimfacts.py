@@ -142,6 +142,7 @@ def _systems(vocab: Vocabulary, clause: str) -> tuple[list[dict[str, Any]], str]
             masked = masked[:m.start()] + "\0" * (m.end() - m.start()) + masked[m.end():]
     found.sort(key=lambda f: f["at"])
     kept = []
+    after_rx = vocab.rx("artifact_after")
     for f in found:
         end = f["at"] + len(f["term"])
         f["artifact"] = bool(after_rx.match(clause[end:]))

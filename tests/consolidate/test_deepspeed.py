@@ -30,7 +30,7 @@ from ckptgate.inspect import SafeTree, inspect_open_tree  # noqa: E402
 pytestmark = pytest.mark.producers
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "data"
-CONTROLS = ("no_new_privs", "seccomp", "rlimits", "user_ns", "net_ns", "openat2")
+CONTROLS = ("no_new_privs", "seccomp", "rlimits", "user_ns", "net_ns", "ipc_ns", "openat2")
 
 
 def _decision(loaders: tuple[str, ...] = ("deepspeed",)) -> Decision:

@@ -17,7 +17,7 @@ import pytest
 
 from ckptgate.enforce import containment
 from ckptgate.enforce.containment import CONTROLS, ContainmentProfile, cgroup_v2_slot, openat2, preflight
-from ckptgate.enforce.seccomp import ALLOWED, CONDITIONAL, KILL, build_filter
+from ckptgate.enforce.seccomp import ALLOWED, CONDITIONAL, KEPT, KILL, build_filter
 from ckptgate.errors import RuntimeFailure
 
 # --------------------------------------------------------------------------- profile
@@ -227,9 +227,10 @@ def test_filter_is_an_allowlist_with_a_reason_for_every_entry() -> None:
     _, report = build_filter()
     assert report.mode == "allowlist" and report.default == "EPERM"
     assert report.unknown == () or set(report.unknown) <= {"membarrier", "rseq"}
-    assert all(isinstance(why, str) and why for why in ALLOWED.values())
+    assert all(isinstance(why, str) and why for why in (*ALLOWED.values(), *KEPT.values()))
     assert all(why for *_, why in CONDITIONAL)
-    assert not set(_NEVER_ALLOWED) & set(ALLOWED)
+    assert not set(_NEVER_ALLOWED) & (set(ALLOWED) | set(KEPT))
+    assert set(report.allowed) == (set(ALLOWED) | set(KEPT)) - set(report.unknown)
     conditional = {name for name, *_ in CONDITIONAL}
     assert not set(_NEVER_ALLOWED) & conditional
     for name in ("execve", "execveat", "fork", "vfork", "clone(!CLONE_THREAD)"):
@@ -270,7 +271,8 @@ _CHILD = textwrap.dedent('''
         out["unlisted"] = [libc.syscall(0x3FFF), ctypes.get_errno()]
         out["mmap_exec"] = sys_("mmap", 0, 4096, 7, 0x22, -1, 0)
         out["mmap_rw"] = sys_("mmap", 0, 4096, 3, 0x22, -1, 0)[0] > 0
-        out["affinity_self"] = sorted(os.sched_getaffinity(0)) != []
+        out["affinity_self"] = sys_("sched_getaffinity", 0, 128, ctypes.create_string_buffer(128))
+        out["setpriority_self"] = sys_("setpriority", 0, 0, 5)
         out["affinity_pid1"] = sys_("sched_getaffinity", 1, 128, ctypes.create_string_buffer(128))
         out["prctl_other"] = sys_("prctl", 4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
         out["socket"] = sys_("socket", 1, 1, 0)
@@ -301,10 +303,10 @@ def test_filter_allows_threads_and_refuses_the_rest_with_eperm() -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.splitlines()[0])
     assert out["thread"] is True and out["kill_self"] is True and out["mmap_rw"] is True
-    assert out["affinity_self"] is True
     assert out["open"] == errno.EPERM and out["mkdir"] == errno.EPERM and out["kill_other"] == errno.EPERM
     assert out["clone3"] == [-1, errno.ENOSYS]
-    for label in ("unlisted", "mmap_exec", "affinity_pid1", "prctl_other", "socket", "ptrace", "io_uring",
+    for label in ("unlisted", "mmap_exec", "affinity_self", "affinity_pid1", "setpriority_self", "prctl_other",
+                  "socket", "ptrace", "io_uring",
                   "clone_ns_thread"):
         assert out[label] == [-1, errno.EPERM], (label, out[label])
     assert not Path("/tmp/ckptgate-never").exists()

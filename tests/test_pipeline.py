@@ -366,3 +366,21 @@ def test_a_plan_the_checkpoint_contradicts_is_a_rejected_input(setup, monkeypatc
     assert e.value.code == ExitCode.INPUT_REJECTED
     assert json.loads(capsys.readouterr().out)["error"]["code"] == "plan.tensor.gap"
     assert not setup["dst"].exists()
+
+
+def test_receipt_containment_is_what_the_worker_measured_not_the_preflight() -> None:
+    """The receipt's containment.worker comes from the worker's own measurements; the preflight
+    profile the decision saw is kept apart, as a prediction; no worker, no claim."""
+    from types import SimpleNamespace
+
+    preflight = {"preflighted": True, "controls": {"seccomp": True, "ipc_ns": True}}
+    evaluation = SimpleNamespace(policy_input=SimpleNamespace(containment=preflight))
+    measured = {"seccomp": {"status": 2, "mode": "allowlist"}, "no_new_privs": 1,
+                "namespaces": {"ipc": {"worker": "ipc:[2]", "parent": "ipc:[1]"}}}
+    worker = {"job": "deepspeed", "controls": {"seccomp": True, "ipc_ns": True}, "measured": measured, "wall_s": 1.0}
+    done = pipeline.Consolidated(outputs=(), plan_report={"trees_from": "contained_worker", "worker": worker})
+    record = pipeline._containment_record(evaluation, done)  # type: ignore[arg-type]
+    assert record == {"worker": {"job": "deepspeed", "controls": worker["controls"], "measured": measured},
+                      "preflight": preflight}
+    none = pipeline._containment_record(evaluation, pipeline.Consolidated(outputs=(), plan_report={}))  # type: ignore[arg-type]
+    assert none == {"worker": None, "preflight": preflight}

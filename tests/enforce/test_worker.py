@@ -422,14 +422,15 @@ for who, pid in (("victim", VICTIM), ("parent", PARENT)):
     call("sched_setparam(%s)" % who, "sched_setparam", pid, param)
     call("sched_setattr(%s)" % who, "sched_setattr", pid, attr, 0)
     call("ioprio_set(%s)" % who, "ioprio_set", 1, pid, 3 << 13)
-    call("prlimit64(%s)" % who, "prlimit64", pid, 7, None, buf)
-    call("kill(%s)" % who, "kill", pid, 0)
-    call("pidfd_open(%s)" % who, "pidfd_open", pid, 0)
 call("setpriority(pgrp of victim)", "setpriority", 1, VICTIM, 19)
 call("shmget", "shmget", 0, 4096, 0o1666)                  # IPC_PRIVATE, IPC_CREAT | 0666
 call("msgget", "msgget", 0, 0o1666)
 call("semget", "semget", 0, 1, 0o1666)
 call("mq_open", "mq_open", b"ckptgate-f3-probe", os.O_CREAT | os.O_RDWR, 0o666, None)
+for who, pid in (("victim", VICTIM), ("parent", PARENT)):
+    call("prlimit64(%s)" % who, "prlimit64", pid, 7, None, buf)
+    call("kill(%s)" % who, "kill", pid, 0)
+    call("pidfd_open(%s)" % who, "pidfd_open", pid, 0)
 call("keyctl", "keyctl", 0, -3, 1)                         # KEYCTL_GET_KEYRING_ID, session keyring, create
 call("add_key", "add_key", b"user", b"ckptgate-f3", b"x", 1, -3)
 call("bpf", "bpf", 0, buf, 72)                             # BPF_MAP_CREATE

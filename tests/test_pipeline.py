@@ -382,5 +382,6 @@ def test_receipt_containment_is_what_the_worker_measured_not_the_preflight() -> 
     record = pipeline._containment_record(evaluation, done)  # type: ignore[arg-type]
     assert record == {"worker": {"job": "deepspeed", "controls": worker["controls"], "measured": measured},
                       "preflight": preflight}
-    none = pipeline._containment_record(evaluation, pipeline.Consolidated(outputs=(), plan_report={}))  # type: ignore[arg-type]
+    nothing_ran = pipeline.Consolidated(outputs=(), plan_report={})
+    none = pipeline._containment_record(evaluation, nothing_ran)  # type: ignore[arg-type]
     assert none == {"worker": None, "preflight": preflight}

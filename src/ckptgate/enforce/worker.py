@@ -34,7 +34,14 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ckptgate.enforce import _worker_main as wm
-from ckptgate.enforce.containment import CONTROLS, NAMESPACES, RLIMITS, ContainmentProfile, cgroup_v2_slot, namespace_ids
+from ckptgate.enforce.containment import (
+    CONTROLS,
+    NAMESPACES,
+    RLIMITS,
+    ContainmentProfile,
+    cgroup_v2_slot,
+    namespace_ids,
+)
 from ckptgate.errors import RuntimeFailure
 
 if TYPE_CHECKING:

@@ -50,7 +50,6 @@ CLONE_THREAD = 0x00010000
 CLONE_NS_FLAGS = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000
                   | 0x40000000)  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 PROT_EXEC = 0x4
-AT_EMPTY_PATH = 0x1000
 
 #: Syscalls allowed with any arguments, each with why the load phase needs it.  Measured: the
 #: pinned torch 2.13 ``torch.load`` (zip and legacy formats, plan and bytes jobs, a 32 MiB tensor

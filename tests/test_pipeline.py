@@ -447,3 +447,22 @@ def test_swapping_the_parent_of_dst_for_a_symlink_into_the_source_never_writes_i
         assert json.loads((moved / "out" / "ckptgate-receipt.json").read_text())["decision"]["allow"] is True
     assert parent.is_symlink()  # the swap did happen
     assert _listing(src) == before  # nothing published, staged or left inside the source
+
+
+def test_receipt_containment_is_what_the_worker_measured_not_the_preflight() -> None:
+    """The receipt's containment.worker comes from the worker's own measurements; the preflight
+    profile the decision saw is kept apart, as a prediction; no worker, no claim."""
+    from types import SimpleNamespace
+
+    preflight = {"preflighted": True, "controls": {"seccomp": True, "ipc_ns": True}}
+    evaluation = SimpleNamespace(policy_input=SimpleNamespace(containment=preflight))
+    measured = {"seccomp": {"status": 2, "mode": "allowlist"}, "no_new_privs": 1,
+                "namespaces": {"ipc": {"worker": "ipc:[2]", "parent": "ipc:[1]"}}}
+    worker = {"job": "deepspeed", "controls": {"seccomp": True, "ipc_ns": True}, "measured": measured, "wall_s": 1.0}
+    done = pipeline.Consolidated(outputs=(), plan_report={"trees_from": "contained_worker", "worker": worker})
+    record = pipeline._containment_record(evaluation, done)  # type: ignore[arg-type]
+    assert record == {"worker": {"job": "deepspeed", "controls": worker["controls"], "measured": measured},
+                      "preflight": preflight}
+    nothing_ran = pipeline.Consolidated(outputs=(), plan_report={})
+    none = pipeline._containment_record(evaluation, nothing_ran)  # type: ignore[arg-type]
+    assert none == {"worker": None, "preflight": preflight}

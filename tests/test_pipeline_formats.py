@@ -85,9 +85,11 @@ def test_fixture_is_published_bit_exact(name: str, signer: Signer, tmp_path: Pat
     out = tmp_path / "out"
     receipt = json.loads((out / RECEIPT_NAME).read_text())
     assert receipt["decision"]["allow"] is True
-    if receipt["decision"]["plane"] == "framework":  # the controls that held are on the record
-        assert receipt["containment"]["preflighted"] is True
-        assert all(receipt["containment"]["controls"][c] for c in receipt["decision"]["required_controls"])
+    if receipt["decision"]["plane"] == "framework":  # the profile the decision saw is on the record
+        assert receipt["containment"]["preflight"]["preflighted"] is True
+        assert all(receipt["containment"]["preflight"]["controls"][c] for c in receipt["decision"]["required_controls"])
+    if receipt["plan"].get("trees_from") != "contained_worker":  # no worker ran: none is claimed
+        assert receipt["containment"]["worker"] is None
     for o in res.outputs:  # every output matches the receipt
         assert hashlib.sha256((out / o.filename).read_bytes()).hexdigest() == o.sha256
     if name.startswith("deepspeed_zero"):  # how the plan was read is on the record

@@ -382,6 +382,21 @@ def open_sources(tree: SafeTree, plan: Any) -> Iterator[dict[str, int]]:
             os.close(fd)
 
 
+def _containment_record(evaluation: Evaluation, done: Consolidated) -> dict[str, Any]:
+    """The containment part of the receipt.
+
+    ``worker``: the controls that were active inside the contained worker, as the worker measured
+    them in itself before it read an input (seccomp mode and filter, ``NoNewPrivs``, namespace ids
+    beside the parent's); ``null`` when no worker ran.  ``preflight``: the host profile the
+    decision was taken on, which is a prediction, not a record of the load.
+    """
+    worker = done.plan_report.get("worker")
+    record = None
+    if isinstance(worker, dict):
+        record = {"job": worker.get("job"), "controls": worker.get("controls"), "measured": worker.get("measured")}
+    return {"worker": record, "preflight": evaluation.policy_input.containment}
+
+
 def _receipt(src: Path, evaluation: Evaluation, done: Consolidated) -> dict[str, Any]:
     d = evaluation.decision
     return {
@@ -395,7 +410,7 @@ def _receipt(src: Path, evaluation: Evaluation, done: Consolidated) -> dict[str,
                      "required_controls": list(d.required_controls),
                      "reasons": [r.to_json() for r in d.reasons], "engine": d.engine},
         "policy_revision": d.policy_revision,
-        "containment": evaluation.policy_input.containment,
+        "containment": _containment_record(evaluation, done),
         "attestations": [{"source": a.get("source"), "signers": a.get("signers")}
                          for a in evaluation.policy_input.attestations],
         "plan": done.plan_report,

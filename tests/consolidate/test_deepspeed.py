@@ -30,7 +30,7 @@ from ckptgate.inspect import SafeTree, inspect_open_tree  # noqa: E402
 pytestmark = pytest.mark.producers
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "data"
-CONTROLS = ("no_new_privs", "seccomp", "rlimits", "user_ns", "net_ns", "openat2")
+CONTROLS = ("no_new_privs", "seccomp", "rlimits", "user_ns", "net_ns", "ipc_ns", "openat2")
 
 
 def _decision(loaders: tuple[str, ...] = ("deepspeed",)) -> Decision:
@@ -90,6 +90,10 @@ def test_zero_to_fp32_bit_exact(name: str, path: str, options: WorkerOptions, tm
         worker = plan.report["worker"]
         assert worker["job"] and worker["wall_s"] > 0
         assert worker["controls"]["no_new_privs"] is True and worker["controls"]["seccomp"] is True
+        assert worker["controls"]["ipc_ns"] is True
+        m = worker["measured"]  # as the worker measured itself, not as the preflight predicted
+        assert (m["seccomp"]["status"], m["seccomp"]["mode"], m["no_new_privs"]) == (2, "allowlist", 1)
+        assert m["namespaces"]["ipc"]["worker"] != m["namespaces"]["ipc"]["parent"] == os.readlink("/proc/self/ns/ipc")
     else:
         assert "worker" not in plan.report
 

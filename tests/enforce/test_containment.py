@@ -17,7 +17,7 @@ import pytest
 
 from ckptgate.enforce import containment
 from ckptgate.enforce.containment import CONTROLS, ContainmentProfile, cgroup_v2_slot, openat2, preflight
-from ckptgate.enforce.seccomp import EPERM_SYSCALLS, KILL_SYSCALLS, build_filter
+from ckptgate.enforce.seccomp import ALLOWED, CONDITIONAL, KEPT, KILL, build_filter
 from ckptgate.errors import RuntimeFailure
 
 # --------------------------------------------------------------------------- profile
@@ -77,9 +77,13 @@ def test_preflight_namespaces_agree_with_unshare_1(host_profile: ContainmentProf
     tool = shutil.which("unshare")
     if tool is None:
         pytest.skip("util-linux unshare is not installed")
-    ok = subprocess.run([tool, "-U", "-n", "true"], capture_output=True, check=False).returncode == 0
+    ok = subprocess.run([tool, "-U", "-n", "-i", "true"], capture_output=True, check=False).returncode == 0
     assert host_profile.controls["user_ns"] is ok
     assert host_profile.controls["net_ns"] is ok
+    assert host_profile.controls["ipc_ns"] is ok
+    pid_ok = subprocess.run([tool, "-U", "-n", "-i", "-p", "-f", "true"], capture_output=True,
+                            check=False).returncode == 0
+    assert host_profile.controls["pid_ns"] is pid_ok, host_profile.details.get("pid_ns")
 
 
 def test_preflight_cgroup_v2_agrees_with_the_hierarchy(host_profile: ContainmentProfile) -> None:
@@ -108,13 +112,13 @@ def _fake_child(monkeypatch: pytest.MonkeyPatch, lines: list[dict[str, Any]], re
 
 def _all_ok() -> list[dict[str, Any]]:
     return [{"control": c, "ok": True, "detail": ""}
-            for c in ("openat2", "user_ns", "net_ns", "rlimits", "no_new_privs", "seccomp")]
+            for c in ("openat2", "user_ns", "net_ns", "ipc_ns", "pid_ns", "rlimits", "no_new_privs", "seccomp")]
 
 
 def test_preflight_seccomp_needs_the_kill_as_well_as_eperm(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_child(monkeypatch, _all_ok(), -signal.SIGSYS)
     assert preflight().controls["seccomp"] is True
-    _fake_child(monkeypatch, _all_ok(), 0)  # socket() was not killed
+    _fake_child(monkeypatch, _all_ok(), 0)  # execve() was not killed
     p = preflight()
     assert p.controls["seccomp"] is False and "did not kill" in p.details["seccomp"]
 
@@ -206,30 +210,52 @@ def test_openat2_stays_beneath_its_root(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- seccomp filter
 
 
-def test_filter_covers_the_issue_list_and_knows_every_name() -> None:
+#: Calls that must never be allowed outright: each reaches another process, the host's IPC, the
+#: network, the kernel's surfaces or the file system by path.
+_NEVER_ALLOWED = (
+    "open", "openat", "openat2", "creat", "mkdir", "unlink", "rename", "link", "symlink", "chmod", "chown",
+    "truncate", "execve", "execveat", "fork", "vfork", "socket", "socketpair", "connect", "bind", "ptrace",
+    "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "bpf",
+    "perf_event_open", "keyctl", "add_key", "request_key", "kexec_load", "init_module", "io_uring_setup",
+    "userfaultfd", "setpriority", "sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr",
+    "ioprio_set", "shmget", "shmat", "msgget", "msgsnd", "semget", "mq_open", "pidfd_open", "kcmp", "clone3",
+    "ioctl", "memfd_create", "pkey_mprotect",
+)
+
+
+def test_filter_is_an_allowlist_with_a_reason_for_every_entry() -> None:
     _, report = build_filter()
-    assert report.unknown == () or set(report.unknown) <= {"fchmodat2", "memfd_secret", "mount_setattr",
-                                                            "process_madvise", "futimesat"}
-    for name in ("open", "openat", "openat2", "creat", "mkdir", "unlink", "rename", "link", "symlink", "chmod",
-                 "chown", "truncate"):
-        assert name in report.eperm
-    for name in ("socket", "connect", "bind", "listen", "accept4", "execve", "execveat", "ptrace",
-                 "process_vm_readv", "mount", "pivot_root", "chroot", "bpf", "perf_event_open", "keyctl",
-                 "unshare", "setns", "kexec_load", "init_module", "io_uring_setup", "clone(!CLONE_THREAD)"):
+    assert report.mode == "allowlist" and report.default == "EPERM"
+    assert report.unknown == () or set(report.unknown) <= {"membarrier", "rseq"}
+    assert all(isinstance(why, str) and why for why in (*ALLOWED.values(), *KEPT.values()))
+    assert all(why for *_, why in CONDITIONAL)
+    assert not set(_NEVER_ALLOWED) & (set(ALLOWED) | set(KEPT))
+    assert set(report.allowed) == (set(ALLOWED) | set(KEPT)) - set(report.unknown)
+    conditional = {name for name, *_ in CONDITIONAL}
+    assert not set(_NEVER_ALLOWED) & conditional
+    for name in ("execve", "execveat", "fork", "vfork", "clone(!CLONE_THREAD)"):
         assert name in report.kill
-    assert not set(EPERM_SYSCALLS) & set(KILL_SYSCALLS)
+    assert set(KILL) <= set(report.kill)
+    assert len(report.digest()) == 64
 
 
 _CHILD = textwrap.dedent('''
-    import ctypes, os, socket, sys, threading
+    import ctypes, errno, os, sys, threading
+    import pyseccomp
     from ckptgate.enforce.containment import set_no_new_privs
     from ckptgate.enforce.seccomp import load_filter
     assert set_no_new_privs()[0]
     load_filter()
     libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
     mode = sys.argv[1]
     def report(**kw):
         print(__import__("json").dumps(kw), flush=True)
+    def nr(name):
+        return pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
+    def sys_(name, *args):
+        r = libc.syscall(ctypes.c_long(nr(name)), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+        return [r, ctypes.get_errno() if r == -1 else 0]
     if mode == "benign":
         out = {}
         t = threading.Thread(target=lambda: out.setdefault("thread", True)); t.start(); t.join()
@@ -241,18 +267,28 @@ _CHILD = textwrap.dedent('''
             except OSError as e:
                 out[label] = e.errno
         out["kill_self"] = os.kill(os.getpid(), 0) is None
-        out["clone3"] = (libc.syscall(435, None, 0), ctypes.get_errno())
+        out["clone3"] = sys_("clone3", None, 0)
+        out["unlisted"] = [libc.syscall(0x3FFF), ctypes.get_errno()]
+        out["mmap_exec"] = sys_("mmap", 0, 4096, 7, 0x22, -1, 0)
+        out["mmap_rw"] = sys_("mmap", 0, 4096, 3, 0x22, -1, 0)[0] > 0
+        out["affinity_self"] = sys_("sched_getaffinity", 0, 128, ctypes.create_string_buffer(128))
+        out["setpriority_self"] = sys_("setpriority", 0, 0, 5)
+        out["affinity_pid1"] = sys_("sched_getaffinity", 1, 128, ctypes.create_string_buffer(128))
+        out["prctl_other"] = sys_("prctl", 4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+        out["socket"] = sys_("socket", 1, 1, 0)
+        out["ptrace"] = sys_("ptrace", 16, 1, 0, 0)
+        out["io_uring"] = sys_("io_uring_setup", 8, ctypes.create_string_buffer(120))
+        # a thread with a namespace flag: the kernel itself says EINVAL, so EPERM is the filter
+        out["clone_ns_thread"] = sys_("clone", 0x00010000 | 0x00000800 | 0x00000100 | 0x10000000, 0, 0, 0, 0)
         report(**out)
     elif mode == "fork":
         os.fork()
-    elif mode == "socket":
-        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    elif mode == "clone_process":
+        sys_("clone", 17, 0, 0, 0, 0)  # SIGCHLD: a new process
+    elif mode == "exec":
+        os.execv("/bin/true", ["true"])
     elif mode == "x32":
         libc.syscall(0x40000000 | 257, -100, b"/etc/hostname", 0)
-    elif mode == "io_uring":
-        libc.syscall(425, 8, ctypes.create_string_buffer(120))
-    elif mode == "ptrace":
-        libc.ptrace(16, 1, 0, 0)
     report(survived=True)
 ''')
 
@@ -262,17 +298,21 @@ def _child(mode: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
-def test_filter_allows_threads_and_refuses_paths_with_eperm() -> None:
+def test_filter_allows_threads_and_refuses_the_rest_with_eperm() -> None:
     proc = _child("benign")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.splitlines()[0])
-    assert out["thread"] is True and out["kill_self"] is True
+    assert out["thread"] is True and out["kill_self"] is True and out["mmap_rw"] is True
     assert out["open"] == errno.EPERM and out["mkdir"] == errno.EPERM and out["kill_other"] == errno.EPERM
     assert out["clone3"] == [-1, errno.ENOSYS]
+    for label in ("unlisted", "mmap_exec", "affinity_self", "affinity_pid1", "setpriority_self", "prctl_other",
+                  "socket", "ptrace", "io_uring",
+                  "clone_ns_thread"):
+        assert out[label] == [-1, errno.EPERM], (label, out[label])
     assert not Path("/tmp/ckptgate-never").exists()
 
 
-@pytest.mark.parametrize("mode", ["fork", "socket", "x32", "io_uring", "ptrace"])
+@pytest.mark.parametrize("mode", ["fork", "clone_process", "exec", "x32"])
 def test_filter_kills_the_process(mode: str) -> None:
     proc = _child(mode)
     assert proc.returncode == -signal.SIGSYS, (proc.returncode, proc.stdout, proc.stderr)

@@ -3,12 +3,14 @@ connect, exec or read outside their descriptors; benign files give the right pla
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import io
 import json
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -25,7 +27,7 @@ torch = pytest.importorskip("torch")
 
 from ckptgate.decide.decision import Decision  # noqa: E402
 from ckptgate.enforce import _worker_main as wm  # noqa: E402
-from ckptgate.enforce.containment import CONTROLS, ContainmentProfile, openat2, preflight  # noqa: E402
+from ckptgate.enforce.containment import CONTROLS, ContainmentProfile, namespace_ids, openat2, preflight  # noqa: E402
 from ckptgate.enforce.permit import Permit, issue_permit  # noqa: E402
 from ckptgate.enforce.worker import (  # noqa: E402
     OpenedInput,
@@ -38,7 +40,7 @@ from ckptgate.errors import PolicyDenied, RuntimeFailure  # noqa: E402
 pytestmark = pytest.mark.producers
 
 DIGEST = "sha256:" + "ab" * 32
-WORKER_CONTROLS = ("no_new_privs", "seccomp", "rlimits", "user_ns", "net_ns", "openat2")
+WORKER_CONTROLS = ("no_new_privs", "seccomp", "rlimits", "user_ns", "net_ns", "ipc_ns", "openat2")
 LIMITS = WorkerLimits(setup_timeout_s=90.0)
 
 
@@ -119,7 +121,15 @@ def test_benign_torch_save_gives_plan_with_storage_keys_and_bytes(inputs: _Input
     torch.save(state, path)
     res = _run(inputs, ["model.pt"], profile, job="torch_load_bytes")
 
-    assert dict(res.controls) == {c: (c in WORKER_CONTROLS) for c in CONTROLS}
+    assert dict(res.controls) == {c: (c in WORKER_CONTROLS) or (c == "pid_ns" and profile.controls["pid_ns"])
+                                  for c in CONTROLS}
+    # What the worker measured in itself: the allowlist in filter mode, NoNewPrivs, new namespaces.
+    m = res.measured
+    assert (m["seccomp"]["status"], m["seccomp"]["mode"], m["seccomp"]["default"], m["no_new_privs"]) == \
+        (2, "allowlist", "EPERM", 1)
+    for ns in ("user", "net", "ipc"):
+        assert m["namespaces"][ns]["parent"] == os.readlink(f"/proc/self/ns/{ns}") != m["namespaces"][ns]["worker"]
+    assert (m["pid"] == 1) is profile.controls["pid_ns"]
     tree = res.plans["model.pt"]
     assert tree["step"] == 7 and tree["lr"] == 0.5 and tree["name"] == "run-1"
     w, view = tree["model"]["w"]["__tensor__"], tree["model"]["w_view"]["__tensor__"]
@@ -329,9 +339,9 @@ def test_creating_a_file_fails_with_eperm(malicious: _Malicious) -> None:
     assert e.code == "runtime.worker.load_failed" and "PermissionError" in e.evidence["worker_message"]
 
 
-def test_socket_is_killed(malicious: _Malicious) -> None:
-    e = _failure(malicious, "socket")
-    assert e.code == "runtime.worker.crashed" and e.evidence["signal"] == "SIGSYS"
+def test_socket_is_refused(malicious: _Malicious) -> None:
+    e = _failure(malicious, "socket")  # not on the allowlist: EPERM, the load fails
+    assert e.code == "runtime.worker.load_failed" and "PermissionError" in e.evidence["worker_message"]
 
 
 def test_exec_is_killed(malicious: _Malicious) -> None:
@@ -381,6 +391,140 @@ def test_a_lingering_thread_does_not_keep_the_worker_alive(malicious: _Malicious
 
 def test_changed_input_is_refused_before_load(malicious: _Malicious) -> None:
     assert _failure(malicious, "changed").code == "runtime.worker.input_changed"
+
+
+# --------------------------------------------------------------------------- other processes and the host's IPC
+#
+# One test-only payload, under a test-only permit that allows the load, tries every call that could
+# reach another process (a victim started here, and this test process: the ckptgate parent), the
+# host's System V IPC, or a kernel surface, and records each result in the plan it returns.  The
+# interesting calls come first: under a filter that kills, the first killed call ends the payload.
+
+_HOSTILE_CODE = r'''
+import ctypes, os, sys
+ps = sys.modules["pyseccomp"]  # imported by the worker before its filter
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+results = []
+def call(label, name, *args):
+    nr = ps.resolve_syscall(ps.Arch.NATIVE, name)
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    results.append([label, int(r), ctypes.get_errno() if r == -1 else 0])
+buf = ctypes.create_string_buffer(4096)
+mask = (ctypes.c_ulong * 16)(1)                            # CPU 0 only
+param = (ctypes.c_int * 1)(0)
+attr = (ctypes.c_uint32 * 12)(48, 5)                       # struct sched_attr: size 48, SCHED_IDLE
+iov = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 0)      # zero-length: writes nothing even if allowed
+for who, pid in (("victim", VICTIM), ("parent", PARENT)):
+    call("setpriority(%s)" % who, "setpriority", 0, pid, 19)
+    call("sched_setaffinity(%s)" % who, "sched_setaffinity", pid, ctypes.sizeof(mask), mask)
+    call("sched_setscheduler(%s)" % who, "sched_setscheduler", pid, 5, param)
+    call("sched_setparam(%s)" % who, "sched_setparam", pid, param)
+    call("sched_setattr(%s)" % who, "sched_setattr", pid, attr, 0)
+    call("ioprio_set(%s)" % who, "ioprio_set", 1, pid, 3 << 13)
+call("setpriority(pgrp of victim)", "setpriority", 1, VICTIM, 19)
+call("shmget", "shmget", 0, 4096, 0o1666)                  # IPC_PRIVATE, IPC_CREAT | 0666
+call("msgget", "msgget", 0, 0o1666)
+call("semget", "semget", 0, 1, 0o1666)
+call("mq_open", "mq_open", b"ckptgate-f3-probe", os.O_CREAT | os.O_RDWR, 0o666, None)
+for who, pid in (("victim", VICTIM), ("parent", PARENT)):
+    call("prlimit64(%s)" % who, "prlimit64", pid, 7, None, buf)
+    call("kill(%s)" % who, "kill", pid, 0)
+    call("pidfd_open(%s)" % who, "pidfd_open", pid, 0)
+call("keyctl", "keyctl", 0, -3, 1)                         # KEYCTL_GET_KEYRING_ID, session keyring, create
+call("add_key", "add_key", b"user", b"ckptgate-f3", b"x", 1, -3)
+call("bpf", "bpf", 0, buf, 72)                             # BPF_MAP_CREATE
+call("perf_event_open", "perf_event_open", buf, 0, -1, -1, 0)
+call("userfaultfd", "userfaultfd", 0)
+call("mount", "mount", b"none", b"/tmp", b"tmpfs", 0, None)
+call("unshare", "unshare", 0x00020000 | 0x08000000)        # CLONE_NEWNS | CLONE_NEWIPC
+call("setns", "setns", 0, 0)
+call("io_uring_setup", "io_uring_setup", 8, buf)
+call("socketpair(AF_UNIX)", "socketpair", 1, 1, 0, buf)
+for family in range(46):                                   # every address family, AF_UNSPEC to AF_MCTP
+    for kind in (1, 2, 3, 5):                              # STREAM, DGRAM, RAW, SEQPACKET
+        call("socket(%d,%d)" % (family, kind), "socket", family, kind, 0)
+for who, pid in (("victim", VICTIM), ("parent", PARENT)):  # last: the old filter killed these
+    call("process_vm_writev(%s)" % who, "process_vm_writev", pid, iov, 1, iov, 1, 0)
+    call("process_vm_readv(%s)" % who, "process_vm_readv", pid, iov, 1, iov, 1, 0)
+    call("ptrace(%s)" % who, "ptrace", 16, pid, 0, 0)       # PTRACE_ATTACH
+PID = os.getpid()
+'''
+
+_SOCKET_FAMILIES = {"AF_INET": 2, "AF_INET6": 10, "AF_UNIX": 1, "AF_NETLINK": 16, "AF_PACKET": 17, "AF_VSOCK": 40}
+
+
+def _ioprio(pid: int) -> int:
+    import ctypes  # noqa: PLC0415
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return int(libc.syscall(ctypes.c_long(252), ctypes.c_long(1), ctypes.c_long(pid)))  # ioprio_get, x86_64
+
+
+def _sched(pid: int) -> tuple[Any, ...]:
+    return (os.getpriority(os.PRIO_PROCESS, pid), sorted(os.sched_getaffinity(pid)), os.sched_getscheduler(pid),
+            os.sched_getparam(pid).sched_priority, _ioprio(pid) if os.uname().machine == "x86_64" else None)
+
+
+def _restore_sched(pid: int, snap: tuple[Any, ...]) -> None:
+    if _sched(pid) == snap:
+        return
+    os.setpriority(os.PRIO_PROCESS, pid, snap[0])
+    os.sched_setaffinity(pid, snap[1])
+    os.sched_setscheduler(pid, snap[2], os.sched_param(snap[3]))
+    if snap[4] is not None:
+        import ctypes  # noqa: PLC0415
+
+        ctypes.CDLL(None).syscall(ctypes.c_long(251), ctypes.c_long(1), ctypes.c_long(pid), ctypes.c_long(snap[4]))
+
+
+def _ipcs() -> str:
+    return subprocess.run(["ipcs"], capture_output=True, text=True, check=True, timeout=30).stdout
+
+
+def _ipc_ids() -> set[tuple[str, str]]:
+    out: set[tuple[str, str]] = set()
+    for kind in ("shm", "msg", "sem"):
+        for line in Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[1:]:
+            out.add((kind, line.split()[1]))
+    return out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyseccomp") is None, reason="pyseccomp is not installed")
+def test_payload_cannot_reach_other_processes_the_hosts_ipc_or_kernel_surfaces(
+        inputs: _Inputs, profile: ContainmentProfile) -> None:
+    if shutil.which("ipcs") is None:
+        pytest.skip("util-linux ipcs is not installed")
+    victim = subprocess.Popen(["sleep", "300"], start_new_session=True)  # noqa: S607 - a root process
+    me = os.getpid()
+    mine, victims, ipcs, ids = _sched(me), _sched(victim.pid), _ipcs(), _ipc_ids()
+    scope: dict[str, Any] = {}
+    code = f"VICTIM = {victim.pid}\nPARENT = {me}\n" + _HOSTILE_CODE
+    torch.save({"run": _Reduce(exec, (code, scope)), "scope": scope}, inputs.root / "hostile.pt")
+    try:
+        res = _run(inputs, ["hostile.pt"], profile)
+        after = {"parent": _sched(me), "victim": _sched(victim.pid), "ipcs": _ipcs()}
+    finally:
+        victim.kill()
+        victim.wait()
+        # On a build without these controls the payload changes the host: put it back.
+        _restore_sched(me, mine)
+        for kind, ident in _ipc_ids() - ids:
+            subprocess.run(["ipcrm", {"shm": "-m", "msg": "-q", "sem": "-s"}[kind], ident],  # noqa: S607
+                           check=False, timeout=30)
+    assert after == {"parent": mine, "victim": victims, "ipcs": ipcs}
+    got = dict(res.plans["hostile.pt"]["scope"]["__map__"])
+    results = {label: (ret, err) for label, ret, err in got["results"]}
+    assert len(results) == 2 * 9 + 15 + 46 * 4 + 2 * 3
+    refused = {label for label, (ret, err) in results.items() if (ret, err) == (-1, errno.EPERM)}
+    assert set(results) - refused == set(), {k: results[k] for k in set(results) - refused}
+    for name, family in _SOCKET_FAMILIES.items():
+        assert f"socket({family},1)" in refused or f"socket({family},2)" in refused, name
+    # The worker that did this measured its own controls, and they are on its record.
+    assert res.controls["seccomp"] and res.controls["ipc_ns"] and res.measured["seccomp"]["mode"] == "allowlist"
+    if profile.controls["pid_ns"]:
+        assert got["PID"] == 1 and res.controls["pid_ns"]  # PID 1 of its own namespace: no other process in sight
 
 
 # --------------------------------------------------------------------------- refused before spawn
@@ -465,14 +609,20 @@ def test_unknown_job_and_writable_descriptor_are_refused(inputs: _Inputs, no_spa
 # --------------------------------------------------------------------------- the worker's own permit check
 
 
-def test_worker_refuses_when_a_required_control_is_not_active(inputs: _Inputs) -> None:
-    """Spawn the worker directly with namespaces off but user_ns required: it must refuse to load."""
+@pytest.mark.parametrize(("namespaces", "pid_ns", "missing"), [
+    (False, False, "user_ns"),  # no namespaces at all
+    (True, False, "pid_ns"),    # namespaces, but no PID namespace: recorded as not held, never claimed
+])
+def test_worker_refuses_when_a_required_control_is_not_active(inputs: _Inputs, namespaces: bool, pid_ns: bool,
+                                                              missing: str) -> None:
+    """Spawn the worker directly without a control that the permit requires: it must refuse to load."""
     f = _one_input(inputs)
     rfd, wfd = os.pipe()
     spec = {"version": 1, "job": "torch_load", "loader": "torch_load", "fixture_digest": DIGEST,
-            "permit": {"fixture_digest": DIGEST, "loader": "torch_load", "required_controls": ["seccomp", "user_ns"],
+            "permit": {"fixture_digest": DIGEST, "loader": "torch_load", "required_controls": ["seccomp", missing],
                        "decision_id": "d"},
-            "parent_controls": {"openat2": True}, "namespaces": False, "rlimits": LIMITS.rlimits(), "cgroup": None,
+            "parent_controls": {"openat2": True}, "namespaces": namespaces, "pid_ns": pid_ns,
+            "parent_namespaces": namespace_ids(), "rlimits": LIMITS.rlimits(), "cgroup": None,
             "preimports": [], "files": [{"fd": f.fd, "relpath": f.relpath, "sha256": f.sha256}], "select": None,
             "chunk_bytes": 1 << 20, "max_nodes": 1000, "max_depth": 50, "output_fd": wfd}
     proc = subprocess.run([sys.executable, "-I", "-B", "-m", "ckptgate.enforce._worker_main"],
@@ -484,7 +634,8 @@ def test_worker_refuses_when_a_required_control_is_not_active(inputs: _Inputs) -
     kind, length = wm.HEADER.unpack(data[:wm.HEADER.size])
     doc = json.loads(data[wm.HEADER.size:wm.HEADER.size + length])
     assert proc.returncode == wm.EXIT_ERROR and kind == wm.REC_JSON
-    assert doc["event"] == "error" and doc["code"] == "runtime.worker.control_missing" and "user_ns" in doc["message"]
+    assert doc["event"] == "error" and doc["code"] == "runtime.worker.control_missing", doc
+    assert doc["message"].endswith(f": {missing}")
     assert len(data) == wm.HEADER.size + length  # nothing else: no ready, no plan
 
 
@@ -514,7 +665,15 @@ def _j(doc: Any) -> tuple[bytes, bytes]:
     return (wm.REC_JSON, json.dumps(doc).encode())
 
 
-READY = _j({"event": "ready", "controls": {c: True for c in CONTROLS}, "pid": 1})
+def _measured(**over: Any) -> dict[str, Any]:
+    m = {"seccomp": {"mode": "allowlist", "default": "EPERM", "status": 2}, "no_new_privs": 1, "pid": 1,
+         "namespaces": {ns: {"worker": f"{ns}:[2]", "parent": f"{ns}:[1]"} for ns in ("user", "net", "ipc", "pid")},
+         "rlimits": {}}
+    m.update(over)
+    return m
+
+
+READY = _j({"event": "ready", "controls": {c: True for c in CONTROLS}, "measured": _measured(), "pid": 1})
 
 
 def _parse(stream: io.BytesIO, job: str = "torch_load_bytes") -> _Run:
@@ -529,6 +688,15 @@ def _parse(stream: io.BytesIO, job: str = "torch_load_bytes") -> _Run:
     (_records((b"P", b"\x80\x04N.")), "unknown record type"),
     (_records(_j({"event": "plan", "file": "m.pt", "tree": {}})), "before the worker was ready"),
     (_records(READY, READY), "repeated ready"),
+    (_records(_j({"event": "ready", "controls": {c: True for c in CONTROLS}, "pid": 1})), "malformed or repeated"),
+    (_records(_j({"event": "ready", "controls": {c: True for c in CONTROLS}, "pid": 1,
+                  "measured": _measured(seccomp={"mode": "denylist", "status": 2})})), "allowlist"),
+    (_records(_j({"event": "ready", "controls": {c: True for c in CONTROLS}, "pid": 1,
+                  "measured": _measured(no_new_privs=0)})), "NoNewPrivs"),
+    (_records(_j({"event": "ready", "controls": {c: True for c in CONTROLS}, "pid": 1,
+                  "measured": _measured(namespaces={ns: {"worker": "x:[1]", "parent": "x:[1]"}
+                                                    for ns in ("user", "net", "ipc", "pid")})})),
+     "namespace is the parent's"),
     (_records(READY, (wm.REC_JSON, b"{not json")), "not JSON"),
     (_records(READY, (wm.REC_BYTES, b"\0" * 4)), "no tensor record announced"),
     (_records(READY, _j({"event": "plan", "file": "other.pt", "tree": {}})), "plan record"),

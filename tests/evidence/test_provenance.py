@@ -29,7 +29,7 @@ from ckptgate.verify.store import statement_of
 from evidence_helpers import REPO, commit_all, git
 
 ZERO2, ZERO3 = "deepspeed_zero2", "deepspeed_zero3"
-CONTROLS = ("no_new_privs", "seccomp", "rlimits", "cgroup_v2", "user_ns", "net_ns", "openat2")
+CONTROLS = ("no_new_privs", "seccomp", "rlimits", "cgroup_v2", "user_ns", "net_ns", "ipc_ns", "pid_ns", "openat2")
 
 
 class _Host:

@@ -53,7 +53,7 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         from ckptgate.enforce.containment import preflight
 
         containment = preflight()
-        missing = [c for c in ("no_new_privs", "seccomp", "rlimits", "user_ns", "net_ns", "openat2")
+        missing = [c for c in ("no_new_privs", "seccomp", "rlimits", "user_ns", "net_ns", "ipc_ns", "openat2")
                    if not containment.controls[c]]
         if missing:
             pytest.skip(f"this host lacks containment controls {missing}")

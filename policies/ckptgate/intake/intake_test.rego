@@ -20,7 +20,7 @@ _pickle := {
 
 _bad_call_pickle := object.union(_pickle, {"calls": [{"opcode": "REDUCE", "target": "os.system", "pos": 7}]})
 
-_framework_controls := ["net_ns", "no_new_privs", "openat2", "rlimits", "seccomp", "user_ns"]
+_framework_controls := ["ipc_ns", "net_ns", "no_new_privs", "openat2", "rlimits", "seccomp", "user_ns"]
 
 # Each deny code and one input that must produce it.
 _deny_cases := {
@@ -186,6 +186,23 @@ test_deny_when_containment_control_missing if {
 	some r in _decide(_deny_cases.containment_control_missing).reasons
 	r.code == "containment_control_missing"
 	r.evidence == {"control": "seccomp", "observed": false}
+}
+
+test_deny_when_ipc_namespace_missing if {
+	d := _decide(td.with_value("/containment/controls/ipc_ns", false))
+	d.allow == false
+	"ipc_ns" in d.required_controls
+	some r in d.reasons
+	r.code == "containment_control_missing"
+	r.evidence == {"control": "ipc_ns", "observed": false}
+}
+
+test_allow_without_pid_namespace_unless_policy_data_requires_it if {
+	without := td.with_value("/containment/controls/pid_ns", false)
+	_decide(without).allow == true
+	d := _decide(without) with data.ckptgate.config.loaders.require_optional_controls as ["pid_ns"]
+	d.allow == false
+	"pid_ns" in d.required_controls
 }
 
 test_deny_cgroup_v2_absent_when_policy_data_requires_it if {

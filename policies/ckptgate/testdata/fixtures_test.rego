@@ -117,7 +117,7 @@ framework_input := {
 	"rejected_attestations": [],
 	"containment": {"preflighted": true, "controls": {
 		"no_new_privs": true, "seccomp": true, "rlimits": true, "cgroup_v2": false,
-		"user_ns": true, "net_ns": true, "openat2": true,
+		"user_ns": true, "net_ns": true, "ipc_ns": true, "pid_ns": true, "openat2": true,
 	}},
 }
 

@@ -107,6 +107,7 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
         return deepspeed.zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes,
                                    trees_from="contained_worker",
                                    worker={"job": loaded.job, "controls": dict(loaded.controls),
+                                           "measured": dict(loaded.measured),
                                            "wall_s": round(loaded.wall_s, 3)})
     raise PlanError("plan.format.unsupported", f"no consolidation adapter for format {fmt!r}",
                     advice="Run `ckptgate inspect` to see what the checkpoint is; see docs/consolidation.md.")

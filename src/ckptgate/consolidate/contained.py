@@ -50,6 +50,9 @@ class LoadedPlans:
 
     trees: Mapping[str, Any]
     controls: Mapping[str, bool]
+    #: What the worker measured in itself before it read an input (seccomp mode, NoNewPrivs,
+    #: namespace ids beside the parent's): the receipt's record of the active controls.
+    measured: Mapping[str, Any]
     job: str
     wall_s: float
     worker_pid: int = field(default=0)
@@ -170,5 +173,6 @@ def load_plans(tree: SafeTree, inspection: Inspection, relpaths: Sequence[str], 
     if missing:
         raise RuntimeFailure("runtime.worker.plan_missing", f"the worker returned no plan for {missing}",
                              evidence={"missing": missing})
-    return LoadedPlans(trees=dict(res.plans), controls=dict(res.controls), job=job, wall_s=res.wall_s,
+    return LoadedPlans(trees=dict(res.plans), controls=dict(res.controls), measured=dict(res.measured), job=job,
+                       wall_s=res.wall_s,
                        worker_pid=res.pid)

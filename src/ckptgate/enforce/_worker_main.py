@@ -1,10 +1,11 @@
 """The code that runs inside the contained worker (``python -I -B -m ckptgate.enforce._worker_main``).
 
-Order, fixed: read the job spec from stdin; enter new user and network namespaces (while still
-single-threaded); set the rlimits; check the cgroup the parent placed us in; pre-import torch and
+Order, fixed: read the job spec from stdin; enter new user, network and IPC namespaces (while
+still single-threaded) and, where the host allows, a PID namespace, forking into it (this process
+stays behind as the reaper); set the rlimits; check the cgroup the parent placed us in; pre-import torch and
 the modules the pickle names; set ``no_new_privs``; load the seccomp filter *last*; re-check the
-permit against the controls that are now actually active; only then re-hash the input
-descriptors and load.  Nothing here writes a file or sends a pickle: the only output is framed
+permit against the controls that are now actually active, as this process measured them; only
+then re-hash the input descriptors and load.  Nothing here writes a file or sends a pickle: the only output is framed
 records on the output descriptor (see :data:`REC_JSON`, :data:`REC_BYTES`).
 
 Everything after the load runs under the assumption that the loaded code may have been hostile:
@@ -97,15 +98,28 @@ def _read_spec() -> dict[str, Any]:
 # --------------------------------------------------------------------------- setup
 
 
-def _setup(spec: dict[str, Any]) -> dict[str, bool]:
-    """Set the controls up in the documented order; return which are active."""
+def _setup(spec: dict[str, Any]) -> tuple[dict[str, bool], dict[str, Any]]:
+    """Set the controls up in the documented order; return which are active and what the worker
+    measured in itself (the receipt's record of the controls that were really active)."""
     from ckptgate.enforce import containment as c  # noqa: PLC0415
 
     controls = {name: False for name in c.CONTROLS}
-    # 1. namespaces, while this process has a single thread (unshare(CLONE_NEWUSER) needs it).
+    parent_ns = spec["parent_namespaces"]
+    if not isinstance(parent_ns, dict) or set(parent_ns) != set(c.NAMESPACES):
+        raise WorkerError("runtime.worker.bad_job", "the job spec has no parent namespace ids")
+    # 1. namespaces, while this process has a single thread (unshare(CLONE_NEWUSER) needs it).  A
+    #    new PID namespace applies to children only: the worker forks into it, and this process
+    #    stays behind as the child's reaper (fork_into_pid_namespace never returns here).
     if spec["namespaces"]:
-        held, _ = c.enter_namespaces()
+        before_pid = c.namespace_ids()["pid"]
+        held, _ = c.enter_namespaces(pid=bool(spec["pid_ns"]))
+        if held["pid_ns"]:
+            held["pid_ns"], _ = c.fork_into_pid_namespace(before_pid)
         controls.update(held)
+    # Every namespace is judged against the parent's own ids, not against what this process saw.
+    ns_now = c.namespace_ids()
+    for ns in c.NAMESPACES:
+        controls[f"{ns}_ns"] = bool(controls[f"{ns}_ns"] and ns_now[ns] is not None and ns_now[ns] != parent_ns[ns])
     # 2. rlimits.
     controls["rlimits"], _ = c.apply_rlimits({k: int(v) for k, v in spec["rlimits"].items()})
     # 3. cgroup v2: the parent moved us into a limited group before sending the spec.
@@ -122,15 +136,37 @@ def _setup(spec: dict[str, Any]) -> dict[str, bool]:
             raise WorkerError("runtime.worker.preimport_failed",
                               f"pre-import of {name} failed: {type(e).__name__}: {e}") from e
     _warm_torch()
-    # 5. no_new_privs, then 6. seccomp, last.
-    controls["no_new_privs"], _ = c.set_no_new_privs()
     from ckptgate.enforce.seccomp import load_filter  # noqa: PLC0415
 
-    load_filter()
-    controls["seccomp"], _ = c.seccomp_active()
+    # /proc/self/status is opened now and read after the filter is loaded (opening is refused
+    # then); it is closed before any input byte is read.
+    status_fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        # 5. no_new_privs, then 6. seccomp, last.
+        controls["no_new_privs"], _ = c.set_no_new_privs()
+        report = load_filter()
+        controls["seccomp"], seccomp_detail = c.seccomp_active()
+        status = c.read_status(status_fd)
+    finally:
+        os.close(status_fd)
+    controls["no_new_privs"] = controls["no_new_privs"] and status.get("NoNewPrivs") == 1
+    controls["seccomp"] = controls["seccomp"] and status.get("Seccomp") == c.SECCOMP_MODE_FILTER \
+        and report.mode == "allowlist"
     # openat2 is the parent's control: it opened every input descriptor with it.
     controls["openat2"] = bool(spec["parent_controls"].get("openat2", False))
-    return controls
+    import resource  # noqa: PLC0415 - already imported by the containment module
+
+    measured = {
+        "seccomp": {"mode": report.mode, "default": report.default, "status": status.get("Seccomp"),
+                    "filters": status.get("Seccomp_filters"), "rules_sha256": report.digest(),
+                    "allowed": len(report.allowed), "conditional": len(report.conditional),
+                    "kill": list(report.kill), "detail": seccomp_detail},
+        "no_new_privs": status.get("NoNewPrivs"),
+        "namespaces": {ns: {"worker": ns_now[ns], "parent": parent_ns[ns]} for ns in c.NAMESPACES},
+        "pid": os.getpid(),
+        "rlimits": {name: resource.getrlimit(c.RLIMITS[name])[0] for name in sorted(c.RLIMITS)},
+    }
+    return controls, measured
 
 
 def _warm_torch() -> None:
@@ -441,9 +477,9 @@ def main() -> int:
     try:
         spec = _read_spec()
         out = Output(int(spec["output_fd"]))
-        controls = _setup(spec)
+        controls, measured = _setup(spec)
         _check_permit(spec, controls)
-        out.json({"event": "ready", "controls": controls, "pid": os.getpid()})
+        out.json({"event": "ready", "controls": controls, "measured": measured, "pid": os.getpid()})
         _verify_inputs(spec["files"])
         loading = True
         _run_job(spec, out)

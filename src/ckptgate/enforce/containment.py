@@ -2,10 +2,12 @@
 
 :func:`preflight` does not read configuration to guess: it starts a throwaway child
 (``python -m ckptgate.enforce.containment``) that *uses* each control and reports whether it
-held: ``openat2`` refuses ``../x`` with EXDEV [R35], new user and network namespaces can be
-entered, the rlimits are set and read back (and RLIMIT_FSIZE really refuses a write), the
-``no_new_privs`` flag shows in ``/proc/self/status`` [R31], and the worker's own seccomp filter
-loads, makes ``openat`` fail with EPERM and kills the child on ``socket()`` [R32].  The parent
+held: ``openat2`` refuses ``../x`` with EXDEV [R35], new user, network and IPC namespaces can be
+entered, and a PID namespace where the host allows it (the child forks into it, as the worker
+does), the rlimits are set and read back (and RLIMIT_FSIZE really refuses a write), the
+``no_new_privs`` flag shows in ``/proc/self/status`` [R31], and the worker's own allowlist
+seccomp filter loads, makes ``openat`` and an unlisted syscall fail with EPERM and kills the child
+on ``execve()`` [R32].  The parent
 checks cgroup v2 itself: memory and pids controllers in a v2 hierarchy where it can create a child
 group [R33].
 
@@ -13,8 +15,8 @@ The result, :class:`ContainmentProfile`, is the ``containment`` object of the OP
 records what held on this host at this time; it is not a claim that any load is safe, and it does
 not carry over to another host or kernel [R30, claim rules 5 and 7].
 
-The same helpers (:func:`enter_namespaces`, :func:`apply_rlimits`, :func:`set_no_new_privs`) set
-the controls up inside the contained worker.
+The same helpers (:func:`enter_namespaces`, :func:`fork_into_pid_namespace`, :func:`apply_rlimits`,
+:func:`set_no_new_privs`) set the controls up inside the contained worker.
 """
 
 from __future__ import annotations
@@ -32,21 +34,30 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NoReturn
 
 from ckptgate.errors import RuntimeFailure
 from ckptgate._fs import openat2  # one openat2 for the whole project [R35]
 
 #: Every control the preflight measures, in the order the OPA input lists them.
 CONTROLS: tuple[str, ...] = ("no_new_privs", "seccomp", "rlimits", "cgroup_v2", "user_ns", "net_ns",
-                             "openat2")
+                             "ipc_ns", "pid_ns", "openat2")
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+#: The namespaces the worker enters, by their /proc/self/ns link name, with their clone flag.
+NAMESPACES: Mapping[str, int] = MappingProxyType({"user": CLONE_NEWUSER, "net": CLONE_NEWNET,
+                                                  "ipc": CLONE_NEWIPC, "pid": CLONE_NEWPID})
+PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_GET_NO_NEW_PRIVS = 39
 PR_GET_SECCOMP = 21
 SECCOMP_MODE_FILTER = 2
+#: A syscall number that no kernel defines and no filter table names: the kernel answers ENOSYS,
+#: an allowlist filter EPERM.  Below the x32 bit, so it is judged by the filter's own tables.
+UNLISTED_SYSCALL = 0x3FFF
 
 #: rlimit names used in job specs and the preflight, mapped to the ``resource`` constants.
 RLIMITS: Mapping[str, int] = MappingProxyType({
@@ -101,39 +112,131 @@ class ContainmentProfile:
 # --------------------------------------------------------------------------- shared helpers
 
 
-def enter_namespaces() -> tuple[dict[str, bool], dict[str, str]]:
-    """``unshare`` a new user and network namespace in this (single-threaded) process.
+def namespace_ids() -> dict[str, str | None]:
+    """This process's namespace links (``user:[4026531837]``), by name, as ``/proc/self/ns`` shows them."""
+    return {ns: _ns_link(ns) for ns in NAMESPACES}
 
-    Returns ``(held, details)`` for ``user_ns`` and ``net_ns``, each checked by comparing the
-    namespace links before and after, and (for the network) that only ``lo`` is left.
+
+def enter_namespaces(*, pid: bool = True) -> tuple[dict[str, bool], dict[str, str]]:
+    """``unshare`` new user, network and IPC namespaces (and, with ``pid``, a PID namespace for
+    this process's children) in this single-threaded process.
+
+    Returns ``(held, details)`` for ``user_ns``, ``net_ns``, ``ipc_ns`` and ``pid_ns``, each checked
+    by comparing the namespace links before and after; the network must have only ``lo`` and the
+    IPC namespace no System V objects.  ``pid_ns`` here means only that ``pid_for_children``
+    changed: the PID namespace holds for a child forked afterwards (:func:`fork_into_pid_namespace`),
+    never for this process.  A namespace the host refuses is recorded as not held, with why.
     """
-    held = {"user_ns": False, "net_ns": False}
+    names = ("user", "net", "ipc", *(("pid",) if pid else ()))
+    held = {f"{ns}_ns": False for ns in NAMESPACES}
     details: dict[str, str] = {}
-    before = {ns: _ns_link(ns) for ns in ("user", "net")}
-    if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
-        e = ctypes.get_errno()
-        reason = f"unshare(CLONE_NEWUSER|CLONE_NEWNET) failed: {os.strerror(e)}"
-        details["user_ns"] = details["net_ns"] = reason
-        # Try each alone, so the profile says which one is missing.
-        for flag, name in ((CLONE_NEWUSER, "user"), (CLONE_NEWNET, "net")):
-            if _libc.unshare(flag) != 0:
-                details[f"{name}_ns"] = f"unshare(CLONE_NEW{name.upper()}) failed: " \
-                                        f"{os.strerror(ctypes.get_errno())}"
-    for ns in ("user", "net"):
-        after = _ns_link(ns)
-        if before[ns] is not None and after is not None and after != before[ns]:
-            held[f"{ns}_ns"] = True
-            details.pop(f"{ns}_ns", None)
-        elif f"{ns}_ns" not in details:
+    before = namespace_ids()
+    before["pid"] = _ns_link("pid_for_children")
+    flags = 0
+    for ns in names:
+        flags |= NAMESPACES[ns]
+    done = 0  # the flags whose unshare succeeded
+    if _libc.unshare(flags) == 0:
+        done = flags
+    else:
+        # The host may refuse one of them (PID namespaces are often refused in containers): try
+        # again without PID, then each alone, so the profile says exactly which is missing.
+        reason = f"unshare({'|'.join('CLONE_NEW' + n.upper() for n in names)}) failed: " \
+                 f"{os.strerror(ctypes.get_errno())}"
+        rest = flags & ~CLONE_NEWPID
+        if pid and _libc.unshare(rest) == 0:
+            done = rest
+        for ns in names:
+            if not done & NAMESPACES[ns]:
+                if _libc.unshare(NAMESPACES[ns]) == 0:
+                    done |= NAMESPACES[ns]
+                else:
+                    details[f"{ns}_ns"] = f"{reason}; unshare(CLONE_NEW{ns.upper()}) alone failed: " \
+                                          f"{os.strerror(ctypes.get_errno())}"
+    after = namespace_ids()
+    after["pid"] = _ns_link("pid_for_children")
+    for ns in names:
+        if not done & NAMESPACES[ns]:
+            continue
+        if ns == "pid":
+            # pid_for_children reads ENOENT until the namespace's first process exists; the child
+            # forked into it confirms it (fork_into_pid_namespace).
+            held["pid_ns"] = after["pid"] != before["pid"]
+        else:
+            held[f"{ns}_ns"] = before[ns] is not None and after[ns] is not None and after[ns] != before[ns]
+        if not held[f"{ns}_ns"]:
             details[f"{ns}_ns"] = f"the {ns} namespace did not change after unshare"
+    if not pid:
+        details["pid_ns"] = "a PID namespace was not asked for"
     if held["net_ns"]:
         import socket  # noqa: PLC0415 - only needed here
 
-        names = sorted(n for _, n in socket.if_nameindex())
-        if names != ["lo"]:
+        names_now = sorted(n for _, n in socket.if_nameindex())
+        if names_now != ["lo"]:
             held["net_ns"] = False
-            details["net_ns"] = f"the new network namespace has interfaces {names}, expected only lo"
+            details["net_ns"] = f"the new network namespace has interfaces {names_now}, expected only lo"
+    if held["ipc_ns"]:
+        objects = _sysv_objects()
+        if objects:
+            held["ipc_ns"] = False
+            details["ipc_ns"] = f"the new IPC namespace shows System V objects: {objects}"
     return held, details
+
+
+def _sysv_objects() -> dict[str, int]:
+    """How many System V shared-memory segments, queues and semaphore sets this IPC namespace has."""
+    out: dict[str, int] = {}
+    for kind in ("shm", "msg", "sem"):
+        try:
+            with open(f"/proc/sysvipc/{kind}", encoding="ascii") as f:
+                n = len(f.read().splitlines()) - 1
+        except OSError:
+            continue
+        if n > 0:
+            out[kind] = n
+    return out
+
+
+def fork_into_pid_namespace(before: str | None) -> tuple[bool, str]:
+    """Fork after ``unshare(CLONE_NEWPID)``: the child, PID 1 of the new namespace, returns
+    ``(held, detail)``; this process becomes its reaper and never returns.
+
+    ``before`` is the PID namespace link before ``unshare``.  The reaper closes every descriptor
+    but stderr, waits for the child and ends the same way: the child's exit status, or the child's
+    fatal signal raised again (without a core dump), so the parent sees ``SIGSYS`` as before.
+    The child dies with its reaper (``PR_SET_PDEATHSIG``).
+    """
+    child = os.fork()
+    if child == 0:
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        now = _ns_link("pid")
+        if os.getpid() == 1 and now is not None and now != before:
+            return True, ""
+        return False, f"after the fork the worker is pid {os.getpid()} in namespace {now}"
+    _reap(child)
+
+
+def _reap(child: int) -> NoReturn:
+    """The reaper's whole life: hold nothing, wait for ``child``, end as it ended."""
+    try:
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        os.close(0)
+        os.close(1)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        while True:
+            _, status = os.waitpid(child, 0)
+            if os.WIFEXITED(status):
+                os._exit(os.WEXITSTATUS(status))
+            if os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
+                if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+                os.kill(os.getpid(), sig)
+                os._exit(128 + sig)
+    except BaseException:  # noqa: BLE001 - the reaper must never continue as a worker
+        os._exit(126)
 
 
 def _ns_link(ns: str) -> str | None:
@@ -177,17 +280,39 @@ def set_no_new_privs() -> tuple[bool, str]:
 
 
 def seccomp_active() -> tuple[bool, str]:
-    """Whether a seccomp filter is loaded *and* refuses an ``openat`` with EPERM."""
+    """Whether the worker's allowlist filter is loaded and answers as it should.
+
+    ``PR_GET_SECCOMP`` reports filter mode, ``openat`` fails with EPERM, and a syscall number
+    that no table names (:data:`UNLISTED_SYSCALL`) fails with EPERM, the allowlist's default,
+    rather than ENOSYS, the kernel's answer: a deny list would pass it through.
+    """
     if _libc.prctl(PR_GET_SECCOMP, 0, 0, 0, 0) != SECCOMP_MODE_FILTER:
         return False, "prctl(PR_GET_SECCOMP) does not report filter mode"
     try:
         fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
     except PermissionError:
-        return True, ""
+        pass
     except OSError as e:
         return False, f"openat failed with {errno.errorcode.get(e.errno or 0, e.errno)}, not EPERM"
-    os.close(fd)
-    return False, "openat still succeeds under the filter"
+    else:
+        os.close(fd)
+        return False, "openat still succeeds under the filter"
+    if _libc.syscall(UNLISTED_SYSCALL) != -1 or ctypes.get_errno() != errno.EPERM:
+        return False, (f"an unlisted syscall was not refused with EPERM "
+                       f"({errno.errorcode.get(ctypes.get_errno(), '?')}): the filter is not an allowlist")
+    return True, ""
+
+
+def read_status(fd: int) -> dict[str, int]:
+    """``Seccomp``, ``Seccomp_filters`` and ``NoNewPrivs`` from ``/proc/self/status``, read through
+    a descriptor opened before the filter (opening it afterwards is refused)."""
+    data = os.pread(fd, 1 << 16, 0).decode("ascii", "replace")
+    out: dict[str, int] = {}
+    for line in data.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key in ("Seccomp", "Seccomp_filters", "NoNewPrivs") and value.strip().isdigit():
+            out[key] = int(value.strip())
+    return out
 
 
 # --------------------------------------------------------------------------- cgroup v2
@@ -318,19 +443,19 @@ def preflight(*, timeout_s: float = 30.0) -> ContainmentProfile:
         if (isinstance(rec, dict) and set(rec) == {"control", "ok", "detail"}
                 and isinstance(rec["ok"], bool) and isinstance(rec["detail"], str)):
             seen[str(rec["control"])] = (rec["ok"], rec["detail"])
-    for name in ("openat2", "user_ns", "net_ns", "rlimits", "no_new_privs"):
+    for name in ("openat2", "user_ns", "net_ns", "ipc_ns", "pid_ns", "rlimits", "no_new_privs"):
         ok, detail = seen.get(name, (False, "the preflight child did not report this control"))
         controls[name] = ok
         if detail:
             details[name] = detail
-    # seccomp holds only if openat got EPERM *and* socket() then killed the child with SIGSYS.
+    # seccomp holds only if the allowlist answered EPERM *and* execve() then killed the child with SIGSYS.
     eperm_ok, eperm_detail = seen.get("seccomp", (False, "the preflight child did not report seccomp"))
     killed = proc.returncode == -signal.SIGSYS
     if eperm_ok and killed:
         controls["seccomp"] = True
     else:
         details["seccomp"] = eperm_detail or (
-            f"socket() under the filter did not kill the child (exit status {proc.returncode})")
+            f"execve() under the filter did not kill the child (exit status {proc.returncode})")
     return ContainmentProfile(controls=controls, details=details, kernel=os.uname().release)
 
 
@@ -385,19 +510,20 @@ def _probe_rlimits(tmp: str) -> None:
 
 
 def _probe_main() -> int:
-    """Runs in the throwaway child: use each control, report, then die on socket()."""
+    """Runs in the throwaway child: use each control, report, then die on execve()."""
     from ckptgate.enforce.seccomp import load_filter  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="ckptgate-preflight-") as tmp:
         _probe_openat2(tmp)
-        held, details = enter_namespaces()
-        for name in ("user_ns", "net_ns"):
+        before_pid = _ns_link("pid")
+        held, details = enter_namespaces(pid=True)
+        if held["pid_ns"]:  # the reaper stays behind in fork_into_pid_namespace
+            held["pid_ns"], details["pid_ns"] = fork_into_pid_namespace(before_pid)
+        for name in ("user_ns", "net_ns", "ipc_ns", "pid_ns"):
             _emit(name, held[name], details.get(name, ""))
         _probe_rlimits(tmp)
     ok, detail = set_no_new_privs()
     _emit("no_new_privs", ok, detail)
-    import socket  # noqa: PLC0415 - imported before the filter, used after it
-
     try:
         load_filter()
     except RuntimeFailure as e:
@@ -405,7 +531,7 @@ def _probe_main() -> int:
         return 0
     ok, detail = seccomp_active()
     _emit("seccomp", ok, detail)
-    socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # must be killed here (SIGSYS)
+    os.execv("/bin/true", ["true"])  # must be killed here (SIGSYS)
     return 0
 
 

@@ -34,7 +34,14 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ckptgate.enforce import _worker_main as wm
-from ckptgate.enforce.containment import CONTROLS, RLIMITS, ContainmentProfile, cgroup_v2_slot
+from ckptgate.enforce.containment import (
+    CONTROLS,
+    NAMESPACES,
+    RLIMITS,
+    ContainmentProfile,
+    cgroup_v2_slot,
+    namespace_ids,
+)
 from ckptgate.errors import RuntimeFailure
 
 if TYPE_CHECKING:
@@ -157,6 +164,9 @@ class WorkerResult:
     job: str
     plans: Mapping[str, Any]
     controls: Mapping[str, bool]
+    #: What the worker measured in itself once its filter was loaded, before it read an input:
+    #: seccomp mode and filter, ``NoNewPrivs``, its namespace ids beside the parent's, rlimits.
+    measured: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     tensors: tuple[TensorBytes, ...] = ()
     streamed: tuple[TensorHeader, ...] = ()
     wall_s: float = 0.0
@@ -217,7 +227,9 @@ def run_contained(job: str, files: Sequence[OpenedInput], *, permit: Permit, pro
         "permit": {"fixture_digest": permit.fixture_digest, "loader": permit.loader,
                    "required_controls": list(required), "decision_id": permit.decision_id},
         "parent_controls": {"openat2": bool(profile.controls["openat2"])},
-        "namespaces": bool(profile.controls["user_ns"] or profile.controls["net_ns"]),
+        "namespaces": any(profile.controls[f"{ns}_ns"] for ns in NAMESPACES),
+        "pid_ns": bool(profile.controls["pid_ns"]),  # where the preflight found the host allows it
+        "parent_namespaces": namespace_ids(),
         "rlimits": limits.rlimits(), "cgroup": None, "preimports": mods,
         "files": [{"fd": f.fd, "relpath": f.relpath, "sha256": f.sha256} for f in files],
         "select": None if select is None else {k: [list(p) for p in v] for k, v in select.items()},
@@ -284,6 +296,7 @@ class _Run:
         self.tensors: list[TensorBytes] = []
         self.streamed: list[TensorHeader] = []
         self.controls: dict[str, bool] | None = None
+        self.measured: dict[str, Any] = {}
         self.bad: str | None = None  # first protocol violation
         self.error: dict[str, Any] | None = None
         self.done = False
@@ -476,12 +489,17 @@ class _Run:
             self._violation(f"a {ev!r} record after the end")
             return None
         if ev == "ready":
-            if self.controls is not None or set(doc) != {"event", "controls", "pid"} \
+            if self.controls is not None or set(doc) != {"event", "controls", "measured", "pid"} \
                     or not isinstance(doc["controls"], dict) or set(doc["controls"]) != set(CONTROLS) \
                     or not all(isinstance(v, bool) for v in doc["controls"].values()):
                 self._violation("a malformed or repeated ready record")
                 return None
+            why = _measured_mismatch(doc["controls"], doc["measured"], self.spec.get("parent_namespaces"))
+            if why:
+                self._violation(f"a ready record whose measurements do not support its controls: {why}")
+                return None
             self.controls = dict(doc["controls"])
+            self.measured = doc["measured"]
             self.ready.set()
             return None
         if ev == "error":
@@ -568,8 +586,35 @@ class _Run:
                                  evidence={**evidence, "missing": missing})
         self.permit.check(fixture_digest=self.fixture_digest, loader=self.loader, controls=self.controls)
         return WorkerResult(job=self.spec["job"], plans=MappingProxyType(self.plans),
-                            controls=MappingProxyType(self.controls), tensors=tuple(self.tensors),
+                            controls=MappingProxyType(self.controls), measured=MappingProxyType(self.measured),
+                            tensors=tuple(self.tensors),
                             streamed=tuple(self.streamed), wall_s=wall, pid=proc.pid, stderr_tail=tail)
+
+
+def _measured_mismatch(controls: Mapping[str, bool], measured: Any, parent_ns: Any) -> str:
+    """Why the worker's measurements do not back the controls it claims ("" when they do).
+
+    The ``ready`` record is written by ckptgate's own code before any input byte is read; this is
+    a consistency check of that record, so that a control reaches the receipt only with the
+    measurement behind it: seccomp in filter mode with the allowlist, ``NoNewPrivs: 1``, and each
+    namespace id different from the parent's (the ids the parent measured in itself).
+    """
+    if not isinstance(measured, dict) or set(measured) != {"seccomp", "no_new_privs", "namespaces", "pid", "rlimits"}:
+        return "the measured object has the wrong fields"
+    sec, ns = measured["seccomp"], measured["namespaces"]
+    if not isinstance(sec, dict) or not isinstance(ns, dict) or set(ns) != set(NAMESPACES) \
+            or not all(isinstance(v, dict) and set(v) == {"worker", "parent"} for v in ns.values()):
+        return "malformed seccomp or namespace measurements"
+    if controls.get("seccomp") and (sec.get("status") != 2 or sec.get("mode") != "allowlist"):
+        return "seccomp is claimed without Seccomp: 2 and the allowlist"
+    if controls.get("no_new_privs") and measured["no_new_privs"] != 1:
+        return "no_new_privs is claimed without NoNewPrivs: 1"
+    for name, ids in ns.items():
+        if isinstance(parent_ns, Mapping) and ids["parent"] != parent_ns.get(name):
+            return f"the {name} namespace id of the parent is not the one the parent measured"
+        if controls.get(f"{name}_ns") and (not isinstance(ids["worker"], str) or ids["worker"] == ids["parent"]):
+            return f"{name}_ns is claimed but the worker's {name} namespace is the parent's"
+    return ""
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

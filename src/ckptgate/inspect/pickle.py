@@ -13,15 +13,17 @@ risk but is no trust control [R17, R29].  This reader is what lets inspection av
 from __future__ import annotations
 
 import pickletools
+import reprlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from ckptgate.inspect.allowlist import ALLOWLISTS, Allowlist
+from ckptgate.inspect.budget import FileWork
 from ckptgate.inspect.findings import Finding, error, warning
 
 __all__ = ["Call", "Global", "PersId", "PickleLimits", "PickleReport", "SDict", "SList", "SSet",
-           "Unknown", "read_pickle", "looks_like_pickle", "refused_report"]
+           "Unknown", "key_text", "read_pickle", "looks_like_pickle", "refused_report"]
 
 
 # -- symbolic values ----------------------------------------------------------------------------
@@ -91,9 +93,10 @@ class PickleLimits:
     max_stack: int = 1_000_000
     max_frame: int = 1 << 26  # 64 MiB, far above what the pickler writes (64 KiB)
     max_blob: int = 1 << 30
+    max_depth: int = 200  # nesting of the reconstructed value (the planners recurse)
 
     def __post_init__(self) -> None:
-        for k in ("max_bytes", "max_ops", "max_memo", "max_stack", "max_frame", "max_blob"):
+        for k in ("max_bytes", "max_ops", "max_memo", "max_stack", "max_frame", "max_blob", "max_depth"):
             if getattr(self, k) <= 0:
                 raise ValueError(f"PickleLimits.{k} must be positive")
 
@@ -120,6 +123,10 @@ class PickleReport:
     inside_allowlist: bool  # every global and call inside the context's allowlist, nothing unresolved
     plain_tensors: bool  # ... and inside the plain-tensor allowlist
     value: Any = field(default=None, repr=False, compare=False)  # symbolic root value (not serialised)
+    work: int = field(default=0, compare=False)  # work units spent reading (and measuring) it (budget.py)
+    #: ``value`` seen as a tree: nodes plus 64-byte blocks of its expanded strings and key paths.
+    #: Measured (and charged) before ``value`` is kept; every walk of ``value`` is bounded by it.
+    tree_units: int = field(default=0, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"context": self.context, "protocol": self.protocol, "complete": self.complete,
@@ -140,9 +147,16 @@ class _Abort(Exception):
     pass
 
 
+_CHARGE_EVERY = 1024  # opcodes between charges to the work budget
+
+
 class _Reader:
-    def __init__(self, data: bytes, path: str, allow: Allowlist, limits: PickleLimits) -> None:
+    def __init__(self, data: bytes, path: str, allow: Allowlist, limits: PickleLimits, work: FileWork) -> None:
         self.data = data
+        self.work = work
+        self.over_budget = False
+        self.tree_units = 0
+        self._call_seen: set[tuple[str, str]] = set()
         self.path = path
         self.allow = allow
         self.limits = limits
@@ -211,8 +225,15 @@ class _Reader:
             self.unresolved = True
             self.err("pickle.call_target_unresolved", f"{op} calls something that is not a plain global",
                      pos=pos, target=_short(func))
-        self.calls.append(CallSite(opcode=op, target=target, pos=pos))
+        self._call_site(op, target, pos)
         return Call(opcode=op, func=func, args=args, kwargs=kwargs)
+
+    def _call_site(self, op: str, target: str, pos: int) -> None:
+        """The inventory keeps each (opcode, target) once, at its first position: a long run of
+        calls or BUILDs adds nothing to the report (and the policy input) after the first."""
+        if (op, target) not in self._call_seen:
+            self._call_seen.add((op, target))
+            self.calls.append(CallSite(opcode=op, target=target, pos=pos))
 
     def _check_reconstructor(self, args: Any, pos: int) -> None:
         ok = (isinstance(args, tuple) and len(args) == 3 and isinstance(args[0], Global)
@@ -232,6 +253,11 @@ class _Reader:
             for opcode, arg, pos in pickletools.genops(data):
                 n += 1
                 last_pos = pos
+                if n % _CHARGE_EVERY == 0 and not self.work.charge(_CHARGE_EVERY):
+                    self.over_budget = True
+                    self.findings.append(self.work.refusal(f"decoding the pickle's opcodes (at byte {pos})"))
+                    self.work.exhaust()
+                    return
                 if n > self.limits.max_ops:
                     self.err("pickle.op_limit", "opcode count exceeds the cap", limit=self.limits.max_ops)
                     return
@@ -247,6 +273,9 @@ class _Reader:
                         self.err("pickle.trailing_data", "bytes follow the STOP opcode",
                                  pos=end, trailing=len(data) - end)
                     self.complete = True
+                    self.work.charge(n % _CHARGE_EVERY)
+                    n = 0
+                    self._measure()
                     return
                 self.step(name, arg, pos)
             self.err("pickle.no_stop", "the stream ends without a STOP opcode", pos=last_pos)
@@ -259,6 +288,28 @@ class _Reader:
                 return
             self.err("pickle.malformed", f"malformed pickle stream: {type(e).__name__}: {str(e)[:200]}",
                      after_pos=last_pos)
+        finally:
+            if n % _CHARGE_EVERY and not self.over_budget:  # the opcodes since the last block
+                self.work.charge(n % _CHARGE_EVERY)
+
+    def _measure(self) -> None:
+        """Measure the value as a tree (every later walk sees it so) and charge that, or drop it."""
+        verdict, amount = measure_tree(self.value, self.work, self.limits.max_depth)
+        if verdict == "ok":
+            self.tree_units = amount
+            return
+        self.value = None
+        if verdict == "deep":
+            self.err("pickle.too_deep", f"the reconstructed value nests deeper than {self.limits.max_depth} "
+                     "levels", limit=self.limits.max_depth)
+        elif verdict == "cycle":
+            self.err("pickle.cyclic_value", "the reconstructed value contains itself: seen as a tree it "
+                     "never ends")
+        else:
+            self.over_budget = True
+            self.findings.append(self.work.refusal("the reconstructed value, seen as a tree (memo expansion)",
+                                                   at_least=amount))
+            self.work.exhaust()
 
     def step(self, name: str, arg: Any, pos: int) -> None:  # noqa: C901, PLR0912, PLR0915
         st = self.stack
@@ -433,7 +484,7 @@ class _Reader:
             target = self.stack[-1] if self.stack else self.pop(pos)
             if isinstance(target, Call):
                 tname = target.func.dotted if isinstance(target.func, Global) else "<unresolved>"
-                self.calls.append(CallSite(opcode="BUILD", target=tname, pos=pos))
+                self._call_site("BUILD", tname, pos)
                 target.state = state
             else:
                 self.outside = True
@@ -464,9 +515,124 @@ def _init_list(c: Call) -> list[Any]:
     return c.list_items
 
 
+_REPR = reprlib.Repr()  # Python 3.11's takes no keyword arguments
+for _k, _v in {"maxlevel": 2, "maxtuple": 4, "maxlist": 4, "maxdict": 4, "maxset": 4, "maxfrozenset": 4,
+               "maxstring": 60, "maxlong": 40, "maxother": 40}.items():
+    setattr(_REPR, _k, _v)
+
+
 def _short(v: Any) -> str:
-    r = repr(v) if not isinstance(v, (Call, SDict, SList, SSet)) else type(v).__name__
+    """A short description that costs O(1) whatever ``v`` is (a nested or shared tuple's plain
+    repr is as large as the tree it expands to)."""
+    r = _REPR.repr(v) if not isinstance(v, (Call, SDict, SList, SSet)) else type(v).__name__
     return r[:80]
+
+
+def key_text(k: Any) -> str:
+    """A dict key as a path component: the string itself, else a bounded repr."""
+    if isinstance(k, str):
+        return k
+    if isinstance(k, bool | float) or k is None or (isinstance(k, int) and k.bit_length() <= 64):
+        return repr(k)
+    return _short(k)
+
+
+_SAT = 1 << 62
+_Leaf = (str, bytes, bytearray, int, float, type(None), Global, Unknown)
+
+
+def _children(v: Any) -> list[tuple[int, Any]]:
+    """(label length, child) for each child of a container, as a tree walk would name them."""
+    if isinstance(v, tuple):
+        return [(len(str(i)), x) for i, x in enumerate(v)]
+    if isinstance(v, SList | SSet):
+        return [(len(str(i)), x) for i, x in enumerate(v.items)]
+    if isinstance(v, SDict):
+        return [c for k, x in v.items for c in ((0, k), (len(key_text(k)), x))]
+    if isinstance(v, PersId):
+        return [(0, v.pid)]
+    if isinstance(v, Call):
+        out = [(0, v.func), (4, v.args), (6, v.kwargs), (5, v.state)]
+        if v.dict_items is not None:
+            out += [c for k, x in v.dict_items for c in ((0, k), (len(key_text(k)), x))]
+        if v.list_items is not None:
+            out += [(len(str(i)), x) for i, x in enumerate(v.list_items)]
+        return out
+    return []
+
+
+def _leaf_bytes(v: Any) -> int:
+    if isinstance(v, str | bytes | bytearray):
+        return len(v)
+    if isinstance(v, Global):
+        return len(v.module) + len(v.name)
+    if isinstance(v, int):
+        return v.bit_length() // 8
+    return 0
+
+
+def measure_tree(root: Any, work: FileWork, max_depth: int) -> tuple[str, int]:
+    """The size of ``root`` expanded as a tree, in time linear in its graph (each shared node once).
+
+    Units: one per node, plus one per 64 bytes of strings and key paths counted at every place
+    the tree repeats them.  Each graph edge visited is charged to ``work``.  Returns ``("ok",
+    units)`` (charged), ``("budget", at least the units it would need)``, ``("deep", depth)`` or
+    ``("cycle", 0)``.
+    """
+    budget = work.remaining()
+    done: dict[int, tuple[int, int, int]] = {}  # id -> (nodes, bytes, height), for containers
+    on_path: set[int] = set()
+    frames: list[tuple[Any, list[tuple[int, Any]], list[int]]] = []
+    edges = 0
+
+    def enter(v: Any) -> None:
+        on_path.add(id(v))
+        frames.append((v, _children(v), [0, 1, _leaf_bytes(v), 1]))  # [next child, nodes, bytes, height]
+
+    if isinstance(root, _Leaf):
+        units = 1 + _leaf_bytes(root) // 64
+        return ("ok", units) if work.charge(units) else ("budget", units)
+    enter(root)
+    while frames:
+        v, kids, acc = frames[-1]
+        if acc[0] < len(kids):
+            label, c = kids[acc[0]]
+            acc[0] += 1
+            edges += 1
+            if isinstance(c, _Leaf):
+                got = (1, _leaf_bytes(c), 1)
+            elif id(c) in done:
+                got = done[id(c)]
+            elif id(c) in on_path:
+                work.charge(edges)
+                return "cycle", 0
+            else:
+                if len(frames) >= max_depth:
+                    work.charge(edges)
+                    return "deep", len(frames) + 1
+                enter(c)
+                continue
+        else:
+            frames.pop()
+            on_path.discard(id(v))
+            got = (acc[1], acc[2], acc[3])
+            done[id(v)] = got
+            if not frames:
+                break
+            v, kids, acc = frames[-1]
+            label = kids[acc[0] - 1][0]
+        n, b, h = got
+        acc[1] = min(_SAT, acc[1] + n)
+        acc[2] = min(_SAT, acc[2] + b + n * (label + 1))
+        acc[3] = max(acc[3], h + 1)
+        if edges + acc[1] + acc[2] // 64 > budget:
+            work.charge(edges)
+            return "budget", acc[1] + acc[2] // 64
+    n, b, _h = done[id(root)]
+    units = n + b // 64
+    if not work.charge(edges + units):
+        return "budget", units
+    return "ok", units
 
 
 def refused_report(*, path: str, context: str, size: int, limit: int) -> PickleReport:
@@ -477,20 +643,22 @@ def refused_report(*, path: str, context: str, size: int, limit: int) -> PickleR
 
 
 def read_pickle(data: bytes, *, path: str, context: str = "tensors",
-                limits: PickleLimits = PickleLimits()) -> PickleReport:
-    """Read one pickle stream statically against the ``context`` allowlist."""
+                limits: PickleLimits = PickleLimits(), work: FileWork | None = None) -> PickleReport:
+    """Read one pickle stream statically against the ``context`` allowlist, within ``work``
+    (by default a per-file budget for ``len(data)`` bytes, charged to no intake)."""
     allow = ALLOWLISTS[context]
     if len(data) > limits.max_bytes:
         return refused_report(path=path, context=context, size=len(data), limit=limits.max_bytes)
-    r = _Reader(data, path, allow, limits)
+    work = work if work is not None else FileWork(path, len(data))
+    r = _Reader(data, path, allow, limits, work)
     r.run()
     has_error = any(f.severity == "error" for f in r.findings)
     inside = r.complete and not r.outside and not r.unresolved and not has_error
     tensors = ALLOWLISTS["tensors"]
     plain = inside and all(g in tensors.callables or g in tensors.values for g in r.globals)
-    if not r.complete and not any(f.code.startswith("pickle.") for f in r.findings):
+    if not r.complete and not r.over_budget and not any(f.code.startswith("pickle.") for f in r.findings):
         r.findings.append(warning("pickle.incomplete", path, "the stream was not read to STOP"))
     return PickleReport(path=path, context=context, protocol=r.protocol, complete=r.complete,
                         opcodes=dict(r.ops), globals=tuple(sorted(r.globals)), calls=tuple(r.calls),
                         findings=tuple(r.findings), inside_allowlist=inside, plain_tensors=plain,
-                        value=r.value if r.complete else None)
+                        value=r.value if r.complete else None, work=work.done, tree_units=r.tree_units)

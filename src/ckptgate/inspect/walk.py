@@ -35,6 +35,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ckptgate.errors import InputRejected
+from ckptgate.inspect.budget import WorkLimits
 from ckptgate.inspect.findings import Finding, error
 
 __all__ = ["FileEntry", "SafeTree", "WalkLimits", "openat2"]
@@ -82,12 +83,15 @@ class WalkLimits:
     max_name_bytes: int = 255
     max_total_bytes: int = 1 << 44  # 16 TiB of declared sizes
     max_tensors: int = 1 << 21  # safetensors and torch-zip tensors, all files together
+    work: WorkLimits = WorkLimits()  # work units per pickle stream and for the whole tree (budget.py)
 
     def __post_init__(self) -> None:
         for name in ("max_files", "max_depth", "max_name_bytes", "max_total_bytes", "max_tensors"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"WalkLimits.{name} must be a positive int")
+        if not isinstance(self.work, WorkLimits):
+            raise ValueError("WalkLimits.work must be a WorkLimits")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

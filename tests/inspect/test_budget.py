@@ -218,3 +218,45 @@ def test_clean_real_fixtures_stay_well_inside_both_budgets(fixture: str) -> None
 def test_pickle_limits_bound_the_depth() -> None:
     data = b"\x80\x02" + b"]" * 20 + b"a" * 19 + b"."
     assert _codes(read_pickle(data, path="p", limits=PickleLimits(max_depth=10))) == ["pickle.too_deep"]
+
+
+def test_dcp_items_that_name_one_byte_range_are_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A .metadata listing the same storage range a thousand times: refused as overlapping, and
+    the range is read once, not a thousand times."""
+    import dataclasses
+
+    from ckptgate.inspect.formats import dcp as fdcp
+
+    real_extract, real_read = fdcp.extract_dcp_metadata, fdcp.inspect_torch_zip
+    distinct: list[int] = []
+
+    def repeated(rep):  # type: ignore[no-untyped-def]
+        md, fs = real_extract(rep)
+        distinct.append(len(md.storage))
+        return dataclasses.replace(md, storage=(md.storage[0],) * 1000 + md.storage[1:]), fs
+
+    reads: list[int] = []
+
+    def counted(*a, **k):  # type: ignore[no-untyped-def]
+        reads.append(k["base"])
+        return real_read(*a, **k)
+
+    monkeypatch.setattr(fdcp, "extract_dcp_metadata", repeated)
+    monkeypatch.setattr(fdcp, "inspect_torch_zip", counted)
+    ins = inspect_tree(FIXTURES / "dcp_torch_save" / "checkpoint")
+    assert any(f.code == "dcp.items_overlap" for f in ins.findings) and not ins.clean
+    assert len(reads) == distinct[0]
+
+
+def test_no_file_is_opened_once_the_intake_budget_is_spent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptgate.inspect import inspection
+
+    opened: list[str] = []
+    real = inspection.analyse_file
+    monkeypatch.setattr(inspection, "analyse_file", lambda tree, path, **k: opened.append(path) or real(tree, path, **k))
+    zipped = torch_zip(laughs())
+    with pytest.raises(InputRejected):
+        inspect_tree(_tree(tmp_path, 200, zipped))
+    limits = WorkLimits()
+    per_file = limits.file_limit(len(laughs())) + 1  # each refused file is charged its whole budget
+    assert len(opened) <= limits.intake_limit(200 * len(zipped)) // per_file + 1 < 200

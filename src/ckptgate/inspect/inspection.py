@@ -71,6 +71,7 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: CrcMode = True) -> Inspecti
     work = WorkBudget(tree.limits.work, sum(e.size for e in tree.entries))
 
     def analyse(e: FileEntry) -> tuple[FileFacts, list[Finding]]:
+        work.charge(0, e.path)  # once the intake's budget is spent, no further file is even opened
         try:
             done = analyse_file(tree, e.path, verify_crc=verify_crc, work=work)
         except InputRejected:

@@ -539,6 +539,7 @@ def key_text(k: Any) -> str:
 
 _SAT = 1 << 62
 _Leaf = (str, bytes, bytearray, int, float, type(None), Global, Unknown)
+_PLAIN = frozenset({type(None), bool, float})  # leaves of no size (an int's size depends on it)
 
 
 def _children(v: Any) -> list[tuple[int, Any]]:
@@ -586,8 +587,24 @@ def measure_tree(root: Any, work: FileWork, max_depth: int) -> tuple[str, int]:
     edges = 0
 
     def enter(v: Any) -> None:
+        """Push a frame for container ``v``, its leaf children summed at once (the common case)."""
         on_path.add(id(v))
-        frames.append((v, _children(v), [0, 1, _leaf_bytes(v), 1]))  # [next child, nodes, bytes, height]
+        nodes, nbytes, height, inner = 1, _leaf_bytes(v), 1, []
+        for label, c in _children(v):
+            t = type(c)
+            if t in _PLAIN:
+                nodes += 1
+                nbytes += label + 1
+                height = 2
+            elif t is str or t is bytes:
+                nodes += 1
+                nbytes += len(c) + label + 1
+                height = 2
+            else:
+                inner.append((label, c))
+        nonlocal edges
+        edges += nodes - 1
+        frames.append((v, inner, [0, nodes, nbytes, height]))  # [next child, nodes, bytes, height]
 
     if isinstance(root, _Leaf):
         units = 1 + _leaf_bytes(root) // 64
@@ -630,8 +647,10 @@ def measure_tree(root: Any, work: FileWork, max_depth: int) -> tuple[str, int]:
             return "budget", acc[1] + acc[2] // 64
     n, b, _h = done[id(root)]
     units = n + b // 64
-    if not work.charge(edges + units):
+    if edges + units > budget:
+        work.charge(edges)
         return "budget", units
+    work.charge(edges + units)
     return "ok", units
 
 

@@ -311,203 +311,315 @@ class _Reader:
                                                    at_least=amount))
             self.work.exhaust()
 
-    def step(self, name: str, arg: Any, pos: int) -> None:  # noqa: C901, PLR0912, PLR0915
-        st = self.stack
-        if name == "PROTO":
-            if pos != 0 or self.protocol is not None:
-                self.err("pickle.proto_misplaced", "PROTO appears other than as the first opcode", pos=pos)
-            if not 0 <= arg <= 5:
-                self.err("pickle.proto_unknown", f"unknown protocol {arg}", pos=pos)
-            if self.protocol is None:
-                self.protocol = int(arg)
-        elif name == "FRAME":
-            if arg > self.limits.max_frame or arg > len(self.data) - pos - 9:
-                self.err("pickle.frame_too_large", "FRAME length exceeds the cap or the stream",
-                         pos=pos, length=int(arg))
-                raise _Abort
-        elif name == "MARK":
-            self.metastack.append(self.stack)
-            self.stack = []
-            if len(self.metastack) > self.limits.max_stack:
-                self.err("pickle.stack_limit", "mark depth exceeds the cap")
-                raise _Abort
-        elif name in ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT"):
-            self.push(arg)
-        elif name in ("STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE",
-                      "SHORT_BINUNICODE", "BINUNICODE8"):
-            self.push(arg)
-        elif name in ("BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8"):
-            if len(arg) > self.limits.max_blob:
-                self.err("pickle.blob_too_large", "bytes constant exceeds the cap", pos=pos, length=len(arg))
-                raise _Abort
-            if len(arg) >= _NESTED_MIN and (looks_like_pickle(arg) or arg[:4] == b"PK\x03\x04"):
-                self.err("pickle.nested_pickle", "a bytes constant holds a pickle or zip that a loader "
-                         "could unpickle in turn", pos=pos, length=len(arg))
-            self.push(bytes(arg))
-        elif name == "NONE":
-            self.push(None)
-        elif name == "NEWTRUE":
-            self.push(True)
-        elif name == "NEWFALSE":
-            self.push(False)
-        elif name in ("NEXT_BUFFER", "READONLY_BUFFER"):
-            self.unresolved = True
-            self.err("pickle.out_of_band_buffer", f"{name} needs out-of-band buffers; unresolvable", pos=pos)
-            if name == "NEXT_BUFFER":
-                self.push(Unknown("out-of-band buffer"))
-        elif name == "EMPTY_LIST":
-            self.push(SList())
-        elif name == "EMPTY_TUPLE":
-            self.push(())
-        elif name == "EMPTY_DICT":
-            self.push(SDict())
-        elif name == "EMPTY_SET":
-            self.push(SSet())
-        elif name == "LIST":
-            self.push(SList(self.pop_mark(pos)))
-        elif name == "TUPLE":
-            self.push(tuple(self.pop_mark(pos)))
-        elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
-            k = int(name[-1])
-            if len(st) < k:
-                self.err("pickle.stack_underflow", f"{name} pops {k} items from a stack of {len(st)}", pos=pos)
-                raise _Abort
-            items = st[-k:]
-            del st[-k:]
-            self.push(tuple(items))
-        elif name == "DICT":
-            items = self.pop_mark(pos)
-            if len(items) % 2:
-                self.err("pickle.odd_dict_items", "DICT with an odd number of items", pos=pos)
-                raise _Abort
-            self.push(SDict(list(zip(items[::2], items[1::2], strict=True))))
-        elif name == "FROZENSET":
-            self.push(SSet(self.pop_mark(pos), frozen=True))
-        elif name in ("APPEND", "APPENDS"):
-            items = self.pop_mark(pos) if name == "APPENDS" else [self.pop(pos)]
-            target = self.stack[-1] if self.stack else None
-            if isinstance(target, SList):
-                target.items.extend(items)
-            elif isinstance(target, Call) and self._is_list_like(target):
-                (target.list_items if target.list_items is not None else _init_list(target)).extend(items)
-            else:
-                self.outside = True
-                self.err("pickle.append_non_list", f"{name} on a value that is not a list calls its "
-                         "append/extend method", pos=pos, target=_short(target))
-        elif name in ("SETITEM", "SETITEMS"):
-            if name == "SETITEMS":
-                items = self.pop_mark(pos)
-            else:
-                v = self.pop(pos)
-                k = self.pop(pos)
-                items = [k, v]
-            if len(items) % 2:
-                self.err("pickle.odd_dict_items", f"{name} with an odd number of items", pos=pos)
-                raise _Abort
-            target = self.stack[-1] if self.stack else None
-            pairs = list(zip(items[::2], items[1::2], strict=True))
-            if isinstance(target, SDict):
-                target.items.extend(pairs)
-            elif isinstance(target, Call) and self._is_dict_like(target):
-                if target.dict_items is None:
-                    target.dict_items = []
-                target.dict_items.extend(pairs)
-            else:
-                self.outside = True
-                self.err("pickle.setitem_non_dict", f"{name} on a value that is not a dict calls its "
-                         "__setitem__", pos=pos, target=_short(target))
-        elif name == "ADDITEMS":
-            items = self.pop_mark(pos)
-            target = self.stack[-1] if self.stack else None
-            if isinstance(target, SSet) and not target.frozen:
-                target.items.extend(items)
-            else:
-                self.outside = True
-                self.err("pickle.additems_non_set", "ADDITEMS on a value that is not a set", pos=pos)
-        elif name == "POP":
-            self.pop(pos)
-        elif name == "POP_MARK":
-            self.pop_mark(pos)
-        elif name == "DUP":
-            self.push(st[-1] if st else self.pop(pos))
-        elif name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
-            if not self.stack:
-                self.pop(pos)
-            idx = len(self.memo) if name == "MEMOIZE" else int(arg)
-            if idx < 0:
-                self.err("pickle.bad_memo_key", "negative memo key", pos=pos)
-                raise _Abort
-            self.memo[idx] = self.stack[-1]
-            if len(self.memo) > self.limits.max_memo:
-                self.err("pickle.memo_limit", "memo size exceeds the cap", limit=self.limits.max_memo)
-                raise _Abort
-        elif name in ("GET", "BINGET", "LONG_BINGET"):
-            idx = int(arg)
-            if idx not in self.memo:
-                self.unresolved = True
-                self.err("pickle.memo_missing", f"{name} of memo key {idx} that was never stored", pos=pos,
-                         key=idx)
-                raise _Abort
-            self.push(self.memo[idx])
-        elif name == "GLOBAL":
-            module, _, gname = str(arg).partition(" ")
-            self.push(self.global_ref(module, gname, pos, name))
-        elif name == "STACK_GLOBAL":
-            gname = self.pop(pos)
-            module = self.pop(pos)
-            self.push(self.global_ref(module, gname, pos, name))
-        elif name == "INST":
-            module, _, gname = str(arg).partition(" ")
-            args = tuple(self.pop_mark(pos))
-            self.push(self.call(name, self.global_ref(module, gname, pos, name), args, pos))
-        elif name == "OBJ":
-            items = self.pop_mark(pos)
-            if not items:
-                self.err("pickle.stack_underflow", "OBJ without a class", pos=pos)
-                raise _Abort
-            self.push(self.call(name, items[0], tuple(items[1:]), pos))
-        elif name == "NEWOBJ":
-            args = self.pop(pos)
-            cls = self.pop(pos)
-            self.push(self.call(name, cls, args, pos))
-        elif name == "NEWOBJ_EX":
-            kwargs = self.pop(pos)
-            args = self.pop(pos)
-            cls = self.pop(pos)
-            self.push(self.call(name, cls, args, pos, kwargs))
-        elif name == "REDUCE":
-            args = self.pop(pos)
-            func = self.pop(pos)
-            self.push(self.call(name, func, args, pos))
-        elif name == "BUILD":
-            state = self.pop(pos)
-            target = self.stack[-1] if self.stack else self.pop(pos)
-            if isinstance(target, Call):
-                tname = target.func.dotted if isinstance(target.func, Global) else "<unresolved>"
-                self._call_site("BUILD", tname, pos)
-                target.state = state
-            else:
-                self.outside = True
-                self.err("pickle.build_non_object", "BUILD on a value that is not a constructed object",
-                         pos=pos, target=_short(target))
-        elif name in ("EXT1", "EXT2", "EXT4"):
-            self.unresolved = True
-            self.err("pickle.extension_code", f"{name} {arg} refers to the copyreg extension registry, "
-                     "which is never consulted", pos=pos, ext_code=int(arg))
-            self.push(Unknown(f"extension {arg}"))
-        elif name == "PERSID":
-            self.push(PersId(arg))
-        elif name == "BINPERSID":
-            self.push(PersId(self.pop(pos)))
-        else:  # pragma: no cover - genops knows every opcode we do
+    def step(self, name: str, arg: Any, pos: int) -> None:
+        """Replay one opcode: one dictionary look-up, then its handler."""
+        handler = _HANDLERS.get(name)
+        if handler is None:  # pragma: no cover - genops knows every opcode we do
             self.err("pickle.unknown_opcode", f"opcode {name} not handled", pos=pos)
             raise _Abort
+        handler(self, name, arg, pos)
+
+    def _op_proto(self, name: str, arg: Any, pos: int) -> None:
+        if pos != 0 or self.protocol is not None:
+            self.err("pickle.proto_misplaced", "PROTO appears other than as the first opcode", pos=pos)
+        if not 0 <= arg <= 5:
+            self.err("pickle.proto_unknown", f"unknown protocol {arg}", pos=pos)
+        if self.protocol is None:
+            self.protocol = int(arg)
+
+    def _op_frame(self, name: str, arg: Any, pos: int) -> None:
+        if arg > self.limits.max_frame or arg > len(self.data) - pos - 9:
+            self.err("pickle.frame_too_large", "FRAME length exceeds the cap or the stream",
+                     pos=pos, length=int(arg))
+            raise _Abort
+
+    def _op_mark(self, name: str, arg: Any, pos: int) -> None:
+        self.metastack.append(self.stack)
+        self.stack = []
+        if len(self.metastack) > self.limits.max_stack:
+            self.err("pickle.stack_limit", "mark depth exceeds the cap")
+            raise _Abort
+
+    def _op_int(self, name: str, arg: Any, pos: int) -> None:
+        self.push(arg)
+
+    def _op_string(self, name: str, arg: Any, pos: int) -> None:
+        self.push(arg)
+
+    def _op_binbytes(self, name: str, arg: Any, pos: int) -> None:
+        if len(arg) > self.limits.max_blob:
+            self.err("pickle.blob_too_large", "bytes constant exceeds the cap", pos=pos, length=len(arg))
+            raise _Abort
+        if len(arg) >= _NESTED_MIN and (looks_like_pickle(arg) or arg[:4] == b"PK\x03\x04"):
+            self.err("pickle.nested_pickle", "a bytes constant holds a pickle or zip that a loader "
+                     "could unpickle in turn", pos=pos, length=len(arg))
+        self.push(bytes(arg))
+
+    def _op_none(self, name: str, arg: Any, pos: int) -> None:
+        self.push(None)
+
+    def _op_newtrue(self, name: str, arg: Any, pos: int) -> None:
+        self.push(True)
+
+    def _op_newfalse(self, name: str, arg: Any, pos: int) -> None:
+        self.push(False)
+
+    def _op_next_buffer(self, name: str, arg: Any, pos: int) -> None:
+        self.unresolved = True
+        self.err("pickle.out_of_band_buffer", f"{name} needs out-of-band buffers; unresolvable", pos=pos)
+        if name == "NEXT_BUFFER":
+            self.push(Unknown("out-of-band buffer"))
+
+    def _op_empty_list(self, name: str, arg: Any, pos: int) -> None:
+        self.push(SList())
+
+    def _op_empty_tuple(self, name: str, arg: Any, pos: int) -> None:
+        self.push(())
+
+    def _op_empty_dict(self, name: str, arg: Any, pos: int) -> None:
+        self.push(SDict())
+
+    def _op_empty_set(self, name: str, arg: Any, pos: int) -> None:
+        self.push(SSet())
+
+    def _op_list(self, name: str, arg: Any, pos: int) -> None:
+        self.push(SList(self.pop_mark(pos)))
+
+    def _op_tuple(self, name: str, arg: Any, pos: int) -> None:
+        self.push(tuple(self.pop_mark(pos)))
+
+    def _op_tuple1(self, name: str, arg: Any, pos: int) -> None:
+        st = self.stack
+        k = int(name[-1])
+        if len(st) < k:
+            self.err("pickle.stack_underflow", f"{name} pops {k} items from a stack of {len(st)}", pos=pos)
+            raise _Abort
+        items = st[-k:]
+        del st[-k:]
+        self.push(tuple(items))
+
+    def _op_dict(self, name: str, arg: Any, pos: int) -> None:
+        items = self.pop_mark(pos)
+        if len(items) % 2:
+            self.err("pickle.odd_dict_items", "DICT with an odd number of items", pos=pos)
+            raise _Abort
+        self.push(SDict(list(zip(items[::2], items[1::2], strict=True))))
+
+    def _op_frozenset(self, name: str, arg: Any, pos: int) -> None:
+        self.push(SSet(self.pop_mark(pos), frozen=True))
+
+    def _op_append(self, name: str, arg: Any, pos: int) -> None:
+        items = self.pop_mark(pos) if name == "APPENDS" else [self.pop(pos)]
+        target = self.stack[-1] if self.stack else None
+        if isinstance(target, SList):
+            target.items.extend(items)
+        elif isinstance(target, Call) and self._is_list_like(target):
+            (target.list_items if target.list_items is not None else _init_list(target)).extend(items)
+        else:
+            self.outside = True
+            self.err("pickle.append_non_list", f"{name} on a value that is not a list calls its "
+                     "append/extend method", pos=pos, target=_short(target))
+
+    def _op_setitem(self, name: str, arg: Any, pos: int) -> None:
+        if name == "SETITEMS":
+            items = self.pop_mark(pos)
+        else:
+            v = self.pop(pos)
+            k = self.pop(pos)
+            items = [k, v]
+        if len(items) % 2:
+            self.err("pickle.odd_dict_items", f"{name} with an odd number of items", pos=pos)
+            raise _Abort
+        target = self.stack[-1] if self.stack else None
+        pairs = list(zip(items[::2], items[1::2], strict=True))
+        if isinstance(target, SDict):
+            target.items.extend(pairs)
+        elif isinstance(target, Call) and self._is_dict_like(target):
+            if target.dict_items is None:
+                target.dict_items = []
+            target.dict_items.extend(pairs)
+        else:
+            self.outside = True
+            self.err("pickle.setitem_non_dict", f"{name} on a value that is not a dict calls its "
+                     "__setitem__", pos=pos, target=_short(target))
+
+    def _op_additems(self, name: str, arg: Any, pos: int) -> None:
+        items = self.pop_mark(pos)
+        target = self.stack[-1] if self.stack else None
+        if isinstance(target, SSet) and not target.frozen:
+            target.items.extend(items)
+        else:
+            self.outside = True
+            self.err("pickle.additems_non_set", "ADDITEMS on a value that is not a set", pos=pos)
+
+    def _op_pop(self, name: str, arg: Any, pos: int) -> None:
+        self.pop(pos)
+
+    def _op_pop_mark(self, name: str, arg: Any, pos: int) -> None:
+        self.pop_mark(pos)
+
+    def _op_dup(self, name: str, arg: Any, pos: int) -> None:
+        st = self.stack
+        self.push(st[-1] if st else self.pop(pos))
+
+    def _op_put(self, name: str, arg: Any, pos: int) -> None:
+        if not self.stack:
+            self.pop(pos)
+        idx = len(self.memo) if name == "MEMOIZE" else int(arg)
+        if idx < 0:
+            self.err("pickle.bad_memo_key", "negative memo key", pos=pos)
+            raise _Abort
+        self.memo[idx] = self.stack[-1]
+        if len(self.memo) > self.limits.max_memo:
+            self.err("pickle.memo_limit", "memo size exceeds the cap", limit=self.limits.max_memo)
+            raise _Abort
+
+    def _op_get(self, name: str, arg: Any, pos: int) -> None:
+        idx = int(arg)
+        if idx not in self.memo:
+            self.unresolved = True
+            self.err("pickle.memo_missing", f"{name} of memo key {idx} that was never stored", pos=pos,
+                     key=idx)
+            raise _Abort
+        self.push(self.memo[idx])
+
+    def _op_global(self, name: str, arg: Any, pos: int) -> None:
+        module, _, gname = str(arg).partition(" ")
+        self.push(self.global_ref(module, gname, pos, name))
+
+    def _op_stack_global(self, name: str, arg: Any, pos: int) -> None:
+        gname = self.pop(pos)
+        module = self.pop(pos)
+        self.push(self.global_ref(module, gname, pos, name))
+
+    def _op_inst(self, name: str, arg: Any, pos: int) -> None:
+        module, _, gname = str(arg).partition(" ")
+        args = tuple(self.pop_mark(pos))
+        self.push(self.call(name, self.global_ref(module, gname, pos, name), args, pos))
+
+    def _op_obj(self, name: str, arg: Any, pos: int) -> None:
+        items = self.pop_mark(pos)
+        if not items:
+            self.err("pickle.stack_underflow", "OBJ without a class", pos=pos)
+            raise _Abort
+        self.push(self.call(name, items[0], tuple(items[1:]), pos))
+
+    def _op_newobj(self, name: str, arg: Any, pos: int) -> None:
+        args = self.pop(pos)
+        cls = self.pop(pos)
+        self.push(self.call(name, cls, args, pos))
+
+    def _op_newobj_ex(self, name: str, arg: Any, pos: int) -> None:
+        kwargs = self.pop(pos)
+        args = self.pop(pos)
+        cls = self.pop(pos)
+        self.push(self.call(name, cls, args, pos, kwargs))
+
+    def _op_reduce(self, name: str, arg: Any, pos: int) -> None:
+        args = self.pop(pos)
+        func = self.pop(pos)
+        self.push(self.call(name, func, args, pos))
+
+    def _op_build(self, name: str, arg: Any, pos: int) -> None:
+        state = self.pop(pos)
+        target = self.stack[-1] if self.stack else self.pop(pos)
+        if isinstance(target, Call):
+            tname = target.func.dotted if isinstance(target.func, Global) else "<unresolved>"
+            self._call_site("BUILD", tname, pos)
+            target.state = state
+        else:
+            self.outside = True
+            self.err("pickle.build_non_object", "BUILD on a value that is not a constructed object",
+                     pos=pos, target=_short(target))
+
+    def _op_ext1(self, name: str, arg: Any, pos: int) -> None:
+        self.unresolved = True
+        self.err("pickle.extension_code", f"{name} {arg} refers to the copyreg extension registry, "
+                 "which is never consulted", pos=pos, ext_code=int(arg))
+        self.push(Unknown(f"extension {arg}"))
+
+    def _op_persid(self, name: str, arg: Any, pos: int) -> None:
+        self.push(PersId(arg))
+
+    def _op_binpersid(self, name: str, arg: Any, pos: int) -> None:
+        self.push(PersId(self.pop(pos)))
 
     def _is_dict_like(self, c: Call) -> bool:
         return isinstance(c.func, Global) and c.func.dotted in self.allow.dict_like
 
     def _is_list_like(self, c: Call) -> bool:
         return isinstance(c.func, Global) and c.func.dotted in self.allow.list_like
+
+
+_HANDLERS: dict[str, Any] = {
+    "PROTO": _Reader._op_proto,
+    "FRAME": _Reader._op_frame,
+    "MARK": _Reader._op_mark,
+    "INT": _Reader._op_int,
+    "BININT": _Reader._op_int,
+    "BININT1": _Reader._op_int,
+    "BININT2": _Reader._op_int,
+    "LONG": _Reader._op_int,
+    "LONG1": _Reader._op_int,
+    "LONG4": _Reader._op_int,
+    "FLOAT": _Reader._op_int,
+    "BINFLOAT": _Reader._op_int,
+    "STRING": _Reader._op_string,
+    "BINSTRING": _Reader._op_string,
+    "SHORT_BINSTRING": _Reader._op_string,
+    "UNICODE": _Reader._op_string,
+    "BINUNICODE": _Reader._op_string,
+    "SHORT_BINUNICODE": _Reader._op_string,
+    "BINUNICODE8": _Reader._op_string,
+    "BINBYTES": _Reader._op_binbytes,
+    "SHORT_BINBYTES": _Reader._op_binbytes,
+    "BINBYTES8": _Reader._op_binbytes,
+    "BYTEARRAY8": _Reader._op_binbytes,
+    "NONE": _Reader._op_none,
+    "NEWTRUE": _Reader._op_newtrue,
+    "NEWFALSE": _Reader._op_newfalse,
+    "NEXT_BUFFER": _Reader._op_next_buffer,
+    "READONLY_BUFFER": _Reader._op_next_buffer,
+    "EMPTY_LIST": _Reader._op_empty_list,
+    "EMPTY_TUPLE": _Reader._op_empty_tuple,
+    "EMPTY_DICT": _Reader._op_empty_dict,
+    "EMPTY_SET": _Reader._op_empty_set,
+    "LIST": _Reader._op_list,
+    "TUPLE": _Reader._op_tuple,
+    "TUPLE1": _Reader._op_tuple1,
+    "TUPLE2": _Reader._op_tuple1,
+    "TUPLE3": _Reader._op_tuple1,
+    "DICT": _Reader._op_dict,
+    "FROZENSET": _Reader._op_frozenset,
+    "APPEND": _Reader._op_append,
+    "APPENDS": _Reader._op_append,
+    "SETITEM": _Reader._op_setitem,
+    "SETITEMS": _Reader._op_setitem,
+    "ADDITEMS": _Reader._op_additems,
+    "POP": _Reader._op_pop,
+    "POP_MARK": _Reader._op_pop_mark,
+    "DUP": _Reader._op_dup,
+    "PUT": _Reader._op_put,
+    "BINPUT": _Reader._op_put,
+    "LONG_BINPUT": _Reader._op_put,
+    "MEMOIZE": _Reader._op_put,
+    "GET": _Reader._op_get,
+    "BINGET": _Reader._op_get,
+    "LONG_BINGET": _Reader._op_get,
+    "GLOBAL": _Reader._op_global,
+    "STACK_GLOBAL": _Reader._op_stack_global,
+    "INST": _Reader._op_inst,
+    "OBJ": _Reader._op_obj,
+    "NEWOBJ": _Reader._op_newobj,
+    "NEWOBJ_EX": _Reader._op_newobj_ex,
+    "REDUCE": _Reader._op_reduce,
+    "BUILD": _Reader._op_build,
+    "EXT1": _Reader._op_ext1,
+    "EXT2": _Reader._op_ext1,
+    "EXT4": _Reader._op_ext1,
+    "PERSID": _Reader._op_persid,
+    "BINPERSID": _Reader._op_binpersid,
+}
 
 
 def _init_list(c: Call) -> list[Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -314,40 +315,120 @@ def test_a_port_taken_before_opa_binds_is_retried(policy_dir, monkeypatch):
         taken.close()
 
 
-def test_a_trickled_answer_past_the_deadline_is_a_timeout():
-    """requests' timeout bounds each read; the whole answer must also arrive in time."""
-    import http.server
-    import threading
+class _Trickler:
+    """A local HTTP server that accepts, reads the request, then sends its whole answer (status
+    line, headers and body) one byte every ``gap`` seconds; ``/health`` too unless ``health_ok``.
+    It records when each request arrived and stops trickling when the client goes away."""
 
-    class Slow(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # health
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b"{}")
+    def __init__(self, *, gap: float, health_ok: bool) -> None:
+        import http.server
+        import threading
 
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            body = b'{"result": {"allow": true}}'
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            for byte in body:
-                self.wfile.write(bytes([byte]))
-                self.wfile.flush()
-                time.sleep(0.03)
+        self.arrived: dict[str, float] = {}
+        outer = self
 
-        def log_message(self, *args):
-            pass
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self, body: bytes, trickle: bool) -> None:
+                raw = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+                if not trickle:
+                    self.wfile.write(raw)
+                    return
+                for byte in raw:
+                    try:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                    except OSError:
+                        return
+                    time.sleep(gap)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        remote = RemoteOpa(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=0.3)
+            def do_GET(self):
+                outer.arrived.setdefault("GET", time.monotonic())
+                self._answer(b"{}", trickle=not health_ok)
+
+            def do_POST(self):
+                outer.arrived.setdefault("POST", time.monotonic())
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self._answer(b'{"result": {"allow": true, "plane": null, "permitted_loaders": [], '
+                             b'"required_controls": [], "reasons": []}}', trickle=True)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def trickler():
+    made: list[_Trickler] = []
+
+    def make(*, gap: float = 0.5, health_ok: bool = True) -> _Trickler:
+        made.append(_Trickler(gap=gap, health_ok=health_ok))
+        return made[-1]
+
+    yield make
+    for t in made:
+        t.close()
+
+
+def test_a_trickled_answer_is_cut_off_at_the_deadline(trickler):
+    """One deadline bounds the whole exchange: a server trickling its answer (headers included)
+    byte by byte, each byte well inside any per-read timeout, is abandoned at the deadline."""
+    server = trickler(gap=0.25)
+    remote = RemoteOpa(server.url, timeout_s=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(EngineUnavailable) as e:
+        remote.evaluate("ckptgate/intake/decision", {})
+    elapsed = time.monotonic() - t0
+    assert e.value.code == "engine.timeout" and e.value.exit_code == 6
+    assert 0.9 < elapsed < 1.0 + 3
+
+
+def test_a_trickled_health_answer_is_cut_off_at_the_deadline(trickler):
+    server = trickler(gap=0.25, health_ok=False)
+    t0 = time.monotonic()
+    with pytest.raises(EngineUnavailable) as e:
+        RemoteOpa(server.url, timeout_s=1.0)
+    assert e.value.code == "engine.remote.unhealthy"
+    assert time.monotonic() - t0 < 1.0 + 3
+
+
+def test_the_embedded_engine_cuts_a_trickled_answer_at_the_deadline(policy_dir, trickler):
+    """The embedded engine asks through the same client; pointed at a trickling server after
+    start-up (the only seam: its own OPA never trickles), it is cut off at the deadline too."""
+    server = trickler(gap=0.25)
+    with EmbeddedOpa(policy_dir=policy_dir(ECHO), timeout_s=1.0) as opa:
+        assert opa.evaluate("ckptgate/intake/decision", {"ok": True}).result["allow"] is True
+        opa._client.port = server.port
+        t0 = time.monotonic()
         with pytest.raises(EngineUnavailable) as e:
-            remote.evaluate("ckptgate/intake/decision", {})
-        assert e.value.code == "engine.timeout"
-    finally:
-        server.shutdown()
+            opa.evaluate("ckptgate/intake/decision", {"ok": True})
+        elapsed = time.monotonic() - t0
+    assert e.value.code == "engine.timeout" and elapsed < 1.0 + 3
+
+
+@pytest.mark.parametrize("health_ok", [True, False])
+def test_decide_with_a_trickling_opa_url_fails_closed_within_the_timeout(trickler, health_ok):
+    """`decide --opa-timeout 2` against a server sending one byte per second: exit 6, a typed
+    code, and the command ends within the timeout plus slack after the server was asked."""
+    server = trickler(gap=1.0, health_ok=health_ok)
+    hf = Path(__file__).resolve().parents[1] / "fixtures" / "data" / "hf_sharded" / "checkpoint"
+    res = subprocess.run([sys.executable, "-m", "ckptgate", "decide", str(hf), "--opa-url", server.url,
+                          "--opa-timeout", "2", "--json"], capture_output=True, text=True, timeout=300)
+    ended = time.monotonic()
+    assert res.returncode == 6, res.stderr
+    err = json.loads(res.stdout)["error"]
+    assert err["code"] == ("engine.timeout" if health_ok else "engine.remote.unhealthy")
+    asked = server.arrived["POST" if health_ok else "GET"]
+    assert ended - asked < 2 + 3
 
 
 def test_plain_http_to_another_host_is_refused():
@@ -364,15 +445,14 @@ def test_a_malformed_remote_url_is_a_typed_error(url: str) -> None:
     assert e.value.code == "engine.remote.bad_url"
 
 
-def test_the_opa_client_is_imported_only_once_an_engine_starts():
-    """Importing the pipeline leaves opa_client to a thread the engine starts; the engine loads only
-    its synchronous client (no aiohttp), and the package still works whole for anyone else."""
-    code = ("import sys, ckptgate.pipeline as p; before = 'opa_client' in sys.modules; "
+def test_asking_the_engine_loads_no_http_library_beyond_the_standard_one():
+    """The engine speaks HTTP with http.client under one deadline: neither opa_client, requests
+    nor aiohttp (about 0.3 s of CPU on import, which would slow the digest it overlaps) is loaded."""
+    code = ("import sys, ckptgate.pipeline as p; "
             "e = p.open_engine(); e.evaluate('ckptgate/intake/decision', {}); e.close(); "
-            "print(before, 'opa_client' in sys.modules, 'aiohttp' in sys.modules); "
-            "from opa_client import AsyncOpaClient, OpaClient; print(AsyncOpaClient.__name__, OpaClient.__name__)")
+            "print(*[m in sys.modules for m in ('opa_client', 'requests', 'aiohttp')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
-    assert out.stdout.split() == ["False", "True", "False", "AsyncOpaClient", "OpaClient"]
+    assert out.stdout.split() == ["False", "False", "False"]
 
 
 def test_a_policy_that_does_not_compile_is_raised_at_the_first_decision_and_leaves_nothing(policy_dir):

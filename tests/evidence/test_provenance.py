@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ckptgate.errors import PolicyDenied, VerificationError
+from ckptgate.errors import VerificationError
 from ckptgate.evidence.candidate import candidate_commit
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.provenance import (BASIS, attest_provenance, provenance_needed, usable_provenance)

@@ -165,12 +165,19 @@ def test_op_and_memo_caps() -> None:
     assert _codes(data, limits=PickleLimits(max_memo=10)) == ["pickle.memo_limit"]
 
 
-def test_memo_expansion_is_linear_and_walks_are_budgeted() -> None:
+def test_memo_expansion_is_refused_before_any_walk() -> None:
+    """2**60 nodes as a tree: measured in time linear in the graph and refused (tests/inspect/test_budget.py)."""
     body = b"\x80\x04]\x940" + b"0".join(b"h" + bytes([i]) + b"h" + bytes([i]) + b"\x86\x94" for i in range(60))
     r = read_pickle(body + b".", path="p")
-    assert r.findings == ()
-    assert r.complete and r.inside_allowlist
-    assert walk_value(r.value, lambda p, v: False, max_nodes=100_000) is False
+    assert [f.code for f in r.findings] == ["inspect.work_budget"]
+    assert not r.inside_allowlist and r.value is None
+
+
+def test_walks_stop_at_their_node_budget() -> None:
+    r = read_pickle(b"\x80\x02](" + b"N" * 100 + b"e.", path="p")
+    assert r.tree_units >= 101
+    assert walk_value(r.value, lambda p, v: False, max_nodes=50) is False
+    assert walk_value(r.value, lambda p, v: False, max_nodes=r.tree_units) is True
 
 
 def test_pickle_without_stop() -> None:

@@ -1,8 +1,10 @@
 """Policy engines: the embedded OPA server that ckptgate owns, or a remote OPA.
 
-Both are queried with ``opa-python-client``.  Every failure to obtain an answer (start-up,
-connection, timeout, HTTP error, undefined result) raises :class:`EngineUnavailable`; the
-caller treats that as deny.  Nothing here interprets a decision: see :mod:`.decision`.
+Both are queried over HTTP (:mod:`._http`) with one deadline, ``timeout_s`` (``--opa-timeout``),
+for the whole exchange: connect, send, receive and parse.  A server that trickles its answer is
+cut off at the deadline.  Every failure to obtain an answer (start-up, connection, timeout, HTTP
+error, undefined result) raises :class:`EngineUnavailable`; the caller treats that as deny.
+Nothing here interprets a decision: see :mod:`.decision`.
 
 The embedded server:
 
@@ -23,32 +25,26 @@ The embedded server:
 from __future__ import annotations
 
 import atexit
-import contextlib
 import ctypes
 import functools
 import hashlib
-import importlib
-import importlib.util
 import json
 import os
 import secrets
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import urlparse
+from typing import Any, Protocol
+from urllib.parse import urlencode, urlparse
 
+from ckptgate.decide._http import Late, OpaHttp, Unreachable
 from ckptgate.decide.bundle import PolicyBundle, default_policy_dir, find_opa
 from ckptgate import workdirs
 from ckptgate.errors import EngineUnavailable
-
-if TYPE_CHECKING:
-    from opa_client import OpaClient
 
 DEFAULT_TIMEOUT_S = 5.0
 _LATE_ADVICE = ("The decision is deny because none arrived in time. A checkpoint with a very large layout makes a "
@@ -76,33 +72,24 @@ class PolicyEngine(Protocol):
 
 
 class _ClientEngine:
-    """Shared query logic over an :class:`OpaClient`."""
+    """Shared query logic over an :class:`OpaHttp`."""
 
-    _client: OpaClient
+    _client: OpaHttp
     _name: str
     _revision: str
 
     def evaluate(self, entrypoint: str, input_doc: dict[str, Any]) -> RawDecision:
-        import requests  # loaded with opa_client.opa (see _client_class)
-
         package, _, rule = entrypoint.strip("/").rpartition("/")
-        started = time.monotonic()
-        try:
-            body = self._client.query_rule(input_doc, package.replace("/", "."), rule,
-                                           query_params={"provenance": "true"})
-        except requests.Timeout as e:
+        path = f"/v1/data/{package}/{rule}?{urlencode({'provenance': 'true'})}"
+        try:  # one deadline for connect, send, receive and parse: a trickled answer is late too
+            body = self._client.post_json(path, {"input": input_doc}, time.monotonic() + self._client.timeout)
+        except Late as e:
             raise EngineUnavailable("engine.timeout", f"the policy engine did not answer within "
                                     f"{self._client.timeout:g} s (a late decision is deny)",
                                     advice=_LATE_ADVICE) from e
-        except requests.RequestException as e:
-            raise EngineUnavailable("engine.unreachable", f"the policy engine at {self._name} "
-                                    f"could not be queried: {type(e).__name__}") from e
-        except ValueError as e:  # body was not JSON
-            raise EngineUnavailable("engine.bad_response", "the policy engine answered with non-JSON") from e
-        # requests' timeout bounds each socket read, not the whole answer: a trickled answer is late too.
-        if time.monotonic() - started > self._client.timeout:
-            raise EngineUnavailable("engine.timeout", f"the policy engine's answer took longer than "
-                                    f"{self._client.timeout:g} s (a late decision is deny)", advice=_LATE_ADVICE)
+        except Unreachable as e:
+            code = "engine.bad_response" if "not JSON" in str(e) else "engine.unreachable"
+            raise EngineUnavailable(code, f"the policy engine at {self._name} could not be queried: {e}") from e
         if not isinstance(body, dict) or "result" not in body:
             raise EngineUnavailable("engine.undefined", f"the entrypoint data.{package.replace('/', '.')}."
                                     f"{rule} is undefined in the loaded policies (deny)")
@@ -129,8 +116,8 @@ class RemoteOpa(_ClientEngine):
                                     "token and the decisions would travel unprotected; use https",
                                     advice="Serve OPA over TLS, or reach it through a loopback tunnel.")
         port = explicit_port or (443 if parsed.scheme == "https" else 80)
-        self._client = _new_client(host=parsed.hostname, port=port, ssl=parsed.scheme == "https",
-                                   token=token, timeout=timeout_s, retries=0)
+        self._client = OpaHttp(host=parsed.hostname, port=port, ssl=parsed.scheme == "https", token=token,
+                               timeout=timeout_s)
         self._name = f"{parsed.scheme}://{parsed.hostname}:{port}"
         self._revision = ""
         if not self._client.check_health():
@@ -138,7 +125,7 @@ class RemoteOpa(_ClientEngine):
                                     f"the OPA at {self._name} is not healthy or not reachable")
 
     def close(self) -> None:
-        self._client.close_connection()
+        """Nothing to release: every exchange closes its own connection."""
 
 
 class EmbeddedOpa(_ClientEngine):
@@ -220,7 +207,6 @@ class EmbeddedOpa(_ClientEngine):
                     self.close()
                     raise
                 self._attempt += 1
-                self._client.close_connection()
                 self._launch()
             else:
                 self._started = True
@@ -248,13 +234,11 @@ class EmbeddedOpa(_ClientEngine):
                                           env=env, preexec_fn=_die_with_parent, close_fds=True)
         self._name = f"embedded OPA (pid {self._proc.pid}, 127.0.0.1:{port})"
         self._port, self._token = port, token
-        _preload_client()
         self._deadline = time.monotonic() + self._start_timeout_s
 
     def _wait_healthy(self) -> None:
         assert self._proc is not None
-        self._client = _new_client(host="127.0.0.1", port=self._port, token=self._token, timeout=self._timeout_s,
-                                   retries=0)
+        self._client = OpaHttp(host="127.0.0.1", port=self._port, token=self._token, timeout=self._timeout_s)
         while True:  # asked at least once: the first decision may come long after the launch (a large digest)
             if self._proc.poll() is not None:
                 raise EngineUnavailable(
@@ -264,7 +248,7 @@ class EmbeddedOpa(_ClientEngine):
                     advice="OPA refuses to start on a policy that does not compile (fix it; `opa check` "
                            "names the line) and on a bundle whose signature does not verify (rebuild it with "
                            "`ckptgate policy build`, or use the policies directory).")
-            if self._client.check_health():
+            if self._client.check_health():  # each probe within --opa-timeout, whole exchange
                 return
             if time.monotonic() >= self._deadline:
                 break
@@ -287,8 +271,6 @@ class EmbeddedOpa(_ClientEngine):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=3)
-        if hasattr(self, "_client"):
-            self._client.close_connection()
         EmbeddedOpa._live.discard(self)
         self._lease.release()  # our private directory (the bundle, its public key, the log), then its lock
 
@@ -307,51 +289,6 @@ def open_engine(*, opa_url: str | None = None, opa_token: str | None = None, pol
     if url:
         return RemoteOpa(url, token=opa_token or os.environ.get("CKPTGATE_OPA_TOKEN"), timeout_s=timeout_s)
     return EmbeddedOpa(bundle=bundle, policy_dir=policy_dir, overlays=overlays, timeout_s=timeout_s, wait=False)
-
-
-def _new_client(**kwargs: Any) -> OpaClient:
-    return _client_class()(**kwargs)  # waits for _preload_client's import, if one is running
-
-
-_client_lock = threading.Lock()
-
-
-def _client_class() -> type[OpaClient]:
-    """``opa_client.OpaClient``, loaded without the package's ``__init__``.
-
-    That ``__init__`` also imports the asyncio client and with it aiohttp: about 0.27 s of CPU
-    holding the GIL, which on two cores slows the digest it overlaps by as much.  ckptgate uses
-    only the synchronous client, so it loads the package bare and imports ``opa_client.opa``
-    alone; the first use of any other name from the package runs its ``__init__`` after all.
-    Where the package is already imported whole, that is used.
-    """
-    with _client_lock:
-        if "opa_client" not in sys.modules:
-            spec = importlib.util.find_spec("opa_client")
-            if spec is None or spec.loader is None:
-                raise ImportError("No module named 'opa_client'", name="opa_client")
-            package = importlib.util.module_from_spec(spec)  # __path__ set, __init__ not run
-
-            def complete(name: str) -> Any:  # anyone else's `from opa_client import X` runs the __init__ then
-                del package.__getattr__
-                spec.loader.exec_module(package)  # type: ignore[union-attr]
-                return getattr(package, name)
-
-            package.__getattr__ = complete  # type: ignore[method-assign]
-            sys.modules["opa_client"] = package
-        return importlib.import_module("opa_client.opa").OpaClient  # type: ignore[no-any-return]
-
-
-def _preload_client() -> None:
-    """Load the client (with requests, about 0.1 s) on a thread while OPA starts and the caller
-    inspects and hashes; :func:`_new_client` then finds it loaded."""
-    if "opa_client.opa" not in sys.modules:
-        threading.Thread(target=_load_quietly, name="ckptgate-import", daemon=True).start()
-
-
-def _load_quietly() -> None:
-    with contextlib.suppress(ImportError):  # _new_client raises it again, where it is handled
-        _client_class()
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

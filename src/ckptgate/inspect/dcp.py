@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptgate.inspect.findings import Finding, error
-from ckptgate.inspect.pickle import Call, Global, PickleReport, SDict, SList
+from ckptgate.inspect.pickle import Call, Global, PickleReport, SDict, SList, key_text
 
 __all__ = ["DcpChunk", "DcpMetadata", "DcpStorageItem", "DcpTensor", "extract_dcp_metadata"]
 
@@ -178,7 +178,7 @@ def extract_dcp_metadata(rep: PickleReport) -> tuple[DcpMetadata | None, tuple[F
         if isinstance(pd_v, SDict):
             for k, v in pd_v.items:
                 if isinstance(k, str) and isinstance(v, tuple):
-                    planner[k] = tuple(str(x) for x in v)
+                    planner[k] = tuple(key_text(x) for x in v)
         ver = top.get("version")
         md = DcpMetadata(tensors=tuple(tensors), bytes_items=tuple(byte_items), storage=tuple(storage),
                          planner_data=planner, version=ver if isinstance(ver, str) else None)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptgate.errors import InputRejected
+from ckptgate.inspect.budget import WorkBudget
 from ckptgate.inspect.classify import FileKind, classify_file
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.hashed import HashedFile
@@ -50,8 +51,10 @@ def pickle_context(path: str) -> str:
     return "tensors"
 
 
-def analyse_file(tree: SafeTree, path: str, *, verify_crc: CrcMode = True) -> tuple[FileFacts, list[Finding]]:
-    """Open ``path`` through the tree, classify it and run the reader for its kind."""
+def analyse_file(tree: SafeTree, path: str, *, verify_crc: CrcMode = True,
+                 work: WorkBudget | None = None) -> tuple[FileFacts, list[Finding]]:
+    """Open ``path`` through the tree, classify it and run the reader for its kind; a pickle in it
+    is read within its own budget and ``work``, the whole tree's (:mod:`.budget`)."""
     entry = tree.entry(path)
     assert entry is not None
     ctx = pickle_context(path)
@@ -59,11 +62,11 @@ def analyse_file(tree: SafeTree, path: str, *, verify_crc: CrcMode = True) -> tu
     if ctx == "dcp_metadata" and tree.entry(folder + "metadata.json") is not None:
         ctx = "megatron_dcp_metadata"
     with tree.reader(path) as src:
-        return _analyse(src, entry.size, path, verify_crc, ctx)
+        return _analyse(src, entry.size, path, verify_crc, ctx, work)
 
 
 def _analyse(src: HashedFile, size: int, path: str, verify_crc: CrcMode,  # noqa: C901
-             pctx: str) -> tuple[FileFacts, list[Finding]]:
+             pctx: str, work: WorkBudget | None = None) -> tuple[FileFacts, list[Finding]]:
     c = classify_file(src, size, path)
     findings = list(c.findings)
     kw: dict[str, Any] = {}
@@ -95,7 +98,7 @@ def _analyse(src: HashedFile, size: int, path: str, verify_crc: CrcMode,  # noqa
     elif k == FileKind.TEXT and size <= MAX_TEXT:
         kw["text"] = src.pread(size, 0).decode("utf-8", "replace")
     elif k == FileKind.TORCH_ZIP:
-        layout, f = inspect_torch_zip(src, size, path=path, context=pctx, verify_crc=verify_crc)
+        layout, f = inspect_torch_zip(src, size, path=path, context=pctx, verify_crc=verify_crc, work=work)
         findings.extend(f)
         kw["torch"] = layout
         kw["pickle"] = layout.pickle if layout else None
@@ -104,7 +107,8 @@ def _analyse(src: HashedFile, size: int, path: str, verify_crc: CrcMode,  # noqa
         if size > cap:  # refused before anything is read into memory
             rep = refused_report(path=path, context=pctx, size=size, limit=cap)
         else:
-            rep = read_pickle(src.pread(size, 0), path=path, context=pctx)
+            rep = read_pickle(src.pread(size, 0), path=path, context=pctx,
+                              work=work.file(path, size) if work is not None else None)
         findings.extend(rep.findings)
         kw["pickle"] = rep
         if not pctx.endswith("dcp_metadata"):

@@ -10,6 +10,7 @@ from typing import Any
 
 from ckptgate.errors import InputRejected
 from ckptgate.inspect._threads import map_in_threads
+from ckptgate.inspect.budget import WorkBudget
 from ckptgate.inspect.classify import FileKind
 from ckptgate.inspect.files import FileFacts, analyse_file
 from ckptgate.inspect.findings import Finding, Severity, error
@@ -67,10 +68,12 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: CrcMode = True) -> Inspecti
     findings: list[Finding] = list(tree.findings)
     facts: dict[str, FileFacts] = {}
     tensors = _TensorCount(tree.limits.max_tensors)
+    work = WorkBudget(tree.limits.work, sum(e.size for e in tree.entries))
 
     def analyse(e: FileEntry) -> tuple[FileFacts, list[Finding]]:
+        work.charge(0, e.path)  # once the intake's budget is spent, no further file is even opened
         try:
-            done = analyse_file(tree, e.path, verify_crc=verify_crc)
+            done = analyse_file(tree, e.path, verify_crc=verify_crc, work=work)
         except InputRejected:
             raise
         except Exception as exc:  # noqa: BLE001 - a reader crash is a reject, never "clean"
@@ -83,7 +86,7 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: CrcMode = True) -> Inspecti
     for e, (f, fs) in zip(tree.entries, map_in_threads(analyse, tree.entries, lambda e: e.size), strict=True):
         facts[e.path] = f
         findings.extend(fs)
-    ctx = Context(tree=tree, files=facts)
+    ctx = Context(tree=tree, files=facts, work=work)
     try:
         res = detect_format(ctx, verify_crc=verify_crc)
     except InputRejected:

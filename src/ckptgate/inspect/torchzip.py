@@ -48,9 +48,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptgate.inspect.allowlist import DTYPE_ITEMSIZE, STORAGE_DTYPES
+from ckptgate.inspect.budget import WorkBudget
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.hashed import HashedFile
-from ckptgate.inspect.pickle import Call, Global, PersId, PickleLimits, PickleReport, SDict, SList, read_pickle
+from ckptgate.inspect.pickle import (Call, Global, PersId, PickleLimits, PickleReport, SDict, SList, key_text,
+                                     read_pickle)
 from ckptgate.inspect.zipcheck import CrcMode, DeferredCrcs, ZipEntry, ZipReport, check_zip, verify_crcs
 
 __all__ = ["TensorRecord", "TorchZipLayout", "inspect_torch_zip", "walk_value"]
@@ -168,14 +170,15 @@ def _tensor_args(c: Call) -> tuple[str, tuple[Any, ...]] | None:
     return None
 
 
-def _key(k: Any) -> str:
-    return k if isinstance(k, str) else repr(k)
+_key = key_text
 
 
 def walk_value(value: Any, visit: Any, *, max_nodes: int = _MAX_NODES) -> bool:
     """Depth-first walk calling ``visit(path, node)``; ``visit`` returns True to stop descending.
 
-    Returns False when the node budget ran out (memo-expansion guard).
+    Returns False when the node budget ran out (memo-expansion guard).  Pass a report's
+    :attr:`~ckptgate.inspect.pickle.PickleReport.tree_units`: the reader measured and charged the
+    tree before it kept the value, so a walk within it is paid for.
     """
     budget = [max_nodes]
     stack: list[tuple[str, Any]] = [("", value)]
@@ -199,9 +202,11 @@ def walk_value(value: Any, visit: Any, *, max_nodes: int = _MAX_NODES) -> bool:
 
 
 def inspect_torch_zip(src: HashedFile, size: int, *, path: str, base: int = 0, context: str = "tensors",
-                      verify_crc: CrcMode = True) -> tuple[TorchZipLayout | None, tuple[Finding, ...]]:
+                      verify_crc: CrcMode = True,
+                      work: WorkBudget | None = None) -> tuple[TorchZipLayout | None, tuple[Finding, ...]]:
     """Check and read the torch zip at ``[base, base + size)`` of ``src``; with :class:`DeferredCrcs`
-    the CRC pass is left to it (every entry is stored)."""
+    the CRC pass is left to it (every entry is stored).  ``data.pkl`` is read within a per-file
+    budget for its bytes, charged to ``work`` (the whole tree's) too."""
     # structure first; the CRC pass (a full read) runs last, only if everything cheap passed
     zr: ZipReport = check_zip(src, size, path=path, base=base, verify_crc=False, stored_only=True)
     findings: list[Finding] = list(zr.findings)
@@ -238,7 +243,7 @@ def inspect_torch_zip(src: HashedFile, size: int, *, path: str, base: int = 0, c
             findings.append(warning("torch.unknown_record", path, f"unexpected record {r!r} in the torch zip",
                                     record=r))
     data = src.pread(pkl.size, base + pkl.data_offset)
-    rep = read_pickle(data, path=path, context=context)
+    rep = read_pickle(data, path=path, context=context, work=work.file(path, pkl.size) if work is not None else None)
     findings.extend(rep.findings)
     tensors: list[TensorRecord] = []
     values: dict[str, str] = {}
@@ -262,7 +267,7 @@ def inspect_torch_zip(src: HashedFile, size: int, *, path: str, base: int = 0, c
         return True
 
     if rep.value is not None:
-        if not walk_value(rep.value, visit):
+        if not walk_value(rep.value, visit, max_nodes=rep.tree_units):
             findings.append(error("pickle.expansion_limit", path, "the pickle's object graph exceeds the "
                                   "node budget (memo expansion)"))
     named = _persistent_storages(rep, records, used, findings, path)

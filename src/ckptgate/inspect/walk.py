@@ -39,6 +39,7 @@ from types import TracebackType
 
 from ckptgate._fs import file_id, openat2  # one openat2 for the whole project [R35]
 from ckptgate.errors import InputRejected
+from ckptgate.inspect.budget import WorkLimits
 from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.hashed import HashedFile, ReadLedger
 
@@ -55,12 +56,15 @@ class WalkLimits:
     max_name_bytes: int = 255
     max_total_bytes: int = 1 << 44  # 16 TiB of declared sizes
     max_tensors: int = 1 << 21  # safetensors and torch-zip tensors, all files together
+    work: WorkLimits = WorkLimits()  # work units per pickle stream and for the whole tree (budget.py)
 
     def __post_init__(self) -> None:
         for name in ("max_files", "max_depth", "max_name_bytes", "max_total_bytes", "max_tensors"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"WalkLimits.{name} must be a positive int")
+        if not isinstance(self.work, WorkLimits):
+            raise ValueError("WalkLimits.work must be a WorkLimits")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

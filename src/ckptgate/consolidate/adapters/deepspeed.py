@@ -42,7 +42,7 @@ from ckptgate.consolidate.adapters._common import Segment, record_segment, segme
 from ckptgate.consolidate.plan import (DTYPE_SIZES, ConsolidationPlan, OutputTensor, PlanError, no_tensors, numel,
                                        shard_tensors, st_dtype)
 from ckptgate.errors import RuntimeFailure
-from ckptgate.inspect.pickle import Call, Global, SDict, SList, SSet
+from ckptgate.inspect.pickle import Call, Global, SDict, SList, SSet, key_text
 
 #: Classes a ZeRO pickle rebuilds as ``REDUCE(cls, (value,))`` that are enums [R10].
 _ENUMS = frozenset({"deepspeed.runtime.zero.config.ZeroStageEnum"})
@@ -72,7 +72,8 @@ def static_trees(files: Mapping[str, Any], rels: Sequence[str]) -> dict[str, Any
                                  evidence={"path": rel})
         f = files[rel]
         tensors = {t.name: t for t in f.torch.tensors}
-        out[rel] = _json(f.pickle.value, "", tensors, [_MAX_NODES], 0, rel)
+        # the reader measured (and charged) the value as a tree before keeping it: no walk exceeds that
+        out[rel] = _json(f.pickle.value, "", tensors, [min(_MAX_NODES, f.pickle.tree_units)], 0, rel)
     return out
 
 
@@ -83,7 +84,7 @@ def _json(v: Any, path: str, tensors: Mapping[str, Any], budget: list[int], dept
                              "to plan from", evidence={"path": rel})
 
     def sub(k: Any, x: Any) -> Any:
-        key = k if isinstance(k, str) else repr(k)
+        key = key_text(k)
         return _json(x, f"{path}.{key}" if path else key, tensors, budget, depth + 1, rel)
 
     if v is None or isinstance(v, (bool, int, float, str)):

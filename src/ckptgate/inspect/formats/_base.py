@@ -6,6 +6,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
+from ckptgate.inspect.budget import WorkBudget
 from ckptgate.inspect.files import FileFacts
 from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.walk import SafeTree
@@ -19,6 +20,7 @@ class Context:
 
     tree: SafeTree
     files: dict[str, FileFacts]
+    work: WorkBudget | None = None  # the whole tree's work budget, for pickles read during detection
 
     def under(self, folder: str) -> dict[str, FileFacts]:
         p = folder.rstrip("/") + "/" if folder else ""

@@ -65,7 +65,7 @@ def dcp_layout(ctx: Context, folder: str, *, verify_crc: CrcMode = True) -> tupl
 def _check_items(ctx: Context, pre: str, md: DcpMetadata, findings: list[Finding], loaders: set[str],
                  verify_crc: CrcMode) -> list[dict[str, Any]]:
     tensors = {t.fqn: t for t in md.tensors}
-    byfile: dict[str, list[tuple[int, int, str]]] = {}
+    byfile: dict[str, list[tuple[int, int, str, int]]] = {}
     out: list[dict[str, Any]] = []
     mp = pre + ".metadata"
     items: list[tuple[DcpStorageItem, str]] = []  # (storage item, its file): read below, in parallel
@@ -87,13 +87,30 @@ def _check_items(ctx: Context, pre: str, md: DcpMetadata, findings: list[Finding
         if s.transforms:
             findings.append(error("dcp.transformed_item", path, f"item {s.fqn!r} has storage transforms "
                                   f"{list(s.transforms)}; refused", fqn=s.fqn))
-        byfile.setdefault(path, []).append((s.file_offset, s.file_offset + s.length, s.fqn))
+        byfile.setdefault(path, []).append((s.file_offset, s.file_offset + s.length, s.fqn, len(items)))
         items.append((s, path))
+    # Overlaps are refused before anything is read, and an item that overlaps an earlier one is not
+    # read at all: each byte of a storage file is then read at most once, however many items the
+    # metadata lists (otherwise one pickle named a thousand times is read a thousand times).
+    overlapping: set[int] = set()
+    for path, spans in byfile.items():
+        spans.sort()
+        end, first = -1, ""
+        for b, e, fqn, i in spans:
+            if b < end:
+                findings.append(error("dcp.items_overlap", path, f"items {first!r} and {fqn!r} overlap", first=first,
+                                      second=fqn))
+                overlapping.add(i)
+            if e > end:
+                end, first = e, fqn
+    unread = [it for i, it in enumerate(items) if i in overlapping]
+    items = [it for i, it in enumerate(items) if i not in overlapping]
 
     def read_item(item: tuple[DcpStorageItem, str]) -> tuple[TorchZipLayout | None, tuple[Finding, ...]]:
         s, path = item
         with ctx.tree.reader(path) as src:
-            return inspect_torch_zip(src, s.length, path=path, base=s.file_offset, verify_crc=verify_crc)
+            return inspect_torch_zip(src, s.length, path=path, base=s.file_offset, verify_crc=verify_crc,
+                                     work=ctx.work)
 
     for (s, path), (lay, fs) in zip(items, map_in_threads(read_item, items, lambda it: it[0].length), strict=True):
         findings.extend(fs)
@@ -125,12 +142,8 @@ def _check_items(ctx: Context, pre: str, md: DcpMetadata, findings: list[Finding
             loaders.add("torch_load")
         rec["tensor"] = tr.to_json()
         out.append(rec)
-    for path, spans in byfile.items():
-        spans.sort()
-        for (_b0, e0, f0), (b1, _e1, f1) in zip(spans, spans[1:], strict=False):
-            if b1 < e0:
-                findings.append(error("dcp.items_overlap", path, f"items {f0!r} and {f1!r} overlap", first=f0,
-                                      second=f1))
+    out.extend({"fqn": s.fqn, "path": path, "offset": s.file_offset, "length": s.length, "overlaps": True,
+                "chunk_offsets": None if s.offset is None else list(s.offset)} for s, path in unread)
     return out
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from ckptgate.inspect.classify import FileKind
 from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.formats._base import Context, FormatResult, plain_basename
-from ckptgate.inspect.pickle import Call, Global, SDict, SList
+from ckptgate.inspect.pickle import Call, Global, SDict, SList, key_text
 
 __all__ = ["detect_deepspeed", "detect_universal"]
 
@@ -35,7 +35,7 @@ def _param_shapes(value: Any) -> list[dict[str, list[int]]] | None:
         for k, v in items:
             if (isinstance(v, Call) and isinstance(v.func, Global) and v.func.dotted == "torch.Size"
                     and isinstance(v.args, tuple) and len(v.args) == 1 and isinstance(v.args[0], tuple)):
-                shapes[str(k)] = list(v.args[0])
+                shapes[key_text(k)] = list(v.args[0])
             else:
                 return None
         out.append(shapes)

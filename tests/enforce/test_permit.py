@@ -20,7 +20,8 @@ def decision(allow=True, loaders=("torch_load",), controls=("no_new_privs", "sec
     result = {"allow": allow, "plane": "framework" if allow else None,
               "permitted_loaders": list(loaders) if allow else [],
               "required_controls": list(controls),
-              "reasons": [{"code": "ok" if allow else "attestation_missing", "message": "m", "evidence": {}}]}
+              "reasons": [{"code": "ok" if allow else "attestation_missing", "message": "m", "evidence": {}}],
+              "refusal": None if allow else "policy"}
     return parse_decision(RawDecision(result=result, decision_id="d-7", policy_revision="sha256:r", engine="t"))
 
 

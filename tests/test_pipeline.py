@@ -168,7 +168,7 @@ def test_a_trusted_qualification_that_did_not_pass_is_denied(setup, status):
 
 
 def test_unreachable_opa_is_engine_unavailable_and_publishes_nothing(setup):
-    res = cli("intake", setup["src"], "--out", setup["dst"], "--trust", setup["trust"],
+    res = cli("intake", setup["src"], "--out", setup["dst"],  # a remote engine brings its own trust data
               "--attestation", setup["attest"](), "--opa-url", "http://127.0.0.1:9", "--json")
     assert res.returncode == ExitCode.ENGINE_UNAVAILABLE
     assert json.loads(res.stdout)["error"]["code"].startswith("engine.")

@@ -1,7 +1,7 @@
 """Strict zip structure check for torch zips (and any zip we meet), reading with ``pread`` only.
 
 Checks, in order: end-of-central-directory at the very end (no comment, no trailing bytes),
-zip64 records consistent, central entries parsed with safe, canonical UTF-8 names that stay
+zip64 records consistent, central entries parsed with relative, canonical UTF-8 names that stay
 distinct under case folding, Unicode normalisation and path normalisation (:func:`name_collisions`),
 each local header matches its central entry (name, flags, method, sizes), entries are
 contiguous from offset 0 up to the central directory (no bytes before, between or after),

@@ -340,12 +340,19 @@ def shard_tensors(tensors: Iterable[OutputTensor], *, max_shard_bytes: int,
                              report=MappingProxyType(dict(report or {})))
 
 
+def _numpy_installed() -> bool:
+    try:
+        return importlib.util.find_spec("numpy") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def check_cast(dtype: str | None) -> None:
     """``dtype`` must be ``None`` (preserve) or one of :data:`CASTABLE`: checked where a request
     names it, before anything is measured, and again by :func:`cast_plan`."""
     if dtype is not None and dtype not in CASTABLE:
         raise PlanError("plan.cast.dtype", f"cannot cast to {dtype!r}: one of {', '.join(sorted(CASTABLE))}")
-    if dtype is not None and importlib.util.find_spec("numpy") is None:
+    if dtype is not None and not _numpy_installed():
         raise UsageError("usage.dtype.numpy_missing", f"casting to {dtype} needs numpy, which is not installed",
                          advice="Install the extra: pip install 'ckptgate[dtype]'; or leave --dtype out to keep "
                                 "every dtype.")

@@ -104,3 +104,17 @@ def test_a_checkpoint_without_tensors_is_a_rejected_input_not_a_plan_bug(tmp_pat
         with pytest.raises(EmptyCheckpoint) as e:
             plan_for(tree, inspection, decision=decision, fixture_digest="sha256:" + "0" * 64, max_shard_bytes=1 << 20)
     assert e.value.code == "input.empty" and e.value.exit_code == ExitCode.INPUT_REJECTED
+
+
+def test_a_cast_without_numpy_names_the_extra(monkeypatch):
+    import importlib.util
+
+    from ckptgate.consolidate.plan import check_cast
+    from ckptgate.errors import UsageError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "numpy" else real(name, *a))
+    check_cast(None)  # no cast, no numpy needed
+    with pytest.raises(UsageError) as e:
+        check_cast("BF16")
+    assert e.value.code == "usage.dtype.numpy_missing" and "ckptgate[dtype]" in e.value.diagnostics()

@@ -85,6 +85,15 @@ def json_option(f: Callable) -> Callable:
     return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")(f)
 
 
+def check_platform(platform: str | None = None) -> None:
+    """ckptgate runs on Linux only: it relies on ``openat2``, namespaces and seccomp."""
+    platform = platform or sys.platform
+    if not platform.startswith("linux"):
+        raise UsageError("usage.platform.unsupported", f"ckptgate runs on Linux only, not on {platform}: it relies "
+                         "on openat2, namespaces and seccomp", evidence={"platform": platform},
+                         advice="Run ckptgate on a Linux host, or in a Linux container or virtual machine.")
+
+
 class _Group(click.Group):
     """Maps click's usage errors to our exit code 2 and keeps them traceback-free."""
 
@@ -92,6 +101,7 @@ class _Group(click.Group):
         kwargs["standalone_mode"] = False
         as_json = "--json" in sys.argv
         try:
+            check_platform()
             rv = super().main(*args, **kwargs)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 
-_ENGINE_KEYS = ("opa_url", "opa_timeout", "policy_dir", "trust_file", "policy_bundle", "policy_key",
+_ENGINE_KEYS = ("opa_url", "opa_binary", "opa_timeout", "policy_dir", "trust_file", "policy_bundle", "policy_key",
                 "sigstore_trust_root")
 
 
@@ -24,6 +24,10 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
         from ckptgate.pipeline import EngineOptions  # imported on use: the CLI starts without the engine stack
 
         values = {k: kwargs.pop(k) for k in _ENGINE_KEYS}
+        if values["opa_binary"] is not None:
+            from ckptgate.decide.bundle import select_opa_binary  # noqa: PLC0415
+
+            select_opa_binary(values["opa_binary"])
         kwargs["engine"] = EngineOptions(
             opa_url=values["opa_url"], opa_token=os.environ.get("CKPTGATE_OPA_TOKEN"),
             policy_dir=values["policy_dir"], trust_file=values["trust_file"], timeout_s=values["opa_timeout"],
@@ -35,6 +39,9 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
     w = click.option("--opa-url", envvar="CKPTGATE_OPA_URL", default=None,
                      help="Use the OPA server at this URL instead of the embedded one "
                           "(token from CKPTGATE_OPA_TOKEN).")(w)
+    w = click.option("--opa-binary", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="The OPA binary for the embedded engine (default: $CKPTGATE_OPA, else `opa` on PATH); "
+                          f"supported: OPA {_opa_supported()}.")(w)
     w = click.option("--opa-timeout", type=click.FloatRange(0.01, 600), default=5.0, show_default=True,
                      help="Seconds to wait for a decision; a late decision is deny.")(w)
     w = click.option("--policies", "policy_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -49,6 +56,12 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
     w = click.option("--trust", "trust_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="Trust data file (default: policies/ckptgate/config/trust/data.json).")(w)
     return w
+
+
+def _opa_supported() -> str:
+    from ckptgate._resources import OPA_SUPPORTED  # noqa: PLC0415
+
+    return OPA_SUPPORTED
 
 
 def repo_option(f: Callable[..., Any]) -> Callable[..., Any]:

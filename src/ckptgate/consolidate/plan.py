@@ -16,6 +16,7 @@ dtype, which the writer converts element by element.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ckptgate.errors import InputRejected
+from ckptgate.errors import InputRejected, UsageError
 from ckptgate.inspect.safetensors import TORCH_DTYPES
 
 DTYPE_SIZES: Mapping[str, int] = MappingProxyType({
@@ -339,11 +340,22 @@ def shard_tensors(tensors: Iterable[OutputTensor], *, max_shard_bytes: int,
                              report=MappingProxyType(dict(report or {})))
 
 
+def _numpy_installed() -> bool:
+    try:
+        return importlib.util.find_spec("numpy") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def check_cast(dtype: str | None) -> None:
     """``dtype`` must be ``None`` (preserve) or one of :data:`CASTABLE`: checked where a request
     names it, before anything is measured, and again by :func:`cast_plan`."""
     if dtype is not None and dtype not in CASTABLE:
         raise PlanError("plan.cast.dtype", f"cannot cast to {dtype!r}: one of {', '.join(sorted(CASTABLE))}")
+    if dtype is not None and not _numpy_installed():
+        raise UsageError("usage.dtype.numpy_missing", f"casting to {dtype} needs numpy, which is not installed",
+                         advice="Install the extra: pip install 'ckptgate[dtype]'; or leave --dtype out to keep "
+                                "every dtype.")
 
 
 def cast_plan(plan: ConsolidationPlan, dtype: str | None, *, max_shard_bytes: int) -> ConsolidationPlan:

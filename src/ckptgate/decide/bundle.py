@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -35,6 +36,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from ckptgate._resources import OPA_PINNED, OPA_SUPPORTED
 from ckptgate.errors import EngineUnavailable, UsageError
 from ckptgate.userfiles import check_output_file
 from ckptgate.verify.dsse import KeySigner
@@ -44,27 +46,90 @@ _EXCLUDED_SUFFIXES = ("_test.rego",)
 _EXCLUDED_DIRS = (".regal", "schemas")
 
 
+_OPA_WAYS = ("Name the binary with --opa-binary PATH, or set CKPTGATE_OPA=PATH, or put `opa` "
+             f"(version {OPA_SUPPORTED}) on PATH; or use a running OPA server with --opa-url URL. "
+             "OPA releases: https://github.com/open-policy-agent/opa/releases")
+_selected_opa: Path | None = None
+_checked: dict[tuple[str, int, int], str] = {}
+
+
+def select_opa_binary(path: Path | None) -> None:
+    """``--opa-binary``: the OPA binary this process uses, ahead of ``$CKPTGATE_OPA`` and ``PATH``."""
+    global _selected_opa  # noqa: PLW0603 - one choice per process, made by the CLI
+    _selected_opa = path
+
+
 def find_opa() -> str:
-    """The OPA binary: ``$CKPTGATE_OPA``, else the clone's pinned ``.tools/bin/opa``, else ``opa`` on ``PATH``."""
+    """The OPA binary: ``--opa-binary`` (:func:`select_opa_binary`), else ``$CKPTGATE_OPA``, else
+    ``opa`` on ``PATH``, else the development clone's pinned ``.tools/bin/opa``; its version must be
+    in the supported range (:data:`OPA_SUPPORTED`)."""
+    from ckptgate._resources import clone_tool  # noqa: PLC0415
+
+    if _selected_opa is not None:
+        return _checked_opa(str(_selected_opa), "--opa-binary")
     explicit = os.environ.get("CKPTGATE_OPA")
     if explicit:
-        return explicit
-    local = Path(__file__).resolve().parents[3] / ".tools" / "bin" / "opa"
-    if local.exists():
-        return str(local)
+        return _checked_opa(explicit, "CKPTGATE_OPA")
     found = shutil.which("opa")
     if found:
-        return found
-    raise EngineUnavailable(
-        "engine.opa.not_installed",
-        "the OPA binary was not found (set CKPTGATE_OPA or put opa on PATH)",
-    )
+        return _checked_opa(found, "PATH")
+    local = clone_tool("opa")
+    if local is not None:
+        return _checked_opa(str(local), "the clone's .tools/bin")
+    raise EngineUnavailable("engine.opa.not_installed", "the OPA binary was not found: no --opa-binary, no "
+                            "CKPTGATE_OPA, and no `opa` on PATH", advice=_OPA_WAYS)
+
+
+def _checked_opa(path: str, source: str) -> str:
+    """``path`` when it runs and reports a supported version (checked once per binary and process)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise EngineUnavailable("engine.opa.not_installed", f"the OPA binary {path} (from {source}) cannot be "
+                                f"used: {e.strerror or e}", evidence={"path": path, "source": source},
+                                advice=_OPA_WAYS) from None
+    key = (path, st.st_ino, st.st_mtime_ns)
+    if key in _checked:
+        return path
+    try:
+        proc = subprocess.run([path, "version"], capture_output=True, text=True, timeout=30, check=False,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EngineUnavailable("engine.opa.not_installed", f"the OPA binary {path} (from {source}) does not "
+                                f"run: {e}", evidence={"path": path, "source": source}, advice=_OPA_WAYS) from None
+    version = parse_opa_version(proc.stdout) if proc.returncode == 0 else None
+    if version is None or not opa_version_supported(version):
+        shown = ".".join(map(str, version)) if version else "unknown"
+        raise EngineUnavailable("engine.opa.unsupported_version", f"the OPA binary {path} (from {source}) is "
+                                f"version {shown}; ckptgate supports {OPA_SUPPORTED}",
+                                evidence={"path": path, "source": source, "version": shown,
+                                          "supported": OPA_SUPPORTED}, advice=_OPA_WAYS)
+    _checked[key] = ".".join(map(str, version))
+    return path
+
+
+def parse_opa_version(text: str) -> tuple[int, int, int] | None:
+    """``(major, minor, patch)`` from ``opa version`` output (``Version: 1.22.3``), else ``None``."""
+    m = re.search(r"^Version:\s*v?(\d+)\.(\d+)\.(\d+)", text, re.MULTILINE)
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+
+
+def opa_version_supported(version: tuple[int, int, int]) -> bool:
+    """The pinned release and every later release of the same major version."""
+    return version[0] == OPA_PINNED[0] and version >= OPA_PINNED
 
 
 def default_policy_dir() -> Path:
-    """``$CKPTGATE_POLICIES``, else the ``policies/`` folder of this source tree."""
+    """``$CKPTGATE_POLICIES``, else the policies the installed package carries (the clone's
+    ``policies/`` when running from a development clone)."""
+    from ckptgate._resources import policies_dir  # noqa: PLC0415
+
     explicit = os.environ.get("CKPTGATE_POLICIES")
-    path = Path(explicit) if explicit else Path(__file__).resolve().parents[3] / "policies"
+    path = Path(explicit) if explicit else policies_dir()
+    if path is None:
+        raise EngineUnavailable("engine.policies.missing", "this installation of ckptgate carries no policies",
+                                advice="Reinstall ckptgate from its wheel, or name a policy directory with "
+                                       "--policies or CKPTGATE_POLICIES.")
     if not path.is_dir():
         raise EngineUnavailable("engine.policies.missing", f"policy directory {path} does not exist")
     return path

@@ -83,17 +83,22 @@ class Report:
 
 # --------------------------------------------------------------------------------------------- tools
 def find_tool(name: str, repo: Path) -> str | None:
-    """``$CKPTGATE_<NAME>``, else the pinned ``REPO/.tools/bin`` (or this source tree's), else
-    ``name`` on PATH: the order :func:`ckptgate.decide.bundle.find_opa` uses, so ``opa test`` runs
-    the binary the engine runs."""
+    """``$CKPTGATE_<NAME>``, else ``name`` on PATH, else the pinned ``REPO/.tools/bin`` (or the
+    development clone's): the order :func:`ckptgate.decide.bundle.find_opa` uses, so ``opa test``
+    runs the binary the engine runs."""
+    from ckptgate._resources import clone_tool  # noqa: PLC0415
+
     explicit = os.environ.get(f"CKPTGATE_{name.upper()}")
     if explicit:
         return explicit
-    for base in (repo, Path(__file__).resolve().parents[3]):
-        p = base / ".tools" / "bin" / name
-        if p.exists():
-            return str(p)
-    return shutil.which(name)
+    found = shutil.which(name)
+    if found:
+        return found
+    p = repo / ".tools" / "bin" / name
+    if p.exists():
+        return str(p)
+    local = clone_tool(name)
+    return str(local) if local is not None else None
 
 
 def _run(cmd: Sequence[str], cwd: Path) -> tuple[int, str]:

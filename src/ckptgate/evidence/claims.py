@@ -430,10 +430,12 @@ def claims_input(repo: Path, matrix_rows: Sequence[dict[str, Any]] | None = None
 
 
 def local_vocabulary(repo: Path) -> Vocabulary:
-    """The claims vocabulary from ``REPO/policies`` (or this source tree's), for use without an engine."""
-    for base in (repo / "policies", Path(__file__).resolve().parents[3] / "policies"):
-        p = base / "ckptgate" / "config" / "claims" / "data.json"
-        if p.is_file():
+    """The claims vocabulary from ``REPO/policies`` (or the package's own), for use without an engine."""
+    from ckptgate._resources import policies_dir  # noqa: PLC0415
+
+    for base in (repo / "policies", policies_dir()):
+        p = base / "ckptgate" / "config" / "claims" / "data.json" if base is not None else None
+        if p is not None and p.is_file():
             return _vocabulary_from(json.loads(_read(p)))
     raise EvidenceError("evidence.claims.no_vocabulary", "no policies/ckptgate/config/claims/data.json found")
 

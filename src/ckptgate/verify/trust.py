@@ -184,11 +184,15 @@ def _key_signer(e: dict[str, Any], sid: str, common: dict[str, Any], source: str
 
 def default_trust_path() -> Path:
     """``$CKPTGATE_TRUST``, else the first ``policies/ckptgate/config/trust/data.json`` above the cwd, else the
-    one in the source checkout that holds this package."""
+    one the installed package carries (the clone's, when running from a development clone)."""
     env = os.environ.get(TRUST_ENV)
     if env:
         return Path(env)
     for d in (Path.cwd(), *Path.cwd().parents):
         if (d / TRUST_RELATIVE).is_file():
             return d / TRUST_RELATIVE
-    return Path(__file__).resolve().parents[3] / TRUST_RELATIVE
+    from ckptgate._resources import policies_dir  # noqa: PLC0415
+
+    base = policies_dir()
+    rel = TRUST_RELATIVE.relative_to("policies")
+    return base / rel if base is not None else Path(__file__).resolve().parents[3] / TRUST_RELATIVE

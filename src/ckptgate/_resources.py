@@ -1,0 +1,50 @@
+"""Where ckptgate's own files are: the policies, their data and schemas, and the pinned tools.
+
+Two layouts are supported.  An installed wheel carries the repository's ``policies/`` tree as
+package data, ``ckptgate/_policies`` (``[tool.hatch.build.targets.wheel.force-include]`` in
+``pyproject.toml``), found through :mod:`importlib.resources`.  A development clone runs from
+``src/`` with the top-level ``policies/`` and the pinned ``.tools/bin`` beside it.  The packaged
+copy is preferred when it exists, so an installed ckptgate never reads a tree it merely sits near.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+PACKAGED_POLICIES = "_policies"
+#: The OPA release ``pins.toml`` pins.  Supported: it and every later release of the same major version.
+OPA_PINNED = (1, 22, 3)
+OPA_SUPPORTED = f"{OPA_PINNED[0]}.x from {'.'.join(map(str, OPA_PINNED))}"
+
+
+def source_root() -> Path | None:
+    """The development clone this package runs from (``src/ckptgate`` inside it), else ``None``."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file() and (root / "policies").is_dir() and (root / "src" / "ckptgate").is_dir():
+        return root
+    return None
+
+
+def packaged_policies() -> Path | None:
+    """The ``policies/`` tree the installed package carries, else ``None`` (a clone carries none)."""
+    p = resources.files("ckptgate").joinpath(PACKAGED_POLICIES)
+    return p if isinstance(p, Path) and p.is_dir() else None
+
+
+def policies_dir() -> Path | None:
+    """The package's policies: the packaged copy, else the clone's ``policies/``, else ``None``."""
+    packaged = packaged_policies()
+    if packaged is not None:
+        return packaged
+    root = source_root()
+    return root / "policies" if root is not None else None
+
+
+def clone_tool(name: str) -> Path | None:
+    """The development clone's pinned ``.tools/bin/NAME``, when there is a clone and the tool is in it."""
+    root = source_root()
+    if root is None:
+        return None
+    p = root / ".tools" / "bin" / name
+    return p if p.exists() else None

@@ -1,0 +1,33 @@
+"""The CLI's entry point: ckptgate runs on Linux only, and says so elsewhere."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ckptgate._cli._base import check_platform
+from ckptgate.errors import ExitCode, UsageError
+
+
+@pytest.mark.parametrize("platform", ["darwin", "win32", "freebsd14"])
+def test_another_platform_is_a_typed_usage_error(platform):
+    with pytest.raises(UsageError) as e:
+        check_platform(platform)
+    assert e.value.code == "usage.platform.unsupported" and platform in e.value.message
+    assert "Linux" in e.value.message and e.value.exit_code == ExitCode.USAGE
+
+
+def test_linux_passes():
+    check_platform("linux")
+
+
+def test_the_command_exits_with_the_error_on_another_platform():
+    code = ("import sys; sys.platform = 'darwin'; sys.argv = ['ckptgate', '--json', 'doctor']\n"
+            "from ckptgate._cli import main; main()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == ExitCode.USAGE, proc.stderr
+    assert json.loads(proc.stdout)["error"]["code"] == "usage.platform.unsupported"
+    assert "Traceback" not in proc.stderr

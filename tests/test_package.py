@@ -1,0 +1,249 @@
+"""ckptgate installed like any tool: the built wheel, in a fresh venv with no path back to this
+clone, takes a real safetensors checkpoint in with the core install only.
+
+Offline by construction: the wheel is built without build isolation (hatchling, from the
+environment running the tests), installed with ``pip --no-deps --no-index``, and its
+dependencies come from the installed environment through a ``.pth`` link.  torch, numpy and the
+producers are blocked inside the venv, so the intake below proves the core never imports them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from ckptgate.decide.bundle import find_opa
+from ckptgate.errors import EngineUnavailable, ExitCode
+
+pytestmark = pytest.mark.package
+
+REPO = Path(__file__).resolve().parent.parent
+HF = REPO / "tests" / "fixtures" / "data" / "hf_sharded" / "checkpoint"
+#: What the core must never need; the extras ([dtype], [torch], [qualify]) bring them.
+EXTRAS_ONLY = ("torch", "numpy", "deepspeed", "megatron", "peft", "huggingface_hub", "transformers")
+CORE_BUDGET_BYTES = 80 * 1000 * 1000
+
+BLOCKER = f'''\
+"""Installed by tests/test_package.py: the venv behaves as a core install without the extras."""
+import sys
+
+class _CoreOnly:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.split(".")[0] in {EXTRAS_ONLY!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (core install only)", name=name)
+        return None
+
+sys.meta_path.insert(0, _CoreOnly)
+'''
+
+MAKE_STATEMENT = '''\
+import json, platform, sys
+from datetime import timedelta
+from pathlib import Path
+
+from ckptgate.decide import now_utc
+from ckptgate.digest import fixture_digest
+from ckptgate.inspect import SafeTree
+from ckptgate.verify.statement import qualification_statement
+
+src, out = Path(sys.argv[1]), Path(sys.argv[2])
+with SafeTree.open(src) as tree:
+    digest = fixture_digest(tree).digest
+statement = qualification_statement(
+    subject_name="package-test", fixture_digest=digest, manifest="hf_sharded",
+    producer={"name": "huggingface_hub", "version": "2.4.0"}, adapter={"name": "hf-safetensors", "version": "1"},
+    candidate_commit="0" * 40,
+    environment={"python": platform.python_version(), "torch": None, "os": "linux", "arch": platform.machine(),
+                 "accelerator": "cpu"},
+    topology={"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "world_size": 1},
+    status="passed", checks_run=["package-test"], evidence_digest=digest, evidence_location="package-test",
+    issued_at=now_utc(), valid_for=timedelta(hours=1))
+out.write_text(json.dumps(statement))
+print(digest)
+'''
+
+
+def build_wheel(out: Path) -> Path:
+    """The wheel, built from this clone without downloading anything."""
+    if importlib.util.find_spec("build") is not None:
+        cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(REPO)]
+    elif importlib.util.find_spec("hatchling") is not None:
+        cmd = [sys.executable, "-c", "import sys, hatchling.build as b; b.build_wheel(sys.argv[1])", str(out)]
+    else:
+        pytest.skip("neither build nor hatchling is installed, and nothing may be downloaded")
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    (wheel,) = out.glob("ckptgate-*.whl")
+    return wheel
+
+
+def dependency_dirs() -> list[str]:
+    """The installed environment's site-packages, none inside this clone (so never its src/)."""
+    dirs = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()
+            and not Path(p).resolve().is_relative_to(REPO)]
+    if not dirs:
+        pytest.skip("the dependencies are installed only inside the clone; no venv without a path back to it")
+    return dirs
+
+
+def core_requirements(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = z.read(name).decode()
+    return [line.split(":", 1)[1].strip() for line in meta.splitlines()
+            if line.startswith("Requires-Dist:") and "extra ==" not in line]
+
+
+def closure_size(requirements: list[str]) -> dict[str, int]:
+    """Bytes installed per distribution, for the requirements and everything they need (no extras)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    sizes: dict[str, int] = {}
+    todo = [Requirement(r).name for r in requirements]
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in sizes:
+            continue
+        dist = md.distribution(name)
+        sizes[name] = sum(f.size or 0 for f in dist.files or [])
+        for r in dist.requires or []:
+            req = Requirement(r)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return sizes
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """A fresh venv holding ckptgate from the wheel alone; returns (venv, wheel, scratch, env)."""
+    root = tmp_path_factory.mktemp("package")
+    assert not root.resolve().is_relative_to(REPO)
+    wheel = build_wheel(root / "dist")
+    env_dir = root / "venv"
+    venv.EnvBuilder(with_pip=False, clear=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "_ckptgate_deps.pth").write_text("".join(d + "\n" for d in dependency_dirs()))
+    (site / "_ckptgate_core_only.py").write_text(BLOCKER)
+    (site / "_ckptgate_core_only.pth").write_text("import _ckptgate_core_only\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CKPTGATE_", "PYTHON")) and k not in ("VIRTUAL_ENV",)}
+    scratch = root / "scratch"
+    scratch.mkdir()
+    env.update(PATH=f"{env_dir / 'bin'}:/usr/bin:/bin", CKPTGATE_AUDIT_LOG=str(scratch / "decisions.jsonl"),
+               HOME=str(scratch))
+    proc = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check",
+                           "--no-input", str(wheel)], cwd=scratch, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return env_dir, wheel, scratch, env
+
+
+def run(installed, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env_dir, _, scratch, env = installed
+    return subprocess.run([*args], cwd=scratch, env={**env, **(extra_env or {})}, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def ckptgate(installed, *args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return run(installed, str(installed[0] / "bin" / "ckptgate"), *args, **kw)
+
+
+def test_the_wheel_carries_the_policies_their_data_and_schemas(installed):
+    names = set(zipfile.ZipFile(installed[1]).namelist())
+    for rel in ("ckptgate/_policies/ckptgate/intake/intake.rego",
+                "ckptgate/_policies/ckptgate/config/trust/data.json",
+                "ckptgate/_policies/schemas/intake/schema.json",
+                "ckptgate/verify/schemas/qualification-v1.schema.json"):
+        assert rel in names
+    shipped = {n.removeprefix("ckptgate/_policies/") for n in names if n.startswith("ckptgate/_policies/")}
+    source = {str(p.relative_to(REPO / "policies")) for p in (REPO / "policies").rglob("*") if p.is_file()}
+    assert shipped == source
+
+
+def test_ckptgate_comes_from_the_venv_not_the_clone(installed):
+    env_dir = installed[0]
+    proc = run(installed, str(env_dir / "bin" / "python"), "-c",
+               "import json, sys, ckptgate, ckptgate._resources as r; "
+               "print(json.dumps([ckptgate.__file__, str(r.policies_dir()), str(r.source_root()), sys.path]))")
+    assert proc.returncode == 0, proc.stderr
+    module, policies, source_root, path = json.loads(proc.stdout)
+    assert Path(module).resolve().is_relative_to(env_dir.resolve())
+    assert Path(policies).resolve().is_relative_to(env_dir.resolve())
+    assert source_root == "None"
+    assert not any(p and Path(p).resolve().is_relative_to(REPO) for p in path)
+
+
+def test_the_core_install_never_imports_torch_or_numpy(installed):
+    proc = run(installed, str(installed[0] / "bin" / "python"), "-c", "import numpy")
+    assert proc.returncode != 0 and "core install only" in proc.stderr  # the blocker is in force
+
+
+def test_a_real_checkpoint_is_taken_in_with_the_core_install_only(installed):
+    try:
+        opa = find_opa()
+    except EngineUnavailable:
+        pytest.skip("no OPA binary here")
+    env_dir, _, scratch, _ = installed
+    src = scratch / "ckpt"
+    shutil.copytree(HF, src)
+    keygen = ckptgate(installed, "attest", "keygen", "--out", "key", "--trust-out", "trust.json", "--json")
+    assert keygen.returncode == 0, keygen.stderr
+    (scratch / "make_statement.py").write_text(MAKE_STATEMENT)
+    made = run(installed, str(env_dir / "bin" / "python"), "make_statement.py", str(src), "statement.json")
+    assert made.returncode == 0, made.stderr
+    signed = ckptgate(installed, "attest", "sign", "--key", "key.pem", "--statement", "statement.json",
+                      "--out", "ckpt.intoto.dsse.json", "--json")
+    assert signed.returncode == 0, signed.stderr
+
+    # OPA from $CKPTGATE_OPA: the venv knows no clone, so there is no .tools/bin to fall back on.
+    with_opa = {"CKPTGATE_OPA": opa}
+    no_opa = ckptgate(installed, "intake", "ckpt", "--out", "published", "--attestation", "ckpt.intoto.dsse.json",
+                      "--trust", "trust.json", "--json")
+    assert no_opa.returncode == ExitCode.ENGINE_UNAVAILABLE
+    error = json.loads(no_opa.stdout)["error"]
+    assert error["code"] == "engine.opa.not_installed"
+    assert all(way in error["advice"] for way in ("--opa-binary", "CKPTGATE_OPA", "PATH", "--opa-url"))
+    assert not (scratch / "published").exists()
+
+    cast = ckptgate(installed, "intake", "ckpt", "--out", "published", "--attestation", "ckpt.intoto.dsse.json",
+                    "--trust", "trust.json", "--dtype", "BF16", "--json", extra_env=with_opa)
+    assert cast.returncode == ExitCode.USAGE
+    assert json.loads(cast.stdout)["error"]["code"] == "usage.dtype.numpy_missing"
+    assert not (scratch / "published").exists()
+
+    took = ckptgate(installed, "intake", "ckpt", "--out", "published", "--attestation", "ckpt.intoto.dsse.json",
+                    "--trust", "trust.json", "--json", extra_env=with_opa)
+    assert took.returncode == 0, took.stdout + took.stderr
+    receipt = json.loads((scratch / "published" / "ckptgate-receipt.json").read_text())
+    assert receipt["decision"]["allow"] is True
+    assert receipt["input"]["digest"] == "sha256:" + made.stdout.strip().removeprefix("sha256:")
+    for out in receipt["outputs"]:
+        assert (scratch / "published" / out["file"]).is_file()
+
+
+def test_the_core_dependency_set_is_under_80_mb_without_torch(installed):
+    requirements = core_requirements(installed[1])
+    assert requirements and not any(r.split(">")[0].split("=")[0].strip().replace("-", "_") in EXTRAS_ONLY
+                                    for r in requirements)
+    sizes = closure_size(requirements)
+    assert not set(sizes) & {n.replace("_", "-") for n in EXTRAS_ONLY}
+    total = sum(sizes.values())
+    print(textwrap.dedent(f"""
+        core install: {len(sizes)} distributions, {total / 1e6:.1f} MB
+        (largest: {', '.join(f'{n} {s / 1e6:.1f} MB' for n, s in sorted(sizes.items(), key=lambda x: -x[1])[:4])})"""))
+    assert total < CORE_BUDGET_BYTES

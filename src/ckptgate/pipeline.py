@@ -36,6 +36,7 @@ from ckptgate.publish import check_destination, open_destination, publish, stagi
 from ckptgate.userfiles import read_regular_file
 from ckptgate.verify import TrustData, prepare_statement_checks, verify_attestation
 from ckptgate.verify.dsse import MAX_ENVELOPE_BYTES
+from ckptgate.verify.oms import OfferedKey, check_signature_flags, verify_oms_bundle
 from ckptgate.verify.sigstore import check_trust_root
 
 PURE_DATA_LOADERS = frozenset({"safetensors", "json"})
@@ -171,7 +172,8 @@ def _read_attestation(path: Path) -> bytes:
 def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngine, trust: TrustData,
              action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
              containment: Any = None, sigstore_trust_root: Path | None = None,
-             refuse_early: bool = False) -> Evaluation:
+             refuse_early: bool = False, signatures: Sequence[Path] = (),
+             offered_key: OfferedKey | None = None) -> Evaluation:
     """Inspect, digest, verify and decide.  Never loads anything from the checkpoint.
 
     The CRC-32 of torch-zip entries is computed from the bytes the digest reads (one read of the
@@ -206,7 +208,7 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
     inspection = inspection.with_findings(crcs.findings())
     return judge(inspection, digest, attestations=attestations, engine=engine, trust=trust, action=action,
                  now=now, candidate_commit=candidate_commit, containment=containment,
-                 sigstore_trust_root=sigstore_trust_root)
+                 sigstore_trust_root=sigstore_trust_root, signatures=signatures, offered_key=offered_key)
 
 
 def _precheck(engine: PolicyEngine, inspection: Inspection, request: Request, stop: threading.Event) -> Precheck | None:
@@ -235,12 +237,16 @@ def _preflight() -> Any:
 
 def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequence[Path], engine: PolicyEngine,
           trust: TrustData, action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
-          containment: Any = None, sigstore_trust_root: Path | None = None) -> Evaluation:
+          containment: Any = None, sigstore_trust_root: Path | None = None, signatures: Sequence[Path] = (),
+          offered_key: OfferedKey | None = None) -> Evaluation:
     """Verify ``attestations`` against what was measured and decide; :func:`evaluate` measures first.
 
+    ``signatures`` are OpenSSF Model Signing bundles, verified under ``offered_key`` (``--key``) and
+    bound file by file to the measured manifest (:mod:`ckptgate.verify.oms`).
     For a second decision on the same measurement (more evidence, same bytes), without inspecting
     and hashing again.
     """
+    check_signature_flags(signatures, offered_key)
     now = now or now_utc()
     builder = (PolicyInputBuilder(Request(action=action, now=now, candidate_commit=candidate_commit))
                .fixture(digest).inspection(inspection))
@@ -253,6 +259,18 @@ def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequen
             builder.rejected_attestation(str(path), e)
         else:
             builder.attestation(verified)
+    if offered_key is not None:
+        builder.offered_key(offered_key)
+        manifest = digest.file_hashes()
+        for path in signatures:
+            raw = _read_attestation(path)
+            try:
+                verified = verify_oms_bundle(raw, source=str(path), key=offered_key, manifest=manifest,
+                                             measured_digest=digest.digest, now=now)
+            except VerificationError as e:
+                builder.rejected_attestation(str(path), e)
+            else:
+                builder.attestation(verified)
     if containment is None and _needs_profile(inspection):
         containment = _preflight()
     builder.containment(containment)
@@ -342,13 +360,16 @@ def _still_held(tree: SafeTree) -> None:
 def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: EngineOptions | None = None,
            max_shard_bytes: int = 2 << 30, chunk_size: int = DEFAULT_CHUNK,
            now: datetime | None = None, on_bytes: Callable[[int], None] | None = None,
-           on_plan: Callable[[int], None] | None = None, dtype: str | None = None) -> IntakeResult:
+           on_plan: Callable[[int], None] | None = None, dtype: str | None = None,
+           signatures: Sequence[Path] = (), key: Path | None = None) -> IntakeResult:
     """Take ``src`` in through the gate and publish HF sharded safetensors at ``dst`` (every
     floating-point tensor cast to ``dtype`` if one is named; dtypes are otherwise preserved)."""
     options = options or EngineOptions()
     check_cast(dtype)  # before the digest, not after it
     dst = check_destination(dst, source=src)  # the early answer, by path, before any work
     trust = load_trust(options)
+    check_signature_flags(signatures, key)
+    offered_key = OfferedKey.from_file(key) if key is not None else None
     # DST's parent is resolved once, here, into a descriptor proved to lie outside the root that
     # is walked; staging, writing, fsync and the final rename are all relative to it.
     with (SafeTree.open(src) as tree, open_destination(dst, source_root=tree.root_id) as destination,
@@ -357,7 +378,8 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
         # one read.  Inspection is bound to the digest by the tree's read ledger either way.
         tree.hold()
         evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now,
-                              sigstore_trust_root=options.sigstore_trust_root, refuse_early=True)
+                              sigstore_trust_root=options.sigstore_trust_root, refuse_early=True,
+                              signatures=signatures, offered_key=offered_key)
         try:
             with staging(destination) as stage:
                 done = consolidate_into(tree, evaluation, stage.fd, max_shard_bytes=max_shard_bytes,

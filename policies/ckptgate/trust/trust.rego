@@ -47,6 +47,7 @@ request_context := {
 _config := {
 	"signers": object.get(data.ckptgate.config, ["trust", "signers"], []),
 	"intake": data.ckptgate.config.intake,
+	"offered_keys": object.get(input, "offered_keys", []),
 }
 
 # METADATA
@@ -109,17 +110,36 @@ malformed_fields(att, statement_types) := {name |
 	ok == false
 }
 
-_field_checks(att, statement_types) := {
-	"statement._type": _member(at(att, ["statement", "_type"]), statement_types),
-	"statement.predicateType": _non_empty_string(at(att, ["statement", "predicateType"])),
-	"statement.subject": _non_empty_array(at(att, ["statement", "subject"])),
-	"statement.predicate": is_object(at(att, ["statement", "predicate"])),
+_field_checks(att, statement_types) := object.union(
+	{
+		"statement._type": _member(at(att, ["statement", "_type"]), statement_types),
+		"statement.predicateType": _non_empty_string(at(att, ["statement", "predicateType"])),
+		"statement.subject": _non_empty_array(at(att, ["statement", "subject"])),
+		"statement.predicate": is_object(at(att, ["statement", "predicate"])),
+		"signers": _non_empty_array(at(att, ["signers"])),
+	},
+	_shape_checks(att),
+)
+
+# A statement Python bound by its per-file manifest (OpenSSF Model Signing) carries resources and a
+# serialization block; it has no producer and no validity window.
+_shape_checks(att) := {
+	"predicate.resources": _non_empty_array(at(att, ["statement", "predicate", "resources"])),
+	"predicate.serialization": is_object(at(att, ["statement", "predicate", "serialization"])),
+} if {
+	_manifest_bound(att)
+}
+
+_shape_checks(att) := {
 	"predicate.producer.name": _non_empty_string(at(att, ["statement", "predicate", "producer", "name"])),
 	"predicate.producer.version": _non_empty_string(at(att, ["statement", "predicate", "producer", "version"])),
 	"predicate.validity.issued_at": is_number(time_ns(at(att, ["statement", "predicate", "validity", "issued_at"]))),
 	"predicate.validity.expires_at": is_number(time_ns(at(att, ["statement", "predicate", "validity", "expires_at"]))),
-	"signers": _non_empty_array(at(att, ["signers"])),
+} if {
+	not _manifest_bound(att)
 }
+
+_manifest_bound(att) if at(att, ["verification", "binding"]) == "manifest"
 
 default _member(_, _) := false
 
@@ -171,6 +191,17 @@ signer_trusted(att, cfg) if {
 	_in_scope(kind, entry.scopes)
 }
 
+# A key named on the command line (input.offered_keys, verified by Python) is trusted only for
+# the predicate types whose intake data sets offered_keys: never for ckptgate's own predicates.
+signer_trusted(att, cfg) if {
+	some kind in _kinds_of(at(att, ["statement", "predicateType"]), cfg.intake.predicates)
+	cfg.intake.predicates[kind].offered_keys == true
+	some signer in at(att, ["signers"])
+	is_string(signer.offered)
+	some entry in object.get(cfg, "offered_keys", [])
+	signer_matches(signer, entry)
+}
+
 _kinds_of(predicate_type, predicates) := {kind |
 	some kind, p in predicates
 	p.type == predicate_type
@@ -218,6 +249,12 @@ binds_fixture(att, fixture_digest) if {
 	subject.digest[alg] == digest_hex
 }
 
+binds_fixture(att, fixture_digest) if {
+	_manifest_bound(att)
+	at(att, ["verification", "manifest_matches_fixture"]) == true
+	at(att, ["verification", "subject_digest"]) == fixture_digest
+}
+
 # METADATA
 # scope: document
 # description: >-
@@ -231,6 +268,12 @@ default predicate_unbound(_, _) := true
 
 predicate_unbound(att, cfg) := false if {
 	count(_kinds_of(at(att, ["statement", "predicateType"]), cfg.intake.predicates)) == 0
+}
+
+predicate_unbound(att, cfg) := false if {
+	_manifest_bound(att)
+	some kind in _kinds_of(at(att, ["statement", "predicateType"]), cfg.intake.predicates)
+	cfg.intake.predicates[kind].shape == "model_signing"
 }
 
 predicate_unbound(att, _) := false if {
@@ -254,7 +297,9 @@ default expired(_, _, _) := false
 
 expired(att, now_ns, _) if {
 	is_number(now_ns)
-	time_ns(at(att, ["statement", "predicate", "validity", "expires_at"])) <= now_ns
+	expires := time_ns(at(att, ["statement", "predicate", "validity", "expires_at"]))
+	is_number(expires)
+	expires <= now_ns
 }
 
 expired(att, now_ns, freshness) if {

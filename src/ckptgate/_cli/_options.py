@@ -64,6 +64,18 @@ def _opa_supported() -> str:
     return OPA_SUPPORTED
 
 
+def signature_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--signature FILE`` (repeatable) and ``--key PUB.pem``: OpenSSF Model Signing bundles and the key
+    that verifies them; the command receives ``signatures`` and ``key``."""
+    f = click.option("--signature", "signatures", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+                     help="An OpenSSF Model Signing bundle (model_signing key method) about the checkpoint "
+                          "(repeatable; needs --key).")(f)
+    f = click.option("--key", "key", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="PEM public key (ECDSA P-256 or P-384) that verifies --signature; trusted by policy "
+                          "for Model Signing statements only, never added to the trust data.")(f)
+    return f
+
+
 def repo_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """``--repo DIR``: the repository the evidence commands work on."""
     return click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,

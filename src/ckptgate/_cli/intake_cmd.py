@@ -10,25 +10,26 @@ import click
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from ckptgate._cli._base import emit_json, json_option, shown, stderr, stdout
-from ckptgate._cli._options import ByteSize, engine_options
+from ckptgate._cli._options import ByteSize, engine_options, signature_options
 
 if TYPE_CHECKING:
     from ckptgate.pipeline import EngineOptions, IntakeResult
 
 
 def run_intake(src: Path, out: Path, attestations: tuple[Path, ...], *, options, max_shard_size: int,
-               show_progress: bool, dtype: str | None = None) -> IntakeResult:
+               show_progress: bool, dtype: str | None = None, signatures: tuple[Path, ...] = (),
+               key: Path | None = None) -> IntakeResult:
     from ckptgate.pipeline import intake
 
     if not show_progress:
         return intake(src, out, attestations=list(attestations), options=options, max_shard_bytes=max_shard_size,
-                      dtype=dtype)
+                      dtype=dtype, signatures=list(signatures), key=key)
     with Progress(TextColumn("[bold]consolidating"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   console=stderr, transient=True) as bar:
         task = bar.add_task("copy", total=None)
         return intake(src, out, attestations=list(attestations), options=options, max_shard_bytes=max_shard_size,
                       on_plan=lambda total: bar.update(task, total=total),
-                      on_bytes=lambda n: bar.advance(task, n), dtype=dtype)
+                      on_bytes=lambda n: bar.advance(task, n), dtype=dtype, signatures=list(signatures), key=key)
 
 
 def print_result(result: IntakeResult) -> None:
@@ -53,10 +54,12 @@ def register(cli: click.Group) -> None:
     @click.option("--dtype", type=click.Choice(["F32", "BF16", "F16", "F64"], case_sensitive=False), default=None,
                   help="Cast every floating-point tensor (F64, F32, F16, BF16) to this dtype, rounding to nearest "
                        "even; other dtypes are never changed.  Default: every dtype is preserved.")
+    @signature_options
     @engine_options
     @json_option
     def intake_command(src: Path, out: Path, attestations: tuple[Path, ...], max_shard_size: int,
-                       dtype: str | None, engine: EngineOptions, as_json: bool) -> int:
+                       dtype: str | None, signatures: tuple[Path, ...], key: Path | None, engine: EngineOptions,
+                       as_json: bool) -> int:
         """Inspect, verify, decide, enforce, consolidate and publish SRC at --out.
 
         Exit 0 when allowed and published; 3 denied; 4 input rejected; 5 verification failed;
@@ -64,7 +67,7 @@ def register(cli: click.Group) -> None:
         """
         result = run_intake(src, out, attestations, options=engine, max_shard_size=max_shard_size,
                             show_progress=not as_json and sys.stderr.isatty(),
-                            dtype=dtype)  # click gives the choice as listed: F32, BF16, F16, F64
+                            dtype=dtype, signatures=signatures, key=key)  # click gives the choice as listed: F32, BF16, F16, F64
         if as_json:
             emit_json({"result": "published", "destination": str(result.destination), "receipt": result.receipt})
         else:

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ckptgate._cli._base import emit_json, json_option, printable, stdout
-from ckptgate._cli._options import engine_options
+from ckptgate._cli._options import engine_options, signature_options
 from ckptgate.userfiles import check_output_file, write_output_file
 
 
@@ -18,10 +18,11 @@ def register(cli: click.Group) -> None:
                   help="A DSSE envelope or Sigstore bundle about PATH (repeatable).")
     @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Also write the report as a self-contained HTML file.")
+    @signature_options
     @engine_options
     @json_option
-    def verify_command(path: Path, attestations: tuple[Path, ...], html_out: Path | None, engine,
-                       as_json: bool) -> int:
+    def verify_command(path: Path, attestations: tuple[Path, ...], html_out: Path | None,
+                       signatures: tuple[Path, ...], key: Path | None, engine, as_json: bool) -> int:
         """Report on PATH without loading it. Exit 0 when the policy allows; a deny exits as its
         refusal class says: 4 the checkpoint itself, 5 only failed or untrusted signatures, 3 any
         other reason; 6 policy engine unavailable."""
@@ -30,7 +31,7 @@ def register(cli: click.Group) -> None:
 
         if html_out is not None:
             check_output_file(html_out, what="the HTML report", not_inside=[path])
-        doc = build_report(path, attestations, options=engine)
+        doc = build_report(path, attestations, options=engine, signatures=signatures, key=key)
         if html_out is not None:
             write_output_file(html_out, render_html(doc).encode(), what="the HTML report", not_inside=[path])
         if as_json:

@@ -66,20 +66,25 @@ class PolicyInput:
     attestations: tuple[dict[str, Any], ...]
     rejected_attestations: tuple[dict[str, Any], ...]
     containment: dict[str, Any] | None
+    offered_keys: tuple[dict[str, Any], ...] = ()
+    """Public keys named on the command line (``--key``); policy decides what they may sign."""
 
     def __post_init__(self) -> None:
         if not _DIGEST.match(str(self.fixture.get("digest", ""))):
             raise ValueError("the fixture facts carry no sha256 digest")
 
     def to_json(self) -> dict[str, Any]:
-        return copy.deepcopy({
+        doc = {
             "request": self.request.to_json(),
             "fixture": self.fixture,
             "inspection": self.inspection,
             "attestations": list(self.attestations),
             "rejected_attestations": list(self.rejected_attestations),
             "containment": self.containment,
-        })
+        }
+        if self.offered_keys:
+            doc["offered_keys"] = list(self.offered_keys)
+        return copy.deepcopy(doc)
 
 
 class PolicyInputBuilder:
@@ -92,6 +97,11 @@ class PolicyInputBuilder:
         self._attestations: list[dict[str, Any]] = []
         self._rejected: list[dict[str, Any]] = []
         self._containment: dict[str, Any] | None = None
+        self._offered: list[dict[str, Any]] = []
+
+    def offered_key(self, key: HasFacts) -> PolicyInputBuilder:
+        self._offered.append(key.to_facts())
+        return self
 
     def fixture(self, digest: HasFacts) -> PolicyInputBuilder:
         self._fixture = digest.to_facts()
@@ -118,7 +128,8 @@ class PolicyInputBuilder:
             raise ValueError("a policy input needs the fixture digest and the inspection")
         return PolicyInput(request=self._request, fixture=self._fixture, inspection=self._inspection,
                            attestations=tuple(self._attestations),
-                           rejected_attestations=tuple(self._rejected), containment=self._containment)
+                           rejected_attestations=tuple(self._rejected), containment=self._containment,
+                           offered_keys=tuple(self._offered))
 
 
 def now_utc() -> datetime:

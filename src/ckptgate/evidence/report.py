@@ -15,17 +15,23 @@ from typing import Any
 
 
 def build_report(path: Path, attestations: Sequence[Path], *, options: Any = None,
-                 now: datetime | None = None) -> dict[str, Any]:
-    """The report document (JSON-serialisable) for the checkpoint at ``path``."""
+                 now: datetime | None = None, signatures: Sequence[Path] = (),
+                 key: Path | None = None) -> dict[str, Any]:
+    """The report document (JSON-serialisable) for the checkpoint at ``path``; ``signatures`` are
+    OpenSSF Model Signing bundles verified under ``key``."""
     from ckptgate.inspect import SafeTree
     from ckptgate.pipeline import EngineOptions, engine_for, evaluate, load_trust
     from ckptgate.verify.statement import field_at
 
+    from ckptgate.verify.oms import OfferedKey, check_signature_flags
+
     options = options or EngineOptions()
     trust = load_trust(options)
+    check_signature_flags(signatures, key)
+    offered = OfferedKey.from_file(key) if key is not None else None
     with SafeTree.open(path) as tree, engine_for(options, trust) as engine:
         ev = evaluate(tree, attestations=list(attestations), engine=engine, trust=trust, action="verify", now=now,
-                      sigstore_trust_root=options.sigstore_trust_root)
+                      sigstore_trust_root=options.sigstore_trust_root, signatures=signatures, offered_key=offered)
     facts = ev.inspection.to_facts()
     pin = ev.policy_input.to_json()
     d = ev.decision
@@ -43,7 +49,10 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
             # co-subject beside a statement about another fixture).
             "digest_matches": bool(field_at(att, "verification", "subject_matches_fixture"))
             and field_at(att, "verification", "measured_digest") == ev.digest.digest
-            and _predicate_about_subject(att),
+            and (_predicate_about_subject(att) or field_at(att, "verification", "manifest_matches_fixture") is True),
+            "method": field_at(att, "verification", "method"),
+            "model_name": field_at(subjects[0], "name") if field_at(att, "verification", "binding") == "manifest"
+            and subjects else None,
             "signers": att.get("signers") or [],
             "issued_at": field_at(att, "verification", "validity", "issued_at")
             or field_at(pred, "validity", "issued_at"),
@@ -93,8 +102,11 @@ def render_text(doc: dict[str, Any]) -> list[str]:
         out.append(f"attestation {a['source']}  digest {'MATCHES' if a['digest_matches'] else 'DOES NOT MATCH'}")
         for s in a["signers"]:
             who = s.get("signer_id") or s.get("identity")
+            via = f", offered as {s['offered']}" if s.get("offered") else ""
             out.append(f"  signed by {s.get('kind')} {who} ({s.get('algorithm') or s.get('issuer')}, "
-                       f"spki {str(s.get('spki_sha256') or '-')[:16]})")
+                       f"spki {str(s.get('spki_sha256') or '-')[:16]}{via})")
+        if a.get("model_name"):
+            out.append(f"  model     {a['model_name']} ({a.get('method')}, every file bound by sha256)")
         out.append(f"  issued    {a['issued_at']}  expires {a['expires_at']}")
         claims = a["claims"]
         if claims:

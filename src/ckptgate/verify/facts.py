@@ -50,6 +50,8 @@ class SignerFacts:
     identity: str | None = None
     issuer: str | None = None
     extensions: dict[str, str] = field(default_factory=dict)
+    offered: str | None = None
+    """For a key named on the command line (``--key``), where it came from; ``None`` for trust data."""
 
     def __post_init__(self) -> None:
         if self.kind == "key" and not (self.spki_sha256 and self.algorithm and self.signer_id):
@@ -59,8 +61,11 @@ class SignerFacts:
 
     def to_json(self) -> dict[str, Any]:
         if self.kind == "key":
-            return {"kind": "key", "signer_id": self.signer_id, "keyid": self.keyid,
-                    "spki_sha256": self.spki_sha256, "algorithm": self.algorithm}
+            out: dict[str, Any] = {"kind": "key", "signer_id": self.signer_id, "keyid": self.keyid,
+                                   "spki_sha256": self.spki_sha256, "algorithm": self.algorithm}
+            if self.offered is not None:
+                out["offered"] = self.offered
+            return out
         return {"kind": "sigstore", "signer_id": self.signer_id, "identity": self.identity,
                 "issuer": self.issuer, "extensions": dict(sorted(self.extensions.items()))}
 
@@ -73,7 +78,7 @@ class VerifiedAttestation:
     statement: dict[str, Any] = field(repr=False)
     payload_sha256: str
     """SHA-256 of the exact signed payload bytes."""
-    method: Literal["dsse", "sigstore"]
+    method: Literal["dsse", "sigstore", "model_signing"]
     signers: tuple[SignerFacts, ...]
     checks: tuple[str, ...]
     verified_at: datetime
@@ -85,6 +90,9 @@ class VerifiedAttestation:
     the bound subject (:class:`~ckptgate.verify.statement.SubjectBinding`); policy refuses a ckptgate
     predicate where any is false or none was checked."""
     validity: Validity | None
+    binding: Literal["subject", "manifest"] = "subject"
+    """``subject``: a statement subject is the fixture digest.  ``manifest``: Python bound the statement's
+    per-file resources exactly to the measured per-file manifest (OpenSSF Model Signing)."""
     timing: dict[str, str] = field(default_factory=dict)
     """Sigstore times (certificate window, log integrated time), ISO 8601."""
 
@@ -105,7 +113,10 @@ class VerifiedAttestation:
             "subject_matches_fixture": True, "measured_digest": self.measured_digest,
             "subject_name": self.subject_name, "subject_digest": self.measured_digest,
             "predicate_subject": dict(sorted(self.predicate_subject.items())), "payload_sha256": self.payload_sha256,
+            "binding": self.binding,
         }
+        if self.binding == "manifest":
+            verification["manifest_matches_fixture"] = True
         if self.validity is not None:
             verification["validity"] = {"issued_at": _iso(self.validity.issued_at),
                                         "expires_at": _iso(self.validity.expires_at)}

@@ -1,0 +1,71 @@
+"""``ckptgate intake/verify CKPT --signature model.sig --key pub.pem``: a user holding only a checkpoint, an
+OpenSSF Model Signing signature (made by the real ``model_signing`` API) and the signer's public key."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckptgate.errors import ExitCode
+from tests.verify.oms_helpers import HF, keypair, sign
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ckptgate", *args, "--json"], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ))
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("oms")
+    ck = d / "ck"
+    shutil.copytree(HF, ck)
+    priv, pub = keypair(d, "signer")
+    _, wrong = keypair(d, "wrong")
+    return {"dir": d, "ck": ck, "pub": pub, "wrong": wrong, "sig": sign(ck, priv, d / "model.sig")}
+
+
+def test_intake_with_a_model_signing_signature_and_key_is_allowed_for_pure_data(case: dict[str, Path]) -> None:
+    out = case["dir"] / "out"
+    res = _cli("intake", str(case["ck"]), "--out", str(out), "--signature", str(case["sig"]),
+               "--key", str(case["pub"]))
+    assert res.returncode == 0, res.stdout + res.stderr
+    receipt = json.loads(res.stdout)["receipt"]
+    assert receipt["decision"]["allow"] is True and receipt["decision"]["plane"] == "pure_data"
+    (att,) = receipt["attestations"]
+    (signer,) = att["signers"]
+    assert signer["offered"] == str(case["pub"]) and signer["signer_id"].startswith("key:")
+    assert any(r["code"] == "attestation_trusted" for r in receipt["decision"]["reasons"])
+    assert (out / "model.safetensors.index.json").is_file()
+
+
+def test_the_reviewer_report_names_the_signer_and_the_model(case: dict[str, Path]) -> None:
+    res = _cli("verify", str(case["ck"]), "--signature", str(case["sig"]), "--key", str(case["pub"]))
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    (att,) = doc["attestations"]
+    assert att["digest_matches"] is True and att["model_name"] == "ck" and att["method"] == "model_signing"
+    assert att["signers"][0]["offered"] == str(case["pub"])
+    assert att["predicate_type"] == "https://model_signing/signature/v1.0"
+
+
+def test_intake_under_the_wrong_key_is_refused_as_a_verification_failure(case: dict[str, Path]) -> None:
+    out = case["dir"] / "never"
+    res = _cli("intake", str(case["ck"]), "--out", str(out), "--signature", str(case["sig"]),
+               "--key", str(case["wrong"]))
+    assert res.returncode == ExitCode.VERIFICATION_FAILED, res.stdout + res.stderr
+    err = json.loads(res.stdout)["error"]
+    assert any(r["evidence"].get("error_code") == "verify.oms.signature" for r in err["reasons"])
+    assert not out.exists()
+
+
+def test_a_signature_without_a_key_is_a_usage_error(case: dict[str, Path]) -> None:
+    res = _cli("intake", str(case["ck"]), "--out", str(case["dir"] / "no"), "--signature", str(case["sig"]))
+    assert res.returncode == ExitCode.USAGE
+    assert json.loads(res.stdout)["error"]["code"] == "usage.signature_needs_key"

@@ -361,9 +361,11 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
            max_shard_bytes: int = 2 << 30, chunk_size: int = DEFAULT_CHUNK,
            now: datetime | None = None, on_bytes: Callable[[int], None] | None = None,
            on_plan: Callable[[int], None] | None = None, dtype: str | None = None,
-           signatures: Sequence[Path] = (), key: Path | None = None) -> IntakeResult:
+           signatures: Sequence[Path] = (), key: Path | None = None, receipt_signer: Any = None) -> IntakeResult:
     """Take ``src`` in through the gate and publish HF sharded safetensors at ``dst`` (every
-    floating-point tensor cast to ``dtype`` if one is named; dtypes are otherwise preserved)."""
+    floating-point tensor cast to ``dtype`` if one is named; dtypes are otherwise preserved).
+    With ``receipt_signer`` (a :class:`ckptgate.verify.dsse.Signer`) the receipt is also signed
+    as a DSSE envelope published beside it."""
     options = options or EngineOptions()
     check_cast(dtype)  # before the digest, not after it
     dst = check_destination(dst, source=src)  # the early answer, by path, before any work
@@ -384,8 +386,9 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
             with staging(destination) as stage:
                 done = consolidate_into(tree, evaluation, stage.fd, max_shard_bytes=max_shard_bytes,
                                         chunk_size=chunk_size, on_bytes=on_bytes, on_plan=on_plan, dtype=dtype)
-                receipt = _receipt(src, evaluation, done)
-                publish(stage, receipt)
+                receipt = _receipt(src, evaluation, done,
+                                   opa_version=None if options.opa_url else local_opa_version())
+                publish(stage, receipt, signer=receipt_signer)
         except OSError as e:  # ENOSPC, EFBIG, EIO...: an I/O failure, not a bug; nothing was published
             raise RuntimeFailure("runtime.io", f"writing the output failed: {e.strerror or e}",
                                  evidence={"errno": e.errno, "destination": str(dst)}) from None
@@ -419,12 +422,31 @@ def _containment_record(evaluation: Evaluation, done: Consolidated) -> dict[str,
     return {"worker": record, "preflight": evaluation.policy_input.containment}
 
 
-def _receipt(src: Path, evaluation: Evaluation, done: Consolidated) -> dict[str, Any]:
+def local_opa_version() -> str | None:
+    """The version the local OPA binary reports (``opa version``), or None when it cannot say."""
+    import subprocess
+
+    from ckptgate.decide.bundle import find_opa
+
+    try:
+        proc = subprocess.run([find_opa(), "version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired, Error):
+        return None
+    for line in proc.stdout.splitlines():
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip() or None
+    return None
+
+
+def _receipt(src: Path, evaluation: Evaluation, done: Consolidated, *,
+             opa_version: str | None = None) -> dict[str, Any]:
     d = evaluation.decision
     return {
         "receipt_version": 1,
         "ckptgate_version": __version__,
+        "opa_version": opa_version,
         "source": str(src),
+        "source_absolute": os.path.abspath(src),
         "input": {"digest": evaluation.digest.digest, "algorithm": "sha256",
                   "format": evaluation.inspection.format},
         "decision": {"id": d.decision_id, "allow": d.allow, "plane": d.plane,

@@ -44,6 +44,8 @@ from ckptgate.errors import Error, UsageError
 from ckptgate.workdirs import registered, sweep_registry
 
 RECEIPT_NAME = "ckptgate-receipt.json"
+RECEIPT_SIGNATURE_NAME = "ckptgate-receipt.dsse.json"
+RECEIPT_PAYLOAD_TYPE = "application/vnd.ckptgate.receipt+json"
 _AT_FDCWD = -100
 _STAGING = re.compile(r"^\..+\.ckptgate-staging-[A-Za-z0-9_]+$")
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -268,13 +270,8 @@ def _staged(dest: Destination, name: str) -> Iterator[Stage]:
         os.close(lock)
 
 
-def publish(stage: Stage, receipt: dict[str, Any]) -> Path:
-    """Write the receipt into ``stage``, fsync everything, and rename ``stage`` to DST, all relative
-    to the descriptors; returns DST's path."""
-    dest = stage.destination
-    raw = (json.dumps(receipt, indent=2, sort_keys=True, default=str) + "\n").encode()
-    fd = os.open(RECEIPT_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                 dir_fd=stage.fd)
+def _write_new(stage: Stage, name: str, raw: bytes) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=stage.fd)
     try:
         view = memoryview(raw)
         while view:
@@ -282,6 +279,19 @@ def publish(stage: Stage, receipt: dict[str, Any]) -> Path:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def publish(stage: Stage, receipt: dict[str, Any], *, signer: Any = None) -> Path:
+    """Write the receipt into ``stage`` (and, with ``signer``, a DSSE envelope over its exact bytes
+    as :data:`RECEIPT_SIGNATURE_NAME`), fsync everything, and rename ``stage`` to DST, all relative
+    to the descriptors; returns DST's path."""
+    dest = stage.destination
+    raw = (json.dumps(receipt, indent=2, sort_keys=True, default=str) + "\n").encode()
+    _write_new(stage, RECEIPT_NAME, raw)
+    if signer is not None:
+        from ckptgate.verify.dsse import sign_payload
+
+        _write_new(stage, RECEIPT_SIGNATURE_NAME, sign_payload(raw, [signer], payload_type=RECEIPT_PAYLOAD_TYPE))
     with os.scandir(stage.fd) as it:  # the one fsync of each output: the writer leaves durability to us
         names = [e.name for e in it if e.is_file(follow_symlinks=False)]
     for name in names:

@@ -43,6 +43,37 @@ def test_explain_names_the_failed_evidence_in_plain_words(tmp_path):
     assert "attestation_rejected" in res.stdout
 
 
+def test_explain_json_gives_structured_reasons_naming_the_attestation(tmp_path):
+    bogus = tmp_path / "bogus.json"
+    bogus.write_text('{"payloadType": "application/vnd.in-toto+json", "payload": "e30=", "signatures": []}')
+    res = cli("explain", HF, "--attestation", bogus, "--json")
+    assert res.returncode == ExitCode.VERIFICATION_FAILED, res.stderr
+    doc = json.loads(res.stdout)
+    assert set(doc) == {"checkpoint", "inspection", "attestations", "containment", "decision", "reasons"}
+    assert "explanation" not in doc  # no pre-formatted terminal lines
+    assert doc["checkpoint"]["format"] == "hf-sharded-safetensors"
+    assert doc["decision"]["allow"] is False and doc["decision"]["exit_code"] == ExitCode.VERIFICATION_FAILED
+    assert doc["attestations"] == [{"source": str(bogus), "status": "rejected",
+                                    "code": doc["attestations"][0]["code"],
+                                    "message": doc["attestations"][0]["message"]}]
+    for r in doc["reasons"]:
+        assert set(r) == {"code", "message", "severity", "evidence", "attestation"}
+        assert isinstance(r["evidence"], dict) and all(isinstance(line, str) for line in (r["code"], r["message"]))
+    rejected = [r for r in doc["reasons"] if r["code"] == "attestation_rejected"]
+    assert rejected, doc["reasons"]
+    assert rejected[0]["attestation"]["source"] == str(bogus)
+    assert rejected[0]["severity"] == "deny"
+
+
+def test_explain_json_reason_without_an_attestation_says_so():
+    res = cli("explain", HF, "--json")
+    assert res.returncode == ExitCode.DENIED
+    doc = json.loads(res.stdout)
+    missing = [r for r in doc["reasons"] if r["code"] == "attestation_missing"]
+    assert missing and missing[0]["attestation"] is None
+    assert doc["attestations"] == []
+
+
 def _bundle_keys(tmp_path):
     """An ES256 bundle-signing key pair: tmp_path/k.pem (private) and tmp_path/k.pub."""
     key = ec.generate_private_key(ec.SECP256R1())
@@ -123,3 +154,12 @@ def test_trust_with_a_remote_engine_is_refused_not_silently_ignored(tmp_path):
     res = cli("decide", HF, "--opa-url", "http://127.0.0.1:9", "--trust", trust, "--json")
     assert res.returncode == ExitCode.USAGE
     assert json.loads(res.stdout)["error"]["code"] == "usage.trust_with_remote_opa"
+
+
+def test_explain_reason_attestation_reference_takes_source_and_index_from_the_evidence():
+    from ckptgate._cli.decide_cmd import _attestation_ref
+
+    assert _attestation_ref({"attestation": 2, "source": "a.json", "fields": []}) == {"source": "a.json", "index": 2}
+    assert _attestation_ref({"attestation": 0}) == {"source": None, "index": 0}
+    assert _attestation_ref({"attestation": True, "source": 3}) is None  # not an index, not a source
+    assert _attestation_ref({"plane": "pure_data"}) is None

@@ -4,10 +4,13 @@ policy change without a regenerated matrix; it passes on the qualified repositor
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from ckptgate.evidence.check import run_check, to_junit, to_sarif
+from ckptgate.evidence.check import parse_opa_test_json, run_check, to_junit, to_sarif
 from ckptgate.pipeline import EngineOptions
 from evidence_helpers import commit_all
 
@@ -87,4 +90,120 @@ def test_policy_tools_pass_on_the_policies_and_fail_on_a_broken_test_or_format(c
     results = _by_name(_check(clone, skip=only_tools))
     assert not results["policy_tests"].passed and not results["opa_fmt"].passed
     assert [f.code for f in results["policy_tests"].findings] == ["check.policy_tests.failed"]
+    failed = results["policy_tests"].findings[0]
+    assert failed.file == "policies/ckptgate/gates/broken_test.rego" and failed.line == 3
+    assert "ckptgate.gates_test.test_fails" in failed.message
     assert any(f.file and f.file.endswith("broken_test.rego") for f in results["opa_fmt"].findings)
+
+
+BROKEN = "package ckptgate.gates_test\n\ntest_fails if {\n    1 == 2\n}\n"
+SKIPPED = ("regal_lint", "matrix_drift", "evidence", "claims")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "ckptgate", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ), check=False)
+
+
+def _broken(clone: Path) -> Path:
+    path = clone / "policies" / "ckptgate" / "gates" / "broken_test.rego"
+    path.write_text(BROKEN)
+    return path
+
+
+def test_check_reports_failures_and_skips_in_json_sarif_and_junit(clone: Path, tmp_path: Path) -> None:
+    _broken(clone)
+    skips = [a for name in SKIPPED for a in ("--skip", name)]
+    res = _cli("check", "--repo", clone, *skips, "--sarif", tmp_path / "r.sarif", "--junit", tmp_path / "r.xml",
+               "--json")
+    assert res.returncode == 3, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["passed"] is False and doc["skipped"] == list(SKIPPED)
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert set(checks) == {"policy_tests", "opa_fmt"}
+    assert all(isinstance(c["seconds"], float) and c["seconds"] >= 0 for c in checks.values())
+    [failed] = checks["policy_tests"]["findings"]
+    assert (failed["file"], failed["line"]) == ("policies/ckptgate/gates/broken_test.rego", 3)
+    [fmt] = checks["opa_fmt"]["findings"]
+    assert fmt["file"] == "policies/ckptgate/gates/broken_test.rego" and "broken_test" not in fmt["message"]
+
+    sarif = json.loads((tmp_path / "r.sarif").read_text())
+    run = sarif["runs"][0]
+    rules = {r["id"]: r for r in run["tool"]["driver"]["rules"]}
+    assert set(rules) == {"check.policy_tests.failed", "check.opa_fmt.unformatted"}
+    for rule in rules.values():
+        assert rule["shortDescription"]["text"] and rule["fullDescription"]["text"]
+        assert "#check-" in rule["helpUri"]
+    assert rules["check.opa_fmt.unformatted"]["helpUri"].endswith("#check-opa-fmt")
+    for r in run["results"]:
+        assert len(r["partialFingerprints"]["ckptgateFinding/v1"]) == 32
+        assert run["tool"]["driver"]["rules"][r["ruleIndex"]]["id"] == r["ruleId"]
+    located = {r["ruleId"]: r["locations"][0]["physicalLocation"] for r in run["results"]}
+    assert located["check.policy_tests.failed"]["region"] == {"startLine": 3}
+    notes = run["invocations"][0]["toolExecutionNotifications"]
+    assert [n["message"]["text"].split()[1] for n in notes] == list(SKIPPED)
+
+    junit = ET.fromstring((tmp_path / "r.xml").read_bytes())
+    suite = junit.find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("6", "2", "4")
+    cases = {c.get("name"): c for c in suite.findall("testcase")}
+    assert all(float(c.get("time")) >= 0 for c in cases.values())
+    assert cases["policy_tests"].find("failure") is not None
+    assert all(cases[n].find("skipped") is not None for n in SKIPPED)
+
+
+def test_check_format_github_emits_workflow_annotations(clone: Path) -> None:
+    _broken(clone)
+    skips = [a for name in SKIPPED for a in ("--skip", name)]
+    res = _cli("check", "--repo", clone, *skips, "--format", "github")
+    assert res.returncode == 3, res.stderr
+    lines = res.stdout.splitlines()
+    assert ("::error file=policies/ckptgate/gates/broken_test.rego,line=3,title=check.policy_tests.failed::"
+            "policy test ckptgate.gates_test.test_fails failed") in lines
+    assert any(line.startswith("::error file=policies/ckptgate/gates/broken_test.rego,title=check.opa_fmt")
+               for line in lines)
+    assert [line for line in lines if line.startswith("::notice")] == [
+        f"::notice title=check.skipped::check {n} skipped (--skip {n})" for n in SKIPPED]
+    clash = _cli("check", "--repo", clone, *skips, "--format", "github", "--json")
+    assert clash.returncode == 2 and json.loads(clash.stdout)["error"]["code"] == "usage.conflicting_options"
+
+
+def test_text_output_names_the_unformatted_path_once(clone: Path) -> None:
+    _broken(clone)
+    skips = [a for name in ("policy_tests", *SKIPPED) for a in ("--skip", name)]
+    res = _cli("check", "--repo", clone, *skips)
+    assert res.returncode == 3
+    assert res.stdout.count("broken_test.rego") == 1, res.stdout
+    assert "SKIP policy_tests" in " ".join(res.stdout.split())
+
+
+def test_opa_test_json_parsing_names_errors_and_ignores_passes(tmp_path: Path) -> None:
+    out = json.dumps([
+        {"location": {"file": "a_test.rego", "row": 7, "col": 1}, "package": "data.x_test", "name": "test_ok"},
+        {"location": {"file": "a_test.rego", "row": 9, "col": 1}, "package": "data.x_test", "name": "test_err",
+         "error": {"code": "eval_conflict_error", "message": "functions must not produce multiple outputs"}},
+    ])
+    [f] = parse_opa_test_json(out, tmp_path / "policies", tmp_path)
+    assert (f.code, f.file, f.line) == ("check.policy_tests.error", "policies/a_test.rego", 9)
+    assert "multiple outputs" in f.message
+    assert parse_opa_test_json("1 error occurred: parse error", tmp_path, tmp_path) == []
+
+
+def test_sarif_validates_against_the_sarif_2_1_0_schema() -> None:
+    """Against the SARIF 2.1.0 JSON schema when a local copy is named (no download at test time)."""
+    import pytest
+
+    from ckptgate.evidence.check import CheckResult, Finding, Report
+
+    doc = to_sarif(Report(results=(CheckResult(name="policy_tests", passed=False, summary="1 problem(s)", findings=(
+        Finding(check="policy_tests", code="check.policy_tests.failed", message="policy test x failed",
+                file="policies/x_test.rego", line=3),
+        Finding(check="policy_tests", code="check.policy_tests.tool_missing", message="opa is not installed"))),),
+        skipped=("claims",)))
+    schema_path = os.environ.get("CKPTGATE_SARIF_SCHEMA")
+    if not schema_path:
+        pytest.skip("set CKPTGATE_SARIF_SCHEMA to a local sarif-schema-2.1.0.json to validate against it")
+    import jsonschema
+
+    schema = json.loads(Path(schema_path).read_text())
+    jsonschema.Draft4Validator(schema, format_checker=jsonschema.Draft4Validator.FORMAT_CHECKER).validate(doc)

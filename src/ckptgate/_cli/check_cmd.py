@@ -20,15 +20,22 @@ def register(cli: click.Group) -> None:
                   help="Also write a JUnit XML report here.")
     @click.option("--skip", multiple=True, type=click.Choice(["policy_tests", "opa_fmt", "regal_lint",
                                                                "matrix_drift", "evidence", "claims"]),
-                  help="Skip a check (repeatable; reported as skipped by omission).")
+                  help="Skip a check (repeatable; reported as skipped in every output).")
+    @click.option("--format", "fmt", type=click.Choice(["text", "json", "github"]), default=None,
+                  help="Output: text (default), json (as --json) or github (workflow annotations).")
     @repo_option
     @engine_options
     @json_option
-    def check_command(sarif: Path | None, junit: Path | None, skip: tuple[str, ...], repo: Path | None,
-                      engine, as_json: bool) -> int:
+    def check_command(sarif: Path | None, junit: Path | None, skip: tuple[str, ...], fmt: str | None,
+                      repo: Path | None, engine, as_json: bool) -> int:
         """Run the pre-merge gate. Exit 0 when every check passes, 3 when any fails."""
+        from ckptgate.errors import UsageError
         from ckptgate.evidence.candidate import repo_root
-        from ckptgate.evidence.check import run_check, to_junit, to_sarif
+        from ckptgate.evidence.check import run_check, to_github, to_junit, to_sarif
+
+        if as_json and fmt not in (None, "json"):
+            raise UsageError("usage.conflicting_options", f"--json and --format {fmt} conflict")
+        as_json = as_json or fmt == "json"
 
         for out, what in ((sarif, "the SARIF report"), (junit, "the JUnit report")):
             if out is not None:
@@ -43,6 +50,9 @@ def register(cli: click.Group) -> None:
             write_output_file(junit, to_junit(report), what="the JUnit report")
         if as_json:
             emit_json(report.to_json())
+        elif fmt == "github":
+            for line in to_github(report):
+                click.echo(line)
         else:
             for r in report.results:
                 mark = "[bold green]PASS[/]" if r.passed else "[bold red]FAIL[/]"
@@ -52,5 +62,7 @@ def register(cli: click.Group) -> None:
                     stdout.print(printable(f"       [{f.code}]{where} {f.message}"), markup=False)
                     if f.detail and r.name == "matrix_drift":
                         stdout.print(printable(f.detail), markup=False)
+            for name in report.skipped:
+                stdout.print(f"[yellow]SKIP[/] {name:13} skipped with --skip", markup=True, highlight=False)
             stdout.print("check passed" if report.passed else "check FAILED (exit 3)")
         return 0 if report.passed else 3

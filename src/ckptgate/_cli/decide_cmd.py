@@ -74,6 +74,54 @@ def explain_lines(ev: Evaluation) -> list[str]:
     return out
 
 
+def _attestation_ref(evidence: dict[str, Any]) -> dict[str, Any] | None:
+    """The attestation a reason concerns, as its evidence names it: source and index (either may be null)."""
+    index = evidence.get("attestation")
+    source = evidence.get("source")
+    if not isinstance(index, int) or isinstance(index, bool):
+        index = None
+    if not isinstance(source, str):
+        source = None
+    if index is None and source is None:
+        return None
+    return {"source": source, "index": index}
+
+
+def explain_doc(ev: Evaluation) -> dict[str, Any]:
+    """The decision as records, for ``explain --json``: each reason with its code, message, severity,
+    evidence and the attestation it concerns; what was looked at; no pre-formatted lines."""
+    facts = ev.policy_input.to_json()
+    insp, d = facts["inspection"], ev.decision
+    attestations: list[dict[str, Any]] = [
+        {"source": a["source"], "status": "verified",
+         "signers": [s.get("signer_id") or s.get("identity") or s.get("spki_sha256") for s in a["signers"]]}
+        for a in facts["attestations"]]
+    attestations += [{"source": r["source"], "status": "rejected", "code": r["code"], "message": r["message"]}
+                     for r in facts["rejected_attestations"]]
+    containment = None
+    if facts["containment"]:
+        controls = facts["containment"]["controls"]
+        containment = {"held": sorted(k for k, v in controls.items() if v),
+                       "missing": sorted(k for k, v in controls.items() if not v)}
+    return {
+        "checkpoint": {"digest": facts["fixture"]["digest"], "format": insp["format"],
+                       "file_count": facts["fixture"]["file_count"],
+                       "total_bytes": facts["fixture"]["total_bytes"]},
+        "inspection": {"clean": insp["clean"], "loaders": list(insp["loaders"]),
+                       "findings": [{"code": f["code"], "path": f["path"], "message": f["message"],
+                                     "severity": f.get("severity")}
+                                    for f in insp["findings"] if f.get("severity") == "error"]},
+        "attestations": attestations,
+        "containment": containment,
+        "decision": {"allow": d.allow, "plane": d.plane, "decision_id": d.decision_id or None,
+                     "policy_revision": d.policy_revision, "refusal": d.refusal,
+                     "required_controls": list(d.required_controls), "exit_code": int(d.exit_code)},
+        "reasons": [{"code": r.code, "message": r.message, "severity": r.severity,
+                     "evidence": dict(r.evidence), "attestation": _attestation_ref(dict(r.evidence))}
+                    for r in d.reasons],
+    }
+
+
 def register(cli: click.Group) -> None:
     @cli.command("decide")
     @_common
@@ -101,15 +149,17 @@ def register(cli: click.Group) -> None:
                         engine: EngineOptions, as_json: bool) -> int:
         """Explain the decision for SRC in plain words, naming the evidence that failed.
 
+        With --json: one record per reason (code, message, severity, evidence and the attestation
+        it concerns, by source and index), and what was looked at.
+
         Exit 0 allow; a deny exits as its refusal class says: 4 the checkpoint itself, 5 only
         failed or untrusted signatures, 3 any other reason; 6 engine unavailable.
         """
         ev = _evaluate(src, attestations, candidate_commit, engine)
-        lines = explain_lines(ev)
         if as_json:
-            emit_json({"explanation": lines, "decision": ev.decision.to_json()})
+            emit_json(explain_doc(ev))
         else:
-            for line in lines:
+            for line in explain_lines(ev):
                 stdout.print(shown(line))
         return ev.decision.exit_code
 

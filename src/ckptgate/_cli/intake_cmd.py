@@ -18,18 +18,19 @@ if TYPE_CHECKING:
 
 def run_intake(src: Path, out: Path, attestations: tuple[Path, ...], *, options, max_shard_size: int,
                show_progress: bool, dtype: str | None = None, signatures: tuple[Path, ...] = (),
-               key: Path | None = None) -> IntakeResult:
+               key: Path | None = None, receipt_signer=None) -> IntakeResult:
     from ckptgate.pipeline import intake
 
     if not show_progress:
         return intake(src, out, attestations=list(attestations), options=options, max_shard_bytes=max_shard_size,
-                      dtype=dtype, signatures=list(signatures), key=key)
+                      dtype=dtype, signatures=list(signatures), key=key, receipt_signer=receipt_signer)
     with Progress(TextColumn("[bold]consolidating"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   console=stderr, transient=True) as bar:
         task = bar.add_task("copy", total=None)
         return intake(src, out, attestations=list(attestations), options=options, max_shard_bytes=max_shard_size,
                       on_plan=lambda total: bar.update(task, total=total),
-                      on_bytes=lambda n: bar.advance(task, n), dtype=dtype, signatures=list(signatures), key=key)
+                      on_bytes=lambda n: bar.advance(task, n), dtype=dtype, signatures=list(signatures), key=key,
+                      receipt_signer=receipt_signer)
 
 
 def print_result(result: IntakeResult) -> None:
@@ -54,20 +55,26 @@ def register(cli: click.Group) -> None:
     @click.option("--dtype", type=click.Choice(["F32", "BF16", "F16", "F64"], case_sensitive=False), default=None,
                   help="Cast every floating-point tensor (F64, F32, F16, BF16) to this dtype, rounding to nearest "
                        "even; other dtypes are never changed.  Default: every dtype is preserved.")
+    @click.option("--receipt-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+                  help="PEM private key (Ed25519 or ECDSA P-256) to sign the receipt with, as a DSSE envelope "
+                       "published beside it; check it later with `ckptgate receipt verify --key`.")
     @signature_options
     @engine_options
     @json_option
     def intake_command(src: Path, out: Path, attestations: tuple[Path, ...], max_shard_size: int,
-                       dtype: str | None, signatures: tuple[Path, ...], key: Path | None, engine: EngineOptions,
-                       as_json: bool) -> int:
+                       dtype: str | None, receipt_key: Path | None, signatures: tuple[Path, ...], key: Path | None,
+                       engine: EngineOptions, as_json: bool) -> int:
         """Inspect, verify, decide, enforce, consolidate and publish SRC at --out.
 
         Exit 0 when allowed and published; 3 denied; 4 input rejected; 5 verification failed;
         6 policy engine unavailable; 7 contained runtime failed.
         """
+        from ckptgate.verify.dsse import KeySigner
+
+        signer = KeySigner.from_pem(receipt_key) if receipt_key is not None else None  # before any work
         result = run_intake(src, out, attestations, options=engine, max_shard_size=max_shard_size,
-                            show_progress=not as_json and sys.stderr.isatty(),
-                            dtype=dtype, signatures=signatures, key=key)  # click gives the choice as listed: F32, BF16, F16, F64
+                            show_progress=not as_json and sys.stderr.isatty(), receipt_signer=signer,
+                            dtype=dtype, signatures=signatures, key=key)  # click gives the choice as listed
         if as_json:
             emit_json({"result": "published", "destination": str(result.destination), "receipt": result.receipt})
         else:

@@ -14,8 +14,9 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
@@ -26,6 +27,29 @@ from ckptgate.errors import Error
 CHECK_NAMES = ("policy_tests", "opa_fmt", "regal_lint", "matrix_drift", "evidence", "claims")
 TOOL_TIMEOUT_S = 300
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+DOCS_URI = "https://ckptgate.dev/docs/user-guide"
+# Findings may also come from the matrix build that the last three checks share.
+FINDING_CHECKS = (*CHECK_NAMES, "matrix_build")
+# What each check is for: the SARIF rules' descriptions (docs/user-guide.md, "check findings").
+CHECK_DESCRIPTIONS: dict[str, tuple[str, str]] = {
+    "policy_tests": ("A Rego policy unit test failed.",
+                     "`opa test` ran the policy unit tests under policies/ and a test failed or raised an error."),
+    "opa_fmt": ("A policy file is not formatted.",
+                "`opa fmt --list` names this Rego file; run `opa fmt -w` on it and commit the result."),
+    "regal_lint": ("Regal reported a policy lint violation.",
+                   "`regal lint` found a style or correctness problem in a Rego file."),
+    "matrix_drift": ("matrix/ differs from a fresh build.",
+                     "Policies, attestations or fixtures changed without `ckptgate matrix build`; "
+                     "rebuild the matrix and commit matrix/."),
+    "evidence": ("A supported matrix row lacks retained evidence.",
+                 "A supported row's attestation or result log is missing, or the log's sha256 is not the "
+                 "digest its attestation names."),
+    "claims": ("Documentation text makes a claim the evidence does not back.",
+               "The claims lint found a sentence that claims more than the support matrix and the "
+               "reference register back."),
+    "matrix_build": ("The support matrix could not be built.",
+                     "The checks matrix_drift, evidence and claims need a matrix build, and it failed."),
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,14 +65,21 @@ class Finding:
     severity: str = "error"
 
     def __post_init__(self) -> None:
-        if self.check not in CHECK_NAMES or not self.code or not self.message:
+        if self.check not in FINDING_CHECKS or not self.code or not self.message:
             raise ValueError(f"bad finding {self.check!r}/{self.code!r}")
         if self.severity not in ("error", "warning"):
             raise ValueError(f"bad severity {self.severity!r}")
 
     def to_json(self) -> dict[str, Any]:
         return {"check": self.check, "code": self.code, "message": self.message, "file": self.file,
-                "line": self.line, "detail": self.detail, "severity": self.severity}
+                "line": self.line, "detail": self.detail, "severity": self.severity,
+                "fingerprint": self.fingerprint}
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable across runs and line moves: the check, code, file and message, hashed."""
+        key = "\0".join((self.check, self.code, self.file or "", self.message))
+        return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,11 +88,13 @@ class CheckResult:
     passed: bool
     summary: str
     findings: tuple[Finding, ...] = ()
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Report:
     results: tuple[CheckResult, ...]
+    skipped: tuple[str, ...] = ()
     candidate_commit: str | None = None
     policy_revision: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -78,7 +111,9 @@ class Report:
         return {"passed": self.passed, "candidate_commit": self.candidate_commit,
                 "policy_revision": self.policy_revision,
                 "checks": [{"name": r.name, "passed": r.passed, "summary": r.summary,
-                            "findings": [f.to_json() for f in r.findings]} for r in self.results]}
+                            "seconds": round(r.seconds, 3),
+                            "findings": [f.to_json() for f in r.findings]} for r in self.results],
+                "skipped": list(self.skipped)}
 
 
 # --------------------------------------------------------------------------------------------- tools
@@ -119,12 +154,15 @@ def _tool_check(name: str, tool: str, args: Sequence[str], policies: Path, repo:
         return CheckResult(name=name, passed=False, summary=f"{tool} not found", findings=(
             Finding(check=name, code=f"check.{name}.tool_missing",
                     message=f"{tool} is not installed (set CKPTGATE_{tool.upper()} or run scripts/bootstrap.py setup)"),))
+    started = time.monotonic()
     rc, out = _run([exe, *args], cwd=policies)
+    seconds = time.monotonic() - started
     if rc == 0:
-        return CheckResult(name=name, passed=True, summary=f"{tool} {' '.join(args)}: ok")
+        return CheckResult(name=name, passed=True, summary=f"{tool} {' '.join(args)}: ok", seconds=seconds)
     findings = parse(out) or [Finding(check=name, code=f"check.{name}.failed",
                                       message=f"{tool} {' '.join(args)} exited {rc}", detail=out[-4000:])]
-    return CheckResult(name=name, passed=False, summary=f"{len(findings)} problem(s)", findings=tuple(findings))
+    return CheckResult(name=name, passed=False, summary=f"{len(findings)} problem(s)", findings=tuple(findings),
+                       seconds=seconds)
 
 
 def _rel_policy(policies: Path, repo: Path, path: str) -> str:
@@ -135,21 +173,42 @@ def _rel_policy(policies: Path, repo: Path, path: str) -> str:
         return path
 
 
+def parse_opa_test_json(out: str, policies: Path, repo: Path) -> list[Finding]:
+    """Failed and erroring tests from ``opa test --format json``, each with its file and line."""
+    start = out.find("[")
+    try:
+        doc = json.loads(out[start:]) if start >= 0 else None
+    except ValueError:
+        return []
+    if not isinstance(doc, list):
+        return []
+    found = []
+    for t in doc:
+        if not isinstance(t, dict) or not (t.get("fail") or t.get("error")):
+            continue
+        loc = t.get("location") if isinstance(t.get("location"), dict) else {}
+        name = f"{t.get('package', '?')}.{t.get('name', '?')}".removeprefix("data.")
+        err = t.get("error")
+        what = "raised an error" if err else "failed"
+        if isinstance(err, dict) and err.get("message"):
+            what += f": {err['message']}"
+        row = loc.get("row")
+        found.append(Finding(check="policy_tests", code="check.policy_tests.error" if err else "check.policy_tests.failed",
+                             message=f"policy test {name} {what}",
+                             file=_rel_policy(policies, repo, str(loc["file"])) if loc.get("file") else None,
+                             line=row if isinstance(row, int) and row > 0 else None))
+    return found
+
+
 def policy_tests(policies: Path, repo: Path) -> CheckResult:
-    def parse(out: str) -> list[Finding]:
-        found = []
-        for line in out.splitlines():
-            if line.rstrip().endswith(("FAIL", "ERROR")) or ": FAIL (" in line or ": ERROR (" in line:
-                found.append(Finding(check="policy_tests", code="check.policy_tests.failed",
-                                     message=f"policy test failed: {line.strip()}"))
-        return found
-    return _tool_check("policy_tests", "opa", ["test", "."], policies, repo, parse)
+    return _tool_check("policy_tests", "opa", ["test", "--format", "json", "."], policies, repo,
+                       lambda out: parse_opa_test_json(out, policies, repo))
 
 
 def opa_fmt(policies: Path, repo: Path) -> CheckResult:
     def parse(out: str) -> list[Finding]:
         return [Finding(check="opa_fmt", code="check.opa_fmt.unformatted",
-                        message=f"{line.strip()} is not formatted (run opa fmt -w)",
+                        message="not formatted (run opa fmt -w on it)",
                         file=_rel_policy(policies, repo, line.strip()))
                 for line in out.splitlines() if line.strip().endswith(".rego")]
     return _tool_check("opa_fmt", "opa", ["fmt", "--fail", "-l", "."], policies, repo, parse)
@@ -210,6 +269,7 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = ()) -> R
     from ckptgate.pipeline import EngineOptions, engine_for, load_trust
 
     repo = repo.resolve()
+    skipped = tuple(n for n in CHECK_NAMES if n in skip)
     options = (options or EngineOptions()).in_repo(repo)
     policies = options.policy_dir
     results: list[CheckResult] = []
@@ -218,7 +278,18 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = ()) -> R
             results.append(fn(policies, repo))
     revision = None
     if {"matrix_drift", "evidence", "claims"} <= set(skip):
-        return Report(results=tuple(results), candidate_commit=candidate_commit(repo), policy_revision=revision)
+        return Report(results=tuple(results), skipped=skipped, candidate_commit=candidate_commit(repo),
+                      policy_revision=revision)
+    started = time.monotonic()
+
+    def timed(result: CheckResult) -> CheckResult:
+        # The first check after the shared matrix build carries the build's time too.
+        nonlocal started
+        now = time.monotonic()
+        result = replace(result, seconds=now - started)
+        started = now
+        return result
+
     try:
         trust = load_trust(options)
         with engine_for(options, trust) as engine:
@@ -226,7 +297,7 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = ()) -> R
             revision = built.policy_revision
             if "matrix_drift" not in skip:
                 diffs = matrix.diff(built, repo / matrix.MATRIX_DIR)
-                results.append(CheckResult(
+                results.append(timed(CheckResult(
                     name="matrix_drift", passed=not diffs,
                     summary="matrix/ matches a fresh build" if not diffs else
                     f"{len(diffs)} generated file(s) differ; run `ckptgate matrix build` and commit matrix/",
@@ -234,14 +305,14 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = ()) -> R
                                            message=f"matrix/{_diff_name(d)} differs from a fresh build: "
                                                    "policies, attestations or fixtures changed without "
                                                    "`ckptgate matrix build`",
-                                           file=f"matrix/{_diff_name(d)}", detail=d[:20000]) for d in diffs)))
+                                           file=f"matrix/{_diff_name(d)}", detail=d[:20000]) for d in diffs))))
             if "evidence" not in skip:
                 found = evidence_findings(repo, claims.committed_rows(repo), origin="matrix/support.json")
                 found += [f for f in evidence_findings(repo, built.rows, origin="fresh build") if f not in found]
                 n = sum(1 for r in built.rows if r.get("status") == "supported")
-                results.append(CheckResult(name="evidence", passed=not found,
-                                           summary=f"{n} supported row(s), evidence retained" if not found
-                                           else f"{len(found)} evidence problem(s)", findings=tuple(found)))
+                results.append(timed(CheckResult(name="evidence", passed=not found,
+                                                 summary=f"{n} supported row(s), evidence retained" if not found
+                                                 else f"{len(found)} evidence problem(s)", findings=tuple(found))))
             if "claims" not in skip:
                 violations = claims.lint(engine, repo, list(built.rows))
                 found_c = [Finding(check="claims", code=f"check.claims.{v.get('code')}",
@@ -253,14 +324,15 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = ()) -> R
                            for v in violations]
                 errors = [f for f in found_c if f.severity == "error"]
                 warned = len(found_c) - len(errors)
-                results.append(CheckResult(name="claims", passed=not errors,
-                                           summary=(f"{len(errors)} claim violation(s)" if errors else "claims lint: ok")
-                                           + (f", {warned} warning(s)" if warned else ""),
-                                           findings=tuple(found_c)))
+                results.append(timed(CheckResult(
+                    name="claims", passed=not errors,
+                    summary=(f"{len(errors)} claim violation(s)" if errors else "claims lint: ok")
+                    + (f", {warned} warning(s)" if warned else ""), findings=tuple(found_c))))
     except Error as e:  # the checks below need the matrix; none of them ran
         results.append(CheckResult(name="matrix_build", passed=False, summary=f"could not build the matrix: {e.code}",
                                    findings=(Finding(check="matrix_build", code=e.code, message=e.message),)))
-    return Report(results=tuple(results), candidate_commit=candidate_commit(repo), policy_revision=revision)
+    return Report(results=tuple(results), skipped=skipped, candidate_commit=candidate_commit(repo),
+                  policy_revision=revision)
 
 
 def _diff_name(d: str) -> str:
@@ -269,40 +341,90 @@ def _diff_name(d: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- outputs
+def _rule(code: str, findings: Sequence[Finding]) -> dict[str, Any]:
+    check = findings[0].check
+    short, full = CHECK_DESCRIPTIONS.get(check, (f"ckptgate check finding {code}.", f"ckptgate check finding {code}."))
+    return {"id": code, "name": code.replace(".", "_"),
+            "shortDescription": {"text": short},
+            "fullDescription": {"text": f"{full} (check {check}, code {code})"},
+            "helpUri": f"{DOCS_URI}#check-{check.replace('_', '-')}",
+            "properties": {"check": check},
+            "defaultConfiguration": {"level": findings[0].severity}}
+
+
 def to_sarif(report: Report) -> dict[str, Any]:
-    """SARIF 2.1.0: one rule per finding code, one result per finding."""
-    codes = sorted({f.code for f in report.findings})
+    """SARIF 2.1.0: one rule per finding code (with descriptions and a link into the docs), one result
+    per finding (with a fingerprint), and each skipped check as a tool execution notification."""
+    by_code: dict[str, list[Finding]] = {}
+    for f in report.findings:
+        by_code.setdefault(f.code, []).append(f)
+    codes = sorted(by_code)
     results = []
     for f in report.findings:
-        res: dict[str, Any] = {"ruleId": f.code, "level": f.severity, "message": {"text": f.message}}
+        res: dict[str, Any] = {"ruleId": f.code, "ruleIndex": codes.index(f.code), "level": f.severity,
+                               "message": {"text": f.message},
+                               "partialFingerprints": {"ckptgateFinding/v1": f.fingerprint}}
         if f.file:
-            region = {"startLine": f.line} if f.line else {}
             loc: dict[str, Any] = {"physicalLocation": {"artifactLocation": {"uri": f.file}}}
-            if region:
-                loc["physicalLocation"]["region"] = region
+            if f.line:
+                loc["physicalLocation"]["region"] = {"startLine": f.line}
             res["locations"] = [loc]
         results.append(res)
+    notifications = [{"level": "note", "descriptor": {"id": "check.skipped"},
+                      "message": {"text": f"check {name} skipped (--skip {name})"}} for name in report.skipped]
     return {"$schema": SARIF_SCHEMA, "version": "2.1.0",
             "runs": [{"tool": {"driver": {"name": "ckptgate check", "version": __version__,
-                                          "informationUri": "https://ckptgate.dev/docs/user-guide",
-                                          "rules": [{"id": c, "shortDescription": {"text": c}} for c in codes]}},
+                                          "informationUri": DOCS_URI,
+                                          "rules": [_rule(c, by_code[c]) for c in codes]}},
+                      "invocations": [{"executionSuccessful": True,
+                                       "toolExecutionNotifications": notifications}],
                       "results": results}]}
 
 
 def to_junit(report: Report) -> bytes:
-    """JUnit XML: one testcase per check, a failure element listing its findings."""
+    """JUnit XML: one testcase per check, with its time; a failure element listing its findings; a
+    skipped element for each skipped check."""
     failures = sum(1 for r in report.results if not r.passed)
-    suites = ET.Element("testsuites", name="ckptgate check", tests=str(len(report.results)), failures=str(failures))
-    suite = ET.SubElement(suites, "testsuite", name="ckptgate.check", tests=str(len(report.results)),
-                          failures=str(failures), errors="0", skipped="0")
+    tests = len(report.results) + len(report.skipped)
+    total = f"{sum(r.seconds for r in report.results):.3f}"
+    suites = ET.Element("testsuites", name="ckptgate check", tests=str(tests), failures=str(failures),
+                        skipped=str(len(report.skipped)), time=total)
+    suite = ET.SubElement(suites, "testsuite", name="ckptgate.check", tests=str(tests),
+                          failures=str(failures), errors="0", skipped=str(len(report.skipped)), time=total)
     for r in report.results:
-        case = ET.SubElement(suite, "testcase", classname="ckptgate.check", name=r.name)
+        case = ET.SubElement(suite, "testcase", classname="ckptgate.check", name=r.name, time=f"{r.seconds:.3f}")
         if not r.passed:
             fail = ET.SubElement(case, "failure", message=r.summary, type="ckptgate.check")
             fail.text = "\n".join(f"[{f.code}] {f.file or ''}{':' + str(f.line) if f.line else ''} {f.message}"
                                   for f in r.findings)
+    for name in report.skipped:
+        case = ET.SubElement(suite, "testcase", classname="ckptgate.check", name=name, time="0.000")
+        ET.SubElement(case, "skipped", message=f"skipped with --skip {name}")
     return ET.tostring(suites, encoding="utf-8", xml_declaration=True)
 
 
+def _gh_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _gh_prop(text: str) -> str:
+    return _gh_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def to_github(report: Report) -> list[str]:
+    """GitHub Actions workflow commands: ``::error``/``::warning`` per finding (with file and line when
+    known), ``::notice`` per skipped check."""
+    lines = []
+    for f in report.findings:
+        props = [f"title={_gh_prop(f.code)}"]
+        if f.file:
+            props.insert(0, f"file={_gh_prop(f.file)}")
+            if f.line:
+                props.insert(1, f"line={f.line}")
+        lines.append(f"::{f.severity} {','.join(props)}::{_gh_data(f.message)}")
+    lines += [f"::notice title=check.skipped::check {name} skipped (--skip {name})" for name in report.skipped]
+    return lines
+
+
 __all__ = ["CHECK_NAMES", "CheckResult", "Finding", "Report", "evidence_findings", "find_tool", "opa_fmt",
-           "policy_tests", "regal_lint", "run_check", "to_junit", "to_sarif"]
+           "parse_opa_test_json", "policy_tests", "regal_lint", "run_check", "to_github", "to_junit", "to_sarif"]

@@ -75,17 +75,18 @@ class Envelope:
             raise ValueError("an envelope needs at least one signature")
 
     @classmethod
-    def parse(cls, raw: bytes, *, max_bytes: int = MAX_ENVELOPE_BYTES) -> Envelope:
+    def parse(cls, raw: bytes, *, max_bytes: int = MAX_ENVELOPE_BYTES,
+              payload_type: str = IN_TOTO_PAYLOAD_TYPE) -> Envelope:
         """Parse in one ordered pass: size, strict JSON, shape, payloadType, signatures, base64."""
         if len(raw) > max_bytes:
             raise VerificationError("verify.dsse.too_large", f"envelope is {len(raw)} bytes, over {max_bytes}",
                                     evidence={"size": len(raw), "cap": max_bytes})
         doc = loads_strict(raw, what="DSSE envelope", max_bytes=max_bytes)
-        return cls.from_doc(doc)
+        return cls.from_doc(doc, payload_type=payload_type)
 
     @classmethod
-    def from_doc(cls, doc: Any) -> Envelope:
-        """Check an already strictly parsed envelope object."""
+    def from_doc(cls, doc: Any, *, payload_type: str = IN_TOTO_PAYLOAD_TYPE) -> Envelope:
+        """Check an already strictly parsed envelope object (its payloadType must be ``payload_type``)."""
         if not isinstance(doc, dict):
             raise VerificationError("verify.dsse.shape", "envelope is not a JSON object")
         unknown = sorted(set(doc) - {"payload", "payloadType", "signatures"})
@@ -95,9 +96,9 @@ class Envelope:
         ptype, payload, sigs = doc.get("payloadType"), doc.get("payload"), doc.get("signatures")
         if not isinstance(ptype, str) or not isinstance(payload, str):
             raise VerificationError("verify.dsse.shape", "payloadType and payload must be strings")
-        if ptype != IN_TOTO_PAYLOAD_TYPE:
+        if ptype != payload_type:
             raise VerificationError("verify.dsse.payload_type",
-                                    f"payloadType is {ptype!r}, expected {IN_TOTO_PAYLOAD_TYPE!r}",
+                                    f"payloadType is {ptype!r}, expected {payload_type!r}",
                                     evidence={"payload_type": ptype[:256]})
         if sigs is None or sigs == []:
             raise VerificationError("verify.dsse.unsigned", "envelope carries no signatures",

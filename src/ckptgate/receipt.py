@@ -1,0 +1,124 @@
+"""Check a published destination against its receipt, later: the receipt's DSSE signature when
+there is one, and every output file's sha256 and size; missing and extra files are reported."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckptgate.errors import UsageError
+from ckptgate.publish import RECEIPT_NAME, RECEIPT_PAYLOAD_TYPE, RECEIPT_SIGNATURE_NAME
+
+MAX_RECEIPT_BYTES = 64 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FileCheck:
+    file: str
+    status: str
+    """``ok``, ``missing``, ``extra``, ``size_mismatch`` or ``sha256_mismatch``."""
+    expected_size: int | None = None
+    size: int | None = None
+    expected_sha256: str | None = None
+    sha256: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "status": self.status, "expected_size": self.expected_size, "size": self.size,
+                "expected_sha256": self.expected_sha256, "sha256": self.sha256}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReceiptCheck:
+    destination: str
+    signature: str
+    """``verified``, ``invalid`` (bad, or not over this receipt), ``missing`` (a key was given, no
+    envelope), ``unchecked`` (an envelope, no key) or ``absent`` (neither)."""
+    signature_detail: str | None
+    files: tuple[FileCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.signature not in ("invalid", "missing") and all(f.status == "ok" for f in self.files)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"destination": self.destination, "ok": self.ok, "signature": self.signature,
+                "signature_detail": self.signature_detail, "files": [f.to_json() for f in self.files]}
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_RECEIPT_BYTES + 1)
+    except OSError as e:
+        raise UsageError("usage.receipt_unreadable", f"cannot read {what} {path}: {e.strerror}") from None
+    if len(raw) > MAX_RECEIPT_BYTES:
+        raise UsageError("usage.receipt_unreadable", f"{what} {path} is over {MAX_RECEIPT_BYTES} bytes")
+    return raw
+
+
+def _signature(dst: Path, raw: bytes, key: Path | None) -> tuple[str, str | None]:
+    from ckptgate.errors import VerificationError
+    from ckptgate.verify.dsse import Envelope, _verifies, pae
+
+    env_path = dst / RECEIPT_SIGNATURE_NAME
+    if not env_path.is_file():
+        return ("missing", f"--key was given but {RECEIPT_SIGNATURE_NAME} is absent") if key else ("absent", None)
+    try:
+        env = Envelope.parse(_read(env_path, "the receipt signature"), payload_type=RECEIPT_PAYLOAD_TYPE)
+    except VerificationError as e:
+        return "invalid", f"{e.code}: {e.message}"
+    if env.payload != raw:
+        return "invalid", f"the envelope is not over the bytes of {RECEIPT_NAME}"
+    if key is None:
+        return "unchecked", "an envelope is present; pass --key PUB.pem to check its signature"
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        public = serialization.load_pem_public_key(_read(key, "the public key"))
+    except ValueError as e:
+        raise UsageError("usage.key_invalid", f"{key} is not a PEM public key: {e}") from None
+    message = pae(env.payload_type, env.payload)
+    if any(_verifies(public, s.sig, message) for s in env.signatures):  # type: ignore[arg-type]
+        return "verified", None
+    return "invalid", f"no signature verifies with {key}"
+
+
+def _digest(path: Path) -> tuple[int, str]:
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        return size, hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def verify_receipt(dst: Path, *, key: Path | None = None) -> ReceiptCheck:
+    """Check ``dst`` against its receipt; never raises for a mismatch (see :attr:`ReceiptCheck.ok`)."""
+    if not dst.is_dir():
+        raise UsageError("usage.invalid", f"{dst} is not a directory")
+    raw = _read(dst / RECEIPT_NAME, "the receipt")
+    try:
+        receipt = json.loads(raw)
+        outputs = receipt["outputs"]
+        expected = {o["file"]: (int(o["size"]), str(o["sha256"])) for o in outputs}
+    except (ValueError, KeyError, TypeError):
+        raise UsageError("usage.receipt_invalid", f"{dst / RECEIPT_NAME} is not a ckptgate receipt") from None
+    signature, detail = _signature(dst, raw, key)
+    files: list[FileCheck] = []
+    present = {e.name for e in os.scandir(dst)} - {RECEIPT_NAME, RECEIPT_SIGNATURE_NAME}
+    for name in sorted(expected):
+        size_e, sha_e = expected[name]
+        path = dst / name
+        if name not in present or not path.is_file() or path.is_symlink():
+            files.append(FileCheck(file=name, status="missing", expected_size=size_e, expected_sha256=sha_e))
+            continue
+        size, sha = _digest(path)
+        status = "ok" if (size, sha) == (size_e, sha_e) else "size_mismatch" if size != size_e else "sha256_mismatch"
+        files.append(FileCheck(file=name, status=status, expected_size=size_e, size=size, expected_sha256=sha_e,
+                               sha256=sha))
+    files += [FileCheck(file=name, status="extra") for name in sorted(present - set(expected))]
+    return ReceiptCheck(destination=str(dst), signature=signature, signature_detail=detail, files=tuple(files))
+
+
+__all__ = ["FileCheck", "ReceiptCheck", "verify_receipt"]

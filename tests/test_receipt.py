@@ -1,0 +1,134 @@
+"""``intake --receipt-key`` signs the receipt; ``receipt verify`` checks the signature, every output's
+sha256 and size, and reports missing and extra files (exit 5), through the CLI as a pipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckptgate.demo import demo_statement
+from ckptgate.digest import fixture_digest
+from ckptgate.errors import ExitCode
+from ckptgate.inspect import SafeTree
+from ckptgate.publish import RECEIPT_NAME, RECEIPT_SIGNATURE_NAME
+from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
+from ckptgate.verify.dsse import sign_statement
+
+REPO = Path(__file__).resolve().parent.parent
+HF = REPO / "tests" / "fixtures" / "data" / "hf_sharded" / "checkpoint"
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "ckptgate", *map(str, args)], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    """One signed intake (receipt key separate from the attestation key) and one unsigned."""
+    tmp = tmp_path_factory.mktemp("receipt")
+    src = tmp / "ckpt"
+    shutil.copytree(HF, src)
+    priv, pub = generate_keypair("ed25519")
+    (tmp / "att.pem").write_bytes(priv)
+    trust = tmp / "trust.json"
+    trust.write_text(json.dumps({"signers": [trust_entry(pub, signer_id="test-key",
+                                                         predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}))
+    with SafeTree.open(src) as tree:
+        digest = fixture_digest(tree).digest
+    att = tmp / "att.json"
+    att.write_bytes(sign_statement(demo_statement(digest, "hf_sharded", producer=("huggingface_hub", "2.4.0")),
+                                   KeySigner.from_pem(tmp / "att.pem")))
+    rpriv, rpub = generate_keypair("ecdsa-p256")
+    (tmp / "receipt.pem").write_bytes(rpriv)
+    (tmp / "receipt.pub").write_bytes(rpub)
+    signed = cli("intake", src, "--out", tmp / "signed", "--trust", trust, "--attestation", att,
+                 "--receipt-key", tmp / "receipt.pem", "--json")
+    assert signed.returncode == 0, signed.stderr
+    plain = cli("intake", src, "--out", tmp / "plain", "--trust", trust, "--attestation", att, "--json")
+    assert plain.returncode == 0, plain.stderr
+    return {"tmp": tmp, "src": src, "signed": tmp / "signed", "plain": tmp / "plain", "pub": tmp / "receipt.pub",
+            "other_pub": pub, "receipt": json.loads(signed.stdout)["receipt"]}
+
+
+def _copy(published, name, tmp_path) -> Path:
+    dst = tmp_path / name
+    shutil.copytree(published[name], dst)
+    return dst
+
+
+def test_receipt_records_the_opa_version_and_the_absolute_source(published):
+    r = published["receipt"]
+    assert r["source_absolute"] == str(published["src"].resolve()) and Path(r["source_absolute"]).is_absolute()
+    version = subprocess.run([str(REPO / ".tools" / "bin" / "opa"), "version"], capture_output=True, text=True,
+                             check=True).stdout.splitlines()[0].split(":", 1)[1].strip()
+    assert r["opa_version"] == version
+
+
+def test_a_signed_receipt_verifies_with_its_key(published):
+    assert (published["signed"] / RECEIPT_SIGNATURE_NAME).is_file()
+    assert not (published["plain"] / RECEIPT_SIGNATURE_NAME).exists()
+    res = cli("receipt", "verify", published["signed"], "--key", published["pub"], "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is True and doc["signature"] == "verified"
+    assert {f["file"] for f in doc["files"]} == {o["file"] for o in published["receipt"]["outputs"]}
+    assert all(f["status"] == "ok" for f in doc["files"])
+    human = cli("receipt", "verify", published["signed"], "--key", published["pub"])
+    assert human.returncode == 0 and "receipt verified" in human.stdout
+
+
+def test_an_unsigned_receipt_checks_files_and_says_the_signature_is_absent(published):
+    res = cli("receipt", "verify", published["plain"], "--json")
+    assert res.returncode == 0
+    assert json.loads(res.stdout)["signature"] == "absent"
+    needs = cli("receipt", "verify", published["plain"], "--key", published["pub"], "--json")
+    assert needs.returncode == ExitCode.VERIFICATION_FAILED
+    assert json.loads(needs.stdout)["signature"] == "missing"
+    unchecked = cli("receipt", "verify", published["signed"], "--json")
+    assert unchecked.returncode == 0 and json.loads(unchecked.stdout)["signature"] == "unchecked"
+
+
+def test_the_wrong_key_or_an_edited_receipt_fails_the_signature(published, tmp_path):
+    other = tmp_path / "other.pub"
+    other.write_bytes(published["other_pub"])
+    res = cli("receipt", "verify", published["signed"], "--key", other, "--json")
+    assert res.returncode == ExitCode.VERIFICATION_FAILED and json.loads(res.stdout)["signature"] == "invalid"
+    dst = _copy(published, "signed", tmp_path)
+    receipt = json.loads((dst / RECEIPT_NAME).read_text())
+    receipt["decision"]["allow"] = "edited"
+    (dst / RECEIPT_NAME).write_text(json.dumps(receipt, indent=2, sort_keys=True) + "\n")
+    edited = cli("receipt", "verify", dst, "--key", published["pub"], "--json")
+    assert edited.returncode == ExitCode.VERIFICATION_FAILED
+    assert json.loads(edited.stdout)["signature"] == "invalid"
+
+
+def test_changed_missing_and_extra_files_are_reported_and_exit_5(published, tmp_path):
+    dst = _copy(published, "plain", tmp_path)
+    outputs = [o["file"] for o in published["receipt"]["outputs"]]
+    changed, gone = outputs[0], outputs[1]
+    data = bytearray((dst / changed).read_bytes())
+    data[-1] ^= 1
+    (dst / changed).write_bytes(bytes(data))
+    (dst / gone).unlink()
+    (dst / "stray.bin").write_bytes(b"x")
+    res = cli("receipt", "verify", dst, "--json")
+    assert res.returncode == ExitCode.VERIFICATION_FAILED
+    status = {f["file"]: f["status"] for f in json.loads(res.stdout)["files"]}
+    assert status[changed] == "sha256_mismatch" and status[gone] == "missing" and status["stray.bin"] == "extra"
+    assert sum(1 for s in status.values() if s == "ok") == len(outputs) - 2
+    (dst / changed).write_bytes(bytes(data) + b"more")
+    sized = cli("receipt", "verify", dst)
+    assert sized.returncode == ExitCode.VERIFICATION_FAILED and "size_mismatch" in sized.stdout
+
+
+def test_a_directory_without_a_receipt_is_a_usage_error(tmp_path):
+    res = cli("receipt", "verify", tmp_path, "--json")
+    assert res.returncode == ExitCode.USAGE
+    assert json.loads(res.stdout)["error"]["code"] == "usage.receipt_unreadable"

@@ -41,7 +41,7 @@ from typing import Any
 
 from ckptgate._fs import RENAME_NOREPLACE, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, is_within, openat2, renameat2
 from ckptgate.errors import Error, UsageError
-from ckptgate.workdirs import registered, sweep_registry
+from ckptgate.workdirs import lock_held, registered, sweep_registry
 
 RECEIPT_NAME = "ckptgate-receipt.json"
 RECEIPT_SIGNATURE_NAME = "ckptgate-receipt.dsse.json"
@@ -105,12 +105,9 @@ def _held(parent_fd: int, name: str) -> bool:
     except OSError:
         return True  # cannot tell: leave it alone
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        return lock_held(fd)
     finally:
         os.close(fd)  # closing releases a lock we just took
-    return False
 
 
 def _ours(parent_fd: int, name: str) -> bool:

@@ -290,13 +290,18 @@ def held(path: Path, kind: str) -> bool:
     except OSError:
         return True  # cannot tell: leave it alone
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return True
+        return lock_held(fd)
     finally:
         os.close(fd)
+
+
+def lock_held(fd: int) -> bool:
+    """Whether another open file holds a ``flock`` on ``fd``'s file: it is busy, or cannot be
+    tested (leave it alone).  A lock this call takes goes when the caller closes ``fd``."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # BlockingIOError: a live owner; anything else: cannot tell
+        return True
     return False
 
 

@@ -80,7 +80,7 @@ class EngineOptions:
     timeout_s: float = 5.0
     policy_bundle: Path | None = None
     policy_key: Path | None = None
-    sigstore_trust_root: Path | None = None
+    sigstore_trust_root: Path | str | None = None  # a trusted_root.json, or "production" (sigstore's embedded root)
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
@@ -171,7 +171,7 @@ def _read_attestation(path: Path) -> bytes:
 
 def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngine, trust: TrustData,
              action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
-             containment: Any = None, sigstore_trust_root: Path | None = None,
+             containment: Any = None, sigstore_trust_root: Path | str | None = None,
              refuse_early: bool = False, signatures: Sequence[Path] = (),
              offered_key: OfferedKey | None = None) -> Evaluation:
     """Inspect, digest, verify and decide.  Never loads anything from the checkpoint.
@@ -237,7 +237,7 @@ def _preflight() -> Any:
 
 def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequence[Path], engine: PolicyEngine,
           trust: TrustData, action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
-          containment: Any = None, sigstore_trust_root: Path | None = None, signatures: Sequence[Path] = (),
+          containment: Any = None, sigstore_trust_root: Path | str | None = None, signatures: Sequence[Path] = (),
           offered_key: OfferedKey | None = None) -> Evaluation:
     """Verify ``attestations`` against what was measured and decide; :func:`evaluate` measures first.
 

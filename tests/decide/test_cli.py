@@ -163,3 +163,20 @@ def test_explain_reason_attestation_reference_takes_source_and_index_from_the_ev
     assert _attestation_ref({"attestation": 0}) == {"source": None, "index": 0}
     assert _attestation_ref({"attestation": True, "source": 3}) is None  # not an index, not a source
     assert _attestation_ref({"plane": "pure_data"}) is None
+
+
+def test_every_engine_command_takes_the_production_sigstore_root_as_attest_verify_does():
+    """Issue 19, item 11: 'production' was accepted by `attest verify` only."""
+    res = cli("decide", HF, "--sigstore-trust-root", "production", "--json")
+    assert res.returncode == ExitCode.DENIED, res.stderr  # no attestation: a policy deny, not a usage error
+    bad = cli("decide", HF, "--sigstore-trust-root", "staging", "--json")
+    assert bad.returncode == ExitCode.USAGE
+
+
+def test_demo_refuses_trust_options_it_would_ignore(tmp_path):
+    trust = tmp_path / "trust.json"
+    trust.write_text('{"signers": []}')
+    res = cli("demo", "--workdir", tmp_path / "w", "--trust", trust, "--json")
+    assert res.returncode == ExitCode.USAGE
+    assert json.loads(res.stdout)["error"]["code"] == "usage.demo_option"
+    assert not (tmp_path / "w").exists()

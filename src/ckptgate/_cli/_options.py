@@ -50,9 +50,10 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="A signed bundle from `ckptgate policy build` (needs --policy-key).")(w)
     w = click.option("--policy-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
                      help="PEM public key that verifies --policy-bundle; OPA refuses a tampered bundle.")(w)
-    w = click.option("--sigstore-trust-root", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-                     default=None, help="trusted_root.json for verifying Sigstore bundles offline; the identities "
-                                        "come from the trust data's sigstore signers.")(w)
+    w = click.option("--sigstore-trust-root", type=TrustRoot(), default=None,
+                     help="trusted_root.json for verifying Sigstore bundles offline, or 'production' for the root "
+                          "embedded in sigstore-python; the identities come from the trust data's sigstore "
+                          "signers.")(w)
     w = click.option("--trust", "trust_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="Trust data file (default: policies/ckptgate/config/trust/data.json).")(w)
     return w
@@ -105,3 +106,15 @@ class ByteSize(click.ParamType):
         if n < 1:
             self.fail(f"{value!r} is less than one byte", param, ctx)
         return n
+
+
+class TrustRoot(click.ParamType):
+    """``--sigstore-trust-root``: an existing file, or the word ``production`` (the Sigstore
+    production root embedded in sigstore-python, used offline), as ``attest verify`` takes it."""
+
+    name = "file|production"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path | str:
+        if value == "production":
+            return "production"
+        return click.Path(dir_okay=False, exists=True, path_type=Path).convert(value, param, ctx)

@@ -25,10 +25,18 @@ def register(cli: click.Group) -> None:
     def demo_command(workdir: Path | None, engine: EngineOptions, as_json: bool) -> int:
         """Build a small real checkpoint, sign an attestation with a throwaway key, and take it in.
 
-        Runs offline on the embedded OPA (or --opa-url). --trust is ignored: the demo trusts only
-        its own throwaway key.
+        Runs offline on the embedded OPA (or --opa-url). The demo trusts only its own throwaway
+        key, so --trust, --policy-bundle, --policy-key and --sigstore-trust-root are refused.
         """
         from ckptgate.demo import run_demo
+        from ckptgate.errors import UsageError
+
+        ignored = [flag for flag, value in (("--trust", engine.trust_file), ("--policy-bundle", engine.policy_bundle),
+                                            ("--policy-key", engine.policy_key),
+                                            ("--sigstore-trust-root", engine.sigstore_trust_root)) if value]
+        if ignored:
+            raise UsageError("usage.demo_option", f"the demo trusts only its own throwaway key and would ignore "
+                             f"{', '.join(ignored)}", advice="Run `ckptgate intake` to use your own trust data.")
 
         workdir = workdir or Path(".ckptgate-demo") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         result = run_demo(workdir.absolute(), options=engine)

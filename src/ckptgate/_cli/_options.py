@@ -28,7 +28,7 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
             from ckptgate.decide.bundle import select_opa_binary  # noqa: PLC0415
 
             select_opa_binary(values["opa_binary"])
-        config = load_config()
+        config = load_config(kwargs.get("repo"))  # a command's --repo names the repository configured
         local = values["opa_url"] is None and values["policy_bundle"] is None
         if config is not None and local:  # an explicit option wins over the configuration
             values["trust_file"] = values["trust_file"] or config.trust
@@ -64,11 +64,11 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return w
 
 
-def load_config() -> Any:
-    """The repository configuration found from the current directory (``ckptgate.config``), else ``None``."""
+def load_config(start: Path | None = None) -> Any:
+    """The repository configuration found from ``start`` (default: the current directory), else ``None``."""
     from ckptgate.config import load  # noqa: PLC0415
 
-    return load()
+    return load(start)
 
 
 def _opa_supported() -> str:

@@ -164,3 +164,33 @@ def test_ckptgate_own_repository_is_configured_and_enables_every_check():
     assert own.policies == REPO / "policies" and own.matrix == REPO / "matrix"
     assert plan(own) == {}
     assert REPO / "README.md" in own.doc_files() and REPO / "docs" / "user-guide.md" in own.doc_files()
+
+
+def test_check_runs_the_extra_rego_tests_with_the_bundled_policies_loaded(tmp_path):
+    from ckptgate.decide.bundle import find_opa
+    from ckptgate.errors import EngineUnavailable
+
+    try:
+        find_opa()
+    except EngineUnavailable:
+        pytest.skip("no OPA binary here")
+    root = tmp_path / "repo"
+    (root / "policy").mkdir(parents=True)
+    (root / "policy" / "gates.rego").write_text("package acme.gates\n\nimport rego.v1\n\nok if input.x == 1\n\n"
+                                                "bundled if data.ckptgate.config.trust\n")
+    (root / "policy" / "gates_test.rego").write_text(
+        "package acme.gates_test\n\nimport rego.v1\n\nimport data.acme.gates\n\n"
+        "test_sees_bundled_data if gates.bundled\n\ntest_bad if gates.ok with input as {\"x\": 2}\n")
+    (root / "ckptgate.toml").write_text('extra_rego = "policy"\ndocs = []\n')
+    for args in (("init", "-q"), ("add", "-A"), ("-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "x")):
+        subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+    out = ckptgate(root, "check", "--json", "--skip", "regal_lint")
+    assert out.returncode == ExitCode.DENIED, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert set(checks) == {"policy_tests", "opa_fmt", "claims"} and checks["claims"]["passed"]
+    [failed] = checks["policy_tests"]["findings"]  # test_sees_bundled_data passed: the bundled policies are there
+    assert failed["message"].endswith("acme.gates_test.test_bad failed") and failed["file"] == "policy/gates_test.rego"
+    assert doc["skip_reasons"] == {"regal_lint": "--skip regal_lint",
+                                   "matrix_drift": plan(cfg.load(root))["matrix_drift"],
+                                   "evidence": plan(cfg.load(root))["evidence"]}

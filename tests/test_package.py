@@ -247,3 +247,104 @@ def test_the_core_dependency_set_is_under_80_mb_without_torch(installed):
         core install: {len(sizes)} distributions, {total / 1e6:.1f} MB
         (largest: {', '.join(f'{n} {s / 1e6:.1f} MB' for n, s in sorted(sizes.items(), key=lambda x: -x[1])[:4])})"""))
     assert total < CORE_BUDGET_BYTES
+
+
+def _git(repo: Path, env: dict[str, str], *args: str) -> None:
+    ident = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
+             "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+    proc = subprocess.run(["git", "-C", str(repo), *args], env={**env, **ident}, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_consumer_repository_is_configured_takes_a_checkpoint_in_and_is_checked(installed):
+    """In a scratch git repository: `ckptgate init`; the configuration's trust data takes a signed
+    safetensors checkpoint in (no --trust); `ckptgate check` runs only the claims lint, passes, then
+    fails on an over-claim added to a doc; the hook runs through `pre-commit try-repo` when it can."""
+    try:
+        opa = find_opa()
+    except EngineUnavailable:
+        pytest.skip("no OPA binary here")
+    env_dir, _, scratch, env = installed
+    env = {**env, "CKPTGATE_OPA": opa}
+    repo = scratch / "consumer"
+    (repo / "docs").mkdir(parents=True)
+    sub = repo / "docs"
+    (sub / "x.md").write_text("# Models\n\nWe take checkpoints in with ckptgate after checking their signatures.\n")
+    _git(repo, env, "init", "-q", "-b", "main")
+
+    def cg(*args: str, cwd: Path = repo) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(env_dir / "bin" / "ckptgate"), *args], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=300, check=False)
+
+    made = cg("init", "--json", cwd=sub)  # from a subdirectory: written at the top of the work tree
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["config"] == str(repo / "ckptgate.toml")
+    assert cg("init", "--json").returncode == ExitCode.USAGE  # never overwrites
+
+    # Trust from the configuration: keygen writes trust.json, the configuration names it.
+    assert cg("attest", "keygen", "--out", "key", "--trust-out", "trust.json", "--json").returncode == 0
+    config = (repo / "ckptgate.toml").read_text().replace('# trust = "trust.json"', 'trust = "trust.json"')
+    assert 'trust = "trust.json"\n' in config
+    (repo / "ckptgate.toml").write_text(config)
+    src = scratch / "consumer-ckpt"
+    shutil.copytree(HF, src)
+    (scratch / "make_statement.py").write_text(MAKE_STATEMENT)
+    statement = subprocess.run([str(env_dir / "bin" / "python"), str(scratch / "make_statement.py"), str(src),
+                                str(repo / "statement.json")], cwd=repo, env=env, capture_output=True, text=True,
+                               timeout=300, check=False)
+    assert statement.returncode == 0, statement.stderr
+    assert cg("attest", "sign", "--key", "key.pem", "--statement", "statement.json", "--out", "ckpt.dsse.json",
+              "--json").returncode == 0
+    took = cg("intake", str(src), "--out", str(scratch / "consumer-out"), "--attestation", str(repo / "ckpt.dsse.json"), "--json",
+              cwd=sub)
+    assert took.returncode == 0, took.stdout + took.stderr
+    assert json.loads((scratch / "consumer-out" / "ckptgate-receipt.json").read_text())["decision"]["allow"] is True
+    # The same intake outside the repository has no configuration, so the bundled trust: the signer is unknown.
+    outside = cg("intake", str(src), "--out", str(scratch / "consumer-out2"), "--attestation",
+                 str(repo / "ckpt.dsse.json"), "--json", cwd=scratch)
+    assert outside.returncode != 0 and not (scratch / "consumer-out2").exists()
+
+    (repo / "key.pem").unlink()
+    _git(repo, env, "add", "-A")
+    _git(repo, env, "commit", "-q", "-m", "adopt ckptgate")
+    passed = cg("check", "--json", "--sarif", str(scratch / "check.sarif"))
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    report = json.loads(passed.stdout)
+    assert [c["name"] for c in report["checks"]] == ["claims"] and report["passed"] is True
+    assert set(report["skip_reasons"]) == {"policy_tests", "opa_fmt", "regal_lint", "matrix_drift", "evidence"}
+    assert all(report["skip_reasons"].values())
+    notes = json.loads((scratch / "check.sarif").read_text())["runs"][0]["invocations"][0]["toolExecutionNotifications"]
+    assert len(notes) == 5 and all("configuration" in n["message"]["text"] for n in notes)
+
+    with (sub / "x.md").open("a") as f:
+        f.write("\nckptgate makes loading any pickle checkpoint safe.\n")
+    failed = cg("check", "--json")
+    assert failed.returncode == ExitCode.DENIED, failed.stdout + failed.stderr
+    codes = {f["code"] for c in json.loads(failed.stdout)["checks"] for f in c["findings"]}
+    assert "check.claims.claims_containment_as_proof" in codes
+    text = cg("check")
+    assert text.returncode == ExitCode.DENIED and "docs/x.md" in text.stdout and "SKIP matrix_drift" in text.stdout
+
+
+def test_the_pre_commit_hook_runs_check_in_a_consumer_repository(installed):
+    """`.pre-commit-hooks.yaml` through `pre-commit try-repo` (language: python: pre-commit installs
+    ckptgate from this clone into its own environment, which needs the package index)."""
+    if shutil.which("pre-commit") is None:
+        pytest.skip("pre-commit is not installed, and nothing may be downloaded here: `pre-commit try-repo` not run")
+    try:
+        opa = find_opa()
+    except EngineUnavailable:
+        pytest.skip("no OPA binary here")
+    _, _, scratch, env = installed
+    env = {**env, "CKPTGATE_OPA": opa, "PATH": os.environ["PATH"]}
+    repo = scratch / "hooked"
+    (repo / "docs").mkdir(parents=True)
+    (repo / "docs" / "x.md").write_text("ckptgate makes loading any pickle checkpoint safe.\n")
+    (repo / "ckptgate.toml").write_text('docs = ["docs/*.md"]\n')
+    _git(repo, env, "init", "-q", "-b", "main")
+    _git(repo, env, "add", "-A")
+    _git(repo, env, "commit", "-q", "-m", "x")
+    hook = subprocess.run(["pre-commit", "try-repo", str(REPO), "ckptgate-check", "--all-files"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert hook.returncode != 0 and "claims_containment_as_proof" in hook.stdout, hook.stdout + hook.stderr

@@ -81,6 +81,8 @@ class EngineOptions:
     policy_bundle: Path | None = None
     policy_key: Path | None = None
     sigstore_trust_root: Path | str | None = None  # a trusted_root.json, or "production" (sigstore's embedded root)
+    #: A directory of extra Rego (the configuration's ``extra_rego``), loaded beside the policies.
+    extra_rego: Path | None = None
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
@@ -108,9 +110,13 @@ class EngineOptions:
 def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterator[PolicyEngine]:
     """The policy engine ``options`` name.  With ``--trust``, the engine carries the very bytes
     ``trust`` was parsed from (read here when ``trust`` is not given), never a second read."""
-    overlays = None
+    overlays: dict[str, bytes] | None = None
     if options.trust_file is not None:
         overlays = {TRUST_IN_BUNDLE: (trust or load_trust(options)).raw}
+    if options.extra_rego is not None and options.opa_url is None and options.policy_bundle is None:
+        from ckptgate.config import extra_rego_overlays  # noqa: PLC0415
+
+        overlays = {**(overlays or {}), **extra_rego_overlays(options.extra_rego)}
     bundle = None
     if options.policy_bundle is not None:
         if options.policy_key is None or options.trust_file is not None:

@@ -28,11 +28,17 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
             from ckptgate.decide.bundle import select_opa_binary  # noqa: PLC0415
 
             select_opa_binary(values["opa_binary"])
+        config = load_config(kwargs.get("repo"))  # a command's --repo names the repository configured
+        local = values["opa_url"] is None and values["policy_bundle"] is None
+        if config is not None and local:  # an explicit option wins over the configuration
+            values["trust_file"] = values["trust_file"] or config.trust
+            values["policy_dir"] = values["policy_dir"] or config.policies
         kwargs["engine"] = EngineOptions(
             opa_url=values["opa_url"], opa_token=os.environ.get("CKPTGATE_OPA_TOKEN"),
             policy_dir=values["policy_dir"], trust_file=values["trust_file"], timeout_s=values["opa_timeout"],
             policy_bundle=values["policy_bundle"], policy_key=values["policy_key"],
-            sigstore_trust_root=values["sigstore_trust_root"])
+            sigstore_trust_root=values["sigstore_trust_root"],
+            extra_rego=config.extra_rego if config is not None and local else None)
         return f(*args, **kwargs)
 
     w: Callable[..., Any] = wrapper
@@ -55,8 +61,15 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "embedded in sigstore-python; the identities come from the trust data's sigstore "
                           "signers.")(w)
     w = click.option("--trust", "trust_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="Trust data file (default: policies/ckptgate/config/trust/data.json).")(w)
+                     help="Trust data file (default: the configuration's trust, else policies/ckptgate/config/trust/data.json).")(w)
     return w
+
+
+def load_config(start: Path | None = None) -> Any:
+    """The repository configuration found from ``start`` (default: the current directory), else ``None``."""
+    from ckptgate.config import load  # noqa: PLC0415
+
+    return load(start)
 
 
 def _opa_supported() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -28,7 +29,11 @@ def register(cli: click.Group) -> None:
     @json_option
     def check_command(sarif: Path | None, junit: Path | None, skip: tuple[str, ...], fmt: str | None,
                       repo: Path | None, engine, as_json: bool) -> int:
-        """Run the pre-merge gate. Exit 0 when every check passes, 3 when any fails."""
+        """Run the pre-merge gate. Exit 0 when every check passes, 3 when any fails.
+
+        In a repository with a ckptgate.toml (or [tool.ckptgate] in pyproject.toml), only the checks
+        its configuration enables run; the others are reported as skipped, with the reason.
+        """
         from ckptgate.errors import UsageError
         from ckptgate.evidence.candidate import repo_root
         from ckptgate.evidence.check import run_check, to_github, to_junit, to_sarif
@@ -40,9 +45,16 @@ def register(cli: click.Group) -> None:
         for out, what in ((sarif, "the SARIF report"), (junit, "the JUnit report")):
             if out is not None:
                 check_output_file(out, what=what)
+        from ckptgate.config import load
+
         root = repo_root(repo)
-        options = engine.in_repo(root)
-        report = run_check(root, options=options, skip=skip)
+        config = load(root if repo is not None else None)  # the checked repository's configuration
+        if config is not None and engine.opa_url is None and engine.policy_bundle is None:
+            engine = dataclasses.replace(engine, trust_file=engine.trust_file or config.trust,
+                                         policy_dir=engine.policy_dir or config.policies,
+                                         extra_rego=config.extra_rego)
+        options = engine if config is not None else engine.in_repo(root)
+        report = run_check(root, options=options, skip=skip, config=config)
         if sarif is not None:
             write_output_file(sarif, (json.dumps(to_sarif(report), indent=2, sort_keys=True) + "\n").encode(),
                               what="the SARIF report")
@@ -63,6 +75,7 @@ def register(cli: click.Group) -> None:
                     if f.detail and r.name == "matrix_drift":
                         stdout.print(printable(f.detail), markup=False)
             for name in report.skipped:
-                stdout.print(f"[yellow]SKIP[/] {name:13} skipped with --skip", markup=True, highlight=False)
+                stdout.print(f"[yellow]SKIP[/] {name:13} ", markup=True, highlight=False, end="")
+                stdout.print(printable(report.reason(name)), markup=False, highlight=False)
             stdout.print("check passed" if report.passed else "check FAILED (exit 3)")
         return 0 if report.passed else 3

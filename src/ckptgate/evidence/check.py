@@ -9,6 +9,7 @@ and JUnit XML.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -95,6 +96,8 @@ class CheckResult:
 class Report:
     results: tuple[CheckResult, ...]
     skipped: tuple[str, ...] = ()
+    #: (check, why) for each skipped check.
+    skip_reasons: tuple[tuple[str, str], ...] = ()
     candidate_commit: str | None = None
     policy_revision: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -113,7 +116,11 @@ class Report:
                 "checks": [{"name": r.name, "passed": r.passed, "summary": r.summary,
                             "seconds": round(r.seconds, 3),
                             "findings": [f.to_json() for f in r.findings]} for r in self.results],
-                "skipped": list(self.skipped)}
+                "skipped": list(self.skipped), "skip_reasons": dict(self.skip_reasons)}
+
+    def reason(self, name: str) -> str:
+        """Why ``name`` was skipped."""
+        return dict(self.skip_reasons).get(name, f"--skip {name}")
 
 
 # --------------------------------------------------------------------------------------------- tools
@@ -262,24 +269,62 @@ def evidence_findings(repo: Path, rows: Sequence[dict[str, Any]], *, origin: str
     return out
 
 
-def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = ()) -> Report:
-    """Run every check (except ``skip``) and return the report; never raises for a failing check."""
+def plan(config: Any, skip: Sequence[str] = ()) -> dict[str, str]:
+    """The checks a configuration does not enable (or ``skip`` names), each with the reason."""
+    reasons = {name: f"--skip {name}" for name in CHECK_NAMES if name in skip}
+    if config is None:  # no configuration: ckptgate's own layout, every check
+        return reasons
+    if config.policies is None and config.extra_rego is None:
+        for name in ("policy_tests", "opa_fmt", "regal_lint"):
+            reasons.setdefault(name, "the configuration names no policies and no extra_rego; the bundled "
+                                     "policies are tested where ckptgate is built")
+    if config.matrix is None:
+        for name in ("matrix_drift", "evidence"):
+            reasons.setdefault(name, "the configuration names no matrix (this repository qualifies no adapters)")
+    return reasons
+
+
+def extra_policy_tests(extra: Path, repo: Path, bundled: Path) -> CheckResult:
+    """``opa test`` of the extra Rego with the bundled policies loaded beside it."""
+    return _tool_check("policy_tests", "opa", ["test", "--format", "json", str(bundled), "."], extra, repo,
+                       lambda out: parse_opa_test_json(out, extra, repo))
+
+
+def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = (), config: Any = None) -> Report:
+    """Run every check that ``config`` enables (all of them without one), except ``skip``, and return
+    the report; never raises for a failing check."""
+    from ckptgate.decide.bundle import default_policy_dir
     from ckptgate.evidence import claims, matrix
     from ckptgate.evidence.candidate import candidate_commit
     from ckptgate.pipeline import EngineOptions, engine_for, load_trust
 
     repo = repo.resolve()
-    skipped = tuple(n for n in CHECK_NAMES if n in skip)
-    options = (options or EngineOptions()).in_repo(repo)
+    reasons = plan(config, skip)
+    skip = tuple(reasons)
+    skipped = tuple(n for n in CHECK_NAMES if n in reasons)
+    skip_reasons = tuple((n, reasons[n]) for n in skipped)
+    options = options or EngineOptions()
+    if config is None:
+        options = options.in_repo(repo)
     policies = options.policy_dir
     results: list[CheckResult] = []
-    for name, fn in (("policy_tests", policy_tests), ("opa_fmt", opa_fmt), ("regal_lint", regal_lint)):
+    if config is not None and config.policies is None and config.extra_rego is not None:
+        extra = config.extra_rego
+        tool_checks: tuple[tuple[str, Callable[[], CheckResult]], ...] = (
+            ("policy_tests", lambda: extra_policy_tests(extra, repo, policies or default_policy_dir())),
+            ("opa_fmt", lambda: opa_fmt(extra, repo)), ("regal_lint", lambda: regal_lint(extra, repo)))
+    else:
+        tool_checks = tuple((name, functools.partial(fn, policies, repo)) for name, fn in
+                            (("policy_tests", policy_tests), ("opa_fmt", opa_fmt), ("regal_lint", regal_lint)))
+    for name, run in tool_checks:
         if name not in skip:
-            results.append(fn(policies, repo))
+            results.append(run())
     revision = None
     if {"matrix_drift", "evidence", "claims"} <= set(skip):
-        return Report(results=tuple(results), skipped=skipped, candidate_commit=candidate_commit(repo),
-                      policy_revision=revision)
+        return Report(results=tuple(results), skipped=skipped, skip_reasons=skip_reasons,
+                      candidate_commit=candidate_commit(repo), policy_revision=revision)
+    docs = config.doc_files() if config is not None else None
+    with_matrix = config is None or config.matrix is not None
     started = time.monotonic()
 
     def timed(result: CheckResult) -> CheckResult:
@@ -293,9 +338,9 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = ()) -> R
     try:
         trust = load_trust(options)
         with engine_for(options, trust) as engine:
-            built = matrix.build(repo, engine, trust)
-            revision = built.policy_revision
-            if "matrix_drift" not in skip:
+            built = matrix.build(repo, engine, trust) if with_matrix else None
+            revision = built.policy_revision if built is not None else None
+            if "matrix_drift" not in skip and built is not None:
                 diffs = matrix.diff(built, repo / matrix.MATRIX_DIR)
                 results.append(timed(CheckResult(
                     name="matrix_drift", passed=not diffs,
@@ -306,7 +351,7 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = ()) -> R
                                                    "policies, attestations or fixtures changed without "
                                                    "`ckptgate matrix build`",
                                            file=f"matrix/{_diff_name(d)}", detail=d[:20000]) for d in diffs))))
-            if "evidence" not in skip:
+            if "evidence" not in skip and built is not None:
                 found = evidence_findings(repo, claims.committed_rows(repo), origin="matrix/support.json")
                 found += [f for f in evidence_findings(repo, built.rows, origin="fresh build") if f not in found]
                 n = sum(1 for r in built.rows if r.get("status") == "supported")
@@ -314,7 +359,7 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = ()) -> R
                                                  summary=f"{n} supported row(s), evidence retained" if not found
                                                  else f"{len(found)} evidence problem(s)", findings=tuple(found))))
             if "claims" not in skip:
-                violations = claims.lint(engine, repo, list(built.rows))
+                violations = claims.lint(engine, repo, list(built.rows) if built is not None else [], docs=docs)
                 found_c = [Finding(check="claims", code=f"check.claims.{v.get('code')}",
                                    message=str(v.get("message")),
                                    file=(v.get("location") or {}).get("file"),
@@ -331,8 +376,8 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = ()) -> R
     except Error as e:  # the checks below need the matrix; none of them ran
         results.append(CheckResult(name="matrix_build", passed=False, summary=f"could not build the matrix: {e.code}",
                                    findings=(Finding(check="matrix_build", code=e.code, message=e.message),)))
-    return Report(results=tuple(results), skipped=skipped, candidate_commit=candidate_commit(repo),
-                  policy_revision=revision)
+    return Report(results=tuple(results), skipped=skipped, skip_reasons=skip_reasons,
+                  candidate_commit=candidate_commit(repo), policy_revision=revision)
 
 
 def _diff_name(d: str) -> str:
@@ -371,7 +416,8 @@ def to_sarif(report: Report) -> dict[str, Any]:
             res["locations"] = [loc]
         results.append(res)
     notifications = [{"level": "note", "descriptor": {"id": "check.skipped"},
-                      "message": {"text": f"check {name} skipped (--skip {name})"}} for name in report.skipped]
+                      "message": {"text": f"check {name} skipped ({report.reason(name)})"}}
+                     for name in report.skipped]
     return {"$schema": SARIF_SCHEMA, "version": "2.1.0",
             "runs": [{"tool": {"driver": {"name": "ckptgate check", "version": __version__,
                                           "informationUri": DOCS_URI,
@@ -399,7 +445,7 @@ def to_junit(report: Report) -> bytes:
                                   for f in r.findings)
     for name in report.skipped:
         case = ET.SubElement(suite, "testcase", classname="ckptgate.check", name=name, time="0.000")
-        ET.SubElement(case, "skipped", message=f"skipped with --skip {name}")
+        ET.SubElement(case, "skipped", message=f"skipped: {report.reason(name)}")
     return ET.tostring(suites, encoding="utf-8", xml_declaration=True)
 
 
@@ -422,7 +468,8 @@ def to_github(report: Report) -> list[str]:
             if f.line:
                 props.insert(1, f"line={f.line}")
         lines.append(f"::{f.severity} {','.join(props)}::{_gh_data(f.message)}")
-    lines += [f"::notice title=check.skipped::check {name} skipped (--skip {name})" for name in report.skipped]
+    lines += [f"::notice title=check.skipped::check {name} skipped ({_gh_data(report.reason(name))})"
+              for name in report.skipped]
     return lines
 
 

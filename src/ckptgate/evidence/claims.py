@@ -233,7 +233,11 @@ def _generated_prose(text: str, *, file: str) -> list[Sentence]:
     return extract("\n".join(lines), file=file, origin="generated-notes")
 
 
-def doc_files(repo: Path) -> list[Path]:
+def doc_files(repo: Path, docs: Sequence[Path] | None = None) -> list[Path]:
+    """The documents linted: ``docs`` when given (a configuration's docs globs, matched), else
+    ``README.md`` and ``docs/**/*.md``."""
+    if docs is not None:
+        return list(docs)
     files = sorted((repo / "docs").rglob("*.md")) if (repo / "docs").is_dir() else []
     if (repo / "README.md").is_file():
         files.insert(0, repo / "README.md")
@@ -265,10 +269,10 @@ def generated_files(repo: Path) -> list[Path]:
     return [repo / p for p in GENERATED_FILES if (repo / p).is_file()]
 
 
-def sentences(repo: Path) -> list[Sentence]:
+def sentences(repo: Path, docs: Sequence[Path] | None = None) -> list[Sentence]:
     """Every sentence users read: docs, generated notes, CLI help and public docstrings."""
     out: list[Sentence] = []
-    for f in doc_files(repo):
+    for f in doc_files(repo, docs):
         out.extend(extract(_read(f), file=f.relative_to(repo).as_posix()))
     for f in generated_files(repo):
         out.extend(_generated_prose(_read(f), file=f.relative_to(repo).as_posix()))
@@ -277,9 +281,9 @@ def sentences(repo: Path) -> list[Sentence]:
     return out
 
 
-def generated(repo: Path) -> list[GeneratedRow]:
+def generated(repo: Path, docs: Sequence[Path] | None = None) -> list[GeneratedRow]:
     out: list[GeneratedRow] = []
-    for f in [*doc_files(repo), *generated_files(repo)]:
+    for f in [*doc_files(repo, docs), *generated_files(repo)]:
         out.extend(generated_rows(_read(f), file=f.relative_to(repo).as_posix()))
     return out
 
@@ -419,14 +423,14 @@ def with_facts(items: Iterable[Sentence], vocabulary: Vocabulary) -> list[dict[s
 
 
 def claims_input(repo: Path, matrix_rows: Sequence[dict[str, Any]] | None = None, *,
-                 vocabulary: Vocabulary | None = None) -> dict[str, Any]:
+                 vocabulary: Vocabulary | None = None, docs: Sequence[Path] | None = None) -> dict[str, Any]:
     """The input document for ``data.ckptgate.claims.violations``: this repository's text and matrix."""
     if matrix_rows is None:
         matrix_rows = committed_rows(repo)
     if vocabulary is None:
         vocabulary = local_vocabulary(repo)
-    return {"sentences": with_facts(sentences(repo), vocabulary), "references": reference_ids(repo),
-            "matrix": list(matrix_rows), "generated": [g.to_json() for g in generated(repo)]}
+    return {"sentences": with_facts(sentences(repo, docs), vocabulary), "references": reference_ids(repo),
+            "matrix": list(matrix_rows), "generated": [g.to_json() for g in generated(repo, docs)]}
 
 
 def local_vocabulary(repo: Path) -> Vocabulary:
@@ -469,9 +473,10 @@ def committed_rows(repo: Path) -> list[dict[str, Any]]:
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
-def lint(engine: Any, repo: Path, matrix_rows: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def lint(engine: Any, repo: Path, matrix_rows: Sequence[dict[str, Any]] | None = None, *,
+         docs: Sequence[Path] | None = None) -> list[dict[str, Any]]:
     """Violations (``{code, message, evidence, location}``) from the ``ckptgate.claims`` policy, sorted."""
-    raw = engine.evaluate(ENTRYPOINT, claims_input(repo, matrix_rows, vocabulary=engine_vocabulary(engine)))
+    raw = engine.evaluate(ENTRYPOINT, claims_input(repo, matrix_rows, vocabulary=engine_vocabulary(engine), docs=docs))
     result = raw.result
     if not isinstance(result, list) or not all(isinstance(v, dict) for v in result):
         raise EvidenceError("evidence.claims.bad_result", "data.ckptgate.claims.violations is not a list of objects",

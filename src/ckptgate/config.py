@@ -1,0 +1,289 @@
+"""A repository's ckptgate configuration: ``ckptgate.toml``, or ``[tool.ckptgate]`` in ``pyproject.toml``.
+
+Found by walking up from the current directory to the top of its git work tree (the way ruff and
+pre-commit find theirs): in each directory ``ckptgate.toml`` first, then a ``pyproject.toml`` with a
+``[tool.ckptgate]`` table.  Paths in it are relative to the directory of the file that holds it and
+must stay inside that directory.  The table is validated against a JSON schema (unknown keys are
+refused, so a typo is an error rather than a silently ignored setting); every problem is a
+:class:`ConfigError` with a ``usage.config.*`` code.
+
+Keys (all optional)::
+
+    trust = "trust.json"               # trust data, as --trust (an explicit --trust wins)
+    extra_rego = "policy"              # extra Rego, loaded beside the bundled policies
+    docs = ["README.md", "docs/**/*.md"]   # what the claims lint reads
+    attestations = "attestations"      # the attestation store
+    matrix = "matrix"                  # the support matrix; set only where adapters are qualified
+    fixtures = "tests/fixtures/data"   # fixtures for qualifying adapters
+    policies = "policies"              # ckptgate's own repository: the policy tree itself
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckptgate.errors import UsageError
+
+CONFIG_FILE = "ckptgate.toml"
+PYPROJECT = "pyproject.toml"
+DEFAULT_DOCS = ("README.md", "docs/**/*.md")
+#: Where this version reads the attestation store, the matrix and fixtures; other locations are refused.
+LAYOUT = {"attestations": "attestations", "matrix": "matrix", "fixtures": "tests/fixtures/data"}
+MAX_CONFIG_BYTES = 1 << 20
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "trust": {"type": "string", "minLength": 1},
+        "extra_rego": {"type": "string", "minLength": 1},
+        "docs": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True},
+        "attestations": {"type": "string", "minLength": 1},
+        "matrix": {"type": "string", "minLength": 1},
+        "fixtures": {"type": "string", "minLength": 1},
+        "policies": {"type": "string", "minLength": 1},
+    },
+}
+
+RESERVED_PACKAGES = ("ckptgate", "system")
+
+INIT_TEMPLATE = '''\
+# ckptgate configuration (https://ckptgate.dev/docs/user-guide#configuration).
+# Every ckptgate command run inside this repository reads it. Paths are relative to this file.
+
+# Trust data: the signers whose attestations count. `ckptgate attest keygen --trust-out trust.json`
+# writes one. An explicit --trust on the command line wins. Default: the bundled trust data.
+# trust = "trust.json"
+
+# A directory of extra Rego, loaded beside the bundled policies (never replacing them). Its packages
+# must not be ckptgate.* or system.*; `ckptgate check` runs its tests, opa fmt and regal lint on it.
+# extra_rego = "policy"
+
+# What the claims lint reads: glob patterns, relative to this file.
+docs = ["README.md", "docs/**/*.md"]
+
+# The attestation store.
+# attestations = "attestations"
+
+# The support matrix and the fixtures it is built from: set both only if this repository
+# qualifies adapters. Without them `ckptgate check` lints claims against an empty matrix.
+# matrix = "matrix"
+# fixtures = "tests/fixtures/data"
+'''
+
+
+class ConfigError(UsageError):
+    """The configuration file is unreadable, not TOML, or does not match the schema."""
+
+    default_advice = "Fix the configuration file it names; `ckptgate init` in an empty repository shows the keys."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """A validated configuration.  ``root`` is the directory the file is in; paths are absolute."""
+
+    root: Path
+    source: Path | None = None
+    trust: Path | None = None
+    extra_rego: Path | None = None
+    docs: tuple[str, ...] = DEFAULT_DOCS
+    attestations: Path | None = None
+    matrix: Path | None = None
+    fixtures: Path | None = None
+    policies: Path | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        def rel(p: Path | None) -> str | None:
+            return None if p is None else p.relative_to(self.root).as_posix()
+
+        return {"root": str(self.root), "source": None if self.source is None else str(self.source),
+                "trust": rel(self.trust), "extra_rego": rel(self.extra_rego), "docs": list(self.docs),
+                "attestations": rel(self.attestations), "matrix": rel(self.matrix), "fixtures": rel(self.fixtures),
+                "policies": rel(self.policies)}
+
+    def doc_files(self) -> list[Path]:
+        """The files the docs globs match, sorted and each once (only files inside the root)."""
+        found: set[Path] = set()
+        for pattern in self.docs:
+            for p in self.root.glob(pattern):
+                if p.is_file() and p.resolve().is_relative_to(self.root.resolve()):
+                    found.add(p)
+        return sorted(found)
+
+
+def git_root(start: Path) -> Path | None:
+    """The nearest directory at or above ``start`` holding ``.git`` (a directory or a worktree file)."""
+    for d in (start, *start.parents):
+        if (d / ".git").exists():
+            return d
+    return None
+
+
+def discover(start: Path | None = None) -> Path | None:
+    """The configuration file nearest ``start`` (default: the cwd), walking up to the git root."""
+    start = (start or Path.cwd()).absolute()
+    top = git_root(start)
+    for d in (start, *start.parents):
+        if (d / CONFIG_FILE).is_file():
+            return d / CONFIG_FILE
+        if (d / PYPROJECT).is_file() and _pyproject_table(d / PYPROJECT) is not None:
+            return d / PYPROJECT
+        if top is not None and d == top:
+            break
+    return None
+
+
+def load(start: Path | None = None) -> Config | None:
+    """The discovered configuration, validated; ``None`` when there is none."""
+    path = discover(start)
+    return None if path is None else load_file(path)
+
+
+def load_file(path: Path) -> Config:
+    """One configuration file, validated (``ckptgate.toml``, or a ``pyproject.toml`` with the table)."""
+    if path.name == PYPROJECT:
+        table = _pyproject_table(path)
+        if table is None:
+            raise ConfigError("usage.config.missing", f"{path} has no [tool.ckptgate] table", evidence={"file": str(path)})
+    else:
+        table = _read_toml(path)
+    return from_table(table, root=path.parent.absolute(), source=path.absolute())
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError("usage.config.unreadable", f"cannot read {path}: {e.strerror}",
+                          evidence={"file": str(path)}) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError("usage.config.too_large", f"{path} is over {MAX_CONFIG_BYTES} bytes",
+                          evidence={"file": str(path)})
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError("usage.config.syntax", f"{path} is not valid TOML: {e}", evidence={"file": str(path)}) from None
+
+
+def _pyproject_table(path: Path) -> dict[str, Any] | None:
+    tool = _read_toml(path).get("tool")
+    table = tool.get("ckptgate") if isinstance(tool, dict) else None
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError("usage.config.schema", f"{path}: tool.ckptgate is not a table", evidence={"file": str(path)})
+    return table
+
+
+def from_table(table: dict[str, Any], *, root: Path, source: Path | None = None) -> Config:
+    """Validate a configuration table and resolve its paths against ``root``."""
+    import jsonschema  # noqa: PLC0415
+
+    where = str(source) if source is not None else "the configuration"
+    errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(table), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        key = ".".join(str(p) for p in e.absolute_path) or "(top level)"
+        code = "usage.config.unknown_key" if e.validator == "additionalProperties" else "usage.config.schema"
+        raise ConfigError(code, f"{where}: {key}: {e.message}",
+                          evidence={"file": where, "key": key, "problems": len(errors)})
+
+    def path(key: str, *, must_exist: bool) -> Path | None:
+        value = table.get(key)
+        if value is None:
+            return None
+        p = Path(value)
+        full = (root / p).absolute()
+        if p.is_absolute() or not full.resolve().is_relative_to(root.resolve()):
+            raise ConfigError("usage.config.path", f"{where}: {key} = {value!r} is outside {root}",
+                              evidence={"file": where, "key": key, "value": value},
+                              advice="Name a path relative to the configuration file, inside its directory.")
+        if must_exist and not full.exists():
+            raise ConfigError("usage.config.path", f"{where}: {key} = {value!r} does not exist",
+                              evidence={"file": where, "key": key, "value": value})
+        return full
+
+    for key, default in LAYOUT.items():
+        if key in table and Path(table[key]) != Path(default):
+            raise ConfigError("usage.config.layout", f"{where}: {key} = {table[key]!r}: this version of ckptgate reads "
+                              f"{key} only at {default!r}", evidence={"file": where, "key": key, "value": table[key]},
+                              advice=f"Set {key} = {default!r}, or leave it out.")
+    if "matrix" in table and "fixtures" not in table:
+        raise ConfigError("usage.config.schema", f"{where}: matrix needs fixtures: the matrix is built from them",
+                          evidence={"file": where, "key": "matrix"})
+    extra = path("extra_rego", must_exist=True)
+    if extra is not None:
+        check_extra_rego(extra, where=where)
+    return Config(root=root, source=source, trust=path("trust", must_exist=True), extra_rego=extra,
+                  docs=tuple(table.get("docs", DEFAULT_DOCS)), attestations=path("attestations", must_exist=False),
+                  matrix=path("matrix", must_exist=False), fixtures=path("fixtures", must_exist=True),
+                  policies=path("policies", must_exist=True))
+
+
+def rego_package(text: str) -> str | None:
+    """The package a Rego file declares (the first ``package`` line), else ``None``."""
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if len(words) >= 2 and words[0] == "package":
+            return words[1]
+    return None
+
+
+def extra_rego_files(extra: Path) -> list[Path]:
+    return sorted(p for p in extra.rglob("*.rego") if p.is_file())
+
+
+def check_extra_rego(extra: Path, *, where: str = "the configuration") -> None:
+    """The extra Rego directory exists and declares no package of the bundled policies' namespaces,
+    so it adds rules beside them and can never replace or widen one."""
+    if not extra.is_dir():
+        raise ConfigError("usage.config.path", f"{where}: extra_rego {extra} is not a directory",
+                          evidence={"file": where, "key": "extra_rego"})
+    for f in extra_rego_files(extra):
+        try:
+            pkg = rego_package(f.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError("usage.config.extra_rego", f"cannot read {f}: {e}", evidence={"file": str(f)}) from None
+        if pkg is None:
+            raise ConfigError("usage.config.extra_rego", f"{f} declares no package", evidence={"file": str(f)})
+        root_pkg = pkg.removeprefix("data.").split(".", 1)[0]
+        if root_pkg in RESERVED_PACKAGES:
+            raise ConfigError("usage.config.extra_rego",
+                              f"{f} declares package {pkg}: extra Rego must not use the bundled policies' "
+                              f"namespaces ({', '.join(RESERVED_PACKAGES)})",
+                              evidence={"file": str(f), "package": pkg},
+                              advice="Put extra rules in a package of your own, such as `package acme.gates`.")
+
+
+def extra_rego_overlays(extra: Path) -> dict[str, bytes]:
+    """The extra Rego (tests excluded) as bundle overlays under ``extra/``, a directory the bundled
+    policies do not use, so no bundled file is ever overwritten."""
+    check_extra_rego(extra)
+    return {f"extra/{p.relative_to(extra).as_posix()}": p.read_bytes()
+            for p in extra_rego_files(extra) if not p.name.endswith("_test.rego")}
+
+
+def init(directory: Path) -> Path:
+    """Write ``ckptgate.toml`` with commented defaults into ``directory``; never overwrites."""
+    target = directory / CONFIG_FILE
+    existing = discover(directory)
+    if existing is not None:
+        raise ConfigError("usage.config.exists", f"{existing} already configures ckptgate here",
+                          evidence={"file": str(existing)}, advice="Edit that file; `ckptgate init` never overwrites.")
+    try:
+        with target.open("x", encoding="utf-8") as f:
+            f.write(INIT_TEMPLATE)
+    except FileExistsError:
+        raise ConfigError("usage.config.exists", f"{target} already exists", evidence={"file": str(target)},
+                          advice="Edit that file; `ckptgate init` never overwrites.") from None
+    except OSError as e:
+        raise ConfigError("usage.config.unwritable", f"cannot write {target}: {e.strerror}",
+                          evidence={"file": str(target)}) from None
+    return target
+
+
+__all__ = ["CONFIG_FILE", "Config", "ConfigError", "check_extra_rego", "discover", "extra_rego_overlays", "from_table",
+           "init", "load", "load_file"]

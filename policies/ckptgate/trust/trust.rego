@@ -134,11 +134,9 @@ _shape_checks(att, "model_signing", _) := {
 
 # Another in-toto predicate (SLSA provenance, say) names its producer (for SLSA, the builder id) at
 # the kind's producer_path; it has no validity window.
-_shape_checks(att, "in_toto", predicates) := {
-	concat(".", array.concat(["predicate"], _producer_path(att, predicates))): _non_empty_string(producer(
-		att,
-		predicates,
-	)),
+_shape_checks(att, "in_toto", predicates) := {name: ok} if {
+	name := concat(".", array.concat(["predicate"], _producer_path(att, predicates)))
+	ok := _non_empty_string(producer(att, predicates))
 }
 
 _shape_checks(att, "ckptgate", _) := {
@@ -147,41 +145,6 @@ _shape_checks(att, "ckptgate", _) := {
 	"predicate.validity.issued_at": is_number(time_ns(at(att, ["statement", "predicate", "validity", "issued_at"]))),
 	"predicate.validity.expires_at": is_number(time_ns(at(att, ["statement", "predicate", "validity", "expires_at"]))),
 }
-
-# METADATA
-# scope: document
-# description: >-
-#   The shape of att's predicate kind in intake data (predicates[kind].shape): ckptgate (its own
-#   predicates, and any type no kind names), model_signing or in_toto.
-default shape(_, _) := "ckptgate"
-
-shape(att, predicates) := s if {
-	shapes := {object.get(predicates[kind], "shape", "ckptgate") |
-		some kind in _kinds_of(at(att, ["statement", "predicateType"]), predicates)
-	}
-	count(shapes) == 1
-	some s in shapes
-}
-
-default _producer_path(_, _) := ["producer", "name"]
-
-_producer_path(att, predicates) := path if {
-	paths := {p |
-		some kind in _kinds_of(at(att, ["statement", "predicateType"]), predicates)
-		p := predicates[kind].producer_path
-	}
-	count(paths) == 1
-	some path in paths
-}
-
-# METADATA
-# scope: document
-# description: >-
-#   Who produced att, as trust data's producers scope matches it: the predicate field at the
-#   kind's producer_path (for SLSA provenance, runDetails.builder.id), else producer.name.
-producer(att, predicates) := at(at(att, ["statement", "predicate"]), _producer_path(att, predicates))
-
-_manifest_bound(att) if at(att, ["verification", "binding"]) == "manifest"
 
 default _member(_, _) := false
 
@@ -320,22 +283,6 @@ predicate_unbound(att, cfg) := false if {
 # fixture digest or file by file to the measured manifest, and binds_fixture checks that.
 predicate_unbound(att, cfg) := false if shape(att, cfg.intake.predicates) == "in_toto"
 
-# METADATA
-# scope: document
-# description: >-
-#   True when Python bound att's subjects file by file (verification.manifest) and more of them
-#   name no measured file than its predicate kind's max_extra_subjects allows. A signed file that
-#   was removed from the checkpoint is such a subject. A kind without max_extra_subjects allows any.
-default extra_subjects_over(_, _) := false
-
-extra_subjects_over(att, cfg) if {
-	extra := at(att, ["verification", "manifest", "extra_subjects"])
-	some kind in _kinds_of(at(att, ["statement", "predicateType"]), cfg.intake.predicates)
-	limit := cfg.intake.predicates[kind].max_extra_subjects
-	is_number(limit)
-	not extra <= limit
-}
-
 predicate_unbound(att, _) := false if {
 	bound := at(att, ["verification", "subject_digest"])
 	is_string(bound)
@@ -469,11 +416,6 @@ _evidence("attestation_extra_subjects", att, _, cfg) := {
 	"manifest": at(att, ["verification", "manifest"]),
 	"max_extra_subjects": _extra_limit(att, cfg),
 }
-
-_extra_limit(att, cfg) := [limit |
-	some kind in _kinds_of(at(att, ["statement", "predicateType"]), cfg.intake.predicates)
-	limit := object.get(cfg.intake.predicates[kind], "max_extra_subjects", null)
-]
 
 _evidence("attestation_untrusted_signer", att, _, cfg) := {
 	"predicate_type": at(att, ["statement", "predicateType"]),

@@ -248,7 +248,9 @@ def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequen
     """Verify ``attestations`` against what was measured and decide; :func:`evaluate` measures first.
 
     ``signatures`` are OpenSSF Model Signing bundles, verified under ``offered_key`` (``--key``) and
-    bound file by file to the measured manifest (:mod:`ckptgate.verify.oms`).
+    bound file by file to the measured manifest (:mod:`ckptgate.verify.oms`).  An in-toto statement in
+    ``attestations`` whose subjects list the checkpoint's files (SLSA provenance, say) binds to the same
+    manifest (:func:`ckptgate.verify.statement.bind_manifest`).
     For a second decision on the same measurement (more evidence, same bytes), without inspecting
     and hashing again.
     """
@@ -256,18 +258,18 @@ def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequen
     now = now or now_utc()
     builder = (PolicyInputBuilder(Request(action=action, now=now, candidate_commit=candidate_commit))
                .fixture(digest).inspection(inspection))
+    manifest = digest.file_hashes()
     for path in attestations:
         raw = _read_attestation(path)
         try:
             verified = verify_attestation(raw, source=str(path), trust=trust, measured_digest=digest.digest,
-                                          now=now, sigstore_trust_root=sigstore_trust_root)
+                                          now=now, sigstore_trust_root=sigstore_trust_root, manifest=manifest)
         except VerificationError as e:
             builder.rejected_attestation(str(path), e)
         else:
             builder.attestation(verified)
     if offered_key is not None:
         builder.offered_key(offered_key)
-        manifest = digest.file_hashes()
         for path in signatures:
             raw = _read_attestation(path)
             try:

@@ -80,10 +80,11 @@ problems(i, att, ctx, cfg) := {_reason(code, i, att, ctx, cfg) |
 # METADATA
 # description: Each trust check by reason code; true means the check failed.
 checks(att, ctx, cfg) := {
-	"attestation_malformed": count(malformed_fields(att, cfg.intake.statement_types)) > 0,
+	"attestation_malformed": count(malformed_fields(att, cfg.intake)) > 0,
 	"attestation_untrusted_signer": signer_trusted(att, cfg) == false,
 	"attestation_digest_mismatch": _fixture_unbound(att, ctx),
 	"attestation_predicate_mismatch": predicate_unbound(att, cfg),
+	"attestation_extra_subjects": extra_subjects_over(att, cfg),
 	"attestation_freshness_unchecked": _freshness_unknown(ctx.now_ns, cfg.intake.freshness),
 	"attestation_expired": expired(att, ctx.now_ns, cfg.intake.freshness),
 	"attestation_not_yet_valid": not_yet_valid(att, ctx.now_ns, cfg.intake.freshness),
@@ -104,42 +105,46 @@ default at(_, _) := null
 at(x, path) := object.get(x, path, null) if is_object(x)
 
 # METADATA
-# description: Names of the required attestation fields that are missing or of the wrong type.
-malformed_fields(att, statement_types) := {name |
-	some name, ok in _field_checks(att, statement_types)
+# description: >-
+#   Names of the required attestation fields that are missing or of the wrong type. intake is
+#   data.ckptgate.config.intake: its statement_types, and the shape of att's predicate kind.
+malformed_fields(att, intake) := {name |
+	some name, ok in _field_checks(att, intake)
 	ok == false
 }
 
-_field_checks(att, statement_types) := object.union(
+_field_checks(att, intake) := object.union(
 	{
-		"statement._type": _member(at(att, ["statement", "_type"]), statement_types),
+		"statement._type": _member(at(att, ["statement", "_type"]), intake.statement_types),
 		"statement.predicateType": _non_empty_string(at(att, ["statement", "predicateType"])),
 		"statement.subject": _non_empty_array(at(att, ["statement", "subject"])),
 		"statement.predicate": is_object(at(att, ["statement", "predicate"])),
 		"signers": _non_empty_array(at(att, ["signers"])),
 	},
-	_shape_checks(att),
+	_shape_checks(att, shape(att, intake.predicates), intake.predicates),
 )
 
-# A statement Python bound by its per-file manifest (OpenSSF Model Signing) carries resources and a
-# serialization block; it has no producer and no validity window.
-_shape_checks(att) := {
+# An OpenSSF Model Signing statement (bound by Python to the measured per-file manifest) carries
+# resources and a serialization block; it has no producer and no validity window.
+_shape_checks(att, "model_signing", _) := {
 	"predicate.resources": _non_empty_array(at(att, ["statement", "predicate", "resources"])),
 	"predicate.serialization": is_object(at(att, ["statement", "predicate", "serialization"])),
-} if {
-	_manifest_bound(att)
+	"verification.binding": _manifest_bound(att),
 }
 
-_shape_checks(att) := {
+# Another in-toto predicate (SLSA provenance, say) names its producer (for SLSA, the builder id) at
+# the kind's producer_path; it has no validity window.
+_shape_checks(att, "in_toto", predicates) := {name: ok} if {
+	name := concat(".", array.concat(["predicate"], _producer_path(att, predicates)))
+	ok := _non_empty_string(producer(att, predicates))
+}
+
+_shape_checks(att, "ckptgate", _) := {
 	"predicate.producer.name": _non_empty_string(at(att, ["statement", "predicate", "producer", "name"])),
 	"predicate.producer.version": _non_empty_string(at(att, ["statement", "predicate", "producer", "version"])),
 	"predicate.validity.issued_at": is_number(time_ns(at(att, ["statement", "predicate", "validity", "issued_at"]))),
 	"predicate.validity.expires_at": is_number(time_ns(at(att, ["statement", "predicate", "validity", "expires_at"]))),
-} if {
-	not _manifest_bound(att)
 }
-
-_manifest_bound(att) if at(att, ["verification", "binding"]) == "manifest"
 
 default _member(_, _) := false
 
@@ -181,13 +186,12 @@ default signer_trusted(_, _) := false
 
 signer_trusted(att, cfg) if {
 	predicate_type := at(att, ["statement", "predicateType"])
-	producer := at(att, ["statement", "predicate", "producer", "name"])
 	some kind in _kinds_of(predicate_type, cfg.intake.predicates)
 	some signer in at(att, ["signers"])
 	some entry in cfg.signers
 	signer_matches(signer, entry)
 	predicate_type in entry.predicate_types
-	_in_scope(producer, entry.producers)
+	_in_scope(producer(att, cfg.intake.predicates), entry.producers)
 	_in_scope(kind, entry.scopes)
 }
 
@@ -272,9 +276,12 @@ predicate_unbound(att, cfg) := false if {
 
 predicate_unbound(att, cfg) := false if {
 	_manifest_bound(att)
-	some kind in _kinds_of(at(att, ["statement", "predicateType"]), cfg.intake.predicates)
-	cfg.intake.predicates[kind].shape == "model_signing"
+	shape(att, cfg.intake.predicates) == "model_signing"
 }
+
+# An in-toto predicate of another shape names no fixture digest: Python bound its subjects, to the
+# fixture digest or file by file to the measured manifest, and binds_fixture checks that.
+predicate_unbound(att, cfg) := false if shape(att, cfg.intake.predicates) == "in_toto"
 
 predicate_unbound(att, _) := false if {
 	bound := at(att, ["verification", "subject_digest"])
@@ -343,15 +350,24 @@ _name(i, att) := sprintf("%v (index %d)", [at(att, ["source"]), i])
 
 _message("attestation_malformed", att, _, cfg) := sprintf(
 	"required fields are missing or invalid: %s",
-	[concat(", ", sort(malformed_fields(att, cfg.intake.statement_types)))],
+	[concat(", ", sort(malformed_fields(att, cfg.intake)))],
 )
 
-_message("attestation_untrusted_signer", att, _, _) := sprintf(
+_message("attestation_untrusted_signer", att, _, cfg) := sprintf(
 	"no signer is trusted for predicate type %v and producer %v; its signers: %v",
 	[
 		at(att, ["statement", "predicateType"]),
-		at(att, ["statement", "predicate", "producer", "name"]),
+		producer(att, cfg.intake.predicates),
 		_signer_names(att),
+	],
+)
+
+_message("attestation_extra_subjects", att, _, cfg) := sprintf(
+	"%v of its subjects name no file of the checkpoint (a signed file may have been removed); predicate type %v allows %v",
+	[
+		at(att, ["verification", "manifest", "extra_subjects"]),
+		at(att, ["statement", "predicateType"]),
+		_extra_limit(att, cfg),
 	],
 )
 
@@ -394,11 +410,16 @@ _signer_names(att) := [name |
 	name := object.get(signer, "signer_id", object.get(signer, "identity", "unnamed signer"))
 ]
 
-_evidence("attestation_malformed", att, _, cfg) := {"fields": sort(malformed_fields(att, cfg.intake.statement_types))}
+_evidence("attestation_malformed", att, _, cfg) := {"fields": sort(malformed_fields(att, cfg.intake))}
 
-_evidence("attestation_untrusted_signer", att, _, _) := {
+_evidence("attestation_extra_subjects", att, _, cfg) := {
+	"manifest": at(att, ["verification", "manifest"]),
+	"max_extra_subjects": _extra_limit(att, cfg),
+}
+
+_evidence("attestation_untrusted_signer", att, _, cfg) := {
 	"predicate_type": at(att, ["statement", "predicateType"]),
-	"producer": at(att, ["statement", "predicate", "producer", "name"]),
+	"producer": producer(att, cfg.intake.predicates),
 	"signers": at(att, ["signers"]),
 }
 

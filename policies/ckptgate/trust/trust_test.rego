@@ -41,7 +41,7 @@ test_untrusted_when_algorithm_swapped if {
 }
 
 test_untrusted_when_signer_not_trusted_for_predicate_type if {
-	other := "https://slsa.dev/provenance/v1"
+	other := "https://example.com/other-predicate/v1"
 	inp := _att_with([{"op": "replace", "path": "/statement/predicateType", "value": other}])
 	_problem_codes(inp) == {"attestation_untrusted_signer"}
 }

@@ -51,8 +51,10 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
             and field_at(att, "verification", "measured_digest") == ev.digest.digest
             and (_predicate_about_subject(att) or field_at(att, "verification", "manifest_matches_fixture") is True),
             "method": field_at(att, "verification", "method"),
-            "model_name": field_at(subjects[0], "name") if field_at(att, "verification", "binding") == "manifest"
+            "model_name": field_at(subjects[0], "name") if field_at(att, "verification", "method") == "model_signing"
             and subjects else None,
+            "files_bound": field_at(att, "verification", "manifest"),
+            "builder": field_at(pred, "runDetails", "builder", "id"),
             "signers": att.get("signers") or [],
             "issued_at": field_at(att, "verification", "validity", "issued_at")
             or field_at(pred, "validity", "issued_at"),

@@ -10,6 +10,7 @@ checkpoint safe to deserialise [R27].
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -19,7 +20,11 @@ from ckptgate.errors import Error, VerificationError
 from ckptgate.verify import dsse, sigstore
 from ckptgate.verify._json import loads_strict
 from ckptgate.verify.statement import (
+    PREDICATE_SCHEMAS,
+    ManifestBinding,
+    SubjectBinding,
     Validity,
+    bind_manifest,
     bind_subject,
     check_statement,
     check_validity,
@@ -92,7 +97,10 @@ class VerifiedAttestation:
     validity: Validity | None
     binding: Literal["subject", "manifest"] = "subject"
     """``subject``: a statement subject is the fixture digest.  ``manifest``: Python bound the statement's
-    per-file resources exactly to the measured per-file manifest (OpenSSF Model Signing)."""
+    per-file resources exactly to the measured per-file manifest (OpenSSF Model Signing), or a statement's
+    subjects cover every measured file with the same sha256 (:func:`~ckptgate.verify.statement.bind_manifest`)."""
+    manifest_binding: ManifestBinding | None = None
+    """For a statement bound file by file by its subjects: how names matched and how many subjects are extra."""
     timing: dict[str, str] = field(default_factory=dict)
     """Sigstore times (certificate window, log integrated time), ISO 8601."""
 
@@ -117,6 +125,8 @@ class VerifiedAttestation:
         }
         if self.binding == "manifest":
             verification["manifest_matches_fixture"] = True
+        if self.manifest_binding is not None:
+            verification["manifest"] = self.manifest_binding.to_json()
         if self.validity is not None:
             verification["validity"] = {"issued_at": _iso(self.validity.issued_at),
                                         "expires_at": _iso(self.validity.expires_at)}
@@ -171,12 +181,16 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
                        sigstore_trust_root: Path | str | None = None,
                        expected_identity: tuple[str, str] | None = None,
                        expected_commit: str | None = None,
-                       max_clock_skew: timedelta = DEFAULT_CLOCK_SKEW) -> VerifiedAttestation:
+                       max_clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
+                       manifest: Mapping[str, str] | None = None) -> VerifiedAttestation:
     """Verify one attestation file's bytes for the fixture whose digest was measured.
 
     Order: size -> strict JSON -> format -> signature under trusted keys (DSSE) or offline Sigstore
     verification with an identity policy -> strict statement JSON -> Statement v1 and predicate schema ->
     subject == ``measured_digest`` (and whether the predicate names that subject: a fact for policy) -> validity window at ``now`` -> optional ``expected_commit``.
+    With ``manifest`` (relative path -> sha256 of every measured file), a statement of a predicate type that
+    is not ckptgate's own and has no subject equal to the fixture digest binds file by file instead
+    (:func:`~ckptgate.verify.statement.bind_manifest`, ``binding: "manifest"``).
     ``expected_identity`` is ``(identity, issuer)``; without it the trust data's Sigstore identities apply.
     Raises :class:`VerificationError` with a ``verify.*`` code on any failure.
     """
@@ -223,8 +237,16 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
     stmt = loads_strict(payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES)
     check_statement(stmt)
     checks.append("statement_schema")
-    binding = bind_subject(stmt, measured)
-    checks.append("subject_digest")
+    files: ManifestBinding | None = None
+    try:
+        binding = bind_subject(stmt, measured)
+        checks.append("subject_digest")
+    except VerificationError as e:
+        if manifest is None or stmt["predicateType"] in PREDICATE_SCHEMAS or e.code != "verify.statement.subject_mismatch":
+            raise
+        files = bind_manifest(stmt, manifest)
+        checks.append("subjects_bound_to_files")
+        binding = SubjectBinding(name=f"{files.files} files by {files.match}", digest="sha256:" + measured)
     validity = check_validity(stmt, now, max_clock_skew=max_clock_skew)
     if validity is not None:
         checks.append("validity_window")
@@ -239,4 +261,4 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
         source=source, statement=stmt, payload_sha256=hashlib.sha256(payload).hexdigest(), method=method,
         signers=tuple(signers), checks=tuple(checks), verified_at=now, subject_name=binding.name,
         measured_digest=binding.digest, predicate_subject=dict(binding.predicate_fields), validity=validity,
-        timing=timing)
+        timing=timing, binding="subject" if files is None else "manifest", manifest_binding=files)

@@ -270,3 +270,98 @@ def qualification_statement(*, subject_name: str, fixture_digest: str, manifest:
     }
     check_statement(statement)
     return statement
+
+
+SLSA_PROVENANCE_V1 = "https://slsa.dev/provenance/v1"
+"""The predicate type of SLSA build provenance v1: a statement of this type (or any other type that is not
+ckptgate's own) may bind file by file (:func:`bind_manifest`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ManifestBinding:
+    """How a statement's subjects cover every measured file (``binding: "manifest"``)."""
+
+    match: str
+    """``path``: subject names are the files' relative paths.  ``basename``: the subjects carry bare
+    basenames (as GitHub artifact attestations write them) and every basename in the checkpoint is unique."""
+    files: int
+    """Measured files, each covered by a subject with the same name and sha256."""
+    extra_subjects: int
+    """Subjects that name no measured file (one release may attest many artifacts; policy sees the count)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"match": self.match, "files": self.files, "extra_subjects": self.extra_subjects}
+
+
+def _bind_fail(code: str, message: str, advice: str | None = None, **evidence: Any) -> VerificationError:
+    return VerificationError(f"verify.statement.{code}", message, evidence=evidence, advice=advice)
+
+
+def _subject_digests(statement: dict[str, Any]) -> dict[str, set[str]]:
+    """Subject name -> the sha256 values it carries (lower-case); subjects without both are skipped."""
+    out: dict[str, set[str]] = {}
+    for s in statement["subject"]:
+        name, got = s.get("name"), s.get("digest", {}).get("sha256")
+        if isinstance(name, str) and name and isinstance(got, str):
+            out.setdefault(name, set()).add(got.lower())
+    return out
+
+
+def bind_manifest(statement: dict[str, Any], manifest: Mapping[str, str]) -> ManifestBinding:
+    """Bind a statement whose subjects list the checkpoint's files to ``manifest`` (relative path -> sha256
+    of every measured file): every measured file must be covered by a subject with the same name and sha256.
+
+    Names match by relative path.  When no subject name holds a ``/`` and some measured file lies in a
+    folder, the subjects are bare basenames and match by basename, only if every basename in the checkpoint
+    is unique.  Subjects naming no measured file are counted, not refused.  Codes
+    (``verify.statement.*``): ``subject_mismatch`` (no subject names a measured file or its bytes: a
+    statement about something else), ``ambiguous_basename``, ``duplicate_subject`` (one name, two digests,
+    for a measured file), ``unsigned_file`` (a measured file no subject names: added after signing),
+    ``renamed_file`` (its bytes are signed under another name), ``file_digest_mismatch`` (its bytes changed).
+    """
+    subjects = _subject_digests(statement)
+    measured = {p: h.lower() for p, h in manifest.items()}
+    if not measured:
+        raise _bind_fail("subject_mismatch", "the checkpoint has no measured files to bind")
+    by_basename = not any("/" in n for n in subjects) and any("/" in p for p in measured)
+    if by_basename:
+        seen: dict[str, list[str]] = {}
+        for p in measured:
+            seen.setdefault(p.rsplit("/", 1)[-1], []).append(p)
+        clashes = {b: sorted(ps) for b, ps in seen.items() if len(ps) > 1}
+        if clashes:
+            raise _bind_fail(
+                "ambiguous_basename",
+                f"the subjects carry bare basenames, and {len(clashes)} basename(s) name several files of the "
+                f"checkpoint: {sorted(clashes)[:5]}", files=dict(sorted(clashes.items())[:20]),
+                advice="Attest the files by their relative paths inside the checkpoint.")
+        key = {p: p.rsplit("/", 1)[-1] for p in measured}
+    else:
+        key = {p: p for p in measured}
+    named = {p for p in measured if key[p] in subjects}
+    signed_hashes = set().union(*subjects.values()) if subjects else set()
+    if not named and not any(h in signed_hashes for h in measured.values()):
+        raise _bind_fail(
+            "subject_mismatch", "no subject of the statement names a measured file or carries its sha256",
+            measured_files=len(measured), subjects=len(statement["subject"]),
+            advice="The attestation was made for different files: do not reuse it for this checkpoint.")
+    dup = sorted(p for p in named if len(subjects[key[p]]) > 1)
+    if dup:
+        raise _bind_fail("duplicate_subject", f"{len(dup)} file(s) are named by several subjects with different "
+                         f"digests: {dup[:5]}", files=dup[:20])
+    unnamed = sorted(set(measured) - named)
+    renamed = [p for p in unnamed if measured[p] in signed_hashes]
+    if renamed:
+        raise _bind_fail("renamed_file", f"{len(renamed)} file(s) carry signed bytes under a name no subject "
+                         f"gives: {renamed[:5]}", files=renamed[:20])
+    if unnamed:
+        raise _bind_fail("unsigned_file", f"{len(unnamed)} file(s) of the checkpoint are named by no subject: "
+                         f"{unnamed[:5]}", files=unnamed[:20],
+                         advice="A file was added after signing, or the statement does not cover the checkpoint.")
+    changed = sorted(p for p in named if measured[p] not in subjects[key[p]])
+    if changed:
+        raise _bind_fail("file_digest_mismatch", f"{len(changed)} file(s) differ from their subject's sha256: "
+                         f"{changed[:5]}", files=changed[:20])
+    covered = {key[p] for p in measured}
+    return ManifestBinding(match="basename" if by_basename else "path", files=len(measured),
+                           extra_subjects=sum(1 for s in statement["subject"] if s.get("name") not in covered))

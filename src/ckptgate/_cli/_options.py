@@ -105,3 +105,9 @@ class ByteSize(click.ParamType):
         if n < 1:
             self.fail(f"{value!r} is less than one byte", param, ctx)
         return n
+
+
+def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--quiet``: no progress bars on stderr (they are drawn only on a terminal anyway)."""
+    return click.option("--quiet", "-q", is_flag=True, default=False,
+                        help="Draw no progress bars; results and errors are still printed.")(f)

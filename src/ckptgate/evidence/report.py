@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,10 +17,12 @@ from typing import Any
 
 def build_report(path: Path, attestations: Sequence[Path], *, options: Any = None,
                  now: datetime | None = None, signatures: Sequence[Path] = (),
-                 key: Path | None = None) -> dict[str, Any]:
+                 key: Path | None = None, on_hash_plan: Callable[[int], None] | None = None,
+                 on_hash_bytes: Callable[[int], None] | None = None) -> dict[str, Any]:
     """The report document (JSON-serialisable) for the checkpoint at ``path``; ``signatures`` are
     OpenSSF Model Signing bundles verified under ``key``.  Every value is complete: no digest,
-    path or predicate field is shortened."""
+    path or predicate field is shortened.  ``on_hash_plan``/``on_hash_bytes`` report the digest's
+    progress (:func:`ckptgate.pipeline.evaluate`)."""
     from ckptgate import __version__
     from ckptgate.inspect import SafeTree
     from ckptgate.pipeline import EngineOptions, engine_for, evaluate, load_trust
@@ -33,7 +35,8 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
     offered = OfferedKey.from_file(key) if key is not None else None
     with SafeTree.open(path) as tree, engine_for(options, trust) as engine:
         ev = evaluate(tree, attestations=list(attestations), engine=engine, trust=trust, action="verify", now=now,
-                      sigstore_trust_root=options.sigstore_trust_root, signatures=signatures, offered_key=offered)
+                      sigstore_trust_root=options.sigstore_trust_root, signatures=signatures, offered_key=offered,
+                      on_hash_plan=on_hash_plan, on_hash_bytes=on_hash_bytes)
     facts = ev.inspection.to_facts()
     pin = ev.policy_input.to_json()
     d = ev.decision

@@ -179,7 +179,8 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
              action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
              containment: Any = None, sigstore_trust_root: Path | str | None = None,
              refuse_early: bool = False, signatures: Sequence[Path] = (),
-             offered_key: OfferedKey | None = None) -> Evaluation:
+             offered_key: OfferedKey | None = None, on_hash_plan: Callable[[int], None] | None = None,
+             on_hash_bytes: Callable[[int], None] | None = None) -> Evaluation:
     """Inspect, digest, verify and decide.  Never loads anything from the checkpoint.
 
     The CRC-32 of torch-zip entries is computed from the bytes the digest reads (one read of the
@@ -190,6 +191,9 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
     alone; when it refuses, the digest stops where it is and the refusal is raised, so a
     checkpoint whose structure is already refused is never hashed in full (a sparse terabyte
     behind a broken header costs a header read, not the hours of a full hash).
+
+    ``on_hash_plan`` is told the bytes the digest will hash before it starts; ``on_hash_bytes``
+    then receives byte counts as they are hashed (from the hashing threads).
     """
     now = now or now_utc()
     crcs = DeferredCrcs()
@@ -200,8 +204,10 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
         profile = pool.submit(_preflight) if containment is None and _needs_profile(inspection) else None
         early = pool.submit(_precheck, engine, inspection, Request(action=action, now=now,
                             candidate_commit=candidate_commit), stop) if refuse_early else None
+        if on_hash_plan is not None:
+            on_hash_plan(tree.total_bytes)
         try:
-            digest = fixture_digest(tree, also=crcs.reader, cancel=stop)
+            digest = fixture_digest(tree, also=crcs.reader, cancel=stop, progress=on_hash_bytes)
         except DigestCancelled:
             digest = None
         found = early.result() if early is not None else None  # raises what the precheck raised
@@ -369,11 +375,14 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
            max_shard_bytes: int = 2 << 30, chunk_size: int = DEFAULT_CHUNK,
            now: datetime | None = None, on_bytes: Callable[[int], None] | None = None,
            on_plan: Callable[[int], None] | None = None, dtype: str | None = None,
-           signatures: Sequence[Path] = (), key: Path | None = None, receipt_signer: Any = None) -> IntakeResult:
+           signatures: Sequence[Path] = (), key: Path | None = None, receipt_signer: Any = None,
+           on_hash_plan: Callable[[int], None] | None = None,
+           on_hash_bytes: Callable[[int], None] | None = None) -> IntakeResult:
     """Take ``src`` in through the gate and publish HF sharded safetensors at ``dst`` (every
     floating-point tensor cast to ``dtype`` if one is named; dtypes are otherwise preserved).
     With ``receipt_signer`` (a :class:`ckptgate.verify.dsse.Signer`) the receipt is also signed
-    as a DSSE envelope published beside it."""
+    as a DSSE envelope published beside it.  ``on_hash_plan``/``on_hash_bytes`` report the digest's
+    progress (total, then byte counts); ``on_plan``/``on_bytes`` the consolidation's."""
     options = options or EngineOptions()
     check_cast(dtype)  # before the digest, not after it
     dst = check_destination(dst, source=src)  # the early answer, by path, before any work
@@ -389,7 +398,8 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
         tree.hold()
         evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now,
                               sigstore_trust_root=options.sigstore_trust_root, refuse_early=True,
-                              signatures=signatures, offered_key=offered_key)
+                              signatures=signatures, offered_key=offered_key, on_hash_plan=on_hash_plan,
+                              on_hash_bytes=on_hash_bytes)
         try:
             with staging(destination) as stage:
                 done = consolidate_into(tree, evaluation, stage.fd, max_shard_bytes=max_shard_bytes,

@@ -131,3 +131,9 @@ class TrustRoot(click.ParamType):
         if value == "production":
             return "production"
         return click.Path(dir_okay=False, exists=True, path_type=Path).convert(value, param, ctx)
+
+
+def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--quiet``: no progress bars on stderr (they are drawn only on a terminal anyway)."""
+    return click.option("--quiet", "-q", is_flag=True, default=False,
+                        help="Draw no progress bars; results and errors are still printed.")(f)

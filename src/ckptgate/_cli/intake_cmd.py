@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from ckptgate._cli._base import emit_json, json_option, shown, stderr, stdout
-from ckptgate._cli._options import ByteSize, engine_options, signature_options
+from ckptgate._cli._options import ByteSize, engine_options, quiet_option, signature_options
+from ckptgate._cli._progress import phase_bars
 
 if TYPE_CHECKING:
     from ckptgate.pipeline import EngineOptions, IntakeResult
@@ -19,18 +19,14 @@ if TYPE_CHECKING:
 def run_intake(src: Path, out: Path, attestations: tuple[Path, ...], *, options, max_shard_size: int,
                show_progress: bool, dtype: str | None = None, signatures: tuple[Path, ...] = (),
                key: Path | None = None, receipt_signer=None) -> IntakeResult:
+    """Intake, with a labelled bar for hashing and then one for consolidating when ``show_progress``."""
     from ckptgate.pipeline import intake
 
-    if not show_progress:
+    with phase_bars(show_progress, "hashing", "consolidating") as bars:
         return intake(src, out, attestations=list(attestations), options=options, max_shard_bytes=max_shard_size,
+                      on_hash_plan=bars["hashing"].plan, on_hash_bytes=bars["hashing"].advance,
+                      on_plan=bars["consolidating"].plan, on_bytes=bars["consolidating"].advance,
                       dtype=dtype, signatures=list(signatures), key=key, receipt_signer=receipt_signer)
-    with Progress(TextColumn("[bold]consolidating"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  console=stderr, transient=True) as bar:
-        task = bar.add_task("copy", total=None)
-        return intake(src, out, attestations=list(attestations), options=options, max_shard_bytes=max_shard_size,
-                      on_plan=lambda total: bar.update(task, total=total),
-                      on_bytes=lambda n: bar.advance(task, n), dtype=dtype, signatures=list(signatures), key=key,
-                      receipt_signer=receipt_signer)
 
 
 def print_result(result: IntakeResult) -> None:
@@ -60,10 +56,11 @@ def register(cli: click.Group) -> None:
                        "published beside it; check it later with `ckptgate receipt verify --key`.")
     @signature_options
     @engine_options
+    @quiet_option
     @json_option
     def intake_command(src: Path, out: Path, attestations: tuple[Path, ...], max_shard_size: int,
                        dtype: str | None, receipt_key: Path | None, signatures: tuple[Path, ...], key: Path | None,
-                       engine: EngineOptions, as_json: bool) -> int:
+                       engine: EngineOptions, quiet: bool, as_json: bool) -> int:
         """Inspect, verify, decide, enforce, consolidate and publish SRC at --out.
 
         Exit 0 when allowed and published; 3 denied; 4 input rejected; 5 verification failed;
@@ -73,7 +70,7 @@ def register(cli: click.Group) -> None:
 
         signer = KeySigner.from_pem(receipt_key) if receipt_key is not None else None  # before any work
         result = run_intake(src, out, attestations, options=engine, max_shard_size=max_shard_size,
-                            show_progress=not as_json and sys.stderr.isatty(), receipt_signer=signer,
+                            show_progress=not (as_json or quiet) and sys.stderr.isatty(), receipt_signer=signer,
                             dtype=dtype, signatures=signatures, key=key)  # click gives the choice as listed
         if as_json:
             emit_json({"result": "published", "destination": str(result.destination), "receipt": result.receipt})

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import sys
+
 import click
 
 from ckptgate._cli._base import emit_json, json_option, printable, stdout
-from ckptgate._cli._options import engine_options, signature_options
+from ckptgate._cli._options import engine_options, quiet_option, signature_options
+from ckptgate._cli._progress import phase_bars
 from ckptgate.userfiles import check_output_file, write_output_file
 
 
@@ -20,9 +23,10 @@ def register(cli: click.Group) -> None:
                   help="Also write the report as a self-contained HTML file.")
     @signature_options
     @engine_options
+    @quiet_option
     @json_option
     def verify_command(path: Path, attestations: tuple[Path, ...], html_out: Path | None,
-                       signatures: tuple[Path, ...], key: Path | None, engine, as_json: bool) -> int:
+                       signatures: tuple[Path, ...], key: Path | None, engine, quiet: bool, as_json: bool) -> int:
         """Report on PATH without loading it. Exit 0 when the policy allows; a deny exits as its
         refusal class says: 4 the checkpoint itself, 5 only failed or untrusted signatures, 3 any
         other reason; 6 policy engine unavailable."""
@@ -31,7 +35,9 @@ def register(cli: click.Group) -> None:
 
         if html_out is not None:
             check_output_file(html_out, what="the HTML report", not_inside=[path])
-        doc = build_report(path, attestations, options=engine, signatures=signatures, key=key)
+        with phase_bars(not (as_json or quiet) and sys.stderr.isatty(), "hashing") as bars:
+            doc = build_report(path, attestations, options=engine, signatures=signatures, key=key,
+                               on_hash_plan=bars["hashing"].plan, on_hash_bytes=bars["hashing"].advance)
         if html_out is not None:
             write_output_file(html_out, render_html(doc).encode(), what="the HTML report", not_inside=[path])
         if as_json:

@@ -311,7 +311,8 @@ def render_markdown(m: Matrix) -> str:
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;width:100%}th,td{border:1px solid #ccc;padding:4px 6px;text-align:left;vertical-align:top}
-th{background:#f3f3f3}td a{color:inherit;text-decoration:none;display:block}td a:hover{text-decoration:underline}
+th{background:#f3f3f3}a{color:#0550ae;text-decoration:underline}a:visited{color:#6639ba}a:hover,a:focus{color:#033d8b;text-decoration-thickness:2px}
+.c-evidence a{display:block;white-space:nowrap}
 tr.status-supported td.c-status{background:#c8efc8}tr.status-stale td.c-status{background:#fbe6a6}
 tr.status-unqualified td.c-status{background:#e4e4e4}tr.status-refused td.c-status{background:#f6b8b8}
 .meta{color:#555}#filters{margin:1em 0}#filters label{margin-right:1em}.reasons{font-size:12px;color:#444}
@@ -339,22 +340,39 @@ _JS = """
 """
 
 
+def signers(row: dict[str, Any]) -> list[str]:
+    """The trusted signer ids of a row's attestation (none for a refused row: no trusted key signed it)."""
+    ev = row.get("evidence")
+    ids = ev.get("signers") if isinstance(ev, dict) else None
+    return [str(s) for s in ids if s] if isinstance(ids, list) else []
+
+
+def _evidence_links(row: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """``(class, label, href)`` for a row's attestation file and result log, relative to ``matrix/``."""
+    out = []
+    source = row.get("source")
+    if isinstance(source, str) and source:
+        out.append(("attestation", "attestation", f"../{source}"))
+    location = evidence_location(row)
+    if location:
+        out.append(("log", "result log", f"../{location}"))
+    return out
+
+
 def render_html(m: Matrix) -> str:
     e = html.escape
     head = "".join(f"<p class=\"meta\">{e(h.replace('`', ''))}</p>" for h in _header_lines(m))
     options = "".join(f"<option value=\"{s}\">{s}</option>" for s in STATUSES)
-    cols = [c for c, _ in _columns({})] + ["reasons"]
+    cols = [c for c, _ in _columns({})] + ["signed by", "evidence", "reasons"]
     body = []
     for row in m.rows:
         status = str(row.get("status"))
-        link = _link(row)
-        cells = []
-        for name, value in _columns(row):
-            inner = f"<a href=\"{e(link)}\">{e(value)}</a>" if link else e(value)
-            cells.append(f"<td class=\"c-{name}\">{inner}</td>")
+        cells = [f"<td class=\"c-{name}\">{e(value)}</td>" for name, value in _columns(row)]
+        cells.append(f"<td class=\"c-signers\">{'<br>'.join(e(s) for s in signers(row)) or '-'}</td>")
+        links = "".join(f"<a class=\"{cls}\" href=\"{e(href)}\">{label}</a>" for cls, label, href in _evidence_links(row))
+        cells.append(f"<td class=\"c-evidence\">{links or '-'}</td>")
         reasons = "<br>".join(e(r) for r in _reasons(row)) or "-"
-        inner = f"<a href=\"{e(link)}\">{reasons}</a>" if link else reasons
-        cells.append(f"<td class=\"c-reasons reasons\">{inner}</td>")
+        cells.append(f"<td class=\"c-reasons reasons\">{reasons}</td>")
         body.append(f"<tr class=\"status-{e(status)}\" data-status=\"{e(status)}\">{''.join(cells)}</tr>")
     summary = m.summary()
     return (

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, shown, stderr, stdout
+from ckptgate._cli._base import emit_json, json_option, shown, stdout
 from ckptgate._cli._options import ByteSize, engine_options, quiet_option, signature_options
 from ckptgate._cli._progress import phase_bars
 

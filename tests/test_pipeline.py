@@ -249,7 +249,7 @@ def test_a_checkpoint_refused_by_its_structure_is_not_hashed_in_full(tmp_path, m
         f.truncate(size)  # sparse: 64 GiB of zeros behind a header whose tensor needs 8 bytes, not 4
     hashed = []
     real = pipeline.fixture_digest
-    monkeypatch.setattr(pipeline, "fixture_digest", lambda tree, **kw: real(tree, progress=hashed.append, **kw))
+    monkeypatch.setattr(pipeline, "fixture_digest", lambda tree, **kw: real(tree, **{**kw, "progress": hashed.append}))
     with pytest.raises(pipeline.InputRejected) as e:
         intake(src, tmp_path / "out", attestations=[])
     assert e.value.code == "input.refused_by_policy"
@@ -276,7 +276,7 @@ def test_a_precheck_that_cannot_be_asked_stops_the_digest_and_is_raised(tmp_path
 
     hashed = []
     real = pipeline.fixture_digest
-    monkeypatch.setattr(pipeline, "fixture_digest", lambda tree, **kw: real(tree, progress=hashed.append, **kw))
+    monkeypatch.setattr(pipeline, "fixture_digest", lambda tree, **kw: real(tree, **{**kw, "progress": hashed.append}))
     with SafeTree.open(src) as tree, pytest.raises(EngineUnavailable) as e:
         pipeline.evaluate(tree, attestations=[], engine=Unreachable(), trust=None, refuse_early=True)
     assert e.value.code == "engine.unreachable"

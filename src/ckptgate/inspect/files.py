@@ -99,6 +99,8 @@ def _role(src: HashedFile, facts: FileFacts, findings: list[Finding],
     if ok is None:
         return facts, findings
     if not ok:
+        if any(f.severity == "error" for f in findings):  # already refused for what it is; one finding says it
+            return facts, findings
         findings.append(error("companion.content_mismatch", facts.path, f"named like a model companion, but the "
                               f"content ({facts.kind}) is not what that file holds", kind=str(facts.kind)))
         return facts, findings

@@ -7,7 +7,7 @@ The shape (see ``docs/architecture.md``)::
      "refusal": null | "input" | "verification" | "policy", "companions"?: [str]}
 
 ``companions`` names the pure-data files at the top of the checkpoint that travel to DST byte for
-byte; without it none does (publishing less is the safe side), and a deny names none.
+byte; without it none does (a missing list publishes less, never more), and a deny names none.
 ``refusal`` is what a deny stands for, decided by the policy, and it alone sets the exit code of
 every command (:data:`REFUSAL_EXIT`).
 

@@ -91,3 +91,13 @@ def test_config_json_that_is_not_an_object_is_not_a_companion(tmp_path):
     insp = inspect_tree(tmp_path)
     assert insp.files[0].role is None
     assert any(f.code == "companion.content_mismatch" for f in insp.findings)
+
+
+@pytest.mark.parametrize("best, flagged", [("/etc/passwd", True), ("../../other/checkpoint-9", True),
+                                           ("run/checkpoint-1", False), (None, False)])
+def test_best_model_checkpoint_outside_is_a_warning_only(tmp_path, best, flagged):
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 1, "best_model_checkpoint": best}))
+    insp = inspect_tree(tmp_path)
+    found = [f for f in insp.findings if f.code == "trainer_state.best_checkpoint_outside"]
+    assert bool(found) is flagged
+    assert all(f.severity == "warning" for f in found) and insp.clean

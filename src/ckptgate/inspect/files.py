@@ -92,6 +92,14 @@ def _role(src: HashedFile, facts: FileFacts, findings: list[Finding],
                              "reported, never loaded or published", globals=len(rep.globals)))
         return dataclasses.replace(facts, role="resume_state"), findings
 
+    if facts.path.rsplit("/", 1)[-1] == "trainer_state.json" and isinstance(facts.json, dict):
+        best = facts.json.get("best_model_checkpoint")
+        if isinstance(best, str) and (best.startswith("/") or ".." in best.replace("\\", "/").split("/")):
+            # the Trainer records where it kept its best checkpoint; ckptgate never follows it
+            findings.append(warning("trainer_state.best_checkpoint_outside", facts.path,
+                                    "best_model_checkpoint points outside the checkpoint; it is recorded, never "
+                                    "followed", best_model_checkpoint=best[:200]))
+
     def read() -> bytes | None:
         return src.pread(facts.size, 0) if facts.size <= MAX_TOKENIZER_MODEL else None
 

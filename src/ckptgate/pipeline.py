@@ -456,6 +456,15 @@ def local_opa_version() -> str | None:
     return None
 
 
+def _resume_state(evaluation: Evaluation) -> list[dict[str, Any]]:
+    """The resume-state files the intake left out, each with its digest and full pickle inventory."""
+    hashes = evaluation.digest.file_hashes()
+    pickles = {p.path: p for p in evaluation.inspection.pickles}
+    return [{"path": f.path, "size": f.size, "sha256": hashes.get(f.path),
+             "pickle": pickles[f.path].to_json() if f.path in pickles else None}
+            for f in evaluation.inspection.files if f.role == "resume_state"]
+
+
 def _receipt(src: Path, evaluation: Evaluation, done: Consolidated, *,
              opa_version: str | None = None) -> dict[str, Any]:
     d = evaluation.decision
@@ -477,6 +486,9 @@ def _receipt(src: Path, evaluation: Evaluation, done: Consolidated, *,
                          for a in evaluation.policy_input.attestations],
         "plan": done.plan_report,
         "outputs": [{"file": o.filename, "size": o.size, "sha256": o.sha256} for o in done.outputs],
+        "companions": [{"file": o.filename, "size": o.size, "sha256": o.sha256} for o in done.outputs
+                       if o.filename in set(done.plan_report.get("companions") or ())],
+        "resume_state": _resume_state(evaluation),
         "published_at": now_utc().strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 

@@ -159,3 +159,15 @@ def test_policies_without_a_precheck_refuse_nothing_early_but_other_engine_failu
                  audit_log=tmp_path / "a")
     assert e.value.code == "engine.timeout"
     assert not (tmp_path / "a").exists()
+
+
+def test_companions_are_optional_plain_names_and_only_on_an_allow():
+    assert parse_decision(raw(GOOD_ALLOW)).companions == ()
+    d = parse_decision(raw({**GOOD_ALLOW, "companions": ["config.json", "tokenizer.model"]}))
+    assert d.allow and d.companions == ("config.json", "tokenizer.model")
+    assert d.to_json()["companions"] == ["config.json", "tokenizer.model"]
+    for bad in (["../config.json"], ["sub/config.json"], ["a", "a"], "config.json", [1]):
+        d = parse_decision(raw({**GOOD_ALLOW, "companions": bad}))
+        assert not d.allow and d.reasons[0].code == "decision_malformed", bad
+    denied = parse_decision(raw({**GOOD_DENY, "companions": ["config.json"]}))
+    assert not denied.allow and denied.reasons[0].code == "decision_malformed"

@@ -18,7 +18,7 @@ import data.ckptgate.trust
 # METADATA
 # description: >-
 #   The decision document, exactly {allow, plane, permitted_loaders, required_controls,
-#   reasons, refusal}. Reasons list deny reasons first, then info reasons; each carries its severity.
+#   reasons, refusal, companions}. Reasons list deny reasons first, then info reasons; each carries its severity.
 # entrypoint: true
 decision := {
 	"allow": allow,
@@ -27,6 +27,7 @@ decision := {
 	"required_controls": required_controls,
 	"reasons": reasons,
 	"refusal": refusal,
+	"companions": companions,
 }
 
 # METADATA
@@ -343,6 +344,7 @@ structural_deny_reasons contains reason if {
 structural_deny_reasons contains reason if {
 	"pickle_allowlist" in evidence
 	some path, report in input.inspection.pickles
+	not _resume_state(report)
 	not _pickle_report_ok(report)
 	reason := _reason(
 		"pickle_outside_allowlist",
@@ -359,6 +361,7 @@ structural_deny_reasons contains reason if {
 structural_deny_reasons contains reason if {
 	"pickle_allowlist" in evidence
 	some path, report in input.inspection.pickles
+	not _resume_state(report)
 	some name in _pickle_names(report)
 	not name in _loaders_cfg.pickle_allowlist
 	reason := _reason(
@@ -448,11 +451,6 @@ _exception_applies(exception, finding, format) if {
 }
 
 _pickle_reports_present if is_object(input.inspection.pickles)
-
-_pickle_report_ok(report) if {
-	report.complete == true
-	report.inside_allowlist == true
-}
 
 _pickle_names(report) := {name | some name in object.get(report, "globals", [])} | {call.target |
 	some call in object.get(report, "calls", [])

@@ -102,7 +102,7 @@ test_allow_framework_with_trusted_qualification_gate_and_controls if {
 
 test_decision_has_exactly_the_contract_keys if {
 	d := _decide(td.framework_input)
-	object.keys(d) == {"allow", "plane", "permitted_loaders", "required_controls", "reasons", "refusal"}
+	object.keys(d) == {"allow", "plane", "permitted_loaders", "required_controls", "reasons", "refusal", "companions"}
 	every r in d.reasons {
 		object.keys(r) == {"code", "message", "evidence", "severity"}
 		r.severity in {"deny", "info"}
@@ -410,4 +410,60 @@ test_any_other_reason_beside_a_verification_failure_is_a_policy_refusal if {
 test_the_precheck_names_its_refusal_too if {
 	_precheck(_deny_cases.inspection_not_clean).refusal == "input"
 	_precheck(_deny_cases.format_unknown).refusal == "policy"
+}
+
+_trainer_files := [
+	{"path": "config.json", "kind": "json", "size": 10, "detail": "json", "role": "companion"},
+	{"path": "tokenizer.model", "kind": "unknown", "size": 10, "detail": "unknown", "role": "companion"},
+	{"path": "model.safetensors", "kind": "safetensors", "size": 10, "detail": "safetensors"},
+	{"path": "sub/config.json", "kind": "json", "size": 10, "detail": "json"},
+	{"path": "training_args.bin", "kind": "torch_zip", "size": 10, "detail": "zip", "role": "resume_state"},
+]
+
+_resume_pickle(names) := {
+	"context": "resume_state", "protocol": 2, "complete": true, "opcodes": {},
+	"globals": names, "calls": [], "inside_allowlist": true, "plain_tensors": false,
+}
+
+_trainer_input(names) := json.patch(td.pure_data_input, [
+	{"op": "replace", "path": "/inspection/files", "value": _trainer_files},
+	{"op": "add", "path": "/inspection/pickles", "value": {"training_args.bin": _resume_pickle(names)}},
+])
+
+_trainer_args := ["transformers.training_args.TrainingArguments", "accelerate.state.PartialState"]
+
+test_companions_travel_and_resume_state_is_reported if {
+	d := _decide(_trainer_input(_trainer_args))
+	d.allow == true
+	d.companions == ["config.json", "tokenizer.model"]
+	"resume_state_excluded" in _codes(d)
+}
+
+test_companions_stay_when_policy_data_says_so if {
+	cfg := object.union(data.ckptgate.config.intake, {"companions": {"description": "x", "travel": false, "names": []}})
+	d := intake.decision with input as _trainer_input(_trainer_args)
+		with data.ckptgate.config.intake as cfg
+		with data.ckptgate.config.trust as td.trust
+	d.allow == true
+	d.companions == []
+}
+
+test_resume_state_global_outside_its_allowlist_refuses_as_input if {
+	d := _decide(_trainer_input(array.concat(_trainer_args, ["os.system"])))
+	d.allow == false
+	d.refusal == "input"
+	d.companions == []
+	some r in d.reasons
+	r.code == "resume_state_global_not_allowlisted"
+	r.evidence.global == "os.system"
+	pre := intake.precheck with input as _trainer_input(["os.system"])
+	pre.refuse == true
+}
+
+test_resume_state_is_not_held_to_the_model_pickle_allowlist if {
+	static := {"op": "replace", "path": "/inspection/loaders", "value": ["json", "static_pickle"]}
+	inp := json.patch(_trainer_input(_trainer_args), [static])
+	d := _decide(inp)
+	not "pickle_global_not_allowlisted" in _codes(d)
+	not "pickle_outside_allowlist" in _codes(d)
 }

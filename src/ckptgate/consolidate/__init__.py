@@ -13,10 +13,12 @@ were active inside it.  See ``docs/consolidation.md``.
 
 from __future__ import annotations
 
+import dataclasses
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from ckptgate.consolidate.contained import WorkerOptions, load_plans
-from ckptgate.consolidate.plan import ConsolidationPlan, NotConsolidatable, PlanError
+from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, NotConsolidatable, PlanError
 from ckptgate.decide.decision import Decision
 from ckptgate.errors import PolicyDenied, RuntimeFailure
 from ckptgate.inspect import Inspection, SafeTree
@@ -41,7 +43,40 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
     :raises NotConsolidatable: the checkpoint cannot be consolidated without guessing.
     :raises PolicyDenied: a loader (pure data, static or framework) that the decision does not permit.
     :raises RuntimeFailure: the contained worker failed.
+
+    The pure-data companions the decision names (``config.json``, the tokenizer files...) are
+    added as whole-file copies, bound to the digest like every other source; resume state never
+    is (it is not part of any layout an adapter reads).
     """
+    plan = _adapter_plan(tree, inspection, decision=decision, fixture_digest=fixture_digest,
+                         max_shard_bytes=max_shard_bytes, mapping=mapping, worker=worker)
+    return with_companions(plan, inspection, decision)
+
+
+def with_companions(plan: ConsolidationPlan, inspection: Inspection, decision: Decision) -> ConsolidationPlan:
+    """``plan`` with a copy of each companion the decision names; each must be a file inspection
+    checked as a companion (the policy cannot name anything else into DST)."""
+    if not decision.companions:
+        return plan
+    files = {f.path: f for f in inspection.files}
+    taken = {c.filename for c in plan.copies} | {s.filename for s in plan.shards}
+    copies = list(plan.copies)
+    for name in decision.companions:
+        f = files.get(name)
+        if f is None or f.role != "companion":
+            raise PolicyDenied("enforce.companion_not_checked",
+                               f"the decision names {name!r} as a companion, but inspection did not check it as one",
+                               evidence={"companion": name})
+        if name not in taken:
+            copies.append(CopiedFile(src=name, filename=name, size=f.size))
+    report = MappingProxyType({**plan.report, "companions": sorted(c.filename for c in copies
+                                                                   if c.filename in decision.companions)})
+    return dataclasses.replace(plan, copies=tuple(copies), report=report)
+
+
+def _adapter_plan(tree: SafeTree, inspection: Inspection, *, decision: Decision,
+                  fixture_digest: FixtureDigest | str, max_shard_bytes: int, mapping: str | None,
+                  worker: WorkerOptions | None) -> ConsolidationPlan:
     if not decision.allow:
         raise PlanError("plan.not_allowed", "no consolidation plan without an allow decision")
     unpermitted = sorted(set(inspection.loaders) - set(decision.permitted_loaders))
@@ -113,4 +148,4 @@ def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
                     advice="Run `ckptgate inspect` to see what the checkpoint is; see docs/consolidation.md.")
 
 
-__all__ = ["ConsolidationPlan", "NotConsolidatable", "PlanError", "WorkerOptions", "plan_for"]
+__all__ = ["ConsolidationPlan", "NotConsolidatable", "PlanError", "WorkerOptions", "plan_for", "with_companions"]

@@ -4,8 +4,10 @@ The shape (see ``docs/architecture.md``)::
 
     {"allow": bool, "plane": str | null, "permitted_loaders": [str], "required_controls": [str],
      "reasons": [{"code": str, "message": str, "evidence": object, "severity"?: str}],
-     "refusal": null | "input" | "verification" | "policy"}
+     "refusal": null | "input" | "verification" | "policy", "companions"?: [str]}
 
+``companions`` names the pure-data files at the top of the checkpoint that travel to DST byte for
+byte; without it none does (a missing list publishes less, never more), and a deny names none.
 ``refusal`` is what a deny stands for, decided by the policy, and it alone sets the exit code of
 every command (:data:`REFUSAL_EXIT`).
 
@@ -28,6 +30,8 @@ PLANES = ("pure_data", "static_pickle", "framework")
 REFUSAL_EXIT = MappingProxyType({"input": ExitCode.INPUT_REJECTED, "verification": ExitCode.VERIFICATION_FAILED,
                                  "policy": ExitCode.DENIED})
 _KEYS = frozenset({"allow", "plane", "permitted_loaders", "required_controls", "reasons", "refusal"})
+_OPTIONAL = frozenset({"companions"})
+_COMPANION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 _REASON_KEYS = frozenset({"code", "message", "evidence", "severity"})
 _NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 
@@ -59,8 +63,12 @@ class Decision:
     policy_revision: str
     engine: str
     refusal: str | None = None
+    #: files at the top of the checkpoint that travel to DST byte for byte (allow only)
+    companions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.companions and not self.allow:
+            raise ValueError("only an allow decision names companions")
         if self.allow and self.plane not in PLANES:
             raise ValueError("an allow decision must name a plane")
         if (self.refusal is None) != self.allow or (self.refusal is not None and self.refusal not in REFUSAL_EXIT):
@@ -80,7 +88,7 @@ class Decision:
                 "permitted_loaders": list(self.permitted_loaders),
                 "required_controls": list(self.required_controls),
                 "reasons": [r.to_json() for r in self.reasons],
-                "refusal": self.refusal, "decision_id": self.decision_id,
+                "refusal": self.refusal, "companions": list(self.companions), "decision_id": self.decision_id,
                 "policy_revision": self.policy_revision, "engine": self.engine}
 
 
@@ -155,8 +163,8 @@ def _parse(raw: RawDecision) -> Decision:
     doc = raw.result
     if not isinstance(doc, dict):
         raise _Malformed(f"expected an object, got {type(doc).__name__}")
-    if set(doc) != _KEYS:
-        missing, extra = sorted(_KEYS - set(doc)), sorted(set(doc) - _KEYS)
+    if not _KEYS <= set(doc) <= _KEYS | _OPTIONAL:
+        missing, extra = sorted(_KEYS - set(doc)), sorted(set(doc) - _KEYS - _OPTIONAL)
         raise _Malformed(f"missing keys {missing}, unexpected keys {extra}")
     allow = doc["allow"]
     if not isinstance(allow, bool):
@@ -176,9 +184,20 @@ def _parse(raw: RawDecision) -> Decision:
     if allow and not loaders:
         raise _Malformed("an allow decision that permits no loader")
     refusal = _refusal(doc["refusal"], denied=not allow)
+    companions = _companions(doc.get("companions", []))
+    if companions and not allow:
+        raise _Malformed("a deny that names companions to publish")
     return Decision(allow=allow, plane=plane, permitted_loaders=loaders, required_controls=controls,
                     reasons=reasons, decision_id=raw.decision_id, policy_revision=raw.policy_revision,
-                    engine=raw.engine, refusal=refusal)
+                    engine=raw.engine, refusal=refusal, companions=companions)
+
+
+def _companions(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and _COMPANION.match(v) for v in value):
+        raise _Malformed("'companions' is not a list of plain file names")
+    if len(set(value)) != len(value):
+        raise _Malformed("'companions' repeats a name")
+    return tuple(value)
 
 
 def _refusal(value: Any, *, denied: bool) -> str | None:

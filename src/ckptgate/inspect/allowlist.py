@@ -97,4 +97,31 @@ DEEPSPEED = Allowlist(
     dict_like=frozenset({"collections.OrderedDict"}),
 )
 
-ALLOWLISTS: dict[str, Allowlist] = {a.name: a for a in (TENSORS, DCP_METADATA, MEGATRON_DCP_METADATA, DEEPSPEED)}
+_TA = "transformers.training_args."
+_TU = "transformers.trainer_utils."
+# Resume state a Hugging Face ``Trainer`` checkpoint-N and an Accelerate ``save_state`` folder hold
+# beside the model [R19, R20]: ``training_args.bin`` (the TrainingArguments dataclass with its enums
+# and the Accelerate state it caches), ``rng_state*.pth`` and ``random_states_*.pkl`` (python,
+# numpy and torch RNG states), ``optimizer.pt``/``scheduler.pt``/``scaler.pt`` (state dicts).
+# Derived from what transformers 5.24 and accelerate 1.15 write with the pinned torch and numpy
+# (a real Trainer run, inventoried with pickletools), plus the enums TrainingArguments can hold.
+# Reading these is inspection only: they are never loaded, planned or published.
+RESUME_STATE = Allowlist(
+    name="resume_state",
+    callables=_TENSOR_CALLABLES | frozenset({
+        _TA + "TrainingArguments", "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
+        _TA + "OptimizerNames", _TA + "ParallelMode",
+        _TU + "IntervalStrategy", _TU + "SaveStrategy", _TU + "HubStrategy", _TU + "SchedulerType",
+        _TU + "FSDPOption", "transformers.debug_utils.DebugOption",
+        "transformers.trainer_pt_utils.AcceleratorConfig",
+        "accelerate.state.PartialState", "accelerate.utils.dataclasses.DistributedType",
+        "torch.device",
+        "numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct", "numpy.ndarray",
+        "numpy.dtype", "_codecs.encode",
+    }),
+    values=_TENSOR_VALUES,
+    dict_like=frozenset({"collections.OrderedDict"}),
+)
+
+ALLOWLISTS: dict[str, Allowlist] = {a.name: a for a in (TENSORS, DCP_METADATA, MEGATRON_DCP_METADATA, DEEPSPEED,
+                                                         RESUME_STATE)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -10,9 +11,10 @@ from typing import Any
 from ckptgate.errors import InputRejected
 from ckptgate.inspect.budget import WorkBudget
 from ckptgate.inspect.classify import FileKind, classify_file
-from ckptgate.inspect.findings import Finding, error, warning
+from ckptgate.inspect.findings import Finding, error, info, warning
 from ckptgate.inspect.hashed import HashedFile
 from ckptgate.inspect.pickle import PickleLimits, PickleReport, read_pickle, refused_report
+from ckptgate.inspect.roles import MAX_TOKENIZER_MODEL, RESUME_CONTEXT, companion_ok, resume_content_ok, resume_state_name
 from ckptgate.inspect.safetensors import SafetensorsHeader, json_loads_strict, read_header
 from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
 from ckptgate.inspect.walk import SafeTree
@@ -37,9 +39,15 @@ class FileFacts:
     text: str | None = None
     torch: TorchZipLayout | None = None
     pickle: PickleReport | None = None
+    #: "companion" (pure data that travels with the model when policy allows), "resume_state"
+    #: (training state, inspected and reported, never planned or published), or None
+    role: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "kind": str(self.kind), "size": self.size, "detail": self.detail}
+        out = {"path": self.path, "kind": str(self.kind), "size": self.size, "detail": self.detail}
+        if self.role is not None:
+            out["role"] = self.role
+        return out
 
 
 def pickle_context(path: str) -> str:
@@ -61,8 +69,50 @@ def analyse_file(tree: SafeTree, path: str, *, verify_crc: CrcMode = True,
     folder = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
     if ctx == "dcp_metadata" and tree.entry(folder + "metadata.json") is not None:
         ctx = "megatron_dcp_metadata"
+    if resume_state_name(path, lambda rel: tree.entry(rel) is not None,
+                         lambda d: [e.path.rsplit("/", 1)[-1] for e in tree.entries
+                                    if (e.path.rsplit("/", 1)[0] if "/" in e.path else "") == d]):
+        ctx = RESUME_CONTEXT
     with tree.reader(path) as src:
-        return _analyse(src, entry.size, path, verify_crc, ctx, work)
+        facts, findings = _analyse(src, entry.size, path, verify_crc, ctx, work)
+        return _role(src, facts, findings, ctx)
+
+
+def _role(src: HashedFile, facts: FileFacts, findings: list[Finding],
+          ctx: str) -> tuple[FileFacts, list[Finding]]:
+    """Give a companion or a resume-state file its role, once its content matches its name."""
+    if ctx == RESUME_CONTEXT:
+        rep = facts.pickle
+        if rep is None or not resume_content_ok(facts.path, rep.value):
+            findings.append(error("resume_state.content_mismatch", facts.path,
+                                  "named and placed as training resume state, but its content is not what a "
+                                  "producer writes under this name; it is not excluded", kind=str(facts.kind)))
+            return facts, findings
+        findings.append(info("resume_state.excluded", facts.path, "training resume state: inspected statically, "
+                             "reported, never loaded or published", globals=len(rep.globals)))
+        return dataclasses.replace(facts, role="resume_state"), findings
+
+    if facts.path.rsplit("/", 1)[-1] == "trainer_state.json" and isinstance(facts.json, dict):
+        best = facts.json.get("best_model_checkpoint")
+        if isinstance(best, str) and (best.startswith("/") or ".." in best.replace("\\", "/").split("/")):
+            # the Trainer records where it kept its best checkpoint; ckptgate never follows it
+            findings.append(warning("trainer_state.best_checkpoint_outside", facts.path,
+                                    "best_model_checkpoint points outside the checkpoint; it is recorded, never "
+                                    "followed", best_model_checkpoint=best[:200]))
+
+    def read() -> bytes | None:
+        return src.pread(facts.size, 0) if facts.size <= MAX_TOKENIZER_MODEL else None
+
+    ok = companion_ok(facts.path, facts.kind, facts.json, read)
+    if ok is None:
+        return facts, findings
+    if not ok:
+        if any(f.severity == "error" for f in findings):  # already refused for what it is; one finding says it
+            return facts, findings
+        findings.append(error("companion.content_mismatch", facts.path, f"named like a model companion, but the "
+                              f"content ({facts.kind}) is not what that file holds", kind=str(facts.kind)))
+        return facts, findings
+    return dataclasses.replace(facts, role="companion"), findings
 
 
 def _analyse(src: HashedFile, size: int, path: str, verify_crc: CrcMode,  # noqa: C901

@@ -50,3 +50,7 @@ def error(code: str, path: str, message: str, **evidence: Any) -> Finding:
 def warning(code: str, path: str, message: str, **evidence: Any) -> Finding:
     return Finding(code=code, severity=Severity.WARNING, path=path, message=message, evidence=evidence)
 
+
+
+def info(code: str, path: str, message: str, **evidence: Any) -> Finding:
+    return Finding(code=code, severity=Severity.INFO, path=path, message=message, evidence=evidence)

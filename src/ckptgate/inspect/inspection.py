@@ -86,7 +86,8 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: CrcMode = True) -> Inspecti
     for e, (f, fs) in zip(tree.entries, map_in_threads(analyse, tree.entries, lambda e: e.size), strict=True):
         facts[e.path] = f
         findings.extend(fs)
-    ctx = Context(tree=tree, files=facts, work=work)
+    # resume state is reported, never part of the model: the format is detected without it
+    ctx = Context(tree=tree, files={p: f for p, f in facts.items() if f.role != "resume_state"}, work=work)
     try:
         res = detect_format(ctx, verify_crc=verify_crc)
     except InputRejected:

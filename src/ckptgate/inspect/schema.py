@@ -38,7 +38,8 @@ FACTS_SCHEMA: dict[str, Any] = {
                            "kind": {"enum": ["safetensors", "json", "text", "torch_zip", "torchscript",
                                              "legacy_torch", "pickle", "numpy", "npz", "zip_stream", "code",
                                              "archive", "empty", "unknown"]},
-                           "size": {"type": "integer", "minimum": 0}, "detail": {"type": "string"}}}},
+                           "size": {"type": "integer", "minimum": 0}, "detail": {"type": "string"},
+                           "role": {"enum": ["companion", "resume_state"]}}}},
         "pickles": {"type": "object", "additionalProperties": {
             "type": "object",
             "required": ["context", "protocol", "complete", "opcodes", "globals", "calls", "inside_allowlist",

@@ -102,3 +102,43 @@ def test_new_files_get_the_mode_less_the_umask_and_long_names_fit(tmp_path: Path
     write_output_file(long, b"x", what="the report")
     assert long.read_bytes() == b"x" and sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["report.html", "key.pem", long.name])
+
+
+def test_a_parent_swapped_for_a_symlink_into_the_input_after_the_check_is_refused(tmp_path, monkeypatch):
+    """The F7 class for reports: after the check by path, the report's directory becomes a symlink
+    into the checkpoint; the write goes through a descriptor proved to lie outside it."""
+    import ckptgate.userfiles as uf
+
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"x")
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    real = uf.check_output_file
+
+    def check_then_swap(*args, **kwargs):
+        found = real(*args, **kwargs)
+        reports.rename(tmp_path / "reports.orig")
+        reports.symlink_to(checkpoint, target_is_directory=True)
+        return found
+
+    monkeypatch.setattr(uf, "check_output_file", check_then_swap)
+    with pytest.raises(UsageError) as e:
+        uf.write_output_file(reports / "report.html", b"<html/>", what="the HTML report", not_inside=[checkpoint])
+    assert e.value.code == "usage.output_inside_input"
+    assert sorted(p.name for p in checkpoint.iterdir()) == ["model.safetensors"]
+
+
+def test_outputs_are_written_whole_through_the_parent_descriptor(tmp_path):
+    from ckptgate.userfiles import write_output_file
+
+    write_output_file(tmp_path / "k.pem", b"secret", what="the key", mode=0o600, exclusive=True)
+    assert (tmp_path / "k.pem").read_bytes() == b"secret"
+    assert oct((tmp_path / "k.pem").stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(UsageError) as e:
+        write_output_file(tmp_path / "k.pem", b"other", what="the key", exclusive=True)
+    assert e.value.code == "usage.exists"
+    write_output_file(tmp_path / "r.json", b"1", what="the report")
+    write_output_file(tmp_path / "r.json", b"2", what="the report")
+    assert (tmp_path / "r.json").read_bytes() == b"2"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

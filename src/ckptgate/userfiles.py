@@ -22,7 +22,10 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from ckptgate._fs import RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, is_within, openat2
 from ckptgate.errors import UsageError
+
+_AT_FDCWD = -100
 
 __all__ = ["check_output_file", "read_regular_file", "replace_whole", "write_output_file"]
 
@@ -72,39 +75,64 @@ def write_output_file(path: Path | str, data: bytes, *, what: str, mode: int = 0
                       not_inside: Iterable[Path] = ()) -> None:
     """Write ``data`` to ``path`` whole (:func:`replace_whole`), after :func:`check_output_file`.
 
+    The parent is resolved once into a directory descriptor (``openat2`` with
+    ``RESOLVE_NO_SYMLINKS``), proved on that descriptor to lie outside every input in
+    ``not_inside`` (:func:`ckptgate._fs.is_within`: a parent swapped for a symlink into an input
+    after the check by path cannot redirect the write), and the file is written relative to it.
+
     :param mode: permissions for a new file, less the umask (``0o600`` for a private key).
     :param exclusive: refuse an existing ``path`` (keys, signed envelopes) instead of replacing it.
     :param not_inside: inputs of the command; a ``path`` inside one of them is refused.
     """
-    target = check_output_file(path, what=what, exclusive=exclusive, not_inside=not_inside)
+    roots = list(not_inside)
+    target = check_output_file(path, what=what, exclusive=exclusive, not_inside=roots)
+    ids = []
+    for root in roots:
+        with contextlib.suppress(OSError):  # an input that is gone cannot be written into
+            st = os.stat(root)
+            ids.append((st.st_dev, st.st_ino))
     try:
-        replace_whole(target, data, mode=mode, exclusive=exclusive)
+        parent_fd = openat2(_AT_FDCWD, os.path.realpath(target.parent), os.O_RDONLY | os.O_DIRECTORY,
+                            resolve=RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    except OSError as e:
+        raise UsageError("usage.output_parent", f"cannot open the directory of {what} {path}: {e.strerror}") from None
+    try:
+        for root_id in ids:
+            if is_within(parent_fd, root_id):
+                raise UsageError("usage.output_inside_input", f"{what} {path} would be written inside an input of "
+                                 "this command", advice="Write it somewhere outside the input.")
+        replace_whole(Path(target.name), data, mode=mode, exclusive=exclusive, dir_fd=parent_fd)
     except FileExistsError:
         raise UsageError("usage.exists", f"{path} exists; refusing to overwrite") from None
     except OSError as e:
         raise UsageError("usage.output_unwritable", f"cannot write {what} {path}: {e.strerror}") from None
+    finally:
+        os.close(parent_fd)
 
 
-def replace_whole(target: Path, data: bytes, *, mode: int = 0o644, exclusive: bool = False) -> None:
+def replace_whole(target: Path, data: bytes, *, mode: int = 0o644, exclusive: bool = False,
+                  dir_fd: int | None = None) -> None:
     """Write ``data`` to a temporary file beside ``target``, flush it, and rename it into place, so
     ``target`` is the old file or the new one, never half of one; raises :class:`OSError`.
 
     :param exclusive: link instead of rename, so an existing ``target`` is never replaced
         (``FileExistsError``).
+    :param dir_fd: a directory descriptor ``target`` (then a bare name) is relative to.
     """
     tmp = target.parent / f".ckptgate-{secrets.token_hex(8)}.tmp"  # short: any name the target may have fits
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)  # the umask applies
+    at = {} if dir_fd is None else {"dir_fd": dir_fd}
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, **at)  # umask applies
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         if exclusive:
-            os.link(tmp, target)
-            os.unlink(tmp)
+            os.link(tmp, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            os.unlink(tmp, **at)
         else:
-            os.replace(tmp, target)
+            os.replace(tmp, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, **at)
         raise

@@ -240,6 +240,20 @@ def test_a_registry_entry_naming_something_else_removes_nothing(tmp_path):
     assert (victim / "keep").read_text() == "x"
 
 
+def test_a_registry_entry_through_a_symlinked_folder_removes_nothing(tmp_path):
+    """An entry whose path reaches a directory with a staging name through a symlinked folder (or
+    `..`) is not followed: entries are written canonical, so anything else was not written by us."""
+    victim = tmp_path / "victim" / ".data.ckptgate-staging-x"
+    victim.mkdir(parents=True)
+    (victim / "keep").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "victim", target_is_directory=True)
+    reg = workdirs.registry_dir()
+    for i, path in enumerate([tmp_path / "link" / victim.name, tmp_path / "victim" / ".." / "victim" / victim.name]):
+        (reg / f"{str(i) * 32}.json").write_text(json.dumps({"kind": "staging", "path": str(path)}))
+    workdirs.sweep()
+    assert (victim / "keep").read_text() == "x"
+
+
 # ---- ckptgate doctor -------------------------------------------------------------------------------------------
 
 

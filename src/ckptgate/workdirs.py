@@ -231,7 +231,7 @@ def create(parent: Path, name: str, kind: str) -> Lease:
     the parent's shared lock, so neither a kill nor a concurrent sweep can leave it unaccounted for."""
     pattern, lock_file = _KINDS[kind]
     assert pattern.fullmatch(name), name
-    path = parent / name
+    path = Path(os.path.realpath(parent)) / name  # canonical, as the registry sweep requires
     entry, entry_fd = _register(kind, path)
     lock_fd = -1
     try:
@@ -336,6 +336,8 @@ def _read_entry(fd: int) -> tuple[str, Path] | None:
         return None
     if kind not in _KINDS or not path.is_absolute() or not _KINDS[kind][0].fullmatch(path.name):
         return None
+    if os.path.realpath(path.parent) != str(path.parent):
+        return None  # entries are written canonical: a symlink or `..` on the way is not ours to follow
     return kind, path
 
 

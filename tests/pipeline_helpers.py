@@ -4,7 +4,10 @@ qualification statement for a fixture's measured digest (as ``ckptgate.demo`` do
 from __future__ import annotations
 
 import json
+import os
 import platform
+import subprocess
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -76,3 +79,38 @@ def attest(signer: Signer, src: Path, out: Path, *, fmt: str, meta: dict[str, An
     statement = qualification(src, digest, fmt=fmt, meta=meta)
     out.write_bytes(sign_statement(statement, KeySigner.from_pem(signer.key_path)))
     return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attested:
+    trust: Path
+    attestation: Path
+    public_pem: bytes
+
+
+def demo_attested(src: Path, workdir: Path, *, name: str = "att") -> Attested:
+    """A trust file (``workdir/trust.json``) naming one throwaway Ed25519 key (``name.pem``), and
+    that key's demo qualification of ``src``'s measured digest (``name.json``), as ``ckptgate demo``
+    signs it."""
+    from ckptgate.demo import demo_statement
+
+    private_pem, public_pem = generate_keypair("ed25519")
+    key = workdir / f"{name}.pem"
+    key.write_bytes(private_pem)
+    key.chmod(0o600)
+    trust = workdir / "trust.json"
+    trust.write_text(json.dumps({"signers": [trust_entry(public_pem, signer_id="test-key",
+                                                         predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}))
+    with SafeTree.open(src) as tree:
+        digest = fixture_digest(tree).digest
+    attestation = workdir / f"{name}.json"
+    attestation.write_bytes(sign_statement(demo_statement(digest, "hf_sharded",
+                                                          producer=("huggingface_hub", "2.4.0")),
+                                           KeySigner.from_pem(key)))
+    return Attested(trust=trust, attestation=attestation, public_pem=public_pem)
+
+
+def ckptgate_json(*args: object, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m ckptgate ARGS --json`` in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "ckptgate", *map(str, args), "--json"], capture_output=True,
+                          text=True, timeout=timeout, env=dict(os.environ))

@@ -16,12 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptgate.demo import demo_statement
-from ckptgate.digest import fixture_digest
 from ckptgate.errors import ExitCode
-from ckptgate.inspect import SafeTree
-from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
-from ckptgate.verify.dsse import sign_statement
+from tests.pipeline_helpers import demo_attested
 
 HF = Path(__file__).resolve().parent / "fixtures" / "data" / "hf_sharded" / "checkpoint"
 COMMANDS = ("intake", "decide", "explain", "verify")
@@ -32,17 +28,9 @@ def case(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("exit")
     src = tmp / "ckpt"
     shutil.copytree(HF, src)
-    priv, pub = generate_keypair("ed25519")
-    (tmp / "k.pem").write_bytes(priv)
-    (tmp / "trust.json").write_text(json.dumps({"signers": [trust_entry(
-        pub, signer_id="test-key", predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}))
-    with SafeTree.open(src) as tree:
-        digest = fixture_digest(tree).digest
-    env = sign_statement(demo_statement(digest, "hf_sharded", producer=("huggingface_hub", "2.4.0")),
-                         KeySigner.from_pem(tmp / "k.pem"))
-    good, tampered = tmp / "good.json", tmp / "tampered.json"
-    good.write_bytes(env)
-    doc = json.loads(env)
+    good = demo_attested(src, tmp, name="good").attestation
+    tampered = tmp / "tampered.json"
+    doc = json.loads(good.read_bytes())
     sig = doc["signatures"][0]["sig"]
     doc["signatures"][0]["sig"] = ("A" if sig[0] != "A" else "B") + sig[1:]
     tampered.write_text(json.dumps(doc))

@@ -4,7 +4,6 @@ entry), wherever their DST was.  No private key is on disk at any of those momen
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,11 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptgate.demo import demo_statement
-from ckptgate.digest import fixture_digest
-from ckptgate.inspect import SafeTree
-from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
-from ckptgate.verify.dsse import sign_statement
+from tests.pipeline_helpers import demo_attested
 
 KILLS = 20
 
@@ -33,17 +28,8 @@ def big(tmp_path_factory):
     state = {f"layers.{i}.weight": torch.full((2048, 4096), float(i)) for i in range(6)}
     src.mkdir()
     save_torch_state_dict(state, str(src), max_shard_size=64 << 20)
-    priv, pub = generate_keypair("ed25519")
-    (root / "k.pem").write_bytes(priv)
-    trust = root / "trust.json"
-    trust.write_text(json.dumps({"signers": [trust_entry(pub, signer_id="test-key",
-                                                         predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}))
-    with SafeTree.open(src) as tree:
-        digest = fixture_digest(tree).digest
-    att = root / "att.json"
-    att.write_bytes(sign_statement(demo_statement(digest, "hf_sharded", producer=("huggingface_hub", "2.4.0")),
-                                   KeySigner.from_pem(root / "k.pem")))
-    return {"src": src, "trust": trust, "att": att}
+    attested = demo_attested(src, root)
+    return {"src": src, "trust": attested.trust, "att": attested.attestation}
 
 
 def _intake(big, dst: Path, env: dict[str, str]) -> subprocess.Popen:

@@ -4,21 +4,17 @@ OpenSSF Model Signing signature (made by the real ``model_signing`` API) and the
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ckptgate.errors import ExitCode
 from tests.verify.oms_helpers import HF, keypair, sign
+from tests.pipeline_helpers import ckptgate_json
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ckptgate", *args, "--json"], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ))
+_cli = ckptgate_json
 
 
 @pytest.fixture(scope="module")

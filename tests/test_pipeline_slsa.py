@@ -4,10 +4,7 @@ statement (subjects made with ``in-toto-attestation``), signed as DSSE with a ke
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,11 +14,10 @@ from ckptgate.verify import sign_statement
 from tests.verify.oms_helpers import HF
 from tests.verify.slsa_helpers import file_hashes, slsa_statement, slsa_trust
 from tests.verify.verify_helpers import signer
+from tests.pipeline_helpers import ckptgate_json
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ckptgate", *args, "--json"], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ))
+_cli = ckptgate_json
 
 
 @pytest.fixture(scope="module")

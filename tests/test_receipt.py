@@ -12,13 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from ckptgate.demo import demo_statement
-from ckptgate.digest import fixture_digest
 from ckptgate.errors import ExitCode
-from ckptgate.inspect import SafeTree
 from ckptgate.publish import RECEIPT_NAME, RECEIPT_SIGNATURE_NAME
-from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
-from ckptgate.verify.dsse import sign_statement
+from ckptgate.verify import generate_keypair
+from tests.pipeline_helpers import demo_attested
 
 REPO = Path(__file__).resolve().parent.parent
 HF = REPO / "tests" / "fixtures" / "data" / "hf_sharded" / "checkpoint"
@@ -35,16 +32,8 @@ def published(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("receipt")
     src = tmp / "ckpt"
     shutil.copytree(HF, src)
-    priv, pub = generate_keypair("ed25519")
-    (tmp / "att.pem").write_bytes(priv)
-    trust = tmp / "trust.json"
-    trust.write_text(json.dumps({"signers": [trust_entry(pub, signer_id="test-key",
-                                                         predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}))
-    with SafeTree.open(src) as tree:
-        digest = fixture_digest(tree).digest
-    att = tmp / "att.json"
-    att.write_bytes(sign_statement(demo_statement(digest, "hf_sharded", producer=("huggingface_hub", "2.4.0")),
-                                   KeySigner.from_pem(tmp / "att.pem")))
+    attested = demo_attested(src, tmp)
+    trust, att, pub = attested.trust, attested.attestation, attested.public_pem
     rpriv, rpub = generate_keypair("ecdsa-p256")
     (tmp / "receipt.pem").write_bytes(rpriv)
     (tmp / "receipt.pub").write_bytes(rpub)

@@ -172,7 +172,7 @@ def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: i
             buf = local.buf = memoryview(bytearray(buffer_size))
         entry = tree.entry(path)
         assert entry is not None
-        checks = [c for c in (tree.ledger(path).checker(), also(path) if also else None) if c is not None]
+        checks = [c for c in (checkers[path], also(path) if also else None) if c is not None]
         fd = tree.open_file(path)
         try:
             digest = _hash_fd(fd, entry.size, buf, tick if progress else None, _each(checks), cancel)
@@ -181,8 +181,7 @@ def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: i
         return ManifestEntry(path=path, size=entry.size, sha256=digest)
 
     order = [e.path for e in sorted(tree.entries, key=lambda e: -e.size)]
-    for p in order:  # sealed before any hashing: inspection reads nothing more once hashing began
-        tree.ledger(p).checker()
+    checkers = {p: tree.ledger(p).checker() for p in order}  # all sealed before any hashing begins
     if n_workers == 1:
         results = [one(p) for p in order]
     else:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import os
 import pty
 import re
@@ -17,11 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ckptgate._cli._progress import phase_bars
-from ckptgate.demo import demo_statement
-from ckptgate.digest import fixture_digest
-from ckptgate.inspect import SafeTree
-from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
-from ckptgate.verify.dsse import sign_statement
+from tests.pipeline_helpers import demo_attested
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "data" / "hf_sharded" / "checkpoint"
 
@@ -76,19 +71,8 @@ def _on_a_terminal(*args: object) -> tuple[int, str]:
 def _attested(tmp_path: Path) -> tuple[Path, Path, Path]:
     src = tmp_path / "ckpt"
     shutil.copytree(HF, src)
-    priv, pub = generate_keypair("ed25519")
-    trust = tmp_path / "trust.json"
-    trust.write_text(json.dumps({"signers": [trust_entry(pub, signer_id="test-key",
-                                                         predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}))
-    with SafeTree.open(src) as tree:
-        digest = fixture_digest(tree).digest
-    key = tmp_path / "key.pem"
-    key.write_bytes(priv)
-    key.chmod(0o600)
-    att = tmp_path / "att.json"
-    att.write_bytes(sign_statement(demo_statement(digest, "hf_sharded", producer=("huggingface_hub", "2.4.0")),
-                                   KeySigner.from_pem(key)))
-    return src, trust, att
+    attested = demo_attested(src, tmp_path)
+    return src, attested.trust, attested.attestation
 
 
 def test_intake_on_a_terminal_shows_hashing_then_consolidating(tmp_path: Path) -> None:

@@ -2,8 +2,9 @@
 """Set up ckptgate on a fresh machine and run its main job or its tests.
 
     python3 scripts/bootstrap.py demo     # set up, then `ckptgate demo` on the embedded OPA
-    python3 scripts/bootstrap.py test     # set up, then every test (opa fmt/check/test, regal lint, pytest,
-                                          # and `ckptgate check`: matrix drift, evidence, claims)
+    python3 scripts/bootstrap.py test     # set up, then every test (ruff, mypy --strict, opa fmt/check/test,
+                                          # regal lint, pytest, and `ckptgate check`: matrix drift,
+                                          # evidence, claims)
     python3 scripts/bootstrap.py setup    # set up only
     python3 scripts/bootstrap.py run -- ARGS...   # set up, then `ckptgate ARGS...`
 
@@ -16,6 +17,8 @@ Set-up is idempotent and cheap when nothing changed:
   environment and an editable install of this clone.
 * OPA and Regal are installed with ``go install <module>@<version>`` into ``.tools/bin``; the
   install is skipped when the pinned version is already there.
+* ruff and mypy (the ``[lint]`` pins) get a small venv of their own in ``.tools/lint``; mypy
+  reads the project's imports through ``.venv``'s interpreter.
 
 Only the standard library is used here: this script runs before anything is installed.
 """
@@ -39,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PINS = ROOT / "pins.toml"
 TOOLS_BIN = ROOT / ".tools" / "bin"
+LINT_VENV = ROOT / ".tools" / "lint"
 LOCAL_VENV = ROOT / ".venv"
 # Installed first, so that sdists that import torch at build time (deepspeed) can build
 # without build isolation.
@@ -181,10 +185,24 @@ def ensure_go_tools(pins: dict) -> None:
             sys.exit(f"[bootstrap] {TOOLS_BIN / name} does not report version {version}")
 
 
+def ensure_lint_tools(pins: dict) -> None:
+    """ruff and mypy at their pinned versions in .tools/lint (small; rebuilt when a pin changes)."""
+    want = "".join(f"{n}=={v}\n" for n, v in sorted(pins["lint"].items()))
+    stamp = LINT_VENV / ".ckptgate-pins"
+    if stamp.exists() and stamp.read_text() == want:
+        return
+    log(f"installing {want.strip().replace(chr(10), ', ')} into {LINT_VENV}")
+    venv.EnvBuilder(with_pip=True, clear=True).create(LINT_VENV)
+    run([str(LINT_VENV / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+         "-q", *want.split()])
+    stamp.write_text(want)
+
+
 def setup() -> dict[str, str]:
     pins = load_pins()
     check_pins_cover_pyproject(pins)
     ensure_go_tools(pins)
+    ensure_lint_tools(pins)
     shared = ensure_shared_env(pins)
     ensure_local_venv(shared)
     env = dict(os.environ)
@@ -208,7 +226,11 @@ def ensure_chromium() -> None:
 
 def run_tests(env: dict[str, str]) -> int:
     opa, regal, py = str(TOOLS_BIN / "opa"), str(TOOLS_BIN / "regal"), str(LOCAL_VENV / "bin" / "python")
+    lint = LINT_VENV / "bin"
     steps = [
+        ("ruff check", [str(lint / "ruff"), "check", "src", "tests", "scripts", "bench"]),
+        ("ruff format", [str(lint / "ruff"), "format", "--check", "src", "tests", "scripts", "bench"]),
+        ("mypy", [str(lint / "mypy"), "--python-executable", py, "src/ckptgate"]),
         ("opa fmt", [opa, "fmt", "--fail", "--list", "policies"]),
         ("opa check", [opa, "check", "--strict", "policies"]),
         ("opa test", [opa, "test", "--coverage", "--threshold", "90", "--format", "json", "policies"]),

@@ -185,26 +185,28 @@ def ensure_go_tools(pins: dict) -> None:
             sys.exit(f"[bootstrap] {TOOLS_BIN / name} does not report version {version}")
 
 
-def ensure_lint_tools(pins: dict) -> None:
-    """ruff and mypy at their pinned versions in .tools/lint (small; rebuilt when a pin changes)."""
+def ensure_lint_tools(pins: dict, shared: Path) -> None:
+    """ruff, mypy and mypy's stub packages at their pinned versions in .tools/lint, which also
+    links the shared environment (after its own packages), so mypy sees the project's
+    imports and the stubs in one environment."""
     want = "".join(f"{n}=={v}\n" for n, v in sorted(pins["lint"].items()))
     stamp = LINT_VENV / ".ckptgate-pins"
-    if stamp.exists() and stamp.read_text() == want:
-        return
-    log(f"installing {want.strip().replace(chr(10), ', ')} into {LINT_VENV}")
-    venv.EnvBuilder(with_pip=True, clear=True).create(LINT_VENV)
-    run([str(LINT_VENV / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-         "-q", *want.split()])
-    stamp.write_text(want)
+    if not (stamp.exists() and stamp.read_text() == want):
+        log(f"installing {want.strip().replace(chr(10), ', ')} into {LINT_VENV}")
+        venv.EnvBuilder(with_pip=True, clear=True).create(LINT_VENV)
+        run([str(LINT_VENV / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+             "--no-input", "-q", *want.split()])
+        stamp.write_text(want)
+    (site_packages(LINT_VENV) / "zz_ckptgate_project.pth").write_text(f"{site_packages(shared)}\n")
 
 
 def setup() -> dict[str, str]:
     pins = load_pins()
     check_pins_cover_pyproject(pins)
     ensure_go_tools(pins)
-    ensure_lint_tools(pins)
     shared = ensure_shared_env(pins)
     ensure_local_venv(shared)
+    ensure_lint_tools(pins, shared)
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(LOCAL_VENV / "bin"), str(TOOLS_BIN), env.get("PATH", "")])
     env["VIRTUAL_ENV"] = str(LOCAL_VENV)
@@ -230,7 +232,7 @@ def run_tests(env: dict[str, str]) -> int:
     steps = [
         ("ruff check", [str(lint / "ruff"), "check", "src", "tests", "scripts", "bench"]),
         ("ruff format", [str(lint / "ruff"), "format", "--check", "src", "tests", "scripts", "bench"]),
-        ("mypy", [str(lint / "mypy"), "--python-executable", py, "src/ckptgate"]),
+        ("mypy", [str(lint / "mypy"), "src/ckptgate"]),
         ("opa fmt", [opa, "fmt", "--fail", "--list", "policies"]),
         ("opa check", [opa, "check", "--strict", "policies"]),
         ("opa test", [opa, "test", "--coverage", "--threshold", "90", "--format", "json", "policies"]),

@@ -81,7 +81,7 @@ def report_error(err: Error, as_json: bool) -> None:
     stderr.print(f"[dim]advice:[/] {shown(err.diagnostics())}")
 
 
-def json_option(f: Callable) -> Callable:
+def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")(f)
 
 
@@ -97,7 +97,7 @@ def check_platform(platform: str | None = None) -> None:
 class _Group(click.Group):
     """Maps click's usage errors to our exit code 2 and keeps them traceback-free."""
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
         as_json = "--json" in sys.argv
         try:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeRemainingColumn,
                            TransferSpeedColumn)
 
 #: The label width: the longest phase name, so the bars line up.
@@ -37,10 +37,10 @@ def phase_bars(enabled: bool, *phases: str, console: Console | None = None) -> I
                   transient=True) as bar:
         tasks = {p: bar.add_task(p, total=None, visible=False) for p in phases}
 
-        def plan(task: int) -> Callable[[int], None]:
+        def plan(task: TaskID) -> Callable[[int], None]:
             return lambda total: bar.update(task, total=total, completed=0, visible=True)
 
-        def advance(task: int) -> Callable[[int], None]:
+        def advance(task: TaskID) -> Callable[[int], None]:
             return lambda n: bar.advance(task, n)
 
         yield {p: Phase(plan(t), advance(t)) for p, t in tasks.items()}

@@ -55,4 +55,4 @@ def convert(data: memoryview | bytes, src: str, dst: str) -> bytes:
     out = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype("<u2")  # BF16: round to nearest even
     nan = np.isnan(a)
     out[nan] = (u[nan] >> 16 | 0x0040).astype("<u2")
-    return out.tobytes()
+    return bytes(out.tobytes())

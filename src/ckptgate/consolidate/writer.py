@@ -164,7 +164,7 @@ def _scatter_source(src: str, fd: int, segments: list[_Segment], expected_sha256
                 _write_back(s.out_fd, view[lo - pos:hi - pos], s.out_offset + (lo - s.src_offset))
                 if on_bytes:
                     on_bytes(hi - lo)
-            elif lo < hi:  # whole elements only: a chunk may end inside one
+            elif lo < hi and s.conv is not None:  # whole elements only: a chunk may end inside one
                 part, done = carry.get(id(s), (b"", 0))
                 data = part + view[lo - pos:hi - pos].tobytes()
                 whole = len(data) - len(data) % DTYPE_SIZES[s.conv[0]]

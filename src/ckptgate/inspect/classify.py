@@ -84,7 +84,8 @@ def _archive(head: bytes) -> str | None:
 
 
 def _tar_names(src: HashedFile, size: int, limit: int = 64) -> list[str]:
-    names, off = [], 0
+    names: list[str] = []
+    off = 0
     while off + 512 <= size and len(names) < limit:
         h = src.pread(512, off)
         if h[257:262] != b"ustar":
@@ -242,8 +243,7 @@ def _classify(src: HashedFile, size: int) -> Classification:  # noqa: C901, PLR0
         return Classification(kind=FileKind.ARCHIVE, detail="zip")
     arch = _archive(head)
     if arch == "tar":
-        names = _tar_names(src, size)
-        if {"pickle", "storages"} & {n.strip("./") for n in names}:
+        if {"pickle", "storages"} & {n.strip("./") for n in _tar_names(src, size)}:
             return Classification(kind=FileKind.LEGACY_TORCH, detail="legacy torch tar")
         return Classification(kind=FileKind.ARCHIVE, detail="tar")
     if arch:

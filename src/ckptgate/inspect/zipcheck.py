@@ -249,6 +249,7 @@ def _central(z: _Z, n: int, cd_off: int, cd_end: int, max_entries: int) -> list[
         z64 = _zip64_extra(extra, usize, csize, off)
         if z64 is None:
             z.fail("zip.bad_zip64", "truncated zip64 extra field", name=name)
+            break  # not reached: fail raises
         usize, csize, off = z64
         out.append((name, flags, method, crc, csize, usize, off))
     if p != len(cd):

@@ -59,7 +59,8 @@ def _validator(name: str) -> jsonschema.protocols.Validator:
 @cache
 def _fast(name: str) -> Callable[[Any], Any]:
     """The same schema compiled by ``fastjsonschema``: the hot path for documents that are valid."""
-    return fastjsonschema.compile(_schema(name))  # type: ignore[no-any-return]
+    validate: Callable[[Any], Any] = fastjsonschema.compile(_schema(name))
+    return validate
 
 
 def prepare_statement_checks() -> None:
@@ -84,7 +85,8 @@ def _first_error(name: str, doc: Any) -> jsonschema.ValidationError | None:
         pass
     from jsonschema.exceptions import best_match
 
-    return best_match(_validator(name).iter_errors(doc))
+    found: jsonschema.ValidationError | None = best_match(_validator(name).iter_errors(doc))
+    return found
 
 
 def check_statement(doc: Any) -> dict[str, Any]:
@@ -179,7 +181,7 @@ def bind_subject(statement: dict[str, Any], measured_digest: str) -> SubjectBind
         if isinstance(got, str) and got.lower() == want:
             digest = "sha256:" + want
             fields = {".".join(path): field_at(statement.get("predicate"), *path) == digest
-                      for path in PREDICATE_SUBJECT_FIELDS.get(statement.get("predicateType"), ())}
+                      for path in PREDICATE_SUBJECT_FIELDS.get(str(statement.get("predicateType")), ())}
             return SubjectBinding(name=str(s.get("name", "")), digest=digest, predicate_fields=fields)
     raise VerificationError(
         "verify.statement.subject_mismatch",

@@ -112,8 +112,8 @@ class TrustData:
         """Parse trust data strictly; codes ``verify.trust.*``."""
         try:
             doc = loads_strict(raw, what="trust data", max_bytes=_MAX_TRUST_BYTES)
-        except VerificationError as e:
-            raise TrustDataError("verify.trust.json", f"{source}: {e.message}", evidence=e.evidence) from None
+        except VerificationError as bad:
+            raise TrustDataError("verify.trust.json", f"{source}: {bad.message}", evidence=bad.evidence) from None
         if not isinstance(doc, dict) or not isinstance(doc.get("signers"), list):
             raise TrustDataError("verify.trust.shape", f"{source}: expected an object with a 'signers' list")
         keys: list[TrustedKey] = []

@@ -95,16 +95,16 @@ def detect_hf_sharded(ctx: Context) -> FormatResult | None:
             if wm.get(t.name) != shard:
                 findings.append(error("index.tensor_not_indexed", shard, f"tensor {t.name!r} is in this shard "
                                       "but the index maps it elsewhere", tensor=t.name, index=wm.get(t.name)))
-        for t in shards[shard]:
-            if t not in names:
-                findings.append(error("index.tensor_missing", shard, f"index maps {t!r} to this shard but it is "
-                                      "not there", tensor=t))
+        for mapped in shards[shard]:
+            if mapped not in names:
+                findings.append(error("index.tensor_missing", shard,
+                                      f"index maps {mapped!r} to this shard but it is not there", tensor=mapped))
         layout_shards.append({"path": shard, **f.safetensors.to_json()})
     unnamed = sorted(p for p, f in ctx.files.items()
                      if p.endswith(".safetensors") and p not in shards and "/" not in p)
     for p in unnamed:
         findings.append(error("index.unnamed_shard", p, "safetensors file the index never names"))
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    meta: dict[str, Any] = doc["metadata"] if isinstance(doc.get("metadata"), dict) else {}
     ts = meta.get("total_size")
     if ts is not None and (not isinstance(ts, int) or isinstance(ts, bool) or ts != total):
         findings.append(error("index.total_size", ip, "metadata.total_size does not match the shards' tensor "

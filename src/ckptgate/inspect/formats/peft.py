@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from ckptgate.inspect.classify import FileKind
 from ckptgate.inspect.findings import Finding, error, warning
@@ -52,7 +53,7 @@ def detect_peft(ctx: Context) -> FormatResult | None:
             if f is not None:
                 weights = f
                 break
-        entry = {"config": cp, "fields": fields, "weights": None}
+        entry: dict[str, Any] = {"config": cp, "fields": fields, "weights": None}
         if weights is None:
             findings.append(error("peft.weights_missing", cp, "no adapter_model.safetensors or .bin next to "
                                   "the config"))

@@ -41,8 +41,8 @@ class Adapter(Protocol):
     mappings: tuple[str, ...]
 
     def framework_files(self, inspection: Inspection) -> tuple[str, ...]:
-        """The files a framework loader must read in the contained worker; ``()`` when the static
-        reader or pure data suffices."""
+        """The files a framework loader must read in the contained worker; ``()`` when the plan
+        needs only what inspection read (pure data or the static reader)."""
         ...
 
     def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,

@@ -46,6 +46,8 @@ from ckptgate.errors import RuntimeFailure
 from ckptgate.inspect.pickle import Call, Global, SDict, SList, SSet, key_text
 
 if TYPE_CHECKING:
+    # the worker's loaded-trees record; moving to ckptgate.enforce.load.LoadedTrees (issue #21)
+    from ckptgate.consolidate.contained import LoadedPlans
     from ckptgate.inspect import Inspection, SafeTree
 
 
@@ -472,7 +474,7 @@ class ZeroAdapter:
         return () if statically_readable(files, rels) else tuple(rels)
 
     def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
-             loaded: Any = None) -> ConsolidationPlan:
+             loaded: LoadedPlans | None = None) -> ConsolidationPlan:
         layout, files = inspection.layout, {f.path: f for f in inspection.files}
         if loaded is None:  # less than the decision permits: no worker at all
             return zero_plan(layout, static_trees(files, zero_files(layout)), files,

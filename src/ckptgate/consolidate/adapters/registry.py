@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ckptgate.consolidate.plan import ConsolidationPlan
 
 if TYPE_CHECKING:
+    # the worker's loaded-trees record; moving to ckptgate.enforce.load.LoadedTrees (issue #21)
+    from ckptgate.consolidate.contained import LoadedPlans
     from ckptgate.inspect import Inspection, SafeTree
 
 __all__ = ["Adapter", "RegistryError", "StaticAdapter", "adapter_for", "adapter_name_for", "adapters", "format_table", "register",
@@ -46,7 +48,7 @@ class Adapter(Protocol):
         ...
 
     def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
-             loaded: Any = None) -> ConsolidationPlan:
+             loaded: LoadedPlans | None = None) -> ConsolidationPlan:
         """The plan for an inspected, consolidatable checkpoint of one of :attr:`formats`."""
         ...
 

@@ -1,6 +1,7 @@
 """Consolidate: placement plans per output shard, executed by a streaming writer.
 
-:func:`plan_for` is the single entry point: it picks the adapter for the inspected format.
+:func:`plan_for` is the single entry point: it looks up the inspected format's adapter in
+:mod:`ckptgate.consolidate.adapters.registry` and makes one call to it.
 Adapters for pure-data and statically read formats use only what inspection read.  DeepSpeed
 ZeRO is gated as a framework load (its loader is DeepSpeed's); when every state file stayed
 inside the static reader's DeepSpeed allowlist, the plan is still built from the static reader
@@ -17,7 +18,7 @@ import dataclasses
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from ckptgate.consolidate.contained import WorkerOptions, load_plans
+from ckptgate.consolidate.contained import LoadedPlans, WorkerOptions, load_plans
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, NotConsolidatable, PlanError
 from ckptgate.decide.decision import Decision
 from ckptgate.errors import PolicyDenied, RuntimeFailure
@@ -86,66 +87,43 @@ def _adapter_plan(tree: SafeTree, inspection: Inspection, *, decision: Decision,
                            evidence={"needed": list(inspection.loaders),
                                      "permitted": list(decision.permitted_loaders)})
     fmt = inspection.format
-    layout = inspection.layout
-    files = {f.path: f for f in inspection.files}
     if not inspection.consolidatable:
         raise NotConsolidatable("plan.format.not_consolidatable",
                                 f"inspection found this {fmt} checkpoint not consolidatable",
                                 evidence={"format": fmt, "findings": [f.code for f in inspection.findings
                                                                       if f.severity == "error"]})
-    if mapping is not None and fmt != "megatron-torch-dist":
+    from ckptgate.consolidate.adapters import adapter_for
+
+    adapter = adapter_for(fmt)
+    if mapping is not None and (adapter is None or not adapter.mappings):
         raise PlanError("plan.mapping.unknown", f"mapping {mapping!r} does not apply to format {fmt!r}")
-    if fmt in ("hf-sharded-safetensors", "safetensors"):
-        from ckptgate.consolidate.adapters import safetensors
+    if adapter is None:
+        raise PlanError("plan.format.unsupported", f"no consolidation adapter for format {fmt!r}",
+                        advice="Run `ckptgate inspect` to see what the checkpoint is; see docs/consolidation.md.")
+    rels = adapter.framework_files(inspection)
+    loaded = _framework_load(tree, inspection, rels, decision=decision, fixture_digest=fixture_digest,
+                             worker=worker) if rels else None
+    return adapter.plan(inspection, tree, max_shard_bytes=max_shard_bytes, mapping=mapping, loaded=loaded)
 
-        return safetensors.plan(inspection, max_shard_bytes=max_shard_bytes)
-    if fmt in ("dcp-torch-save", "dcp-hf-safetensors"):
-        from ckptgate.consolidate.adapters import dcp
 
-        return dcp.plan(fmt, layout, max_shard_bytes=max_shard_bytes)
-    if fmt in ("fsdp-full", "fsdp-local"):
-        from ckptgate.consolidate.adapters import fsdp
+def _framework_load(tree: SafeTree, inspection: Inspection, rels: tuple[str, ...], *, decision: Decision,
+                    fixture_digest: FixtureDigest | str, worker: WorkerOptions | None) -> LoadedPlans:
+    """Load ``rels`` with a permitted framework loader in the contained worker, under a permit minted
+    from the allow decision; the adapter plans from the trees it returns."""
+    from ckptgate.enforce.permit import issue_permit
 
-        return fsdp.plan(fmt, layout, max_shard_bytes=max_shard_bytes)
-    if fmt == "megatron-torch-dist":
-        from ckptgate.consolidate.adapters import megatron
-
-        return megatron.plan(layout, max_shard_bytes=max_shard_bytes, mapping=mapping)
-    if fmt is not None and fmt.startswith("peft"):
-        from ckptgate.consolidate.adapters import peft
-
-        return peft.plan(layout, files)
-    if fmt == "deepspeed-universal":
-        from ckptgate.consolidate.adapters import deepspeed
-
-        return deepspeed.universal_plan(layout, files, max_shard_bytes=max_shard_bytes)
-    if fmt in ("deepspeed-zero2", "deepspeed-zero3"):
-        from ckptgate.consolidate.adapters import deepspeed
-        from ckptgate.enforce.permit import issue_permit
-
-        rels = deepspeed.zero_files(layout)
-        if deepspeed.statically_readable(files, rels):  # less than the decision permits: no worker at all
-            return deepspeed.zero_plan(layout, deepspeed.static_trees(files, rels), files,
-                                       max_shard_bytes=max_shard_bytes, trees_from="static_reader")
-        if isinstance(fixture_digest, str):
-            raise RuntimeFailure("runtime.worker.manifest_missing",
-                                 "a framework load needs the fixture digest's manifest to check each file "
-                                 "it hands to the worker; only the digest string was given")
-        loader = next((name for name in WORKER_LOADERS if name in decision.permitted_loaders), None)
-        if loader is None:
-            raise PolicyDenied("enforce.permit.loader_not_permitted",
-                               "the decision permits no framework loader for this DeepSpeed checkpoint",
-                               evidence={"permitted_loaders": list(decision.permitted_loaders)})
-        permit = issue_permit(decision, fixture_digest=fixture_digest.digest, loader=loader)
-        loaded = load_plans(tree, inspection, rels, permit=permit, digest=fixture_digest,
-                            options=worker or WorkerOptions())
-        return deepspeed.zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes,
-                                   trees_from="contained_worker",
-                                   worker={"job": loaded.job, "controls": dict(loaded.controls),
-                                           "measured": dict(loaded.measured),
-                                           "wall_s": round(loaded.wall_s, 3)})
-    raise PlanError("plan.format.unsupported", f"no consolidation adapter for format {fmt!r}",
-                    advice="Run `ckptgate inspect` to see what the checkpoint is; see docs/consolidation.md.")
+    if isinstance(fixture_digest, str):
+        raise RuntimeFailure("runtime.worker.manifest_missing",
+                             "a framework load needs the fixture digest's manifest to check each file "
+                             "it hands to the worker; only the digest string was given")
+    loader = next((name for name in WORKER_LOADERS if name in decision.permitted_loaders), None)
+    if loader is None:
+        raise PolicyDenied("enforce.permit.loader_not_permitted",
+                           f"the decision permits no framework loader for this {inspection.format} checkpoint",
+                           evidence={"permitted_loaders": list(decision.permitted_loaders)})
+    permit = issue_permit(decision, fixture_digest=fixture_digest.digest, loader=loader)
+    return load_plans(tree, inspection, list(rels), permit=permit, digest=fixture_digest,
+                      options=worker or WorkerOptions())
 
 
 __all__ = ["ConsolidationPlan", "NotConsolidatable", "PlanError", "WorkerOptions", "plan_for", "with_companions"]

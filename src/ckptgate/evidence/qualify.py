@@ -136,14 +136,11 @@ def find_fixture(repo: Path, name_or_path: str) -> Fixture:
 
 
 def adapter_for_format(repo: Path, fmt: str) -> str | None:
-    """The adapter the gates data names for an inspected format (None when none can consolidate it)."""
-    try:
-        gates = json.loads((repo / GATES_DATA).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    entry = (gates.get("formats") or {}).get(fmt) or {}
-    adapter = entry.get("adapter")
-    return adapter if isinstance(adapter, str) else None
+    """The adapter that consolidates an inspected format (None when none can), from the adapter
+    registry; a test keeps the registry and the gates data's ``formats`` in step."""
+    from ckptgate.consolidate.adapters import adapter_name_for
+
+    return adapter_name_for(fmt)
 
 
 def gate_producer(repo: Path, adapter: str) -> str | None:

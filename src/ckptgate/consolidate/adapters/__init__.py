@@ -1,1 +1,11 @@
-"""Format adapters: each turns an inspected layout into a :class:`ConsolidationPlan`."""
+"""Format adapters: each turns an inspected layout into a :class:`ConsolidationPlan`.
+
+Each adapter module registers its :class:`~ckptgate.consolidate.adapters.registry.Adapter` on
+import; importing this package imports them all, so the registry's format table is complete.
+"""
+
+from ckptgate.consolidate.adapters import dcp, deepspeed, fsdp, megatron, peft, safetensors  # registers each
+from ckptgate.consolidate.adapters.registry import Adapter, adapter_for, adapter_name_for, format_table, register
+
+__all__ = ["Adapter", "adapter_for", "adapter_name_for", "dcp", "deepspeed", "format_table", "fsdp", "megatron", "peft",
+           "register", "safetensors"]

@@ -17,12 +17,16 @@ as skipped.  FSDP2 ``DTensor`` ``Shard(0)`` state dicts saved through DCP take t
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters._common import record_segment
+from ckptgate.consolidate.adapters.registry import StaticAdapter, register
 from ckptgate.consolidate.plan import (DTYPE_SIZES, MAX_PLAN_RUNS, ConsolidationPlan, OutputTensor, Placement,
                                        PlanError, chunk_run_count, chunk_runs, merge_placements, no_tensors, numel,
                                        shard_tensors, st_dtype)
+
+if TYPE_CHECKING:
+    from ckptgate.inspect import Inspection, SafeTree
 
 
 def _ints(v: Any, what: str) -> tuple[int, ...]:
@@ -118,3 +122,17 @@ def plan(fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int) -> Consol
     if skipped:
         report["skipped_bytes_items"] = list(skipped)
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes, report=report)
+
+
+class DcpAdapter(StaticAdapter):
+    """``dcp``: torch.distributed.checkpoint with torch.save or HF safetensors storage."""
+
+    name = "dcp"
+    formats = ("dcp-torch-save", "dcp-hf-safetensors")
+
+    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
+             loaded: Any = None) -> ConsolidationPlan:
+        return plan(inspection.format or "", inspection.layout, max_shard_bytes=max_shard_bytes)
+
+
+register(DcpAdapter())

@@ -36,13 +36,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters._common import Segment, record_segment, segment_tensor, take
+from ckptgate.consolidate.adapters.registry import StaticAdapter, register
 from ckptgate.consolidate.plan import (DTYPE_SIZES, ConsolidationPlan, OutputTensor, PlanError, no_tensors, numel,
                                        shard_tensors, st_dtype)
 from ckptgate.errors import RuntimeFailure
 from ckptgate.inspect.pickle import Call, Global, SDict, SList, SSet, key_text
+
+if TYPE_CHECKING:
+    # the worker's loaded-trees record; moving to ckptgate.enforce.load.LoadedTrees (issue #21)
+    from ckptgate.consolidate.contained import LoadedPlans
+    from ckptgate.inspect import Inspection, SafeTree
+
 
 #: Classes a ZeRO pickle rebuilds as ``REDUCE(cls, (value,))`` that are enums [R10].
 _ENUMS = frozenset({"deepspeed.runtime.zero.config.ZeroStageEnum"})
@@ -438,3 +445,45 @@ def universal_plan(layout: Mapping[str, Any], files: Mapping[str, Any], *, max_s
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes,
                          report={"adapter": "deepspeed-universal", "params": len(tensors),
                                  "shared_params": [[a, t] for a, t in sorted(aliases.items())]})
+
+
+class UniversalAdapter(StaticAdapter):
+    """``deepspeed-universal``: Universal Checkpointing's per-parameter ``fp32.pt`` files."""
+
+    name = "deepspeed-universal"
+    formats = ("deepspeed-universal",)
+
+    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
+             loaded: Any = None) -> ConsolidationPlan:
+        return universal_plan(inspection.layout, {f.path: f for f in inspection.files},
+                              max_shard_bytes=max_shard_bytes)
+
+
+class ZeroAdapter:
+    """``deepspeed-zero``: ZeRO-2/3 partitions.  Gated as a framework load; when every state file
+    stayed inside the static reader's allowlist, the plan is built from the static reader and no
+    worker runs (:meth:`framework_files` is ``()``)."""
+
+    name = "deepspeed-zero"
+    formats = ("deepspeed-zero2", "deepspeed-zero3")
+    mappings: tuple[str, ...] = ()
+
+    def framework_files(self, inspection: Inspection) -> tuple[str, ...]:
+        rels = zero_files(inspection.layout)
+        files = {f.path: f for f in inspection.files}
+        return () if statically_readable(files, rels) else tuple(rels)
+
+    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
+             loaded: LoadedPlans | None = None) -> ConsolidationPlan:
+        layout, files = inspection.layout, {f.path: f for f in inspection.files}
+        if loaded is None:  # less than the decision permits: no worker at all
+            return zero_plan(layout, static_trees(files, zero_files(layout)), files,
+                             max_shard_bytes=max_shard_bytes, trees_from="static_reader")
+        return zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes,
+                         trees_from="contained_worker",
+                         worker={"job": loaded.job, "controls": dict(loaded.controls),
+                                 "measured": dict(loaded.measured), "wall_s": round(loaded.wall_s, 3)})
+
+
+register(UniversalAdapter())
+register(ZeroAdapter())

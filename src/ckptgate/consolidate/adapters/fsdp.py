@@ -10,11 +10,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters._common import record_segment, segment_tensor
+from ckptgate.consolidate.adapters.registry import StaticAdapter, register
 from ckptgate.consolidate.plan import (ConsolidationPlan, NotConsolidatable, OutputTensor, PlanError, no_tensors,
                                        shard_tensors, st_dtype)
+
+if TYPE_CHECKING:
+    from ckptgate.inspect import Inspection, SafeTree
 
 
 def full_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
@@ -45,3 +49,21 @@ def plan(fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int) -> Consol
         raise no_tensors()
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes,
                          report={"adapter": "fsdp-full", "format": fmt, "prefix": layout.get("prefix")})
+
+
+class FsdpFullAdapter(StaticAdapter):
+    """``fsdp-full``: FULL_STATE_DICT saved with torch.save, read statically.
+
+    ``fsdp-local`` is not listed: inspection marks it not consolidatable, and the gates data names
+    no adapter for it.
+    """
+
+    name = "fsdp-full"
+    formats = ("fsdp-full",)
+
+    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
+             loaded: Any = None) -> ConsolidationPlan:
+        return plan(inspection.format or "", inspection.layout, max_shard_bytes=max_shard_bytes)
+
+
+register(FsdpFullAdapter())

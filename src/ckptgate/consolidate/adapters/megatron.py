@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters import dcp
 from ckptgate.consolidate.adapters._common import slice_placements
+from ckptgate.consolidate.adapters.registry import StaticAdapter, register
 from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, PlanError, no_tensors, shard_tensors
+
+if TYPE_CHECKING:
+    from ckptgate.inspect import Inspection, SafeTree
+
 
 UNSTACK_LAYERS = "megatron-unstack-layers"
 _STACKED = re.compile(r"(^|\.)layers\.(?!\d+\.)(?=[A-Za-z_])")
@@ -73,3 +78,18 @@ def plan(layout: Mapping[str, Any], *, max_shard_bytes: int, mapping: str | None
         "skipped_bytes_items": sorted(inner.get("bytes_items", [])),
     }
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes, report=report)
+
+
+class MegatronAdapter(StaticAdapter):
+    """``megatron-torch-dist``: Megatron-Core torch_dist, optionally through a declared mapping."""
+
+    name = "megatron-torch-dist"
+    formats = ("megatron-torch-dist",)
+    mappings = (UNSTACK_LAYERS,)
+
+    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
+             loaded: Any = None) -> ConsolidationPlan:
+        return plan(inspection.layout, max_shard_bytes=max_shard_bytes, mapping=mapping)
+
+
+register(MegatronAdapter())

@@ -11,10 +11,15 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters._common import header_tensors
+from ckptgate.consolidate.adapters.registry import StaticAdapter, register
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, NotConsolidatable, PlanError, ShardTask
+
+if TYPE_CHECKING:
+    from ckptgate.inspect import Inspection, SafeTree
+
 
 WEIGHTS = "adapter_model.safetensors"
 CONFIG = "adapter_config.json"
@@ -49,3 +54,17 @@ def plan(layout: Mapping[str, Any], files: Mapping[str, Any]) -> ConsolidationPl
         write_index=False,
         report=MappingProxyType({"adapter": "peft", "base_model": a["fields"].get("base_model_name_or_path"),
                                  "base_revision": revision, "peft_type": a["fields"].get("peft_type")}))
+
+
+class PeftAdapter(StaticAdapter):
+    """``peft``: one PEFT adapter passed through with its config."""
+
+    name = "peft"
+    formats = ("peft", "peft-lora")
+
+    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
+             loaded: Any = None) -> ConsolidationPlan:
+        return plan(inspection.layout, {f.path: f for f in inspection.files})
+
+
+register(PeftAdapter())

@@ -7,9 +7,12 @@ file.  It uses the headers that :mod:`ckptgate.inspect.safetensors` validated du
 
 from __future__ import annotations
 
+from typing import Any
+
 from ckptgate.consolidate.adapters._common import header_tensors
+from ckptgate.consolidate.adapters.registry import StaticAdapter, register
 from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, PlanError, no_tensors, shard_tensors
-from ckptgate.inspect import Inspection
+from ckptgate.inspect import Inspection, SafeTree
 
 
 def source_files(inspection: Inspection) -> list[str]:
@@ -33,3 +36,17 @@ def plan(inspection: Inspection, *, max_shard_bytes: int) -> ConsolidationPlan:
     if not tensors:
         raise no_tensors()
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes)
+
+
+class SafetensorsAdapter(StaticAdapter):
+    """``hf-safetensors``: single or index-sharded safetensors, pure data."""
+
+    name = "hf-safetensors"
+    formats = ("hf-sharded-safetensors", "safetensors")
+
+    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
+             loaded: Any = None) -> ConsolidationPlan:
+        return plan(inspection, max_shard_bytes=max_shard_bytes)
+
+
+register(SafetensorsAdapter())

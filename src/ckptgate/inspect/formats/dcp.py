@@ -16,6 +16,7 @@ from ckptgate.inspect.classify import FileKind
 from ckptgate.inspect.dcp import DcpMetadata, DcpStorageItem, extract_dcp_metadata
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.formats._base import Context, FormatResult, plain_basename
+from ckptgate.inspect.formats.registry import register_detector
 from ckptgate.inspect.safetensors import TORCH_DTYPES, json_loads_strict
 from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
 from ckptgate.inspect.zipcheck import CrcMode
@@ -233,3 +234,7 @@ def detect_dcp_hf(ctx: Context) -> FormatResult | None:
     layout = {"files": layout_files, "tensors": sorted(tensors.values(), key=lambda r: r["fqn"])}
     return FormatResult(format="dcp-hf-safetensors", layout=layout, loaders=("safetensors",),
                         findings=tuple(findings), consolidatable=consolidatable)
+
+
+register_detector("dcp-torch-save", detect_dcp, formats=("dcp-torch-save",), order=40, takes_crc=True)
+register_detector("dcp-hf-safetensors", detect_dcp_hf, formats=("dcp-hf-safetensors",), order=50)

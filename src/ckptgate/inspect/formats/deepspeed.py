@@ -12,6 +12,7 @@ from typing import Any
 from ckptgate.inspect.classify import FileKind
 from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.formats._base import Context, FormatResult, plain_basename
+from ckptgate.inspect.formats.registry import register_detector
 from ckptgate.inspect.pickle import Call, Global, SDict, SList, key_text
 
 __all__ = ["detect_deepspeed", "detect_universal"]
@@ -118,3 +119,8 @@ def detect_universal(ctx: Context) -> FormatResult | None:
             findings.append(error("deepspeed.universal_no_fp32", f"zero/{name}", "parameter has no fp32.pt"))
     return FormatResult(format="deepspeed-universal", layout={"params": dict(sorted(params.items()))},
                         loaders=tuple(sorted(loaders)) or ("torch_load",), findings=tuple(findings))
+
+
+register_detector("deepspeed-universal", detect_universal, formats=("deepspeed-universal",), order=60)
+register_detector("deepspeed-zero", detect_deepspeed, formats=("deepspeed-zero2", "deepspeed-zero3"),
+                  order=70)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ckptgate.inspect.classify import FileKind
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.formats._base import Context, FormatResult
+from ckptgate.inspect.formats.registry import register_detector
 
 __all__ = ["detect_fsdp"]
 
@@ -37,3 +38,6 @@ def detect_fsdp(ctx: Context) -> FormatResult | None:
     plain = f.pickle.plain_tensors
     return FormatResult(format="fsdp-full", layout={"file": p, **f.torch.to_json()},
                         loaders=("static_pickle",) if plain else ("torch_load",), findings=tuple(findings))
+
+
+register_detector("fsdp", detect_fsdp, formats=("fsdp-full", "fsdp-local"), order=80)

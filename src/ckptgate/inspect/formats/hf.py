@@ -7,6 +7,7 @@ from typing import Any
 from ckptgate.inspect.classify import FileKind
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.formats._base import Context, FormatResult, plain_basename
+from ckptgate.inspect.formats.registry import register_detector
 
 __all__ = ["detect_hf_sharded", "detect_single_safetensors", "safetensors_layout"]
 
@@ -125,3 +126,7 @@ def detect_single_safetensors(ctx: Context) -> FormatResult | None:
     return FormatResult(format="safetensors", layout={"files": [{"path": st[0], **(safetensors_layout(ctx, st[0])
                                                                                     or {})}]},
                         loaders=("safetensors",))
+
+
+register_detector("hf-sharded-safetensors", detect_hf_sharded, formats=("hf-sharded-safetensors",), order=10)
+register_detector("safetensors", detect_single_safetensors, formats=("safetensors",), order=90)

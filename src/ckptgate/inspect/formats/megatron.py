@@ -12,6 +12,7 @@ import re
 from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.formats._base import Context, FormatResult
 from ckptgate.inspect.formats.dcp import dcp_layout
+from ckptgate.inspect.formats.registry import register_detector
 from ckptgate.inspect.zipcheck import CrcMode
 
 __all__ = ["detect_megatron"]
@@ -56,3 +57,7 @@ def detect_megatron(ctx: Context, *, verify_crc: CrcMode = True) -> FormatResult
            "layer_stacked": sorted(stacked)}
     return FormatResult(format="megatron-torch-dist", layout=out, loaders=tuple(sorted(loaders)),
                         findings=tuple(findings), consolidatable=layout is not None)
+
+
+register_detector("megatron-torch-dist", detect_megatron, formats=("megatron-torch-dist",), order=30,
+                  takes_crc=True)

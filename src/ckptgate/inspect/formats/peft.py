@@ -8,6 +8,7 @@ from typing import Any
 from ckptgate.inspect.classify import FileKind
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.formats._base import Context, FormatResult
+from ckptgate.inspect.formats.registry import register_detector
 
 __all__ = ["detect_peft"]
 
@@ -74,3 +75,6 @@ def detect_peft(ctx: Context) -> FormatResult | None:
     fmt = "peft-lora" if peft_types == {"LORA"} else "peft"
     return FormatResult(format=fmt, layout={"adapters": adapters}, loaders=tuple(sorted(loaders)),
                         findings=tuple(findings))
+
+
+register_detector("peft", detect_peft, formats=("peft", "peft-lora"), order=20)

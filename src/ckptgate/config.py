@@ -113,7 +113,8 @@ class Config:
 
         return {"root": str(self.root), "source": None if self.source is None else str(self.source),
                 "trust": rel(self.trust), "extra_rego": rel(self.extra_rego),
-                "policy_data": None if self.policy_data is None else rel(self.policy_data.source), "docs": list(self.docs),
+                "policy_data": None if self.policy_data is None else rel(self.policy_data.source),
+                "docs": list(self.docs),
                 "attestations": rel(self.attestations), "matrix": rel(self.matrix), "fixtures": rel(self.fixtures),
                 "policies": rel(self.policies)}
 

@@ -97,7 +97,8 @@ class PolicyData:
             for e in self.doc.get("finding_exceptions", []):
                 if e.get("id") in ids:
                     raise self._error("usage.config.policy_data_conflict", f"finding exception {e.get('id')!r} is "
-                                      "already in the bundled data; an overlay adds exceptions", key="finding_exceptions")
+                                      "already in the bundled data; an overlay adds exceptions",
+                                      key="finding_exceptions")
                 ids.add(e.get("id"))
             intake["finding_exceptions"] = [*intake.get("finding_exceptions", []),
                                             *self.doc.get("finding_exceptions", [])]
@@ -159,13 +160,14 @@ def load(path: Path) -> PolicyData:
         raise error("usage.config.policy_data", f"over {MAX_POLICY_DATA_BYTES} bytes")
     try:
         doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise error("usage.config.policy_data", f"not JSON: {e}") from None
+    except (UnicodeDecodeError, ValueError) as bad:
+        raise error("usage.config.policy_data", f"not JSON: {bad}") from None
     errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
         key = ".".join(str(p) for p in e.absolute_path) or "(top level)"
-        code = "usage.config.policy_data_unknown_key" if e.validator == "additionalProperties" else "usage.config.policy_data"
+        unknown = e.validator == "additionalProperties"
+        code = "usage.config.policy_data_unknown_key" if unknown else "usage.config.policy_data"
         raise error(code, f"{key}: {e.message}", key)
     return PolicyData(source=path, doc=copy.deepcopy(doc))
 

@@ -164,11 +164,11 @@ def load(path: Path) -> PolicyData:
         raise error("usage.config.policy_data", f"not JSON: {bad}") from None
     errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
-        e = errors[0]
-        key = ".".join(str(p) for p in e.absolute_path) or "(top level)"
-        unknown = e.validator == "additionalProperties"
+        first = errors[0]
+        key = ".".join(str(p) for p in first.absolute_path) or "(top level)"
+        unknown = first.validator == "additionalProperties"
         code = "usage.config.policy_data_unknown_key" if unknown else "usage.config.policy_data"
-        raise error(code, f"{key}: {e.message}", key)
+        raise error(code, f"{key}: {first.message}", key)
     return PolicyData(source=path, doc=copy.deepcopy(doc))
 
 

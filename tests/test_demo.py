@@ -20,7 +20,8 @@ class _Hide:
 sys.meta_path.insert(0, _Hide())
 import importlib.util
 _find = importlib.util.find_spec
-importlib.util.find_spec = lambda name, *a: None if name.split(".")[0] in ("torch", "huggingface_hub") else _find(name, *a)
+_HIDDEN = ("torch", "huggingface_hub")
+importlib.util.find_spec = lambda name, *a: None if name.split(".")[0] in _HIDDEN else _find(name, *a)
 sys.argv = ["ckptgate", *sys.argv[1:]]
 from ckptgate._cli import main
 main()

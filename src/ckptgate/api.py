@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckptgate.errors import EngineUnavailable, Error, ExitCode, InputRejected, PolicyDenied, UsageError, VerificationError
+from ckptgate.errors import (
+    EngineUnavailable,
+    Error,
+    ExitCode,
+    InputRejected,
+    PolicyDenied,
+    UsageError,
+    VerificationError,
+)
 from ckptgate.inspect import Inspection, SafeTree, inspect_open_tree
 from ckptgate.pipeline import EngineOptions, IntakeResult
 

@@ -11,6 +11,7 @@ Keys (all optional)::
 
     trust = "trust.json"               # trust data, as --trust (an explicit --trust wins)
     extra_rego = "policy"              # extra Rego, loaded beside the bundled policies
+    policy_data = "ckptgate-data.json" # policy-data overlay: signers, gates, finding exceptions, freshness
     docs = ["README.md", "docs/**/*.md"]   # what the claims lint reads
     attestations = "attestations"      # the attestation store
     matrix = "matrix"                  # the support matrix; set only where adapters are qualified
@@ -20,12 +21,16 @@ Keys (all optional)::
 
 from __future__ import annotations
 
+import json
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptgate.errors import UsageError
+
+if TYPE_CHECKING:
+    from ckptgate.policydata import PolicyData
 
 CONFIG_FILE = "ckptgate.toml"
 PYPROJECT = "pyproject.toml"
@@ -40,6 +45,7 @@ SCHEMA: dict[str, Any] = {
     "properties": {
         "trust": {"type": "string", "minLength": 1},
         "extra_rego": {"type": "string", "minLength": 1},
+        "policy_data": {"type": "string", "minLength": 1},
         "docs": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True},
         "attestations": {"type": "string", "minLength": 1},
         "matrix": {"type": "string", "minLength": 1},
@@ -61,6 +67,11 @@ INIT_TEMPLATE = '''\
 # A directory of extra Rego, loaded beside the bundled policies (never replacing them). Its packages
 # must not be ckptgate.* or system.*; `ckptgate check` runs its tests, opa fmt and regal lint on it.
 # extra_rego = "policy"
+
+# A policy-data overlay (JSON), merged over the bundled data: extra signers, the producer-version
+# gates of bundled adapters, extra finding exceptions, and the attestation freshness window.
+# See the user guide's Configuration section for the merge rule.
+# policy_data = "ckptgate-data.json"
 
 # What the claims lint reads: glob patterns, relative to this file.
 docs = ["README.md", "docs/**/*.md"]
@@ -89,6 +100,7 @@ class Config:
     source: Path | None = None
     trust: Path | None = None
     extra_rego: Path | None = None
+    policy_data: PolicyData | None = None
     docs: tuple[str, ...] = DEFAULT_DOCS
     attestations: Path | None = None
     matrix: Path | None = None
@@ -100,7 +112,9 @@ class Config:
             return None if p is None else p.relative_to(self.root).as_posix()
 
         return {"root": str(self.root), "source": None if self.source is None else str(self.source),
-                "trust": rel(self.trust), "extra_rego": rel(self.extra_rego), "docs": list(self.docs),
+                "trust": rel(self.trust), "extra_rego": rel(self.extra_rego),
+                "policy_data": None if self.policy_data is None else rel(self.policy_data.source),
+                "docs": list(self.docs),
                 "attestations": rel(self.attestations), "matrix": rel(self.matrix), "fixtures": rel(self.fixtures),
                 "policies": rel(self.policies)}
 
@@ -217,10 +231,38 @@ def from_table(table: dict[str, Any], *, root: Path, source: Path | None = None)
     extra = path("extra_rego", must_exist=True)
     if extra is not None:
         check_extra_rego(extra, where=where)
-    return Config(root=root, source=source, trust=path("trust", must_exist=True), extra_rego=extra,
+    policies, trust = path("policies", must_exist=True), path("trust", must_exist=True)
+    data_file = path("policy_data", must_exist=True)
+    return Config(root=root, source=source, trust=trust, extra_rego=extra,
+                  policy_data=None if data_file is None else load_policy_data(data_file, policies, trust),
                   docs=tuple(table.get("docs", DEFAULT_DOCS)), attestations=path("attestations", must_exist=False),
                   matrix=path("matrix", must_exist=False), fixtures=path("fixtures", must_exist=True),
-                  policies=path("policies", must_exist=True))
+                  policies=policies)
+
+
+def load_policy_data(path: Path, policies: Path | None = None, trust: Path | None = None) -> PolicyData:
+    """The overlay file, validated and merged once in advance over ``policies`` (default: the
+    bundled policies) and ``trust`` (default: their trust data), so a conflict stops the command
+    before anything runs."""
+    from ckptgate import policydata  # noqa: PLC0415
+    from ckptgate.decide.bundle import default_policy_dir  # noqa: PLC0415
+    from ckptgate.errors import EngineUnavailable  # noqa: PLC0415
+    from ckptgate.verify.trust import TrustData, TrustDataError  # noqa: PLC0415
+
+    data = policydata.load(path)
+    if data.signers:
+        try:
+            TrustData.from_json(json.dumps({"signers": data.signers}).encode(), source=str(path))
+        except TrustDataError as e:
+            raise ConfigError("usage.config.policy_data", f"{path}: signers: {e.message}",
+                              evidence={"file": str(path), "key": "signers"}) from None
+    try:
+        base = policies or default_policy_dir()
+    except EngineUnavailable:  # no policies to merge over: the engine reports that when it starts
+        return data
+    data.overlays(base)
+    data.merge_trust((trust or base / policydata.TRUST_IN_BUNDLE).read_bytes())
+    return data
 
 
 def rego_package(text: str) -> str | None:
@@ -286,4 +328,5 @@ def init(directory: Path) -> Path:
 
 
 __all__ = ["CONFIG_FILE", "Config", "ConfigError", "check_extra_rego", "discover", "extra_rego_overlays", "from_table",
-           "init", "load", "load_file"]
+           "init", "load", "load_file",
+           "load_policy_data"]

@@ -41,6 +41,20 @@ class DemoResult:
     tensors_compared: int
 
 
+def require_torch() -> None:
+    """The demo produces its checkpoint with torch and huggingface_hub, which the core install
+    leaves out; without them it stops with ``usage.demo_needs_torch`` before touching anything."""
+    import importlib.util  # noqa: PLC0415
+
+    missing = [name for name in ("torch", "huggingface_hub") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UsageError("usage.demo_needs_torch", f"the demo makes its checkpoint with torch and huggingface_hub, "
+                         f"and this installation lacks {' and '.join(missing)}",
+                         evidence={"missing": missing},
+                         advice="Install the framework extra: pip install 'ckptgate[torch]'. The core install "
+                                "still inspects, verifies and decides on checkpoints you already have.")
+
+
 def make_checkpoint(out: Path, *, seed: int = 0) -> dict[str, Any]:
     """Save a tiny MLP's state dict as HF sharded safetensors; return the tensors (torch)."""
     import torch
@@ -82,6 +96,7 @@ def demo_statement(digest: str, manifest: str, *, producer: tuple[str, str]) -> 
 
 def run_demo(workdir: Path, *, options: EngineOptions | None = None) -> DemoResult:
     """Produce, sign, take in, and check.  ``workdir`` must not exist or be empty."""
+    require_torch()
     import huggingface_hub
     import torch
     from safetensors.torch import load_file

@@ -83,6 +83,8 @@ class EngineOptions:
     sigstore_trust_root: Path | str | None = None  # a trusted_root.json, or "production" (sigstore's embedded root)
     #: A directory of extra Rego (the configuration's ``extra_rego``), loaded beside the policies.
     extra_rego: Path | None = None
+    #: The configuration's policy-data overlay (:mod:`ckptgate.policydata`), for the embedded engine only.
+    policy_data: Any = None
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
@@ -94,6 +96,9 @@ class EngineOptions:
                              "data of its own bundle, and a client must not widen or replace central trust",
                              advice="Drop --trust to use the remote engine's trust data, or drop --opa-url to "
                                     "decide locally with the embedded engine and this trust file.")
+        if self.policy_data is not None and (self.opa_url is not None or self.policy_bundle is not None):
+            raise UsageError("usage.policy_data_with_remote", "a policy-data overlay applies to the embedded engine "
+                             "only: a remote engine or a signed bundle decides with its own data")
         if self.policy_key is not None and self.policy_bundle is None:
             raise UsageError("usage.policy_bundle", "--policy-key verifies a --policy-bundle; none was given")
         if self.policy_dir is not None:
@@ -111,8 +116,10 @@ def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterat
     """The policy engine ``options`` name.  With ``--trust``, the engine carries the very bytes
     ``trust`` was parsed from (read here when ``trust`` is not given), never a second read."""
     overlays: dict[str, bytes] | None = None
-    if options.trust_file is not None:
+    if options.trust_file is not None or options.policy_data is not None:
         overlays = {TRUST_IN_BUNDLE: (trust or load_trust(options)).raw}
+        if options.policy_data is not None:
+            overlays.update(options.policy_data.overlays(options.policy_dir or default_policy_dir()))
     if options.extra_rego is not None and options.opa_url is None and options.policy_bundle is None:
         from ckptgate.config import extra_rego_overlays  # noqa: PLC0415
 
@@ -137,6 +144,9 @@ def load_trust(options: EngineOptions) -> TrustData:
     With a signed bundle, that is the bundle's own trust data (OPA refuses the bundle at start-up
     if it was tampered with, and the result is then a deny).
     """
+    if options.policy_data is not None:  # the trust data with the overlay's signers added
+        base = TrustData.from_file(options.trust_file or trust_file_in(options.policy_dir or default_policy_dir()))
+        return TrustData.from_json(options.policy_data.merge_trust(base.raw), source=base.source)
     if options.trust_file is not None:
         return TrustData.from_file(options.trust_file)
     if options.policy_bundle is not None:

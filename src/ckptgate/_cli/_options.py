@@ -38,7 +38,8 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
             policy_dir=values["policy_dir"], trust_file=values["trust_file"], timeout_s=values["opa_timeout"],
             policy_bundle=values["policy_bundle"], policy_key=values["policy_key"],
             sigstore_trust_root=values["sigstore_trust_root"],
-            extra_rego=config.extra_rego if config is not None and local else None)
+            extra_rego=config.extra_rego if config is not None and local else None,
+            policy_data=config.policy_data if config is not None and local else None)
         return f(*args, **kwargs)
 
     w: Callable[..., Any] = wrapper

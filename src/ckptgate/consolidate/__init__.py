@@ -4,11 +4,14 @@
 Adapters for pure-data and statically read formats use only what inspection read.  DeepSpeed
 ZeRO is gated as a framework load (its loader is DeepSpeed's); when every state file stayed
 inside the static reader's DeepSpeed allowlist, the plan is still built from the static reader
-and no worker starts.  Otherwise the plan needs a :class:`~ckptgate.enforce.permit.Permit`,
-minted here from the allow decision, and runs the loader in the contained worker, which returns
-JSON placement trees (never a pickle); the parent maps them to byte ranges and moves the raw
-bytes.  The plan's report says which (``trees_from``) and, for the worker, the controls that
-were active inside it.  See ``docs/consolidation.md``.
+and no worker starts.  Otherwise :func:`framework_files` names the files that need the load, the
+enforce step (:mod:`ckptgate.enforce`, which comes before this one) mints the permit and runs
+the loader in the contained worker, and :func:`plan_for` receives what it loaded as
+:class:`~ckptgate.enforce.load.LoadedTrees`: JSON placement trees (never a pickle), which the
+adapter maps to byte ranges; the writer moves the raw bytes.  The plan's report says which
+(``trees_from``) and, for the worker, the controls that were active inside it.  This package
+never starts a process and never checks the decision's allow or loaders (enforce did).  See
+``docs/consolidation.md``.
 """
 
 from __future__ import annotations
@@ -17,39 +20,44 @@ import dataclasses
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from ckptgate.consolidate.contained import WorkerOptions, load_plans
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, NotConsolidatable, PlanError
 from ckptgate.decide.decision import Decision
 from ckptgate.errors import PolicyDenied, RuntimeFailure
-from ckptgate.inspect import Inspection, SafeTree
+from ckptgate.inspect import Inspection
 
 if TYPE_CHECKING:
-    from ckptgate.digest import FixtureDigest
-
-#: Framework loaders that consolidation may run in the worker, in order of preference.
-WORKER_LOADERS = ("deepspeed", "torch_load")
+    from ckptgate.enforce.load import LoadedTrees
 
 
-def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
-             fixture_digest: FixtureDigest | str, max_shard_bytes: int, mapping: str | None = None,
-             worker: WorkerOptions | None = None) -> ConsolidationPlan:
-    """The consolidation plan for an inspected, allowed checkpoint.
+def framework_files(inspection: Inspection) -> tuple[str, ...]:
+    """The files of ``inspection`` that no plan can be built from without a framework load (the
+    enforce step loads them in the contained worker); empty when the static reader suffices."""
+    if not inspection.consolidatable or inspection.format not in ("deepspeed-zero2", "deepspeed-zero3"):
+        return ()
+    from ckptgate.consolidate.adapters import deepspeed
 
-    :param fixture_digest: the measured :class:`~ckptgate.digest.FixtureDigest`; a framework
-        load needs it (not just the digest string) to check each file against the manifest.
+    rels = deepspeed.zero_files(inspection.layout)
+    return () if deepspeed.statically_readable({f.path: f for f in inspection.files}, rels) else tuple(rels)
+
+
+def plan_for(inspection: Inspection, *, decision: Decision, max_shard_bytes: int, mapping: str | None = None,
+             loaded: LoadedTrees | None = None) -> ConsolidationPlan:
+    """The consolidation plan for an inspected checkpoint that the enforce step let through.
+
+    :param decision: the allow decision (it names the companions); enforce checked it.
     :param mapping: a declared, qualified mapping adapter (only ``megatron-unstack-layers``).
-    :param worker: timeout, limits and containment profile for framework loads.
+    :param loaded: what the enforce step's contained worker loaded for :func:`framework_files`,
+        or ``None`` when no worker ran.
     :raises PlanError: ``plan.*`` (a layout that does not cover every tensor exactly once).
     :raises NotConsolidatable: the checkpoint cannot be consolidated without guessing.
-    :raises PolicyDenied: a loader (pure data, static or framework) that the decision does not permit.
-    :raises RuntimeFailure: the contained worker failed.
+    :raises RuntimeFailure: the worker's trees are malformed (``runtime.plan.*``), or a framework
+        load was needed and none was given (``runtime.plan.not_loaded``).
 
     The pure-data companions the decision names (``config.json``, the tokenizer files...) are
     added as whole-file copies, bound to the digest like every other source; resume state never
     is (it is not part of any layout an adapter reads).
     """
-    plan = _adapter_plan(tree, inspection, decision=decision, fixture_digest=fixture_digest,
-                         max_shard_bytes=max_shard_bytes, mapping=mapping, worker=worker)
+    plan = _adapter_plan(inspection, max_shard_bytes=max_shard_bytes, mapping=mapping, loaded=loaded)
     return with_companions(plan, inspection, decision)
 
 
@@ -74,17 +82,8 @@ def with_companions(plan: ConsolidationPlan, inspection: Inspection, decision: D
     return dataclasses.replace(plan, copies=tuple(copies), report=report)
 
 
-def _adapter_plan(tree: SafeTree, inspection: Inspection, *, decision: Decision,
-                  fixture_digest: FixtureDigest | str, max_shard_bytes: int, mapping: str | None,
-                  worker: WorkerOptions | None) -> ConsolidationPlan:
-    if not decision.allow:
-        raise PlanError("plan.not_allowed", "no consolidation plan without an allow decision")
-    unpermitted = sorted(set(inspection.loaders) - set(decision.permitted_loaders))
-    if unpermitted:
-        raise PolicyDenied("enforce.loader_not_permitted",
-                           f"the decision does not permit the loaders this checkpoint needs: {', '.join(unpermitted)}",
-                           evidence={"needed": list(inspection.loaders),
-                                     "permitted": list(decision.permitted_loaders)})
+def _adapter_plan(inspection: Inspection, *, max_shard_bytes: int, mapping: str | None,
+                  loaded: LoadedTrees | None) -> ConsolidationPlan:
     fmt = inspection.format
     layout = inspection.layout
     files = {f.path: f for f in inspection.files}
@@ -121,24 +120,14 @@ def _adapter_plan(tree: SafeTree, inspection: Inspection, *, decision: Decision,
         return deepspeed.universal_plan(layout, files, max_shard_bytes=max_shard_bytes)
     if fmt in ("deepspeed-zero2", "deepspeed-zero3"):
         from ckptgate.consolidate.adapters import deepspeed
-        from ckptgate.enforce.permit import issue_permit
 
         rels = deepspeed.zero_files(layout)
         if deepspeed.statically_readable(files, rels):  # less than the decision permits: no worker at all
             return deepspeed.zero_plan(layout, deepspeed.static_trees(files, rels), files,
                                        max_shard_bytes=max_shard_bytes, trees_from="static_reader")
-        if isinstance(fixture_digest, str):
-            raise RuntimeFailure("runtime.worker.manifest_missing",
-                                 "a framework load needs the fixture digest's manifest to check each file "
-                                 "it hands to the worker; only the digest string was given")
-        loader = next((name for name in WORKER_LOADERS if name in decision.permitted_loaders), None)
-        if loader is None:
-            raise PolicyDenied("enforce.permit.loader_not_permitted",
-                               "the decision permits no framework loader for this DeepSpeed checkpoint",
-                               evidence={"permitted_loaders": list(decision.permitted_loaders)})
-        permit = issue_permit(decision, fixture_digest=fixture_digest.digest, loader=loader)
-        loaded = load_plans(tree, inspection, rels, permit=permit, digest=fixture_digest,
-                            options=worker or WorkerOptions())
+        if loaded is None:
+            raise RuntimeFailure("runtime.plan.not_loaded", "this DeepSpeed checkpoint needs a framework load, "
+                                 "and the enforce step loaded nothing for it", evidence={"files": rels})
         return deepspeed.zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes,
                                    trees_from="contained_worker",
                                    worker={"job": loaded.job, "controls": dict(loaded.controls),
@@ -148,4 +137,4 @@ def _adapter_plan(tree: SafeTree, inspection: Inspection, *, decision: Decision,
                     advice="Run `ckptgate inspect` to see what the checkpoint is; see docs/consolidation.md.")
 
 
-__all__ = ["ConsolidationPlan", "NotConsolidatable", "PlanError", "WorkerOptions", "plan_for", "with_companions"]
+__all__ = ["ConsolidationPlan", "NotConsolidatable", "PlanError", "framework_files", "plan_for", "with_companions"]

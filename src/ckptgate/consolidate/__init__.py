@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 def framework_files(inspection: Inspection) -> tuple[str, ...]:
     """The files of ``inspection`` that no plan can be built from without a framework load (the
-    enforce step loads them in the contained worker); empty when the static reader suffices."""
+    enforce step loads them in the contained worker); empty when the static reader read every one
+    completely inside its allowlist."""
     if not inspection.consolidatable or inspection.format not in ("deepspeed-zero2", "deepspeed-zero3"):
         return ()
     from ckptgate.consolidate.adapters import deepspeed

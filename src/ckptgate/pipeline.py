@@ -216,7 +216,7 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
         found = early.result() if early is not None else None  # raises what the precheck raised
         if found is not None and found.refuse:
             raise refusal(found.deny_reasons, found.decision_id, found.policy_revision, found.refusal or "policy",
-                           before_digest=True)
+                          before_digest=True)
         assert digest is not None  # only a refusal or a failed precheck cancels it
         if profile is not None:
             containment = profile.result()

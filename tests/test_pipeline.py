@@ -22,7 +22,7 @@ import ckptgate.pipeline as pipeline
 from ckptgate.decide.engine import EmbeddedOpa
 from ckptgate.demo import demo_statement
 from ckptgate.digest import fixture_digest
-from ckptgate.errors import EngineUnavailable, ExitCode, UsageError
+from ckptgate.errors import EngineUnavailable, ExitCode, InputRejected, PolicyDenied, UsageError
 from ckptgate.inspect import SafeTree
 from ckptgate.pipeline import EngineOptions, intake
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
@@ -250,7 +250,7 @@ def test_a_checkpoint_refused_by_its_structure_is_not_hashed_in_full(tmp_path, m
     hashed = []
     real = pipeline.fixture_digest
     monkeypatch.setattr(pipeline, "fixture_digest", lambda tree, **kw: real(tree, **{**kw, "progress": hashed.append}))
-    with pytest.raises(pipeline.InputRejected) as e:
+    with pytest.raises(InputRejected) as e:
         intake(src, tmp_path / "out", attestations=[])
     assert e.value.code == "input.refused_by_policy"
     assert e.value.evidence["before_digest"] is True
@@ -286,7 +286,7 @@ def test_a_precheck_that_cannot_be_asked_stops_the_digest_and_is_raised(tmp_path
 def test_a_structurally_sound_refusal_still_comes_from_the_whole_decision(setup):
     """The precheck refuses only on structure: a clean checkpoint without evidence is hashed in
     full and denied by the decision, which names the missing attestation."""
-    with pytest.raises(pipeline.PolicyDenied) as e:
+    with pytest.raises(PolicyDenied) as e:
         intake(setup["src"], setup["dst"], attestations=[], options=EngineOptions(trust_file=setup["trust"]))
     assert e.value.evidence["before_digest"] is False
     assert e.value.code == "policy.attestation_missing"

@@ -2,8 +2,10 @@
 
     walk + inspect -> digest -> verify -> decide -> enforce -> consolidate -> publish
 
-This module composes the steps; none of them imports it.  Nothing is published unless the
-decision is allow, and then only atomically (:mod:`ckptgate.publish`).
+This module composes the steps, in that order; none of them imports it.  Enforce
+(:func:`ckptgate.enforce.gate.enforce`) gates every loader and the publication: nothing is
+loaded beyond pure data but under its permit in the contained worker, and nothing is published
+unless the decision is allow, and then only atomically (:mod:`ckptgate.publish`).
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate import __version__
-from ckptgate.consolidate import WorkerOptions, plan_for
+from ckptgate.consolidate import framework_files, plan_for
 from ckptgate.consolidate.plan import cast_plan, check_cast
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_plan
 from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, default_policy_dir
-from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBuilder, Precheck, Reason, Request,
+from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBuilder, Precheck, Request,
                              decide, now_utc, open_engine, precheck)
 from ckptgate.digest import DigestCancelled, FixtureDigest, fixture_digest
-from ckptgate.errors import Error, InputRejected, PolicyDenied, RuntimeFailure, UsageError, VerificationError
+from ckptgate.enforce.gate import WorkerOptions, enforce, refusal
+from ckptgate.errors import Error, RuntimeFailure, UsageError, VerificationError
 from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
 from ckptgate.publish import check_destination, open_destination, publish, staging
 from ckptgate.userfiles import read_regular_file
@@ -222,8 +225,8 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
             digest = None
         found = early.result() if early is not None else None  # raises what the precheck raised
         if found is not None and found.refuse:
-            raise _refusal(found.deny_reasons, found.decision_id, found.policy_revision, found.refusal or "policy",
-                           before_digest=True)
+            raise refusal(found.deny_reasons, found.decision_id, found.policy_revision, found.refusal or "policy",
+                          before_digest=True)
         assert digest is not None  # only a refusal or a failed precheck cancels it
         if profile is not None:
             containment = profile.result()
@@ -304,52 +307,17 @@ def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequen
                       containment=containment)
 
 
-def refuse(evaluation: Evaluation) -> None:
-    """Raise the error that a deny decision stands for: the policy's refusal class sets it (4 for
-    the checkpoint's own content, 5 when only failed or untrusted signatures explain the deny,
-    else 3)."""
-    d = evaluation.decision
-    if not d.allow:
-        raise _refusal(d.deny_reasons, d.decision_id, d.policy_revision, d.refusal or "policy")
-
-
-def _refusal(deny_reasons: Sequence[Reason], decision_id: str, policy_revision: str, refusal: str, *,
-             before_digest: bool = False) -> Error:
-    ordered = sorted(deny_reasons, key=lambda r: r.code not in _FIRST.get(refusal, ()))  # what decided it first
-    reasons = [r.to_json() for r in ordered]
-    summary = "; ".join(r.message for r in ordered) or "deny"
-    if before_digest:
-        summary += " (refused before the checkpoint was hashed)"
-    evidence = {"decision_id": decision_id, "policy_revision": policy_revision, "before_digest": before_digest,
-                "refusal": refusal}
-    first = ordered[0].code if ordered else "deny"
-    if refusal == "input":
-        return InputRejected("input.refused_by_policy", f"the checkpoint was refused: {summary}", reasons=reasons,
-                             evidence=evidence)
-    if refusal == "verification":
-        return VerificationError(f"verify.{first}", f"no attestation verified for this checkpoint: {summary}",
-                                 reasons=reasons, evidence=evidence, advice=_VERIFY_ADVICE)
-    return PolicyDenied(f"policy.{first}" if deny_reasons else "policy.deny",
-                        f"the policy denied the intake: {summary}", reasons=reasons, evidence=evidence)
-
-
-# Within a refusal, the reasons of its own class come first (the code names the first one).
-_FIRST = {"input": ("inspection_not_clean", "pickle_outside_allowlist", "pickle_global_not_allowlisted"),
-          "verification": ("attestation_rejected", "attestation_untrusted_signer", "attestation_digest_mismatch")}
-_VERIFY_ADVICE = ("Do not trust this evidence as it stands. An untrusted signer is trusted only through the trust "
-                  "data: pass a trust file naming its key or identity with --trust FILE (`ckptgate attest keygen "
-                  "--trust-out FILE` writes one for a new key). A failed signature or another digest means the "
-                  "attestation was not made for exactly these bytes.")
-
-
 def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: int | Path, *, max_shard_bytes: int,
                      chunk_size: int = DEFAULT_CHUNK, on_bytes: Callable[[int], None] | None = None,
                      on_plan: Callable[[int], None] | None = None, dtype: str | None = None) -> Consolidated:
     """Enforce an evaluated decision and write the consolidated output into ``out_dir`` (a
     directory descriptor, or a path the writer opens once as one).
 
-    A deny raises (:func:`refuse`); an allow plans (framework loads run in the worker under the
-    profile the policy decided on) and writes.  When ``tree`` holds its files
+    The enforce step gates it: a deny raises the refusal it stands for, a loader the decision
+    does not permit is refused, and files that need a framework load are loaded in the contained
+    worker under a permit and the profile the policy decided on
+    (:func:`~ckptgate.enforce.gate.enforce`).  Consolidation then plans from what enforce
+    returned, and the writer writes.  When ``tree`` holds its files
     (:meth:`~ckptgate.inspect.SafeTree.hold`), only the placed bytes are read, and the leases must
     still hold after the write; otherwise every source is re-hashed in the writer's single pass
     and must match the manifest.  Either way the bytes written are the bytes that were measured.
@@ -357,10 +325,11 @@ def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: int | Path
     (:func:`~ckptgate.consolidate.plan.cast_plan`).
     """
     check_cast(dtype)
-    refuse(evaluation)
-    plan = plan_for(tree, evaluation.inspection, decision=evaluation.decision, fixture_digest=evaluation.digest,
-                    max_shard_bytes=max_shard_bytes,
-                    worker=WorkerOptions(profile=evaluation.containment) if evaluation.containment else None)
+    enforced = enforce(tree, evaluation.inspection, decision=evaluation.decision, fixture_digest=evaluation.digest,
+                       framework_files=framework_files(evaluation.inspection),
+                       worker=WorkerOptions(profile=evaluation.containment) if evaluation.containment else None)
+    plan = plan_for(evaluation.inspection, decision=evaluation.decision, max_shard_bytes=max_shard_bytes,
+                    loaded=enforced.loaded)
     plan = cast_plan(plan, dtype, max_shard_bytes=max_shard_bytes)
     if on_plan:
         on_plan(plan.total_size)
@@ -504,4 +473,4 @@ def _receipt(src: Path, evaluation: Evaluation, done: Consolidated, *,
 
 
 __all__ = ["Consolidated", "EngineOptions", "Evaluation", "IntakeResult", "consolidate_into", "engine_for", "evaluate",
-           "intake", "judge", "load_trust", "open_sources", "refuse"]
+           "intake", "judge", "load_trust", "open_sources"]

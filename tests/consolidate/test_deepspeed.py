@@ -1,10 +1,11 @@
 """DeepSpeed ZeRO-2/3 to fp32, bit for bit against DeepSpeed's own zero_to_fp32 result, both from
-the static reader and through the contained worker under a permit; and the permit and manifest
-checks in front of the worker.
+the static reader and from the trees the enforce step's contained worker loaded under a permit.
+(The permit and manifest checks in front of the worker are tested in tests/enforce/.)
 
-The real fixtures' pickles stay inside the static reader's DeepSpeed allowlist, so ``plan_for``
-builds their plans without the worker; the worker path is exercised by marking one state file as
-outside that allowlist (what inspection reports for, say, a non-allowlisted ``client_state``)."""
+The real fixtures' pickles stay inside the static reader's DeepSpeed allowlist, so
+``framework_files`` is empty and ``plan_for`` builds their plans without the worker; the worker
+path is exercised by marking one state file as outside that allowlist (what inspection reports
+for, say, a non-allowlisted ``client_state``)."""
 
 from __future__ import annotations
 
@@ -16,15 +17,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ckptgate.consolidate import WorkerOptions, plan_for  # noqa: E402
+from ckptgate.consolidate import framework_files, plan_for  # noqa: E402
 from ckptgate.consolidate.adapters import deepspeed  # noqa: E402
-from ckptgate.consolidate.contained import load_plans  # noqa: E402
 from ckptgate.consolidate.writer import write_plan  # noqa: E402
 from ckptgate.decide.decision import Decision  # noqa: E402
-from ckptgate.digest import FixtureDigest, ManifestEntry, fixture_digest  # noqa: E402
+from ckptgate.digest import fixture_digest  # noqa: E402
 from ckptgate.enforce.containment import preflight  # noqa: E402
+from ckptgate.enforce.gate import enforce  # noqa: E402
+from ckptgate.enforce.load import WorkerOptions, load_trees  # noqa: E402
 from ckptgate.enforce.permit import issue_permit  # noqa: E402
-from ckptgate.errors import PolicyDenied, RuntimeFailure  # noqa: E402
+from ckptgate.errors import RuntimeFailure  # noqa: E402
 from ckptgate.inspect import SafeTree, inspect_open_tree  # noqa: E402
 
 pytestmark = pytest.mark.producers
@@ -65,8 +67,12 @@ def test_zero_to_fp32_bit_exact(name: str, path: str, options: WorkerOptions, tm
     with SafeTree.open(FIXTURES / name / "checkpoint") as tree:
         ins = inspect_open_tree(tree)
         digest = fixture_digest(tree)
-        plan = plan_for(tree, ins if path == "static" else _framework(ins), decision=_decision(),
-                        fixture_digest=digest, max_shard_bytes=300, worker=options)
+        ins = ins if path == "static" else _framework(ins)
+        assert bool(framework_files(ins)) == (path == "worker")
+        enforced = enforce(tree, ins, decision=_decision(), fixture_digest=digest,
+                           framework_files=framework_files(ins), worker=options)
+        assert (enforced.loaded is None) == (path == "static")
+        plan = plan_for(ins, decision=_decision(), max_shard_bytes=300, loaded=enforced.loaded)
         fds = {p: tree.open_file(p) for p in plan.source_paths}
         try:
             write_plan(plan, tmp_path, fds, expected=digest.file_hashes())
@@ -106,7 +112,7 @@ def test_static_trees_agree_with_the_worker(name: str, options: WorkerOptions) -
         digest = fixture_digest(tree)
         rels = deepspeed.zero_files(ins.layout)
         permit = issue_permit(_decision(), fixture_digest=digest.digest, loader="deepspeed")
-        worker = load_plans(tree, ins, rels, permit=permit, digest=digest, options=options).trees
+        worker = load_trees(tree, ins, rels, permit=permit, digest=digest, options=options).trees
     static = deepspeed.static_trees({f.path: f for f in ins.files}, rels)
     models = {m["path"] for m in ins.layout["model_states"]}
     assert all("param_shapes" in worker[r] if r in models else "optimizer_state_dict" in worker[r] for r in rels)
@@ -136,63 +142,6 @@ def test_static_plan_refuses_a_file_outside_the_allowlist() -> None:
     assert e.value.code == "runtime.plan.not_static"
 
 
-@pytest.fixture
-def zero3() -> tuple[SafeTree, object, FixtureDigest]:
-    with SafeTree.open(FIXTURES / "deepspeed_zero3" / "checkpoint") as tree:
-        yield tree, _framework(inspect_open_tree(tree)), fixture_digest(tree)
-
-
-def test_no_permit_no_load(zero3, options: WorkerOptions) -> None:
-    tree, ins, digest = zero3
-    with pytest.raises(RuntimeFailure) as e:
-        load_plans(tree, ins, deepspeed.zero_files(ins.layout), permit=None, digest=digest, options=options)
-    assert e.value.code == "runtime.worker.permit_missing"
-
-
-def test_permit_for_another_digest_is_refused(zero3, options: WorkerOptions) -> None:
-    tree, ins, digest = zero3
-    other = issue_permit(_decision(), fixture_digest="sha256:" + "cd" * 32, loader="deepspeed")
-    with pytest.raises(PolicyDenied) as e:
-        load_plans(tree, ins, deepspeed.zero_files(ins.layout), permit=other, digest=digest, options=options)
-    assert e.value.code == "enforce.permit.wrong_digest"
-
-
-def test_forged_permit_is_refused(zero3, options: WorkerOptions) -> None:
-    tree, ins, digest = zero3
-    permit = replace(issue_permit(_decision(), fixture_digest="sha256:" + "cd" * 32, loader="deepspeed"),
-                     fixture_digest=digest.digest)
-    with pytest.raises(PolicyDenied) as e:
-        load_plans(tree, ins, deepspeed.zero_files(ins.layout), permit=permit, digest=digest, options=options)
-    assert e.value.code == "enforce.permit.forged"
-
-
-def test_decision_without_a_worker_loader_is_refused(zero3, options: WorkerOptions) -> None:
-    tree, ins, digest = zero3
-    with pytest.raises(PolicyDenied) as e:
-        plan_for(tree, ins, decision=_decision(("static_pickle",)), fixture_digest=digest, max_shard_bytes=1,
-                 worker=options)
-    assert e.value.code == "enforce.loader_not_permitted"
-
-
-def test_digest_string_alone_is_not_enough(zero3, options: WorkerOptions) -> None:
-    tree, ins, digest = zero3
-    with pytest.raises(RuntimeFailure) as e:
-        plan_for(tree, ins, decision=_decision(), fixture_digest=digest.digest, max_shard_bytes=1, worker=options)
-    assert e.value.code == "runtime.worker.manifest_missing"
-
-
-def test_file_that_differs_from_the_manifest_is_not_loaded(zero3, options: WorkerOptions) -> None:
-    tree, ins, digest = zero3
-    rels = deepspeed.zero_files(ins.layout)
-    forged = FixtureDigest.from_manifest([ManifestEntry(path=e.path, size=e.size,
-                                                        sha256=("0" * 64 if e.path == rels[0] else e.sha256))
-                                          for e in digest.manifest])
-    permit = issue_permit(_decision(), fixture_digest=forged.digest, loader="deepspeed")
-    with pytest.raises(RuntimeFailure) as e:
-        load_plans(tree, ins, rels, permit=permit, digest=forged, options=options)
-    assert e.value.code == "runtime.worker.input_changed"
-
-
 def test_worker_plan_that_names_an_unknown_storage_is_refused() -> None:
     with SafeTree.open(FIXTURES / "deepspeed_zero3" / "checkpoint") as tree:
         ins = inspect_open_tree(tree)
@@ -206,24 +155,25 @@ def test_worker_plan_that_names_an_unknown_storage_is_refused() -> None:
     assert e.value.code == "runtime.plan.storage_unknown"
 
 
-def test_a_hostile_worker_description_is_a_typed_error(monkeypatch, options: WorkerOptions) -> None:
+def test_a_hostile_worker_description_is_a_typed_error(options: WorkerOptions) -> None:
     """Trees from a framework load are untrusted: a wrong shape raises runtime.plan.bad_value."""
-    import ckptgate.consolidate as consolidate
-
-    real = consolidate.load_plans
-
-    def hostile(*args, **kwargs):
-        loaded = real(*args, **kwargs)
-        trees = {k: {"optimizer_state_dict": {"partition_count": []}} for k in loaded.trees}
-        return replace(loaded, trees=trees)
-
-    monkeypatch.setattr(consolidate, "load_plans", hostile)
     with SafeTree.open(FIXTURES / "deepspeed_zero3" / "checkpoint") as tree:
         ins = _framework(inspect_open_tree(tree))
-        with pytest.raises(RuntimeFailure) as e:
-            plan_for(tree, ins, decision=_decision(), fixture_digest=fixture_digest(tree), max_shard_bytes=300,
-                     worker=options)
+        loaded = enforce(tree, ins, decision=_decision(), fixture_digest=fixture_digest(tree),
+                         framework_files=framework_files(ins), worker=options).loaded
+    assert loaded is not None
+    hostile = replace(loaded, trees={k: {"optimizer_state_dict": {"partition_count": []}} for k in loaded.trees})
+    with pytest.raises(RuntimeFailure) as e:
+        plan_for(ins, decision=_decision(), max_shard_bytes=300, loaded=hostile)
     assert e.value.code.startswith("runtime.plan.")
+
+
+def test_a_plan_that_needs_the_worker_is_not_built_without_what_it_loaded() -> None:
+    with SafeTree.open(FIXTURES / "deepspeed_zero3" / "checkpoint") as tree:
+        ins = _framework(inspect_open_tree(tree))
+    with pytest.raises(RuntimeFailure) as e:
+        plan_for(ins, decision=_decision(), max_shard_bytes=300, loaded=None)
+    assert e.value.code == "runtime.plan.not_loaded"
 
 
 @pytest.mark.parametrize("bad", [{"buffer_names": 5}, {"shared_params": {"alias": ["not", "a", "name"]}},

@@ -60,26 +60,6 @@ def test_shard_tensors_respects_the_maximum_size():
     assert plan.weight_map["w4"] == "model-00003-of-00003.safetensors"
 
 
-def test_plan_for_refuses_a_loader_the_decision_does_not_permit():
-    """Enforcement in Python: an allow decision that omits a needed loader plans nothing."""
-    from ckptgate.consolidate import plan_for
-    from ckptgate.decide.decision import parse_decision
-    from ckptgate.decide.engine import RawDecision
-    from ckptgate.errors import PolicyDenied
-    from ckptgate.inspect import SafeTree, inspect_open_tree
-    from tests.fixtures.catalog import checkpoint_dir
-
-    decision = parse_decision(RawDecision(result={
-        "allow": True, "plane": "pure_data", "permitted_loaders": ["json"], "required_controls": [],
-        "reasons": [], "refusal": None}, decision_id="d", policy_revision="r", engine="t"))
-    with SafeTree.open(checkpoint_dir("hf_sharded")) as tree:
-        inspection = inspect_open_tree(tree)
-        with pytest.raises(PolicyDenied) as e:
-            plan_for(tree, inspection, decision=decision, fixture_digest="sha256:" + "0" * 64, max_shard_bytes=1)
-    assert e.value.code == "enforce.loader_not_permitted"
-    assert "safetensors" in e.value.message
-
-
 @pytest.mark.parametrize("index", [True, False])
 def test_a_checkpoint_without_tensors_is_a_rejected_input_not_a_plan_bug(tmp_path, index):
     """An index with an empty weight map, or a safetensors file whose header is ``{}``: exit 4."""
@@ -102,7 +82,7 @@ def test_a_checkpoint_without_tensors_is_a_rejected_input_not_a_plan_bug(tmp_pat
     with SafeTree.open(tmp_path) as tree:
         inspection = inspect_open_tree(tree)
         with pytest.raises(EmptyCheckpoint) as e:
-            plan_for(tree, inspection, decision=decision, fixture_digest="sha256:" + "0" * 64, max_shard_bytes=1 << 20)
+            plan_for(inspection, decision=decision, max_shard_bytes=1 << 20)
     assert e.value.code == "input.empty" and e.value.exit_code == ExitCode.INPUT_REJECTED
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from ckptgate.consolidate import plan_for
+from ckptgate.consolidate import framework_files, plan_for
 from ckptgate.consolidate.adapters import registry
 from ckptgate.consolidate.adapters.registry import Adapter, RegistryError, StaticAdapter
 from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, Placement, PlanError, shard_tensors
@@ -105,7 +105,7 @@ class ToyAdapter(StaticAdapter):
     name = "toy-raw"
     formats = (TOY,)
 
-    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
+    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
              loaded: Any = None) -> ConsolidationPlan:
         src, n = inspection.layout["file"], inspection.layout["count"]
         t = OutputTensor(name="toy.weight", dtype="F32", shape=(n,),
@@ -166,7 +166,7 @@ def test_a_toy_format_is_detected_planned_and_written_through_the_registries(
     with SafeTree.open(toy_tree) as tree:
         ins = inspect_open_tree(tree)
         assert (ins.format, ins.consolidatable) == (TOY, True)
-        plan = plan_for(tree, ins, decision=ALLOW, fixture_digest="sha256:t", max_shard_bytes=1 << 20)
+        plan = plan_for(ins, decision=ALLOW, max_shard_bytes=1 << 20)
     assert plan.report["adapter"] == "toy-raw"
     out = tmp_path / "out"
     out.mkdir()
@@ -186,7 +186,7 @@ def test_a_detected_format_without_an_adapter_is_unsupported(toy_detector: None,
         ins = inspect_open_tree(tree)
         assert ins.format == TOY
         with pytest.raises(PlanError) as e:
-            plan_for(tree, ins, decision=ALLOW, fixture_digest="sha256:t", max_shard_bytes=1 << 20)
+            plan_for(ins, decision=ALLOW, max_shard_bytes=1 << 20)
     assert e.value.code == "plan.format.unsupported"
 
 
@@ -194,20 +194,21 @@ def test_a_mapping_for_an_adapter_without_mappings_is_refused(toy_adapter: Adapt
     with SafeTree.open(toy_tree) as tree:
         ins = inspect_open_tree(tree)
         with pytest.raises(PlanError) as e:
-            plan_for(tree, ins, decision=ALLOW, fixture_digest="sha256:t", max_shard_bytes=1 << 20,
+            plan_for(ins, decision=ALLOW, max_shard_bytes=1 << 20,
                      mapping="megatron-unstack-layers")
     assert e.value.code == "plan.mapping.unknown"
 
 
-def test_an_adapter_that_names_framework_files_goes_to_the_framework_load(toy_detector: None,
-                                                                          toy_tree: Path) -> None:
+def test_an_adapter_that_names_framework_files_is_planned_only_from_what_enforce_loaded(
+        toy_detector: None, toy_tree: Path) -> None:
     a = registry.register(ToyFrameworkAdapter())
     try:
         with SafeTree.open(toy_tree) as tree:
             ins = inspect_open_tree(tree)
             assert a.framework_files(ins) == ("weights.toy",)
-            with pytest.raises(RuntimeFailure) as e:  # a framework load needs the manifest, not a string
-                plan_for(tree, ins, decision=ALLOW, fixture_digest="sha256:t", max_shard_bytes=1 << 20)
+            assert framework_files(ins) == ("weights.toy",)  # what the pipeline hands to enforce
+            with pytest.raises(RuntimeFailure) as e:  # nothing loaded: no plan from the files alone
+                plan_for(ins, decision=ALLOW, max_shard_bytes=1 << 20)
     finally:
         registry.unregister(a.name)
-    assert e.value.code == "runtime.worker.manifest_missing"
+    assert e.value.code == "runtime.plan.not_loaded"

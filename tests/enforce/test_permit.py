@@ -1,4 +1,4 @@
-"""Permits: only from allow decisions, bound to digest, loader and controls; unforgeable."""
+"""Permits: bound to digest, loader and controls; unforgeable (the gate that mints them: test_gate.py)."""
 
 from __future__ import annotations
 
@@ -29,18 +29,6 @@ def test_permit_from_allow_checks_for_its_digest_and_loader():
     permit = issue_permit(decision(), fixture_digest=DIGEST, loader="torch_load")
     permit.check(fixture_digest=DIGEST, loader="torch_load", controls=CONTROLS)
     assert (permit.decision_id, permit.plane) == ("d-7", "framework")
-
-
-def test_no_permit_from_deny():
-    with pytest.raises(PolicyDenied) as e:
-        issue_permit(decision(allow=False), fixture_digest=DIGEST, loader="torch_load")
-    assert e.value.code == "enforce.permit.not_allowed"
-
-
-def test_no_permit_for_a_loader_the_decision_does_not_name():
-    with pytest.raises(PolicyDenied) as e:
-        issue_permit(decision(loaders=("safetensors",)), fixture_digest=DIGEST, loader="torch_load")
-    assert e.value.code == "enforce.permit.loader_not_permitted"
 
 
 def test_permit_for_another_digest_fails():

@@ -1,7 +1,8 @@
 """Permits: the only way a loader that is not pure data may run.
 
-A :class:`Permit` is minted by :func:`issue_permit`, and only from an *allow* decision whose
-``permitted_loaders`` include the loader.  It is bound to the fixture digest, the loader, the
+A :class:`Permit` is minted by :func:`issue_permit`, which only the enforce step calls
+(:func:`ckptgate.enforce.gate.enforce`), once, after it checked that the decision is *allow* and
+that its ``permitted_loaders`` include the loader.  It is bound to the fixture digest, the loader, the
 plane, the controls the policy required and the decision id.  A permit carries a seal (an HMAC
 under a key that exists only in this process's memory), so a permit built by hand, or copied
 with ``dataclasses.replace`` to another digest or loader, does not check.
@@ -63,14 +64,11 @@ class Permit:
 
 
 def issue_permit(decision: Decision, *, fixture_digest: str, loader: str) -> Permit:
-    """Mint a permit from an allow ``decision`` that permits ``loader``; anything else is denied."""
-    if not decision.allow or decision.plane is None:
-        raise PolicyDenied("enforce.permit.not_allowed", "no permit without an allow decision",
-                           reasons=[r.to_json() for r in decision.deny_reasons])
-    if loader not in decision.permitted_loaders:
-        raise PolicyDenied("enforce.permit.loader_not_permitted",
-                           f"the decision does not permit loader {loader!r} "
-                           f"(permitted: {', '.join(decision.permitted_loaders) or 'none'})")
+    """Mint a permit for ``loader`` on the bytes with ``fixture_digest``, under ``decision``.
+
+    The enforce step calls this only after it checked the decision (allow, and ``loader`` among
+    its ``permitted_loaders``); those checks are made there, once, not again here.
+    """
     fields = dict(fixture_digest=fixture_digest, loader=loader, plane=decision.plane,
                   required_controls=tuple(decision.required_controls), decision_id=decision.decision_id,
                   policy_revision=decision.policy_revision)

@@ -26,7 +26,7 @@ from ckptgate.consolidate.plan import (DTYPE_SIZES, MAX_PLAN_RUNS, Consolidation
                                        shard_tensors, st_dtype)
 
 if TYPE_CHECKING:
-    from ckptgate.inspect import Inspection, SafeTree
+    from ckptgate.inspect import Inspection
 
 
 def _ints(v: Any, what: str) -> tuple[int, ...]:
@@ -130,7 +130,7 @@ class DcpAdapter(StaticAdapter):
     name = "dcp"
     formats = ("dcp-torch-save", "dcp-hf-safetensors")
 
-    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
+    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
              loaded: Any = None) -> ConsolidationPlan:
         return plan(inspection.format or "", inspection.layout, max_shard_bytes=max_shard_bytes)
 

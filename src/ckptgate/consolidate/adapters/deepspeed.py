@@ -46,9 +46,8 @@ from ckptgate.errors import RuntimeFailure
 from ckptgate.inspect.pickle import Call, Global, SDict, SList, SSet, key_text
 
 if TYPE_CHECKING:
-    # the worker's loaded-trees record; moving to ckptgate.enforce.load.LoadedTrees (issue #21)
-    from ckptgate.consolidate.contained import LoadedPlans
-    from ckptgate.inspect import Inspection, SafeTree
+    from ckptgate.enforce.load import LoadedTrees
+    from ckptgate.inspect import Inspection
 
 
 #: Classes a ZeRO pickle rebuilds as ``REDUCE(cls, (value,))`` that are enums [R10].
@@ -453,7 +452,7 @@ class UniversalAdapter(StaticAdapter):
     name = "deepspeed-universal"
     formats = ("deepspeed-universal",)
 
-    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
+    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
              loaded: Any = None) -> ConsolidationPlan:
         return universal_plan(inspection.layout, {f.path: f for f in inspection.files},
                               max_shard_bytes=max_shard_bytes)
@@ -473,8 +472,8 @@ class ZeroAdapter:
         files = {f.path: f for f in inspection.files}
         return () if statically_readable(files, rels) else tuple(rels)
 
-    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
-             loaded: LoadedPlans | None = None) -> ConsolidationPlan:
+    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
+             loaded: LoadedTrees | None = None) -> ConsolidationPlan:
         layout, files = inspection.layout, {f.path: f for f in inspection.files}
         if loaded is None:  # less than the decision permits: no worker at all
             return zero_plan(layout, static_trees(files, zero_files(layout)), files,

@@ -18,7 +18,7 @@ from ckptgate.consolidate.plan import (ConsolidationPlan, NotConsolidatable, Out
                                        shard_tensors, st_dtype)
 
 if TYPE_CHECKING:
-    from ckptgate.inspect import Inspection, SafeTree
+    from ckptgate.inspect import Inspection
 
 
 def full_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
@@ -61,7 +61,7 @@ class FsdpFullAdapter(StaticAdapter):
     name = "fsdp-full"
     formats = ("fsdp-full",)
 
-    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
+    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
              loaded: Any = None) -> ConsolidationPlan:
         return plan(inspection.format or "", inspection.layout, max_shard_bytes=max_shard_bytes)
 

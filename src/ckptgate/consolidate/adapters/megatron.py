@@ -21,7 +21,7 @@ from ckptgate.consolidate.adapters.registry import StaticAdapter, register
 from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, PlanError, no_tensors, shard_tensors
 
 if TYPE_CHECKING:
-    from ckptgate.inspect import Inspection, SafeTree
+    from ckptgate.inspect import Inspection
 
 
 UNSTACK_LAYERS = "megatron-unstack-layers"
@@ -87,7 +87,7 @@ class MegatronAdapter(StaticAdapter):
     formats = ("megatron-torch-dist",)
     mappings = (UNSTACK_LAYERS,)
 
-    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
+    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
              loaded: Any = None) -> ConsolidationPlan:
         return plan(inspection.layout, max_shard_bytes=max_shard_bytes, mapping=mapping)
 

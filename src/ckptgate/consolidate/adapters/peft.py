@@ -18,7 +18,7 @@ from ckptgate.consolidate.adapters.registry import StaticAdapter, register
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, NotConsolidatable, PlanError, ShardTask
 
 if TYPE_CHECKING:
-    from ckptgate.inspect import Inspection, SafeTree
+    from ckptgate.inspect import Inspection
 
 
 WEIGHTS = "adapter_model.safetensors"
@@ -62,7 +62,7 @@ class PeftAdapter(StaticAdapter):
     name = "peft"
     formats = ("peft", "peft-lora")
 
-    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
+    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
              loaded: Any = None) -> ConsolidationPlan:
         return plan(inspection.layout, {f.path: f for f in inspection.files})
 

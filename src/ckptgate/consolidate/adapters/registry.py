@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from ckptgate.consolidate.plan import ConsolidationPlan
 
 if TYPE_CHECKING:
-    # the worker's loaded-trees record; moving to ckptgate.enforce.load.LoadedTrees (issue #21)
-    from ckptgate.consolidate.contained import LoadedPlans
-    from ckptgate.inspect import Inspection, SafeTree
+    from ckptgate.enforce.load import LoadedTrees
+    from ckptgate.inspect import Inspection
 
 __all__ = ["Adapter", "RegistryError", "StaticAdapter", "adapter_for", "adapter_name_for", "adapters", "format_table", "register",
            "unregister"]
@@ -29,9 +28,8 @@ __all__ = ["Adapter", "RegistryError", "StaticAdapter", "adapter_for", "adapter_
 class Adapter(Protocol):
     """What consolidation asks of a format adapter.
 
-    ``loaded`` is the contained worker's record of the trees it loaded from
-    :meth:`framework_files` (today :class:`ckptgate.consolidate.contained.LoadedPlans`; it is moving
-    to ``ckptgate.enforce.load.LoadedTrees``, so it is typed loosely here); it is ``None`` when
+    ``loaded`` is the enforce step's record of the trees the contained worker loaded from
+    :meth:`framework_files` (:class:`ckptgate.enforce.load.LoadedTrees`); it is ``None`` when
     :meth:`framework_files` returned ``()`` and no worker ran.
     """
 
@@ -47,8 +45,8 @@ class Adapter(Protocol):
         needs only what inspection read (pure data or the static reader)."""
         ...
 
-    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
-             loaded: LoadedPlans | None = None) -> ConsolidationPlan:
+    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
+             loaded: LoadedTrees | None = None) -> ConsolidationPlan:
         """The plan for an inspected, consolidatable checkpoint of one of :attr:`formats`."""
         ...
 

@@ -12,7 +12,7 @@ from typing import Any
 from ckptgate.consolidate.adapters._common import header_tensors
 from ckptgate.consolidate.adapters.registry import StaticAdapter, register
 from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, PlanError, no_tensors, shard_tensors
-from ckptgate.inspect import Inspection, SafeTree
+from ckptgate.inspect import Inspection
 
 
 def source_files(inspection: Inspection) -> list[str]:
@@ -44,7 +44,7 @@ class SafetensorsAdapter(StaticAdapter):
     name = "hf-safetensors"
     formats = ("hf-sharded-safetensors", "safetensors")
 
-    def plan(self, inspection: Inspection, tree: SafeTree, *, max_shard_bytes: int, mapping: str | None = None,
+    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
              loaded: Any = None) -> ConsolidationPlan:
         return plan(inspection, max_shard_bytes=max_shard_bytes)
 

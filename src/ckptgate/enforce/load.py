@@ -1,11 +1,17 @@
-"""Framework loads for consolidation: only in the contained worker, only under a permit [R28, R34].
+"""Framework loads: only in the contained worker, only under a permit [R28, R34].
 
-:func:`load_plans` reads each input with the :class:`~ckptgate.inspect.SafeTree` (openat2) into
-a sealed in-memory copy, hashing it on the way against the ``FixtureDigest`` manifest, so the
-bytes the worker loads are the bytes that were verified and decided on; then it runs the worker job
-that the permit's loader names.  The worker returns JSON object trees (tensors as storage keys
-and offsets, never data, never a pickle); adapters map storage keys to byte ranges with the
-torch-zip layout that inspection read statically, and the writer moves the raw bytes.
+The enforce step (:func:`ckptgate.enforce.gate.enforce`) mints the permit and calls
+:func:`load_trees`, which reads each input with the :class:`~ckptgate.inspect.SafeTree` (openat2)
+into a sealed in-memory copy, hashing it on the way against the ``FixtureDigest`` manifest, so
+the bytes the worker loads are the bytes that were verified and decided on; then it runs the
+worker job that the permit's loader names.  The worker returns JSON object trees (tensors as
+storage keys and offsets, never data, never a pickle), kept in a :class:`LoadedTrees`; the
+consolidation adapters map storage keys to byte ranges with the torch-zip layout that
+inspection read statically, and the writer moves the raw bytes.
+
+This module is also where the records live that consolidation may read (:class:`LoadedTrees`):
+it imports the worker, the containment preflight and the permit only inside the functions that
+run them.
 
 Containment limits what a hostile loader can reach; it is not proof that the load is safe
 [R30, claim rule 5].
@@ -32,8 +38,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerOptions:
-    """How consolidation runs framework loaders: timeout, limits and the host's preflight profile
-    (measured on first use when ``None``)."""
+    """How the enforce step runs framework loaders: timeout, limits and the host's preflight
+    profile (measured on first use when ``None``)."""
 
     timeout_s: float = 600.0
     limits: WorkerLimits | None = None
@@ -45,7 +51,7 @@ class WorkerOptions:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LoadedPlans:
+class LoadedTrees:
     """What the worker said about each file: its JSON object tree, keyed by relpath."""
 
     trees: Mapping[str, Any]
@@ -144,8 +150,8 @@ def _sealed_copy(tree: SafeTree, rel: str, sha256: str) -> int:
         os.close(src)
 
 
-def load_plans(tree: SafeTree, inspection: Inspection, relpaths: Sequence[str], *, permit: Permit | None,
-               digest: FixtureDigest, options: WorkerOptions) -> LoadedPlans:
+def load_trees(tree: SafeTree, inspection: Inspection, relpaths: Sequence[str], *, permit: Permit | None,
+               digest: FixtureDigest, options: WorkerOptions) -> LoadedTrees:
     """Run the permit's loader on ``relpaths`` in the contained worker; return the JSON trees.
 
     :raises RuntimeFailure: no permit (``runtime.worker.permit_missing``), a file that differs from
@@ -173,6 +179,5 @@ def load_plans(tree: SafeTree, inspection: Inspection, relpaths: Sequence[str], 
     if missing:
         raise RuntimeFailure("runtime.worker.plan_missing", f"the worker returned no plan for {missing}",
                              evidence={"missing": missing})
-    return LoadedPlans(trees=dict(res.plans), controls=dict(res.controls), measured=dict(res.measured), job=job,
-                       wall_s=res.wall_s,
-                       worker_pid=res.pid)
+    return LoadedTrees(trees=dict(res.plans), controls=dict(res.controls), measured=dict(res.measured), job=job,
+                       wall_s=res.wall_s, worker_pid=res.pid)

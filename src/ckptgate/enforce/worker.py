@@ -79,7 +79,8 @@ _STDERR_TAIL = 64 << 10
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpenedInput:
-    """An input file the parent opened (with openat2) and hashed; only ``fd`` reaches the worker."""
+    """An input the parent opened read-only and hashed (consolidation hands over a sealed in-memory
+    copy read through the tree); the worker inherits ``fd``, and re-hashes it against ``sha256``."""
 
     fd: int
     relpath: str
@@ -188,8 +189,9 @@ def run_contained(job: str, files: Sequence[OpenedInput], *, permit: Permit, pro
                   sink: ChunkSink | None = None) -> WorkerResult:
     """Run ``job`` on ``files`` in a contained worker; raises on anything but a clean result.
 
-    :param job: ``torch_load`` (JSON placement plan) or ``torch_load_bytes`` (plan plus raw bytes
-        of the tensors in ``select``, ``{relpath: [path, ...]}``, or of every tensor if ``None``).
+    :param job: one of :data:`JOBS`: ``torch_load`` or ``deepspeed`` (JSON placement plan), or
+        ``torch_load_bytes`` (plan plus raw bytes of the tensors in ``select``,
+        ``{relpath: [path, ...]}``, or of every tensor if ``None``).
     :param permit: checked here, once (seal, digest, loader, the profile's controls), before
         spawn; the worker checks its terms again against the controls that are actually active,
         before it reads anything, and a result whose controls lack a required one is refused.

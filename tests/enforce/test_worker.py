@@ -19,6 +19,7 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -735,3 +736,16 @@ def test_well_formed_output_parses() -> None:
     assert run.bad is None and run.done and run.plans == {"m.pt": {"x": 1}}
     assert run.tensors[0].data == b"\1" * 4 + b"\2" * 4 and run.tensors[0].header.path == ("a", 0)
 
+
+
+def test_a_result_without_a_required_control_is_refused() -> None:
+    """The parent's check of the worker's result: its controls must include every required one."""
+    f = OpenedInput(fd=99, relpath="m.pt", sha256="0" * 64)
+    run = _Run(_spec(required=("seccomp", "user_ns")), [f], LIMITS, 1.0, None, use_cgroup=False)
+    controls = {c: c != "user_ns" for c in CONTROLS}
+    run._parse(_records(_j({"event": "ready", "controls": controls, "measured": _measured(), "pid": 1}),
+                        _j({"event": "plan", "file": "m.pt", "tree": {}}), _j({"event": "done"})))
+    assert run.bad is None and run.done
+    with pytest.raises(RuntimeFailure) as ei:
+        run._result(SimpleNamespace(pid=1), 0, 0.0)  # type: ignore[arg-type]
+    assert ei.value.code == "runtime.worker.control_missing" and ei.value.evidence["missing"] == ["user_ns"]

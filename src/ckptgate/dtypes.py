@@ -14,8 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = ["CASTABLE", "DTYPES", "DType", "PLAN_ITEMSIZE", "SAFETENSORS_BITS", "STORAGE_DTYPES",
-           "TORCH_ITEMSIZE", "TORCH_TO_SAFETENSORS"]
+__all__ = [
+    "CASTABLE",
+    "DTYPES",
+    "PLAN_ITEMSIZE",
+    "SAFETENSORS_BITS",
+    "STORAGE_DTYPES",
+    "TORCH_ITEMSIZE",
+    "TORCH_TO_SAFETENSORS",
+    "DType",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

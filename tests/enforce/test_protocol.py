@@ -14,15 +14,15 @@ DIGEST = "sha256:" + "ab" * 32
 
 
 def _spec(**over: Any) -> wp.WorkerSpec:
-    fields: dict[str, Any] = dict(
-        job="torch_load_bytes",
-        permit=wp.PermitTerms(fixture_digest=DIGEST, loader="torch_load", required_controls=("seccomp", "user_ns"),
-                              decision_id="d"),
-        openat2=True, namespaces=True, pid_ns=False,
-        parent_namespaces={"user": "user:[1]", "net": "net:[1]", "ipc": "ipc:[1]", "pid": None},
-        rlimits={"AS": 1 << 30, "CPU": 60, "FSIZE": 0, "NOFILE": 64, "NPROC": 64}, cgroup="/ckptgate/w1",
-        preimports=("collections",), files=(wp.SpecFile(fd=5, relpath="m.pt", sha256="0" * 64),),
-        select={"m.pt": (("a", 0),)}, chunk_bytes=1 << 20, max_nodes=1000, max_depth=50, output_fd=7)
+    fields: dict[str, Any] = {
+        "job": "torch_load_bytes",
+        "permit": wp.PermitTerms(fixture_digest=DIGEST, loader="torch_load",
+                                 required_controls=("seccomp", "user_ns"), decision_id="d"),
+        "openat2": True, "namespaces": True, "pid_ns": False,
+        "parent_namespaces": {"user": "user:[1]", "net": "net:[1]", "ipc": "ipc:[1]", "pid": None},
+        "rlimits": {"AS": 1 << 30, "CPU": 60, "FSIZE": 0, "NOFILE": 64, "NPROC": 64}, "cgroup": "/ckptgate/w1",
+        "preimports": ("collections",), "files": (wp.SpecFile(fd=5, relpath="m.pt", sha256="0" * 64),),
+        "select": {"m.pt": (("a", 0),)}, "chunk_bytes": 1 << 20, "max_nodes": 1000, "max_depth": 50, "output_fd": 7}
     fields.update(over)
     return wp.WorkerSpec(**fields)
 
@@ -32,7 +32,7 @@ def test_the_spec_round_trips_and_carries_the_fixture_digest_once() -> None:
     doc = json.loads(spec.dumps())
     assert wp.WorkerSpec.loads(spec.dumps()) == wp.WorkerSpec.from_json(doc)
     again = wp.WorkerSpec.loads(spec.dumps())
-    assert again.to_json() == doc and again.loader == "torch_load"
+    assert again == spec and again.to_json() == doc and again.loader == "torch_load"
     assert spec.dumps().count(DIGEST.encode()) == 1
     assert "fixture_digest" not in doc and "loader" not in doc  # only in the permit's terms
     assert again.select == {"m.pt": (("a", 0),)}

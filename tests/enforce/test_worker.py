@@ -29,7 +29,13 @@ torch = pytest.importorskip("torch")
 from ckptgate.decide.decision import Decision  # noqa: E402
 from ckptgate.enforce import _worker_main as wm  # noqa: E402
 from ckptgate.enforce import protocol as wp  # noqa: E402
-from ckptgate.enforce.containment import CONTROLS, ContainmentProfile, namespace_ids, openat2, preflight  # noqa: E402
+from ckptgate.enforce.containment import (  # noqa: E402
+    CONTROLS,
+    ContainmentProfile,
+    namespace_ids,
+    openat2,
+    preflight,
+)
 from ckptgate.enforce.permit import Permit, issue_permit  # noqa: E402
 from ckptgate.enforce.worker import (  # noqa: E402
     OpenedInput,
@@ -643,13 +649,14 @@ def test_worker_refuses_when_a_required_control_is_not_active(inputs: _Inputs, n
 
 def _spec(job: str = "torch_load", *, loader: str = "torch_load", required: tuple[str, ...] = ("seccomp",),
           **over: Any) -> wp.WorkerSpec:
-    fields: dict[str, Any] = dict(
-        job=job, permit=wp.PermitTerms(fixture_digest=DIGEST, loader=loader, required_controls=required,
-                                       decision_id="d"),
-        openat2=True, namespaces=True, pid_ns=True,
-        parent_namespaces={ns: f"{ns}:[1]" for ns in ("user", "net", "ipc", "pid")}, rlimits=LIMITS.rlimits(),
-        cgroup=None, preimports=(), files=(wp.SpecFile(fd=99, relpath="m.pt", sha256="0" * 64),), select=None,
-        chunk_bytes=1 << 20, max_nodes=1000, max_depth=50)
+    fields: dict[str, Any] = {
+        "job": job,
+        "permit": wp.PermitTerms(fixture_digest=DIGEST, loader=loader, required_controls=required, decision_id="d"),
+        "openat2": True, "namespaces": True, "pid_ns": True,
+        "parent_namespaces": {ns: f"{ns}:[1]" for ns in ("user", "net", "ipc", "pid")},
+        "rlimits": LIMITS.rlimits(), "cgroup": None, "preimports": (),
+        "files": (wp.SpecFile(fd=99, relpath="m.pt", sha256="0" * 64),), "select": None,
+        "chunk_bytes": 1 << 20, "max_nodes": 1000, "max_depth": 50}
     fields.update(over)
     return wp.WorkerSpec(**fields)
 

@@ -28,11 +28,11 @@ from ckptgate.enforce.protocol import (
     EXIT_OK,
     HEADER,
     MAX_SPEC,
-    REC_BYTES,
     MODULE_NAME,
+    REC_BYTES,
     SpecError,
-    WorkerError,
     SpecFile,
+    WorkerError,
     WorkerSpec,
     json_frame,
 )

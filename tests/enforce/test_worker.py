@@ -19,6 +19,7 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,7 +28,14 @@ torch = pytest.importorskip("torch")
 
 from ckptgate.decide.decision import Decision  # noqa: E402
 from ckptgate.enforce import _worker_main as wm  # noqa: E402
-from ckptgate.enforce.containment import CONTROLS, ContainmentProfile, namespace_ids, openat2, preflight  # noqa: E402
+from ckptgate.enforce import protocol as wp  # noqa: E402
+from ckptgate.enforce.containment import (  # noqa: E402
+    CONTROLS,
+    ContainmentProfile,
+    namespace_ids,
+    openat2,
+    preflight,
+)
 from ckptgate.enforce.permit import Permit, issue_permit  # noqa: E402
 from ckptgate.enforce.worker import (  # noqa: E402
     OpenedInput,
@@ -618,7 +626,7 @@ def test_worker_refuses_when_a_required_control_is_not_active(inputs: _Inputs, n
     """Spawn the worker directly without a control that the permit requires: it must refuse to load."""
     f = _one_input(inputs)
     rfd, wfd = os.pipe()
-    spec = {"version": 1, "job": "torch_load", "loader": "torch_load", "fixture_digest": DIGEST,
+    spec = {"version": 1, "job": "torch_load",
             "permit": {"fixture_digest": DIGEST, "loader": "torch_load", "required_controls": ["seccomp", missing],
                        "decision_id": "d"},
             "parent_controls": {"openat2": True}, "namespaces": namespaces, "pid_ns": pid_ns,
@@ -631,26 +639,35 @@ def test_worker_refuses_when_a_required_control_is_not_active(inputs: _Inputs, n
     os.close(wfd)
     with os.fdopen(rfd, "rb") as r:
         data = r.read()
-    kind, length = wm.HEADER.unpack(data[:wm.HEADER.size])
-    doc = json.loads(data[wm.HEADER.size:wm.HEADER.size + length])
-    assert proc.returncode == wm.EXIT_ERROR and kind == wm.REC_JSON
+    kind, length = wp.HEADER.unpack(data[:wp.HEADER.size])
+    doc = json.loads(data[wp.HEADER.size:wp.HEADER.size + length])
+    assert proc.returncode == wp.EXIT_ERROR and kind == wp.REC_JSON
     assert doc["event"] == "error" and doc["code"] == "runtime.worker.control_missing", doc
     assert doc["message"].endswith(f": {missing}")
-    assert len(data) == wm.HEADER.size + length  # nothing else: no ready, no plan
+    assert len(data) == wp.HEADER.size + length  # nothing else: no ready, no plan
+
+
+def _spec(job: str = "torch_load", *, loader: str = "torch_load", required: tuple[str, ...] = ("seccomp",),
+          **over: Any) -> wp.WorkerSpec:
+    fields: dict[str, Any] = {
+        "job": job,
+        "permit": wp.PermitTerms(fixture_digest=DIGEST, loader=loader, required_controls=required, decision_id="d"),
+        "openat2": True, "namespaces": True, "pid_ns": True,
+        "parent_namespaces": {ns: f"{ns}:[1]" for ns in ("user", "net", "ipc", "pid")},
+        "rlimits": LIMITS.rlimits(), "cgroup": None, "preimports": (),
+        "files": (wp.SpecFile(fd=99, relpath="m.pt", sha256="0" * 64),), "select": None,
+        "chunk_bytes": 1 << 20, "max_nodes": 1000, "max_depth": 50}
+    fields.update(over)
+    return wp.WorkerSpec(**fields)
 
 
 def test_worker_check_permit_unit() -> None:
-    spec = {"fixture_digest": DIGEST, "loader": "torch_load",
-            "permit": {"fixture_digest": DIGEST, "loader": "torch_load", "required_controls": ["seccomp"]}}
-    wm._check_permit(spec, {"seccomp": True})
-    with pytest.raises(wm.WorkerError) as ei:
-        wm._check_permit(spec, {"seccomp": False})
+    wm._check_permit(_spec(), {"seccomp": True})
+    with pytest.raises(wp.WorkerError) as ei:
+        wm._check_permit(_spec(), {"seccomp": False})
     assert ei.value.code == "runtime.worker.control_missing"
-    with pytest.raises(wm.WorkerError) as ei:
-        wm._check_permit({**spec, "fixture_digest": "sha256:" + "0" * 64}, {"seccomp": True})
-    assert ei.value.code == "runtime.worker.permit_mismatch"
-    with pytest.raises(wm.WorkerError) as ei:
-        wm._check_permit({**spec, "loader": "other"}, {"seccomp": True})
+    with pytest.raises(wp.WorkerError) as ei:  # the job the worker runs is not the permit's loader
+        wm._check_permit(_spec("deepspeed"), {"seccomp": True})
     assert ei.value.code == "runtime.worker.permit_mismatch"
 
 
@@ -658,11 +675,11 @@ def test_worker_check_permit_unit() -> None:
 
 
 def _records(*recs: tuple[bytes, bytes]) -> io.BytesIO:
-    return io.BytesIO(b"".join(wm.HEADER.pack(k, len(p)) + p for k, p in recs))
+    return io.BytesIO(b"".join(wp.HEADER.pack(k, len(p)) + p for k, p in recs))
 
 
 def _j(doc: Any) -> tuple[bytes, bytes]:
-    return (wm.REC_JSON, json.dumps(doc).encode())
+    return (wp.REC_JSON, json.dumps(doc).encode())
 
 
 def _measured(**over: Any) -> dict[str, Any]:
@@ -678,8 +695,7 @@ READY = _j({"event": "ready", "controls": {c: True for c in CONTROLS}, "measured
 
 def _parse(stream: io.BytesIO, job: str = "torch_load_bytes") -> _Run:
     f = OpenedInput(fd=99, relpath="m.pt", sha256="0" * 64)
-    run = _Run({"job": job}, [f], (), LIMITS, 1.0, None, None, DIGEST, "torch_load",  # type: ignore[arg-type]
-               use_cgroup=False)
+    run = _Run(_spec(job), [f], LIMITS, 1.0, None, use_cgroup=False)
     run._parse(stream)
     return run
 
@@ -694,21 +710,25 @@ def _parse(stream: io.BytesIO, job: str = "torch_load_bytes") -> _Run:
     (_records(_j({"event": "ready", "controls": {c: True for c in CONTROLS}, "pid": 1,
                   "measured": _measured(no_new_privs=0)})), "NoNewPrivs"),
     (_records(_j({"event": "ready", "controls": {c: True for c in CONTROLS}, "pid": 1,
-                  "measured": _measured(namespaces={ns: {"worker": "x:[1]", "parent": "x:[1]"}
+                  "measured": _measured(namespaces={ns: {"worker": f"{ns}:[1]", "parent": f"{ns}:[1]"}
                                                     for ns in ("user", "net", "ipc", "pid")})})),
      "namespace is the parent's"),
-    (_records(READY, (wm.REC_JSON, b"{not json")), "not JSON"),
-    (_records(READY, (wm.REC_BYTES, b"\0" * 4)), "no tensor record announced"),
+    (_records(_j({"event": "ready", "controls": {c: True for c in CONTROLS}, "pid": 1,
+                  "measured": _measured(namespaces={ns: {"worker": f"{ns}:[2]", "parent": f"{ns}:[3]"}
+                                                    for ns in ("user", "net", "ipc", "pid")})})),
+     "not the one the parent measured"),
+    (_records(READY, (wp.REC_JSON, b"{not json")), "not JSON"),
+    (_records(READY, (wp.REC_BYTES, b"\0" * 4)), "no tensor record announced"),
     (_records(READY, _j({"event": "plan", "file": "other.pt", "tree": {}})), "plan record"),
     (_records(READY, _j({"event": "plan", "file": "m.pt", "tree": {}}),
               _j({"event": "tensor", "file": "m.pt", "path": ["a"], "dtype": "float32", "shape": [2],
                   "nbytes": 7})), "must agree"),
     (_records(READY, _j({"event": "plan", "file": "m.pt", "tree": {}}),
               _j({"event": "tensor", "file": "m.pt", "path": ["a"], "dtype": "float32", "shape": [2],
-                  "nbytes": 8}), (wm.REC_BYTES, b"\0" * 4)), "ended inside a tensor"),
+                  "nbytes": 8}), (wp.REC_BYTES, b"\0" * 4)), "ended inside a tensor"),
     (_records(READY, _j({"event": "error", "code": "runtime.anything", "message": "x"})), "malformed error"),
     (_records(READY, _j({"event": "done"}), _j({"event": "done"})), "after the end"),
-    (io.BytesIO(wm.HEADER.pack(wm.REC_JSON, 10)[:5]), "inside a record header"),
+    (io.BytesIO(wp.HEADER.pack(wp.REC_JSON, 10)[:5]), "inside a record header"),
 ])
 def test_malformed_output_is_a_violation(stream: io.BytesIO, why: str) -> None:
     run = _parse(stream)
@@ -718,8 +738,21 @@ def test_malformed_output_is_a_violation(stream: io.BytesIO, why: str) -> None:
 def test_well_formed_output_parses() -> None:
     run = _parse(_records(READY, _j({"event": "plan", "file": "m.pt", "tree": {"x": 1}}),
                           _j({"event": "tensor", "file": "m.pt", "path": ["a", 0], "dtype": "float32", "shape": [2],
-                              "nbytes": 8}), (wm.REC_BYTES, b"\1" * 4), (wm.REC_BYTES, b"\2" * 4),
+                              "nbytes": 8}), (wp.REC_BYTES, b"\1" * 4), (wp.REC_BYTES, b"\2" * 4),
                           _j({"event": "done"})))
     assert run.bad is None and run.done and run.plans == {"m.pt": {"x": 1}}
     assert run.tensors[0].data == b"\1" * 4 + b"\2" * 4 and run.tensors[0].header.path == ("a", 0)
 
+
+
+def test_a_result_without_a_required_control_is_refused() -> None:
+    """The parent's check of the worker's result: its controls must include every required one."""
+    f = OpenedInput(fd=99, relpath="m.pt", sha256="0" * 64)
+    run = _Run(_spec(required=("seccomp", "user_ns")), [f], LIMITS, 1.0, None, use_cgroup=False)
+    controls = {c: c != "user_ns" for c in CONTROLS}
+    run._parse(_records(_j({"event": "ready", "controls": controls, "measured": _measured(), "pid": 1}),
+                        _j({"event": "plan", "file": "m.pt", "tree": {}}), _j({"event": "done"})))
+    assert run.bad is None and run.done
+    with pytest.raises(RuntimeFailure) as ei:
+        run._result(SimpleNamespace(pid=1), 0, 0.0)  # type: ignore[arg-type]
+    assert ei.value.code == "runtime.worker.control_missing" and ei.value.evidence["missing"] == ["user_ns"]

@@ -24,17 +24,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from ckptgate.dtypes import CASTABLE, PLAN_ITEMSIZE, TORCH_TO_SAFETENSORS
 from ckptgate.errors import InputRejected, UsageError
-from ckptgate.inspect.safetensors import TORCH_DTYPES
 
-DTYPE_SIZES: Mapping[str, int] = MappingProxyType({
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
-})
-#: Floating-point dtypes a plan can be cast between (on request only): the F8 types are left as they are.
-CASTABLE: frozenset[str] = frozenset({"F64", "F32", "F16", "BF16"})
+#: safetensors code -> bytes per element, for the dtypes a plan may write (:mod:`ckptgate.dtypes`).
+DTYPE_SIZES: Mapping[str, int] = PLAN_ITEMSIZE
 _SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.safetensors$")
 _EXTRA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
@@ -67,7 +61,7 @@ class NotConsolidatable(InputRejected):
 
 def st_dtype(torch_dtype: str, *, what: str) -> str:
     """The safetensors code of a torch dtype name; an unknown one is a typed error."""
-    code = TORCH_DTYPES.get(torch_dtype)
+    code = TORCH_TO_SAFETENSORS.get(torch_dtype)
     if code is None:
         raise PlanError("plan.tensor.dtype", f"{what}: dtype {torch_dtype!r} has no safetensors equivalent",
                         evidence={"dtype": torch_dtype})

@@ -6,7 +6,8 @@ stays behind as the reaper); set the rlimits; check the cgroup the parent placed
 the modules the pickle names; set ``no_new_privs``; load the seccomp filter *last*; re-check the
 permit against the controls that are now actually active, as this process measured them; only
 then re-hash the input descriptors and load.  Nothing here writes a file or sends a pickle: the only output is framed
-records on the output descriptor (see :data:`REC_JSON`, :data:`REC_BYTES`).
+records on the output descriptor, in the framing of :mod:`ckptgate.enforce.protocol`, which also
+defines the job spec read here.  The plan is encoded by :mod:`ckptgate.enforce.plan_encoder`.
 
 Everything after the load runs under the assumption that the loaded code may have been hostile:
 the parent validates every record it receives.
@@ -14,52 +15,33 @@ the parent validates every record it receives.
 
 from __future__ import annotations
 
-import base64
-import enum
 import hashlib
-import json
-import math
 import os
-import re
-import struct
 import sys
 import types
 from typing import Any
 
-#: Record header: one type byte and a big-endian u64 payload length.
-HEADER = struct.Struct(">cQ")
-REC_JSON = b"J"
-REC_BYTES = b"B"
+from ckptgate.enforce.plan_encoder import PlanBudget, PlanEncoder, dtype_name
+from ckptgate.enforce.protocol import (
+    BYTES_JOB,
+    EXIT_ERROR,
+    EXIT_OK,
+    HEADER,
+    MAX_SPEC,
+    MODULE_NAME,
+    REC_BYTES,
+    SpecError,
+    SpecFile,
+    WorkerError,
+    WorkerSpec,
+    json_frame,
+)
 
-#: Exit statuses of the worker.
-EXIT_OK = 0
-EXIT_ERROR = 3
-
-#: Error codes the worker may report (the parent accepts no other).
-WORKER_ERROR_CODES = frozenset({
-    "runtime.worker.bad_job", "runtime.worker.setup_failed", "runtime.worker.preimport_failed",
-    "runtime.worker.control_missing", "runtime.worker.permit_mismatch", "runtime.worker.input_changed",
-    "runtime.worker.load_failed", "runtime.worker.memory_limit", "runtime.worker.plan_too_large",
-    "runtime.worker.select_missing",
-})
-
-_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_MAX_SPEC = 16 << 20
 _HASH_CHUNK = 8 << 20
 
 
-class WorkerError(Exception):
-    """A failure the worker reports as an ``error`` record with a stable code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        assert code in WORKER_ERROR_CODES
-        self.code = code
-        self.message = message
-
-
 class Output:
-    """Framed writes on the output descriptor."""
+    """Framed writes on the output descriptor (the framing is :mod:`ckptgate.enforce.protocol`'s)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -71,8 +53,7 @@ class Output:
             view = view[n:]
 
     def json(self, doc: dict[str, Any]) -> None:
-        payload = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
-        self._write_all(HEADER.pack(REC_JSON, len(payload)) + payload)
+        self._write_all(json_frame(doc))
 
     def raw(self, chunk: memoryview) -> None:
         self._write_all(HEADER.pack(REC_BYTES, len(chunk)))
@@ -82,37 +63,29 @@ class Output:
 # --------------------------------------------------------------------------- spec
 
 
-def _read_spec() -> dict[str, Any]:
-    data = sys.stdin.buffer.read(_MAX_SPEC + 1)
-    if len(data) > _MAX_SPEC:
-        raise WorkerError("runtime.worker.bad_job", "the job spec is too large")
+def _read_spec() -> WorkerSpec:
     try:
-        spec = json.loads(data)
-    except ValueError as e:
-        raise WorkerError("runtime.worker.bad_job", f"the job spec is not JSON: {e}") from e
-    if not isinstance(spec, dict) or spec.get("version") != 1:
-        raise WorkerError("runtime.worker.bad_job", "the job spec is not a version-1 object")
-    return spec
+        return WorkerSpec.loads(sys.stdin.buffer.read(MAX_SPEC + 1))
+    except SpecError as e:
+        raise WorkerError("runtime.worker.bad_job", f"the job spec is malformed: {e}") from e
 
 
 # --------------------------------------------------------------------------- setup
 
 
-def _setup(spec: dict[str, Any]) -> tuple[dict[str, bool], dict[str, Any]]:
+def _setup(spec: WorkerSpec) -> tuple[dict[str, bool], dict[str, Any]]:
     """Set the controls up in the documented order; return which are active and what the worker
     measured in itself (the receipt's record of the controls that were really active)."""
     from ckptgate.enforce import containment as c  # noqa: PLC0415
 
     controls = {name: False for name in c.CONTROLS}
-    parent_ns = spec["parent_namespaces"]
-    if not isinstance(parent_ns, dict) or set(parent_ns) != set(c.NAMESPACES):
-        raise WorkerError("runtime.worker.bad_job", "the job spec has no parent namespace ids")
+    parent_ns = spec.parent_namespaces  # every namespace is named: the spec's parser checked it
     # 1. namespaces, while this process has a single thread (unshare(CLONE_NEWUSER) needs it).  A
     #    new PID namespace applies to children only: the worker forks into it, and this process
     #    stays behind as the child's reaper (fork_into_pid_namespace never returns here).
-    if spec["namespaces"]:
+    if spec.namespaces:
         before_pid = c.namespace_ids()["pid"]
-        held, _ = c.enter_namespaces(pid=bool(spec["pid_ns"]))
+        held, _ = c.enter_namespaces(pid=spec.pid_ns)
         if held["pid_ns"]:
             held["pid_ns"], _ = c.fork_into_pid_namespace(before_pid)
         controls.update(held)
@@ -121,14 +94,14 @@ def _setup(spec: dict[str, Any]) -> tuple[dict[str, bool], dict[str, Any]]:
     for ns in c.NAMESPACES:
         controls[f"{ns}_ns"] = bool(controls[f"{ns}_ns"] and ns_now[ns] is not None and ns_now[ns] != parent_ns[ns])
     # 2. rlimits.
-    controls["rlimits"], _ = c.apply_rlimits({k: int(v) for k, v in spec["rlimits"].items()})
+    controls["rlimits"], _ = c.apply_rlimits(dict(spec.rlimits))
     # 3. cgroup v2: the parent moved us into a limited group before sending the spec.
-    if spec["cgroup"] is not None:
+    if spec.cgroup is not None:
         with open("/proc/self/cgroup", encoding="utf-8") as f:
-            controls["cgroup_v2"] = f"0::{spec['cgroup']}" in f.read().splitlines()
+            controls["cgroup_v2"] = f"0::{spec.cgroup}" in f.read().splitlines()
     # 4. pre-imports: torch, its lazily imported serialization config, the pickle's modules.
-    for name in ("torch", "torch.utils.serialization", *spec["preimports"]):
-        if not isinstance(name, str) or not _MODULE_NAME.match(name):
+    for name in ("torch", "torch.utils.serialization", *spec.preimports):
+        if not MODULE_NAME.match(name):  # the spec's parser checked these; kept next to the import
             raise WorkerError("runtime.worker.bad_job", f"not a module name: {name!r}")
         try:
             __import__(name)
@@ -153,7 +126,7 @@ def _setup(spec: dict[str, Any]) -> tuple[dict[str, bool], dict[str, Any]]:
     controls["seccomp"] = controls["seccomp"] and status.get("Seccomp") == c.SECCOMP_MODE_FILTER \
         and report.mode == "allowlist"
     # openat2 is the parent's control: it opened every input descriptor with it.
-    controls["openat2"] = bool(spec["parent_controls"].get("openat2", False))
+    controls["openat2"] = spec.openat2
     import resource  # noqa: PLC0415 - already imported by the containment module
 
     measured = {
@@ -178,170 +151,34 @@ def _warm_torch() -> None:
     torch.get_num_threads()
 
 
-def _check_permit(spec: dict[str, Any], controls: dict[str, bool]) -> None:
-    permit = spec["permit"]
-    if permit["fixture_digest"] != spec["fixture_digest"]:
-        raise WorkerError("runtime.worker.permit_mismatch", "the permit is for another fixture digest")
-    if permit["loader"] != spec["loader"]:
-        raise WorkerError("runtime.worker.permit_mismatch", "the permit is for another loader")
-    missing = [name for name in permit["required_controls"] if not controls.get(name, False)]
+def _check_permit(spec: WorkerSpec, controls: dict[str, bool]) -> None:
+    """The worker's own check, across the process boundary from the parent's: the job it runs is
+    the permit's loader, and every control the permit requires is active as this process measured it."""
+    if spec.permit.loader != spec.loader:
+        raise WorkerError("runtime.worker.permit_mismatch",
+                          f"the permit is for loader {spec.permit.loader!r}, not {spec.loader!r} (job {spec.job!r})")
+    missing = [name for name in spec.permit.required_controls if not controls.get(name, False)]
     if missing:
         raise WorkerError("runtime.worker.control_missing",
                           f"required containment controls are not active in the worker: {', '.join(missing)}")
 
 
-def _verify_inputs(files: list[dict[str, Any]]) -> None:
+def _verify_inputs(files: tuple[SpecFile, ...]) -> None:
     for item in files:
         h = hashlib.sha256()
         offset = 0
         while True:
-            chunk = os.pread(item["fd"], _HASH_CHUNK, offset)
+            chunk = os.pread(item.fd, _HASH_CHUNK, offset)
             if not chunk:
                 break
             h.update(chunk)
             offset += len(chunk)
-        if h.hexdigest() != item["sha256"]:
+        if h.hexdigest() != item.sha256:
             raise WorkerError("runtime.worker.input_changed",
-                              f"{item['relpath']} no longer has the sha256 the parent measured")
+                              f"{item.relpath} no longer has the sha256 the parent measured")
 
 
-# --------------------------------------------------------------------------- plan
-
-
-class _Budget:
-    def __init__(self, max_nodes: int, max_depth: int) -> None:
-        self.nodes = 0
-        self.max_nodes = max_nodes
-        self.max_depth = max_depth
-
-    def tick(self, depth: int) -> None:
-        self.nodes += 1
-        if self.nodes > self.max_nodes:
-            raise WorkerError("runtime.worker.plan_too_large", f"the object tree has more than {self.max_nodes} nodes")
-        if depth > self.max_depth:
-            raise WorkerError("runtime.worker.plan_too_large", f"the object tree is deeper than {self.max_depth}")
-
-
-def _qualname(obj: Any) -> str:
-    t = obj if isinstance(obj, type) else type(obj)
-    return f"{getattr(t, '__module__', '?')}.{getattr(t, '__qualname__', t.__name__)}"
-
-
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-class PlanEncoder:
-    """Turns an unpickled object tree into JSON; tensors become ``__tensor__`` records."""
-
-    def __init__(self, storage_keys: dict[int, str], budget: _Budget) -> None:
-        import torch  # noqa: PLC0415
-
-        self.torch = torch
-        self.keys = storage_keys
-        self.budget = budget
-        self.tensors: list[tuple[list[Any], Any]] = []  # (path, tensor), in tree order
-        self._stack: set[int] = set()
-
-    def encode(self, obj: Any, path: list[Any], depth: int = 0) -> Any:
-        self.budget.tick(depth)
-        torch = self.torch
-        if obj is None or type(obj) is bool:
-            return obj
-        if isinstance(obj, str):
-            return str.__str__(obj)
-        if isinstance(obj, enum.Enum):
-            return {"__enum__": _qualname(obj), "name": obj.name,
-                    "value": self.encode(obj.value, path, depth + 1)}
-        if isinstance(obj, int):
-            return int(obj)
-        if isinstance(obj, float):
-            f = float(obj)
-            return f if math.isfinite(f) else {"__float__": repr(f)}
-        if isinstance(obj, complex):
-            return {"__complex__": [self.encode(obj.real, path, depth + 1), self.encode(obj.imag, path, depth + 1)]}
-        if isinstance(obj, (bytes, bytearray)):
-            data = bytes(obj)
-            return {"__bytes__": base64.b64encode(data).decode() if len(data) <= 1 << 20 else None,
-                    "len": len(data)}
-        if isinstance(obj, torch.Tensor):
-            return self._tensor(obj, path)
-        if isinstance(obj, torch.dtype):
-            return {"__dtype__": _dtype_name(obj)}
-        if isinstance(obj, torch.device):
-            return {"__device__": str(obj)}
-        if isinstance(obj, torch.Size):
-            return [int(d) for d in obj]
-        np = sys.modules.get("numpy")
-        if np is not None and isinstance(obj, np.ndarray):
-            raw = obj.tobytes() if obj.nbytes <= 1 << 16 else None
-            return {"__ndarray__": {"dtype": str(obj.dtype), "shape": list(obj.shape),
-                                    "data": base64.b64encode(raw).decode() if raw is not None else None}}
-        if np is not None and isinstance(obj, np.generic):
-            return self.encode(obj.item(), path, depth + 1)
-        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType)):
-            if isinstance(obj, types.ModuleType):
-                return {"__global__": obj.__name__}
-            return {"__global__": f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', '?')}"}
-        key = id(obj)
-        if key in self._stack:
-            return {"__cycle__": True}
-        self._stack.add(key)
-        try:
-            return self._container(obj, path, depth)
-        finally:
-            self._stack.discard(key)
-
-    def _container(self, obj: Any, path: list[Any], depth: int) -> Any:
-        if isinstance(obj, dict):
-            items = list(obj.items())
-            if all(type(k) is str and not (k.startswith("__") and k.endswith("__")) for k, _ in items):
-                return {k: self.encode(v, [*path, k], depth + 1) for k, v in items}
-            return {"__map__": [[self.encode(k, path, depth + 1), self.encode(v, [*path, _path_key(k)], depth + 1)]
-                                for k, v in items]}
-        if isinstance(obj, tuple) and hasattr(type(obj), "_fields"):
-            return {"__object__": _qualname(obj),
-                    "state": {str(f): self.encode(v, [*path, i], depth + 1)
-                              for i, (f, v) in enumerate(zip(type(obj)._fields, obj))}}
-        if isinstance(obj, (list, tuple)):
-            return [self.encode(v, [*path, i], depth + 1) for i, v in enumerate(obj)]
-        if isinstance(obj, (set, frozenset)):
-            return {"__set__": [self.encode(v, path, depth + 1) for v in obj]}
-        state: dict[str, Any] = {}
-        try:
-            d = object.__getattribute__(obj, "__dict__")
-        except AttributeError:
-            d = None
-        if isinstance(d, dict):
-            state.update(d)
-        for cls in type(obj).__mro__:
-            for slot in cls.__dict__.get("__slots__", ()) if isinstance(cls.__dict__.get("__slots__", ()), (tuple, list)) else ():
-                if isinstance(slot, str) and slot not in ("__dict__", "__weakref__") and slot not in state:
-                    try:
-                        state[slot] = object.__getattribute__(obj, slot)
-                    except AttributeError:
-                        pass
-        return {"__object__": _qualname(obj), "state": self._container(state, path, depth) if state else {}}
-
-    def _tensor(self, t: Any, path: list[Any]) -> Any:
-        torch = self.torch
-        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided or t.is_quantized:
-            return {"__object__": _qualname(t), "tensor": True, "supported": False, "layout": str(t.layout)}
-        storage = t.untyped_storage()
-        self.tensors.append((list(path), t))
-        return {"__tensor__": {
-            "storage_key": self.keys.get(storage._cdata),
-            "dtype": _dtype_name(t.dtype),
-            "shape": [int(d) for d in t.shape],
-            "stride": [int(s) for s in t.stride()],
-            "storage_offset": int(t.storage_offset()),
-            "storage_nbytes": int(storage.nbytes()),
-            "parameter": type(t) is torch.nn.Parameter,
-        }}
-
-
-def _path_key(k: Any) -> Any:
-    return k if type(k) in (str, int) else repr(k)
+# --------------------------------------------------------------------------- load
 
 
 def _recording_pickle(record: dict[int, str], keep: list[Any]) -> Any:
@@ -377,7 +214,7 @@ def _recording_pickle(record: dict[int, str], keep: list[Any]) -> Any:
 # --------------------------------------------------------------------------- jobs
 
 
-def _load_one(item: dict[str, Any], *, with_data: bool) -> tuple[Any, dict[int, str], list[Any]]:
+def _load_one(item: SpecFile, *, with_data: bool) -> tuple[Any, dict[int, str], list[Any]]:
     """``torch.load`` one file.  Without ``with_data`` the storages are allocated but never
     filled (``torch.serialization.skip_data``): the plan needs only keys, dtypes, shapes and
     offsets, so the worker's resident memory stays small whatever the checkpoint's size."""
@@ -392,14 +229,14 @@ def _load_one(item: dict[str, Any], *, with_data: bool) -> tuple[Any, dict[int, 
         # weights_only=False: the policy allowed a framework load of these exact bytes, under
         # containment.  weights_only=True is not a trust control [R17, R29].
         with contextlib.nullcontext() if with_data else torch.serialization.skip_data():
-            obj = torch.load(io.FileIO(item["fd"], closefd=False), weights_only=False,  # nosec B614
+            obj = torch.load(io.FileIO(item.fd, closefd=False), weights_only=False,  # nosec B614
                              map_location="cpu", pickle_module=_recording_pickle(record, keep))
     except MemoryError as e:
         raise WorkerError("runtime.worker.memory_limit",
-                          f"loading {item['relpath']} ran out of address space (RLIMIT_AS)") from e
+                          f"loading {item.relpath} ran out of address space (RLIMIT_AS)") from e
     except BaseException as e:  # noqa: BLE001 - the loaded code may raise anything
         raise WorkerError("runtime.worker.load_failed",
-                          f"loading {item['relpath']} failed: {type(e).__name__}: {_safe_text(e)}") from e
+                          f"loading {item.relpath} failed: {type(e).__name__}: {_safe_text(e)}") from e
     return obj, record, keep
 
 
@@ -424,41 +261,42 @@ def _stream_tensor(out: Output, relpath: str, path: list[Any], t: Any, chunk_byt
     flat = t.detach().contiguous().reshape(-1)
     raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
     nbytes = int(raw.numel())
-    out.json({"event": "tensor", "file": relpath, "path": path, "dtype": _dtype_name(t.dtype),
+    out.json({"event": "tensor", "file": relpath, "path": path, "dtype": dtype_name(t.dtype),
               "shape": [int(d) for d in t.shape], "nbytes": nbytes})
     view = memoryview(raw.numpy()) if nbytes else memoryview(b"")
     for start in range(0, nbytes, chunk_bytes):
         out.raw(view[start:start + chunk_bytes])
 
 
-def _run_job(spec: dict[str, Any], out: Output) -> None:
-    budget = _Budget(int(spec["max_nodes"]), int(spec["max_depth"]))
-    select = spec["select"]
-    for item in spec["files"]:
-        obj, record, keep = _load_one(item, with_data=spec["job"] == "torch_load_bytes")
+def _run_job(spec: WorkerSpec, out: Output) -> None:
+    budget = PlanBudget(spec.max_nodes, spec.max_depth)
+    select = spec.select
+    for item in spec.files:
+        obj, record, keep = _load_one(item, with_data=spec.job == BYTES_JOB)
         enc = PlanEncoder(record, budget)
         tree = enc.encode(obj, [])
-        out.json({"event": "plan", "file": item["relpath"], "tree": tree})
-        if spec["job"] == "torch_load_bytes":
-            wanted = select.get(item["relpath"]) if select is not None else None
+        out.json({"event": "plan", "file": item.relpath, "tree": tree})
+        if spec.job == BYTES_JOB:
+            wanted = select.get(item.relpath) if select is not None else None
             if wanted is None and select is None:
                 pairs = enc.tensors
             else:
                 pairs = []
-                for path in wanted or []:
+                for selected in wanted or ():
+                    path = list(selected)
                     try:
                         node = _find(obj, path)
                     except KeyError as e:
                         raise WorkerError("runtime.worker.select_missing",
-                                          f"{item['relpath']}: no object at {path!r}") from e
+                                          f"{item.relpath}: no object at {path!r}") from e
                     import torch  # noqa: PLC0415
 
                     if not isinstance(node, torch.Tensor):
                         raise WorkerError("runtime.worker.select_missing",
-                                          f"{item['relpath']}: the object at {path!r} is not a tensor")
+                                          f"{item.relpath}: the object at {path!r} is not a tensor")
                     pairs.append((path, node))
             for path, t in pairs:
-                _stream_tensor(out, item["relpath"], path, t, int(spec["chunk_bytes"]))
+                _stream_tensor(out, item.relpath, path, t, spec.chunk_bytes)
         del obj, enc, tree, record, keep
 
 
@@ -476,11 +314,11 @@ def main() -> int:
     loading = False
     try:
         spec = _read_spec()
-        out = Output(int(spec["output_fd"]))
+        out = Output(spec.output_fd)
         controls, measured = _setup(spec)
         _check_permit(spec, controls)
         out.json({"event": "ready", "controls": controls, "measured": measured, "pid": os.getpid()})
-        _verify_inputs(spec["files"])
+        _verify_inputs(spec.files)
         loading = True
         _run_job(spec, out)
         out.json({"event": "done"})
@@ -499,7 +337,7 @@ def main() -> int:
         message = f"{type(e).__name__}: {_safe_text(e)}"
     if out is not None:
         try:
-            out.json({"event": "error", "code": code, "message": message})
+            out.json(WorkerError(code, message).record())
         except OSError:
             pass
     return EXIT_ERROR

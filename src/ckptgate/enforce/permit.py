@@ -7,9 +7,11 @@ plane, the controls the policy required and the decision id.  A permit carries a
 under a key that exists only in this process's memory), so a permit built by hand, or copied
 with ``dataclasses.replace`` to another digest or loader, does not check.
 
-Every loader that is not pure data calls :meth:`Permit.check` with the digest of the bytes it is
-about to read and the containment controls that are actually active, and refuses to run
-otherwise.
+A loader that is not pure data runs only in the contained worker, and only after
+:func:`~ckptgate.enforce.worker.run_contained` has called :meth:`Permit.check` with the digest
+of the bytes and the controls the host's preflight found.  The worker, a separate process that
+never sees the seal, checks the permit's terms again against the controls actually active in it
+before it reads an input (:mod:`ckptgate.enforce._worker_main`).
 """
 
 from __future__ import annotations

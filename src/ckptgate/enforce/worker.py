@@ -7,10 +7,13 @@ hashed, plus one output pipe.  The worker sets up namespaces, rlimits, pre-impor
 ``no_new_privs`` and seccomp, in that order, re-checks the permit against the controls that are
 then active, and only then reads its inputs (see :mod:`ckptgate.enforce._worker_main`).
 
-Channels: in, the descriptors and a JSON job spec on stdin; out, framed records on one pipe:
-JSON documents (``ready``, ``plan``, ``tensor``, ``done``, ``error``) and raw tensor bytes.
-Never a pickle.  Every record is validated here; a crash, a timeout, a non-zero exit or a
-malformed record raises :class:`~ckptgate.errors.RuntimeFailure` with a stable code.
+Channels: in, the descriptors and a :class:`~ckptgate.enforce.protocol.WorkerSpec` on stdin;
+out, framed records on one pipe: JSON documents (``ready``, ``plan``, ``tensor``, ``done``,
+``error``) and raw tensor bytes, never a pickle.  The spec, the framing and the record kinds are
+:mod:`ckptgate.enforce.protocol`'s, shared with the worker; this module is the parent's half.  It
+checks the permit once, where the permit meets the job, before spawn; it validates every record;
+a crash, a timeout, a non-zero exit or a malformed record raises
+:class:`~ckptgate.errors.RuntimeFailure` with a stable code.
 
 Containment narrows what hostile code in a loader can reach; it is not proof that the load is
 safe, and the controls hold only as measured on this host [R30–R35, claim rules 5 and 7].
@@ -29,11 +32,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from ckptgate.enforce import _worker_main as wm
+from ckptgate.enforce import protocol as wp
 from ckptgate.enforce.containment import (
     CONTROLS,
     NAMESPACES,
@@ -42,19 +45,25 @@ from ckptgate.enforce.containment import (
     cgroup_v2_slot,
     namespace_ids,
 )
+from ckptgate.enforce.protocol import (
+    JOBS,
+    MEASURED_FIELDS,
+    RECORD_FIELDS,
+    PermitTerms,
+    SpecError,
+    SpecFile,
+    WorkerSpec,
+)
 from ckptgate.errors import RuntimeFailure
 
 if TYPE_CHECKING:
     from ckptgate.enforce.permit import Permit
 
-#: Job name -> the loader name a permit must allow.
-_READER_JOIN_S = 120.0
+__all__ = ["JOBS", "PREIMPORT_ROOTS", "ChunkSink", "OpenedInput", "TensorBytes", "TensorHeader", "WorkerLimits",
+           "WorkerResult", "run_contained"]
 
-JOBS: Mapping[str, str] = MappingProxyType({
-    "torch_load": "torch_load",          # plan only: tensor bytes are never read into the worker
-    "deepspeed": "deepspeed",            # the same plan job, permitted as the DeepSpeed loader
-    "torch_load_bytes": "torch_load",    # plan plus the selected tensors' bytes, streamed back
-})
+#: Seconds to wait, after the worker's process group is reaped, for its output to be parsed.
+_READER_JOIN_S = 120.0
 
 #: Top-level packages the worker may pre-import before the filter is loaded.  A module outside
 #: these is refused before spawn: importing it would run its top-level code unfiltered.
@@ -66,16 +75,12 @@ PREIMPORT_ROOTS: frozenset[str] = frozenset({
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _STDERR_TAIL = 64 << 10
-_DTYPE_SIZES = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
-    "int8": 1, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1, "complex64": 8,
-    "complex128": 16, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
-}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpenedInput:
-    """An input file the parent opened (with openat2) and hashed; only ``fd`` reaches the worker."""
+    """An input the parent opened read-only and hashed (consolidation hands over a sealed in-memory
+    copy read through the tree); the worker inherits ``fd``, and re-hashes it against ``sha256``."""
 
     fd: int
     relpath: str
@@ -184,10 +189,12 @@ def run_contained(job: str, files: Sequence[OpenedInput], *, permit: Permit, pro
                   sink: ChunkSink | None = None) -> WorkerResult:
     """Run ``job`` on ``files`` in a contained worker; raises on anything but a clean result.
 
-    :param job: ``torch_load`` (JSON placement plan) or ``torch_load_bytes`` (plan plus raw bytes
-        of the tensors in ``select``, ``{relpath: [path, ...]}``, or of every tensor if ``None``).
-    :param permit: checked here (digest, loader, the profile's controls) before spawn, and again
-        in the worker against the controls that are actually active, before it reads anything.
+    :param job: one of :data:`JOBS`: ``torch_load`` or ``deepspeed`` (JSON placement plan), or
+        ``torch_load_bytes`` (plan plus raw bytes of the tensors in ``select``,
+        ``{relpath: [path, ...]}``, or of every tensor if ``None``).
+    :param permit: checked here, once (seal, digest, loader, the profile's controls), before
+        spawn; the worker checks its terms again against the controls that are actually active,
+        before it reads anything, and a result whose controls lack a required one is refused.
     :param fixture_digest: the digest of the fixture these files belong to.
     :param preimports: modules the pickle's globals live in (from the static reader); each must be
         under :data:`PREIMPORT_ROOTS`.
@@ -211,32 +218,33 @@ def run_contained(job: str, files: Sequence[OpenedInput], *, permit: Permit, pro
         unknown_files = sorted(set(select) - {f.relpath for f in files})
         bad_paths = [p for paths in select.values() for p in paths
                      if not all(type(seg) in (str, int) for seg in p)]
-        if job != "torch_load_bytes" or unknown_files or bad_paths:
+        if job != wp.BYTES_JOB or unknown_files or bad_paths:
             raise RuntimeFailure("runtime.worker.bad_job",
                                  "select applies to torch_load_bytes, names input files, and holds paths of "
                                  "str/int segments", evidence={"unknown_files": unknown_files})
     # The permit is the authority: digest, loader and the controls this host has [PolicyDenied].
     if permit is None or not callable(getattr(permit, "check", None)):
         raise RuntimeFailure("runtime.worker.permit_missing", "a framework load needs a permit")
-    permit.check(fixture_digest=fixture_digest, loader=loader, controls=profile.controls)  # a control
-    # the profile does not have (unknown ones included) is enforce.permit.control_missing here
-    required = tuple(permit.required_controls)
-
-    spec: dict[str, Any] = {
-        "version": 1, "job": job, "loader": loader, "fixture_digest": fixture_digest,
-        "permit": {"fixture_digest": permit.fixture_digest, "loader": permit.loader,
-                   "required_controls": list(required), "decision_id": permit.decision_id},
-        "parent_controls": {"openat2": bool(profile.controls["openat2"])},
-        "namespaces": any(profile.controls[f"{ns}_ns"] for ns in NAMESPACES),
-        "pid_ns": bool(profile.controls["pid_ns"]),  # where the preflight found the host allows it
-        "parent_namespaces": namespace_ids(),
-        "rlimits": limits.rlimits(), "cgroup": None, "preimports": mods,
-        "files": [{"fd": f.fd, "relpath": f.relpath, "sha256": f.sha256} for f in files],
-        "select": None if select is None else {k: [list(p) for p in v] for k, v in select.items()},
-        "chunk_bytes": limits.chunk_bytes, "max_nodes": limits.max_nodes, "max_depth": limits.max_depth,
-    }
-    return _Run(spec, files, required, limits, timeout_s, sink, permit, fixture_digest, loader,
-                use_cgroup=profile.controls["cgroup_v2"]).run()
+    # The one check in this process: a control the profile does not have (unknown ones included)
+    # is enforce.permit.control_missing here.
+    permit.check(fixture_digest=fixture_digest, loader=loader, controls=profile.controls)
+    try:
+        spec = WorkerSpec(
+            job=job,
+            permit=PermitTerms(fixture_digest=permit.fixture_digest, loader=permit.loader,
+                               required_controls=tuple(permit.required_controls), decision_id=permit.decision_id),
+            openat2=bool(profile.controls["openat2"]),
+            namespaces=any(profile.controls[f"{ns}_ns"] for ns in NAMESPACES),
+            pid_ns=bool(profile.controls["pid_ns"]),  # where the preflight found the host allows it
+            parent_namespaces=MappingProxyType(namespace_ids()), rlimits=MappingProxyType(limits.rlimits()),
+            cgroup=None, preimports=tuple(mods),
+            files=tuple(SpecFile(fd=f.fd, relpath=f.relpath, sha256=f.sha256) for f in files),
+            select=None if select is None else MappingProxyType({k: tuple(tuple(p) for p in v)
+                                                                 for k, v in select.items()}),
+            chunk_bytes=limits.chunk_bytes, max_nodes=limits.max_nodes, max_depth=limits.max_depth)
+    except SpecError as e:
+        raise RuntimeFailure("runtime.worker.bad_job", f"the worker job cannot be specified: {e}") from e
+    return _Run(spec, files, limits, timeout_s, sink, use_cgroup=profile.controls["cgroup_v2"]).run()
 
 
 def _check_files(files: Sequence[OpenedInput]) -> None:
@@ -263,7 +271,7 @@ def _check_files(files: Sequence[OpenedInput]) -> None:
 def _check_preimports(preimports: Sequence[str]) -> list[str]:
     mods: list[str] = []
     for m in preimports:
-        if not isinstance(m, str) or not wm._MODULE_NAME.match(m):
+        if not isinstance(m, str) or not wp.MODULE_NAME.match(m):
             raise RuntimeFailure("runtime.worker.preimport_refused", f"not a module name: {m!r}")
         if m.split(".", 1)[0] not in PREIMPORT_ROOTS:
             raise RuntimeFailure("runtime.worker.preimport_refused",
@@ -278,18 +286,14 @@ def _check_preimports(preimports: Sequence[str]) -> list[str]:
 class _Run:
     """One worker process, its reader threads and its clocks."""
 
-    def __init__(self, spec: dict[str, Any], files: Sequence[OpenedInput], required: tuple[str, ...],
-                 limits: WorkerLimits, timeout_s: float, sink: ChunkSink | None, permit: Permit,
-                 fixture_digest: str, loader: str, *, use_cgroup: bool) -> None:
+    def __init__(self, spec: WorkerSpec, files: Sequence[OpenedInput], limits: WorkerLimits, timeout_s: float,
+                 sink: ChunkSink | None, *, use_cgroup: bool) -> None:
         self.spec = spec
         self.files = files
-        self.required = required
+        self.required = spec.permit.required_controls
         self.limits = limits
         self.timeout_s = timeout_s
         self.sink = sink
-        self.permit = permit
-        self.fixture_digest = fixture_digest
-        self.loader = loader
         self.use_cgroup = use_cgroup
         self.ready = threading.Event()
         self.plans: dict[str, Any] = {}
@@ -310,7 +314,7 @@ class _Run:
         rfd, wfd = os.pipe2(os.O_CLOEXEC)
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "CUDA_VISIBLE_DEVICES": "",
                "OMP_NUM_THREADS": str(max(1, min(8, os.cpu_count() or 1)))}
-        self.spec["output_fd"] = wfd
+        self.spec = replace(self.spec, output_fd=wfd)
         slot = None
         if self.use_cgroup:
             slot, why = cgroup_v2_slot(memory_max=self.limits.cgroup_memory_bytes, pids_max=self.limits.cgroup_pids)
@@ -341,7 +345,7 @@ class _Run:
                 t.start()
             if slot is not None:
                 slot.add(proc.pid)
-                self.spec["cgroup"] = slot.relpath
+                self.spec = replace(self.spec, cgroup=slot.relpath)
             self._send_spec(proc)
             status = self._wait(proc, t0)
         finally:
@@ -360,7 +364,7 @@ class _Run:
     def _send_spec(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdin is not None
         try:
-            proc.stdin.write(json.dumps(self.spec).encode())
+            proc.stdin.write(self.spec.dumps())
             proc.stdin.close()
         except (BrokenPipeError, OSError):
             pass  # the worker died; its exit status tells why
@@ -419,15 +423,15 @@ class _Run:
         buf: bytearray | None = None
         collected = 0
         while True:
-            head = f.read(wm.HEADER.size)
+            head = f.read(wp.HEADER.size)
             if not head:
                 if current is not None:
                     self._violation("the output ended inside a tensor")
                 return
-            if len(head) < wm.HEADER.size:
+            if len(head) < wp.HEADER.size:
                 return self._violation("the output ended inside a record header")
-            kind, length = wm.HEADER.unpack(head)
-            if kind == wm.REC_BYTES:
+            kind, length = wp.HEADER.unpack(head)
+            if kind == wp.REC_BYTES:
                 if current is None or received + length > current.nbytes:
                     return self._violation("tensor bytes that no tensor record announced")
                 if length > self.limits.chunk_bytes:
@@ -449,7 +453,7 @@ class _Run:
                     self._finish_tensor(current, buf)
                     current, buf = None, None
                 continue
-            if kind != wm.REC_JSON:
+            if kind != wp.REC_JSON:
                 return self._violation(f"unknown record type {kind!r}")
             if current is not None:
                 return self._violation("a JSON record inside a tensor")
@@ -489,12 +493,12 @@ class _Run:
             self._violation(f"a {ev!r} record after the end")
             return None
         if ev == "ready":
-            if self.controls is not None or set(doc) != {"event", "controls", "measured", "pid"} \
+            if self.controls is not None or set(doc) != RECORD_FIELDS["ready"] \
                     or not isinstance(doc["controls"], dict) or set(doc["controls"]) != set(CONTROLS) \
                     or not all(isinstance(v, bool) for v in doc["controls"].values()):
                 self._violation("a malformed or repeated ready record")
                 return None
-            why = _measured_mismatch(doc["controls"], doc["measured"], self.spec.get("parent_namespaces"))
+            why = _measured_mismatch(doc["controls"], doc["measured"], self.spec.parent_namespaces)
             if why:
                 self._violation(f"a ready record whose measurements do not support its controls: {why}")
                 return None
@@ -503,7 +507,7 @@ class _Run:
             self.ready.set()
             return None
         if ev == "error":
-            if set(doc) != {"event", "code", "message"} or doc["code"] not in wm.WORKER_ERROR_CODES \
+            if set(doc) != RECORD_FIELDS["error"] or doc["code"] not in wp.WORKER_ERROR_CODES \
                     or not isinstance(doc["message"], str):
                 self._violation("a malformed error record")
                 return None
@@ -513,7 +517,7 @@ class _Run:
             self._violation(f"a {ev!r} record before the worker was ready")
             return None
         if ev == "plan":
-            if set(doc) != {"event", "file", "tree"} or doc["file"] not in {f.relpath for f in self.files} \
+            if set(doc) != RECORD_FIELDS["plan"] or doc["file"] not in {f.relpath for f in self.files} \
                     or doc["file"] in self.plans:
                 self._violation("a malformed or repeated plan record")
                 return None
@@ -522,7 +526,7 @@ class _Run:
         if ev == "tensor":
             return self._tensor_header(doc)
         if ev == "done":
-            if set(doc) != {"event"}:
+            if set(doc) != RECORD_FIELDS["done"]:
                 self._violation("a malformed done record")
                 return None
             self.done = True
@@ -531,19 +535,13 @@ class _Run:
         return None
 
     def _tensor_header(self, doc: dict[str, Any]) -> TensorHeader | None:
-        if self.spec["job"] != "torch_load_bytes" or set(doc) != {"event", "file", "path", "dtype", "shape", "nbytes"}:
+        if self.spec.job != wp.BYTES_JOB or set(doc) != RECORD_FIELDS["tensor"]:
             self._violation("a tensor record that this job does not produce")
             return None
         shape, nbytes, path = doc["shape"], doc["nbytes"], doc["path"]
         ok = (doc["file"] in self.plans and isinstance(path, list)
               and all(type(p) in (str, int) for p in path)
-              and isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
-              and type(nbytes) is int and nbytes >= 0 and doc["dtype"] in _DTYPE_SIZES)
-        if ok:
-            numel = 1
-            for d in shape:
-                numel *= d
-            ok = numel * _DTYPE_SIZES[doc["dtype"]] == nbytes
+              and type(nbytes) is int and nbytes >= 0 and wp.tensor_nbytes(doc["dtype"], shape) == nbytes)
         if not ok:
             self._violation("a malformed tensor record (shape, dtype and byte count must agree)")
             return None
@@ -584,8 +582,7 @@ class _Run:
             raise RuntimeFailure("runtime.worker.control_missing",
                                  f"required controls were not active in the worker: {', '.join(missing)}",
                                  evidence={**evidence, "missing": missing})
-        self.permit.check(fixture_digest=self.fixture_digest, loader=self.loader, controls=self.controls)
-        return WorkerResult(job=self.spec["job"], plans=MappingProxyType(self.plans),
+        return WorkerResult(job=self.spec.job, plans=MappingProxyType(self.plans),
                             controls=MappingProxyType(self.controls), measured=MappingProxyType(self.measured),
                             tensors=tuple(self.tensors),
                             streamed=tuple(self.streamed), wall_s=wall, pid=proc.pid, stderr_tail=tail)
@@ -599,7 +596,7 @@ def _measured_mismatch(controls: Mapping[str, bool], measured: Any, parent_ns: A
     measurement behind it: seccomp in filter mode with the allowlist, ``NoNewPrivs: 1``, and each
     namespace id different from the parent's (the ids the parent measured in itself).
     """
-    if not isinstance(measured, dict) or set(measured) != {"seccomp", "no_new_privs", "namespaces", "pid", "rlimits"}:
+    if not isinstance(measured, dict) or set(measured) != MEASURED_FIELDS:
         return "the measured object has the wrong fields"
     sec, ns = measured["seccomp"], measured["namespaces"]
     if not isinstance(sec, dict) or not isinstance(ns, dict) or set(ns) != set(NAMESPACES) \

@@ -7,7 +7,11 @@ what the pinned producers write (format-notes.md); anything else is a finding.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from ckptgate.dtypes import STORAGE_DTYPES as _STORAGE_DTYPES
+from ckptgate.dtypes import TORCH_ITEMSIZE
 
 __all__ = ["ALLOWLISTS", "Allowlist", "STORAGE_DTYPES", "DTYPE_ITEMSIZE"]
 
@@ -25,23 +29,9 @@ class Allowlist:
             raise ValueError("dict_like/list_like must be callables")
 
 
-# torch dtype name -> itemsize in bytes
-DTYPE_ITEMSIZE: dict[str, int] = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex128": 16, "complex64": 8,
-    "complex32": 4, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "uint16": 2,
-    "uint32": 4, "uint64": 8, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-    "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
-}
-
-# legacy typed-storage class -> dtype
-STORAGE_DTYPES: dict[str, str] = {
-    "torch.DoubleStorage": "float64", "torch.FloatStorage": "float32", "torch.HalfStorage": "float16",
-    "torch.BFloat16Storage": "bfloat16", "torch.LongStorage": "int64", "torch.IntStorage": "int32",
-    "torch.ShortStorage": "int16", "torch.CharStorage": "int8", "torch.ByteStorage": "uint8",
-    "torch.BoolStorage": "bool", "torch.ComplexDoubleStorage": "complex128",
-    "torch.ComplexFloatStorage": "complex64", "torch.UntypedStorage": "uint8",
-    "torch.storage.UntypedStorage": "uint8",
-}
+# torch dtype name -> itemsize in bytes, and legacy typed-storage class -> dtype (:mod:`ckptgate.dtypes`)
+DTYPE_ITEMSIZE: Mapping[str, int] = TORCH_ITEMSIZE
+STORAGE_DTYPES: Mapping[str, str] = _STORAGE_DTYPES
 
 _DTYPES = frozenset(f"torch.{d}" for d in DTYPE_ITEMSIZE)
 

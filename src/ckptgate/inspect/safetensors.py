@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
+from ckptgate.dtypes import SAFETENSORS_BITS, TORCH_TO_SAFETENSORS
 from ckptgate.errors import InputRejected
 from ckptgate.inspect.hashed import HashedFile
 
@@ -31,20 +31,11 @@ MAX_TENSORS = 1 << 17
 about 91,000 in all).  More would make inspection and the policy input large for no model."""
 _MAX_SAFE_INT = 1 << 53
 
-# safetensors 0.8 dtypes, in bits
-DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "E8M0": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64, "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-}
+#: safetensors dtype codes, in bits (from :data:`ckptgate.dtypes.DTYPES`).
+DTYPE_BITS: Mapping[str, int] = SAFETENSORS_BITS
 
 #: torch dtype names (as inspection reports them) -> the safetensors dtype codes they map to.
-TORCH_DTYPES: Mapping[str, str] = MappingProxyType({
-    "bool": "BOOL", "uint8": "U8", "int8": "I8", "float8_e5m2": "F8_E5M2", "float8_e4m3fn": "F8_E4M3",
-    "int16": "I16", "uint16": "U16", "float16": "F16", "bfloat16": "BF16",
-    "int32": "I32", "uint32": "U32", "float32": "F32",
-    "int64": "I64", "uint64": "U64", "float64": "F64",
-})
+TORCH_DTYPES: Mapping[str, str] = TORCH_TO_SAFETENSORS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

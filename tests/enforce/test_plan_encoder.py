@@ -1,0 +1,37 @@
+"""The plan encoder, run in this process on objects built here (the worker runs it on a load)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ckptgate.enforce.plan_encoder import PlanBudget, PlanEncoder, dtype_name  # noqa: E402
+from ckptgate.enforce.protocol import WorkerError  # noqa: E402
+
+
+def test_tensors_become_records_without_data_and_are_listed_in_tree_order() -> None:
+    w = torch.arange(6, dtype=torch.float16).reshape(2, 3)
+    obj = {"w": w, "t": w.t(), "meta": collections.OrderedDict(step=3, lr=float("inf")), 1: b"ab"}
+    enc = PlanEncoder({w.untyped_storage()._cdata: "0"}, PlanBudget(100, 10))
+    tree = enc.encode(obj, [])
+    rec = tree["__map__"][0][1]["__tensor__"]
+    assert rec == {"storage_key": "0", "dtype": "float16", "shape": [2, 3], "stride": [3, 1], "storage_offset": 0,
+                   "storage_nbytes": 12, "parameter": False}
+    assert tree["__map__"][1][1]["__tensor__"]["stride"] == [1, 3]
+    assert tree["__map__"][2][1] == {"step": 3, "lr": {"__float__": "inf"}}
+    assert [p for p, _ in enc.tensors] == [["w"], ["t"]]
+    assert dtype_name(torch.bfloat16) == "bfloat16"
+
+
+def test_the_budget_bounds_nodes_and_depth() -> None:
+    with pytest.raises(WorkerError) as ei:
+        PlanEncoder({}, PlanBudget(5, 100)).encode(list(range(10)), [])
+    assert ei.value.code == "runtime.worker.plan_too_large"
+    deep: list = []
+    for _ in range(20):
+        deep = [deep]
+    with pytest.raises(WorkerError, match="deeper"):
+        PlanEncoder({}, PlanBudget(1000, 5)).encode(deep, [])

@@ -165,8 +165,8 @@ def load_trees(tree: SafeTree, inspection: Inspection, relpaths: Sequence[str], 
         raise RuntimeFailure("runtime.worker.permit_missing", "a framework load needs a permit; none was given")
     job = job_for(permit.loader)
     profile = options.profile or preflight()
-    # The permit is checked before any descriptor is opened, and again by run_contained and the worker.
-    permit.check(fixture_digest=digest.digest, loader=permit.loader, controls=profile.controls)
+    # The permit is checked once in this process, by run_contained where it meets the job, and once
+    # in the worker.
     files = open_verified(tree, relpaths, digest)
     try:
         res = run_contained(job, files, permit=permit, profile=profile, limits=options.limits or WorkerLimits(),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ckptgate.errors import ExitCode
-from tests.verify.oms_helpers import HF, keypair, sign
+from tests.verify.oms_helpers import HF, ed25519_keypair, keypair, sign, sign_ed25519
 from tests.pipeline_helpers import ckptgate_json
 
 
@@ -65,3 +65,14 @@ def test_a_signature_without_a_key_is_a_usage_error(case: dict[str, Path]) -> No
     res = _cli("intake", str(case["ck"]), "--out", str(case["dir"] / "no"), "--signature", str(case["sig"]))
     assert res.returncode == ExitCode.USAGE
     assert json.loads(res.stdout)["error"]["code"] == "usage.signature_needs_key"
+
+
+def test_intake_with_an_ed25519_signature_is_allowed_for_pure_data(case: dict[str, Path]) -> None:
+    key, pub = ed25519_keypair(case["dir"], "ed")
+    sig = sign_ed25519(case["ck"], key, case["dir"] / "ed.sig")
+    out = case["dir"] / "out-ed"
+    res = _cli("intake", str(case["ck"]), "--out", str(out), "--signature", str(sig), "--key", str(pub))
+    assert res.returncode == 0, res.stdout + res.stderr
+    receipt = json.loads(res.stdout)["receipt"]
+    assert receipt["decision"]["allow"] is True
+    assert receipt["attestations"][0]["signers"][0]["algorithm"] == "ed25519"

@@ -10,7 +10,7 @@ from typing import Any
 
 import model_signing
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from model_signing._signing.sign_sigstore_pb import pae
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,5 +58,29 @@ def resign(bundle: Path, priv: Path, edit: Any) -> Path:
         key.sign(pae(payload), ec.ECDSA(hashes.SHA384() if key.curve.name == "secp384r1" else hashes.SHA256()))
     ).decode()
     out = bundle.with_name("resigned-" + bundle.name)
+    out.write_text(json.dumps(doc))
+    return out
+
+
+def ed25519_keypair(d: Path, name: str) -> tuple[ed25519.Ed25519PrivateKey, Path]:
+    k = ed25519.Ed25519PrivateKey.generate()
+    pub = d / f"{name}.pub"
+    pub.write_bytes(k.public_key().public_bytes(serialization.Encoding.PEM,
+                                                serialization.PublicFormat.SubjectPublicKeyInfo))
+    return k, pub
+
+
+def sign_ed25519(model: Path, key: ed25519.Ed25519PrivateKey, out: Path) -> Path:
+    """An OMS bundle signed with Ed25519.  The pinned ``model_signing`` signs with elliptic-curve keys only,
+    so the real library makes the bundle (payload, serialisation, resources) under a throwaway P-256 key, and
+    the envelope is then signed again with ``key`` over the same DSSE PAE, with the library's public-key hint
+    (SHA-256 of the PEM SPKI)."""
+    throwaway, _ = keypair(out.parent, out.stem + "-throwaway")
+    sign(model, throwaway, out)
+    doc = json.loads(out.read_text())
+    payload = base64.b64decode(doc["dsseEnvelope"]["payload"])
+    doc["dsseEnvelope"]["signatures"] = [{"sig": base64.b64encode(key.sign(pae(payload))).decode()}]
+    pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    doc["verificationMaterial"]["publicKey"]["hint"] = hashlib.sha256(pem).hexdigest()
     out.write_text(json.dumps(doc))
     return out

@@ -85,7 +85,7 @@ def signature_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="An OpenSSF Model Signing bundle (model_signing key method) about the checkpoint "
                           "(repeatable; needs --key).")(f)
     f = click.option("--key", "key", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="PEM public key (ECDSA P-256 or P-384) that verifies --signature; trusted by policy "
+                     help="PEM public key (ECDSA P-256 or P-384, or Ed25519) that verifies --signature; trusted by policy "
                           "for Model Signing statements only, never added to the trust data.")(f)
     return f
 

@@ -1,7 +1,9 @@
 """OpenSSF Model Signing (OMS) bundles, key method: verified offline, bound exactly to the measured files.
 
 The signature check is the reference implementation's (``model_signing``, the elliptic-key
-verifier on a Sigstore bundle v0.3 with a DSSE envelope).  ckptgate then checks the statement
+verifier on a Sigstore bundle v0.3 with a DSSE envelope) for ECDSA keys.  The pinned library has no
+Ed25519 verifier, so for an Ed25519 key ckptgate checks the DSSE signature itself with
+``cryptography`` (see :func:`_ed25519_verifier`); the statement checks and the binding are the same.  ckptgate then checks the statement
 itself and binds its ``resources`` to the fixture digest's per-file manifest: every file that
 ckptgate measured (and so reads and may publish) is a resource with the same sha256, and every
 resource is a measured file.  ``model_signing``'s own model hashing is not used, so checkpoint
@@ -27,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import read_regular_file
@@ -61,7 +64,8 @@ class OfferedKey:
 
     @classmethod
     def from_file(cls, path: Path | str) -> OfferedKey:
-        """Read a PEM public key (ECDSA P-256 or P-384); ``usage.key_unreadable`` or ``verify.oms.key_unsupported``."""
+        """Read a PEM public key (ECDSA P-256 or P-384, or Ed25519); ``usage.key_unreadable`` or
+        ``verify.oms.key_unsupported``."""
         try:
             pem = read_regular_file(path, limit=_MAX_KEY_BYTES)
         except OSError as e:
@@ -72,10 +76,12 @@ class OfferedKey:
         except (ValueError, TypeError) as e:
             raise VerificationError("verify.oms.key_unsupported", f"{path} is not a PEM public key: {e}",
                                     evidence={"path": str(path)}) from None
-        alg = _CURVES.get(key.curve.name) if isinstance(key, ec.EllipticCurvePublicKey) else None
+        alg = _CURVES.get(key.curve.name) if isinstance(key, ec.EllipticCurvePublicKey) else \
+            "ed25519" if isinstance(key, ed25519.Ed25519PublicKey) else None
         if alg is None:
             raise VerificationError("verify.oms.key_unsupported",
-                                    f"{path}: the model_signing key method verifies ECDSA P-256 or P-384 keys only",
+                                    f"{path}: an OMS signature is verified under an ECDSA P-256 or P-384 key, or an "
+                                    "Ed25519 key, only",
                                     evidence={"path": str(path), "key_type": type(key).__name__})
         return cls(source=str(path), pem=pem, algorithm=alg, spki_sha256=spki_sha256(key))
 
@@ -123,10 +129,41 @@ def _signature_check(raw: bytes, key: OfferedKey) -> Any:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
         try:
-            return sign_ec_key.Verifier(kp).verify(sign_sigstore_pb.Signature.read(sp))
+            verifier = sign_ec_key.Verifier(kp) if key.algorithm != "ed25519" else _ed25519_verifier(key)
+            return verifier.verify(sign_sigstore_pb.Signature.read(sp))
         except Exception as e:  # noqa: BLE001 - the library raises ValueError, InvalidSignature, KeyError...
             raise _fail("signature", f"the model_signing signature does not verify under {key.source}: "
                         f"{type(e).__name__}: {str(e)[:300]}", key=key.source, spki_sha256=key.spki_sha256) from None
+
+
+def _ed25519_verifier(key: OfferedKey) -> Any:
+    """A ``model_signing`` verifier whose bundle check is ours, for Ed25519: the pinned library's key
+    method verifies elliptic-curve keys only.  The check is the library's ECDSA one with Ed25519 in
+    its place: the public-key hint (SHA-256 of the PEM SPKI) must name this key, the envelope holds
+    exactly one signature, and that signature verifies over the DSSE v1 pre-authentication encoding of
+    the in-toto payload.  The pre-1.0 ``pae_compat`` fallback is not offered.  The library still
+    parses the payload into its manifest, which is compared with the statement as before."""
+    from model_signing._signing import sign_sigstore_pb
+
+    public = serialization.load_pem_public_key(key.pem)
+    assert isinstance(public, ed25519.Ed25519PublicKey)
+    hint = hashlib.sha256(public.public_bytes(serialization.Encoding.PEM,
+                                              serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
+
+    class _Ed25519Verifier(sign_sigstore_pb.Verifier):
+        def _verify_bundle(self, bundle: Any) -> tuple[str, bytes]:
+            if bundle.verification_material.public_key.hint != hint:
+                raise ValueError("the bundle's public-key hint does not name this key")
+            env = bundle.dsse_envelope
+            if len(env.signatures) != 1:
+                raise ValueError(f"the envelope holds {len(env.signatures)} signatures, not one")
+            try:
+                public.verify(env.signatures[0].sig, sign_sigstore_pb.pae(env.payload))
+            except InvalidSignature:
+                raise ValueError("the Ed25519 signature does not verify") from None
+            return env.payload_type, env.payload
+
+    return _Ed25519Verifier()
 
 
 def _statement(doc: dict[str, Any]) -> tuple[dict[str, Any], bytes]:

@@ -28,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
@@ -107,15 +108,22 @@ def is_oms_bundle(doc: Any) -> bool:
         str(doc.get("mediaType", "")).startswith("application/vnd.dev.sigstore.bundle")
 
 
-def _check_method(doc: Any) -> None:
+def _check_method(doc: Any) -> str:
+    """``key`` (a public-key hint) or ``certificate`` (an X.509 chain); anything else is refused."""
     if not is_oms_bundle(doc) or doc.get("mediaType") != BUNDLE_MEDIA_TYPE:
         raise _fail("not_a_bundle", f"not a Sigstore bundle v0.3 with a DSSE envelope ({BUNDLE_MEDIA_TYPE})")
     vm = doc.get("verificationMaterial")
-    if not isinstance(vm, dict) or not isinstance(vm.get("publicKey"), dict) or vm.get("tlogEntries") \
-            or set(vm) - {"publicKey", "tlogEntries", "timestampVerificationData"}:
-        raise _fail("method_unsupported", "only the model_signing key method is verified here (a public-key hint, "
-                    "no certificate, no transparency-log entry); the certificate and Sigstore methods are not "
-                    "supported yet", fields=sorted(vm) if isinstance(vm, dict) else None)
+    fields = sorted(vm) if isinstance(vm, dict) else None
+    if isinstance(vm, dict) and not vm.get("tlogEntries"):
+        if isinstance(vm.get("publicKey"), dict) and not set(vm) - {"publicKey", "tlogEntries",
+                                                                    "timestampVerificationData"}:
+            return "key"
+        if isinstance(vm.get("x509CertificateChain"), dict) and not set(vm) - {"x509CertificateChain", "tlogEntries",
+                                                                               "timestampVerificationData"}:
+            return "certificate"
+    raise _fail("method_unsupported", "only the model_signing key and certificate methods are verified here (a "
+                "public-key hint or an X.509 certificate chain, no transparency-log entry); the Sigstore keyless "
+                "method is not supported yet", fields=fields)
 
 
 def _signature_check(raw: bytes, key: OfferedKey) -> Any:
@@ -134,6 +142,111 @@ def _signature_check(raw: bytes, key: OfferedKey) -> Any:
         except Exception as e:  # noqa: BLE001 - the library raises ValueError, InvalidSignature, KeyError...
             raise _fail("signature", f"the model_signing signature does not verify under {key.source}: "
                         f"{type(e).__name__}: {str(e)[:300]}", key=key.source, spki_sha256=key.spki_sha256) from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CertificateChain:
+    """The trust anchors named on the command line (``--certificate-chain``, repeatable): the roots (and any
+    intermediates) that a certificate-method signature's chain must lead to.  Which signer identity is
+    trusted comes from the trust data (a ``certificate`` signer: SAN and root fingerprint), never from here."""
+
+    sources: tuple[str, ...]
+    pem: bytes = field(repr=False)
+    count: int
+
+    @classmethod
+    def from_files(cls, paths: Any) -> CertificateChain:
+        """Read PEM certificates; ``usage.certificate_chain_unreadable`` or ``verify.oms.certificate_chain_invalid``."""
+        blobs: list[bytes] = []
+        count = 0
+        for path in paths:
+            try:
+                pem = read_regular_file(path, limit=_MAX_KEY_BYTES * 16)
+            except OSError as e:
+                raise UsageError("usage.certificate_chain_unreadable",
+                                 f"cannot read the certificate chain {path}: {e.strerror}",
+                                 evidence={"path": str(path)}) from None
+            try:
+                count += len(x509.load_pem_x509_certificates(pem))
+            except ValueError as e:
+                raise _fail("certificate_chain_invalid", f"{path} holds no PEM certificate: {e}",
+                            path=str(path)) from None
+            blobs.append(pem.rstrip(b"\n") + b"\n")
+        if not blobs:
+            raise UsageError("usage.certificate_chain_unreadable", "no certificate chain was named")
+        return cls(sources=tuple(str(p) for p in paths), pem=b"".join(blobs), count=count)
+
+
+def _pem_cert(c: Any) -> bytes:
+    return c.public_bytes(serialization.Encoding.PEM)
+
+
+def _certificate_check(doc: dict[str, Any], raw: bytes, chain: CertificateChain, now: datetime) -> tuple[Any, dict]:
+    """The reference implementation's certificate verification (``model_signing``: the bundle's chain leads
+    to a certificate of ``chain``, the leaf may sign, the DSSE signature verifies under the leaf's key), then
+    ours: every certificate of the verified chain is valid at ``now`` (the library checks the chain at the
+    leaf's notBefore only), and the signer facts (SANs, root fingerprint) that the trust data is matched on."""
+    from model_signing._signing import sign_certificate, sign_sigstore_pb
+    from OpenSSL import crypto
+
+    try:
+        ders = [base64.b64decode(c["rawBytes"], validate=True)
+                for c in doc["verificationMaterial"]["x509CertificateChain"]["certificates"]]
+        bundled = [x509.load_der_x509_certificate(d) for d in ders]
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        raise _fail("certificate_chain_invalid", "the bundle's certificate chain is not a list of DER "
+                    "certificates") from None
+    if not bundled:
+        raise _fail("certificate_chain_invalid", "the bundle's certificate chain is empty")
+    with tempfile.TemporaryDirectory(prefix="ckptgate-oms-") as d:
+        cp, sp = Path(d, "chain.pem"), Path(d, "model.sig")
+        for p, data in ((cp, chain.pem), (sp, raw)):
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        verifier = sign_certificate.Verifier([cp])
+        try:
+            lib_manifest = verifier.verify(sign_sigstore_pb.Signature.read(sp))
+        except crypto.X509StoreContextError as e:
+            raise _fail("certificate_chain", f"the signing certificate does not chain to {', '.join(chain.sources)}: "
+                        f"{str(e)[:300]}", chain=list(chain.sources)) from None
+        except Exception as e:  # noqa: BLE001 - the library raises ValueError, InvalidSignature, KeyError...
+            raise _fail("signature", f"the model_signing certificate signature does not verify: "
+                        f"{type(e).__name__}: {str(e)[:300]}", chain=list(chain.sources)) from None
+        # The same store and inputs as the library's, to learn which anchor the chain led to.
+        store = crypto.X509Store()
+        for c in x509.load_pem_x509_certificates(chain.pem):
+            store.add_cert(crypto.X509.from_cryptography(c))
+        store.set_time(bundled[0].not_valid_before_utc)
+        try:
+            verified = [c.to_cryptography() for c in crypto.X509StoreContext(
+                store, crypto.X509.from_cryptography(bundled[0]),
+                [crypto.X509.from_cryptography(c) for c in bundled[1:]]).get_verified_chain()]
+        except crypto.X509StoreContextError as e:
+            raise _fail("certificate_chain", f"the signing certificate does not chain to "
+                        f"{', '.join(chain.sources)}: {str(e)[:300]}", chain=list(chain.sources)) from None
+    for c in verified:
+        if now > c.not_valid_after_utc:
+            raise _fail("certificate_expired", f"certificate {c.subject.rfc4514_string()!r} expired at "
+                        f"{c.not_valid_after_utc.isoformat()}", subject=c.subject.rfc4514_string(),
+                        not_after=c.not_valid_after_utc.isoformat())
+        if now < c.not_valid_before_utc:
+            raise _fail("certificate_not_yet_valid", f"certificate {c.subject.rfc4514_string()!r} is valid from "
+                        f"{c.not_valid_before_utc.isoformat()} only", subject=c.subject.rfc4514_string())
+    leaf, root = verified[0], verified[-1]
+    try:
+        san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        identities = [str(v) for t in (x509.RFC822Name, x509.UniformResourceIdentifier, x509.DNSName)
+                      for v in san.get_values_for_type(t)]
+    except x509.ExtensionNotFound:
+        identities = []
+    if not identities:
+        raise _fail("certificate_identity", "the signing certificate has no subject alternative name (email, URI "
+                    "or DNS) for the trust data to name", subject=leaf.subject.rfc4514_string())
+    facts = {"identities": tuple(identities), "subject": leaf.subject.rfc4514_string(),
+             "root_sha256": hashlib.sha256(root.public_bytes(serialization.Encoding.DER)).hexdigest(),
+             "root_subject": root.subject.rfc4514_string(), "not_after": leaf.not_valid_after_utc.isoformat()}
+    return lib_manifest, facts
 
 
 def _ed25519_verifier(key: OfferedKey) -> Any:
@@ -245,15 +358,31 @@ def bind_resources(resources: dict[str, str], measured: dict[str, str], ignore_p
                     files=changed[:20])
 
 
-def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey, manifest: dict[str, str], measured_digest: str,
-                      now: datetime) -> VerifiedAttestation:
-    """Verify an OMS bundle (key method) under ``key`` and bind it to ``manifest`` (path -> sha256 of every
-    measured file, whose fixture digest is ``measured_digest``).  Raises ``verify.oms.*``."""
+def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey | None, manifest: dict[str, str],
+                      measured_digest: str, now: datetime,
+                      certificate_chain: CertificateChain | None = None) -> VerifiedAttestation:
+    """Verify an OMS bundle and bind it to ``manifest`` (path -> sha256 of every measured file, whose
+    fixture digest is ``measured_digest``).  The bundle's verification material names the method: a
+    public-key hint is verified under ``key``, an X.509 chain against ``certificate_chain``.  Raises
+    ``verify.oms.*``."""
     if len(raw) > MAX_ENVELOPE_BYTES:
         raise _fail("too_large", f"signature is {len(raw)} bytes, over {MAX_ENVELOPE_BYTES}", size=len(raw))
     doc = loads_strict(raw, what="model_signing signature", max_bytes=MAX_ENVELOPE_BYTES)
-    _check_method(doc)
-    lib_manifest = _signature_check(raw, key)
+    method = _check_method(doc)
+    if method == "key":
+        if key is None:
+            raise _fail("no_key", "the signature uses the key method and no --key was given")
+        lib_manifest = _signature_check(raw, key)
+        signer = SignerFacts(kind="key", signer_id=key.signer_id, spki_sha256=key.spki_sha256,
+                             algorithm=key.algorithm, offered=key.source)
+    else:
+        if certificate_chain is None:
+            raise _fail("no_certificate_chain", "the signature uses the certificate method and no "
+                        "--certificate-chain was given")
+        lib_manifest, cert = _certificate_check(doc, raw, certificate_chain, now)
+        signer = SignerFacts(kind="certificate", signer_id=None, identity=cert["identities"][0],
+                             identities=cert["identities"], issuer=cert["root_subject"],
+                             root_sha256=cert["root_sha256"], subject=cert["subject"], not_after=cert["not_after"])
     stmt, payload = _statement(doc)
     pred = stmt["predicate"]
     ser = _serialization(pred)
@@ -262,10 +391,11 @@ def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey, manifest: dic
     if lib != resources or lib_manifest.model_name != stmt["subject"][0]["name"]:
         raise _fail("statement", "the statement does not read as the model_signing library reads it")
     bind_resources(resources, manifest, list(ser.get("ignore_paths", [])))
+    checks = ("bundle", "signature", "statement_schema", "serialization", "resources_bound")
+    if method == "certificate":
+        checks = ("bundle", "certificate_chain", "certificate_validity", "signature", "statement_schema",
+                  "serialization", "resources_bound")
     return VerifiedAttestation(
         source=source, statement=stmt, payload_sha256=hashlib.sha256(payload).hexdigest(), method="model_signing",
-        signers=(SignerFacts(kind="key", signer_id=key.signer_id, spki_sha256=key.spki_sha256,
-                             algorithm=key.algorithm, offered=key.source),),
-        checks=("bundle", "signature", "statement_schema", "serialization", "resources_bound"),
-        verified_at=now, subject_name=stmt["subject"][0]["name"], measured_digest=measured_digest,
-        binding="manifest", validity=None)
+        signers=(signer,), checks=checks, verified_at=now, subject_name=stmt["subject"][0]["name"],
+        measured_digest=measured_digest, binding="manifest", validity=None)

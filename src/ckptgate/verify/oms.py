@@ -92,11 +92,21 @@ class OfferedKey:
                 "spki_sha256": self.spki_sha256}
 
 
-def check_signature_flags(signatures: Any, key: object) -> None:
-    """``--signature`` needs ``--key`` (``usage.signature_needs_key``)."""
-    if signatures and key is None:
-        raise UsageError("usage.signature_needs_key", "--signature needs --key: the public key that verifies it",
-                         advice="Pass the signer's PEM public key with --key PUB.pem.")
+def check_signature_flags(signatures: Any, key: object, certificate_chain: Any = ()) -> None:
+    """``--signature`` needs ``--key`` or ``--certificate-chain`` (``usage.signature_needs_key``)."""
+    if signatures and key is None and not certificate_chain:
+        raise UsageError("usage.signature_needs_key", "--signature needs --key (the public key that verifies it) "
+                         "or --certificate-chain (the CA certificates its signing certificate chains to)",
+                         advice="Pass the signer's PEM public key with --key PUB.pem, or the CA with "
+                                "--certificate-chain CA.pem.")
+
+
+def load_verification_material(signatures: Any, key: Path | str | None,
+                               certificate_chain: Any = ()) -> tuple[OfferedKey | None, CertificateChain | None]:
+    """Check the flags, then read ``--key`` and ``--certificate-chain`` (before any work)."""
+    check_signature_flags(signatures, key, certificate_chain)
+    return (OfferedKey.from_file(key) if key is not None else None,
+            CertificateChain.from_files(list(certificate_chain)) if certificate_chain else None)
 
 
 def _fail(code: str, message: str, **evidence: Any) -> VerificationError:

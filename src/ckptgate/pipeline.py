@@ -264,7 +264,7 @@ def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequen
     For a second decision on the same measurement (more evidence, same bytes), without inspecting
     and hashing again.
     """
-    check_signature_flags(signatures, offered_key, certificate_chain is not None)
+    check_signature_flags(signatures, offered_key, certificate_chain is not None or sigstore_trust_root is not None)
     now = now or now_utc()
     builder = (PolicyInputBuilder(Request(action=action, now=now, candidate_commit=candidate_commit))
                .fixture(digest).inspection(inspection))
@@ -280,13 +280,14 @@ def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequen
             builder.attestation(verified)
     if offered_key is not None:
         builder.offered_key(offered_key)
-    if offered_key is not None or certificate_chain is not None:
+    if offered_key is not None or certificate_chain is not None or sigstore_trust_root is not None:
         for path in signatures:
             raw = _read_attestation(path)
             try:
                 verified = verify_oms_bundle(raw, source=str(path), key=offered_key, manifest=manifest,
                                              measured_digest=digest.digest, now=now,
-                                             certificate_chain=certificate_chain)
+                                             certificate_chain=certificate_chain,
+                                             sigstore_trust_root=sigstore_trust_root, trust=trust)
             except VerificationError as e:
                 builder.rejected_attestation(str(path), e)
             else:
@@ -394,7 +395,8 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
     check_cast(dtype)  # before the digest, not after it
     dst = check_destination(dst, source=src)  # the early answer, by path, before any work
     trust = load_trust(options)
-    offered_key, chain = load_verification_material(signatures, key, certificate_chain)
+    offered_key, chain = load_verification_material(signatures, key, certificate_chain,
+                                                    options.sigstore_trust_root)
     # DST's parent is resolved once, here, into a descriptor proved to lie outside the root that
     # is walked; staging, writing, fsync and the final rename are all relative to it.
     with (SafeTree.open(src) as tree, open_destination(dst, source_root=tree.root_id) as destination,

@@ -144,3 +144,22 @@ test_a_certificate_signer_is_never_an_offered_key if {
 	d := _decide(_oms_input(td.pure_data_input, _cert_att, [_offered_key]))
 	d.allow == false
 }
+
+test_a_sigstore_signer_named_by_trust_data_is_allowed_for_pure_data if {
+	signer := {
+		"kind": "sigstore", "signer_id": "ml-ci", "identity": "https://ci.example.com/release",
+		"issuer": "https://issuer.example.com", "extensions": {},
+	}
+	att := json.patch(_oms_attestation, [{"op": "replace", "path": "/signers", "value": [signer]}])
+	trust_data := {"signers": [{
+		"id": "ml-ci", "kind": "sigstore", "identity": signer.identity, "issuer": signer.issuer,
+		"predicate_types": [_oms_type], "producers": ["*"], "scopes": ["*"],
+	}]}
+	d := data.ckptgate.intake.decision with input as _oms_input(td.pure_data_input, att, [])
+		with data.ckptgate.config.trust as trust_data
+	d.allow == true
+	other := json.patch(trust_data, [{"op": "replace", "path": "/signers/0/issuer", "value": "https://other.example"}])
+	denied := data.ckptgate.intake.decision with input as _oms_input(td.pure_data_input, att, [])
+		with data.ckptgate.config.trust as other
+	denied.allow == false
+}

@@ -206,15 +206,16 @@ signer_trusted(att, cfg) if {
 	signer_matches(signer, entry)
 }
 
-# A Model Signing statement names no producer: an X.509 certificate signer (verified by Python
-# against the --certificate-chain anchors) is trusted when a trust-data certificate entry names one
-# of its SANs and the root its chain led to, lists the predicate type, and scopes its kind.
+# A Model Signing statement names no producer: a signer verified by Python (an X.509 certificate
+# against the --certificate-chain anchors, or a Sigstore identity) is trusted when a trust-data
+# entry matches it (a certificate entry by one of its SANs and the root its chain led to, a
+# sigstore entry by identity and issuer), lists the predicate type, and scopes its kind.
 signer_trusted(att, cfg) if {
 	shape(att, cfg.intake.predicates) == "model_signing"
 	predicate_type := at(att, ["statement", "predicateType"])
 	some kind in _kinds_of(predicate_type, cfg.intake.predicates)
 	some signer in at(att, ["signers"])
-	signer.kind == "certificate"
+	signer.kind in {"certificate", "sigstore"}
 	some entry in cfg.signers
 	signer_matches(signer, entry)
 	predicate_type in entry.predicate_types

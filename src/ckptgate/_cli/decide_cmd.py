@@ -24,7 +24,8 @@ def _evaluate(src: Path, attestations: tuple[Path, ...], candidate_commit: str |
     from ckptgate.verify.oms import load_verification_material
 
     trust = load_trust(options)
-    offered, chain = load_verification_material(signatures, key, certificate_chains)  # before any work
+    offered, chain = load_verification_material(signatures, key, certificate_chains,  # before any work
+                                                options.sigstore_trust_root)
     with SafeTree.open(src) as tree, engine_for(options, trust) as engine:
         return evaluate(tree, attestations=list(attestations), engine=engine, trust=trust,
                         action="decide", candidate_commit=candidate_commit,

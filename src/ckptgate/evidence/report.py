@@ -32,7 +32,8 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
 
     options = options or EngineOptions()
     trust = load_trust(options)
-    offered, chain = load_verification_material(signatures, key, certificate_chain)
+    offered, chain = load_verification_material(signatures, key, certificate_chain,
+                                               options.sigstore_trust_root)
     with SafeTree.open(path) as tree, engine_for(options, trust) as engine:
         ev = evaluate(tree, attestations=list(attestations), engine=engine, trust=trust, action="verify", now=now,
                       sigstore_trust_root=options.sigstore_trust_root, signatures=signatures, offered_key=offered,

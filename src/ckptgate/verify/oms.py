@@ -93,18 +93,20 @@ class OfferedKey:
 
 
 def check_signature_flags(signatures: Any, key: object, certificate_chain: Any = ()) -> None:
-    """``--signature`` needs ``--key`` or ``--certificate-chain`` (``usage.signature_needs_key``)."""
+    """``--signature`` needs ``--key``, ``--certificate-chain`` or ``--sigstore-trust-root``
+    (``usage.signature_needs_key``); ``certificate_chain`` is truthy when either of the last two is given."""
     if signatures and key is None and not certificate_chain:
-        raise UsageError("usage.signature_needs_key", "--signature needs --key (the public key that verifies it) "
-                         "or --certificate-chain (the CA certificates its signing certificate chains to)",
-                         advice="Pass the signer's PEM public key with --key PUB.pem, or the CA with "
-                                "--certificate-chain CA.pem.")
+        raise UsageError("usage.signature_needs_key", "--signature needs --key (the public key that verifies it), "
+                         "--certificate-chain (the CA certificates its signing certificate chains to) or "
+                         "--sigstore-trust-root (for a Sigstore keyless signature)",
+                         advice="Pass the signer's PEM public key with --key PUB.pem, the CA with "
+                                "--certificate-chain CA.pem, or a trusted_root.json with --sigstore-trust-root.")
 
 
-def load_verification_material(signatures: Any, key: Path | str | None,
-                               certificate_chain: Any = ()) -> tuple[OfferedKey | None, CertificateChain | None]:
+def load_verification_material(signatures: Any, key: Path | str | None, certificate_chain: Any = (),
+                               sigstore_trust_root: Any = None) -> tuple[OfferedKey | None, CertificateChain | None]:
     """Check the flags, then read ``--key`` and ``--certificate-chain`` (before any work)."""
-    check_signature_flags(signatures, key, certificate_chain)
+    check_signature_flags(signatures, key, bool(certificate_chain) or sigstore_trust_root is not None)
     return (OfferedKey.from_file(key) if key is not None else None,
             CertificateChain.from_files(list(certificate_chain)) if certificate_chain else None)
 
@@ -124,6 +126,9 @@ def _check_method(doc: Any) -> str:
         raise _fail("not_a_bundle", f"not a Sigstore bundle v0.3 with a DSSE envelope ({BUNDLE_MEDIA_TYPE})")
     vm = doc.get("verificationMaterial")
     fields = sorted(vm) if isinstance(vm, dict) else None
+    if isinstance(vm, dict) and vm.get("tlogEntries") and (isinstance(vm.get("certificate"), dict)
+                                                          or isinstance(vm.get("x509CertificateChain"), dict)):
+        return "sigstore"
     if isinstance(vm, dict) and not vm.get("tlogEntries"):
         if isinstance(vm.get("publicKey"), dict) and not set(vm) - {"publicKey", "tlogEntries",
                                                                     "timestampVerificationData"}:
@@ -131,9 +136,9 @@ def _check_method(doc: Any) -> str:
         if isinstance(vm.get("x509CertificateChain"), dict) and not set(vm) - {"x509CertificateChain", "tlogEntries",
                                                                                "timestampVerificationData"}:
             return "certificate"
-    raise _fail("method_unsupported", "only the model_signing key and certificate methods are verified here (a "
-                "public-key hint or an X.509 certificate chain, no transparency-log entry); the Sigstore keyless "
-                "method is not supported yet", fields=fields)
+    raise _fail("method_unsupported", "only the model_signing key, certificate and Sigstore methods are verified "
+                "here (a public-key hint, an X.509 certificate chain, or a certificate with a transparency-log entry)",
+                fields=fields)
 
 
 def _signature_check(raw: bytes, key: OfferedKey) -> Any:
@@ -259,6 +264,38 @@ def _certificate_check(doc: dict[str, Any], raw: bytes, chain: CertificateChain,
     return lib_manifest, facts
 
 
+def _sigstore_check(raw: bytes, trust_root: Path | str, identities: list[tuple[str, str]]) -> tuple[Any, Any]:
+    """Sigstore keyless: ckptgate's offline Sigstore verification (:func:`ckptgate.verify.sigstore.verify_bundle_dsse`:
+    certificate chain to the trust root, transparency-log entry, verified time, identity and issuer from the
+    trust data, DSSE signature), inside a ``model_signing`` verifier so that the library reads the verified
+    payload into its manifest as for the other methods.  Raises ``verify.sigstore.*``."""
+    from model_signing._signing import sign_sigstore_pb
+
+    from ckptgate.verify.sigstore import verify_bundle_dsse
+
+    found: list[Any] = []
+
+    class _SigstoreVerifier(sign_sigstore_pb.Verifier):
+        def _verify_bundle(self, bundle: Any) -> tuple[str, bytes]:
+            res = verify_bundle_dsse(raw, trust_root=trust_root, identities=identities)
+            found.append(res)
+            return str(res.payload_type), bytes(res.payload or b"")
+
+    with tempfile.TemporaryDirectory(prefix="ckptgate-oms-") as d:
+        sp = Path(d, "model.sig")
+        fd = os.open(sp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        try:
+            manifest = _SigstoreVerifier().verify(sign_sigstore_pb.Signature.read(sp))
+        except VerificationError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the library's payload checks raise ValueError, KeyError...
+            raise _fail("statement", f"model_signing does not read the verified payload: {type(e).__name__}: "
+                        f"{str(e)[:300]}") from None
+    return manifest, found[0]
+
+
 def _ed25519_verifier(key: OfferedKey) -> Any:
     """A ``model_signing`` verifier whose bundle check is ours, for Ed25519: the pinned library's key
     method verifies elliptic-curve keys only.  The check is the library's ECDSA one with Ed25519 in
@@ -370,11 +407,14 @@ def bind_resources(resources: dict[str, str], measured: dict[str, str], ignore_p
 
 def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey | None, manifest: dict[str, str],
                       measured_digest: str, now: datetime,
-                      certificate_chain: CertificateChain | None = None) -> VerifiedAttestation:
+                      certificate_chain: CertificateChain | None = None,
+                      sigstore_trust_root: Path | str | None = None, trust: Any = None) -> VerifiedAttestation:
     """Verify an OMS bundle and bind it to ``manifest`` (path -> sha256 of every measured file, whose
     fixture digest is ``measured_digest``).  The bundle's verification material names the method: a
-    public-key hint is verified under ``key``, an X.509 chain against ``certificate_chain``.  Raises
-    ``verify.oms.*``."""
+    public-key hint is verified under ``key``, an X.509 chain against ``certificate_chain``, and a Sigstore
+    (keyless) certificate with a transparency-log entry against ``sigstore_trust_root`` and the ``sigstore``
+    signers of ``trust`` (:class:`~ckptgate.verify.trust.TrustData`).  Raises ``verify.oms.*`` (and
+    ``verify.sigstore.*`` for the Sigstore method)."""
     if len(raw) > MAX_ENVELOPE_BYTES:
         raise _fail("too_large", f"signature is {len(raw)} bytes, over {MAX_ENVELOPE_BYTES}", size=len(raw))
     doc = loads_strict(raw, what="model_signing signature", max_bytes=MAX_ENVELOPE_BYTES)
@@ -385,6 +425,17 @@ def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey | None, manife
         lib_manifest = _signature_check(raw, key)
         signer = SignerFacts(kind="key", signer_id=key.signer_id, spki_sha256=key.spki_sha256,
                              algorithm=key.algorithm, offered=key.source)
+    elif method == "sigstore":
+        if sigstore_trust_root is None:
+            raise _fail("no_sigstore_trust_root", "the signature uses the Sigstore method and no "
+                        "--sigstore-trust-root was given")
+        sigstore_signers = tuple(getattr(trust, "sigstore", ()))
+        lib_manifest, res = _sigstore_check(raw, sigstore_trust_root, [(t.identity, t.issuer) for t in sigstore_signers])
+        if res.payload != _statement(doc)[1]:
+            raise _fail("statement", "the verified payload is not the bundle's envelope payload")
+        sid = next((t.id for t in sigstore_signers if (t.identity, t.issuer) == (res.identity, res.issuer)), None)
+        signer = SignerFacts(kind="sigstore", signer_id=sid, identity=res.identity, issuer=res.issuer,
+                             extensions=res.extensions)
     else:
         if certificate_chain is None:
             raise _fail("no_certificate_chain", "the signature uses the certificate method and no "
@@ -404,6 +455,9 @@ def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey | None, manife
     checks = ("bundle", "signature", "statement_schema", "serialization", "resources_bound")
     if method == "certificate":
         checks = ("bundle", "certificate_chain", "certificate_validity", "signature", "statement_schema",
+                  "serialization", "resources_bound")
+    elif method == "sigstore":
+        checks = ("bundle", "certificate_chain", "transparency_log", "identity", "signature", "statement_schema",
                   "serialization", "resources_bound")
     return VerifiedAttestation(
         source=source, statement=stmt, payload_sha256=hashlib.sha256(payload).hexdigest(), method="model_signing",

@@ -39,7 +39,8 @@ from ckptgate.publish import check_destination, open_destination, publish, stagi
 from ckptgate.userfiles import read_regular_file
 from ckptgate.verify import TrustData, prepare_statement_checks, verify_attestation
 from ckptgate.verify.dsse import MAX_ENVELOPE_BYTES
-from ckptgate.verify.oms import OfferedKey, check_signature_flags, verify_oms_bundle
+from ckptgate.verify.oms import (CertificateChain, OfferedKey, check_signature_flags, load_verification_material,
+                                 verify_oms_bundle)
 from ckptgate.verify.sigstore import check_trust_root
 
 PURE_DATA_LOADERS = frozenset({"safetensors", "json"})
@@ -193,7 +194,8 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
              containment: Any = None, sigstore_trust_root: Path | str | None = None,
              refuse_early: bool = False, signatures: Sequence[Path] = (),
              offered_key: OfferedKey | None = None, on_hash_plan: Callable[[int], None] | None = None,
-             on_hash_bytes: Callable[[int], None] | None = None) -> Evaluation:
+             on_hash_bytes: Callable[[int], None] | None = None,
+             certificate_chain: CertificateChain | None = None) -> Evaluation:
     """Inspect, digest, verify and decide.  Never loads anything from the checkpoint.
 
     The CRC-32 of torch-zip entries is computed from the bytes the digest reads (one read of the
@@ -233,7 +235,8 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
     inspection = inspection.with_findings(crcs.findings())
     return judge(inspection, digest, attestations=attestations, engine=engine, trust=trust, action=action,
                  now=now, candidate_commit=candidate_commit, containment=containment,
-                 sigstore_trust_root=sigstore_trust_root, signatures=signatures, offered_key=offered_key)
+                 sigstore_trust_root=sigstore_trust_root, signatures=signatures, offered_key=offered_key,
+                 certificate_chain=certificate_chain)
 
 
 def _precheck(engine: PolicyEngine, inspection: Inspection, request: Request, stop: threading.Event) -> Precheck | None:
@@ -263,17 +266,18 @@ def _preflight() -> Any:
 def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequence[Path], engine: PolicyEngine,
           trust: TrustData, action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
           containment: Any = None, sigstore_trust_root: Path | str | None = None, signatures: Sequence[Path] = (),
-          offered_key: OfferedKey | None = None) -> Evaluation:
+          offered_key: OfferedKey | None = None, certificate_chain: CertificateChain | None = None) -> Evaluation:
     """Verify ``attestations`` against what was measured and decide; :func:`evaluate` measures first.
 
-    ``signatures`` are OpenSSF Model Signing bundles, verified under ``offered_key`` (``--key``) and
+    ``signatures`` are OpenSSF Model Signing bundles, verified under ``offered_key`` (``--key``) or
+    against ``certificate_chain`` (``--certificate-chain``), as each bundle's method says, and
     bound file by file to the measured manifest (:mod:`ckptgate.verify.oms`).  An in-toto statement in
     ``attestations`` whose subjects list the checkpoint's files (SLSA provenance, say) binds to the same
     manifest (:func:`ckptgate.verify.statement.bind_manifest`).
     For a second decision on the same measurement (more evidence, same bytes), without inspecting
     and hashing again.
     """
-    check_signature_flags(signatures, offered_key)
+    check_signature_flags(signatures, offered_key, certificate_chain is not None or sigstore_trust_root is not None)
     now = now or now_utc()
     builder = (PolicyInputBuilder(Request(action=action, now=now, candidate_commit=candidate_commit))
                .fixture(digest).inspection(inspection))
@@ -289,11 +293,14 @@ def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequen
             builder.attestation(verified)
     if offered_key is not None:
         builder.offered_key(offered_key)
+    if offered_key is not None or certificate_chain is not None or sigstore_trust_root is not None:
         for path in signatures:
             raw = _read_attestation(path)
             try:
                 verified = verify_oms_bundle(raw, source=str(path), key=offered_key, manifest=manifest,
-                                             measured_digest=digest.digest, now=now)
+                                             measured_digest=digest.digest, now=now,
+                                             certificate_chain=certificate_chain,
+                                             sigstore_trust_root=sigstore_trust_root, trust=trust)
             except VerificationError as e:
                 builder.rejected_attestation(str(path), e)
             else:
@@ -354,7 +361,8 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
            max_shard_bytes: int = 2 << 30, chunk_size: int = DEFAULT_CHUNK,
            now: datetime | None = None, on_bytes: Callable[[int], None] | None = None,
            on_plan: Callable[[int], None] | None = None, dtype: str | None = None,
-           signatures: Sequence[Path] = (), key: Path | None = None, receipt_signer: Any = None,
+           signatures: Sequence[Path] = (), key: Path | None = None, certificate_chain: Sequence[Path] = (),
+           receipt_signer: Any = None,
            on_hash_plan: Callable[[int], None] | None = None,
            on_hash_bytes: Callable[[int], None] | None = None) -> IntakeResult:
     """Take ``src`` in through the gate and publish HF sharded safetensors at ``dst`` (every
@@ -366,8 +374,8 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
     check_cast(dtype)  # before the digest, not after it
     dst = check_destination(dst, source=src)  # the early answer, by path, before any work
     trust = load_trust(options)
-    check_signature_flags(signatures, key)
-    offered_key = OfferedKey.from_file(key) if key is not None else None
+    offered_key, chain = load_verification_material(signatures, key, certificate_chain,
+                                                    options.sigstore_trust_root)
     # DST's parent is resolved once, here, into a descriptor proved to lie outside the root that
     # is walked; staging, writing, fsync and the final rename are all relative to it.
     with (SafeTree.open(src) as tree, open_destination(dst, source_root=tree.root_id) as destination,
@@ -378,7 +386,7 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
         evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now,
                               sigstore_trust_root=options.sigstore_trust_root, refuse_early=True,
                               signatures=signatures, offered_key=offered_key, on_hash_plan=on_hash_plan,
-                              on_hash_bytes=on_hash_bytes)
+                              on_hash_bytes=on_hash_bytes, certificate_chain=chain)
         try:
             with staging(destination) as stage:
                 done = consolidate_into(tree, evaluation, stage.fd, max_shard_bytes=max_shard_bytes,

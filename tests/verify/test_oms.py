@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import shutil
 from datetime import UTC, datetime
@@ -11,13 +12,13 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from ckptgate.digest import fixture_digest
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.inspect import SafeTree
 from ckptgate.verify.oms import OMS_PREDICATE_TYPE, OfferedKey, verify_oms_bundle
-from tests.verify.oms_helpers import HF, OTHER, keypair, resign, sign
+from tests.verify.oms_helpers import HF, OTHER, ed25519_keypair, keypair, resign, sign, sign_ed25519
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -158,9 +159,46 @@ def test_a_certificate_bundle_is_not_the_key_method(signed: dict[str, Path]) -> 
     refused("verify.oms.method_unsupported", signed["ck"], bad, signed["pub"])
 
 
-def test_an_ed25519_key_is_refused_with_a_code(tmp_path: Path) -> None:
-    pub = tmp_path / "ed.pub"
-    pub.write_bytes(ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+def test_an_ed25519_key_verifies_and_binds(signed: dict[str, Path]) -> None:
+    key, pub = ed25519_keypair(signed["dir"], "ed")
+    sig = sign_ed25519(signed["ck"], key, signed["dir"] / "ed.sig")
+    facts = verify(signed["ck"], sig, pub).to_facts()
+    (signer,) = facts["signers"]
+    assert signer["algorithm"] == "ed25519" and signer["offered"] == str(pub)
+    assert facts["verification"]["binding"] == "manifest"
+
+
+def test_ed25519_under_another_ed25519_key_is_refused(signed: dict[str, Path]) -> None:
+    key, _ = ed25519_keypair(signed["dir"], "ed")
+    _, other = ed25519_keypair(signed["dir"], "other")
+    sig = sign_ed25519(signed["ck"], key, signed["dir"] / "ed.sig")
+    refused("verify.oms.signature", signed["ck"], sig, other)
+    doc = json.loads(sig.read_text())  # the hint rewritten to name the other key: the signature still fails
+    doc["verificationMaterial"]["publicKey"]["hint"] = hashlib.sha256(other.read_bytes()).hexdigest()
+    forged = signed["dir"] / "forged.sig"
+    forged.write_text(json.dumps(doc))
+    refused("verify.oms.signature", signed["ck"], forged, other)
+
+
+def test_ed25519_binding_attacks_are_refused(signed: dict[str, Path]) -> None:
+    key, pub = ed25519_keypair(signed["dir"], "ed")
+    sig = sign_ed25519(signed["ck"], key, signed["dir"] / "ed.sig")
+    (signed["ck"] / "extra.bin").write_bytes(b"added after signing")
+    refused("verify.oms.unsigned_file", signed["ck"], sig, pub)
+
+
+def test_ed25519_two_signatures_are_refused(signed: dict[str, Path]) -> None:
+    key, pub = ed25519_keypair(signed["dir"], "ed")
+    sig = sign_ed25519(signed["ck"], key, signed["dir"] / "ed.sig")
+    doc = json.loads(sig.read_text())
+    doc["dsseEnvelope"]["signatures"] *= 2
+    sig.write_text(json.dumps(doc))
+    refused("verify.oms.signature", signed["ck"], sig, pub)
+
+
+def test_an_rsa_key_is_refused_with_a_code(tmp_path: Path) -> None:
+    pub = tmp_path / "rsa.pub"
+    pub.write_bytes(rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     with pytest.raises(VerificationError) as e:
         OfferedKey.from_file(pub)

@@ -76,3 +76,14 @@ def test_env_overrides_default_path(tmp_path, monkeypatch) -> None:
     p.write_text(json.dumps({"signers": []}))
     monkeypatch.setenv(TRUST_ENV, str(p))
     assert TrustData.from_file().keys == ()
+
+
+def test_a_certificate_signer_needs_an_identity_and_a_root_fingerprint() -> None:
+    entry = {"id": "release", "kind": "certificate", "identity": "ml@example.com", "root_sha256": "ab" * 32,
+             "predicate_types": ["https://model_signing/signature/v1.0"], "producers": ["*"], "scopes": ["*"]}
+    (c,) = TrustData.from_json(json.dumps({"signers": [entry]}).encode()).certificates
+    assert (c.id, c.identity, c.root_sha256) == ("release", "ml@example.com", "ab" * 32)
+    for bad in ({"root_sha256": "AB" * 32}, {"root_sha256": "ab"}, {"identity": ""}):
+        with pytest.raises(TrustDataError) as e:
+            TrustData.from_json(json.dumps({"signers": [{**entry, **bad}]}).encode())
+        assert e.value.code == "verify.trust.field"

@@ -103,3 +103,63 @@ test_a_manifest_statement_without_resources_is_malformed if {
 	att := json.patch(_oms_attestation, [{"op": "replace", "path": "/statement/predicate/resources", "value": []}])
 	"attestation_malformed" in _trust_codes(_oms_input(td.pure_data_input, att, [_offered_key]))
 }
+
+_root_sha := "dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd"
+
+_cert_signer := {
+	"kind": "certificate", "signer_id": null, "identity": "ml@example.com",
+	"identities": ["ml@example.com", "https://ci.example.com/release"], "issuer": "CN=Example Root",
+	"root_sha256": _root_sha, "subject": "CN=ml", "not_after": "2027-01-01T00:00:00+00:00",
+}
+
+_cert_trust(identity, root) := {"signers": [{
+	"id": "example-release", "kind": "certificate", "identity": identity, "root_sha256": root,
+	"predicate_types": [_oms_type], "producers": ["*"], "scopes": ["*"],
+}]}
+
+_cert_att := json.patch(_oms_attestation, [{"op": "replace", "path": "/signers", "value": [_cert_signer]}])
+
+_cert_decide(trust_data) := d if {
+	d := data.ckptgate.intake.decision with input as _oms_input(td.pure_data_input, _cert_att, [])
+		with data.ckptgate.config.trust as trust_data
+}
+
+test_a_certificate_signer_named_by_trust_data_is_allowed_for_pure_data if {
+	d := _cert_decide(_cert_trust("https://ci.example.com/release", _root_sha))
+	d.allow == true
+	"attestation_trusted" in _codes(d)
+}
+
+test_a_certificate_signer_under_another_root_is_untrusted if {
+	d := _cert_decide(_cert_trust("ml@example.com", td.key_spki))
+	d.allow == false
+}
+
+test_a_certificate_signer_with_another_identity_is_untrusted if {
+	d := _cert_decide(_cert_trust("someone@example.com", _root_sha))
+	d.allow == false
+}
+
+test_a_certificate_signer_is_never_an_offered_key if {
+	d := _decide(_oms_input(td.pure_data_input, _cert_att, [_offered_key]))
+	d.allow == false
+}
+
+test_a_sigstore_signer_named_by_trust_data_is_allowed_for_pure_data if {
+	signer := {
+		"kind": "sigstore", "signer_id": "ml-ci", "identity": "https://ci.example.com/release",
+		"issuer": "https://issuer.example.com", "extensions": {},
+	}
+	att := json.patch(_oms_attestation, [{"op": "replace", "path": "/signers", "value": [signer]}])
+	trust_data := {"signers": [{
+		"id": "ml-ci", "kind": "sigstore", "identity": signer.identity, "issuer": signer.issuer,
+		"predicate_types": [_oms_type], "producers": ["*"], "scopes": ["*"],
+	}]}
+	d := data.ckptgate.intake.decision with input as _oms_input(td.pure_data_input, att, [])
+		with data.ckptgate.config.trust as trust_data
+	d.allow == true
+	other := json.patch(trust_data, [{"op": "replace", "path": "/signers/0/issuer", "value": "https://other.example"}])
+	denied := data.ckptgate.intake.decision with input as _oms_input(td.pure_data_input, att, [])
+		with data.ckptgate.config.trust as other
+	denied.allow == false
+}

@@ -206,6 +206,22 @@ signer_trusted(att, cfg) if {
 	signer_matches(signer, entry)
 }
 
+# A Model Signing statement names no producer: a signer verified by Python (an X.509 certificate
+# against the --certificate-chain anchors, or a Sigstore identity) is trusted when a trust-data
+# entry matches it (a certificate entry by one of its SANs and the root its chain led to, a
+# sigstore entry by identity and issuer), lists the predicate type, and scopes its kind.
+signer_trusted(att, cfg) if {
+	shape(att, cfg.intake.predicates) == "model_signing"
+	predicate_type := at(att, ["statement", "predicateType"])
+	some kind in _kinds_of(predicate_type, cfg.intake.predicates)
+	some signer in at(att, ["signers"])
+	signer.kind in {"certificate", "sigstore"}
+	some entry in cfg.signers
+	signer_matches(signer, entry)
+	predicate_type in entry.predicate_types
+	_in_scope(kind, entry.scopes)
+}
+
 _kinds_of(predicate_type, predicates) := {kind |
 	some kind, p in predicates
 	p.type == predicate_type
@@ -227,6 +243,15 @@ signer_matches(signer, entry) if {
 	_non_empty_string(entry.spki_sha256)
 	lower(signer.spki_sha256) == lower(entry.spki_sha256)
 	signer.algorithm == entry.algorithm
+}
+
+signer_matches(signer, entry) if {
+	signer.kind == "certificate"
+	entry.kind == "certificate"
+	_non_empty_string(entry.identity)
+	_non_empty_string(entry.root_sha256)
+	entry.identity in signer.identities
+	lower(signer.root_sha256) == lower(entry.root_sha256)
 }
 
 signer_matches(signer, entry) if {

@@ -80,13 +80,18 @@ def _opa_supported() -> str:
 
 
 def signature_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """``--signature FILE`` (repeatable) and ``--key PUB.pem``: OpenSSF Model Signing bundles and the key
-    that verifies them; the command receives ``signatures`` and ``key``."""
+    """``--signature FILE`` (repeatable), ``--key PUB.pem`` and ``--certificate-chain CA.pem`` (repeatable):
+    OpenSSF Model Signing bundles and what verifies them; the command receives ``signatures``, ``key``
+    and ``certificate_chains``."""
     f = click.option("--signature", "signatures", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
-                     help="An OpenSSF Model Signing bundle (model_signing key method) about the checkpoint "
-                          "(repeatable; needs --key).")(f)
+                     help="An OpenSSF Model Signing bundle (model_signing key or certificate method) about the "
+                          "checkpoint (repeatable; needs --key or --certificate-chain).")(f)
+    f = click.option("--certificate-chain", "certificate_chains", multiple=True,
+                     type=click.Path(dir_okay=False, path_type=Path),
+                     help="PEM CA certificates that a certificate-method --signature must chain to (repeatable); "
+                          "which signer identity is trusted comes from the trust data's certificate signers.")(f)
     f = click.option("--key", "key", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="PEM public key (ECDSA P-256 or P-384) that verifies --signature; trusted by policy "
+                     help="PEM public key (ECDSA P-256 or P-384, or Ed25519) that verifies --signature; trusted by policy "
                           "for Model Signing statements only, never added to the trust data.")(f)
     return f
 

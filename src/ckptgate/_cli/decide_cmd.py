@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ckptgate._cli._base import emit_json, json_option, print_json_text, shown, stdout
-from ckptgate._cli._options import engine_options
+from ckptgate._cli._options import engine_options, signature_options
 from ckptgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -17,15 +17,20 @@ if TYPE_CHECKING:
 
 
 def _evaluate(src: Path, attestations: tuple[Path, ...], candidate_commit: str | None,
-              options: EngineOptions) -> Evaluation:
+              options: EngineOptions, signatures: tuple[Path, ...] = (), key: Path | None = None,
+              certificate_chains: tuple[Path, ...] = ()) -> Evaluation:
     from ckptgate.inspect import SafeTree
     from ckptgate.pipeline import engine_for, evaluate, load_trust
+    from ckptgate.verify.oms import load_verification_material
 
     trust = load_trust(options)
+    offered, chain = load_verification_material(signatures, key, certificate_chains,  # before any work
+                                                options.sigstore_trust_root)
     with SafeTree.open(src) as tree, engine_for(options, trust) as engine:
         return evaluate(tree, attestations=list(attestations), engine=engine, trust=trust,
                         action="decide", candidate_commit=candidate_commit,
-                        sigstore_trust_root=options.sigstore_trust_root)
+                        sigstore_trust_root=options.sigstore_trust_root, signatures=list(signatures),
+                        offered_key=offered, certificate_chain=chain)
 
 
 def _common(f):
@@ -34,7 +39,7 @@ def _common(f):
                      type=click.Path(dir_okay=False, path_type=Path), help="Attestation about SRC (repeatable).")(f)
     f = click.option("--candidate-commit", default=None,
                      help="Require attestations bound to this 40-hex commit.")(f)
-    return engine_options(json_option(f))
+    return signature_options(engine_options(json_option(f)))
 
 
 def _evidence_line(evidence: dict[str, Any]) -> str:
@@ -126,13 +131,14 @@ def register(cli: click.Group) -> None:
     @cli.command("decide")
     @_common
     def decide_command(src: Path, attestations: tuple[Path, ...], candidate_commit: str | None,
+                       signatures: tuple[Path, ...], key: Path | None, certificate_chains: tuple[Path, ...],
                        engine: EngineOptions, as_json: bool) -> int:
         """Print the OPA input document for SRC and the policy's decision. Loads nothing.
 
         Exit 0 allow; a deny exits as its refusal class says: 4 the checkpoint itself, 5 only
         failed or untrusted signatures, 3 any other reason; 6 engine unavailable.
         """
-        ev = _evaluate(src, attestations, candidate_commit, engine)
+        ev = _evaluate(src, attestations, candidate_commit, engine, signatures, key, certificate_chains)
         doc = {"input": ev.policy_input.to_json(), "decision": ev.decision.to_json()}
         if as_json:
             emit_json(doc)
@@ -146,6 +152,7 @@ def register(cli: click.Group) -> None:
     @cli.command("explain")
     @_common
     def explain_command(src: Path, attestations: tuple[Path, ...], candidate_commit: str | None,
+                        signatures: tuple[Path, ...], key: Path | None, certificate_chains: tuple[Path, ...],
                         engine: EngineOptions, as_json: bool) -> int:
         """Explain the decision for SRC in plain words, naming the evidence that failed.
 
@@ -155,7 +162,7 @@ def register(cli: click.Group) -> None:
         Exit 0 allow; a deny exits as its refusal class says: 4 the checkpoint itself, 5 only
         failed or untrusted signatures, 3 any other reason; 6 engine unavailable.
         """
-        ev = _evaluate(src, attestations, candidate_commit, engine)
+        ev = _evaluate(src, attestations, candidate_commit, engine, signatures, key, certificate_chains)
         if as_json:
             emit_json(explain_doc(ev))
         else:

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 def run_intake(src: Path, out: Path, attestations: tuple[Path, ...], *, options, max_shard_size: int,
                show_progress: bool, dtype: str | None = None, signatures: tuple[Path, ...] = (),
-               key: Path | None = None, receipt_signer=None) -> IntakeResult:
+               key: Path | None = None, receipt_signer=None,
+               certificate_chains: tuple[Path, ...] = ()) -> IntakeResult:
     """Intake, with a labelled bar for hashing and then one for consolidating when ``show_progress``."""
     from ckptgate.pipeline import intake
 
@@ -26,7 +27,8 @@ def run_intake(src: Path, out: Path, attestations: tuple[Path, ...], *, options,
         return intake(src, out, attestations=list(attestations), options=options, max_shard_bytes=max_shard_size,
                       on_hash_plan=bars["hashing"].plan, on_hash_bytes=bars["hashing"].advance,
                       on_plan=bars["consolidating"].plan, on_bytes=bars["consolidating"].advance,
-                      dtype=dtype, signatures=list(signatures), key=key, receipt_signer=receipt_signer)
+                      dtype=dtype, signatures=list(signatures), key=key, receipt_signer=receipt_signer,
+                      certificate_chain=list(certificate_chains))
 
 
 def print_result(result: IntakeResult) -> None:
@@ -60,7 +62,8 @@ def register(cli: click.Group) -> None:
     @json_option
     def intake_command(src: Path, out: Path, attestations: tuple[Path, ...], max_shard_size: int,
                        dtype: str | None, receipt_key: Path | None, signatures: tuple[Path, ...], key: Path | None,
-                       engine: EngineOptions, quiet: bool, as_json: bool) -> int:
+                       certificate_chains: tuple[Path, ...], engine: EngineOptions, quiet: bool,
+                       as_json: bool) -> int:
         """Inspect, verify, decide, enforce, consolidate and publish SRC at --out.
 
         Exit 0 when allowed and published; 3 denied; 4 input rejected; 5 verification failed;
@@ -71,7 +74,8 @@ def register(cli: click.Group) -> None:
         signer = KeySigner.from_pem(receipt_key) if receipt_key is not None else None  # before any work
         result = run_intake(src, out, attestations, options=engine, max_shard_size=max_shard_size,
                             show_progress=not (as_json or quiet) and sys.stderr.isatty(), receipt_signer=signer,
-                            dtype=dtype, signatures=signatures, key=key)  # click gives the choice as listed
+                            dtype=dtype, signatures=signatures, key=key,  # click gives the choice as listed
+                            certificate_chains=certificate_chains)
         if as_json:
             emit_json({"result": "published", "destination": str(result.destination), "receipt": result.receipt})
         else:

@@ -26,7 +26,8 @@ def register(cli: click.Group) -> None:
     @quiet_option
     @json_option
     def verify_command(path: Path, attestations: tuple[Path, ...], html_out: Path | None,
-                       signatures: tuple[Path, ...], key: Path | None, engine, quiet: bool, as_json: bool) -> int:
+                       signatures: tuple[Path, ...], key: Path | None, certificate_chains: tuple[Path, ...], engine,
+                       quiet: bool, as_json: bool) -> int:
         """Report on PATH without loading it. Exit 0 when the policy allows; a deny exits as its
         refusal class says: 4 the checkpoint itself, 5 only failed or untrusted signatures, 3 any
         other reason; 6 policy engine unavailable."""
@@ -37,6 +38,7 @@ def register(cli: click.Group) -> None:
             check_output_file(html_out, what="the HTML report", not_inside=[path])
         with phase_bars(not (as_json or quiet) and sys.stderr.isatty(), "hashing") as bars:
             doc = build_report(path, attestations, options=engine, signatures=signatures, key=key,
+                               certificate_chain=certificate_chains,
                                on_hash_plan=bars["hashing"].plan, on_hash_bytes=bars["hashing"].advance)
         if html_out is not None:
             write_output_file(html_out, render_html(doc).encode(), what="the HTML report", not_inside=[path])

@@ -18,25 +18,26 @@ from typing import Any
 def build_report(path: Path, attestations: Sequence[Path], *, options: Any = None,
                  now: datetime | None = None, signatures: Sequence[Path] = (),
                  key: Path | None = None, on_hash_plan: Callable[[int], None] | None = None,
-                 on_hash_bytes: Callable[[int], None] | None = None) -> dict[str, Any]:
+                 on_hash_bytes: Callable[[int], None] | None = None,
+                 certificate_chain: Sequence[Path] = ()) -> dict[str, Any]:
     """The report document (JSON-serialisable) for the checkpoint at ``path``; ``signatures`` are
-    OpenSSF Model Signing bundles verified under ``key``.  Every value is complete: no digest,
-    path or predicate field is shortened.  ``on_hash_plan``/``on_hash_bytes`` report the digest's
+    OpenSSF Model Signing bundles verified under ``key`` or against ``certificate_chain``.  Every value
+    is complete: no digest, path or predicate field is shortened.  ``on_hash_plan``/``on_hash_bytes`` report the digest's
     progress (:func:`ckptgate.pipeline.evaluate`)."""
     from ckptgate import __version__
     from ckptgate.inspect import SafeTree
     from ckptgate.pipeline import EngineOptions, engine_for, evaluate, load_trust
-    from ckptgate.verify.oms import OfferedKey, check_signature_flags
+    from ckptgate.verify.oms import load_verification_material
     from ckptgate.verify.statement import field_at
 
     options = options or EngineOptions()
     trust = load_trust(options)
-    check_signature_flags(signatures, key)
-    offered = OfferedKey.from_file(key) if key is not None else None
+    offered, chain = load_verification_material(signatures, key, certificate_chain,
+                                               options.sigstore_trust_root)
     with SafeTree.open(path) as tree, engine_for(options, trust) as engine:
         ev = evaluate(tree, attestations=list(attestations), engine=engine, trust=trust, action="verify", now=now,
                       sigstore_trust_root=options.sigstore_trust_root, signatures=signatures, offered_key=offered,
-                      on_hash_plan=on_hash_plan, on_hash_bytes=on_hash_bytes)
+                      on_hash_plan=on_hash_plan, on_hash_bytes=on_hash_bytes, certificate_chain=chain)
     facts = ev.inspection.to_facts()
     pin = ev.policy_input.to_json()
     d = ev.decision
@@ -265,7 +266,7 @@ def render_html(doc: dict[str, Any]) -> str:
                  else '<span class="bad">does NOT match this checkpoint</span>')
         signers = []
         for s in a["signers"]:
-            if s.get("kind") == "sigstore":
+            if s.get("kind") in ("sigstore", "certificate"):
                 how = f"identity {v(s.get('identity'), mono=True)}<br>issuer {v(s.get('issuer'), mono=True)}"
                 ext = s.get("extensions") or {}
                 if ext:

@@ -45,7 +45,7 @@ def _iso(t: datetime) -> str:
 class SignerFacts:
     """One verified signer (a key counts once however often it signed)."""
 
-    kind: Literal["key", "sigstore"]
+    kind: Literal["key", "sigstore", "certificate"]
     signer_id: str | None
     """The trust-data id; ``None`` for a Sigstore identity given on the command line only."""
     keyid: str | None = None
@@ -57,12 +57,21 @@ class SignerFacts:
     extensions: dict[str, str] = field(default_factory=dict)
     offered: str | None = None
     """For a key named on the command line (``--key``), where it came from; ``None`` for trust data."""
+    identities: tuple[str, ...] = ()
+    """For an X.509 certificate signer (OpenSSF Model Signing certificate method): every SAN (email, URI,
+    DNS) of the signing certificate; ``identity`` is the first."""
+    root_sha256: str | None = None
+    """For a certificate signer: SHA-256 of the DER trust anchor the verified chain led to."""
+    subject: str | None = None
+    not_after: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind == "key" and not (self.spki_sha256 and self.algorithm and self.signer_id):
             raise ValueError("key signer facts need signer_id, spki_sha256 and algorithm")
         if self.kind == "sigstore" and not (self.identity and self.issuer):
             raise ValueError("sigstore signer facts need identity and issuer")
+        if self.kind == "certificate" and not (self.identities and self.identity and self.root_sha256):
+            raise ValueError("certificate signer facts need identities and root_sha256")
 
     def to_json(self) -> dict[str, Any]:
         if self.kind == "key":
@@ -71,6 +80,10 @@ class SignerFacts:
             if self.offered is not None:
                 out["offered"] = self.offered
             return out
+        if self.kind == "certificate":
+            return {"kind": "certificate", "signer_id": self.signer_id, "identity": self.identity,
+                    "identities": list(self.identities), "issuer": self.issuer, "root_sha256": self.root_sha256,
+                    "subject": self.subject, "not_after": self.not_after}
         return {"kind": "sigstore", "signer_id": self.signer_id, "identity": self.identity,
                 "issuer": self.issuer, "extensions": dict(sorted(self.extensions.items()))}
 

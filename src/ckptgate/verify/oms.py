@@ -1,7 +1,9 @@
 """OpenSSF Model Signing (OMS) bundles, key method: verified offline, bound exactly to the measured files.
 
 The signature check is the reference implementation's (``model_signing``, the elliptic-key
-verifier on a Sigstore bundle v0.3 with a DSSE envelope).  ckptgate then checks the statement
+verifier on a Sigstore bundle v0.3 with a DSSE envelope) for ECDSA keys.  The pinned library has no
+Ed25519 verifier, so for an Ed25519 key ckptgate checks the DSSE signature itself with
+``cryptography`` (see :func:`_ed25519_verifier`); the statement checks and the binding are the same.  ckptgate then checks the statement
 itself and binds its ``resources`` to the fixture digest's per-file manifest: every file that
 ckptgate measured (and so reads and may publish) is a resource with the same sha256, and every
 resource is a measured file.  ``model_signing``'s own model hashing is not used, so checkpoint
@@ -26,8 +28,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import read_regular_file
@@ -61,7 +65,8 @@ class OfferedKey:
 
     @classmethod
     def from_file(cls, path: Path | str) -> OfferedKey:
-        """Read a PEM public key (ECDSA P-256 or P-384); ``usage.key_unreadable`` or ``verify.oms.key_unsupported``."""
+        """Read a PEM public key (ECDSA P-256 or P-384, or Ed25519); ``usage.key_unreadable`` or
+        ``verify.oms.key_unsupported``."""
         try:
             pem = read_regular_file(path, limit=_MAX_KEY_BYTES)
         except OSError as e:
@@ -72,10 +77,12 @@ class OfferedKey:
         except (ValueError, TypeError) as e:
             raise VerificationError("verify.oms.key_unsupported", f"{path} is not a PEM public key: {e}",
                                     evidence={"path": str(path)}) from None
-        alg = _CURVES.get(key.curve.name) if isinstance(key, ec.EllipticCurvePublicKey) else None
+        alg = _CURVES.get(key.curve.name) if isinstance(key, ec.EllipticCurvePublicKey) else \
+            "ed25519" if isinstance(key, ed25519.Ed25519PublicKey) else None
         if alg is None:
             raise VerificationError("verify.oms.key_unsupported",
-                                    f"{path}: the model_signing key method verifies ECDSA P-256 or P-384 keys only",
+                                    f"{path}: an OMS signature is verified under an ECDSA P-256 or P-384 key, or an "
+                                    "Ed25519 key, only",
                                     evidence={"path": str(path), "key_type": type(key).__name__})
         return cls(source=str(path), pem=pem, algorithm=alg, spki_sha256=spki_sha256(key))
 
@@ -85,11 +92,23 @@ class OfferedKey:
                 "spki_sha256": self.spki_sha256}
 
 
-def check_signature_flags(signatures: Any, key: object) -> None:
-    """``--signature`` needs ``--key`` (``usage.signature_needs_key``)."""
-    if signatures and key is None:
-        raise UsageError("usage.signature_needs_key", "--signature needs --key: the public key that verifies it",
-                         advice="Pass the signer's PEM public key with --key PUB.pem.")
+def check_signature_flags(signatures: Any, key: object, certificate_chain: Any = ()) -> None:
+    """``--signature`` needs ``--key``, ``--certificate-chain`` or ``--sigstore-trust-root``
+    (``usage.signature_needs_key``); ``certificate_chain`` is truthy when either of the last two is given."""
+    if signatures and key is None and not certificate_chain:
+        raise UsageError("usage.signature_needs_key", "--signature needs --key (the public key that verifies it), "
+                         "--certificate-chain (the CA certificates its signing certificate chains to) or "
+                         "--sigstore-trust-root (for a Sigstore keyless signature)",
+                         advice="Pass the signer's PEM public key with --key PUB.pem, the CA with "
+                                "--certificate-chain CA.pem, or a trusted_root.json with --sigstore-trust-root.")
+
+
+def load_verification_material(signatures: Any, key: Path | str | None, certificate_chain: Any = (),
+                               sigstore_trust_root: Any = None) -> tuple[OfferedKey | None, CertificateChain | None]:
+    """Check the flags, then read ``--key`` and ``--certificate-chain`` (before any work)."""
+    check_signature_flags(signatures, key, bool(certificate_chain) or sigstore_trust_root is not None)
+    return (OfferedKey.from_file(key) if key is not None else None,
+            CertificateChain.from_files(list(certificate_chain)) if certificate_chain else None)
 
 
 def _fail(code: str, message: str, **evidence: Any) -> VerificationError:
@@ -101,15 +120,25 @@ def is_oms_bundle(doc: Any) -> bool:
         str(doc.get("mediaType", "")).startswith("application/vnd.dev.sigstore.bundle")
 
 
-def _check_method(doc: Any) -> None:
+def _check_method(doc: Any) -> str:
+    """``key`` (a public-key hint) or ``certificate`` (an X.509 chain); anything else is refused."""
     if not is_oms_bundle(doc) or doc.get("mediaType") != BUNDLE_MEDIA_TYPE:
         raise _fail("not_a_bundle", f"not a Sigstore bundle v0.3 with a DSSE envelope ({BUNDLE_MEDIA_TYPE})")
     vm = doc.get("verificationMaterial")
-    if not isinstance(vm, dict) or not isinstance(vm.get("publicKey"), dict) or vm.get("tlogEntries") \
-            or set(vm) - {"publicKey", "tlogEntries", "timestampVerificationData"}:
-        raise _fail("method_unsupported", "only the model_signing key method is verified here (a public-key hint, "
-                    "no certificate, no transparency-log entry); the certificate and Sigstore methods are not "
-                    "supported yet", fields=sorted(vm) if isinstance(vm, dict) else None)
+    fields = sorted(vm) if isinstance(vm, dict) else None
+    if isinstance(vm, dict) and vm.get("tlogEntries") and (isinstance(vm.get("certificate"), dict)
+                                                          or isinstance(vm.get("x509CertificateChain"), dict)):
+        return "sigstore"
+    if isinstance(vm, dict) and not vm.get("tlogEntries"):
+        if isinstance(vm.get("publicKey"), dict) and not set(vm) - {"publicKey", "tlogEntries",
+                                                                    "timestampVerificationData"}:
+            return "key"
+        if isinstance(vm.get("x509CertificateChain"), dict) and not set(vm) - {"x509CertificateChain", "tlogEntries",
+                                                                               "timestampVerificationData"}:
+            return "certificate"
+    raise _fail("method_unsupported", "only the model_signing key, certificate and Sigstore methods are verified "
+                "here (a public-key hint, an X.509 certificate chain, or a certificate with a transparency-log entry)",
+                fields=fields)
 
 
 def _signature_check(raw: bytes, key: OfferedKey) -> Any:
@@ -123,10 +152,178 @@ def _signature_check(raw: bytes, key: OfferedKey) -> Any:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
         try:
-            return sign_ec_key.Verifier(kp).verify(sign_sigstore_pb.Signature.read(sp))
+            verifier = sign_ec_key.Verifier(kp) if key.algorithm != "ed25519" else _ed25519_verifier(key)
+            return verifier.verify(sign_sigstore_pb.Signature.read(sp))
         except Exception as e:  # noqa: BLE001 - the library raises ValueError, InvalidSignature, KeyError...
             raise _fail("signature", f"the model_signing signature does not verify under {key.source}: "
                         f"{type(e).__name__}: {str(e)[:300]}", key=key.source, spki_sha256=key.spki_sha256) from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CertificateChain:
+    """The trust anchors named on the command line (``--certificate-chain``, repeatable): the roots (and any
+    intermediates) that a certificate-method signature's chain must lead to.  Which signer identity is
+    trusted comes from the trust data (a ``certificate`` signer: SAN and root fingerprint), never from here."""
+
+    sources: tuple[str, ...]
+    pem: bytes = field(repr=False)
+    count: int
+
+    @classmethod
+    def from_files(cls, paths: Any) -> CertificateChain:
+        """Read PEM certificates; ``usage.certificate_chain_unreadable`` or ``verify.oms.certificate_chain_invalid``."""
+        blobs: list[bytes] = []
+        count = 0
+        for path in paths:
+            try:
+                pem = read_regular_file(path, limit=_MAX_KEY_BYTES * 16)
+            except OSError as e:
+                raise UsageError("usage.certificate_chain_unreadable",
+                                 f"cannot read the certificate chain {path}: {e.strerror}",
+                                 evidence={"path": str(path)}) from None
+            try:
+                count += len(x509.load_pem_x509_certificates(pem))
+            except ValueError as e:
+                raise _fail("certificate_chain_invalid", f"{path} holds no PEM certificate: {e}",
+                            path=str(path)) from None
+            blobs.append(pem.rstrip(b"\n") + b"\n")
+        if not blobs:
+            raise UsageError("usage.certificate_chain_unreadable", "no certificate chain was named")
+        return cls(sources=tuple(str(p) for p in paths), pem=b"".join(blobs), count=count)
+
+
+def _pem_cert(c: Any) -> bytes:
+    return c.public_bytes(serialization.Encoding.PEM)
+
+
+def _certificate_check(doc: dict[str, Any], raw: bytes, chain: CertificateChain, now: datetime) -> tuple[Any, dict]:
+    """The reference implementation's certificate verification (``model_signing``: the bundle's chain leads
+    to a certificate of ``chain``, the leaf may sign, the DSSE signature verifies under the leaf's key), then
+    ours: every certificate of the verified chain is valid at ``now`` (the library checks the chain at the
+    leaf's notBefore only), and the signer facts (SANs, root fingerprint) that the trust data is matched on."""
+    from model_signing._signing import sign_certificate, sign_sigstore_pb
+    from OpenSSL import crypto
+
+    try:
+        ders = [base64.b64decode(c["rawBytes"], validate=True)
+                for c in doc["verificationMaterial"]["x509CertificateChain"]["certificates"]]
+        bundled = [x509.load_der_x509_certificate(d) for d in ders]
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        raise _fail("certificate_chain_invalid", "the bundle's certificate chain is not a list of DER "
+                    "certificates") from None
+    if not bundled:
+        raise _fail("certificate_chain_invalid", "the bundle's certificate chain is empty")
+    with tempfile.TemporaryDirectory(prefix="ckptgate-oms-") as d:
+        cp, sp = Path(d, "chain.pem"), Path(d, "model.sig")
+        for p, data in ((cp, chain.pem), (sp, raw)):
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        verifier = sign_certificate.Verifier([cp])
+        try:
+            lib_manifest = verifier.verify(sign_sigstore_pb.Signature.read(sp))
+        except crypto.X509StoreContextError as e:
+            raise _fail("certificate_chain", f"the signing certificate does not chain to {', '.join(chain.sources)}: "
+                        f"{str(e)[:300]}", chain=list(chain.sources)) from None
+        except Exception as e:  # noqa: BLE001 - the library raises ValueError, InvalidSignature, KeyError...
+            raise _fail("signature", f"the model_signing certificate signature does not verify: "
+                        f"{type(e).__name__}: {str(e)[:300]}", chain=list(chain.sources)) from None
+        # The same store and inputs as the library's, to learn which anchor the chain led to.
+        store = crypto.X509Store()
+        for c in x509.load_pem_x509_certificates(chain.pem):
+            store.add_cert(crypto.X509.from_cryptography(c))
+        store.set_time(bundled[0].not_valid_before_utc)
+        try:
+            verified = [c.to_cryptography() for c in crypto.X509StoreContext(
+                store, crypto.X509.from_cryptography(bundled[0]),
+                [crypto.X509.from_cryptography(c) for c in bundled[1:]]).get_verified_chain()]
+        except crypto.X509StoreContextError as e:
+            raise _fail("certificate_chain", f"the signing certificate does not chain to "
+                        f"{', '.join(chain.sources)}: {str(e)[:300]}", chain=list(chain.sources)) from None
+    for c in verified:
+        if now > c.not_valid_after_utc:
+            raise _fail("certificate_expired", f"certificate {c.subject.rfc4514_string()!r} expired at "
+                        f"{c.not_valid_after_utc.isoformat()}", subject=c.subject.rfc4514_string(),
+                        not_after=c.not_valid_after_utc.isoformat())
+        if now < c.not_valid_before_utc:
+            raise _fail("certificate_not_yet_valid", f"certificate {c.subject.rfc4514_string()!r} is valid from "
+                        f"{c.not_valid_before_utc.isoformat()} only", subject=c.subject.rfc4514_string())
+    leaf, root = verified[0], verified[-1]
+    try:
+        san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        identities = [str(v) for t in (x509.RFC822Name, x509.UniformResourceIdentifier, x509.DNSName)
+                      for v in san.get_values_for_type(t)]
+    except x509.ExtensionNotFound:
+        identities = []
+    if not identities:
+        raise _fail("certificate_identity", "the signing certificate has no subject alternative name (email, URI "
+                    "or DNS) for the trust data to name", subject=leaf.subject.rfc4514_string())
+    facts = {"identities": tuple(identities), "subject": leaf.subject.rfc4514_string(),
+             "root_sha256": hashlib.sha256(root.public_bytes(serialization.Encoding.DER)).hexdigest(),
+             "root_subject": root.subject.rfc4514_string(), "not_after": leaf.not_valid_after_utc.isoformat()}
+    return lib_manifest, facts
+
+
+def _sigstore_check(raw: bytes, trust_root: Path | str, identities: list[tuple[str, str]]) -> tuple[Any, Any]:
+    """Sigstore keyless: ckptgate's offline Sigstore verification (:func:`ckptgate.verify.sigstore.verify_bundle_dsse`:
+    certificate chain to the trust root, transparency-log entry, verified time, identity and issuer from the
+    trust data, DSSE signature), inside a ``model_signing`` verifier so that the library reads the verified
+    payload into its manifest as for the other methods.  Raises ``verify.sigstore.*``."""
+    from model_signing._signing import sign_sigstore_pb
+
+    from ckptgate.verify.sigstore import verify_bundle_dsse
+
+    found: list[Any] = []
+
+    class _SigstoreVerifier(sign_sigstore_pb.Verifier):
+        def _verify_bundle(self, bundle: Any) -> tuple[str, bytes]:
+            res = verify_bundle_dsse(raw, trust_root=trust_root, identities=identities)
+            found.append(res)
+            return str(res.payload_type), bytes(res.payload or b"")
+
+    with tempfile.TemporaryDirectory(prefix="ckptgate-oms-") as d:
+        sp = Path(d, "model.sig")
+        fd = os.open(sp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        try:
+            manifest = _SigstoreVerifier().verify(sign_sigstore_pb.Signature.read(sp))
+        except VerificationError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the library's payload checks raise ValueError, KeyError...
+            raise _fail("statement", f"model_signing does not read the verified payload: {type(e).__name__}: "
+                        f"{str(e)[:300]}") from None
+    return manifest, found[0]
+
+
+def _ed25519_verifier(key: OfferedKey) -> Any:
+    """A ``model_signing`` verifier whose bundle check is ours, for Ed25519: the pinned library's key
+    method verifies elliptic-curve keys only.  The check is the library's ECDSA one with Ed25519 in
+    its place: the public-key hint (SHA-256 of the PEM SPKI) must name this key, the envelope holds
+    exactly one signature, and that signature verifies over the DSSE v1 pre-authentication encoding of
+    the in-toto payload.  The pre-1.0 ``pae_compat`` fallback is not offered.  The library still
+    parses the payload into its manifest, which is compared with the statement as before."""
+    from model_signing._signing import sign_sigstore_pb
+
+    public = serialization.load_pem_public_key(key.pem)
+    assert isinstance(public, ed25519.Ed25519PublicKey)
+    hint = hashlib.sha256(public.public_bytes(serialization.Encoding.PEM,
+                                              serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
+
+    class _Ed25519Verifier(sign_sigstore_pb.Verifier):
+        def _verify_bundle(self, bundle: Any) -> tuple[str, bytes]:
+            if bundle.verification_material.public_key.hint != hint:
+                raise ValueError("the bundle's public-key hint does not name this key")
+            env = bundle.dsse_envelope
+            if len(env.signatures) != 1:
+                raise ValueError(f"the envelope holds {len(env.signatures)} signatures, not one")
+            try:
+                public.verify(env.signatures[0].sig, sign_sigstore_pb.pae(env.payload))
+            except InvalidSignature:
+                raise ValueError("the Ed25519 signature does not verify") from None
+            return env.payload_type, env.payload
+
+    return _Ed25519Verifier()
 
 
 def _statement(doc: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
@@ -208,15 +405,45 @@ def bind_resources(resources: dict[str, str], measured: dict[str, str], ignore_p
                     files=changed[:20])
 
 
-def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey, manifest: dict[str, str], measured_digest: str,
-                      now: datetime) -> VerifiedAttestation:
-    """Verify an OMS bundle (key method) under ``key`` and bind it to ``manifest`` (path -> sha256 of every
-    measured file, whose fixture digest is ``measured_digest``).  Raises ``verify.oms.*``."""
+def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey | None, manifest: dict[str, str],
+                      measured_digest: str, now: datetime,
+                      certificate_chain: CertificateChain | None = None,
+                      sigstore_trust_root: Path | str | None = None, trust: Any = None) -> VerifiedAttestation:
+    """Verify an OMS bundle and bind it to ``manifest`` (path -> sha256 of every measured file, whose
+    fixture digest is ``measured_digest``).  The bundle's verification material names the method: a
+    public-key hint is verified under ``key``, an X.509 chain against ``certificate_chain``, and a Sigstore
+    (keyless) certificate with a transparency-log entry against ``sigstore_trust_root`` and the ``sigstore``
+    signers of ``trust`` (:class:`~ckptgate.verify.trust.TrustData`).  Raises ``verify.oms.*`` (and
+    ``verify.sigstore.*`` for the Sigstore method)."""
     if len(raw) > MAX_ENVELOPE_BYTES:
         raise _fail("too_large", f"signature is {len(raw)} bytes, over {MAX_ENVELOPE_BYTES}", size=len(raw))
     doc = loads_strict(raw, what="model_signing signature", max_bytes=MAX_ENVELOPE_BYTES)
-    _check_method(doc)
-    lib_manifest = _signature_check(raw, key)
+    method = _check_method(doc)
+    if method == "key":
+        if key is None:
+            raise _fail("no_key", "the signature uses the key method and no --key was given")
+        lib_manifest = _signature_check(raw, key)
+        signer = SignerFacts(kind="key", signer_id=key.signer_id, spki_sha256=key.spki_sha256,
+                             algorithm=key.algorithm, offered=key.source)
+    elif method == "sigstore":
+        if sigstore_trust_root is None:
+            raise _fail("no_sigstore_trust_root", "the signature uses the Sigstore method and no "
+                        "--sigstore-trust-root was given")
+        sigstore_signers = tuple(getattr(trust, "sigstore", ()))
+        lib_manifest, res = _sigstore_check(raw, sigstore_trust_root, [(t.identity, t.issuer) for t in sigstore_signers])
+        if res.payload != _statement(doc)[1]:
+            raise _fail("statement", "the verified payload is not the bundle's envelope payload")
+        sid = next((t.id for t in sigstore_signers if (t.identity, t.issuer) == (res.identity, res.issuer)), None)
+        signer = SignerFacts(kind="sigstore", signer_id=sid, identity=res.identity, issuer=res.issuer,
+                             extensions=res.extensions)
+    else:
+        if certificate_chain is None:
+            raise _fail("no_certificate_chain", "the signature uses the certificate method and no "
+                        "--certificate-chain was given")
+        lib_manifest, cert = _certificate_check(doc, raw, certificate_chain, now)
+        signer = SignerFacts(kind="certificate", signer_id=None, identity=cert["identities"][0],
+                             identities=cert["identities"], issuer=cert["root_subject"],
+                             root_sha256=cert["root_sha256"], subject=cert["subject"], not_after=cert["not_after"])
     stmt, payload = _statement(doc)
     pred = stmt["predicate"]
     ser = _serialization(pred)
@@ -225,10 +452,14 @@ def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey, manifest: dic
     if lib != resources or lib_manifest.model_name != stmt["subject"][0]["name"]:
         raise _fail("statement", "the statement does not read as the model_signing library reads it")
     bind_resources(resources, manifest, list(ser.get("ignore_paths", [])))
+    checks = ("bundle", "signature", "statement_schema", "serialization", "resources_bound")
+    if method == "certificate":
+        checks = ("bundle", "certificate_chain", "certificate_validity", "signature", "statement_schema",
+                  "serialization", "resources_bound")
+    elif method == "sigstore":
+        checks = ("bundle", "certificate_chain", "transparency_log", "identity", "signature", "statement_schema",
+                  "serialization", "resources_bound")
     return VerifiedAttestation(
         source=source, statement=stmt, payload_sha256=hashlib.sha256(payload).hexdigest(), method="model_signing",
-        signers=(SignerFacts(kind="key", signer_id=key.signer_id, spki_sha256=key.spki_sha256,
-                             algorithm=key.algorithm, offered=key.source),),
-        checks=("bundle", "signature", "statement_schema", "serialization", "resources_bound"),
-        verified_at=now, subject_name=stmt["subject"][0]["name"], measured_digest=measured_digest,
-        binding="manifest", validity=None)
+        signers=(signer,), checks=checks, verified_at=now, subject_name=stmt["subject"][0]["name"],
+        measured_digest=measured_digest, binding="manifest", validity=None)

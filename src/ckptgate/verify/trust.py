@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +26,7 @@ PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
 TRUST_RELATIVE = Path("policies/ckptgate/config/trust/data.json")
 TRUST_ENV = "CKPTGATE_TRUST"
 _MAX_TRUST_BYTES = 4 * 1024 * 1024
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class TrustDataError(VerificationError):
@@ -94,16 +96,30 @@ class TrustedIdentity:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TrustedCertificate:
+    """A trusted X.509 signer (OpenSSF Model Signing certificate method): a SAN of the signing certificate
+    and the SHA-256 of the DER root certificate its chain must lead to."""
+
+    id: str
+    identity: str
+    root_sha256: str
+    predicate_types: tuple[str, ...]
+    producers: tuple[str, ...]
+    scopes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TrustData:
     """Validated trust data; build with :meth:`from_file` or :meth:`from_json`."""
 
     keys: tuple[TrustedKey, ...]
     sigstore: tuple[TrustedIdentity, ...]
     source: str
+    certificates: tuple[TrustedCertificate, ...] = ()
     raw: bytes = field(default=b"", repr=False)  # the exact bytes parsed, so OPA is given the same ones
 
     def __post_init__(self) -> None:
-        ids = [s.id for s in self.keys] + [s.id for s in self.sigstore]
+        ids = [s.id for s in self.keys] + [s.id for s in self.sigstore] + [s.id for s in self.certificates]
         if len(ids) != len(set(ids)):
             raise ValueError("duplicate signer ids")
 
@@ -118,6 +134,7 @@ class TrustData:
             raise TrustDataError("verify.trust.shape", f"{source}: expected an object with a 'signers' list")
         keys: list[TrustedKey] = []
         stores: list[TrustedIdentity] = []
+        certs: list[TrustedCertificate] = []
         seen: set[str] = set()
         for i, e in enumerate(doc["signers"]):
             if not isinstance(e, dict) or not isinstance(e.get("id"), str) or not e["id"]:
@@ -138,10 +155,18 @@ class TrustData:
                     raise TrustDataError("verify.trust.field", f"signer {sid!r}: identity and issuer are required",
                                          evidence={"signer": sid})
                 stores.append(TrustedIdentity(id=sid, identity=ident, issuer=iss, **common))
+            elif kind == "certificate":
+                ident, root = e.get("identity"), e.get("root_sha256")
+                if not (isinstance(ident, str) and ident and isinstance(root, str) and _HEX64.match(root)):
+                    raise TrustDataError("verify.trust.field", f"signer {sid!r}: identity and root_sha256 (64 "
+                                         "lowercase hex) are required", evidence={"signer": sid})
+                certs.append(TrustedCertificate(id=sid, identity=ident, root_sha256=root, **common))
             else:
-                raise TrustDataError("verify.trust.kind", f"signer {sid!r}: kind must be 'key' or 'sigstore'",
+                raise TrustDataError("verify.trust.kind", f"signer {sid!r}: kind must be 'key', 'sigstore' or "
+                                     "'certificate'",
                                      evidence={"signer": sid, "kind": kind if isinstance(kind, str) else None})
-        return cls(keys=tuple(keys), sigstore=tuple(stores), source=source, raw=bytes(raw))
+        return cls(keys=tuple(keys), sigstore=tuple(stores), source=source, raw=bytes(raw),
+                   certificates=tuple(certs))
 
     @classmethod
     def from_file(cls, path: Path | str | None = None) -> TrustData:

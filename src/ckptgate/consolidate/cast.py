@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ckptgate.consolidate.plan import CASTABLE, DTYPE_SIZES
+from ckptgate.consolidate.plan import DTYPE_SIZES
+from ckptgate.dtypes import CASTABLE
 
 if TYPE_CHECKING:
     import numpy as np

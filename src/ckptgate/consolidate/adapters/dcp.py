@@ -118,7 +118,7 @@ def plan(fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int) -> Consol
         raise PlanError("plan.format.unsupported", f"{fmt!r} is not a DCP layout")
     if not tensors:
         raise no_tensors()
-    report = {"adapter": "dcp", "format": fmt}
+    report: dict[str, Any] = {"adapter": "dcp", "format": fmt}
     if skipped:
         report["skipped_bytes_items"] = list(skipped)
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes, report=report)

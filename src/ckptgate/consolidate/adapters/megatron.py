@@ -52,7 +52,7 @@ def unstack(t: OutputTensor) -> list[OutputTensor]:
     per = t.nbytes // layers if layers else 0
     out = []
     for i in range(layers):
-        name = _STACKED.sub(lambda m, i=i: f"{m.group(1)}layers.{i}.", t.name, count=1)
+        name = _STACKED.sub(f"\\g<1>layers.{i}.", t.name, count=1)
         placements = slice_placements(t.placements, i * per, per) if per else ()
         out.append(OutputTensor(name=name, dtype=t.dtype, shape=rest, placements=placements))
     return out

@@ -33,12 +33,20 @@ class Adapter(Protocol):
     :meth:`framework_files` returned ``()`` and no worker ran.
     """
 
-    #: the adapter name the gates data (``policies/ckptgate/config/gates/data.json``) uses
-    name: str
-    #: the inspection formats this adapter plans
-    formats: tuple[str, ...]
-    #: declared mapping adapters it accepts (``plan(..., mapping=...)``); ``()`` when none
-    mappings: tuple[str, ...]
+    @property
+    def name(self) -> str:
+        """The adapter name the gates data (``policies/ckptgate/config/gates/data.json``) uses."""
+        ...
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        """The inspection formats this adapter plans."""
+        ...
+
+    @property
+    def mappings(self) -> tuple[str, ...]:
+        """Declared mapping adapters it accepts (``plan(..., mapping=...)``); ``()`` when none."""
+        ...
 
     def framework_files(self, inspection: Inspection) -> tuple[str, ...]:
         """The files a framework loader must read in the contained worker; ``()`` when the plan

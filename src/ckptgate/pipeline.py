@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate import __version__
+from ckptgate._json import loads_strict
 from ckptgate.consolidate import WorkerOptions, plan_for
 from ckptgate.consolidate.plan import cast_plan, check_cast
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_plan
@@ -151,7 +152,7 @@ def _bundle_trust(bundle: Path) -> bytes:
             for member in tar.getmembers():
                 if member.isfile() and member.name.lstrip("/") == "data.json":
                     f = tar.extractfile(member)
-                    data = json.loads(f.read(64 << 20)) if f is not None else {}
+                    data = loads_strict(f.read(64 << 20), what="data.json") if f is not None else {}
                     trust = data.get("ckptgate", {}).get("config", {}).get("trust")
                     if isinstance(trust, dict):
                         return json.dumps(trust).encode()

@@ -193,7 +193,7 @@ def test_sarif_validates_against_the_sarif_2_1_0_schema() -> None:
     """Against the SARIF 2.1.0 JSON schema when a local copy is named (no download at test time)."""
     import pytest
 
-    from ckptgate.evidence.check import CheckResult, CheckFinding, Report
+    from ckptgate.evidence.check import CheckFinding, CheckResult, Report
 
     doc = to_sarif(Report(results=(CheckResult(name="policy_tests", passed=False, summary="1 problem(s)", findings=(
         CheckFinding(check="policy_tests", code="check.policy_tests.failed", message="policy test x failed",

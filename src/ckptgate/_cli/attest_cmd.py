@@ -115,8 +115,8 @@ def sign(key_path: str | None, keyid: str | None, statement_path: str | None, pr
          subject_digest: str | None, subject_name: str, predicate_type: str | None, out_path: str,
          as_json: bool) -> None:
     """Sign a statement (checked against its schema first) into a DSSE envelope."""
-    from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE, KeySigner, sign_statement
     from ckptgate._json import loads_strict, verify_error
+    from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE, KeySigner, sign_statement
     from ckptgate.verify.statement import PREDICATE_SCHEMAS
 
     if (statement_path is None) == (predicate_path is None):

@@ -19,9 +19,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from ckptgate._json import loads_strict, verify_error
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import read_regular_file
-from ckptgate._json import loads_strict, verify_error
 from ckptgate.verify.trust import PublicKey, TrustedKey, key_algorithm, spki_sha256
 
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"

@@ -16,9 +16,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Literal
 
+from ckptgate._json import loads_strict, verify_error
 from ckptgate.errors import Error, VerificationError
 from ckptgate.verify import dsse, sigstore
-from ckptgate._json import loads_strict, verify_error
 from ckptgate.verify.statement import (
     PREDICATE_SCHEMAS,
     ManifestBinding,

@@ -29,9 +29,9 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from ckptgate._json import loads_strict, verify_error
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import read_regular_file
-from ckptgate._json import loads_strict, verify_error
 from ckptgate.verify.dsse import IN_TOTO_PAYLOAD_TYPE, MAX_ENVELOPE_BYTES
 from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, SignerFacts, VerifiedAttestation
 from ckptgate.verify.statement import STATEMENT_TYPE

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptgate._json import loads_strict, verify_error
 from ckptgate.errors import VerificationError
 from ckptgate.userfiles import replace_whole
 from ckptgate.verify import dsse
-from ckptgate._json import loads_strict, verify_error
 from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, read_envelope
 from ckptgate.verify.statement import check_statement
 

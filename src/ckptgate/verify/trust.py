@@ -14,9 +14,9 @@ from typing import Any, Literal
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from ckptgate._json import loads_strict, verify_error
 from ckptgate.errors import VerificationError
 from ckptgate.userfiles import read_regular_file
-from ckptgate._json import loads_strict, verify_error
 
 Algorithm = Literal["ed25519", "ecdsa-p256"]
 ALGORITHMS: tuple[str, ...] = ("ed25519", "ecdsa-p256")

@@ -187,14 +187,14 @@ def _validate(read: Any, file_size: int, path: str, max_header: int) -> Safetens
     # 6. offsets contiguous from 0
     expected = 0
     for t in sorted(tensors, key=lambda t: (t.data_offsets[0], t.data_offsets[1])):
-        b, e = t.data_offsets
+        b, end = t.data_offsets
         if b > expected:
             raise _rej("offsets_gap", f"gap before tensor {t.name!r}", path, tensor=t.name[:200], begin=b,
                        expected=expected)
         if b < expected:
             raise _rej("offsets_overlap", f"tensor {t.name!r} overlaps the previous tensor", path,
                        tensor=t.name[:200], begin=b, expected=expected)
-        expected = e
+        expected = end
     for t in tensors:
         # 7. checked multiplication
         numel = 1

@@ -121,3 +121,14 @@ def test_a_directory_without_a_receipt_is_a_usage_error(tmp_path):
     res = cli("receipt", "verify", tmp_path, "--json")
     assert res.returncode == ExitCode.USAGE
     assert json.loads(res.stdout)["error"]["code"] == "usage.receipt_unreadable"
+
+
+def test_a_receipt_with_a_repeated_key_is_not_a_receipt(tmp_path):
+    """The receipt is parsed strictly: a repeated ``outputs`` could hide the list a reader checks."""
+    from ckptgate.errors import UsageError
+    from ckptgate.receipt import verify_receipt
+
+    (tmp_path / RECEIPT_NAME).write_text('{"outputs": [{"file": "a", "size": 1, "sha256": "x"}], "outputs": []}')
+    with pytest.raises(UsageError) as e:
+        verify_receipt(tmp_path)
+    assert e.value.code == "usage.receipt_invalid"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate import __version__
+from ckptgate._json import loads_strict
 from ckptgate.consolidate import framework_files, plan_for
 from ckptgate.consolidate.plan import cast_plan, check_cast
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_plan
@@ -165,7 +166,7 @@ def _bundle_trust(bundle: Path) -> bytes:
             for member in tar.getmembers():
                 if member.isfile() and member.name.lstrip("/") == "data.json":
                     f = tar.extractfile(member)
-                    data = json.loads(f.read(64 << 20)) if f is not None else {}
+                    data = loads_strict(f.read(64 << 20), what="data.json") if f is not None else {}
                     trust = data.get("ckptgate", {}).get("config", {}).get("trust")
                     if isinstance(trust, dict):
                         return json.dumps(trust).encode()
@@ -463,17 +464,15 @@ def _receipt(src: Path, evaluation: Evaluation, done: Consolidated, *,
         "source_absolute": os.path.abspath(src),
         "input": {"digest": evaluation.digest.digest, "algorithm": "sha256",
                   "format": evaluation.inspection.format},
-        "decision": {"id": d.decision_id, "allow": d.allow, "plane": d.plane,
-                     "permitted_loaders": list(d.permitted_loaders),
-                     "required_controls": list(d.required_controls),
-                     "reasons": [r.to_json() for r in d.reasons], "engine": d.engine},
+        "decision": {"id": d.decision_id, **d.to_json("allow", "plane", "permitted_loaders", "required_controls",
+                                                       "reasons", "engine")},
         "policy_revision": d.policy_revision,
         "containment": _containment_record(evaluation, done),
         "attestations": [{"source": a.get("source"), "signers": a.get("signers")}
                          for a in evaluation.policy_input.attestations],
         "plan": done.plan_report,
-        "outputs": [{"file": o.filename, "size": o.size, "sha256": o.sha256} for o in done.outputs],
-        "companions": [{"file": o.filename, "size": o.size, "sha256": o.sha256} for o in done.outputs
+        "outputs": [o.to_json() for o in done.outputs],
+        "companions": [o.to_json() for o in done.outputs
                        if o.filename in set(done.plan_report.get("companions") or ())],
         "resume_state": _resume_state(evaluation),
         "published_at": now_utc().strftime("%Y-%m-%dT%H:%M:%SZ"),

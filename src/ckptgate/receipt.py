@@ -4,12 +4,12 @@ there is one, and every output file's sha256 and size; missing and extra files a
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptgate._json import loads_strict
 from ckptgate.errors import UsageError
 from ckptgate.publish import RECEIPT_NAME, RECEIPT_PAYLOAD_TYPE, RECEIPT_SIGNATURE_NAME
 
@@ -99,7 +99,7 @@ def verify_receipt(dst: Path, *, key: Path | None = None) -> ReceiptCheck:
         raise UsageError("usage.invalid", f"{dst} is not a directory")
     raw = _read(dst / RECEIPT_NAME, "the receipt")
     try:
-        receipt = json.loads(raw)
+        receipt = loads_strict(raw, what="the receipt")
         outputs = receipt["outputs"]
         expected = {o["file"]: (int(o["size"]), str(o["sha256"])) for o in outputs}
     except (ValueError, KeyError, TypeError):

@@ -51,6 +51,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckptgate._json import loads_strict
 from ckptgate.errors import EngineUnavailable, UsageError
 
 LOCK_NAME = ".lock"
@@ -330,7 +331,7 @@ def sweep_parent(parent: Path, kind: str) -> list[Path]:
 def _read_entry(fd: int) -> tuple[str, Path] | None:
     try:
         raw = os.read(fd, _ENTRY_LIMIT)
-        doc = json.loads(raw)
+        doc = loads_strict(raw, what="a registry entry")
         kind, path = doc["kind"], Path(doc["path"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -205,3 +205,10 @@ def test_outputs_are_created_relative_to_the_directory_descriptor_never_by_path(
         os.close(dfd)
     assert list(elsewhere.iterdir()) == []
     assert sorted(p.name for p in (tmp_path / "out.orig").iterdir()) == sorted(w.filename for w in written)
+
+
+def test_a_written_file_lists_as_a_receipt_output():
+    from ckptgate.consolidate.writer import WrittenFile
+
+    assert WrittenFile(filename="model.safetensors", size=8, sha256="ab").to_json() == {
+        "file": "model.safetensors", "size": 8, "sha256": "ab"}

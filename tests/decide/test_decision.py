@@ -171,3 +171,13 @@ def test_companions_are_optional_plain_names_and_only_on_an_allow():
         assert not d.allow and d.reasons[0].code == "decision_malformed", bad
     denied = parse_decision(raw({**GOOD_DENY, "companions": ["config.json"]}))
     assert not denied.allow and denied.reasons[0].code == "decision_malformed"
+
+
+def test_to_json_with_fields_is_that_projection_in_that_order():
+    d = parse_decision(raw({**GOOD_ALLOW, "companions": ["config.json"]}))
+    full = d.to_json()
+    part = d.to_json("engine", "allow", "reasons")
+    assert list(part) == ["engine", "allow", "reasons"]
+    assert part == {k: full[k] for k in ("engine", "allow", "reasons")}
+    with pytest.raises(KeyError):
+        d.to_json("nope")

@@ -193,12 +193,12 @@ def test_sarif_validates_against_the_sarif_2_1_0_schema() -> None:
     """Against the SARIF 2.1.0 JSON schema when a local copy is named (no download at test time)."""
     import pytest
 
-    from ckptgate.evidence.check import CheckResult, Finding, Report
+    from ckptgate.evidence.check import CheckFinding, CheckResult, Report
 
     doc = to_sarif(Report(results=(CheckResult(name="policy_tests", passed=False, summary="1 problem(s)", findings=(
-        Finding(check="policy_tests", code="check.policy_tests.failed", message="policy test x failed",
-                file="policies/x_test.rego", line=3),
-        Finding(check="policy_tests", code="check.policy_tests.tool_missing", message="opa is not installed"))),),
+        CheckFinding(check="policy_tests", code="check.policy_tests.failed", message="policy test x failed",
+                     file="policies/x_test.rego", line=3),
+        CheckFinding(check="policy_tests", code="check.policy_tests.tool_missing", message="opa is not installed"))),),
         skipped=("claims",)))
     schema_path = os.environ.get("CKPTGATE_SARIF_SCHEMA")
     if not schema_path:

@@ -223,13 +223,3 @@ def test_generate_keypair_rejects_unknown_algorithm() -> None:
     assert public_pem(KeySigner.from_key(
         __import__("cryptography.hazmat.primitives.serialization", fromlist=["x"]).load_pem_private_key(
             priv, None))) == pub
-
-
-def test_json_depth_cap_boundary() -> None:
-    from ckptgate.verify._json import MAX_DEPTH, loads_strict
-
-    ok = b"[" * MAX_DEPTH + b"]" * MAX_DEPTH
-    assert loads_strict(ok, what="t", max_bytes=1 << 20) is not None
-    deep = b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1)
-    assert _code(lambda: loads_strict(deep, what="t", max_bytes=1 << 20)) == "verify.json.too_deep"
-    assert _code(lambda: loads_strict(b"[1]", what="t", max_bytes=2)) == "verify.json.too_large"

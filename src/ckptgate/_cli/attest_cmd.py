@@ -115,20 +115,22 @@ def sign(key_path: str | None, keyid: str | None, statement_path: str | None, pr
          subject_digest: str | None, subject_name: str, predicate_type: str | None, out_path: str,
          as_json: bool) -> None:
     """Sign a statement (checked against its schema first) into a DSSE envelope."""
+    from ckptgate._json import loads_strict, verify_error
     from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE, KeySigner, sign_statement
-    from ckptgate.verify._json import loads_strict
     from ckptgate.verify.statement import PREDICATE_SCHEMAS
 
     if (statement_path is None) == (predicate_path is None):
         raise UsageError("usage.invalid", "give exactly one of --statement or --predicate")
     signer = KeySigner.from_pem(key_path, keyid=keyid)
     if statement_path is not None:
-        statement = loads_strict(_read(statement_path, "statement"), what="statement", max_bytes=8 << 20)
+        statement = loads_strict(_read(statement_path, "statement"), what="statement", max_bytes=8 << 20,
+                                 error=verify_error)
     else:
         if subject_digest is None:
             raise UsageError("usage.invalid", "--predicate needs --subject-digest")
         subject_hex = _digest_arg(subject_digest, "--subject-digest")
-        predicate = loads_strict(_read(predicate_path, "predicate"), what="predicate", max_bytes=8 << 20)  # type: ignore[arg-type]
+        predicate = loads_strict(_read(predicate_path, "predicate"), what="predicate",  # type: ignore[arg-type]
+                                 max_bytes=8 << 20, error=verify_error)
         statement = {"_type": STATEMENT_TYPE,
                      "subject": [{"name": subject_name, "digest": {"sha256": subject_hex}}],
                      "predicateType": predicate_type or QUALIFICATION_PREDICATE_TYPE, "predicate": predicate}
@@ -203,11 +205,11 @@ def verify(file: str, digest: str, trust_path: str | None, sigstore_trust_root: 
 
 
 def _unverified(raw: bytes) -> dict[str, Any]:
-    from ckptgate.verify._json import loads_strict
+    from ckptgate._json import loads_strict, verify_error
     from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, read_envelope
 
     env = read_envelope(raw)
-    stmt = loads_strict(env.payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES)
+    stmt = loads_strict(env.payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES, error=verify_error)
     return {"verified": False, "UNVERIFIED": "signatures, trust and subject were NOT checked",
             "format": env.format, "payload_type": env.payload_type,
             "signatures": [{"keyid": k} for k in env.keyids], "statement": stmt}

@@ -118,9 +118,8 @@ def explain_doc(ev: Evaluation) -> dict[str, Any]:
                                     for f in insp["findings"] if f.get("severity") == "error"]},
         "attestations": attestations,
         "containment": containment,
-        "decision": {"allow": d.allow, "plane": d.plane, "decision_id": d.decision_id or None,
-                     "policy_revision": d.policy_revision, "refusal": d.refusal,
-                     "required_controls": list(d.required_controls), "exit_code": int(d.exit_code)},
+        "decision": {**d.to_json("allow", "plane", "decision_id", "policy_revision", "refusal", "required_controls"),
+                     "decision_id": d.decision_id or None, "exit_code": int(d.exit_code)},
         "reasons": [{"code": r.code, "message": r.message, "severity": r.severity,
                      "evidence": dict(r.evidence), "attestation": _attestation_ref(dict(r.evidence))}
                     for r in d.reasons],

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ckptgate.consolidate.cast import convert
 from ckptgate.consolidate.plan import DTYPE_SIZES, ConsolidationPlan, ShardTask
@@ -58,6 +59,10 @@ class WrittenFile:
     filename: str
     size: int
     sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The file as a receipt lists it among the outputs."""
+        return {"file": self.filename, "size": self.size, "sha256": self.sha256}
 
 
 def header_bytes(task: ShardTask) -> bytes:

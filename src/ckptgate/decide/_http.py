@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptgate._json import loads_strict
+
 __all__ = ["Late", "OpaHttp", "Unreachable"]
 
 MAX_ANSWER = 64 << 20  # a decision is small; this bounds memory and the parse
@@ -66,7 +68,7 @@ class OpaHttp:
         if not 200 <= status < 300:
             raise Unreachable(f"HTTP {status}")
         try:
-            answer = json.loads(raw)
+            answer = loads_strict(raw, what="the answer")
         except (ValueError, RecursionError) as e:
             raise Unreachable("the answer is not JSON") from e
         if time.monotonic() > deadline:  # parsing counts too

@@ -83,13 +83,16 @@ class Decision:
     def deny_reasons(self) -> tuple[Reason, ...]:
         return tuple(r for r in self.reasons if r.severity == "deny")
 
-    def to_json(self) -> dict[str, Any]:
-        return {"allow": self.allow, "plane": self.plane,
-                "permitted_loaders": list(self.permitted_loaders),
-                "required_controls": list(self.required_controls),
-                "reasons": [r.to_json() for r in self.reasons],
-                "refusal": self.refusal, "companions": list(self.companions), "decision_id": self.decision_id,
-                "policy_revision": self.policy_revision, "engine": self.engine}
+    def to_json(self, *fields: str) -> dict[str, Any]:
+        """The decision as JSON; with ``fields``, only those keys, in that order (every record that
+        carries a decision, the receipt and the report included, takes its keys from here)."""
+        doc = {"allow": self.allow, "plane": self.plane,
+               "permitted_loaders": list(self.permitted_loaders),
+               "required_controls": list(self.required_controls),
+               "reasons": [r.to_json() for r in self.reasons],
+               "refusal": self.refusal, "companions": list(self.companions), "decision_id": self.decision_id,
+               "policy_revision": self.policy_revision, "engine": self.engine}
+        return {k: doc[k] for k in fields} if fields else doc
 
 
 def deny(code: str, message: str, *, raw: RawDecision | None = None,

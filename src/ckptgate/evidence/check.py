@@ -3,7 +3,7 @@
 Checks, in order: policy unit tests (``opa test``), ``opa fmt``, ``regal lint``, matrix drift
 (regenerate and diff against the committed ``matrix/``), retained evidence for every supported row
 (the attestation and the result log exist and the log's digest matches), and the claims lint.
-Every failure is a :class:`Finding` with a stable code; reports render as text, JSON, SARIF 2.1.0
+Every failure is a :class:`CheckFinding` with a stable code; reports render as text, JSON, SARIF 2.1.0
 and JUnit XML.
 """
 
@@ -54,7 +54,7 @@ CHECK_DESCRIPTIONS: dict[str, tuple[str, str]] = {
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Finding:
+class CheckFinding:
     """One failure: which check, a stable code, a message, and where (file/line) when known."""
 
     check: str
@@ -88,7 +88,7 @@ class CheckResult:
     name: str
     passed: bool
     summary: str
-    findings: tuple[Finding, ...] = ()
+    findings: tuple[CheckFinding, ...] = ()
     seconds: float = 0.0
 
 
@@ -107,7 +107,7 @@ class Report:
         return all(r.passed for r in self.results)
 
     @property
-    def findings(self) -> list[Finding]:
+    def findings(self) -> list[CheckFinding]:
         return [f for r in self.results for f in r.findings]
 
     def to_json(self) -> dict[str, Any]:
@@ -155,19 +155,19 @@ def _run(cmd: Sequence[str], cwd: Path) -> tuple[int, str]:
 
 
 def _tool_check(name: str, tool: str, args: Sequence[str], policies: Path, repo: Path,
-                parse: Callable[[str], list[Finding]]) -> CheckResult:
+                parse: Callable[[str], list[CheckFinding]]) -> CheckResult:
     exe = find_tool(tool, repo)
     if exe is None:
         return CheckResult(name=name, passed=False, summary=f"{tool} not found", findings=(
-            Finding(check=name, code=f"check.{name}.tool_missing",
-                    message=f"{tool} is not installed (set CKPTGATE_{tool.upper()} or run scripts/bootstrap.py setup)"),))
+            CheckFinding(check=name, code=f"check.{name}.tool_missing",
+                         message=f"{tool} is not installed (set CKPTGATE_{tool.upper()} or run scripts/bootstrap.py setup)"),))
     started = time.monotonic()
     rc, out = _run([exe, *args], cwd=policies)
     seconds = time.monotonic() - started
     if rc == 0:
         return CheckResult(name=name, passed=True, summary=f"{tool} {' '.join(args)}: ok", seconds=seconds)
-    findings = parse(out) or [Finding(check=name, code=f"check.{name}.failed",
-                                      message=f"{tool} {' '.join(args)} exited {rc}", detail=out[-4000:])]
+    findings = parse(out) or [CheckFinding(check=name, code=f"check.{name}.failed",
+                                           message=f"{tool} {' '.join(args)} exited {rc}", detail=out[-4000:])]
     return CheckResult(name=name, passed=False, summary=f"{len(findings)} problem(s)", findings=tuple(findings),
                        seconds=seconds)
 
@@ -180,7 +180,7 @@ def _rel_policy(policies: Path, repo: Path, path: str) -> str:
         return path
 
 
-def parse_opa_test_json(out: str, policies: Path, repo: Path) -> list[Finding]:
+def parse_opa_test_json(out: str, policies: Path, repo: Path) -> list[CheckFinding]:
     """Failed and erroring tests from ``opa test --format json``, each with its file and line."""
     start = out.find("[")
     try:
@@ -200,10 +200,10 @@ def parse_opa_test_json(out: str, policies: Path, repo: Path) -> list[Finding]:
         if isinstance(err, dict) and err.get("message"):
             what += f": {err['message']}"
         row = loc.get("row")
-        found.append(Finding(check="policy_tests", code="check.policy_tests.error" if err else "check.policy_tests.failed",
-                             message=f"policy test {name} {what}",
-                             file=_rel_policy(policies, repo, str(loc["file"])) if loc.get("file") else None,
-                             line=row if isinstance(row, int) and row > 0 else None))
+        found.append(CheckFinding(check="policy_tests", code="check.policy_tests.error" if err else "check.policy_tests.failed",
+                                  message=f"policy test {name} {what}",
+                                  file=_rel_policy(policies, repo, str(loc["file"])) if loc.get("file") else None,
+                                  line=row if isinstance(row, int) and row > 0 else None))
     return found
 
 
@@ -213,16 +213,16 @@ def policy_tests(policies: Path, repo: Path) -> CheckResult:
 
 
 def opa_fmt(policies: Path, repo: Path) -> CheckResult:
-    def parse(out: str) -> list[Finding]:
-        return [Finding(check="opa_fmt", code="check.opa_fmt.unformatted",
-                        message="not formatted (run opa fmt -w on it)",
-                        file=_rel_policy(policies, repo, line.strip()))
+    def parse(out: str) -> list[CheckFinding]:
+        return [CheckFinding(check="opa_fmt", code="check.opa_fmt.unformatted",
+                             message="not formatted (run opa fmt -w on it)",
+                             file=_rel_policy(policies, repo, line.strip()))
                 for line in out.splitlines() if line.strip().endswith(".rego")]
     return _tool_check("opa_fmt", "opa", ["fmt", "--fail", "-l", "."], policies, repo, parse)
 
 
 def regal_lint(policies: Path, repo: Path) -> CheckResult:
-    def parse(out: str) -> list[Finding]:
+    def parse(out: str) -> list[CheckFinding]:
         try:
             doc = json.loads(out[out.find("{"):]) if "{" in out else {}
         except ValueError:
@@ -230,10 +230,10 @@ def regal_lint(policies: Path, repo: Path) -> CheckResult:
         found = []
         for v in doc.get("violations") or []:
             loc = v.get("location") or {}
-            found.append(Finding(check="regal_lint", code=f"check.regal_lint.{v.get('title', 'violation')}",
-                                 message=f"{v.get('title')}: {v.get('description')}",
-                                 file=_rel_policy(policies, repo, str(loc.get("file", ""))) if loc.get("file") else None,
-                                 line=loc.get("row")))
+            found.append(CheckFinding(check="regal_lint", code=f"check.regal_lint.{v.get('title', 'violation')}",
+                                      message=f"{v.get('title')}: {v.get('description')}",
+                                      file=_rel_policy(policies, repo, str(loc.get("file", ""))) if loc.get("file") else None,
+                                      line=loc.get("row")))
         return found
     return _tool_check("regal_lint", "regal", ["lint", "--format", "json", "."], policies, repo, parse)
 
@@ -243,28 +243,28 @@ def _sha256(path: Path) -> str:
     return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def evidence_findings(repo: Path, rows: Sequence[dict[str, Any]], *, origin: str) -> list[Finding]:
+def evidence_findings(repo: Path, rows: Sequence[dict[str, Any]], *, origin: str) -> list[CheckFinding]:
     """For every supported row: its attestation and result log exist and the log digest matches."""
     from ckptgate.evidence.matrix import evidence_location
 
-    out: list[Finding] = []
+    out: list[CheckFinding] = []
     for row in rows:
         if row.get("status") != "supported":
             continue
         who = f"{row.get('adapter')} on {row.get('fixture_digest')} ({origin})"
         source = row.get("source")
         if not isinstance(source, str) or not (repo / source).is_file():
-            out.append(Finding(check="evidence", code="check.evidence.attestation_missing",
-                               message=f"supported row {who}: attestation {source} does not exist",
-                               file=source if isinstance(source, str) else None))
+            out.append(CheckFinding(check="evidence", code="check.evidence.attestation_missing",
+                                    message=f"supported row {who}: attestation {source} does not exist",
+                                    file=source if isinstance(source, str) else None))
         loc = evidence_location(row)
         ev = row.get("evidence") if isinstance(row.get("evidence"), dict) else {}
         if loc is None or not (repo / loc).is_file():
-            out.append(Finding(check="evidence", code="check.evidence.log_missing",
-                               message=f"supported row {who}: retained result log {loc} does not exist", file=loc))
+            out.append(CheckFinding(check="evidence", code="check.evidence.log_missing",
+                                    message=f"supported row {who}: retained result log {loc} does not exist", file=loc))
         elif _sha256(repo / loc) != ev.get("digest"):
-            out.append(Finding(check="evidence", code="check.evidence.log_digest_mismatch",
-                               message=f"supported row {who}: {loc} has digest {_sha256(repo / loc)}, "
+            out.append(CheckFinding(check="evidence", code="check.evidence.log_digest_mismatch",
+                                    message=f"supported row {who}: {loc} has digest {_sha256(repo / loc)}, "
                                        f"the attestation names {ev.get('digest')}", file=loc))
     return out
 
@@ -346,8 +346,8 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = (), conf
                     name="matrix_drift", passed=not diffs,
                     summary="matrix/ matches a fresh build" if not diffs else
                     f"{len(diffs)} generated file(s) differ; run `ckptgate matrix build` and commit matrix/",
-                    findings=tuple(Finding(check="matrix_drift", code="check.matrix.drift",
-                                           message=f"matrix/{_diff_name(d)} differs from a fresh build: "
+                    findings=tuple(CheckFinding(check="matrix_drift", code="check.matrix.drift",
+                                                message=f"matrix/{_diff_name(d)} differs from a fresh build: "
                                                    "policies, attestations or fixtures changed without "
                                                    "`ckptgate matrix build`",
                                            file=f"matrix/{_diff_name(d)}", detail=d[:20000]) for d in diffs))))
@@ -360,12 +360,12 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = (), conf
                                                  else f"{len(found)} evidence problem(s)", findings=tuple(found))))
             if "claims" not in skip:
                 violations = claims.lint(engine, repo, list(built.rows) if built is not None else [], docs=docs)
-                found_c = [Finding(check="claims", code=f"check.claims.{v.get('code')}",
-                                   message=str(v.get("message")),
-                                   file=(v.get("location") or {}).get("file"),
-                                   line=(v.get("location") or {}).get("line"),
-                                   detail=str((v.get("evidence") or {}).get("text")),
-                                   severity="warning" if v.get("severity") == "warning" else "error")
+                found_c = [CheckFinding(check="claims", code=f"check.claims.{v.get('code')}",
+                                        message=str(v.get("message")),
+                                        file=(v.get("location") or {}).get("file"),
+                                        line=(v.get("location") or {}).get("line"),
+                                        detail=str((v.get("evidence") or {}).get("text")),
+                                        severity="warning" if v.get("severity") == "warning" else "error")
                            for v in violations]
                 errors = [f for f in found_c if f.severity == "error"]
                 warned = len(found_c) - len(errors)
@@ -375,7 +375,7 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = (), conf
                     + (f", {warned} warning(s)" if warned else ""), findings=tuple(found_c))))
     except Error as e:  # the checks below need the matrix; none of them ran
         results.append(CheckResult(name="matrix_build", passed=False, summary=f"could not build the matrix: {e.code}",
-                                   findings=(Finding(check="matrix_build", code=e.code, message=e.message),)))
+                                   findings=(CheckFinding(check="matrix_build", code=e.code, message=e.message),)))
     return Report(results=tuple(results), skipped=skipped, skip_reasons=skip_reasons,
                   candidate_commit=candidate_commit(repo), policy_revision=revision)
 
@@ -386,7 +386,7 @@ def _diff_name(d: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- outputs
-def _rule(code: str, findings: Sequence[Finding]) -> dict[str, Any]:
+def _rule(code: str, findings: Sequence[CheckFinding]) -> dict[str, Any]:
     check = findings[0].check
     short, full = CHECK_DESCRIPTIONS.get(check, (f"ckptgate check finding {code}.", f"ckptgate check finding {code}."))
     return {"id": code, "name": code.replace(".", "_"),
@@ -400,7 +400,7 @@ def _rule(code: str, findings: Sequence[Finding]) -> dict[str, Any]:
 def to_sarif(report: Report) -> dict[str, Any]:
     """SARIF 2.1.0: one rule per finding code (with descriptions and a link into the docs), one result
     per finding (with a fingerprint), and each skipped check as a tool execution notification."""
-    by_code: dict[str, list[Finding]] = {}
+    by_code: dict[str, list[CheckFinding]] = {}
     for f in report.findings:
         by_code.setdefault(f.code, []).append(f)
     codes = sorted(by_code)
@@ -473,5 +473,5 @@ def to_github(report: Report) -> list[str]:
     return lines
 
 
-__all__ = ["CHECK_NAMES", "CheckResult", "Finding", "Report", "evidence_findings", "find_tool", "opa_fmt",
+__all__ = ["CHECK_NAMES", "CheckFinding", "CheckResult", "Report", "evidence_findings", "find_tool", "opa_fmt",
            "parse_opa_test_json", "policy_tests", "regal_lint", "run_check", "to_github", "to_junit", "to_sarif"]

@@ -89,10 +89,8 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
         "attestations": signed,
         "rejected_attestations": pin.get("rejected_attestations") or [],
         "digest_matches_any_attestation": any(a["digest_matches"] for a in signed),
-        "decision": {"allow": d.allow, "plane": d.plane, "refusal": d.refusal, "decision_id": d.decision_id,
-                     "policy_revision": d.policy_revision, "engine": d.engine,
-                     "reasons": [r.to_json() for r in d.reasons],
-                     "permitted_loaders": list(d.permitted_loaders)},
+        "decision": d.to_json("allow", "plane", "refusal", "decision_id", "policy_revision", "engine", "reasons",
+                              "permitted_loaders"),
         "load_requires": {"plane": d.plane, "controls": list(d.required_controls),
                           "containment_observed": pin.get("containment"),
                           "note": "containment controls limit what a loader can reach; they are not proof "

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ckptgate._json import JSONRejected, loads_strict
 from ckptgate.errors import InputRejected
 from ckptgate.inspect.budget import WorkBudget
 from ckptgate.inspect.classify import FileKind, classify_file
@@ -15,7 +16,7 @@ from ckptgate.inspect.findings import Finding, error, info, warning
 from ckptgate.inspect.hashed import HashedFile
 from ckptgate.inspect.pickle import PickleLimits, PickleReport, read_pickle, refused_report
 from ckptgate.inspect.roles import MAX_TOKENIZER_MODEL, RESUME_CONTEXT, companion_ok, resume_content_ok, resume_state_name
-from ckptgate.inspect.safetensors import SafetensorsHeader, json_loads_strict, read_header
+from ckptgate.inspect.safetensors import SafetensorsHeader, read_header
 from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
 from ckptgate.inspect.walk import SafeTree
 from ckptgate.inspect.zipcheck import CrcMode, check_zip
@@ -134,13 +135,15 @@ def _analyse(src: HashedFile, size: int, path: str, verify_crc: CrcMode,  # noqa
         else:
             raw = src.pread(size, 0)
             try:
-                kw["json"] = json_loads_strict(raw.decode("utf-8"))
-            except RecursionError:
-                findings.append(error("json.too_deep", path, "JSON nests deeper than the cap"))
-            except KeyError as e:
-                findings.append(error("json.duplicate_key", path, f"duplicate JSON key {str(e.args[0])[:80]!r}"))
-            except (ValueError, UnicodeDecodeError) as e:
-                findings.append(error("json.invalid", path, f"invalid JSON: {str(e)[:200]}"))
+                kw["json"] = loads_strict(raw, what="JSON file")
+            except JSONRejected as r:
+                if r.kind == "too_deep":
+                    findings.append(error("json.too_deep", path, "JSON nests deeper than the cap"))
+                elif r.kind == "duplicate_key":
+                    findings.append(error("json.duplicate_key", path,
+                                          f"duplicate JSON key {str(r.detail['key'])[:80]!r}"))
+                else:
+                    findings.append(error("json.invalid", path, f"invalid JSON: {r.reason[:200]}"))
             doc = kw.get("json")
             if isinstance(doc, dict) and "auto_map" in doc:
                 findings.append(error("config.auto_map", path, "config names custom code (auto_map); it is "

@@ -76,13 +76,6 @@ class SSet:
     frozen: bool = False
 
 
-class _Mark:
-    __slots__ = ()
-
-
-_MARK = _Mark()
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PickleLimits:
     """Caps that bound the reader's time and memory."""

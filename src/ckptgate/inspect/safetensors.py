@@ -12,20 +12,19 @@ nothing about where the file came from [R11].
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptgate._json import MAX_DEPTH, JSONRejected, depth, loads_strict
 from ckptgate.dtypes import SAFETENSORS_BITS, TORCH_TO_SAFETENSORS
 from ckptgate.errors import InputRejected
 from ckptgate.inspect.hashed import HashedFile
 
-__all__ = ["DTYPE_BITS", "TORCH_DTYPES", "SafetensorsHeader", "TensorInfo", "parse_header_bytes", "read_header",
-           "json_loads_strict"]
+__all__ = ["DTYPE_BITS", "TORCH_DTYPES", "SafetensorsHeader", "TensorInfo", "parse_header_bytes", "read_header"]
 
 MAX_HEADER = 100_000_000
-MAX_JSON_DEPTH = 64
+MAX_JSON_DEPTH = MAX_DEPTH
 MAX_TENSORS = 1 << 17
 """Tensors in one file: ten times the most a released model puts in a shard (DeepSeek-V3 holds
 about 91,000 in all).  More would make inspection and the policy input large for no model."""
@@ -81,60 +80,19 @@ def _rej(check: str, msg: str, path: str, **ev: Any) -> InputRejected:
     return InputRejected(f"input.safetensors.{check}", f"{path}: {msg}", evidence={"path": path, **ev})
 
 
-class _Dup(Exception):
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    d = dict(pairs)
-    if len(d) != len(pairs):
-        seen: set[str] = set()
-        for k, _ in pairs:
-            if k in seen:
-                raise _Dup(k)
-            seen.add(k)
-    return d
-
-
-def json_depth(doc: Any) -> int:
-    """Nesting depth of a parsed JSON value (iterative; containers only)."""
-    best = 0
-    stack: list[tuple[Any, int]] = [(doc, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, dict):
-            v = v.values()
-        elif not isinstance(v, list):
-            continue
-        best = max(best, d)
-        stack.extend((x, d + 1) for x in v if isinstance(x, (dict, list)))
-    return best
-
-
-def json_loads_strict(text: str, *, max_depth: int | None = MAX_JSON_DEPTH) -> Any:
-    """Parse JSON refusing duplicate keys, NaN/Infinity and nesting deeper than ``max_depth``.
-
-    Raises ``ValueError`` subclasses: ``RecursionError`` for depth, ``KeyError`` for duplicates
-    (with the key), ``json.JSONDecodeError`` otherwise.
-    """
-    def _const(c: str) -> Any:
-        raise json.JSONDecodeError(f"non-standard constant {c}", text, 0)
-
-    try:
-        doc = json.loads(text, object_pairs_hook=_pairs, parse_constant=_const)
-    except _Dup as d:
-        raise KeyError(d.key) from None
-    # the C scanner itself stops at the interpreter's recursion limit (RecursionError)
-    if max_depth and json_depth(doc) > max_depth:
-        raise RecursionError(f"JSON nesting deeper than {max_depth}")
-    return doc
-
-
 def _too_deep(v: Any, path: str) -> None:
     """Called on a failing entry only: a nesting bomb gets its own code."""
-    if json_depth(v) > MAX_JSON_DEPTH - 1:
+    if depth(v, MAX_JSON_DEPTH) > MAX_JSON_DEPTH - 1:
         raise _rej("json_too_deep", f"header JSON nests deeper than {MAX_JSON_DEPTH}", path)
+
+
+def _json_rej(r: JSONRejected, path: str) -> InputRejected:
+    if r.kind == "too_deep":
+        return _rej("json_too_deep", f"header JSON nests deeper than {MAX_JSON_DEPTH}", path)
+    if r.kind == "duplicate_key":
+        key = r.detail["key"]
+        return _rej("duplicate_key", f"duplicate JSON key {key!r}", path, key=key[:200])
+    return _rej("invalid_json", r.message, path)  # "header is not valid JSON: ..."
 
 
 def _is_int(v: Any) -> bool:
@@ -182,14 +140,8 @@ def _validate(read: Any, file_size: int, path: str, max_header: int) -> Safetens
     # 5. JSON, after a count of the tensors it would declare (each has one "data_offsets" key)
     if text.count('"data_offsets"') > MAX_TENSORS:
         raise _rej("too_many_tensors", f"header declares more than {MAX_TENSORS} tensors", path, limit=MAX_TENSORS)
-    try:
-        doc = json_loads_strict(text, max_depth=None)  # the field checks below bound the depth to 3
-    except RecursionError:
-        raise _rej("json_too_deep", f"header JSON nests deeper than {MAX_JSON_DEPTH}", path) from None
-    except KeyError as e:
-        raise _rej("duplicate_key", f"duplicate JSON key {e.args[0]!r}", path, key=str(e.args[0])[:200]) from None
-    except (json.JSONDecodeError, ValueError) as e:
-        raise _rej("invalid_json", f"header is not valid JSON: {e}", path) from None
+    # the field checks below bound the depth to 3; a nesting bomb the scanner stops is ``json_too_deep``
+    doc = loads_strict(text, what="header", max_depth=None, error=lambda r: _json_rej(r, path))
     if not isinstance(doc, dict):
         raise _rej("header_not_object", "header JSON is not an object", path)
     if len(doc) - ("__metadata__" in doc) > MAX_TENSORS:  # a key escaped in JSON hides from the count above
@@ -226,14 +178,14 @@ def _validate(read: Any, file_size: int, path: str, max_header: int) -> Safetens
     # 6. offsets contiguous from 0
     expected = 0
     for t in sorted(tensors, key=lambda t: (t.data_offsets[0], t.data_offsets[1])):
-        b, e = t.data_offsets
+        b, end = t.data_offsets
         if b > expected:
             raise _rej("offsets_gap", f"gap before tensor {t.name!r}", path, tensor=t.name[:200], begin=b,
                        expected=expected)
         if b < expected:
             raise _rej("offsets_overlap", f"tensor {t.name!r} overlaps the previous tensor", path,
                        tensor=t.name[:200], begin=b, expected=expected)
-        expected = e
+        expected = end
     for t in tensors:
         # 7. checked multiplication
         numel = 1

@@ -19,9 +19,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from ckptgate._json import loads_strict, verify_error
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import read_regular_file
-from ckptgate.verify._json import loads_strict
 from ckptgate.verify.trust import PublicKey, TrustedKey, key_algorithm, spki_sha256
 
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -81,7 +81,7 @@ class Envelope:
         if len(raw) > max_bytes:
             raise VerificationError("verify.dsse.too_large", f"envelope is {len(raw)} bytes, over {max_bytes}",
                                     evidence={"size": len(raw), "cap": max_bytes})
-        doc = loads_strict(raw, what="DSSE envelope", max_bytes=max_bytes)
+        doc = loads_strict(raw, what="DSSE envelope", max_bytes=max_bytes, error=verify_error)
         return cls.from_doc(doc, payload_type=payload_type)
 
     @classmethod

@@ -16,9 +16,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Literal
 
+from ckptgate._json import loads_strict, verify_error
 from ckptgate.errors import Error, VerificationError
 from ckptgate.verify import dsse, sigstore
-from ckptgate.verify._json import loads_strict
 from ckptgate.verify.statement import (
     PREDICATE_SCHEMAS,
     ManifestBinding,
@@ -176,7 +176,7 @@ class UnverifiedEnvelope:
 
 def read_envelope(raw: bytes) -> UnverifiedEnvelope:
     """Parse a DSSE envelope or a Sigstore bundle and decode its DSSE payload; checks nothing else."""
-    doc = loads_strict(raw, what="attestation", max_bytes=dsse.MAX_ENVELOPE_BYTES)
+    doc = loads_strict(raw, what="attestation", max_bytes=dsse.MAX_ENVELOPE_BYTES, error=verify_error)
     fmt = _detect(doc)
     if fmt == "dsse":
         env = dsse.Envelope.from_doc(doc)
@@ -214,7 +214,7 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
         raise VerificationError("verify.dsse.too_large",
                                 f"attestation is {len(raw)} bytes, over {dsse.MAX_ENVELOPE_BYTES}",
                                 evidence={"size": len(raw), "cap": dsse.MAX_ENVELOPE_BYTES})
-    doc = loads_strict(raw, what="attestation", max_bytes=dsse.MAX_ENVELOPE_BYTES)
+    doc = loads_strict(raw, what="attestation", max_bytes=dsse.MAX_ENVELOPE_BYTES, error=verify_error)
     method = _detect(doc)
     checks: list[str] = []
     signers: list[SignerFacts]
@@ -247,7 +247,7 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
                   "log_entry_kind": res.log_entry_kind}
         if res.integrated_time is not None:
             timing["integrated_time"] = _iso(res.integrated_time)
-    stmt = loads_strict(payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES)
+    stmt = loads_strict(payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES, error=verify_error)
     check_statement(stmt)
     checks.append("statement_schema")
     files: ManifestBinding | None = None

@@ -33,9 +33,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from ckptgate._json import loads_strict, verify_error
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import read_regular_file
-from ckptgate.verify._json import loads_strict
 from ckptgate.verify.dsse import IN_TOTO_PAYLOAD_TYPE, MAX_ENVELOPE_BYTES
 from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, SignerFacts, VerifiedAttestation
 from ckptgate.verify.statement import STATEMENT_TYPE
@@ -334,7 +334,7 @@ def _statement(doc: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         payload = base64.b64decode(env["payload"], validate=True)
     except (binascii.Error, ValueError):
         raise _fail("payload", "the DSSE payload is not valid base64") from None
-    stmt = loads_strict(payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES)
+    stmt = loads_strict(payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES, error=verify_error)
     if not isinstance(stmt, dict) or stmt.get("_type") != STATEMENT_TYPE:
         raise _fail("statement", f"the payload is not an in-toto {STATEMENT_TYPE} statement")
     if stmt.get("predicateType") != OMS_PREDICATE_TYPE:
@@ -417,7 +417,7 @@ def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey | None, manife
     ``verify.sigstore.*`` for the Sigstore method)."""
     if len(raw) > MAX_ENVELOPE_BYTES:
         raise _fail("too_large", f"signature is {len(raw)} bytes, over {MAX_ENVELOPE_BYTES}", size=len(raw))
-    doc = loads_strict(raw, what="model_signing signature", max_bytes=MAX_ENVELOPE_BYTES)
+    doc = loads_strict(raw, what="model_signing signature", max_bytes=MAX_ENVELOPE_BYTES, error=verify_error)
     method = _check_method(doc)
     if method == "key":
         if key is None:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptgate._json import loads_strict, verify_error
 from ckptgate.errors import VerificationError
 from ckptgate.userfiles import replace_whole
 from ckptgate.verify import dsse
-from ckptgate.verify._json import loads_strict
 from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, read_envelope
 from ckptgate.verify.statement import check_statement
 
@@ -61,7 +61,7 @@ def statement_of(raw: bytes) -> tuple[str, dict[str, Any], bytes]:
     env = read_envelope(raw)
     if env.format == "sigstore" and env.payload_type != dsse.IN_TOTO_PAYLOAD_TYPE:
         raise VerificationError("verify.dsse.payload_type", "bundle payloadType is not in-toto")
-    stmt = loads_strict(env.payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES)
+    stmt = loads_strict(env.payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES, error=verify_error)
     return env.format, check_statement(stmt), env.payload
 
 

@@ -15,9 +15,9 @@ from typing import Any, Literal
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from ckptgate._json import loads_strict, verify_error
 from ckptgate.errors import VerificationError
 from ckptgate.userfiles import read_regular_file
-from ckptgate.verify._json import loads_strict
 
 Algorithm = Literal["ed25519", "ecdsa-p256"]
 ALGORITHMS: tuple[str, ...] = ("ed25519", "ecdsa-p256")
@@ -127,7 +127,7 @@ class TrustData:
     def from_json(cls, raw: bytes, *, source: str = "<memory>") -> TrustData:
         """Parse trust data strictly; codes ``verify.trust.*``."""
         try:
-            doc = loads_strict(raw, what="trust data", max_bytes=_MAX_TRUST_BYTES)
+            doc = loads_strict(raw, what="trust data", max_bytes=_MAX_TRUST_BYTES, error=verify_error)
         except VerificationError as bad:
             raise TrustDataError("verify.trust.json", f"{source}: {bad.message}", evidence=bad.evidence) from None
         if not isinstance(doc, dict) or not isinstance(doc.get("signers"), list):

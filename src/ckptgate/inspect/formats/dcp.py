@@ -11,13 +11,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ckptgate._json import JSONRejected, loads_strict
 from ckptgate.inspect._threads import map_in_threads
 from ckptgate.inspect.classify import FileKind
 from ckptgate.inspect.dcp import DcpMetadata, DcpStorageItem, extract_dcp_metadata
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.formats._base import Context, FormatResult, plain_basename
 from ckptgate.inspect.formats.registry import register_detector
-from ckptgate.inspect.safetensors import TORCH_DTYPES, json_loads_strict
+from ckptgate.inspect.safetensors import TORCH_DTYPES
 from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
 from ckptgate.inspect.zipcheck import CrcMode
 
@@ -190,8 +191,8 @@ def detect_dcp_hf(ctx: Context) -> FormatResult | None:
             continue
         meta = f.safetensors.metadata or {}
         try:
-            info = json_loads_strict(meta.get("DCP_SHARDING_INFO", ""))
-        except (ValueError, KeyError, RecursionError):
+            info = loads_strict(meta.get("DCP_SHARDING_INFO", ""), what="DCP_SHARDING_INFO")
+        except JSONRejected:
             info = None
         if not isinstance(info, dict):
             findings.append(error("dcp.hf_sharding_info", p, "DCP_SHARDING_INFO metadata is missing or not JSON"))

@@ -1,0 +1,65 @@
+"""The one strict JSON parser (``ckptgate._json``): every refusal, its order, and the typed adapters."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptgate._json import MAX_DEPTH, JSONRejected, depth, loads_strict, verify_error
+from ckptgate.errors import VerificationError
+
+
+def _kind(raw: bytes | str, **kw: object) -> str:
+    with pytest.raises(JSONRejected) as ei:
+        loads_strict(raw, what="t", **kw)  # type: ignore[arg-type]
+    return ei.value.kind
+
+
+def test_accepts_a_plain_document_from_bytes_and_text() -> None:
+    assert loads_strict(b'{"a": [1, 2.5, "x", null, true]}', what="t") == {"a": [1, 2.5, "x", None, True]}
+    assert loads_strict('{"\u00e9": 1}', what="t", max_bytes=9) == {"\u00e9": 1}
+
+
+@pytest.mark.parametrize(("raw", "kind"), [
+    (b'{"a": 1, "a": 2}', "duplicate_key"),
+    (b'[{"b": {"c": 1, "c": 1}}]', "duplicate_key"),
+    (b'[NaN]', "malformed"), (b'[Infinity]', "malformed"), (b'[-Infinity]', "malformed"),
+    (b'{"a": 1', "malformed"), (b'{"a": 1} x', "malformed"), (b'\xef\xbb\xbf{}', "malformed"),
+    (b'{"a": "\xff"}', "not_utf8"),
+    (b"[" * 100_000 + b"]" * 100_000, "too_deep"),
+])
+def test_refusals(raw: bytes, kind: str) -> None:
+    assert _kind(raw) == kind
+
+
+def test_size_is_checked_first_and_counts_bytes_of_text_too() -> None:
+    assert _kind(b'{"a": 1, "a": 2}', max_bytes=4) == "too_large"
+    assert _kind(b"\xff" * 10, max_bytes=4) == "too_large"
+    assert _kind('"\u00e9\u00e9"', max_bytes=5) == "too_large"  # 4 characters, 6 bytes
+    assert loads_strict('"\u00e9\u00e9"', what="t", max_bytes=6) == "\u00e9\u00e9"
+
+
+def test_depth_cap_boundary_and_none() -> None:
+    ok = b"[" * MAX_DEPTH + b"]" * MAX_DEPTH
+    deep = b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1)
+    assert loads_strict(ok, what="t") is not None
+    assert _kind(deep) == "too_deep"
+    assert loads_strict(deep, what="t", max_depth=None) is not None
+    assert _kind(b"[[[]]]", max_depth=2) == "too_deep"
+    assert depth([[[]]]) == 3 and depth(1) == 0 and depth({"a": [{}]}) == 3
+    assert depth([[[[[]]]]], cap=2) == 3
+
+
+def test_verify_error_keeps_the_verify_codes_and_evidence() -> None:
+    def code(raw: bytes, **kw: object) -> VerificationError:
+        with pytest.raises(VerificationError) as ei:
+            loads_strict(raw, what="statement", max_bytes=1 << 20, error=verify_error, **kw)  # type: ignore[arg-type]
+        return ei.value
+
+    e = code(b'{"k": 1, "k": 2}')
+    assert e.code == "verify.json.duplicate_key" and e.evidence == {"what": "statement", "key": "k"}
+    assert code(b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1)).code == "verify.json.too_deep"
+    assert code(b"[NaN]").code == "verify.json.malformed"
+    assert code(b"\xff").evidence == {"what": "statement", "offset": 0}
+    with pytest.raises(VerificationError) as ei:
+        loads_strict(b"[1]", what="t", max_bytes=2, error=verify_error)
+    assert ei.value.code == "verify.json.too_large" and ei.value.evidence == {"what": "t", "size": 3, "cap": 2}

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ckptgate._cli._base import emit_json, json_option, shown, stdout
-from ckptgate._cli._options import ByteSize, engine_options, quiet_option, signature_options
+from ckptgate._cli._options import ByteSize, checkpoint_option, engine_options, quiet_option, signature_options
 from ckptgate._cli._progress import phase_bars
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ def register(cli: click.Group) -> None:
                   help="PEM private key (Ed25519 or ECDSA P-256) to sign the receipt with, as a DSSE envelope "
                        "published beside it; check it later with `ckptgate receipt verify --key`.")
     @signature_options
+    @checkpoint_option("src")
     @engine_options
     @quiet_option
     @json_option

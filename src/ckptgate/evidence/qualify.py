@@ -28,6 +28,7 @@ from ckptgate.evidence.candidate import EVIDENCE_PATHS, candidate_commit, dirty_
 from ckptgate.evidence.errors import EvidenceError, QualificationFailed
 from ckptgate.consolidate.plan import PlanError
 from ckptgate.errors import InputRejected, PolicyDenied, RuntimeFailure, VerificationError
+from ckptgate.inspect.runs import select_checkpoint
 
 FIXTURES_DIR = Path("tests") / "fixtures" / "data"
 STORE_DIR = Path("attestations")
@@ -73,6 +74,11 @@ class Fixture:
 
     @property
     def checkpoint(self) -> Path:
+        """``checkpoint/``, or the ``checkpoint-N/`` inside it that ``meta.json`` names as
+        ``selected_checkpoint`` (a Trainer output directory: the ground truth is for that one)."""
+        selected = self.meta.get("selected_checkpoint")
+        if isinstance(selected, str) and selected:
+            return select_checkpoint(self.root / "checkpoint", selected.removeprefix("checkpoint-"))
         return self.root / "checkpoint"
 
     @property

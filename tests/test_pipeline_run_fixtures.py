@@ -168,3 +168,63 @@ print(json.dumps({"class": type(model).__name__, "names_equal": sorted(got) == s
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out == {"class": "LlamaForCausalLM", "names_equal": True, "bit_exact": True, "ids": [5, 6, 31]}
+
+
+# -- a DCP training-state tree (torchtitan style): only the model subtree is written -----------------
+def _dcp_intake(signer: Signer, tmp: Path, **kw: Any) -> tuple[Any, Path, dict[str, Any]]:
+    src = FIXTURES / "dcp_torchtitan" / "checkpoint"
+    att = _attest("dcp_torchtitan", src, signer, tmp)
+    dst = tmp / "out"
+    res = intake(src, dst, attestations=[att], options=signer.options, **kw)
+    return res, dst, json.loads((dst / RECEIPT_NAME).read_text())
+
+
+def test_torchtitan_tree_publishes_only_the_model_subtree_bit_exact(signer: Signer, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    res, dst, receipt = _dcp_intake(signer, tmp_path)
+    _assert_bit_exact(_tensors(sorted(dst.glob("*.safetensors"))),
+                      _tensors([FIXTURES / "dcp_torchtitan" / "expected.safetensors"]))
+    sel = receipt["plan"]["selection"]
+    assert sel["prefix"] == "model" and sel["layout"] == "torchtitan" and sel["source"] == "policy"
+    assert sel["excluded"] == ["lr_scheduler", "optimizer", "train_state"]
+    assert sel["excluded_tensors"] == 20 and sel["excluded_bytes_items"] == 80
+    assert "skipped_bytes_items" not in receipt["plan"]  # the optimizer's param_groups are not "model" items
+    assert res.evaluation.decision.selection is not None and res.evaluation.decision.selection.prefix == "model"
+    assert "training_state_selected" in {r.code for r in res.evaluation.decision.reasons}
+
+
+def test_select_overrides_the_default_and_drops_its_prefix(signer: Signer, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    res, dst, receipt = _dcp_intake(signer, tmp_path, select="optimizer.state")
+    got = _tensors(sorted(dst.glob("*.safetensors")))
+    assert "gate.exp_avg" in got and "fc1.weight.step" in got and not any(k.startswith("model") for k in got)
+    sel = receipt["plan"]["selection"]
+    assert (sel["prefix"], sel["source"], sel["layout"]) == ("optimizer.state", "request", None)
+
+
+@pytest.mark.parametrize(("fixture", "select", "code"), [
+    ("dcp_torchtitan", "nothing", "selection_matches_nothing"),
+    ("accelerate_save_state", "model", "selection_not_applicable"),
+])
+def test_a_select_that_does_not_apply_is_denied(signer: Signer, tmp_path: Path, fixture: str, select: str,
+                                                 code: str) -> None:
+    from ckptgate.errors import Error
+
+    src = FIXTURES / fixture / "checkpoint"
+    att = _attest(fixture, src, signer, tmp_path)
+    with pytest.raises(Error) as e:
+        intake(src, tmp_path / "out", attestations=[att], options=signer.options, select=select)
+    assert code in {r["code"] for r in e.value.reasons}, e.value.reasons
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_plain_dcp_model_tree_is_written_whole_with_its_top_level_keys_named(signer: Signer,
+                                                                               tmp_path: Path) -> None:
+    src = FIXTURES / "dcp_torch_save" / "checkpoint"
+    meta = json.loads((FIXTURES / "dcp_torch_save" / "meta.json").read_text())
+    att = attest(signer, src, tmp_path / "att.json", fmt="dcp-torch-save", meta=meta)
+    res = intake(src, tmp_path / "out", attestations=[att], options=signer.options)
+    receipt = json.loads((tmp_path / "out" / RECEIPT_NAME).read_text())
+    assert "selection" not in receipt["plan"] and res.evaluation.decision.selection is None
+    unknown = [r for r in res.evaluation.decision.reasons if r.code == "training_state_layout_unknown"]
+    assert [list(r.evidence["top_level_keys"]) for r in unknown] == [["embed", "fc1", "fc2", "gate", "head", "token_ids"]]

@@ -102,7 +102,10 @@ def _adapter_plan(tree: SafeTree, inspection: Inspection, *, decision: Decision,
     if fmt in ("dcp-torch-save", "dcp-hf-safetensors"):
         from ckptgate.consolidate.adapters import dcp
 
-        return dcp.plan(fmt, layout, max_shard_bytes=max_shard_bytes)
+        return dcp.plan(fmt, layout, max_shard_bytes=max_shard_bytes, selection=decision.selection)
+    if decision.selection is not None:
+        raise PlanError("plan.selection.not_applicable", f"a selection does not apply to format {fmt!r}",
+                        evidence={"format": fmt, "prefix": decision.selection.prefix})
     if fmt in ("fsdp-full", "fsdp-local"):
         from ckptgate.consolidate.adapters import fsdp
 

@@ -35,6 +35,9 @@ RUNS: dict[str, tuple[str | None, set[str]]] = {
     "trainer_llama": ("checkpoint-2", {"optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"}),
     "trainer_peft_lora": ("checkpoint-2", {"optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"}),
     "accelerate_save_state": (None, {"optimizer.bin", "scheduler.bin", "random_states_0.pkl"}),
+    # the optimizer state is DeepSpeed's, inside global_step2/ (what the deepspeed adapter reads)
+    "trainer_deepspeed_zero2": ("checkpoint-2", {"scheduler.pt", "rng_state_0.pth", "rng_state_1.pth",
+                                                 "training_args.bin"}),
 }
 
 

@@ -38,6 +38,8 @@ RUNS: dict[str, tuple[str | None, set[str]]] = {
     # the optimizer state is DeepSpeed's, inside global_step2/ (what the deepspeed adapter reads)
     "trainer_deepspeed_zero2": ("checkpoint-2", {"scheduler.pt", "rng_state_0.pth", "rng_state_1.pth",
                                                  "training_args.bin"}),
+    "trainer_deepspeed_zero3": ("checkpoint-2", {"scheduler.pt", "rng_state_0.pth", "rng_state_1.pth",
+                                                 "training_args.bin"}),
 }
 
 

@@ -81,6 +81,15 @@ class Fixture:
             return select_checkpoint(self.root / "checkpoint", selected.removeprefix("checkpoint-"))
         return self.root / "checkpoint"
 
+    def recorded_files(self) -> Any:
+        """``meta.json``'s ``checkpoint_files``, relative to :attr:`checkpoint` (for a selected
+        ``checkpoint-N/``, its files only, without the folder's name)."""
+        recorded = self.meta.get("checkpoint_files")
+        sub = self.checkpoint.relative_to(self.root / "checkpoint").as_posix()
+        if sub == "." or not isinstance(recorded, dict):
+            return recorded
+        return {k[len(sub) + 1:]: v for k, v in recorded.items() if k.startswith(sub + "/")}
+
     @property
     def expected(self) -> Path:
         return self.root / "expected.safetensors"

@@ -1,6 +1,7 @@
 """A ``Trainer`` output directory holding several ``checkpoint-N/``: pick one, never guess.
 
-``Trainer`` writes each save into ``output_dir/checkpoint-N/`` (N the global step) [R19].  Given
+The ``Trainer`` documentation defines a save as ``output_dir/checkpoint-N/`` (N the global step)
+[R19].  Given
 such an output directory, the gate takes in exactly one of them, chosen with ``--checkpoint N`` or
 ``--checkpoint latest`` (the highest N).  Without the option, a directory whose only entry is one
 ``checkpoint-N/`` is that checkpoint; any other directory holding ``checkpoint-N/`` folders is

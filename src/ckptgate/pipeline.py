@@ -196,7 +196,7 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
              refuse_early: bool = False, signatures: Sequence[Path] = (),
              offered_key: OfferedKey | None = None, on_hash_plan: Callable[[int], None] | None = None,
              on_hash_bytes: Callable[[int], None] | None = None,
-             certificate_chain: CertificateChain | None = None) -> Evaluation:
+             certificate_chain: CertificateChain | None = None, select: str | None = None) -> Evaluation:
     """Inspect, digest, verify and decide.  Never loads anything from the checkpoint.
 
     The CRC-32 of torch-zip entries is computed from the bytes the digest reads (one read of the
@@ -218,7 +218,7 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="ckptgate-beside-digest") as pool:
         pool.submit(prepare_statement_checks)
         profile = pool.submit(_preflight) if containment is None and _needs_profile(inspection) else None
-        early = pool.submit(_precheck, engine, inspection, Request(action=action, now=now,
+        early = pool.submit(_precheck, engine, inspection, Request(action=action, now=now, select=select,
                             candidate_commit=candidate_commit), stop) if refuse_early else None
         if on_hash_plan is not None:
             on_hash_plan(tree.total_bytes)
@@ -237,7 +237,7 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
     return judge(inspection, digest, attestations=attestations, engine=engine, trust=trust, action=action,
                  now=now, candidate_commit=candidate_commit, containment=containment,
                  sigstore_trust_root=sigstore_trust_root, signatures=signatures, offered_key=offered_key,
-                 certificate_chain=certificate_chain)
+                 certificate_chain=certificate_chain, select=select)
 
 
 def _precheck(engine: PolicyEngine, inspection: Inspection, request: Request, stop: threading.Event) -> Precheck | None:
@@ -267,7 +267,8 @@ def _preflight() -> Any:
 def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequence[Path], engine: PolicyEngine,
           trust: TrustData, action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
           containment: Any = None, sigstore_trust_root: Path | str | None = None, signatures: Sequence[Path] = (),
-          offered_key: OfferedKey | None = None, certificate_chain: CertificateChain | None = None) -> Evaluation:
+          offered_key: OfferedKey | None = None, certificate_chain: CertificateChain | None = None,
+          select: str | None = None) -> Evaluation:
     """Verify ``attestations`` against what was measured and decide; :func:`evaluate` measures first.
 
     ``signatures`` are OpenSSF Model Signing bundles, verified under ``offered_key`` (``--key``) or
@@ -280,7 +281,7 @@ def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequen
     """
     check_signature_flags(signatures, offered_key, certificate_chain is not None or sigstore_trust_root is not None)
     now = now or now_utc()
-    builder = (PolicyInputBuilder(Request(action=action, now=now, candidate_commit=candidate_commit))
+    builder = (PolicyInputBuilder(Request(action=action, now=now, candidate_commit=candidate_commit, select=select))
                .fixture(digest).inspection(inspection))
     manifest = digest.file_hashes()
     for path in attestations:
@@ -365,13 +366,17 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
            signatures: Sequence[Path] = (), key: Path | None = None, certificate_chain: Sequence[Path] = (),
            receipt_signer: Any = None,
            on_hash_plan: Callable[[int], None] | None = None,
-           on_hash_bytes: Callable[[int], None] | None = None) -> IntakeResult:
+           on_hash_bytes: Callable[[int], None] | None = None, select: str | None = None) -> IntakeResult:
     """Take ``src`` in through the gate and publish HF sharded safetensors at ``dst`` (every
     floating-point tensor cast to ``dtype`` if one is named; dtypes are otherwise preserved).
     With ``receipt_signer`` (a :class:`ckptgate.verify.dsse.Signer`) the receipt is also signed
     as a DSSE envelope published beside it.  ``on_hash_plan``/``on_hash_bytes`` report the digest's
-    progress (total, then byte counts); ``on_plan``/``on_bytes`` the consolidation's."""
+    progress (total, then byte counts); ``on_plan``/``on_bytes`` the consolidation's.  ``select``
+    (``--select PREFIX``) names the subtree of a training-state tree to write; by default the
+    policy picks the model subtree of a layout its data describes."""
     options = options or EngineOptions()
+    if select is not None:
+        Request(action="intake", now=now_utc(), select=select)  # a bad prefix is a usage error before any work
     check_cast(dtype)  # before the digest, not after it
     dst = check_destination(dst, source=src)  # the early answer, by path, before any work
     trust = load_trust(options)
@@ -387,7 +392,7 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
         evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now,
                               sigstore_trust_root=options.sigstore_trust_root, refuse_early=True,
                               signatures=signatures, offered_key=offered_key, on_hash_plan=on_hash_plan,
-                              on_hash_bytes=on_hash_bytes, certificate_chain=chain)
+                              on_hash_bytes=on_hash_bytes, certificate_chain=chain, select=select)
         try:
             with staging(destination) as stage:
                 done = consolidate_into(tree, evaluation, stage.fd, max_shard_bytes=max_shard_bytes,

@@ -181,3 +181,20 @@ def test_to_json_with_fields_is_that_projection_in_that_order():
     assert part == {k: full[k] for k in ("engine", "allow", "reasons")}
     with pytest.raises(KeyError):
         d.to_json("nope")
+
+
+def test_selection_is_optional_strict_and_only_on_an_allow():
+    sel = {"prefix": "model", "layout": "torchtitan", "source": "policy", "excluded": ["optimizer"]}
+    assert parse_decision(raw(GOOD_ALLOW)).selection is None
+    assert parse_decision(raw({**GOOD_ALLOW, "selection": None})).selection is None
+    assert "selection" not in parse_decision(raw(GOOD_ALLOW)).to_json()
+    d = parse_decision(raw({**GOOD_ALLOW, "selection": sel}))
+    assert d.allow and d.selection is not None and d.selection.prefix == "model"
+    assert d.to_json()["selection"] == sel
+    for bad in ({**sel, "prefix": "model."}, {**sel, "prefix": ".model"}, {**sel, "prefix": 1},
+                {**sel, "source": "guess"}, {**sel, "excluded": "optimizer"}, {**sel, "extra": 1},
+                {k: v for k, v in sel.items() if k != "layout"}, "model"):
+        d = parse_decision(raw({**GOOD_ALLOW, "selection": bad}))
+        assert not d.allow and d.reasons[0].code == "decision_malformed", bad
+    denied = parse_decision(raw({**GOOD_DENY, "selection": sel}))
+    assert not denied.allow and denied.reasons[0].code == "decision_malformed"

@@ -96,3 +96,19 @@ def test_requalifying_beside_a_stored_statement_of_any_shape(clone: Path, qualif
                      now=datetime(2031, 1, 1, tzinfo=timezone.utc))
     assert result.superseded == (before,)
     assert other.exists()
+
+
+def test_a_trainer_output_fixture_is_qualified_on_its_selected_checkpoint_only() -> None:
+    from ckptgate.digest import fixture_digest
+    from ckptgate.inspect import SafeTree
+
+    repo = Path(__file__).resolve().parents[2]
+    fx = find_fixture(repo, "trainer_llama")
+    assert fx.meta["selected_checkpoint"] == "checkpoint-2"
+    assert fx.checkpoint == fx.root / "checkpoint" / "checkpoint-2"
+    with SafeTree.open(fx.checkpoint) as tree:
+        measured = {e.path: {"sha256": e.sha256, "size": e.size} for e in fixture_digest(tree).manifest}
+    assert fx.recorded_files() == measured  # checkpoint-1/ is neither measured nor compared
+    plain = find_fixture(repo, "hf_sharded")
+    assert plain.checkpoint == plain.root / "checkpoint"
+    assert plain.recorded_files() == plain.meta["checkpoint_files"]

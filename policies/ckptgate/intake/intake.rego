@@ -18,7 +18,8 @@ import data.ckptgate.trust
 # METADATA
 # description: >-
 #   The decision document, exactly {allow, plane, permitted_loaders, required_controls,
-#   reasons, refusal, companions}. Reasons list deny reasons first, then info reasons; each carries its severity.
+#   reasons, refusal, companions, selection}. Reasons list deny reasons first, then info
+#   reasons; each carries its severity.
 # entrypoint: true
 decision := {
 	"allow": allow,
@@ -28,6 +29,7 @@ decision := {
 	"reasons": reasons,
 	"refusal": refusal,
 	"companions": companions,
+	"selection": selection,
 }
 
 # METADATA

@@ -102,7 +102,10 @@ test_allow_framework_with_trusted_qualification_gate_and_controls if {
 
 test_decision_has_exactly_the_contract_keys if {
 	d := _decide(td.framework_input)
-	object.keys(d) == {"allow", "plane", "permitted_loaders", "required_controls", "reasons", "refusal", "companions"}
+	object.keys(d) == {
+		"allow", "plane", "permitted_loaders", "required_controls",
+		"reasons", "refusal", "companions", "selection",
+	}
 	every r in d.reasons {
 		object.keys(r) == {"code", "message", "evidence", "severity"}
 		r.severity in {"deny", "info"}

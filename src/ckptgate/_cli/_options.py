@@ -66,6 +66,26 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return w
 
 
+def checkpoint_option(arg: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--checkpoint N|latest``: which ``checkpoint-N/`` of a ``Trainer`` output directory the
+    command works on.  The path argument ``arg`` is replaced by the selected folder before the
+    command runs, so the digest, the inspection and the receipt cover that folder only."""
+
+    def deco(f: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from ckptgate.inspect.runs import select_checkpoint  # noqa: PLC0415
+
+            kwargs[arg] = select_checkpoint(kwargs[arg], kwargs.pop("checkpoint"))
+            return f(*args, **kwargs)
+
+        return click.option("--checkpoint", "checkpoint", default=None, metavar="N|latest",
+                            help="In a Trainer output directory holding checkpoint-N folders, work on "
+                                 "checkpoint-N (or the highest N with 'latest'); required when it holds several.")(wrapper)
+
+    return deco
+
+
 def load_config(start: Path | None = None) -> Any:
     """The repository configuration found from ``start`` (default: the current directory), else ``None``."""
     from ckptgate.config import load  # noqa: PLC0415

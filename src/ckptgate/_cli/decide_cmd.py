@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ckptgate._cli._base import emit_json, json_option, print_json_text, shown, stdout
-from ckptgate._cli._options import engine_options, signature_options
+from ckptgate._cli._options import checkpoint_option, engine_options, signature_options
 from ckptgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def _common(f):
                      type=click.Path(dir_okay=False, path_type=Path), help="Attestation about SRC (repeatable).")(f)
     f = click.option("--candidate-commit", default=None,
                      help="Require attestations bound to this 40-hex commit.")(f)
-    return signature_options(engine_options(json_option(f)))
+    return checkpoint_option("src")(signature_options(engine_options(json_option(f))))
 
 
 def _evidence_line(evidence: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from ckptgate._cli._base import emit_json, json_option, shown, stdout, table
+from ckptgate._cli._options import checkpoint_option
 from ckptgate.errors import InputRejected
 
 
@@ -43,6 +44,7 @@ def register(cli: click.Group) -> None:
     @cli.command("inspect")
     @click.argument("path", type=click.Path(path_type=Path, file_okay=False, exists=False))
     @click.option("--digest", "with_digest", is_flag=True, help="Also compute the fixture digest.")
+    @checkpoint_option("path")
     @json_option
     def inspect_command(path: Path, with_digest: bool, as_json: bool) -> int:
         """Inspect the checkpoint directory PATH by content, without loading or running anything.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ckptgate._cli._base import emit_json, json_option, shown, stdout
-from ckptgate._cli._options import ByteSize, engine_options, quiet_option, signature_options
+from ckptgate._cli._options import ByteSize, checkpoint_option, engine_options, quiet_option, signature_options
 from ckptgate._cli._progress import phase_bars
 
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 def run_intake(src: Path, out: Path, attestations: tuple[Path, ...], *, options, max_shard_size: int,
                show_progress: bool, dtype: str | None = None, signatures: tuple[Path, ...] = (),
-               key: Path | None = None, receipt_signer=None,
+               key: Path | None = None, receipt_signer=None, select: str | None = None,
                certificate_chains: tuple[Path, ...] = ()) -> IntakeResult:
     """Intake, with a labelled bar for hashing and then one for consolidating when ``show_progress``."""
     from ckptgate.pipeline import intake
@@ -28,7 +28,7 @@ def run_intake(src: Path, out: Path, attestations: tuple[Path, ...], *, options,
                       on_hash_plan=bars["hashing"].plan, on_hash_bytes=bars["hashing"].advance,
                       on_plan=bars["consolidating"].plan, on_bytes=bars["consolidating"].advance,
                       dtype=dtype, signatures=list(signatures), key=key, receipt_signer=receipt_signer,
-                      certificate_chain=list(certificate_chains))
+                      select=select, certificate_chain=list(certificate_chains))
 
 
 def print_result(result: IntakeResult) -> None:
@@ -56,12 +56,18 @@ def register(cli: click.Group) -> None:
     @click.option("--receipt-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
                   help="PEM private key (Ed25519 or ECDSA P-256) to sign the receipt with, as a DSSE envelope "
                        "published beside it; check it later with `ckptgate receipt verify --key`.")
+    @click.option("--select", "select", default=None, metavar="PREFIX",
+                  help="In a DCP training-state tree, write only the entries under PREFIX (such as 'model'), "
+                       "named without it. Default: the model subtree of a layout the policy data describes, "
+                       "else the whole tree.")
     @signature_options
+    @checkpoint_option("src")
     @engine_options
     @quiet_option
     @json_option
     def intake_command(src: Path, out: Path, attestations: tuple[Path, ...], max_shard_size: int,
-                       dtype: str | None, receipt_key: Path | None, signatures: tuple[Path, ...], key: Path | None,
+                       dtype: str | None, receipt_key: Path | None, select: str | None,
+                       signatures: tuple[Path, ...], key: Path | None,
                        certificate_chains: tuple[Path, ...], engine: EngineOptions, quiet: bool,
                        as_json: bool) -> int:
         """Inspect, verify, decide, enforce, consolidate and publish SRC at --out.
@@ -75,7 +81,7 @@ def register(cli: click.Group) -> None:
         result = run_intake(src, out, attestations, options=engine, max_shard_size=max_shard_size,
                             show_progress=not (as_json or quiet) and sys.stderr.isatty(), receipt_signer=signer,
                             dtype=dtype, signatures=signatures, key=key,  # click gives the choice as listed
-                            certificate_chains=certificate_chains)
+                            select=select, certificate_chains=certificate_chains)
         if as_json:
             emit_json({"result": "published", "destination": str(result.destination), "receipt": result.receipt})
         else:

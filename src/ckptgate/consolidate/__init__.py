@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from ckptgate.consolidate.adapters import adapter_for
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, NotConsolidatable, PlanError
-from ckptgate.decide.decision import Decision
+from ckptgate.decide.decision import Decision, Selection
 from ckptgate.errors import PolicyDenied, RuntimeFailure
 from ckptgate.inspect import Inspection
 
@@ -58,7 +58,8 @@ def plan_for(inspection: Inspection, *, decision: Decision, max_shard_bytes: int
     added as whole-file copies, bound to the digest like every other source; resume state never
     is (it is not part of any layout an adapter reads).
     """
-    plan = _adapter_plan(inspection, max_shard_bytes=max_shard_bytes, mapping=mapping, loaded=loaded)
+    plan = _adapter_plan(inspection, max_shard_bytes=max_shard_bytes, mapping=mapping,
+                         selection=decision.selection, loaded=loaded)
     return with_companions(plan, inspection, decision)
 
 
@@ -84,7 +85,7 @@ def with_companions(plan: ConsolidationPlan, inspection: Inspection, decision: D
 
 
 def _adapter_plan(inspection: Inspection, *, max_shard_bytes: int, mapping: str | None,
-                  loaded: LoadedTrees | None) -> ConsolidationPlan:
+                  selection: Selection | None, loaded: LoadedTrees | None) -> ConsolidationPlan:
     fmt = inspection.format
     if not inspection.consolidatable:
         raise NotConsolidatable("plan.format.not_consolidatable",
@@ -97,11 +98,14 @@ def _adapter_plan(inspection: Inspection, *, max_shard_bytes: int, mapping: str 
     if adapter is None:
         raise PlanError("plan.format.unsupported", f"no consolidation adapter for format {fmt!r}",
                         advice="Run `ckptgate inspect` to see what the checkpoint is; see docs/consolidation.md.")
+    if selection is not None and not adapter.selects:
+        raise PlanError("plan.selection.not_applicable", f"a selection does not apply to format {fmt!r}",
+                        evidence={"format": fmt, "prefix": selection.prefix})
     needed = adapter.framework_files(inspection)
     if needed and loaded is None:
         raise RuntimeFailure("runtime.plan.not_loaded", f"this {fmt} checkpoint needs a framework load, and the "
                              "enforce step loaded nothing for it", evidence={"files": list(needed)})
-    return adapter.plan(inspection, max_shard_bytes=max_shard_bytes, mapping=mapping,
+    return adapter.plan(inspection, max_shard_bytes=max_shard_bytes, mapping=mapping, selection=selection,
                         loaded=loaded if needed else None)
 
 

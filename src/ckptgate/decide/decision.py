@@ -4,12 +4,15 @@ The shape (see ``docs/architecture.md``)::
 
     {"allow": bool, "plane": str | null, "permitted_loaders": [str], "required_controls": [str],
      "reasons": [{"code": str, "message": str, "evidence": object, "severity"?: str}],
-     "refusal": null | "input" | "verification" | "policy", "companions"?: [str]}
+     "refusal": null | "input" | "verification" | "policy", "companions"?: [str],
+     "selection"?: null | {"prefix": str, "layout": str | null, "source": "request" | "policy",
+                           "excluded": [str]}}
 
 ``companions`` names the pure-data files at the top of the checkpoint that travel to DST byte for
 byte; without it none does (a missing list publishes less, never more), and a deny names none.
 ``refusal`` is what a deny stands for, decided by the policy, and it alone sets the exit code of
-every command (:data:`REFUSAL_EXIT`).
+every command (:data:`REFUSAL_EXIT`).  ``selection`` names the subtree of a training-state tree
+that is written (its names lose the prefix); null or absent writes the tree whole.
 
 :func:`parse_decision` never raises: a malformed answer becomes a deny :class:`Decision` whose
 single reason says what was wrong with it (fail closed).
@@ -30,7 +33,9 @@ PLANES = ("pure_data", "static_pickle", "framework")
 REFUSAL_EXIT = MappingProxyType({"input": ExitCode.INPUT_REJECTED, "verification": ExitCode.VERIFICATION_FAILED,
                                  "policy": ExitCode.DENIED})
 _KEYS = frozenset({"allow", "plane", "permitted_loaders", "required_controls", "reasons", "refusal"})
-_OPTIONAL = frozenset({"companions"})
+_OPTIONAL = frozenset({"companions", "selection"})
+_SELECTION_KEYS = frozenset({"prefix", "layout", "source", "excluded"})
+_PREFIX = re.compile(r"^[^.\s][^\s]{0,510}$")
 _COMPANION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 _REASON_KEYS = frozenset({"code", "message", "evidence", "severity"})
 _NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
@@ -51,6 +56,21 @@ class Reason:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Selection:
+    """The subtree of a training-state tree that is written: the entries under ``prefix + "."``,
+    named without it.  ``layout`` is the policy-data layout that chose it (None for ``--select``)."""
+
+    prefix: str
+    layout: str | None
+    source: str
+    excluded: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prefix": self.prefix, "layout": self.layout, "source": self.source,
+                "excluded": list(self.excluded)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
     """A decision that passed the strict shape check, with where it came from."""
 
@@ -65,10 +85,12 @@ class Decision:
     refusal: str | None = None
     #: files at the top of the checkpoint that travel to DST byte for byte (allow only)
     companions: tuple[str, ...] = ()
+    #: the subtree of a training-state tree that is written (allow only); None: the tree is written whole
+    selection: Selection | None = None
 
     def __post_init__(self) -> None:
-        if self.companions and not self.allow:
-            raise ValueError("only an allow decision names companions")
+        if (self.companions or self.selection is not None) and not self.allow:
+            raise ValueError("only an allow decision names companions or a selection")
         if self.allow and self.plane not in PLANES:
             raise ValueError("an allow decision must name a plane")
         if (self.refusal is None) != self.allow or (self.refusal is not None and self.refusal not in REFUSAL_EXIT):
@@ -91,7 +113,8 @@ class Decision:
                "required_controls": list(self.required_controls),
                "reasons": [r.to_json() for r in self.reasons],
                "refusal": self.refusal, "companions": list(self.companions), "decision_id": self.decision_id,
-               "policy_revision": self.policy_revision, "engine": self.engine}
+               "policy_revision": self.policy_revision, "engine": self.engine,
+               **({"selection": self.selection.to_json()} if self.selection is not None else {})}
         return {k: doc[k] for k in fields} if fields else doc
 
 
@@ -190,9 +213,29 @@ def _parse(raw: RawDecision) -> Decision:
     companions = _companions(doc.get("companions", []))
     if companions and not allow:
         raise _Malformed("a deny that names companions to publish")
+    selection = _selection(doc.get("selection"))
+    if selection is not None and not allow:
+        raise _Malformed("a deny that names a selection")
     return Decision(allow=allow, plane=plane, permitted_loaders=loaders, required_controls=controls,
                     reasons=reasons, decision_id=raw.decision_id, policy_revision=raw.policy_revision,
-                    engine=raw.engine, refusal=refusal, companions=companions)
+                    engine=raw.engine, refusal=refusal, companions=companions, selection=selection)
+
+
+def _selection(value: Any) -> Selection | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != _SELECTION_KEYS:
+        raise _Malformed(f"'selection' is not an object with exactly {sorted(_SELECTION_KEYS)}")
+    prefix, layout, source, excluded = value["prefix"], value["layout"], value["source"], value["excluded"]
+    if not isinstance(prefix, str) or not _PREFIX.match(prefix) or prefix.endswith("."):
+        raise _Malformed("'selection.prefix' is not a dotted key prefix")
+    if layout is not None and not (isinstance(layout, str) and _NAME.match(layout)):
+        raise _Malformed("'selection.layout' is not a layout name or null")
+    if source not in ("request", "policy"):
+        raise _Malformed("'selection.source' is neither 'request' nor 'policy'")
+    if not isinstance(excluded, list) or not all(isinstance(k, str) for k in excluded):
+        raise _Malformed("'selection.excluded' is not a list of keys")
+    return Selection(prefix=prefix, layout=layout, source=source, excluded=tuple(excluded))
 
 
 def _companions(value: Any) -> tuple[str, ...]:

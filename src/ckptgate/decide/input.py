@@ -20,6 +20,7 @@ from ckptgate.verify.statement import iso_utc
 ACTIONS = ("intake", "decide", "verify", "qualify")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_SELECT = re.compile(r"^(?=.{1,256}$)[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
 
 def check_commit(value: str, option: str = "--candidate-commit") -> str:
@@ -41,8 +42,14 @@ class Request:
     now: datetime
     candidate_commit: str | None = None
     target: str = "hf-sharded-safetensors"
+    #: ``--select PREFIX``: the subtree of a training-state tree to write (policy decides the default)
+    select: str | None = None
 
     def __post_init__(self) -> None:
+        if self.select is not None and not _SELECT.match(self.select):
+            raise UsageError("usage.select.invalid",
+                             f"--select {self.select!r} is not a key prefix such as 'model' or 'app.model'",
+                             evidence={"select": self.select})
         if self.action not in ACTIONS:
             raise UsageError("usage.request.action", f"unknown action {self.action!r}")
         if self.now.tzinfo is None:
@@ -53,7 +60,8 @@ class Request:
     def to_json(self) -> dict[str, Any]:
         return {"action": self.action,
                 "now": iso_utc(self.now),
-                "candidate_commit": self.candidate_commit, "target": self.target}
+                "candidate_commit": self.candidate_commit, "target": self.target,
+                **({"select": self.select} if self.select is not None else {})}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

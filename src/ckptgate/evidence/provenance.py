@@ -139,7 +139,7 @@ def committed_fixture(repo: Path, fixture: Fixture, tree: Any, digest: Any, comm
                             evidence={"manifest": manifest, "commit": commit},
                             advice="Commit the fixture's meta.json (or restore it) before vouching for it.")
     measured = {e.path: {"sha256": e.sha256, "size": e.size} for e in digest.manifest}
-    recorded = fixture.meta.get("checkpoint_files")
+    recorded = fixture.recorded_files()
     if not isinstance(recorded, dict) or recorded != measured:
         rec = recorded if isinstance(recorded, dict) else {}
         differ = sorted(p for p in set(rec) | set(measured) if rec.get(p) != measured.get(p))

@@ -28,6 +28,7 @@ from ckptgate.evidence.candidate import EVIDENCE_PATHS, candidate_commit, dirty_
 from ckptgate.evidence.errors import EvidenceError, QualificationFailed
 from ckptgate.consolidate.plan import PlanError
 from ckptgate.errors import InputRejected, PolicyDenied, RuntimeFailure, VerificationError
+from ckptgate.inspect.runs import select_checkpoint
 
 FIXTURES_DIR = Path("tests") / "fixtures" / "data"
 STORE_DIR = Path("attestations")
@@ -73,7 +74,21 @@ class Fixture:
 
     @property
     def checkpoint(self) -> Path:
+        """``checkpoint/``, or the ``checkpoint-N/`` inside it that ``meta.json`` names as
+        ``selected_checkpoint`` (a Trainer output directory: the ground truth is for that one)."""
+        selected = self.meta.get("selected_checkpoint")
+        if isinstance(selected, str) and selected:
+            return select_checkpoint(self.root / "checkpoint", selected.removeprefix("checkpoint-"))
         return self.root / "checkpoint"
+
+    def recorded_files(self) -> Any:
+        """``meta.json``'s ``checkpoint_files``, relative to :attr:`checkpoint` (for a selected
+        ``checkpoint-N/``, its files only, without the folder's name)."""
+        recorded = self.meta.get("checkpoint_files")
+        sub = self.checkpoint.relative_to(self.root / "checkpoint").as_posix()
+        if sub == "." or not isinstance(recorded, dict):
+            return recorded
+        return {k[len(sub) + 1:]: v for k, v in recorded.items() if k.startswith(sub + "/")}
 
     @property
     def expected(self) -> Path:

@@ -105,6 +105,11 @@ RESUME_STATE = Allowlist(
         _TU + "FSDPOption", "transformers.debug_utils.DebugOption",
         "transformers.trainer_pt_utils.AcceleratorConfig",
         "accelerate.state.PartialState", "accelerate.utils.dataclasses.DistributedType",
+        # TrainingArguments(deepspeed=...) also holds the DeepSpeed config objects (a real run,
+        # tests/fixtures/data/trainer_deepspeed_zero2)
+        "transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig",
+        "transformers.integrations.deepspeed.HfDeepSpeedConfig",
+        "accelerate.utils.dataclasses.DeepSpeedPlugin",
         "torch.device",
         "numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct", "numpy.ndarray",
         "numpy.dtype", "_codecs.encode",

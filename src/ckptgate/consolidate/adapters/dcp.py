@@ -16,11 +16,13 @@ as skipped.  FSDP2 ``DTensor`` ``Shard(0)`` state dicts saved through DCP take t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters._common import record_segment
 from ckptgate.consolidate.adapters.registry import StaticAdapter, register
+from ckptgate.decide.decision import Selection
 from ckptgate.consolidate.plan import (DTYPE_SIZES, MAX_PLAN_RUNS, ConsolidationPlan, OutputTensor, Placement,
                                        PlanError, chunk_run_count, chunk_runs, merge_placements, no_tensors, numel,
                                        shard_tensors, st_dtype)
@@ -108,7 +110,25 @@ def hf_storage_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
     return _tensors(layout, locate, ("saved_offsets", "shape"))
 
 
-def plan(fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int) -> ConsolidationPlan:
+def select(tensors: Sequence[OutputTensor], skipped: Sequence[str],
+           selection: Selection) -> tuple[list[OutputTensor], list[str], dict[str, Any]]:
+    """The entries under ``selection.prefix + "."``, named without it (``model.0.weight`` ->
+    ``0.weight``, as ``get_model_state_dict`` names them), the BYTE_IO items under it, and the
+    report of what was left out (never written)."""
+    head = selection.prefix + "."
+    kept = [dataclasses.replace(t, name=t.name[len(head):]) for t in tensors if t.name.startswith(head)]
+    if not kept:
+        raise PlanError("plan.selection.empty", f"no tensor of this tree is under {selection.prefix!r}",
+                        evidence={"prefix": selection.prefix})
+    left = [t.name for t in tensors if not t.name.startswith(head)]
+    report = {**selection.to_json(), "excluded_tensors": len(left),
+              "excluded_bytes_items": sum(1 for s in skipped if not s.startswith(head))}
+    return kept, [s[len(head):] for s in skipped if s.startswith(head)], report
+
+
+def plan(fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int,
+         selection: Selection | None = None) -> ConsolidationPlan:
+    """The plan of a DCP tree: whole, or only the subtree ``selection`` names (decided by policy)."""
     if fmt == "dcp-torch-save":
         tensors = torch_save_tensors(layout)
         skipped: Sequence[str] = sorted(layout.get("bytes_items", []))
@@ -119,6 +139,8 @@ def plan(fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int) -> Consol
     if not tensors:
         raise no_tensors()
     report: dict[str, Any] = {"adapter": "dcp", "format": fmt}
+    if selection is not None:
+        tensors, skipped, report["selection"] = select(tensors, skipped, selection)
     if skipped:
         report["skipped_bytes_items"] = list(skipped)
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes, report=report)
@@ -129,10 +151,11 @@ class DcpAdapter(StaticAdapter):
 
     name = "dcp"
     formats = ("dcp-torch-save", "dcp-hf-safetensors")
+    selects = True
 
     def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             loaded: Any = None) -> ConsolidationPlan:
-        return plan(inspection.format or "", inspection.layout, max_shard_bytes=max_shard_bytes)
+             selection: Selection | None = None, loaded: Any = None) -> ConsolidationPlan:
+        return plan(inspection.format or "", inspection.layout, max_shard_bytes=max_shard_bytes, selection=selection)
 
 
 register(DcpAdapter())

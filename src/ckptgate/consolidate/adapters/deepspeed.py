@@ -46,6 +46,7 @@ from ckptgate.errors import RuntimeFailure
 from ckptgate.inspect.pickle import Call, Global, SDict, SList, SSet, key_text
 
 if TYPE_CHECKING:
+    from ckptgate.decide.decision import Selection
     from ckptgate.enforce.load import LoadedTrees
     from ckptgate.inspect import Inspection
 
@@ -453,7 +454,7 @@ class UniversalAdapter(StaticAdapter):
     formats = ("deepspeed-universal",)
 
     def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             loaded: Any = None) -> ConsolidationPlan:
+             selection: Selection | None = None, loaded: Any = None) -> ConsolidationPlan:
         return universal_plan(inspection.layout, {f.path: f for f in inspection.files},
                               max_shard_bytes=max_shard_bytes)
 
@@ -473,7 +474,7 @@ class ZeroAdapter:
         return () if statically_readable(files, rels) else tuple(rels)
 
     def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             loaded: LoadedTrees | None = None) -> ConsolidationPlan:
+             selection: Selection | None = None, loaded: LoadedTrees | None = None) -> ConsolidationPlan:
         layout, files = inspection.layout, {f.path: f for f in inspection.files}
         if loaded is None:  # less than the decision permits: no worker at all
             return zero_plan(layout, static_trees(files, zero_files(layout)), files,

@@ -18,6 +18,7 @@ from ckptgate.consolidate.plan import (ConsolidationPlan, NotConsolidatable, Out
                                        shard_tensors, st_dtype)
 
 if TYPE_CHECKING:
+    from ckptgate.decide.decision import Selection
     from ckptgate.inspect import Inspection
 
 
@@ -62,7 +63,7 @@ class FsdpFullAdapter(StaticAdapter):
     formats = ("fsdp-full",)
 
     def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             loaded: Any = None) -> ConsolidationPlan:
+             selection: Selection | None = None, loaded: Any = None) -> ConsolidationPlan:
         return plan(inspection.format or "", inspection.layout, max_shard_bytes=max_shard_bytes)
 
 

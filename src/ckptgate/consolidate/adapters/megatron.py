@@ -21,6 +21,7 @@ from ckptgate.consolidate.adapters.registry import StaticAdapter, register
 from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, PlanError, no_tensors, shard_tensors
 
 if TYPE_CHECKING:
+    from ckptgate.decide.decision import Selection
     from ckptgate.inspect import Inspection
 
 
@@ -88,7 +89,7 @@ class MegatronAdapter(StaticAdapter):
     mappings = (UNSTACK_LAYERS,)
 
     def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             loaded: Any = None) -> ConsolidationPlan:
+             selection: Selection | None = None, loaded: Any = None) -> ConsolidationPlan:
         return plan(inspection.layout, max_shard_bytes=max_shard_bytes, mapping=mapping)
 
 

@@ -18,6 +18,7 @@ from ckptgate.consolidate.adapters.registry import StaticAdapter, register
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, NotConsolidatable, PlanError, ShardTask
 
 if TYPE_CHECKING:
+    from ckptgate.decide.decision import Selection
     from ckptgate.inspect import Inspection
 
 
@@ -63,7 +64,7 @@ class PeftAdapter(StaticAdapter):
     formats = ("peft", "peft-lora")
 
     def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             loaded: Any = None) -> ConsolidationPlan:
+             selection: Selection | None = None, loaded: Any = None) -> ConsolidationPlan:
         return plan(inspection.layout, {f.path: f for f in inspection.files})
 
 

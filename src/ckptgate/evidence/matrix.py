@@ -23,6 +23,7 @@ from ckptgate.evidence.candidate import (EVIDENCE_PATHS, _filtered_tree, candida
                                          head_commit)
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.qualify import GATES_DATA, STORE_DIR, list_fixtures
+from ckptgate.digest import Digest
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import check_output_file, read_regular_file, write_output_file
 from ckptgate.verify.statement import field_at, iso_utc, parse_time
@@ -87,12 +88,12 @@ def _parse_time(s: Any) -> datetime | None:
         return None
 
 
-def fixture_digests(repo: Path) -> dict[str, str]:
-    """``sha256:<hex>`` -> fixture name, measured now over every fixture's ``checkpoint/``."""
+def fixture_digests(repo: Path) -> dict[Digest, str]:
+    """Digest -> fixture name, measured now over every fixture's ``checkpoint/``."""
     from ckptgate.digest import fixture_digest
     from ckptgate.inspect import SafeTree
 
-    out: dict[str, str] = {}
+    out: dict[Digest, str] = {}
     for f in list_fixtures(repo):
         with SafeTree.open(f.checkpoint) as tree:
             out[fixture_digest(tree).digest] = f.name
@@ -106,7 +107,7 @@ def collect(repo: Path, trust: Any, *, now: datetime | None = None) -> tuple[lis
     from ckptgate.verify.facts import rejection_facts
 
     # (source, the subject digest its directory names, its bytes): each stored file is read once
-    stored = [(p.relative_to(repo).as_posix(), "sha256:" + p.parent.name.removeprefix("sha256-"), p.read_bytes())
+    stored = [(p.relative_to(repo).as_posix(), Digest.from_filename_stem(p.parent.name), p.read_bytes())
               for p in AttestationStore(repo / STORE_DIR).iter()]
     if now is None:  # the newest signed issue time: a file nobody trusted signed cannot move it
         times = [commit_time(repo, candidate_commit(repo))]
@@ -154,7 +155,7 @@ def retained_result(repo: Path, statement: dict[str, Any]) -> dict[str, Any]:
     return {"location": location, "sha256": digest}
 
 
-def _signed_issue_time(raw: bytes, *, source: str, trust: Any, digest: str) -> datetime | None:
+def _signed_issue_time(raw: bytes, *, source: str, trust: Any, digest: Digest) -> datetime | None:
     """``issued_at`` of an attestation that verifies at that instant (trusted signature, known
     statement shape, subject ``digest``); ``None`` for anything else, however it is malformed."""
     from ckptgate.verify import verify_attestation

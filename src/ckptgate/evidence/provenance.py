@@ -27,6 +27,7 @@ from ckptgate.evidence.candidate import candidate_commit, git
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.qualify import (STORE_DIR, Fixture, _rel, _validity, fixture_adapter, gate_producer,
                                        resolve_key)
+from ckptgate.digest import Digest, FixtureDigest
 from ckptgate.errors import VerificationError
 from ckptgate.verify.statement import iso_utc
 
@@ -47,14 +48,14 @@ class CommittedFixture:
     """The candidate commit (40 hex)."""
     git_tree: str
     """The git tree object of ``location`` at ``commit``."""
-    digest: str
-    """``sha256:<hex>``: the ckptgate fixture digest of the checked bytes."""
+    digest: Digest
+    """The ckptgate fixture digest of the checked bytes."""
 
     def __post_init__(self) -> None:
         if len(self.commit) != 40 or any(c not in "0123456789abcdef" for c in self.commit):
             raise ValueError(f"bad commit {self.commit!r}")
-        if not self.digest.startswith("sha256:") or len(self.digest) != 71:
-            raise ValueError(f"bad digest {self.digest!r}")
+        if not isinstance(self.digest, Digest):
+            raise TypeError(f"bad digest {self.digest!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,14 +63,14 @@ class ProvenanceResult:
     """A stored provenance attestation for one fixture digest."""
 
     fixture: str
-    fixture_digest: str
+    fixture_digest: Digest
     candidate_commit: str
     attestation: Path
     superseded: tuple[Path, ...] = ()
     """Earlier provenance statements for the same digest and location, now removed."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"fixture": self.fixture, "fixture_digest": self.fixture_digest,
+        return {"fixture": self.fixture, "fixture_digest": self.fixture_digest.prefixed(),
                 "candidate_commit": self.candidate_commit, "attestation": str(self.attestation),
                 "superseded": [str(p) for p in self.superseded]}
 
@@ -114,7 +115,7 @@ def _json_or_none(raw: bytes) -> Any:
         return None
 
 
-def committed_fixture(repo: Path, fixture: Fixture, tree: Any, digest: Any, commit: str) -> CommittedFixture:
+def committed_fixture(repo: Path, fixture: Fixture, tree: Any, digest: FixtureDigest, commit: str) -> CommittedFixture:
     """Check, in order, that the measured bytes are the committed, generator-recorded ones.
 
     ``tree`` is the open :class:`~ckptgate.inspect.SafeTree` of the checkpoint and ``digest`` its
@@ -206,11 +207,11 @@ def provenance_statement(repo: Path, fixture: Fixture, committed: CommittedFixtu
     producer = fixture.producer(gate_producer(repo, adapter) if adapter else None)
     return {
         "_type": STATEMENT_TYPE,
-        "subject": [{"name": fixture.name, "digest": {"sha256": committed.digest.split(":", 1)[1]}}],
+        "subject": [{"name": fixture.name, "digest": committed.digest.dsse_subject()}],
         "predicateType": PROVENANCE_PREDICATE_TYPE,
         "predicate": {
             "basis": BASIS,
-            "fixture": {"digest": committed.digest, "digest_algorithm": "sha256", "location": committed.location,
+            "fixture": {"digest": committed.digest.prefixed(), "digest_algorithm": committed.digest.algorithm, "location": committed.location,
                         "manifest": committed.manifest, "git_tree": committed.git_tree},
             "producer": {**producer, "call": str(fixture.meta["producer"])},
             "producers": _producers(fixture),
@@ -223,7 +224,7 @@ def provenance_statement(repo: Path, fixture: Fixture, committed: CommittedFixtu
 
 
 # --------------------------------------------------------------------------------------------- store
-def _provenance_files(store: Any, digest: str) -> list[tuple[Path, dict[str, Any]]]:
+def _provenance_files(store: Any, digest: Digest) -> list[tuple[Path, dict[str, Any]]]:
     from ckptgate.verify.statement import PROVENANCE_PREDICATE_TYPE
     from ckptgate.verify.store import statement_of
 
@@ -238,7 +239,7 @@ def _provenance_files(store: Any, digest: str) -> list[tuple[Path, dict[str, Any
     return out
 
 
-def usable_provenance(repo: Path, digest: str, *, trust: Any, commit: str, now: datetime) -> list[Path]:
+def usable_provenance(repo: Path, digest: Digest, *, trust: Any, commit: str, now: datetime) -> list[Path]:
     """Stored provenance statements for ``digest`` that verify now, for ``commit``, under ``trust``.
 
     Only statements that verify are returned, so a stale one never reaches policy as a rejected
@@ -257,7 +258,7 @@ def usable_provenance(repo: Path, digest: str, *, trust: Any, commit: str, now: 
     return ok
 
 
-def sign_provenance(repo: Path, fixture: Fixture, tree: Any, digest: Any, *, signer: Any, trust: Any, commit: str,
+def sign_provenance(repo: Path, fixture: Fixture, tree: Any, digest: FixtureDigest, *, signer: Any, trust: Any, commit: str,
                     now: datetime) -> bytes:
     """Check the committed bytes (:func:`committed_fixture`), sign the statement and verify the
     envelope under ``trust`` for ``digest`` and ``commit``; returns the DSSE envelope (not stored)."""
@@ -287,7 +288,7 @@ def discard_provenance(repo: Path, path: Path) -> None:
     AttestationStore(repo / STORE_DIR).rebuild_index()
 
 
-def supersede_provenance(repo: Path, keep: Path, digest: str) -> tuple[Path, ...]:
+def supersede_provenance(repo: Path, keep: Path, digest: Digest) -> tuple[Path, ...]:
     """Remove every other stored provenance statement for ``digest`` with the same fixture location."""
     from ckptgate.verify import AttestationStore
     from ckptgate.verify.store import statement_of

@@ -27,6 +27,7 @@ from ckptgate import __version__
 from ckptgate.evidence.candidate import EVIDENCE_PATHS, candidate_commit, dirty_paths, head_commit
 from ckptgate.evidence.errors import EvidenceError, QualificationFailed
 from ckptgate.consolidate.plan import PlanError
+from ckptgate.digest import Digest
 from ckptgate.errors import InputRejected, PolicyDenied, RuntimeFailure, VerificationError
 
 FIXTURES_DIR = Path("tests") / "fixtures" / "data"
@@ -260,7 +261,7 @@ class QualificationResult:
     fixture: str
     adapter: str
     status: str
-    fixture_digest: str
+    fixture_digest: Digest
     candidate_commit: str
     attestation: Path | None
     log: Path
@@ -275,7 +276,7 @@ class QualificationResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"fixture": self.fixture, "adapter": self.adapter, "status": self.status,
-                "fixture_digest": self.fixture_digest, "candidate_commit": self.candidate_commit,
+                "fixture_digest": self.fixture_digest.prefixed(), "candidate_commit": self.candidate_commit,
                 "attestation": str(self.attestation) if self.attestation else None, "log": str(self.log),
                 "log_sha256": "sha256:" + self.log_sha256, "superseded": [str(p) for p in self.superseded],
                 "provenance": list(self.provenance)}
@@ -391,14 +392,14 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
         "expected": {"file": _rel(repo, fixture.expected), "sha256": expected_sha}, "started_at": iso_utc(now),
     }
     status = "error"
-    digest: str | None = None
+    digest: Digest | None = None
     with tempfile.TemporaryDirectory(prefix="ckptgate-qualify-") as tmp:
         out_dir = Path(tmp) / "out"
         out_dir.mkdir()
         try:
             run = _consolidate(repo, fixture, out_dir, options=options, commit=commit, now=now, key=key_path)
             digest = run["fixture_digest"]
-            log.update(run)
+            log.update({**run, "fixture_digest": digest.prefixed()})
             checks["policy_allows_qualify"] = bool(run["decision"]["allow"])
             comparison = compare_outputs(out_dir, fixture.expected)
             log["comparison"] = comparison["tensors"]
@@ -418,8 +419,7 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
         digest = _measure(fixture)
     log["checks"] = checks
     log["status"] = status
-    hexd = digest.split(":", 1)[1]
-    log_path = repo / EVIDENCE_DIR / f"sha256-{hexd}" / f"{adapter}.log.json"
+    log_path = repo / EVIDENCE_DIR / digest.filename_stem() / f"{adapter}.log.json"
     log_raw = (json.dumps(log, indent=2, sort_keys=True) + "\n").encode()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_bytes(log_raw)
@@ -448,7 +448,7 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
     return result
 
 
-def _supersede(store: Any, digest: str, adapter: str) -> tuple[Path, ...]:
+def _supersede(store: Any, digest: Digest, adapter: str) -> tuple[Path, ...]:
     """Remove earlier qualifications of the same adapter on the same fixture: their log is replaced."""
     from ckptgate.verify.statement import field_at
     from ckptgate.verify.store import statement_of
@@ -465,7 +465,7 @@ def _supersede(store: Any, digest: str, adapter: str) -> tuple[Path, ...]:
     return tuple(removed)
 
 
-def _measure(fixture: Fixture) -> str:
+def _measure(fixture: Fixture) -> Digest:
     from ckptgate.digest import fixture_digest
     from ckptgate.inspect import SafeTree
 

@@ -54,7 +54,7 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
             # The bound subject is this checkpoint, and the predicate is about that subject (not a
             # co-subject beside a statement about another fixture).
             "digest_matches": bool(field_at(att, "verification", "subject_matches_fixture"))
-            and field_at(att, "verification", "measured_digest") == ev.digest.digest
+            and field_at(att, "verification", "measured_digest") == ev.digest.digest.prefixed()
             and (_predicate_about_subject(att) or field_at(att, "verification", "manifest_matches_fixture") is True),
             "method": field_at(att, "verification", "method"),
             "binding": field_at(att, "verification", "binding"),
@@ -82,7 +82,7 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
                       "trust_data": {"source": trust.source,
                                      "sha256": f"sha256:{hashlib.sha256(trust.raw).hexdigest()}"}},
         "checkpoint": {"path": str(path), "format": facts.get("format"), "clean": facts.get("clean"),
-                       "digest": ev.digest.digest, "file_count": len(facts.get("files") or []),
+                       "digest": ev.digest.digest.prefixed(), "file_count": len(facts.get("files") or []),
                        "files": facts.get("files") or [], "loaders": facts.get("loaders") or [],
                        "findings": facts.get("findings") or []},
         "attestations": signed,

@@ -29,6 +29,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from ckptgate.digest import Digest
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import read_regular_file
 from ckptgate.verify._json import loads_strict
@@ -208,7 +209,7 @@ def bind_resources(resources: dict[str, str], measured: dict[str, str], ignore_p
                     files=changed[:20])
 
 
-def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey, manifest: dict[str, str], measured_digest: str,
+def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey, manifest: dict[str, str], measured_digest: Digest | str,
                       now: datetime) -> VerifiedAttestation:
     """Verify an OMS bundle (key method) under ``key`` and bind it to ``manifest`` (path -> sha256 of every
     measured file, whose fixture digest is ``measured_digest``).  Raises ``verify.oms.*``."""
@@ -230,5 +231,5 @@ def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey, manifest: dic
         signers=(SignerFacts(kind="key", signer_id=key.signer_id, spki_sha256=key.spki_sha256,
                              algorithm=key.algorithm, offered=key.source),),
         checks=("bundle", "signature", "statement_schema", "serialization", "resources_bound"),
-        verified_at=now, subject_name=stmt["subject"][0]["name"], measured_digest=measured_digest,
+        verified_at=now, subject_name=stmt["subject"][0]["name"], measured_digest=Digest.of(measured_digest).prefixed(),
         binding="manifest", validity=None)

@@ -16,7 +16,7 @@ from typing import Any
 from ckptgate.decide import now_utc
 from ckptgate.digest import fixture_digest
 from ckptgate.inspect import SafeTree
-from ckptgate.pipeline import EngineOptions
+from ckptgate.decide.options import EngineOptions
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
 from ckptgate.verify.statement import qualification_statement
 from ckptgate.verify.dsse import sign_statement

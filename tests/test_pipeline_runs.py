@@ -27,7 +27,8 @@ from ckptgate.demo import demo_statement
 from ckptgate.digest import fixture_digest
 from ckptgate.errors import InputRejected
 from ckptgate.inspect import SafeTree, inspect_tree
-from ckptgate.pipeline import EngineOptions, intake
+from ckptgate.decide.options import EngineOptions
+from ckptgate.pipeline import intake
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
 from ckptgate.verify.dsse import sign_statement
 

@@ -22,7 +22,8 @@ from ckptgate.decide import now_utc
 from ckptgate.digest import Digest, fixture_digest
 from ckptgate.errors import Error, UsageError
 from ckptgate.inspect import SafeTree
-from ckptgate.pipeline import EngineOptions, IntakeResult, intake
+from ckptgate.decide.options import EngineOptions
+from ckptgate.pipeline import IntakeResult, intake
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
 from ckptgate.verify.dsse import sign_statement, write_private_key
 from ckptgate.verify.statement import qualification_statement

@@ -19,9 +19,12 @@ from ckptgate.errors import VerificationError
 from ckptgate.evidence.candidate import candidate_commit
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.provenance import (BASIS, attest_provenance, provenance_needed, usable_provenance)
-from ckptgate.evidence.qualify import find_fixture, fixture_adapter, qualifiable, qualify
+from ckptgate.evidence.fixtures import find_fixture
+from ckptgate.evidence.gates import fixture_adapter, qualifiable
+from ckptgate.evidence.qualify import qualify
 from ckptgate.inspect import SafeTree
-from ckptgate.pipeline import EngineOptions, engine_for, evaluate, load_trust
+from ckptgate.decide.options import EngineOptions, engine_for, load_trust
+from ckptgate.pipeline import evaluate
 from ckptgate.verify import (QUALIFICATION_PREDICATE_TYPE, AttestationStore, TrustData, generate_keypair,
                              trust_entry, verify_attestation)
 from ckptgate.verify.statement import PROVENANCE_PREDICATE_TYPE

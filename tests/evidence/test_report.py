@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ckptgate.evidence.report import build_report, render_html, render_text
-from ckptgate.pipeline import EngineOptions
+from ckptgate.decide.options import EngineOptions
 from evidence_helpers import FIXTURE, EvidenceRepo
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ckptgate.evidence.report import build_report, render_html
-from ckptgate.pipeline import EngineOptions
+from ckptgate.decide.options import EngineOptions
 from evidence_helpers import FIXTURE, REPO, EvidenceRepo
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -24,7 +24,7 @@ from ckptgate.decide.input import PolicyInputBuilder, Request
 from ckptgate.digest import fixture_digest
 from ckptgate.errors import VerificationError
 from ckptgate.inspect import SafeTree, inspect_open_tree
-from ckptgate.pipeline import TRUST_IN_BUNDLE
+from ckptgate.decide.options import TRUST_IN_BUNDLE
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, TrustData
 from ckptgate.verify.dsse import canonical_payload, sign_payload
 from ckptgate.verify.facts import verify_attestation

@@ -13,13 +13,15 @@ from ckptgate._cli._options import engine_options
 from ckptgate.errors import UsageError
 
 if TYPE_CHECKING:
-    from ckptgate.pipeline import EngineOptions, Evaluation
+    from ckptgate.decide.options import EngineOptions
+    from ckptgate.pipeline import Evaluation
 
 
 def _evaluate(src: Path, attestations: tuple[Path, ...], candidate_commit: str | None,
               options: EngineOptions) -> Evaluation:
     from ckptgate.inspect import SafeTree
-    from ckptgate.pipeline import engine_for, evaluate, load_trust
+    from ckptgate.decide.options import engine_for, load_trust
+    from ckptgate.pipeline import evaluate
 
     trust = load_trust(options)
     with SafeTree.open(src) as tree, engine_for(options, trust) as engine:

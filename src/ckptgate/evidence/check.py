@@ -296,7 +296,7 @@ def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = (), conf
     from ckptgate.decide.bundle import default_policy_dir
     from ckptgate.evidence import claims, matrix
     from ckptgate.evidence.candidate import candidate_commit
-    from ckptgate.pipeline import EngineOptions, engine_for, load_trust
+    from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 
     repo = repo.resolve()
     reasons = plan(config, skip)

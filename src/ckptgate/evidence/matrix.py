@@ -22,7 +22,8 @@ from typing import Any
 from ckptgate.evidence.candidate import (EVIDENCE_PATHS, _filtered_tree, candidate_commit, commit_time, git,
                                          head_commit)
 from ckptgate.evidence.errors import EvidenceError
-from ckptgate.evidence.qualify import GATES_DATA, STORE_DIR, list_fixtures
+from ckptgate.evidence.fixtures import STORE_DIR, list_fixtures
+from ckptgate.evidence.gates import GATES_DATA
 from ckptgate.digest import Digest
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import check_output_file, read_regular_file, write_output_file

@@ -25,7 +25,8 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
     progress (:func:`ckptgate.pipeline.evaluate`)."""
     from ckptgate import __version__
     from ckptgate.inspect import SafeTree
-    from ckptgate.pipeline import EngineOptions, engine_for, evaluate, load_trust
+    from ckptgate.decide.options import EngineOptions, engine_for, load_trust
+    from ckptgate.pipeline import evaluate
     from ckptgate.verify.oms import OfferedKey, check_signature_flags
     from ckptgate.verify.statement import field_at
 

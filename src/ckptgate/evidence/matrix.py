@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptgate.evidence.candidate import (EVIDENCE_PATHS, _filtered_tree, candidate_commit, commit_time, git,
                                          head_commit)
@@ -28,6 +28,10 @@ from ckptgate.digest import Digest
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import check_output_file, read_regular_file, write_output_file
 from ckptgate.verify.statement import field_at, iso_utc, parse_time
+
+if TYPE_CHECKING:
+    from ckptgate.decide.engine import PolicyEngine
+    from ckptgate.verify import TrustData
 
 ROWS_ENTRYPOINT = "ckptgate/support/rows"
 MATRIX_DIR = Path("matrix")
@@ -101,7 +105,7 @@ def fixture_digests(repo: Path) -> dict[Digest, str]:
     return out
 
 
-def collect(repo: Path, trust: Any, *, now: datetime | None = None) -> tuple[list[dict[str, Any]],
+def collect(repo: Path, trust: TrustData, *, now: datetime | None = None) -> tuple[list[dict[str, Any]],
                                                                           list[dict[str, Any]], datetime]:
     """Verify every stored attestation against the fixture it names; (facts, rejected, as-of time)."""
     from ckptgate.verify import AttestationStore, verify_attestation
@@ -156,7 +160,7 @@ def retained_result(repo: Path, statement: dict[str, Any]) -> dict[str, Any]:
     return {"location": location, "sha256": digest}
 
 
-def _signed_issue_time(raw: bytes, *, source: str, trust: Any, digest: Digest) -> datetime | None:
+def _signed_issue_time(raw: bytes, *, source: str, trust: TrustData, digest: Digest) -> datetime | None:
     """``issued_at`` of an attestation that verifies at that instant (trusted signature, known
     statement shape, subject ``digest``); ``None`` for anything else, however it is malformed."""
     from ckptgate.verify import verify_attestation
@@ -185,13 +189,13 @@ def targets(repo: Path) -> list[str]:
     return sorted(a for a in (gates.get("adapters") or {}) if isinstance(a, str))
 
 
-def support_input(repo: Path, trust: Any, *, now: datetime | None = None) -> dict[str, Any]:
+def support_input(repo: Path, trust: TrustData, *, now: datetime | None = None) -> dict[str, Any]:
     facts, rejected, as_of = collect(repo, trust, now=now)
     return {"attestations": facts, "rejected_attestations": rejected, "now": iso_utc(as_of),
             "head": head_facts(repo).to_json(), "targets": targets(repo)}
 
 
-def build(repo: Path, engine: Any, trust: Any, *, now: datetime | None = None) -> Matrix:
+def build(repo: Path, engine: PolicyEngine, trust: TrustData, *, now: datetime | None = None) -> Matrix:
     """Evaluate ``data.ckptgate.support.rows`` over the verified facts and return the matrix."""
     doc = support_input(repo, trust, now=now)
     raw = engine.evaluate(ROWS_ENTRYPOINT, doc)

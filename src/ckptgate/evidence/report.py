@@ -12,10 +12,13 @@ import json
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ckptgate.decide.options import EngineOptions
 
 
-def build_report(path: Path, attestations: Sequence[Path], *, options: Any = None,
+def build_report(path: Path, attestations: Sequence[Path], *, options: EngineOptions | None = None,
                  now: datetime | None = None, signatures: Sequence[Path] = (),
                  key: Path | None = None, on_hash_plan: Callable[[int], None] | None = None,
                  on_hash_bytes: Callable[[int], None] | None = None) -> dict[str, Any]:

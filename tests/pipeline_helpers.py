@@ -16,7 +16,7 @@ from typing import Any
 from ckptgate.decide import now_utc
 from ckptgate.digest import fixture_digest
 from ckptgate.inspect import SafeTree
-from ckptgate.pipeline import EngineOptions
+from ckptgate.decide.options import EngineOptions
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
 from ckptgate.verify.statement import qualification_statement
 from ckptgate.verify.dsse import sign_statement
@@ -68,14 +68,14 @@ def qualification(src: Path, digest: str, *, fmt: str, meta: dict[str, Any], iss
         environment={"python": platform.python_version(), "torch": "2.13.0", "os": "linux",
                      "arch": platform.machine(), "accelerator": "cpu"},
         topology={"tp": 1, "pp": 1, "dp": 2, "cp": 1, "ep": 1, "etp": 1, "world_size": 2},
-        status="passed", checks_run=["bit-exact"], evidence_digest=digest, evidence_location="test",
+        status="passed", checks_run=["bit-exact"], evidence_digest=str(digest), evidence_location="test",
         issued_at=issued_at or now_utc(), valid_for=timedelta(hours=1))
 
 
 def attest(signer: Signer, src: Path, out: Path, *, fmt: str, meta: dict[str, Any]) -> Path:
     """Sign a qualification statement for the measured digest of ``src``; return its path."""
     with SafeTree.open(src) as tree:
-        digest = fixture_digest(tree).digest
+        digest = fixture_digest(tree).digest.prefixed()
     statement = qualification(src, digest, fmt=fmt, meta=meta)
     out.write_bytes(sign_statement(statement, KeySigner.from_pem(signer.key_path)))
     return out
@@ -102,7 +102,7 @@ def demo_attested(src: Path, workdir: Path, *, name: str = "att") -> Attested:
     trust.write_text(json.dumps({"signers": [trust_entry(public_pem, signer_id="test-key",
                                                          predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}))
     with SafeTree.open(src) as tree:
-        digest = fixture_digest(tree).digest
+        digest = fixture_digest(tree).digest.prefixed()
     attestation = workdir / f"{name}.json"
     attestation.write_bytes(sign_statement(demo_statement(digest, "hf_sharded",
                                                           producer=("huggingface_hub", "2.4.0")),

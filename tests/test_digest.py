@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptgate.digest import FixtureDigest, ManifestEntry, canonical_manifest, fixture_digest
-from ckptgate.errors import InputRejected
+from ckptgate.digest import Digest, FixtureDigest, MalformedDigest, ManifestEntry, canonical_manifest, fixture_digest
+from ckptgate.errors import InputRejected, VerificationError
 from ckptgate.inspect.walk import SafeTree
 
 
@@ -33,9 +33,9 @@ def test_digest_matches_an_independent_computation(tmp_path: Path) -> None:
         files.append({"path": rel, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
     doc = json.dumps({"algorithm": "sha256", "files": files}, sort_keys=True, separators=(",", ":"),
                      ensure_ascii=False).encode("utf-8")
-    assert d.digest == "sha256:" + hashlib.sha256(doc).hexdigest()
+    assert d.digest.prefixed() == "sha256:" + hashlib.sha256(doc).hexdigest()
     assert [e.path for e in d.manifest] == [f["path"] for f in files]
-    assert d.to_facts() == {"digest": d.digest, "algorithm": "sha256", "file_count": 4,
+    assert d.to_facts() == {"digest": "sha256:" + hashlib.sha256(doc).hexdigest(), "algorithm": "sha256", "file_count": 4,
                             "total_bytes": sum(f["size"] for f in files)}
 
 
@@ -76,6 +76,56 @@ def test_records_are_validated() -> None:
         ManifestEntry(path="../x", size=1, sha256="0" * 64)
     e = ManifestEntry(path="a", size=1, sha256="0" * 64)
     with pytest.raises(ValueError):
-        FixtureDigest(algorithm="sha256", digest="sha256:" + "0" * 64, manifest=(e,))
+        FixtureDigest(algorithm="sha256", digest=Digest.from_hex("0" * 64), manifest=(e,))
+    with pytest.raises(TypeError):  # the string form is printed, never held
+        FixtureDigest(algorithm="sha256", digest="sha256:" + hashlib.sha256(canonical_manifest([e])).hexdigest(),
+                      manifest=(e,))
     ok = FixtureDigest.from_manifest([e])
-    assert ok.digest == "sha256:" + hashlib.sha256(canonical_manifest([e])).hexdigest()
+    assert ok.digest.prefixed() == "sha256:" + hashlib.sha256(canonical_manifest([e])).hexdigest()
+
+
+HEX = "ab" * 32
+
+
+def test_digest_prints_each_wire_form_from_one_value() -> None:
+    d = Digest.parse("sha256:" + HEX)
+    assert (d.algorithm, d.hex) == ("sha256", HEX)
+    assert d.prefixed() == str(d) == "sha256:" + HEX
+    assert d.filename_stem() == "sha256-" + HEX
+    assert d.dsse_subject() == {"sha256": HEX}
+    assert Digest.from_hex(HEX) == Digest.from_filename_stem("sha256-" + HEX) == d
+    assert json.dumps(d.dsse_subject()) == '{"sha256": "%s"}' % HEX
+
+
+def test_each_reader_takes_only_its_own_form() -> None:
+    bad = {Digest.parse: ["sha256-" + HEX, HEX, "SHA256:" + HEX, "sha256:" + HEX.upper(), "sha256:" + HEX[:-1],
+                          " sha256:" + HEX, "md5:" + HEX],
+           Digest.from_hex: ["sha256:" + HEX, HEX.upper(), HEX + "0", ""],
+           Digest.from_filename_stem: ["sha256:" + HEX, HEX, "sha256-" + HEX + "/x", "sha256-" + HEX.upper()],
+           Digest.from_user: ["md5:" + HEX, "sha256:" + HEX[:-1], "sha256-" + HEX, ""]}
+    for reader, values in bad.items():
+        for value in values:
+            with pytest.raises(MalformedDigest) as e:
+                reader(value)
+            assert isinstance(e.value, VerificationError)
+            assert e.value.code == "verify.digest.malformed", (reader, value)
+            assert e.value.evidence == {"digest": value}
+    with pytest.raises(MalformedDigest):
+        Digest("md5", HEX)
+    with pytest.raises(MalformedDigest):
+        Digest("sha256", HEX.upper())
+
+
+def test_what_a_person_types_is_forgiven_space_case_and_prefix() -> None:
+    d = Digest.from_hex(HEX)
+    assert Digest.from_user(f"  SHA256:{HEX.upper()}\n") == Digest.from_user(HEX) == d
+    assert Digest.of(d) is d
+    assert Digest.of("sha256:" + HEX) == d
+
+
+def test_digest_is_a_frozen_hashable_value() -> None:
+    d = Digest.from_hex(HEX)
+    with pytest.raises(AttributeError):
+        d.hex = "00" * 32  # type: ignore[misc]
+    assert {d: 1}[Digest.parse("sha256:" + HEX)] == 1
+    assert d != "sha256:" + HEX  # never equal to a string: compare printed forms explicitly

@@ -60,7 +60,7 @@ from ckptgate.verify.statement import qualification_statement
 
 src, out = Path(sys.argv[1]), Path(sys.argv[2])
 with SafeTree.open(src) as tree:
-    digest = fixture_digest(tree).digest
+    digest = fixture_digest(tree).digest.prefixed()
 statement = qualification_statement(
     subject_name="package-test", fixture_digest=digest, manifest="hf_sharded",
     producer={"name": "huggingface_hub", "version": "2.4.0"}, adapter={"name": "hf-safetensors", "version": "1"},
@@ -68,7 +68,7 @@ statement = qualification_statement(
     environment={"python": platform.python_version(), "torch": None, "os": "linux", "arch": platform.machine(),
                  "accelerator": "cpu"},
     topology={"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "world_size": 1},
-    status="passed", checks_run=["package-test"], evidence_digest=digest, evidence_location="package-test",
+    status="passed", checks_run=["package-test"], evidence_digest=str(digest), evidence_location="package-test",
     issued_at=now_utc(), valid_for=timedelta(hours=1))
 out.write_text(json.dumps(statement))
 print(digest)

@@ -24,7 +24,8 @@ from ckptgate.demo import demo_statement
 from ckptgate.digest import fixture_digest
 from ckptgate.errors import EngineUnavailable, ExitCode, InputRejected, PolicyDenied, UsageError
 from ckptgate.inspect import SafeTree
-from ckptgate.pipeline import EngineOptions, intake
+from ckptgate.decide.options import EngineOptions
+from ckptgate.pipeline import intake
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
 from ckptgate.verify.dsse import sign_statement
 
@@ -46,7 +47,7 @@ def setup(tmp_path):
     trust.write_text(json.dumps({"signers": [trust_entry(keys["trusted"][1], signer_id="test-key",
                                                          predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}))
     with SafeTree.open(src) as tree:
-        digest = fixture_digest(tree).digest
+        digest = fixture_digest(tree).digest.prefixed()
 
     def attest(name="trusted", *, subject=None, path=None, status="passed"):
         statement = demo_statement(subject or digest, "hf_sharded", producer=("huggingface_hub", "2.4.0"))
@@ -72,7 +73,7 @@ def test_allowed_intake_publishes_bit_identical_shards_and_a_receipt(setup):
     receipt = json.loads((setup["dst"] / "ckptgate-receipt.json").read_text())
     assert receipt["decision"]["allow"] is True and receipt["decision"]["id"]
     assert receipt["policy_revision"].startswith("sha256:")
-    assert receipt["input"]["digest"] == res.evaluation.digest.digest
+    assert receipt["input"]["digest"] == res.evaluation.digest.digest.prefixed()
     src_tensors, out_tensors = {}, {}
     for f in HF.glob("*.safetensors"):
         src_tensors.update(load_file(str(f)))
@@ -177,10 +178,10 @@ def test_unreachable_opa_is_engine_unavailable_and_publishes_nothing(setup):
 
 def test_opa_killed_mid_run_is_a_deny_with_no_output_and_no_orphan(setup, monkeypatch):
     """The engine dies after start-up, before the decision: fail closed."""
-    import ckptgate.pipeline as pipeline
+    import ckptgate.decide.options as options
 
     started = []
-    real_open = pipeline.open_engine
+    real_open = options.open_engine
 
     def open_then_kill(**kw):
         engine = real_open(**kw)
@@ -188,7 +189,7 @@ def test_opa_killed_mid_run_is_a_deny_with_no_output_and_no_orphan(setup, monkey
         os.kill(engine.pid, signal.SIGKILL)
         return engine
 
-    monkeypatch.setattr(pipeline, "open_engine", open_then_kill)
+    monkeypatch.setattr(options, "open_engine", open_then_kill)
     with pytest.raises(EngineUnavailable):
         intake(setup["src"], setup["dst"], attestations=[setup["attest"]()],
                options=EngineOptions(trust_file=setup["trust"]))

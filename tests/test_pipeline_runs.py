@@ -27,7 +27,8 @@ from ckptgate.demo import demo_statement
 from ckptgate.digest import fixture_digest
 from ckptgate.errors import InputRejected
 from ckptgate.inspect import SafeTree, inspect_tree
-from ckptgate.pipeline import EngineOptions, intake
+from ckptgate.decide.options import EngineOptions
+from ckptgate.pipeline import intake
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
 from ckptgate.verify.dsse import sign_statement
 
@@ -139,7 +140,7 @@ def gate(tmp_path):
 
     def run(src: Path, dst: Path):
         with SafeTree.open(src) as tree:
-            digest = fixture_digest(tree).digest
+            digest = fixture_digest(tree).digest.prefixed()
         att = tmp_path / f"att-{digest[7:15]}.json"
         att.write_bytes(sign_statement(demo_statement(digest, "hf_sharded", producer=("huggingface_hub", "2.4.0")),
                                        KeySigner.from_pem(key)))

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate.decide import now_utc
-from ckptgate.digest import fixture_digest
+from ckptgate.digest import Digest, fixture_digest
 from ckptgate.errors import Error, UsageError
 from ckptgate.inspect import SafeTree
-from ckptgate.pipeline import EngineOptions, IntakeResult, intake
+from ckptgate.decide.options import EngineOptions
+from ckptgate.pipeline import IntakeResult, intake
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
 from ckptgate.verify.dsse import sign_statement, write_private_key
 from ckptgate.verify.statement import qualification_statement
@@ -79,10 +80,11 @@ def git_head() -> str:
     return head if len(head) == 40 else "0" * 40
 
 
-def demo_statement(digest: str, manifest: str, *, producer: tuple[str, str]) -> dict[str, Any]:
+def demo_statement(digest: Digest | str, manifest: str, *, producer: tuple[str, str]) -> dict[str, Any]:
     """A qualification statement for the demo checkpoint, valid for one hour."""
     import torch
 
+    digest = Digest.of(digest)
     return qualification_statement(
         subject_name="demo-checkpoint", fixture_digest=digest, manifest=manifest,
         producer={"name": producer[0], "version": producer[1]}, adapter={"name": "hf-safetensors", "version": "1"},
@@ -90,7 +92,7 @@ def demo_statement(digest: str, manifest: str, *, producer: tuple[str, str]) -> 
         environment={"python": platform.python_version(), "torch": torch.__version__,
                      "os": platform.system().lower(), "arch": platform.machine(), "accelerator": "cpu"},
         topology={"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "world_size": 1},
-        status="passed", checks_run=["demo-roundtrip"], evidence_digest=digest, evidence_location="demo",
+        status="passed", checks_run=["demo-roundtrip"], evidence_digest=digest.prefixed(), evidence_location="demo",
         issued_at=now_utc(), valid_for=timedelta(hours=1))
 
 

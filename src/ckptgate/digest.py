@@ -10,6 +10,12 @@ hashed by one core while the others take the rest.
 The digest is ``"sha256:" + sha256(canonical)`` where ``canonical`` is the UTF-8 JSON, with sorted
 keys and no spaces, of ``{"algorithm": "sha256", "files": [{"path", "sha256", "size"}, ...]}`` with
 files sorted by path.  A checksum is integrity, never trust on its own [R27-R29].
+
+A digest is a :class:`Digest` value from here to the receipt: parsed once, strictly, at the edge
+where a string comes in (:meth:`Digest.parse`, :meth:`Digest.from_hex`, :meth:`Digest.from_filename_stem`,
+:meth:`Digest.from_user` for what a person types), and written in each wire form only through its
+named methods (:meth:`Digest.prefixed`, :attr:`Digest.hex`, :meth:`Digest.filename_stem`,
+:meth:`Digest.dsse_subject`).
 """
 
 from __future__ import annotations
@@ -24,14 +30,101 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ckptgate.errors import InputRejected
+from ckptgate.errors import InputRejected, VerificationError
 from ckptgate.inspect._threads import usable_cores
 from ckptgate.inspect.walk import SafeTree
 
-__all__ = ["DigestCancelled", "FixtureDigest", "ManifestEntry", "canonical_manifest", "fixture_digest"]
+__all__ = ["Digest", "DigestCancelled", "FixtureDigest", "MalformedDigest", "ManifestEntry", "canonical_manifest",
+           "fixture_digest"]
 
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 DEFAULT_BUFFER = 4 << 20
+ALGORITHM = "sha256"
+_PREFIX = ALGORITHM + ":"
+_STEM = ALGORITHM + "-"
+
+
+class MalformedDigest(VerificationError):
+    """A string that is not a sha256 digest in the form it was read in (code ``verify.digest.malformed``)."""
+
+    default_advice = "Give the digest as sha256:<64 hex>."
+
+
+def _malformed(value: object, form: str) -> MalformedDigest:
+    """``form`` names the form expected; the message and evidence are those ckptgate always gave."""
+    return MalformedDigest("verify.digest.malformed", f"not a sha256 digest: {value!r}",
+                           evidence={"digest": value if isinstance(value, str) else repr(value)},
+                           advice=f"Give the digest as {form}.")
+
+
+@dataclass(frozen=True, slots=True)
+class Digest:
+    """A sha256 digest: ``algorithm`` (only ``sha256``) and ``hex`` (64 lower-case hex digits).
+
+    Each wire form has one named writer; ``str()`` is :meth:`prefixed`.
+    """
+
+    algorithm: str
+    hex: str
+
+    def __post_init__(self) -> None:
+        if self.algorithm != ALGORITHM or not isinstance(self.hex, str) or not _HEX.match(self.hex):
+            raise _malformed(f"{self.algorithm}:{self.hex}", "sha256:<64 hex>")
+
+    @classmethod
+    def from_hex(cls, value: str) -> Digest:
+        """Bare 64 lower-case hex (a DSSE subject's ``sha256`` value, a manifest entry)."""
+        if not isinstance(value, str) or not _HEX.match(value):
+            raise _malformed(value, "64 lower-case hex")
+        return cls(ALGORITHM, value)
+
+    @classmethod
+    def parse(cls, value: str) -> Digest:
+        """``sha256:<64 lower-case hex>`` exactly (the form ckptgate writes in JSON)."""
+        if not isinstance(value, str) or not value.startswith(_PREFIX) or not _HEX.match(value[len(_PREFIX):]):
+            raise _malformed(value, "sha256:<64 hex>")
+        return cls(ALGORITHM, value[len(_PREFIX):])
+
+    @classmethod
+    def from_filename_stem(cls, value: str) -> Digest:
+        """``sha256-<64 lower-case hex>`` (an attestation store directory)."""
+        if not isinstance(value, str) or not value.startswith(_STEM) or not _HEX.match(value[len(_STEM):]):
+            raise _malformed(value, "sha256-<64 hex>")
+        return cls(ALGORITHM, value[len(_STEM):])
+
+    @classmethod
+    def from_user(cls, value: str) -> Digest:
+        """What a person typed: surrounding space and case are forgiven, ``sha256:`` is optional."""
+        if not isinstance(value, str):
+            raise _malformed(value, "sha256:<64 hex>")
+        d = value.strip().lower()
+        d = d.removeprefix(_PREFIX)
+        if not _HEX.match(d):
+            raise _malformed(value, "sha256:<64 hex>")
+        return cls(ALGORITHM, d)
+
+    @classmethod
+    def of(cls, value: Digest | str) -> Digest:
+        """A :class:`Digest` as is; a string (a library caller's, a person's) read by :meth:`from_user`.
+
+        For the public functions of later steps only; within the pipeline a digest is passed as the value.
+        """
+        return value if isinstance(value, Digest) else cls.from_user(value)
+
+    def prefixed(self) -> str:
+        """``sha256:<hex>``: the input document, receipts, predicates."""
+        return f"{self.algorithm}:{self.hex}"
+
+    def filename_stem(self) -> str:
+        """``sha256-<hex>``: a directory or file name."""
+        return f"{self.algorithm}-{self.hex}"
+
+    def dsse_subject(self) -> dict[str, str]:
+        """``{"sha256": hex}``: an in-toto subject's ``digest`` object."""
+        return {self.algorithm: self.hex}
+
+    def __str__(self) -> str:
+        return self.prefixed()
 
 
 class DigestCancelled(Exception):
@@ -57,15 +150,17 @@ class ManifestEntry:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FixtureDigest:
     algorithm: str
-    digest: str
+    digest: Digest
     manifest: tuple[ManifestEntry, ...]
 
     def __post_init__(self) -> None:
-        if self.algorithm != "sha256":
+        if self.algorithm != ALGORITHM:
             raise ValueError("only sha256 is supported")
+        if not isinstance(self.digest, Digest):
+            raise TypeError("digest must be a Digest")
         if list(self.manifest) != sorted(self.manifest, key=lambda e: e.path):
             raise ValueError("manifest must be sorted by path")
-        if self.digest != "sha256:" + hashlib.sha256(canonical_manifest(self.manifest)).hexdigest():
+        if self.digest.hex != hashlib.sha256(canonical_manifest(self.manifest)).hexdigest():
             raise ValueError("digest does not match the manifest")
 
     @property
@@ -82,7 +177,7 @@ class FixtureDigest:
 
     def to_facts(self) -> dict[str, Any]:
         """The ``fixture`` object of the OPA input."""
-        return {"digest": self.digest, "algorithm": self.algorithm, "file_count": self.file_count,
+        return {"digest": self.digest.prefixed(), "algorithm": self.algorithm, "file_count": self.file_count,
                 "total_bytes": self.total_bytes}
 
     def to_json(self) -> dict[str, Any]:
@@ -91,7 +186,7 @@ class FixtureDigest:
     @classmethod
     def from_manifest(cls, manifest: list[ManifestEntry] | tuple[ManifestEntry, ...]) -> FixtureDigest:
         m = tuple(sorted(manifest, key=lambda e: e.path))
-        return cls(algorithm="sha256", digest="sha256:" + hashlib.sha256(canonical_manifest(m)).hexdigest(),
+        return cls(algorithm=ALGORITHM, digest=Digest.from_hex(hashlib.sha256(canonical_manifest(m)).hexdigest()),
                    manifest=m)
 
 

@@ -448,7 +448,7 @@ def test_a_malformed_remote_url_is_a_typed_error(url: str) -> None:
 def test_asking_the_engine_loads_no_http_library_beyond_the_standard_one():
     """The engine speaks HTTP with http.client under one deadline: neither opa_client, requests
     nor aiohttp (about 0.3 s of CPU on import, which would slow the digest it overlaps) is loaded."""
-    code = ("import sys, ckptgate.pipeline as p; "
+    code = ("import sys, ckptgate.pipeline, ckptgate.decide.options as p; "
             "e = p.open_engine(); e.evaluate('ckptgate/intake/decision', {}); e.close(); "
             "print(*[m in sys.modules for m in ('opa_client', 'requests', 'aiohttp')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)

@@ -11,7 +11,7 @@ from ckptgate.digest import fixture_digest
 from ckptgate.enforce import gate, permit
 from ckptgate.enforce.gate import Enforcement, enforce
 from ckptgate.enforce.load import LoadedTrees, WorkerOptions
-from ckptgate.errors import ExitCode, PolicyDenied, RuntimeFailure
+from ckptgate.errors import ExitCode, PolicyDenied
 from ckptgate.inspect import SafeTree, inspect_open_tree
 from tests.fixtures.catalog import checkpoint_dir
 
@@ -66,13 +66,6 @@ def test_a_loader_the_decision_does_not_permit_is_refused(hf, no_permit):
 def test_pure_data_needs_no_permit_and_no_worker(hf, no_permit):
     tree, ins = hf
     assert enforce(tree, ins, decision=_decision(), fixture_digest=DIGEST) == Enforcement()
-
-
-def test_a_framework_load_needs_the_manifest(hf, no_permit):
-    tree, ins = hf
-    with pytest.raises(RuntimeFailure) as e:
-        enforce(tree, ins, decision=_decision(), fixture_digest=DIGEST, framework_files=("x.pt",))
-    assert e.value.code == "runtime.worker.manifest_missing"
 
 
 def test_a_framework_load_needs_a_worker_loader(hf, no_permit):

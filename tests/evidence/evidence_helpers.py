@@ -64,8 +64,9 @@ def _make_base(root: Path) -> EvidenceRepo:
 def qualified_repo(tmp_path_factory: pytest.TempPathFactory) -> EvidenceRepo:
     """Qualified at the code commit, matrix built, evidence committed (never modify: clone it)."""
     from ckptgate.evidence import matrix
-    from ckptgate.evidence.qualify import find_fixture, qualify
-    from ckptgate.pipeline import EngineOptions, engine_for, load_trust
+    from ckptgate.evidence.fixtures import find_fixture
+    from ckptgate.evidence.qualify import qualify
+    from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 
     base = _make_base(tmp_path_factory.mktemp("evidence"))
     options = EngineOptions(policy_dir=base.path / "policies")

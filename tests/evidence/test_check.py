@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from ckptgate.evidence.check import parse_opa_test_json, run_check, to_junit, to_sarif
-from ckptgate.pipeline import EngineOptions
+from ckptgate.decide.options import EngineOptions
 from evidence_helpers import commit_all
 
 FAST = ("policy_tests", "opa_fmt", "regal_lint")

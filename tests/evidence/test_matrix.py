@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ckptgate.evidence import matrix
-from ckptgate.pipeline import EngineOptions, engine_for, load_trust
+from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from evidence_helpers import EvidenceRepo
 
 

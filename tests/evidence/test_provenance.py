@@ -19,9 +19,12 @@ from ckptgate.errors import VerificationError
 from ckptgate.evidence.candidate import candidate_commit
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.provenance import (BASIS, attest_provenance, provenance_needed, usable_provenance)
-from ckptgate.evidence.qualify import find_fixture, fixture_adapter, qualifiable, qualify
+from ckptgate.evidence.fixtures import find_fixture
+from ckptgate.evidence.gates import fixture_adapter, qualifiable
+from ckptgate.evidence.qualify import qualify
 from ckptgate.inspect import SafeTree
-from ckptgate.pipeline import EngineOptions, engine_for, evaluate, load_trust
+from ckptgate.decide.options import EngineOptions, engine_for, load_trust
+from ckptgate.pipeline import evaluate
 from ckptgate.verify import (QUALIFICATION_PREDICATE_TYPE, AttestationStore, TrustData, generate_keypair,
                              trust_entry, verify_attestation)
 from ckptgate.verify.statement import PROVENANCE_PREDICATE_TYPE
@@ -115,7 +118,7 @@ def test_signed_provenance_verifies_and_names_the_committed_bytes(repo: Path, ke
     meta = json.loads((repo / "tests/fixtures/data" / ZERO2 / "meta.json").read_text())
     location = f"tests/fixtures/data/{ZERO2}/checkpoint"
     assert pred["basis"] == BASIS
-    assert pred["fixture"] == {"digest": result.fixture_digest, "digest_algorithm": "sha256", "location": location,
+    assert pred["fixture"] == {"digest": result.fixture_digest.prefixed(), "digest_algorithm": "sha256", "location": location,
                                "manifest": f"tests/fixtures/data/{ZERO2}/meta.json",
                                "git_tree": git(repo, "rev-parse", f"{commit}:{location}")}
     assert pred["producer"] == {"name": "deepspeed", "version": meta["versions"]["deepspeed"],
@@ -124,7 +127,7 @@ def test_signed_provenance_verifies_and_names_the_committed_bytes(repo: Path, ke
     assert pred["generator"] == {"script": meta["generator"], "command": meta["regenerate"],
                                  "producer_script": meta["producer_script"], "producer_command": meta["command"]}
     assert pred["topology"]["world_size"] == 2 and pred["topology"]["zero_stage"] == 2
-    assert va.statement["subject"] == [{"name": ZERO2, "digest": {"sha256": result.fixture_digest[7:]}}]
+    assert va.statement["subject"] == [{"name": ZERO2, "digest": {"sha256": result.fixture_digest.hex}}]
     # the store indexes it under the fixture digest
     index = json.loads((repo / "attestations/index.json").read_text())
     assert [e["predicate_type"] for e in index["attestations"]] == [PROVENANCE_PREDICATE_TYPE]
@@ -147,8 +150,8 @@ def test_provenance_for_another_digest_is_refused(repo: Path, key: Path, engine:
     with SafeTree.open(find_fixture(repo, ZERO3).checkpoint) as tree:
         from ckptgate.digest import fixture_digest
 
-        other = fixture_digest(tree).digest
-    assert other != att.fixture_digest
+        other = fixture_digest(tree).digest.prefixed()
+    assert other != att.fixture_digest.prefixed()
     with pytest.raises(VerificationError) as e:
         verify_attestation(att.attestation.read_bytes(), source="t", trust=_trust(repo), measured_digest=other,
                            now=datetime.now(timezone.utc))

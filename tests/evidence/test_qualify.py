@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ckptgate.evidence.errors import EvidenceError
-from ckptgate.evidence.qualify import find_fixture, qualify
+from ckptgate.evidence.fixtures import find_fixture
+from ckptgate.evidence.qualify import qualify
 from ckptgate.verify import AttestationStore, TrustData, verify_attestation
 from ckptgate.verify.store import statement_of
 from evidence_helpers import FIXTURE, EvidenceRepo

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ckptgate.evidence.report import build_report, render_html, render_text
-from ckptgate.pipeline import EngineOptions
+from ckptgate.decide.options import EngineOptions
 from evidence_helpers import FIXTURE, EvidenceRepo
 
 
@@ -46,7 +46,7 @@ def test_report_of_a_trusted_statement_of_an_unknown_predicate_type(qualified_re
     repo = qualified_repo.path
     checkpoint = repo / "tests/fixtures/data" / FIXTURE / "checkpoint"
     with SafeTree.open(checkpoint) as tree:
-        digest = fixture_digest(tree).digest
+        digest = fixture_digest(tree).digest.prefixed()
     statement = {"_type": "https://in-toto.io/Statement/v1",
                  "subject": [{"name": FIXTURE, "digest": {"sha256": digest.removeprefix("sha256:")}}],
                  "predicateType": "https://example.com/other/v1",

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ckptgate.evidence.report import build_report, render_html
-from ckptgate.pipeline import EngineOptions
+from ckptgate.decide.options import EngineOptions
 from evidence_helpers import FIXTURE, REPO, EvidenceRepo
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -75,7 +75,7 @@ def _hostile_attestation(qualified_repo: EvidenceRepo, tmp_path: Path) -> Path:
     from ckptgate.verify.dsse import canonical_payload, sign_payload
 
     with SafeTree.open(_checkpoint(qualified_repo.path)) as tree:
-        digest = fixture_digest(tree).digest
+        digest = fixture_digest(tree).digest.prefixed()
     statement = {"_type": "https://in-toto.io/Statement/v1",
                  "subject": [{"name": FIXTURE, "digest": {"sha256": digest.removeprefix("sha256:")}}],
                  "predicateType": "https://example.com/other/v1",

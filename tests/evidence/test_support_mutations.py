@@ -12,7 +12,7 @@ from pipeline_helpers import GATES
 
 from ckptgate.errors import VerificationError
 from ckptgate.evidence import matrix
-from ckptgate.pipeline import EngineOptions, engine_for, load_trust
+from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.verify import KeySigner, verify_attestation
 from ckptgate.verify.dsse import canonical_payload, sign_payload
 from ckptgate.verify.store import statement_of

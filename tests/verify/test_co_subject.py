@@ -46,7 +46,7 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     signer = make_signer(tmp)
     with SafeTree.open(src) as tree:
         fmt = str(inspect_open_tree(tree).format)
-        measured = fixture_digest(tree).digest
+        measured = fixture_digest(tree).digest.prefixed()
     other = "sha256:" + FIXTURE_HEX  # Z: the fixture the statement is about
     assert other != measured
     statement = qualification(src, other, fmt=fmt, meta=meta)

@@ -24,7 +24,7 @@ from ckptgate.decide.input import PolicyInputBuilder, Request
 from ckptgate.digest import fixture_digest
 from ckptgate.errors import VerificationError
 from ckptgate.inspect import SafeTree, inspect_open_tree
-from ckptgate.pipeline import TRUST_IN_BUNDLE
+from ckptgate.decide.options import TRUST_IN_BUNDLE
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, TrustData
 from ckptgate.verify.dsse import canonical_payload, sign_payload
 from ckptgate.verify.facts import verify_attestation
@@ -86,7 +86,7 @@ def _qualifies(world: Any, s: dict[str, Any]) -> None:
     assert p["adapter"]["name"] == world["adapter"]
     if world["gated"]:  # DeepSpeed's gate is one exact version: no other value passes it
         assert p["producer"] == world["statement"]["predicate"]["producer"]
-    assert world["digest"].digest.split(":")[-1] in [x["digest"]["sha256"] for x in s["subject"]]
+    assert world["digest"].digest.hex in [x["digest"]["sha256"] for x in s["subject"]]
     valid = p["validity"]
     issued, expires = (datetime.fromisoformat(valid[k].replace("Z", "+00:00")) for k in ("issued_at", "expires_at"))
     assert issued <= world["now"] <= expires

@@ -142,14 +142,14 @@ def test_intake_decision_accepts_a_sigstore_bundle_through_the_cli(testca: Path,
 
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "data" / "hf_sharded" / "checkpoint"
     with SafeTree.open(fixture) as tree:
-        digest = fixture_digest(tree).digest
+        digest = fixture_digest(tree).digest.prefixed()
     statement = qualification_statement(
         subject_name="hf_sharded", fixture_digest=digest, manifest="hf_sharded",
         producer={"name": "huggingface_hub", "version": "2.4.0"}, adapter={"name": "hf-safetensors", "version": "1"},
         candidate_commit="0" * 40,
         environment={"python": "3.11", "torch": None, "os": "linux", "arch": "x86_64", "accelerator": "cpu"},
         topology={"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "world_size": 1},
-        status="passed", checks_run=["bit-exact"], evidence_digest=digest, evidence_location="test",
+        status="passed", checks_run=["bit-exact"], evidence_digest=str(digest), evidence_location="test",
         issued_at=now_utc(), valid_for=timedelta(hours=1))
     signed = _sign(testca, tmp_path, json.dumps(statement).encode())
     bundle = tmp_path / "attestation.sigstore.json"

@@ -21,7 +21,7 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from ckptgate.pipeline import EngineOptions  # imported on use: the CLI starts without the engine stack
+        from ckptgate.decide.options import EngineOptions  # imported on use: the CLI starts without the engine stack
 
         values = {k: kwargs.pop(k) for k in _ENGINE_KEYS}
         if values["opa_binary"] is not None:

@@ -6,13 +6,16 @@ import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ckptgate._cli._base import emit_json, json_option, shown, stdout
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import read_regular_file, write_output_file
+
+if TYPE_CHECKING:
+    from ckptgate.digest import Digest
 
 
 _MAX_INPUT = 16 << 20  # a statement, predicate or envelope; larger ones are refused, never read whole
@@ -28,12 +31,12 @@ def _read(path: str, what: str) -> bytes:
     return raw
 
 
-def _digest_arg(value: str, option: str) -> str:
-    """``value`` as 64 lower-case hex: a malformed digest on the command line is a usage error."""
-    from ckptgate.verify.statement import normalise_digest
+def _digest_arg(value: str, option: str) -> Digest:
+    """``value`` read once as a digest: a malformed digest on the command line is a usage error."""
+    from ckptgate.digest import Digest  # noqa: F811 - the CLI imports lazily
 
     try:
-        return normalise_digest(value)
+        return Digest.from_user(value)
     except VerificationError as e:
         raise UsageError("usage.digest", f"{option}: {e.message}", advice="Give the digest as sha256:<64 hex>.") from None
 
@@ -128,11 +131,11 @@ def sign(key_path: str | None, keyid: str | None, statement_path: str | None, pr
     else:
         if subject_digest is None:
             raise UsageError("usage.invalid", "--predicate needs --subject-digest")
-        subject_hex = _digest_arg(subject_digest, "--subject-digest")
+        subject = _digest_arg(subject_digest, "--subject-digest")
         predicate = loads_strict(_read(predicate_path, "predicate"), what="predicate",  # type: ignore[arg-type]
                                  max_bytes=8 << 20, error=verify_error)
         statement = {"_type": STATEMENT_TYPE,
-                     "subject": [{"name": subject_name, "digest": {"sha256": subject_hex}}],
+                     "subject": [{"name": subject_name, "digest": subject.dsse_subject()}],
                      "predicateType": predicate_type or QUALIFICATION_PREDICATE_TYPE, "predicate": predicate}
     if not isinstance(statement, dict):
         raise UsageError("usage.statement_invalid", "the statement is not a JSON object; nothing was signed")
@@ -173,14 +176,14 @@ def verify(file: str, digest: str, trust_path: str | None, sigstore_trust_root: 
 
     if (identity is None) != (issuer is None):
         raise UsageError("usage.invalid", "--identity and --issuer go together")
-    _digest_arg(digest, "--digest")
+    measured = _digest_arg(digest, "--digest")
     if expected_commit is not None:
         check_commit(expected_commit, "--commit")
     if sigstore_trust_root is not None:
         check_trust_root(sigstore_trust_root)
     raw = _read(file, "attestation")
     trust = TrustData.from_file(trust_path)
-    va = verify_attestation(raw, source=file, trust=trust, measured_digest=digest, now=_now(now_s),
+    va = verify_attestation(raw, source=file, trust=trust, measured_digest=measured, now=_now(now_s),
                             sigstore_trust_root=sigstore_trust_root,
                             expected_identity=(identity, issuer) if identity and issuer else None,
                             expected_commit=expected_commit)

@@ -13,14 +13,16 @@ from ckptgate._cli._options import checkpoint_option, engine_options, signature_
 from ckptgate.errors import UsageError
 
 if TYPE_CHECKING:
-    from ckptgate.pipeline import EngineOptions, Evaluation
+    from ckptgate.decide.options import EngineOptions
+    from ckptgate.pipeline import Evaluation
 
 
 def _evaluate(src: Path, attestations: tuple[Path, ...], candidate_commit: str | None,
               options: EngineOptions, signatures: tuple[Path, ...] = (), key: Path | None = None,
               certificate_chains: tuple[Path, ...] = ()) -> Evaluation:
     from ckptgate.inspect import SafeTree
-    from ckptgate.pipeline import engine_for, evaluate, load_trust
+    from ckptgate.decide.options import engine_for, load_trust
+    from ckptgate.pipeline import evaluate
     from ckptgate.verify.oms import load_verification_material
 
     trust = load_trust(options)

@@ -12,7 +12,7 @@ from ckptgate._cli._base import emit_json, json_option, shown, stdout
 from ckptgate._cli._options import engine_options
 
 if TYPE_CHECKING:
-    from ckptgate.pipeline import EngineOptions
+    from ckptgate.decide.options import EngineOptions
 
 
 def register(cli: click.Group) -> None:

@@ -13,7 +13,8 @@ from ckptgate._cli._options import ByteSize, checkpoint_option, engine_options, 
 from ckptgate._cli._progress import phase_bars
 
 if TYPE_CHECKING:
-    from ckptgate.pipeline import EngineOptions, IntakeResult
+    from ckptgate.decide.options import EngineOptions
+    from ckptgate.pipeline import IntakeResult
 
 
 def run_intake(src: Path, out: Path, attestations: tuple[Path, ...], *, options, max_shard_size: int,

@@ -32,7 +32,7 @@ def build_command(check_only: bool, out_dir: Path | None, repo: Path | None, eng
     from ckptgate.evidence import matrix as mx
     from ckptgate.evidence.candidate import repo_root
     from ckptgate.evidence.errors import CheckFailed
-    from ckptgate.pipeline import engine_for, load_trust
+    from ckptgate.decide.options import engine_for, load_trust
 
     root = repo_root(repo)
     options = engine.in_repo(root)

@@ -28,7 +28,7 @@ def provenance(fixture: str, key: Path | None, repo: Path | None, engine, as_jso
     """
     from ckptgate.evidence.candidate import repo_root
     from ckptgate.evidence.provenance import attest_provenance
-    from ckptgate.evidence.qualify import find_fixture
+    from ckptgate.evidence.fixtures import find_fixture
 
     root = repo_root(repo)
     options = engine.in_repo(root)

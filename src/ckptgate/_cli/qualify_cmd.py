@@ -36,7 +36,8 @@ def register(cli: click.Group) -> None:
         output differs from expected.safetensors (a signed failed result is stored).
         """
         from ckptgate.evidence.candidate import repo_root
-        from ckptgate.evidence.qualify import find_fixture, qualify, qualify_all
+        from ckptgate.evidence.fixtures import find_fixture
+        from ckptgate.evidence.qualify import qualify, qualify_all
 
         root = repo_root(repo)
         options = engine.in_repo(root)
@@ -61,7 +62,7 @@ def register(cli: click.Group) -> None:
             stdout.print(f"[bold green]{result.status}[/] {adapter} on {result.fixture} "
                          f"(fixture {result.fixture_digest}, candidate {result.candidate_commit[:12]})")
             stdout.print(f"  attestation {result.attestation}")
-            stdout.print(f"  result log  {result.log} (sha256:{result.log_sha256})")
+            stdout.print(f"  result log  {result.log} ({result.log_sha256.prefixed()})")
             for prov in result.provenance:
                 stdout.print(f"  provenance  {prov} (the fixture's committed bytes, vouched for before loading)")
         return 0

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ckptgate.decide.decision import Decision, Reason
 from ckptgate.enforce.load import LoadedTrees, WorkerOptions, load_trees
-from ckptgate.errors import Error, InputRejected, PolicyDenied, RuntimeFailure, VerificationError
+from ckptgate.errors import Error, InputRejected, PolicyDenied, VerificationError
 
 if TYPE_CHECKING:
     from ckptgate.digest import FixtureDigest
@@ -39,19 +39,19 @@ class Enforcement:
     controls: Mapping[str, bool] = field(default_factory=dict)
 
 
-def enforce(tree: SafeTree, inspection: Inspection, *, decision: Decision, fixture_digest: FixtureDigest | str,
+def enforce(tree: SafeTree, inspection: Inspection, *, decision: Decision, fixture_digest: FixtureDigest,
             framework_files: Sequence[str] = (), worker: WorkerOptions | None = None) -> Enforcement:
     """Gate ``decision``; when ``framework_files`` is not empty, load them in the contained worker.
 
     :param fixture_digest: the measured :class:`~ckptgate.digest.FixtureDigest`; a framework load
-        needs it (not just the digest string) to check each file against the manifest.
+        checks each file against its manifest.
     :param framework_files: the files consolidation cannot plan without a framework load
         (:func:`ckptgate.consolidate.framework_files`).
     :param worker: timeout, limits and containment profile for the framework load.
     :raises PolicyDenied: a deny decision (or :class:`InputRejected`/:class:`VerificationError`, as
         its refusal class says: :func:`refuse`), a loader the decision does not permit, or no
         framework loader the worker can run.
-    :raises RuntimeFailure: the contained worker failed, or only the digest string was given.
+    :raises RuntimeFailure: the contained worker failed.
     """
     refuse(decision)
     unpermitted = sorted(set(inspection.loaders) - set(decision.permitted_loaders))
@@ -64,16 +64,12 @@ def enforce(tree: SafeTree, inspection: Inspection, *, decision: Decision, fixtu
         return Enforcement()
     from ckptgate.enforce.permit import issue_permit
 
-    if isinstance(fixture_digest, str):
-        raise RuntimeFailure("runtime.worker.manifest_missing",
-                             "a framework load needs the fixture digest's manifest to check each file "
-                             "it hands to the worker; only the digest string was given")
     loader = next((name for name in WORKER_LOADERS if name in decision.permitted_loaders), None)
     if loader is None:
         raise PolicyDenied("enforce.permit.loader_not_permitted",
                            "the decision permits no framework loader for this checkpoint",
                            evidence={"permitted_loaders": list(decision.permitted_loaders)})
-    permit = issue_permit(decision, fixture_digest=fixture_digest.digest, loader=loader)
+    permit = issue_permit(decision, fixture_digest=fixture_digest.digest.prefixed(), loader=loader)
     loaded = load_trees(tree, inspection, framework_files, permit=permit, digest=fixture_digest,
                         options=worker or WorkerOptions())
     return Enforcement(permit=permit, loaded=loaded, controls=dict(loaded.controls))

@@ -110,7 +110,7 @@ def open_verified(tree: SafeTree, relpaths: Sequence[str], digest: FixtureDigest
             entry = manifest.get(rel)
             if entry is None:
                 raise RuntimeFailure("runtime.input.not_in_manifest", f"{rel} is not in the fixture digest manifest",
-                                     evidence={"path": rel, "digest": digest.digest})
+                                     evidence={"path": rel, "digest": digest.digest.prefixed()})
             opened.append(OpenedInput(fd=_sealed_copy(tree, rel, entry.sha256), relpath=rel, sha256=entry.sha256))
     except BaseException:
         for o in opened:
@@ -170,7 +170,7 @@ def load_trees(tree: SafeTree, inspection: Inspection, relpaths: Sequence[str], 
     files = open_verified(tree, relpaths, digest)
     try:
         res = run_contained(job, files, permit=permit, profile=profile, limits=options.limits or WorkerLimits(),
-                            timeout_s=options.timeout_s, fixture_digest=digest.digest,
+                            timeout_s=options.timeout_s, fixture_digest=digest.digest.prefixed(),
                             preimports=preimports_for(inspection, relpaths))
     finally:
         for f in files:

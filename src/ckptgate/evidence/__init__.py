@@ -3,6 +3,11 @@ reviewer reports.
 
 * :mod:`~ckptgate.evidence.candidate` -- the candidate commit that evidence is bound to.
 * :mod:`~ckptgate.evidence.qualify` -- run an adapter on a real fixture, compare bit for bit, sign.
+* :mod:`~ckptgate.evidence.fixtures` -- the fixtures catalogue and the repository paths evidence lives at.
+* :mod:`~ckptgate.evidence.gates` -- what the gates data names for a fixture (adapter, producer, validity).
+* :mod:`~ckptgate.evidence.environment`, :mod:`~ckptgate.evidence.compare`, :mod:`~ckptgate.evidence.stored` --
+  where a qualification ran, the bit-for-bit comparison, and superseding an earlier qualification.
+* :mod:`~ckptgate.evidence.provenance` -- CI vouches for a fixture's committed bytes before a framework load.
 * :mod:`~ckptgate.evidence.matrix` -- verify stored attestations, ask ``ckptgate.support``, render ``matrix/``.
 * :mod:`~ckptgate.evidence.claims` -- extract doc sentences and citations for ``ckptgate.claims``.
 * :mod:`~ckptgate.evidence.check` -- the pre-merge gate (policy tests, fmt, lint, drift, evidence, claims).

@@ -19,11 +19,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree as ET
 
 from ckptgate import __version__
 from ckptgate.errors import Error
+
+if TYPE_CHECKING:
+    from ckptgate.decide.options import EngineOptions
 
 CHECK_NAMES = ("policy_tests", "opa_fmt", "regal_lint", "matrix_drift", "evidence", "claims")
 TOOL_TIMEOUT_S = 300
@@ -290,13 +293,13 @@ def extra_policy_tests(extra: Path, repo: Path, bundled: Path) -> CheckResult:
                        lambda out: parse_opa_test_json(out, extra, repo))
 
 
-def run_check(repo: Path, *, options: Any = None, skip: Sequence[str] = (), config: Any = None) -> Report:
+def run_check(repo: Path, *, options: EngineOptions | None = None, skip: Sequence[str] = (), config: Any = None) -> Report:
     """Run every check that ``config`` enables (all of them without one), except ``skip``, and return
     the report; never raises for a failing check."""
     from ckptgate.decide.bundle import default_policy_dir
     from ckptgate.evidence import claims, matrix
     from ckptgate.evidence.candidate import candidate_commit
-    from ckptgate.pipeline import EngineOptions, engine_for, load_trust
+    from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 
     repo = repo.resolve()
     reasons = plan(config, skip)

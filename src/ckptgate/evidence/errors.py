@@ -21,7 +21,8 @@ class GitError(EvidenceError):
 
 
 class QualificationFailed(Error):
-    """The adapter ran but its output did not equal the fixture's ground truth (nothing was signed)."""
+    """The adapter ran but failed, or its output did not equal the fixture's ground truth; the signed
+    ``failed`` or ``error`` result and its log are stored before this is raised."""
 
     exit_code = ExitCode.RUNTIME_FAILED
     default_advice = ("The adapter's output differs from expected.safetensors; read the result log named in "

@@ -17,15 +17,21 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptgate.evidence.candidate import (EVIDENCE_PATHS, _filtered_tree, candidate_commit, commit_time, git,
                                          head_commit)
 from ckptgate.evidence.errors import EvidenceError
-from ckptgate.evidence.qualify import GATES_DATA, STORE_DIR, list_fixtures
+from ckptgate.evidence.fixtures import STORE_DIR, list_fixtures
+from ckptgate.evidence.gates import GATES_DATA
+from ckptgate.digest import Digest
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import check_output_file, read_regular_file, write_output_file
 from ckptgate.verify.statement import field_at, iso_utc, parse_time
+
+if TYPE_CHECKING:
+    from ckptgate.decide.engine import PolicyEngine
+    from ckptgate.verify import TrustData
 
 ROWS_ENTRYPOINT = "ckptgate/support/rows"
 MATRIX_DIR = Path("matrix")
@@ -87,26 +93,26 @@ def _parse_time(s: Any) -> datetime | None:
         return None
 
 
-def fixture_digests(repo: Path) -> dict[str, str]:
-    """``sha256:<hex>`` -> fixture name, measured now over every fixture's ``checkpoint/``."""
+def fixture_digests(repo: Path) -> dict[Digest, str]:
+    """Digest -> fixture name, measured now over every fixture's ``checkpoint/``."""
     from ckptgate.digest import fixture_digest
     from ckptgate.inspect import SafeTree
 
-    out: dict[str, str] = {}
+    out: dict[Digest, str] = {}
     for f in list_fixtures(repo):
         with SafeTree.open(f.checkpoint) as tree:
             out[fixture_digest(tree).digest] = f.name
     return out
 
 
-def collect(repo: Path, trust: Any, *, now: datetime | None = None) -> tuple[list[dict[str, Any]],
+def collect(repo: Path, trust: TrustData, *, now: datetime | None = None) -> tuple[list[dict[str, Any]],
                                                                           list[dict[str, Any]], datetime]:
     """Verify every stored attestation against the fixture it names; (facts, rejected, as-of time)."""
     from ckptgate.verify import AttestationStore, verify_attestation
     from ckptgate.verify.facts import rejection_facts
 
     # (source, the subject digest its directory names, its bytes): each stored file is read once
-    stored = [(p.relative_to(repo).as_posix(), "sha256:" + p.parent.name.removeprefix("sha256-"), p.read_bytes())
+    stored = [(p.relative_to(repo).as_posix(), Digest.from_filename_stem(p.parent.name), p.read_bytes())
               for p in AttestationStore(repo / STORE_DIR).iter()]
     if now is None:  # the newest signed issue time: a file nobody trusted signed cannot move it
         times = [commit_time(repo, candidate_commit(repo))]
@@ -154,7 +160,7 @@ def retained_result(repo: Path, statement: dict[str, Any]) -> dict[str, Any]:
     return {"location": location, "sha256": digest}
 
 
-def _signed_issue_time(raw: bytes, *, source: str, trust: Any, digest: str) -> datetime | None:
+def _signed_issue_time(raw: bytes, *, source: str, trust: TrustData, digest: Digest) -> datetime | None:
     """``issued_at`` of an attestation that verifies at that instant (trusted signature, known
     statement shape, subject ``digest``); ``None`` for anything else, however it is malformed."""
     from ckptgate.verify import verify_attestation
@@ -183,13 +189,13 @@ def targets(repo: Path) -> list[str]:
     return sorted(a for a in (gates.get("adapters") or {}) if isinstance(a, str))
 
 
-def support_input(repo: Path, trust: Any, *, now: datetime | None = None) -> dict[str, Any]:
+def support_input(repo: Path, trust: TrustData, *, now: datetime | None = None) -> dict[str, Any]:
     facts, rejected, as_of = collect(repo, trust, now=now)
     return {"attestations": facts, "rejected_attestations": rejected, "now": iso_utc(as_of),
             "head": head_facts(repo).to_json(), "targets": targets(repo)}
 
 
-def build(repo: Path, engine: Any, trust: Any, *, now: datetime | None = None) -> Matrix:
+def build(repo: Path, engine: PolicyEngine, trust: TrustData, *, now: datetime | None = None) -> Matrix:
     """Evaluate ``data.ckptgate.support.rows`` over the verified facts and return the matrix."""
     doc = support_input(repo, trust, now=now)
     raw = engine.evaluate(ROWS_ENTRYPOINT, doc)

@@ -23,11 +23,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ckptgate.decide.decision import Decision
+from ckptgate.decide.options import EngineOptions, load_trust
+from ckptgate.digest import Digest, FixtureDigest
+from ckptgate.errors import VerificationError
 from ckptgate.evidence.candidate import candidate_commit, git
 from ckptgate.evidence.errors import EvidenceError
-from ckptgate.evidence.qualify import (STORE_DIR, Fixture, _rel, _validity, fixture_adapter, gate_producer,
-                                       resolve_key)
-from ckptgate.errors import VerificationError
+from ckptgate.evidence.fixtures import STORE_DIR, Fixture, repo_relative, resolve_key
+from ckptgate.evidence.gates import fixture_adapter, gate_producer, validity
+from ckptgate.inspect import SafeTree
+from ckptgate.verify import AttestationStore, Signer, TrustData
 from ckptgate.verify.statement import iso_utc
 
 BASIS = "repository-review"
@@ -47,14 +52,14 @@ class CommittedFixture:
     """The candidate commit (40 hex)."""
     git_tree: str
     """The git tree object of ``location`` at ``commit``."""
-    digest: str
-    """``sha256:<hex>``: the ckptgate fixture digest of the checked bytes."""
+    digest: Digest
+    """The ckptgate fixture digest of the checked bytes."""
 
     def __post_init__(self) -> None:
         if len(self.commit) != 40 or any(c not in "0123456789abcdef" for c in self.commit):
             raise ValueError(f"bad commit {self.commit!r}")
-        if not self.digest.startswith("sha256:") or len(self.digest) != 71:
-            raise ValueError(f"bad digest {self.digest!r}")
+        if not isinstance(self.digest, Digest):
+            raise TypeError(f"bad digest {self.digest!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,14 +67,14 @@ class ProvenanceResult:
     """A stored provenance attestation for one fixture digest."""
 
     fixture: str
-    fixture_digest: str
+    fixture_digest: Digest
     candidate_commit: str
     attestation: Path
     superseded: tuple[Path, ...] = ()
     """Earlier provenance statements for the same digest and location, now removed."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"fixture": self.fixture, "fixture_digest": self.fixture_digest,
+        return {"fixture": self.fixture, "fixture_digest": self.fixture_digest.prefixed(),
                 "candidate_commit": self.candidate_commit, "attestation": str(self.attestation),
                 "superseded": [str(p) for p in self.superseded]}
 
@@ -114,7 +119,7 @@ def _json_or_none(raw: bytes) -> Any:
         return None
 
 
-def committed_fixture(repo: Path, fixture: Fixture, tree: Any, digest: Any, commit: str) -> CommittedFixture:
+def committed_fixture(repo: Path, fixture: Fixture, tree: SafeTree, digest: FixtureDigest, commit: str) -> CommittedFixture:
     """Check, in order, that the measured bytes are the committed, generator-recorded ones.
 
     ``tree`` is the open :class:`~ckptgate.inspect.SafeTree` of the checkpoint and ``digest`` its
@@ -124,7 +129,7 @@ def committed_fixture(repo: Path, fixture: Fixture, tree: Any, digest: Any, comm
     ``.files_differ`` (file sets differ), ``.bytes_differ`` (a blob differs).
     """
     repo = repo.resolve()
-    location, manifest = _rel(repo, fixture.checkpoint), _rel(repo, fixture.root / "meta.json")
+    location, manifest = repo_relative(repo, fixture.checkpoint), repo_relative(repo, fixture.root / "meta.json")
     if Path(location).is_absolute() or Path(manifest).is_absolute():
         raise EvidenceError("evidence.provenance.outside_repo",
                             f"fixture {fixture.name} is not inside the repository {repo}",
@@ -206,24 +211,24 @@ def provenance_statement(repo: Path, fixture: Fixture, committed: CommittedFixtu
     producer = fixture.producer(gate_producer(repo, adapter) if adapter else None)
     return {
         "_type": STATEMENT_TYPE,
-        "subject": [{"name": fixture.name, "digest": {"sha256": committed.digest.split(":", 1)[1]}}],
+        "subject": [{"name": fixture.name, "digest": committed.digest.dsse_subject()}],
         "predicateType": PROVENANCE_PREDICATE_TYPE,
         "predicate": {
             "basis": BASIS,
-            "fixture": {"digest": committed.digest, "digest_algorithm": "sha256", "location": committed.location,
+            "fixture": {"digest": committed.digest.prefixed(), "digest_algorithm": committed.digest.algorithm, "location": committed.location,
                         "manifest": committed.manifest, "git_tree": committed.git_tree},
             "producer": {**producer, "call": str(fixture.meta["producer"])},
             "producers": _producers(fixture),
             "generator": _generator(fixture),
             "topology": fixture.topology(),
             "candidate_commit": committed.commit,
-            "validity": {"issued_at": iso_utc(now), "expires_at": iso_utc(now + _validity(repo))},
+            "validity": {"issued_at": iso_utc(now), "expires_at": iso_utc(now + validity(repo))},
         },
     }
 
 
 # --------------------------------------------------------------------------------------------- store
-def _provenance_files(store: Any, digest: str) -> list[tuple[Path, dict[str, Any]]]:
+def _provenance_files(store: AttestationStore, digest: Digest) -> list[tuple[Path, dict[str, Any]]]:
     from ckptgate.verify.statement import PROVENANCE_PREDICATE_TYPE
     from ckptgate.verify.store import statement_of
 
@@ -238,13 +243,13 @@ def _provenance_files(store: Any, digest: str) -> list[tuple[Path, dict[str, Any
     return out
 
 
-def usable_provenance(repo: Path, digest: str, *, trust: Any, commit: str, now: datetime) -> list[Path]:
+def usable_provenance(repo: Path, digest: Digest, *, trust: TrustData, commit: str, now: datetime) -> list[Path]:
     """Stored provenance statements for ``digest`` that verify now, for ``commit``, under ``trust``.
 
     Only statements that verify are returned, so a stale one never reaches policy as a rejected
     attestation (which would deny).  Whether the signer is trusted *for provenance* is policy's call.
     """
-    from ckptgate.verify import AttestationStore, verify_attestation
+    from ckptgate.verify import verify_attestation
 
     ok = []
     for p, _stmt in _provenance_files(AttestationStore(repo / STORE_DIR), digest):
@@ -257,7 +262,8 @@ def usable_provenance(repo: Path, digest: str, *, trust: Any, commit: str, now: 
     return ok
 
 
-def sign_provenance(repo: Path, fixture: Fixture, tree: Any, digest: Any, *, signer: Any, trust: Any, commit: str,
+def sign_provenance(repo: Path, fixture: Fixture, tree: SafeTree, digest: FixtureDigest, *, signer: Signer,
+                    trust: TrustData, commit: str,
                     now: datetime) -> bytes:
     """Check the committed bytes (:func:`committed_fixture`), sign the statement and verify the
     envelope under ``trust`` for ``digest`` and ``commit``; returns the DSSE envelope (not stored)."""
@@ -274,22 +280,17 @@ def sign_provenance(repo: Path, fixture: Fixture, tree: Any, digest: Any, *, sig
 
 def store_provenance(repo: Path, envelope: bytes) -> Path:
     """Store a provenance envelope under ``attestations/`` (idempotent) and rebuild the index."""
-    from ckptgate.verify import AttestationStore
-
     return AttestationStore(repo / STORE_DIR).add(envelope)
 
 
 def discard_provenance(repo: Path, path: Path) -> None:
     """Remove a just-stored provenance envelope that policy did not accept, and rebuild the index."""
-    from ckptgate.verify import AttestationStore
-
     path.unlink(missing_ok=True)
     AttestationStore(repo / STORE_DIR).rebuild_index()
 
 
-def supersede_provenance(repo: Path, keep: Path, digest: str) -> tuple[Path, ...]:
+def supersede_provenance(repo: Path, keep: Path, digest: Digest) -> tuple[Path, ...]:
     """Remove every other stored provenance statement for ``digest`` with the same fixture location."""
-    from ckptgate.verify import AttestationStore
     from ckptgate.verify.store import statement_of
 
     store = AttestationStore(repo / STORE_DIR)
@@ -304,13 +305,11 @@ def supersede_provenance(repo: Path, keep: Path, digest: str) -> tuple[Path, ...
     return tuple(removed)
 
 
-def attest_provenance(repo: Path, fixture: Fixture, *, key: Path | str | None = None, options: Any = None,
+def attest_provenance(repo: Path, fixture: Fixture, *, key: Path | str | None = None, options: EngineOptions | None = None,
                       now: datetime | None = None) -> ProvenanceResult:
     """``ckptgate attest provenance``: sign and store a fresh provenance statement for ``fixture``,
     superseding earlier ones for the same digest and location."""
     from ckptgate.digest import fixture_digest
-    from ckptgate.inspect import SafeTree
-    from ckptgate.pipeline import EngineOptions, load_trust
     from ckptgate.verify import KeySigner
 
     repo = repo.resolve()
@@ -327,7 +326,7 @@ def attest_provenance(repo: Path, fixture: Fixture, *, key: Path | str | None = 
                             attestation=stored, superseded=supersede_provenance(repo, stored, digest.digest))
 
 
-def provenance_needed(decision: Any) -> bool:
+def provenance_needed(decision: Decision) -> bool:
     """True when the only deny reason is a missing attestation that a provenance statement can satisfy."""
     from ckptgate.verify.statement import PROVENANCE_PREDICATE_TYPE
 

@@ -12,10 +12,13 @@ import json
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ckptgate.decide.options import EngineOptions
 
 
-def build_report(path: Path, attestations: Sequence[Path], *, options: Any = None,
+def build_report(path: Path, attestations: Sequence[Path], *, options: EngineOptions | None = None,
                  now: datetime | None = None, signatures: Sequence[Path] = (),
                  key: Path | None = None, on_hash_plan: Callable[[int], None] | None = None,
                  on_hash_bytes: Callable[[int], None] | None = None,
@@ -26,7 +29,8 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
     progress (:func:`ckptgate.pipeline.evaluate`)."""
     from ckptgate import __version__
     from ckptgate.inspect import SafeTree
-    from ckptgate.pipeline import EngineOptions, engine_for, evaluate, load_trust
+    from ckptgate.decide.options import EngineOptions, engine_for, load_trust
+    from ckptgate.pipeline import evaluate
     from ckptgate.verify.oms import load_verification_material
     from ckptgate.verify.statement import field_at
 
@@ -55,7 +59,7 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
             # The bound subject is this checkpoint, and the predicate is about that subject (not a
             # co-subject beside a statement about another fixture).
             "digest_matches": bool(field_at(att, "verification", "subject_matches_fixture"))
-            and field_at(att, "verification", "measured_digest") == ev.digest.digest
+            and field_at(att, "verification", "measured_digest") == ev.digest.digest.prefixed()
             and (_predicate_about_subject(att) or field_at(att, "verification", "manifest_matches_fixture") is True),
             "method": field_at(att, "verification", "method"),
             "binding": field_at(att, "verification", "binding"),
@@ -83,7 +87,7 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: Any = Non
                       "trust_data": {"source": trust.source,
                                      "sha256": f"sha256:{hashlib.sha256(trust.raw).hexdigest()}"}},
         "checkpoint": {"path": str(path), "format": facts.get("format"), "clean": facts.get("clean"),
-                       "digest": ev.digest.digest, "file_count": len(facts.get("files") or []),
+                       "digest": ev.digest.digest.prefixed(), "file_count": len(facts.get("files") or []),
                        "files": facts.get("files") or [], "loaders": facts.get("loaders") or [],
                        "findings": facts.get("findings") or []},
         "attestations": signed,

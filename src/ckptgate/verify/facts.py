@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ckptgate._json import loads_strict, verify_error
+from ckptgate.digest import Digest
 from ckptgate.errors import Error, VerificationError
 from ckptgate.verify import dsse, sigstore
 from ckptgate.verify.statement import (
@@ -28,7 +29,6 @@ from ckptgate.verify.statement import (
     bind_subject,
     check_statement,
     check_validity,
-    normalise_digest,
 )
 from ckptgate.verify.trust import TrustData
 
@@ -190,7 +190,7 @@ def read_envelope(raw: bytes) -> UnverifiedEnvelope:
                               keyids=tuple(s.get("keyid") for s in env_doc.get("signatures", []) if isinstance(s, dict)))
 
 
-def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_digest: str, now: datetime,
+def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_digest: Digest | str, now: datetime,
                        sigstore_trust_root: Path | str | None = None,
                        expected_identity: tuple[str, str] | None = None,
                        expected_commit: str | None = None,
@@ -209,7 +209,7 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
     """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
-    measured = normalise_digest(measured_digest)
+    measured = Digest.of(measured_digest)
     if len(raw) > dsse.MAX_ENVELOPE_BYTES:
         raise VerificationError("verify.dsse.too_large",
                                 f"attestation is {len(raw)} bytes, over {dsse.MAX_ENVELOPE_BYTES}",
@@ -259,7 +259,7 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
             raise
         files = bind_manifest(stmt, manifest)
         checks.append("subjects_bound_to_files")
-        binding = SubjectBinding(name=f"{files.files} files by {files.match}", digest="sha256:" + measured)
+        binding = SubjectBinding(name=f"{files.files} files by {files.match}", digest=measured.prefixed())
     validity = check_validity(stmt, now, max_clock_skew=max_clock_skew)
     if validity is not None:
         checks.append("validity_window")

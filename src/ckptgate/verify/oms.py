@@ -34,6 +34,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from ckptgate._json import loads_strict, verify_error
+from ckptgate.digest import Digest
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import read_regular_file
 from ckptgate.verify.dsse import IN_TOTO_PAYLOAD_TYPE, MAX_ENVELOPE_BYTES
@@ -406,7 +407,7 @@ def bind_resources(resources: dict[str, str], measured: dict[str, str], ignore_p
 
 
 def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey | None, manifest: dict[str, str],
-                      measured_digest: str, now: datetime,
+                      measured_digest: Digest | str, now: datetime,
                       certificate_chain: CertificateChain | None = None,
                       sigstore_trust_root: Path | str | None = None, trust: Any = None) -> VerifiedAttestation:
     """Verify an OMS bundle and bind it to ``manifest`` (path -> sha256 of every measured file, whose
@@ -462,4 +463,4 @@ def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey | None, manife
     return VerifiedAttestation(
         source=source, statement=stmt, payload_sha256=hashlib.sha256(payload).hexdigest(), method="model_signing",
         signers=(signer,), checks=checks, verified_at=now, subject_name=stmt["subject"][0]["name"],
-        measured_digest=measured_digest, binding="manifest", validity=None)
+        measured_digest=Digest.of(measured_digest).prefixed(), binding="manifest", validity=None)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import fastjsonschema
 
+from ckptgate.digest import Digest
 from ckptgate.errors import VerificationError
 
 if TYPE_CHECKING:
@@ -135,17 +136,6 @@ def field_at(doc: Any, *keys: str) -> Any:
     return doc
 
 
-def normalise_digest(digest: str) -> str:
-    """``sha256:<hex>`` or bare 64 hex -> lower-case 64 hex; anything else is a usage error code."""
-    d = digest.strip().lower()
-    if d.startswith("sha256:"):
-        d = d[len("sha256:"):]
-    if len(d) != 64 or any(c not in "0123456789abcdef" for c in d):
-        raise VerificationError("verify.digest.malformed", f"not a sha256 digest: {digest!r}",
-                                evidence={"digest": digest}, advice="Give the digest as sha256:<64 hex>.")
-    return d
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SubjectBinding:
     """The subject of a statement that was bound to the measured digest, and, for a known predicate
@@ -168,25 +158,26 @@ class SubjectBinding:
         return all(self.predicate_fields.values()) if self.predicate_fields else None
 
 
-def bind_subject(statement: dict[str, Any], measured_digest: str) -> SubjectBinding:
+def bind_subject(statement: dict[str, Any], measured_digest: Digest | str) -> SubjectBinding:
     """Require a subject whose sha256 equals the measured digest, and say whether the predicate's
     fields that name the attested checkpoint (:data:`PREDICATE_SUBJECT_FIELDS`) name that subject.
 
     A mismatch there is not a cryptographic failure, so it is a fact for policy (``ckptgate.trust``
     refuses it), not an error here.
     """
-    want = normalise_digest(measured_digest)
+    measured_digest = Digest.of(measured_digest)
+    want = measured_digest.hex
     for s in statement["subject"]:
         got = s["digest"].get("sha256")
         if isinstance(got, str) and got.lower() == want:
-            digest = "sha256:" + want
+            digest = measured_digest.prefixed()
             fields = {".".join(path): field_at(statement.get("predicate"), *path) == digest
                       for path in PREDICATE_SUBJECT_FIELDS.get(str(statement.get("predicateType")), ())}
             return SubjectBinding(name=str(s.get("name", "")), digest=digest, predicate_fields=fields)
     raise VerificationError(
         "verify.statement.subject_mismatch",
         "no subject of the statement matches the measured fixture digest",
-        evidence={"measured": "sha256:" + want,
+        evidence={"measured": measured_digest.prefixed(),
                   "subjects": [s["digest"].get("sha256") for s in statement["subject"]]},
         advice="The attestation was made for different bytes: do not reuse it for this checkpoint.")
 
@@ -250,19 +241,20 @@ def iso_utc(t: datetime) -> str:
     return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def qualification_statement(*, subject_name: str, fixture_digest: str, manifest: str,
+def qualification_statement(*, subject_name: str, fixture_digest: Digest | str, manifest: str,
                             producer: dict[str, str], adapter: dict[str, str], candidate_commit: str,
                             environment: dict[str, Any], topology: dict[str, Any], status: str,
                             checks_run: list[str], evidence_digest: str, evidence_location: str,
                             issued_at: datetime, valid_for: timedelta) -> dict[str, Any]:
     """A qualification Statement v1 for one fixture; checked against its schema before it is returned."""
+    fixture_digest = Digest.of(fixture_digest)
     statement = {
         "_type": STATEMENT_TYPE,
-        "subject": [{"name": subject_name, "digest": {"sha256": normalise_digest(fixture_digest)}}],
+        "subject": [{"name": subject_name, "digest": fixture_digest.dsse_subject()}],
         "predicateType": QUALIFICATION_PREDICATE_TYPE,
         "predicate": {
             "producer": producer, "adapter": adapter,
-            "fixture": {"digest": "sha256:" + normalise_digest(fixture_digest), "digest_algorithm": "sha256",
+            "fixture": {"digest": fixture_digest.prefixed(), "digest_algorithm": fixture_digest.algorithm,
                         "manifest": manifest},
             "candidate_commit": candidate_commit, "environment": environment, "topology": topology,
             "result": {"status": status, "checks_run": list(checks_run),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate._json import loads_strict, verify_error
+from ckptgate.digest import Digest
 from ckptgate.errors import VerificationError
 from ckptgate.userfiles import replace_whole
 from ckptgate.verify import dsse
@@ -83,7 +84,7 @@ class AttestationStore:
         if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
             raise VerificationError("verify.store.no_sha256_subject", "the first subject has no sha256 digest")
         name = f"{predicate_slug(stmt['predicateType'])}-{hashlib.sha256(payload).hexdigest()[:16]}.{fmt}.json"
-        return self.root / f"sha256-{sha.lower()}" / name
+        return self.root / Digest.from_hex(sha.lower()).filename_stem() / name
 
     def add(self, raw: bytes, *, reindex: bool = True) -> Path:
         """Store ``raw`` (idempotent) and rebuild the index; a different file at the same name is an error."""
@@ -108,11 +109,9 @@ class AttestationStore:
                 if f.is_file() and not f.is_symlink() and _FILE.match(f.name):
                     yield f
 
-    def find(self, digest: str) -> list[Path]:
-        """Stored files whose directory is the given subject digest (``sha256:<hex>`` or hex)."""
-        from ckptgate.verify.statement import normalise_digest
-
-        d = self.root / f"sha256-{normalise_digest(digest)}"
+    def find(self, digest: Digest | str) -> list[Path]:
+        """Stored files whose directory is the given subject digest (a string as :meth:`Digest.of` reads it)."""
+        d = self.root / Digest.of(digest).filename_stem()
         if not d.is_dir() or d.is_symlink():
             return []
         return [f for f in sorted(d.iterdir()) if f.is_file() and not f.is_symlink() and _FILE.match(f.name)]

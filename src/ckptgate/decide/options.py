@@ -1,0 +1,136 @@
+"""How to reach the policy engine, and the trust data it decides with.
+
+:class:`EngineOptions` names the engine (embedded OPA over a policy directory, a signed bundle, or
+a remote OPA); :func:`engine_for` opens it with the very trust bytes :func:`load_trust` parsed for
+Python's signature checks (a ``--trust`` file, a signed bundle's own trust data, or the policy
+directory's), so the engine and the verifier never read two different files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckptgate._json import loads_strict
+from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, default_policy_dir
+from ckptgate.decide.engine import PolicyEngine, open_engine
+from ckptgate.errors import UsageError
+from ckptgate.verify import TrustData
+from ckptgate.verify.sigstore import check_trust_root
+
+__all__ = ["TRUST_IN_BUNDLE", "EngineOptions", "engine_for", "load_trust", "trust_file_in"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineOptions:
+    """How to reach the policy engine (embedded by default)."""
+
+    opa_url: str | None = None
+    opa_token: str | None = None
+    policy_dir: Path | None = None
+    trust_file: Path | None = None
+    timeout_s: float = 5.0
+    policy_bundle: Path | None = None
+    policy_key: Path | None = None
+    sigstore_trust_root: Path | str | None = None  # a trusted_root.json, or "production" (sigstore's embedded root)
+    #: A directory of extra Rego (the configuration's ``extra_rego``), loaded beside the policies.
+    extra_rego: Path | None = None
+    #: The configuration's policy-data overlay (:mod:`ckptgate.policydata`), for the embedded engine only.
+    policy_data: Any = None
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
+            raise UsageError("usage.opa_timeout", f"the decision timeout must be a positive number of seconds, "
+                             f"not {self.timeout_s!r}")
+        if self.opa_url is not None and self.trust_file is not None:
+            raise UsageError("usage.trust_with_remote_opa",
+                             "--trust cannot be combined with --opa-url: a remote policy engine decides with the trust "
+                             "data of its own bundle, and a client must not widen or replace central trust",
+                             advice="Drop --trust to use the remote engine's trust data, or drop --opa-url to "
+                                    "decide locally with the embedded engine and this trust file.")
+        if self.policy_data is not None and (self.opa_url is not None or self.policy_bundle is not None):
+            raise UsageError("usage.policy_data_with_remote", "a policy-data overlay applies to the embedded engine "
+                             "only: a remote engine or a signed bundle decides with its own data")
+        if self.policy_key is not None and self.policy_bundle is None:
+            raise UsageError("usage.policy_bundle", "--policy-key verifies a --policy-bundle; none was given")
+        if self.policy_dir is not None:
+            check_policy_dir(self.policy_dir)
+        if self.sigstore_trust_root is not None:
+            check_trust_root(self.sigstore_trust_root)
+
+    def in_repo(self, root: Path) -> EngineOptions:
+        """These options with the repository's own ``policies/`` unless a policy directory was named."""
+        return dataclasses.replace(self, policy_dir=self.policy_dir or root / "policies")
+
+
+@contextlib.contextmanager
+def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterator[PolicyEngine]:
+    """The policy engine ``options`` name.  With ``--trust``, the engine carries the very bytes
+    ``trust`` was parsed from (read here when ``trust`` is not given), never a second read."""
+    overlays: dict[str, bytes] | None = None
+    if options.trust_file is not None or options.policy_data is not None:
+        overlays = {TRUST_IN_BUNDLE: (trust or load_trust(options)).raw}
+        if options.policy_data is not None:
+            overlays.update(options.policy_data.overlays(options.policy_dir or default_policy_dir()))
+    if options.extra_rego is not None and options.opa_url is None and options.policy_bundle is None:
+        from ckptgate.config import extra_rego_overlays  # noqa: PLC0415
+
+        overlays = {**(overlays or {}), **extra_rego_overlays(options.extra_rego)}
+    bundle = None
+    if options.policy_bundle is not None:
+        if options.policy_key is None or options.trust_file is not None:
+            raise UsageError("usage.policy_bundle", "--policy-bundle needs --policy-key, and its trust data is "
+                             "the bundle's own (--trust cannot overlay a signed bundle)")
+        bundle = PolicyBundle.from_signed_file(options.policy_bundle, options.policy_key)
+    engine = open_engine(opa_url=options.opa_url, opa_token=options.opa_token, policy_dir=options.policy_dir,
+                         bundle=bundle, overlays=overlays, timeout_s=options.timeout_s)
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def load_trust(options: EngineOptions) -> TrustData:
+    """The trust data Python verifies signatures with: the same file the policy engine carries.
+
+    With a signed bundle, that is the bundle's own trust data (OPA refuses the bundle at start-up
+    if it was tampered with, and the result is then a deny).
+    """
+    if options.policy_data is not None:  # the trust data with the overlay's signers added
+        base = TrustData.from_file(options.trust_file or trust_file_in(options.policy_dir or default_policy_dir()))
+        return TrustData.from_json(options.policy_data.merge_trust(base.raw), source=base.source)
+    if options.trust_file is not None:
+        return TrustData.from_file(options.trust_file)
+    if options.policy_bundle is not None:
+        return TrustData.from_json(_bundle_trust(options.policy_bundle))
+    return TrustData.from_file(trust_file_in(options.policy_dir or default_policy_dir()))
+
+
+def _bundle_trust(bundle: Path) -> bytes:
+    """``data.ckptgate.config.trust`` of a built bundle (``opa build`` merges data into /data.json)."""
+    try:
+        with tarfile.open(bundle, "r:gz") as tar:
+            for member in tar.getmembers():
+                if member.isfile() and member.name.lstrip("/") == "data.json":
+                    f = tar.extractfile(member)
+                    data = loads_strict(f.read(64 << 20), what="data.json") if f is not None else {}
+                    trust = data.get("ckptgate", {}).get("config", {}).get("trust")
+                    if isinstance(trust, dict):
+                        return json.dumps(trust).encode()
+    except (OSError, tarfile.TarError, ValueError, AttributeError) as e:
+        raise UsageError("usage.policy_bundle", f"cannot read the policy bundle {bundle}: {e}") from None
+    raise UsageError("usage.policy_bundle", f"the policy bundle {bundle} carries no ckptgate.config.trust data")
+
+
+TRUST_IN_BUNDLE = "ckptgate/config/trust/data.json"
+
+
+def trust_file_in(policy_dir: Path) -> Path:
+    return policy_dir / TRUST_IN_BUNDLE

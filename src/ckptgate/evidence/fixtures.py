@@ -1,0 +1,150 @@
+"""The fixtures catalogue: ``tests/fixtures/data/<name>/`` with ``checkpoint/``,
+``expected.safetensors`` and ``meta.json`` (what produced it, with which versions and topology),
+and the repository paths evidence is read from and written to."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptgate.evidence.errors import EvidenceError
+from ckptgate.inspect.runs import select_checkpoint
+
+FIXTURES_DIR = Path("tests") / "fixtures" / "data"
+STORE_DIR = Path("attestations")
+EVIDENCE_DIR = STORE_DIR / "evidence"
+DEFAULT_KEY = Path("..") / "shared" / "keys" / "ci-qualification.ed25519.pem"
+"""Relative to the repository root; the private key is read, never copied or printed."""
+_AXES = ("tp", "pp", "dp", "cp", "ep", "etp")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fixture:
+    """One generated fixture: ``checkpoint/``, ``expected.safetensors`` and ``meta.json``."""
+
+    name: str
+    root: Path
+    meta: Mapping[str, Any] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        for need in ("format", "producer", "versions", "topology"):
+            if need not in self.meta:
+                raise EvidenceError("evidence.fixture.meta_field", f"fixture {self.name}: meta.json has no {need!r}",
+                                    evidence={"fixture": self.name, "field": need})
+        if not self.checkpoint.is_dir() or not self.expected.is_file():
+            raise EvidenceError("evidence.fixture.layout",
+                                f"fixture {self.name} needs checkpoint/ and expected.safetensors",
+                                evidence={"fixture": str(self.root)})
+
+    @classmethod
+    def load(cls, root: Path) -> Fixture:
+        try:
+            meta = json.loads((root / "meta.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise EvidenceError("evidence.fixture.meta_unreadable", f"cannot read {root / 'meta.json'}: {e}",
+                                evidence={"fixture": str(root)}) from None
+        if not isinstance(meta, dict):
+            raise EvidenceError("evidence.fixture.meta_unreadable", f"{root / 'meta.json'} is not an object")
+        return cls(name=root.name, root=root, meta=meta)
+
+    @property
+    def checkpoint(self) -> Path:
+        """``checkpoint/``, or the ``checkpoint-N/`` inside it that ``meta.json`` names as
+        ``selected_checkpoint`` (a Trainer output directory: the ground truth is for that one)."""
+        selected = self.meta.get("selected_checkpoint")
+        if isinstance(selected, str) and selected:
+            return select_checkpoint(self.root / "checkpoint", selected.removeprefix("checkpoint-"))
+        return self.root / "checkpoint"
+
+    def recorded_files(self) -> Any:
+        """``meta.json``'s ``checkpoint_files``, relative to :attr:`checkpoint` (for a selected
+        ``checkpoint-N/``, its files only, without the folder's name)."""
+        recorded = self.meta.get("checkpoint_files")
+        sub = self.checkpoint.relative_to(self.root / "checkpoint").as_posix()
+        if sub == "." or not isinstance(recorded, dict):
+            return recorded
+        return {k[len(sub) + 1:]: v for k, v in recorded.items() if k.startswith(sub + "/")}
+
+    @property
+    def expected(self) -> Path:
+        return self.root / "expected.safetensors"
+
+    @property
+    def format(self) -> str:
+        return str(self.meta["format"])
+
+    def producer(self, gate_producer: str | None = None) -> dict[str, str]:
+        """The producing package and its exact version from ``meta.json``.
+
+        The package is the adapter gate's producer when it names one (``megatron-core``), else the
+        first component of the producer call (``huggingface_hub.save_torch_state_dict``).
+        """
+        call = str(self.meta["producer"])
+        package = gate_producer if gate_producer and gate_producer != "*" else call.split(".", 1)[0].split(" ", 1)[0]
+        version = (self.meta.get("versions") or {}).get(package)
+        if not isinstance(version, str) or not version:
+            raise EvidenceError("evidence.fixture.producer_version",
+                                f"fixture {self.name}: no exact version recorded for producer {package!r}",
+                                evidence={"fixture": self.name, "producer": call})
+        return {"name": package, "version": version}
+
+    def topology(self) -> dict[str, Any]:
+        """The predicate topology: parallel degrees (1 when the producer did not use the axis)."""
+        raw = dict(self.meta["topology"])
+        out: dict[str, Any] = {axis: _degree(raw.get(axis, 1)) for axis in _AXES}
+        if "dp" not in raw and ("dp_shard" in raw or "dp_replicate" in raw):
+            out["dp"] = _degree(raw.get("dp_shard", 1)) * _degree(raw.get("dp_replicate", 1))
+        out["world_size"] = _degree(raw.get("world_size", 1))
+        if "fsdp" in raw:
+            out["fsdp"] = bool(raw["fsdp"])
+        if "zero_stage" in raw:
+            out["zero_stage"] = raw["zero_stage"]
+        return out
+
+
+def _degree(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise EvidenceError("evidence.fixture.topology", f"topology degree {v!r} is not a positive integer")
+    return v
+
+
+def list_fixtures(repo: Path) -> list[Fixture]:
+    base = repo / FIXTURES_DIR
+    if not base.is_dir():
+        return []
+    return [Fixture.load(d) for d in sorted(base.iterdir()) if (d / "meta.json").is_file()]
+
+
+def find_fixture(repo: Path, name_or_path: str) -> Fixture:
+    p = Path(name_or_path)
+    root = p if (p / "meta.json").is_file() else repo / FIXTURES_DIR / name_or_path
+    if not (root / "meta.json").is_file():
+        known = [f.name for f in list_fixtures(repo)]
+        raise EvidenceError("evidence.fixture.unknown", f"no fixture {name_or_path!r}",
+                            evidence={"known": known}, advice=f"Known fixtures: {', '.join(known) or 'none'}.")
+    return Fixture.load(root.resolve())
+
+
+def repo_relative(repo: Path, p: Path) -> str:
+    try:
+        return p.resolve().relative_to(repo).as_posix()
+    except ValueError:
+        return str(p)
+
+
+def resolve_key(repo: Path, key: Path | str | None) -> Path:
+    """``--key``, else ``$CKPTGATE_SIGNING_KEY``, else ``../shared/keys/ci-qualification.ed25519.pem``."""
+    chosen = key or os.environ.get("CKPTGATE_SIGNING_KEY") or (repo / DEFAULT_KEY)
+    p = Path(chosen)
+    if not p.is_file():
+        raise EvidenceError("evidence.qualify.no_key", f"no signing key at {p}",
+                            advice="Pass --key PEM or set CKPTGATE_SIGNING_KEY; CI uses ../shared/keys/.")
+    return p
+
+
+__all__ = ["DEFAULT_KEY", "EVIDENCE_DIR", "FIXTURES_DIR", "STORE_DIR", "Fixture", "find_fixture", "list_fixtures",
+           "repo_relative", "resolve_key"]

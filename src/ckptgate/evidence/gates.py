@@ -1,0 +1,87 @@
+"""What the policy data says about a fixture: the adapter that consolidates its format, the
+producer that adapter's version gate names, and how long evidence stays valid."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ckptgate.consolidate.adapters import adapter_name_for
+from ckptgate.evidence.fixtures import Fixture, list_fixtures
+
+if TYPE_CHECKING:
+    from ckptgate.inspect import Inspection
+
+GATES_DATA = Path("policies") / "ckptgate" / "config" / "gates" / "data.json"
+INTAKE_DATA = Path("policies") / "ckptgate" / "config" / "intake" / "data.json"
+DEFAULT_VALIDITY = timedelta(days=180)
+
+
+def adapter_for_format(repo: Path, fmt: str) -> str | None:
+    """The adapter that consolidates an inspected format (None when none can), from the adapter
+    registry; a test keeps the registry and the gates data's ``formats`` in step."""
+    return adapter_name_for(fmt)
+
+
+def gate_producer(repo: Path, adapter: str) -> str | None:
+    """The producer the adapter's version gate names (``*`` or absent: any)."""
+    try:
+        gates = json.loads((repo / GATES_DATA).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    producer = ((gates.get("adapters") or {}).get(adapter) or {}).get("producer")
+    return producer if isinstance(producer, str) else None
+
+
+def fixture_format(repo: Path, fixture: Fixture, inspection: Inspection | None = None) -> str:
+    """The format the gates data knows the fixture by: ``meta.json``'s when the gates data lists it
+    (``peft-lora``), else the format the static inspection reports (``deepspeed-zero`` for a fixture
+    recorded as ``deepspeed-zero2``).  Inspection reads, never loads; a refused tree keeps the meta format.
+    A caller that has already inspected the fixture passes that ``inspection``, and it is not read again."""
+    from ckptgate.errors import Error
+    from ckptgate.inspect import SafeTree, inspect_open_tree
+
+    try:
+        gates = json.loads((repo / GATES_DATA).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return fixture.format
+    if fixture.format in (gates.get("formats") or {}):
+        return fixture.format
+    if inspection is not None:
+        inspected = inspection.format
+    else:
+        try:
+            with SafeTree.open(fixture.checkpoint) as tree:
+                inspected = inspect_open_tree(tree).format
+        except Error:
+            return fixture.format
+    return inspected if isinstance(inspected, str) and inspected else fixture.format
+
+
+def fixture_adapter(repo: Path, fixture: Fixture) -> str | None:
+    """The adapter that consolidates the fixture's format (:func:`fixture_format`), or None."""
+    return adapter_for_format(repo, fixture_format(repo, fixture))
+
+
+def validity(repo: Path) -> timedelta:
+    try:
+        cfg = json.loads((repo / INTAKE_DATA).read_text(encoding="utf-8"))
+        return timedelta(seconds=int(cfg["freshness"]["max_age_seconds"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_VALIDITY
+
+
+def qualifiable(repo: Path) -> list[tuple[Fixture, str]]:
+    """Every fixture whose format the gates data maps to an adapter, with that adapter."""
+    out = []
+    for f in list_fixtures(repo):
+        adapter = fixture_adapter(repo, f)
+        if adapter is not None:
+            out.append((f, adapter))
+    return out
+
+
+__all__ = ["DEFAULT_VALIDITY", "GATES_DATA", "INTAKE_DATA", "adapter_for_format", "fixture_adapter", "fixture_format",
+           "gate_producer", "qualifiable", "validity"]

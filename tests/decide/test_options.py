@@ -1,0 +1,41 @@
+"""EngineOptions and the trust data the engine and the verifier share (``ckptgate.decide.options``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ckptgate.decide.options import TRUST_IN_BUNDLE, EngineOptions, load_trust, trust_file_in
+from ckptgate.errors import UsageError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("kwargs", "code"), [
+    ({"timeout_s": 0.0}, "usage.opa_timeout"),
+    ({"timeout_s": float("nan")}, "usage.opa_timeout"),
+    ({"opa_url": "http://127.0.0.1:1", "trust_file": Path("t.json")}, "usage.trust_with_remote_opa"),
+    ({"policy_key": Path("k.pem")}, "usage.policy_bundle"),
+])
+def test_bad_options_are_usage_errors(kwargs: dict, code: str) -> None:
+    with pytest.raises(UsageError) as e:
+        EngineOptions(**kwargs)
+    assert e.value.code == code
+
+
+def test_trust_is_read_from_the_policy_directory_the_engine_loads(tmp_path: Path) -> None:
+    policies = REPO / "policies"
+    assert trust_file_in(policies) == policies / TRUST_IN_BUNDLE
+    from_dir = load_trust(EngineOptions(policy_dir=policies))
+    assert from_dir.raw == trust_file_in(policies).read_bytes()
+    assert EngineOptions().in_repo(REPO).policy_dir == policies
+    assert EngineOptions(policy_dir=policies).in_repo(tmp_path).policy_dir == policies
+
+
+def test_a_policy_bundle_that_is_not_a_bundle_is_a_usage_error(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle.tar.gz"
+    bundle.write_bytes(b"not a tarball")
+    with pytest.raises(UsageError) as e:
+        load_trust(EngineOptions(policy_bundle=bundle, policy_key=tmp_path / "k.pem"))
+    assert e.value.code == "usage.policy_bundle"

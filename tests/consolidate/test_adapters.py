@@ -9,7 +9,8 @@ import pytest
 
 from ckptgate.consolidate import plan_for
 from ckptgate.consolidate.adapters import dcp, fsdp, megatron
-from ckptgate.consolidate.plan import MAX_PLAN_RUNS, NotConsolidatable, PlanError, chunk_run_count, chunk_runs
+from ckptgate.consolidate.plan import (MAX_PLAN_RUNS, NotConsolidatable, PlanError, chunk_run_count, chunk_runs,
+                                       numel)
 from ckptgate.decide.decision import Decision
 from ckptgate.inspect import SafeTree, inspect_open_tree
 
@@ -244,3 +245,39 @@ def test_megatron_unstacks_a_column_split_stacked_tensor_into_strided_layers() -
     layer1 = ts["decoder.layers.1.mlp.linear_fc1.weight"].placements
     assert [(p.src, p.src_offset, p.dst_offset, p.count, p.dst_stride) for p in layer1] == [
         ("__0_0.distcp", 1016, 0, 4, 12), ("__1_0.distcp", 1016, 4, 4, 12), ("__2_0.distcp", 1016, 8, 4, 12)]
+
+
+def test_a_70b_row_parallel_layout_plans_to_a_placement_per_tensor_and_rank_not_per_row() -> None:
+    """Llama-3-70B's 723 tensors (bf16, 141 GB) saved by 8 ranks with every matrix split on dim 1:
+    metadata only, no data. The plan holds O(tensors x ranks) records; as a placement per row it
+    held 55.8M (about 9 GB)."""
+    hidden, mlp, kv, vocab, ranks = 8192, 28672, 1024, 128256, 8
+    shapes = {"model.embed_tokens.weight": (vocab, hidden), "lm_head.weight": (vocab, hidden),
+              "model.norm.weight": (hidden,)}
+    for i in range(80):
+        p = f"model.layers.{i}."
+        shapes.update({p + "self_attn.q_proj.weight": (hidden, hidden), p + "self_attn.k_proj.weight": (kv, hidden),
+                       p + "self_attn.v_proj.weight": (kv, hidden), p + "self_attn.o_proj.weight": (hidden, hidden),
+                       p + "mlp.gate_proj.weight": (mlp, hidden), p + "mlp.up_proj.weight": (mlp, hidden),
+                       p + "mlp.down_proj.weight": (hidden, mlp), p + "input_layernorm.weight": (hidden,),
+                       p + "post_attention_layernorm.weight": (hidden,)})
+    ends = [0] * ranks
+    tensors = []
+    for fqn, full in shapes.items():
+        dim = len(full) - 1 if len(full) == 2 else 0
+        chunks = []
+        for r in range(ranks):
+            offsets, sizes = [0] * len(full), list(full)
+            offsets[dim], sizes[dim] = r * (full[dim] // ranks), full[dim] // ranks
+            n = 2 * sizes[0] * (sizes[1] if len(sizes) == 2 else 1)
+            chunks.append({"path": f"shard-{r:05d}-model-00001-of-00001.safetensors", "offsets": offsets,
+                           "sizes": sizes, "data_offsets": [ends[r], ends[r] + n]})
+            ends[r] += n
+        tensors.append({"fqn": fqn, "dtype": "bfloat16", "size": list(full), "chunks": chunks})
+    plan = dcp.plan("dcp-hf-safetensors", {"tensors": tensors}, max_shard_bytes=2 << 30)
+    placed = [p for s in plan.shards for t in s.tensors for p in t.placements]
+    assert len(shapes) == 723 and len(placed) <= len(shapes) * ranks
+    per_row = sum(full[0] * ranks if len(full) == 2 else ranks for full in shapes.values())
+    assert per_row > 55_000_000  # the per-row plan: a placement per row and rank of every matrix
+    assert sum(p.count for p in placed) == per_row  # the same runs, held as strided records
+    assert plan.total_size == 2 * sum(numel(full) for full in shapes.values()) > 140 * 10**9

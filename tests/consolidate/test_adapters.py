@@ -9,7 +9,8 @@ import pytest
 
 from ckptgate.consolidate import plan_for
 from ckptgate.consolidate.adapters import dcp, fsdp, megatron
-from ckptgate.consolidate.plan import MAX_PLAN_RUNS, NotConsolidatable, PlanError, chunk_run_count, chunk_runs
+from ckptgate.consolidate.plan import (MAX_PLAN_RUNS, NotConsolidatable, PlanError, chunk_run_count, chunk_runs,
+                                       numel)
 from ckptgate.decide.decision import Decision
 from ckptgate.inspect import SafeTree, inspect_open_tree
 
@@ -56,11 +57,13 @@ def _hf_layout(chunks):
                                     for p, o, s, b in chunks]}]}
 
 
-def test_dcp_hf_column_shards_interleave_per_row() -> None:
+def test_dcp_hf_column_shards_are_one_strided_placement_each_interleaving_per_row() -> None:
     [t] = dcp.hf_storage_tensors(_hf_layout([("a", [0, 0], [4, 1], 100), ("b", [0, 1], [4, 1], 200)]))
-    assert [(p.src, p.src_offset, p.dst_offset, p.length) for p in t.placements] == [
-        ("a", 100, 0, 4), ("b", 200, 4, 4), ("a", 104, 8, 4), ("b", 204, 12, 4),
-        ("a", 108, 16, 4), ("b", 208, 20, 4), ("a", 112, 24, 4), ("b", 212, 28, 4)]
+    assert [(p.src, p.src_offset, p.dst_offset, p.length, p.count, p.src_stride, p.dst_stride)
+            for p in t.placements] == [("a", 100, 0, 4, 4, 4, 8), ("b", 200, 4, 4, 4, 4, 8)]
+    runs = sorted((d, p.src, s, n) for p in t.placements for s, d, n in p.runs())
+    assert runs == [(0, "a", 100, 4), (4, "b", 200, 4), (8, "a", 104, 4), (12, "b", 204, 4),
+                    (16, "a", 108, 4), (20, "b", 208, 4), (24, "a", 112, 4), (28, "b", 212, 4)]
 
 
 @pytest.mark.parametrize("chunks, code", [
@@ -79,16 +82,29 @@ def test_chunk_run_count_is_what_chunk_runs_yields() -> None:
         assert chunk_run_count(full, offsets, sizes) == len(list(chunk_runs(full, offsets, sizes)))
 
 
-def test_a_layout_of_too_many_runs_is_refused_before_any_is_built(monkeypatch) -> None:
-    """A tall, narrow tensor split by columns declares a run per row: 2 x 10^8 placements (tens of
-    GB) behind a sparse file. The runs are counted first, and the plan refuses them."""
+def test_a_tall_column_split_tensor_is_two_strided_placements_not_a_run_per_row() -> None:
+    """A tall, narrow tensor split by columns: 2 x 10^8 rows of runs (tens of GB as plain
+    placements) behind a sparse file are two strided records, checked without expanding them."""
+    rows = 10**8
+    layout = _hf_layout([("a", [0, 0], [rows, 1], 0), ("b", [0, 1], [rows, 1], 0)])
+    layout["tensors"][0]["size"] = [rows, 2]
+    layout["tensors"][0]["chunks"][0]["data_offsets"] = [0, 4 * rows]
+    layout["tensors"][0]["chunks"][1]["data_offsets"] = [0, 4 * rows]
+    [t] = dcp.hf_storage_tensors(layout)
+    assert [(p.count, p.length, p.src_stride, p.dst_stride) for p in t.placements] == [(rows, 4, 4, 8)] * 2
+
+
+def test_a_layout_of_too_many_placements_is_refused_before_any_is_built(monkeypatch) -> None:
+    """A chunk split on two leading dims needs a record per index of the first: 10^8 of them here.
+    They are counted first, and the plan refuses them."""
     def build(*args, **kwargs):
         raise AssertionError("placements were built")
 
     monkeypatch.setattr(dcp, "_chunk_placements", build)
     rows = 10**8
-    layout = _hf_layout([("a", [0, 0], [rows, 1], 0), ("b", [0, 1], [rows, 1], 0)])
-    layout["tensors"][0]["size"] = [rows, 2]
+    layout = {"tensors": [{"fqn": "w", "dtype": "float32", "size": [rows, 2, 2], "chunks": [
+        {"path": p, "offsets": o, "sizes": [rows, 1, 1], "data_offsets": [0, 4 * rows]}
+        for p, o in (("a", [0, 0, 0]), ("b", [0, 0, 1]), ("c", [0, 1, 0]), ("d", [0, 1, 1]))]}]}
     with pytest.raises(PlanError) as e:
         dcp.hf_storage_tensors(layout)
     assert e.value.code == "plan.too_many_runs" and e.value.evidence["limit"] == MAX_PLAN_RUNS
@@ -183,3 +199,85 @@ def test_universal_alias_takes_the_target_fp32() -> None:
     assert plan.report["shared_params"] == [["head.weight", "embed.weight"]]
     assert ts["head.weight"].placements == ts["embed.weight"].placements
     assert ts["embed.weight"].placements[0].src.endswith("zero/embed.weight/fp32.pt")
+
+
+def test_slicing_a_strided_placement_keeps_its_whole_runs_strided_and_cuts_the_rest() -> None:
+    import random
+
+    from ckptgate.consolidate.adapters._common import slice_placements
+    from ckptgate.consolidate.plan import Placement
+
+    def bytes_of(placements, start=0, length=None):
+        """Reference: destination byte -> (src, source byte), from every run expanded."""
+        out = {}
+        for p in placements:
+            for s, d, n in p.runs():
+                for i in range(n):
+                    if length is None or start <= d + i < start + length:
+                        out[d + i - start] = (p.src, s + i)
+        return out
+
+    rng = random.Random(4)
+    for _ in range(500):
+        n, extra = rng.randint(1, 5), rng.randint(0, 4)
+        p = Placement(src="a", src_offset=rng.randint(0, 9), dst_offset=rng.randint(0, 9), length=n,
+                      count=rng.randint(2, 6), src_stride=n + rng.randint(0, 3), dst_stride=n + extra)
+        start, length = rng.randint(0, 30), rng.randint(1, 30)
+        got = slice_placements([p], start, length)
+        assert bytes_of(got) == bytes_of([p], start, length)
+        assert len(got) <= 3  # the cut first and last runs, and one record for the whole ones
+
+
+def test_megatron_unstacks_a_column_split_stacked_tensor_into_strided_layers() -> None:
+    layout = _megatron_layout()
+    # split on dim 2 instead (columns): each rank's chunk [2, 4, 1] at column offsets 0, 1, 2
+    items, chunks = [], []
+    for k in range(3):
+        chunks.append({"offsets": [0, 0, k], "sizes": [2, 4, 1]})
+        items.append({"fqn": "decoder.layers.mlp.linear_fc1.weight", "path": f"__{k}_0.distcp", "kind": "tensor",
+                      "chunk_offsets": [0, 0, k],
+                      "tensor": {"dtype": "float32", "shape": [2, 4, 1], "stride": [4, 1, 1], "storage_offset": 0,
+                                 "storage_key": "0", "storage_dtype": "float32", "storage_nbytes": 32,
+                                 "storage_range": [1000, 1032]}})
+    layout["dcp"]["tensors"][0]["chunks"], layout["dcp"]["items"] = chunks, items
+    plan = megatron.plan(layout, max_shard_bytes=1 << 20, mapping=megatron.UNSTACK_LAYERS)
+    ts = {t.name: t for t in plan.shards[0].tensors}
+    layer1 = ts["decoder.layers.1.mlp.linear_fc1.weight"].placements
+    assert [(p.src, p.src_offset, p.dst_offset, p.count, p.dst_stride) for p in layer1] == [
+        ("__0_0.distcp", 1016, 0, 4, 12), ("__1_0.distcp", 1016, 4, 4, 12), ("__2_0.distcp", 1016, 8, 4, 12)]
+
+
+def test_a_70b_row_parallel_layout_plans_to_a_placement_per_tensor_and_rank_not_per_row() -> None:
+    """Llama-3-70B's 723 tensors (bf16, 141 GB) saved by 8 ranks with every matrix split on dim 1:
+    metadata only, no data. The plan holds O(tensors x ranks) records; as a placement per row it
+    held 55.8M (about 9 GB)."""
+    hidden, mlp, kv, vocab, ranks = 8192, 28672, 1024, 128256, 8
+    shapes = {"model.embed_tokens.weight": (vocab, hidden), "lm_head.weight": (vocab, hidden),
+              "model.norm.weight": (hidden,)}
+    for i in range(80):
+        p = f"model.layers.{i}."
+        shapes.update({p + "self_attn.q_proj.weight": (hidden, hidden), p + "self_attn.k_proj.weight": (kv, hidden),
+                       p + "self_attn.v_proj.weight": (kv, hidden), p + "self_attn.o_proj.weight": (hidden, hidden),
+                       p + "mlp.gate_proj.weight": (mlp, hidden), p + "mlp.up_proj.weight": (mlp, hidden),
+                       p + "mlp.down_proj.weight": (hidden, mlp), p + "input_layernorm.weight": (hidden,),
+                       p + "post_attention_layernorm.weight": (hidden,)})
+    ends = [0] * ranks
+    tensors = []
+    for fqn, full in shapes.items():
+        dim = len(full) - 1 if len(full) == 2 else 0
+        chunks = []
+        for r in range(ranks):
+            offsets, sizes = [0] * len(full), list(full)
+            offsets[dim], sizes[dim] = r * (full[dim] // ranks), full[dim] // ranks
+            n = 2 * sizes[0] * (sizes[1] if len(sizes) == 2 else 1)
+            chunks.append({"path": f"shard-{r:05d}-model-00001-of-00001.safetensors", "offsets": offsets,
+                           "sizes": sizes, "data_offsets": [ends[r], ends[r] + n]})
+            ends[r] += n
+        tensors.append({"fqn": fqn, "dtype": "bfloat16", "size": list(full), "chunks": chunks})
+    plan = dcp.plan("dcp-hf-safetensors", {"tensors": tensors}, max_shard_bytes=2 << 30)
+    placed = [p for s in plan.shards for t in s.tensors for p in t.placements]
+    assert len(shapes) == 723 and len(placed) <= len(shapes) * ranks
+    per_row = sum(full[0] * ranks if len(full) == 2 else ranks for full in shapes.values())
+    assert per_row > 55_000_000  # the per-row plan: a placement per row and rank of every matrix
+    assert sum(p.count for p in placed) == per_row  # the same runs, held as strided records
+    assert plan.total_size == 2 * sum(numel(full) for full in shapes.values()) > 140 * 10**9

@@ -212,3 +212,59 @@ def test_a_written_file_lists_as_a_receipt_output():
 
     assert WrittenFile(filename="model.safetensors", size=8, sha256="ab").to_json() == {
         "file": "model.safetensors", "size": 8, "sha256": "ab"}
+
+
+def _column_split(tmp_path, full: np.ndarray, ranks: int):
+    """``full`` (2-D) saved as ``ranks`` column chunks, each contiguous in one file, and its DCP HF
+    layout: a tensor-parallel Shard(1) split, which plans to one strided placement per rank."""
+    from ckptgate.consolidate.adapters import dcp
+
+    rows, cols = full.shape
+    width = cols // ranks
+    chunks, raws = [], {}
+    for r in range(ranks):
+        part = np.ascontiguousarray(full[:, r * width:(r + 1) * width])
+        name = f"rank{r}.bin"
+        raw = b"\0" * 24 + part.tobytes()  # a header-like prefix, so offsets are not zero
+        (tmp_path / name).write_bytes(raw)
+        raws[name] = raw
+        chunks.append({"path": name, "offsets": [0, r * width], "sizes": [rows, width],
+                       "data_offsets": [24, 24 + part.nbytes]})
+    layout = {"tensors": [{"fqn": "w", "dtype": str(full.dtype), "size": [rows, cols], "chunks": chunks}]}
+    tensors = dcp.hf_storage_tensors(layout)
+    return tensors, raws
+
+
+@pytest.mark.parametrize("mode", ["verified", "held"])
+@pytest.mark.parametrize("cast", [None, "BF16"])
+def test_a_column_split_tensor_is_written_bit_identical_from_strided_placements(tmp_path, mode, cast):
+    from ckptgate.consolidate.plan import cast_plan
+
+    rng = np.random.default_rng(22)
+    full = rng.standard_normal((37, 24)).astype(np.float32)
+    tensors, raws = _column_split(tmp_path, full, ranks=4)
+    assert [p.count for t in tensors for p in t.placements] == [37] * 4  # one record per rank, not per row
+    plan = cast_plan(shard_tensors(tensors, max_shard_bytes=1 << 20), cast, max_shard_bytes=1 << 20)
+    assert [p.count for p in plan.shards[0].tensors[0].placements] == [37] * 4  # the cast keeps them strided
+    out = tmp_path / "out"
+    out.mkdir()
+    fds = {name: os.open(tmp_path / name, os.O_RDONLY) for name in raws}
+    try:
+        written = write_plan(plan, out, fds, chunk_size=64,  # windows and chunks far smaller than a row
+                             expected={n: hashlib.sha256(r).hexdigest() for n, r in raws.items()}
+                             if mode == "verified" else None)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    [shard] = [w for w in written if w.filename != INDEX_NAME]
+    if cast is None:
+        got = load_file(str(out / shard.filename))["w"]
+        assert got.dtype == full.dtype and got.tobytes() == full.tobytes()
+    else:
+        import torch
+        from safetensors.torch import load_file as load_torch
+
+        want = torch.from_numpy(full).to(torch.bfloat16)
+        got = load_torch(str(out / shard.filename))["w"]
+        assert got.dtype == torch.bfloat16 and torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert hashlib.sha256((out / shard.filename).read_bytes()).hexdigest() == shard.sha256

@@ -9,6 +9,11 @@ Invariants are checked when a record is built: every output tensor is covered ex
 (a gap or an overlap is an error), dtypes and shapes are consistent with the byte counts, and
 shard and tensor names are unique.
 
+A chunk of a tensor sharded on a dimension other than its first (a tensor-parallel ``Shard(1)``
+weight) is a regular run of rows; it is one *strided* placement (start, count, source and
+destination strides, run length), checked for gaps and overlaps as a whole and expanded run by
+run only by the writer, so a plan holds O(tensors x ranks) records, not one per row.
+
 Dtypes are preserved: the writer moves raw bytes.  Only when the user asks (:func:`cast_plan`)
 does a floating-point tensor carry a ``source_dtype``: its placements are then bytes of that
 dtype, which the writer converts element by element.
@@ -16,6 +21,7 @@ dtype, which the writer converts element by element.
 
 from __future__ import annotations
 
+import heapq
 import importlib.util
 import math
 import re
@@ -72,9 +78,9 @@ def numel(shape: Iterable[int]) -> int:
     return math.prod(shape)
 
 
-#: The contiguous runs one plan may hold. Each becomes a :class:`Placement` (about 160 bytes and
-#: 2.5 us to build), so 2**24 bound a plan near 2.7 GB and 40 s. A chunk of a tensor sharded on a
-#: dimension other than its first has one run per row; strided placements would lift the bound.
+#: The placement records one plan may hold. Each is a :class:`Placement` (about 170 bytes and
+#: 3 us to build), so 2**24 bound a plan near 2.8 GB and 50 s. A regular run of rows is one
+#: strided record, so only a chunk split on two or more leading dims needs more than one.
 MAX_PLAN_RUNS = 1 << 24
 
 
@@ -133,6 +139,54 @@ def chunk_runs(full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int
         src += src_step
 
 
+def _strided_dim(full: tuple[int, ...], sizes: tuple[int, ...], j: int) -> int:
+    """The first outer dim of the chunk's uniform progression of runs: the dims after it, up to the
+    run dim ``j``, are spanned fully, so stepping through them moves the destination by one row."""
+    m = j - 1
+    while m > 0 and sizes[m] == full[m]:
+        m -= 1
+    return max(m, 0)
+
+
+def chunk_placement_count(full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...]) -> int:
+    """How many records :func:`chunk_strided_runs` yields for this chunk, without building them."""
+    j = _run_dim(full, offsets, sizes)
+    if numel(sizes) == 0:
+        return 0
+    return numel(sizes[:_strided_dim(full, sizes, j)]) if j > 0 else 1
+
+
+def chunk_strided_runs(full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...]
+                       ) -> Iterable[tuple[int, int, int, int, int, int]]:
+    """The runs of :func:`chunk_runs`, as few regular progressions as the chunk allows.
+
+    Yields ``(src_elem, dst_elem, n_elems, count, src_stride, dst_stride)`` (elements): ``count``
+    runs of ``n`` elements, run ``k`` at ``src_elem + k * src_stride`` of the chunk going to
+    ``dst_elem + k * dst_stride`` of the tensor.  A chunk split on one dim yields one record
+    whatever its number of rows; a chunk split on several leading dims yields one per index of
+    the dims before the last partial one.
+    """
+    j = _run_dim(full, offsets, sizes)
+    if numel(sizes) == 0:
+        return
+    nd = len(full)
+    fs = [1] * nd
+    for d in range(nd - 2, -1, -1):
+        fs[d] = fs[d + 1] * full[d + 1]
+    if j <= 0:  # split on dim 0 only (or a scalar): one contiguous range
+        yield 0, (offsets[0] * fs[0] if j == 0 else 0), numel(sizes), 1, 0, 0
+        return
+    run = sizes[j] * fs[j]
+    m = _strided_dim(full, sizes, j)
+    count = numel(sizes[m:j])
+    inner = sum(offsets[d] * fs[d] for d in range(m, j + 1))
+    src = 0
+    for idx in _ndindex(sizes[:m]):
+        dst = inner + sum((offsets[d] + idx[d]) * fs[d] for d in range(m))
+        yield src, dst, run, count, run, fs[j - 1]
+        src += run * count
+
+
 def _ndindex(shape: tuple[int, ...]) -> Iterable[tuple[int, ...]]:
     if not shape:
         yield ()
@@ -156,7 +210,7 @@ def merge_placements(placements: Iterable[Placement]) -> tuple[Placement, ...]:
     out: list[Placement] = []
     for p in sorted(placements, key=lambda p: p.dst_offset):
         last = out[-1] if out else None
-        if (last is not None and last.src == p.src and last.dst_offset + last.length == p.dst_offset
+        if (last is not None and last.count == 1 and p.count == 1 and last.src == p.src and last.dst_offset + last.length == p.dst_offset
                 and last.src_offset + last.length == p.src_offset):
             out[-1] = Placement(src=p.src, src_offset=last.src_offset, dst_offset=last.dst_offset,
                                 length=last.length + p.length)
@@ -167,16 +221,114 @@ def merge_placements(placements: Iterable[Placement]) -> tuple[Placement, ...]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Placement:
-    """``length`` bytes at ``src_offset`` of source file ``src`` go to ``dst_offset`` of the tensor."""
+    """``length`` bytes at ``src_offset`` of source file ``src`` go to ``dst_offset`` of the tensor.
+
+    With ``count`` > 1 it is a strided placement: ``count`` runs of ``length`` bytes, run ``k``
+    read at ``src_offset + k * src_stride`` and written at ``dst_offset + k * dst_stride``.  The
+    runs of one placement never overlap, in the source or in the tensor (each stride is at least
+    ``length``).  Build one with :func:`strided`, which gives a plain placement where the runs
+    join up.
+    """
 
     src: str
     src_offset: int
     dst_offset: int
     length: int
+    count: int = 1
+    src_stride: int = 0
+    dst_stride: int = 0
 
     def __post_init__(self) -> None:
         if min(self.src_offset, self.dst_offset) < 0 or self.length <= 0:
             raise PlanError("plan.placement.range", f"bad byte range in placement from {self.src!r}")
+        if self.count < 1 or (self.count == 1 and (self.src_stride or self.dst_stride)) or (
+                self.count > 1 and min(self.src_stride, self.dst_stride) < self.length):
+            raise PlanError("plan.placement.stride", f"bad strided placement from {self.src!r}: {self.count} runs "
+                            f"of {self.length} bytes, strides {self.src_stride} (source) and {self.dst_stride} "
+                            "(tensor); a stride below the run length makes runs overlap",
+                            evidence={"source": self.src, "count": self.count, "length": self.length,
+                                      "src_stride": self.src_stride, "dst_stride": self.dst_stride})
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes placed, over every run."""
+        return self.count * self.length
+
+    @property
+    def dst_end(self) -> int:
+        """One past the last tensor byte the last run writes."""
+        return self.dst_offset + (self.count - 1) * self.dst_stride + self.length
+
+    @property
+    def src_end(self) -> int:
+        """One past the last source byte the last run reads."""
+        return self.src_offset + (self.count - 1) * self.src_stride + self.length
+
+    def runs(self) -> Iterable[tuple[int, int, int]]:
+        """``(src_offset, dst_offset, length)`` of each run, in order, built one at a time."""
+        for k in range(self.count):
+            yield self.src_offset + k * self.src_stride, self.dst_offset + k * self.dst_stride, self.length
+
+
+def strided(*, src: str, src_offset: int, dst_offset: int, length: int, count: int = 1, src_stride: int = 0,
+            dst_stride: int = 0) -> Placement:
+    """A :class:`Placement` of ``count`` runs; a plain one when there is one run or the runs join up
+    in both the source and the tensor."""
+    if count == 1 or (count > 1 and src_stride == dst_stride == length):
+        return Placement(src=src, src_offset=src_offset, dst_offset=dst_offset, length=count * length)
+    return Placement(src=src, src_offset=src_offset, dst_offset=dst_offset, length=length, count=count,
+                     src_stride=src_stride, dst_stride=dst_stride)
+
+
+def _hole(name: str, covered: int, at: int) -> PlanError:
+    if at > covered:
+        return PlanError("plan.tensor.gap", f"{name}: bytes [{covered}, {at}) have no source",
+                         evidence={"tensor": name, "gap": [covered, at]})
+    return PlanError("plan.tensor.overlap", f"{name}: bytes from {at} are placed twice",
+                     evidence={"tensor": name, "overlap_at": at})
+
+
+def _tiled_end(name: str, placements: Iterable[Placement]) -> int:
+    """Check that the placements cover ``[0, end)`` once, each byte by one run; return ``end``.
+
+    Plain placements are walked in order.  Strided ones whose first runs start within one
+    destination period of each other form a group; a group whose members share count and stride
+    (the chunks of one tensor-parallel split) tiles its span exactly when its first runs tile one
+    period, so it is checked in O(members).  Any other group is checked by merging the runs of
+    every remaining placement lazily: memory stays O(placements), time O(runs).
+    """
+    ps = sorted(placements, key=lambda p: (p.dst_offset, p.dst_end))
+    covered, i = 0, 0
+    while i < len(ps):
+        p = ps[i]
+        if p.dst_offset != covered:
+            raise _hole(name, covered, p.dst_offset)
+        if p.count == 1:
+            covered, i = p.dst_end, i + 1
+            continue
+        period = p.dst_stride
+        j = i + 1
+        while j < len(ps) and ps[j].dst_offset < p.dst_offset + period:
+            j += 1
+        group = ps[i:j]
+        if any(q.count != p.count or q.dst_stride != period for q in group):
+            return _tiled_end_lazily(name, ps[i:], covered)
+        for q in group:  # the first period: members in order, each run where the last ended
+            if q.dst_offset != covered:
+                raise _hole(name, covered, q.dst_offset)
+            covered = q.dst_offset + q.length
+        if covered != p.dst_offset + period:  # short: a gap before the next period; long: into it
+            raise _hole(name, covered, p.dst_offset + period)
+        covered, i = p.dst_offset + p.count * period, j
+    return covered
+
+
+def _tiled_end_lazily(name: str, placements: list[Placement], covered: int) -> int:
+    for _, dst, n in heapq.merge(*(p.runs() for p in placements), key=lambda r: r[1]):
+        if dst != covered:
+            raise _hole(name, covered, dst)
+        covered = dst + n
+    return covered
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -200,20 +352,13 @@ class OutputTensor:
             raise PlanError("plan.tensor.cast", f"{self.name}: cannot convert {self.source_dtype} to {self.dtype}",
                             evidence={"tensor": self.name, "from": self.source_dtype, "to": self.dtype})
         size = DTYPE_SIZES[self.source_dtype or self.dtype]
-        if self.source_dtype is not None and any(p.dst_offset % size or p.length % size for p in self.placements):
+        if self.source_dtype is not None and any(
+                p.dst_offset % size or p.length % size or p.dst_stride % size for p in self.placements):
             raise PlanError("plan.tensor.cast", f"{self.name}: a placement splits a {self.source_dtype} element",
                             evidence={"tensor": self.name})
         if any(d < 0 for d in self.shape):
             raise PlanError("plan.tensor.shape", f"{self.name}: negative dimension")
-        covered = 0
-        for p in sorted(self.placements, key=lambda p: p.dst_offset):
-            if p.dst_offset > covered:
-                raise PlanError("plan.tensor.gap", f"{self.name}: bytes [{covered}, {p.dst_offset}) have no source",
-                                evidence={"tensor": self.name, "gap": [covered, p.dst_offset]})
-            if p.dst_offset < covered:
-                raise PlanError("plan.tensor.overlap", f"{self.name}: bytes from {p.dst_offset} are placed twice",
-                                evidence={"tensor": self.name, "overlap_at": p.dst_offset})
-            covered = p.dst_offset + p.length
+        covered = _tiled_end(self.name, self.placements)
         want = math.prod(self.shape) * size
         if covered != want:
             kind = "gap" if covered < want else "overflow"

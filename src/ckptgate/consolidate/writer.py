@@ -16,6 +16,10 @@ being written (a ring of :data:`_RING` in held mode), never the model:
   equal the manifest's, or nothing is published (``runtime.copy.source_changed``), even if
   someone rewrote the file in place meanwhile.  The outputs are then read back and hashed.
 
+A strided placement (a tensor-parallel chunk: one run per row) stays one record until here; both
+modes expand it run by run as they reach it, merging the runs of every placement of an output
+(held mode) or of a source (verified mode) in order, so the writer too holds O(placements).
+
 Durability is publication's job (:func:`ckptgate.publish.publish` fsyncs every staged file
 once); what the writer writes through the page cache, it asks the kernel to start writing back
 at once (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not wait), so that fsync finds
@@ -29,10 +33,11 @@ import ctypes
 import errno
 import fcntl
 import hashlib
+import heapq
 import json
 import mmap
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,13 +85,50 @@ def header_bytes(task: ShardTask) -> bytes:
 @dataclass(frozen=True, slots=True)
 class _Segment:
     """``length`` source bytes at ``src_offset`` go to ``out_offset`` of ``out_fd``, converted from
-    ``conv[0]`` to ``conv[1]`` when the user asked for a cast (the output length then differs)."""
+    ``conv[0]`` to ``conv[1]`` when the user asked for a cast (the output length then differs).
+    With ``count`` > 1, ``count`` such runs, each ``src_stride`` and ``out_stride`` after the last."""
 
     src_offset: int
     length: int
     out_fd: int
     out_offset: int
     conv: tuple[str, str] | None = None
+    count: int = 1
+    src_stride: int = 0
+    out_stride: int = 0
+
+    @property
+    def src_end(self) -> int:
+        return self.src_offset + (self.count - 1) * self.src_stride + self.length
+
+    def runs(self) -> Iterator[_Segment]:
+        """Each run as a plain segment, built one at a time."""
+        if self.count == 1:
+            yield self
+            return
+        for k in range(self.count):
+            yield _Segment(self.src_offset + k * self.src_stride, self.length, self.out_fd,
+                           self.out_offset + k * self.out_stride, self.conv)
+
+
+def _in_order(segments: Iterable[_Segment], key: Callable[[_Segment], int]) -> Iterator[_Segment]:
+    """Every run of ``segments``, ordered by ``key``: strided segments are expanded lazily."""
+    segs = list(segments)
+    plain = sorted((s for s in segs if s.count == 1), key=key)
+    strided = [s.runs() for s in segs if s.count > 1]
+    return heapq.merge(plain, *strided, key=key) if strided else iter(plain)
+
+
+def _runs_in_output_order(pieces: list[tuple[str, _Segment]]) -> Iterator[tuple[str, _Segment]]:
+    """``(src, run)`` for every run of ``pieces``, by output offset; strided ones expanded lazily."""
+    plain = sorted(((src, g) for src, g in pieces if g.count == 1), key=lambda p: p[1].out_offset)
+    strided = [_tagged(src, g) for src, g in pieces if g.count > 1]
+    return heapq.merge(plain, *strided, key=lambda p: p[1].out_offset) if strided else iter(plain)
+
+
+def _tagged(src: str, segment: _Segment) -> Iterator[tuple[str, _Segment]]:
+    for run in segment.runs():
+        yield src, run
 
 
 def _layout(plan: ConsolidationPlan, out_fd: int, opened: dict[str, int], *, write_heads: bool) -> tuple[
@@ -115,7 +157,8 @@ def _layout(plan: ConsolidationPlan, out_fd: int, opened: dict[str, int], *, wri
             scale = (DTYPE_SIZES[t.dtype], DTYPE_SIZES[t.source_dtype]) if t.source_dtype else (1, 1)
             for p in t.placements:
                 segments.setdefault(p.src, []).append(
-                    _Segment(p.src_offset, p.length, fd, base + p.dst_offset * scale[0] // scale[1], conv))
+                    _Segment(p.src_offset, p.length, fd, base + p.dst_offset * scale[0] // scale[1], conv,
+                             p.count, p.src_stride, p.dst_stride * scale[0] // scale[1]))
             base += t.nbytes
     for c in plan.copies:
         fd = create(c.filename, c.size)
@@ -144,15 +187,16 @@ def _scatter_source(src: str, fd: int, segments: list[_Segment], expected_sha256
                     on_bytes: Callable[[int], None] | None) -> None:
     """Read ``src`` once from start to end, hashing it and writing the placed parts."""
     size = os.fstat(fd).st_size
-    if any(s.src_offset + s.length > size for s in segments):
+    if any(s.src_end > size for s in segments):
         raise RuntimeFailure("runtime.copy.short_read", f"{src}: the plan reads past the end of the file",
                              evidence={"source": src, "size": size})
-    order = sorted(segments, key=lambda s: s.src_offset)
+    order = _in_order(segments, key=lambda s: s.src_offset)
+    upcoming = next(order, None)
     carry: dict[int, tuple[bytes, int]] = {}  # a converting segment: (its partial element, output written)
     h = hashlib.sha256()
     buf = bytearray(max(1, min(chunk_size, size)))
     view = memoryview(buf)
-    pos, nxt, active = 0, 0, []
+    pos, active = 0, []
     while pos < size:
         got = os.preadv(fd, [view[:min(len(buf), size - pos)]], pos)
         if got <= 0:
@@ -160,9 +204,9 @@ def _scatter_source(src: str, fd: int, segments: list[_Segment], expected_sha256
                                  evidence={"source": src, "offset": pos})
         end = pos + got
         h.update(view[:got])
-        while nxt < len(order) and order[nxt].src_offset < end:
-            active.append(order[nxt])
-            nxt += 1
+        while upcoming is not None and upcoming.src_offset < end:
+            active.append(upcoming)
+            upcoming = next(order, None)
         for s in active:
             lo, hi = max(pos, s.src_offset), min(end, s.src_offset + s.length)
             if lo < hi and s.conv is None:
@@ -178,6 +222,9 @@ def _scatter_source(src: str, fd: int, segments: list[_Segment], expected_sha256
                 carry[id(s)] = (data[whole:], done + len(out))
                 if on_bytes:
                     on_bytes(len(out))
+        for s in active:
+            if s.src_offset + s.length <= end:
+                carry.pop(id(s), None)  # done: its id may be reused by a run built later
         active = [s for s in active if s.src_offset + s.length > end]
         pos = end
     if h.hexdigest() != expected_sha256:
@@ -236,12 +283,12 @@ def _set_direct(fd: int, on: bool) -> bool:
 
 
 def _copy_in_order(name: str, fd: int, size: int, head: bytes,
-                   pieces: list[tuple[int, str, int, int, tuple[str, str] | None]],
+                   pieces: list[tuple[str, _Segment]],
                    sources: Mapping[str, int], chunk_size: int, on_bytes: Callable[[int], None] | None) -> str:
     """Write output ``name`` front to back from held sources; return its sha256.
 
-    ``pieces`` are ``(out_offset, src, src_offset, length, conv)``; together with the header they
-    must tile ``[0, size)`` exactly.  The output is assembled in page-aligned windows of about
+    ``pieces`` are ``(src, segment)``; the runs of the segments, expanded one at a time in output
+    order, must tile ``[0, size)`` exactly together with the header.  The output is assembled in page-aligned windows of about
     ``chunk_size`` bytes: the header, then every placed range read with ``preadv`` straight into
     its place.  Each full window is hashed on one thread and written (:class:`_Sink`) on another
     while this thread fills the next, through a ring of :data:`_RING` windows.  A piece with
@@ -299,10 +346,11 @@ def _copy_in_order(name: str, fd: int, size: int, head: bytes,
                 out_len, src_off, length = out_len + len(out), src_off + n, length - n
             return out_len
 
-        scratch = memoryview(bytearray(window if any(p[4] for p in pieces) else 0))  # a multiple of 8: whole elements
+        scratch = memoryview(bytearray(window if any(g.conv for _, g in pieces) else 0))  # a multiple of 8: whole elements
         take(name, None, 0, len(head))
         pos = len(head)
-        for out_off, src, src_off, length, conv in sorted(pieces, key=lambda p: p[0]):
+        for src, run in _runs_in_output_order(pieces):
+            out_off, src_off, length, conv = run.out_offset, run.src_offset, run.length, run.conv
             if out_off != pos:
                 raise RuntimeFailure("runtime.copy.not_tiled", f"{name}: the plan leaves a gap or an overlap "
                                      f"at byte {min(pos, out_off)}", evidence={"output": name, "at": pos,
@@ -362,11 +410,10 @@ def _write_plan(plan: ConsolidationPlan, out_fd: int, sources: Mapping[str, int]
         segments, sizes, heads = _layout(plan, out_fd, opened, write_heads=expected is not None)
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             if expected is None:
-                pieces: dict[int, list[tuple[int, str, int, int, tuple[str, str] | None]]] = {
-                    fd: [] for fd in opened.values()}
+                pieces: dict[int, list[tuple[str, _Segment]]] = {fd: [] for fd in opened.values()}
                 for src, segs in segments.items():
                     for g in segs:
-                        pieces[g.out_fd].append((g.out_offset, src, g.src_offset, g.length, g.conv))
+                        pieces[g.out_fd].append((src, g))
                 futures = {name: pool.submit(_copy_in_order, name, fd, sizes[name], heads.get(name, b""), pieces[fd],
                                              sources, chunk_size, on_bytes) for name, fd in opened.items()}
                 digests = {name: f.result() for name, f in futures.items()}

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptgate.consolidate.plan import (DTYPE_SIZES, OutputTensor, Placement, PlanError, merge_placements, numel,
-                                       st_dtype)
+                                       st_dtype, strided)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,13 +84,36 @@ def take(segments: Sequence[Segment], start: int, count: int, *, dst_elem: int =
 
 
 def slice_placements(placements: Iterable[Placement], start: int, length: int) -> tuple[Placement, ...]:
-    """The placements of destination bytes ``[start, start + length)``, rebased to 0."""
+    """The placements of destination bytes ``[start, start + length)``, rebased to 0.
+
+    A strided placement stays strided: its runs wholly inside the window are one record, and a run
+    the window cuts becomes a plain placement of its part (at most two per placement).
+    """
     out: list[Placement] = []
+    end = start + length
     for p in sorted(placements, key=lambda p: p.dst_offset):
-        lo, hi = max(p.dst_offset, start), min(p.dst_offset + p.length, start + length)
-        if lo < hi:
-            out.append(Placement(src=p.src, src_offset=p.src_offset + lo - p.dst_offset, dst_offset=lo - start,
-                                 length=hi - lo))
+        if p.count == 1:
+            lo, hi = max(p.dst_offset, start), min(p.dst_offset + p.length, end)
+            if lo < hi:
+                out.append(Placement(src=p.src, src_offset=p.src_offset + lo - p.dst_offset, dst_offset=lo - start,
+                                     length=hi - lo))
+            continue
+        s, n = p.dst_stride, p.length
+        first = max(0, (start - p.dst_offset - n) // s + 1)  # the first run that ends after start
+        last = min(p.count - 1, -((p.dst_offset - end) // s) - 1)  # the last run that begins before end
+        whole = [k for k in (first, last) if p.dst_offset + k * s >= start and p.dst_offset + k * s + n <= end]
+        lo_k = first if first in whole else first + 1
+        hi_k = last if last in whole else last - 1
+        for k in sorted({first, last}):
+            if first <= k <= last and not lo_k <= k <= hi_k:  # a run the window cuts
+                d = p.dst_offset + k * s
+                lo, hi = max(d, start), min(d + n, end)
+                out.append(Placement(src=p.src, src_offset=p.src_offset + k * p.src_stride + lo - d,
+                                     dst_offset=lo - start, length=hi - lo))
+        if lo_k <= hi_k:
+            out.append(strided(src=p.src, src_offset=p.src_offset + lo_k * p.src_stride,
+                               dst_offset=p.dst_offset + lo_k * s - start, length=n, count=hi_k - lo_k + 1,
+                               src_stride=p.src_stride, dst_stride=s))
     return merge_placements(out)
 
 

@@ -3,8 +3,9 @@
 * torch_save storage (``.metadata`` + ``__<rank>_<n>.distcp``): inspection read ``.metadata``
   with the static pickle reader and located, for each chunk, the torch-zip item in its
   ``.distcp`` file and the stored (uncompressed) tensor bytes in it.  Each chunk is placed by its
-  ``offsets``/``sizes``: a chunk of a tensor sharded on dim 0 is one contiguous range; a general
-  N-d chunk is split into contiguous runs (:func:`~ckptgate.consolidate.plan.chunk_runs`).
+  ``offsets``/``sizes``: a chunk of a tensor sharded on dim 0 is one contiguous range; a chunk
+  split on another dim (a tensor-parallel ``Shard(1)``) is a regular run of rows, one strided
+  placement (:func:`~ckptgate.consolidate.plan.chunk_strided_runs`).
 * HF-safetensors storage (``shard-*-model-*.safetensors``): each shard's ``DCP_SHARDING_INFO``
   gives ``saved_offsets`` per tensor; the full shape is the largest ``offset + size`` (there is
   no ``.metadata``), and the plan invariants refuse any gap or overlap, which torch's own
@@ -24,8 +25,8 @@ from ckptgate.consolidate.adapters._common import record_segment
 from ckptgate.consolidate.adapters.registry import StaticAdapter, register
 from ckptgate.decide.decision import Selection
 from ckptgate.consolidate.plan import (DTYPE_SIZES, MAX_PLAN_RUNS, ConsolidationPlan, OutputTensor, Placement,
-                                       PlanError, chunk_run_count, chunk_runs, merge_placements, no_tensors, numel,
-                                       shard_tensors, st_dtype)
+                                       PlanError, chunk_placement_count, chunk_strided_runs, merge_placements,
+                                       no_tensors, numel, shard_tensors, st_dtype, strided)
 
 if TYPE_CHECKING:
     from ckptgate.inspect import Inspection
@@ -39,8 +40,9 @@ def _ints(v: Any, what: str) -> tuple[int, ...]:
 
 def _chunk_placements(fqn: str, full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...],
                       src: str, base: int, itemsize: int) -> list[Placement]:
-    return [Placement(src=src, src_offset=base + s * itemsize, dst_offset=d * itemsize, length=n * itemsize)
-            for s, d, n in chunk_runs(full, offsets, sizes)]
+    return [strided(src=src, src_offset=base + s * itemsize, dst_offset=d * itemsize, length=n * itemsize,
+                    count=k, src_stride=ss * itemsize, dst_stride=ds * itemsize)
+            for s, d, n, k, ss, ds in chunk_strided_runs(full, offsets, sizes)]
 
 
 def _tensors(layout: Mapping[str, Any], locate: Callable[[str, str, Mapping[str, Any], tuple[int, ...],
@@ -58,12 +60,12 @@ def _tensors(layout: Mapping[str, Any], locate: Callable[[str, str, Mapping[str,
         for c in t["chunks"]:
             offsets = _ints(c["offsets"], f"{fqn}: {what[0]}")
             sizes = _ints(c["sizes"], f"{fqn}: {what[1]}")
-            runs += chunk_run_count(full, offsets, sizes)  # counted before any is built
+            runs += chunk_placement_count(full, offsets, sizes)  # counted before any is built
             if runs > MAX_PLAN_RUNS:
                 raise PlanError("plan.too_many_runs", f"{fqn}: the layout splits its tensors into more than "
-                                f"{MAX_PLAN_RUNS:,} contiguous runs", evidence={"tensor": fqn, "limit": MAX_PLAN_RUNS},
-                                advice="A chunk of a tensor sharded on a dimension other than its first needs a "
-                                       "run per row; ckptgate bounds the plan's memory instead of building them.")
+                                f"{MAX_PLAN_RUNS:,} placements", evidence={"tensor": fqn, "limit": MAX_PLAN_RUNS},
+                                advice="A chunk split on several leading dimensions needs a placement per index "
+                                       "of them; ckptgate bounds the plan's memory instead of building them.")
             src, base = locate(fqn, dtype, c, offsets, sizes, size)
             if numel(sizes):
                 placements += _chunk_placements(fqn, full, offsets, sizes, src, base, size)

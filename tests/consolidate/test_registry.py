@@ -106,7 +106,7 @@ class ToyAdapter(StaticAdapter):
     formats = (TOY,)
 
     def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             loaded: Any = None) -> ConsolidationPlan:
+             selection: Any = None, loaded: Any = None) -> ConsolidationPlan:
         src, n = inspection.layout["file"], inspection.layout["count"]
         t = OutputTensor(name="toy.weight", dtype="F32", shape=(n,),
                          placements=(Placement(src=src, src_offset=0, dst_offset=0, length=4 * n),))

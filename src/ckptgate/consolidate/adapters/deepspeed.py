@@ -467,6 +467,7 @@ class ZeroAdapter:
     name = "deepspeed-zero"
     formats = ("deepspeed-zero2", "deepspeed-zero3")
     mappings: tuple[str, ...] = ()
+    selects = False
 
     def framework_files(self, inspection: Inspection) -> tuple[str, ...]:
         rels = zero_files(inspection.layout)

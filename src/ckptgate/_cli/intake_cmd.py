@@ -56,12 +56,19 @@ def register(cli: click.Group) -> None:
     @click.option("--receipt-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
                   help="PEM private key (Ed25519 or ECDSA P-256) to sign the receipt with, as a DSSE envelope "
                        "published beside it; check it later with `ckptgate receipt verify --key`.")
+    @click.option("--distributed", is_flag=True, default=False,
+                  help="Run as one rank of a torch.distributed job (under torchrun): the ranks split the hashing "
+                       "and the writing by bytes, rank 0 decides once and publishes once.  Needs a per-job "
+                       "secret in $CKPTGATE_DIST_SECRET; see docs/scale-out.md.")
+    @click.option("--dist-timeout", type=float, default=600.0, show_default=True,
+                  help="With --distributed: seconds any rank may wait for the others in one exchange.")
     @signature_options
     @engine_options
     @quiet_option
     @json_option
     def intake_command(src: Path, out: Path, attestations: tuple[Path, ...], max_shard_size: int,
-                       dtype: str | None, receipt_key: Path | None, signatures: tuple[Path, ...], key: Path | None,
+                       dtype: str | None, receipt_key: Path | None, distributed: bool, dist_timeout: float,
+                       signatures: tuple[Path, ...], key: Path | None,
                        certificate_chains: tuple[Path, ...], engine: EngineOptions, quiet: bool,
                        as_json: bool) -> int:
         """Inspect, verify, decide, enforce, consolidate and publish SRC at --out.
@@ -72,6 +79,10 @@ def register(cli: click.Group) -> None:
         from ckptgate.verify.dsse import KeySigner
 
         signer = KeySigner.from_pem(receipt_key) if receipt_key is not None else None  # before any work
+        if distributed:
+            return _run_distributed(src, out, attestations, options=engine, max_shard_size=max_shard_size,
+                                    dtype=dtype, signatures=signatures, key=key, receipt_signer=signer,
+                                    certificate_chains=certificate_chains, timeout_s=dist_timeout, as_json=as_json)
         result = run_intake(src, out, attestations, options=engine, max_shard_size=max_shard_size,
                             show_progress=not (as_json or quiet) and sys.stderr.isatty(), receipt_signer=signer,
                             dtype=dtype, signatures=signatures, key=key,  # click gives the choice as listed
@@ -81,3 +92,31 @@ def register(cli: click.Group) -> None:
         else:
             print_result(result)
         return 0
+
+
+def _run_distributed(src: Path, out: Path, attestations: tuple[Path, ...], *, options, max_shard_size: int,
+                     dtype: str | None, signatures: tuple[Path, ...], key: Path | None, receipt_signer,
+                     certificate_chains: tuple[Path, ...], timeout_s: float, as_json: bool) -> int:
+    """One rank of a distributed intake: rank 0 prints the result; another rank prints only its own
+    error, and exits with the first failure's exit code when another rank failed."""
+    import os
+
+    from ckptgate.distributed import DistributedOptions, Relayed, distributed_intake
+
+    try:
+        result = distributed_intake(src, out, attestations=list(attestations), options=options,
+                                    max_shard_bytes=max_shard_size, dtype=dtype, signatures=list(signatures),
+                                    key=key, certificate_chain=list(certificate_chains),
+                                    receipt_signer=receipt_signer,
+                                    dist_options=DistributedOptions(timeout_s=timeout_s))
+    except Relayed as e:
+        if os.environ.get("RANK", "0") != "0":
+            raise SystemExit(int(e.exit_code)) from None  # rank 0 reports it
+        raise
+    if result is None:
+        return 0
+    if as_json:
+        emit_json({"result": "published", "destination": str(result.destination), "receipt": result.receipt})
+    else:
+        print_result(result)
+    return 0

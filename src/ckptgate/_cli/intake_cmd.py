@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, shown, stdout
+from ckptgate._cli._base import emit_json, json_option, report_error, shown, stdout
+from ckptgate.errors import Error
 from ckptgate._cli._options import ByteSize, engine_options, quiet_option, signature_options
 from ckptgate._cli._progress import phase_bars
 
@@ -109,10 +110,12 @@ def _run_distributed(src: Path, out: Path, attestations: tuple[Path, ...], *, op
                                     key=key, certificate_chain=list(certificate_chains),
                                     receipt_signer=receipt_signer,
                                     dist_options=DistributedOptions(timeout_s=timeout_s))
-    except Relayed as e:
-        if os.environ.get("RANK", "0") != "0":
-            raise SystemExit(int(e.exit_code)) from None  # rank 0 reports it
-        raise
+    except Error as e:
+        if os.environ.get("RANK", "0") == "0":
+            raise
+        if not isinstance(e, Relayed):  # rank 0 reports a relayed failure; this rank only its own, on stderr
+            report_error(e, as_json=False)
+        raise SystemExit(int(e.exit_code)) from None
     if result is None:
         return 0
     if as_json:

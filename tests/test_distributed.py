@@ -1,0 +1,170 @@
+"""``ckptgate intake --distributed`` under ``torchrun --standalone`` (gloo on loopback).
+
+Each run launches real ranks of the real CLI (``tests/distributed_rank.py`` records every rank's
+exit status), on tiny fixtures: the output must be bit-identical to a single-process intake, and
+the receipt equal apart from its topology, its time and what is per-run (the decision's id and the
+embedded engine's pid).  Failures (a deny, a wrong HMAC key, a rank SIGKILLed mid-write) must
+publish nothing, leave no staging directory and end every surviving rank non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pipeline_helpers import FIXTURES, Signer, attest, make_signer  # noqa: E402
+
+from ckptgate.inspect import SafeTree, inspect_open_tree
+
+pytestmark = [pytest.mark.opa, pytest.mark.distributed]
+
+RANK_SCRIPT = Path(__file__).resolve().parent / "distributed_rank.py"
+SECRET = "test-secret-0123456789abcdef"
+SHARD = 700  # bytes: several output shards, so more than one rank writes
+
+
+@pytest.fixture(scope="module")
+def signer(tmp_path_factory: pytest.TempPathFactory) -> Signer:
+    return make_signer(tmp_path_factory.mktemp("signer"))
+
+
+def _attest(name: str, signer: Signer, tmp: Path) -> Path:
+    d = FIXTURES / name
+    with SafeTree.open(d / "checkpoint") as tree:
+        fmt = str(inspect_open_tree(tree).format)
+    return attest(signer, d / "checkpoint", tmp / f"{name}.att.json", fmt=fmt,
+                  meta=json.loads((d / "meta.json").read_text()))
+
+
+def _args(src: Path, out: Path, signer: Signer, att: Path | None, *extra: str) -> list[str]:
+    args = ["intake", str(src), "--out", str(out), "--trust", str(signer.trust_file), "--json",
+            "--max-shard-size", str(SHARD), *extra]
+    return args + (["--attestation", str(att)] if att else [])
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTGATE_TEST_")}
+    env.update({"CKPTGATE_DIST_SECRET": SECRET, "PYTHONUNBUFFERED": "1", **extra})
+    return env
+
+
+def _single(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ckptgate", *args], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+
+
+def _torchrun(n: int, args: list[str], rcdir: Path, **extra: str) -> tuple[subprocess.CompletedProcess[str],
+                                                                               list[int]]:
+    rcdir.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+                           str(RANK_SCRIPT), *args, "--distributed"], capture_output=True, text=True,
+                          env=_env(CKPTGATE_TEST_RCDIR=str(rcdir), **extra), timeout=300, check=False)
+    rcs = [int((rcdir / f"rank{r}.rc").read_text()) if (rcdir / f"rank{r}.rc").exists() else -9 for r in range(n)]
+    return proc, rcs
+
+
+def _comparable(receipt: dict[str, Any]) -> dict[str, Any]:
+    r = {k: v for k, v in receipt.items() if k not in ("topology", "published_at")}
+    r["decision"] = {k: v for k, v in r["decision"].items() if k not in ("id", "engine")}
+    return r
+
+
+def _no_staging(parent: Path) -> None:
+    assert [p.name for p in parent.iterdir() if ".ckptgate-staging-" in p.name] == []
+
+
+@pytest.mark.parametrize(("fixture", "ranks"), [("hf_sharded", 2), ("dcp_hf_safetensors", 2), ("hf_sharded", 4)])
+def test_distributed_output_is_the_single_process_output(fixture: str, ranks: int, signer: Signer,
+                                                         tmp_path: Path) -> None:
+    src = FIXTURES / fixture / "checkpoint"
+    att = _attest(fixture, signer, tmp_path)
+    one = _single(_args(src, tmp_path / "single", signer, att), _env())
+    assert one.returncode == 0, one.stdout + one.stderr
+    proc, rcs = _torchrun(ranks, _args(src, tmp_path / "dist", signer, att), tmp_path / "rc")
+    assert proc.returncode == 0 and rcs == [0] * ranks, proc.stdout + proc.stderr
+    single, dist = json.loads(one.stdout)["receipt"], json.loads(proc.stdout)["receipt"]
+    names = sorted(p.name for p in (tmp_path / "single").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "dist").iterdir())
+    for name in names:
+        if name != "ckptgate-receipt.json":
+            assert (tmp_path / "single" / name).read_bytes() == (tmp_path / "dist" / name).read_bytes(), name
+    assert _comparable(single) == _comparable(dist)
+    topo = dist["topology"]
+    assert topo["world_size"] == ranks and [r["rank"] for r in topo["ranks"]] == list(range(ranks))
+    assert sum(r["bytes_hashed"] for r in topo["ranks"]) == sum(p.stat().st_size for p in src.rglob("*")
+                                                               if p.is_file())
+    assert sum(r["files_hashed"] for r in topo["ranks"]) == sum(1 for p in src.rglob("*") if p.is_file())
+    written = sum(r["bytes_written"] for r in topo["ranks"])
+    assert written == sum(o["size"] for o in single["outputs"] if o["file"] != "model.safetensors.index.json")
+    shards = [o for o in single["outputs"] if o["file"] != "model.safetensors.index.json"]
+    assert sum(1 for r in topo["ranks"] if r["outputs_written"]) == min(ranks, len(shards))  # the writing was split
+    _no_staging(tmp_path)
+
+
+def test_a_deny_publishes_nothing_and_every_rank_fails(signer: Signer, tmp_path: Path) -> None:
+    src = FIXTURES / "hf_sharded" / "checkpoint"
+    one = _single(_args(src, tmp_path / "single", signer, None), _env())
+    assert one.returncode == 3, one.stdout + one.stderr
+    proc, rcs = _torchrun(2, _args(src, tmp_path / "dist", signer, None), tmp_path / "rc")
+    assert rcs == [one.returncode] * 2 and proc.returncode != 0
+    assert json.loads(proc.stdout)["error"]["code"] == json.loads(one.stdout)["error"]["code"]
+    assert not (tmp_path / "dist").exists()
+    _no_staging(tmp_path)
+
+
+def test_a_wrong_hmac_key_on_one_rank_is_refused(signer: Signer, tmp_path: Path) -> None:
+    src = FIXTURES / "hf_sharded" / "checkpoint"
+    att = _attest("hf_sharded", signer, tmp_path)
+    proc, rcs = _torchrun(2, _args(src, tmp_path / "dist", signer, att), tmp_path / "rc",
+                          CKPTGATE_TEST_SECRET_RANK1="another-secret-0123456789")
+    assert rcs == [7, 7], proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["error"]["code"] == "runtime.distributed.unauthenticated"
+    assert not (tmp_path / "dist").exists()
+    _no_staging(tmp_path)
+
+
+def test_one_rank_killed_mid_write_publishes_nothing_and_nothing_hangs(signer: Signer, tmp_path: Path) -> None:
+    src = FIXTURES / "hf_sharded" / "checkpoint"
+    att = _attest("hf_sharded", signer, tmp_path)
+    start = time.monotonic()
+    proc, rcs = _torchrun(2, _args(src, tmp_path / "dist", signer, att, "--dist-timeout", "60"), tmp_path / "rc",
+                          CKPTGATE_TEST_KILL_RANK="1")
+    assert time.monotonic() - start < 60 + 90  # the deadline, plus start-up on a loaded 2-core machine
+    assert rcs[1] == -9  # killed: it never recorded a status
+    assert rcs[0] not in (0, -9), proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert not (tmp_path / "dist").exists()
+    _no_staging(tmp_path)
+
+
+def test_a_missing_secret_is_refused_before_any_work(tmp_path: Path) -> None:
+    env = {k: v for k, v in _env().items() if k != "CKPTGATE_DIST_SECRET"}
+    proc = _single(["intake", str(FIXTURES / "hf_sharded" / "checkpoint"), "--out", str(tmp_path / "o"), "--json",
+                    "--distributed"], env)
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout)["error"]["code"] == "usage.distributed.secret"
+    assert not (tmp_path / "o").exists()
+
+
+def test_distributed_outside_a_launcher_is_refused(tmp_path: Path) -> None:
+    env = {k: v for k, v in _env().items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    proc = _single(["intake", str(FIXTURES / "hf_sharded" / "checkpoint"), "--out", str(tmp_path / "o"), "--json",
+                    "--distributed"], env)
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout)["error"]["code"] == "usage.distributed.no_launcher"
+
+
+def test_the_framework_plane_is_refused_with_a_typed_error(signer: Signer, tmp_path: Path) -> None:
+    src = FIXTURES / "deepspeed_zero3" / "checkpoint"
+    proc, rcs = _torchrun(2, _args(src, tmp_path / "dist", signer, None), tmp_path / "rc")
+    assert rcs == [2, 2], proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["error"]["code"] == "usage.distributed.framework_plane"
+    assert not (tmp_path / "dist").exists()

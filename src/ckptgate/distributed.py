@@ -43,6 +43,7 @@ import json
 import os
 import signal
 import stat
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -323,6 +324,9 @@ def _decision_from(doc: dict[str, Any]) -> Decision:
                     refusal=doc["refusal"], companions=tuple(doc["companions"]))
 
 
+_UNWINDING = threading.Event()  # set once this rank has begun to fail: a later SIGTERM no longer interrupts
+
+
 class _Terminated(BaseException):
     """SIGTERM (the launcher stopping this rank because another one failed): unwind, cleaning up."""
 
@@ -343,16 +347,22 @@ def _process_group(timeout_s: float) -> Iterator[tuple[Any, Any]]:
         raise _peer_lost("rendezvous", e) from None
 
     def on_term(signum: int, frame: object) -> None:
-        raise _Terminated
+        if not _UNWINDING.is_set():
+            _UNWINDING.set()
+            raise _Terminated
 
+    _UNWINDING.clear()
     previous = signal.signal(signal.SIGTERM, on_term)
+    failed = True
     try:
         yield torch, dist
+        failed = False
     except _Terminated:
         raise RuntimeFailure("runtime.distributed.terminated", "this rank was stopped (SIGTERM), most likely by "
                              "the launcher after another rank failed; nothing was published") from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        # After a failure the launcher may SIGTERM this rank while it exits: keep its exit code.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if failed else previous)
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
 
@@ -382,147 +392,157 @@ def distributed_intake(src: Path, dst: Path, *, attestations: Sequence[Path], op
                     receipt_signer=receipt_signer)
 
 
-def _run(comm: _Comm, src: Path, dst: Path, *, attestations: Sequence[Path], options: Any, max_shard_bytes: int,
-         signatures: Sequence[Path], key: Path | None, certificate_chain: Sequence[Path],
-         receipt_signer: Any) -> Any:
+def _run(comm: _Comm, src: Path, dst: Path, **kw: Any) -> Any:
+    """The phases, then the clean-up of what they opened (the staging directory above all); a
+    SIGTERM that arrives once the clean-up has begun is ignored, so it cannot cut it short."""
+    with contextlib.ExitStack() as stack:
+        try:
+            return _phases(comm, stack, src, dst, **kw)
+        except BaseException:
+            _UNWINDING.set()
+            raise
+
+
+def _phases(comm: _Comm, stack: contextlib.ExitStack, src: Path, dst: Path, *, attestations: Sequence[Path],
+            options: Any, max_shard_bytes: int, signatures: Sequence[Path], key: Path | None,
+            certificate_chain: Sequence[Path], receipt_signer: Any) -> Any:
     from ckptgate.publish import check_destination, open_destination
 
     rank, world = comm.rank, comm.world
     state: dict[str, Any] = {}
-    with contextlib.ExitStack() as stack:
-        def inspect() -> dict[str, Any]:
-            state["dst"] = check_destination(dst, source=src)
-            tree = state["tree"] = stack.enter_context(SafeTree.open(src))
-            crcs = state["crcs"] = DeferredCrcs()
-            inspection = state["inspection"] = inspect_open_tree(tree, verify_crc=crcs)
-            if framework_files(inspection) or not set(inspection.loaders) <= _PLANE_LOADERS:
-                raise UsageError("usage.distributed.framework_plane",
-                                 f"this {inspection.format} checkpoint needs a framework load "
-                                 f"(loaders: {', '.join(inspection.loaders)}); --distributed takes in pure-data "
-                                 "checkpoints only, for now", evidence={"loaders": list(inspection.loaders)},
-                                 advice="Take it in on one process, without --distributed.")
-            ledgers = {e.path: {str(i): d.hex() for i, d in sorted(tree.ledger(e.path).recorded().items())}
-                       for e in tree.entries}
-            return {"ledgers": ledgers, "files": sorted([e.path, e.size] for e in tree.entries)}
+    def inspect() -> dict[str, Any]:
+        state["dst"] = check_destination(dst, source=src)
+        tree = state["tree"] = stack.enter_context(SafeTree.open(src))
+        crcs = state["crcs"] = DeferredCrcs()
+        inspection = state["inspection"] = inspect_open_tree(tree, verify_crc=crcs)
+        if framework_files(inspection) or not set(inspection.loaders) <= _PLANE_LOADERS:
+            raise UsageError("usage.distributed.framework_plane",
+                             f"this {inspection.format} checkpoint needs a framework load "
+                             f"(loaders: {', '.join(inspection.loaders)}); --distributed takes in pure-data "
+                             "checkpoints only, for now", evidence={"loaders": list(inspection.loaders)},
+                             advice="Take it in on one process, without --distributed.")
+        ledgers = {e.path: {str(i): d.hex() for i, d in sorted(tree.ledger(e.path).recorded().items())}
+                   for e in tree.entries}
+        return {"ledgers": ledgers, "files": sorted([e.path, e.size] for e in tree.entries)}
 
-        seen = comm.agree("inspect", inspect)
-        if any(s["files"] != seen[0]["files"] for s in seen):
-            raise RuntimeFailure("runtime.distributed.tree_mismatch", "the ranks do not see the same files in SRC "
-                                 "(is it on one shared file system?); nothing was published",
-                                 evidence={"source": str(src)})
-        tree: SafeTree = state["tree"]
-        owners = assign_by_size([(p, s) for p, s in seen[0]["files"]], world)
+    seen = comm.agree("inspect", inspect)
+    if any(s["files"] != seen[0]["files"] for s in seen):
+        raise RuntimeFailure("runtime.distributed.tree_mismatch", "the ranks do not see the same files in SRC "
+                             "(is it on one shared file system?); nothing was published",
+                             evidence={"source": str(src)})
+    tree: SafeTree = state["tree"]
+    owners = assign_by_size([(p, s) for p, s in seen[0]["files"]], world)
 
-        def digest_pass() -> dict[str, Any]:
-            mine = owners[rank]
-            for other in seen:  # what every rank's inspection read of my files: checked in my one pass
-                for path in mine:
-                    for i, d in other["ledgers"].get(path, {}).items():
-                        tree.ledger(path).record(int(i), bytes.fromhex(d))
-            recorders = {p: _ChunkRecorder() for p in mine}
-            crcs: DeferredCrcs = state["crcs"]
+    def digest_pass() -> dict[str, Any]:
+        mine = owners[rank]
+        for other in seen:  # what every rank's inspection read of my files: checked in my one pass
+            for path in mine:
+                for i, d in other["ledgers"].get(path, {}).items():
+                    tree.ledger(path).record(int(i), bytes.fromhex(d))
+        recorders = {p: _ChunkRecorder() for p in mine}
+        crcs: DeferredCrcs = state["crcs"]
 
-            def also(path: str) -> Callable[[int, memoryview], None]:
-                rec, crc = recorders[path], crcs.reader(path)
-                if crc is None:
-                    return rec
+        def also(path: str) -> Callable[[int, memoryview], None]:
+            rec, crc = recorders[path], crcs.reader(path)
+            if crc is None:
+                return rec
 
-                def both(offset: int, view: memoryview) -> None:
-                    rec(offset, view)
-                    crc(offset, view)
-                return both
+            def both(offset: int, view: memoryview) -> None:
+                rec(offset, view)
+                crc(offset, view)
+            return both
 
-            entries = hash_files(tree, mine, also=also)
-            for r in recorders.values():
-                r.done()
-            return {"entries": [e.to_json() for e in entries],
-                    "chunks": {p: r.hashes for p, r in recorders.items()}}
+        entries = hash_files(tree, mine, also=also)
+        for r in recorders.values():
+            r.done()
+        return {"entries": [e.to_json() for e in entries],
+                "chunks": {p: r.hashes for p, r in recorders.items()}}
 
-        hashed = comm.agree("digest", digest_pass)
-        chunks: dict[str, list[str]] = {p: c for h in hashed for p, c in h["chunks"].items()}
-        digest = FixtureDigest.from_manifest([ManifestEntry(path=e["path"], size=e["size"], sha256=e["sha256"])
-                                              for h in hashed for e in h["entries"]])
+    hashed = comm.agree("digest", digest_pass)
+    chunks: dict[str, list[str]] = {p: c for h in hashed for p, c in h["chunks"].items()}
+    digest = FixtureDigest.from_manifest([ManifestEntry(path=e["path"], size=e["size"], sha256=e["sha256"])
+                                          for h in hashed for e in h["entries"]])
 
-        def decide_once() -> dict[str, Any] | None:
+    def decide_once() -> dict[str, Any] | None:
+        if rank != 0:
+            return None
+        state["evaluation"] = ev = _judge(state["inspection"], digest, attestations=attestations,
+                                          options=options, signatures=signatures, key=key,
+                                          certificate_chain=certificate_chain)
+        return {"decision": ev.decision.to_json(), "digest": digest.digest}
+
+    decided = comm.agree("decide", decide_once)[0]
+    if decided["digest"] != digest.digest:
+        raise RuntimeFailure("runtime.distributed.digest_mismatch", "rank 0 decided on another digest than this "
+                             "rank formed; nothing was published")
+    decision = _decision_from(decided["decision"])
+
+    def stage_dir() -> dict[str, Any]:
+        enforce(tree, state["inspection"], decision=decision, fixture_digest=digest)  # a deny raises
+        state["plan"] = plan = plan_for(state["inspection"], decision=decision, max_shard_bytes=max_shard_bytes,
+                                        loaded=None)
+        plan_hash = plan_sha256(plan)
+        state["destination"] = destination = stack.enter_context(
+            open_destination(state["dst"], source_root=tree.root_id))
+        if rank == 0:
+            from ckptgate.publish import staging
+
+            state["stage"] = stack.enter_context(staging(destination))
+            return {"plan": plan_hash, "stage": state["stage"].name}
+        return {"plan": plan_hash}
+
+    staged = comm.agree("stage", stage_dir)
+    plan: ConsolidationPlan = state["plan"]
+    destination = state["destination"]
+    if any(s["plan"] != staged[0]["plan"] for s in staged):
+        raise RuntimeFailure("runtime.distributed.plan_mismatch", "the ranks derived different consolidation "
+                             "plans from the same decision; nothing was published",
+                             evidence={"plans": [s["plan"] for s in staged]})
+    outputs = [(s.filename, len(header_bytes(s)) + s.nbytes) for s in plan.shards] + \
+              [(c.filename, c.size) for c in plan.copies]
+    writers = assign_by_size(outputs, world)
+
+    def write() -> dict[str, Any]:
+        stage_fd = state["stage"].fd if rank == 0 else _open_stage(destination, staged[0]["stage"])
+        sources: dict[str, _CheckedSource] = {}
+        try:
+            mine = set(writers[rank])
+            written = []
+            for s in plan.shards:
+                if s.filename in mine:
+                    pieces = _shard_pieces(s)
+                    _open_sources(tree, sources, {p[0] for p in pieces}, chunks)
+                    written.append(_write_output(stage_fd, s.filename, header_bytes(s), pieces, sources))
+            for c in plan.copies:
+                if c.filename in mine:
+                    _open_sources(tree, sources, {c.src}, chunks)
+                    written.append(_write_output(stage_fd, c.filename, b"", [(c.src, 0, c.size)] if c.size else [],
+                                                 sources))
+        finally:
+            for s in sources.values():
+                os.close(s.fd)
             if rank != 0:
-                return None
-            state["evaluation"] = ev = _judge(state["inspection"], digest, attestations=attestations,
-                                              options=options, signatures=signatures, key=key,
-                                              certificate_chain=certificate_chain)
-            return {"decision": ev.decision.to_json(), "digest": digest.digest}
+                os.close(stage_fd)
+        return {"written": [[w.filename, w.size, w.sha256] for w in written]}
 
-        decided = comm.agree("decide", decide_once)[0]
-        if decided["digest"] != digest.digest:
-            raise RuntimeFailure("runtime.distributed.digest_mismatch", "rank 0 decided on another digest than this "
-                                 "rank formed; nothing was published")
-        decision = _decision_from(decided["decision"])
+    wrote = comm.agree("write", write)
+    files_per_rank = [[p for p in owners[r]] for r in range(world)]
+    sizes = dict((p, s) for p, s in seen[0]["files"])
+    topology = {"world_size": world, "backend": "gloo",
+                "ranks": [{"rank": r, "files_hashed": len(files_per_rank[r]),
+                           "bytes_hashed": sum(sizes[p] for p in files_per_rank[r]),
+                           "outputs_written": len(wrote[r]["written"]),
+                           "bytes_written": sum(w[1] for w in wrote[r]["written"])} for r in range(world)]}
 
-        def stage_dir() -> dict[str, Any]:
-            enforce(tree, state["inspection"], decision=decision, fixture_digest=digest)  # a deny raises
-            state["plan"] = plan = plan_for(state["inspection"], decision=decision, max_shard_bytes=max_shard_bytes,
-                                            loaded=None)
-            plan_hash = plan_sha256(plan)
-            state["destination"] = destination = stack.enter_context(
-                open_destination(state["dst"], source_root=tree.root_id))
-            if rank == 0:
-                from ckptgate.publish import staging
+    def publish_once() -> dict[str, Any] | None:
+        if rank != 0:
+            return None
+        state["result"] = _publish(src, state["dst"], state["stage"], plan, state["evaluation"], wrote,
+                                   topology, options=options, receipt_signer=receipt_signer)
+        return {"published": str(state["dst"])}
 
-                state["stage"] = stack.enter_context(staging(destination))
-                return {"plan": plan_hash, "stage": state["stage"].name}
-            return {"plan": plan_hash}
-
-        staged = comm.agree("stage", stage_dir)
-        plan: ConsolidationPlan = state["plan"]
-        destination = state["destination"]
-        if any(s["plan"] != staged[0]["plan"] for s in staged):
-            raise RuntimeFailure("runtime.distributed.plan_mismatch", "the ranks derived different consolidation "
-                                 "plans from the same decision; nothing was published",
-                                 evidence={"plans": [s["plan"] for s in staged]})
-        outputs = [(s.filename, len(header_bytes(s)) + s.nbytes) for s in plan.shards] + \
-                  [(c.filename, c.size) for c in plan.copies]
-        writers = assign_by_size(outputs, world)
-
-        def write() -> dict[str, Any]:
-            stage_fd = state["stage"].fd if rank == 0 else _open_stage(destination, staged[0]["stage"])
-            sources: dict[str, _CheckedSource] = {}
-            try:
-                mine = set(writers[rank])
-                written = []
-                for s in plan.shards:
-                    if s.filename in mine:
-                        pieces = _shard_pieces(s)
-                        _open_sources(tree, sources, {p[0] for p in pieces}, chunks)
-                        written.append(_write_output(stage_fd, s.filename, header_bytes(s), pieces, sources))
-                for c in plan.copies:
-                    if c.filename in mine:
-                        _open_sources(tree, sources, {c.src}, chunks)
-                        written.append(_write_output(stage_fd, c.filename, b"", [(c.src, 0, c.size)] if c.size else [],
-                                                     sources))
-            finally:
-                for s in sources.values():
-                    os.close(s.fd)
-                if rank != 0:
-                    os.close(stage_fd)
-            return {"written": [[w.filename, w.size, w.sha256] for w in written]}
-
-        wrote = comm.agree("write", write)
-        files_per_rank = [[p for p in owners[r]] for r in range(world)]
-        sizes = dict((p, s) for p, s in seen[0]["files"])
-        topology = {"world_size": world, "backend": "gloo",
-                    "ranks": [{"rank": r, "files_hashed": len(files_per_rank[r]),
-                               "bytes_hashed": sum(sizes[p] for p in files_per_rank[r]),
-                               "outputs_written": len(wrote[r]["written"]),
-                               "bytes_written": sum(w[1] for w in wrote[r]["written"])} for r in range(world)]}
-
-        def publish_once() -> dict[str, Any] | None:
-            if rank != 0:
-                return None
-            state["result"] = _publish(src, state["dst"], state["stage"], plan, state["evaluation"], wrote,
-                                       topology, options=options, receipt_signer=receipt_signer)
-            return {"published": str(state["dst"])}
-
-        comm.agree("publish", publish_once)
-        return state.get("result")
+    comm.agree("publish", publish_once)
+    return state.get("result")
 
 
 def _open_stage(destination: Any, name: str) -> int:

@@ -44,6 +44,7 @@ import os
 import signal
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -452,10 +453,11 @@ def _phases(comm: _Comm, stack: contextlib.ExitStack, src: Path, dst: Path, *, a
                 crc(offset, view)
             return both
 
+        t0 = time.perf_counter()
         entries = hash_files(tree, mine, also=also)
         for r in recorders.values():
             r.done()
-        return {"entries": [e.to_json() for e in entries],
+        return {"entries": [e.to_json() for e in entries], "seconds": round(time.perf_counter() - t0, 3),
                 "chunks": {p: r.hashes for p, r in recorders.items()}}
 
     hashed = comm.agree("digest", digest_pass)
@@ -503,6 +505,7 @@ def _phases(comm: _Comm, stack: contextlib.ExitStack, src: Path, dst: Path, *, a
     writers = assign_by_size(outputs, world)
 
     def write() -> dict[str, Any]:
+        t0 = time.perf_counter()
         stage_fd = state["stage"].fd if rank == 0 else _open_stage(destination, staged[0]["stage"])
         sources: dict[str, _CheckedSource] = {}
         try:
@@ -523,7 +526,8 @@ def _phases(comm: _Comm, stack: contextlib.ExitStack, src: Path, dst: Path, *, a
                 os.close(s.fd)
             if rank != 0:
                 os.close(stage_fd)
-        return {"written": [[w.filename, w.size, w.sha256] for w in written]}
+        return {"written": [[w.filename, w.size, w.sha256] for w in written],
+                "seconds": round(time.perf_counter() - t0, 3)}
 
     wrote = comm.agree("write", write)
     files_per_rank = [[p for p in owners[r]] for r in range(world)]
@@ -532,7 +536,9 @@ def _phases(comm: _Comm, stack: contextlib.ExitStack, src: Path, dst: Path, *, a
                 "ranks": [{"rank": r, "files_hashed": len(files_per_rank[r]),
                            "bytes_hashed": sum(sizes[p] for p in files_per_rank[r]),
                            "outputs_written": len(wrote[r]["written"]),
-                           "bytes_written": sum(w[1] for w in wrote[r]["written"])} for r in range(world)]}
+                           "bytes_written": sum(w[1] for w in wrote[r]["written"]),
+                           "hash_seconds": hashed[r]["seconds"], "write_seconds": wrote[r]["seconds"]}
+                          for r in range(world)]}
 
     def publish_once() -> dict[str, Any] | None:
         if rank != 0:

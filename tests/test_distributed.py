@@ -170,3 +170,41 @@ def test_the_framework_plane_is_refused_with_a_typed_error(signer: Signer, tmp_p
     assert rcs == [2, 2], proc.stdout + proc.stderr
     assert json.loads(proc.stdout)["error"]["code"] == "usage.distributed.framework_plane"
     assert not (tmp_path / "dist").exists()
+
+
+def test_files_are_assigned_by_size_deterministically() -> None:
+    from ckptgate.distributed import assign_by_size
+
+    items = [(f"f{i}", s) for i, s in enumerate([100, 90, 80, 70, 60, 50, 40, 30])]
+    a = assign_by_size(items, 2)
+    assert a == assign_by_size(list(reversed(items)), 2)
+    loads = [sum(dict(items)[n] for n in names) for names in a]
+    assert sorted(n for names in a for n in names) == sorted(n for n, _ in items)
+    assert max(loads) / min(loads) <= 1.15
+
+
+def test_bytes_another_rank_hashed_are_checked_chunk_by_chunk(tmp_path: Path) -> None:
+    import hashlib
+
+    from ckptgate.distributed import COPY_CHUNK, _CheckedSource, _ChunkRecorder
+    from ckptgate.errors import RuntimeFailure
+
+    data = os.urandom(COPY_CHUNK + 1000)
+    rec = _ChunkRecorder()
+    for off in range(0, len(data), 3 << 20):  # pieces that do not line up with the chunks
+        rec(off, memoryview(data)[off:off + (3 << 20)])
+    rec.done()
+    assert rec.hashes == [hashlib.sha256(data[:COPY_CHUNK]).hexdigest(), hashlib.sha256(data[COPY_CHUNK:]).hexdigest()]
+    f = tmp_path / "src"
+    f.write_bytes(data)
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        assert b"".join(_CheckedSource("src", fd, len(data), rec.hashes).read(10, COPY_CHUNK)) == data[10:COPY_CHUNK + 10]
+        with open(f, "r+b") as w:  # the second chunk changes after it was hashed
+            w.seek(COPY_CHUNK + 5)
+            w.write(bytes([data[COPY_CHUNK + 5] ^ 0xFF]))
+        with pytest.raises(RuntimeFailure) as e:
+            b"".join(_CheckedSource("src", fd, len(data), rec.hashes).read(COPY_CHUNK + 1, 10))
+        assert e.value.code == "runtime.copy.source_changed"
+    finally:
+        os.close(fd)

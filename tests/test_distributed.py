@@ -156,6 +156,13 @@ def test_a_missing_secret_is_refused_before_any_work(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
+def test_a_cast_is_refused_with_distributed(tmp_path: Path) -> None:
+    proc = _single(["intake", str(FIXTURES / "hf_sharded" / "checkpoint"), "--out", str(tmp_path / "o"), "--json",
+                    "--dtype", "BF16", "--distributed"], _env())
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout)["error"]["code"] == "usage.distributed.dtype"
+
+
 def test_distributed_outside_a_launcher_is_refused(tmp_path: Path) -> None:
     env = {k: v for k, v in _env().items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     proc = _single(["intake", str(FIXTURES / "hf_sharded" / "checkpoint"), "--out", str(tmp_path / "o"), "--json",

@@ -181,6 +181,9 @@ class _Comm:
         except OSError as e:
             own = RuntimeFailure("runtime.io", f"rank {self.rank}: {e.strerror or e}", evidence={"errno": e.errno})
             msg = {"ok": False, "error": {"code": own.code, "exit": int(own.exit_code), "message": own.message}}
+        except Exception as e:  # a bug on this rank: the others must still hear of it, not wait for the deadline
+            own = Error("internal.unexpected", f"rank {self.rank}: {type(e).__name__}: {e}")
+            msg = {"ok": False, "error": {"code": own.code, "exit": int(own.exit_code), "message": own.message}}
         msgs = self.exchange(phase, msg)
         failed = [(r, m["error"]) for r, m in enumerate(msgs) if not m.get("ok")]
         if failed:

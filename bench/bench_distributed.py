@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from _common import report  # noqa: E402
+from _common import report
 
 
 def _bytes(text: str) -> int:
@@ -49,7 +49,7 @@ def make_checkpoint(root: Path, total: int, files: int) -> None:
         tensors = {f"model.layers.{i}.mlp.{k}.weight": rng.integers(0, 255, size=per // 2 * 4, dtype=np.uint8)
                    .view(np.float32).reshape(-1, 1) for k in ("up_proj", "down_proj")}
         save_file(tensors, str(root / name), metadata={"format": "pt"})
-        weight_map.update({t: name for t in tensors})
+        weight_map.update(dict.fromkeys(tensors, name))
         total_size += sum(t.nbytes for t in tensors.values())
     index = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
     (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

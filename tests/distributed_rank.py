@@ -29,7 +29,7 @@ if os.environ.get("CKPTGATE_TEST_KILL_RANK") == rank:
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("unreachable")
 
-    d._write_output = _die  # noqa: SLF001 - the test's kill point, mid-write
+    d._write_output = _die  # the test's kill point, mid-write
 
 rc: object = 1
 try:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pipeline_helpers import FIXTURES, Signer, attest, make_signer  # noqa: E402
+from pipeline_helpers import FIXTURES, Signer, attest, make_signer
 
 from ckptgate.inspect import SafeTree, inspect_open_tree
 
@@ -206,7 +206,8 @@ def test_bytes_another_rank_hashed_are_checked_chunk_by_chunk(tmp_path: Path) ->
     f.write_bytes(data)
     fd = os.open(f, os.O_RDONLY)
     try:
-        assert b"".join(_CheckedSource("src", fd, len(data), rec.hashes).read(10, COPY_CHUNK)) == data[10:COPY_CHUNK + 10]
+        got = b"".join(_CheckedSource("src", fd, len(data), rec.hashes).read(10, COPY_CHUNK))
+        assert got == data[10:COPY_CHUNK + 10]
         with open(f, "r+b") as w:  # the second chunk changes after it was hashed
             w.seek(COPY_CHUNK + 5)
             w.write(bytes([data[COPY_CHUNK + 5] ^ 0xFF]))

@@ -59,6 +59,18 @@ from ckptgate.digest import FixtureDigest, ManifestEntry, hash_files
 from ckptgate.enforce.gate import enforce
 from ckptgate.errors import Error, ExitCode, RuntimeFailure, UsageError
 from ckptgate.inspect import DeferredCrcs, SafeTree, inspect_open_tree
+from ckptgate.pipeline import (
+    Consolidated,
+    EngineOptions,
+    IntakeResult,
+    _receipt,
+    engine_for,
+    judge,
+    load_trust,
+    local_opa_version,
+)
+from ckptgate.publish import check_destination, open_destination, publish, staging
+from ckptgate.verify.oms import load_verification_material
 
 __all__ = ["COPY_CHUNK", "SECRET_ENV", "DistributedOptions", "assign_by_size", "distributed_intake", "plan_sha256"]
 
@@ -338,8 +350,8 @@ class _Terminated(BaseException):
 @contextlib.contextmanager
 def _process_group(timeout_s: float) -> Iterator[tuple[Any, Any]]:
     try:
-        import torch
-        import torch.distributed as dist
+        import torch  # noqa: PLC0415 - the [torch] extra, only for --distributed
+        import torch.distributed as dist  # noqa: PLC0415
     except ImportError:
         raise UsageError("usage.distributed.torch_missing", "--distributed needs torch (the [torch] extra)",
                          advice="pip install 'ckptgate[torch]'") from None
@@ -380,8 +392,6 @@ def distributed_intake(src: Path, dst: Path, *, attestations: Sequence[Path], op
     Returns the :class:`ckptgate.pipeline.IntakeResult` on rank 0 and ``None`` on the others;
     raises on every rank when any rank fails (see the module's docstring).
     """
-    from ckptgate.pipeline import EngineOptions
-
     options = options or EngineOptions()
     dist_options = dist_options or DistributedOptions()
     if dtype is not None:
@@ -410,8 +420,6 @@ def _run(comm: _Comm, src: Path, dst: Path, **kw: Any) -> Any:
 def _phases(comm: _Comm, stack: contextlib.ExitStack, src: Path, dst: Path, *, attestations: Sequence[Path],
             options: Any, max_shard_bytes: int, signatures: Sequence[Path], key: Path | None,
             certificate_chain: Sequence[Path], receipt_signer: Any) -> Any:
-    from ckptgate.publish import check_destination, open_destination
-
     rank, world = comm.rank, comm.world
     state: dict[str, Any] = {}
     def inspect() -> dict[str, Any]:
@@ -490,8 +498,6 @@ def _phases(comm: _Comm, stack: contextlib.ExitStack, src: Path, dst: Path, *, a
         state["destination"] = destination = stack.enter_context(
             open_destination(state["dst"], source_root=tree.root_id))
         if rank == 0:
-            from ckptgate.publish import staging
-
             state["stage"] = stack.enter_context(staging(destination))
             return {"plan": plan_hash, "stage": state["stage"].name}
         return {"plan": plan_hash}
@@ -525,16 +531,16 @@ def _phases(comm: _Comm, stack: contextlib.ExitStack, src: Path, dst: Path, *, a
                     written.append(_write_output(stage_fd, c.filename, b"", [(c.src, 0, c.size)] if c.size else [],
                                                  sources))
         finally:
-            for s in sources.values():
-                os.close(s.fd)
+            for source in sources.values():
+                os.close(source.fd)
             if rank != 0:
                 os.close(stage_fd)
         return {"written": [[w.filename, w.size, w.sha256] for w in written],
                 "seconds": round(time.perf_counter() - t0, 3)}
 
     wrote = comm.agree("write", write)
-    files_per_rank = [[p for p in owners[r]] for r in range(world)]
-    sizes = dict((p, s) for p, s in seen[0]["files"])
+    files_per_rank = [list(owners[r]) for r in range(world)]
+    sizes = dict(seen[0]["files"])
     topology = {"world_size": world, "backend": "gloo",
                 "ranks": [{"rank": r, "files_hashed": len(files_per_rank[r]),
                            "bytes_hashed": sum(sizes[p] for p in files_per_rank[r]),
@@ -578,9 +584,6 @@ def _open_sources(tree: SafeTree, sources: dict[str, _CheckedSource], paths: set
 
 def _judge(inspection: Any, digest: FixtureDigest, *, attestations: Sequence[Path], options: Any,
            signatures: Sequence[Path], key: Path | None, certificate_chain: Sequence[Path]) -> Any:
-    from ckptgate.pipeline import engine_for, judge, load_trust
-    from ckptgate.verify.oms import load_verification_material
-
     trust = load_trust(options)
     offered_key, chain = load_verification_material(signatures, key, certificate_chain, options.sigstore_trust_root)
     with engine_for(options, trust) as engine:
@@ -591,9 +594,6 @@ def _judge(inspection: Any, digest: FixtureDigest, *, attestations: Sequence[Pat
 
 def _publish(src: Path, dst: Path, stage: Any, plan: ConsolidationPlan, evaluation: Any, wrote: list[Any],
              topology: dict[str, Any], *, options: Any, receipt_signer: Any) -> Any:
-    from ckptgate.pipeline import Consolidated, IntakeResult, _receipt, local_opa_version
-    from ckptgate.publish import publish
-
     by_name = {w[0]: WrittenFile(filename=w[0], size=w[1], sha256=w[2]) for r in wrote for w in r["written"]}
     order = [s.filename for s in plan.shards] + [c.filename for c in plan.copies]
     outputs = [by_name[n] for n in order]

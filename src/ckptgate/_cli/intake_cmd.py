@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 import click
 
 from ckptgate._cli._base import emit_json, json_option, report_error, shown, stdout
-from ckptgate.errors import Error
 from ckptgate._cli._options import ByteSize, engine_options, quiet_option, signature_options
 from ckptgate._cli._progress import phase_bars
+from ckptgate.errors import Error
 
 if TYPE_CHECKING:
     from ckptgate.pipeline import EngineOptions, IntakeResult
@@ -95,14 +95,15 @@ def register(cli: click.Group) -> None:
         return 0
 
 
-def _run_distributed(src: Path, out: Path, attestations: tuple[Path, ...], *, options, max_shard_size: int,
-                     dtype: str | None, signatures: tuple[Path, ...], key: Path | None, receipt_signer,
+def _run_distributed(src: Path, out: Path, attestations: tuple[Path, ...], *, options: EngineOptions,
+                     max_shard_size: int, dtype: str | None, signatures: tuple[Path, ...], key: Path | None,
+                     receipt_signer: object,
                      certificate_chains: tuple[Path, ...], timeout_s: float, as_json: bool) -> int:
     """One rank of a distributed intake: rank 0 prints the result; another rank prints only its own
     error, and exits with the first failure's exit code when another rank failed."""
-    import os
+    import os  # noqa: PLC0415
 
-    from ckptgate.distributed import DistributedOptions, Relayed, distributed_intake
+    from ckptgate.distributed import DistributedOptions, Relayed, distributed_intake  # noqa: PLC0415
 
     try:
         result = distributed_intake(src, out, attestations=list(attestations), options=options,

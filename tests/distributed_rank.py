@@ -1,9 +1,10 @@
 """One rank of ``ckptgate intake --distributed`` for tests/test_distributed.py, run by torchrun.
 
 It runs the real CLI, and records this rank's exit status in ``$CKPTGATE_TEST_RCDIR/rank<R>.rc``
-(torchrun reports only its own).  Two test hooks, both set through the environment:
+(torchrun reports only its own).  Test hooks, both set through the environment:
 ``CKPTGATE_TEST_SECRET_RANK<R>`` replaces rank R's secret (a wrong HMAC key), and
-``CKPTGATE_TEST_KILL_RANK=R`` makes rank R SIGKILL itself after writing part of its first output.
+``CKPTGATE_TEST_KILL_RANK=R`` makes rank R SIGKILL itself after writing part of its first output,
+and ``CKPTGATE_TEST_STALL_RANK=R`` makes rank R stop answering there instead.
 """
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ if os.environ.get("CKPTGATE_TEST_KILL_RANK") == rank:
         raise AssertionError("unreachable")
 
     d._write_output = _die  # the test's kill point, mid-write
+
+if os.environ.get("CKPTGATE_TEST_STALL_RANK") == rank:
+    import time
+
+    import ckptgate.distributed as d
+
+    def _stall(*args: object, **kwargs: object) -> object:
+        time.sleep(3600)  # stops answering, mid-write, without dying
+        raise AssertionError("unreachable")
+
+    d._write_output = _stall
 
 rc: object = 1
 try:

@@ -147,6 +147,19 @@ def test_one_rank_killed_mid_write_publishes_nothing_and_nothing_hangs(signer: S
     _no_staging(tmp_path)
 
 
+def test_a_rank_that_stops_answering_fails_every_rank_at_the_deadline(signer: Signer, tmp_path: Path) -> None:
+    src = FIXTURES / "hf_sharded" / "checkpoint"
+    att = _attest("hf_sharded", signer, tmp_path)
+    start = time.monotonic()
+    proc, rcs = _torchrun(2, _args(src, tmp_path / "dist", signer, att, "--dist-timeout", "15"), tmp_path / "rc",
+                          CKPTGATE_TEST_STALL_RANK="1")
+    assert time.monotonic() - start < 15 + 90  # the deadline, plus start-up on a loaded 2-core machine
+    assert rcs == [7, 7], proc.stdout + proc.stderr  # rank 0 at the deadline; rank 1 when the launcher stops it
+    assert json.loads(proc.stdout)["error"]["code"] == "runtime.distributed.peer_lost"
+    assert not (tmp_path / "dist").exists()
+    _no_staging(tmp_path)
+
+
 def test_a_missing_secret_is_refused_before_any_work(tmp_path: Path) -> None:
     env = {k: v for k, v in _env().items() if k != "CKPTGATE_DIST_SECRET"}
     proc = _single(["intake", str(FIXTURES / "hf_sharded" / "checkpoint"), "--out", str(tmp_path / "o"), "--json",

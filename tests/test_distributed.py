@@ -229,3 +229,18 @@ def test_bytes_another_rank_hashed_are_checked_chunk_by_chunk(tmp_path: Path) ->
         assert e.value.code == "runtime.copy.source_changed"
     finally:
         os.close(fd)
+
+
+def test_the_decision_crosses_ranks_as_json_unchanged() -> None:
+    from ckptgate.decide.decision import Decision, Reason
+    from ckptgate.distributed import _decision_from
+
+    allow = Decision(allow=True, plane="pure_data", permitted_loaders=("json", "safetensors"),
+                     required_controls=("seccomp",), reasons=(Reason(code="w", message="m", severity="warn"),),
+                     decision_id="id", policy_revision="sha256:" + "0" * 64, engine="e", companions=("c.json",))
+    deny = Decision(allow=False, plane=None, permitted_loaders=(), required_controls=(),
+                    reasons=(Reason(code="x", message="m", evidence={"a": [1]}),), decision_id="id",
+                    policy_revision="r", engine="e", refusal="input")
+    for d in (allow, deny):
+        back = _decision_from(json.loads(json.dumps(d.to_json())))
+        assert back.to_json() == d.to_json() and back.exit_code == d.exit_code

@@ -37,6 +37,7 @@ load is refused with ``usage.distributed.framework_plane``, as is ``--dtype``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -332,12 +333,19 @@ def _shard_pieces(task: ShardTask) -> list[tuple[str, int, int]]:
 
 
 def _decision_from(doc: dict[str, Any]) -> Decision:
-    return Decision(allow=bool(doc["allow"]), plane=doc["plane"], permitted_loaders=tuple(doc["permitted_loaders"]),
-                    required_controls=tuple(doc["required_controls"]),
-                    reasons=tuple(Reason(code=r["code"], message=r["message"], evidence=r.get("evidence") or {},
-                                         severity=r.get("severity", "deny")) for r in doc["reasons"]),
-                    decision_id=doc["decision_id"], policy_revision=doc["policy_revision"], engine=doc["engine"],
-                    refusal=doc["refusal"], companions=tuple(doc["companions"]))
+    """The :class:`Decision` rank 0 sent as its ``to_json()``: every field it carries, lists as tuples."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Decision):
+        if f.name not in doc:
+            continue
+        v = doc[f.name]
+        if f.name == "reasons":
+            v = tuple(Reason(code=r["code"], message=r["message"], evidence=r.get("evidence") or {},
+                             severity=r.get("severity", "deny")) for r in v)
+        elif isinstance(v, list):
+            v = tuple(v)
+        values[f.name] = v
+    return Decision(**values)
 
 
 _UNWINDING = threading.Event()  # set once this rank has begun to fail: a later SIGTERM no longer interrupts
@@ -482,10 +490,10 @@ def _phases(comm: _Comm, stack: contextlib.ExitStack, src: Path, dst: Path, *, a
         state["evaluation"] = ev = _judge(state["inspection"], digest, attestations=attestations,
                                           options=options, signatures=signatures, key=key,
                                           certificate_chain=certificate_chain)
-        return {"decision": ev.decision.to_json(), "digest": digest.digest}
+        return {"decision": ev.decision.to_json(), "digest": str(digest.digest)}
 
     decided = comm.agree("decide", decide_once)[0]
-    if decided["digest"] != digest.digest:
+    if decided["digest"] != str(digest.digest):
         raise RuntimeFailure("runtime.distributed.digest_mismatch", "rank 0 decided on another digest than this "
                              "rank formed; nothing was published")
     decision = _decision_from(decided["decision"])

@@ -35,7 +35,7 @@ from ckptgate.inspect._threads import usable_cores
 from ckptgate.inspect.walk import SafeTree
 
 __all__ = ["Digest", "DigestCancelled", "FixtureDigest", "MalformedDigest", "ManifestEntry", "canonical_manifest",
-           "fixture_digest"]
+           "fixture_digest", "hash_files"]
 
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 DEFAULT_BUFFER = 4 << 20
@@ -250,9 +250,21 @@ def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: i
     checked against this pass, chunk by chunk: the bytes that decided the layout are the bytes
     hashed into the digest, or the file is ``input.walk.changed`` (:mod:`ckptgate.inspect.hashed`).
     """
+    return FixtureDigest.from_manifest(hash_files(tree, [e.path for e in tree.entries], workers=workers,
+                                                  buffer_size=buffer_size, progress=progress, also=also,
+                                                  cancel=cancel))
+
+
+def hash_files(tree: SafeTree, paths: list[str], *, workers: int | None = None, buffer_size: int = DEFAULT_BUFFER,
+               progress: Callable[[int], None] | None = None,
+               also: Callable[[str], Callable[[int, memoryview], None] | None] | None = None,
+               cancel: threading.Event | None = None) -> list[ManifestEntry]:
+    """The manifest entries of the walked files ``paths`` of ``tree``, as :func:`fixture_digest`
+    hashes them (each file's read ledger sealed and checked in the same pass): the per-file part
+    of the digest, for a caller that hashes a share of the files (one rank of a distributed intake)."""
     if buffer_size < 4096:
         raise ValueError("buffer_size must be at least 4096")
-    n_workers = max(1, min(workers or usable_cores(), max(1, len(tree.entries))))
+    n_workers = max(1, min(workers or usable_cores(), max(1, len(paths))))
     local = threading.local()
     lock = threading.Lock()
 
@@ -275,11 +287,12 @@ def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: i
             os.close(fd)
         return ManifestEntry(path=path, size=entry.size, sha256=digest)
 
-    order = [e.path for e in sorted(tree.entries, key=lambda e: -e.size)]
+    for path in paths:
+        if tree.entry(path) is None:
+            raise ValueError(f"{path!r} is not a walked file of the tree")
+    order = sorted(paths, key=lambda p: (-tree.entry(p).size, p))  # type: ignore[union-attr]
     checkers = {p: tree.ledger(p).checker() for p in order}  # all sealed before any hashing begins
     if n_workers == 1:
-        results = [one(p) for p in order]
-    else:
-        with ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="ckptgate-digest") as ex:
-            results = list(ex.map(one, order))
-    return FixtureDigest.from_manifest(results)
+        return [one(p) for p in order]
+    with ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="ckptgate-digest") as ex:
+        return list(ex.map(one, order))

@@ -283,7 +283,7 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
             with staging(destination) as stage:
                 done = consolidate_into(tree, evaluation, stage.fd, max_shard_bytes=max_shard_bytes,
                                         chunk_size=chunk_size, on_bytes=on_bytes, on_plan=on_plan, dtype=dtype)
-                receipt = _receipt(src, evaluation, done,
+                receipt = receipt_for(src, evaluation, done,
                                    opa_version=None if options.opa_url else local_opa_version())
                 publish(stage, receipt, signer=receipt_signer)
         except OSError as e:  # ENOSPC, EFBIG, EIO...: an I/O failure, not a bug; nothing was published
@@ -344,8 +344,9 @@ def _resume_state(evaluation: Evaluation) -> list[dict[str, Any]]:
             for f in evaluation.inspection.files if f.role == "resume_state"]
 
 
-def _receipt(src: Path, evaluation: Evaluation, done: Consolidated, *,
-             opa_version: str | None = None) -> dict[str, Any]:
+def receipt_for(src: Path, evaluation: Evaluation, done: Consolidated, *,
+                opa_version: str | None = None) -> dict[str, Any]:
+    """The receipt of one intake: what was decided about which bytes, and what was written."""
     d = evaluation.decision
     return {
         "receipt_version": 1,
@@ -371,4 +372,4 @@ def _receipt(src: Path, evaluation: Evaluation, done: Consolidated, *,
 
 
 __all__ = ["Consolidated", "Evaluation", "IntakeResult", "consolidate_into", "evaluate", "intake", "judge",
-           "open_sources"]
+           "local_opa_version", "open_sources", "receipt_for"]

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, shown, stdout
+from ckptgate._cli._base import emit_json, json_option, report_error, shown, stdout
 from ckptgate._cli._options import ByteSize, checkpoint_option, engine_options, quiet_option, signature_options
 from ckptgate._cli._progress import phase_bars
+from ckptgate.errors import Error
 
 if TYPE_CHECKING:
     from ckptgate.decide.options import EngineOptions
@@ -61,13 +62,20 @@ def register(cli: click.Group) -> None:
                   help="In a DCP training-state tree, write only the entries under PREFIX (such as 'model'), "
                        "named without it. Default: the model subtree of a layout the policy data describes, "
                        "else the whole tree.")
+    @click.option("--distributed", is_flag=True, default=False,
+                  help="Run as one rank of a torch.distributed job (under torchrun): the ranks split the hashing "
+                       "and the writing by bytes, rank 0 decides once and publishes once.  Needs a per-job "
+                       "secret in $CKPTGATE_DIST_SECRET; see docs/scale-out.md.")
+    @click.option("--dist-timeout", type=float, default=600.0, show_default=True,
+                  help="With --distributed: seconds any rank may wait for the others in one exchange.")
     @signature_options
     @checkpoint_option("src")
     @engine_options
     @quiet_option
     @json_option
     def intake_command(src: Path, out: Path, attestations: tuple[Path, ...], max_shard_size: int,
-                       dtype: str | None, receipt_key: Path | None, select: str | None,
+                       dtype: str | None, receipt_key: Path | None, select: str | None, distributed: bool,
+                       dist_timeout: float,
                        signatures: tuple[Path, ...], key: Path | None,
                        certificate_chains: tuple[Path, ...], engine: EngineOptions, quiet: bool,
                        as_json: bool) -> int:
@@ -79,6 +87,10 @@ def register(cli: click.Group) -> None:
         from ckptgate.verify.dsse import KeySigner
 
         signer = KeySigner.from_pem(receipt_key) if receipt_key is not None else None  # before any work
+        if distributed:
+            return _run_distributed(src, out, attestations, options=engine, max_shard_size=max_shard_size,
+                                    dtype=dtype, select=select, signatures=signatures, key=key, receipt_signer=signer,
+                                    certificate_chains=certificate_chains, timeout_s=dist_timeout, as_json=as_json)
         result = run_intake(src, out, attestations, options=engine, max_shard_size=max_shard_size,
                             show_progress=not (as_json or quiet) and sys.stderr.isatty(), receipt_signer=signer,
                             dtype=dtype, signatures=signatures, key=key,  # click gives the choice as listed
@@ -88,3 +100,36 @@ def register(cli: click.Group) -> None:
         else:
             print_result(result)
         return 0
+
+
+def _run_distributed(src: Path, out: Path, attestations: tuple[Path, ...], *, options: EngineOptions,
+                     max_shard_size: int, dtype: str | None, select: str | None, signatures: tuple[Path, ...],
+                     key: Path | None,
+                     receipt_signer: object,
+                     certificate_chains: tuple[Path, ...], timeout_s: float, as_json: bool) -> int:
+    """One rank of a distributed intake: rank 0 prints the result; another rank prints only its own
+    error, and exits with the first failure's exit code when another rank failed."""
+    import os  # noqa: PLC0415
+
+    from ckptgate.distributed import DistributedOptions, Relayed, distributed_intake  # noqa: PLC0415
+
+    try:
+        result = distributed_intake(src, out, attestations=list(attestations), options=options,
+                                    max_shard_bytes=max_shard_size, dtype=dtype, select=select,
+                                    signatures=list(signatures),
+                                    key=key, certificate_chain=list(certificate_chains),
+                                    receipt_signer=receipt_signer,
+                                    dist_options=DistributedOptions(timeout_s=timeout_s))
+    except Error as e:
+        if os.environ.get("RANK", "0") == "0":
+            raise
+        if not isinstance(e, Relayed):  # rank 0 reports a relayed failure; this rank only its own, on stderr
+            report_error(e, as_json=False)
+        raise SystemExit(int(e.exit_code)) from None
+    if result is None:
+        return 0
+    if as_json:
+        emit_json({"result": "published", "destination": str(result.destination), "receipt": result.receipt})
+    else:
+        print_result(result)
+    return 0

@@ -428,6 +428,12 @@ def _write_plan(plan: ConsolidationPlan, out_fd: int, sources: Mapping[str, int]
     written = [WrittenFile(filename=name, size=sizes[name], sha256=digests[name]) for name in opened]
     if not plan.write_index:
         return tuple(written)
+    written.append(write_index(plan, out_fd))
+    return tuple(written)
+
+
+def write_index(plan: ConsolidationPlan, out_fd: int) -> WrittenFile:
+    """Write ``plan``'s ``model.safetensors.index.json`` into the directory ``out_fd``."""
     index = {"metadata": {**dict(plan.index_metadata), "total_size": plan.total_size},
              "weight_map": dict(sorted(plan.weight_map.items()))}
     raw = (json.dumps(index, indent=2, sort_keys=False) + "\n").encode()
@@ -436,5 +442,4 @@ def _write_plan(plan: ConsolidationPlan, out_fd: int, sources: Mapping[str, int]
         _pwrite_all(fd, raw, 0)
     finally:
         os.close(fd)
-    written.append(WrittenFile(filename=INDEX_NAME, size=len(raw), sha256=hashlib.sha256(raw).hexdigest()))
-    return tuple(written)
+    return WrittenFile(filename=INDEX_NAME, size=len(raw), sha256=hashlib.sha256(raw).hexdigest())

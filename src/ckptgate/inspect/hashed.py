@@ -76,6 +76,12 @@ class ReadLedger:
     def chunk_count(self) -> int:
         return len(self._chunks)
 
+    def recorded(self) -> dict[int, bytes]:
+        """A copy of what was recorded: chunk index -> sha256 (to check it elsewhere, as another
+        rank of a distributed intake does in its own digest pass)."""
+        with self._lock:
+            return dict(self._chunks)
+
     def checker(self) -> Callable[[int, memoryview], None] | None:
         """Seal the ledger and return a callable for the digest's pass over this file.
 

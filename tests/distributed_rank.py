@@ -1,0 +1,58 @@
+"""One rank of ``ckptgate intake --distributed`` for tests/test_distributed.py, run by torchrun.
+
+It runs the real CLI, and records this rank's exit status in ``$CKPTGATE_TEST_RCDIR/rank<R>.rc``
+(torchrun reports only its own).  Test hooks, both set through the environment:
+``CKPTGATE_TEST_SECRET_RANK<R>`` replaces rank R's secret (a wrong HMAC key), and
+``CKPTGATE_TEST_KILL_RANK=R`` makes rank R SIGKILL itself after writing part of its first output,
+and ``CKPTGATE_TEST_STALL_RANK=R`` makes rank R stop answering there instead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+rank = os.environ.get("RANK", "0")
+secret = os.environ.get(f"CKPTGATE_TEST_SECRET_RANK{rank}")
+if secret is not None:
+    if secret:
+        os.environ["CKPTGATE_DIST_SECRET"] = secret
+    else:
+        os.environ.pop("CKPTGATE_DIST_SECRET", None)
+if os.environ.get("CKPTGATE_TEST_KILL_RANK") == rank:
+    import ckptgate.distributed as d
+
+    def _die(stage_fd: int, name: str, *args: object, **kwargs: object) -> object:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=stage_fd)
+        os.write(fd, b"partial")
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+    d._write_output = _die  # the test's kill point, mid-write
+
+if os.environ.get("CKPTGATE_TEST_STALL_RANK") == rank:
+    import time
+
+    import ckptgate.distributed as d
+
+    def _stall(*args: object, **kwargs: object) -> object:
+        time.sleep(3600)  # stops answering, mid-write, without dying
+        raise AssertionError("unreachable")
+
+    d._write_output = _stall
+
+rc: object = 1
+try:
+    from ckptgate._cli import main
+
+    sys.argv = ["ckptgate", *sys.argv[1:]]
+    main()
+except SystemExit as e:
+    rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    raise
+finally:
+    out = os.environ.get("CKPTGATE_TEST_RCDIR")
+    if out:
+        Path(out, f"rank{rank}.rc").write_text(str(rc))

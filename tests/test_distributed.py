@@ -1,0 +1,254 @@
+"""``ckptgate intake --distributed`` under ``torchrun --standalone`` (gloo on loopback).
+
+Each run launches real ranks of the real CLI (``tests/distributed_rank.py`` records every rank's
+exit status), on tiny fixtures: the output must be bit-identical to a single-process intake, and
+the receipt equal apart from its topology, its time and what is per-run (the decision's id and the
+embedded engine's pid).  Failures (a deny, a wrong HMAC key, a rank SIGKILLed mid-write) must
+publish nothing, leave no staging directory and end every surviving rank non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pipeline_helpers import FIXTURES, Signer, attest, make_signer
+
+from ckptgate.inspect import SafeTree, inspect_open_tree
+
+pytestmark = [pytest.mark.opa, pytest.mark.distributed]
+
+RANK_SCRIPT = Path(__file__).resolve().parent / "distributed_rank.py"
+SECRET = "test-secret-0123456789abcdef"
+SHARD = 700  # bytes: several output shards, so more than one rank writes
+
+
+@pytest.fixture(scope="module")
+def signer(tmp_path_factory: pytest.TempPathFactory) -> Signer:
+    return make_signer(tmp_path_factory.mktemp("signer"))
+
+
+def _attest(name: str, signer: Signer, tmp: Path) -> Path:
+    d = FIXTURES / name
+    with SafeTree.open(d / "checkpoint") as tree:
+        fmt = str(inspect_open_tree(tree).format)
+    return attest(signer, d / "checkpoint", tmp / f"{name}.att.json", fmt=fmt,
+                  meta=json.loads((d / "meta.json").read_text()))
+
+
+def _args(src: Path, out: Path, signer: Signer, att: Path | None, *extra: str) -> list[str]:
+    args = ["intake", str(src), "--out", str(out), "--trust", str(signer.trust_file), "--json",
+            "--max-shard-size", str(SHARD), *extra]
+    return args + (["--attestation", str(att)] if att else [])
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTGATE_TEST_")}
+    env.update({"CKPTGATE_DIST_SECRET": SECRET, "PYTHONUNBUFFERED": "1", **extra})
+    return env
+
+
+def _single(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ckptgate", *args], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+
+
+def _torchrun(n: int, args: list[str], rcdir: Path, **extra: str) -> tuple[subprocess.CompletedProcess[str],
+                                                                               list[int]]:
+    rcdir.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+                           str(RANK_SCRIPT), *args, "--distributed"], capture_output=True, text=True,
+                          env=_env(CKPTGATE_TEST_RCDIR=str(rcdir), **extra), timeout=300, check=False)
+    rcs = [int((rcdir / f"rank{r}.rc").read_text()) if (rcdir / f"rank{r}.rc").exists() else -9 for r in range(n)]
+    return proc, rcs
+
+
+def _comparable(receipt: dict[str, Any]) -> dict[str, Any]:
+    r = {k: v for k, v in receipt.items() if k not in ("topology", "published_at")}
+    r["decision"] = {k: v for k, v in r["decision"].items() if k not in ("id", "engine")}
+    return r
+
+
+def _no_staging(parent: Path) -> None:
+    assert [p.name for p in parent.iterdir() if ".ckptgate-staging-" in p.name] == []
+
+
+@pytest.mark.parametrize(("fixture", "ranks"), [("hf_sharded", 2), ("dcp_hf_safetensors", 2), ("hf_sharded", 4)])
+def test_distributed_output_is_the_single_process_output(fixture: str, ranks: int, signer: Signer,
+                                                         tmp_path: Path) -> None:
+    src = FIXTURES / fixture / "checkpoint"
+    att = _attest(fixture, signer, tmp_path)
+    one = _single(_args(src, tmp_path / "single", signer, att), _env())
+    assert one.returncode == 0, one.stdout + one.stderr
+    proc, rcs = _torchrun(ranks, _args(src, tmp_path / "dist", signer, att), tmp_path / "rc")
+    assert proc.returncode == 0 and rcs == [0] * ranks, proc.stdout + proc.stderr
+    single, dist = json.loads(one.stdout)["receipt"], json.loads(proc.stdout)["receipt"]
+    names = sorted(p.name for p in (tmp_path / "single").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "dist").iterdir())
+    for name in names:
+        if name != "ckptgate-receipt.json":
+            assert (tmp_path / "single" / name).read_bytes() == (tmp_path / "dist" / name).read_bytes(), name
+    assert _comparable(single) == _comparable(dist)
+    topo = dist["topology"]
+    assert topo["world_size"] == ranks and [r["rank"] for r in topo["ranks"]] == list(range(ranks))
+    assert sum(r["bytes_hashed"] for r in topo["ranks"]) == sum(p.stat().st_size for p in src.rglob("*")
+                                                               if p.is_file())
+    assert sum(r["files_hashed"] for r in topo["ranks"]) == sum(1 for p in src.rglob("*") if p.is_file())
+    written = sum(r["bytes_written"] for r in topo["ranks"])
+    assert written == sum(o["size"] for o in single["outputs"] if o["file"] != "model.safetensors.index.json")
+    shards = [o for o in single["outputs"] if o["file"] != "model.safetensors.index.json"]
+    assert sum(1 for r in topo["ranks"] if r["outputs_written"]) == min(ranks, len(shards))  # the writing was split
+    _no_staging(tmp_path)
+
+
+def test_a_deny_publishes_nothing_and_every_rank_fails(signer: Signer, tmp_path: Path) -> None:
+    src = FIXTURES / "hf_sharded" / "checkpoint"
+    one = _single(_args(src, tmp_path / "single", signer, None), _env())
+    assert one.returncode == 3, one.stdout + one.stderr
+    proc, rcs = _torchrun(2, _args(src, tmp_path / "dist", signer, None), tmp_path / "rc")
+    assert rcs == [one.returncode] * 2 and proc.returncode != 0
+    assert json.loads(proc.stdout)["error"]["code"] == json.loads(one.stdout)["error"]["code"]
+    assert not (tmp_path / "dist").exists()
+    _no_staging(tmp_path)
+
+
+def test_a_wrong_hmac_key_on_one_rank_is_refused(signer: Signer, tmp_path: Path) -> None:
+    src = FIXTURES / "hf_sharded" / "checkpoint"
+    att = _attest("hf_sharded", signer, tmp_path)
+    proc, rcs = _torchrun(2, _args(src, tmp_path / "dist", signer, att), tmp_path / "rc",
+                          CKPTGATE_TEST_SECRET_RANK1="another-secret-0123456789")
+    assert rcs == [7, 7], proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["error"]["code"] == "runtime.distributed.unauthenticated"
+    assert not (tmp_path / "dist").exists()
+    _no_staging(tmp_path)
+
+
+def test_one_rank_killed_mid_write_publishes_nothing_and_nothing_hangs(signer: Signer, tmp_path: Path) -> None:
+    src = FIXTURES / "hf_sharded" / "checkpoint"
+    att = _attest("hf_sharded", signer, tmp_path)
+    start = time.monotonic()
+    proc, rcs = _torchrun(2, _args(src, tmp_path / "dist", signer, att, "--dist-timeout", "60"), tmp_path / "rc",
+                          CKPTGATE_TEST_KILL_RANK="1")
+    assert time.monotonic() - start < 60 + 90  # the deadline, plus start-up on a loaded 2-core machine
+    assert rcs[1] == -9  # killed: it never recorded a status
+    assert rcs[0] == 7, proc.stdout + proc.stderr  # runtime failure: the peer was lost, or the launcher stopped it
+    assert json.loads(proc.stdout)["error"]["code"] in ("runtime.distributed.peer_lost",
+                                                         "runtime.distributed.terminated")
+    assert proc.returncode != 0
+    assert not (tmp_path / "dist").exists()
+    _no_staging(tmp_path)
+
+
+def test_a_rank_that_stops_answering_fails_every_rank_at_the_deadline(signer: Signer, tmp_path: Path) -> None:
+    src = FIXTURES / "hf_sharded" / "checkpoint"
+    att = _attest("hf_sharded", signer, tmp_path)
+    start = time.monotonic()
+    proc, rcs = _torchrun(2, _args(src, tmp_path / "dist", signer, att, "--dist-timeout", "15"), tmp_path / "rc",
+                          CKPTGATE_TEST_STALL_RANK="1")
+    assert time.monotonic() - start < 15 + 90  # the deadline, plus start-up on a loaded 2-core machine
+    assert rcs == [7, 7], proc.stdout + proc.stderr  # rank 0 at the deadline; rank 1 when the launcher stops it
+    assert json.loads(proc.stdout)["error"]["code"] == "runtime.distributed.peer_lost"
+    assert not (tmp_path / "dist").exists()
+    _no_staging(tmp_path)
+
+
+def test_a_missing_secret_is_refused_before_any_work(tmp_path: Path) -> None:
+    env = {k: v for k, v in _env().items() if k != "CKPTGATE_DIST_SECRET"}
+    proc = _single(["intake", str(FIXTURES / "hf_sharded" / "checkpoint"), "--out", str(tmp_path / "o"), "--json",
+                    "--distributed"], env)
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout)["error"]["code"] == "usage.distributed.secret"
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_cast_is_refused_with_distributed(tmp_path: Path) -> None:
+    proc = _single(["intake", str(FIXTURES / "hf_sharded" / "checkpoint"), "--out", str(tmp_path / "o"), "--json",
+                    "--dtype", "BF16", "--distributed"], _env())
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout)["error"]["code"] == "usage.distributed.dtype"
+
+
+def test_a_selection_is_refused_with_distributed(tmp_path: Path) -> None:
+    proc = _single(["intake", str(FIXTURES / "hf_sharded" / "checkpoint"), "--out", str(tmp_path / "o"), "--json",
+                    "--select", "model", "--distributed"], _env())
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout)["error"]["code"] == "usage.distributed.select"
+    assert not (tmp_path / "o").exists()
+
+
+def test_distributed_outside_a_launcher_is_refused(tmp_path: Path) -> None:
+    env = {k: v for k, v in _env().items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    proc = _single(["intake", str(FIXTURES / "hf_sharded" / "checkpoint"), "--out", str(tmp_path / "o"), "--json",
+                    "--distributed"], env)
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout)["error"]["code"] == "usage.distributed.no_launcher"
+
+
+def test_the_framework_plane_is_refused_with_a_typed_error(signer: Signer, tmp_path: Path) -> None:
+    src = FIXTURES / "deepspeed_zero3" / "checkpoint"
+    proc, rcs = _torchrun(2, _args(src, tmp_path / "dist", signer, None), tmp_path / "rc")
+    assert rcs == [2, 2], proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["error"]["code"] == "usage.distributed.framework_plane"
+    assert not (tmp_path / "dist").exists()
+
+
+def test_files_are_assigned_by_size_deterministically() -> None:
+    from ckptgate.distributed import assign_by_size
+
+    items = [(f"f{i}", s) for i, s in enumerate([100, 90, 80, 70, 60, 50, 40, 30])]
+    a = assign_by_size(items, 2)
+    assert a == assign_by_size(list(reversed(items)), 2)
+    loads = [sum(dict(items)[n] for n in names) for names in a]
+    assert sorted(n for names in a for n in names) == sorted(n for n, _ in items)
+    assert max(loads) / min(loads) <= 1.15
+
+
+def test_bytes_another_rank_hashed_are_checked_chunk_by_chunk(tmp_path: Path) -> None:
+    import hashlib
+
+    from ckptgate.distributed import COPY_CHUNK, _CheckedSource, _ChunkRecorder
+    from ckptgate.errors import RuntimeFailure
+
+    data = os.urandom(COPY_CHUNK + 1000)
+    rec = _ChunkRecorder()
+    for off in range(0, len(data), 3 << 20):  # pieces that do not line up with the chunks
+        rec(off, memoryview(data)[off:off + (3 << 20)])
+    rec.done()
+    assert rec.hashes == [hashlib.sha256(data[:COPY_CHUNK]).hexdigest(), hashlib.sha256(data[COPY_CHUNK:]).hexdigest()]
+    f = tmp_path / "src"
+    f.write_bytes(data)
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        got = b"".join(_CheckedSource("src", fd, len(data), rec.hashes).read(10, COPY_CHUNK))
+        assert got == data[10:COPY_CHUNK + 10]
+        with open(f, "r+b") as w:  # the second chunk changes after it was hashed
+            w.seek(COPY_CHUNK + 5)
+            w.write(bytes([data[COPY_CHUNK + 5] ^ 0xFF]))
+        with pytest.raises(RuntimeFailure) as e:
+            b"".join(_CheckedSource("src", fd, len(data), rec.hashes).read(COPY_CHUNK + 1, 10))
+        assert e.value.code == "runtime.copy.source_changed"
+    finally:
+        os.close(fd)
+
+
+def test_the_decision_crosses_ranks_as_json_unchanged() -> None:
+    from ckptgate.decide.decision import Decision, Reason
+    from ckptgate.distributed import _decision_from
+
+    allow = Decision(allow=True, plane="pure_data", permitted_loaders=("json", "safetensors"),
+                     required_controls=("seccomp",), reasons=(Reason(code="w", message="m", severity="warn"),),
+                     decision_id="id", policy_revision="sha256:" + "0" * 64, engine="e", companions=("c.json",))
+    deny = Decision(allow=False, plane=None, permitted_loaders=(), required_controls=(),
+                    reasons=(Reason(code="x", message="m", evidence={"a": [1]}),), decision_id="id",
+                    policy_revision="r", engine="e", refusal="input")
+    for d in (allow, deny):
+        back = _decision_from(json.loads(json.dumps(d.to_json())))
+        assert back.to_json() == d.to_json() and back.exit_code == d.exit_code

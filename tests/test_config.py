@@ -75,7 +75,8 @@ def test_paths_are_resolved_against_the_file_and_defaults_apply(tmp_path):
     ("trust = 'missing.json'", "usage.config.path"),
     ("trust = '../outside.json'", "usage.config.path"),
     ("trust = '/etc/passwd'", "usage.config.path"),
-    ("matrix = 'elsewhere'\nfixtures = 'tests/fixtures/data'", "usage.config.layout"),
+    ("matrix = '../elsewhere'\nfixtures = 'tests/fixtures/data'", "usage.config.path"),
+    ("attestations = '/tmp/att'", "usage.config.path"),
     ("matrix = 'matrix'", "usage.config.schema"),
     ("extra_rego = 'trust.json'", "usage.config.path"),
 ])

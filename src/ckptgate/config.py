@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 CONFIG_FILE = "ckptgate.toml"
 PYPROJECT = "pyproject.toml"
 DEFAULT_DOCS = ("README.md", "docs/**/*.md")
-#: Where this version reads the attestation store, the matrix and fixtures; other locations are refused.
+#: The default locations of the attestation store, the matrix and the fixtures (any path inside the
+#: configuration's directory may be named instead; see :class:`ckptgate.evidence.layout.RepoLayout`).
 LAYOUT = {"attestations": "attestations", "matrix": "matrix", "fixtures": "tests/fixtures/data"}
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -220,11 +221,6 @@ def from_table(table: dict[str, Any], *, root: Path, source: Path | None = None)
                               evidence={"file": where, "key": key, "value": value})
         return full
 
-    for key, default in LAYOUT.items():
-        if key in table and Path(table[key]) != Path(default):
-            raise ConfigError("usage.config.layout", f"{where}: {key} = {table[key]!r}: this version of ckptgate reads "
-                              f"{key} only at {default!r}", evidence={"file": where, "key": key, "value": table[key]},
-                              advice=f"Set {key} = {default!r}, or leave it out.")
     if "matrix" in table and "fixtures" not in table:
         raise ConfigError("usage.config.schema", f"{where}: matrix needs fixtures: the matrix is built from them",
                           evidence={"file": where, "key": "matrix"})

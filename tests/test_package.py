@@ -327,17 +327,34 @@ def test_a_consumer_repository_is_configured_takes_a_checkpoint_in_and_is_checke
     assert text.returncode == ExitCode.DENIED and "docs/x.md" in text.stdout and "SKIP matrix_drift" in text.stdout
 
 
+def pre_commit() -> str | None:
+    """The pinned pre-commit that bootstrap installs into ``.tools/lint``, else one on PATH."""
+    pinned = REPO / ".tools" / "lint" / "bin" / "pre-commit"
+    return str(pinned) if pinned.is_file() else shutil.which("pre-commit")
+
+
 def test_the_pre_commit_hook_runs_check_in_a_consumer_repository(installed):
-    """`.pre-commit-hooks.yaml` through `pre-commit try-repo` (language: python: pre-commit installs
-    ckptgate from this clone into its own environment, which needs the package index)."""
-    if shutil.which("pre-commit") is None:
-        pytest.skip("pre-commit is not installed, and nothing may be downloaded here: `pre-commit try-repo` not run")
+    """`.pre-commit-hooks.yaml` through `pre-commit try-repo` in a scratch repository: pre-commit
+    makes its own environment for the hook (language: python) and installs ckptgate from this
+    clone into it with pip, and the hook fails on an over-claim in the repository's docs.
+
+    Offline, as the rest of this module: pip runs with no index and no build isolation, and the
+    hook environment sees the installed dependencies (and hatchling, the build backend) through
+    PYTHONPATH, so the install builds only ckptgate itself.  A real consumer's pre-commit installs
+    the core dependencies from the package index instead (tens of MB with sigstore's, once per
+    pre-commit cache); nothing may be downloaded here, so this test does not do that."""
+    tool = pre_commit()
+    if tool is None:
+        pytest.skip("pre-commit is not installed (`python3 scripts/bootstrap.py setup` puts the pinned one in "
+                    ".tools/lint), and nothing may be downloaded here: `pre-commit try-repo` not run")
     try:
         opa = find_opa()
     except EngineUnavailable:
         pytest.skip("no OPA binary here")
     _, _, scratch, env = installed
-    env = {**env, "CKPTGATE_OPA": opa, "PATH": os.environ["PATH"]}
+    env = {**env, "CKPTGATE_OPA": opa, "PATH": "/usr/bin:/bin", "PRE_COMMIT_HOME": str(scratch / "pre-commit-home"),
+           "PYTHONPATH": os.pathsep.join(dependency_dirs()), "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0",
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     repo = scratch / "hooked"
     (repo / "docs").mkdir(parents=True)
     (repo / "docs" / "x.md").write_text("ckptgate makes loading any pickle checkpoint safe.\n")
@@ -345,6 +362,10 @@ def test_the_pre_commit_hook_runs_check_in_a_consumer_repository(installed):
     _git(repo, env, "init", "-q", "-b", "main")
     _git(repo, env, "add", "-A")
     _git(repo, env, "commit", "-q", "-m", "x")
-    hook = subprocess.run(["pre-commit", "try-repo", str(REPO), "ckptgate-check", "--all-files"], cwd=repo, env=env,
+
+    assert shutil.which("ckptgate", path=env["PATH"]) is None  # only the hook's environment has it
+    hook = subprocess.run([tool, "try-repo", str(REPO), "ckptgate-check", "--all-files"], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=600, check=False)
-    assert hook.returncode != 0 and "claims_containment_as_proof" in hook.stdout, hook.stdout + hook.stderr
+    assert hook.returncode == 1, hook.stdout + hook.stderr
+    assert "ckptgate check" in hook.stdout and "Failed" in hook.stdout
+    assert "claims_containment_as_proof" in hook.stdout and "docs/x.md" in hook.stdout

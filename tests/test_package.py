@@ -371,3 +371,79 @@ def test_the_pre_commit_hook_runs_check_in_a_consumer_repository(installed):
     assert hook.returncode == 1, hook.stdout + hook.stderr
     assert "ckptgate check" in hook.stdout and "Failed" in hook.stdout
     assert "claims_containment_as_proof" in hook.stdout and "docs/x.md" in hook.stdout
+
+
+WORKER_LOAD = '''\
+import hashlib, json, os, sys
+from pathlib import Path
+
+import torch
+
+import ckptgate
+from ckptgate.decide.decision import Decision
+from ckptgate.enforce.containment import openat2, preflight
+from ckptgate.enforce.permit import issue_permit
+from ckptgate.enforce.worker import OpenedInput, WorkerLimits, run_contained
+
+CONTROLS = ("no_new_privs", "seccomp", "rlimits", "user_ns", "net_ns", "ipc_ns", "openat2")
+profile = preflight()
+missing = [c for c in CONTROLS if not profile.controls[c]]
+if missing:
+    print(json.dumps({"missing_controls": missing}))
+    sys.exit(0)
+root = Path(sys.argv[1])
+root.mkdir()
+state = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "step": 7}
+torch.save(state, root / "model.pt")
+digest = "sha256:" + "ab" * 32
+# The test-only decision the worker tests use: the framework plane, torch_load permitted.
+decision = Decision(allow=True, plane="framework", permitted_loaders=("torch_load",), required_controls=CONTROLS,
+                    reasons=(), decision_id="package-test", policy_revision="test", engine="test")
+permit = issue_permit(decision, fixture_digest=digest, loader="torch_load")
+dirfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+opened = OpenedInput(fd=openat2(dirfd, "model.pt"), relpath="model.pt",
+                     sha256=hashlib.sha256((root / "model.pt").read_bytes()).hexdigest())
+res = run_contained("torch_load_bytes", [opened], permit=permit, profile=profile,
+                    limits=WorkerLimits(setup_timeout_s=90.0), timeout_s=120.0, fixture_digest=digest)
+tree = res.plans["model.pt"]
+data = {tuple(t.header.path): t.data for t in res.tensors}
+print(json.dumps({"ckptgate": ckptgate.__file__, "step": tree["step"], "shape": tree["w"]["__tensor__"]["shape"],
+                  "bytes_equal": data[("w",)] == state["w"].numpy().tobytes(), "seccomp": res.measured["seccomp"]["mode"],
+                  "controls": sorted(c for c, on in res.controls.items() if on)}))
+'''
+
+
+@pytest.fixture(scope="module")
+def installed_torch(installed, tmp_path_factory):
+    """A second fresh venv: the same wheel with the ``[torch]`` extra, resolved by pip with no index
+    against the installed environment (linked by ``.pth``, never downloaded: torch is the shared
+    environment's); returns (venv, env)."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed, and nothing may be downloaded here")
+    _, wheel, scratch, env = installed
+    env_dir = tmp_path_factory.mktemp("package-torch") / "venv"
+    venv.EnvBuilder(with_pip=False, clear=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "_ckptgate_deps.pth").write_text("".join(d + "\n" for d in dependency_dirs()))
+    proc = subprocess.run([str(py), "-m", "pip", "install", "--no-index", "--disable-pip-version-check", "--no-input",
+                           "--find-links", str(wheel.parent), "ckptgate[torch]"], cwd=scratch, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # every [torch] requirement is already installed
+    return env_dir, env
+
+
+def test_the_torch_extra_loads_a_checkpoint_in_the_contained_worker(installed_torch):
+    env_dir, env = installed_torch
+    scratch = env_dir.parent
+    (scratch / "worker_load.py").write_text(WORKER_LOAD)
+    proc = subprocess.run([str(env_dir / "bin" / "python"), "worker_load.py", "ckpt"], cwd=scratch, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "missing_controls" in got:
+        pytest.skip(f"this host lacks containment controls {got['missing_controls']}")
+    assert Path(got["ckptgate"]).resolve().is_relative_to(env_dir.resolve())  # the installed package's worker
+    assert (got["step"], got["shape"], got["bytes_equal"], got["seccomp"]) == (7, [2, 3], True, "allowlist")
+    assert {"no_new_privs", "seccomp", "user_ns", "net_ns", "ipc_ns", "openat2"} <= set(got["controls"])

@@ -12,7 +12,9 @@ from ckptgate.errors import Error
 
 
 @click.command("provenance")
-@click.option("--fixture", "fixture", required=True, help="Fixture name under the configured fixtures directory (default tests/fixtures/data), or its directory.")
+@click.option("--fixture", "fixture", required=True,
+              help="Fixture name under the configured fixtures directory (default tests/fixtures/data), "
+                   "or its directory.")
 @click.option("--key", "key", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="PEM private key (default: $CKPTGATE_SIGNING_KEY, else ../shared/keys/ci-qualification).")
 @repo_option

@@ -15,7 +15,9 @@ from ckptgate.errors import UsageError
 def register(cli: click.Group) -> None:
     @cli.command("qualify")
     @click.option("--adapter", default=None, help="Adapter name (as in policies/ckptgate/config/gates/data.json).")
-    @click.option("--fixture", default=None, help="Fixture name under the configured fixtures directory (default tests/fixtures/data), or its directory.")
+    @click.option("--fixture", default=None,
+                  help="Fixture name under the configured fixtures directory (default tests/fixtures/data), "
+                       "or its directory.")
     @click.option("--all", "all_", is_flag=True, help="Qualify every fixture whose format has an adapter.")
     @click.option("--allow-dirty", is_flag=True, help="Run on a work tree with uncommitted changes (recorded).")
     @click.option("--key", "key", type=click.Path(dir_okay=False, path_type=Path), default=None,

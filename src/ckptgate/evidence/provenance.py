@@ -120,7 +120,8 @@ def _json_or_none(raw: bytes) -> Any:
         return None
 
 
-def committed_fixture(repo: Path | RepoLayout, fixture: Fixture, tree: SafeTree, digest: FixtureDigest, commit: str) -> CommittedFixture:
+def committed_fixture(repo: Path | RepoLayout, fixture: Fixture, tree: SafeTree, digest: FixtureDigest,
+                      commit: str) -> CommittedFixture:
     """Check, in order, that the measured bytes are the committed, generator-recorded ones.
 
     ``tree`` is the open :class:`~ckptgate.inspect.SafeTree` of the checkpoint and ``digest`` its
@@ -204,7 +205,8 @@ def _producers(fixture: Fixture) -> dict[str, str]:
     return out
 
 
-def provenance_statement(repo: Path | RepoLayout, fixture: Fixture, committed: CommittedFixture, *, now: datetime) -> dict[str, Any]:
+def provenance_statement(repo: Path | RepoLayout, fixture: Fixture, committed: CommittedFixture, *,
+                         now: datetime) -> dict[str, Any]:
     """The in-toto Statement v1 (subject: the fixture digest) for a checked fixture."""
     from ckptgate.verify.statement import PROVENANCE_PREDICATE_TYPE, STATEMENT_TYPE
 
@@ -244,7 +246,8 @@ def _provenance_files(store: AttestationStore, digest: Digest) -> list[tuple[Pat
     return out
 
 
-def usable_provenance(repo: Path | RepoLayout, digest: Digest, *, trust: TrustData, commit: str, now: datetime) -> list[Path]:
+def usable_provenance(repo: Path | RepoLayout, digest: Digest, *, trust: TrustData, commit: str,
+                      now: datetime) -> list[Path]:
     """Stored provenance statements for ``digest`` that verify now, for ``commit``, under ``trust``.
 
     Only statements that verify are returned, so a stale one never reaches policy as a rejected
@@ -306,7 +309,8 @@ def supersede_provenance(repo: Path | RepoLayout, keep: Path, digest: Digest) ->
     return tuple(removed)
 
 
-def attest_provenance(repo: Path | RepoLayout, fixture: Fixture, *, key: Path | str | None = None, options: EngineOptions | None = None,
+def attest_provenance(repo: Path | RepoLayout, fixture: Fixture, *, key: Path | str | None = None,
+                      options: EngineOptions | None = None,
                       now: datetime | None = None) -> ProvenanceResult:
     """``ckptgate attest provenance``: sign and store a fresh provenance statement for ``fixture``,
     superseding earlier ones for the same digest and location."""

@@ -244,7 +244,8 @@ def qualify(repo: Path | RepoLayout, fixture: Fixture, adapter: str, *, key: Pat
     return result
 
 
-def qualify_all(repo: Path | RepoLayout, *, key: Path | str | None = None, options: EngineOptions | None = None, allow_dirty: bool = False,
+def qualify_all(repo: Path | RepoLayout, *, key: Path | str | None = None, options: EngineOptions | None = None,
+                allow_dirty: bool = False,
                 now: datetime | None = None) -> list[dict[str, Any]]:
     """Qualify every fixture that has an adapter; a format without a runtime yet is reported as skipped."""
     layout = as_layout(repo)

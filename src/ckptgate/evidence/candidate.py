@@ -1,7 +1,8 @@
 """The candidate commit that evidence is bound to, and whether the work tree is clean.
 
 Definition: start at ``HEAD`` and walk first-parent ancestors while each commit's tree, with the
-top-level ``attestations/`` and ``matrix/`` entries removed, equals HEAD's tree with those removed.
+top-level ``attestations/`` and ``matrix/`` entries removed (or the configured store and matrix, at
+any depth: :attr:`ckptgate.evidence.layout.RepoLayout.evidence_paths`), equals HEAD's tree with those removed.
 The candidate is the *oldest* such commit.  So a commit that only adds attestations or a
 regenerated matrix never names itself, and any other change moves the candidate to ``HEAD``.
 Register claim rule 3: a supported row needs retained evidence at the exact candidate commit.

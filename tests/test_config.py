@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -195,3 +196,15 @@ def test_check_runs_the_extra_rego_tests_with_the_bundled_policies_loaded(tmp_pa
     assert doc["skip_reasons"] == {"regal_lint": "--skip regal_lint",
                                    "matrix_drift": plan(cfg.load(root))["matrix_drift"],
                                    "evidence": plan(cfg.load(root))["evidence"]}
+
+
+def test_attest_add_stores_into_the_configured_attestations(tmp_path):
+    root = git_repo(tmp_path)
+    [envelope] = sorted((REPO / "attestations").glob("sha256-*/*.dsse.json"))[:1]
+    (root / "ckptgate.toml").write_text('attestations = "evidence/att"\n')
+    shutil.copy(envelope, root / "a.dsse.json")
+    out = ckptgate(root, "attest", "add", "a.dsse.json", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    [stored] = json.loads(out.stdout)["stored"]
+    assert Path(stored).resolve().is_relative_to((root / "evidence" / "att").resolve())
+    assert (root / "evidence" / "att" / "index.json").is_file() and not (root / "attestations").exists()

@@ -91,6 +91,23 @@ def test_bad_configurations_are_typed_usage_errors(tmp_path, text, code):
     assert e.value.code == code and e.value.exit_code == ExitCode.USAGE
 
 
+@pytest.mark.parametrize(("text", "key", "holds"), [
+    ("attestations = '.'", "attestations", "the whole repository"),
+    ("matrix = 'data'\nfixtures = 'data/fx'", "matrix", "fixtures"),
+    ("attestations = 'keys'\ntrust = 'keys/trust.json'", "attestations", "trust"),
+])
+def test_the_store_and_the_matrix_may_not_hold_what_decides(tmp_path, text, key, holds):
+    """Changes under them never move the candidate commit, so they hold evidence only."""
+    root = git_repo(tmp_path)
+    (root / "data" / "fx").mkdir(parents=True)
+    (root / "keys").mkdir()
+    (root / "keys" / "trust.json").write_text("{}")
+    (root / "ckptgate.toml").write_text(text)
+    with pytest.raises(cfg.ConfigError) as e:
+        cfg.load(root)
+    assert (e.value.code, e.value.evidence["key"], e.value.evidence["holds"]) == ("usage.config.path", key, holds)
+
+
 def test_pyproject_table_must_be_a_table(tmp_path):
     root = git_repo(tmp_path)
     (root / "pyproject.toml").write_text('[tool]\nckptgate = "x"\n')

@@ -229,11 +229,34 @@ def from_table(table: dict[str, Any], *, root: Path, source: Path | None = None)
         check_extra_rego(extra, where=where)
     policies, trust = path("policies", must_exist=True), path("trust", must_exist=True)
     data_file = path("policy_data", must_exist=True)
+    attestations, matrix = path("attestations", must_exist=False), path("matrix", must_exist=False)
+    fixtures = path("fixtures", must_exist=True)
+    _evidence_holds_no_code(where, root, {"attestations": attestations, "matrix": matrix},
+                            {"fixtures": fixtures, "policies": policies, "trust": trust, "policy_data": data_file,
+                             "extra_rego": extra})
     return Config(root=root, source=source, trust=trust, extra_rego=extra,
                   policy_data=None if data_file is None else load_policy_data(data_file, policies, trust),
-                  docs=tuple(table.get("docs", DEFAULT_DOCS)), attestations=path("attestations", must_exist=False),
-                  matrix=path("matrix", must_exist=False), fixtures=path("fixtures", must_exist=True),
-                  policies=policies)
+                  docs=tuple(table.get("docs", DEFAULT_DOCS)), attestations=attestations,
+                  matrix=matrix, fixtures=fixtures, policies=policies)
+
+
+def _evidence_holds_no_code(where: str, root: Path, evidence: dict[str, Path | None],
+                            inputs: dict[str, Path | None]) -> None:
+    """The store and the matrix are evidence: changes under them never move the candidate commit,
+    so neither may be the configuration's directory itself (which holds the configuration) or
+    hold the fixtures, the policies, the trust data, the overlay or the extra Rego."""
+    for key, place in evidence.items():
+        if place is None:
+            continue
+        held = inputs
+        if place.resolve() == root.resolve():
+            held = {"the whole repository": root}
+        for what, p in held.items():
+            if p is not None and p.resolve().is_relative_to(place.resolve()):
+                raise ConfigError("usage.config.path", f"{where}: {key} = {place.relative_to(root).as_posix()!r} "
+                                  f"holds {what}: evidence paths never move the candidate commit",
+                                  evidence={"file": where, "key": key, "holds": what},
+                                  advice=f"Give {key} a directory of its own.")
 
 
 def load_policy_data(path: Path, policies: Path | None = None, trust: Path | None = None) -> PolicyData:

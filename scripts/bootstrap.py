@@ -186,14 +186,17 @@ def ensure_go_tools(pins: dict) -> None:
 
 
 def ensure_lint_tools(pins: dict, shared: Path) -> None:
-    """ruff, mypy and mypy's stub packages at their pinned versions in .tools/lint, which also
-    links the shared environment (after its own packages), so mypy sees the project's
-    imports and the stubs in one environment."""
+    """ruff, mypy, mypy's stub packages and pre-commit at their pinned versions in .tools/lint,
+    which also links the shared environment (after its own packages), so mypy sees the project's
+    imports and the stubs in one environment.  Several clones share .tools, so a changed pin is
+    installed over the existing environment (never cleared): a clone with fewer lint pins leaves
+    another's tools in place."""
     want = "".join(f"{n}=={v}\n" for n, v in sorted(pins["lint"].items()))
     stamp = LINT_VENV / ".ckptgate-pins"
     if not (stamp.exists() and stamp.read_text() == want):
         log(f"installing {want.strip().replace(chr(10), ', ')} into {LINT_VENV}")
-        venv.EnvBuilder(with_pip=True, clear=True).create(LINT_VENV)
+        if not (LINT_VENV / "bin" / "python").exists():
+            venv.EnvBuilder(with_pip=True).create(LINT_VENV)
         run([str(LINT_VENV / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
              "--no-input", "-q", *want.split()])
         stamp.write_text(want)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -75,7 +76,8 @@ def test_paths_are_resolved_against_the_file_and_defaults_apply(tmp_path):
     ("trust = 'missing.json'", "usage.config.path"),
     ("trust = '../outside.json'", "usage.config.path"),
     ("trust = '/etc/passwd'", "usage.config.path"),
-    ("matrix = 'elsewhere'\nfixtures = 'tests/fixtures/data'", "usage.config.layout"),
+    ("matrix = '../elsewhere'\nfixtures = 'tests/fixtures/data'", "usage.config.path"),
+    ("attestations = '/tmp/att'", "usage.config.path"),
     ("matrix = 'matrix'", "usage.config.schema"),
     ("extra_rego = 'trust.json'", "usage.config.path"),
 ])
@@ -87,6 +89,23 @@ def test_bad_configurations_are_typed_usage_errors(tmp_path, text, code):
     with pytest.raises(cfg.ConfigError) as e:
         cfg.load(root)
     assert e.value.code == code and e.value.exit_code == ExitCode.USAGE
+
+
+@pytest.mark.parametrize(("text", "key", "holds"), [
+    ("attestations = '.'", "attestations", "the whole repository"),
+    ("matrix = 'data'\nfixtures = 'data/fx'", "matrix", "fixtures"),
+    ("attestations = 'keys'\ntrust = 'keys/trust.json'", "attestations", "trust"),
+])
+def test_the_store_and_the_matrix_may_not_hold_what_decides(tmp_path, text, key, holds):
+    """Changes under them never move the candidate commit, so they hold evidence only."""
+    root = git_repo(tmp_path)
+    (root / "data" / "fx").mkdir(parents=True)
+    (root / "keys").mkdir()
+    (root / "keys" / "trust.json").write_text("{}")
+    (root / "ckptgate.toml").write_text(text)
+    with pytest.raises(cfg.ConfigError) as e:
+        cfg.load(root)
+    assert (e.value.code, e.value.evidence["key"], e.value.evidence["holds"]) == ("usage.config.path", key, holds)
 
 
 def test_pyproject_table_must_be_a_table(tmp_path):
@@ -194,3 +213,15 @@ def test_check_runs_the_extra_rego_tests_with_the_bundled_policies_loaded(tmp_pa
     assert doc["skip_reasons"] == {"regal_lint": "--skip regal_lint",
                                    "matrix_drift": plan(cfg.load(root))["matrix_drift"],
                                    "evidence": plan(cfg.load(root))["evidence"]}
+
+
+def test_attest_add_stores_into_the_configured_attestations(tmp_path):
+    root = git_repo(tmp_path)
+    [envelope] = sorted((REPO / "attestations").glob("sha256-*/*.dsse.json"))[:1]
+    (root / "ckptgate.toml").write_text('attestations = "evidence/att"\n')
+    shutil.copy(envelope, root / "a.dsse.json")
+    out = ckptgate(root, "attest", "add", "a.dsse.json", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    [stored] = json.loads(out.stdout)["stored"]
+    assert Path(stored).resolve().is_relative_to((root / "evidence" / "att").resolve())
+    assert (root / "evidence" / "att" / "index.json").is_file() and not (root / "attestations").exists()

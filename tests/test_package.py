@@ -327,17 +327,36 @@ def test_a_consumer_repository_is_configured_takes_a_checkpoint_in_and_is_checke
     assert text.returncode == ExitCode.DENIED and "docs/x.md" in text.stdout and "SKIP matrix_drift" in text.stdout
 
 
+def pre_commit() -> str | None:
+    """The pinned pre-commit that bootstrap installs into ``.tools/lint``, else one on PATH."""
+    pinned = REPO / ".tools" / "lint" / "bin" / "pre-commit"
+    return str(pinned) if pinned.is_file() else shutil.which("pre-commit")
+
+
 def test_the_pre_commit_hook_runs_check_in_a_consumer_repository(installed):
-    """`.pre-commit-hooks.yaml` through `pre-commit try-repo` (language: python: pre-commit installs
-    ckptgate from this clone into its own environment, which needs the package index)."""
-    if shutil.which("pre-commit") is None:
-        pytest.skip("pre-commit is not installed, and nothing may be downloaded here: `pre-commit try-repo` not run")
+    """`.pre-commit-hooks.yaml` through `pre-commit try-repo` in a scratch repository: pre-commit
+    makes its own environment for the hook (language: python) and installs ckptgate from this
+    clone into it with pip, and the hook fails on an over-claim in the repository's docs.
+
+    Offline, as the rest of this module: pip runs with no index, no build isolation and no
+    dependencies (``--no-deps``), and the hook environment sees the installed dependencies (and
+    hatchling, the build backend) through PYTHONPATH, so the install builds and installs only
+    ckptgate itself (about 3 s; resolving the dependencies against that path took pip about 20 s).  A real consumer's pre-commit installs
+    the core dependencies from the package index instead (tens of MB with sigstore's, once per
+    pre-commit cache); nothing may be downloaded here, so this test does not do that."""
+    tool = pre_commit()
+    if tool is None:
+        pytest.skip("pre-commit is not installed (`python3 scripts/bootstrap.py setup` puts the pinned one in "
+                    ".tools/lint), and nothing may be downloaded here: `pre-commit try-repo` not run")
     try:
         opa = find_opa()
     except EngineUnavailable:
         pytest.skip("no OPA binary here")
     _, _, scratch, env = installed
-    env = {**env, "CKPTGATE_OPA": opa, "PATH": os.environ["PATH"]}
+    env = {**env, "CKPTGATE_OPA": opa, "PATH": "/usr/bin:/bin", "PRE_COMMIT_HOME": str(scratch / "pre-commit-home"),
+           "PYTHONPATH": os.pathsep.join(dependency_dirs()), "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0",
+           "PIP_NO_DEPS": "1",
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     repo = scratch / "hooked"
     (repo / "docs").mkdir(parents=True)
     (repo / "docs" / "x.md").write_text("ckptgate makes loading any pickle checkpoint safe.\n")
@@ -345,6 +364,86 @@ def test_the_pre_commit_hook_runs_check_in_a_consumer_repository(installed):
     _git(repo, env, "init", "-q", "-b", "main")
     _git(repo, env, "add", "-A")
     _git(repo, env, "commit", "-q", "-m", "x")
-    hook = subprocess.run(["pre-commit", "try-repo", str(REPO), "ckptgate-check", "--all-files"], cwd=repo, env=env,
+
+    assert shutil.which("ckptgate", path=env["PATH"]) is None  # only the hook's environment has it
+    hook = subprocess.run([tool, "try-repo", str(REPO), "ckptgate-check", "--all-files"], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=600, check=False)
-    assert hook.returncode != 0 and "claims_containment_as_proof" in hook.stdout, hook.stdout + hook.stderr
+    assert hook.returncode == 1, hook.stdout + hook.stderr
+    assert "ckptgate check" in hook.stdout and "Failed" in hook.stdout
+    assert "claims_containment_as_proof" in hook.stdout and "docs/x.md" in hook.stdout
+
+
+WORKER_LOAD = '''\
+import hashlib, json, os, sys
+from pathlib import Path
+
+import torch
+
+import ckptgate
+from ckptgate.decide.decision import Decision
+from ckptgate.enforce.containment import openat2, preflight
+from ckptgate.enforce.permit import issue_permit
+from ckptgate.enforce.worker import OpenedInput, WorkerLimits, run_contained
+
+CONTROLS = ("no_new_privs", "seccomp", "rlimits", "user_ns", "net_ns", "ipc_ns", "openat2")
+profile = preflight()
+missing = [c for c in CONTROLS if not profile.controls[c]]
+if missing:
+    print(json.dumps({"missing_controls": missing}))
+    sys.exit(0)
+root = Path(sys.argv[1])
+root.mkdir()
+state = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "step": 7}
+torch.save(state, root / "model.pt")
+digest = "sha256:" + "ab" * 32
+# The test-only decision the worker tests use: the framework plane, torch_load permitted.
+decision = Decision(allow=True, plane="framework", permitted_loaders=("torch_load",), required_controls=CONTROLS,
+                    reasons=(), decision_id="package-test", policy_revision="test", engine="test")
+permit = issue_permit(decision, fixture_digest=digest, loader="torch_load")
+dirfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+opened = OpenedInput(fd=openat2(dirfd, "model.pt"), relpath="model.pt",
+                     sha256=hashlib.sha256((root / "model.pt").read_bytes()).hexdigest())
+res = run_contained("torch_load_bytes", [opened], permit=permit, profile=profile,
+                    limits=WorkerLimits(setup_timeout_s=90.0), timeout_s=120.0, fixture_digest=digest)
+tree = res.plans["model.pt"]
+data = {tuple(t.header.path): t.data for t in res.tensors}
+print(json.dumps({"ckptgate": ckptgate.__file__, "step": tree["step"], "shape": tree["w"]["__tensor__"]["shape"],
+                  "bytes_equal": data[("w",)] == state["w"].numpy().tobytes(), "seccomp": res.measured["seccomp"]["mode"],
+                  "controls": sorted(c for c, on in res.controls.items() if on)}))
+'''
+
+
+@pytest.fixture(scope="module")
+def installed_torch(installed, tmp_path_factory):
+    """A second fresh venv: the same wheel with the ``[torch]`` extra, resolved by pip with no index
+    against the installed environment (linked by ``.pth``, never downloaded: torch is the shared
+    environment's); returns (venv, env)."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed, and nothing may be downloaded here")
+    _, wheel, scratch, env = installed
+    env_dir = tmp_path_factory.mktemp("package-torch") / "venv"
+    venv.EnvBuilder(with_pip=False, clear=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "_ckptgate_deps.pth").write_text("".join(d + "\n" for d in dependency_dirs()))
+    proc = subprocess.run([str(py), "-m", "pip", "install", "--no-index", "--disable-pip-version-check", "--no-input",
+                           "--find-links", str(wheel.parent), "ckptgate[torch]"], cwd=scratch, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # every [torch] requirement is already installed
+    return env_dir, env
+
+
+def test_the_torch_extra_loads_a_checkpoint_in_the_contained_worker(installed_torch):
+    env_dir, env = installed_torch
+    scratch = env_dir.parent
+    (scratch / "worker_load.py").write_text(WORKER_LOAD)
+    proc = subprocess.run([str(env_dir / "bin" / "python"), "worker_load.py", "ckpt"], cwd=scratch, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "missing_controls" in got:
+        pytest.skip(f"this host lacks containment controls {got['missing_controls']}")
+    assert Path(got["ckptgate"]).resolve().is_relative_to(env_dir.resolve())  # the installed package's worker
+    assert (got["step"], got["shape"], got["bytes_equal"], got["seccomp"]) == (7, [2, 3], True, "allowlist")
+    assert {"no_new_privs", "seccomp", "user_ns", "net_ns", "ipc_ns", "openat2"} <= set(got["controls"])

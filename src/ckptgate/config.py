@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 CONFIG_FILE = "ckptgate.toml"
 PYPROJECT = "pyproject.toml"
 DEFAULT_DOCS = ("README.md", "docs/**/*.md")
-#: Where this version reads the attestation store, the matrix and fixtures; other locations are refused.
+#: The default locations of the attestation store, the matrix and the fixtures (any path inside the
+#: configuration's directory may be named instead; see :class:`ckptgate.evidence.layout.RepoLayout`).
 LAYOUT = {"attestations": "attestations", "matrix": "matrix", "fixtures": "tests/fixtures/data"}
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -220,11 +221,6 @@ def from_table(table: dict[str, Any], *, root: Path, source: Path | None = None)
                               evidence={"file": where, "key": key, "value": value})
         return full
 
-    for key, default in LAYOUT.items():
-        if key in table and Path(table[key]) != Path(default):
-            raise ConfigError("usage.config.layout", f"{where}: {key} = {table[key]!r}: this version of ckptgate reads "
-                              f"{key} only at {default!r}", evidence={"file": where, "key": key, "value": table[key]},
-                              advice=f"Set {key} = {default!r}, or leave it out.")
     if "matrix" in table and "fixtures" not in table:
         raise ConfigError("usage.config.schema", f"{where}: matrix needs fixtures: the matrix is built from them",
                           evidence={"file": where, "key": "matrix"})
@@ -233,11 +229,34 @@ def from_table(table: dict[str, Any], *, root: Path, source: Path | None = None)
         check_extra_rego(extra, where=where)
     policies, trust = path("policies", must_exist=True), path("trust", must_exist=True)
     data_file = path("policy_data", must_exist=True)
+    attestations, matrix = path("attestations", must_exist=False), path("matrix", must_exist=False)
+    fixtures = path("fixtures", must_exist=True)
+    _evidence_holds_no_code(where, root, {"attestations": attestations, "matrix": matrix},
+                            {"fixtures": fixtures, "policies": policies, "trust": trust, "policy_data": data_file,
+                             "extra_rego": extra})
     return Config(root=root, source=source, trust=trust, extra_rego=extra,
                   policy_data=None if data_file is None else load_policy_data(data_file, policies, trust),
-                  docs=tuple(table.get("docs", DEFAULT_DOCS)), attestations=path("attestations", must_exist=False),
-                  matrix=path("matrix", must_exist=False), fixtures=path("fixtures", must_exist=True),
-                  policies=policies)
+                  docs=tuple(table.get("docs", DEFAULT_DOCS)), attestations=attestations,
+                  matrix=matrix, fixtures=fixtures, policies=policies)
+
+
+def _evidence_holds_no_code(where: str, root: Path, evidence: dict[str, Path | None],
+                            inputs: dict[str, Path | None]) -> None:
+    """The store and the matrix are evidence: changes under them never move the candidate commit,
+    so neither may be the configuration's directory itself (which holds the configuration) or
+    hold the fixtures, the policies, the trust data, the overlay or the extra Rego."""
+    for key, place in evidence.items():
+        if place is None:
+            continue
+        held = inputs
+        if place.resolve() == root.resolve():
+            held = {"the whole repository": root}
+        for what, p in held.items():
+            if p is not None and p.resolve().is_relative_to(place.resolve()):
+                raise ConfigError("usage.config.path", f"{where}: {key} = {place.relative_to(root).as_posix()!r} "
+                                  f"holds {what}: evidence paths never move the candidate commit",
+                                  evidence={"file": where, "key": key, "holds": what},
+                                  advice=f"Give {key} a directory of its own.")
 
 
 def load_policy_data(path: Path, policies: Path | None = None, trust: Path | None = None) -> PolicyData:

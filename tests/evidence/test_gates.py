@@ -51,3 +51,23 @@ def test_without_an_inspection_the_tree_is_inspected(tmp_path: Path) -> None:
     fixture = find_fixture(repo, "f")
     assert gates.fixture_format(repo, fixture) == "unknown"  # what inspection calls one opaque file
     assert gates.fixture_adapter(repo, fixture) is None
+
+
+def test_the_freshness_window_and_gates_come_from_the_layouts_policies_with_the_overlay(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from ckptgate import policydata
+    from ckptgate.evidence.layout import RepoLayout
+
+    overlay = tmp_path / "ckptgate-data.json"
+    overlay.write_text(json.dumps({"freshness": {"max_age_seconds": 3600},
+                                   "gates": {"dcp": {"versions": {"any": True, "exact": [], "ranges": []}}}}))
+    own = RepoLayout.default(REPO)
+    assert own.policies == REPO / "policies"
+    assert gates.validity(own) == gates.validity(REPO) == timedelta(days=180)
+    layout = RepoLayout(root=tmp_path, attestations=tmp_path / "a", matrix=tmp_path / "m", fixtures=tmp_path / "f",
+                        policies=REPO / "policies", policy_data=policydata.load(overlay))
+    assert gates.validity(layout) == timedelta(hours=1)
+    assert gates.gates_data(layout)["adapters"]["dcp"]["versions"]["any"] is True  # type: ignore[index]
+    assert gates.gate_producer(layout, "dcp") == "torch"  # the overlay changes versions, not the producer
+    assert gates.gates_data(own)["adapters"]["dcp"]["versions"]["any"] is False  # type: ignore[index]

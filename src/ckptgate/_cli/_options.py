@@ -93,6 +93,18 @@ def load_config(start: Path | None = None) -> Any:
     return load(start)
 
 
+def evidence_repo(repo: Path | None, engine: Any) -> tuple[Any, Any]:
+    """The :class:`~ckptgate.evidence.layout.RepoLayout` of the repository ``--repo`` names (default:
+    the git work tree of the cwd), from its configuration, and the engine options to use there:
+    ``engine`` as the configuration set it, else with the repository's own ``policies/``."""
+    from ckptgate.evidence.candidate import repo_root  # noqa: PLC0415
+    from ckptgate.evidence.layout import RepoLayout  # noqa: PLC0415
+
+    root = repo_root(repo)
+    config = load_config(root if repo is not None else None)
+    return RepoLayout.from_config(root, config), engine if config is not None else engine.in_repo(root)
+
+
 def _opa_supported() -> str:
     from ckptgate._resources import OPA_SUPPORTED  # noqa: PLC0415
 

@@ -236,11 +236,18 @@ def show(file: str, as_json: bool) -> None:
 
 @attest.command("add")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--store", "store_root", default="attestations", show_default=True)
+@click.option("--store", "store_root", default=None,
+              help="The store directory (default: the configuration's attestations, else ./attestations).")
 @json_option
-def add(files: tuple[str, ...], store_root: str, as_json: bool) -> None:
+def add(files: tuple[str, ...], store_root: str | None, as_json: bool) -> None:
     """Store attestations under STORE/sha256-<subject>/ and regenerate STORE/index.json (not a trust decision)."""
+    from ckptgate._cli._options import load_config
     from ckptgate.verify import AttestationStore
+
+    if store_root is None:
+        config = load_config()
+        store_root = str(config.attestations) if config is not None and config.attestations is not None \
+            else "attestations"
 
     if os.path.exists(store_root) and not os.path.isdir(store_root):
         raise UsageError("usage.store", f"--store {store_root} is not a directory")

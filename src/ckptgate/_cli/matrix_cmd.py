@@ -9,7 +9,7 @@ import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
 
-from ckptgate._cli._options import engine_options, repo_option
+from ckptgate._cli._options import engine_options, evidence_repo, repo_option
 
 
 @click.group("matrix")
@@ -20,7 +20,7 @@ def matrix() -> None:
 @matrix.command("build")
 @click.option("--check", "check_only", is_flag=True, help="Write nothing; exit 3 with the diff if matrix/ is stale.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write here instead of REPO/matrix.")
+              help="Write here instead of the configured matrix directory (default: REPO/matrix).")
 @repo_option
 @engine_options
 @json_option
@@ -30,26 +30,24 @@ def build_command(check_only: bool, out_dir: Path | None, repo: Path | None, eng
     Exit 0 written (or up to date with --check); 3 --check found drift; 6 policy engine unavailable.
     """
     from ckptgate.evidence import matrix as mx
-    from ckptgate.evidence.candidate import repo_root
     from ckptgate.evidence.errors import CheckFailed
     from ckptgate.decide.options import engine_for, load_trust
 
-    root = repo_root(repo)
-    options = engine.in_repo(root)
+    layout, options = evidence_repo(repo, engine)
     trust = load_trust(options)
     with engine_for(options, trust) as engine:
-        m = mx.build(root, engine, trust)
-    target = out_dir or root / mx.MATRIX_DIR
+        m = mx.build(layout, engine, trust)
+    target = out_dir or layout.matrix
     if check_only:
         diffs = mx.diff(m, target)
         if diffs:
             raise CheckFailed("check.matrix.drift", "the committed matrix differs from a fresh build; run "
-                              "`ckptgate matrix build` and commit matrix/",
+                              f"`ckptgate matrix build` and commit {layout.rel(target)}/",
                               failures=[{"code": "matrix_drift", "message": d} for d in diffs])
         if as_json:
             emit_json({"up_to_date": True, "policy_revision": m.policy_revision, "summary": m.summary()})
         else:
-            stdout.print(f"matrix/ is up to date (policy revision {m.policy_revision[:19]})")
+            stdout.print(f"{layout.rel(target)}/ is up to date (policy revision {m.policy_revision[:19]})")
         return 0
     written = mx.write(m, target)
     if as_json:

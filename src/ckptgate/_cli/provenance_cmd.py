@@ -7,12 +7,14 @@ from pathlib import Path
 import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
-from ckptgate._cli._options import engine_options, repo_option
+from ckptgate._cli._options import engine_options, evidence_repo, repo_option
 from ckptgate.errors import Error
 
 
 @click.command("provenance")
-@click.option("--fixture", "fixture", required=True, help="Fixture name under tests/fixtures/data, or its directory.")
+@click.option("--fixture", "fixture", required=True,
+              help="Fixture name under the configured fixtures directory (default tests/fixtures/data), "
+                   "or its directory.")
 @click.option("--key", "key", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="PEM private key (default: $CKPTGATE_SIGNING_KEY, else ../shared/keys/ci-qualification).")
 @repo_option
@@ -21,17 +23,15 @@ from ckptgate.errors import Error
 def provenance(fixture: str, key: Path | None, repo: Path | None, engine, as_json: bool) -> int:  # type: ignore[no-untyped-def]
     """Sign and store a fixture-provenance statement for FIXTURE at the candidate commit.
 
-    It states that the bytes under tests/fixtures/data/<name>/checkpoint are the ones committed at the
+    It states that the bytes under <fixtures>/<name>/checkpoint are the ones committed at the
     candidate commit, written by the generator and producer versions recorded in meta.json; the basis
     is the repository's review, not a regeneration, and it says nothing about safety to load.
     Exit 0 stored; 2 the bytes differ from the commit or from meta.json; 5 the key is not trusted.
     """
-    from ckptgate.evidence.candidate import repo_root
     from ckptgate.evidence.provenance import attest_provenance
     from ckptgate.evidence.fixtures import find_fixture
 
-    root = repo_root(repo)
-    options = engine.in_repo(root)
+    root, options = evidence_repo(repo, engine)  # the configured layout
     result = attest_provenance(root, find_fixture(root, fixture), key=key, options=options)
     if as_json:
         emit_json(result.to_json())

@@ -8,14 +8,16 @@ import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
 
-from ckptgate._cli._options import engine_options, repo_option
+from ckptgate._cli._options import engine_options, evidence_repo, repo_option
 from ckptgate.errors import UsageError
 
 
 def register(cli: click.Group) -> None:
     @cli.command("qualify")
     @click.option("--adapter", default=None, help="Adapter name (as in policies/ckptgate/config/gates/data.json).")
-    @click.option("--fixture", default=None, help="Fixture name under tests/fixtures/data, or its directory.")
+    @click.option("--fixture", default=None,
+                  help="Fixture name under the configured fixtures directory (default tests/fixtures/data), "
+                       "or its directory.")
     @click.option("--all", "all_", is_flag=True, help="Qualify every fixture whose format has an adapter.")
     @click.option("--allow-dirty", is_flag=True, help="Run on a work tree with uncommitted changes (recorded).")
     @click.option("--key", "key", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -25,7 +27,7 @@ def register(cli: click.Group) -> None:
     @json_option
     def qualify_command(adapter: str | None, fixture: str | None, all_: bool, allow_dirty: bool, key: Path | None,
                         repo: Path | None, engine, as_json: bool) -> int:
-        """Qualify ADAPTER on FIXTURE; store the signed statement and result log under attestations/.
+        """Qualify ADAPTER on FIXTURE; store the signed statement and result log in the attestation store.
 
         A framework-plane fixture (DeepSpeed ZeRO-2/3, Megatron Core torch_dist) is loaded only after a trusted
         fixture-provenance attestation for its digest: a stored one that verifies, else one signed
@@ -35,12 +37,10 @@ def register(cli: click.Group) -> None:
         inspection refused the fixture; 5 the signature does not verify under the trust data; 7 the
         output differs from expected.safetensors (a signed failed result is stored).
         """
-        from ckptgate.evidence.candidate import repo_root
         from ckptgate.evidence.fixtures import find_fixture
         from ckptgate.evidence.qualify import qualify, qualify_all
 
-        root = repo_root(repo)
-        options = engine.in_repo(root)
+        root, options = evidence_repo(repo, engine)  # the configured layout
         if all_:
             if adapter or fixture:
                 raise UsageError("usage.invalid", "--all takes no --adapter or --fixture")

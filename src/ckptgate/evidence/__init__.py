@@ -3,7 +3,8 @@ reviewer reports.
 
 * :mod:`~ckptgate.evidence.candidate` -- the candidate commit that evidence is bound to.
 * :mod:`~ckptgate.evidence.qualify` -- run an adapter on a real fixture, compare bit for bit, sign.
-* :mod:`~ckptgate.evidence.fixtures` -- the fixtures catalogue and the repository paths evidence lives at.
+* :mod:`~ckptgate.evidence.layout` -- where a repository keeps its store, matrix and fixtures (its configuration).
+* :mod:`~ckptgate.evidence.fixtures` -- the fixtures catalogue.
 * :mod:`~ckptgate.evidence.gates` -- what the gates data names for a fixture (adapter, producer, validity).
 * :mod:`~ckptgate.evidence.environment`, :mod:`~ckptgate.evidence.compare`, :mod:`~ckptgate.evidence.stored` --
   where a qualification ran, the bit-for-bit comparison, and superseding an earlier qualification.

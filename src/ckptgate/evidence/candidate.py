@@ -1,7 +1,8 @@
 """The candidate commit that evidence is bound to, and whether the work tree is clean.
 
 Definition: start at ``HEAD`` and walk first-parent ancestors while each commit's tree, with the
-top-level ``attestations/`` and ``matrix/`` entries removed, equals HEAD's tree with those removed.
+top-level ``attestations/`` and ``matrix/`` entries removed (or the configured store and matrix, at
+any depth: :attr:`ckptgate.evidence.layout.RepoLayout.evidence_paths`), equals HEAD's tree with those removed.
 The candidate is the *oldest* such commit.  So a commit that only adds attestations or a
 regenerated matrix never names itself, and any other change moves the candidate to ``HEAD``.
 Register claim rule 3: a supported row needs retained evidence at the exact candidate commit.
@@ -43,15 +44,23 @@ def repo_root(start: Path | None = None) -> Path:
     return Path(out.strip())
 
 
+def _excluded(path: str, exclude: Sequence[str]) -> bool:
+    return any(path == e or path.startswith(e + "/") for e in exclude)
+
+
 def _filtered_tree(repo: Path, commit: str, exclude: Sequence[str]) -> tuple[str, ...]:
-    """The top-level tree entries of ``commit`` (mode, type, object, name) minus ``exclude``."""
-    out = git(repo, "ls-tree", "-z", "--full-tree", commit)
+    """The top-level tree entries of ``commit`` (mode, type, object, name) minus ``exclude``.
+
+    An excluded path below the top level (a configured ``evidence/att``) makes it the recursive
+    listing of every file instead, minus the files under ``exclude``."""
+    nested = any("/" in e for e in exclude)
+    out = git(repo, "ls-tree", "-z", "--full-tree", *(["-r"] if nested else []), commit)
     keep = []
     for line in out.split("\0"):
         if not line:
             continue
         _meta, _, name = line.partition("\t")
-        if name not in exclude:
+        if not _excluded(name, exclude):
             keep.append(line)
     return tuple(sorted(keep))
 
@@ -79,7 +88,7 @@ def commit_time(repo: Path, commit: str) -> datetime:
 
 
 def dirty_paths(repo: Path, *, exclude: Sequence[str] = ()) -> list[str]:
-    """Modified, staged, deleted or untracked (not git-ignored) paths, minus top-level ``exclude``."""
+    """Modified, staged, deleted or untracked (not git-ignored) paths, minus those under ``exclude``."""
     out = git(repo, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignore-submodules=none")
     paths: list[str] = []
     records = out.split("\0")
@@ -92,7 +101,7 @@ def dirty_paths(repo: Path, *, exclude: Sequence[str] = ()) -> list[str]:
         status, path = rec[:2], rec[3:]
         if status[0] in "RC":  # a rename/copy is followed by its source path
             i += 1
-        if path.split("/", 1)[0] in exclude:
+        if _excluded(path.rstrip("/"), exclude):
             continue
         paths.append(path)
     return sorted(paths)

@@ -295,13 +295,17 @@ def extra_policy_tests(extra: Path, repo: Path, bundled: Path) -> CheckResult:
 
 def run_check(repo: Path, *, options: EngineOptions | None = None, skip: Sequence[str] = (), config: Any = None) -> Report:
     """Run every check that ``config`` enables (all of them without one), except ``skip``, and return
-    the report; never raises for a failing check."""
+    the report; never raises for a failing check.  The matrix, the store and the fixtures are where
+    ``config`` puts them (:class:`~ckptgate.evidence.layout.RepoLayout`)."""
     from ckptgate.decide.bundle import default_policy_dir
     from ckptgate.evidence import claims, matrix
     from ckptgate.evidence.candidate import candidate_commit
     from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 
+    from ckptgate.evidence.layout import RepoLayout
+
     repo = repo.resolve()
+    layout = RepoLayout.from_config(repo, config)
     reasons = plan(config, skip)
     skip = tuple(reasons)
     skipped = tuple(n for n in CHECK_NAMES if n in reasons)
@@ -325,7 +329,7 @@ def run_check(repo: Path, *, options: EngineOptions | None = None, skip: Sequenc
     revision = None
     if {"matrix_drift", "evidence", "claims"} <= set(skip):
         return Report(results=tuple(results), skipped=skipped, skip_reasons=skip_reasons,
-                      candidate_commit=candidate_commit(repo), policy_revision=revision)
+                      candidate_commit=candidate_commit(repo, exclude=layout.evidence_paths), policy_revision=revision)
     docs = config.doc_files() if config is not None else None
     with_matrix = config is None or config.matrix is not None
     started = time.monotonic()
@@ -341,28 +345,30 @@ def run_check(repo: Path, *, options: EngineOptions | None = None, skip: Sequenc
     try:
         trust = load_trust(options)
         with engine_for(options, trust) as engine:
-            built = matrix.build(repo, engine, trust) if with_matrix else None
+            built = matrix.build(layout, engine, trust) if with_matrix else None
             revision = built.policy_revision if built is not None else None
             if "matrix_drift" not in skip and built is not None:
-                diffs = matrix.diff(built, repo / matrix.MATRIX_DIR)
+                diffs = matrix.diff(built, layout.matrix)
+                mdir = layout.rel(layout.matrix)
                 results.append(timed(CheckResult(
                     name="matrix_drift", passed=not diffs,
-                    summary="matrix/ matches a fresh build" if not diffs else
-                    f"{len(diffs)} generated file(s) differ; run `ckptgate matrix build` and commit matrix/",
+                    summary=f"{mdir}/ matches a fresh build" if not diffs else
+                    f"{len(diffs)} generated file(s) differ; run `ckptgate matrix build` and commit {mdir}/",
                     findings=tuple(CheckFinding(check="matrix_drift", code="check.matrix.drift",
-                                                message=f"matrix/{_diff_name(d)} differs from a fresh build: "
+                                                message=f"{mdir}/{_diff_name(d)} differs from a fresh build: "
                                                    "policies, attestations or fixtures changed without "
                                                    "`ckptgate matrix build`",
-                                           file=f"matrix/{_diff_name(d)}", detail=d[:20000]) for d in diffs))))
+                                           file=f"{mdir}/{_diff_name(d)}", detail=d[:20000]) for d in diffs))))
             if "evidence" not in skip and built is not None:
-                found = evidence_findings(repo, claims.committed_rows(repo), origin="matrix/support.json")
+                found = evidence_findings(repo, claims.committed_rows(layout),
+                                          origin=f"{layout.rel(layout.matrix)}/support.json")
                 found += [f for f in evidence_findings(repo, built.rows, origin="fresh build") if f not in found]
                 n = sum(1 for r in built.rows if r.get("status") == "supported")
                 results.append(timed(CheckResult(name="evidence", passed=not found,
                                                  summary=f"{n} supported row(s), evidence retained" if not found
                                                  else f"{len(found)} evidence problem(s)", findings=tuple(found))))
             if "claims" not in skip:
-                violations = claims.lint(engine, repo, list(built.rows) if built is not None else [], docs=docs)
+                violations = claims.lint(engine, layout, list(built.rows) if built is not None else [], docs=docs)
                 found_c = [CheckFinding(check="claims", code=f"check.claims.{v.get('code')}",
                                         message=str(v.get("message")),
                                         file=(v.get("location") or {}).get("file"),
@@ -380,7 +386,7 @@ def run_check(repo: Path, *, options: EngineOptions | None = None, skip: Sequenc
         results.append(CheckResult(name="matrix_build", passed=False, summary=f"could not build the matrix: {e.code}",
                                    findings=(CheckFinding(check="matrix_build", code=e.code, message=e.message),)))
     return Report(results=tuple(results), skipped=skipped, skip_reasons=skip_reasons,
-                  candidate_commit=candidate_commit(repo), policy_revision=revision)
+                  candidate_commit=candidate_commit(repo, exclude=layout.evidence_paths), policy_revision=revision)
 
 
 def _diff_name(d: str) -> str:

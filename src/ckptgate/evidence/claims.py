@@ -30,6 +30,7 @@ from typing import Any
 
 from ckptgate.evidence.claimfacts import Vocabulary, sentence_facts
 from ckptgate.evidence.errors import EvidenceError
+from ckptgate.evidence.layout import RepoLayout, as_layout
 
 ENTRYPOINT = "ckptgate/claims/violations"
 VOCABULARY = "ckptgate/claims/vocabulary"
@@ -265,25 +266,34 @@ def reference_ids(repo: Path) -> list[str]:
     return sorted({m.group(1) for line in _read(path).splitlines() if (m := _REF_ROW.match(line))})
 
 
-def generated_files(repo: Path) -> list[Path]:
-    return [repo / p for p in GENERATED_FILES if (repo / p).is_file()]
+def generated_files(repo: Path | RepoLayout) -> list[Path]:
+    """The generated ``SUPPORT.md`` in the layout's matrix directory, when it exists."""
+    found = [repo.matrix / p.name for p in GENERATED_FILES] if isinstance(repo, RepoLayout) \
+        else [repo / p for p in GENERATED_FILES]
+    return [p for p in found if p.is_file()]
 
 
-def sentences(repo: Path, docs: Sequence[Path] | None = None) -> list[Sentence]:
+def _root(repo: Path | RepoLayout) -> Path:
+    return repo.root if isinstance(repo, RepoLayout) else repo
+
+
+def sentences(repo: Path | RepoLayout, docs: Sequence[Path] | None = None) -> list[Sentence]:
     """Every sentence users read: docs, generated notes, CLI help and public docstrings."""
+    layout, repo = repo, _root(repo)
     out: list[Sentence] = []
     for f in doc_files(repo, docs):
         out.extend(extract(_read(f), file=f.relative_to(repo).as_posix()))
-    for f in generated_files(repo):
+    for f in generated_files(layout):
         out.extend(_generated_prose(_read(f), file=f.relative_to(repo).as_posix()))
     out.extend(cli_help(repo))
     out.extend(api_docstrings(repo))
     return out
 
 
-def generated(repo: Path, docs: Sequence[Path] | None = None) -> list[GeneratedRow]:
+def generated(repo: Path | RepoLayout, docs: Sequence[Path] | None = None) -> list[GeneratedRow]:
+    layout, repo = repo, _root(repo)
     out: list[GeneratedRow] = []
-    for f in [*doc_files(repo, docs), *generated_files(repo)]:
+    for f in [*doc_files(repo, docs), *generated_files(layout)]:
         out.extend(generated_rows(_read(f), file=f.relative_to(repo).as_posix()))
     return out
 
@@ -422,14 +432,14 @@ def with_facts(items: Iterable[Sentence], vocabulary: Vocabulary) -> list[dict[s
     return [{**s.to_json(), "facts": sentence_facts(vocabulary, s.text)} for s in items]
 
 
-def claims_input(repo: Path, matrix_rows: Sequence[dict[str, Any]] | None = None, *,
+def claims_input(repo: Path | RepoLayout, matrix_rows: Sequence[dict[str, Any]] | None = None, *,
                  vocabulary: Vocabulary | None = None, docs: Sequence[Path] | None = None) -> dict[str, Any]:
     """The input document for ``data.ckptgate.claims.violations``: this repository's text and matrix."""
     if matrix_rows is None:
         matrix_rows = committed_rows(repo)
     if vocabulary is None:
-        vocabulary = local_vocabulary(repo)
-    return {"sentences": with_facts(sentences(repo, docs), vocabulary), "references": reference_ids(repo),
+        vocabulary = local_vocabulary(_root(repo))
+    return {"sentences": with_facts(sentences(repo, docs), vocabulary), "references": reference_ids(_root(repo)),
             "matrix": list(matrix_rows), "generated": [g.to_json() for g in generated(repo, docs)]}
 
 
@@ -461,19 +471,21 @@ def engine_vocabulary(engine: Any) -> Vocabulary:
     return _vocabulary_from(engine.evaluate(VOCABULARY, {}).result)
 
 
-def committed_rows(repo: Path) -> list[dict[str, Any]]:
-    p = repo / "matrix" / "support.json"
+def committed_rows(repo: Path | RepoLayout) -> list[dict[str, Any]]:
+    """The rows of the committed ``support.json`` in the layout's matrix directory ([] without one)."""
+    layout = as_layout(repo)
+    p = layout.matrix / "support.json"
     if not p.is_file():
         return []
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except ValueError as e:
-        raise EvidenceError("evidence.claims.matrix_json", f"matrix/support.json is not JSON: {e}") from None
+        raise EvidenceError("evidence.claims.matrix_json", f"{layout.rel(p)} is not JSON: {e}") from None
     rows = doc.get("rows") if isinstance(doc, dict) else None
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
-def lint(engine: Any, repo: Path, matrix_rows: Sequence[dict[str, Any]] | None = None, *,
+def lint(engine: Any, repo: Path | RepoLayout, matrix_rows: Sequence[dict[str, Any]] | None = None, *,
          docs: Sequence[Path] | None = None) -> list[dict[str, Any]]:
     """Violations (``{code, message, evidence, location}``) from the ``ckptgate.claims`` policy, sorted."""
     raw = engine.evaluate(ENTRYPOINT, claims_input(repo, matrix_rows, vocabulary=engine_vocabulary(engine), docs=docs))

@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate.evidence.errors import EvidenceError
+from ckptgate.evidence.layout import DEFAULT_ATTESTATIONS, DEFAULT_FIXTURES, RepoLayout, as_layout
 from ckptgate.inspect.runs import select_checkpoint
 
-FIXTURES_DIR = Path("tests") / "fixtures" / "data"
-STORE_DIR = Path("attestations")
+#: ckptgate's own layout; a configured repository's is its :class:`~ckptgate.evidence.layout.RepoLayout`.
+FIXTURES_DIR = DEFAULT_FIXTURES
+STORE_DIR = DEFAULT_ATTESTATIONS
 EVIDENCE_DIR = STORE_DIR / "evidence"
 DEFAULT_KEY = Path("..") / "shared" / "keys" / "ci-qualification.ed25519.pem"
 """Relative to the repository root; the private key is read, never copied or printed."""
@@ -112,16 +114,17 @@ def _degree(v: Any) -> int:
     return v
 
 
-def list_fixtures(repo: Path) -> list[Fixture]:
-    base = repo / FIXTURES_DIR
+def list_fixtures(repo: Path | RepoLayout) -> list[Fixture]:
+    """The fixtures under the layout's fixtures directory (ckptgate's own for a plain path)."""
+    base = as_layout(repo).fixtures
     if not base.is_dir():
         return []
     return [Fixture.load(d) for d in sorted(base.iterdir()) if (d / "meta.json").is_file()]
 
 
-def find_fixture(repo: Path, name_or_path: str) -> Fixture:
+def find_fixture(repo: Path | RepoLayout, name_or_path: str) -> Fixture:
     p = Path(name_or_path)
-    root = p if (p / "meta.json").is_file() else repo / FIXTURES_DIR / name_or_path
+    root = p if (p / "meta.json").is_file() else as_layout(repo).fixtures / name_or_path
     if not (root / "meta.json").is_file():
         known = [f.name for f in list_fixtures(repo)]
         raise EvidenceError("evidence.fixture.unknown", f"no fixture {name_or_path!r}",
@@ -129,16 +132,14 @@ def find_fixture(repo: Path, name_or_path: str) -> Fixture:
     return Fixture.load(root.resolve())
 
 
-def repo_relative(repo: Path, p: Path) -> str:
-    try:
-        return p.resolve().relative_to(repo).as_posix()
-    except ValueError:
-        return str(p)
+def repo_relative(repo: Path | RepoLayout, p: Path) -> str:
+    return as_layout(repo).rel(p)
 
 
-def resolve_key(repo: Path, key: Path | str | None) -> Path:
+def resolve_key(repo: Path | RepoLayout, key: Path | str | None) -> Path:
     """``--key``, else ``$CKPTGATE_SIGNING_KEY``, else ``../shared/keys/ci-qualification.ed25519.pem``."""
-    chosen = key or os.environ.get("CKPTGATE_SIGNING_KEY") or (repo / DEFAULT_KEY)
+    root = repo.root if isinstance(repo, RepoLayout) else repo
+    chosen = key or os.environ.get("CKPTGATE_SIGNING_KEY") or (root / DEFAULT_KEY)
     p = Path(chosen)
     if not p.is_file():
         raise EvidenceError("evidence.qualify.no_key", f"no signing key at {p}",

@@ -3,39 +3,46 @@ producer that adapter's version gate names, and how long evidence stays valid.""
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters import adapter_name_for
 from ckptgate.evidence.fixtures import Fixture, list_fixtures
+from ckptgate.evidence.layout import RepoLayout, as_layout
 
 if TYPE_CHECKING:
     from ckptgate.inspect import Inspection
 
-GATES_DATA = Path("policies") / "ckptgate" / "config" / "gates" / "data.json"
-INTAKE_DATA = Path("policies") / "ckptgate" / "config" / "intake" / "data.json"
+GATES_IN_BUNDLE = "ckptgate/config/gates/data.json"
+INTAKE_IN_BUNDLE = "ckptgate/config/intake/data.json"
+#: Relative to ckptgate's own repository; a layout reads them from its policies (with the overlay).
+GATES_DATA = Path("policies") / GATES_IN_BUNDLE
+INTAKE_DATA = Path("policies") / INTAKE_IN_BUNDLE
 DEFAULT_VALIDITY = timedelta(days=180)
 
 
-def adapter_for_format(repo: Path, fmt: str) -> str | None:
+def gates_data(repo: Path | RepoLayout) -> dict[str, Any] | None:
+    """The gates data of the layout's policies, the policy-data overlay merged over it (None: unreadable)."""
+    return as_layout(repo).policy_json(GATES_IN_BUNDLE)
+
+
+def adapter_for_format(repo: Path | RepoLayout, fmt: str) -> str | None:
     """The adapter that consolidates an inspected format (None when none can), from the adapter
     registry; a test keeps the registry and the gates data's ``formats`` in step."""
     return adapter_name_for(fmt)
 
 
-def gate_producer(repo: Path, adapter: str) -> str | None:
+def gate_producer(repo: Path | RepoLayout, adapter: str) -> str | None:
     """The producer the adapter's version gate names (``*`` or absent: any)."""
-    try:
-        gates = json.loads((repo / GATES_DATA).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    gates = gates_data(repo)
+    if gates is None:
         return None
     producer = ((gates.get("adapters") or {}).get(adapter) or {}).get("producer")
     return producer if isinstance(producer, str) else None
 
 
-def fixture_format(repo: Path, fixture: Fixture, inspection: Inspection | None = None) -> str:
+def fixture_format(repo: Path | RepoLayout, fixture: Fixture, inspection: Inspection | None = None) -> str:
     """The format the gates data knows the fixture by: ``meta.json``'s when the gates data lists it
     (``peft-lora``), else the format the static inspection reports (``deepspeed-zero`` for a fixture
     recorded as ``deepspeed-zero2``).  Inspection reads, never loads; a refused tree keeps the meta format.
@@ -43,9 +50,8 @@ def fixture_format(repo: Path, fixture: Fixture, inspection: Inspection | None =
     from ckptgate.errors import Error
     from ckptgate.inspect import SafeTree, inspect_open_tree
 
-    try:
-        gates = json.loads((repo / GATES_DATA).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    gates = gates_data(repo)
+    if gates is None:
         return fixture.format
     if fixture.format in (gates.get("formats") or {}):
         return fixture.format
@@ -60,20 +66,22 @@ def fixture_format(repo: Path, fixture: Fixture, inspection: Inspection | None =
     return inspected if isinstance(inspected, str) and inspected else fixture.format
 
 
-def fixture_adapter(repo: Path, fixture: Fixture) -> str | None:
+def fixture_adapter(repo: Path | RepoLayout, fixture: Fixture) -> str | None:
     """The adapter that consolidates the fixture's format (:func:`fixture_format`), or None."""
     return adapter_for_format(repo, fixture_format(repo, fixture))
 
 
-def validity(repo: Path) -> timedelta:
+def validity(repo: Path | RepoLayout) -> timedelta:
+    """How long evidence stays valid: the intake data's ``freshness.max_age_seconds`` (the
+    configuration's policy-data overlay merged over the policies' own), else :data:`DEFAULT_VALIDITY`."""
+    cfg = as_layout(repo).policy_json(INTAKE_IN_BUNDLE)
     try:
-        cfg = json.loads((repo / INTAKE_DATA).read_text(encoding="utf-8"))
-        return timedelta(seconds=int(cfg["freshness"]["max_age_seconds"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        return timedelta(seconds=int(cfg["freshness"]["max_age_seconds"]))  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
         return DEFAULT_VALIDITY
 
 
-def qualifiable(repo: Path) -> list[tuple[Fixture, str]]:
+def qualifiable(repo: Path | RepoLayout) -> list[tuple[Fixture, str]]:
     """Every fixture whose format the gates data maps to an adapter, with that adapter."""
     out = []
     for f in list_fixtures(repo):
@@ -83,5 +91,5 @@ def qualifiable(repo: Path) -> list[tuple[Fixture, str]]:
     return out
 
 
-__all__ = ["DEFAULT_VALIDITY", "GATES_DATA", "INTAKE_DATA", "adapter_for_format", "fixture_adapter", "fixture_format",
-           "gate_producer", "qualifiable", "validity"]
+__all__ = ["DEFAULT_VALIDITY", "GATES_DATA", "GATES_IN_BUNDLE", "INTAKE_DATA", "INTAKE_IN_BUNDLE", "adapter_for_format",
+           "fixture_adapter", "fixture_format", "gate_producer", "gates_data", "qualifiable", "validity"]

@@ -19,11 +19,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckptgate.evidence.candidate import (EVIDENCE_PATHS, _filtered_tree, candidate_commit, commit_time, git,
-                                         head_commit)
+from ckptgate.evidence.candidate import _filtered_tree, candidate_commit, commit_time, git, head_commit
 from ckptgate.evidence.errors import EvidenceError
-from ckptgate.evidence.fixtures import STORE_DIR, list_fixtures
-from ckptgate.evidence.gates import GATES_DATA
+from ckptgate.evidence.fixtures import list_fixtures
+from ckptgate.evidence.gates import GATES_IN_BUNDLE, gates_data
+from ckptgate.evidence.layout import DEFAULT_MATRIX, RepoLayout, as_layout
 from ckptgate.digest import Digest
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import check_output_file, read_regular_file, write_output_file
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ckptgate.verify import TrustData
 
 ROWS_ENTRYPOINT = "ckptgate/support/rows"
-MATRIX_DIR = Path("matrix")
+MATRIX_DIR = DEFAULT_MATRIX  # ckptgate's own; a configured repository's is RepoLayout.matrix
 FILES = ("SUPPORT.md", "support.json", "index.html")
 STATUSES = ("supported", "stale", "unqualified", "refused")
 GENERATOR = "ckptgate matrix build"
@@ -56,17 +56,19 @@ class Head:
                 "evidence_commits": list(self.evidence_commits)}
 
 
-def _source_tree_id(repo: Path, commit: str) -> str:
-    lines = _filtered_tree(repo, commit, EVIDENCE_PATHS)
+def _source_tree_id(layout: RepoLayout, commit: str) -> str:
+    lines = _filtered_tree(layout.root, commit, layout.evidence_paths)
     return "sha256:" + hashlib.sha256("\0".join(lines).encode()).hexdigest()
 
 
-def head_facts(repo: Path) -> Head:
+def head_facts(repo: Path | RepoLayout) -> Head:
+    layout = as_layout(repo)
+    repo = layout.root
     head = head_commit(repo)
-    cand = candidate_commit(repo)
+    cand = candidate_commit(repo, exclude=layout.evidence_paths)
     between = git(repo, "rev-list", "--first-parent", f"{cand}..{head}").split() if cand != head else []
-    return Head(commit=head, candidate_commit=cand, source_tree=_source_tree_id(repo, head),
-                candidate_source_tree=_source_tree_id(repo, cand), evidence_commits=tuple(sorted(between)))
+    return Head(commit=head, candidate_commit=cand, source_tree=_source_tree_id(layout, head),
+                candidate_source_tree=_source_tree_id(layout, cand), evidence_commits=tuple(sorted(between)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,7 +95,7 @@ def _parse_time(s: Any) -> datetime | None:
         return None
 
 
-def fixture_digests(repo: Path) -> dict[Digest, str]:
+def fixture_digests(repo: Path | RepoLayout) -> dict[Digest, str]:
     """Digest -> fixture name, measured now over every fixture's ``checkpoint/``."""
     from ckptgate.digest import fixture_digest
     from ckptgate.inspect import SafeTree
@@ -105,29 +107,31 @@ def fixture_digests(repo: Path) -> dict[Digest, str]:
     return out
 
 
-def collect(repo: Path, trust: TrustData, *, now: datetime | None = None) -> tuple[list[dict[str, Any]],
+def collect(repo: Path | RepoLayout, trust: TrustData, *, now: datetime | None = None) -> tuple[list[dict[str, Any]],
                                                                           list[dict[str, Any]], datetime]:
     """Verify every stored attestation against the fixture it names; (facts, rejected, as-of time)."""
     from ckptgate.verify import AttestationStore, verify_attestation
     from ckptgate.verify.facts import rejection_facts
 
+    layout = as_layout(repo)
+    repo = layout.root
     # (source, the subject digest its directory names, its bytes): each stored file is read once
-    stored = [(p.relative_to(repo).as_posix(), Digest.from_filename_stem(p.parent.name), p.read_bytes())
-              for p in AttestationStore(repo / STORE_DIR).iter()]
+    stored = [(layout.rel(p), Digest.from_filename_stem(p.parent.name), p.read_bytes())
+              for p in AttestationStore(layout.attestations).iter()]
     if now is None:  # the newest signed issue time: a file nobody trusted signed cannot move it
-        times = [commit_time(repo, candidate_commit(repo))]
+        times = [commit_time(repo, candidate_commit(repo, exclude=layout.evidence_paths))]
         for source, digest, raw in stored:
             issued = _signed_issue_time(raw, source=source, trust=trust, digest=digest)
             if issued is not None:
                 times.append(issued)
         now = max(times)
-    measured = fixture_digests(repo) if stored else {}
+    measured = fixture_digests(layout) if stored else {}
     facts: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
     for source, digest, raw in stored:
         if digest not in measured:
             rejected.append({"source": source, "code": "evidence.fixture_unknown",
-                             "message": f"no fixture under tests/fixtures/data has digest {digest}"})
+                             "message": f"no fixture under {layout.rel(layout.fixtures)} has digest {digest}"})
             continue
         try:
             va = verify_attestation(raw, source=source, trust=trust, measured_digest=digest, now=now)
@@ -180,22 +184,21 @@ def _signed_issue_time(raw: bytes, *, source: str, trust: TrustData, digest: Dig
     return issued
 
 
-def targets(repo: Path) -> list[str]:
+def targets(repo: Path | RepoLayout) -> list[str]:
     """Every adapter the gates data knows: each gets a row, unqualified until evidence supports it."""
-    try:
-        gates = json.loads((repo / GATES_DATA).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise EvidenceError("evidence.matrix.gates_unreadable", f"cannot read {GATES_DATA}: {e}") from None
+    gates = gates_data(repo)
+    if gates is None:
+        raise EvidenceError("evidence.matrix.gates_unreadable", f"cannot read the policies' {GATES_IN_BUNDLE}")
     return sorted(a for a in (gates.get("adapters") or {}) if isinstance(a, str))
 
 
-def support_input(repo: Path, trust: TrustData, *, now: datetime | None = None) -> dict[str, Any]:
+def support_input(repo: Path | RepoLayout, trust: TrustData, *, now: datetime | None = None) -> dict[str, Any]:
     facts, rejected, as_of = collect(repo, trust, now=now)
     return {"attestations": facts, "rejected_attestations": rejected, "now": iso_utc(as_of),
             "head": head_facts(repo).to_json(), "targets": targets(repo)}
 
 
-def build(repo: Path, engine: PolicyEngine, trust: TrustData, *, now: datetime | None = None) -> Matrix:
+def build(repo: Path | RepoLayout, engine: PolicyEngine, trust: TrustData, *, now: datetime | None = None) -> Matrix:
     """Evaluate ``data.ckptgate.support.rows`` over the verified facts and return the matrix."""
     doc = support_input(repo, trust, now=now)
     raw = engine.evaluate(ROWS_ENTRYPOINT, doc)

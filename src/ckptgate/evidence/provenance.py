@@ -29,7 +29,8 @@ from ckptgate.digest import Digest, FixtureDigest
 from ckptgate.errors import VerificationError
 from ckptgate.evidence.candidate import candidate_commit, git
 from ckptgate.evidence.errors import EvidenceError
-from ckptgate.evidence.fixtures import STORE_DIR, Fixture, repo_relative, resolve_key
+from ckptgate.evidence.fixtures import Fixture, repo_relative, resolve_key
+from ckptgate.evidence.layout import RepoLayout, as_layout
 from ckptgate.evidence.gates import fixture_adapter, gate_producer, validity
 from ckptgate.inspect import SafeTree
 from ckptgate.verify import AttestationStore, Signer, TrustData
@@ -119,7 +120,8 @@ def _json_or_none(raw: bytes) -> Any:
         return None
 
 
-def committed_fixture(repo: Path, fixture: Fixture, tree: SafeTree, digest: FixtureDigest, commit: str) -> CommittedFixture:
+def committed_fixture(repo: Path | RepoLayout, fixture: Fixture, tree: SafeTree, digest: FixtureDigest,
+                      commit: str) -> CommittedFixture:
     """Check, in order, that the measured bytes are the committed, generator-recorded ones.
 
     ``tree`` is the open :class:`~ckptgate.inspect.SafeTree` of the checkpoint and ``digest`` its
@@ -128,7 +130,7 @@ def committed_fixture(repo: Path, fixture: Fixture, tree: SafeTree, digest: Fixt
     ``checkpoint_files`` differ from the measured files), ``.not_committed`` (no tree at the commit),
     ``.files_differ`` (file sets differ), ``.bytes_differ`` (a blob differs).
     """
-    repo = repo.resolve()
+    repo = as_layout(repo).root
     location, manifest = repo_relative(repo, fixture.checkpoint), repo_relative(repo, fixture.root / "meta.json")
     if Path(location).is_absolute() or Path(manifest).is_absolute():
         raise EvidenceError("evidence.provenance.outside_repo",
@@ -203,7 +205,8 @@ def _producers(fixture: Fixture) -> dict[str, str]:
     return out
 
 
-def provenance_statement(repo: Path, fixture: Fixture, committed: CommittedFixture, *, now: datetime) -> dict[str, Any]:
+def provenance_statement(repo: Path | RepoLayout, fixture: Fixture, committed: CommittedFixture, *,
+                         now: datetime) -> dict[str, Any]:
     """The in-toto Statement v1 (subject: the fixture digest) for a checked fixture."""
     from ckptgate.verify.statement import PROVENANCE_PREDICATE_TYPE, STATEMENT_TYPE
 
@@ -243,7 +246,8 @@ def _provenance_files(store: AttestationStore, digest: Digest) -> list[tuple[Pat
     return out
 
 
-def usable_provenance(repo: Path, digest: Digest, *, trust: TrustData, commit: str, now: datetime) -> list[Path]:
+def usable_provenance(repo: Path | RepoLayout, digest: Digest, *, trust: TrustData, commit: str,
+                      now: datetime) -> list[Path]:
     """Stored provenance statements for ``digest`` that verify now, for ``commit``, under ``trust``.
 
     Only statements that verify are returned, so a stale one never reaches policy as a rejected
@@ -252,7 +256,7 @@ def usable_provenance(repo: Path, digest: Digest, *, trust: TrustData, commit: s
     from ckptgate.verify import verify_attestation
 
     ok = []
-    for p, _stmt in _provenance_files(AttestationStore(repo / STORE_DIR), digest):
+    for p, _stmt in _provenance_files(AttestationStore(as_layout(repo).attestations), digest):
         try:
             verify_attestation(p.read_bytes(), source=str(p), trust=trust, measured_digest=digest, now=now,
                                expected_commit=commit)
@@ -262,14 +266,14 @@ def usable_provenance(repo: Path, digest: Digest, *, trust: TrustData, commit: s
     return ok
 
 
-def sign_provenance(repo: Path, fixture: Fixture, tree: SafeTree, digest: FixtureDigest, *, signer: Signer,
+def sign_provenance(repo: Path | RepoLayout, fixture: Fixture, tree: SafeTree, digest: FixtureDigest, *, signer: Signer,
                     trust: TrustData, commit: str,
                     now: datetime) -> bytes:
     """Check the committed bytes (:func:`committed_fixture`), sign the statement and verify the
     envelope under ``trust`` for ``digest`` and ``commit``; returns the DSSE envelope (not stored)."""
     from ckptgate.verify import sign_statement, verify_attestation
 
-    repo = repo.resolve()
+    repo = as_layout(repo)
     committed = committed_fixture(repo, fixture, tree, digest, commit)
     envelope = sign_statement(provenance_statement(repo, fixture, committed, now=now), signer)
     # Storing is only useful when the trust data accepts the key: verify before anyone stores it.
@@ -278,22 +282,22 @@ def sign_provenance(repo: Path, fixture: Fixture, tree: SafeTree, digest: Fixtur
     return envelope
 
 
-def store_provenance(repo: Path, envelope: bytes) -> Path:
-    """Store a provenance envelope under ``attestations/`` (idempotent) and rebuild the index."""
-    return AttestationStore(repo / STORE_DIR).add(envelope)
+def store_provenance(repo: Path | RepoLayout, envelope: bytes) -> Path:
+    """Store a provenance envelope in the layout's attestation store (idempotent) and rebuild the index."""
+    return AttestationStore(as_layout(repo).attestations).add(envelope)
 
 
-def discard_provenance(repo: Path, path: Path) -> None:
+def discard_provenance(repo: Path | RepoLayout, path: Path) -> None:
     """Remove a just-stored provenance envelope that policy did not accept, and rebuild the index."""
     path.unlink(missing_ok=True)
-    AttestationStore(repo / STORE_DIR).rebuild_index()
+    AttestationStore(as_layout(repo).attestations).rebuild_index()
 
 
-def supersede_provenance(repo: Path, keep: Path, digest: Digest) -> tuple[Path, ...]:
+def supersede_provenance(repo: Path | RepoLayout, keep: Path, digest: Digest) -> tuple[Path, ...]:
     """Remove every other stored provenance statement for ``digest`` with the same fixture location."""
     from ckptgate.verify.store import statement_of
 
-    store = AttestationStore(repo / STORE_DIR)
+    store = AttestationStore(as_layout(repo).attestations)
     location = statement_of(keep.read_bytes())[1]["predicate"]["fixture"]["location"]
     removed = []
     for p, stmt in _provenance_files(store, digest):
@@ -305,18 +309,19 @@ def supersede_provenance(repo: Path, keep: Path, digest: Digest) -> tuple[Path, 
     return tuple(removed)
 
 
-def attest_provenance(repo: Path, fixture: Fixture, *, key: Path | str | None = None, options: EngineOptions | None = None,
+def attest_provenance(repo: Path | RepoLayout, fixture: Fixture, *, key: Path | str | None = None,
+                      options: EngineOptions | None = None,
                       now: datetime | None = None) -> ProvenanceResult:
     """``ckptgate attest provenance``: sign and store a fresh provenance statement for ``fixture``,
     superseding earlier ones for the same digest and location."""
     from ckptgate.digest import fixture_digest
     from ckptgate.verify import KeySigner
 
-    repo = repo.resolve()
-    options = options or EngineOptions(policy_dir=repo / "policies")
+    repo = as_layout(repo)
+    options = options or EngineOptions(policy_dir=repo.policies)
     signer = KeySigner.from_pem(resolve_key(repo, key))
     now = (now or datetime.now(timezone.utc)).replace(microsecond=0)
-    commit = candidate_commit(repo)
+    commit = candidate_commit(repo.root, exclude=repo.evidence_paths)
     with SafeTree.open(fixture.checkpoint) as tree:
         digest = fixture_digest(tree)
         envelope = sign_provenance(repo, fixture, tree, digest, signer=signer, trust=load_trust(options),

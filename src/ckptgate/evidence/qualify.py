@@ -31,11 +31,12 @@ from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.digest import Digest, FixtureDigest, fixture_digest
 from ckptgate.errors import Error, InputRejected, PolicyDenied, RuntimeFailure, VerificationError
 from ckptgate.evidence import provenance as prov
-from ckptgate.evidence.candidate import EVIDENCE_PATHS, candidate_commit, dirty_paths, head_commit
+from ckptgate.evidence.candidate import candidate_commit, dirty_paths, head_commit
 from ckptgate.evidence.compare import compare_outputs
 from ckptgate.evidence.environment import environment
 from ckptgate.evidence.errors import EvidenceError, QualificationFailed
-from ckptgate.evidence.fixtures import EVIDENCE_DIR, STORE_DIR, Fixture, repo_relative, resolve_key
+from ckptgate.evidence.fixtures import Fixture, repo_relative, resolve_key
+from ckptgate.evidence.layout import RepoLayout, as_layout
 from ckptgate.evidence.gates import adapter_for_format, fixture_format, gate_producer, qualifiable, validity
 from ckptgate.evidence.stored import supersede_qualifications
 from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
@@ -84,7 +85,7 @@ def _measure(tree: SafeTree) -> tuple[Inspection, FixtureDigest]:
     return inspection.with_findings(crcs.findings()), digest
 
 
-def _consolidate(repo: Path, fixture: Fixture, tree: SafeTree, inspection: Inspection, digest: FixtureDigest,
+def _consolidate(repo: RepoLayout, fixture: Fixture, tree: SafeTree, inspection: Inspection, digest: FixtureDigest,
                  out_dir: Path, *, options: EngineOptions, commit: str, now: datetime, key: Path) -> dict[str, Any]:
     """Decide (action qualify) on the measured fixture, plan and write it into ``out_dir``.
 
@@ -132,18 +133,20 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | None = None,
+def qualify(repo: Path | RepoLayout, fixture: Fixture, adapter: str, *, key: Path | str | None = None,
             options: EngineOptions | None = None, allow_dirty: bool = False,
             now: datetime | None = None) -> QualificationResult:
     """Qualify ``adapter`` on ``fixture``; store the signed statement and the retained log under ``repo``.
 
     Raises :class:`EvidenceError` for a dirty tree (unless ``allow_dirty``) or an adapter that does
     not consolidate the fixture's format, and :class:`QualificationFailed` after storing a signed
-    ``failed`` result when the output differs from ``expected.safetensors``.
+    ``failed`` result when the output differs from ``expected.safetensors``.  ``repo`` is the
+    repository's :class:`~ckptgate.evidence.layout.RepoLayout` (a path: ckptgate's own layout there).
     """
-    repo = repo.resolve()
-    options = options or EngineOptions(policy_dir=repo / "policies")
-    dirty = dirty_paths(repo, exclude=EVIDENCE_PATHS)
+    layout = as_layout(repo)
+    repo = layout.root
+    options = options or EngineOptions(policy_dir=layout.policies)
+    dirty = dirty_paths(repo, exclude=layout.evidence_paths)
     if dirty and not allow_dirty:
         raise EvidenceError("evidence.qualify.dirty_tree",
                             f"the work tree has {len(dirty)} uncommitted change(s); evidence must name exact code",
@@ -156,8 +159,8 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
             inspection, measured = _measure(tree)
         except Error as e:
             refused = e
-        fmt = fixture.format if refused is not None else fixture_format(repo, fixture, inspection)
-        named = adapter_for_format(repo, fmt)
+        fmt = fixture.format if refused is not None else fixture_format(layout, fixture, inspection)
+        named = adapter_for_format(layout, fmt)
         if named != adapter:
             raise EvidenceError("evidence.qualify.adapter_mismatch",
                                 f"adapter {adapter!r} does not consolidate format {fmt!r} "
@@ -169,8 +172,8 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
         key_path = resolve_key(repo, key)
         signer = KeySigner.from_pem(key_path)
         now = (now or datetime.now(timezone.utc)).replace(microsecond=0)
-        commit = candidate_commit(repo)
-        producer = fixture.producer(gate_producer(repo, adapter))
+        commit = candidate_commit(repo, exclude=layout.evidence_paths)
+        producer = fixture.producer(gate_producer(layout, adapter))
         topology = fixture.topology()
         env = environment()
         expected_sha = _sha256_file(fixture.expected)
@@ -178,13 +181,13 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
             "expected_digest": expected_sha == (fixture.meta.get("expected") or {}).get("sha256")}
         log: dict[str, Any] = {
             "log_version": LOG_VERSION, "ckptgate_version": __version__, "fixture": fixture.name,
-            "fixture_manifest": repo_relative(repo, fixture.root / "meta.json"), "format": fixture.format,
+            "fixture_manifest": repo_relative(layout, fixture.root / "meta.json"), "format": fixture.format,
             "producer": producer, "producer_call": fixture.meta["producer"],
             "adapter": {"name": adapter, "version": __version__},
             "candidate_commit": commit, "head_commit": head_commit(repo), "tree_dirty": bool(dirty),
             "dirty_paths": dirty[:50], "environment": env, "topology": topology,
             "topology_raw": fixture.meta["topology"],
-            "expected": {"file": repo_relative(repo, fixture.expected), "sha256": expected_sha},
+            "expected": {"file": repo_relative(layout, fixture.expected), "sha256": expected_sha},
             "started_at": iso_utc(now),
         }
         status = "error"
@@ -192,7 +195,7 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
             out_dir = Path(tmp) / "out"
             out_dir.mkdir()
             try:
-                run = _consolidate(repo, fixture, tree, inspection, measured, out_dir, options=options,
+                run = _consolidate(layout, fixture, tree, inspection, measured, out_dir, options=options,
                                    commit=commit, now=now, key=key_path)
                 log.update(run)
                 checks["policy_allows_qualify"] = bool(run["decision"]["allow"])
@@ -212,21 +215,21 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
                 status = "error"
     log["checks"] = checks
     log["status"] = status
-    log_path = repo / EVIDENCE_DIR / digest.filename_stem() / f"{adapter}.log.json"
+    log_path = layout.evidence_dir / digest.filename_stem() / f"{adapter}.log.json"
     log_raw = (json.dumps(log, indent=2, sort_keys=True) + "\n").encode()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_bytes(log_raw)
     log_sha = Digest.from_hex(hashlib.sha256(log_raw).hexdigest())
     statement = qualification_statement(
-        subject_name=fixture.name, fixture_digest=digest, manifest=repo_relative(repo, fixture.root / "meta.json"),
+        subject_name=fixture.name, fixture_digest=digest, manifest=repo_relative(layout, fixture.root / "meta.json"),
         producer=producer, adapter={"name": adapter, "version": __version__}, candidate_commit=commit,
         environment=env, topology=topology, status=status, checks_run=list(checks),
-        evidence_digest=log_sha.prefixed(), evidence_location=repo_relative(repo, log_path),
-        issued_at=now, valid_for=validity(repo))
+        evidence_digest=log_sha.prefixed(), evidence_location=repo_relative(layout, log_path),
+        issued_at=now, valid_for=validity(layout))
     envelope = sign_statement(statement, signer)
     # Storing is only useful when the trust data accepts the signer: verify before storing.
     verify_attestation(envelope, source="<new>", trust=load_trust(options), measured_digest=digest, now=now)
-    store = AttestationStore(repo / STORE_DIR)
+    store = AttestationStore(layout.attestations)
     superseded = supersede_qualifications(store, digest, adapter)
     stored = store.add(envelope)
     result = QualificationResult(fixture=fixture.name, adapter=adapter, status=status, fixture_digest=digest,
@@ -241,19 +244,20 @@ def qualify(repo: Path, fixture: Fixture, adapter: str, *, key: Path | str | Non
     return result
 
 
-def qualify_all(repo: Path, *, key: Path | str | None = None, options: EngineOptions | None = None, allow_dirty: bool = False,
+def qualify_all(repo: Path | RepoLayout, *, key: Path | str | None = None, options: EngineOptions | None = None,
+                allow_dirty: bool = False,
                 now: datetime | None = None) -> list[dict[str, Any]]:
     """Qualify every fixture that has an adapter; a format without a runtime yet is reported as skipped."""
-    repo = repo.resolve()
-    dirty = dirty_paths(repo, exclude=EVIDENCE_PATHS)
+    layout = as_layout(repo)
+    dirty = dirty_paths(layout.root, exclude=layout.evidence_paths)
     if dirty and not allow_dirty:
         raise EvidenceError("evidence.qualify.dirty_tree",
                             f"the work tree has {len(dirty)} uncommitted change(s); evidence must name exact code",
                             evidence={"paths": dirty[:50]})
     results: list[dict[str, Any]] = []
-    for fixture, adapter in qualifiable(repo):
+    for fixture, adapter in qualifiable(layout):
         try:
-            r = qualify(repo, fixture, adapter, key=key, options=options, allow_dirty=True, now=now)
+            r = qualify(layout, fixture, adapter, key=key, options=options, allow_dirty=True, now=now)
             results.append(r.to_json())
         except EvidenceError as e:
             results.append({"fixture": fixture.name, "adapter": adapter, "status": "skipped",

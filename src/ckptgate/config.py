@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate import policydata
+from ckptgate._resources import default_policy_dir
 from ckptgate.errors import ConfigError as ConfigError  # re-exported: ckptgate.config.ConfigError, as before
 from ckptgate.errors import EngineUnavailable
 from ckptgate.policydata import PolicyData
@@ -242,9 +243,8 @@ def load_policy_data(path: Path, policies: Path | None = None, trust: Path | Non
     """The overlay file, validated and merged once in advance over ``policies`` (default: the
     bundled policies) and ``trust`` (default: their trust data), so a conflict stops the command
     before anything runs."""
-    # Measured start-up cost: these two pull in the decide and verify packages (cryptography, the OPA
-    # engine), about 900 ms that every command reading a configuration would pay; only an overlay needs them.
-    from ckptgate.decide.bundle import default_policy_dir  # noqa: PLC0415 — measured start-up cost, above
+    # Measured start-up cost: ckptgate.verify (cryptography, sigstore) is about 900 ms that `ckptgate init`
+    # and every importer of this module would pay; only an overlay with signers needs it.
     from ckptgate.verify.trust import TrustData, TrustDataError  # noqa: PLC0415 — measured start-up cost, above
 
     data = policydata.load(path)

@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -194,3 +193,13 @@ def test_check_runs_the_extra_rego_tests_with_the_bundled_policies_loaded(tmp_pa
     assert doc["skip_reasons"] == {"regal_lint": "--skip regal_lint",
                                    "matrix_drift": plan(cfg.load(root))["matrix_drift"],
                                    "evidence": plan(cfg.load(root))["evidence"]}
+
+
+def test_config_error_is_the_errors_module_one_and_a_usage_error():
+    """ConfigError lives in ckptgate.errors (policydata raises it without importing config); the
+    name ckptgate.config.ConfigError stays, and its exit code is the usage one."""
+    from ckptgate import errors, policydata
+
+    assert cfg.ConfigError is errors.ConfigError is policydata.ConfigError
+    assert issubclass(cfg.ConfigError, errors.UsageError)
+    assert cfg.ConfigError("usage.config.schema", "x").exit_code == ExitCode.USAGE

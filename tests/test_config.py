@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -225,3 +224,13 @@ def test_attest_add_stores_into_the_configured_attestations(tmp_path):
     [stored] = json.loads(out.stdout)["stored"]
     assert Path(stored).resolve().is_relative_to((root / "evidence" / "att").resolve())
     assert (root / "evidence" / "att" / "index.json").is_file() and not (root / "attestations").exists()
+
+
+def test_config_error_is_the_errors_module_one_and_a_usage_error():
+    """ConfigError lives in ckptgate.errors (policydata raises it without importing config); the
+    name ckptgate.config.ConfigError stays, and its exit code is the usage one."""
+    from ckptgate import errors, policydata
+
+    assert cfg.ConfigError is errors.ConfigError is policydata.ConfigError
+    assert issubclass(cfg.ConfigError, errors.UsageError)
+    assert cfg.ConfigError("usage.config.schema", "x").exit_code == ExitCode.USAGE

@@ -9,8 +9,11 @@ copy is preferred when it exists, so an installed ckptgate never reads a tree it
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
+
+from ckptgate.errors import EngineUnavailable
 
 PACKAGED_POLICIES = "_policies"
 #: The OPA release ``pins.toml`` pins.  Supported: it and every later release of the same major version.
@@ -39,6 +42,20 @@ def policies_dir() -> Path | None:
         return packaged
     root = source_root()
     return root / "policies" if root is not None else None
+
+
+def default_policy_dir() -> Path:
+    """``$CKPTGATE_POLICIES``, else the policies the installed package carries (the clone's
+    ``policies/`` when running from a development clone)."""
+    explicit = os.environ.get("CKPTGATE_POLICIES")
+    path = Path(explicit) if explicit else policies_dir()
+    if path is None:
+        raise EngineUnavailable("engine.policies.missing", "this installation of ckptgate carries no policies",
+                                advice="Reinstall ckptgate from its wheel, or name a policy directory with "
+                                       "--policies or CKPTGATE_POLICIES.")
+    if not path.is_dir():
+        raise EngineUnavailable("engine.policies.missing", f"policy directory {path} does not exist")
+    return path
 
 
 def clone_tool(name: str) -> Path | None:

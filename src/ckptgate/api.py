@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptgate.decide.options import EngineOptions
 from ckptgate.errors import (
     EngineUnavailable,
     Error,
@@ -24,8 +25,10 @@ from ckptgate.errors import (
     UsageError,
     VerificationError,
 )
+from ckptgate.evidence.report import build_report
 from ckptgate.inspect import Inspection, SafeTree, inspect_open_tree
-from ckptgate.pipeline import EngineOptions, IntakeResult
+from ckptgate.pipeline import IntakeResult
+from ckptgate.pipeline import intake as run_intake
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,8 +64,6 @@ def verify(path: Path | str, attestations: Sequence[Path | str] = (), *,
            options: EngineOptions | None = None) -> Report:
     """Inspect, digest, verify the ``attestations`` and ask the policy, loading nothing
     (``ckptgate verify``)."""
-    from ckptgate.evidence.report import build_report  # noqa: PLC0415
-
     return Report(document=build_report(Path(path), [Path(a) for a in attestations], options=options))
 
 
@@ -70,9 +71,7 @@ def intake(src: Path | str, dst: Path | str, attestations: Sequence[Path | str],
            options: EngineOptions | None = None, max_shard_bytes: int = 2 << 30) -> IntakeResult:
     """Take ``src`` in through the gate and publish Hugging Face sharded safetensors at ``dst``,
     only on allow (``ckptgate intake``); raises on deny, publishing nothing."""
-    from ckptgate.pipeline import intake as run  # noqa: PLC0415
-
-    return run(Path(src), Path(dst), attestations=[Path(a) for a in attestations], options=options,
+    return run_intake(Path(src), Path(dst), attestations=[Path(a) for a in attestations], options=options,
                max_shard_bytes=max_shard_bytes)
 
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import platform
 import subprocess
@@ -19,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate.decide import now_utc
+from ckptgate.decide.options import EngineOptions
 from ckptgate.digest import Digest, fixture_digest
 from ckptgate.errors import Error, UsageError
 from ckptgate.inspect import SafeTree
-from ckptgate.decide.options import EngineOptions
 from ckptgate.pipeline import IntakeResult, intake
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
 from ckptgate.verify.dsse import sign_statement, write_private_key
@@ -45,8 +46,6 @@ class DemoResult:
 def require_torch() -> None:
     """The demo produces its checkpoint with torch and huggingface_hub, which the core install
     leaves out; without them it stops with ``usage.demo_needs_torch`` before touching anything."""
-    import importlib.util  # noqa: PLC0415
-
     missing = [name for name in ("torch", "huggingface_hub") if importlib.util.find_spec(name) is None]
     if missing:
         raise UsageError("usage.demo_needs_torch", f"the demo makes its checkpoint with torch and huggingface_hub, "
@@ -58,8 +57,8 @@ def require_torch() -> None:
 
 def make_checkpoint(out: Path, *, seed: int = 0) -> dict[str, Any]:
     """Save a tiny MLP's state dict as HF sharded safetensors; return the tensors (torch)."""
-    import torch
-    from huggingface_hub import save_torch_state_dict
+    import torch  # noqa: PLC0415 — torch, heavy optional (the [torch] extra; the core install has none)
+    from huggingface_hub import save_torch_state_dict  # noqa: PLC0415 — huggingface_hub, heavy optional (the [torch] extra)
 
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
@@ -82,7 +81,7 @@ def git_head() -> str:
 
 def demo_statement(digest: Digest | str, manifest: str, *, producer: tuple[str, str]) -> dict[str, Any]:
     """A qualification statement for the demo checkpoint, valid for one hour."""
-    import torch
+    import torch  # noqa: PLC0415 — torch, heavy optional (the [torch] extra; the core install has none)
 
     digest = Digest.of(digest)
     return qualification_statement(
@@ -99,9 +98,9 @@ def demo_statement(digest: Digest | str, manifest: str, *, producer: tuple[str, 
 def run_demo(workdir: Path, *, options: EngineOptions | None = None) -> DemoResult:
     """Produce, sign, take in, and check.  ``workdir`` must not exist or be empty."""
     require_torch()
-    import huggingface_hub
-    import torch
-    from safetensors.torch import load_file
+    import huggingface_hub  # noqa: PLC0415 — huggingface_hub, heavy optional (the [torch] extra)
+    import torch  # noqa: PLC0415 — torch, heavy optional (the [torch] extra; the core install has none)
+    from safetensors.torch import load_file  # noqa: PLC0415 — torch, heavy optional (the [torch] extra; the core install has none)
 
     try:
         workdir.mkdir(parents=True, exist_ok=True)

@@ -88,6 +88,12 @@ class UsageError(Error):
     default_advice = "Run the command with --help to see its arguments."
 
 
+class ConfigError(UsageError):
+    """The repository configuration (``ckptgate.config``) is unreadable, not TOML, or does not match the schema."""
+
+    default_advice = "Fix the configuration file it names; `ckptgate init` in an empty repository shows the keys."
+
+
 class InputRejected(Error):
     """The checkpoint (or another input file) is malformed or unsafe to read."""
 

@@ -9,9 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+
 from ckptgate._json import loads_strict
-from ckptgate.errors import UsageError
+from ckptgate.errors import UsageError, VerificationError
 from ckptgate.publish import RECEIPT_NAME, RECEIPT_PAYLOAD_TYPE, RECEIPT_SIGNATURE_NAME
+from ckptgate.verify.dsse import Envelope, _verifies, pae
 
 MAX_RECEIPT_BYTES = 64 << 20
 
@@ -61,9 +64,6 @@ def _read(path: Path, what: str) -> bytes:
 
 
 def _signature(dst: Path, raw: bytes, key: Path | None) -> tuple[str, str | None]:
-    from ckptgate.errors import VerificationError
-    from ckptgate.verify.dsse import Envelope, _verifies, pae
-
     env_path = dst / RECEIPT_SIGNATURE_NAME
     if not env_path.is_file():
         return ("missing", f"--key was given but {RECEIPT_SIGNATURE_NAME} is absent") if key else ("absent", None)
@@ -75,8 +75,6 @@ def _signature(dst: Path, raw: bytes, key: Path | None) -> tuple[str, str | None
         return "invalid", f"the envelope is not over the bytes of {RECEIPT_NAME}"
     if key is None:
         return "unchecked", "an envelope is present; pass --key PUB.pem to check its signature"
-    from cryptography.hazmat.primitives import serialization
-
     try:
         public = serialization.load_pem_public_key(_read(key, "the public key"))
     except ValueError as e:

@@ -1,5 +1,5 @@
 """Finding OPA (``--opa-binary``, ``$CKPTGATE_OPA``, ``PATH``, the clone's ``.tools/bin``), its
-supported versions, and the policies the package carries."""
+supported versions.  (The policies the package carries: ``tests/test_resources.py``.)"""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import pytest
 
 from ckptgate import _resources
 from ckptgate.decide import bundle
-from ckptgate.decide.bundle import (OPA_PINNED, default_policy_dir, find_opa, opa_version_supported,
-                                    parse_opa_version, select_opa_binary)
+from ckptgate.decide.bundle import OPA_PINNED, find_opa, opa_version_supported, parse_opa_version, select_opa_binary
 from ckptgate.errors import EngineUnavailable, ExitCode
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,20 +107,3 @@ def test_a_binary_that_is_not_opa_is_refused(tmp_path, monkeypatch):
     with pytest.raises(EngineUnavailable) as e:
         find_opa()
     assert e.value.code == "engine.opa.unsupported_version" and e.value.evidence["version"] == "unknown"
-
-
-def test_policies_come_from_the_package_when_it_carries_them(tmp_path, monkeypatch):
-    monkeypatch.delenv("CKPTGATE_POLICIES", raising=False)
-    assert default_policy_dir() == REPO / "policies"  # a clone carries no packaged copy
-    packaged = tmp_path / "_policies"
-    packaged.mkdir()
-    monkeypatch.setattr(_resources, "packaged_policies", lambda: packaged)
-    assert default_policy_dir() == packaged
-
-
-def test_an_installation_without_policies_is_a_typed_error(monkeypatch):
-    monkeypatch.delenv("CKPTGATE_POLICIES", raising=False)
-    monkeypatch.setattr(_resources, "policies_dir", lambda: None)
-    with pytest.raises(EngineUnavailable) as e:
-        default_policy_dir()
-    assert e.value.code == "engine.policies.missing" and "--policies" in e.value.diagnostics()

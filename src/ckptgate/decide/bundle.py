@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from ckptgate._resources import OPA_PINNED, OPA_SUPPORTED
+from ckptgate._resources import default_policy_dir as default_policy_dir  # moved there; kept importable here
 from ckptgate.errors import EngineUnavailable, UsageError
 from ckptgate.userfiles import check_output_file
 from ckptgate.verify.dsse import KeySigner
@@ -117,22 +118,6 @@ def parse_opa_version(text: str) -> tuple[int, int, int] | None:
 def opa_version_supported(version: tuple[int, int, int]) -> bool:
     """The pinned release and every later release of the same major version."""
     return version[0] == OPA_PINNED[0] and version >= OPA_PINNED
-
-
-def default_policy_dir() -> Path:
-    """``$CKPTGATE_POLICIES``, else the policies the installed package carries (the clone's
-    ``policies/`` when running from a development clone)."""
-    from ckptgate._resources import policies_dir  # noqa: PLC0415
-
-    explicit = os.environ.get("CKPTGATE_POLICIES")
-    path = Path(explicit) if explicit else policies_dir()
-    if path is None:
-        raise EngineUnavailable("engine.policies.missing", "this installation of ckptgate carries no policies",
-                                advice="Reinstall ckptgate from its wheel, or name a policy directory with "
-                                       "--policies or CKPTGATE_POLICIES.")
-    if not path.is_dir():
-        raise EngineUnavailable("engine.policies.missing", f"policy directory {path} does not exist")
-    return path
 
 
 def policy_files(policy_dir: Path) -> list[Path]:

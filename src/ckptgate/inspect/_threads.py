@@ -38,6 +38,6 @@ def _now(fn: Callable[[T], R], x: T) -> Future[R]:
     f: Future[R] = Future()
     try:
         f.set_result(fn(x))
-    except Exception as e:  # noqa: BLE001 - raised again by result(), in item order
+    except Exception as e:  # raised again by result(), in item order
         f.set_exception(e)
     return f

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ckptgate.dtypes import STORAGE_DTYPES as _STORAGE_DTYPES
 from ckptgate.dtypes import TORCH_ITEMSIZE
 
-__all__ = ["ALLOWLISTS", "Allowlist", "STORAGE_DTYPES", "DTYPE_ITEMSIZE"]
+__all__ = ["ALLOWLISTS", "DTYPE_ITEMSIZE", "STORAGE_DTYPES", "Allowlist"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

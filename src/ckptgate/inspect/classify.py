@@ -17,7 +17,7 @@ from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.hashed import HashedFile
 from ckptgate.inspect.zipcheck import list_zip_names
 
-__all__ = ["FileKind", "Classification", "classify_file", "EXPECTED_KINDS"]
+__all__ = ["EXPECTED_KINDS", "Classification", "FileKind", "classify_file"]
 
 _HEAD = 4096
 _PICKLE_PROBE = 4 << 20  # bytes of a file without a protocol header that the pickle oracle reads, at most
@@ -150,10 +150,10 @@ class _Oracle(pickle.Unpickler):
     at most import a module and fail.
     """
 
-    def find_class(self, module: str, name: str) -> Any:  # noqa: ARG002
+    def find_class(self, module: str, name: str) -> Any:
         return _Global
 
-    def persistent_load(self, pid: Any) -> Any:  # noqa: ARG002
+    def persistent_load(self, pid: Any) -> Any:
         raise _Reaches
 
 
@@ -191,7 +191,7 @@ def _unheadered_pickle(src: HashedFile, size: int) -> bool:
         _Oracle(io.BufferedReader(raw, buffer_size=64 << 10), encoding="latin1").load()
     except _Reaches:
         return True
-    except Exception:  # noqa: BLE001 - a malformed stream: not a pickle, unless the probe cut it short
+    except Exception:  # a malformed stream: not a pickle, unless the probe cut it short
         return size > limit and raw.pos >= limit
     return True  # reached STOP
 
@@ -215,7 +215,7 @@ def classify_file(src: HashedFile, size: int, path: str) -> Classification:
     return Classification(kind=c.kind, detail=c.detail, findings=tuple(findings))
 
 
-def _classify(src: HashedFile, size: int) -> Classification:  # noqa: C901, PLR0911, PLR0912
+def _classify(src: HashedFile, size: int) -> Classification:
     if size == 0:
         return Classification(kind=FileKind.EMPTY, detail="empty")
     head = src.pread(min(_HEAD, size), 0)

@@ -15,7 +15,13 @@ from ckptgate.inspect.classify import FileKind, classify_file
 from ckptgate.inspect.findings import Finding, error, info, warning
 from ckptgate.inspect.hashed import HashedFile
 from ckptgate.inspect.pickle import PickleLimits, PickleReport, read_pickle, refused_report
-from ckptgate.inspect.roles import MAX_TOKENIZER_MODEL, RESUME_CONTEXT, companion_ok, resume_content_ok, resume_state_name
+from ckptgate.inspect.roles import (
+    MAX_TOKENIZER_MODEL,
+    RESUME_CONTEXT,
+    companion_ok,
+    resume_content_ok,
+    resume_state_name,
+)
 from ckptgate.inspect.safetensors import SafetensorsHeader, read_header
 from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
 from ckptgate.inspect.walk import SafeTree
@@ -116,7 +122,7 @@ def _role(src: HashedFile, facts: FileFacts, findings: list[Finding],
     return dataclasses.replace(facts, role="companion"), findings
 
 
-def _analyse(src: HashedFile, size: int, path: str, verify_crc: CrcMode,  # noqa: C901
+def _analyse(src: HashedFile, size: int, path: str, verify_crc: CrcMode,
              pctx: str, work: WorkBudget | None = None) -> tuple[FileFacts, list[Finding]]:
     c = classify_file(src, size, path)
     findings = list(c.findings)

@@ -105,7 +105,7 @@ class _Check:
     def __init__(self, path: str, size: int, want: list[tuple[int, bytes]]) -> None:
         self._path, self._size, self._want = path, size, want
         self._k = 0
-        self._h: hashlib._Hash | None = None  # noqa: SLF001 - the hashlib type
+        self._h: hashlib._Hash | None = None  # the hashlib type
 
     def __call__(self, offset: int, view: memoryview) -> None:
         end = offset + len(view)

@@ -21,6 +21,8 @@ from ckptgate.inspect.zipcheck import CrcMode
 
 __all__ = ["LOADERS", "Inspection", "inspect_open_tree", "inspect_tree"]
 
+#: The limits of a walk when the caller names none (frozen, so one instance serves every call).
+_DEFAULT_WALK_LIMITS = WalkLimits()
 LOADERS = ("safetensors", "json", "static_pickle", "torch_load", "deepspeed")
 
 
@@ -76,7 +78,7 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: CrcMode = True) -> Inspecti
             done = analyse_file(tree, e.path, verify_crc=verify_crc, work=work)
         except InputRejected:
             raise
-        except Exception as exc:  # noqa: BLE001 - a reader crash is a reject, never "clean"
+        except Exception as exc:  # a reader crash is a reject, never "clean"
             return (FileFacts(path=e.path, size=e.size, kind=FileKind.UNKNOWN, detail="reader failed"),
                     [error("inspect.reader_failed", e.path, f"the reader failed on this file: {type(exc).__name__}",
                            exception=type(exc).__name__)])
@@ -92,7 +94,7 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: CrcMode = True) -> Inspecti
         res = detect_format(ctx, verify_crc=verify_crc)
     except InputRejected:
         raise
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         res = FormatResult(format="unknown", layout={}, loaders=(), consolidatable=False, findings=(
             error("inspect.detector_failed", "", f"format detection failed: {type(exc).__name__}"),))
     findings.extend(res.findings)
@@ -136,7 +138,7 @@ def _ordered(findings: list[Finding]) -> tuple[Finding, ...]:
     return tuple(sorted(uniq.values(), key=lambda f: (order[f.severity], f.path, f.code)))
 
 
-def inspect_tree(root: Path, *, limits: WalkLimits = WalkLimits(), verify_crc: bool = True) -> Inspection:
+def inspect_tree(root: Path, *, limits: WalkLimits = _DEFAULT_WALK_LIMITS, verify_crc: bool = True) -> Inspection:
     """Walk ``root`` safely and inspect every file; raises ``InputRejected`` only for the whole tree."""
     with SafeTree.open(Path(root), limits) as tree:
         return inspect_open_tree(tree, verify_crc=verify_crc)

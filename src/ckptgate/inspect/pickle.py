@@ -15,15 +15,29 @@ from __future__ import annotations
 import pickletools
 import reprlib
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ckptgate.inspect.allowlist import ALLOWLISTS, Allowlist
 from ckptgate.inspect.budget import FileWork
 from ckptgate.inspect.findings import Finding, error, warning
 
-__all__ = ["Call", "Global", "PersId", "PickleLimits", "PickleReport", "SDict", "SList", "SSet",
-           "Unknown", "key_text", "read_pickle", "looks_like_pickle", "refused_report"]
+__all__ = [
+    "Call",
+    "Global",
+    "PersId",
+    "PickleLimits",
+    "PickleReport",
+    "SDict",
+    "SList",
+    "SSet",
+    "Unknown",
+    "key_text",
+    "looks_like_pickle",
+    "read_pickle",
+    "refused_report",
+]
 
 
 # -- symbolic values ----------------------------------------------------------------------------
@@ -247,7 +261,9 @@ class _Reader:
         data = self.data
         last_pos = -1
         try:
-            for opcode, arg, pos in pickletools.genops(data):
+            # genops over bytes reads a BytesIO, whose tell() always gives the position: never None here.
+            ops = cast("Iterator[tuple[pickletools.OpcodeInfo, Any, int]]", pickletools.genops(data))
+            for opcode, arg, pos in ops:
                 n += 1
                 last_pos = pos
                 if n % _CHARGE_EVERY == 0 and not self.work.charge(_CHARGE_EVERY):

@@ -109,7 +109,7 @@ def read_header(src: HashedFile, file_size: int, *, path: str, max_header: int =
     return _validate(lambda off, n: src.pread(n, off), file_size, path, max_header)
 
 
-def _validate(read: Any, file_size: int, path: str, max_header: int) -> SafetensorsHeader:  # noqa: C901, PLR0912
+def _validate(read: Any, file_size: int, path: str, max_header: int) -> SafetensorsHeader:
     # 1. prefix
     if file_size < 8:
         raise _rej("too_small", "fewer than 8 bytes; no length prefix", path, size=file_size)

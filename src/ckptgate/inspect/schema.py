@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonschema
+
 __all__ = ["FACTS_SCHEMA", "validate_facts"]
 
 _CODE = r"^[a-z0-9_]+(\.[a-z0-9_]+)+$"
@@ -55,6 +57,4 @@ FACTS_SCHEMA: dict[str, Any] = {
 
 def validate_facts(doc: Any) -> None:
     """Raise ``jsonschema.ValidationError`` unless ``doc`` follows the facts schema."""
-    import jsonschema
-
     jsonschema.validate(doc, FACTS_SCHEMA, cls=jsonschema.Draft202012Validator)

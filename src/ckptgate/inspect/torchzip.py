@@ -51,8 +51,17 @@ from ckptgate.inspect.allowlist import DTYPE_ITEMSIZE, STORAGE_DTYPES
 from ckptgate.inspect.budget import WorkBudget
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.hashed import HashedFile
-from ckptgate.inspect.pickle import (Call, Global, PersId, PickleLimits, PickleReport, SDict, SList, key_text,
-                                     read_pickle)
+from ckptgate.inspect.pickle import (
+    Call,
+    Global,
+    PersId,
+    PickleLimits,
+    PickleReport,
+    SDict,
+    SList,
+    key_text,
+    read_pickle,
+)
 from ckptgate.inspect.zipcheck import CrcMode, DeferredCrcs, ZipEntry, ZipReport, check_zip, verify_crcs
 
 __all__ = ["TensorRecord", "TorchZipLayout", "inspect_torch_zip", "walk_value"]
@@ -266,10 +275,9 @@ def inspect_torch_zip(src: HashedFile, size: int, *, path: str, base: int = 0, c
         values[p] = type(v).__name__
         return True
 
-    if rep.value is not None:
-        if not walk_value(rep.value, visit, max_nodes=rep.tree_units):
-            findings.append(error("pickle.expansion_limit", path, "the pickle's object graph exceeds the "
-                                  "node budget (memo expansion)"))
+    if rep.value is not None and not walk_value(rep.value, visit, max_nodes=rep.tree_units):
+        findings.append(error("pickle.expansion_limit", path, "the pickle's object graph exceeds the "
+                              "node budget (memo expansion)"))
     named = _persistent_storages(rep, records, used, findings, path)
     for r in rel:
         if r.startswith("data/") and r[5:] not in used and r[5:] not in named:
@@ -333,7 +341,7 @@ def _tensor(name: str, ta: tuple[str, tuple[Any, ...]], records: _Records, base:
             findings.append(bad)
             return None
         dtype = args[6].name
-    if sdtype is None or dtype not in DTYPE_ITEMSIZE or not isinstance(off, int) or shape is None \
+    if sdtype is None or dtype is None or dtype not in DTYPE_ITEMSIZE or not isinstance(off, int) or shape is None \
             or stride is None or len(shape) != len(stride) or off < 0 or any(s < 0 for s in stride + shape):
         findings.append(bad)
         return None

@@ -56,7 +56,8 @@ class WalkLimits:
     max_name_bytes: int = 255
     max_total_bytes: int = 1 << 44  # 16 TiB of declared sizes
     max_tensors: int = 1 << 21  # safetensors and torch-zip tensors, all files together
-    work: WorkLimits = WorkLimits()  # work units per pickle stream and for the whole tree (budget.py)
+    #: Work units per pickle stream and for the whole tree (budget.py).
+    work: WorkLimits = field(default_factory=WorkLimits)
 
     def __post_init__(self) -> None:
         for name in ("max_files", "max_depth", "max_name_bytes", "max_total_bytes", "max_tensors"):
@@ -270,7 +271,7 @@ class SafeTree:
     def __del__(self) -> None:  # pragma: no cover - safety net
         try:
             self.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 

@@ -212,7 +212,8 @@ def _eocd(z: _Z) -> tuple[int, int, int]:
 MAX_CENTRAL = 512 << 20
 
 
-def _central(z: _Z, n: int, cd_off: int, cd_end: int, max_entries: int) -> list[tuple[str, int, int, int, int, int, int]]:
+def _central(z: _Z, n: int, cd_off: int, cd_end: int,
+             max_entries: int) -> list[tuple[str, int, int, int, int, int, int]]:
     if n > max_entries:
         z.fail("zip.too_many_entries", "the zip declares too many entries", entries=n, limit=max_entries)
     if cd_end - cd_off > MAX_CENTRAL or cd_end < cd_off:

@@ -22,7 +22,7 @@ from ckptgate.inspect.safetensors import TORCH_DTYPES
 from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
 from ckptgate.inspect.zipcheck import CrcMode
 
-__all__ = ["detect_dcp", "detect_dcp_hf", "dcp_layout"]
+__all__ = ["dcp_layout", "detect_dcp", "detect_dcp_hf"]
 
 _SAFETENSORS_DTYPE = {code: name for name, code in TORCH_DTYPES.items()}
 _HF_NAME = re.compile(r"^shard-\d{5}-model-\d{5}-of-\d{5}\.safetensors$")

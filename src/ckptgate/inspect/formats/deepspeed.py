@@ -25,7 +25,7 @@ _UNIVERSAL = re.compile(r"^(?:(.*)/)?zero/([^/]+)/(fp32|exp_avg|exp_avg_sq|step)
 def _param_shapes(value: Any) -> list[dict[str, list[int]]] | None:
     if not isinstance(value, SDict):
         return None
-    ps = dict((k, v) for k, v in value.items if isinstance(k, str)).get("param_shapes")
+    ps = {k: v for k, v in value.items if isinstance(k, str)}.get("param_shapes")
     groups = ps.items if isinstance(ps, SList) else [ps] if ps is not None else []
     out = []
     for g in groups:

@@ -55,7 +55,7 @@ _checked: dict[tuple[str, int, int], str] = {}
 
 def select_opa_binary(path: Path | None) -> None:
     """``--opa-binary``: the OPA binary this process uses, ahead of ``$CKPTGATE_OPA`` and ``PATH``."""
-    global _selected_opa  # noqa: PLW0603 - one choice per process, made by the CLI
+    global _selected_opa  # one choice per process, made by the CLI
     _selected_opa = path
 
 
@@ -142,9 +142,7 @@ def policy_files(policy_dir: Path) -> list[Path]:
         rel = p.relative_to(policy_dir)
         if not p.is_file() or any(part in _EXCLUDED_DIRS or part.startswith(".") for part in rel.parts):
             continue
-        if p.suffix == ".rego" and not p.name.endswith(_EXCLUDED_SUFFIXES):
-            out.append(p)
-        elif p.name == "data.json":
+        if (p.suffix == ".rego" and not p.name.endswith(_EXCLUDED_SUFFIXES)) or p.name == "data.json":
             out.append(p)
     return out
 

@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlencode, urlparse
 
+from ckptgate import workdirs
 from ckptgate.decide._http import Late, OpaHttp, Unreachable
 from ckptgate.decide.bundle import PolicyBundle, default_policy_dir, find_opa
-from ckptgate import workdirs
 from ckptgate.errors import EngineUnavailable
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -179,7 +179,7 @@ class EmbeddedOpa(_ClientEngine):
         except OSError as e:  # EFBIG, ENOSPC... in the private work directory: no engine, which is a deny
             self._failure = EngineUnavailable("engine.opa.start_failed", f"the embedded OPA could not be prepared: "
                                               f"{e.strerror or e}", evidence={"workdir": str(self._workdir)})
-        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread by _ensure_started
+        except BaseException as e:  # raised again in the caller's thread by _ensure_started
             self._failure = e
         finally:
             self._ready.set()

@@ -78,7 +78,7 @@ def _setup(spec: WorkerSpec) -> tuple[dict[str, bool], dict[str, Any]]:
     measured in itself (the receipt's record of the controls that were really active)."""
     from ckptgate.enforce import containment as c  # noqa: PLC0415
 
-    controls = {name: False for name in c.CONTROLS}
+    controls = dict.fromkeys(c.CONTROLS, False)
     parent_ns = spec.parent_namespaces  # every namespace is named: the spec's parser checked it
     # 1. namespaces, while this process has a single thread (unshare(CLONE_NEWUSER) needs it).  A
     #    new PID namespace applies to children only: the worker forks into it, and this process
@@ -105,7 +105,7 @@ def _setup(spec: WorkerSpec) -> tuple[dict[str, bool], dict[str, Any]]:
             raise WorkerError("runtime.worker.bad_job", f"not a module name: {name!r}")
         try:
             __import__(name)
-        except Exception as e:  # noqa: BLE001 - any import failure is reported, typed
+        except Exception as e:  # any import failure is reported, typed
             raise WorkerError("runtime.worker.preimport_failed",
                               f"pre-import of {name} failed: {type(e).__name__}: {e}") from e
     _warm_torch()
@@ -234,7 +234,7 @@ def _load_one(item: SpecFile, *, with_data: bool) -> tuple[Any, dict[int, str], 
     except MemoryError as e:
         raise WorkerError("runtime.worker.memory_limit",
                           f"loading {item.relpath} ran out of address space (RLIMIT_AS)") from e
-    except BaseException as e:  # noqa: BLE001 - the loaded code may raise anything
+    except BaseException as e:  # the loaded code may raise anything
         raise WorkerError("runtime.worker.load_failed",
                           f"loading {item.relpath} failed: {type(e).__name__}: {_safe_text(e)}") from e
     return obj, record, keep
@@ -304,7 +304,7 @@ def _safe_text(e: BaseException, limit: int = 300) -> str:
     """``str(e)``, bounded; an exception whose ``__str__`` fails is named, not re-raised."""
     try:
         text = str(e)
-    except BaseException:  # noqa: BLE001 - the exception may come from hostile code
+    except BaseException:  # the exception may come from hostile code
         return "<unprintable>"
     return text[:limit]
 
@@ -327,7 +327,7 @@ def main() -> int:
         code, message = e.code, e.message
     except MemoryError:
         code, message = "runtime.worker.memory_limit", "the worker ran out of address space (RLIMIT_AS)"
-    except BaseException as e:  # noqa: BLE001 - report, typed, without a traceback
+    except BaseException as e:  # report, typed, without a traceback
         if loading:
             code = "runtime.worker.load_failed"
         elif isinstance(e, (KeyError, TypeError, ValueError)):

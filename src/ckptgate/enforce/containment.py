@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NoReturn
 
-from ckptgate.errors import RuntimeFailure
 from ckptgate._fs import openat2  # one openat2 for the whole project [R35]
+from ckptgate.errors import RuntimeFailure
 
 #: Every control the preflight measures, in the order the OPA input lists them.
 CONTROLS: tuple[str, ...] = ("no_new_privs", "seccomp", "rlimits", "cgroup_v2", "user_ns", "net_ns",
@@ -235,7 +235,7 @@ def _reap(child: int) -> NoReturn:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
                 os.kill(os.getpid(), sig)
                 os._exit(128 + sig)
-    except BaseException:  # noqa: BLE001 - the reaper must never continue as a worker
+    except BaseException:  # the reaper must never continue as a worker
         os._exit(126)
 
 
@@ -416,7 +416,7 @@ def cgroup_v2_slot(*, memory_max: int, pids_max: int, root: str = "/") -> tuple[
 
 def preflight(*, timeout_s: float = 30.0) -> ContainmentProfile:
     """Measure every control in a throwaway child and return the profile of this host."""
-    controls = {c: False for c in CONTROLS}
+    controls = dict.fromkeys(CONTROLS, False)
     details: dict[str, str] = {}
     slot, why = cgroup_v2_slot(memory_max=256 << 20, pids_max=16)
     if slot is not None:

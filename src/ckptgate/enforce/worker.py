@@ -325,7 +325,7 @@ class _Run:
                                      f"cgroup v2 was preflighted but a group cannot be made now: {why}")
         t0 = time.monotonic()
         try:
-            proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+            proc = subprocess.Popen(  # fixed argv, no shell
                 [sys.executable, "-I", "-B", "-m", "ckptgate.enforce._worker_main"],
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                 pass_fds=(wfd, *(f.fd for f in self.files)), close_fds=True, env=env, cwd="/",
@@ -442,7 +442,7 @@ class _Run:
                 if self.sink is not None:
                     try:
                         self.sink(current, received, data)
-                    except BaseException as e:  # noqa: BLE001 - re-raised by the caller's thread
+                    except BaseException as e:  # re-raised by the caller's thread
                         self.sink_error = e
                         return self._violation("the sink refused a chunk")
                 else:

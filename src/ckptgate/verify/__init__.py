@@ -18,8 +18,13 @@ from ckptgate.verify.dsse import (
     verify_envelope,
 )
 from ckptgate.verify.facts import SignerFacts, VerifiedAttestation, rejection_facts, verify_attestation
-from ckptgate.verify.statement import (PROVENANCE_PREDICATE_TYPE, QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE,
-                                       check_statement, prepare_statement_checks)
+from ckptgate.verify.statement import (
+    PROVENANCE_PREDICATE_TYPE,
+    QUALIFICATION_PREDICATE_TYPE,
+    STATEMENT_TYPE,
+    check_statement,
+    prepare_statement_checks,
+)
 from ckptgate.verify.store import AttestationStore
 from ckptgate.verify.trust import TrustData, TrustDataError, TrustedIdentity, TrustedKey
 

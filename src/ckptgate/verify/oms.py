@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from ckptgate._json import loads_strict, verify_error
@@ -155,7 +155,7 @@ def _signature_check(raw: bytes, key: OfferedKey) -> Any:
         try:
             verifier = sign_ec_key.Verifier(kp) if key.algorithm != "ed25519" else _ed25519_verifier(key)
             return verifier.verify(sign_sigstore_pb.Signature.read(sp))
-        except Exception as e:  # noqa: BLE001 - the library raises ValueError, InvalidSignature, KeyError...
+        except Exception as e:  # the library raises ValueError, InvalidSignature, KeyError...
             raise _fail("signature", f"the model_signing signature does not verify under {key.source}: "
                         f"{type(e).__name__}: {str(e)[:300]}", key=key.source, spki_sha256=key.spki_sha256) from None
 
@@ -226,7 +226,7 @@ def _certificate_check(doc: dict[str, Any], raw: bytes, chain: CertificateChain,
         except crypto.X509StoreContextError as e:
             raise _fail("certificate_chain", f"the signing certificate does not chain to {', '.join(chain.sources)}: "
                         f"{str(e)[:300]}", chain=list(chain.sources)) from None
-        except Exception as e:  # noqa: BLE001 - the library raises ValueError, InvalidSignature, KeyError...
+        except Exception as e:  # the library raises ValueError, InvalidSignature, KeyError...
             raise _fail("signature", f"the model_signing certificate signature does not verify: "
                         f"{type(e).__name__}: {str(e)[:300]}", chain=list(chain.sources)) from None
         # The same store and inputs as the library's, to learn which anchor the chain led to.
@@ -291,7 +291,7 @@ def _sigstore_check(raw: bytes, trust_root: Path | str, identities: list[tuple[s
             manifest = _SigstoreVerifier().verify(sign_sigstore_pb.Signature.read(sp))
         except VerificationError:
             raise
-        except Exception as e:  # noqa: BLE001 - the library's payload checks raise ValueError, KeyError...
+        except Exception as e:  # the library's payload checks raise ValueError, KeyError...
             raise _fail("statement", f"model_signing does not read the verified payload: {type(e).__name__}: "
                         f"{str(e)[:300]}") from None
     return manifest, found[0]

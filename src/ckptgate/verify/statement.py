@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -238,7 +238,7 @@ def check_validity(statement: dict[str, Any], now: datetime, *, max_clock_skew: 
 
 def iso_utc(t: datetime) -> str:
     """RFC 3339 UTC with seconds, as the schemas' timestamps expect."""
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def qualification_statement(*, subject_name: str, fixture_digest: Digest | str, manifest: str,

@@ -29,7 +29,8 @@ from ckptgate.verify.store import AttestationStore
 from ckptgate.verify.trust import TrustData, TrustDataError, TrustedIdentity, TrustedKey
 
 __all__ = [
-    "IN_TOTO_PAYLOAD_TYPE", "PROVENANCE_PREDICATE_TYPE", "QUALIFICATION_PREDICATE_TYPE", "STATEMENT_TYPE", "AttestationStore", "Envelope",
+    "IN_TOTO_PAYLOAD_TYPE", "PROVENANCE_PREDICATE_TYPE", "QUALIFICATION_PREDICATE_TYPE", "STATEMENT_TYPE",
+    "AttestationStore", "Envelope",
     "KeySigner", "Signer", "SignerFacts", "TrustData", "TrustDataError", "TrustedIdentity", "TrustedKey",
     "VerificationError", "VerifiedAttestation", "check_statement", "generate_keypair", "pae",
     "prepare_statement_checks", "rejection_facts",

@@ -36,6 +36,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from ckptgate import _resources  # looked up on use, so a test can stand in for where resources are
 from ckptgate._resources import OPA_PINNED, OPA_SUPPORTED
 from ckptgate.errors import EngineUnavailable, UsageError
 from ckptgate.userfiles import check_output_file
@@ -63,8 +64,6 @@ def find_opa() -> str:
     """The OPA binary: ``--opa-binary`` (:func:`select_opa_binary`), else ``$CKPTGATE_OPA``, else
     ``opa`` on ``PATH``, else the development clone's pinned ``.tools/bin/opa``; its version must be
     in the supported range (:data:`OPA_SUPPORTED`)."""
-    from ckptgate._resources import clone_tool  # noqa: PLC0415
-
     if _selected_opa is not None:
         return _checked_opa(str(_selected_opa), "--opa-binary")
     explicit = os.environ.get("CKPTGATE_OPA")
@@ -73,7 +72,7 @@ def find_opa() -> str:
     found = shutil.which("opa")
     if found:
         return _checked_opa(found, "PATH")
-    local = clone_tool("opa")
+    local = _resources.clone_tool("opa")
     if local is not None:
         return _checked_opa(str(local), "the clone's .tools/bin")
     raise EngineUnavailable("engine.opa.not_installed", "the OPA binary was not found: no --opa-binary, no "
@@ -122,10 +121,8 @@ def opa_version_supported(version: tuple[int, int, int]) -> bool:
 def default_policy_dir() -> Path:
     """``$CKPTGATE_POLICIES``, else the policies the installed package carries (the clone's
     ``policies/`` when running from a development clone)."""
-    from ckptgate._resources import policies_dir  # noqa: PLC0415
-
     explicit = os.environ.get("CKPTGATE_POLICIES")
-    path = Path(explicit) if explicit else policies_dir()
+    path = Path(explicit) if explicit else _resources.policies_dir()
     if path is None:
         raise EngineUnavailable("engine.policies.missing", "this installation of ckptgate carries no policies",
                                 advice="Reinstall ckptgate from its wheel, or name a policy directory with "

@@ -38,7 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 from urllib.parse import urlencode, urlparse
 
 from ckptgate import workdirs
@@ -131,7 +131,7 @@ class RemoteOpa(_ClientEngine):
 class EmbeddedOpa(_ClientEngine):
     """A local OPA server owned by this process.  Use as a context manager."""
 
-    _live: set[EmbeddedOpa] = set()
+    _live: ClassVar[set[EmbeddedOpa]] = set()
 
     def __init__(self, *, bundle: PolicyBundle | None = None, policy_dir: Path | None = None,
                  overlays: dict[str, bytes] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,

@@ -28,6 +28,7 @@ import os
 import resource
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -169,8 +170,6 @@ def enter_namespaces(*, pid: bool = True) -> tuple[dict[str, bool], dict[str, st
     if not pid:
         details["pid_ns"] = "a PID namespace was not asked for"
     if held["net_ns"]:
-        import socket  # noqa: PLC0415 - only needed here
-
         names_now = sorted(n for _, n in socket.if_nameindex())
         if names_now != ["lo"]:
             held["net_ns"] = False
@@ -511,7 +510,9 @@ def _probe_rlimits(tmp: str) -> None:
 
 def _probe_main() -> int:
     """Runs in the throwaway child: use each control, report, then die on execve()."""
-    from ckptgate.enforce.seccomp import load_filter  # noqa: PLC0415
+    # pyseccomp raises at import on a host without libseccomp: only this child may fail on it, so
+    # the parent's preflight still reports every other control (and seccomp as not held).
+    from ckptgate.enforce.seccomp import load_filter  # noqa: PLC0415 - libseccomp may be absent
 
     with tempfile.TemporaryDirectory(prefix="ckptgate-preflight-") as tmp:
         _probe_openat2(tmp)

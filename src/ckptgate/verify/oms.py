@@ -145,7 +145,7 @@ def _check_method(doc: Any) -> str:
 
 def _signature_check(raw: bytes, key: OfferedKey) -> Any:
     """The reference implementation's verification of the bundle under ``key``; returns its manifest."""
-    from model_signing._signing import sign_ec_key, sign_sigstore_pb  # noqa: PLC0415 - model_signing: measured 1.7 s import
+    from model_signing._signing import sign_ec_key, sign_sigstore_pb  # noqa: PLC0415 - model_signing: 1.7 s import
 
     with tempfile.TemporaryDirectory(prefix="ckptgate-oms-") as d:
         kp, sp = Path(d, "key.pem"), Path(d, "model.sig")
@@ -200,8 +200,8 @@ def _certificate_check(doc: dict[str, Any], raw: bytes, chain: CertificateChain,
     to a certificate of ``chain``, the leaf may sign, the DSSE signature verifies under the leaf's key), then
     ours: every certificate of the verified chain is valid at ``now`` (the library checks the chain at the
     leaf's notBefore only), and the signer facts (SANs, root fingerprint) that the trust data is matched on."""
-    from model_signing._signing import sign_certificate, sign_sigstore_pb  # noqa: PLC0415 - model_signing: measured 1.7 s import
-    from OpenSSL import crypto  # noqa: PLC0415 - pyOpenSSL, certificate method only: measured 33 ms import
+    from model_signing._signing import sign_certificate, sign_sigstore_pb  # noqa: PLC0415 - model_signing: 1.7 s import
+    from OpenSSL import crypto  # noqa: PLC0415 - pyOpenSSL: 33 ms import
 
     try:
         ders = [base64.b64decode(c["rawBytes"], validate=True)
@@ -268,7 +268,7 @@ def _sigstore_check(raw: bytes, trust_root: Path | str, identities: list[tuple[s
     certificate chain to the trust root, transparency-log entry, verified time, identity and issuer from the
     trust data, DSSE signature), inside a ``model_signing`` verifier so that the library reads the verified
     payload into its manifest as for the other methods.  Raises ``verify.sigstore.*``."""
-    from model_signing._signing import sign_sigstore_pb  # noqa: PLC0415 - model_signing: measured 1.7 s import
+    from model_signing._signing import sign_sigstore_pb  # noqa: PLC0415 - model_signing: 1.7 s import
 
     found: list[Any] = []
 
@@ -300,7 +300,7 @@ def _ed25519_verifier(key: OfferedKey) -> Any:
     exactly one signature, and that signature verifies over the DSSE v1 pre-authentication encoding of
     the in-toto payload.  The pre-1.0 ``pae_compat`` fallback is not offered.  The library still
     parses the payload into its manifest, which is compared with the statement as before."""
-    from model_signing._signing import sign_sigstore_pb  # noqa: PLC0415 - model_signing: measured 1.7 s import
+    from model_signing._signing import sign_sigstore_pb  # noqa: PLC0415 - model_signing: 1.7 s import
 
     public = serialization.load_pem_public_key(key.pem)
     assert isinstance(public, ed25519.Ed25519PublicKey)

@@ -113,15 +113,15 @@ class SigstoreResult:
 
 
 def _policy(identities: Sequence[tuple[str, str]]) -> Any:
-    from sigstore.verify.policy import AllOf, AnyOf, Identity, OIDCIssuer, OIDCIssuerV2  # noqa: PLC0415 - sigstore, heavy: measured 1.3 s import
+    from sigstore.verify.policy import AllOf, AnyOf, Identity, OIDCIssuer, OIDCIssuerV2  # noqa: PLC0415 - sigstore: 1.3 s import
 
     return AnyOf([AllOf([Identity(identity=i), AnyOf([OIDCIssuer(iss), OIDCIssuerV2(iss)])])
                   for i, iss in identities])
 
 
 def _verifier(trust_root: Path | str) -> Any:
-    from sigstore.models import TrustedRoot  # noqa: PLC0415 - sigstore, heavy: measured 1.3 s import
-    from sigstore.verify import Verifier  # noqa: PLC0415 - sigstore, heavy: measured 1.3 s import
+    from sigstore.models import TrustedRoot  # noqa: PLC0415 - sigstore: 1.3 s import
+    from sigstore.verify import Verifier  # noqa: PLC0415 - sigstore: 1.3 s import
 
     try:
         if trust_root == PRODUCTION:
@@ -147,7 +147,7 @@ def check_trust_root(trust_root: Path | str) -> None:
 
 
 def _bundle(raw: bytes) -> Any:
-    from sigstore.models import Bundle  # noqa: PLC0415 - sigstore, heavy: measured 1.3 s import
+    from sigstore.models import Bundle  # noqa: PLC0415 - sigstore: 1.3 s import
 
     try:
         return Bundle.from_json(raw)
@@ -177,7 +177,7 @@ def _verify(raw: bytes, trust_root: Path | str, identities: Sequence[tuple[str, 
                                 "the certificate's identity and issuer match no trusted identity",
                                 evidence={"san": list(sans), "issuer": issuer,
                                           "expected": [{"identity": i, "issuer": s} for i, s in identities]})
-    from sigstore.errors import Error as SigstoreError  # noqa: PLC0415 - sigstore, heavy: measured 1.3 s import
+    from sigstore.errors import Error as SigstoreError  # noqa: PLC0415 - sigstore: 1.3 s import
 
     policy = _policy([matched])
     payload_type: str | None = None

@@ -49,7 +49,8 @@ def _schema(name: str) -> dict[str, Any]:
 
 @cache
 def _validator(name: str) -> jsonschema.protocols.Validator:
-    import jsonschema  # noqa: PLC0415 - jsonschema, measured 270 ms import; the slow path's error messages only
+    # The slow path's error messages only: valid statements never need jsonschema.
+    import jsonschema  # noqa: PLC0415 - jsonschema: 270 ms import
 
     schema = _schema(name)
     cls = jsonschema.validators.validator_for(schema)
@@ -84,7 +85,7 @@ def _first_error(name: str, doc: Any) -> jsonschema.ValidationError | None:
         return None
     except fastjsonschema.JsonSchemaException:
         pass
-    from jsonschema.exceptions import best_match  # noqa: PLC0415 - jsonschema, measured 270 ms import; the slow path's error messages only
+    from jsonschema.exceptions import best_match  # noqa: PLC0415 - jsonschema: 270 ms import
 
     found: jsonschema.ValidationError | None = best_match(_validator(name).iter_errors(doc))
     return found

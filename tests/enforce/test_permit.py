@@ -64,3 +64,10 @@ def test_forged_permits_do_not_check(forge):
     with pytest.raises(PolicyDenied) as e:
         forged.check(fixture_digest=forged.fixture_digest, loader="torch_load", controls=CONTROLS)
     assert e.value.code == "enforce.permit.forged"
+
+
+def test_a_deny_decision_mints_no_permit():
+    """A deny names no plane; issue_permit refuses it rather than seal a permit with ``plane=None``
+    (found by mypy --strict: Permit.plane is a str)."""
+    with pytest.raises(ValueError, match="allow decision only"):
+        issue_permit(decision(allow=False), fixture_digest=DIGEST, loader="torch_load")

@@ -35,3 +35,22 @@ def test_the_budget_bounds_nodes_and_depth() -> None:
         deep = [deep]
     with pytest.raises(WorkerError, match="deeper"):
         PlanEncoder({}, PlanBudget(1000, 5)).encode(deep, [])
+
+
+Point = collections.namedtuple("Point", ["x", "y"])
+
+
+class _Slotted:
+    __slots__ = ("a", "b")
+
+    def __init__(self) -> None:
+        self.a = 1  # b is never set: a slot without a value is left out
+
+
+def test_named_tuples_keep_their_field_names_and_slots_their_values() -> None:
+    """The branches the typed rewrite touched: a named tuple's ``_fields``, a class's ``__slots__``."""
+    enc = PlanEncoder({}, PlanBudget(100, 10))
+    tree = enc.encode({"p": Point(1, (2, 3)), "plain": (4, 5), "s": _Slotted()}, [])
+    assert tree["p"] == {"__object__": f"{__name__}.Point", "state": {"x": 1, "y": [2, 3]}}
+    assert tree["plain"] == [4, 5]
+    assert tree["s"] == {"__object__": f"{__name__}._Slotted", "state": {"a": 1}}

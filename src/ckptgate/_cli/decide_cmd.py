@@ -185,7 +185,8 @@ def register(cli: click.Group) -> None:
     @json_option
     def build_command(signing_key: Path, out: Path, policy_dir: Path | None, as_json: bool) -> int:
         """Build a signed policy bundle with `opa build`; use it with --policy-bundle/--policy-key."""
-        from ckptgate.decide.bundle import build_signed, default_policy_dir, policy_revision
+        from ckptgate._resources import default_policy_dir
+        from ckptgate.decide.bundle import build_signed, policy_revision
 
         policy_dir = policy_dir or default_policy_dir()
         if out.exists():

@@ -36,8 +36,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from ckptgate import _resources  # looked up on use, so a test can stand in for where resources are
 from ckptgate._resources import OPA_PINNED, OPA_SUPPORTED
-from ckptgate._resources import default_policy_dir as default_policy_dir  # moved there; kept importable here
 from ckptgate.errors import EngineUnavailable, UsageError
 from ckptgate.userfiles import check_output_file
 from ckptgate.verify.dsse import KeySigner
@@ -56,7 +56,7 @@ _checked: dict[tuple[str, int, int], str] = {}
 
 def select_opa_binary(path: Path | None) -> None:
     """``--opa-binary``: the OPA binary this process uses, ahead of ``$CKPTGATE_OPA`` and ``PATH``."""
-    global _selected_opa  # noqa: PLW0603 - one choice per process, made by the CLI
+    global _selected_opa  # one choice per process, made by the CLI
     _selected_opa = path
 
 
@@ -64,8 +64,6 @@ def find_opa() -> str:
     """The OPA binary: ``--opa-binary`` (:func:`select_opa_binary`), else ``$CKPTGATE_OPA``, else
     ``opa`` on ``PATH``, else the development clone's pinned ``.tools/bin/opa``; its version must be
     in the supported range (:data:`OPA_SUPPORTED`)."""
-    from ckptgate._resources import clone_tool  # noqa: PLC0415
-
     if _selected_opa is not None:
         return _checked_opa(str(_selected_opa), "--opa-binary")
     explicit = os.environ.get("CKPTGATE_OPA")
@@ -74,7 +72,7 @@ def find_opa() -> str:
     found = shutil.which("opa")
     if found:
         return _checked_opa(found, "PATH")
-    local = clone_tool("opa")
+    local = _resources.clone_tool("opa")
     if local is not None:
         return _checked_opa(str(local), "the clone's .tools/bin")
     raise EngineUnavailable("engine.opa.not_installed", "the OPA binary was not found: no --opa-binary, no "
@@ -127,9 +125,7 @@ def policy_files(policy_dir: Path) -> list[Path]:
         rel = p.relative_to(policy_dir)
         if not p.is_file() or any(part in _EXCLUDED_DIRS or part.startswith(".") for part in rel.parts):
             continue
-        if p.suffix == ".rego" and not p.name.endswith(_EXCLUDED_SUFFIXES):
-            out.append(p)
-        elif p.name == "data.json":
+        if (p.suffix == ".rego" and not p.name.endswith(_EXCLUDED_SUFFIXES)) or p.name == "data.json":
             out.append(p)
     return out
 

@@ -21,9 +21,10 @@ single reason says what was wrong with it (fail closed).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from ckptgate.decide.engine import RawDecision
 from ckptgate.errors import ExitCode

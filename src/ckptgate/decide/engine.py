@@ -38,12 +38,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 from urllib.parse import urlencode, urlparse
 
-from ckptgate.decide._http import Late, OpaHttp, Unreachable
-from ckptgate.decide.bundle import PolicyBundle, default_policy_dir, find_opa
 from ckptgate import workdirs
+from ckptgate._resources import default_policy_dir
+from ckptgate.decide._http import Late, OpaHttp, Unreachable
+from ckptgate.decide.bundle import PolicyBundle, find_opa
 from ckptgate.errors import EngineUnavailable
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -131,7 +132,7 @@ class RemoteOpa(_ClientEngine):
 class EmbeddedOpa(_ClientEngine):
     """A local OPA server owned by this process.  Use as a context manager."""
 
-    _live: set[EmbeddedOpa] = set()
+    _live: ClassVar[set[EmbeddedOpa]] = set()
 
     def __init__(self, *, bundle: PolicyBundle | None = None, policy_dir: Path | None = None,
                  overlays: dict[str, bytes] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -179,7 +180,7 @@ class EmbeddedOpa(_ClientEngine):
         except OSError as e:  # EFBIG, ENOSPC... in the private work directory: no engine, which is a deny
             self._failure = EngineUnavailable("engine.opa.start_failed", f"the embedded OPA could not be prepared: "
                                               f"{e.strerror or e}", evidence={"workdir": str(self._workdir)})
-        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread by _ensure_started
+        except BaseException as e:  # raised again in the caller's thread by _ensure_started
             self._failure = e
         finally:
             self._ready.set()

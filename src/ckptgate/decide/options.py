@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate._json import loads_strict
-from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, default_policy_dir
+from ckptgate._resources import default_policy_dir
+from ckptgate.config import extra_rego_overlays
+from ckptgate.decide.bundle import PolicyBundle, check_policy_dir
 from ckptgate.decide.engine import PolicyEngine, open_engine
 from ckptgate.errors import UsageError
 from ckptgate.verify import TrustData
@@ -80,8 +82,6 @@ def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterat
         if options.policy_data is not None:
             overlays.update(options.policy_data.overlays(options.policy_dir or default_policy_dir()))
     if options.extra_rego is not None and options.opa_url is None and options.policy_bundle is None:
-        from ckptgate.config import extra_rego_overlays  # noqa: PLC0415
-
         overlays = {**(overlays or {}), **extra_rego_overlays(options.extra_rego)}
     bundle = None
     if options.policy_bundle is not None:

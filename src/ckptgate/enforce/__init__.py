@@ -5,5 +5,5 @@ checkpoint needs permitted), mints a :class:`~ckptgate.enforce.permit.Permit` bo
 bytes when files need a framework load, and runs that load only inside the contained worker
 (:mod:`ckptgate.enforce.load`, :mod:`ckptgate.enforce.worker`).  Containment is a set of
 controls that narrow what a malicious loader can reach; it is never a proof that a load is safe
-[R28, R30–R35].
+[R28, R30-R35].
 """

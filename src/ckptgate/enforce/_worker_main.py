@@ -15,12 +15,17 @@ the parent validates every record it receives.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
+import pickle
+import resource
 import sys
 import types
-from typing import Any
+from typing import Any, cast
 
+from ckptgate.enforce import containment as c
 from ckptgate.enforce.plan_encoder import PlanBudget, PlanEncoder, dtype_name
 from ckptgate.enforce.protocol import (
     BYTES_JOB,
@@ -76,9 +81,7 @@ def _read_spec() -> WorkerSpec:
 def _setup(spec: WorkerSpec) -> tuple[dict[str, bool], dict[str, Any]]:
     """Set the controls up in the documented order; return which are active and what the worker
     measured in itself (the receipt's record of the controls that were really active)."""
-    from ckptgate.enforce import containment as c  # noqa: PLC0415
-
-    controls = {name: False for name in c.CONTROLS}
+    controls = dict.fromkeys(c.CONTROLS, False)
     parent_ns = spec.parent_namespaces  # every namespace is named: the spec's parser checked it
     # 1. namespaces, while this process has a single thread (unshare(CLONE_NEWUSER) needs it).  A
     #    new PID namespace applies to children only: the worker forks into it, and this process
@@ -105,11 +108,13 @@ def _setup(spec: WorkerSpec) -> tuple[dict[str, bool], dict[str, Any]]:
             raise WorkerError("runtime.worker.bad_job", f"not a module name: {name!r}")
         try:
             __import__(name)
-        except Exception as e:  # noqa: BLE001 - any import failure is reported, typed
+        except Exception as e:  # any import failure is reported, typed
             raise WorkerError("runtime.worker.preimport_failed",
                               f"pre-import of {name} failed: {type(e).__name__}: {e}") from e
     _warm_torch()
-    from ckptgate.enforce.seccomp import load_filter  # noqa: PLC0415
+    # pyseccomp raises at import on a host without libseccomp: imported here, that is a typed
+    # runtime.worker.setup_failed record, not a worker that dies before it can report.
+    from ckptgate.enforce.seccomp import load_filter  # noqa: PLC0415 - libseccomp may be absent
 
     # /proc/self/status is opened now and read after the filter is loaded (opening is refused
     # then); it is closed before any input byte is read.
@@ -127,8 +132,6 @@ def _setup(spec: WorkerSpec) -> tuple[dict[str, bool], dict[str, Any]]:
         and report.mode == "allowlist"
     # openat2 is the parent's control: it opened every input descriptor with it.
     controls["openat2"] = spec.openat2
-    import resource  # noqa: PLC0415 - already imported by the containment module
-
     measured = {
         "seccomp": {"mode": report.mode, "default": report.default, "status": status.get("Seccomp"),
                     "filters": status.get("Seccomp_filters"), "rules_sha256": report.digest(),
@@ -144,7 +147,8 @@ def _setup(spec: WorkerSpec) -> tuple[dict[str, bool], dict[str, Any]]:
 
 def _warm_torch() -> None:
     """Touch what torch initialises lazily (cpuinfo, thread pools) before the filter is loaded."""
-    import torch  # noqa: PLC0415
+    # torch, heavy optional; never at the top: it may start threads, and unshare(CLONE_NEWUSER) needs one.
+    import torch  # noqa: PLC0415 - imported by step 4's pre-imports, after the namespaces
 
     x = torch.ones(4, 4)
     (x @ x).sum().item()
@@ -183,12 +187,11 @@ def _verify_inputs(files: tuple[SpecFile, ...]) -> None:
 
 def _recording_pickle(record: dict[int, str], keep: list[Any]) -> Any:
     """A ``pickle_module`` whose Unpickler records which storage key each storage came from."""
-    import pickle  # noqa: PLC0415
-
-    base = pickle.Unpickler.persistent_load
+    # typeshed declares persistent_load a method; the C Unpickler's is a getset descriptor.
+    base = cast(types.GetSetDescriptorType, pickle.Unpickler.persistent_load)
 
     class RecordingUnpickler(pickle.Unpickler):
-        @property  # type: ignore[override]
+        @property
         def persistent_load(self) -> Any:
             return base.__get__(self)
 
@@ -218,10 +221,7 @@ def _load_one(item: SpecFile, *, with_data: bool) -> tuple[Any, dict[int, str], 
     """``torch.load`` one file.  Without ``with_data`` the storages are allocated but never
     filled (``torch.serialization.skip_data``): the plan needs only keys, dtypes, shapes and
     offsets, so the worker's resident memory stays small whatever the checkpoint's size."""
-    import contextlib  # noqa: PLC0415
-    import io  # noqa: PLC0415
-
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch, heavy optional: pre-imported in step 4
 
     record: dict[int, str] = {}
     keep: list[Any] = []
@@ -234,7 +234,7 @@ def _load_one(item: SpecFile, *, with_data: bool) -> tuple[Any, dict[int, str], 
     except MemoryError as e:
         raise WorkerError("runtime.worker.memory_limit",
                           f"loading {item.relpath} ran out of address space (RLIMIT_AS)") from e
-    except BaseException as e:  # noqa: BLE001 - the loaded code may raise anything
+    except BaseException as e:  # the loaded code may raise anything
         raise WorkerError("runtime.worker.load_failed",
                           f"loading {item.relpath} failed: {type(e).__name__}: {_safe_text(e)}") from e
     return obj, record, keep
@@ -256,7 +256,7 @@ def _find(tree: Any, path: list[Any]) -> Any:
 
 
 def _stream_tensor(out: Output, relpath: str, path: list[Any], t: Any, chunk_bytes: int) -> None:
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch, heavy optional: pre-imported in step 4
 
     flat = t.detach().contiguous().reshape(-1)
     raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
@@ -289,7 +289,7 @@ def _run_job(spec: WorkerSpec, out: Output) -> None:
                     except KeyError as e:
                         raise WorkerError("runtime.worker.select_missing",
                                           f"{item.relpath}: no object at {path!r}") from e
-                    import torch  # noqa: PLC0415
+                    import torch  # noqa: PLC0415 - torch, heavy optional: pre-imported in step 4
 
                     if not isinstance(node, torch.Tensor):
                         raise WorkerError("runtime.worker.select_missing",
@@ -304,7 +304,7 @@ def _safe_text(e: BaseException, limit: int = 300) -> str:
     """``str(e)``, bounded; an exception whose ``__str__`` fails is named, not re-raised."""
     try:
         text = str(e)
-    except BaseException:  # noqa: BLE001 - the exception may come from hostile code
+    except BaseException:  # the exception may come from hostile code
         return "<unprintable>"
     return text[:limit]
 
@@ -327,7 +327,7 @@ def main() -> int:
         code, message = e.code, e.message
     except MemoryError:
         code, message = "runtime.worker.memory_limit", "the worker ran out of address space (RLIMIT_AS)"
-    except BaseException as e:  # noqa: BLE001 - report, typed, without a traceback
+    except BaseException as e:  # report, typed, without a traceback
         if loading:
             code = "runtime.worker.load_failed"
         elif isinstance(e, (KeyError, TypeError, ValueError)):

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ckptgate.decide.decision import Decision, Reason
+from ckptgate.enforce import permit as permits
 from ckptgate.enforce.load import LoadedTrees, WorkerOptions, load_trees
 from ckptgate.errors import Error, InputRejected, PolicyDenied, VerificationError
 
 if TYPE_CHECKING:
     from ckptgate.digest import FixtureDigest
-    from ckptgate.enforce.permit import Permit
     from ckptgate.inspect import Inspection, SafeTree
 
 #: Framework loaders that may run in the worker, in order of preference.
@@ -32,7 +32,7 @@ class Enforcement:
     """What the enforce step allowed and ran for one allow decision."""
 
     #: The permit for the framework load; ``None`` when no file needed one.
-    permit: Permit | None = None
+    permit: permits.Permit | None = None
     #: What the contained worker loaded; ``None`` when no worker ran.
     loaded: LoadedTrees | None = None
     #: The controls that were active inside the worker (empty when no worker ran).
@@ -62,14 +62,12 @@ def enforce(tree: SafeTree, inspection: Inspection, *, decision: Decision, fixtu
                                      "permitted": list(decision.permitted_loaders)})
     if not framework_files:
         return Enforcement()
-    from ckptgate.enforce.permit import issue_permit
-
     loader = next((name for name in WORKER_LOADERS if name in decision.permitted_loaders), None)
     if loader is None:
         raise PolicyDenied("enforce.permit.loader_not_permitted",
                            "the decision permits no framework loader for this checkpoint",
                            evidence={"permitted_loaders": list(decision.permitted_loaders)})
-    permit = issue_permit(decision, fixture_digest=fixture_digest.digest.prefixed(), loader=loader)
+    permit = permits.issue_permit(decision, fixture_digest=fixture_digest.digest.prefixed(), loader=loader)
     loaded = load_trees(tree, inspection, framework_files, permit=permit, digest=fixture_digest,
                         options=worker or WorkerOptions())
     return Enforcement(permit=permit, loaded=loaded, controls=dict(loaded.controls))

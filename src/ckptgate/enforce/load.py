@@ -66,7 +66,7 @@ class LoadedTrees:
 
 def job_for(loader: str) -> str:
     """The worker job that runs ``loader`` and returns placement trees only."""
-    from ckptgate.enforce.worker import JOBS
+    from ckptgate.enforce.worker import JOBS  # noqa: PLC0415 - worker stack: 110 ms import
 
     for job, name in JOBS.items():
         if name == loader and not job.endswith("_bytes"):
@@ -78,7 +78,7 @@ def job_for(loader: str) -> str:
 
 def preimports_for(inspection: Inspection, relpaths: Sequence[str]) -> list[str]:
     """Modules the pickles' globals live in (from the static reader), under the allowed roots."""
-    from ckptgate.enforce.worker import PREIMPORT_ROOTS
+    from ckptgate.enforce.worker import PREIMPORT_ROOTS  # noqa: PLC0415 - worker stack: 110 ms import
 
     by_path = {f.path: f for f in inspection.files}
     mods: list[str] = []
@@ -101,7 +101,7 @@ def open_verified(tree: SafeTree, relpaths: Sequence[str], digest: FixtureDigest
     whether or not the tree holds leases, and nothing that later writes to the checkpoint can
     reach it (the worker hashes its descriptor once more, as a check of this one).
     """
-    from ckptgate.enforce.worker import OpenedInput
+    from ckptgate.enforce.worker import OpenedInput  # noqa: PLC0415 - worker stack: 110 ms import
 
     manifest = {e.path: e for e in digest.manifest}
     opened: list[OpenedInput] = []
@@ -158,8 +158,8 @@ def load_trees(tree: SafeTree, inspection: Inspection, relpaths: Sequence[str], 
         the manifest, or any worker failure (timeout, crash, protocol violation).
     :raises PolicyDenied: the permit does not allow this load (``enforce.permit.*``).
     """
-    from ckptgate.enforce.containment import preflight
-    from ckptgate.enforce.worker import WorkerLimits, run_contained
+    from ckptgate.enforce.containment import preflight  # noqa: PLC0415 - worker stack: 110 ms import
+    from ckptgate.enforce.worker import WorkerLimits, run_contained  # noqa: PLC0415 - worker stack: 110 ms import
 
     if permit is None:
         raise RuntimeFailure("runtime.worker.permit_missing", "a framework load needs a permit; none was given")

@@ -21,7 +21,7 @@ import hmac
 import json
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ckptgate.decide.decision import Decision
 from ckptgate.errors import PolicyDenied
@@ -69,11 +69,12 @@ def issue_permit(decision: Decision, *, fixture_digest: str, loader: str) -> Per
     """Mint a permit for ``loader`` on the bytes with ``fixture_digest``, under ``decision``.
 
     The enforce step calls this only after it checked the decision (allow, and ``loader`` among
-    its ``permitted_loaders``); those checks are made there, once, not again here.
+    its ``permitted_loaders``); those checks are made there, once, not again here.  A decision
+    without a plane (a deny) is a caller's error: :class:`ValueError`.
     """
-    fields = dict(fixture_digest=fixture_digest, loader=loader, plane=decision.plane,
-                  required_controls=tuple(decision.required_controls), decision_id=decision.decision_id,
-                  policy_revision=decision.policy_revision)
-    unsealed = Permit(**fields, seal="")
-    seal = hmac.new(_SEAL_KEY, unsealed._payload(), hashlib.sha256).hexdigest()
-    return Permit(**fields, seal=seal)
+    if decision.plane is None:
+        raise ValueError("a permit is minted from an allow decision only, and a deny names no plane")
+    unsealed = Permit(fixture_digest=fixture_digest, loader=loader, plane=decision.plane,
+                      required_controls=tuple(decision.required_controls), decision_id=decision.decision_id,
+                      policy_revision=decision.policy_revision, seal="")
+    return replace(unsealed, seal=hmac.new(_SEAL_KEY, unsealed._payload(), hashlib.sha256).hexdigest())

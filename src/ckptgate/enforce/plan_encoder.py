@@ -20,6 +20,8 @@ from ckptgate.enforce.protocol import WorkerError
 
 __all__ = ["PlanBudget", "PlanEncoder", "dtype_name"]
 
+_NO_FIELDS = object()  # a tuple whose class has no ``_fields``: not a named tuple
+
 
 class PlanBudget:
     """Bounds on the object tree: nodes in all files together, and depth."""
@@ -51,7 +53,7 @@ class PlanEncoder:
     """Turns an unpickled object tree into JSON; tensors become ``__tensor__`` records."""
 
     def __init__(self, storage_keys: dict[int, str], budget: PlanBudget) -> None:
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch, heavy optional: worker only
 
         self.torch = torch
         self.keys = storage_keys
@@ -115,10 +117,11 @@ class PlanEncoder:
                 return {k: self.encode(v, [*path, k], depth + 1) for k, v in items}
             return {"__map__": [[self.encode(k, path, depth + 1), self.encode(v, [*path, _path_key(k)], depth + 1)]
                                 for k, v in items]}
-        if isinstance(obj, tuple) and hasattr(type(obj), "_fields"):
+        fields: Any = getattr(type(obj), "_fields", _NO_FIELDS) if isinstance(obj, tuple) else _NO_FIELDS
+        if fields is not _NO_FIELDS:  # a named tuple (the pickle's class decides its field names)
             return {"__object__": _qualname(obj),
                     "state": {str(f): self.encode(v, [*path, i], depth + 1)
-                              for i, (f, v) in enumerate(zip(type(obj)._fields, obj))}}
+                              for i, (f, v) in enumerate(zip(fields, obj, strict=False))}}
         if isinstance(obj, (list, tuple)):
             return [self.encode(v, [*path, i], depth + 1) for i, v in enumerate(obj)]
         if isinstance(obj, (set, frozenset)):
@@ -131,7 +134,8 @@ class PlanEncoder:
         if isinstance(d, dict):
             state.update(d)
         for cls in type(obj).__mro__:
-            for slot in cls.__dict__.get("__slots__", ()) if isinstance(cls.__dict__.get("__slots__", ()), (tuple, list)) else ():
+            slots = cls.__dict__.get("__slots__", ())
+            for slot in slots if isinstance(slots, (tuple, list)) else ():
                 if isinstance(slot, str) and slot not in ("__dict__", "__weakref__") and slot not in state:
                     try:
                         state[slot] = object.__getattribute__(obj, slot)

@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ckptgate.dtypes import TORCH_ITEMSIZE
+from ckptgate.enforce.containment import NAMESPACES, RLIMITS
 
 __all__ = ["BYTES_JOB", "EXIT_ERROR", "EXIT_OK", "HEADER", "JOBS", "MAX_SPEC", "MODULE_NAME", "RECORD_FIELDS",
            "REC_BYTES", "REC_JSON", "SPEC_VERSION", "TORCH_ITEMSIZE", "WORKER_ERROR_CODES", "PermitTerms",
@@ -232,8 +233,6 @@ class WorkerSpec:
                          "max_depth", "output_fd"})
 
     def __post_init__(self) -> None:
-        from ckptgate.enforce.containment import NAMESPACES, RLIMITS  # noqa: PLC0415
-
         if self.job not in JOBS:
             raise SpecError(f"unknown job {self.job!r}")
         if not isinstance(self.permit, PermitTerms):

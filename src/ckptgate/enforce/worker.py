@@ -16,7 +16,7 @@ a crash, a timeout, a non-zero exit or a malformed record raises
 :class:`~ckptgate.errors.RuntimeFailure` with a stable code.
 
 Containment narrows what hostile code in a loader can reach; it is not proof that the load is
-safe, and the controls hold only as measured on this host [R30–R35, claim rules 5 and 7].
+safe, and the controls hold only as measured on this host [R30-R35, claim rules 5 and 7].
 """
 
 from __future__ import annotations
@@ -325,7 +325,7 @@ class _Run:
                                      f"cgroup v2 was preflighted but a group cannot be made now: {why}")
         t0 = time.monotonic()
         try:
-            proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+            proc = subprocess.Popen(  # fixed argv, no shell
                 [sys.executable, "-I", "-B", "-m", "ckptgate.enforce._worker_main"],
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                 pass_fds=(wfd, *(f.fd for f in self.files)), close_fds=True, env=env, cwd="/",
@@ -442,7 +442,7 @@ class _Run:
                 if self.sink is not None:
                     try:
                         self.sink(current, received, data)
-                    except BaseException as e:  # noqa: BLE001 - re-raised by the caller's thread
+                    except BaseException as e:  # re-raised by the caller's thread
                         self.sink_error = e
                         return self._violation("the sink refused a chunk")
                 else:
@@ -561,9 +561,10 @@ class _Run:
         if status < 0:
             sig = -status
             name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-            why = {signal.SIGSYS: "a forbidden system call (seccomp)",
-                   signal.SIGXCPU: "the CPU-time limit (RLIMIT_CPU)",
-                   signal.SIGKILL: "SIGKILL (a limit, or the out-of-memory killer)"}.get(sig, f"signal {name}")
+            whys: dict[int, str] = {signal.SIGSYS: "a forbidden system call (seccomp)",
+                                    signal.SIGXCPU: "the CPU-time limit (RLIMIT_CPU)",
+                                    signal.SIGKILL: "SIGKILL (a limit, or the out-of-memory killer)"}
+            why = whys.get(sig, f"signal {name}")
             raise RuntimeFailure("runtime.worker.crashed",
                                  f"the contained worker was killed by {why}; nothing was published",
                                  evidence={**evidence, "signal": name, "stderr_tail": tail[-1000:]})

@@ -297,7 +297,7 @@ def run_check(repo: Path, *, options: EngineOptions | None = None, skip: Sequenc
     """Run every check that ``config`` enables (all of them without one), except ``skip``, and return
     the report; never raises for a failing check.  The matrix, the store and the fixtures are where
     ``config`` puts them (:class:`~ckptgate.evidence.layout.RepoLayout`)."""
-    from ckptgate.decide.bundle import default_policy_dir
+    from ckptgate._resources import default_policy_dir
     from ckptgate.evidence import claims, matrix
     from ckptgate.evidence.candidate import candidate_commit
     from ckptgate.decide.options import EngineOptions, engine_for, load_trust

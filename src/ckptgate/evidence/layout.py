@@ -82,7 +82,7 @@ class RepoLayout:
         configuration's policy-data overlay merged over it; ``None`` when it cannot be read."""
         policies = self.policies
         if policies is None:
-            from ckptgate.decide.bundle import default_policy_dir  # noqa: PLC0415
+            from ckptgate._resources import default_policy_dir  # noqa: PLC0415
             from ckptgate.errors import EngineUnavailable  # noqa: PLC0415
 
             try:

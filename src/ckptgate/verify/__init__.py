@@ -18,13 +18,19 @@ from ckptgate.verify.dsse import (
     verify_envelope,
 )
 from ckptgate.verify.facts import SignerFacts, VerifiedAttestation, rejection_facts, verify_attestation
-from ckptgate.verify.statement import (PROVENANCE_PREDICATE_TYPE, QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE,
-                                       check_statement, prepare_statement_checks)
+from ckptgate.verify.statement import (
+    PROVENANCE_PREDICATE_TYPE,
+    QUALIFICATION_PREDICATE_TYPE,
+    STATEMENT_TYPE,
+    check_statement,
+    prepare_statement_checks,
+)
 from ckptgate.verify.store import AttestationStore
 from ckptgate.verify.trust import TrustData, TrustDataError, TrustedIdentity, TrustedKey
 
 __all__ = [
-    "IN_TOTO_PAYLOAD_TYPE", "PROVENANCE_PREDICATE_TYPE", "QUALIFICATION_PREDICATE_TYPE", "STATEMENT_TYPE", "AttestationStore", "Envelope",
+    "IN_TOTO_PAYLOAD_TYPE", "PROVENANCE_PREDICATE_TYPE", "QUALIFICATION_PREDICATE_TYPE", "STATEMENT_TYPE",
+    "AttestationStore", "Envelope",
     "KeySigner", "Signer", "SignerFacts", "TrustData", "TrustDataError", "TrustedIdentity", "TrustedKey",
     "VerificationError", "VerifiedAttestation", "check_statement", "generate_keypair", "pae",
     "prepare_statement_checks", "rejection_facts",

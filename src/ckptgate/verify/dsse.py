@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from ckptgate._json import loads_strict, verify_error
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import read_regular_file
+from ckptgate.verify.statement import check_statement
 from ckptgate.verify.trust import PublicKey, TrustedKey, key_algorithm, spki_sha256
 
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -275,8 +276,6 @@ def sign_payload(payload: bytes, signers: Sequence[Signer], *, payload_type: str
 
 def sign_statement(statement: dict[str, Any], signer: Signer, *extra: Signer) -> bytes:
     """Check ``statement`` (Statement v1, and its predicate schema if known) and sign it."""
-    from ckptgate.verify.statement import check_statement
-
     check_statement(statement)
     return sign_payload(canonical_payload(statement), [signer, *extra])
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +38,7 @@ DEFAULT_CLOCK_SKEW = timedelta(minutes=5)
 
 
 def _iso(t: datetime) -> str:
-    return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,7 +187,8 @@ def read_envelope(raw: bytes) -> UnverifiedEnvelope:
         raise VerificationError("verify.sigstore.not_dsse", "bundle carries no DSSE envelope")
     return UnverifiedEnvelope(format=fmt, payload_type=env_doc.get("payloadType"),
                               payload=dsse._b64(env_doc["payload"], "payload"),
-                              keyids=tuple(s.get("keyid") for s in env_doc.get("signatures", []) if isinstance(s, dict)))
+                              keyids=tuple(s.get("keyid") for s in env_doc.get("signatures", [])
+                                           if isinstance(s, dict)))
 
 
 def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_digest: Digest | str, now: datetime,
@@ -200,7 +201,8 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
 
     Order: size -> strict JSON -> format -> signature under trusted keys (DSSE) or offline Sigstore
     verification with an identity policy -> strict statement JSON -> Statement v1 and predicate schema ->
-    subject == ``measured_digest`` (and whether the predicate names that subject: a fact for policy) -> validity window at ``now`` -> optional ``expected_commit``.
+    subject == ``measured_digest`` (and whether the predicate names that subject: a fact for policy) ->
+    validity window at ``now`` -> optional ``expected_commit``.
     With ``manifest`` (relative path -> sha256 of every measured file), a statement of a predicate type that
     is not ckptgate's own and has no subject equal to the fixture digest binds file by file instead
     (:func:`~ckptgate.verify.statement.bind_manifest`, ``binding: "manifest"``).
@@ -255,7 +257,8 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
         binding = bind_subject(stmt, measured)
         checks.append("subject_digest")
     except VerificationError as e:
-        if manifest is None or stmt["predicateType"] in PREDICATE_SCHEMAS or e.code != "verify.statement.subject_mismatch":
+        if (manifest is None or stmt["predicateType"] in PREDICATE_SCHEMAS
+                or e.code != "verify.statement.subject_mismatch"):
             raise
         files = bind_manifest(stmt, manifest)
         checks.append("subjects_bound_to_files")

@@ -3,10 +3,10 @@
 The signature check is the reference implementation's (``model_signing``, the elliptic-key
 verifier on a Sigstore bundle v0.3 with a DSSE envelope) for ECDSA keys.  The pinned library has no
 Ed25519 verifier, so for an Ed25519 key ckptgate checks the DSSE signature itself with
-``cryptography`` (see :func:`_ed25519_verifier`); the statement checks and the binding are the same.  ckptgate then checks the statement
-itself and binds its ``resources`` to the fixture digest's per-file manifest: every file that
-ckptgate measured (and so reads and may publish) is a resource with the same sha256, and every
-resource is a measured file.  ``model_signing``'s own model hashing is not used, so checkpoint
+``cryptography`` (see :func:`_ed25519_verifier`); the statement checks and the binding are the same.
+ckptgate then checks the statement itself and binds its ``resources`` to the fixture digest's per-file
+manifest: every file that ckptgate measured (and so reads and may publish) is a resource with the same
+sha256, and every resource is a measured file.  ``model_signing``'s own model hashing is not used, so checkpoint
 bytes are read only through the measured manifest.
 
 Refused (``verify.oms.*``): another predicate type (including the pre-1.0 form the library still
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from ckptgate._json import loads_strict, verify_error
@@ -39,6 +39,7 @@ from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import read_regular_file
 from ckptgate.verify.dsse import IN_TOTO_PAYLOAD_TYPE, MAX_ENVELOPE_BYTES
 from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, SignerFacts, VerifiedAttestation
+from ckptgate.verify.sigstore import verify_bundle_dsse
 from ckptgate.verify.statement import STATEMENT_TYPE
 from ckptgate.verify.trust import spki_sha256
 
@@ -80,7 +81,7 @@ class OfferedKey:
                                     evidence={"path": str(path)}) from None
         alg = _CURVES.get(key.curve.name) if isinstance(key, ec.EllipticCurvePublicKey) else \
             "ed25519" if isinstance(key, ed25519.Ed25519PublicKey) else None
-        if alg is None:
+        if alg is None or not isinstance(key, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey):
             raise VerificationError("verify.oms.key_unsupported",
                                     f"{path}: an OMS signature is verified under an ECDSA P-256 or P-384 key, or an "
                                     "Ed25519 key, only",
@@ -144,7 +145,7 @@ def _check_method(doc: Any) -> str:
 
 def _signature_check(raw: bytes, key: OfferedKey) -> Any:
     """The reference implementation's verification of the bundle under ``key``; returns its manifest."""
-    from model_signing._signing import sign_ec_key, sign_sigstore_pb
+    from model_signing._signing import sign_ec_key, sign_sigstore_pb  # noqa: PLC0415 - model_signing: 1.7 s import
 
     with tempfile.TemporaryDirectory(prefix="ckptgate-oms-") as d:
         kp, sp = Path(d, "key.pem"), Path(d, "model.sig")
@@ -155,7 +156,7 @@ def _signature_check(raw: bytes, key: OfferedKey) -> Any:
         try:
             verifier = sign_ec_key.Verifier(kp) if key.algorithm != "ed25519" else _ed25519_verifier(key)
             return verifier.verify(sign_sigstore_pb.Signature.read(sp))
-        except Exception as e:  # noqa: BLE001 - the library raises ValueError, InvalidSignature, KeyError...
+        except Exception as e:  # the library raises ValueError, InvalidSignature, KeyError...
             raise _fail("signature", f"the model_signing signature does not verify under {key.source}: "
                         f"{type(e).__name__}: {str(e)[:300]}", key=key.source, spki_sha256=key.spki_sha256) from None
 
@@ -193,17 +194,14 @@ class CertificateChain:
         return cls(sources=tuple(str(p) for p in paths), pem=b"".join(blobs), count=count)
 
 
-def _pem_cert(c: Any) -> bytes:
-    return c.public_bytes(serialization.Encoding.PEM)
-
-
-def _certificate_check(doc: dict[str, Any], raw: bytes, chain: CertificateChain, now: datetime) -> tuple[Any, dict]:
+def _certificate_check(doc: dict[str, Any], raw: bytes, chain: CertificateChain,
+                       now: datetime) -> tuple[Any, dict[str, Any]]:
     """The reference implementation's certificate verification (``model_signing``: the bundle's chain leads
     to a certificate of ``chain``, the leaf may sign, the DSSE signature verifies under the leaf's key), then
     ours: every certificate of the verified chain is valid at ``now`` (the library checks the chain at the
     leaf's notBefore only), and the signer facts (SANs, root fingerprint) that the trust data is matched on."""
-    from model_signing._signing import sign_certificate, sign_sigstore_pb
-    from OpenSSL import crypto
+    from model_signing._signing import sign_certificate, sign_sigstore_pb  # noqa: PLC0415 - model_signing: 1.7 s import
+    from OpenSSL import crypto  # noqa: PLC0415 - pyOpenSSL: 33 ms import
 
     try:
         ders = [base64.b64decode(c["rawBytes"], validate=True)
@@ -226,7 +224,7 @@ def _certificate_check(doc: dict[str, Any], raw: bytes, chain: CertificateChain,
         except crypto.X509StoreContextError as e:
             raise _fail("certificate_chain", f"the signing certificate does not chain to {', '.join(chain.sources)}: "
                         f"{str(e)[:300]}", chain=list(chain.sources)) from None
-        except Exception as e:  # noqa: BLE001 - the library raises ValueError, InvalidSignature, KeyError...
+        except Exception as e:  # the library raises ValueError, InvalidSignature, KeyError...
             raise _fail("signature", f"the model_signing certificate signature does not verify: "
                         f"{type(e).__name__}: {str(e)[:300]}", chain=list(chain.sources)) from None
         # The same store and inputs as the library's, to learn which anchor the chain led to.
@@ -270,9 +268,7 @@ def _sigstore_check(raw: bytes, trust_root: Path | str, identities: list[tuple[s
     certificate chain to the trust root, transparency-log entry, verified time, identity and issuer from the
     trust data, DSSE signature), inside a ``model_signing`` verifier so that the library reads the verified
     payload into its manifest as for the other methods.  Raises ``verify.sigstore.*``."""
-    from model_signing._signing import sign_sigstore_pb
-
-    from ckptgate.verify.sigstore import verify_bundle_dsse
+    from model_signing._signing import sign_sigstore_pb  # noqa: PLC0415 - model_signing: 1.7 s import
 
     found: list[Any] = []
 
@@ -291,7 +287,7 @@ def _sigstore_check(raw: bytes, trust_root: Path | str, identities: list[tuple[s
             manifest = _SigstoreVerifier().verify(sign_sigstore_pb.Signature.read(sp))
         except VerificationError:
             raise
-        except Exception as e:  # noqa: BLE001 - the library's payload checks raise ValueError, KeyError...
+        except Exception as e:  # the library's payload checks raise ValueError, KeyError...
             raise _fail("statement", f"model_signing does not read the verified payload: {type(e).__name__}: "
                         f"{str(e)[:300]}") from None
     return manifest, found[0]
@@ -304,10 +300,11 @@ def _ed25519_verifier(key: OfferedKey) -> Any:
     exactly one signature, and that signature verifies over the DSSE v1 pre-authentication encoding of
     the in-toto payload.  The pre-1.0 ``pae_compat`` fallback is not offered.  The library still
     parses the payload into its manifest, which is compared with the statement as before."""
-    from model_signing._signing import sign_sigstore_pb
+    from model_signing._signing import sign_sigstore_pb  # noqa: PLC0415 - model_signing: 1.7 s import
 
     public = serialization.load_pem_public_key(key.pem)
     assert isinstance(public, ed25519.Ed25519PublicKey)
+    ed_public: ed25519.Ed25519PublicKey = public  # the narrowed type, for the method below
     hint = hashlib.sha256(public.public_bytes(serialization.Encoding.PEM,
                                               serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
 
@@ -319,7 +316,7 @@ def _ed25519_verifier(key: OfferedKey) -> Any:
             if len(env.signatures) != 1:
                 raise ValueError(f"the envelope holds {len(env.signatures)} signatures, not one")
             try:
-                public.verify(env.signatures[0].sig, sign_sigstore_pb.pae(env.payload))
+                ed_public.verify(env.signatures[0].sig, sign_sigstore_pb.pae(env.payload))
             except InvalidSignature:
                 raise ValueError("the Ed25519 signature does not verify") from None
             return env.payload_type, env.payload
@@ -431,7 +428,8 @@ def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey | None, manife
             raise _fail("no_sigstore_trust_root", "the signature uses the Sigstore method and no "
                         "--sigstore-trust-root was given")
         sigstore_signers = tuple(getattr(trust, "sigstore", ()))
-        lib_manifest, res = _sigstore_check(raw, sigstore_trust_root, [(t.identity, t.issuer) for t in sigstore_signers])
+        lib_manifest, res = _sigstore_check(raw, sigstore_trust_root,
+                                            [(t.identity, t.issuer) for t in sigstore_signers])
         if res.payload != _statement(doc)[1]:
             raise _fail("statement", "the verified payload is not the bundle's envelope payload")
         sid = next((t.id for t in sigstore_signers if (t.identity, t.issuer) == (res.identity, res.issuer)), None)
@@ -453,7 +451,7 @@ def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey | None, manife
     if lib != resources or lib_manifest.model_name != stmt["subject"][0]["name"]:
         raise _fail("statement", "the statement does not read as the model_signing library reads it")
     bind_resources(resources, manifest, list(ser.get("ignore_paths", [])))
-    checks = ("bundle", "signature", "statement_schema", "serialization", "resources_bound")
+    checks: tuple[str, ...] = ("bundle", "signature", "statement_schema", "serialization", "resources_bound")
     if method == "certificate":
         checks = ("bundle", "certificate_chain", "certificate_validity", "signature", "statement_schema",
                   "serialization", "resources_bound")

@@ -12,7 +12,7 @@ import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -113,15 +113,15 @@ class SigstoreResult:
 
 
 def _policy(identities: Sequence[tuple[str, str]]) -> Any:
-    from sigstore.verify.policy import AllOf, AnyOf, Identity, OIDCIssuer, OIDCIssuerV2
+    from sigstore.verify.policy import AllOf, AnyOf, Identity, OIDCIssuer, OIDCIssuerV2  # noqa: PLC0415 - sigstore: 1.3 s import
 
     return AnyOf([AllOf([Identity(identity=i), AnyOf([OIDCIssuer(iss), OIDCIssuerV2(iss)])])
                   for i, iss in identities])
 
 
 def _verifier(trust_root: Path | str) -> Any:
-    from sigstore.models import TrustedRoot
-    from sigstore.verify import Verifier
+    from sigstore.models import TrustedRoot  # noqa: PLC0415 - sigstore: 1.3 s import
+    from sigstore.verify import Verifier  # noqa: PLC0415 - sigstore: 1.3 s import
 
     try:
         if trust_root == PRODUCTION:
@@ -130,7 +130,7 @@ def _verifier(trust_root: Path | str) -> Any:
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_TRUST_ROOT_BYTES:
             raise ValueError(f"not a regular file of at most {MAX_TRUST_ROOT_BYTES} bytes")
         return Verifier(trusted_root=TrustedRoot.from_file(str(trust_root)))
-    except Exception as e:  # noqa: BLE001 - sigstore raises pydantic, OSError, its own errors
+    except Exception as e:  # sigstore raises pydantic, OSError, its own errors
         raise VerificationError("verify.sigstore.trust_root", f"cannot load the Sigstore trust root {trust_root}: "
                                 f"{type(e).__name__}: {str(e)[:300]}", evidence={"trust_root": str(trust_root)},
                                 advice="Pass a trusted_root.json (Sigstore TrustedRoot v0.1+) that you obtained "
@@ -147,11 +147,11 @@ def check_trust_root(trust_root: Path | str) -> None:
 
 
 def _bundle(raw: bytes) -> Any:
-    from sigstore.models import Bundle
+    from sigstore.models import Bundle  # noqa: PLC0415 - sigstore: 1.3 s import
 
     try:
         return Bundle.from_json(raw)
-    except Exception as e:  # noqa: BLE001 - InvalidBundle, pydantic errors, ValueError
+    except Exception as e:  # InvalidBundle, pydantic errors, ValueError
         raise VerificationError("verify.sigstore.invalid_bundle", f"not a valid Sigstore bundle: "
                                 f"{type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
 
@@ -166,7 +166,7 @@ def _verify(raw: bytes, trust_root: Path | str, identities: Sequence[tuple[str, 
     bundle = _bundle(raw)
     try:
         cert = bundle.signing_certificate
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise VerificationError("verify.sigstore.invalid_bundle", f"bundle has no usable certificate: {e}") from None
     exts = fulcio_extensions(cert)
     issuer = exts.get("issuer") or exts.get("issuer_v1") or ""
@@ -177,7 +177,7 @@ def _verify(raw: bytes, trust_root: Path | str, identities: Sequence[tuple[str, 
                                 "the certificate's identity and issuer match no trusted identity",
                                 evidence={"san": list(sans), "issuer": issuer,
                                           "expected": [{"identity": i, "issuer": s} for i, s in identities]})
-    from sigstore.errors import Error as SigstoreError
+    from sigstore.errors import Error as SigstoreError  # noqa: PLC0415 - sigstore: 1.3 s import
 
     policy = _policy([matched])
     payload_type: str | None = None
@@ -196,7 +196,7 @@ def _verify(raw: bytes, trust_root: Path | str, identities: Sequence[tuple[str, 
     except SigstoreError as e:
         raise VerificationError("verify.sigstore.failed", f"Sigstore verification failed: "
                                 f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}") from None
-    except Exception as e:  # noqa: BLE001 - malformed material surfacing from deep inside
+    except Exception as e:  # malformed material surfacing from deep inside
         raise VerificationError("verify.sigstore.failed", f"Sigstore verification failed: "
                                 f"{type(e).__name__}: {str(e)[:300]}") from None
     entry = bundle.log_entry._inner
@@ -204,7 +204,7 @@ def _verify(raw: bytes, trust_root: Path | str, identities: Sequence[tuple[str, 
     return SigstoreResult(
         payload_type=payload_type, payload=payload, identity=matched[0], issuer=matched[1], san=sans,
         extensions=exts, cert_not_before=cert.not_valid_before_utc, cert_not_after=cert.not_valid_after_utc,
-        integrated_time=datetime.fromtimestamp(int(it), tz=timezone.utc) if it else None,
+        integrated_time=datetime.fromtimestamp(int(it), tz=UTC) if it else None,
         log_entry_kind=f"{entry.kind_version.kind}/{entry.kind_version.version}")
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from ckptgate import _resources
 from ckptgate._json import loads_strict, verify_error
 from ckptgate.errors import VerificationError
 from ckptgate.userfiles import read_regular_file
@@ -216,8 +217,6 @@ def default_trust_path() -> Path:
     for d in (Path.cwd(), *Path.cwd().parents):
         if (d / TRUST_RELATIVE).is_file():
             return d / TRUST_RELATIVE
-    from ckptgate._resources import policies_dir  # noqa: PLC0415
-
-    base = policies_dir()
+    base = _resources.policies_dir()
     rel = TRUST_RELATIVE.relative_to("policies")
     return base / rel if base is not None else Path(__file__).resolve().parents[3] / TRUST_RELATIVE

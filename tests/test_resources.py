@@ -9,7 +9,6 @@ import pytest
 
 from ckptgate import _resources
 from ckptgate._resources import default_policy_dir
-from ckptgate.decide import bundle
 from ckptgate.errors import EngineUnavailable
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +38,3 @@ def test_an_explicit_policy_directory_wins_and_must_exist(tmp_path, monkeypatch)
     with pytest.raises(EngineUnavailable) as e:
         default_policy_dir()
     assert e.value.code == "engine.policies.missing" and str(tmp_path / "absent") in e.value.message
-
-
-def test_decide_bundle_still_exports_the_same_function():
-    assert bundle.default_policy_dir is default_policy_dir

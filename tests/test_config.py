@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ckptgate import config as cfg
+from ckptgate.decide.bundle import extra_rego_overlays
 from ckptgate.errors import ExitCode
 from ckptgate.evidence.check import CHECK_NAMES, plan
 
@@ -122,7 +123,7 @@ def test_extra_rego_may_not_use_the_bundled_namespaces(tmp_path):
     (root / "policy" / "gates.rego").write_text("package acme.gates\n\nok := true\n")
     (root / "policy" / "gates_test.rego").write_text("package acme.gates_test\n\ntest_ok if data.acme.gates.ok\n")
     assert cfg.load(root).extra_rego == root / "policy"
-    assert set(cfg.extra_rego_overlays(root / "policy")) == {"extra/gates.rego"}  # tests stay out of the bundle
+    assert set(extra_rego_overlays(root / "policy")) == {"extra/gates.rego"}  # tests stay out of the bundle
     for pkg in ("ckptgate.intake", "ckptgate", "system.authz"):
         (root / "policy" / "bad.rego").write_text(f"# widen it\npackage {pkg}\n\nallow := true\n")
         with pytest.raises(cfg.ConfigError) as e:

@@ -29,6 +29,7 @@ from typing import Any
 
 from ckptgate import policydata
 from ckptgate._resources import default_policy_dir
+from ckptgate.decide.bundle import check_extra_rego
 from ckptgate.errors import ConfigError as ConfigError  # re-exported: ckptgate.config.ConfigError, as before
 from ckptgate.errors import EngineUnavailable
 from ckptgate.policydata import PolicyData
@@ -56,7 +57,6 @@ SCHEMA: dict[str, Any] = {
     },
 }
 
-RESERVED_PACKAGES = ("ckptgate", "system")
 
 INIT_TEMPLATE = '''\
 # ckptgate configuration (https://ckptgate.dev/docs/user-guide#configuration).
@@ -282,49 +282,6 @@ def load_policy_data(path: Path, policies: Path | None = None, trust: Path | Non
     return data
 
 
-def rego_package(text: str) -> str | None:
-    """The package a Rego file declares (the first ``package`` line), else ``None``."""
-    for line in text.splitlines():
-        words = line.split("#", 1)[0].split()
-        if len(words) >= 2 and words[0] == "package":
-            return words[1]
-    return None
-
-
-def extra_rego_files(extra: Path) -> list[Path]:
-    return sorted(p for p in extra.rglob("*.rego") if p.is_file())
-
-
-def check_extra_rego(extra: Path, *, where: str = "the configuration") -> None:
-    """The extra Rego directory exists and declares no package of the bundled policies' namespaces,
-    so it adds rules beside them and can never replace or widen one."""
-    if not extra.is_dir():
-        raise ConfigError("usage.config.path", f"{where}: extra_rego {extra} is not a directory",
-                          evidence={"file": where, "key": "extra_rego"})
-    for f in extra_rego_files(extra):
-        try:
-            pkg = rego_package(f.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError("usage.config.extra_rego", f"cannot read {f}: {e}", evidence={"file": str(f)}) from None
-        if pkg is None:
-            raise ConfigError("usage.config.extra_rego", f"{f} declares no package", evidence={"file": str(f)})
-        root_pkg = pkg.removeprefix("data.").split(".", 1)[0]
-        if root_pkg in RESERVED_PACKAGES:
-            raise ConfigError("usage.config.extra_rego",
-                              f"{f} declares package {pkg}: extra Rego must not use the bundled policies' "
-                              f"namespaces ({', '.join(RESERVED_PACKAGES)})",
-                              evidence={"file": str(f), "package": pkg},
-                              advice="Put extra rules in a package of your own, such as `package acme.gates`.")
-
-
-def extra_rego_overlays(extra: Path) -> dict[str, bytes]:
-    """The extra Rego (tests excluded) as bundle overlays under ``extra/``, a directory the bundled
-    policies do not use, so no bundled file is ever overwritten."""
-    check_extra_rego(extra)
-    return {f"extra/{p.relative_to(extra).as_posix()}": p.read_bytes()
-            for p in extra_rego_files(extra) if not p.name.endswith("_test.rego")}
-
-
 def init(directory: Path) -> Path:
     """Write ``ckptgate.toml`` with commented defaults into ``directory``; never overwrites."""
     target = directory / CONFIG_FILE
@@ -344,6 +301,6 @@ def init(directory: Path) -> Path:
     return target
 
 
-__all__ = ["CONFIG_FILE", "Config", "ConfigError", "check_extra_rego", "discover", "extra_rego_overlays", "from_table",
+__all__ = ["CONFIG_FILE", "Config", "ConfigError", "discover", "from_table",
            "init", "load", "load_file",
            "load_policy_data"]

@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from ckptgate import _resources  # looked up on use, so a test can stand in for where resources are
 from ckptgate._resources import OPA_PINNED, OPA_SUPPORTED
-from ckptgate.errors import EngineUnavailable, UsageError
+from ckptgate.errors import ConfigError, EngineUnavailable, UsageError
 from ckptgate.userfiles import check_output_file
 from ckptgate.verify.dsse import KeySigner
 
@@ -116,6 +116,53 @@ def parse_opa_version(text: str) -> tuple[int, int, int] | None:
 def opa_version_supported(version: tuple[int, int, int]) -> bool:
     """The pinned release and every later release of the same major version."""
     return version[0] == OPA_PINNED[0] and version >= OPA_PINNED
+
+
+#: Packages extra Rego must not declare: the bundled policies' namespaces.
+RESERVED_PACKAGES = ("ckptgate", "system")
+
+
+def rego_package(text: str) -> str | None:
+    """The package a Rego file declares (the first ``package`` line), else ``None``."""
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if len(words) >= 2 and words[0] == "package":
+            return words[1]
+    return None
+
+
+def extra_rego_files(extra: Path) -> list[Path]:
+    return sorted(p for p in extra.rglob("*.rego") if p.is_file())
+
+
+def check_extra_rego(extra: Path, *, where: str = "the configuration") -> None:
+    """The extra Rego directory exists and declares no package of the bundled policies' namespaces,
+    so it adds rules beside them and can never replace or widen one."""
+    if not extra.is_dir():
+        raise ConfigError("usage.config.path", f"{where}: extra_rego {extra} is not a directory",
+                          evidence={"file": where, "key": "extra_rego"})
+    for f in extra_rego_files(extra):
+        try:
+            pkg = rego_package(f.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError("usage.config.extra_rego", f"cannot read {f}: {e}", evidence={"file": str(f)}) from None
+        if pkg is None:
+            raise ConfigError("usage.config.extra_rego", f"{f} declares no package", evidence={"file": str(f)})
+        root_pkg = pkg.removeprefix("data.").split(".", 1)[0]
+        if root_pkg in RESERVED_PACKAGES:
+            raise ConfigError("usage.config.extra_rego",
+                              f"{f} declares package {pkg}: extra Rego must not use the bundled policies' "
+                              f"namespaces ({', '.join(RESERVED_PACKAGES)})",
+                              evidence={"file": str(f), "package": pkg},
+                              advice="Put extra rules in a package of your own, such as `package acme.gates`.")
+
+
+def extra_rego_overlays(extra: Path) -> dict[str, bytes]:
+    """The extra Rego (tests excluded) as bundle overlays under ``extra/``, a directory the bundled
+    policies do not use, so no bundled file is ever overwritten."""
+    check_extra_rego(extra)
+    return {f"extra/{p.relative_to(extra).as_posix()}": p.read_bytes()
+            for p in extra_rego_files(extra) if not p.name.endswith("_test.rego")}
 
 
 def policy_files(policy_dir: Path) -> list[Path]:

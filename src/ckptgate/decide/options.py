@@ -20,8 +20,7 @@ from typing import Any
 
 from ckptgate._json import loads_strict
 from ckptgate._resources import default_policy_dir
-from ckptgate.config import extra_rego_overlays
-from ckptgate.decide.bundle import PolicyBundle, check_policy_dir
+from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, extra_rego_overlays
 from ckptgate.decide.engine import PolicyEngine, open_engine
 from ckptgate.errors import UsageError
 from ckptgate.verify import TrustData

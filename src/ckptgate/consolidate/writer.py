@@ -16,10 +16,20 @@ being written (a ring of :data:`_RING` in held mode), never the model:
   equal the manifest's, or nothing is published (``runtime.copy.source_changed``), even if
   someone rewrote the file in place meanwhile.  The outputs are then read back and hashed.
 
+A third way, :class:`StreamedPlan`, writes from bytes someone else reads: intake's one pass,
+where the fixture digest hands it each chunk it has just hashed (``ckptgate.pipeline.OnePass``).
+
 Durability is publication's job (:func:`ckptgate.publish.publish` fsyncs every staged file
-once); what the writer writes through the page cache, it asks the kernel to start writing back
-at once (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not wait), so that fsync finds
-little left to do.  ``os.pread``/``os.pwrite`` and ``hashlib`` release the GIL, so files are processed
+once).  Which write path, by a fixed rule rather than a measurement at start:
+
+* an output assembled front to back in page-aligned windows (held mode) is written with
+  ``O_DIRECT`` where the file system takes it (no page cache to fill, nothing left for fsync),
+  buffered for the unaligned tail or where it is refused;
+* an output written in the input's read order (verified mode, :class:`StreamedPlan`) receives
+  pieces at unaligned offsets, which ``O_DIRECT`` cannot take without copying them again into
+  aligned windows; it is written through the page cache, and the writer asks the kernel to start
+  writing each piece back at once (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not
+  wait), so that the disk works while the input is still being read and fsync finds little left.  ``os.pread``/``os.pwrite`` and ``hashlib`` release the GIL, so files are processed
 on a small thread pool.
 """
 
@@ -45,6 +55,9 @@ from ckptgate.errors import RuntimeFailure
 #: 4 MiB, measured: on the 2-core development VM, held-mode windows of 2-4 MiB copied 2 GB 15-20%
 #: faster than 8 MiB ones, and 1 MiB ones more slowly (interleaved A/B in whole intakes, 2026-11-30).
 DEFAULT_CHUNK = 4 << 20
+#: The bytes a streamed plan may hold for outputs whose pieces arrive out of order (all outputs
+#: together); beyond it, the rest of such an output is hashed by reading it back.
+PENDING_CAP = 128 << 20
 _RING = 4  # windows per output in held mode: one being filled, the others being hashed and written
 _ALIGN = 4096  # O_DIRECT: buffer address, file offset and length in whole blocks
 INDEX_NAME = "model.safetensors.index.json"
@@ -319,42 +332,69 @@ def _copy_in_order(name: str, fd: int, size: int, head: bytes,
     return h.hexdigest()
 
 
+class _Budget:
+    """Bytes that pieces waiting to be hashed may hold, shared by every output of a plan."""
+
+    __slots__ = ("_left", "_lock")
+
+    def __init__(self, cap: int) -> None:
+        self._left, self._lock = cap, threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if n > self._left:
+                return False
+            self._left -= n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self._left += n
+
+
 class _InOrderHash:
     """The sha256 of one output, taken from the bytes as they are written when they arrive in order.
 
-    Pieces that arrive ahead of the hashed prefix wait, copied, up to ``cap`` bytes for this
-    output; past that the waiting pieces are dropped and the rest of the output is read back
-    from its file after the pass (:meth:`StreamedPlan.finish`), from where the prefix ends.
-    Memory stays bounded either way.  Called from the digest's threads: one lock per output.
+    Pieces that arrive ahead of the hashed prefix wait, copied, while the plan's shared
+    :class:`_Budget` has room; when it has none, this output's waiting pieces are dropped and the
+    rest of it is read back from its file after the pass (:meth:`StreamedPlan.finish`), from
+    where the prefix ends.  Memory stays bounded either way.  Called from the digest's threads:
+    one lock per output.
     """
 
-    __slots__ = ("_h", "_lock", "_pending", "_waiting", "cap", "lost", "pos")
+    __slots__ = ("_budget", "_h", "_lock", "_pending", "_waiting", "lost", "pos")
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, budget: _Budget) -> None:
         self._h = hashlib.sha256()
         self._lock = threading.Lock()
         self._pending: dict[int, bytes] = {}
         self._waiting = 0
-        self.cap, self.lost, self.pos = cap, False, 0
+        self._budget, self.lost, self.pos = budget, False, 0
+
+    def _drop(self) -> None:
+        self._budget.give(self._waiting)
+        self.lost, self._pending, self._waiting = True, {}, 0
 
     def add(self, offset: int, data: memoryview | bytes) -> None:
         with self._lock:
             if self.lost:
                 return
             if offset < self.pos:  # an overlap, which a checked plan cannot have: hash it all back
-                self._h, self.pos, self.lost, self._pending, self._waiting = hashlib.sha256(), 0, True, {}, 0
+                self._drop()
+                self._h, self.pos = hashlib.sha256(), 0
                 return
             if offset > self.pos:
-                if self._waiting + len(data) > self.cap:
-                    self.lost, self._pending, self._waiting = True, {}, 0
-                else:
+                if self._budget.take(len(data)):
                     self._pending[offset] = bytes(data)
                     self._waiting += len(data)
+                else:
+                    self._drop()
                 return
             self._h.update(data)
             self.pos += len(data)
             while (nxt := self._pending.pop(self.pos, None)) is not None:
                 self._waiting -= len(nxt)
+                self._budget.give(len(nxt))
                 self._h.update(nxt)
                 self.pos += len(nxt)
 
@@ -379,12 +419,13 @@ class StreamedPlan:
     write-back started at once, :func:`_write_back`), so the bytes written are the bytes hashed,
     and each output is hashed as its bytes arrive in order (:class:`_InOrderHash`).
     :meth:`finish` checks that every placed byte came, hashes what could not be hashed in order
-    (outputs in parallel, on ``threads`` threads) and returns the outputs.  Durability stays
+    (outputs in parallel, on ``threads`` threads) and returns the outputs.  Pieces waiting for
+    their turn to be hashed hold at most ``pending_cap`` bytes for the whole plan.  Durability stays
     publication's job.  Casts (``source_dtype``) are not streamed: such a plan is refused here.
     """
 
     def __init__(self, plan: ConsolidationPlan, out_fd: int, *, chunk_size: int = DEFAULT_CHUNK,
-                 pending_cap: int = 4 * DEFAULT_CHUNK) -> None:
+                 pending_cap: int = PENDING_CAP) -> None:
         if any(t.source_dtype for s in plan.shards for t in s.tensors):
             raise ValueError("a plan with casts cannot be streamed")
         self._plan, self._chunk = plan, chunk_size
@@ -394,7 +435,8 @@ class StreamedPlan:
         except BaseException:
             self.close()
             raise
-        self._hashes = {fd: _InOrderHash(pending_cap) for fd in self._opened.values()}
+        budget = _Budget(pending_cap)
+        self._hashes = {fd: _InOrderHash(budget) for fd in self._opened.values()}
         for name, head in heads.items():
             self._hashes[self._opened[name]].add(0, head)
         self._written = dict.fromkeys(self._segments, 0)

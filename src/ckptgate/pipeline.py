@@ -483,11 +483,11 @@ class OnePass:
             return None
         try:
             plan = adapter_plan(inspection, max_shard_bytes=self._max)
+            taken = {c.filename for c in plan.copies} | {s.filename for s in plan.shards}
+            maybe = tuple(CopiedFile(src=f.path, filename=f.path, size=f.size) for f in inspection.files
+                          if f.role == "companion" and f.path not in taken)
         except Error:
             return None  # raised again, in its place after the decision, by the two-pass path
-        taken = {c.filename for c in plan.copies} | {s.filename for s in plan.shards}
-        maybe = tuple(CopiedFile(src=f.path, filename=f.path, size=f.size) for f in inspection.files
-                      if f.role == "companion" and f.path not in taken)
         staged = dataclasses.replace(plan, copies=plan.copies + maybe)
         try:
             self.stage = self._stack.enter_context(staging(self._destination))

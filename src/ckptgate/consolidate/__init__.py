@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 def framework_files(inspection: Inspection) -> tuple[str, ...]:
     """The files of ``inspection`` that no plan can be built from without a framework load (the
-    enforce step loads them in the contained worker); empty when pure data or the static reader
-    suffice.  The format's adapter answers."""
+    enforce step loads them in the contained worker); empty when the plan is built from pure data
+    or the static reader's facts alone.  The format's adapter answers."""
     if not inspection.consolidatable:
         return ()
     adapter = adapter_for(inspection.format)

@@ -2,7 +2,9 @@
 
 ``cp`` leaves its copy in the page cache; ``cp+sync`` (``cp -r`` then ``sync -f`` of the
 destination's file system) is reported beside it, because ckptgate returns with its output on
-disk.  The target is against plain ``cp``.
+disk, and ``dd oflag=direct`` of the same bytes (the disk's speed for them).  Each peer tool is
+also run followed by ``sync -f`` of its output (``TOOL+sync``), since its output is not durable
+when it returns.
 
 Cases (generated under --workdir at --size bytes each, 2 gloo ranks on CPU):
 
@@ -100,7 +102,10 @@ if side == "ckptgate":
     import ckptgate.pipeline as pipeline
     # the gate (inspect, digest, verify, decide), then the copy step (plan, write, publish)
     pipeline.evaluate = timed("gate_s", pipeline.evaluate)
+    # (in one pass, the gate also writes the staged output; the copy step is then enforce, the
+    # output hashes not taken on the way, the index and publication)
     pipeline.consolidate_into = timed("copy_s", pipeline.consolidate_into)
+    pipeline.OnePass.finish = timed("copy_s", pipeline.OnePass.finish)
     pipeline.publish = timed("copy_s", pipeline.publish)
     s = Signer(key_path=Path(sys.argv[5]), trust_file=Path(sys.argv[6]))
     pipeline.intake(src, dst, attestations=[Path(sys.argv[7])], options=s.options, max_shard_bytes=2 << 30)
@@ -227,6 +232,10 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+#: ``dd oflag=direct`` of every input file (same bytes, same tree shape) into $2, 4 MiB blocks.
+_DD = ('cd "$1" && find . -type d -exec mkdir -p "$2/{}" \\; && '
+       'find . -type f -exec dd if={} of="$2/{}" bs=4M oflag=direct status=none \\;')
+
 #: case -> (format for the attestation, the tools a user would use).
 CASES: dict[str, tuple[str, list[str]]] = {
     "dcp-torch-save": ("dcp-torch-save", ["dcp_to_torch_save"]),
@@ -280,10 +289,19 @@ def floor(src: Path, out: Path, repeat: int = 3) -> dict[str, Any]:
 
 
 def targets(case: str, res: dict[str, Any], tools: list[str]) -> dict[str, Any]:
-    """Issue 6's targets for a case: measured value, met or not, and the time the target allows
+    """Issue 22's targets for a case: measured value, met or not, and the time the target allows
     beside the floor (:func:`floor`: a target whose allowed time is below it cannot be met by any
-    intake that hashes every input byte and asks a policy engine before it writes, and hashes
-    every output byte after, as measured on this machine)."""
+    intake that hashes every input byte and asks a policy engine before it publishes, and hashes
+    every output byte, as measured on this machine).
+
+    * at most 1.3x ``cp + sync``;
+    * at most 1.2x max(the input's hash, ``dd oflag=direct`` of the same bytes) + the decision.
+      The decision's own query (milliseconds, ``bench_decide.py``) is not added here, so the
+      allowance is slightly tighter than the issue's;
+    * at least 3x faster than each peer tool (its output not durable; the tool followed by
+      ``sync`` is reported beside it);
+    * peak RSS at most 256 MB + the largest tensor.
+    """
     g = res["ckptgate"]
     least = res["floor"]["floor_s"]
     budget = 256 * 10**6 + res["largest_tensor_bytes"]
@@ -294,15 +312,17 @@ def targets(case: str, res: dict[str, Any], tools: list[str]) -> dict[str, Any]:
         allowed = res[tool]["wall_s"] / factor
         return {"value": speed, "met": speed >= factor, "allowed_s": allowed, "allowed_below_floor": allowed < least}
 
-    if case == "dcp-torch-save":
-        out["speedup_ge_3x_vs_dcp_to_torch_save"] = faster("dcp_to_torch_save", 3)
-    if case == "dcp-hf":  # against the faster of the tool's thread counts
-        best = min(tools, key=lambda t: res[t]["wall_s"])
-        out["speedup_ge_4x_vs_consolidate_safetensors_files"] = {**faster(best, 4), "tool": best}
-        within = g["wall_s"] / res["cp"]["wall_s"]
-        allowed = 2 * res["cp"]["wall_s"]
-        out["within_2x_of_cp"] = {"value": within, "met": within <= 2, "allowed_s": allowed,
-                                  "allowed_below_floor": allowed < least}
+    def within(allowed: float, base: float, factor: float) -> dict[str, Any]:
+        return {"value": g["wall_s"] / base, "met": g["wall_s"] <= allowed, "allowed_s": allowed,
+                "allowed_below_floor": allowed < least}
+
+    out["le_1.3x_cp_sync"] = within(1.3 * res["cp+sync"]["wall_s"], res["cp+sync"]["wall_s"], 1.3)
+    disk = max(res["floor"]["input_s"], res["dd_direct"]["wall_s"])
+    out["le_1.2x_max_input_hash_dd_direct"] = {**within(1.2 * disk, disk, 1.2), "input_hash_s": res["floor"]["input_s"],
+                                               "dd_direct_s": res["dd_direct"]["wall_s"]}
+    if case in ("dcp-torch-save", "dcp-hf"):
+        for tool in tools:
+            out[f"speedup_ge_3x_vs_{tool}"] = faster(tool, 3)
     if case == "deepspeed-zero3":
         t = res[tools[0]]
         rss = g["peak_rss_bytes"] / t["peak_rss_bytes"]
@@ -362,13 +382,19 @@ def main() -> None:
             for p in (work / case).glob("out-*"):
                 shutil.rmtree(p)
         cp = shutil.which("cp") or "/bin/cp"
+        sh = shutil.which("sh") or "/bin/sh"
         sides = {"cp": ([cp, "-r", str(src), str(work / case / "cp")], work / case / "cp"),
                  # ckptgate returns with its output on disk; this is cp held to the same
-                 "cp+sync": ([shutil.which("sh") or "/bin/sh", "-c", f'"{cp}" -r "$1" "$2" && sync -f "$2"', "sh", str(src),
+                 "cp+sync": ([sh, "-c", f'"{cp}" -r "$1" "$2" && sync -f "$2"', "sh", str(src),
                               str(work / case / "cp-sync")], work / case / "cp-sync"),
+                 # the disk's own speed for the same bytes: each file written with O_DIRECT
+                 "dd_direct": ([sh, "-c", _DD, "sh", str(src), str(work / case / "dd")], work / case / "dd"),
                  "ckptgate": (gate_argv, work / case / "out-ckptgate"),
                  **{tool: ([py, str(side_py), tool, str(src), str(work / case / f"out-{tool}")],
-                           work / case / f"out-{tool}") for tool in tools}}
+                           work / case / f"out-{tool}") for tool in tools},
+                 **{f"{tool}+sync": ([sh, "-c", '"$1" "$2" "$3" "$4" "$5" && sync -f "$5"', "sh", py, str(side_py),
+                                      tool, str(src), str(work / case / f"out-{tool}-sync")],
+                                     work / case / f"out-{tool}-sync") for tool in tools}}
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
         for _ in range(args.repeat):  # interleaved, so a slow spell of the machine hits every side
             for name, (argv, out) in sides.items():
@@ -386,7 +412,7 @@ def main() -> None:
         res["targets"] = targets(case, res, tools)
         doc["cases"][case] = res
         g = res["ckptgate"]
-        for name in ["cp", "cp+sync", *tools]:
+        for name in ["cp", "cp+sync", "dd_direct", *tools, *(f"{t}+sync" for t in tools)]:
             r = res[name]
             rows.append([case, name, r["wall_s"], r["peak_rss_bytes"] / MIB, g["wall_s"],
                          g["peak_rss_bytes"] / MIB, r["wall_s"] / g["wall_s"]])

@@ -364,6 +364,7 @@ def test_a_plan_the_checkpoint_contradicts_is_a_rejected_input(setup, monkeypatc
         raise PlanError("plan.tensor.gap", "w: bytes 4-8 are covered by no chunk")
 
     monkeypatch.setattr(pipeline, "plan_for", contradicted)
+    monkeypatch.setattr(pipeline, "adapter_plan", contradicted)  # the one pass falls back; the refusal stays
     monkeypatch.setattr(sys, "argv", ["ckptgate", "intake", str(setup["src"]), "--out", str(setup["dst"]),
                                       "--trust", str(setup["trust"]), "--attestation", str(setup["attest"]()), "--json"])
     with pytest.raises(SystemExit) as e:
@@ -418,18 +419,21 @@ def _listing(root: Path) -> list[tuple[str, int]]:
     return sorted((str(p.relative_to(root)), p.lstat().st_size) for p in root.rglob("*"))
 
 
-@pytest.mark.parametrize("hook", ["check_destination", "evaluate", "consolidate_into"])
+@pytest.mark.parametrize("hook", ["check_destination", "evaluate", "OnePass.begin", "OnePass.finish",
+                                  "consolidate_into"])
 def test_swapping_the_parent_of_dst_for_a_symlink_into_the_source_never_writes_inside_it(setup, monkeypatch,
                                                                                           hook):
     """Issue #16, F7: after the destination checks, DST's parent is swapped for a symlink into the
     checkpoint.  The intake either refuses with a typed error or publishes at the original parent;
-    nothing is ever written inside the source."""
+    nothing is ever written inside the source.  Pure data is written in the digest's pass
+    (``OnePass``); a cast takes two passes (``consolidate_into``)."""
     src, parent = setup["src"], setup["tmp"] / "parent"
     parent.mkdir()
     dst = parent / "out"
     before = _listing(src)
     moved = parent.with_name("parent.orig")
-    real = getattr(pipeline, hook)
+    owner, name = (pipeline.OnePass, hook.split(".")[1]) if "." in hook else (pipeline, hook)
+    real = getattr(owner, name)
 
     def then_swap(*args, **kwargs):
         result = real(*args, **kwargs)
@@ -437,9 +441,10 @@ def test_swapping_the_parent_of_dst_for_a_symlink_into_the_source_never_writes_i
         parent.symlink_to(src, target_is_directory=True)
         return result
 
-    monkeypatch.setattr(pipeline, hook, then_swap)
+    monkeypatch.setattr(owner, name, then_swap)
+    extra = {"dtype": "BF16"} if hook == "consolidate_into" else {}
     try:
-        intake(src, dst, attestations=[setup["attest"]()], options=EngineOptions(trust_file=setup["trust"]))
+        intake(src, dst, attestations=[setup["attest"]()], options=EngineOptions(trust_file=setup["trust"]), **extra)
     except UsageError as e:  # resolved after the swap: the parent is proved to be inside the source
         assert hook == "check_destination" and e.code == "usage.dst_inside_source"
         assert not (moved / "out").exists()

@@ -168,6 +168,32 @@ def test_save_pretrained_directory_is_published_with_its_companions_byte_identic
     assert receipt["resume_state"] == []
 
 
+def test_a_companion_staged_in_the_one_pass_but_not_named_by_the_decision_is_not_published(tmp_path, gate,
+                                                                                            monkeypatch):
+    """Pure data is staged while the digest reads it, every checked companion included; only the
+    companions the decision names are published."""
+    import dataclasses
+
+    from ckptgate import pipeline
+
+    real, dropped = pipeline.with_companions, []
+
+    def fewer(plan, inspection, decision):
+        dropped.append(decision.companions[0])
+        return real(plan, inspection, dataclasses.replace(decision, companions=decision.companions[1:]))
+
+    monkeypatch.setattr(pipeline, "with_companions", fewer)
+    src = produce(tmp_path / "pretrained", "pretrained")
+    dst = tmp_path / "out"
+    res = gate(src, dst)
+    assert res.evaluation.decision.companions[0] == dropped[0]
+    published = {p.name for p in dst.iterdir()}
+    assert dropped[0] not in published and set(res.evaluation.decision.companions[1:]) <= published
+    receipt = json.loads((dst / "ckptgate-receipt.json").read_text())
+    assert dropped[0] not in {o["file"] for o in receipt["outputs"]}
+    assert not [p for p in tmp_path.iterdir() if "staging" in p.name]
+
+
 def test_trainer_checkpoint_is_allowed_with_resume_state_excluded_and_listed(tmp_path, gate):
     src = produce(tmp_path / "checkpoint-1", "trainer")
     dst = tmp_path / "out"

@@ -601,8 +601,9 @@ def _publish(src: Path, dst: Path, stage: Any, plan: ConsolidationPlan, evaluati
     by_name = {w[0]: WrittenFile(filename=w[0], size=w[1], sha256=w[2]) for r in wrote for w in r["written"]}
     order = [s.filename for s in plan.shards] + [c.filename for c in plan.copies]
     outputs = [by_name[n] for n in order]
-    if plan.write_index:
-        outputs.append(write_index(plan, stage.fd))
+    index = write_index(plan, stage.fd)
+    if index is not None:
+        outputs.append(index)
     done = Consolidated(outputs=tuple(outputs), plan_report=dict(plan.report))
     receipt = receipt_for(src, evaluation, done, opa_version=None if options.opa_url else local_opa_version())
     receipt["topology"] = topology

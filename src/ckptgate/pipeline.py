@@ -11,6 +11,7 @@ unless the decision is allow, and then only atomically (:mod:`ckptgate.publish`)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -21,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate import __version__
-from ckptgate.consolidate import framework_files, plan_for
-from ckptgate.consolidate.plan import cast_plan, check_cast
-from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_plan
+from ckptgate.consolidate import adapter_plan, framework_files, plan_for, with_companions
+from ckptgate.consolidate.plan import CopiedFile, cast_plan, check_cast
+from ckptgate.consolidate.writer import DEFAULT_CHUNK, StreamedPlan, WrittenFile, write_index, write_plan
 from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBuilder, Precheck, Request,
                              decide, now_utc, precheck)
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
@@ -39,6 +40,10 @@ from ckptgate.verify.oms import (CertificateChain, OfferedKey, check_signature_f
                                  verify_oms_bundle)
 
 PURE_DATA_LOADERS = frozenset({"safetensors", "json"})
+#: The loaders of the planes that run no loader (pure data, static pickle): the output may be
+#: staged in the digest's pass (:class:`OnePass`).  A checkpoint that names any other loader
+#: (the framework plane) takes two passes, even when its plan comes from the static reader.
+ONE_PASS_LOADERS = PURE_DATA_LOADERS | {"static_pickle"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,7 +87,9 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
              refuse_early: bool = False, signatures: Sequence[Path] = (),
              offered_key: OfferedKey | None = None, on_hash_plan: Callable[[int], None] | None = None,
              on_hash_bytes: Callable[[int], None] | None = None,
-             certificate_chain: CertificateChain | None = None, select: str | None = None) -> Evaluation:
+             certificate_chain: CertificateChain | None = None, select: str | None = None,
+             stage: Callable[[Inspection], Callable[[str], Callable[[int, memoryview], None] | None] | None]
+             | None = None) -> Evaluation:
     """Inspect, digest, verify and decide.  Never loads anything from the checkpoint.
 
     The CRC-32 of torch-zip entries is computed from the bytes the digest reads (one read of the
@@ -96,6 +103,10 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
 
     ``on_hash_plan`` is told the bytes the digest will hash before it starts; ``on_hash_bytes``
     then receives byte counts as they are hashed (from the hashing threads).
+
+    ``stage``, when given, is called with the inspection before the digest starts; what it returns
+    (``path -> callable or None``) is handed every chunk the digest hashes, from the digest's own
+    buffer (:class:`OnePass`, which writes the output in the same read).
     """
     now = now or now_utc()
     crcs = DeferredCrcs()
@@ -108,8 +119,9 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
                             candidate_commit=candidate_commit), stop) if refuse_early else None
         if on_hash_plan is not None:
             on_hash_plan(tree.total_bytes)
+        also = _also(crcs.reader, stage(inspection) if stage is not None else None)
         try:
-            digest = fixture_digest(tree, also=crcs.reader, cancel=stop, progress=on_hash_bytes)
+            digest = fixture_digest(tree, also=also, cancel=stop, progress=on_hash_bytes)
         except DigestCancelled:
             digest = None
         found = early.result() if early is not None else None  # raises what the precheck raised
@@ -124,6 +136,23 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
                  now=now, candidate_commit=candidate_commit, containment=containment,
                  sigstore_trust_root=sigstore_trust_root, signatures=signatures, offered_key=offered_key,
                  certificate_chain=certificate_chain, select=select)
+
+
+def _also(*readers: Callable[[str], Callable[[int, memoryview], None] | None] | None
+          ) -> Callable[[str], Callable[[int, memoryview], None] | None]:
+    """One ``also`` for the digest from several: each file's chunks go to each reader that wants them."""
+    given = [r for r in readers if r is not None]
+
+    def also(path: str) -> Callable[[int, memoryview], None] | None:
+        taken = [f for f in (r(path) for r in given) if f is not None]
+        if len(taken) <= 1:
+            return taken[0] if taken else None
+
+        def each(offset: int, view: memoryview) -> None:
+            for f in taken:
+                f(offset, view)
+        return each
+    return also
 
 
 def _precheck(engine: PolicyEngine, inspection: Inspection, request: Request, stop: threading.Event) -> Precheck | None:
@@ -275,21 +304,134 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
         # Leases let the copy read only the placed bytes; without them it hashes every source in its
         # one read.  Inspection is bound to the digest by the tree's read ledger either way.
         tree.hold()
-        evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now,
-                              sigstore_trust_root=options.sigstore_trust_root, refuse_early=True,
-                              signatures=signatures, offered_key=offered_key, on_hash_plan=on_hash_plan,
-                              on_hash_bytes=on_hash_bytes, certificate_chain=chain, select=select)
-        try:
-            with staging(destination) as stage:
-                done = consolidate_into(tree, evaluation, stage.fd, max_shard_bytes=max_shard_bytes,
-                                        chunk_size=chunk_size, on_bytes=on_bytes, on_plan=on_plan, dtype=dtype)
-                receipt = receipt_for(src, evaluation, done,
-                                   opa_version=None if options.opa_url else local_opa_version())
-                publish(stage, receipt, signer=receipt_signer)
-        except OSError as e:  # ENOSPC, EFBIG, EIO...: an I/O failure, not a bug; nothing was published
-            raise RuntimeFailure("runtime.io", f"writing the output failed: {e.strerror or e}",
-                                 evidence={"errno": e.errno, "destination": str(dst)}) from None
+        with OnePass(destination, max_shard_bytes=max_shard_bytes, chunk_size=chunk_size, dtype=dtype) as one:
+            evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now,
+                                  sigstore_trust_root=options.sigstore_trust_root, refuse_early=True,
+                                  signatures=signatures, offered_key=offered_key, on_hash_plan=on_hash_plan,
+                                  on_hash_bytes=on_hash_bytes, certificate_chain=chain, select=select,
+                                  stage=one.begin)
+            try:
+                with contextlib.ExitStack() as later:
+                    done = None
+                    if one.stage is not None:  # written in the digest's pass: enforce, then keep what was staged
+                        stage = one.stage
+                        done = one.finish(tree, evaluation, on_plan=on_plan, on_bytes=on_bytes)
+                    if done is None:  # two passes: nothing is read for the output before enforce
+                        stage = later.enter_context(staging(destination))
+                        done = consolidate_into(tree, evaluation, stage.fd, max_shard_bytes=max_shard_bytes,
+                                                chunk_size=chunk_size, on_bytes=on_bytes, on_plan=on_plan,
+                                                dtype=dtype)
+                    receipt = receipt_for(src, evaluation, done,
+                                          opa_version=None if options.opa_url else local_opa_version())
+                    publish(stage, receipt, signer=receipt_signer)
+            except OSError as e:  # ENOSPC, EFBIG, EIO...: an I/O failure, not a bug; nothing was published
+                raise _io_failure(e, dst) from None
     return IntakeResult(evaluation=evaluation, destination=dst, outputs=done.outputs, receipt=receipt)
+
+
+def _io_failure(e: OSError, dst: Path) -> RuntimeFailure:
+    return RuntimeFailure("runtime.io", f"writing the output failed: {e.strerror or e}",
+                          evidence={"errno": e.errno, "destination": str(dst)})
+
+
+class OnePass:
+    """Intake's single read of the input, for the planes that run no loader.
+
+    When a checkpoint's loaders are all of the planes that run no loader
+    (:data:`ONE_PASS_LOADERS`: pure data, or the static reader's facts) and no cast was asked
+    for, :meth:`begin` (called by :func:`evaluate` with the inspection, before the digest) plans
+    from the inspection, opens a private staging directory beside DST
+    (:func:`ckptgate.publish.staging`) and returns the digest's ``also``: every chunk the digest
+    hashes is written, from the digest's own buffer, into the staged outputs
+    (:class:`~ckptgate.consolidate.writer.StreamedPlan`), so the input is read once and the bytes
+    written are the bytes hashed.  Every companion inspection checked is staged too; the decision
+    names which stay.  Nothing is published before :meth:`finish` has had the decision enforced
+    (:func:`~ckptgate.enforce.gate.enforce`: a deny raises its refusal) and :func:`publish` runs;
+    leaving the ``with`` block any other way removes the staging directory (a ``kill -9`` leaves it
+    to the next run's sweep, :mod:`ckptgate.workdirs`).
+
+    Everything else takes two passes (:func:`consolidate_into` after the decision): the framework
+    plane (nothing is loaded, or staged, before the permit; DeepSpeed ZeRO included), casts
+    (``--dtype``: the plan's output sizes depend on it, and the streaming writer does not
+    convert), and layouts whose plan fails before the digest (so the decision's refusal still
+    comes first, as it does today).
+    """
+
+    def __init__(self, destination: Any, *, max_shard_bytes: int, chunk_size: int = DEFAULT_CHUNK,
+                 dtype: str | None = None) -> None:
+        self._destination, self._max, self._chunk, self._dtype = destination, max_shard_bytes, chunk_size, dtype
+        self._stack = contextlib.ExitStack()
+        self.stage: Any = None  # the Stage, once the output is being written in the digest's pass
+        self._plan: Any = None
+        self._writer: StreamedPlan | None = None
+
+    def __enter__(self) -> OnePass:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()  # closes the outputs, then removes the staging directory unless published
+
+    def begin(self, inspection: Inspection) -> Callable[[str], Callable[[int, memoryview], None] | None] | None:
+        """Plan and stage for the one pass, or ``None`` for two passes."""
+        if (self._dtype is not None or not inspection.consolidatable or framework_files(inspection)
+                or not set(inspection.loaders) <= ONE_PASS_LOADERS):
+            return None
+        try:
+            plan = adapter_plan(inspection, max_shard_bytes=self._max)
+            taken = {c.filename for c in plan.copies} | {s.filename for s in plan.shards}
+            maybe = tuple(CopiedFile(src=f.path, filename=f.path, size=f.size) for f in inspection.files
+                          if f.role == "companion" and f.path not in taken)
+        except Error:
+            return None  # raised again, in its place after the decision, by the two-pass path
+        staged = dataclasses.replace(plan, copies=plan.copies + maybe)
+        try:
+            self.stage = self._stack.enter_context(staging(self._destination))
+            self._writer = self._stack.enter_context(StreamedPlan(staged, self.stage.fd, chunk_size=self._chunk))
+        except OSError as e:
+            raise _io_failure(e, self._destination.path) from None
+        self._plan = plan
+        writer, dst = self._writer, self._destination.path
+
+        def also(path: str) -> Callable[[int, memoryview], None] | None:
+            feed = writer.feeder(path)
+            if feed is None:
+                return None
+
+            def write(offset: int, view: memoryview) -> None:
+                try:
+                    feed(offset, view)
+                except OSError as e:
+                    raise _io_failure(e, dst) from None
+            return write
+        return also
+
+    def finish(self, tree: SafeTree, evaluation: Evaluation, *, on_plan: Callable[[int], None] | None = None,
+               on_bytes: Callable[[int], None] | None = None) -> Consolidated | None:
+        """Enforce the decision, then keep the staged outputs the final plan names (the others, the
+        companions the decision did not name, are removed) and write the index.  ``None`` when the
+        decision selects a subtree (the staged plan is the whole tree's): the staging directory is
+        removed and the caller takes the two-pass path with the decision's plan."""
+        assert self.stage is not None and self._writer is not None
+        enforce(tree, evaluation.inspection, decision=evaluation.decision, fixture_digest=evaluation.digest)
+        if evaluation.decision.selection is not None:
+            self._stack.close()
+            self.stage = self._writer = None
+            return None
+        plan = with_companions(self._plan, evaluation.inspection, evaluation.decision)
+        if on_plan:
+            on_plan(plan.total_size)
+        if on_bytes:  # every placed byte was written in the digest's pass
+            on_bytes(plan.total_size)
+        _still_held(tree)  # the leases held from the walk to the last byte written, as in two passes
+        written = self._writer.finish()
+        names = [s.filename for s in plan.shards] + [c.filename for c in plan.copies]
+        for name in set(written) - set(names):
+            os.unlink(name, dir_fd=self.stage.fd)
+        outputs = [written[n] for n in names]
+        index = write_index(plan, self.stage.fd)
+        if index is not None:
+            outputs.append(index)
+        return Consolidated(outputs=tuple(outputs), plan_report=dict(plan.report))
 
 
 @contextlib.contextmanager
@@ -371,5 +513,5 @@ def receipt_for(src: Path, evaluation: Evaluation, done: Consolidated, *,
     }
 
 
-__all__ = ["Consolidated", "Evaluation", "IntakeResult", "consolidate_into", "evaluate", "intake", "judge",
+__all__ = ["Consolidated", "Evaluation", "IntakeResult", "OnePass", "consolidate_into", "evaluate", "intake", "judge",
            "local_opa_version", "open_sources", "receipt_for"]

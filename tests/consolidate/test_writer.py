@@ -268,3 +268,57 @@ def test_a_column_split_tensor_is_written_bit_identical_from_strided_placements(
         got = load_torch(str(out / shard.filename))["w"]
         assert got.dtype == torch.bfloat16 and torch.equal(got.view(torch.int16), want.view(torch.int16))
     assert hashlib.sha256((out / shard.filename).read_bytes()).hexdigest() == shard.sha256
+
+
+@pytest.mark.parametrize("pending_cap", [0, 64, 1 << 20])
+def test_a_streamed_plan_writes_the_bytes_it_is_handed(tmp_path, pending_cap):
+    """Issue #22: the digest hands each chunk it hashed to :class:`StreamedPlan`, which writes the
+    placed parts from that buffer and hashes each output in order where it can (pieces ahead of
+    the hashed prefix wait up to ``pending_cap`` bytes; past that, the rest is read back)."""
+    rng = np.random.default_rng(2)
+    tensors = {"z": rng.standard_normal((40, 3)).astype(np.float32),  # first in the source, last in the output
+               "a": rng.standard_normal((17,)).astype(np.float64),
+               "m": rng.integers(-9, 9, (33,), dtype=np.int16)}
+    src, raw, plan = _plan_from(tmp_path, tensors, max_shard_bytes=1 << 20)
+    out = tmp_path / "out"
+    out.mkdir()
+    out_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with writer.StreamedPlan(plan, out_fd, chunk_size=64, pending_cap=pending_cap) as streamed:
+            feed = streamed.feeder("src.safetensors")
+            assert streamed.feeder("absent") is None
+            buf = bytearray(raw)  # the caller's buffer, reused as the digest reuses its own
+            for off in range(0, len(raw), 50):
+                view = memoryview(buf)[off:off + 50]
+                feed(off, view)
+                view[:] = b"\0" * len(view)  # overwritten once handed over: the write already took it
+            written = streamed.finish(threads=2)
+            index = writer.write_index(plan, out_fd)
+    finally:
+        os.close(out_fd)
+    assert index is not None and (out / INDEX_NAME).read_bytes()
+    [shard] = plan.shards
+    f = out / shard.filename
+    assert load_file(str(f)).keys() == tensors.keys()
+    for k, v in load_file(str(f)).items():
+        assert v.tobytes() == tensors[k].tobytes()
+    assert written[shard.filename].sha256 == hashlib.sha256(f.read_bytes()).hexdigest()
+    assert written[shard.filename].size == f.stat().st_size
+
+
+def test_a_streamed_plan_that_missed_bytes_is_a_short_read(tmp_path):
+    from ckptgate.errors import RuntimeFailure
+
+    tensors = {"a": np.arange(64, dtype=np.float32)}
+    src, raw, plan = _plan_from(tmp_path, tensors, max_shard_bytes=1 << 20)
+    out = tmp_path / "out"
+    out.mkdir()
+    out_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with writer.StreamedPlan(plan, out_fd) as streamed:
+            streamed.feeder("src.safetensors")(0, memoryview(raw)[:len(raw) - 8])  # the pass ended early
+            with pytest.raises(RuntimeFailure) as e:
+                streamed.finish()
+    finally:
+        os.close(out_fd)
+    assert e.value.code == "runtime.copy.short_read"

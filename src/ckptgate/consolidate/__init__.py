@@ -84,6 +84,12 @@ def with_companions(plan: ConsolidationPlan, inspection: Inspection, decision: D
     return dataclasses.replace(plan, copies=tuple(copies), report=report)
 
 
+def adapter_plan(inspection: Inspection, *, max_shard_bytes: int) -> ConsolidationPlan:
+    """The adapter's plan without the decision's companions, for a format that needs no framework
+    load (:func:`framework_files` is empty): known from the inspection alone, before the digest."""
+    return _adapter_plan(inspection, max_shard_bytes=max_shard_bytes, mapping=None, selection=None, loaded=None)
+
+
 def _adapter_plan(inspection: Inspection, *, max_shard_bytes: int, mapping: str | None,
                   selection: Selection | None, loaded: LoadedTrees | None) -> ConsolidationPlan:
     fmt = inspection.format
@@ -109,4 +115,5 @@ def _adapter_plan(inspection: Inspection, *, max_shard_bytes: int, mapping: str 
                         loaded=loaded if needed else None)
 
 
-__all__ = ["ConsolidationPlan", "NotConsolidatable", "PlanError", "framework_files", "plan_for", "with_companions"]
+__all__ = ["ConsolidationPlan", "NotConsolidatable", "PlanError", "adapter_plan", "framework_files", "plan_for",
+           "with_companions"]

@@ -20,10 +20,20 @@ A strided placement (a tensor-parallel chunk: one run per row) stays one record 
 modes expand it run by run as they reach it, merging the runs of every placement of an output
 (held mode) or of a source (verified mode) in order, so the writer too holds O(placements).
 
+A third way, :class:`StreamedPlan`, writes from bytes someone else reads: intake's one pass,
+where the fixture digest hands it each chunk it has just hashed (``ckptgate.pipeline.OnePass``).
+
 Durability is publication's job (:func:`ckptgate.publish.publish` fsyncs every staged file
-once); what the writer writes through the page cache, it asks the kernel to start writing back
-at once (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not wait), so that fsync finds
-little left to do.  ``os.pread``/``os.pwrite`` and ``hashlib`` release the GIL, so files are processed
+once).  Which write path, by a fixed rule rather than a measurement at start:
+
+* an output assembled front to back in page-aligned windows (held mode) is written with
+  ``O_DIRECT`` where the file system takes it (no page cache to fill, nothing left for fsync),
+  buffered for the unaligned tail or where it is refused;
+* an output written in the input's read order (verified mode, :class:`StreamedPlan`) receives
+  pieces at unaligned offsets, which ``O_DIRECT`` cannot take without copying them again into
+  aligned windows; it is written through the page cache, and the writer asks the kernel to start
+  writing each piece back at once (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not
+  wait), so that the disk works while the input is still being read and fsync finds little left.  ``os.pread``/``os.pwrite`` and ``hashlib`` release the GIL, so files are processed
 on a small thread pool.
 """
 
@@ -37,6 +47,7 @@ import heapq
 import json
 import mmap
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -50,6 +61,9 @@ from ckptgate.errors import RuntimeFailure
 #: 4 MiB, measured: on the 2-core development VM, held-mode windows of 2-4 MiB copied 2 GB 15-20%
 #: faster than 8 MiB ones, and 1 MiB ones more slowly (interleaved A/B in whole intakes, 2026-11-30).
 DEFAULT_CHUNK = 4 << 20
+#: The bytes a streamed plan may hold for outputs whose pieces arrive out of order (all outputs
+#: together); beyond it, the rest of such an output is hashed by reading it back.
+PENDING_CAP = 128 << 20
 _RING = 4  # windows per output in held mode: one being filled, the others being hashed and written
 _ALIGN = 4096  # O_DIRECT: buffer address, file offset and length in whole blocks
 INDEX_NAME = "model.safetensors.index.json"
@@ -371,6 +385,191 @@ def _copy_in_order(name: str, fd: int, size: int, head: bytes,
     return h.hexdigest()
 
 
+class _Budget:
+    """Bytes that pieces waiting to be hashed may hold, shared by every output of a plan."""
+
+    __slots__ = ("_left", "_lock")
+
+    def __init__(self, cap: int) -> None:
+        self._left, self._lock = cap, threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if n > self._left:
+                return False
+            self._left -= n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self._left += n
+
+
+class _InOrderHash:
+    """The sha256 of one output, taken from the bytes as they are written when they arrive in order.
+
+    Pieces that arrive ahead of the hashed prefix wait, copied, while the plan's shared
+    :class:`_Budget` has room; when it has none, this output's waiting pieces are dropped and the
+    rest of it is read back from its file after the pass (:meth:`StreamedPlan.finish`), from
+    where the prefix ends.  Memory stays bounded either way.  Called from the digest's threads:
+    one lock per output.
+    """
+
+    __slots__ = ("_budget", "_h", "_lock", "_pending", "_waiting", "lost", "pos")
+
+    def __init__(self, budget: _Budget) -> None:
+        self._h = hashlib.sha256()
+        self._lock = threading.Lock()
+        self._pending: dict[int, bytes] = {}
+        self._waiting = 0
+        self._budget, self.lost, self.pos = budget, False, 0
+
+    def _drop(self) -> None:
+        self._budget.give(self._waiting)
+        self.lost, self._pending, self._waiting = True, {}, 0
+
+    def add(self, offset: int, data: memoryview | bytes) -> None:
+        with self._lock:
+            if self.lost:
+                return
+            if offset < self.pos:  # an overlap, which a checked plan cannot have: hash it all back
+                self._drop()
+                self._h, self.pos = hashlib.sha256(), 0
+                return
+            if offset > self.pos:
+                if self._budget.take(len(data)):
+                    self._pending[offset] = bytes(data)
+                    self._waiting += len(data)
+                else:
+                    self._drop()
+                return
+            self._h.update(data)
+            self.pos += len(data)
+            while (nxt := self._pending.pop(self.pos, None)) is not None:
+                self._waiting -= len(nxt)
+                self._budget.give(len(nxt))
+                self._h.update(nxt)
+                self.pos += len(nxt)
+
+    def finish(self, fd: int, size: int, chunk_size: int) -> str:
+        """The output's sha256: the hashed prefix, then the rest read back from ``fd``."""
+        h, pos = self._h, self.pos
+        if pos < size:
+            buf = memoryview(bytearray(max(1, min(chunk_size, size - pos))))
+            while pos < size and (n := os.preadv(fd, [buf[:size - pos]], pos)) > 0:
+                h.update(buf[:n])
+                pos += n
+        return h.hexdigest()
+
+
+class StreamedPlan:
+    """A plan written from bytes that someone else reads: the digest's one pass over the input.
+
+    The output files are created in ``out_fd`` at their final sizes with their headers when this is
+    made.  :meth:`feeder` gives, per source, the callable the digest hands every chunk it has
+    just hashed, ``(offset, bytes)`` in order (:func:`ckptgate.digest.fixture_digest`'s ``also``);
+    the placed parts of that very buffer are written at their output offsets (buffered, with
+    write-back started at once, :func:`_write_back`), so the bytes written are the bytes hashed,
+    and each output is hashed as its bytes arrive in order (:class:`_InOrderHash`).
+    :meth:`finish` checks that every placed byte came, hashes what could not be hashed in order
+    (outputs in parallel, on ``threads`` threads) and returns the outputs.  Pieces waiting for
+    their turn to be hashed hold at most ``pending_cap`` bytes for the whole plan.  Durability stays
+    publication's job.  Casts (``source_dtype``) are not streamed: such a plan is refused here.
+    """
+
+    def __init__(self, plan: ConsolidationPlan, out_fd: int, *, chunk_size: int = DEFAULT_CHUNK,
+                 pending_cap: int = PENDING_CAP) -> None:
+        if any(t.source_dtype for s in plan.shards for t in s.tensors):
+            raise ValueError("a plan with casts cannot be streamed")
+        self._plan, self._chunk = plan, chunk_size
+        self._opened: dict[str, int] = {}
+        try:
+            self._segments, self._sizes, heads = _layout(plan, out_fd, self._opened, write_heads=True)
+        except BaseException:
+            self.close()
+            raise
+        budget = _Budget(pending_cap)
+        self._hashes = {fd: _InOrderHash(budget) for fd in self._opened.values()}
+        for name, head in heads.items():
+            self._hashes[self._opened[name]].add(0, head)
+        self._written = dict.fromkeys(self._segments, 0)
+        self._lock = threading.Lock()
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return tuple(sorted(self._segments))
+
+    def feeder(self, src: str) -> Callable[[int, memoryview], None] | None:
+        """The callable for the chunks of ``src`` in read order; ``None`` if the plan reads none of it."""
+        segs = self._segments.get(src)
+        if not segs:
+            return None
+        order = sorted(segs, key=lambda s: s.src_offset)
+        state = {"next": 0, "active": []}
+        hashes = self._hashes
+
+        def feed(pos: int, view: memoryview) -> None:
+            end = pos + len(view)
+            active: list[_Segment] = state["active"]  # type: ignore[assignment]
+            nxt: int = state["next"]  # type: ignore[assignment]
+            while nxt < len(order) and order[nxt].src_offset < end:
+                active.append(order[nxt])
+                nxt += 1
+            state["next"] = nxt
+            done = 0
+            for s in active:
+                lo, hi = max(pos, s.src_offset), min(end, s.src_offset + s.length)
+                if lo < hi:
+                    piece, at = view[lo - pos:hi - pos], s.out_offset + (lo - s.src_offset)
+                    _write_back(s.out_fd, piece, at)
+                    hashes[s.out_fd].add(at, piece)
+                    done += hi - lo
+            state["active"] = [s for s in active if s.src_offset + s.length > end]
+            with self._lock:
+                self._written[src] += done
+        return feed
+
+    def finish(self, *, threads: int = 4) -> dict[str, WrittenFile]:
+        """Every output, by name, once the pass is over; ``runtime.copy.short_read`` if a placed
+        byte never came."""
+        for src, segs in self._segments.items():
+            want = sum(s.length for s in segs)
+            if self._written[src] != want:
+                raise RuntimeFailure("runtime.copy.short_read", f"{src}: {self._written[src]} of the {want} "
+                                     "placed bytes were read", evidence={"source": src})
+        names = list(self._opened)
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(names)))) as pool:
+            digests = list(pool.map(lambda n: self._hashes[self._opened[n]].finish(
+                self._opened[n], self._sizes[n], self._chunk), names))
+        return {n: WrittenFile(filename=n, size=self._sizes[n], sha256=d) for n, d in zip(names, digests)}
+
+    def close(self) -> None:
+        for fd in self._opened.values():
+            os.close(fd)
+        self._opened = {}
+
+    def __enter__(self) -> StreamedPlan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_index(plan: ConsolidationPlan, out_fd: int) -> WrittenFile | None:
+    """Write ``model.safetensors.index.json`` for ``plan`` into ``out_fd``; ``None`` if it has none."""
+    if not plan.write_index:
+        return None
+    index = {"metadata": {**dict(plan.index_metadata), "total_size": plan.total_size},
+             "weight_map": dict(sorted(plan.weight_map.items()))}
+    raw = (json.dumps(index, indent=2, sort_keys=False) + "\n").encode()
+    fd = os.open(INDEX_NAME, os.O_WRONLY | _CREATE, 0o644, dir_fd=out_fd)
+    try:
+        _pwrite_all(fd, raw, 0)
+    finally:
+        os.close(fd)
+    return WrittenFile(filename=INDEX_NAME, size=len(raw), sha256=hashlib.sha256(raw).hexdigest())
+
+
 def write_plan(plan: ConsolidationPlan, out_dir: int | Path, sources: Mapping[str, int], *,
                expected: Mapping[str, str] | None, chunk_size: int = DEFAULT_CHUNK, threads: int = 2,
                on_bytes: Callable[[int], None] | None = None) -> tuple[WrittenFile, ...]:
@@ -426,20 +625,5 @@ def _write_plan(plan: ConsolidationPlan, out_fd: int, sources: Mapping[str, int]
         for fd in opened.values():
             os.close(fd)
     written = [WrittenFile(filename=name, size=sizes[name], sha256=digests[name]) for name in opened]
-    if not plan.write_index:
-        return tuple(written)
-    written.append(write_index(plan, out_fd))
-    return tuple(written)
-
-
-def write_index(plan: ConsolidationPlan, out_fd: int) -> WrittenFile:
-    """Write ``plan``'s ``model.safetensors.index.json`` into the directory ``out_fd``."""
-    index = {"metadata": {**dict(plan.index_metadata), "total_size": plan.total_size},
-             "weight_map": dict(sorted(plan.weight_map.items()))}
-    raw = (json.dumps(index, indent=2, sort_keys=False) + "\n").encode()
-    fd = os.open(INDEX_NAME, os.O_WRONLY | _CREATE, 0o644, dir_fd=out_fd)
-    try:
-        _pwrite_all(fd, raw, 0)
-    finally:
-        os.close(fd)
-    return WrittenFile(filename=INDEX_NAME, size=len(raw), sha256=hashlib.sha256(raw).hexdigest())
+    index = write_index(plan, out_fd)
+    return tuple(written) if index is None else (*written, index)

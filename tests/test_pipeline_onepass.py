@@ -1,0 +1,131 @@
+"""Issue #22 item 1: intake reads the input once for the planes that run no loader (pure data and
+static pickle).  The output is staged from the digest's own buffer before the decision; a deny
+removes it and publishes nothing; an allow publishes the same bytes and receipt as two passes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptgate import pipeline
+from ckptgate.errors import PolicyDenied
+from ckptgate.inspect import SafeTree, inspect_open_tree
+from ckptgate.pipeline import intake
+from ckptgate.publish import RECEIPT_NAME
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pipeline_helpers import FIXTURES, Signer, attest, make_signer  # noqa: E402
+
+pytestmark = pytest.mark.opa
+
+#: one fixture per plane that runs no loader
+ONE_PASS = ["hf_sharded", "dcp_torch_save"]
+
+
+@pytest.fixture(scope="module")
+def signer(tmp_path_factory: pytest.TempPathFactory) -> Signer:
+    return make_signer(tmp_path_factory.mktemp("signer"))
+
+
+def _src(name: str) -> Path:
+    return FIXTURES / name / "checkpoint"
+
+
+def _attestation(name: str, signer: Signer, tmp: Path) -> Path:
+    with SafeTree.open(_src(name)) as tree:
+        fmt = str(inspect_open_tree(tree).format)
+    meta = json.loads((FIXTURES / name / "meta.json").read_text())
+    return attest(signer, _src(name), tmp / f"att-{name}.json", fmt=fmt, meta=meta)
+
+
+def _staged(parent: Path) -> dict[str, list[tuple[str, int]]]:
+    return {p.name: sorted((f.name, f.stat().st_size) for f in p.iterdir())
+            for p in parent.iterdir() if ".ckptgate-staging-" in p.name}
+
+
+@pytest.mark.parametrize("name", ONE_PASS)
+def test_a_deny_removes_what_was_staged_and_publishes_nothing(name, signer, tmp_path, monkeypatch):
+    """The output is written beside DST while the digest hashes; the decision then denies (no
+    attestation): the staging directory goes and DST never appears."""
+    seen: list[dict[str, list[tuple[str, int]]]] = []
+    real = pipeline.judge
+
+    def judge(*args: Any, **kwargs: Any) -> Any:  # called once the digest is complete
+        seen.append(_staged(tmp_path))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "judge", judge)
+    dst = tmp_path / "out"
+    with pytest.raises(PolicyDenied) as e:
+        intake(_src(name), dst, attestations=[], options=signer.options)
+    assert e.value.code == "policy.attestation_missing"
+    assert len(seen) == 1 and len(seen[0]) == 1  # one staging directory existed when the decision was asked
+    (files,) = seen[0].values()
+    assert any(n.endswith(".safetensors") and size > 0 for n, size in files)  # with the output written
+    assert not dst.exists()
+    assert _staged(tmp_path) == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+class _Reads:
+    """Bytes read with ``preadv`` (the bulk reads: the digest's pass and the writer's) per file of
+    the checkpoint, counted on the descriptors; inspection's header reads use ``pread``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = str(root.resolve()) + "/"
+        self.bytes: dict[str, int] = {}
+        self._real = os.preadv
+
+    def preadv(self, fd: int, buffers: Any, offset: int, *flags: int) -> int:
+        n = self._real(fd, buffers, offset, *flags)
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if target.startswith(self.root):
+            rel = target[len(self.root):]
+            self.bytes[rel] = self.bytes.get(rel, 0) + max(n, 0)
+        return n
+
+
+@pytest.mark.parametrize("name", ONE_PASS)
+def test_every_input_byte_is_read_once(name, signer, tmp_path, monkeypatch):
+    att = _attestation(name, signer, tmp_path)
+    reads = _Reads(_src(name))
+    monkeypatch.setattr(os, "preadv", reads.preadv)
+    result = intake(_src(name), tmp_path / "out", attestations=[att], options=signer.options)
+    sizes = {e.path: e.size for e in result.evaluation.digest.manifest}
+    assert reads.bytes == {p: s for p, s in sizes.items() if s}  # each file once, in full: no second pass
+    assert (tmp_path / "out" / RECEIPT_NAME).is_file()
+
+
+def _published(dst: Path) -> dict[str, Any]:
+    files = {p.name: p.read_bytes() for p in dst.iterdir() if p.name != RECEIPT_NAME}
+    receipt = json.loads((dst / RECEIPT_NAME).read_text())
+    receipt.pop("published_at")
+    return {"files": files, "receipt": receipt}
+
+
+@pytest.mark.parametrize("name", ONE_PASS)
+def test_one_pass_publishes_what_two_passes_publish(name, signer, tmp_path, monkeypatch):
+    """Same files, same bytes, same receipt (but the time it was published and the decision id)."""
+    att = _attestation(name, signer, tmp_path)
+    intake(_src(name), tmp_path / "one", attestations=[att], options=signer.options)
+    staged: list[bool] = []
+    real = pipeline.OnePass.begin
+
+    def two_passes(self: Any, inspection: Any) -> None:
+        staged.append(real(self, inspection) is not None)  # it would have staged ...
+        self.stage, self._writer = None, None  # ... but takes the two-pass path (its stage is cleaned up)
+        return None
+
+    monkeypatch.setattr(pipeline.OnePass, "begin", two_passes)
+    intake(_src(name), tmp_path / "two", attestations=[att], options=signer.options)
+    assert staged == [True]
+    one, two = _published(tmp_path / "one"), _published(tmp_path / "two")
+    for r in (one["receipt"], two["receipt"]):
+        r["decision"].pop("id"), r["decision"].pop("engine")  # a fresh engine each run
+    assert one["files"].keys() == two["files"].keys() and one["files"] == two["files"]
+    assert one["receipt"] == two["receipt"]

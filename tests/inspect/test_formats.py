@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
+from ckptgate.evidence.fixtures import Fixture
+from ckptgate.evidence.gates import fixture_format, gates_data
 from ckptgate.inspect import inspect_tree
 
 from ckpt_inspect_helpers import write
@@ -40,15 +42,41 @@ def _from_range(raw: bytes, dtype: str, shape: list[int], stride: list[int], off
 
 
 # -- real fixtures ------------------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[2]
+#: What the selected checkpoint of a run producer holds, for the ``meta.json`` formats that name a
+#: training run rather than a checkpoint format (the gates data does not list them): a Trainer's
+#: ``checkpoint-N/`` holds ``model.safetensors`` (plus pickled optimizer, scheduler and RNG state),
+#: a PEFT adapter, or DeepSpeed's ``global_stepN/`` at the run's ZeRO stage; ``save_state`` writes
+#: ``model.safetensors`` beside the pickled state.
+RUN_FORMATS = {"trainer-safetensors": "safetensors", "trainer-peft": "peft-lora",
+               "trainer-deepspeed": "deepspeed-zero{zero_stage}", "accelerate-save-state": "safetensors"}
+
+
+def _known_format(meta: dict) -> str:
+    """The format the gates data knows the fixture by: ``meta.json``'s when the gates data lists
+    it, else what its run producer's checkpoint holds (:data:`RUN_FORMATS`)."""
+    formats = (gates_data(REPO) or {}).get("formats") or {}
+    if meta["format"] in formats:
+        return meta["format"]
+    if meta["format"] not in RUN_FORMATS:
+        pytest.fail(f"meta format {meta['format']!r} is neither in the gates data nor a known run producer's")
+    want = RUN_FORMATS[meta["format"]].format(**meta["topology"])
+    assert want in formats, f"{meta['format']} maps to {want!r}, which the gates data does not list"
+    return want
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir()))
 def test_real_fixture_format_matches_its_producer(name: str) -> None:
     d, meta = _fixture(name)
-    insp = inspect_tree(d / "checkpoint")
-    assert insp.format == meta["format"]
+    fixture = Fixture.load(d)  # its checkpoint: the selected checkpoint-N/ of a run, as qualification reads it
+    insp = inspect_tree(fixture.checkpoint)
+    want = _known_format(meta)
+    assert insp.format == want
+    assert fixture_format(REPO, fixture, insp) == want  # what qualification attests it as
     facts = insp.to_facts()
     json.dumps(facts)  # serialisable
-    on_disk = sorted(os.path.relpath(os.path.join(r, n), d / "checkpoint")
-                     for r, _dirs, names in os.walk(d / "checkpoint") for n in names)
+    on_disk = sorted(os.path.relpath(os.path.join(r, n), fixture.checkpoint)
+                     for r, _dirs, names in os.walk(fixture.checkpoint) for n in names)
     assert [f["path"] for f in facts["files"]] == on_disk
 
 

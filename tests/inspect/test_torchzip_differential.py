@@ -207,6 +207,30 @@ def test_torch_reads_another_pickle_in_the_recipe(tmp_path: Path, torch_side: _T
     assert layout is None and "zip.name_collision" in structural
 
 
+def test_torch_reads_no_stored_bytes_of_an_entry_marked_as_a_directory(tmp_path: Path,
+                                                                        torch_side: _TorchReader) -> None:
+    """The differential behind ``zip.directory_entry`` is real: with the DOS directory bit in a
+    storage's external attributes, torch finds the record at the same offset and length but reads
+    none of its stored bytes (seeded mutation ``trainer_peft_lora/.../optimizer.pt`` seed 7)."""
+    src = FIXTURES / "deepspeed_zero2" / "checkpoint" / "global_step2" / "mp_rank_00_model_states.pt"
+    raw = bytearray(src.read_bytes())
+    entry = next(e for e in _entries(src) if e.name.endswith("/data/0"))
+    c = raw.index(b"PK\x01\x02")
+    while raw[c + 46:c + 46 + len(entry.name)] != entry.name.encode():
+        c = raw.index(b"PK\x01\x02", c + 46)
+    raw[c + 38] |= 0x10
+    # bytes no reader has seen, so that torch's uninitialised buffer cannot hold them by chance
+    # (miniz does not check the CRC of an entry it does not extract)
+    raw[entry.data_offset:entry.data_offset + entry.size] = (b"ckptgate" * entry.size)[:entry.size]
+    p = tmp_path / "directory.pt"
+    p.write_bytes(bytes(raw))
+    stored = raw[entry.data_offset:entry.data_offset + entry.size]
+    got = torch_side.reads({str(p): ["data/0"]})[str(p)]["records"]["data/0"]
+    assert got[1:] == [entry.size, entry.data_offset] and got[0] != hashlib.sha256(stored).hexdigest()
+    layout, structural = _static(p)
+    assert layout is None and structural == ["zip.directory_entry"]
+
+
 def test_on_seeded_mutations_torch_reads_what_the_static_reader_resolved(tmp_path: Path,
                                                                           torch_side: _TorchReader) -> None:
     cases = _seeded_cases(tmp_path)

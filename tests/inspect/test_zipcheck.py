@@ -117,6 +117,32 @@ def test_data_descriptor_disagrees_with_central_directory(real_pt: Path) -> None
     assert _zip_codes(real_pt) == ["zip.descriptor_mismatch"]
 
 
+def _patch_external_attributes(p: Path, suffix: bytes, value: int) -> None:
+    """Set the external attributes of the central entry whose name ends with ``suffix``."""
+    b = bytearray(p.read_bytes())
+    c = b.index(b"PK\x01\x02")
+    while not bytes(b[c + 46:c + 46 + struct.unpack_from("<H", b, c + 28)[0]]).endswith(suffix):
+        c = b.index(b"PK\x01\x02", c + 46)
+    struct.pack_into("<I", b, c + 38, value)
+    p.write_bytes(bytes(b))
+
+
+@pytest.mark.parametrize("value", [0x10, 0xFFFFFFFF, 0x41ED0010])
+def test_an_entry_marked_as_a_directory_is_refused(real_pt: Path, value: int) -> None:
+    """miniz treats an entry whose external attributes carry the DOS directory bit as a directory,
+    whatever its name, and extracts none of its bytes: torch then reads an uninitialised buffer
+    where the static reader resolved the stored storage (a seeded mutation found it)."""
+    _patch_external_attributes(real_pt, b"data/0", value)
+    assert _zip_codes(real_pt) == ["zip.directory_entry"]
+    lay, codes = _tz(real_pt)
+    assert lay is None and codes == ["zip.directory_entry"]
+
+
+def test_external_attributes_miniz_ignores_are_accepted(real_pt: Path) -> None:
+    _patch_external_attributes(real_pt, b"data/0", 0o100644 << 16)  # a Unix regular file's mode
+    assert _zip_codes(real_pt) == []
+
+
 def test_duplicate_entry_names(tmp_path: Path) -> None:
     p = tmp_path / "dup.pt"
     with warnings.catch_warnings():

@@ -5,7 +5,8 @@ zip64 records consistent, central entries parsed with relative, canonical UTF-8 
 distinct under case folding, Unicode normalisation and path normalisation (:func:`name_collisions`),
 each local header matches its central entry (name, flags, method, sizes), entries are
 contiguous from offset 0 up to the central directory (no bytes before, between or after),
-no encryption or unknown flag bits, data descriptors (torch's writer sets bit 3) match the
+no encryption or unknown flag bits, no entry marked as a directory by its external attributes
+(miniz extracts none of its bytes), data descriptors (torch's writer sets bit 3) match the
 central directory, compression ratio capped, and each entry's CRC-32 streamed (ISA-L's CRC-32
 through ``isal``: the same checksum as ``zlib.crc32``, several times faster, which matters because
 it covers every stored tensor byte).  The alignment padding torch writes sits inside the local
@@ -41,6 +42,10 @@ _CEN = 0x02014B50
 _LOC = 0x04034B50
 _DD = 0x08074B50
 _ALLOWED_FLAGS = 0x0002 | 0x0004 | 0x0008 | 0x0800
+#: The DOS directory bit of a central entry's external attributes.  miniz (torch's reader) treats an
+#: entry with it set as a directory, whatever its name, and extracts none of its bytes: torch then
+#: returns an uninitialised buffer of the entry's size instead of the stored data.
+_DOS_DIRECTORY = 0x10
 _CHUNK = 1 << 20
 _STORED_CHUNK = 8 << 20
 
@@ -225,7 +230,7 @@ def _central(z: _Z, n: int, cd_off: int, cd_end: int,
     for _ in range(n):
         if p + 46 > len(cd):
             z.fail("zip.bad_central", "central directory shorter than its entry count")
-        (sig, _vm, _vn, flags, method, _t, _d, crc, csize, usize, nlen, elen, clen, disk, _ia, _ea,
+        (sig, _vm, _vn, flags, method, _t, _d, crc, csize, usize, nlen, elen, clen, disk, _ia, ext_attr,
          off) = struct.unpack_from("<IHHHHHHIIIHHHHHII", cd, p)
         if sig != _CEN:
             z.fail("zip.bad_central", "bad central directory signature", at=cd_off + p)
@@ -244,6 +249,9 @@ def _central(z: _Z, n: int, cd_off: int, cd_end: int,
         if not _canonical(name):
             z.fail("zip.noncanonical_name", "entry name has an empty or '.' path segment (a//b, a/./b, a "
                    "trailing slash): readers normalise it differently", name=name)
+        if ext_attr & _DOS_DIRECTORY:
+            z.fail("zip.directory_entry", "entry is marked as a directory in its external attributes: torch's "
+                   "reader (miniz) extracts none of its bytes", name=name, external_attributes=ext_attr)
         if name in seen:
             z.fail("zip.duplicate_name", "two entries have the same name", name=name)
         seen.add(name)

@@ -322,3 +322,31 @@ def test_a_streamed_plan_that_missed_bytes_is_a_short_read(tmp_path):
     finally:
         os.close(out_fd)
     assert e.value.code == "runtime.copy.short_read"
+
+
+@pytest.mark.parametrize("pending_cap", [0, 1 << 20])
+def test_a_streamed_plan_expands_strided_placements(tmp_path, pending_cap):
+    """A column-split tensor (one strided placement per rank) written in the digest's pass is the
+    tensor, bit for bit: every run of every strided placement is written, not only the first."""
+    rng = np.random.default_rng(23)
+    full = rng.standard_normal((37, 24)).astype(np.float32)
+    tensors, raws = _column_split(tmp_path, full, ranks=4)
+    plan = shard_tensors(tensors, max_shard_bytes=1 << 20)
+    assert [p.count for p in plan.shards[0].tensors[0].placements] == [37] * 4
+    out = tmp_path / "out"
+    out.mkdir()
+    out_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with writer.StreamedPlan(plan, out_fd, chunk_size=64, pending_cap=pending_cap) as streamed:
+            for name, raw in raws.items():  # the digest hashes file by file, in chunks
+                feed = streamed.feeder(name)
+                assert feed is not None
+                for off in range(0, len(raw), 40):
+                    feed(off, memoryview(bytearray(raw[off:off + 40])))
+            written = streamed.finish(threads=2)
+    finally:
+        os.close(out_fd)
+    [shard] = plan.shards
+    got = load_file(str(out / shard.filename))["w"]
+    assert got.tobytes() == full.tobytes()
+    assert written[shard.filename].sha256 == hashlib.sha256((out / shard.filename).read_bytes()).hexdigest()

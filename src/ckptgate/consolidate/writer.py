@@ -504,18 +504,24 @@ class StreamedPlan:
         segs = self._segments.get(src)
         if not segs:
             return None
-        order = sorted(segs, key=lambda s: s.src_offset)
-        state = {"next": 0, "active": []}
+        # Strided segments are expanded run by run as the pass reaches them: O(segments) held.
+        order = heapq.merge(*(seg.runs() for seg in segs), key=lambda r: r.src_offset)
+        upcoming: list[_Segment] = []  # the next run not yet reached, if one was taken from ``order``
+        active: list[_Segment] = []
         hashes = self._hashes
 
         def feed(pos: int, view: memoryview) -> None:
+            nonlocal active
             end = pos + len(view)
-            active: list[_Segment] = state["active"]  # type: ignore[assignment]
-            nxt: int = state["next"]  # type: ignore[assignment]
-            while nxt < len(order) and order[nxt].src_offset < end:
-                active.append(order[nxt])
-                nxt += 1
-            state["next"] = nxt
+            while True:
+                if not upcoming:
+                    nxt = next(order, None)
+                    if nxt is None:
+                        break
+                    upcoming.append(nxt)
+                if upcoming[0].src_offset >= end:
+                    break
+                active.append(upcoming.pop())
             done = 0
             for s in active:
                 lo, hi = max(pos, s.src_offset), min(end, s.src_offset + s.length)
@@ -524,7 +530,7 @@ class StreamedPlan:
                     _write_back(s.out_fd, piece, at)
                     hashes[s.out_fd].add(at, piece)
                     done += hi - lo
-            state["active"] = [s for s in active if s.src_offset + s.length > end]
+            active = [s for s in active if s.src_offset + s.length > end]
             with self._lock:
                 self._written[src] += done
         return feed
@@ -533,7 +539,7 @@ class StreamedPlan:
         """Every output, by name, once the pass is over; ``runtime.copy.short_read`` if a placed
         byte never came."""
         for src, segs in self._segments.items():
-            want = sum(s.length for s in segs)
+            want = sum(s.count * s.length for s in segs)
             if self._written[src] != want:
                 raise RuntimeFailure("runtime.copy.short_read", f"{src}: {self._written[src]} of the {want} "
                                      "placed bytes were read", evidence={"source": src})

@@ -207,3 +207,27 @@ def test_sarif_validates_against_the_sarif_2_1_0_schema() -> None:
 
     schema = json.loads(Path(schema_path).read_text())
     jsonschema.Draft4Validator(schema, format_checker=jsonschema.Draft4Validator.FORMAT_CHECKER).validate(doc)
+
+
+def test_run_check_tests_the_configured_policies_when_the_options_name_none(tmp_path: Path, monkeypatch) -> None:
+    """An API caller's configuration names policies and its options do not: the policy tools run in
+    the configured policies, never in the current directory (found by mypy: a ``None`` cwd)."""
+    from ckptgate.config import Config
+    from ckptgate.evidence import check
+
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    cwds: list[Path] = []
+
+    def fake_run(cmd, cwd):
+        cwds.append(cwd)
+        return 0, "[]"
+
+    monkeypatch.setattr(check, "_run", fake_run)
+    monkeypatch.setattr(check, "find_tool", lambda name, repo: name)
+    monkeypatch.setattr(check, "candidate_commit", lambda repo, exclude=(): "0" * 40)
+    config = Config(root=tmp_path, policies=policies)
+    report = run_check(tmp_path, options=EngineOptions(), config=config,
+                       skip=("matrix_drift", "evidence", "claims"))
+    assert [r.name for r in report.results] == ["policy_tests", "opa_fmt", "regal_lint"]
+    assert cwds == [policies, policies, policies]

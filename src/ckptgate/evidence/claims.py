@@ -86,7 +86,7 @@ class GeneratedRow:
 
 
 def citations_in(text: str) -> tuple[str, ...]:
-    """``[R27–R29]`` -> R27, R28, R29; ``[R11, R12]`` -> R11, R12 (sorted, unique)."""
+    """``[R27\u2013R29]`` -> R27, R28, R29; ``[R11, R12]`` -> R11, R12 (sorted, unique)."""
     ids: set[str] = set()
     for group in _CITE_GROUP.findall(text):
         for a, b in _RANGE.findall(group):
@@ -455,7 +455,8 @@ def local_vocabulary(repo: Path) -> Vocabulary:
 
 
 def _vocabulary_from(doc: Any) -> Vocabulary:
-    if not isinstance(doc, dict) or not isinstance(doc.get("systems"), dict) or not isinstance(doc.get("lexicon"), dict):
+    if (not isinstance(doc, dict) or not isinstance(doc.get("systems"), dict)
+            or not isinstance(doc.get("lexicon"), dict)):
         raise EvidenceError("evidence.claims.bad_vocabulary",
                             "data.ckptgate.config.claims has no systems or lexicon object")
     try:

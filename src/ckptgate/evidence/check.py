@@ -22,7 +22,7 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from ckptgate import __version__
-from ckptgate.decide.bundle import default_policy_dir
+from ckptgate._resources import clone_tool, default_policy_dir
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.errors import Error
 from ckptgate.evidence import claims, matrix
@@ -133,8 +133,6 @@ def find_tool(name: str, repo: Path) -> str | None:
     """``$CKPTGATE_<NAME>``, else ``name`` on PATH, else the pinned ``REPO/.tools/bin`` (or the
     development clone's): the order :func:`ckptgate.decide.bundle.find_opa` uses, so ``opa test``
     runs the binary the engine runs."""
-    from ckptgate._resources import clone_tool  # noqa: PLC0415
-
     explicit = os.environ.get(f"CKPTGATE_{name.upper()}")
     if explicit:
         return explicit

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptgate._resources import policies_dir
 from ckptgate.evidence.claimfacts import Vocabulary, sentence_facts
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.layout import RepoLayout, as_layout
@@ -445,8 +446,6 @@ def claims_input(repo: Path | RepoLayout, matrix_rows: Sequence[dict[str, Any]] 
 
 def local_vocabulary(repo: Path) -> Vocabulary:
     """The claims vocabulary from ``REPO/policies`` (or the package's own), for use without an engine."""
-    from ckptgate._resources import policies_dir  # noqa: PLC0415
-
     for base in (repo / "policies", policies_dir()):
         p = base / "ckptgate" / "config" / "claims" / "data.json" if base is not None else None
         if p is not None and p.is_file():

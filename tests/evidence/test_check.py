@@ -10,9 +10,12 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from ckptgate.evidence.check import parse_opa_test_json, run_check, to_junit, to_sarif
-from ckptgate.decide.options import EngineOptions
 from evidence_helpers import commit_all
+
+from ckptgate.config import Config
+from ckptgate.decide.options import EngineOptions
+from ckptgate.evidence import check
+from ckptgate.evidence.check import parse_opa_test_json, run_check, to_junit, to_sarif
 
 FAST = ("policy_tests", "opa_fmt", "regal_lint")
 
@@ -212,9 +215,6 @@ def test_sarif_validates_against_the_sarif_2_1_0_schema() -> None:
 def test_run_check_tests_the_configured_policies_when_the_options_name_none(tmp_path: Path, monkeypatch) -> None:
     """An API caller's configuration names policies and its options do not: the policy tools run in
     the configured policies, never in the current directory (found by mypy: a ``None`` cwd)."""
-    from ckptgate.config import Config
-    from ckptgate.evidence import check
-
     policies = tmp_path / "policies"
     policies.mkdir()
     cwds: list[Path] = []

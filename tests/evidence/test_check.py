@@ -10,9 +10,12 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from ckptgate.evidence.check import parse_opa_test_json, run_check, to_junit, to_sarif
-from ckptgate.decide.options import EngineOptions
 from evidence_helpers import commit_all
+
+from ckptgate.config import Config
+from ckptgate.decide.options import EngineOptions
+from ckptgate.evidence import check
+from ckptgate.evidence.check import parse_opa_test_json, run_check, to_junit, to_sarif
 
 FAST = ("policy_tests", "opa_fmt", "regal_lint")
 
@@ -207,3 +210,24 @@ def test_sarif_validates_against_the_sarif_2_1_0_schema() -> None:
 
     schema = json.loads(Path(schema_path).read_text())
     jsonschema.Draft4Validator(schema, format_checker=jsonschema.Draft4Validator.FORMAT_CHECKER).validate(doc)
+
+
+def test_run_check_tests_the_configured_policies_when_the_options_name_none(tmp_path: Path, monkeypatch) -> None:
+    """An API caller's configuration names policies and its options do not: the policy tools run in
+    the configured policies, never in the current directory (found by mypy: a ``None`` cwd)."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    cwds: list[Path] = []
+
+    def fake_run(cmd, cwd):
+        cwds.append(cwd)
+        return 0, "[]"
+
+    monkeypatch.setattr(check, "_run", fake_run)
+    monkeypatch.setattr(check, "find_tool", lambda name, repo: name)
+    monkeypatch.setattr(check, "candidate_commit", lambda repo, exclude=(): "0" * 40)
+    config = Config(root=tmp_path, policies=policies)
+    report = run_check(tmp_path, options=EngineOptions(), config=config,
+                       skip=("matrix_drift", "evidence", "claims"))
+    assert [r.name for r in report.results] == ["policy_tests", "opa_fmt", "regal_lint"]
+    assert cwds == [policies, policies, policies]

@@ -42,7 +42,7 @@ def test_an_inspection_already_made_is_used_and_the_tree_not_read_again(tmp_path
     def no_second_read(*_a: object, **_k: object) -> None:
         raise AssertionError("the fixture was inspected again")
 
-    monkeypatch.setattr("ckptgate.inspect.inspect_open_tree", no_second_read)
+    monkeypatch.setattr(gates, "inspect_open_tree", no_second_read)  # the name gates calls
     assert gates.fixture_format(repo, fixture, SimpleNamespace(format="inspected-format")) == "inspected-format"
 
 

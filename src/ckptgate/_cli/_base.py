@@ -6,7 +6,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -19,6 +19,9 @@ from ckptgate.errors import Error, ExitCode, UsageError
 # survive a pipe whole); off a terminal, rich prints no colour and no progress bars.
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 stdout = Console(highlight=False, soft_wrap=True)
+
+#: A command function, as click's decorators take and return it.
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
@@ -81,7 +84,7 @@ def report_error(err: Error, as_json: bool) -> None:
     stderr.print(f"[dim]advice:[/] {shown(err.diagnostics())}")
 
 
-def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
+def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")(f)
 
 
@@ -120,7 +123,7 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             stderr.print("interrupted; nothing was published")
             sys.exit(130)
-        except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback
+        except Exception as e:  # the last line of defence: no traceback
             report_error(Error("internal.unexpected", f"{type(e).__name__}: {e}"), as_json)
             sys.exit(ExitCode.INTERNAL)
         sys.exit(int(rv or 0))
@@ -137,6 +140,7 @@ def cli() -> None:
 
 
 def main() -> None:
-    from ckptgate._cli import commands  # noqa: F401  (registers every sub-command)
+    # registers every sub-command on cli; lazy: breaks the import cycle _base -> commands -> _base
+    from ckptgate._cli import commands  # noqa: F401, PLC0415
 
     cli()

@@ -7,25 +7,37 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
+from ckptgate._cli._base import F
+from ckptgate._resources import OPA_SUPPORTED
+
+if TYPE_CHECKING:
+    from ckptgate.config import Config
+    from ckptgate.decide.options import EngineOptions
+    from ckptgate.evidence.layout import RepoLayout
+
+# The imports inside functions below stay lazy: every command imports this module at start-up
+# (``ckptgate --help`` included), and these measured (python -X importtime, this machine):
+# ckptgate.decide.options / .bundle ~450-900 ms (the engine stack, cryptography), ckptgate.inspect.runs
+# ~175 ms, ckptgate.config ~22 ms, ckptgate.evidence.* ~30 ms (the evidence machinery).
 
 _ENGINE_KEYS = ("opa_url", "opa_binary", "opa_timeout", "policy_dir", "trust_file", "policy_bundle", "policy_key",
                 "sigstore_trust_root")
 
 
-def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
+def engine_options(f: F) -> F:
     """Add the policy-engine options; the command receives them as one ``engine: EngineOptions``."""
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from ckptgate.decide.options import EngineOptions  # imported on use: the CLI starts without the engine stack
+        from ckptgate.decide.options import EngineOptions  # noqa: PLC0415 - engine stack, ~900 ms
 
         values = {k: kwargs.pop(k) for k in _ENGINE_KEYS}
         if values["opa_binary"] is not None:
-            from ckptgate.decide.bundle import select_opa_binary  # noqa: PLC0415
+            from ckptgate.decide.bundle import select_opa_binary  # noqa: PLC0415 - engine stack, ~450 ms
 
             select_opa_binary(values["opa_binary"])
         config = load_config(kwargs.get("repo"))  # a command's --repo names the repository configured
@@ -48,7 +60,7 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "(token from CKPTGATE_OPA_TOKEN).")(w)
     w = click.option("--opa-binary", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="The OPA binary for the embedded engine (default: $CKPTGATE_OPA, else `opa` on PATH); "
-                          f"supported: OPA {_opa_supported()}.")(w)
+                          f"supported: OPA {OPA_SUPPORTED}.")(w)
     w = click.option("--opa-timeout", type=click.FloatRange(0.01, 600), default=5.0, show_default=True,
                      help="Seconds to wait for a decision; a late decision is deny.")(w)
     w = click.option("--policies", "policy_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -62,56 +74,52 @@ def engine_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "embedded in sigstore-python; the identities come from the trust data's sigstore "
                           "signers.")(w)
     w = click.option("--trust", "trust_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="Trust data file (default: the configuration's trust, else policies/ckptgate/config/trust/data.json).")(w)
-    return w
+                     help="Trust data file (default: the configuration's trust, else "
+                          "policies/ckptgate/config/trust/data.json).")(w)
+    return cast("F", w)
 
 
-def checkpoint_option(arg: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def checkpoint_option(arg: str) -> Callable[[F], F]:
     """``--checkpoint N|latest``: which ``checkpoint-N/`` of a ``Trainer`` output directory the
     command works on.  The path argument ``arg`` is replaced by the selected folder before the
     command runs, so the digest, the inspection and the receipt cover that folder only."""
 
-    def deco(f: Callable[..., Any]) -> Callable[..., Any]:
+    def deco(f: F) -> F:
         @functools.wraps(f)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            from ckptgate.inspect.runs import select_checkpoint  # noqa: PLC0415
+            from ckptgate.inspect.runs import select_checkpoint  # noqa: PLC0415 - ~175 ms
 
             kwargs[arg] = select_checkpoint(kwargs[arg], kwargs.pop("checkpoint"))
             return f(*args, **kwargs)
 
-        return click.option("--checkpoint", "checkpoint", default=None, metavar="N|latest",
-                            help="In a Trainer output directory holding checkpoint-N folders, work on "
-                                 "checkpoint-N (or the highest N with 'latest'); required when it holds several.")(wrapper)
+        return cast("F", click.option(
+            "--checkpoint", "checkpoint", default=None, metavar="N|latest",
+            help="In a Trainer output directory holding checkpoint-N folders, work on "
+                 "checkpoint-N (or the highest N with 'latest'); required when it holds several.")(wrapper))
 
     return deco
 
 
-def load_config(start: Path | None = None) -> Any:
+def load_config(start: Path | None = None) -> Config | None:
     """The repository configuration found from ``start`` (default: the current directory), else ``None``."""
-    from ckptgate.config import load  # noqa: PLC0415
+    from ckptgate.config import load  # noqa: PLC0415 - ~22 ms
 
     return load(start)
 
 
-def evidence_repo(repo: Path | None, engine: Any) -> tuple[Any, Any]:
+def evidence_repo(repo: Path | None, engine: EngineOptions) -> tuple[RepoLayout, EngineOptions]:
     """The :class:`~ckptgate.evidence.layout.RepoLayout` of the repository ``--repo`` names (default:
     the git work tree of the cwd), from its configuration, and the engine options to use there:
     ``engine`` as the configuration set it, else with the repository's own ``policies/``."""
-    from ckptgate.evidence.candidate import repo_root  # noqa: PLC0415
-    from ckptgate.evidence.layout import RepoLayout  # noqa: PLC0415
+    from ckptgate.evidence.candidate import repo_root  # noqa: PLC0415 - the evidence machinery
+    from ckptgate.evidence.layout import RepoLayout  # noqa: PLC0415 - the evidence machinery
 
     root = repo_root(repo)
     config = load_config(root if repo is not None else None)
     return RepoLayout.from_config(root, config), engine if config is not None else engine.in_repo(root)
 
 
-def _opa_supported() -> str:
-    from ckptgate._resources import OPA_SUPPORTED  # noqa: PLC0415
-
-    return OPA_SUPPORTED
-
-
-def signature_options(f: Callable[..., Any]) -> Callable[..., Any]:
+def signature_options(f: F) -> F:
     """``--signature FILE`` (repeatable), ``--key PUB.pem`` and ``--certificate-chain CA.pem`` (repeatable):
     OpenSSF Model Signing bundles and what verifies them; the command receives ``signatures``, ``key``
     and ``certificate_chains``."""
@@ -123,12 +131,12 @@ def signature_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="PEM CA certificates that a certificate-method --signature must chain to (repeatable); "
                           "which signer identity is trusted comes from the trust data's certificate signers.")(f)
     f = click.option("--key", "key", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="PEM public key (ECDSA P-256 or P-384, or Ed25519) that verifies --signature; trusted by policy "
-                          "for Model Signing statements only, never added to the trust data.")(f)
+                     help="PEM public key (ECDSA P-256 or P-384, or Ed25519) that verifies --signature; trusted by "
+                          "policy for Model Signing statements only, never added to the trust data.")(f)
     return f
 
 
-def repo_option(f: Callable[..., Any]) -> Callable[..., Any]:
+def repo_option(f: F) -> F:
     """``--repo DIR``: the repository the evidence commands work on."""
     return click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
                         help="Repository root (default: the git work tree of the current directory).")(f)
@@ -139,7 +147,7 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
-class ByteSize(click.ParamType):
+class ByteSize(click.ParamType[int, Any]):
     """A size in bytes: a plain integer, or a number with the units ``huggingface_hub`` accepts
     (``5GB``, ``500MB``: powers of 1000) or IEC units (``2GiB``: powers of 1024)."""
 
@@ -159,7 +167,7 @@ class ByteSize(click.ParamType):
         return n
 
 
-class TrustRoot(click.ParamType):
+class TrustRoot(click.ParamType[Path | str, Any]):
     """``--sigstore-trust-root``: an existing file, or the word ``production`` (the Sigstore
     production root embedded in sigstore-python, used offline), as ``attest verify`` takes it."""
 
@@ -171,7 +179,7 @@ class TrustRoot(click.ParamType):
         return click.Path(dir_okay=False, exists=True, path_type=Path).convert(value, param, ctx)
 
 
-def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:
+def quiet_option(f: F) -> F:
     """``--quiet``: no progress bars on stderr (they are drawn only on a terminal anyway)."""
     return click.option("--quiet", "-q", is_flag=True, default=False,
                         help="Draw no progress bars; results and errors are still printed.")(f)

@@ -7,8 +7,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from ckptgate._cli._base import stderr
 
 #: The label width: the longest phase name, so the bars line up.
 _LABEL = 13
@@ -30,8 +39,6 @@ def phase_bars(enabled: bool, *phases: str, console: Console | None = None) -> I
     if not enabled:
         yield {p: Phase() for p in phases}
         return
-    from ckptgate._cli._base import stderr
-
     with Progress(TextColumn(f"[bold]{{task.description:<{_LABEL}}}"), BarColumn(), DownloadColumn(),
                   TransferSpeedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console or stderr,
                   transient=True) as bar:

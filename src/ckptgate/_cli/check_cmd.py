@@ -5,12 +5,17 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ckptgate._cli._base import emit_json, json_option, printable, stdout
 from ckptgate._cli._options import engine_options, repo_option
+from ckptgate.errors import UsageError
 from ckptgate.userfiles import check_output_file, write_output_file
+
+if TYPE_CHECKING:
+    from ckptgate.decide.options import EngineOptions
 
 
 def register(cli: click.Group) -> None:
@@ -28,15 +33,14 @@ def register(cli: click.Group) -> None:
     @engine_options
     @json_option
     def check_command(sarif: Path | None, junit: Path | None, skip: tuple[str, ...], fmt: str | None,
-                      repo: Path | None, engine, as_json: bool) -> int:
+                      repo: Path | None, engine: EngineOptions, as_json: bool) -> int:
         """Run the pre-merge gate. Exit 0 when every check passes, 3 when any fails.
 
         In a repository with a ckptgate.toml (or [tool.ckptgate] in pyproject.toml), only the checks
         its configuration enables run; the others are reported as skipped, with the reason.
         """
-        from ckptgate.errors import UsageError
-        from ckptgate.evidence.candidate import repo_root
-        from ckptgate.evidence.check import run_check, to_github, to_junit, to_sarif
+        from ckptgate.evidence.candidate import repo_root  # noqa: PLC0415 - the evidence machinery
+        from ckptgate.evidence.check import run_check, to_github, to_junit, to_sarif  # noqa: PLC0415 - the evidence machinery
 
         if as_json and fmt not in (None, "json"):
             raise UsageError("usage.conflicting_options", f"--json and --format {fmt} conflict")
@@ -45,7 +49,7 @@ def register(cli: click.Group) -> None:
         for out, what in ((sarif, "the SARIF report"), (junit, "the JUnit report")):
             if out is not None:
                 check_output_file(out, what=what)
-        from ckptgate.config import load
+        from ckptgate.config import load  # noqa: PLC0415 - ~22 ms
 
         root = repo_root(repo)
         config = load(root if repo is not None else None)  # the checked repository's configuration
@@ -70,7 +74,8 @@ def register(cli: click.Group) -> None:
                 mark = "[bold green]PASS[/]" if r.passed else "[bold red]FAIL[/]"
                 stdout.print(f"{mark} {r.name:13} {r.summary}", markup=True, highlight=False)
                 for f in r.findings:
-                    where = f" {f.file}{':' + str(f.line) if f.line else ''}" if f.file and f.file not in f.message else ""
+                    shows_file = f.file and f.file not in f.message
+                    where = f" {f.file}{':' + str(f.line) if f.line else ''}" if shows_file else ""
                     stdout.print(printable(f"       [{f.code}]{where} {f.message}"), markup=False)
                     if f.detail and r.name == "matrix_drift":
                         stdout.print(printable(f.detail), markup=False)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
-
 from ckptgate._cli._options import engine_options, evidence_repo, repo_option
+
+if TYPE_CHECKING:
+    from ckptgate.decide.options import EngineOptions
 
 
 @click.group("matrix")
@@ -24,19 +27,20 @@ def matrix() -> None:
 @repo_option
 @engine_options
 @json_option
-def build_command(check_only: bool, out_dir: Path | None, repo: Path | None, engine, as_json: bool) -> int:
+def build_command(check_only: bool, out_dir: Path | None, repo: Path | None, engine: EngineOptions,
+                  as_json: bool) -> int:
     """Verify every attestation, evaluate data.ckptgate.support.rows and render matrix/.
 
     Exit 0 written (or up to date with --check); 3 --check found drift; 6 policy engine unavailable.
     """
-    from ckptgate.evidence import matrix as mx
-    from ckptgate.evidence.errors import CheckFailed
-    from ckptgate.decide.options import engine_for, load_trust
+    from ckptgate.decide.options import engine_for, load_trust  # noqa: PLC0415 - ~900 ms (the engine stack)
+    from ckptgate.evidence import matrix as mx  # noqa: PLC0415 - the evidence machinery
+    from ckptgate.evidence.errors import CheckFailed  # noqa: PLC0415 - the evidence machinery
 
     layout, options = evidence_repo(repo, engine)
     trust = load_trust(options)
-    with engine_for(options, trust) as engine:
-        m = mx.build(layout, engine, trust)
+    with engine_for(options, trust) as policy_engine:
+        m = mx.build(layout, policy_engine, trust)
     target = out_dir or layout.matrix
     if check_only:
         diffs = mx.diff(m, target)

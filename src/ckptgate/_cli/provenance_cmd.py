@@ -28,8 +28,8 @@ def provenance(fixture: str, key: Path | None, repo: Path | None, engine, as_jso
     is the repository's review, not a regeneration, and it says nothing about safety to load.
     Exit 0 stored; 2 the bytes differ from the commit or from meta.json; 5 the key is not trusted.
     """
-    from ckptgate.evidence.provenance import attest_provenance
-    from ckptgate.evidence.fixtures import find_fixture
+    from ckptgate.evidence.fixtures import find_fixture  # noqa: PLC0415 - the evidence machinery
+    from ckptgate.evidence.provenance import attest_provenance  # noqa: PLC0415 - the evidence machinery
 
     root, options = evidence_repo(repo, engine)  # the configured layout
     result = attest_provenance(root, find_fixture(root, fixture), key=key, options=options)

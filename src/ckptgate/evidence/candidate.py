@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ckptgate.evidence.errors import GitError
@@ -84,7 +84,7 @@ def head_commit(repo: Path) -> str:
 def commit_time(repo: Path, commit: str) -> datetime:
     """The committer time of ``commit`` (UTC): a deterministic 'now' for evidence evaluated at it."""
     ts = git(repo, "show", "-s", "--format=%ct", commit).strip()
-    return datetime.fromtimestamp(int(ts), tz=timezone.utc)
+    return datetime.fromtimestamp(int(ts), tz=UTC)
 
 
 def dirty_paths(repo: Path, *, exclude: Sequence[str] = ()) -> list[str]:

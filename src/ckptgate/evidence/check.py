@@ -9,7 +9,6 @@ and JUnit XML.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -19,14 +18,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from xml.etree import ElementTree as ET
 
 from ckptgate import __version__
+from ckptgate._resources import clone_tool, default_policy_dir
+from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.errors import Error
-
-if TYPE_CHECKING:
-    from ckptgate.decide.options import EngineOptions
+from ckptgate.evidence import claims, matrix
+from ckptgate.evidence.candidate import candidate_commit
+from ckptgate.evidence.layout import RepoLayout
+from ckptgate.evidence.matrix import evidence_location
 
 CHECK_NAMES = ("policy_tests", "opa_fmt", "regal_lint", "matrix_drift", "evidence", "claims")
 TOOL_TIMEOUT_S = 300
@@ -131,8 +133,6 @@ def find_tool(name: str, repo: Path) -> str | None:
     """``$CKPTGATE_<NAME>``, else ``name`` on PATH, else the pinned ``REPO/.tools/bin`` (or the
     development clone's): the order :func:`ckptgate.decide.bundle.find_opa` uses, so ``opa test``
     runs the binary the engine runs."""
-    from ckptgate._resources import clone_tool  # noqa: PLC0415
-
     explicit = os.environ.get(f"CKPTGATE_{name.upper()}")
     if explicit:
         return explicit
@@ -163,7 +163,8 @@ def _tool_check(name: str, tool: str, args: Sequence[str], policies: Path, repo:
     if exe is None:
         return CheckResult(name=name, passed=False, summary=f"{tool} not found", findings=(
             CheckFinding(check=name, code=f"check.{name}.tool_missing",
-                         message=f"{tool} is not installed (set CKPTGATE_{tool.upper()} or run scripts/bootstrap.py setup)"),))
+                         message=f"{tool} is not installed (set CKPTGATE_{tool.upper()} or run "
+                                 "scripts/bootstrap.py setup)"),))
     started = time.monotonic()
     rc, out = _run([exe, *args], cwd=policies)
     seconds = time.monotonic() - started
@@ -196,14 +197,16 @@ def parse_opa_test_json(out: str, policies: Path, repo: Path) -> list[CheckFindi
     for t in doc:
         if not isinstance(t, dict) or not (t.get("fail") or t.get("error")):
             continue
-        loc = t.get("location") if isinstance(t.get("location"), dict) else {}
+        raw_loc = t.get("location")
+        loc: dict[str, Any] = raw_loc if isinstance(raw_loc, dict) else {}
         name = f"{t.get('package', '?')}.{t.get('name', '?')}".removeprefix("data.")
         err = t.get("error")
         what = "raised an error" if err else "failed"
         if isinstance(err, dict) and err.get("message"):
             what += f": {err['message']}"
         row = loc.get("row")
-        found.append(CheckFinding(check="policy_tests", code="check.policy_tests.error" if err else "check.policy_tests.failed",
+        code = "check.policy_tests.error" if err else "check.policy_tests.failed"
+        found.append(CheckFinding(check="policy_tests", code=code,
                                   message=f"policy test {name} {what}",
                                   file=_rel_policy(policies, repo, str(loc["file"])) if loc.get("file") else None,
                                   line=row if isinstance(row, int) and row > 0 else None))
@@ -235,7 +238,8 @@ def regal_lint(policies: Path, repo: Path) -> CheckResult:
             loc = v.get("location") or {}
             found.append(CheckFinding(check="regal_lint", code=f"check.regal_lint.{v.get('title', 'violation')}",
                                       message=f"{v.get('title')}: {v.get('description')}",
-                                      file=_rel_policy(policies, repo, str(loc.get("file", ""))) if loc.get("file") else None,
+                                      file=(_rel_policy(policies, repo, str(loc.get("file", "")))
+                                            if loc.get("file") else None),
                                       line=loc.get("row")))
         return found
     return _tool_check("regal_lint", "regal", ["lint", "--format", "json", "."], policies, repo, parse)
@@ -248,8 +252,6 @@ def _sha256(path: Path) -> str:
 
 def evidence_findings(repo: Path, rows: Sequence[dict[str, Any]], *, origin: str) -> list[CheckFinding]:
     """For every supported row: its attestation and result log exist and the log digest matches."""
-    from ckptgate.evidence.matrix import evidence_location
-
     out: list[CheckFinding] = []
     for row in rows:
         if row.get("status") != "supported":
@@ -261,7 +263,8 @@ def evidence_findings(repo: Path, rows: Sequence[dict[str, Any]], *, origin: str
                                     message=f"supported row {who}: attestation {source} does not exist",
                                     file=source if isinstance(source, str) else None))
         loc = evidence_location(row)
-        ev = row.get("evidence") if isinstance(row.get("evidence"), dict) else {}
+        raw_ev = row.get("evidence")
+        ev: dict[str, Any] = raw_ev if isinstance(raw_ev, dict) else {}
         if loc is None or not (repo / loc).is_file():
             out.append(CheckFinding(check="evidence", code="check.evidence.log_missing",
                                     message=f"supported row {who}: retained result log {loc} does not exist", file=loc))
@@ -293,17 +296,11 @@ def extra_policy_tests(extra: Path, repo: Path, bundled: Path) -> CheckResult:
                        lambda out: parse_opa_test_json(out, extra, repo))
 
 
-def run_check(repo: Path, *, options: EngineOptions | None = None, skip: Sequence[str] = (), config: Any = None) -> Report:
+def run_check(repo: Path, *, options: EngineOptions | None = None, skip: Sequence[str] = (),
+              config: Any = None) -> Report:
     """Run every check that ``config`` enables (all of them without one), except ``skip``, and return
     the report; never raises for a failing check.  The matrix, the store and the fixtures are where
     ``config`` puts them (:class:`~ckptgate.evidence.layout.RepoLayout`)."""
-    from ckptgate._resources import default_policy_dir
-    from ckptgate.evidence import claims, matrix
-    from ckptgate.evidence.candidate import candidate_commit
-    from ckptgate.decide.options import EngineOptions, engine_for, load_trust
-
-    from ckptgate.evidence.layout import RepoLayout
-
     repo = repo.resolve()
     layout = RepoLayout.from_config(repo, config)
     reasons = plan(config, skip)
@@ -313,7 +310,9 @@ def run_check(repo: Path, *, options: EngineOptions | None = None, skip: Sequenc
     options = options or EngineOptions()
     if config is None:
         options = options.in_repo(repo)
-    policies = options.policy_dir
+    # the policies tested: the options', else the configuration's (an API caller may pass a
+    # configuration naming policies with options that name none: the tools must not run in the cwd)
+    policies: Path | None = options.policy_dir or (config.policies if config is not None else None)
     results: list[CheckResult] = []
     if config is not None and config.policies is None and config.extra_rego is not None:
         extra = config.extra_rego
@@ -321,8 +320,12 @@ def run_check(repo: Path, *, options: EngineOptions | None = None, skip: Sequenc
             ("policy_tests", lambda: extra_policy_tests(extra, repo, policies or default_policy_dir())),
             ("opa_fmt", lambda: opa_fmt(extra, repo)), ("regal_lint", lambda: regal_lint(extra, repo)))
     else:
-        tool_checks = tuple((name, functools.partial(fn, policies, repo)) for name, fn in
-                            (("policy_tests", policy_tests), ("opa_fmt", opa_fmt), ("regal_lint", regal_lint)))
+        # policies is None only where plan() skips all three (a configuration with neither)
+        def tested() -> Path:
+            return policies or default_policy_dir()
+
+        tool_checks = (("policy_tests", lambda: policy_tests(tested(), repo)),
+                       ("opa_fmt", lambda: opa_fmt(tested(), repo)), ("regal_lint", lambda: regal_lint(tested(), repo)))
     for name, run in tool_checks:
         if name not in skip:
             results.append(run())
@@ -455,7 +458,8 @@ def to_junit(report: Report) -> bytes:
     for name in report.skipped:
         case = ET.SubElement(suite, "testcase", classname="ckptgate.check", name=name, time="0.000")
         ET.SubElement(case, "skipped", message=f"skipped: {report.reason(name)}")
-    return ET.tostring(suites, encoding="utf-8", xml_declaration=True)
+    data: bytes = ET.tostring(suites, encoding="utf-8", xml_declaration=True)  # typeshed: Any for this overload
+    return data
 
 
 def _gh_data(text: str) -> str:

@@ -68,7 +68,8 @@ class Vocabulary:
                 exact = alias.startswith("=") or len(alias) <= 3
                 text = alias.lstrip("=")
                 flags = 0 if exact else re.IGNORECASE
-                pat = re.compile(r"(?<![\w./-])" + re.escape(text).replace(r"\ ", r"[\s_-]+") + r"(?![\w/-]|\.\w)", flags)
+                body = re.escape(text).replace(r"\ ", r"[\s_-]+")
+                pat = re.compile(r"(?<![\w./-])" + body + r"(?![\w/-]|\.\w)", flags)
                 out.append((pat, sid, text))
         out.sort(key=lambda t: -len(t[2]))
         return out
@@ -136,7 +137,7 @@ def _systems(vocab: Vocabulary, clause: str) -> tuple[list[dict[str, Any]], str]
     """Mentions of vocabulary systems (longest alias first), and the clause with them blanked."""
     found: list[dict[str, Any]] = []
     masked = clause
-    for pat, sid, alias in vocab.aliases:
+    for pat, sid, _alias in vocab.aliases:
         for m in pat.finditer(masked):
             found.append({"id": sid, "term": clause[m.start():m.end()], "at": m.start()})
             masked = masked[:m.start()] + "\0" * (m.end() - m.start()) + masked[m.end():]
@@ -150,7 +151,7 @@ def _systems(vocab: Vocabulary, clause: str) -> tuple[list[dict[str, Any]], str]
         nxt = found[i + 1] if i + 1 < len(found) else None
         end = f["at"] + len(f["term"])
         if nxt is not None and vocab.kinds.get(f["id"]) in ("family", "framework") and \
-                not clause[end:nxt["at"]].strip(" '’s") and vocab.related(nxt["id"], f["id"]):
+                not clause[end:nxt["at"]].strip(" '\u2019s") and vocab.related(nxt["id"], f["id"]):
             continue
         if _VERSION.match(clause, end) and vocab.kinds.get(f["id"]) in ("family", "framework"):
             continue  # "torch 2.13.0" names a producer version, reported under versions
@@ -215,7 +216,8 @@ def _unknown(vocab: Vocabulary, masked: str, ends: list[int]) -> list[str]:
             continue  # a capitalised first word
         near = any(e <= m.start() and len(masked[e:m.start()].split()) <= 2 for e in ends)
         named = any(e <= m.start() for e in ends) and re.match(
-            r"\s+(?:checkpoints?|models?|formats?|shards?|state[ _-]?dicts?|adapters?)\b", masked[m.end():], re.IGNORECASE)
+            r"\s+(?:checkpoints?|models?|formats?|shards?|state[ _-]?dicts?|adapters?)\b", masked[m.end():],
+            re.IGNORECASE)
         if near or named:
             out.append(word)
     return out
@@ -255,7 +257,8 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
             c["at"] < sys["at"] and len(gap[c["at"] + len(c["term"]):].split()) <= 2 for c in capability)
     topics = sorted(t for t in lex.get("topics", {}) if vocab.rx("topics", t).search(clause))
     cross = [m.group() for m in vocab.rx("cross_platform").finditer(clause)]
-    cross_negated = any(_negated(vocab, clause, m.start(), consumed) for m in vocab.rx("cross_platform").finditer(clause))
+    cross_negated = any(_negated(vocab, clause, m.start(), consumed)
+                        for m in vocab.rx("cross_platform").finditer(clause))
     lead = re.match(r"\s*(?:and\s+|,\s*)?(so|therefore|hence|thus|consequently|because|since|which means)\b", clause,
                     re.IGNORECASE)
     return {

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptgate._resources import policies_dir
 from ckptgate.evidence.claimfacts import Vocabulary, sentence_facts
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.layout import RepoLayout, as_layout
@@ -86,7 +87,7 @@ class GeneratedRow:
 
 
 def citations_in(text: str) -> tuple[str, ...]:
-    """``[R27–R29]`` -> R27, R28, R29; ``[R11, R12]`` -> R11, R12 (sorted, unique)."""
+    """``[R27\u2013R29]`` -> R27, R28, R29; ``[R11, R12]`` -> R11, R12 (sorted, unique)."""
     ids: set[str] = set()
     for group in _CITE_GROUP.findall(text):
         for a, b in _RANGE.findall(group):
@@ -445,8 +446,6 @@ def claims_input(repo: Path | RepoLayout, matrix_rows: Sequence[dict[str, Any]] 
 
 def local_vocabulary(repo: Path) -> Vocabulary:
     """The claims vocabulary from ``REPO/policies`` (or the package's own), for use without an engine."""
-    from ckptgate._resources import policies_dir  # noqa: PLC0415
-
     for base in (repo / "policies", policies_dir()):
         p = base / "ckptgate" / "config" / "claims" / "data.json" if base is not None else None
         if p is not None and p.is_file():
@@ -455,7 +454,8 @@ def local_vocabulary(repo: Path) -> Vocabulary:
 
 
 def _vocabulary_from(doc: Any) -> Vocabulary:
-    if not isinstance(doc, dict) or not isinstance(doc.get("systems"), dict) or not isinstance(doc.get("lexicon"), dict):
+    if (not isinstance(doc, dict) or not isinstance(doc.get("systems"), dict)
+            or not isinstance(doc.get("lexicon"), dict)):
         raise EvidenceError("evidence.claims.bad_vocabulary",
                             "data.ckptgate.config.claims has no systems or lexicon object")
     try:

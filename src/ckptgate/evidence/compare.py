@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate.evidence.errors import EvidenceError
+from ckptgate.inspect.hashed import HashedFile
+from ckptgate.inspect.safetensors import read_header
 
 
 def _tensor_digests(path: Path) -> dict[str, dict[str, Any]]:
     """name -> {dtype, shape, sha256 of the raw bytes}, read through our strict header validator."""
-    from ckptgate.inspect.hashed import HashedFile
-    from ckptgate.inspect.safetensors import read_header
-
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ckptgate.consolidate.adapters import adapter_name_for
+from ckptgate.errors import Error
 from ckptgate.evidence.fixtures import Fixture, list_fixtures
 from ckptgate.evidence.layout import RepoLayout, as_layout
-
-if TYPE_CHECKING:
-    from ckptgate.inspect import Inspection
+from ckptgate.inspect import Inspection, SafeTree, inspect_open_tree
 
 GATES_IN_BUNDLE = "ckptgate/config/gates/data.json"
 INTAKE_IN_BUNDLE = "ckptgate/config/intake/data.json"
@@ -47,9 +46,6 @@ def fixture_format(repo: Path | RepoLayout, fixture: Fixture, inspection: Inspec
     (``peft-lora``), else the format the static inspection reports (``deepspeed-zero`` for a fixture
     recorded as ``deepspeed-zero2``).  Inspection reads, never loads; a refused tree keeps the meta format.
     A caller that has already inspected the fixture passes that ``inspection``, and it is not read again."""
-    from ckptgate.errors import Error
-    from ckptgate.inspect import SafeTree, inspect_open_tree
-
     gates = gates_data(repo)
     if gates is None:
         return fixture.format

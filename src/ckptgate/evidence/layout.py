@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ckptgate._resources import default_policy_dir
+from ckptgate.errors import EngineUnavailable
+
 if TYPE_CHECKING:
     from ckptgate.config import Config
     from ckptgate.policydata import PolicyData
@@ -82,9 +85,6 @@ class RepoLayout:
         configuration's policy-data overlay merged over it; ``None`` when it cannot be read."""
         policies = self.policies
         if policies is None:
-            from ckptgate._resources import default_policy_dir  # noqa: PLC0415
-            from ckptgate.errors import EngineUnavailable  # noqa: PLC0415
-
             try:
                 policies = default_policy_dir()
             except EngineUnavailable:

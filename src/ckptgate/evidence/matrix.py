@@ -11,6 +11,7 @@ commit, environment and topology (register claim rule 3), nothing more.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import html
 import json
@@ -19,15 +20,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ckptgate.digest import Digest, fixture_digest
+from ckptgate.errors import UsageError, VerificationError
 from ckptgate.evidence.candidate import _filtered_tree, candidate_commit, commit_time, git, head_commit
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.fixtures import list_fixtures
 from ckptgate.evidence.gates import GATES_IN_BUNDLE, gates_data
 from ckptgate.evidence.layout import DEFAULT_MATRIX, RepoLayout, as_layout
-from ckptgate.digest import Digest
-from ckptgate.errors import UsageError, VerificationError
+from ckptgate.inspect import SafeTree
 from ckptgate.userfiles import check_output_file, read_regular_file, write_output_file
+from ckptgate.verify import AttestationStore, verify_attestation
+from ckptgate.verify.facts import rejection_facts
 from ckptgate.verify.statement import field_at, iso_utc, parse_time
+from ckptgate.verify.store import statement_of
 
 if TYPE_CHECKING:
     from ckptgate.decide.engine import PolicyEngine
@@ -97,9 +102,6 @@ def _parse_time(s: Any) -> datetime | None:
 
 def fixture_digests(repo: Path | RepoLayout) -> dict[Digest, str]:
     """Digest -> fixture name, measured now over every fixture's ``checkpoint/``."""
-    from ckptgate.digest import fixture_digest
-    from ckptgate.inspect import SafeTree
-
     out: dict[Digest, str] = {}
     for f in list_fixtures(repo):
         with SafeTree.open(f.checkpoint) as tree:
@@ -110,9 +112,6 @@ def fixture_digests(repo: Path | RepoLayout) -> dict[Digest, str]:
 def collect(repo: Path | RepoLayout, trust: TrustData, *, now: datetime | None = None) -> tuple[list[dict[str, Any]],
                                                                           list[dict[str, Any]], datetime]:
     """Verify every stored attestation against the fixture it names; (facts, rejected, as-of time)."""
-    from ckptgate.verify import AttestationStore, verify_attestation
-    from ckptgate.verify.facts import rejection_facts
-
     layout = as_layout(repo)
     repo = layout.root
     # (source, the subject digest its directory names, its bytes): each stored file is read once
@@ -167,9 +166,6 @@ def retained_result(repo: Path, statement: dict[str, Any]) -> dict[str, Any]:
 def _signed_issue_time(raw: bytes, *, source: str, trust: TrustData, digest: Digest) -> datetime | None:
     """``issued_at`` of an attestation that verifies at that instant (trusted signature, known
     statement shape, subject ``digest``); ``None`` for anything else, however it is malformed."""
-    from ckptgate.verify import verify_attestation
-    from ckptgate.verify.store import statement_of
-
     try:
         _f, stmt, _ = statement_of(raw)
     except VerificationError:
@@ -319,8 +315,10 @@ def render_markdown(m: Matrix) -> str:
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
-table{border-collapse:collapse;width:100%}th,td{border:1px solid #ccc;padding:4px 6px;text-align:left;vertical-align:top}
-th{background:#f3f3f3}a{color:#0550ae;text-decoration:underline}a:visited{color:#6639ba}a:hover,a:focus{color:#033d8b;text-decoration-thickness:2px}
+table{border-collapse:collapse;width:100%}\
+th,td{border:1px solid #ccc;padding:4px 6px;text-align:left;vertical-align:top}
+th{background:#f3f3f3}a{color:#0550ae;text-decoration:underline}a:visited{color:#6639ba}\
+a:hover,a:focus{color:#033d8b;text-decoration-thickness:2px}
 .c-evidence a{display:block;white-space:nowrap}
 tr.status-supported td.c-status{background:#c8efc8}tr.status-stale td.c-status{background:#fbe6a6}
 tr.status-unqualified td.c-status{background:#e4e4e4}tr.status-refused td.c-status{background:#f6b8b8}
@@ -378,7 +376,8 @@ def render_html(m: Matrix) -> str:
         status = str(row.get("status"))
         cells = [f"<td class=\"c-{name}\">{e(value)}</td>" for name, value in _columns(row)]
         cells.append(f"<td class=\"c-signers\">{'<br>'.join(e(s) for s in signers(row)) or '-'}</td>")
-        links = "".join(f"<a class=\"{cls}\" href=\"{e(href)}\">{label}</a>" for cls, label, href in _evidence_links(row))
+        links = "".join(f"<a class=\"{cls}\" href=\"{e(href)}\">{label}</a>"
+                        for cls, label, href in _evidence_links(row))
         cells.append(f"<td class=\"c-evidence\">{links or '-'}</td>")
         reasons = "<br>".join(e(r) for r in _reasons(row)) or "-"
         cells.append(f"<td class=\"c-reasons reasons\">{reasons}</td>")
@@ -421,8 +420,6 @@ def write(m: Matrix, out_dir: Path) -> list[Path]:
 
 def diff(m: Matrix, committed_dir: Path) -> list[str]:
     """Unified diffs between the regenerated files and ``committed_dir`` (empty when equal)."""
-    import difflib
-
     out = []
     for name, data in m.files().items():
         p = committed_dir / name
@@ -435,6 +432,22 @@ def diff(m: Matrix, committed_dir: Path) -> list[str]:
     return out
 
 
-__all__ = ["FILES", "Head", "Matrix", "ROWS_ENTRYPOINT", "STATUSES", "build", "collect", "diff",
-           "evidence_location", "fixture_digests", "head_facts", "render_html", "render_json", "render_markdown",
-           "support_input", "targets", "write"]
+__all__ = [
+    "FILES",
+    "ROWS_ENTRYPOINT",
+    "STATUSES",
+    "Head",
+    "Matrix",
+    "build",
+    "collect",
+    "diff",
+    "evidence_location",
+    "fixture_digests",
+    "head_facts",
+    "render_html",
+    "render_json",
+    "render_markdown",
+    "support_input",
+    "targets",
+    "write",
+]

@@ -19,22 +19,23 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ckptgate.decide.decision import Decision
 from ckptgate.decide.options import EngineOptions, load_trust
-from ckptgate.digest import Digest, FixtureDigest
+from ckptgate.digest import Digest, FixtureDigest, fixture_digest
 from ckptgate.errors import VerificationError
 from ckptgate.evidence.candidate import candidate_commit, git
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.fixtures import Fixture, repo_relative, resolve_key
-from ckptgate.evidence.layout import RepoLayout, as_layout
 from ckptgate.evidence.gates import fixture_adapter, gate_producer, validity
+from ckptgate.evidence.layout import RepoLayout, as_layout
 from ckptgate.inspect import SafeTree
-from ckptgate.verify import AttestationStore, Signer, TrustData
-from ckptgate.verify.statement import iso_utc
+from ckptgate.verify import AttestationStore, KeySigner, Signer, TrustData, sign_statement, verify_attestation
+from ckptgate.verify.statement import PROVENANCE_PREDICATE_TYPE, STATEMENT_TYPE, iso_utc
+from ckptgate.verify.store import statement_of
 
 BASIS = "repository-review"
 """The one trust basis this predicate states: the review of the commit that holds the fixture."""
@@ -146,6 +147,7 @@ def committed_fixture(repo: Path | RepoLayout, fixture: Fixture, tree: SafeTree,
                             evidence={"manifest": manifest, "commit": commit},
                             advice="Commit the fixture's meta.json (or restore it) before vouching for it.")
     measured = {e.path: {"sha256": e.sha256, "size": e.size} for e in digest.manifest}
+    sizes = {e.path: e.size for e in digest.manifest}
     recorded = fixture.recorded_files()
     if not isinstance(recorded, dict) or recorded != measured:
         rec = recorded if isinstance(recorded, dict) else {}
@@ -169,7 +171,7 @@ def committed_fixture(repo: Path | RepoLayout, fixture: Fixture, tree: SafeTree,
         mode, kind, obj = blobs[path]
         fd = tree.open_file(path)
         try:
-            got = _blob_id_fd(fd, measured[path]["size"], fmt)
+            got = _blob_id_fd(fd, sizes[path], fmt)
         finally:
             os.close(fd)
         if kind != "blob" or mode not in ("100644", "100755") or got != obj:
@@ -208,8 +210,6 @@ def _producers(fixture: Fixture) -> dict[str, str]:
 def provenance_statement(repo: Path | RepoLayout, fixture: Fixture, committed: CommittedFixture, *,
                          now: datetime) -> dict[str, Any]:
     """The in-toto Statement v1 (subject: the fixture digest) for a checked fixture."""
-    from ckptgate.verify.statement import PROVENANCE_PREDICATE_TYPE, STATEMENT_TYPE
-
     adapter = fixture_adapter(repo, fixture)
     producer = fixture.producer(gate_producer(repo, adapter) if adapter else None)
     return {
@@ -218,7 +218,8 @@ def provenance_statement(repo: Path | RepoLayout, fixture: Fixture, committed: C
         "predicateType": PROVENANCE_PREDICATE_TYPE,
         "predicate": {
             "basis": BASIS,
-            "fixture": {"digest": committed.digest.prefixed(), "digest_algorithm": committed.digest.algorithm, "location": committed.location,
+            "fixture": {"digest": committed.digest.prefixed(), "digest_algorithm": committed.digest.algorithm,
+                        "location": committed.location,
                         "manifest": committed.manifest, "git_tree": committed.git_tree},
             "producer": {**producer, "call": str(fixture.meta["producer"])},
             "producers": _producers(fixture),
@@ -232,9 +233,6 @@ def provenance_statement(repo: Path | RepoLayout, fixture: Fixture, committed: C
 
 # --------------------------------------------------------------------------------------------- store
 def _provenance_files(store: AttestationStore, digest: Digest) -> list[tuple[Path, dict[str, Any]]]:
-    from ckptgate.verify.statement import PROVENANCE_PREDICATE_TYPE
-    from ckptgate.verify.store import statement_of
-
     out = []
     for p in store.find(digest):
         try:
@@ -253,8 +251,6 @@ def usable_provenance(repo: Path | RepoLayout, digest: Digest, *, trust: TrustDa
     Only statements that verify are returned, so a stale one never reaches policy as a rejected
     attestation (which would deny).  Whether the signer is trusted *for provenance* is policy's call.
     """
-    from ckptgate.verify import verify_attestation
-
     ok = []
     for p, _stmt in _provenance_files(AttestationStore(as_layout(repo).attestations), digest):
         try:
@@ -271,8 +267,6 @@ def sign_provenance(repo: Path | RepoLayout, fixture: Fixture, tree: SafeTree, d
                     now: datetime) -> bytes:
     """Check the committed bytes (:func:`committed_fixture`), sign the statement and verify the
     envelope under ``trust`` for ``digest`` and ``commit``; returns the DSSE envelope (not stored)."""
-    from ckptgate.verify import sign_statement, verify_attestation
-
     repo = as_layout(repo)
     committed = committed_fixture(repo, fixture, tree, digest, commit)
     envelope = sign_statement(provenance_statement(repo, fixture, committed, now=now), signer)
@@ -295,8 +289,6 @@ def discard_provenance(repo: Path | RepoLayout, path: Path) -> None:
 
 def supersede_provenance(repo: Path | RepoLayout, keep: Path, digest: Digest) -> tuple[Path, ...]:
     """Remove every other stored provenance statement for ``digest`` with the same fixture location."""
-    from ckptgate.verify.store import statement_of
-
     store = AttestationStore(as_layout(repo).attestations)
     location = statement_of(keep.read_bytes())[1]["predicate"]["fixture"]["location"]
     removed = []
@@ -314,13 +306,10 @@ def attest_provenance(repo: Path | RepoLayout, fixture: Fixture, *, key: Path | 
                       now: datetime | None = None) -> ProvenanceResult:
     """``ckptgate attest provenance``: sign and store a fresh provenance statement for ``fixture``,
     superseding earlier ones for the same digest and location."""
-    from ckptgate.digest import fixture_digest
-    from ckptgate.verify import KeySigner
-
     repo = as_layout(repo)
     options = options or EngineOptions(policy_dir=repo.policies)
     signer = KeySigner.from_pem(resolve_key(repo, key))
-    now = (now or datetime.now(timezone.utc)).replace(microsecond=0)
+    now = (now or datetime.now(UTC)).replace(microsecond=0)
     commit = candidate_commit(repo.root, exclude=repo.evidence_paths)
     with SafeTree.open(fixture.checkpoint) as tree:
         digest = fixture_digest(tree)
@@ -333,8 +322,6 @@ def attest_provenance(repo: Path | RepoLayout, fixture: Fixture, *, key: Path | 
 
 def provenance_needed(decision: Decision) -> bool:
     """True when the only deny reason is a missing attestation that a provenance statement can satisfy."""
-    from ckptgate.verify.statement import PROVENANCE_PREDICATE_TYPE
-
     deny = list(decision.deny_reasons)
     if decision.allow or not deny or any(r.code != "attestation_missing" for r in deny):
         return False

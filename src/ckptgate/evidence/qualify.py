@@ -21,7 +21,7 @@ import hashlib
 import json
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,8 @@ from ckptgate.evidence.compare import compare_outputs
 from ckptgate.evidence.environment import environment
 from ckptgate.evidence.errors import EvidenceError, QualificationFailed
 from ckptgate.evidence.fixtures import Fixture, repo_relative, resolve_key
-from ckptgate.evidence.layout import RepoLayout, as_layout
 from ckptgate.evidence.gates import adapter_for_format, fixture_format, gate_producer, qualifiable, validity
+from ckptgate.evidence.layout import RepoLayout, as_layout
 from ckptgate.evidence.stored import supersede_qualifications
 from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
 from ckptgate.pipeline import consolidate_into, judge
@@ -171,7 +171,7 @@ def qualify(repo: Path | RepoLayout, fixture: Fixture, adapter: str, *, key: Pat
         digest = measured.digest
         key_path = resolve_key(repo, key)
         signer = KeySigner.from_pem(key_path)
-        now = (now or datetime.now(timezone.utc)).replace(microsecond=0)
+        now = (now or datetime.now(UTC)).replace(microsecond=0)
         commit = candidate_commit(repo, exclude=layout.evidence_paths)
         producer = fixture.producer(gate_producer(layout, adapter))
         topology = fixture.topology()

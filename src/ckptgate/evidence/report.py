@@ -12,10 +12,14 @@ import json
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ckptgate.decide.options import EngineOptions
+from ckptgate import __version__
+from ckptgate.decide.options import EngineOptions, engine_for, load_trust
+from ckptgate.inspect import SafeTree
+from ckptgate.pipeline import evaluate
+from ckptgate.verify.oms import load_verification_material
+from ckptgate.verify.statement import field_at
 
 
 def build_report(path: Path, attestations: Sequence[Path], *, options: EngineOptions | None = None,
@@ -25,15 +29,8 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: EngineOpt
                  certificate_chain: Sequence[Path] = ()) -> dict[str, Any]:
     """The report document (JSON-serialisable) for the checkpoint at ``path``; ``signatures`` are
     OpenSSF Model Signing bundles verified under ``key`` or against ``certificate_chain``.  Every value
-    is complete: no digest, path or predicate field is shortened.  ``on_hash_plan``/``on_hash_bytes`` report the digest's
-    progress (:func:`ckptgate.pipeline.evaluate`)."""
-    from ckptgate import __version__
-    from ckptgate.inspect import SafeTree
-    from ckptgate.decide.options import EngineOptions, engine_for, load_trust
-    from ckptgate.pipeline import evaluate
-    from ckptgate.verify.oms import load_verification_material
-    from ckptgate.verify.statement import field_at
-
+    is complete: no digest, path or predicate field is shortened.  ``on_hash_plan``/``on_hash_bytes`` report the
+    digest's progress (:func:`ckptgate.pipeline.evaluate`)."""
     options = options or EngineOptions()
     trust = load_trust(options)
     offered, chain = load_verification_material(signatures, key, certificate_chain,
@@ -104,8 +101,6 @@ def build_report(path: Path, attestations: Sequence[Path], *, options: EngineOpt
 
 def _predicate_about_subject(att: dict[str, Any]) -> bool:
     """No predicate field Python checked names another fixture than the bound subject."""
-    from ckptgate.verify.statement import field_at
-
     named = field_at(att, "verification", "predicate_subject")
     return isinstance(named, dict) and all(v is True for v in named.values())
 

@@ -7,13 +7,12 @@ from pathlib import Path
 from ckptgate.digest import Digest
 from ckptgate.errors import VerificationError
 from ckptgate.verify import AttestationStore
+from ckptgate.verify.statement import field_at
+from ckptgate.verify.store import statement_of
 
 
 def supersede_qualifications(store: AttestationStore, digest: Digest, adapter: str) -> tuple[Path, ...]:
     """Remove earlier qualifications of the same adapter on the same fixture: their log is replaced."""
-    from ckptgate.verify.statement import field_at
-    from ckptgate.verify.store import statement_of
-
     removed = []
     for p in store.find(digest):
         try:

@@ -56,11 +56,11 @@ from ckptgate.consolidate import framework_files, plan_for
 from ckptgate.consolidate.plan import ConsolidationPlan, ShardTask
 from ckptgate.consolidate.writer import WrittenFile, header_bytes, write_index
 from ckptgate.decide.decision import Decision, Reason
+from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.digest import FixtureDigest, ManifestEntry, hash_files
 from ckptgate.enforce.gate import enforce
 from ckptgate.errors import Error, ExitCode, RuntimeFailure, UsageError
 from ckptgate.inspect import DeferredCrcs, SafeTree, inspect_open_tree
-from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.pipeline import Consolidated, IntakeResult, judge, local_opa_version, receipt_for
 from ckptgate.publish import check_destination, open_destination, publish, staging
 from ckptgate.verify.oms import load_verification_material

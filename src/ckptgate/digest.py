@@ -2,9 +2,9 @@
 
 Files are hashed from the descriptors :class:`~ckptgate.inspect.walk.SafeTree` opens, so what is
 hashed is what is read, and the same pass checks that every chunk inspection decided on is a
-chunk of these bytes (:mod:`ckptgate.inspect.hashed`).  Hashing runs in a thread pool across files (``hashlib`` and ``preadv``
-release the GIL), largest files first, each worker reusing one buffer: memory stays bounded by
-``workers x buffer``.  One file's sha256 is sequential by definition, so a single huge file is
+chunk of these bytes (:mod:`ckptgate.inspect.hashed`).  Hashing runs in a thread pool across files
+(``hashlib`` and ``preadv`` release the GIL), largest files first, each worker reusing one buffer:
+memory stays bounded by ``workers x buffer``.  One file's sha256 is sequential by definition, so a single huge file is
 hashed by one core while the others take the rest.
 
 The digest is ``"sha256:" + sha256(canonical)`` where ``canonical`` is the UTF-8 JSON, with sorted

@@ -56,13 +56,14 @@ from ckptgate.consolidate import framework_files, plan_for
 from ckptgate.consolidate.plan import ConsolidationPlan, ShardTask
 from ckptgate.consolidate.writer import WrittenFile, header_bytes, write_index
 from ckptgate.decide.decision import Decision, Reason
+from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.digest import FixtureDigest, ManifestEntry, hash_files
 from ckptgate.enforce.gate import enforce
 from ckptgate.errors import Error, ExitCode, RuntimeFailure, UsageError
-from ckptgate.inspect import DeferredCrcs, SafeTree, inspect_open_tree
-from ckptgate.decide.options import EngineOptions, engine_for, load_trust
-from ckptgate.pipeline import Consolidated, IntakeResult, judge, local_opa_version, receipt_for
-from ckptgate.publish import check_destination, open_destination, publish, staging
+from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
+from ckptgate.pipeline import Consolidated, Evaluation, IntakeResult, judge, local_opa_version, receipt_for
+from ckptgate.publish import Destination, Stage, check_destination, open_destination, publish, staging
+from ckptgate.verify.dsse import Signer
 from ckptgate.verify.oms import load_verification_material
 
 __all__ = ["COPY_CHUNK", "SECRET_ENV", "DistributedOptions", "assign_by_size", "distributed_intake", "plan_sha256"]
@@ -383,10 +384,12 @@ def _process_group(timeout_s: float) -> Iterator[tuple[Any, Any]]:
             dist.destroy_process_group()
 
 
-def distributed_intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Any = None,
+def distributed_intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: EngineOptions | None = None,
                        max_shard_bytes: int = 2 << 30, dtype: str | None = None, signatures: Sequence[Path] = (),
-                       key: Path | None = None, certificate_chain: Sequence[Path] = (), receipt_signer: Any = None,
-                       dist_options: DistributedOptions | None = None, select: str | None = None) -> Any:
+                       key: Path | None = None, certificate_chain: Sequence[Path] = (),
+                       # a Signer or None; Any while _cli/intake_cmd.py passes it as `object` (issue #21)
+                       receipt_signer: Any = None, dist_options: DistributedOptions | None = None,
+                       select: str | None = None) -> IntakeResult | None:
     """Take ``src`` in across the ranks of this torch.distributed job; publish at ``dst`` once.
 
     Returns the :class:`ckptgate.pipeline.IntakeResult` on rank 0 and ``None`` on the others;
@@ -410,7 +413,7 @@ def distributed_intake(src: Path, dst: Path, *, attestations: Sequence[Path], op
                     receipt_signer=receipt_signer)
 
 
-def _run(comm: _Comm, src: Path, dst: Path, **kw: Any) -> Any:
+def _run(comm: _Comm, src: Path, dst: Path, **kw: Any) -> IntakeResult | None:
     """The phases, then the clean-up of what they opened (the staging directory above all); a
     SIGTERM that arrives once the clean-up has begun is ignored, so it cannot cut it short."""
     with contextlib.ExitStack() as stack:
@@ -422,8 +425,8 @@ def _run(comm: _Comm, src: Path, dst: Path, **kw: Any) -> Any:
 
 
 def _phases(comm: _Comm, stack: contextlib.ExitStack, src: Path, dst: Path, *, attestations: Sequence[Path],
-            options: Any, max_shard_bytes: int, signatures: Sequence[Path], key: Path | None,
-            certificate_chain: Sequence[Path], receipt_signer: Any) -> Any:
+            options: EngineOptions, max_shard_bytes: int, signatures: Sequence[Path], key: Path | None,
+            certificate_chain: Sequence[Path], receipt_signer: Signer | None) -> IntakeResult | None:
     rank, world = comm.rank, comm.world
     state: dict[str, Any] = {}
     def inspect() -> dict[str, Any]:
@@ -561,10 +564,11 @@ def _phases(comm: _Comm, stack: contextlib.ExitStack, src: Path, dst: Path, *, a
         return {"published": str(state["dst"])}
 
     comm.agree("publish", publish_once)
-    return state.get("result")
+    result: IntakeResult | None = state.get("result")
+    return result
 
 
-def _open_stage(destination: Any, name: str) -> int:
+def _open_stage(destination: Destination, name: str) -> int:
     """The staging directory rank 0 made beside DST, opened by name relative to DST's parent."""
     if not isinstance(name, str) or "/" in name or not name.startswith(f".{destination.name}.ckptgate-staging-"):
         raise RuntimeFailure("runtime.distributed.stage", f"rank 0 named no staging directory of this DST: {name!r}")
@@ -586,8 +590,8 @@ def _open_sources(tree: SafeTree, sources: dict[str, _CheckedSource], paths: set
         sources[p] = _CheckedSource(p, tree.open_file(p), entry.size, chunks[p])
 
 
-def _judge(inspection: Any, digest: FixtureDigest, *, attestations: Sequence[Path], options: Any,
-           signatures: Sequence[Path], key: Path | None, certificate_chain: Sequence[Path]) -> Any:
+def _judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequence[Path], options: EngineOptions,
+           signatures: Sequence[Path], key: Path | None, certificate_chain: Sequence[Path]) -> Evaluation:
     trust = load_trust(options)
     offered_key, chain = load_verification_material(signatures, key, certificate_chain, options.sigstore_trust_root)
     with engine_for(options, trust) as engine:
@@ -596,8 +600,9 @@ def _judge(inspection: Any, digest: FixtureDigest, *, attestations: Sequence[Pat
                      offered_key=offered_key, certificate_chain=chain)
 
 
-def _publish(src: Path, dst: Path, stage: Any, plan: ConsolidationPlan, evaluation: Any, wrote: list[Any],
-             topology: dict[str, Any], *, options: Any, receipt_signer: Any) -> Any:
+def _publish(src: Path, dst: Path, stage: Stage, plan: ConsolidationPlan, evaluation: Evaluation,
+             wrote: list[dict[str, Any]], topology: dict[str, Any], *, options: EngineOptions,
+             receipt_signer: Signer | None) -> IntakeResult:
     by_name = {w[0]: WrittenFile(filename=w[0], size=w[1], sha256=w[2]) for r in wrote for w in r["written"]}
     order = [s.filename for s in plan.shards] + [c.filename for c in plan.copies]
     outputs = [by_name[n] for n in order]

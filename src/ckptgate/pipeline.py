@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import subprocess
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,21 +24,37 @@ from typing import Any
 
 from ckptgate import __version__
 from ckptgate.consolidate import adapter_plan, framework_files, plan_for, with_companions
-from ckptgate.consolidate.plan import CopiedFile, cast_plan, check_cast
+from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, cast_plan, check_cast
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, StreamedPlan, WrittenFile, write_index, write_plan
-from ckptgate.decide import (Decision, PolicyEngine, PolicyInput, PolicyInputBuilder, Precheck, Request,
-                             decide, now_utc, precheck)
+from ckptgate.decide import (
+    Decision,
+    PolicyEngine,
+    PolicyInput,
+    PolicyInputBuilder,
+    Precheck,
+    Request,
+    decide,
+    now_utc,
+    precheck,
+)
+from ckptgate.decide.bundle import find_opa
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.digest import DigestCancelled, FixtureDigest, fixture_digest
+from ckptgate.enforce.containment import ContainmentProfile, preflight
 from ckptgate.enforce.gate import WorkerOptions, enforce, refusal
 from ckptgate.errors import Error, RuntimeFailure, UsageError, VerificationError
 from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
-from ckptgate.publish import check_destination, open_destination, publish, staging
+from ckptgate.publish import Destination, Stage, check_destination, open_destination, publish, staging
 from ckptgate.userfiles import read_regular_file
 from ckptgate.verify import TrustData, prepare_statement_checks, verify_attestation
-from ckptgate.verify.dsse import MAX_ENVELOPE_BYTES
-from ckptgate.verify.oms import (CertificateChain, OfferedKey, check_signature_flags, load_verification_material,
-                                 verify_oms_bundle)
+from ckptgate.verify.dsse import MAX_ENVELOPE_BYTES, Signer
+from ckptgate.verify.oms import (
+    CertificateChain,
+    OfferedKey,
+    check_signature_flags,
+    load_verification_material,
+    verify_oms_bundle,
+)
 
 PURE_DATA_LOADERS = frozenset({"safetensors", "json"})
 #: The loaders of the planes that run no loader (pure data, static pickle): the output may be
@@ -54,7 +71,7 @@ class Evaluation:
     decision: Decision
     inspection: Inspection
     digest: FixtureDigest
-    containment: Any = None  # the ContainmentProfile the decision saw (None for pure data)
+    containment: ContainmentProfile | None = None  # the profile the decision saw (None for pure data)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,7 +100,7 @@ def _read_attestation(path: Path) -> bytes:
 
 def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngine, trust: TrustData,
              action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
-             containment: Any = None, sigstore_trust_root: Path | str | None = None,
+             containment: ContainmentProfile | None = None, sigstore_trust_root: Path | str | None = None,
              refuse_early: bool = False, signatures: Sequence[Path] = (),
              offered_key: OfferedKey | None = None, on_hash_plan: Callable[[int], None] | None = None,
              on_hash_bytes: Callable[[int], None] | None = None,
@@ -173,17 +190,16 @@ def _needs_profile(inspection: Inspection) -> bool:
     return not set(inspection.loaders) <= PURE_DATA_LOADERS
 
 
-def _preflight() -> Any:
-    from ckptgate.enforce.containment import preflight  # only when a framework load may follow
-
+def _preflight() -> ContainmentProfile:
+    """Only when a framework load may follow (tests replace it)."""
     return preflight()
 
 
 def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequence[Path], engine: PolicyEngine,
           trust: TrustData, action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
-          containment: Any = None, sigstore_trust_root: Path | str | None = None, signatures: Sequence[Path] = (),
-          offered_key: OfferedKey | None = None, certificate_chain: CertificateChain | None = None,
-          select: str | None = None) -> Evaluation:
+          containment: ContainmentProfile | None = None, sigstore_trust_root: Path | str | None = None,
+          signatures: Sequence[Path] = (), offered_key: OfferedKey | None = None,
+          certificate_chain: CertificateChain | None = None, select: str | None = None) -> Evaluation:
     """Verify ``attestations`` against what was measured and decide; :func:`evaluate` measures first.
 
     ``signatures`` are OpenSSF Model Signing bundles, verified under ``offered_key`` (``--key``) or
@@ -279,7 +295,7 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
            now: datetime | None = None, on_bytes: Callable[[int], None] | None = None,
            on_plan: Callable[[int], None] | None = None, dtype: str | None = None,
            signatures: Sequence[Path] = (), key: Path | None = None, certificate_chain: Sequence[Path] = (),
-           receipt_signer: Any = None,
+           receipt_signer: Signer | None = None,
            on_hash_plan: Callable[[int], None] | None = None,
            on_hash_bytes: Callable[[int], None] | None = None, select: str | None = None) -> IntakeResult:
     """Take ``src`` in through the gate and publish HF sharded safetensors at ``dst`` (every
@@ -357,12 +373,12 @@ class OnePass:
     comes first, as it does today).
     """
 
-    def __init__(self, destination: Any, *, max_shard_bytes: int, chunk_size: int = DEFAULT_CHUNK,
+    def __init__(self, destination: Destination, *, max_shard_bytes: int, chunk_size: int = DEFAULT_CHUNK,
                  dtype: str | None = None) -> None:
         self._destination, self._max, self._chunk, self._dtype = destination, max_shard_bytes, chunk_size, dtype
         self._stack = contextlib.ExitStack()
-        self.stage: Any = None  # the Stage, once the output is being written in the digest's pass
-        self._plan: Any = None
+        self.stage: Stage | None = None  # once the output is being written in the digest's pass
+        self._plan: ConsolidationPlan | None = None
         self._writer: StreamedPlan | None = None
 
     def __enter__(self) -> OnePass:
@@ -411,7 +427,7 @@ class OnePass:
         companions the decision did not name, are removed) and write the index.  ``None`` when the
         decision selects a subtree (the staged plan is the whole tree's): the staging directory is
         removed and the caller takes the two-pass path with the decision's plan."""
-        assert self.stage is not None and self._writer is not None
+        assert self.stage is not None and self._writer is not None and self._plan is not None
         enforce(tree, evaluation.inspection, decision=evaluation.decision, fixture_digest=evaluation.digest)
         if evaluation.decision.selection is not None:
             self._stack.close()
@@ -435,7 +451,7 @@ class OnePass:
 
 
 @contextlib.contextmanager
-def open_sources(tree: SafeTree, plan: Any) -> Iterator[dict[str, int]]:
+def open_sources(tree: SafeTree, plan: ConsolidationPlan) -> Iterator[dict[str, int]]:
     fds: dict[str, int] = {}
     try:
         for src in plan.source_paths:
@@ -463,10 +479,6 @@ def _containment_record(evaluation: Evaluation, done: Consolidated) -> dict[str,
 
 def local_opa_version() -> str | None:
     """The version the local OPA binary reports (``opa version``), or None when it cannot say."""
-    import subprocess
-
-    from ckptgate.decide.bundle import find_opa
-
     try:
         proc = subprocess.run([find_opa(), "version"], capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired, Error):

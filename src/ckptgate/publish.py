@@ -41,6 +41,7 @@ from typing import Any
 
 from ckptgate._fs import RENAME_NOREPLACE, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, is_within, openat2, renameat2
 from ckptgate.errors import Error, UsageError
+from ckptgate.verify.dsse import Signer, sign_payload
 from ckptgate.workdirs import lock_held, registered, sweep_registry
 
 RECEIPT_NAME = "ckptgate-receipt.json"
@@ -278,7 +279,7 @@ def _write_new(stage: Stage, name: str, raw: bytes) -> None:
         os.close(fd)
 
 
-def publish(stage: Stage, receipt: dict[str, Any], *, signer: Any = None) -> Path:
+def publish(stage: Stage, receipt: dict[str, Any], *, signer: Signer | None = None) -> Path:
     """Write the receipt into ``stage`` (and, with ``signer``, a DSSE envelope over its exact bytes
     as :data:`RECEIPT_SIGNATURE_NAME`), fsync everything, and rename ``stage`` to DST, all relative
     to the descriptors; returns DST's path."""
@@ -286,8 +287,6 @@ def publish(stage: Stage, receipt: dict[str, Any], *, signer: Any = None) -> Pat
     raw = (json.dumps(receipt, indent=2, sort_keys=True, default=str) + "\n").encode()
     _write_new(stage, RECEIPT_NAME, raw)
     if signer is not None:
-        from ckptgate.verify.dsse import sign_payload
-
         _write_new(stage, RECEIPT_SIGNATURE_NAME, sign_payload(raw, [signer], payload_type=RECEIPT_PAYLOAD_TYPE))
     with os.scandir(stage.fd) as it:  # the one fsync of each output: the writer leaves durability to us
         names = [e.name for e in it if e.is_file(follow_symlinks=False)]

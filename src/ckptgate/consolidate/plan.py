@@ -210,8 +210,8 @@ def merge_placements(placements: Iterable[Placement]) -> tuple[Placement, ...]:
     out: list[Placement] = []
     for p in sorted(placements, key=lambda p: p.dst_offset):
         last = out[-1] if out else None
-        if (last is not None and last.count == 1 and p.count == 1 and last.src == p.src and last.dst_offset + last.length == p.dst_offset
-                and last.src_offset + last.length == p.src_offset):
+        if (last is not None and last.count == 1 and p.count == 1 and last.src == p.src
+                and last.dst_offset + last.length == p.dst_offset and last.src_offset + last.length == p.src_offset):
             out[-1] = Placement(src=p.src, src_offset=last.src_offset, dst_offset=last.dst_offset,
                                 length=last.length + p.length)
         else:

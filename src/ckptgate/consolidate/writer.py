@@ -33,8 +33,10 @@ once).  Which write path, by a fixed rule rather than a measurement at start:
   pieces at unaligned offsets, which ``O_DIRECT`` cannot take without copying them again into
   aligned windows; it is written through the page cache, and the writer asks the kernel to start
   writing each piece back at once (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not
-  wait), so that the disk works while the input is still being read and fsync finds little left.  ``os.pread``/``os.pwrite`` and ``hashlib`` release the GIL, so files are processed
-on a small thread pool.
+  wait), so that the disk works while the input is still being read and fsync finds little left.
+
+``os.pread``/``os.pwrite`` and ``hashlib`` release the GIL, so files are processed on a small
+thread pool.
 """
 
 from __future__ import annotations
@@ -154,7 +156,8 @@ def _layout(plan: ConsolidationPlan, out_fd: int, opened: dict[str, int], *, wri
     heads: dict[str, bytes] = {}
 
     def create(name: str, size: int) -> int:
-        fd = os.open(name, os.O_RDWR | _CREATE, 0o644, dir_fd=out_fd)  # a plain name, relative to the output directory's fd
+        # a plain name, relative to the output directory's fd
+        fd = os.open(name, os.O_RDWR | _CREATE, 0o644, dir_fd=out_fd)
         opened[name] = fd
         os.ftruncate(fd, size)
         sizes[name] = size
@@ -302,11 +305,11 @@ def _copy_in_order(name: str, fd: int, size: int, head: bytes,
     """Write output ``name`` front to back from held sources; return its sha256.
 
     ``pieces`` are ``(src, segment)``; the runs of the segments, expanded one at a time in output
-    order, must tile ``[0, size)`` exactly together with the header.  The output is assembled in page-aligned windows of about
-    ``chunk_size`` bytes: the header, then every placed range read with ``preadv`` straight into
-    its place.  Each full window is hashed on one thread and written (:class:`_Sink`) on another
-    while this thread fills the next, through a ring of :data:`_RING` windows.  A piece with
-    ``conv`` (a cast the user asked for) is read in whole elements, converted
+    order, must tile ``[0, size)`` exactly together with the header.  The output is assembled in
+    page-aligned windows of about ``chunk_size`` bytes: the header, then every placed range read
+    with ``preadv`` straight into its place.  Each full window is hashed on one thread and written
+    (:class:`_Sink`) on another while this thread fills the next, through a ring of :data:`_RING`
+    windows.  A piece with ``conv`` (a cast the user asked for) is read in whole elements, converted
     (:func:`~ckptgate.consolidate.cast.convert`) and taken like the header.
     """
     window = max(_ALIGN, chunk_size - chunk_size % _ALIGN)
@@ -360,7 +363,8 @@ def _copy_in_order(name: str, fd: int, size: int, head: bytes,
                 out_len, src_off, length = out_len + len(out), src_off + n, length - n
             return out_len
 
-        scratch = memoryview(bytearray(window if any(g.conv for _, g in pieces) else 0))  # a multiple of 8: whole elements
+        # a multiple of 8: whole elements
+        scratch = memoryview(bytearray(window if any(g.conv for _, g in pieces) else 0))
         take(name, None, 0, len(head))
         pos = len(head)
         for src, run in _runs_in_output_order(pieces):
@@ -547,7 +551,7 @@ class StreamedPlan:
         with ThreadPoolExecutor(max_workers=max(1, min(threads, len(names)))) as pool:
             digests = list(pool.map(lambda n: self._hashes[self._opened[n]].finish(
                 self._opened[n], self._sizes[n], self._chunk), names))
-        return {n: WrittenFile(filename=n, size=self._sizes[n], sha256=d) for n, d in zip(names, digests)}
+        return {n: WrittenFile(filename=n, size=self._sizes[n], sha256=d) for n, d in zip(names, digests, strict=True)}
 
     def close(self) -> None:
         for fd in self._opened.values():
@@ -626,7 +630,8 @@ def _write_plan(plan: ConsolidationPlan, out_fd: int, sources: Mapping[str, int]
                 for f in [pool.submit(_scatter_source, src, sources[src], segs, expected[src], chunk_size, on_bytes)
                           for src, segs in sorted(segments.items())]:
                     f.result()
-                digests = dict(zip(opened, pool.map(lambda fd: _hash_file(fd, chunk_size), opened.values())))
+                hashed = pool.map(lambda fd: _hash_file(fd, chunk_size), opened.values())
+                digests = dict(zip(opened, hashed, strict=True))
     finally:
         for fd in opened.values():
             os.close(fd)

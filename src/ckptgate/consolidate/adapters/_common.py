@@ -6,8 +6,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckptgate.consolidate.plan import (DTYPE_SIZES, OutputTensor, Placement, PlanError, merge_placements, numel,
-                                       st_dtype, strided)
+from ckptgate.consolidate.plan import (
+    DTYPE_SIZES,
+    OutputTensor,
+    Placement,
+    PlanError,
+    merge_placements,
+    numel,
+    st_dtype,
+    strided,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

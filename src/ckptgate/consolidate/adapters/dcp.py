@@ -23,10 +23,23 @@ from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters._common import record_segment
 from ckptgate.consolidate.adapters.registry import StaticAdapter, register
+from ckptgate.consolidate.plan import (
+    DTYPE_SIZES,
+    MAX_PLAN_RUNS,
+    ConsolidationPlan,
+    OutputTensor,
+    Placement,
+    PlanError,
+    chunk_placement_count,
+    chunk_strided_runs,
+    merge_placements,
+    no_tensors,
+    numel,
+    shard_tensors,
+    st_dtype,
+    strided,
+)
 from ckptgate.decide.decision import Selection
-from ckptgate.consolidate.plan import (DTYPE_SIZES, MAX_PLAN_RUNS, ConsolidationPlan, OutputTensor, Placement,
-                                       PlanError, chunk_placement_count, chunk_strided_runs, merge_placements,
-                                       no_tensors, numel, shard_tensors, st_dtype, strided)
 
 if TYPE_CHECKING:
     from ckptgate.inspect import Inspection

@@ -40,8 +40,16 @@ from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters._common import Segment, record_segment, segment_tensor, take
 from ckptgate.consolidate.adapters.registry import StaticAdapter, register
-from ckptgate.consolidate.plan import (DTYPE_SIZES, ConsolidationPlan, OutputTensor, PlanError, no_tensors, numel,
-                                       shard_tensors, st_dtype)
+from ckptgate.consolidate.plan import (
+    DTYPE_SIZES,
+    ConsolidationPlan,
+    OutputTensor,
+    PlanError,
+    no_tensors,
+    numel,
+    shard_tensors,
+    st_dtype,
+)
 from ckptgate.errors import RuntimeFailure
 from ckptgate.inspect.pickle import Call, Global, SDict, SList, SSet, key_text
 

@@ -14,8 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters._common import record_segment, segment_tensor
 from ckptgate.consolidate.adapters.registry import StaticAdapter, register
-from ckptgate.consolidate.plan import (ConsolidationPlan, NotConsolidatable, OutputTensor, PlanError, no_tensors,
-                                       shard_tensors, st_dtype)
+from ckptgate.consolidate.plan import (
+    ConsolidationPlan,
+    NotConsolidatable,
+    OutputTensor,
+    PlanError,
+    no_tensors,
+    shard_tensors,
+    st_dtype,
+)
 
 if TYPE_CHECKING:
     from ckptgate.decide.decision import Selection

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from ckptgate.enforce.load import LoadedTrees
     from ckptgate.inspect import Inspection
 
-__all__ = ["Adapter", "RegistryError", "StaticAdapter", "adapter_for", "adapter_name_for", "adapters", "format_table", "register",
-           "unregister"]
+__all__ = ["Adapter", "RegistryError", "StaticAdapter", "adapter_for", "adapter_name_for", "adapters", "format_table",
+           "register", "unregister"]
 
 
 @runtime_checkable

@@ -12,8 +12,16 @@ import errno
 import os
 import platform
 
-__all__ = ["RENAME_NOREPLACE", "RESOLVE_BENEATH", "RESOLVE_NO_MAGICLINKS", "RESOLVE_NO_SYMLINKS", "file_id",
-           "is_within", "openat2", "renameat2"]
+__all__ = [
+    "RENAME_NOREPLACE",
+    "RESOLVE_BENEATH",
+    "RESOLVE_NO_MAGICLINKS",
+    "RESOLVE_NO_SYMLINKS",
+    "file_id",
+    "is_within",
+    "openat2",
+    "renameat2",
+]
 
 # linux/openat2.h
 RESOLVE_NO_MAGICLINKS = 0x02
@@ -25,8 +33,9 @@ _RESOLVE = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 RENAME_NOREPLACE = 1
 
 # The generic syscall table and x86_64 agree on 437.
-_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "arm64": 437, "riscv64": 437, "ppc64le": 437,
-                "s390x": 437}.get(platform.machine())
+_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "arm64": 437, "riscv64": 437, "ppc64le": 437, "s390x": 437}.get(
+    platform.machine()
+)
 
 
 class _OpenHow(ctypes.Structure):
@@ -43,8 +52,13 @@ def openat2(dir_fd: int, path: str, flags: int = os.O_RDONLY, resolve: int = _RE
         raise OSError(errno.ENOSYS, "openat2 syscall number unknown on this architecture")
     how = _OpenHow(flags | os.O_CLOEXEC, 0, resolve)
     raw = os.fsencode(path)
-    fd = _libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dir_fd), ctypes.c_char_p(raw),
-                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    fd = _libc.syscall(
+        ctypes.c_long(_SYS_OPENAT2),
+        ctypes.c_int(dir_fd),
+        ctypes.c_char_p(raw),
+        ctypes.byref(how),
+        ctypes.c_size_t(ctypes.sizeof(how)),
+    )
     if fd < 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e), path)
@@ -59,8 +73,13 @@ def renameat2(src_dir_fd: int, src: str, dst_dir_fd: int, dst: str, flags: int =
     for name in (src, dst):
         if not name or "/" in name or name in (".", ".."):
             raise ValueError(f"renameat2 takes a single name relative to a directory fd, not {name!r}")
-    rc = _libc.renameat2(ctypes.c_int(src_dir_fd), ctypes.c_char_p(os.fsencode(src)), ctypes.c_int(dst_dir_fd),
-                         ctypes.c_char_p(os.fsencode(dst)), ctypes.c_uint(flags))
+    rc = _libc.renameat2(
+        ctypes.c_int(src_dir_fd),
+        ctypes.c_char_p(os.fsencode(src)),
+        ctypes.c_int(dst_dir_fd),
+        ctypes.c_char_p(os.fsencode(dst)),
+        ctypes.c_uint(flags),
+    )
     if rc != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e), dst)

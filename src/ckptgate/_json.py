@@ -78,26 +78,37 @@ def depth(doc: Any, cap: int | None = None) -> int:
 def _parse(raw: bytes | str, what: str, max_bytes: int | None, max_depth: int | None) -> Any:
     if isinstance(raw, bytes):
         if max_bytes is not None and len(raw) > max_bytes:
-            raise JSONRejected("too_large", f"{what} is {len(raw)} bytes, over the {max_bytes}-byte cap",
-                               what=what, size=len(raw), cap=max_bytes)
+            raise JSONRejected(
+                "too_large",
+                f"{what} is {len(raw)} bytes, over the {max_bytes}-byte cap",
+                what=what,
+                size=len(raw),
+                cap=max_bytes,
+            )
         try:
             text = raw.decode("utf-8", errors="strict")
         except UnicodeDecodeError as e:
-            raise JSONRejected("not_utf8", f"{what} is not UTF-8: {e.reason} at byte {e.start}",
-                               what=what, offset=e.start) from None
+            raise JSONRejected(
+                "not_utf8", f"{what} is not UTF-8: {e.reason} at byte {e.start}", what=what, offset=e.start
+            ) from None
     else:
         text = raw
         n = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
         if max_bytes is not None and n > max_bytes:
-            raise JSONRejected("too_large", f"{what} is {n} bytes, over the {max_bytes}-byte cap",
-                               what=what, size=n, cap=max_bytes)
+            raise JSONRejected(
+                "too_large", f"{what} is {n} bytes, over the {max_bytes}-byte cap", what=what, size=n, cap=max_bytes
+            )
     try:
         doc = json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant)
     except _DuplicateKey as e:
         raise JSONRejected("duplicate_key", f"{what} repeats the key {e.key!r}", what=what, key=e.key) from None
     except RecursionError:  # the C scanner stops at the interpreter's recursion limit
-        raise JSONRejected("too_deep", f"{what} nests deeper than the parser allows",
-                           what=what, cap=max_depth if max_depth is not None else MAX_DEPTH) from None
+        raise JSONRejected(
+            "too_deep",
+            f"{what} nests deeper than the parser allows",
+            what=what,
+            cap=max_depth if max_depth is not None else MAX_DEPTH,
+        ) from None
     except ValueError as e:
         raise JSONRejected("malformed", f"{what} is not valid JSON: {e}", what=what, reason=str(e)) from None
     if max_depth is not None and isinstance(doc, (dict, list)) and depth(doc, max_depth) > max_depth:
@@ -105,8 +116,14 @@ def _parse(raw: bytes | str, what: str, max_bytes: int | None, max_depth: int | 
     return doc
 
 
-def loads_strict(raw: bytes | str, *, what: str, max_bytes: int | None = None, max_depth: int | None = MAX_DEPTH,
-                 error: Callable[[JSONRejected], Exception] | None = None) -> Any:
+def loads_strict(
+    raw: bytes | str,
+    *,
+    what: str,
+    max_bytes: int | None = None,
+    max_depth: int | None = MAX_DEPTH,
+    error: Callable[[JSONRejected], Exception] | None = None,
+) -> Any:
     """Parse ``raw`` as one strict JSON document, in this order of checks.
 
     1. size, when ``max_bytes`` is given (``too_large``); 2. UTF-8, for bytes (``not_utf8``; text the

@@ -50,9 +50,12 @@ def default_policy_dir() -> Path:
     explicit = os.environ.get("CKPTGATE_POLICIES")
     path = Path(explicit) if explicit else policies_dir()
     if path is None:
-        raise EngineUnavailable("engine.policies.missing", "this installation of ckptgate carries no policies",
-                                advice="Reinstall ckptgate from its wheel, or name a policy directory with "
-                                       "--policies or CKPTGATE_POLICIES.")
+        raise EngineUnavailable(
+            "engine.policies.missing",
+            "this installation of ckptgate carries no policies",
+            advice="Reinstall ckptgate from its wheel, or name a policy directory with "
+            "--policies or CKPTGATE_POLICIES.",
+        )
     if not path.is_dir():
         raise EngineUnavailable("engine.policies.missing", f"policy directory {path} does not exist")
     return path

@@ -60,20 +60,46 @@ def inspect(path: Path | str) -> Inspection:
         return inspect_open_tree(tree)
 
 
-def verify(path: Path | str, attestations: Sequence[Path | str] = (), *,
-           options: EngineOptions | None = None) -> Report:
+def verify(
+    path: Path | str, attestations: Sequence[Path | str] = (), *, options: EngineOptions | None = None
+) -> Report:
     """Inspect, digest, verify the ``attestations`` and ask the policy, loading nothing
     (``ckptgate verify``)."""
     return Report(document=build_report(Path(path), [Path(a) for a in attestations], options=options))
 
 
-def intake(src: Path | str, dst: Path | str, attestations: Sequence[Path | str], *,
-           options: EngineOptions | None = None, max_shard_bytes: int = 2 << 30) -> IntakeResult:
+def intake(
+    src: Path | str,
+    dst: Path | str,
+    attestations: Sequence[Path | str],
+    *,
+    options: EngineOptions | None = None,
+    max_shard_bytes: int = 2 << 30,
+) -> IntakeResult:
     """Take ``src`` in through the gate and publish Hugging Face sharded safetensors at ``dst``,
     only on allow (``ckptgate intake``); raises on deny, publishing nothing."""
-    return run_intake(Path(src), Path(dst), attestations=[Path(a) for a in attestations], options=options,
-               max_shard_bytes=max_shard_bytes)
+    return run_intake(
+        Path(src),
+        Path(dst),
+        attestations=[Path(a) for a in attestations],
+        options=options,
+        max_shard_bytes=max_shard_bytes,
+    )
 
 
-__all__ = ["EngineOptions", "EngineUnavailable", "Error", "ExitCode", "InputRejected", "Inspection", "IntakeResult",
-           "PolicyDenied", "Report", "UsageError", "VerificationError", "inspect", "intake", "verify"]
+__all__ = [
+    "EngineOptions",
+    "EngineUnavailable",
+    "Error",
+    "ExitCode",
+    "InputRejected",
+    "Inspection",
+    "IntakeResult",
+    "PolicyDenied",
+    "Report",
+    "UsageError",
+    "VerificationError",
+    "inspect",
+    "intake",
+    "verify",
+]

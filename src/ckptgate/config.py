@@ -58,7 +58,7 @@ SCHEMA: dict[str, Any] = {
 }
 
 
-INIT_TEMPLATE = '''\
+INIT_TEMPLATE = """\
 # ckptgate configuration (https://ckptgate.dev/docs/user-guide#configuration).
 # Every ckptgate command run inside this repository reads it. Paths are relative to this file.
 
@@ -85,7 +85,7 @@ docs = ["README.md", "docs/**/*.md"]
 # qualifies adapters. Without them `ckptgate check` lints claims against an empty matrix.
 # matrix = "matrix"
 # fixtures = "tests/fixtures/data"
-'''
+"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,12 +107,18 @@ class Config:
         def rel(p: Path | None) -> str | None:
             return None if p is None else p.relative_to(self.root).as_posix()
 
-        return {"root": str(self.root), "source": None if self.source is None else str(self.source),
-                "trust": rel(self.trust), "extra_rego": rel(self.extra_rego),
-                "policy_data": None if self.policy_data is None else rel(self.policy_data.source),
-                "docs": list(self.docs),
-                "attestations": rel(self.attestations), "matrix": rel(self.matrix), "fixtures": rel(self.fixtures),
-                "policies": rel(self.policies)}
+        return {
+            "root": str(self.root),
+            "source": None if self.source is None else str(self.source),
+            "trust": rel(self.trust),
+            "extra_rego": rel(self.extra_rego),
+            "policy_data": None if self.policy_data is None else rel(self.policy_data.source),
+            "docs": list(self.docs),
+            "attestations": rel(self.attestations),
+            "matrix": rel(self.matrix),
+            "fixtures": rel(self.fixtures),
+            "policies": rel(self.policies),
+        }
 
     def doc_files(self) -> list[Path]:
         """The files the docs globs match, sorted and each once (only files inside the root)."""
@@ -157,8 +163,9 @@ def load_file(path: Path) -> Config:
     if path.name == PYPROJECT:
         table = _pyproject_table(path)
         if table is None:
-            raise ConfigError("usage.config.missing", f"{path} has no [tool.ckptgate] table",
-                              evidence={"file": str(path)})
+            raise ConfigError(
+                "usage.config.missing", f"{path} has no [tool.ckptgate] table", evidence={"file": str(path)}
+            )
     else:
         table = _read_toml(path)
     return from_table(table, root=path.parent.absolute(), source=path.absolute())
@@ -168,16 +175,19 @@ def _read_toml(path: Path) -> dict[str, Any]:
     try:
         raw = path.read_bytes()
     except OSError as e:
-        raise ConfigError("usage.config.unreadable", f"cannot read {path}: {e.strerror}",
-                          evidence={"file": str(path)}) from None
+        raise ConfigError(
+            "usage.config.unreadable", f"cannot read {path}: {e.strerror}", evidence={"file": str(path)}
+        ) from None
     if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError("usage.config.too_large", f"{path} is over {MAX_CONFIG_BYTES} bytes",
-                          evidence={"file": str(path)})
+        raise ConfigError(
+            "usage.config.too_large", f"{path} is over {MAX_CONFIG_BYTES} bytes", evidence={"file": str(path)}
+        )
     try:
         return tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError("usage.config.syntax", f"{path} is not valid TOML: {e}",
-                          evidence={"file": str(path)}) from None
+        raise ConfigError(
+            "usage.config.syntax", f"{path} is not valid TOML: {e}", evidence={"file": str(path)}
+        ) from None
 
 
 def _pyproject_table(path: Path) -> dict[str, Any] | None:
@@ -202,8 +212,9 @@ def from_table(table: dict[str, Any], *, root: Path, source: Path | None = None)
         e = errors[0]
         key = ".".join(str(p) for p in e.absolute_path) or "(top level)"
         code = "usage.config.unknown_key" if e.validator == "additionalProperties" else "usage.config.schema"
-        raise ConfigError(code, f"{where}: {key}: {e.message}",
-                          evidence={"file": where, "key": key, "problems": len(errors)})
+        raise ConfigError(
+            code, f"{where}: {key}: {e.message}", evidence={"file": where, "key": key, "problems": len(errors)}
+        )
 
     def path(key: str, *, must_exist: bool) -> Path | None:
         value = table.get(key)
@@ -212,17 +223,26 @@ def from_table(table: dict[str, Any], *, root: Path, source: Path | None = None)
         p = Path(value)
         full = (root / p).absolute()
         if p.is_absolute() or not full.resolve().is_relative_to(root.resolve()):
-            raise ConfigError("usage.config.path", f"{where}: {key} = {value!r} is outside {root}",
-                              evidence={"file": where, "key": key, "value": value},
-                              advice="Name a path relative to the configuration file, inside its directory.")
+            raise ConfigError(
+                "usage.config.path",
+                f"{where}: {key} = {value!r} is outside {root}",
+                evidence={"file": where, "key": key, "value": value},
+                advice="Name a path relative to the configuration file, inside its directory.",
+            )
         if must_exist and not full.exists():
-            raise ConfigError("usage.config.path", f"{where}: {key} = {value!r} does not exist",
-                              evidence={"file": where, "key": key, "value": value})
+            raise ConfigError(
+                "usage.config.path",
+                f"{where}: {key} = {value!r} does not exist",
+                evidence={"file": where, "key": key, "value": value},
+            )
         return full
 
     if "matrix" in table and "fixtures" not in table:
-        raise ConfigError("usage.config.schema", f"{where}: matrix needs fixtures: the matrix is built from them",
-                          evidence={"file": where, "key": "matrix"})
+        raise ConfigError(
+            "usage.config.schema",
+            f"{where}: matrix needs fixtures: the matrix is built from them",
+            evidence={"file": where, "key": "matrix"},
+        )
     extra = path("extra_rego", must_exist=True)
     if extra is not None:
         check_extra_rego(extra, where=where)
@@ -230,17 +250,29 @@ def from_table(table: dict[str, Any], *, root: Path, source: Path | None = None)
     data_file = path("policy_data", must_exist=True)
     attestations, matrix = path("attestations", must_exist=False), path("matrix", must_exist=False)
     fixtures = path("fixtures", must_exist=True)
-    _evidence_holds_no_code(where, root, {"attestations": attestations, "matrix": matrix},
-                            {"fixtures": fixtures, "policies": policies, "trust": trust, "policy_data": data_file,
-                             "extra_rego": extra})
-    return Config(root=root, source=source, trust=trust, extra_rego=extra,
-                  policy_data=None if data_file is None else load_policy_data(data_file, policies, trust),
-                  docs=tuple(table.get("docs", DEFAULT_DOCS)), attestations=attestations,
-                  matrix=matrix, fixtures=fixtures, policies=policies)
+    _evidence_holds_no_code(
+        where,
+        root,
+        {"attestations": attestations, "matrix": matrix},
+        {"fixtures": fixtures, "policies": policies, "trust": trust, "policy_data": data_file, "extra_rego": extra},
+    )
+    return Config(
+        root=root,
+        source=source,
+        trust=trust,
+        extra_rego=extra,
+        policy_data=None if data_file is None else load_policy_data(data_file, policies, trust),
+        docs=tuple(table.get("docs", DEFAULT_DOCS)),
+        attestations=attestations,
+        matrix=matrix,
+        fixtures=fixtures,
+        policies=policies,
+    )
 
 
-def _evidence_holds_no_code(where: str, root: Path, evidence: dict[str, Path | None],
-                            inputs: dict[str, Path | None]) -> None:
+def _evidence_holds_no_code(
+    where: str, root: Path, evidence: dict[str, Path | None], inputs: dict[str, Path | None]
+) -> None:
     """The store and the matrix are evidence: changes under them never move the candidate commit,
     so neither may be the configuration's directory itself (which holds the configuration) or
     hold the fixtures, the policies, the trust data, the overlay or the extra Rego."""
@@ -252,10 +284,13 @@ def _evidence_holds_no_code(where: str, root: Path, evidence: dict[str, Path | N
             held = {"the whole repository": root}
         for what, p in held.items():
             if p is not None and p.resolve().is_relative_to(place.resolve()):
-                raise ConfigError("usage.config.path", f"{where}: {key} = {place.relative_to(root).as_posix()!r} "
-                                  f"holds {what}: evidence paths never move the candidate commit",
-                                  evidence={"file": where, "key": key, "holds": what},
-                                  advice=f"Give {key} a directory of its own.")
+                raise ConfigError(
+                    "usage.config.path",
+                    f"{where}: {key} = {place.relative_to(root).as_posix()!r} "
+                    f"holds {what}: evidence paths never move the candidate commit",
+                    evidence={"file": where, "key": key, "holds": what},
+                    advice=f"Give {key} a directory of its own.",
+                )
 
 
 def load_policy_data(path: Path, policies: Path | None = None, trust: Path | None = None) -> PolicyData:
@@ -271,8 +306,11 @@ def load_policy_data(path: Path, policies: Path | None = None, trust: Path | Non
         try:
             TrustData.from_json(json.dumps({"signers": data.signers}).encode(), source=str(path))
         except TrustDataError as e:
-            raise ConfigError("usage.config.policy_data", f"{path}: signers: {e.message}",
-                              evidence={"file": str(path), "key": "signers"}) from None
+            raise ConfigError(
+                "usage.config.policy_data",
+                f"{path}: signers: {e.message}",
+                evidence={"file": str(path), "key": "signers"},
+            ) from None
     try:
         base = policies or default_policy_dir()
     except EngineUnavailable:  # no policies to merge over: the engine reports that when it starts
@@ -287,20 +325,37 @@ def init(directory: Path) -> Path:
     target = directory / CONFIG_FILE
     existing = discover(directory)
     if existing is not None:
-        raise ConfigError("usage.config.exists", f"{existing} already configures ckptgate here",
-                          evidence={"file": str(existing)}, advice="Edit that file; `ckptgate init` never overwrites.")
+        raise ConfigError(
+            "usage.config.exists",
+            f"{existing} already configures ckptgate here",
+            evidence={"file": str(existing)},
+            advice="Edit that file; `ckptgate init` never overwrites.",
+        )
     try:
         with target.open("x", encoding="utf-8") as f:
             f.write(INIT_TEMPLATE)
     except FileExistsError:
-        raise ConfigError("usage.config.exists", f"{target} already exists", evidence={"file": str(target)},
-                          advice="Edit that file; `ckptgate init` never overwrites.") from None
+        raise ConfigError(
+            "usage.config.exists",
+            f"{target} already exists",
+            evidence={"file": str(target)},
+            advice="Edit that file; `ckptgate init` never overwrites.",
+        ) from None
     except OSError as e:
-        raise ConfigError("usage.config.unwritable", f"cannot write {target}: {e.strerror}",
-                          evidence={"file": str(target)}) from None
+        raise ConfigError(
+            "usage.config.unwritable", f"cannot write {target}: {e.strerror}", evidence={"file": str(target)}
+        ) from None
     return target
 
 
-__all__ = ["CONFIG_FILE", "Config", "ConfigError", "discover", "from_table",
-           "init", "load", "load_file",
-           "load_policy_data"]
+__all__ = [
+    "CONFIG_FILE",
+    "Config",
+    "ConfigError",
+    "discover",
+    "from_table",
+    "init",
+    "load",
+    "load_file",
+    "load_policy_data",
+]

@@ -48,11 +48,14 @@ def require_torch() -> None:
     leaves out; without them it stops with ``usage.demo_needs_torch`` before touching anything."""
     missing = [name for name in ("torch", "huggingface_hub") if importlib.util.find_spec(name) is None]
     if missing:
-        raise UsageError("usage.demo_needs_torch", f"the demo makes its checkpoint with torch and huggingface_hub, "
-                         f"and this installation lacks {' and '.join(missing)}",
-                         evidence={"missing": missing},
-                         advice="Install the framework extra: pip install 'ckptgate[torch]'. The core install "
-                                "still inspects, verifies and decides on checkpoints you already have.")
+        raise UsageError(
+            "usage.demo_needs_torch",
+            f"the demo makes its checkpoint with torch and huggingface_hub, "
+            f"and this installation lacks {' and '.join(missing)}",
+            evidence={"missing": missing},
+            advice="Install the framework extra: pip install 'ckptgate[torch]'. The core install "
+            "still inspects, verifies and decides on checkpoints you already have.",
+        )
 
 
 def make_checkpoint(out: Path, *, seed: int = 0) -> dict[str, Any]:
@@ -72,8 +75,13 @@ def make_checkpoint(out: Path, *, seed: int = 0) -> dict[str, Any]:
 
 def git_head() -> str:
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         head = ""
     return head if len(head) == 40 else "0" * 40
@@ -85,14 +93,27 @@ def demo_statement(digest: Digest | str, manifest: str, *, producer: tuple[str, 
 
     digest = Digest.of(digest)
     return qualification_statement(
-        subject_name="demo-checkpoint", fixture_digest=digest, manifest=manifest,
-        producer={"name": producer[0], "version": producer[1]}, adapter={"name": "hf-safetensors", "version": "1"},
+        subject_name="demo-checkpoint",
+        fixture_digest=digest,
+        manifest=manifest,
+        producer={"name": producer[0], "version": producer[1]},
+        adapter={"name": "hf-safetensors", "version": "1"},
         candidate_commit=git_head(),
-        environment={"python": platform.python_version(), "torch": torch.__version__,
-                     "os": platform.system().lower(), "arch": platform.machine(), "accelerator": "cpu"},
+        environment={
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "os": platform.system().lower(),
+            "arch": platform.machine(),
+            "accelerator": "cpu",
+        },
         topology={"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "world_size": 1},
-        status="passed", checks_run=["demo-roundtrip"], evidence_digest=digest.prefixed(), evidence_location="demo",
-        issued_at=now_utc(), valid_for=timedelta(hours=1))
+        status="passed",
+        checks_run=["demo-roundtrip"],
+        evidence_digest=digest.prefixed(),
+        evidence_location="demo",
+        issued_at=now_utc(),
+        valid_for=timedelta(hours=1),
+    )
 
 
 def run_demo(workdir: Path, *, options: EngineOptions | None = None) -> DemoResult:
@@ -116,20 +137,36 @@ def run_demo(workdir: Path, *, options: EngineOptions | None = None) -> DemoResu
     key_path = workdir / "demo-signing-key.pem"
     write_private_key(key_path, private_pem)
     trust_file = workdir / "trust.json"
-    trust_file.write_text(json.dumps({"signers": [trust_entry(public_pem, signer_id="demo-throwaway-key",
-                                                              predicate_types=[QUALIFICATION_PREDICATE_TYPE])]},
-                                     indent=2) + "\n")
+    trust_file.write_text(
+        json.dumps(
+            {
+                "signers": [
+                    trust_entry(
+                        public_pem, signer_id="demo-throwaway-key", predicate_types=[QUALIFICATION_PREDICATE_TYPE]
+                    )
+                ]
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
     with SafeTree.open(src) as tree:
         digest = fixture_digest(tree)
-    statement = demo_statement(digest.digest, "demo-checkpoint",
-                               producer=("huggingface_hub", huggingface_hub.__version__))
+    statement = demo_statement(
+        digest.digest, "demo-checkpoint", producer=("huggingface_hub", huggingface_hub.__version__)
+    )
     attestation = workdir / "checkpoint.intoto.dsse.json"
     attestation.write_bytes(sign_statement(statement, KeySigner.from_pem(key_path)))
 
     base = options or EngineOptions()
-    options = EngineOptions(opa_url=base.opa_url, opa_token=base.opa_token, policy_dir=base.policy_dir,
-                            trust_file=trust_file, timeout_s=base.timeout_s)
+    options = EngineOptions(
+        opa_url=base.opa_url,
+        opa_token=base.opa_token,
+        policy_dir=base.policy_dir,
+        trust_file=trust_file,
+        timeout_s=base.timeout_s,
+    )
     result = intake(src, out, attestations=[attestation], options=options, max_shard_bytes=8000)
 
     index = json.loads((out / "model.safetensors.index.json").read_text())
@@ -140,9 +177,12 @@ def run_demo(workdir: Path, *, options: EngineOptions | None = None) -> DemoResu
         raise DemoFailed("demo.tensor_names", f"output tensors {sorted(loaded)} differ from input {sorted(state)}")
     for name, tensor in state.items():
         got = loaded[name]
-        if got.dtype != tensor.dtype or got.shape != tensor.shape or \
-                got.view(torch.uint8).flatten().tolist() != tensor.view(torch.uint8).flatten().tolist():
+        if (
+            got.dtype != tensor.dtype
+            or got.shape != tensor.shape
+            or got.view(torch.uint8).flatten().tolist() != tensor.view(torch.uint8).flatten().tolist()
+        ):
             raise DemoFailed("demo.tensor_bytes", f"tensor {name!r} differs between input and output")
-    return DemoResult(source=src, attestation=attestation, trust_file=trust_file, intake=result,
-                      tensors_compared=len(state))
-
+    return DemoResult(
+        source=src, attestation=attestation, trust_file=trust_file, intake=result, tensors_compared=len(state)
+    )

@@ -34,8 +34,16 @@ from ckptgate.errors import InputRejected, VerificationError
 from ckptgate.inspect._threads import usable_cores
 from ckptgate.inspect.walk import SafeTree
 
-__all__ = ["Digest", "DigestCancelled", "FixtureDigest", "MalformedDigest", "ManifestEntry", "canonical_manifest",
-           "fixture_digest", "hash_files"]
+__all__ = [
+    "Digest",
+    "DigestCancelled",
+    "FixtureDigest",
+    "MalformedDigest",
+    "ManifestEntry",
+    "canonical_manifest",
+    "fixture_digest",
+    "hash_files",
+]
 
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 DEFAULT_BUFFER = 4 << 20
@@ -52,9 +60,12 @@ class MalformedDigest(VerificationError):
 
 def _malformed(value: object, form: str) -> MalformedDigest:
     """``form`` names the form expected; the message and evidence are those ckptgate always gave."""
-    return MalformedDigest("verify.digest.malformed", f"not a sha256 digest: {value!r}",
-                           evidence={"digest": value if isinstance(value, str) else repr(value)},
-                           advice=f"Give the digest as {form}.")
+    return MalformedDigest(
+        "verify.digest.malformed",
+        f"not a sha256 digest: {value!r}",
+        evidence={"digest": value if isinstance(value, str) else repr(value)},
+        advice=f"Give the digest as {form}.",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,16 +92,16 @@ class Digest:
     @classmethod
     def parse(cls, value: str) -> Digest:
         """``sha256:<64 lower-case hex>`` exactly (the form ckptgate writes in JSON)."""
-        if not isinstance(value, str) or not value.startswith(_PREFIX) or not _HEX.match(value[len(_PREFIX):]):
+        if not isinstance(value, str) or not value.startswith(_PREFIX) or not _HEX.match(value[len(_PREFIX) :]):
             raise _malformed(value, "sha256:<64 hex>")
-        return cls(ALGORITHM, value[len(_PREFIX):])
+        return cls(ALGORITHM, value[len(_PREFIX) :])
 
     @classmethod
     def from_filename_stem(cls, value: str) -> Digest:
         """``sha256-<64 lower-case hex>`` (an attestation store directory)."""
-        if not isinstance(value, str) or not value.startswith(_STEM) or not _HEX.match(value[len(_STEM):]):
+        if not isinstance(value, str) or not value.startswith(_STEM) or not _HEX.match(value[len(_STEM) :]):
             raise _malformed(value, "sha256-<64 hex>")
-        return cls(ALGORITHM, value[len(_STEM):])
+        return cls(ALGORITHM, value[len(_STEM) :])
 
     @classmethod
     def from_user(cls, value: str) -> Digest:
@@ -177,8 +188,12 @@ class FixtureDigest:
 
     def to_facts(self) -> dict[str, Any]:
         """The ``fixture`` object of the OPA input."""
-        return {"digest": self.digest.prefixed(), "algorithm": self.algorithm, "file_count": self.file_count,
-                "total_bytes": self.total_bytes}
+        return {
+            "digest": self.digest.prefixed(),
+            "algorithm": self.algorithm,
+            "file_count": self.file_count,
+            "total_bytes": self.total_bytes,
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {**self.to_facts(), "manifest": [e.to_json() for e in self.manifest]}
@@ -186,8 +201,9 @@ class FixtureDigest:
     @classmethod
     def from_manifest(cls, manifest: list[ManifestEntry] | tuple[ManifestEntry, ...]) -> FixtureDigest:
         m = tuple(sorted(manifest, key=lambda e: e.path))
-        return cls(algorithm=ALGORITHM, digest=Digest.from_hex(hashlib.sha256(canonical_manifest(m)).hexdigest()),
-                   manifest=m)
+        return cls(
+            algorithm=ALGORITHM, digest=Digest.from_hex(hashlib.sha256(canonical_manifest(m)).hexdigest()), manifest=m
+        )
 
 
 def canonical_manifest(manifest: tuple[ManifestEntry, ...] | list[ManifestEntry]) -> bytes:
@@ -195,8 +211,14 @@ def canonical_manifest(manifest: tuple[ManifestEntry, ...] | list[ManifestEntry]
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def _hash_fd(fd: int, size: int, buf: memoryview, progress: Callable[[int], None] | None,
-             also: Callable[[int, memoryview], None] | None, cancel: threading.Event | None) -> str:
+def _hash_fd(
+    fd: int,
+    size: int,
+    buf: memoryview,
+    progress: Callable[[int], None] | None,
+    also: Callable[[int, memoryview], None] | None,
+    cancel: threading.Event | None,
+) -> str:
     h = hashlib.sha256()
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -206,7 +228,7 @@ def _hash_fd(fd: int, size: int, buf: memoryview, progress: Callable[[int], None
     while off < size:
         if cancel is not None and cancel.is_set():
             raise DigestCancelled
-        n = os.preadv(fd, [buf[:min(len(buf), size - off)]], off)
+        n = os.preadv(fd, [buf[: min(len(buf), size - off)]], off)
         if n <= 0:
             break
         h.update(buf[:n])
@@ -217,8 +239,9 @@ def _hash_fd(fd: int, size: int, buf: memoryview, progress: Callable[[int], None
             progress(n)
     extra = os.pread(fd, 1, off)
     if off != size or extra:
-        raise InputRejected("input.walk.changed", "a file changed size while it was hashed",
-                            evidence={"read": off, "expected": size})
+        raise InputRejected(
+            "input.walk.changed", "a file changed size while it was hashed", evidence={"read": off, "expected": size}
+        )
     return h.hexdigest()
 
 
@@ -231,13 +254,19 @@ def _each(checks: list[Callable[[int, memoryview], None]]) -> Callable[[int, mem
     def both(offset: int, view: memoryview) -> None:
         for c in checks:
             c(offset, view)
+
     return both
 
 
-def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: int = DEFAULT_BUFFER,
-                   progress: Callable[[int], None] | None = None,
-                   also: Callable[[str], Callable[[int, memoryview], None] | None] | None = None,
-                   cancel: threading.Event | None = None) -> FixtureDigest:
+def fixture_digest(
+    tree: SafeTree,
+    *,
+    workers: int | None = None,
+    buffer_size: int = DEFAULT_BUFFER,
+    progress: Callable[[int], None] | None = None,
+    also: Callable[[str], Callable[[int, memoryview], None] | None] | None = None,
+    cancel: threading.Event | None = None,
+) -> FixtureDigest:
     """Hash every walked file of ``tree`` and return the fixture digest.
 
     ``progress`` (thread-safe calls) receives byte counts as they are hashed.  ``also(path)`` may
@@ -250,15 +279,29 @@ def fixture_digest(tree: SafeTree, *, workers: int | None = None, buffer_size: i
     checked against this pass, chunk by chunk: the bytes that decided the layout are the bytes
     hashed into the digest, or the file is ``input.walk.changed`` (:mod:`ckptgate.inspect.hashed`).
     """
-    return FixtureDigest.from_manifest(hash_files(tree, [e.path for e in tree.entries], workers=workers,
-                                                  buffer_size=buffer_size, progress=progress, also=also,
-                                                  cancel=cancel))
+    return FixtureDigest.from_manifest(
+        hash_files(
+            tree,
+            [e.path for e in tree.entries],
+            workers=workers,
+            buffer_size=buffer_size,
+            progress=progress,
+            also=also,
+            cancel=cancel,
+        )
+    )
 
 
-def hash_files(tree: SafeTree, paths: list[str], *, workers: int | None = None, buffer_size: int = DEFAULT_BUFFER,
-               progress: Callable[[int], None] | None = None,
-               also: Callable[[str], Callable[[int, memoryview], None] | None] | None = None,
-               cancel: threading.Event | None = None) -> list[ManifestEntry]:
+def hash_files(
+    tree: SafeTree,
+    paths: list[str],
+    *,
+    workers: int | None = None,
+    buffer_size: int = DEFAULT_BUFFER,
+    progress: Callable[[int], None] | None = None,
+    also: Callable[[str], Callable[[int, memoryview], None] | None] | None = None,
+    cancel: threading.Event | None = None,
+) -> list[ManifestEntry]:
     """The manifest entries of the walked files ``paths`` of ``tree``, as :func:`fixture_digest`
     hashes them (each file's read ledger sealed and checked in the same pass): the per-file part
     of the digest, for a caller that hashes a share of the files (one rank of a distributed intake)."""

@@ -88,44 +88,58 @@ class DistributedOptions:
 
     def __post_init__(self) -> None:
         if not (0 < self.timeout_s <= 86400):
-            raise UsageError("usage.distributed.timeout", f"the distributed deadline must be between 0 and 86400 "
-                             f"seconds, not {self.timeout_s!r}")
+            raise UsageError(
+                "usage.distributed.timeout",
+                f"the distributed deadline must be between 0 and 86400 seconds, not {self.timeout_s!r}",
+            )
 
 
 class Relayed(Error):
     """Another rank's failure, relayed: its code and exit code, with the failing rank in evidence."""
 
     def __init__(self, code: str, message: str, *, exit_code: int, rank: int) -> None:
-        super().__init__(code, message, evidence={"rank": rank},
-                         advice="See the failing rank's own error output; nothing was published.")
+        super().__init__(
+            code,
+            message,
+            evidence={"rank": rank},
+            advice="See the failing rank's own error output; nothing was published.",
+        )
         self.exit_code = ExitCode(exit_code)
 
 
 def _peer_lost(what: str, e: BaseException) -> RuntimeFailure:
-    return RuntimeFailure("runtime.distributed.peer_lost",
-                          f"a rank did not answer in the {what} exchange (it died, or passed the deadline): "
-                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; nothing was published",
-                          evidence={"phase": what},
-                          advice="Check every rank's output and the launcher's; take the checkpoint in again.")
+    return RuntimeFailure(
+        "runtime.distributed.peer_lost",
+        f"a rank did not answer in the {what} exchange (it died, or passed the deadline): "
+        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; nothing was published",
+        evidence={"phase": what},
+        advice="Check every rank's output and the launcher's; take the checkpoint in again.",
+    )
 
 
 def _secret() -> bytes:
     raw = os.environ.get(SECRET_ENV, "")
     if len(raw.encode()) < MIN_SECRET_BYTES:
-        raise UsageError("usage.distributed.secret", f"--distributed needs a per-job secret of at least "
-                         f"{MIN_SECRET_BYTES} bytes in ${SECRET_ENV}, the same on every rank, to authenticate "
-                         "the messages between ranks" + ("" if raw else "; none was set"),
-                         advice=f"Generate one per job (e.g. `openssl rand -hex 32`) and pass it to every rank "
-                                f"in ${SECRET_ENV}; see docs/scale-out.md.")
+        raise UsageError(
+            "usage.distributed.secret",
+            f"--distributed needs a per-job secret of at least "
+            f"{MIN_SECRET_BYTES} bytes in ${SECRET_ENV}, the same on every rank, to authenticate "
+            "the messages between ranks" + ("" if raw else "; none was set"),
+            advice=f"Generate one per job (e.g. `openssl rand -hex 32`) and pass it to every rank "
+            f"in ${SECRET_ENV}; see docs/scale-out.md.",
+        )
     return raw.encode()
 
 
 def _launcher_env() -> None:
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
     if missing:
-        raise UsageError("usage.distributed.no_launcher", f"--distributed runs under torchrun or a launcher that "
-                         f"sets torch.distributed's environment; {', '.join(missing)} is not set",
-                         advice="Run `torchrun --nproc-per-node N -m ckptgate intake ... --distributed`.")
+        raise UsageError(
+            "usage.distributed.no_launcher",
+            f"--distributed runs under torchrun or a launcher that "
+            f"sets torch.distributed's environment; {', '.join(missing)} is not set",
+            advice="Run `torchrun --nproc-per-node N -m ckptgate intake ... --distributed`.",
+        )
 
 
 class _Comm:
@@ -151,12 +165,14 @@ class _Comm:
             dist.all_gather(sizes, torch.tensor([len(payload)], dtype=torch.int64))
             lengths = [int(s.item()) for s in sizes]
             if not all(32 <= n <= MAX_MESSAGE for n in lengths):
-                raise RuntimeFailure("runtime.distributed.message", f"a rank announced a message of "
-                                     f"{max(lengths)} bytes in the {phase} exchange; refused",
-                                     evidence={"phase": phase, "sizes": lengths})
+                raise RuntimeFailure(
+                    "runtime.distributed.message",
+                    f"a rank announced a message of {max(lengths)} bytes in the {phase} exchange; refused",
+                    evidence={"phase": phase, "sizes": lengths},
+                )
             width = max(lengths)
             mine = torch.zeros(width, dtype=torch.uint8)
-            mine[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
             bufs = [torch.empty(width, dtype=torch.uint8) for _ in range(self.world)]
             dist.all_gather(bufs, mine)
         except Error:
@@ -167,12 +183,14 @@ class _Comm:
         for sender, (buf, n) in enumerate(zip(bufs, lengths, strict=True)):
             raw = buf[:n].numpy().tobytes()
             if not hmac.compare_digest(raw[:32], self._mac(phase, sender, raw[32:])):
-                raise RuntimeFailure("runtime.distributed.unauthenticated",
-                                     f"the {phase} message from rank {sender} does not carry a valid HMAC under "
-                                     f"this rank's ${SECRET_ENV}; nothing was published",
-                                     evidence={"phase": phase, "rank": sender},
-                                     advice=f"Give every rank the same ${SECRET_ENV}, and keep the job's network "
-                                            "private (docs/scale-out.md).")
+                raise RuntimeFailure(
+                    "runtime.distributed.unauthenticated",
+                    f"the {phase} message from rank {sender} does not carry a valid HMAC under "
+                    f"this rank's ${SECRET_ENV}; nothing was published",
+                    evidence={"phase": phase, "rank": sender},
+                    advice=f"Give every rank the same ${SECRET_ENV}, and keep the job's network "
+                    "private (docs/scale-out.md).",
+                )
             out.append(json.loads(raw[32:]))
         return out
 
@@ -196,8 +214,12 @@ class _Comm:
             r, err = failed[0]
             if own is not None and r == self.rank:
                 raise own
-            raise Relayed(str(err["code"]), f"rank {r} failed in the {phase} step: {err['message']}",
-                          exit_code=int(err["exit"]), rank=r)
+            raise Relayed(
+                str(err["code"]),
+                f"rank {r} failed in the {phase} step: {err['message']}",
+                exit_code=int(err["exit"]),
+                rank=r,
+            )
         return [m["data"] for m in msgs]
 
 
@@ -215,13 +237,22 @@ def assign_by_size(items: Sequence[tuple[str, int]], world: int) -> list[list[st
 
 def plan_sha256(plan: ConsolidationPlan) -> str:
     """The sha256 of everything the plan makes the ranks write (headers, placements, copies, index)."""
-    doc = {"shards": [{"file": s.filename, "header": hashlib.sha256(header_bytes(s)).hexdigest(),
-                       "placements": [[t.source_dtype, [[p.src, p.src_offset, p.dst_offset, p.length]
-                                                        for p in t.placements]] for t in s.tensors]}
-                      for s in plan.shards],
-           "copies": [[c.src, c.filename, c.size] for c in plan.copies],
-           "index": [plan.write_index, dict(plan.index_metadata), plan.total_size],
-           "report": dict(plan.report)}
+    doc = {
+        "shards": [
+            {
+                "file": s.filename,
+                "header": hashlib.sha256(header_bytes(s)).hexdigest(),
+                "placements": [
+                    [t.source_dtype, [[p.src, p.src_offset, p.dst_offset, p.length] for p in t.placements]]
+                    for t in s.tensors
+                ],
+            }
+            for s in plan.shards
+        ],
+        "copies": [[c.src, c.filename, c.size] for c in plan.copies],
+        "index": [plan.write_index, dict(plan.index_metadata), plan.total_size],
+        "report": dict(plan.report),
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
@@ -260,34 +291,40 @@ class _CheckedSource:
             lo = i * COPY_CHUNK
             want = min(COPY_CHUNK, self.size - lo)
             data = os.pread(self.fd, want, lo)
-            if len(data) != want or i >= len(self.chunks) or \
-                    hashlib.sha256(data).hexdigest() != self.chunks[i]:
-                raise RuntimeFailure("runtime.copy.source_changed",
-                                     f"{self.path}: chunk {i} no longer has the sha256 the digest pass recorded; "
-                                     "nothing was published", evidence={"source": self.path, "chunk": i},
-                                     advice="The checkpoint changed while it was being taken in. Take it in "
-                                            "again from a copy that nothing else writes to.")
+            if len(data) != want or i >= len(self.chunks) or hashlib.sha256(data).hexdigest() != self.chunks[i]:
+                raise RuntimeFailure(
+                    "runtime.copy.source_changed",
+                    f"{self.path}: chunk {i} no longer has the sha256 the digest pass recorded; nothing was published",
+                    evidence={"source": self.path, "chunk": i},
+                    advice="The checkpoint changed while it was being taken in. Take it in "
+                    "again from a copy that nothing else writes to.",
+                )
             self._index, self._data = i, data
         return self._data
 
     def read(self, offset: int, length: int) -> Iterator[bytes]:
         if offset < 0 or offset + length > self.size:
-            raise RuntimeFailure("runtime.copy.short_read", f"{self.path}: the plan reads past the end of the file",
-                                 evidence={"source": self.path, "size": self.size})
+            raise RuntimeFailure(
+                "runtime.copy.short_read",
+                f"{self.path}: the plan reads past the end of the file",
+                evidence={"source": self.path, "size": self.size},
+            )
         while length:
             i, at = divmod(offset, COPY_CHUNK)
-            piece = self._chunk(i)[at:at + length]
+            piece = self._chunk(i)[at : at + length]
             yield piece
             offset, length = offset + len(piece), length - len(piece)
 
 
-def _write_output(stage_fd: int, name: str, head: bytes, pieces: list[tuple[str, int, int]],
-                  sources: dict[str, _CheckedSource]) -> WrittenFile:
+def _write_output(
+    stage_fd: int, name: str, head: bytes, pieces: list[tuple[str, int, int]], sources: dict[str, _CheckedSource]
+) -> WrittenFile:
     """Write output ``name`` front to back (``head``, then each ``(src, offset, length)``), hashing it."""
     fd = os.open(name, _CREATE, 0o644, dir_fd=stage_fd)
     h = hashlib.sha256()
     pos = 0
     try:
+
         def put(data: bytes) -> None:
             nonlocal pos
             view = memoryview(data)
@@ -316,12 +353,18 @@ def _shard_pieces(task: ShardTask) -> list[tuple[str, int, int]]:
     pos = 0
     for out_off, _, _, length in pieces:
         if out_off != pos:
-            raise RuntimeFailure("runtime.copy.not_tiled", f"{task.filename}: the plan leaves a gap or an overlap "
-                                 f"at byte {min(pos, out_off)}", evidence={"output": task.filename})
+            raise RuntimeFailure(
+                "runtime.copy.not_tiled",
+                f"{task.filename}: the plan leaves a gap or an overlap at byte {min(pos, out_off)}",
+                evidence={"output": task.filename},
+            )
         pos += length
     if pos != task.nbytes:
-        raise RuntimeFailure("runtime.copy.not_tiled", f"{task.filename}: the plan covers {pos} of {task.nbytes} "
-                             "bytes", evidence={"output": task.filename})
+        raise RuntimeFailure(
+            "runtime.copy.not_tiled",
+            f"{task.filename}: the plan covers {pos} of {task.nbytes} bytes",
+            evidence={"output": task.filename},
+        )
     return [(src, off, length) for _, src, off, length in pieces]
 
 
@@ -333,8 +376,15 @@ def _decision_from(doc: dict[str, Any]) -> Decision:
             continue
         v = doc[f.name]
         if f.name == "reasons":
-            v = tuple(Reason(code=r["code"], message=r["message"], evidence=r.get("evidence") or {},
-                             severity=r.get("severity", "deny")) for r in v)
+            v = tuple(
+                Reason(
+                    code=r["code"],
+                    message=r["message"],
+                    evidence=r.get("evidence") or {},
+                    severity=r.get("severity", "deny"),
+                )
+                for r in v
+            )
         elif isinstance(v, list):
             v = tuple(v)
         values[f.name] = v
@@ -354,8 +404,11 @@ def _process_group(timeout_s: float) -> Iterator[tuple[Any, Any]]:
         import torch  # noqa: PLC0415 - the [torch] extra, only for --distributed
         import torch.distributed as dist  # noqa: PLC0415
     except ImportError:
-        raise UsageError("usage.distributed.torch_missing", "--distributed needs torch (the [torch] extra)",
-                         advice="pip install 'ckptgate[torch]'") from None
+        raise UsageError(
+            "usage.distributed.torch_missing",
+            "--distributed needs torch (the [torch] extra)",
+            advice="pip install 'ckptgate[torch]'",
+        ) from None
     if not dist.is_available() or not dist.is_gloo_available():
         raise UsageError("usage.distributed.no_gloo", "this torch build has no torch.distributed gloo backend")
     try:
@@ -375,8 +428,11 @@ def _process_group(timeout_s: float) -> Iterator[tuple[Any, Any]]:
         yield torch, dist
         failed = False
     except _Terminated:
-        raise RuntimeFailure("runtime.distributed.terminated", "this rank was stopped (SIGTERM), most likely by "
-                             "the launcher after another rank failed; nothing was published") from None
+        raise RuntimeFailure(
+            "runtime.distributed.terminated",
+            "this rank was stopped (SIGTERM), most likely by "
+            "the launcher after another rank failed; nothing was published",
+        ) from None
     finally:
         # After a failure the launcher may SIGTERM this rank while it exits: keep its exit code.
         signal.signal(signal.SIGTERM, signal.SIG_IGN if failed else previous)
@@ -384,12 +440,22 @@ def _process_group(timeout_s: float) -> Iterator[tuple[Any, Any]]:
             dist.destroy_process_group()
 
 
-def distributed_intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: EngineOptions | None = None,
-                       max_shard_bytes: int = 2 << 30, dtype: str | None = None, signatures: Sequence[Path] = (),
-                       key: Path | None = None, certificate_chain: Sequence[Path] = (),
-                       # a Signer or None; Any while _cli/intake_cmd.py passes it as `object` (issue #21)
-                       receipt_signer: Any = None, dist_options: DistributedOptions | None = None,
-                       select: str | None = None) -> IntakeResult | None:
+def distributed_intake(
+    src: Path,
+    dst: Path,
+    *,
+    attestations: Sequence[Path],
+    options: EngineOptions | None = None,
+    max_shard_bytes: int = 2 << 30,
+    dtype: str | None = None,
+    signatures: Sequence[Path] = (),
+    key: Path | None = None,
+    certificate_chain: Sequence[Path] = (),
+    # a Signer or None; Any while _cli/intake_cmd.py passes it as `object` (issue #21)
+    receipt_signer: Any = None,
+    dist_options: DistributedOptions | None = None,
+    select: str | None = None,
+) -> IntakeResult | None:
     """Take ``src`` in across the ranks of this torch.distributed job; publish at ``dst`` once.
 
     Returns the :class:`ckptgate.pipeline.IntakeResult` on rank 0 and ``None`` on the others;
@@ -398,19 +464,34 @@ def distributed_intake(src: Path, dst: Path, *, attestations: Sequence[Path], op
     options = options or EngineOptions()
     dist_options = dist_options or DistributedOptions()
     if select is not None:
-        raise UsageError("usage.distributed.select", "--select is not supported with --distributed yet",
-                         advice="Drop --select (the policy's default selection still applies), or take the "
-                                "checkpoint in on one process.")
+        raise UsageError(
+            "usage.distributed.select",
+            "--select is not supported with --distributed yet",
+            advice="Drop --select (the policy's default selection still applies), or take the "
+            "checkpoint in on one process.",
+        )
     if dtype is not None:
-        raise UsageError("usage.distributed.dtype", "--dtype is not supported with --distributed yet: the ranks "
-                         "copy bytes verbatim", advice="Drop --dtype, or take the checkpoint in on one process.")
+        raise UsageError(
+            "usage.distributed.dtype",
+            "--dtype is not supported with --distributed yet: the ranks copy bytes verbatim",
+            advice="Drop --dtype, or take the checkpoint in on one process.",
+        )
     secret = _secret()
     _launcher_env()
     with _process_group(dist_options.timeout_s) as (torch, dist):
         comm = _Comm(dist, torch, secret)
-        return _run(comm, src, dst, attestations=attestations, options=options, max_shard_bytes=max_shard_bytes,
-                    signatures=signatures, key=key, certificate_chain=certificate_chain,
-                    receipt_signer=receipt_signer)
+        return _run(
+            comm,
+            src,
+            dst,
+            attestations=attestations,
+            options=options,
+            max_shard_bytes=max_shard_bytes,
+            signatures=signatures,
+            key=key,
+            certificate_chain=certificate_chain,
+            receipt_signer=receipt_signer,
+        )
 
 
 def _run(comm: _Comm, src: Path, dst: Path, **kw: Any) -> IntakeResult | None:
@@ -424,31 +505,49 @@ def _run(comm: _Comm, src: Path, dst: Path, **kw: Any) -> IntakeResult | None:
             raise
 
 
-def _phases(comm: _Comm, stack: contextlib.ExitStack, src: Path, dst: Path, *, attestations: Sequence[Path],
-            options: EngineOptions, max_shard_bytes: int, signatures: Sequence[Path], key: Path | None,
-            certificate_chain: Sequence[Path], receipt_signer: Signer | None) -> IntakeResult | None:
+def _phases(
+    comm: _Comm,
+    stack: contextlib.ExitStack,
+    src: Path,
+    dst: Path,
+    *,
+    attestations: Sequence[Path],
+    options: EngineOptions,
+    max_shard_bytes: int,
+    signatures: Sequence[Path],
+    key: Path | None,
+    certificate_chain: Sequence[Path],
+    receipt_signer: Signer | None,
+) -> IntakeResult | None:
     rank, world = comm.rank, comm.world
     state: dict[str, Any] = {}
+
     def inspect() -> dict[str, Any]:
         state["dst"] = check_destination(dst, source=src)
         tree = state["tree"] = stack.enter_context(SafeTree.open(src))
         crcs = state["crcs"] = DeferredCrcs()
         inspection = state["inspection"] = inspect_open_tree(tree, verify_crc=crcs)
         if framework_files(inspection) or not set(inspection.loaders) <= _PLANE_LOADERS:
-            raise UsageError("usage.distributed.framework_plane",
-                             f"this {inspection.format} checkpoint needs a framework load "
-                             f"(loaders: {', '.join(inspection.loaders)}); --distributed takes in pure-data "
-                             "checkpoints only, for now", evidence={"loaders": list(inspection.loaders)},
-                             advice="Take it in on one process, without --distributed.")
-        ledgers = {e.path: {str(i): d.hex() for i, d in sorted(tree.ledger(e.path).recorded().items())}
-                   for e in tree.entries}
+            raise UsageError(
+                "usage.distributed.framework_plane",
+                f"this {inspection.format} checkpoint needs a framework load "
+                f"(loaders: {', '.join(inspection.loaders)}); --distributed takes in pure-data "
+                "checkpoints only, for now",
+                evidence={"loaders": list(inspection.loaders)},
+                advice="Take it in on one process, without --distributed.",
+            )
+        ledgers = {
+            e.path: {str(i): d.hex() for i, d in sorted(tree.ledger(e.path).recorded().items())} for e in tree.entries
+        }
         return {"ledgers": ledgers, "files": sorted([e.path, e.size] for e in tree.entries)}
 
     seen = comm.agree("inspect", inspect)
     if any(s["files"] != seen[0]["files"] for s in seen):
-        raise RuntimeFailure("runtime.distributed.tree_mismatch", "the ranks do not see the same files in SRC "
-                             "(is it on one shared file system?); nothing was published",
-                             evidence={"source": str(src)})
+        raise RuntimeFailure(
+            "runtime.distributed.tree_mismatch",
+            "the ranks do not see the same files in SRC (is it on one shared file system?); nothing was published",
+            evidence={"source": str(src)},
+        )
     tree: SafeTree = state["tree"]
     owners = assign_by_size([(p, s) for p, s in seen[0]["files"]], world)
 
@@ -469,41 +568,56 @@ def _phases(comm: _Comm, stack: contextlib.ExitStack, src: Path, dst: Path, *, a
             def both(offset: int, view: memoryview) -> None:
                 rec(offset, view)
                 crc(offset, view)
+
             return both
 
         t0 = time.perf_counter()
         entries = hash_files(tree, mine, also=also)
         for r in recorders.values():
             r.done()
-        return {"entries": [e.to_json() for e in entries], "seconds": round(time.perf_counter() - t0, 3),
-                "chunks": {p: r.hashes for p, r in recorders.items()}}
+        return {
+            "entries": [e.to_json() for e in entries],
+            "seconds": round(time.perf_counter() - t0, 3),
+            "chunks": {p: r.hashes for p, r in recorders.items()},
+        }
 
     hashed = comm.agree("digest", digest_pass)
     chunks: dict[str, list[str]] = {p: c for h in hashed for p, c in h["chunks"].items()}
-    digest = FixtureDigest.from_manifest([ManifestEntry(path=e["path"], size=e["size"], sha256=e["sha256"])
-                                          for h in hashed for e in h["entries"]])
+    digest = FixtureDigest.from_manifest(
+        [ManifestEntry(path=e["path"], size=e["size"], sha256=e["sha256"]) for h in hashed for e in h["entries"]]
+    )
 
     def decide_once() -> dict[str, Any] | None:
         if rank != 0:
             return None
-        state["evaluation"] = ev = _judge(state["inspection"], digest, attestations=attestations,
-                                          options=options, signatures=signatures, key=key,
-                                          certificate_chain=certificate_chain)
+        state["evaluation"] = ev = _judge(
+            state["inspection"],
+            digest,
+            attestations=attestations,
+            options=options,
+            signatures=signatures,
+            key=key,
+            certificate_chain=certificate_chain,
+        )
         return {"decision": ev.decision.to_json(), "digest": str(digest.digest)}
 
     decided = comm.agree("decide", decide_once)[0]
     if decided["digest"] != str(digest.digest):
-        raise RuntimeFailure("runtime.distributed.digest_mismatch", "rank 0 decided on another digest than this "
-                             "rank formed; nothing was published")
+        raise RuntimeFailure(
+            "runtime.distributed.digest_mismatch",
+            "rank 0 decided on another digest than this rank formed; nothing was published",
+        )
     decision = _decision_from(decided["decision"])
 
     def stage_dir() -> dict[str, Any]:
         enforce(tree, state["inspection"], decision=decision, fixture_digest=digest)  # a deny raises
-        state["plan"] = plan = plan_for(state["inspection"], decision=decision, max_shard_bytes=max_shard_bytes,
-                                        loaded=None)
+        state["plan"] = plan = plan_for(
+            state["inspection"], decision=decision, max_shard_bytes=max_shard_bytes, loaded=None
+        )
         plan_hash = plan_sha256(plan)
         state["destination"] = destination = stack.enter_context(
-            open_destination(state["dst"], source_root=tree.root_id))
+            open_destination(state["dst"], source_root=tree.root_id)
+        )
         if rank == 0:
             state["stage"] = stack.enter_context(staging(destination))
             return {"plan": plan_hash, "stage": state["stage"].name}
@@ -513,11 +627,14 @@ def _phases(comm: _Comm, stack: contextlib.ExitStack, src: Path, dst: Path, *, a
     plan: ConsolidationPlan = state["plan"]
     destination = state["destination"]
     if any(s["plan"] != staged[0]["plan"] for s in staged):
-        raise RuntimeFailure("runtime.distributed.plan_mismatch", "the ranks derived different consolidation "
-                             "plans from the same decision; nothing was published",
-                             evidence={"plans": [s["plan"] for s in staged]})
-    outputs = [(s.filename, len(header_bytes(s)) + s.nbytes) for s in plan.shards] + \
-              [(c.filename, c.size) for c in plan.copies]
+        raise RuntimeFailure(
+            "runtime.distributed.plan_mismatch",
+            "the ranks derived different consolidation plans from the same decision; nothing was published",
+            evidence={"plans": [s["plan"] for s in staged]},
+        )
+    outputs = [(s.filename, len(header_bytes(s)) + s.nbytes) for s in plan.shards] + [
+        (c.filename, c.size) for c in plan.copies
+    ]
     writers = assign_by_size(outputs, world)
 
     def write() -> dict[str, Any]:
@@ -535,32 +652,53 @@ def _phases(comm: _Comm, stack: contextlib.ExitStack, src: Path, dst: Path, *, a
             for c in plan.copies:
                 if c.filename in mine:
                     _open_sources(tree, sources, {c.src}, chunks)
-                    written.append(_write_output(stage_fd, c.filename, b"", [(c.src, 0, c.size)] if c.size else [],
-                                                 sources))
+                    written.append(
+                        _write_output(stage_fd, c.filename, b"", [(c.src, 0, c.size)] if c.size else [], sources)
+                    )
         finally:
             for source in sources.values():
                 os.close(source.fd)
             if rank != 0:
                 os.close(stage_fd)
-        return {"written": [[w.filename, w.size, w.sha256] for w in written],
-                "seconds": round(time.perf_counter() - t0, 3)}
+        return {
+            "written": [[w.filename, w.size, w.sha256] for w in written],
+            "seconds": round(time.perf_counter() - t0, 3),
+        }
 
     wrote = comm.agree("write", write)
     files_per_rank = [list(owners[r]) for r in range(world)]
     sizes = dict(seen[0]["files"])
-    topology = {"world_size": world, "backend": "gloo",
-                "ranks": [{"rank": r, "files_hashed": len(files_per_rank[r]),
-                           "bytes_hashed": sum(sizes[p] for p in files_per_rank[r]),
-                           "outputs_written": len(wrote[r]["written"]),
-                           "bytes_written": sum(w[1] for w in wrote[r]["written"]),
-                           "hash_seconds": hashed[r]["seconds"], "write_seconds": wrote[r]["seconds"]}
-                          for r in range(world)]}
+    topology = {
+        "world_size": world,
+        "backend": "gloo",
+        "ranks": [
+            {
+                "rank": r,
+                "files_hashed": len(files_per_rank[r]),
+                "bytes_hashed": sum(sizes[p] for p in files_per_rank[r]),
+                "outputs_written": len(wrote[r]["written"]),
+                "bytes_written": sum(w[1] for w in wrote[r]["written"]),
+                "hash_seconds": hashed[r]["seconds"],
+                "write_seconds": wrote[r]["seconds"],
+            }
+            for r in range(world)
+        ],
+    }
 
     def publish_once() -> dict[str, Any] | None:
         if rank != 0:
             return None
-        state["result"] = _publish(src, state["dst"], state["stage"], plan, state["evaluation"], wrote,
-                                   topology, options=options, receipt_signer=receipt_signer)
+        state["result"] = _publish(
+            src,
+            state["dst"],
+            state["stage"],
+            plan,
+            state["evaluation"],
+            wrote,
+            topology,
+            options=options,
+            receipt_signer=receipt_signer,
+        )
         return {"published": str(state["dst"])}
 
     comm.agree("publish", publish_once)
@@ -580,29 +718,56 @@ def _open_stage(destination: Destination, name: str) -> int:
     return fd
 
 
-def _open_sources(tree: SafeTree, sources: dict[str, _CheckedSource], paths: set[str],
-                  chunks: dict[str, list[str]]) -> None:
+def _open_sources(
+    tree: SafeTree, sources: dict[str, _CheckedSource], paths: set[str], chunks: dict[str, list[str]]
+) -> None:
     for p in sorted(paths - set(sources)):
         entry = tree.entry(p)
         if entry is None or p not in chunks:
-            raise RuntimeFailure("runtime.copy.source_missing", f"no measured source for {p!r}",
-                                 evidence={"missing": [p]})
+            raise RuntimeFailure(
+                "runtime.copy.source_missing", f"no measured source for {p!r}", evidence={"missing": [p]}
+            )
         sources[p] = _CheckedSource(p, tree.open_file(p), entry.size, chunks[p])
 
 
-def _judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequence[Path], options: EngineOptions,
-           signatures: Sequence[Path], key: Path | None, certificate_chain: Sequence[Path]) -> Evaluation:
+def _judge(
+    inspection: Inspection,
+    digest: FixtureDigest,
+    *,
+    attestations: Sequence[Path],
+    options: EngineOptions,
+    signatures: Sequence[Path],
+    key: Path | None,
+    certificate_chain: Sequence[Path],
+) -> Evaluation:
     trust = load_trust(options)
     offered_key, chain = load_verification_material(signatures, key, certificate_chain, options.sigstore_trust_root)
     with engine_for(options, trust) as engine:
-        return judge(inspection, digest, attestations=attestations, engine=engine, trust=trust,
-                     sigstore_trust_root=options.sigstore_trust_root, signatures=signatures,
-                     offered_key=offered_key, certificate_chain=chain)
+        return judge(
+            inspection,
+            digest,
+            attestations=attestations,
+            engine=engine,
+            trust=trust,
+            sigstore_trust_root=options.sigstore_trust_root,
+            signatures=signatures,
+            offered_key=offered_key,
+            certificate_chain=chain,
+        )
 
 
-def _publish(src: Path, dst: Path, stage: Stage, plan: ConsolidationPlan, evaluation: Evaluation,
-             wrote: list[dict[str, Any]], topology: dict[str, Any], *, options: EngineOptions,
-             receipt_signer: Signer | None) -> IntakeResult:
+def _publish(
+    src: Path,
+    dst: Path,
+    stage: Stage,
+    plan: ConsolidationPlan,
+    evaluation: Evaluation,
+    wrote: list[dict[str, Any]],
+    topology: dict[str, Any],
+    *,
+    options: EngineOptions,
+    receipt_signer: Signer | None,
+) -> IntakeResult:
     by_name = {w[0]: WrittenFile(filename=w[0], size=w[1], sha256=w[2]) for r in wrote for w in r["written"]}
     order = [s.filename for s in plan.shards] + [c.filename for c in plan.copies]
     outputs = [by_name[n] for n in order]
@@ -615,6 +780,9 @@ def _publish(src: Path, dst: Path, stage: Stage, plan: ConsolidationPlan, evalua
     try:
         publish(stage, receipt, signer=receipt_signer)
     except OSError as e:
-        raise RuntimeFailure("runtime.io", f"writing the output failed: {e.strerror or e}",
-                             evidence={"errno": e.errno, "destination": str(dst)}) from None
+        raise RuntimeFailure(
+            "runtime.io",
+            f"writing the output failed: {e.strerror or e}",
+            evidence={"errno": e.errno, "destination": str(dst)},
+        ) from None
     return IntakeResult(evaluation=evaluation, destination=dst, outputs=tuple(outputs), receipt=receipt)

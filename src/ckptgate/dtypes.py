@@ -59,8 +59,7 @@ class DType:
         return self.bits // 8 if self.bits % 8 == 0 else None
 
 
-def _d(st: str | None, torch: str | None, bits: int, *storages: str, plan: bool = False,
-       cast: bool = False) -> DType:
+def _d(st: str | None, torch: str | None, bits: int, *storages: str, plan: bool = False, cast: bool = False) -> DType:
     return DType(safetensors=st, torch=torch, bits=bits, storages=storages, plannable=plan, castable=cast)
 
 
@@ -110,18 +109,23 @@ _unique("torch")
 
 #: safetensors code -> bits per element: every code the strict header validator accepts.
 SAFETENSORS_BITS: Mapping[str, int] = MappingProxyType(
-    {d.safetensors: d.bits for d in DTYPES if d.safetensors is not None})
+    {d.safetensors: d.bits for d in DTYPES if d.safetensors is not None}
+)
 #: torch dtype name -> bytes per element: every dtype the static reader and the worker accept.
 TORCH_ITEMSIZE: Mapping[str, int] = MappingProxyType(
-    {d.torch: d.itemsize for d in DTYPES if d.torch is not None and d.itemsize is not None})
+    {d.torch: d.itemsize for d in DTYPES if d.torch is not None and d.itemsize is not None}
+)
 #: torch dtype name -> the safetensors code a consolidation plan writes for it.
 TORCH_TO_SAFETENSORS: Mapping[str, str] = MappingProxyType(
-    {d.torch: d.safetensors for d in DTYPES if d.plannable and d.torch and d.safetensors})
+    {d.torch: d.safetensors for d in DTYPES if d.plannable and d.torch and d.safetensors}
+)
 #: safetensors code -> bytes per element, for the codes a consolidation plan may write.
 PLAN_ITEMSIZE: Mapping[str, int] = MappingProxyType(
-    {d.safetensors: d.itemsize for d in DTYPES if d.plannable and d.safetensors and d.itemsize})
+    {d.safetensors: d.itemsize for d in DTYPES if d.plannable and d.safetensors and d.itemsize}
+)
 #: Floating-point codes a plan can be cast between (on request only): the F8 types are left as they are.
 CASTABLE: frozenset[str] = frozenset(d.safetensors for d in DTYPES if d.castable and d.safetensors)
 #: Legacy typed-storage class -> torch dtype name.
 STORAGE_DTYPES: Mapping[str, str] = MappingProxyType(
-    {s: d.torch for d in DTYPES if d.torch is not None for s in d.storages})
+    {s: d.torch for d in DTYPES if d.torch is not None for s in d.storages}
+)

@@ -53,8 +53,15 @@ class Error(Exception):
     exit_code: ExitCode = ExitCode.INTERNAL
     default_advice: str = "This is a bug in ckptgate; please report it with the --json output."
 
-    def __init__(self, code: str, message: str, *, evidence: dict[str, Any] | None = None,
-                 advice: str | None = None, reasons: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        evidence: dict[str, Any] | None = None,
+        advice: str | None = None,
+        reasons: list[dict[str, Any]] | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -98,17 +105,21 @@ class InputRejected(Error):
     """The checkpoint (or another input file) is malformed or unsafe to read."""
 
     exit_code = ExitCode.INPUT_REJECTED
-    default_advice = ("The input was refused before anything in it was loaded or executed. "
-                      "Run `ckptgate inspect PATH` to see every finding; obtain the checkpoint again "
-                      "from its producer if it should have been valid.")
+    default_advice = (
+        "The input was refused before anything in it was loaded or executed. "
+        "Run `ckptgate inspect PATH` to see every finding; obtain the checkpoint again "
+        "from its producer if it should have been valid."
+    )
 
 
 class VerificationError(Error):
     """A signature, digest, certificate or attestation failed verification."""
 
     exit_code = ExitCode.VERIFICATION_FAILED
-    default_advice = ("Do not trust this evidence. Check that the attestation was made for exactly "
-                      "this checkpoint and signed by a key listed in the trust data.")
+    default_advice = (
+        "Do not trust this evidence. Check that the attestation was made for exactly "
+        "this checkpoint and signed by a key listed in the trust data."
+    )
 
 
 class PolicyDenied(Error):
@@ -122,13 +133,17 @@ class EngineUnavailable(Error):
     """The policy engine could not be started, reached, or did not answer in time (deny)."""
 
     exit_code = ExitCode.ENGINE_UNAVAILABLE
-    default_advice = ("The decision is deny because no valid decision arrived. Check that the pinned OPA "
-                      "is installed (`python3 scripts/bootstrap.py setup`) or that --opa-url is reachable.")
+    default_advice = (
+        "The decision is deny because no valid decision arrived. Check that the pinned OPA "
+        "is installed (`python3 scripts/bootstrap.py setup`) or that --opa-url is reachable."
+    )
 
 
 class RuntimeFailure(Error):
     """A contained loader or the consolidation runtime failed; nothing was published."""
 
     exit_code = ExitCode.RUNTIME_FAILED
-    default_advice = ("Nothing was published. If a contained worker was killed, check the resource limits "
-                      "in the containment profile; the receipt of a previous run is unchanged.")
+    default_advice = (
+        "Nothing was published. If a contained worker was killed, check the resource limits "
+        "in the containment profile; the receipt of a previous run is unchanged."
+    )

@@ -98,15 +98,26 @@ def _read_attestation(path: Path) -> bytes:
     return raw
 
 
-def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngine, trust: TrustData,
-             action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
-             containment: ContainmentProfile | None = None, sigstore_trust_root: Path | str | None = None,
-             refuse_early: bool = False, signatures: Sequence[Path] = (),
-             offered_key: OfferedKey | None = None, on_hash_plan: Callable[[int], None] | None = None,
-             on_hash_bytes: Callable[[int], None] | None = None,
-             certificate_chain: CertificateChain | None = None, select: str | None = None,
-             stage: Callable[[Inspection], Callable[[str], Callable[[int, memoryview], None] | None] | None]
-             | None = None) -> Evaluation:
+def evaluate(
+    tree: SafeTree,
+    *,
+    attestations: Sequence[Path],
+    engine: PolicyEngine,
+    trust: TrustData,
+    action: str = "intake",
+    now: datetime | None = None,
+    candidate_commit: str | None = None,
+    containment: ContainmentProfile | None = None,
+    sigstore_trust_root: Path | str | None = None,
+    refuse_early: bool = False,
+    signatures: Sequence[Path] = (),
+    offered_key: OfferedKey | None = None,
+    on_hash_plan: Callable[[int], None] | None = None,
+    on_hash_bytes: Callable[[int], None] | None = None,
+    certificate_chain: CertificateChain | None = None,
+    select: str | None = None,
+    stage: Callable[[Inspection], Callable[[str], Callable[[int, memoryview], None] | None] | None] | None = None,
+) -> Evaluation:
     """Inspect, digest, verify and decide.  Never loads anything from the checkpoint.
 
     The CRC-32 of torch-zip entries is computed from the bytes the digest reads (one read of the
@@ -132,8 +143,17 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="ckptgate-beside-digest") as pool:
         pool.submit(prepare_statement_checks)
         profile = pool.submit(_preflight) if containment is None and _needs_profile(inspection) else None
-        early = pool.submit(_precheck, engine, inspection, Request(action=action, now=now, select=select,
-                            candidate_commit=candidate_commit), stop) if refuse_early else None
+        early = (
+            pool.submit(
+                _precheck,
+                engine,
+                inspection,
+                Request(action=action, now=now, select=select, candidate_commit=candidate_commit),
+                stop,
+            )
+            if refuse_early
+            else None
+        )
         if on_hash_plan is not None:
             on_hash_plan(tree.total_bytes)
         also = _also(crcs.reader, stage(inspection) if stage is not None else None)
@@ -143,20 +163,38 @@ def evaluate(tree: SafeTree, *, attestations: Sequence[Path], engine: PolicyEngi
             digest = None
         found = early.result() if early is not None else None  # raises what the precheck raised
         if found is not None and found.refuse:
-            raise refusal(found.deny_reasons, found.decision_id, found.policy_revision, found.refusal or "policy",
-                          before_digest=True)
+            raise refusal(
+                found.deny_reasons,
+                found.decision_id,
+                found.policy_revision,
+                found.refusal or "policy",
+                before_digest=True,
+            )
         assert digest is not None  # only a refusal or a failed precheck cancels it
         if profile is not None:
             containment = profile.result()
     inspection = inspection.with_findings(crcs.findings())
-    return judge(inspection, digest, attestations=attestations, engine=engine, trust=trust, action=action,
-                 now=now, candidate_commit=candidate_commit, containment=containment,
-                 sigstore_trust_root=sigstore_trust_root, signatures=signatures, offered_key=offered_key,
-                 certificate_chain=certificate_chain, select=select)
+    return judge(
+        inspection,
+        digest,
+        attestations=attestations,
+        engine=engine,
+        trust=trust,
+        action=action,
+        now=now,
+        candidate_commit=candidate_commit,
+        containment=containment,
+        sigstore_trust_root=sigstore_trust_root,
+        signatures=signatures,
+        offered_key=offered_key,
+        certificate_chain=certificate_chain,
+        select=select,
+    )
 
 
-def _also(*readers: Callable[[str], Callable[[int, memoryview], None] | None] | None
-          ) -> Callable[[str], Callable[[int, memoryview], None] | None]:
+def _also(
+    *readers: Callable[[str], Callable[[int, memoryview], None] | None] | None,
+) -> Callable[[str], Callable[[int, memoryview], None] | None]:
     """One ``also`` for the digest from several: each file's chunks go to each reader that wants them."""
     given = [r for r in readers if r is not None]
 
@@ -168,7 +206,9 @@ def _also(*readers: Callable[[str], Callable[[int, memoryview], None] | None] | 
         def each(offset: int, view: memoryview) -> None:
             for f in taken:
                 f(offset, view)
+
         return each
+
     return also
 
 
@@ -195,11 +235,23 @@ def _preflight() -> ContainmentProfile:
     return preflight()
 
 
-def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequence[Path], engine: PolicyEngine,
-          trust: TrustData, action: str = "intake", now: datetime | None = None, candidate_commit: str | None = None,
-          containment: ContainmentProfile | None = None, sigstore_trust_root: Path | str | None = None,
-          signatures: Sequence[Path] = (), offered_key: OfferedKey | None = None,
-          certificate_chain: CertificateChain | None = None, select: str | None = None) -> Evaluation:
+def judge(
+    inspection: Inspection,
+    digest: FixtureDigest,
+    *,
+    attestations: Sequence[Path],
+    engine: PolicyEngine,
+    trust: TrustData,
+    action: str = "intake",
+    now: datetime | None = None,
+    candidate_commit: str | None = None,
+    containment: ContainmentProfile | None = None,
+    sigstore_trust_root: Path | str | None = None,
+    signatures: Sequence[Path] = (),
+    offered_key: OfferedKey | None = None,
+    certificate_chain: CertificateChain | None = None,
+    select: str | None = None,
+) -> Evaluation:
     """Verify ``attestations`` against what was measured and decide; :func:`evaluate` measures first.
 
     ``signatures`` are OpenSSF Model Signing bundles, verified under ``offered_key`` (``--key``) or
@@ -212,14 +264,24 @@ def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequen
     """
     check_signature_flags(signatures, offered_key, certificate_chain is not None or sigstore_trust_root is not None)
     now = now or now_utc()
-    builder = (PolicyInputBuilder(Request(action=action, now=now, candidate_commit=candidate_commit, select=select))
-               .fixture(digest).inspection(inspection))
+    builder = (
+        PolicyInputBuilder(Request(action=action, now=now, candidate_commit=candidate_commit, select=select))
+        .fixture(digest)
+        .inspection(inspection)
+    )
     manifest = digest.file_hashes()
     for path in attestations:
         raw = _read_attestation(path)
         try:
-            verified = verify_attestation(raw, source=str(path), trust=trust, measured_digest=digest.digest,
-                                          now=now, sigstore_trust_root=sigstore_trust_root, manifest=manifest)
+            verified = verify_attestation(
+                raw,
+                source=str(path),
+                trust=trust,
+                measured_digest=digest.digest,
+                now=now,
+                sigstore_trust_root=sigstore_trust_root,
+                manifest=manifest,
+            )
         except VerificationError as e:
             builder.rejected_attestation(str(path), e)
         else:
@@ -230,10 +292,17 @@ def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequen
         for path in signatures:
             raw = _read_attestation(path)
             try:
-                verified = verify_oms_bundle(raw, source=str(path), key=offered_key, manifest=manifest,
-                                             measured_digest=digest.digest, now=now,
-                                             certificate_chain=certificate_chain,
-                                             sigstore_trust_root=sigstore_trust_root, trust=trust)
+                verified = verify_oms_bundle(
+                    raw,
+                    source=str(path),
+                    key=offered_key,
+                    manifest=manifest,
+                    measured_digest=digest.digest,
+                    now=now,
+                    certificate_chain=certificate_chain,
+                    sigstore_trust_root=sigstore_trust_root,
+                    trust=trust,
+                )
             except VerificationError as e:
                 builder.rejected_attestation(str(path), e)
             else:
@@ -243,13 +312,22 @@ def judge(inspection: Inspection, digest: FixtureDigest, *, attestations: Sequen
     builder.containment(containment)
     policy_input = builder.build()
     decision = decide(engine, policy_input)
-    return Evaluation(policy_input=policy_input, decision=decision, inspection=inspection, digest=digest,
-                      containment=containment)
+    return Evaluation(
+        policy_input=policy_input, decision=decision, inspection=inspection, digest=digest, containment=containment
+    )
 
 
-def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: int | Path, *, max_shard_bytes: int,
-                     chunk_size: int = DEFAULT_CHUNK, on_bytes: Callable[[int], None] | None = None,
-                     on_plan: Callable[[int], None] | None = None, dtype: str | None = None) -> Consolidated:
+def consolidate_into(
+    tree: SafeTree,
+    evaluation: Evaluation,
+    out_dir: int | Path,
+    *,
+    max_shard_bytes: int,
+    chunk_size: int = DEFAULT_CHUNK,
+    on_bytes: Callable[[int], None] | None = None,
+    on_plan: Callable[[int], None] | None = None,
+    dtype: str | None = None,
+) -> Consolidated:
     """Enforce an evaluated decision and write the consolidated output into ``out_dir`` (a
     directory descriptor, or a path the writer opens once as one).
 
@@ -265,18 +343,30 @@ def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: int | Path
     (:func:`~ckptgate.consolidate.plan.cast_plan`).
     """
     check_cast(dtype)
-    enforced = enforce(tree, evaluation.inspection, decision=evaluation.decision, fixture_digest=evaluation.digest,
-                       framework_files=framework_files(evaluation.inspection),
-                       worker=WorkerOptions(profile=evaluation.containment) if evaluation.containment else None)
-    plan = plan_for(evaluation.inspection, decision=evaluation.decision, max_shard_bytes=max_shard_bytes,
-                    loaded=enforced.loaded)
+    enforced = enforce(
+        tree,
+        evaluation.inspection,
+        decision=evaluation.decision,
+        fixture_digest=evaluation.digest,
+        framework_files=framework_files(evaluation.inspection),
+        worker=WorkerOptions(profile=evaluation.containment) if evaluation.containment else None,
+    )
+    plan = plan_for(
+        evaluation.inspection, decision=evaluation.decision, max_shard_bytes=max_shard_bytes, loaded=enforced.loaded
+    )
     plan = cast_plan(plan, dtype, max_shard_bytes=max_shard_bytes)
     if on_plan:
         on_plan(plan.total_size)
     _still_held(tree)
     with open_sources(tree, plan) as sources:
-        outputs = write_plan(plan, out_dir, sources, expected=None if tree.held else evaluation.digest.file_hashes(),
-                             chunk_size=chunk_size, on_bytes=on_bytes)
+        outputs = write_plan(
+            plan,
+            out_dir,
+            sources,
+            expected=None if tree.held else evaluation.digest.file_hashes(),
+            chunk_size=chunk_size,
+            on_bytes=on_bytes,
+        )
     _still_held(tree)
     return Consolidated(outputs=outputs, plan_report=dict(plan.report))  # adapters build it from plain JSON
 
@@ -284,20 +374,34 @@ def consolidate_into(tree: SafeTree, evaluation: Evaluation, out_dir: int | Path
 def _still_held(tree: SafeTree) -> None:
     """A held tree whose lease broke was opened for writing during the intake: fail closed."""
     if tree.held and not tree.intact():
-        raise RuntimeFailure("runtime.copy.source_changed",
-                             "a checkpoint file was opened for writing while it was being taken in; nothing was "
-                             "published", evidence={"source": str(tree.root)},
-                             advice="Take the checkpoint in again from a copy that nothing else writes to.")
+        raise RuntimeFailure(
+            "runtime.copy.source_changed",
+            "a checkpoint file was opened for writing while it was being taken in; nothing was published",
+            evidence={"source": str(tree.root)},
+            advice="Take the checkpoint in again from a copy that nothing else writes to.",
+        )
 
 
-def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: EngineOptions | None = None,
-           max_shard_bytes: int = 2 << 30, chunk_size: int = DEFAULT_CHUNK,
-           now: datetime | None = None, on_bytes: Callable[[int], None] | None = None,
-           on_plan: Callable[[int], None] | None = None, dtype: str | None = None,
-           signatures: Sequence[Path] = (), key: Path | None = None, certificate_chain: Sequence[Path] = (),
-           receipt_signer: Signer | None = None,
-           on_hash_plan: Callable[[int], None] | None = None,
-           on_hash_bytes: Callable[[int], None] | None = None, select: str | None = None) -> IntakeResult:
+def intake(
+    src: Path,
+    dst: Path,
+    *,
+    attestations: Sequence[Path],
+    options: EngineOptions | None = None,
+    max_shard_bytes: int = 2 << 30,
+    chunk_size: int = DEFAULT_CHUNK,
+    now: datetime | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+    on_plan: Callable[[int], None] | None = None,
+    dtype: str | None = None,
+    signatures: Sequence[Path] = (),
+    key: Path | None = None,
+    certificate_chain: Sequence[Path] = (),
+    receipt_signer: Signer | None = None,
+    on_hash_plan: Callable[[int], None] | None = None,
+    on_hash_bytes: Callable[[int], None] | None = None,
+    select: str | None = None,
+) -> IntakeResult:
     """Take ``src`` in through the gate and publish HF sharded safetensors at ``dst`` (every
     floating-point tensor cast to ``dtype`` if one is named; dtypes are otherwise preserved).
     With ``receipt_signer`` (a :class:`ckptgate.verify.dsse.Signer`) the receipt is also signed
@@ -311,21 +415,34 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
     check_cast(dtype)  # before the digest, not after it
     dst = check_destination(dst, source=src)  # the early answer, by path, before any work
     trust = load_trust(options)
-    offered_key, chain = load_verification_material(signatures, key, certificate_chain,
-                                                    options.sigstore_trust_root)
+    offered_key, chain = load_verification_material(signatures, key, certificate_chain, options.sigstore_trust_root)
     # DST's parent is resolved once, here, into a descriptor proved to lie outside the root that
     # is walked; staging, writing, fsync and the final rename are all relative to it.
-    with (SafeTree.open(src) as tree, open_destination(dst, source_root=tree.root_id) as destination,
-          engine_for(options, trust) as engine):
+    with (
+        SafeTree.open(src) as tree,
+        open_destination(dst, source_root=tree.root_id) as destination,
+        engine_for(options, trust) as engine,
+    ):
         # Leases let the copy read only the placed bytes; without them it hashes every source in its
         # one read.  Inspection is bound to the digest by the tree's read ledger either way.
         tree.hold()
         with OnePass(destination, max_shard_bytes=max_shard_bytes, chunk_size=chunk_size, dtype=dtype) as one:
-            evaluation = evaluate(tree, attestations=attestations, engine=engine, trust=trust, now=now,
-                                  sigstore_trust_root=options.sigstore_trust_root, refuse_early=True,
-                                  signatures=signatures, offered_key=offered_key, on_hash_plan=on_hash_plan,
-                                  on_hash_bytes=on_hash_bytes, certificate_chain=chain, select=select,
-                                  stage=one.begin)
+            evaluation = evaluate(
+                tree,
+                attestations=attestations,
+                engine=engine,
+                trust=trust,
+                now=now,
+                sigstore_trust_root=options.sigstore_trust_root,
+                refuse_early=True,
+                signatures=signatures,
+                offered_key=offered_key,
+                on_hash_plan=on_hash_plan,
+                on_hash_bytes=on_hash_bytes,
+                certificate_chain=chain,
+                select=select,
+                stage=one.begin,
+            )
             try:
                 with contextlib.ExitStack() as later:
                     done = None
@@ -334,11 +451,19 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
                         done = one.finish(tree, evaluation, on_plan=on_plan, on_bytes=on_bytes)
                     if done is None:  # two passes: nothing is read for the output before enforce
                         stage = later.enter_context(staging(destination))
-                        done = consolidate_into(tree, evaluation, stage.fd, max_shard_bytes=max_shard_bytes,
-                                                chunk_size=chunk_size, on_bytes=on_bytes, on_plan=on_plan,
-                                                dtype=dtype)
-                    receipt = receipt_for(src, evaluation, done,
-                                          opa_version=None if options.opa_url else local_opa_version())
+                        done = consolidate_into(
+                            tree,
+                            evaluation,
+                            stage.fd,
+                            max_shard_bytes=max_shard_bytes,
+                            chunk_size=chunk_size,
+                            on_bytes=on_bytes,
+                            on_plan=on_plan,
+                            dtype=dtype,
+                        )
+                    receipt = receipt_for(
+                        src, evaluation, done, opa_version=None if options.opa_url else local_opa_version()
+                    )
                     publish(stage, receipt, signer=receipt_signer)
             except OSError as e:  # ENOSPC, EFBIG, EIO...: an I/O failure, not a bug; nothing was published
                 raise _io_failure(e, dst) from None
@@ -346,8 +471,11 @@ def intake(src: Path, dst: Path, *, attestations: Sequence[Path], options: Engin
 
 
 def _io_failure(e: OSError, dst: Path) -> RuntimeFailure:
-    return RuntimeFailure("runtime.io", f"writing the output failed: {e.strerror or e}",
-                          evidence={"errno": e.errno, "destination": str(dst)})
+    return RuntimeFailure(
+        "runtime.io",
+        f"writing the output failed: {e.strerror or e}",
+        evidence={"errno": e.errno, "destination": str(dst)},
+    )
 
 
 class OnePass:
@@ -373,8 +501,14 @@ class OnePass:
     comes first, as it does today).
     """
 
-    def __init__(self, destination: Destination, *, max_shard_bytes: int, chunk_size: int = DEFAULT_CHUNK,
-                 dtype: str | None = None) -> None:
+    def __init__(
+        self,
+        destination: Destination,
+        *,
+        max_shard_bytes: int,
+        chunk_size: int = DEFAULT_CHUNK,
+        dtype: str | None = None,
+    ) -> None:
         self._destination, self._max, self._chunk, self._dtype = destination, max_shard_bytes, chunk_size, dtype
         self._stack = contextlib.ExitStack()
         self.stage: Stage | None = None  # once the output is being written in the digest's pass
@@ -389,14 +523,21 @@ class OnePass:
 
     def begin(self, inspection: Inspection) -> Callable[[str], Callable[[int, memoryview], None] | None] | None:
         """Plan and stage for the one pass, or ``None`` for two passes."""
-        if (self._dtype is not None or not inspection.consolidatable or framework_files(inspection)
-                or not set(inspection.loaders) <= ONE_PASS_LOADERS):
+        if (
+            self._dtype is not None
+            or not inspection.consolidatable
+            or framework_files(inspection)
+            or not set(inspection.loaders) <= ONE_PASS_LOADERS
+        ):
             return None
         try:
             plan = adapter_plan(inspection, max_shard_bytes=self._max)
             taken = {c.filename for c in plan.copies} | {s.filename for s in plan.shards}
-            maybe = tuple(CopiedFile(src=f.path, filename=f.path, size=f.size) for f in inspection.files
-                          if f.role == "companion" and f.path not in taken)
+            maybe = tuple(
+                CopiedFile(src=f.path, filename=f.path, size=f.size)
+                for f in inspection.files
+                if f.role == "companion" and f.path not in taken
+            )
         except Error:
             return None  # raised again, in its place after the decision, by the two-pass path
         staged = dataclasses.replace(plan, copies=plan.copies + maybe)
@@ -418,11 +559,19 @@ class OnePass:
                     feed(offset, view)
                 except OSError as e:
                     raise _io_failure(e, dst) from None
+
             return write
+
         return also
 
-    def finish(self, tree: SafeTree, evaluation: Evaluation, *, on_plan: Callable[[int], None] | None = None,
-               on_bytes: Callable[[int], None] | None = None) -> Consolidated | None:
+    def finish(
+        self,
+        tree: SafeTree,
+        evaluation: Evaluation,
+        *,
+        on_plan: Callable[[int], None] | None = None,
+        on_bytes: Callable[[int], None] | None = None,
+    ) -> Consolidated | None:
         """Enforce the decision, then keep the staged outputs the final plan names (the others, the
         companions the decision did not name, are removed) and write the index.  ``None`` when the
         decision selects a subtree (the staged plan is the whole tree's): the staging directory is
@@ -493,13 +642,21 @@ def _resume_state(evaluation: Evaluation) -> list[dict[str, Any]]:
     """The resume-state files the intake left out, each with its digest and full pickle inventory."""
     hashes = evaluation.digest.file_hashes()
     pickles = {p.path: p for p in evaluation.inspection.pickles}
-    return [{"path": f.path, "size": f.size, "sha256": hashes.get(f.path),
-             "pickle": pickles[f.path].to_json() if f.path in pickles else None}
-            for f in evaluation.inspection.files if f.role == "resume_state"]
+    return [
+        {
+            "path": f.path,
+            "size": f.size,
+            "sha256": hashes.get(f.path),
+            "pickle": pickles[f.path].to_json() if f.path in pickles else None,
+        }
+        for f in evaluation.inspection.files
+        if f.role == "resume_state"
+    ]
 
 
-def receipt_for(src: Path, evaluation: Evaluation, done: Consolidated, *,
-                opa_version: str | None = None) -> dict[str, Any]:
+def receipt_for(
+    src: Path, evaluation: Evaluation, done: Consolidated, *, opa_version: str | None = None
+) -> dict[str, Any]:
     """The receipt of one intake: what was decided about which bytes, and what was written."""
     d = evaluation.decision
     return {
@@ -508,22 +665,40 @@ def receipt_for(src: Path, evaluation: Evaluation, done: Consolidated, *,
         "opa_version": opa_version,
         "source": str(src),
         "source_absolute": os.path.abspath(src),
-        "input": {"digest": evaluation.digest.digest.prefixed(), "algorithm": evaluation.digest.algorithm,
-                  "format": evaluation.inspection.format},
-        "decision": {"id": d.decision_id, **d.to_json("allow", "plane", "permitted_loaders", "required_controls",
-                                                       "reasons", "engine")},
+        "input": {
+            "digest": evaluation.digest.digest.prefixed(),
+            "algorithm": evaluation.digest.algorithm,
+            "format": evaluation.inspection.format,
+        },
+        "decision": {
+            "id": d.decision_id,
+            **d.to_json("allow", "plane", "permitted_loaders", "required_controls", "reasons", "engine"),
+        },
         "policy_revision": d.policy_revision,
         "containment": _containment_record(evaluation, done),
-        "attestations": [{"source": a.get("source"), "signers": a.get("signers")}
-                         for a in evaluation.policy_input.attestations],
+        "attestations": [
+            {"source": a.get("source"), "signers": a.get("signers")} for a in evaluation.policy_input.attestations
+        ],
         "plan": done.plan_report,
         "outputs": [o.to_json() for o in done.outputs],
-        "companions": [o.to_json() for o in done.outputs
-                       if o.filename in set(done.plan_report.get("companions") or ())],
+        "companions": [
+            o.to_json() for o in done.outputs if o.filename in set(done.plan_report.get("companions") or ())
+        ],
         "resume_state": _resume_state(evaluation),
         "published_at": now_utc().strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 
 
-__all__ = ["Consolidated", "Evaluation", "IntakeResult", "OnePass", "consolidate_into", "evaluate", "intake", "judge",
-           "local_opa_version", "open_sources", "receipt_for"]
+__all__ = [
+    "Consolidated",
+    "Evaluation",
+    "IntakeResult",
+    "OnePass",
+    "consolidate_into",
+    "evaluate",
+    "intake",
+    "judge",
+    "local_opa_version",
+    "open_sources",
+    "receipt_for",
+]

@@ -46,15 +46,29 @@ SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
-        "signers": {"type": "array", "items": {"type": "object", "required": ["id"],
-                                               "properties": {"id": {"type": "string", "minLength": 1}}}},
-        "freshness": {"type": "object", "additionalProperties": False, "minProperties": 1,
-                      "properties": {"max_age_seconds": {"type": "integer", "minimum": 1},
-                                     "max_clock_skew_seconds": {"type": "integer", "minimum": 0, "maximum": 3600}}},
+        "signers": {
+            "type": "array",
+            "items": {"type": "object", "required": ["id"], "properties": {"id": {"type": "string", "minLength": 1}}},
+        },
+        "freshness": {
+            "type": "object",
+            "additionalProperties": False,
+            "minProperties": 1,
+            "properties": {
+                "max_age_seconds": {"type": "integer", "minimum": 1},
+                "max_clock_skew_seconds": {"type": "integer", "minimum": 0, "maximum": 3600},
+            },
+        },
         "finding_exceptions": {"type": "array", "items": {"type": "object"}},
-        "gates": {"type": "object", "additionalProperties": {
-            "type": "object", "additionalProperties": False, "required": ["versions"],
-            "properties": {"versions": {"type": "object"}}}},
+        "gates": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["versions"],
+                "properties": {"versions": {"type": "object"}},
+            },
+        },
     },
 }
 
@@ -81,8 +95,11 @@ class PolicyData:
         present = {s.get("id") for s in trust.get("signers", []) if isinstance(s, dict)}
         for s in self.signers:
             if s["id"] in present:
-                raise self._error("usage.config.policy_data_conflict", f"signer {s['id']!r} is already in the trust "
-                                  "data; an overlay adds signers, it cannot replace one", key="signers")
+                raise self._error(
+                    "usage.config.policy_data_conflict",
+                    f"signer {s['id']!r} is already in the trust data; an overlay adds signers, it cannot replace one",
+                    key="signers",
+                )
             present.add(s["id"])
         trust["signers"] = [*trust.get("signers", []), *self.signers]
         return json.dumps(trust, indent=2, sort_keys=True).encode()
@@ -97,21 +114,28 @@ class PolicyData:
             ids = {e.get("id") for e in intake.get("finding_exceptions", [])}
             for e in self.doc.get("finding_exceptions", []):
                 if e.get("id") in ids:
-                    raise self._error("usage.config.policy_data_conflict", f"finding exception {e.get('id')!r} is "
-                                      "already in the bundled data; an overlay adds exceptions",
-                                      key="finding_exceptions")
+                    raise self._error(
+                        "usage.config.policy_data_conflict",
+                        f"finding exception {e.get('id')!r} is already in the bundled data; an overlay adds exceptions",
+                        key="finding_exceptions",
+                    )
                 ids.add(e.get("id"))
-            intake["finding_exceptions"] = [*intake.get("finding_exceptions", []),
-                                            *self.doc.get("finding_exceptions", [])]
+            intake["finding_exceptions"] = [
+                *intake.get("finding_exceptions", []),
+                *self.doc.get("finding_exceptions", []),
+            ]
             self._check(intake, policy_dir, "intake")
             out[INTAKE_IN_BUNDLE] = json.dumps(intake, indent=2, sort_keys=True).encode()
         if "gates" in self.doc:
             gates = _read(policy_dir / GATES_IN_BUNDLE)
             for adapter, gate in self.doc["gates"].items():
                 if adapter not in gates.get("adapters", {}):
-                    raise self._error("usage.config.policy_data_conflict", f"gates: the bundled policies have no "
-                                      f"adapter {adapter!r}; an overlay can change an adapter's versions, not add one",
-                                      key=f"gates.{adapter}")
+                    raise self._error(
+                        "usage.config.policy_data_conflict",
+                        f"gates: the bundled policies have no "
+                        f"adapter {adapter!r}; an overlay can change an adapter's versions, not add one",
+                        key=f"gates.{adapter}",
+                    )
                 gates["adapters"][adapter] = {**gates["adapters"][adapter], "versions": gate["versions"]}
             self._check(gates, policy_dir, "gates")
             out[GATES_IN_BUNDLE] = json.dumps(gates, indent=2, sort_keys=True).encode()
@@ -125,18 +149,26 @@ class PolicyData:
         schema_file = policy_dir / "schemas" / name / "schema.json"
         if not schema_file.is_file():  # a policy directory without schemas: the overlay schema alone applies
             return
-        errors = sorted(jsonschema.Draft7Validator(_read(schema_file)).iter_errors(merged),
-                        key=lambda e: list(e.absolute_path))
+        errors = sorted(
+            jsonschema.Draft7Validator(_read(schema_file)).iter_errors(merged), key=lambda e: list(e.absolute_path)
+        )
         if errors:
             e = errors[0]
             where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
-            raise self._error("usage.config.policy_data", f"the merged {name} data does not match its schema at "
-                              f"{where}: {e.message}", key=where)
+            raise self._error(
+                "usage.config.policy_data",
+                f"the merged {name} data does not match its schema at {where}: {e.message}",
+                key=where,
+            )
 
     def _error(self, code: str, message: str, *, key: str) -> ConfigError:
-        return ConfigError(code, f"{self.source}: {message}", evidence={"file": str(self.source), "key": key},
-                           advice="Fix the policy-data overlay; the user guide's Configuration section "
-                                  "lists what each key may change.")
+        return ConfigError(
+            code,
+            f"{self.source}: {message}",
+            evidence={"file": str(self.source), "key": key},
+            advice="Fix the policy-data overlay; the user guide's Configuration section "
+            "lists what each key may change.",
+        )
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -90,9 +90,12 @@ class Stage:
 
 
 def _inside_source(dst: Path) -> UsageError:
-    return UsageError("usage.dst_inside_source", f"{dst} is inside the checkpoint; publishing there would "
-                      "change what was measured", evidence={"destination": str(dst)},
-                      advice="Choose a destination outside the checkpoint.")
+    return UsageError(
+        "usage.dst_inside_source",
+        f"{dst} is inside the checkpoint; publishing there would change what was measured",
+        evidence={"destination": str(dst)},
+        advice="Choose a destination outside the checkpoint.",
+    )
 
 
 def _exists(dst: Path) -> UsageError:
@@ -161,8 +164,10 @@ def check_destination(dst: Path, *, source: Path | None = None) -> Path:
     if dst.exists() or dst.is_symlink():
         raise _exists(dst)
     if not dst.parent.is_dir():
-        raise UsageError("usage.dst_parent_missing", f"the parent of {dst} "
-                         f"{'is not a directory' if dst.parent.exists() else 'does not exist'}")
+        raise UsageError(
+            "usage.dst_parent_missing",
+            f"the parent of {dst} {'is not a directory' if dst.parent.exists() else 'does not exist'}",
+        )
     if source is not None and (dst.parent.resolve() / dst.name).is_relative_to(source.resolve()):
         raise _inside_source(dst)
     return dst
@@ -183,18 +188,28 @@ def open_destination(dst: Path, *, source_root: tuple[int, int] | None = None) -
         raise UsageError("usage.dst_invalid", f"{dst} names no directory entry to publish as")
     parent = os.path.realpath(dst.parent)
     try:
-        parent_fd = openat2(_AT_FDCWD, parent, os.O_RDONLY | os.O_DIRECTORY,
-                            resolve=RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+        parent_fd = openat2(
+            _AT_FDCWD, parent, os.O_RDONLY | os.O_DIRECTORY, resolve=RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+        )
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ENOTDIR):
-            raise UsageError("usage.dst_parent_missing", f"the parent of {dst} is not a directory or does not "
-                             f"exist: {e.strerror}", evidence={"destination": str(dst)}) from None
+            raise UsageError(
+                "usage.dst_parent_missing",
+                f"the parent of {dst} is not a directory or does not exist: {e.strerror}",
+                evidence={"destination": str(dst)},
+            ) from None
         if e.errno == errno.ELOOP:
-            raise UsageError("usage.dst_parent_changed", f"the parent of {dst} changed while it was being "
-                             "opened (a symlink appeared on its path); nothing was published",
-                             evidence={"destination": str(dst), "resolved_parent": parent}) from None
-        raise UsageError("usage.dst_parent_unusable", f"cannot open the parent of {dst}: {e.strerror}",
-                         evidence={"destination": str(dst), "errno": e.errno}) from None
+            raise UsageError(
+                "usage.dst_parent_changed",
+                f"the parent of {dst} changed while it was being "
+                "opened (a symlink appeared on its path); nothing was published",
+                evidence={"destination": str(dst), "resolved_parent": parent},
+            ) from None
+        raise UsageError(
+            "usage.dst_parent_unusable",
+            f"cannot open the parent of {dst}: {e.strerror}",
+            evidence={"destination": str(dst), "errno": e.errno},
+        ) from None
     try:
         try:
             os.stat(dst.name, dir_fd=parent_fd, follow_symlinks=False)
@@ -218,8 +233,10 @@ def _make_stage_dir(dest: Destination, name: str) -> None:
     try:
         os.mkdir(name, 0o700, dir_fd=dest.parent_fd)
     except FileExistsError:  # 128 random bits: someone made it on purpose
-        raise PublishError("publish.staging_exists", f"a staging directory beside {dest.path} already had the new "
-                           "random name; nothing was published") from None
+        raise PublishError(
+            "publish.staging_exists",
+            f"a staging directory beside {dest.path} already had the new random name; nothing was published",
+        ) from None
 
 
 def _remove_stage(dest: Destination, name: str, fd: int) -> None:
@@ -254,8 +271,10 @@ def _staged(dest: Destination, name: str) -> Iterator[Stage]:
         try:
             lock = os.open(name, _DIR, dir_fd=dest.parent_fd)
         except OSError as e:
-            raise PublishError("publish.staging_changed", f"the staging directory beside {dest.path} was replaced "
-                               f"before it could be opened: {e.strerror}") from None
+            raise PublishError(
+                "publish.staging_changed",
+                f"the staging directory beside {dest.path} was replaced before it could be opened: {e.strerror}",
+            ) from None
         fcntl.flock(lock, fcntl.LOCK_EX)  # held until we are done: marks the directory as live
     finally:
         os.close(pfd)
@@ -273,7 +292,7 @@ def _write_new(stage: Stage, name: str, raw: bytes) -> None:
     try:
         view = memoryview(raw)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -305,7 +324,8 @@ def publish(stage: Stage, receipt: dict[str, Any], *, signer: Signer | None = No
     except OSError as e:
         if e.errno == errno.EEXIST:
             raise _exists(dest.path) from None
-        raise PublishError("publish.rename_failed", f"could not publish to {dest.path}: {e.strerror}",
-                           evidence={"errno": e.errno}) from None
+        raise PublishError(
+            "publish.rename_failed", f"could not publish to {dest.path}: {e.strerror}", evidence={"errno": e.errno}
+        ) from None
     os.fsync(dest.parent_fd)
     return dest.path

@@ -30,8 +30,14 @@ class FileCheck:
     sha256: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "status": self.status, "expected_size": self.expected_size, "size": self.size,
-                "expected_sha256": self.expected_sha256, "sha256": self.sha256}
+        return {
+            "file": self.file,
+            "status": self.status,
+            "expected_size": self.expected_size,
+            "size": self.size,
+            "expected_sha256": self.expected_sha256,
+            "sha256": self.sha256,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,8 +54,13 @@ class ReceiptCheck:
         return self.signature not in ("invalid", "missing") and all(f.status == "ok" for f in self.files)
 
     def to_json(self) -> dict[str, Any]:
-        return {"destination": self.destination, "ok": self.ok, "signature": self.signature,
-                "signature_detail": self.signature_detail, "files": [f.to_json() for f in self.files]}
+        return {
+            "destination": self.destination,
+            "ok": self.ok,
+            "signature": self.signature,
+            "signature_detail": self.signature_detail,
+            "files": [f.to_json() for f in self.files],
+        }
 
 
 def _read(path: Path, what: str) -> bytes:
@@ -113,8 +124,9 @@ def verify_receipt(dst: Path, *, key: Path | None = None) -> ReceiptCheck:
             continue
         size, sha = _digest(path)
         status = "ok" if (size, sha) == (size_e, sha_e) else "size_mismatch" if size != size_e else "sha256_mismatch"
-        files.append(FileCheck(file=name, status=status, expected_size=size_e, size=size, expected_sha256=sha_e,
-                               sha256=sha))
+        files.append(
+            FileCheck(file=name, status=status, expected_size=size_e, size=size, expected_sha256=sha_e, sha256=sha)
+        )
     files += [FileCheck(file=name, status="extra") for name in sorted(present - set(expected))]
     return ReceiptCheck(destination=str(dst), signature=signature, signature_detail=detail, files=tuple(files))
 

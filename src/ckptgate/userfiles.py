@@ -49,8 +49,7 @@ def read_regular_file(path: Path | str, *, limit: int) -> bytes:
         os.close(fd)
 
 
-def check_output_file(path: Path | str, *, what: str, exclusive: bool = False,
-                      not_inside: Iterable[Path] = ()) -> Path:
+def check_output_file(path: Path | str, *, what: str, exclusive: bool = False, not_inside: Iterable[Path] = ()) -> Path:
     """Refuse a target :func:`write_output_file` would refuse, before the work that produces it;
     returns the target with its parent resolved."""
     path = Path(path)
@@ -58,21 +57,35 @@ def check_output_file(path: Path | str, *, what: str, exclusive: bool = False,
         raise UsageError("usage.output_path", f"{what}: {str(path)!r} does not name a file")
     parent = path.parent.absolute()
     if not parent.is_dir():
-        raise UsageError("usage.output_parent", f"cannot write {what} {path}: {parent} "
-                         f"{'is not a directory' if parent.exists() else 'does not exist'}")
+        raise UsageError(
+            "usage.output_parent",
+            f"cannot write {what} {path}: {parent} {'is not a directory' if parent.exists() else 'does not exist'}",
+        )
     target = parent.resolve() / path.name
     for root in not_inside:
         if target == root.resolve() or target.is_relative_to(root.resolve()):
-            raise UsageError("usage.output_inside_input", f"{what} {path} would be written inside {root}, "
-                             "an input of this command", advice="Write it somewhere outside the input.")
+            raise UsageError(
+                "usage.output_inside_input",
+                f"{what} {path} would be written inside {root}, an input of this command",
+                advice="Write it somewhere outside the input.",
+            )
     if os.path.lexists(target) and (exclusive or not stat.S_ISREG(os.lstat(target).st_mode)):
-        raise UsageError("usage.exists", f"{path} exists; refusing to overwrite"
-                         + ("" if exclusive else " something that is not a regular file"))
+        raise UsageError(
+            "usage.exists",
+            f"{path} exists; refusing to overwrite" + ("" if exclusive else " something that is not a regular file"),
+        )
     return target
 
 
-def write_output_file(path: Path | str, data: bytes, *, what: str, mode: int = 0o644, exclusive: bool = False,
-                      not_inside: Iterable[Path] = ()) -> None:
+def write_output_file(
+    path: Path | str,
+    data: bytes,
+    *,
+    what: str,
+    mode: int = 0o644,
+    exclusive: bool = False,
+    not_inside: Iterable[Path] = (),
+) -> None:
     """Write ``data`` to ``path`` whole (:func:`replace_whole`), after :func:`check_output_file`.
 
     The parent is resolved once into a directory descriptor (``openat2`` with
@@ -92,15 +105,22 @@ def write_output_file(path: Path | str, data: bytes, *, what: str, mode: int = 0
             st = os.stat(root)
             ids.append((st.st_dev, st.st_ino))
     try:
-        parent_fd = openat2(_AT_FDCWD, os.path.realpath(target.parent), os.O_RDONLY | os.O_DIRECTORY,
-                            resolve=RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+        parent_fd = openat2(
+            _AT_FDCWD,
+            os.path.realpath(target.parent),
+            os.O_RDONLY | os.O_DIRECTORY,
+            resolve=RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        )
     except OSError as e:
         raise UsageError("usage.output_parent", f"cannot open the directory of {what} {path}: {e.strerror}") from None
     try:
         for root_id in ids:
             if is_within(parent_fd, root_id):
-                raise UsageError("usage.output_inside_input", f"{what} {path} would be written inside an input of "
-                                 "this command", advice="Write it somewhere outside the input.")
+                raise UsageError(
+                    "usage.output_inside_input",
+                    f"{what} {path} would be written inside an input of this command",
+                    advice="Write it somewhere outside the input.",
+                )
         replace_whole(Path(target.name), data, mode=mode, exclusive=exclusive, dir_fd=parent_fd)
     except FileExistsError:
         raise UsageError("usage.exists", f"{path} exists; refusing to overwrite") from None
@@ -110,8 +130,9 @@ def write_output_file(path: Path | str, data: bytes, *, what: str, mode: int = 0
         os.close(parent_fd)
 
 
-def replace_whole(target: Path, data: bytes, *, mode: int = 0o644, exclusive: bool = False,
-                  dir_fd: int | None = None) -> None:
+def replace_whole(
+    target: Path, data: bytes, *, mode: int = 0o644, exclusive: bool = False, dir_fd: int | None = None
+) -> None:
     """Write ``data`` to a temporary file beside ``target``, flush it, and rename it into place, so
     ``target`` is the old file or the new one, never half of one; raises :class:`OSError`.
 

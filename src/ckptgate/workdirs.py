@@ -104,8 +104,14 @@ class Leftover:
     detail: str = ""
 
     def to_json(self) -> dict[str, object]:
-        return {"kind": self.kind, "path": str(self.path), "state": self.state, "removable": self.removable,
-                "bytes": self.size, "detail": self.detail}
+        return {
+            "kind": self.kind,
+            "path": str(self.path),
+            "state": self.state,
+            "removable": self.removable,
+            "bytes": self.size,
+            "detail": self.detail,
+        }
 
 
 # ---- where directories live ----------------------------------------------------------------------------------
@@ -128,21 +134,27 @@ def _private(path: Path) -> str | None:
     return None
 
 
-def _private_dir(path: Path, *, create: bool, error: type[EngineUnavailable] | type[UsageError], code: str,
-                 what: str) -> Path:
+def _private_dir(
+    path: Path, *, create: bool, error: type[EngineUnavailable] | type[UsageError], code: str, what: str
+) -> Path:
     if create:
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
             pass
         except OSError as e:
-            raise error(code, f"{what} {path} cannot be created: {e.strerror or e}",
-                        evidence={"path": str(path)}) from None
+            raise error(
+                code, f"{what} {path} cannot be created: {e.strerror or e}", evidence={"path": str(path)}
+            ) from None
     why = _private(path)
     if why is not None:
-        raise error(code, f"{what} {path} {why}; ckptgate refuses to use it", evidence={"path": str(path)},
-                    advice=f"Remove or fix {path} (it must be a directory of yours, mode 0700, not a symlink), "
-                           "or set XDG_RUNTIME_DIR / XDG_STATE_HOME to a private directory.")
+        raise error(
+            code,
+            f"{what} {path} {why}; ckptgate refuses to use it",
+            evidence={"path": str(path)},
+            advice=f"Remove or fix {path} (it must be a directory of yours, mode 0700, not a symlink), "
+            "or set XDG_RUNTIME_DIR / XDG_STATE_HOME to a private directory.",
+        )
     return path
 
 
@@ -158,8 +170,13 @@ def _runtime_candidates() -> list[Path]:
 
 def runtime_dir(*, create: bool = True) -> Path:
     """The private per-user directory that holds the work directories (see the module notes)."""
-    return _private_dir(_runtime_candidates()[0], create=create, error=EngineUnavailable,
-                        code="engine.workdir.unsafe", what="the work directory parent")
+    return _private_dir(
+        _runtime_candidates()[0],
+        create=create,
+        error=EngineUnavailable,
+        code="engine.workdir.unsafe",
+        what="the work directory parent",
+    )
 
 
 def registry_dir(*, create: bool = True) -> Path:
@@ -169,11 +186,18 @@ def registry_dir(*, create: bool = True) -> Path:
         try:
             state.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as e:
-            raise UsageError("usage.state_dir_unusable", f"the state directory {state} cannot be created: "
-                             f"{e.strerror or e}", advice="Set XDG_STATE_HOME to a private, writable directory."
-                             ) from None
-    return _private_dir(state / "live", create=create, error=UsageError, code="usage.state_dir_unusable",
-                        what="the registry of live directories")
+            raise UsageError(
+                "usage.state_dir_unusable",
+                f"the state directory {state} cannot be created: {e.strerror or e}",
+                advice="Set XDG_STATE_HOME to a private, writable directory.",
+            ) from None
+    return _private_dir(
+        state / "live",
+        create=create,
+        error=UsageError,
+        code="usage.state_dir_unusable",
+        what="the registry of live directories",
+    )
 
 
 # ---- creating a live directory --------------------------------------------------------------------------------
@@ -203,8 +227,9 @@ def _register(kind: str, path: Path) -> tuple[Path, int]:
         fd = os.open(entry, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            os.write(fd, json.dumps({"kind": kind, "path": str(path), "pid": os.getpid(),
-                                     "created": time.time()}).encode())
+            os.write(
+                fd, json.dumps({"kind": kind, "path": str(path), "pid": os.getpid(), "created": time.time()}).encode()
+            )
         except BaseException:
             os.close(fd)
             entry.unlink()
@@ -239,8 +264,9 @@ def create(parent: Path, name: str, kind: str) -> Lease:
         with _flocked(parent, fcntl.LOCK_SH):
             os.mkdir(path, 0o700)
             if lock_file:
-                lock_fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                  0o600)
+                lock_fd = os.open(
+                    path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+                )
             else:
                 lock_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new, so never busy
@@ -261,8 +287,11 @@ def create_work_dir() -> Lease:
     try:
         return create(base, f"opa-{secrets.token_hex(16)}", "work")
     except OSError as e:
-        raise EngineUnavailable("engine.workdir.unusable", f"a work directory could not be made in {base}: "
-                                f"{e.strerror or e}", evidence={"path": str(base)}) from None
+        raise EngineUnavailable(
+            "engine.workdir.unusable",
+            f"a work directory could not be made in {base}: {e.strerror or e}",
+            evidence={"path": str(base)},
+        ) from None
 
 
 # ---- sweeping -------------------------------------------------------------------------------------------------
@@ -460,32 +489,59 @@ def find_leftovers() -> list[Leftover]:
                 state = "live" if e.live else "stale"
                 if e.kind is not None and e.target is not None and _ours(e.target):
                     seen.add(e.target)
-                    found.append(Leftover(kind=e.kind, path=e.target, state=state, removable=not e.live,
-                                          size=_size(e.target), detail=f"registered in {e.entry.name}"))
-                found.append(Leftover(kind="registry", path=e.entry, state=state, removable=not e.live,
-                                      size=0, detail=f"names {e.target}" if e.target else "unreadable entry"))
+                    found.append(
+                        Leftover(
+                            kind=e.kind,
+                            path=e.target,
+                            state=state,
+                            removable=not e.live,
+                            size=_size(e.target),
+                            detail=f"registered in {e.entry.name}",
+                        )
+                    )
+                found.append(
+                    Leftover(
+                        kind="registry",
+                        path=e.entry,
+                        state=state,
+                        removable=not e.live,
+                        size=0,
+                        detail=f"names {e.target}" if e.target else "unreadable entry",
+                    )
+                )
     for base in _runtime_candidates():
         if not os.path.lexists(base):
             continue
         why = _private(base)
         if why is not None:
-            raise EngineUnavailable("engine.workdir.unsafe", f"the work directory parent {base} {why}",
-                                    evidence={"path": str(base)},
-                                    advice=f"Remove or fix {base}, or set XDG_RUNTIME_DIR to a private directory.")
+            raise EngineUnavailable(
+                "engine.workdir.unsafe",
+                f"the work directory parent {base} {why}",
+                evidence={"path": str(base)},
+                advice=f"Remove or fix {base}, or set XDG_RUNTIME_DIR to a private directory.",
+            )
         for p in sorted(base.iterdir()):
             if WORK.fullmatch(p.name) and _ours(p) and p not in seen:
                 live = held(p, "work")
-                found.append(Leftover(kind="work", path=p, state="live" if live else "stale", removable=not live,
-                                      size=_size(p)))
+                found.append(
+                    Leftover(kind="work", path=p, state="live" if live else "stale", removable=not live, size=_size(p))
+                )
     now = time.time()
     tmp = Path(tempfile.gettempdir())
     with contextlib.suppress(OSError):
         for p in sorted(tmp.iterdir()):
             if LEGACY.fullmatch(p.name) and _ours(p):
                 quiet = _quiet(p, now)
-                found.append(Leftover(kind="legacy", path=p, state="legacy", removable=quiet, size=_size(p),
-                                      detail="quiet" if quiet else "in use or changed in the last "
-                                      f"{LEGACY_QUIET_S:g} s"))
+                found.append(
+                    Leftover(
+                        kind="legacy",
+                        path=p,
+                        state="legacy",
+                        removable=quiet,
+                        size=_size(p),
+                        detail="quiet" if quiet else f"in use or changed in the last {LEGACY_QUIET_S:g} s",
+                    )
+                )
     return found
 
 

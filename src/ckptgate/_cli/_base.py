@@ -92,9 +92,12 @@ def check_platform(platform: str | None = None) -> None:
     """ckptgate runs on Linux only: it relies on ``openat2``, namespaces and seccomp."""
     platform = platform or sys.platform
     if not platform.startswith("linux"):
-        raise UsageError("usage.platform.unsupported", f"ckptgate runs on Linux only, not on {platform}: it relies "
-                         "on openat2, namespaces and seccomp", evidence={"platform": platform},
-                         advice="Run ckptgate on a Linux host, or in a Linux container or virtual machine.")
+        raise UsageError(
+            "usage.platform.unsupported",
+            f"ckptgate runs on Linux only, not on {platform}: it relies on openat2, namespaces and seccomp",
+            evidence={"platform": platform},
+            advice="Run ckptgate on a Linux host, or in a Linux container or virtual machine.",
+        )
 
 
 class _Group(click.Group):

@@ -24,8 +24,16 @@ if TYPE_CHECKING:
 # ckptgate.decide.options / .bundle ~450-900 ms (the engine stack, cryptography), ckptgate.inspect.runs
 # ~175 ms, ckptgate.config ~22 ms, ckptgate.evidence.* ~30 ms (the evidence machinery).
 
-_ENGINE_KEYS = ("opa_url", "opa_binary", "opa_timeout", "policy_dir", "trust_file", "policy_bundle", "policy_key",
-                "sigstore_trust_root")
+_ENGINE_KEYS = (
+    "opa_url",
+    "opa_binary",
+    "opa_timeout",
+    "policy_dir",
+    "trust_file",
+    "policy_bundle",
+    "policy_key",
+    "sigstore_trust_root",
+)
 
 
 def engine_options(f: F) -> F:
@@ -46,36 +54,74 @@ def engine_options(f: F) -> F:
             values["trust_file"] = values["trust_file"] or config.trust
             values["policy_dir"] = values["policy_dir"] or config.policies
         kwargs["engine"] = EngineOptions(
-            opa_url=values["opa_url"], opa_token=os.environ.get("CKPTGATE_OPA_TOKEN"),
-            policy_dir=values["policy_dir"], trust_file=values["trust_file"], timeout_s=values["opa_timeout"],
-            policy_bundle=values["policy_bundle"], policy_key=values["policy_key"],
+            opa_url=values["opa_url"],
+            opa_token=os.environ.get("CKPTGATE_OPA_TOKEN"),
+            policy_dir=values["policy_dir"],
+            trust_file=values["trust_file"],
+            timeout_s=values["opa_timeout"],
+            policy_bundle=values["policy_bundle"],
+            policy_key=values["policy_key"],
             sigstore_trust_root=values["sigstore_trust_root"],
             extra_rego=config.extra_rego if config is not None and local else None,
-            policy_data=config.policy_data if config is not None and local else None)
+            policy_data=config.policy_data if config is not None and local else None,
+        )
         return f(*args, **kwargs)
 
     w: Callable[..., Any] = wrapper
-    w = click.option("--opa-url", envvar="CKPTGATE_OPA_URL", default=None,
-                     help="Use the OPA server at this URL instead of the embedded one "
-                          "(token from CKPTGATE_OPA_TOKEN).")(w)
-    w = click.option("--opa-binary", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="The OPA binary for the embedded engine (default: $CKPTGATE_OPA, else `opa` on PATH); "
-                          f"supported: OPA {OPA_SUPPORTED}.")(w)
-    w = click.option("--opa-timeout", type=click.FloatRange(0.01, 600), default=5.0, show_default=True,
-                     help="Seconds to wait for a decision; a late decision is deny.")(w)
-    w = click.option("--policies", "policy_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                     help="Policy directory for the embedded OPA (default: the bundled policies/).")(w)
-    w = click.option("--policy-bundle", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-                     help="A signed bundle from `ckptgate policy build` (needs --policy-key).")(w)
-    w = click.option("--policy-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-                     help="PEM public key that verifies --policy-bundle; OPA refuses a tampered bundle.")(w)
-    w = click.option("--sigstore-trust-root", type=TrustRoot(), default=None,
-                     help="trusted_root.json for verifying Sigstore bundles offline, or 'production' for the root "
-                          "embedded in sigstore-python; the identities come from the trust data's sigstore "
-                          "signers.")(w)
-    w = click.option("--trust", "trust_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="Trust data file (default: the configuration's trust, else "
-                          "policies/ckptgate/config/trust/data.json).")(w)
+    w = click.option(
+        "--opa-url",
+        envvar="CKPTGATE_OPA_URL",
+        default=None,
+        help="Use the OPA server at this URL instead of the embedded one (token from CKPTGATE_OPA_TOKEN).",
+    )(w)
+    w = click.option(
+        "--opa-binary",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="The OPA binary for the embedded engine (default: $CKPTGATE_OPA, else `opa` on PATH); "
+        f"supported: OPA {OPA_SUPPORTED}.",
+    )(w)
+    w = click.option(
+        "--opa-timeout",
+        type=click.FloatRange(0.01, 600),
+        default=5.0,
+        show_default=True,
+        help="Seconds to wait for a decision; a late decision is deny.",
+    )(w)
+    w = click.option(
+        "--policies",
+        "policy_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Policy directory for the embedded OPA (default: the bundled policies/).",
+    )(w)
+    w = click.option(
+        "--policy-bundle",
+        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        default=None,
+        help="A signed bundle from `ckptgate policy build` (needs --policy-key).",
+    )(w)
+    w = click.option(
+        "--policy-key",
+        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        default=None,
+        help="PEM public key that verifies --policy-bundle; OPA refuses a tampered bundle.",
+    )(w)
+    w = click.option(
+        "--sigstore-trust-root",
+        type=TrustRoot(),
+        default=None,
+        help="trusted_root.json for verifying Sigstore bundles offline, or 'production' for the root "
+        "embedded in sigstore-python; the identities come from the trust data's sigstore "
+        "signers.",
+    )(w)
+    w = click.option(
+        "--trust",
+        "trust_file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Trust data file (default: the configuration's trust, else policies/ckptgate/config/trust/data.json).",
+    )(w)
     return cast("F", w)
 
 
@@ -92,10 +138,17 @@ def checkpoint_option(arg: str) -> Callable[[F], F]:
             kwargs[arg] = select_checkpoint(kwargs[arg], kwargs.pop("checkpoint"))
             return f(*args, **kwargs)
 
-        return cast("F", click.option(
-            "--checkpoint", "checkpoint", default=None, metavar="N|latest",
-            help="In a Trainer output directory holding checkpoint-N folders, work on "
-                 "checkpoint-N (or the highest N with 'latest'); required when it holds several.")(wrapper))
+        return cast(
+            "F",
+            click.option(
+                "--checkpoint",
+                "checkpoint",
+                default=None,
+                metavar="N|latest",
+                help="In a Trainer output directory holding checkpoint-N folders, work on "
+                "checkpoint-N (or the highest N with 'latest'); required when it holds several.",
+            )(wrapper),
+        )
 
     return deco
 
@@ -123,28 +176,56 @@ def signature_options(f: F) -> F:
     """``--signature FILE`` (repeatable), ``--key PUB.pem`` and ``--certificate-chain CA.pem`` (repeatable):
     OpenSSF Model Signing bundles and what verifies them; the command receives ``signatures``, ``key``
     and ``certificate_chains``."""
-    f = click.option("--signature", "signatures", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
-                     help="An OpenSSF Model Signing bundle (model_signing key or certificate method) about the "
-                          "checkpoint (repeatable; needs --key or --certificate-chain).")(f)
-    f = click.option("--certificate-chain", "certificate_chains", multiple=True,
-                     type=click.Path(dir_okay=False, path_type=Path),
-                     help="PEM CA certificates that a certificate-method --signature must chain to (repeatable); "
-                          "which signer identity is trusted comes from the trust data's certificate signers.")(f)
-    f = click.option("--key", "key", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="PEM public key (ECDSA P-256 or P-384, or Ed25519) that verifies --signature; trusted by "
-                          "policy for Model Signing statements only, never added to the trust data.")(f)
+    f = click.option(
+        "--signature",
+        "signatures",
+        multiple=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="An OpenSSF Model Signing bundle (model_signing key or certificate method) about the "
+        "checkpoint (repeatable; needs --key or --certificate-chain).",
+    )(f)
+    f = click.option(
+        "--certificate-chain",
+        "certificate_chains",
+        multiple=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="PEM CA certificates that a certificate-method --signature must chain to (repeatable); "
+        "which signer identity is trusted comes from the trust data's certificate signers.",
+    )(f)
+    f = click.option(
+        "--key",
+        "key",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="PEM public key (ECDSA P-256 or P-384, or Ed25519) that verifies --signature; trusted by "
+        "policy for Model Signing statements only, never added to the trust data.",
+    )(f)
     return f
 
 
 def repo_option(f: F) -> F:
     """``--repo DIR``: the repository the evidence commands work on."""
-    return click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=None,
-                        help="Repository root (default: the git work tree of the current directory).")(f)
+    return click.option(
+        "--repo",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Repository root (default: the git work tree of the current directory).",
+    )(f)
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 class ByteSize(click.ParamType[int, Any]):
@@ -159,8 +240,9 @@ class ByteSize(click.ParamType[int, Any]):
         else:
             m = _SIZE.match(str(value))
             if m is None:
-                self.fail(f"{value!r} is not a size: use bytes (2147483648), or units such as 5GB, 500MB or 2GiB",
-                          param, ctx)
+                self.fail(
+                    f"{value!r} is not a size: use bytes (2147483648), or units such as 5GB, 500MB or 2GiB", param, ctx
+                )
             n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
         if n < 1:
             self.fail(f"{value!r} is less than one byte", param, ctx)
@@ -181,5 +263,10 @@ class TrustRoot(click.ParamType[Path | str, Any]):
 
 def quiet_option(f: F) -> F:
     """``--quiet``: no progress bars on stderr (they are drawn only on a terminal anyway)."""
-    return click.option("--quiet", "-q", is_flag=True, default=False,
-                        help="Draw no progress bars; results and errors are still printed.")(f)
+    return click.option(
+        "--quiet",
+        "-q",
+        is_flag=True,
+        default=False,
+        help="Draw no progress bars; results and errors are still printed.",
+    )(f)

@@ -39,9 +39,16 @@ def phase_bars(enabled: bool, *phases: str, console: Console | None = None) -> I
     if not enabled:
         yield {p: Phase() for p in phases}
         return
-    with Progress(TextColumn(f"[bold]{{task.description:<{_LABEL}}}"), BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console or stderr,
-                  transient=True) as bar:
+    with Progress(
+        TextColumn(f"[bold]{{task.description:<{_LABEL}}}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console or stderr,
+        transient=True,
+    ) as bar:
         tasks = {p: bar.add_task(p, total=None, visible=False) for p in phases}
 
         def plan(task: TaskID) -> Callable[[int], None]:

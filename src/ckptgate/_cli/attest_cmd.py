@@ -40,8 +40,9 @@ def _digest_arg(value: str, option: str) -> Digest:
     try:
         return Digest.from_user(value)
     except VerificationError as e:
-        raise UsageError("usage.digest", f"{option}: {e.message}",
-                         advice="Give the digest as sha256:<64 hex>.") from None
+        raise UsageError(
+            "usage.digest", f"{option}: {e.message}", advice="Give the digest as sha256:<64 hex>."
+        ) from None
 
 
 def _now(value: str | None) -> datetime:
@@ -65,8 +66,12 @@ def attest() -> None:
 @click.option("--out", "prefix", required=True, help="Writes PREFIX.pem (private, 0600) and PREFIX.pub.pem.")
 @click.option("--algorithm", type=click.Choice(["ed25519", "ecdsa-p256"]), default="ed25519", show_default=True)
 @click.option("--id", "signer_id", default="dev-key", show_default=True, help="Signer id for the trust entry.")
-@click.option("--trust-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write a trust file naming only this key, ready for --trust FILE.")
+@click.option(
+    "--trust-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a trust file naming only this key, ready for --trust FILE.",
+)
 @json_option
 def keygen(prefix: str, algorithm: str, signer_id: str, trust_out: Path | None, as_json: bool) -> None:
     """Development helper: a new key pair and its trust-data entry (never use for production keys)."""
@@ -85,24 +90,39 @@ def keygen(prefix: str, algorithm: str, signer_id: str, trust_out: Path | None, 
     except UsageError:
         priv_path.unlink()  # no half pair
         raise
-    entry = trust_entry(public, signer_id=signer_id,
-                        predicate_types=[QUALIFICATION_PREDICATE_TYPE, PROVENANCE_PREDICATE_TYPE],
-                        scopes=["qualification", "provenance"])
+    entry = trust_entry(
+        public,
+        signer_id=signer_id,
+        predicate_types=[QUALIFICATION_PREDICATE_TYPE, PROVENANCE_PREDICATE_TYPE],
+        scopes=["qualification", "provenance"],
+    )
     if trust_out is not None:
-        write_output_file(trust_out, (json.dumps({"signers": [entry]}, indent=2) + "\n").encode(),
-                          what="the trust file", exclusive=True)
+        write_output_file(
+            trust_out,
+            (json.dumps({"signers": [entry]}, indent=2) + "\n").encode(),
+            what="the trust file",
+            exclusive=True,
+        )
     if as_json:
-        emit_json({"private_key": str(priv_path), "public_key": str(pub_path), "trust_entry": entry,
-                   "trust_file": str(trust_out) if trust_out else None})
+        emit_json(
+            {
+                "private_key": str(priv_path),
+                "public_key": str(pub_path),
+                "trust_entry": entry,
+                "trust_file": str(trust_out) if trust_out else None,
+            }
+        )
         return
     stdout.print(f"wrote [bold]{priv_path}[/] (private, keep secret) and [bold]{pub_path}[/]")
     stdout.print(f"algorithm {algorithm}, spki_sha256 {entry['spki_sha256']}")
     if trust_out is not None:
         stdout.print(f"wrote the trust file [bold]{trust_out}[/]: pass it as --trust {trust_out}")
     else:
-        stdout.print("trust-data entry; put it in a trust file {\"signers\": [...]} of your own and pass it with "
-                     "--trust FILE (--trust-out FILE writes one), rather than editing ckptgate's bundled policy data:",
-                     markup=False)
+        stdout.print(
+            'trust-data entry; put it in a trust file {"signers": [...]} of your own and pass it with '
+            "--trust FILE (--trust-out FILE writes one), rather than editing ckptgate's bundled policy data:",
+            markup=False,
+        )
         stdout.print_json(json.dumps(entry))
 
 
@@ -116,9 +136,17 @@ def keygen(prefix: str, algorithm: str, signer_id: str, trust_out: Path | None, 
 @click.option("--predicate-type", default=None, help="Default: the ckptgate qualification v1 type.")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
 @json_option
-def sign(key_path: str | None, keyid: str | None, statement_path: str | None, predicate_path: str | None,
-         subject_digest: str | None, subject_name: str, predicate_type: str | None, out_path: str,
-         as_json: bool) -> None:
+def sign(
+    key_path: str | None,
+    keyid: str | None,
+    statement_path: str | None,
+    predicate_path: str | None,
+    subject_digest: str | None,
+    subject_name: str,
+    predicate_type: str | None,
+    out_path: str,
+    as_json: bool,
+) -> None:
     """Sign a statement (checked against its schema first) into a DSSE envelope."""
     from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE, KeySigner, sign_statement  # noqa: PLC0415 - ~490 ms (cryptography)
     from ckptgate.verify.statement import PREDICATE_SCHEMAS  # noqa: PLC0415 - ~490 ms (cryptography)
@@ -127,33 +155,50 @@ def sign(key_path: str | None, keyid: str | None, statement_path: str | None, pr
         raise UsageError("usage.invalid", "give exactly one of --statement or --predicate")
     signer = KeySigner.from_pem(key_path, keyid=keyid)
     if statement_path is not None:
-        statement = loads_strict(_read(statement_path, "statement"), what="statement", max_bytes=8 << 20,
-                                 error=verify_error)
+        statement = loads_strict(
+            _read(statement_path, "statement"), what="statement", max_bytes=8 << 20, error=verify_error
+        )
     else:
-        if subject_digest is None:
+        if subject_digest is None or predicate_path is None:
             raise UsageError("usage.invalid", "--predicate needs --subject-digest")
         subject = _digest_arg(subject_digest, "--subject-digest")
-        predicate = loads_strict(_read(predicate_path, "predicate"), what="predicate",  # type: ignore[arg-type]
-                                 max_bytes=8 << 20, error=verify_error)
-        statement = {"_type": STATEMENT_TYPE,
-                     "subject": [{"name": subject_name, "digest": subject.dsse_subject()}],
-                     "predicateType": predicate_type or QUALIFICATION_PREDICATE_TYPE, "predicate": predicate}
+        predicate = loads_strict(
+            _read(predicate_path, "predicate"), what="predicate", max_bytes=8 << 20, error=verify_error
+        )
+        statement = {
+            "_type": STATEMENT_TYPE,
+            "subject": [{"name": subject_name, "digest": subject.dsse_subject()}],
+            "predicateType": predicate_type or QUALIFICATION_PREDICATE_TYPE,
+            "predicate": predicate,
+        }
     if not isinstance(statement, dict):
         raise UsageError("usage.statement_invalid", "the statement is not a JSON object; nothing was signed")
     if statement.get("predicateType") not in PREDICATE_SCHEMAS:  # every type signed here is checked by a schema
-        raise UsageError("usage.predicate_type", f"ckptgate signs only its own predicate types, each checked "
-                         f"against its schema: {sorted(PREDICATE_SCHEMAS)}; not {statement.get('predicateType')!r}")
+        raise UsageError(
+            "usage.predicate_type",
+            f"ckptgate signs only its own predicate types, each checked "
+            f"against its schema: {sorted(PREDICATE_SCHEMAS)}; not {statement.get('predicateType')!r}",
+        )
     try:
         envelope = sign_statement(statement, signer)
     except VerificationError as e:  # the statement is what is wrong: fix it, then sign
-        raise UsageError("usage.statement_invalid", f"the statement does not match its schema, so it was not "
-                         f"signed: {e.message}", evidence={"check": e.code, **e.evidence},
-                         advice="Fix the statement or predicate so that it matches the schema of its predicate "
-                                "type (docs/attestations.md), then sign it again.") from None
+        raise UsageError(
+            "usage.statement_invalid",
+            f"the statement does not match its schema, so it was not signed: {e.message}",
+            evidence={"check": e.code, **e.evidence},
+            advice="Fix the statement or predicate so that it matches the schema of its predicate "
+            "type (docs/attestations.md), then sign it again.",
+        ) from None
     write_output_file(out_path, envelope, what="the envelope", exclusive=True)
     if as_json:
-        emit_json({"envelope": out_path, "keyid": signer.keyid, "algorithm": signer.algorithm,
-                   "predicate_type": statement["predicateType"]})
+        emit_json(
+            {
+                "envelope": out_path,
+                "keyid": signer.keyid,
+                "algorithm": signer.algorithm,
+                "predicate_type": statement["predicateType"],
+            }
+        )
         return
     stdout.print(f"signed [bold]{out_path}[/] with {signer.algorithm} key {signer.keyid[:16]}…")
 
@@ -161,17 +206,28 @@ def sign(key_path: str | None, keyid: str | None, statement_path: str | None, pr
 @attest.command("verify")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--digest", required=True, help="sha256:<hex> of the fixture actually measured.")
-@click.option("--trust", "trust_path", default=None,
-              help="Trust data (default: policies/ckptgate/config/trust/data.json).")
-@click.option("--sigstore-trust-root", default=None,
-              help="trusted_root.json for Sigstore bundles ('production': embedded).")
+@click.option(
+    "--trust", "trust_path", default=None, help="Trust data (default: policies/ckptgate/config/trust/data.json)."
+)
+@click.option(
+    "--sigstore-trust-root", default=None, help="trusted_root.json for Sigstore bundles ('production': embedded)."
+)
 @click.option("--identity", default=None, help="Expected Sigstore certificate identity (with --issuer).")
 @click.option("--issuer", default=None, help="Expected Sigstore OIDC issuer (with --identity).")
 @click.option("--commit", "expected_commit", default=None, help="Require this candidate commit (40 hex).")
 @click.option("--now", "now_s", default=None, help="Evaluate validity at this time (ISO 8601, default: now).")
 @json_option
-def verify(file: str, digest: str, trust_path: str | None, sigstore_trust_root: str | None, identity: str | None,
-           issuer: str | None, expected_commit: str | None, now_s: str | None, as_json: bool) -> None:
+def verify(
+    file: str,
+    digest: str,
+    trust_path: str | None,
+    sigstore_trust_root: str | None,
+    identity: str | None,
+    issuer: str | None,
+    expected_commit: str | None,
+    now_s: str | None,
+    as_json: bool,
+) -> None:
     """Verify an attestation for a measured fixture digest; exit 5 when it does not verify."""
     from ckptgate.decide.input import check_commit  # noqa: PLC0415 - ~550 ms (the engine stack)
     from ckptgate.verify import TrustData, verify_attestation  # noqa: PLC0415 - ~490 ms (cryptography)
@@ -186,10 +242,16 @@ def verify(file: str, digest: str, trust_path: str | None, sigstore_trust_root: 
         check_trust_root(sigstore_trust_root)
     raw = _read(file, "attestation")
     trust = TrustData.from_file(trust_path)
-    va = verify_attestation(raw, source=file, trust=trust, measured_digest=measured, now=_now(now_s),
-                            sigstore_trust_root=sigstore_trust_root,
-                            expected_identity=(identity, issuer) if identity and issuer else None,
-                            expected_commit=expected_commit)
+    va = verify_attestation(
+        raw,
+        source=file,
+        trust=trust,
+        measured_digest=measured,
+        now=_now(now_s),
+        sigstore_trust_root=sigstore_trust_root,
+        expected_identity=(identity, issuer) if identity and issuer else None,
+        expected_commit=expected_commit,
+    )
     facts = va.to_facts()
     if as_json:
         emit_json({"verified": True, "attestation": facts})
@@ -198,13 +260,18 @@ def verify(file: str, digest: str, trust_path: str | None, sigstore_trust_root: 
     stdout.print(f"  predicate  {shown(va.predicate_type)}")
     stdout.print(f"  subject    {shown(va.subject_name)} = {va.measured_digest}")
     for s in facts["signers"]:
-        who = f"{s['signer_id']} ({s['algorithm']}, spki {s['spki_sha256'][:16]}…)" if s["kind"] == "key" \
+        who = (
+            f"{s['signer_id']} ({s['algorithm']}, spki {s['spki_sha256'][:16]}…)"
+            if s["kind"] == "key"
             else f"{s['identity']} via {s['issuer']}"
+        )
         stdout.print(f"  signer     {s['kind']}: {shown(who)}")
     stdout.print(f"  checks     {', '.join(va.checks)}")
     if va.validity is not None:
-        stdout.print(f"  valid      {facts['verification']['validity']['issued_at']} .. "
-                     f"{facts['verification']['validity']['expires_at']}")
+        stdout.print(
+            f"  valid      {facts['verification']['validity']['issued_at']} .. "
+            f"{facts['verification']['validity']['expires_at']}"
+        )
     pred = va.statement.get("predicate") or {}
     if isinstance(pred, dict) and "candidate_commit" in pred:
         stdout.print(f"  commit     {shown(pred['candidate_commit'])} (policy decides whether it is the candidate)")
@@ -215,9 +282,14 @@ def _unverified(raw: bytes) -> dict[str, Any]:
 
     env = read_envelope(raw)
     stmt = loads_strict(env.payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES, error=verify_error)
-    return {"verified": False, "UNVERIFIED": "signatures, trust and subject were NOT checked",
-            "format": env.format, "payload_type": env.payload_type,
-            "signatures": [{"keyid": k} for k in env.keyids], "statement": stmt}
+    return {
+        "verified": False,
+        "UNVERIFIED": "signatures, trust and subject were NOT checked",
+        "format": env.format,
+        "payload_type": env.payload_type,
+        "signatures": [{"keyid": k} for k in env.keyids],
+        "statement": stmt,
+    }
 
 
 @attest.command("show")
@@ -229,17 +301,25 @@ def show(file: str, as_json: bool) -> None:
     if as_json:
         emit_json(doc)
         return
-    stdout.print("[bold yellow]UNVERIFIED[/] content: signatures, trust and subject were NOT checked; "
-                 "use `ckptgate attest verify`.")
-    stdout.print(f"format {doc['format']}, payloadType {shown(doc['payload_type'])}, "
-                 f"{len(doc['signatures'])} signature(s), keyid hints {shown([s['keyid'] for s in doc['signatures']])}")
+    stdout.print(
+        "[bold yellow]UNVERIFIED[/] content: signatures, trust and subject were NOT checked; "
+        "use `ckptgate attest verify`."
+    )
+    stdout.print(
+        f"format {doc['format']}, payloadType {shown(doc['payload_type'])}, "
+        f"{len(doc['signatures'])} signature(s), keyid hints {shown([s['keyid'] for s in doc['signatures']])}"
+    )
     stdout.print_json(json.dumps(doc["statement"], sort_keys=True), ensure_ascii=True)  # untrusted: escaped
 
 
 @attest.command("add")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--store", "store_root", default=None,
-              help="The store directory (default: the configuration's attestations, else ./attestations).")
+@click.option(
+    "--store",
+    "store_root",
+    default=None,
+    help="The store directory (default: the configuration's attestations, else ./attestations).",
+)
 @json_option
 def add(files: tuple[str, ...], store_root: str | None, as_json: bool) -> None:
     """Store attestations under STORE/sha256-<subject>/ and regenerate STORE/index.json (not a trust decision)."""
@@ -247,8 +327,9 @@ def add(files: tuple[str, ...], store_root: str | None, as_json: bool) -> None:
 
     if store_root is None:
         config = load_config()
-        store_root = str(config.attestations) if config is not None and config.attestations is not None \
-            else "attestations"
+        store_root = (
+            str(config.attestations) if config is not None and config.attestations is not None else "attestations"
+        )
 
     if os.path.exists(store_root) and not os.path.isdir(store_root):
         raise UsageError("usage.store", f"--store {store_root} is not a directory")

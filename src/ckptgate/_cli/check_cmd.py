@@ -20,20 +20,45 @@ if TYPE_CHECKING:
 
 def register(cli: click.Group) -> None:
     @cli.command("check")
-    @click.option("--sarif", "sarif", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                  help="Also write a SARIF 2.1.0 report here (for code scanning).")
-    @click.option("--junit", "junit", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                  help="Also write a JUnit XML report here.")
-    @click.option("--skip", multiple=True, type=click.Choice(["policy_tests", "opa_fmt", "regal_lint",
-                                                               "matrix_drift", "evidence", "claims"]),
-                  help="Skip a check (repeatable; reported as skipped in every output).")
-    @click.option("--format", "fmt", type=click.Choice(["text", "json", "github"]), default=None,
-                  help="Output: text (default), json (as --json) or github (workflow annotations).")
+    @click.option(
+        "--sarif",
+        "sarif",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Also write a SARIF 2.1.0 report here (for code scanning).",
+    )
+    @click.option(
+        "--junit",
+        "junit",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Also write a JUnit XML report here.",
+    )
+    @click.option(
+        "--skip",
+        multiple=True,
+        type=click.Choice(["policy_tests", "opa_fmt", "regal_lint", "matrix_drift", "evidence", "claims"]),
+        help="Skip a check (repeatable; reported as skipped in every output).",
+    )
+    @click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["text", "json", "github"]),
+        default=None,
+        help="Output: text (default), json (as --json) or github (workflow annotations).",
+    )
     @repo_option
     @engine_options
     @json_option
-    def check_command(sarif: Path | None, junit: Path | None, skip: tuple[str, ...], fmt: str | None,
-                      repo: Path | None, engine: EngineOptions, as_json: bool) -> int:
+    def check_command(
+        sarif: Path | None,
+        junit: Path | None,
+        skip: tuple[str, ...],
+        fmt: str | None,
+        repo: Path | None,
+        engine: EngineOptions,
+        as_json: bool,
+    ) -> int:
         """Run the pre-merge gate. Exit 0 when every check passes, 3 when any fails.
 
         In a repository with a ckptgate.toml (or [tool.ckptgate] in pyproject.toml), only the checks
@@ -54,14 +79,18 @@ def register(cli: click.Group) -> None:
         root = repo_root(repo)
         config = load(root if repo is not None else None)  # the checked repository's configuration
         if config is not None and engine.opa_url is None and engine.policy_bundle is None:
-            engine = dataclasses.replace(engine, trust_file=engine.trust_file or config.trust,
-                                         policy_dir=engine.policy_dir or config.policies,
-                                         extra_rego=config.extra_rego)
+            engine = dataclasses.replace(
+                engine,
+                trust_file=engine.trust_file or config.trust,
+                policy_dir=engine.policy_dir or config.policies,
+                extra_rego=config.extra_rego,
+            )
         options = engine if config is not None else engine.in_repo(root)
         report = run_check(root, options=options, skip=skip, config=config)
         if sarif is not None:
-            write_output_file(sarif, (json.dumps(to_sarif(report), indent=2, sort_keys=True) + "\n").encode(),
-                              what="the SARIF report")
+            write_output_file(
+                sarif, (json.dumps(to_sarif(report), indent=2, sort_keys=True) + "\n").encode(), what="the SARIF report"
+            )
         if junit is not None:
             write_output_file(junit, to_junit(report), what="the JUnit report")
         if as_json:

@@ -9,8 +9,21 @@ import importlib
 
 from ckptgate._cli._base import cli
 
-_MODULES = ("intake_cmd", "demo_cmd", "inspect_cmd", "attest_cmd", "provenance_cmd", "decide_cmd", "qualify_cmd",
-            "matrix_cmd", "check_cmd", "verify_cmd", "doctor_cmd", "receipt_cmd", "init_cmd")
+_MODULES = (
+    "intake_cmd",
+    "demo_cmd",
+    "inspect_cmd",
+    "attest_cmd",
+    "provenance_cmd",
+    "decide_cmd",
+    "qualify_cmd",
+    "matrix_cmd",
+    "check_cmd",
+    "verify_cmd",
+    "doctor_cmd",
+    "receipt_cmd",
+    "init_cmd",
+)
 
 for _name in _MODULES:
     importlib.import_module(f"ckptgate._cli.{_name}").register(cli)

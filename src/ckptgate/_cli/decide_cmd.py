@@ -10,6 +10,7 @@ import click
 
 from ckptgate._cli._base import F, emit_json, json_option, print_json_text, shown, stdout
 from ckptgate._cli._options import checkpoint_option, engine_options, signature_options
+from ckptgate._resources import default_policy_dir
 from ckptgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -17,30 +18,52 @@ if TYPE_CHECKING:
     from ckptgate.pipeline import Evaluation
 
 
-def _evaluate(src: Path, attestations: tuple[Path, ...], candidate_commit: str | None,
-              options: EngineOptions, signatures: tuple[Path, ...] = (), key: Path | None = None,
-              certificate_chains: tuple[Path, ...] = ()) -> Evaluation:
+def _evaluate(
+    src: Path,
+    attestations: tuple[Path, ...],
+    candidate_commit: str | None,
+    options: EngineOptions,
+    signatures: tuple[Path, ...] = (),
+    key: Path | None = None,
+    certificate_chains: tuple[Path, ...] = (),
+) -> Evaluation:
     from ckptgate.decide.options import engine_for, load_trust  # noqa: PLC0415 - ~900 ms (the engine stack)
     from ckptgate.inspect import SafeTree  # noqa: PLC0415 - ~310 ms (the inspection stack)
     from ckptgate.pipeline import evaluate  # noqa: PLC0415 - ~1.8 s (every step)
     from ckptgate.verify.oms import load_verification_material  # noqa: PLC0415 - ~490 ms (cryptography, model_signing)
 
     trust = load_trust(options)
-    offered, chain = load_verification_material(signatures, key, certificate_chains,  # before any work
-                                                options.sigstore_trust_root)
+    offered, chain = load_verification_material(
+        signatures,
+        key,
+        certificate_chains,  # before any work
+        options.sigstore_trust_root,
+    )
     with SafeTree.open(src) as tree, engine_for(options, trust) as engine:
-        return evaluate(tree, attestations=list(attestations), engine=engine, trust=trust,
-                        action="decide", candidate_commit=candidate_commit,
-                        sigstore_trust_root=options.sigstore_trust_root, signatures=list(signatures),
-                        offered_key=offered, certificate_chain=chain)
+        return evaluate(
+            tree,
+            attestations=list(attestations),
+            engine=engine,
+            trust=trust,
+            action="decide",
+            candidate_commit=candidate_commit,
+            sigstore_trust_root=options.sigstore_trust_root,
+            signatures=list(signatures),
+            offered_key=offered,
+            certificate_chain=chain,
+        )
 
 
 def _common(f: F) -> F:
     f = click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))(f)
-    f = click.option("--attestation", "attestations", multiple=True,
-                     type=click.Path(dir_okay=False, path_type=Path), help="Attestation about SRC (repeatable).")(f)
-    f = click.option("--candidate-commit", default=None,
-                     help="Require attestations bound to this 40-hex commit.")(f)
+    f = click.option(
+        "--attestation",
+        "attestations",
+        multiple=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Attestation about SRC (repeatable).",
+    )(f)
+    f = click.option("--candidate-commit", default=None, help="Require attestations bound to this 40-hex commit.")(f)
     return checkpoint_option("src")(signature_options(engine_options(json_option(f))))
 
 
@@ -52,10 +75,12 @@ def explain_lines(ev: Evaluation) -> list[str]:
     """The decision in plain words: what was looked at, what held, what failed and why."""
     facts = ev.policy_input.to_json()
     insp, d = facts["inspection"], ev.decision
-    out = [f"checkpoint  {facts['fixture']['digest']}  format={insp['format']}  "
-           f"files={facts['fixture']['file_count']}  bytes={facts['fixture']['total_bytes']}",
-           f"inspection  {'clean' if insp['clean'] else 'NOT clean'}; loaders needed: "
-           f"{', '.join(insp['loaders']) or 'none'}"]
+    out = [
+        f"checkpoint  {facts['fixture']['digest']}  format={insp['format']}  "
+        f"files={facts['fixture']['file_count']}  bytes={facts['fixture']['total_bytes']}",
+        f"inspection  {'clean' if insp['clean'] else 'NOT clean'}; loaders needed: "
+        f"{', '.join(insp['loaders']) or 'none'}",
+    ]
     for f in insp["findings"]:
         if f.get("severity") == "error":
             out.append(f"  finding   {f['code']} in {f['path']}: {f['message']}")
@@ -100,40 +125,73 @@ def explain_doc(ev: Evaluation) -> dict[str, Any]:
     facts = ev.policy_input.to_json()
     insp, d = facts["inspection"], ev.decision
     attestations: list[dict[str, Any]] = [
-        {"source": a["source"], "status": "verified",
-         "signers": [s.get("signer_id") or s.get("identity") or s.get("spki_sha256") for s in a["signers"]]}
-        for a in facts["attestations"]]
-    attestations += [{"source": r["source"], "status": "rejected", "code": r["code"], "message": r["message"]}
-                     for r in facts["rejected_attestations"]]
+        {
+            "source": a["source"],
+            "status": "verified",
+            "signers": [s.get("signer_id") or s.get("identity") or s.get("spki_sha256") for s in a["signers"]],
+        }
+        for a in facts["attestations"]
+    ]
+    attestations += [
+        {"source": r["source"], "status": "rejected", "code": r["code"], "message": r["message"]}
+        for r in facts["rejected_attestations"]
+    ]
     containment = None
     if facts["containment"]:
         controls = facts["containment"]["controls"]
-        containment = {"held": sorted(k for k, v in controls.items() if v),
-                       "missing": sorted(k for k, v in controls.items() if not v)}
+        containment = {
+            "held": sorted(k for k, v in controls.items() if v),
+            "missing": sorted(k for k, v in controls.items() if not v),
+        }
     return {
-        "checkpoint": {"digest": facts["fixture"]["digest"], "format": insp["format"],
-                       "file_count": facts["fixture"]["file_count"],
-                       "total_bytes": facts["fixture"]["total_bytes"]},
-        "inspection": {"clean": insp["clean"], "loaders": list(insp["loaders"]),
-                       "findings": [{"code": f["code"], "path": f["path"], "message": f["message"],
-                                     "severity": f.get("severity")}
-                                    for f in insp["findings"] if f.get("severity") == "error"]},
+        "checkpoint": {
+            "digest": facts["fixture"]["digest"],
+            "format": insp["format"],
+            "file_count": facts["fixture"]["file_count"],
+            "total_bytes": facts["fixture"]["total_bytes"],
+        },
+        "inspection": {
+            "clean": insp["clean"],
+            "loaders": list(insp["loaders"]),
+            "findings": [
+                {"code": f["code"], "path": f["path"], "message": f["message"], "severity": f.get("severity")}
+                for f in insp["findings"]
+                if f.get("severity") == "error"
+            ],
+        },
         "attestations": attestations,
         "containment": containment,
-        "decision": {**d.to_json("allow", "plane", "decision_id", "policy_revision", "refusal", "required_controls"),
-                     "decision_id": d.decision_id or None, "exit_code": int(d.exit_code)},
-        "reasons": [{"code": r.code, "message": r.message, "severity": r.severity,
-                     "evidence": dict(r.evidence), "attestation": _attestation_ref(dict(r.evidence))}
-                    for r in d.reasons],
+        "decision": {
+            **d.to_json("allow", "plane", "decision_id", "policy_revision", "refusal", "required_controls"),
+            "decision_id": d.decision_id or None,
+            "exit_code": int(d.exit_code),
+        },
+        "reasons": [
+            {
+                "code": r.code,
+                "message": r.message,
+                "severity": r.severity,
+                "evidence": dict(r.evidence),
+                "attestation": _attestation_ref(dict(r.evidence)),
+            }
+            for r in d.reasons
+        ],
     }
 
 
 def register(cli: click.Group) -> None:
     @cli.command("decide")
     @_common
-    def decide_command(src: Path, attestations: tuple[Path, ...], candidate_commit: str | None,
-                       signatures: tuple[Path, ...], key: Path | None, certificate_chains: tuple[Path, ...],
-                       engine: EngineOptions, as_json: bool) -> int:
+    def decide_command(
+        src: Path,
+        attestations: tuple[Path, ...],
+        candidate_commit: str | None,
+        signatures: tuple[Path, ...],
+        key: Path | None,
+        certificate_chains: tuple[Path, ...],
+        engine: EngineOptions,
+        as_json: bool,
+    ) -> int:
         """Print the OPA input document for SRC and the policy's decision. Loads nothing.
 
         Exit 0 allow; a deny exits as its refusal class says: 4 the checkpoint itself, 5 only
@@ -152,9 +210,16 @@ def register(cli: click.Group) -> None:
 
     @cli.command("explain")
     @_common
-    def explain_command(src: Path, attestations: tuple[Path, ...], candidate_commit: str | None,
-                        signatures: tuple[Path, ...], key: Path | None, certificate_chains: tuple[Path, ...],
-                        engine: EngineOptions, as_json: bool) -> int:
+    def explain_command(
+        src: Path,
+        attestations: tuple[Path, ...],
+        candidate_commit: str | None,
+        signatures: tuple[Path, ...],
+        key: Path | None,
+        certificate_chains: tuple[Path, ...],
+        engine: EngineOptions,
+        as_json: bool,
+    ) -> int:
         """Explain the decision for SRC in plain words, naming the evidence that failed.
 
         With --json: one record per reason (code, message, severity, evidence and the attestation
@@ -176,16 +241,28 @@ def register(cli: click.Group) -> None:
         """Policy bundle tools."""
 
     @policy_group.command("build")
-    @click.option("--signing-key", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
-                  help="PEM ECDSA P-256 private key of the policy maintainer (ES256).")
-    @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
-                  help="Where to write the signed bundle (.tar.gz).")
-    @click.option("--policies", "policy_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
-                  default=None, help="Policy directory (default: the bundled policies/).")
+    @click.option(
+        "--signing-key",
+        required=True,
+        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        help="PEM ECDSA P-256 private key of the policy maintainer (ES256).",
+    )
+    @click.option(
+        "--out",
+        required=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Where to write the signed bundle (.tar.gz).",
+    )
+    @click.option(
+        "--policies",
+        "policy_dir",
+        type=click.Path(file_okay=False, exists=True, path_type=Path),
+        default=None,
+        help="Policy directory (default: the bundled policies/).",
+    )
     @json_option
     def build_command(signing_key: Path, out: Path, policy_dir: Path | None, as_json: bool) -> int:
         """Build a signed policy bundle with `opa build`; use it with --policy-bundle/--policy-key."""
-        from ckptgate._resources import default_policy_dir
         from ckptgate.decide.bundle import build_signed, policy_revision  # noqa: PLC0415 - ~450 ms (the engine stack)
 
         policy_dir = policy_dir or default_policy_dir()

@@ -18,9 +18,12 @@ if TYPE_CHECKING:
 
 def register(cli: click.Group) -> None:
     @cli.command("demo")
-    @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                  help="Where to put the demo checkpoint, key, attestation and output "
-                       "(default: ./.ckptgate-demo/<time>).")
+    @click.option(
+        "--workdir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Where to put the demo checkpoint, key, attestation and output (default: ./.ckptgate-demo/<time>).",
+    )
     @engine_options
     @json_option
     def demo_command(workdir: Path | None, engine: EngineOptions, as_json: bool) -> int:
@@ -30,27 +33,48 @@ def register(cli: click.Group) -> None:
         key, so --trust, --policy-bundle, --policy-key and --sigstore-trust-root are refused.
         """
         from ckptgate.demo import run_demo  # noqa: PLC0415 - ~1.5 s (every step)
-        ignored = [flag for flag, value in (("--trust", engine.trust_file), ("--policy-bundle", engine.policy_bundle),
-                                            ("--policy-key", engine.policy_key),
-                                            ("--sigstore-trust-root", engine.sigstore_trust_root)) if value]
+
+        ignored = [
+            flag
+            for flag, value in (
+                ("--trust", engine.trust_file),
+                ("--policy-bundle", engine.policy_bundle),
+                ("--policy-key", engine.policy_key),
+                ("--sigstore-trust-root", engine.sigstore_trust_root),
+            )
+            if value
+        ]
         if ignored:
-            raise UsageError("usage.demo_option", f"the demo trusts only its own throwaway key and would ignore "
-                             f"{', '.join(ignored)}", advice="Run `ckptgate intake` to use your own trust data.")
+            raise UsageError(
+                "usage.demo_option",
+                f"the demo trusts only its own throwaway key and would ignore {', '.join(ignored)}",
+                advice="Run `ckptgate intake` to use your own trust data.",
+            )
 
         workdir = workdir or Path(".ckptgate-demo") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         result = run_demo(workdir.absolute(), options=engine)
         d = result.intake.evaluation.decision
         if as_json:
-            emit_json({"result": "published", "source": str(result.source), "attestation": str(result.attestation),
-                       "destination": str(result.intake.destination), "decision": d.to_json(),
-                       "tensors_compared": result.tensors_compared, "receipt": result.intake.receipt})
+            emit_json(
+                {
+                    "result": "published",
+                    "source": str(result.source),
+                    "attestation": str(result.attestation),
+                    "destination": str(result.intake.destination),
+                    "decision": d.to_json(),
+                    "tensors_compared": result.tensors_compared,
+                    "receipt": result.intake.receipt,
+                }
+            )
             return 0
         stdout.print(f"produced  {result.source}  (huggingface_hub.save_torch_state_dict)")
         stdout.print(f"signed    {result.attestation}  (throwaway Ed25519 key, trust data {result.trust_file})")
         stdout.print(f"decision  [bold green]allow[/] plane={d.plane} id={d.decision_id} by {d.engine}")
         for r in d.reasons:
             stdout.print(f"          - {shown('[' + r.code + ']')} {shown(r.message)}")
-        stdout.print(f"published {result.intake.destination}  ({len(result.intake.outputs)} files, receipt "
-                     f"ckptgate-receipt.json)")
+        stdout.print(
+            f"published {result.intake.destination}  ({len(result.intake.outputs)} files, receipt "
+            f"ckptgate-receipt.json)"
+        )
         stdout.print(f"checked   {result.tensors_compared} tensors equal the input bit for bit")
         return 0

@@ -10,8 +10,11 @@ from ckptgate.errors import ExitCode
 
 def register(cli: click.Group) -> None:
     @cli.command("doctor")
-    @click.option("--clean", is_flag=True,
-                  help="Remove the leftovers whose owner is provably dead (and quiet legacy work directories).")
+    @click.option(
+        "--clean",
+        is_flag=True,
+        help="Remove the leftovers whose owner is provably dead (and quiet legacy work directories).",
+    )
     @json_option
     def doctor_command(clean: bool, as_json: bool) -> int:
         """List this user's ckptgate work directories, staging directories and registry entries.
@@ -27,15 +30,33 @@ def register(cli: click.Group) -> None:
         gone = {item.path for item in removed}
         remaining = [item for item in found if item.removable and item.path not in gone]
         if as_json:
-            emit_json({"leftovers": [dict(item.to_json(), removed=item.path in gone) for item in found],
-                       "removed": len(removed), "remaining": len(remaining)})
+            emit_json(
+                {
+                    "leftovers": [dict(item.to_json(), removed=item.path in gone) for item in found],
+                    "removed": len(removed),
+                    "remaining": len(remaining),
+                }
+            )
         elif not found:
             stdout.print("no leftovers")
         else:
-            table("ckptgate leftovers", ("kind", "state", "bytes", "path", "note"),
-                  ((item.kind, "removed" if item.path in gone else item.state, str(item.size), shown(item.path),
-                    shown(item.detail)) for item in found))
+            table(
+                "ckptgate leftovers",
+                ("kind", "state", "bytes", "path", "note"),
+                (
+                    (
+                        item.kind,
+                        "removed" if item.path in gone else item.state,
+                        str(item.size),
+                        shown(item.path),
+                        shown(item.detail),
+                    )
+                    for item in found
+                ),
+            )
             if remaining:
-                stdout.print(f"{len(remaining)} removable leftover(s)" + ("; run `ckptgate doctor --clean`"
-                                                                         if not clean else " could not be removed"))
+                stdout.print(
+                    f"{len(remaining)} removable leftover(s)"
+                    + ("; run `ckptgate doctor --clean`" if not clean else " could not be removed")
+                )
         return int(ExitCode.DENIED) if remaining else 0

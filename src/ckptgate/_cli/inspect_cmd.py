@@ -19,24 +19,37 @@ def _digest(tree: Any, show_progress: bool) -> Any:
 
     if not show_progress:
         return fixture_digest(tree)
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), transient=True) as bar:
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True
+    ) as bar:
         task = bar.add_task("hashing", total=tree.total_bytes)
         return fixture_digest(tree, progress=lambda n: bar.advance(task, n))
 
 
 def _human(facts: dict[str, Any], digest: Any) -> None:
     ok = "[green]clean[/]" if facts["clean"] else "[red]not clean[/]"
-    stdout.print(f"[bold]format[/] {facts['format']}   {ok}   loaders: {', '.join(facts['loaders']) or '-'}"
-                 f"   consolidatable: {facts['consolidatable']}")
+    stdout.print(
+        f"[bold]format[/] {facts['format']}   {ok}   loaders: {', '.join(facts['loaders']) or '-'}"
+        f"   consolidatable: {facts['consolidatable']}"
+    )
     if digest is not None:
         stdout.print(f"[bold]fixture digest[/] {digest.digest} ({digest.file_count} files, {digest.total_bytes} bytes)")
     table("files", ("path", "kind", "size"), ((shown(f["path"]), f["kind"], str(f["size"])) for f in facts["files"]))
     if facts["findings"]:
         colour = {"error": "red", "warning": "yellow", "info": "dim"}
-        table("findings", ("severity", "code", "path", "message"),
-              ((f"[{colour[x['severity']]}]{x['severity']}[/]", shown(x["code"]), shown(x["path"]), shown(x["message"]))
-               for x in facts["findings"]))
+        table(
+            "findings",
+            ("severity", "code", "path", "message"),
+            (
+                (
+                    f"[{colour[x['severity']]}]{x['severity']}[/]",
+                    shown(x["code"]),
+                    shown(x["path"]),
+                    shown(x["message"]),
+                )
+                for x in facts["findings"]
+            ),
+        )
 
 
 def register(cli: click.Group) -> None:
@@ -68,7 +81,10 @@ def register(cli: click.Group) -> None:
             errors = [f["code"] for f in facts["findings"] if f["severity"] == "error"]
             if not as_json:
                 first = errors[0] if errors else "a pickle outside its allowlist"
-                raise InputRejected("input.inspection.not_clean", f"{len(errors)} error finding(s); first: {first}",
-                                    evidence={"codes": sorted(set(errors))})
+                raise InputRejected(
+                    "input.inspection.not_clean",
+                    f"{len(errors)} error finding(s); first: {first}",
+                    evidence={"codes": sorted(set(errors))},
+                )
             return int(InputRejected.exit_code)
         return 0

@@ -20,25 +20,49 @@ if TYPE_CHECKING:
     from ckptgate.verify.dsse import Signer
 
 
-def run_intake(src: Path, out: Path, attestations: tuple[Path, ...], *, options: EngineOptions, max_shard_size: int,
-               show_progress: bool, dtype: str | None = None, signatures: tuple[Path, ...] = (),
-               key: Path | None = None, receipt_signer: Signer | None = None, select: str | None = None,
-               certificate_chains: tuple[Path, ...] = ()) -> IntakeResult:
+def run_intake(
+    src: Path,
+    out: Path,
+    attestations: tuple[Path, ...],
+    *,
+    options: EngineOptions,
+    max_shard_size: int,
+    show_progress: bool,
+    dtype: str | None = None,
+    signatures: tuple[Path, ...] = (),
+    key: Path | None = None,
+    receipt_signer: Signer | None = None,
+    select: str | None = None,
+    certificate_chains: tuple[Path, ...] = (),
+) -> IntakeResult:
     """Intake, with a labelled bar for hashing and then one for consolidating when ``show_progress``."""
     from ckptgate.pipeline import intake  # noqa: PLC0415 - ~1.8 s (every step)
 
     with phase_bars(show_progress, "hashing", "consolidating") as bars:
-        return intake(src, out, attestations=list(attestations), options=options, max_shard_bytes=max_shard_size,
-                      on_hash_plan=bars["hashing"].plan, on_hash_bytes=bars["hashing"].advance,
-                      on_plan=bars["consolidating"].plan, on_bytes=bars["consolidating"].advance,
-                      dtype=dtype, signatures=list(signatures), key=key, receipt_signer=receipt_signer,
-                      select=select, certificate_chain=list(certificate_chains))
+        return intake(
+            src,
+            out,
+            attestations=list(attestations),
+            options=options,
+            max_shard_bytes=max_shard_size,
+            on_hash_plan=bars["hashing"].plan,
+            on_hash_bytes=bars["hashing"].advance,
+            on_plan=bars["consolidating"].plan,
+            on_bytes=bars["consolidating"].advance,
+            dtype=dtype,
+            signatures=list(signatures),
+            key=key,
+            receipt_signer=receipt_signer,
+            select=select,
+            certificate_chain=list(certificate_chains),
+        )
 
 
 def print_result(result: IntakeResult) -> None:
     d = result.evaluation.decision
-    stdout.print(f"[bold green]allowed[/] plane={d.plane} decision={d.decision_id or '-'} "
-                 f"policy={d.policy_revision[:19]}")
+    stdout.print(
+        f"[bold green]allowed[/] plane={d.plane} decision={d.decision_id or '-'} policy={d.policy_revision[:19]}"
+    )
     for r in d.reasons:
         stdout.print(f"  - {shown('[' + r.code + ']')} {shown(r.message)}")
     stdout.print(f"published {len(result.outputs)} files to [bold]{result.destination}[/]")
@@ -48,39 +72,87 @@ def print_result(result: IntakeResult) -> None:
 def register(cli: click.Group) -> None:
     @cli.command("intake")
     @click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
-    @click.option("--out", "out", required=True, type=click.Path(path_type=Path),
-                  help="Destination directory; must not exist. Published atomically.")
-    @click.option("--attestation", "attestations", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
-                  help="A DSSE envelope or Sigstore bundle about SRC (repeatable).")
-    @click.option("--max-shard-size", type=ByteSize(), default="2GiB", show_default=True,
-                  help="Maximum output shard size: bytes, or 5GB, 500MB (powers of 1000) or 2GiB (of 1024).")
-    @click.option("--dtype", type=click.Choice(["F32", "BF16", "F16", "F64"], case_sensitive=False), default=None,
-                  help="Cast every floating-point tensor (F64, F32, F16, BF16) to this dtype, rounding to nearest "
-                       "even; other dtypes are never changed.  Default: every dtype is preserved.")
-    @click.option("--receipt-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-                  help="PEM private key (Ed25519 or ECDSA P-256) to sign the receipt with, as a DSSE envelope "
-                       "published beside it; check it later with `ckptgate receipt verify --key`.")
-    @click.option("--select", "select", default=None, metavar="PREFIX",
-                  help="In a DCP training-state tree, write only the entries under PREFIX (such as 'model'), "
-                       "named without it. Default: the model subtree of a layout the policy data describes, "
-                       "else the whole tree.")
-    @click.option("--distributed", is_flag=True, default=False,
-                  help="Run as one rank of a torch.distributed job (under torchrun): the ranks split the hashing "
-                       "and the writing by bytes, rank 0 decides once and publishes once.  Needs a per-job "
-                       "secret in $CKPTGATE_DIST_SECRET; see docs/scale-out.md.")
-    @click.option("--dist-timeout", type=float, default=600.0, show_default=True,
-                  help="With --distributed: seconds any rank may wait for the others in one exchange.")
+    @click.option(
+        "--out",
+        "out",
+        required=True,
+        type=click.Path(path_type=Path),
+        help="Destination directory; must not exist. Published atomically.",
+    )
+    @click.option(
+        "--attestation",
+        "attestations",
+        multiple=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="A DSSE envelope or Sigstore bundle about SRC (repeatable).",
+    )
+    @click.option(
+        "--max-shard-size",
+        type=ByteSize(),
+        default="2GiB",
+        show_default=True,
+        help="Maximum output shard size: bytes, or 5GB, 500MB (powers of 1000) or 2GiB (of 1024).",
+    )
+    @click.option(
+        "--dtype",
+        type=click.Choice(["F32", "BF16", "F16", "F64"], case_sensitive=False),
+        default=None,
+        help="Cast every floating-point tensor (F64, F32, F16, BF16) to this dtype, rounding to nearest "
+        "even; other dtypes are never changed.  Default: every dtype is preserved.",
+    )
+    @click.option(
+        "--receipt-key",
+        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        default=None,
+        help="PEM private key (Ed25519 or ECDSA P-256) to sign the receipt with, as a DSSE envelope "
+        "published beside it; check it later with `ckptgate receipt verify --key`.",
+    )
+    @click.option(
+        "--select",
+        "select",
+        default=None,
+        metavar="PREFIX",
+        help="In a DCP training-state tree, write only the entries under PREFIX (such as 'model'), "
+        "named without it. Default: the model subtree of a layout the policy data describes, "
+        "else the whole tree.",
+    )
+    @click.option(
+        "--distributed",
+        is_flag=True,
+        default=False,
+        help="Run as one rank of a torch.distributed job (under torchrun): the ranks split the hashing "
+        "and the writing by bytes, rank 0 decides once and publishes once.  Needs a per-job "
+        "secret in $CKPTGATE_DIST_SECRET; see docs/scale-out.md.",
+    )
+    @click.option(
+        "--dist-timeout",
+        type=float,
+        default=600.0,
+        show_default=True,
+        help="With --distributed: seconds any rank may wait for the others in one exchange.",
+    )
     @signature_options
     @checkpoint_option("src")
     @engine_options
     @quiet_option
     @json_option
-    def intake_command(src: Path, out: Path, attestations: tuple[Path, ...], max_shard_size: int,
-                       dtype: str | None, receipt_key: Path | None, select: str | None, distributed: bool,
-                       dist_timeout: float,
-                       signatures: tuple[Path, ...], key: Path | None,
-                       certificate_chains: tuple[Path, ...], engine: EngineOptions, quiet: bool,
-                       as_json: bool) -> int:
+    def intake_command(
+        src: Path,
+        out: Path,
+        attestations: tuple[Path, ...],
+        max_shard_size: int,
+        dtype: str | None,
+        receipt_key: Path | None,
+        select: str | None,
+        distributed: bool,
+        dist_timeout: float,
+        signatures: tuple[Path, ...],
+        key: Path | None,
+        certificate_chains: tuple[Path, ...],
+        engine: EngineOptions,
+        quiet: bool,
+        as_json: bool,
+    ) -> int:
         """Inspect, verify, decide, enforce, consolidate and publish SRC at --out.
 
         Exit 0 when allowed and published; 3 denied; 4 input rejected; 5 verification failed;
@@ -90,13 +162,35 @@ def register(cli: click.Group) -> None:
 
         signer = KeySigner.from_pem(receipt_key) if receipt_key is not None else None  # before any work
         if distributed:
-            return _run_distributed(src, out, attestations, options=engine, max_shard_size=max_shard_size,
-                                    dtype=dtype, select=select, signatures=signatures, key=key, receipt_signer=signer,
-                                    certificate_chains=certificate_chains, timeout_s=dist_timeout, as_json=as_json)
-        result = run_intake(src, out, attestations, options=engine, max_shard_size=max_shard_size,
-                            show_progress=not (as_json or quiet) and sys.stderr.isatty(), receipt_signer=signer,
-                            dtype=dtype, signatures=signatures, key=key,  # click gives the choice as listed
-                            select=select, certificate_chains=certificate_chains)
+            return _run_distributed(
+                src,
+                out,
+                attestations,
+                options=engine,
+                max_shard_size=max_shard_size,
+                dtype=dtype,
+                select=select,
+                signatures=signatures,
+                key=key,
+                receipt_signer=signer,
+                certificate_chains=certificate_chains,
+                timeout_s=dist_timeout,
+                as_json=as_json,
+            )
+        result = run_intake(
+            src,
+            out,
+            attestations,
+            options=engine,
+            max_shard_size=max_shard_size,
+            show_progress=not (as_json or quiet) and sys.stderr.isatty(),
+            receipt_signer=signer,
+            dtype=dtype,
+            signatures=signatures,
+            key=key,  # click gives the choice as listed
+            select=select,
+            certificate_chains=certificate_chains,
+        )
         if as_json:
             emit_json({"result": "published", "destination": str(result.destination), "receipt": result.receipt})
         else:
@@ -104,22 +198,41 @@ def register(cli: click.Group) -> None:
         return 0
 
 
-def _run_distributed(src: Path, out: Path, attestations: tuple[Path, ...], *, options: EngineOptions,
-                     max_shard_size: int, dtype: str | None, select: str | None, signatures: tuple[Path, ...],
-                     key: Path | None,
-                     receipt_signer: Signer | None,
-                     certificate_chains: tuple[Path, ...], timeout_s: float, as_json: bool) -> int:
+def _run_distributed(
+    src: Path,
+    out: Path,
+    attestations: tuple[Path, ...],
+    *,
+    options: EngineOptions,
+    max_shard_size: int,
+    dtype: str | None,
+    select: str | None,
+    signatures: tuple[Path, ...],
+    key: Path | None,
+    receipt_signer: Signer | None,
+    certificate_chains: tuple[Path, ...],
+    timeout_s: float,
+    as_json: bool,
+) -> int:
     """One rank of a distributed intake: rank 0 prints the result; another rank prints only its own
     error, and exits with the first failure's exit code when another rank failed."""
     from ckptgate.distributed import DistributedOptions, Relayed, distributed_intake  # noqa: PLC0415 - ~600 ms (every step), only for --distributed
 
     try:
-        result = distributed_intake(src, out, attestations=list(attestations), options=options,
-                                    max_shard_bytes=max_shard_size, dtype=dtype, select=select,
-                                    signatures=list(signatures),
-                                    key=key, certificate_chain=list(certificate_chains),
-                                    receipt_signer=receipt_signer,
-                                    dist_options=DistributedOptions(timeout_s=timeout_s))
+        result = distributed_intake(
+            src,
+            out,
+            attestations=list(attestations),
+            options=options,
+            max_shard_bytes=max_shard_size,
+            dtype=dtype,
+            select=select,
+            signatures=list(signatures),
+            key=key,
+            certificate_chain=list(certificate_chains),
+            receipt_signer=receipt_signer,
+            dist_options=DistributedOptions(timeout_s=timeout_s),
+        )
     except Error as e:
         if os.environ.get("RANK", "0") == "0":
             raise

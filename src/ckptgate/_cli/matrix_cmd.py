@@ -22,13 +22,19 @@ def matrix() -> None:
 
 @matrix.command("build")
 @click.option("--check", "check_only", is_flag=True, help="Write nothing; exit 3 with the diff if matrix/ is stale.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write here instead of the configured matrix directory (default: REPO/matrix).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write here instead of the configured matrix directory (default: REPO/matrix).",
+)
 @repo_option
 @engine_options
 @json_option
-def build_command(check_only: bool, out_dir: Path | None, repo: Path | None, engine: EngineOptions,
-                  as_json: bool) -> int:
+def build_command(
+    check_only: bool, out_dir: Path | None, repo: Path | None, engine: EngineOptions, as_json: bool
+) -> int:
     """Verify every attestation, evaluate data.ckptgate.support.rows and render matrix/.
 
     Exit 0 written (or up to date with --check); 3 --check found drift; 6 policy engine unavailable.
@@ -45,9 +51,12 @@ def build_command(check_only: bool, out_dir: Path | None, repo: Path | None, eng
     if check_only:
         diffs = mx.diff(m, target)
         if diffs:
-            raise CheckFailed("check.matrix.drift", "the committed matrix differs from a fresh build; run "
-                              f"`ckptgate matrix build` and commit {layout.rel(target)}/",
-                              failures=[{"code": "matrix_drift", "message": d} for d in diffs])
+            raise CheckFailed(
+                "check.matrix.drift",
+                "the committed matrix differs from a fresh build; run "
+                f"`ckptgate matrix build` and commit {layout.rel(target)}/",
+                failures=[{"code": "matrix_drift", "message": d} for d in diffs],
+            )
         if as_json:
             emit_json({"up_to_date": True, "policy_revision": m.policy_revision, "summary": m.summary()})
         else:
@@ -55,8 +64,14 @@ def build_command(check_only: bool, out_dir: Path | None, repo: Path | None, eng
         return 0
     written = mx.write(m, target)
     if as_json:
-        emit_json({"written": [str(p) for p in written], "policy_revision": m.policy_revision,
-                   "summary": m.summary(), "rows": list(m.rows)})
+        emit_json(
+            {
+                "written": [str(p) for p in written],
+                "policy_revision": m.policy_revision,
+                "summary": m.summary(),
+                "rows": list(m.rows),
+            }
+        )
     else:
         for p in written:
             stdout.print(f"wrote {p}")

@@ -12,11 +12,19 @@ from ckptgate.errors import Error
 
 
 @click.command("provenance")
-@click.option("--fixture", "fixture", required=True,
-              help="Fixture name under the configured fixtures directory (default tests/fixtures/data), "
-                   "or its directory.")
-@click.option("--key", "key", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="PEM private key (default: $CKPTGATE_SIGNING_KEY, else ../shared/keys/ci-qualification).")
+@click.option(
+    "--fixture",
+    "fixture",
+    required=True,
+    help="Fixture name under the configured fixtures directory (default tests/fixtures/data), or its directory.",
+)
+@click.option(
+    "--key",
+    "key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="PEM private key (default: $CKPTGATE_SIGNING_KEY, else ../shared/keys/ci-qualification).",
+)
 @repo_option
 @engine_options
 @json_option
@@ -36,8 +44,10 @@ def provenance(fixture: str, key: Path | None, repo: Path | None, engine, as_jso
     if as_json:
         emit_json(result.to_json())
     else:
-        stdout.print(f"[bold green]stored[/] provenance for {result.fixture} "
-                     f"(fixture {result.fixture_digest}, candidate {result.candidate_commit[:12]})")
+        stdout.print(
+            f"[bold green]stored[/] provenance for {result.fixture} "
+            f"(fixture {result.fixture_digest}, candidate {result.candidate_commit[:12]})"
+        )
         stdout.print(f"  attestation {result.attestation}")
         for p in result.superseded:
             stdout.print(f"  superseded  {p}")

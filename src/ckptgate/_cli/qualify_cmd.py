@@ -18,18 +18,33 @@ if TYPE_CHECKING:
 def register(cli: click.Group) -> None:
     @cli.command("qualify")
     @click.option("--adapter", default=None, help="Adapter name (as in policies/ckptgate/config/gates/data.json).")
-    @click.option("--fixture", default=None,
-                  help="Fixture name under the configured fixtures directory (default tests/fixtures/data), "
-                       "or its directory.")
+    @click.option(
+        "--fixture",
+        default=None,
+        help="Fixture name under the configured fixtures directory (default tests/fixtures/data), or its directory.",
+    )
     @click.option("--all", "all_", is_flag=True, help="Qualify every fixture whose format has an adapter.")
     @click.option("--allow-dirty", is_flag=True, help="Run on a work tree with uncommitted changes (recorded).")
-    @click.option("--key", "key", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                  help="PEM private key (default: $CKPTGATE_SIGNING_KEY, else ../shared/keys/ci-qualification).")
+    @click.option(
+        "--key",
+        "key",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="PEM private key (default: $CKPTGATE_SIGNING_KEY, else ../shared/keys/ci-qualification).",
+    )
     @repo_option
     @engine_options
     @json_option
-    def qualify_command(adapter: str | None, fixture: str | None, all_: bool, allow_dirty: bool, key: Path | None,
-                        repo: Path | None, engine: EngineOptions, as_json: bool) -> int:
+    def qualify_command(
+        adapter: str | None,
+        fixture: str | None,
+        all_: bool,
+        allow_dirty: bool,
+        key: Path | None,
+        repo: Path | None,
+        engine: EngineOptions,
+        as_json: bool,
+    ) -> int:
         """Qualify ADAPTER on FIXTURE; store the signed statement and result log in the attestation store.
 
         A framework-plane fixture (DeepSpeed ZeRO-2/3, Megatron Core torch_dist) is loaded only after a trusted
@@ -52,18 +67,21 @@ def register(cli: click.Group) -> None:
                 emit_json({"results": results})
             else:
                 for r in results:
-                    stdout.print(f"{r['status']:8} {r['adapter']:20} {r['fixture']:28} "
-                                 f"{r.get('attestation') or r.get('reason') or ''}")
+                    stdout.print(
+                        f"{r['status']:8} {r['adapter']:20} {r['fixture']:28} "
+                        f"{r.get('attestation') or r.get('reason') or ''}"
+                    )
             return 0 if all(r["status"] in ("passed", "skipped") for r in results) else 7
         if not adapter or not fixture:
             raise UsageError("usage.invalid", "give --adapter and --fixture, or --all")
-        result = qualify(root, find_fixture(root, fixture), adapter, key=key, options=options,
-                         allow_dirty=allow_dirty)
+        result = qualify(root, find_fixture(root, fixture), adapter, key=key, options=options, allow_dirty=allow_dirty)
         if as_json:
             emit_json(result.to_json())
         else:
-            stdout.print(f"[bold green]{result.status}[/] {adapter} on {result.fixture} "
-                         f"(fixture {result.fixture_digest}, candidate {result.candidate_commit[:12]})")
+            stdout.print(
+                f"[bold green]{result.status}[/] {adapter} on {result.fixture} "
+                f"(fixture {result.fixture_digest}, candidate {result.candidate_commit[:12]})"
+            )
             stdout.print(f"  attestation {result.attestation}")
             stdout.print(f"  result log  {result.log} ({result.log_sha256.prefixed()})")
             for prov in result.provenance:

@@ -16,8 +16,12 @@ def register(cli: click.Group) -> None:
 
     @receipt_group.command("verify")
     @click.argument("dst", type=click.Path(exists=True, file_okay=False, path_type=Path))
-    @click.option("--key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-                  help="PEM public key to check the receipt's DSSE signature with.")
+    @click.option(
+        "--key",
+        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        default=None,
+        help="PEM public key to check the receipt's DSSE signature with.",
+    )
     @json_option
     def verify_command(dst: Path, key: Path | None, as_json: bool) -> int:
         """Check DST against its receipt: the signature when there is one (with --key), and every
@@ -31,8 +35,12 @@ def register(cli: click.Group) -> None:
         if as_json:
             emit_json(result.to_json())
         else:
-            stdout.print(shown(f"signature  {result.signature}"
-                               + (f" ({result.signature_detail})" if result.signature_detail else "")))
+            stdout.print(
+                shown(
+                    f"signature  {result.signature}"
+                    + (f" ({result.signature_detail})" if result.signature_detail else "")
+                )
+            )
             for f in result.files:
                 stdout.print(shown(f"{f.status:<15} {f.file}"))
             stdout.print("receipt verified" if result.ok else "receipt does NOT match (exit 5)")

@@ -20,18 +20,35 @@ if TYPE_CHECKING:
 def register(cli: click.Group) -> None:
     @cli.command("verify")
     @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
-    @click.option("--attestation", "attestations", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
-                  help="A DSSE envelope or Sigstore bundle about PATH (repeatable).")
-    @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                  help="Also write the report as a self-contained HTML file.")
+    @click.option(
+        "--attestation",
+        "attestations",
+        multiple=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="A DSSE envelope or Sigstore bundle about PATH (repeatable).",
+    )
+    @click.option(
+        "--html",
+        "html_out",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Also write the report as a self-contained HTML file.",
+    )
     @signature_options
     @engine_options
     @quiet_option
     @json_option
-    def verify_command(path: Path, attestations: tuple[Path, ...], html_out: Path | None,
-                       signatures: tuple[Path, ...], key: Path | None, certificate_chains: tuple[Path, ...],
-                       engine: EngineOptions,
-                       quiet: bool, as_json: bool) -> int:
+    def verify_command(
+        path: Path,
+        attestations: tuple[Path, ...],
+        html_out: Path | None,
+        signatures: tuple[Path, ...],
+        key: Path | None,
+        certificate_chains: tuple[Path, ...],
+        engine: EngineOptions,
+        quiet: bool,
+        as_json: bool,
+    ) -> int:
         """Report on PATH without loading it. Exit 0 when the policy allows; a deny exits as its
         refusal class says: 4 the checkpoint itself, 5 only failed or untrusted signatures, 3 any
         other reason; 6 policy engine unavailable."""
@@ -41,9 +58,16 @@ def register(cli: click.Group) -> None:
         if html_out is not None:
             check_output_file(html_out, what="the HTML report", not_inside=[path])
         with phase_bars(not (as_json or quiet) and sys.stderr.isatty(), "hashing") as bars:
-            doc = build_report(path, attestations, options=engine, signatures=signatures, key=key,
-                               certificate_chain=certificate_chains,
-                               on_hash_plan=bars["hashing"].plan, on_hash_bytes=bars["hashing"].advance)
+            doc = build_report(
+                path,
+                attestations,
+                options=engine,
+                signatures=signatures,
+                key=key,
+                certificate_chain=certificate_chains,
+                on_hash_plan=bars["hashing"].plan,
+                on_hash_bytes=bars["hashing"].advance,
+            )
         if html_out is not None:
             write_output_file(html_out, render_html(doc).encode(), what="the HTML report", not_inside=[path])
         if as_json:

@@ -41,8 +41,14 @@ def framework_files(inspection: Inspection) -> tuple[str, ...]:
     return adapter.framework_files(inspection) if adapter is not None else ()
 
 
-def plan_for(inspection: Inspection, *, decision: Decision, max_shard_bytes: int, mapping: str | None = None,
-             loaded: LoadedTrees | None = None) -> ConsolidationPlan:
+def plan_for(
+    inspection: Inspection,
+    *,
+    decision: Decision,
+    max_shard_bytes: int,
+    mapping: str | None = None,
+    loaded: LoadedTrees | None = None,
+) -> ConsolidationPlan:
     """The consolidation plan for an inspected checkpoint that the enforce step let through.
 
     :param decision: the allow decision (it names the companions); enforce checked it.
@@ -58,8 +64,9 @@ def plan_for(inspection: Inspection, *, decision: Decision, max_shard_bytes: int
     added as whole-file copies, bound to the digest like every other source; resume state never
     is (it is not part of any layout an adapter reads).
     """
-    plan = _adapter_plan(inspection, max_shard_bytes=max_shard_bytes, mapping=mapping,
-                         selection=decision.selection, loaded=loaded)
+    plan = _adapter_plan(
+        inspection, max_shard_bytes=max_shard_bytes, mapping=mapping, selection=decision.selection, loaded=loaded
+    )
     return with_companions(plan, inspection, decision)
 
 
@@ -74,13 +81,16 @@ def with_companions(plan: ConsolidationPlan, inspection: Inspection, decision: D
     for name in decision.companions:
         f = files.get(name)
         if f is None or f.role != "companion":
-            raise PolicyDenied("enforce.companion_not_checked",
-                               f"the decision names {name!r} as a companion, but inspection did not check it as one",
-                               evidence={"companion": name})
+            raise PolicyDenied(
+                "enforce.companion_not_checked",
+                f"the decision names {name!r} as a companion, but inspection did not check it as one",
+                evidence={"companion": name},
+            )
         if name not in taken:
             copies.append(CopiedFile(src=name, filename=name, size=f.size))
-    report = MappingProxyType({**plan.report, "companions": sorted(c.filename for c in copies
-                                                                   if c.filename in decision.companions)})
+    report = MappingProxyType(
+        {**plan.report, "companions": sorted(c.filename for c in copies if c.filename in decision.companions)}
+    )
     return dataclasses.replace(plan, copies=tuple(copies), report=report)
 
 
@@ -90,30 +100,58 @@ def adapter_plan(inspection: Inspection, *, max_shard_bytes: int) -> Consolidati
     return _adapter_plan(inspection, max_shard_bytes=max_shard_bytes, mapping=None, selection=None, loaded=None)
 
 
-def _adapter_plan(inspection: Inspection, *, max_shard_bytes: int, mapping: str | None,
-                  selection: Selection | None, loaded: LoadedTrees | None) -> ConsolidationPlan:
+def _adapter_plan(
+    inspection: Inspection,
+    *,
+    max_shard_bytes: int,
+    mapping: str | None,
+    selection: Selection | None,
+    loaded: LoadedTrees | None,
+) -> ConsolidationPlan:
     fmt = inspection.format
     if not inspection.consolidatable:
-        raise NotConsolidatable("plan.format.not_consolidatable",
-                                f"inspection found this {fmt} checkpoint not consolidatable",
-                                evidence={"format": fmt, "findings": [f.code for f in inspection.findings
-                                                                      if f.severity == "error"]})
+        raise NotConsolidatable(
+            "plan.format.not_consolidatable",
+            f"inspection found this {fmt} checkpoint not consolidatable",
+            evidence={"format": fmt, "findings": [f.code for f in inspection.findings if f.severity == "error"]},
+        )
     adapter = adapter_for(fmt)
     if mapping is not None and (adapter is None or not adapter.mappings):
         raise PlanError("plan.mapping.unknown", f"mapping {mapping!r} does not apply to format {fmt!r}")
     if adapter is None:
-        raise PlanError("plan.format.unsupported", f"no consolidation adapter for format {fmt!r}",
-                        advice="Run `ckptgate inspect` to see what the checkpoint is; see docs/consolidation.md.")
+        raise PlanError(
+            "plan.format.unsupported",
+            f"no consolidation adapter for format {fmt!r}",
+            advice="Run `ckptgate inspect` to see what the checkpoint is; see docs/consolidation.md.",
+        )
     if selection is not None and not adapter.selects:
-        raise PlanError("plan.selection.not_applicable", f"a selection does not apply to format {fmt!r}",
-                        evidence={"format": fmt, "prefix": selection.prefix})
+        raise PlanError(
+            "plan.selection.not_applicable",
+            f"a selection does not apply to format {fmt!r}",
+            evidence={"format": fmt, "prefix": selection.prefix},
+        )
     needed = adapter.framework_files(inspection)
     if needed and loaded is None:
-        raise RuntimeFailure("runtime.plan.not_loaded", f"this {fmt} checkpoint needs a framework load, and the "
-                             "enforce step loaded nothing for it", evidence={"files": list(needed)})
-    return adapter.plan(inspection, max_shard_bytes=max_shard_bytes, mapping=mapping, selection=selection,
-                        loaded=loaded if needed else None)
+        raise RuntimeFailure(
+            "runtime.plan.not_loaded",
+            f"this {fmt} checkpoint needs a framework load, and the enforce step loaded nothing for it",
+            evidence={"files": list(needed)},
+        )
+    return adapter.plan(
+        inspection,
+        max_shard_bytes=max_shard_bytes,
+        mapping=mapping,
+        selection=selection,
+        loaded=loaded if needed else None,
+    )
 
 
-__all__ = ["ConsolidationPlan", "NotConsolidatable", "PlanError", "adapter_plan", "framework_files", "plan_for",
-           "with_companions"]
+__all__ = [
+    "ConsolidationPlan",
+    "NotConsolidatable",
+    "PlanError",
+    "adapter_plan",
+    "framework_files",
+    "plan_for",
+    "with_companions",
+]

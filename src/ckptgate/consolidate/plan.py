@@ -43,8 +43,10 @@ class PlanError(InputRejected):
     """A placement plan violates an invariant. The layout came from the checkpoint, so this is an
     input the gate rejects (exit 4): a gap, an overlap, a size or padding that does not add up."""
 
-    default_advice = ("The checkpoint's layout does not describe every output tensor exactly once; "
-                      "nothing was written. Run `ckptgate inspect` to see the layout.")
+    default_advice = (
+        "The checkpoint's layout does not describe every output tensor exactly once; "
+        "nothing was written. Run `ckptgate inspect` to see the layout."
+    )
 
 
 class EmptyCheckpoint(InputRejected):
@@ -61,16 +63,21 @@ class NotConsolidatable(InputRejected):
     """The checkpoint cannot be consolidated without guessing (e.g. FSDP flat_param shards, an
     unpinned PEFT base); nothing is loaded or written."""
 
-    default_advice = ("ckptgate refuses to guess what the checkpoint does not record. Save it again in a "
-                      "consolidatable form (see docs/consolidation.md), or supply the missing facts.")
+    default_advice = (
+        "ckptgate refuses to guess what the checkpoint does not record. Save it again in a "
+        "consolidatable form (see docs/consolidation.md), or supply the missing facts."
+    )
 
 
 def st_dtype(torch_dtype: str, *, what: str) -> str:
     """The safetensors code of a torch dtype name; an unknown one is a typed error."""
     code = TORCH_TO_SAFETENSORS.get(torch_dtype)
     if code is None:
-        raise PlanError("plan.tensor.dtype", f"{what}: dtype {torch_dtype!r} has no safetensors equivalent",
-                        evidence={"dtype": torch_dtype})
+        raise PlanError(
+            "plan.tensor.dtype",
+            f"{what}: dtype {torch_dtype!r} has no safetensors equivalent",
+            evidence={"dtype": torch_dtype},
+        )
     return code
 
 
@@ -89,12 +96,18 @@ def _run_dim(full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, 
     merge into each run), or -1 for a scalar."""
     nd = len(full)
     if len(offsets) != nd or len(sizes) != nd:
-        raise PlanError("plan.chunk.rank", "chunk and tensor have different ranks",
-                        evidence={"shape": list(full), "offsets": list(offsets), "sizes": list(sizes)})
+        raise PlanError(
+            "plan.chunk.rank",
+            "chunk and tensor have different ranks",
+            evidence={"shape": list(full), "offsets": list(offsets), "sizes": list(sizes)},
+        )
     for d in range(nd):
         if offsets[d] < 0 or sizes[d] < 0 or offsets[d] + sizes[d] > full[d]:
-            raise PlanError("plan.chunk.bounds", f"chunk {list(offsets)}+{list(sizes)} lies outside {list(full)}",
-                            evidence={"shape": list(full), "offsets": list(offsets), "sizes": list(sizes)})
+            raise PlanError(
+                "plan.chunk.bounds",
+                f"chunk {list(offsets)}+{list(sizes)} lies outside {list(full)}",
+                evidence={"shape": list(full), "offsets": list(offsets), "sizes": list(sizes)},
+            )
     j = nd - 1
     while j > 0 and sizes[j] == full[j] and offsets[j] == 0:
         j -= 1
@@ -104,11 +117,12 @@ def _run_dim(full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, 
 def chunk_run_count(full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...]) -> int:
     """How many runs :func:`chunk_runs` yields for this chunk, without building them."""
     j = _run_dim(full, offsets, sizes)
-    return 0 if numel(sizes) == 0 else numel(sizes[:max(j, 0)])
+    return 0 if numel(sizes) == 0 else numel(sizes[: max(j, 0)])
 
 
-def chunk_runs(full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...]
-               ) -> Iterable[tuple[int, int, int]]:
+def chunk_runs(
+    full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...]
+) -> Iterable[tuple[int, int, int]]:
     """Contiguous element runs of a row-major chunk inside a row-major tensor.
 
     Yields ``(src_elem, dst_elem, n_elems)``: ``n`` elements at ``src_elem`` of the (contiguous)
@@ -153,11 +167,12 @@ def chunk_placement_count(full: tuple[int, ...], offsets: tuple[int, ...], sizes
     j = _run_dim(full, offsets, sizes)
     if numel(sizes) == 0:
         return 0
-    return numel(sizes[:_strided_dim(full, sizes, j)]) if j > 0 else 1
+    return numel(sizes[: _strided_dim(full, sizes, j)]) if j > 0 else 1
 
 
-def chunk_strided_runs(full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...]
-                       ) -> Iterable[tuple[int, int, int, int, int, int]]:
+def chunk_strided_runs(
+    full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...]
+) -> Iterable[tuple[int, int, int, int, int, int]]:
     """The runs of :func:`chunk_runs`, as few regular progressions as the chunk allows.
 
     Yields ``(src_elem, dst_elem, n_elems, count, src_stride, dst_stride)`` (elements): ``count``
@@ -210,10 +225,17 @@ def merge_placements(placements: Iterable[Placement]) -> tuple[Placement, ...]:
     out: list[Placement] = []
     for p in sorted(placements, key=lambda p: p.dst_offset):
         last = out[-1] if out else None
-        if (last is not None and last.count == 1 and p.count == 1 and last.src == p.src
-                and last.dst_offset + last.length == p.dst_offset and last.src_offset + last.length == p.src_offset):
-            out[-1] = Placement(src=p.src, src_offset=last.src_offset, dst_offset=last.dst_offset,
-                                length=last.length + p.length)
+        if (
+            last is not None
+            and last.count == 1
+            and p.count == 1
+            and last.src == p.src
+            and last.dst_offset + last.length == p.dst_offset
+            and last.src_offset + last.length == p.src_offset
+        ):
+            out[-1] = Placement(
+                src=p.src, src_offset=last.src_offset, dst_offset=last.dst_offset, length=last.length + p.length
+            )
         else:
             out.append(p)
     return tuple(out)
@@ -241,13 +263,24 @@ class Placement:
     def __post_init__(self) -> None:
         if min(self.src_offset, self.dst_offset) < 0 or self.length <= 0:
             raise PlanError("plan.placement.range", f"bad byte range in placement from {self.src!r}")
-        if self.count < 1 or (self.count == 1 and (self.src_stride or self.dst_stride)) or (
-                self.count > 1 and min(self.src_stride, self.dst_stride) < self.length):
-            raise PlanError("plan.placement.stride", f"bad strided placement from {self.src!r}: {self.count} runs "
-                            f"of {self.length} bytes, strides {self.src_stride} (source) and {self.dst_stride} "
-                            "(tensor); a stride below the run length makes runs overlap",
-                            evidence={"source": self.src, "count": self.count, "length": self.length,
-                                      "src_stride": self.src_stride, "dst_stride": self.dst_stride})
+        if (
+            self.count < 1
+            or (self.count == 1 and (self.src_stride or self.dst_stride))
+            or (self.count > 1 and min(self.src_stride, self.dst_stride) < self.length)
+        ):
+            raise PlanError(
+                "plan.placement.stride",
+                f"bad strided placement from {self.src!r}: {self.count} runs "
+                f"of {self.length} bytes, strides {self.src_stride} (source) and {self.dst_stride} "
+                "(tensor); a stride below the run length makes runs overlap",
+                evidence={
+                    "source": self.src,
+                    "count": self.count,
+                    "length": self.length,
+                    "src_stride": self.src_stride,
+                    "dst_stride": self.dst_stride,
+                },
+            )
 
     @property
     def nbytes(self) -> int:
@@ -270,22 +303,34 @@ class Placement:
             yield self.src_offset + k * self.src_stride, self.dst_offset + k * self.dst_stride, self.length
 
 
-def strided(*, src: str, src_offset: int, dst_offset: int, length: int, count: int = 1, src_stride: int = 0,
-            dst_stride: int = 0) -> Placement:
+def strided(
+    *, src: str, src_offset: int, dst_offset: int, length: int, count: int = 1, src_stride: int = 0, dst_stride: int = 0
+) -> Placement:
     """A :class:`Placement` of ``count`` runs; a plain one when there is one run or the runs join up
     in both the source and the tensor."""
     if count == 1 or (count > 1 and src_stride == dst_stride == length):
         return Placement(src=src, src_offset=src_offset, dst_offset=dst_offset, length=count * length)
-    return Placement(src=src, src_offset=src_offset, dst_offset=dst_offset, length=length, count=count,
-                     src_stride=src_stride, dst_stride=dst_stride)
+    return Placement(
+        src=src,
+        src_offset=src_offset,
+        dst_offset=dst_offset,
+        length=length,
+        count=count,
+        src_stride=src_stride,
+        dst_stride=dst_stride,
+    )
 
 
 def _hole(name: str, covered: int, at: int) -> PlanError:
     if at > covered:
-        return PlanError("plan.tensor.gap", f"{name}: bytes [{covered}, {at}) have no source",
-                         evidence={"tensor": name, "gap": [covered, at]})
-    return PlanError("plan.tensor.overlap", f"{name}: bytes from {at} are placed twice",
-                     evidence={"tensor": name, "overlap_at": at})
+        return PlanError(
+            "plan.tensor.gap",
+            f"{name}: bytes [{covered}, {at}) have no source",
+            evidence={"tensor": name, "gap": [covered, at]},
+        )
+    return PlanError(
+        "plan.tensor.overlap", f"{name}: bytes from {at} are placed twice", evidence={"tensor": name, "overlap_at": at}
+    )
 
 
 def _tiled_end(name: str, placements: Iterable[Placement]) -> int:
@@ -349,22 +394,31 @@ class OutputTensor:
         if self.dtype not in DTYPE_SIZES:
             raise PlanError("plan.tensor.dtype", f"{self.name}: unknown dtype {self.dtype!r}")
         if self.source_dtype is not None and not {self.source_dtype, self.dtype} <= CASTABLE:
-            raise PlanError("plan.tensor.cast", f"{self.name}: cannot convert {self.source_dtype} to {self.dtype}",
-                            evidence={"tensor": self.name, "from": self.source_dtype, "to": self.dtype})
+            raise PlanError(
+                "plan.tensor.cast",
+                f"{self.name}: cannot convert {self.source_dtype} to {self.dtype}",
+                evidence={"tensor": self.name, "from": self.source_dtype, "to": self.dtype},
+            )
         size = DTYPE_SIZES[self.source_dtype or self.dtype]
         if self.source_dtype is not None and any(
-                p.dst_offset % size or p.length % size or p.dst_stride % size for p in self.placements):
-            raise PlanError("plan.tensor.cast", f"{self.name}: a placement splits a {self.source_dtype} element",
-                            evidence={"tensor": self.name})
+            p.dst_offset % size or p.length % size or p.dst_stride % size for p in self.placements
+        ):
+            raise PlanError(
+                "plan.tensor.cast",
+                f"{self.name}: a placement splits a {self.source_dtype} element",
+                evidence={"tensor": self.name},
+            )
         if any(d < 0 for d in self.shape):
             raise PlanError("plan.tensor.shape", f"{self.name}: negative dimension")
         covered = _tiled_end(self.name, self.placements)
         want = math.prod(self.shape) * size
         if covered != want:
             kind = "gap" if covered < want else "overflow"
-            raise PlanError(f"plan.tensor.{kind}",
-                            f"{self.name}: placements cover {covered} bytes, the tensor has {want}",
-                            evidence={"tensor": self.name, "covered": covered, "nbytes": want})
+            raise PlanError(
+                f"plan.tensor.{kind}",
+                f"{self.name}: placements cover {covered} bytes, the tensor has {want}",
+                evidence={"tensor": self.name, "covered": covered, "nbytes": want},
+            )
 
     @property
     def nbytes(self) -> int:
@@ -432,8 +486,11 @@ class ConsolidationPlan:
         for shard in self.shards:
             for t in shard.tensors:
                 if t.name in seen:
-                    raise PlanError("plan.tensor.duplicate", f"tensor {t.name!r} is in {seen[t.name]} and "
-                                    f"{shard.filename}", evidence={"tensor": t.name})
+                    raise PlanError(
+                        "plan.tensor.duplicate",
+                        f"tensor {t.name!r} is in {seen[t.name]} and {shard.filename}",
+                        evidence={"tensor": t.name},
+                    )
                 seen[t.name] = shard.filename
 
     @property
@@ -452,10 +509,14 @@ class ConsolidationPlan:
         return tuple(sorted(paths))
 
 
-def shard_tensors(tensors: Iterable[OutputTensor], *, max_shard_bytes: int,
-                  metadata: Mapping[str, str] | None = None,
-                  index_metadata: Mapping[str, Any] | None = None,
-                  report: Mapping[str, Any] | None = None) -> ConsolidationPlan:
+def shard_tensors(
+    tensors: Iterable[OutputTensor],
+    *,
+    max_shard_bytes: int,
+    metadata: Mapping[str, str] | None = None,
+    index_metadata: Mapping[str, Any] | None = None,
+    report: Mapping[str, Any] | None = None,
+) -> ConsolidationPlan:
     """Pack tensors, in name order, into ``model-XXXXX-of-YYYYY.safetensors`` tasks of at most
     ``max_shard_bytes`` each (a single larger tensor gets a shard of its own).  The output is
     always sharded-with-index, even with one shard, so consumers see one layout."""
@@ -472,11 +533,14 @@ def shard_tensors(tensors: Iterable[OutputTensor], *, max_shard_bytes: int,
     n = len(groups)
     meta = MappingProxyType(dict(metadata or {"format": "pt"}))
     shards = tuple(
-        ShardTask(filename=f"model-{i + 1:05d}-of-{n:05d}.safetensors",
-                  tensors=tuple(g), metadata=meta)
-        for i, g in enumerate(groups))
-    return ConsolidationPlan(shards=shards, index_metadata=MappingProxyType(dict(index_metadata or {})),
-                             report=MappingProxyType(dict(report or {})))
+        ShardTask(filename=f"model-{i + 1:05d}-of-{n:05d}.safetensors", tensors=tuple(g), metadata=meta)
+        for i, g in enumerate(groups)
+    )
+    return ConsolidationPlan(
+        shards=shards,
+        index_metadata=MappingProxyType(dict(index_metadata or {})),
+        report=MappingProxyType(dict(report or {})),
+    )
 
 
 def _numpy_installed() -> bool:
@@ -492,9 +556,11 @@ def check_cast(dtype: str | None) -> None:
     if dtype is not None and dtype not in CASTABLE:
         raise PlanError("plan.cast.dtype", f"cannot cast to {dtype!r}: one of {', '.join(sorted(CASTABLE))}")
     if dtype is not None and not _numpy_installed():
-        raise UsageError("usage.dtype.numpy_missing", f"casting to {dtype} needs numpy, which is not installed",
-                         advice="Install the extra: pip install 'ckptgate[dtype]'; or leave --dtype out to keep "
-                                "every dtype.")
+        raise UsageError(
+            "usage.dtype.numpy_missing",
+            f"casting to {dtype} needs numpy, which is not installed",
+            advice="Install the extra: pip install 'ckptgate[dtype]'; or leave --dtype out to keep every dtype.",
+        )
 
 
 def cast_plan(plan: ConsolidationPlan, dtype: str | None, *, max_shard_bytes: int) -> ConsolidationPlan:
@@ -510,18 +576,32 @@ def cast_plan(plan: ConsolidationPlan, dtype: str | None, *, max_shard_bytes: in
         src = t.source_dtype or t.dtype
         if src not in CASTABLE or t.dtype == dtype:
             return t
-        return OutputTensor(name=t.name, dtype=dtype, shape=t.shape, placements=t.placements,
-                            source_dtype=None if src == dtype else src)
+        return OutputTensor(
+            name=t.name, dtype=dtype, shape=t.shape, placements=t.placements, source_dtype=None if src == dtype else src
+        )
 
     shards = [(s, tuple(one(t) for t in s.tensors)) for s in plan.shards]
     n_cast = sum(t.source_dtype is not None for _, ts in shards for t in ts)
     report = MappingProxyType({**plan.report, "cast": {"dtype": dtype, "tensors": n_cast}})
     if plan.write_index and plan.shards:
-        packed = shard_tensors([t for _, ts in shards for t in ts], max_shard_bytes=max_shard_bytes,
-                               metadata=plan.shards[0].metadata, index_metadata=plan.index_metadata, report=report)
-        return ConsolidationPlan(shards=packed.shards, index_metadata=packed.index_metadata, copies=plan.copies,
-                                 write_index=True, report=report)
-    return ConsolidationPlan(shards=tuple(ShardTask(filename=s.filename, tensors=ts, metadata=s.metadata)
-                                          for s, ts in shards),
-                             index_metadata=plan.index_metadata, copies=plan.copies, write_index=plan.write_index,
-                             report=report)
+        packed = shard_tensors(
+            [t for _, ts in shards for t in ts],
+            max_shard_bytes=max_shard_bytes,
+            metadata=plan.shards[0].metadata,
+            index_metadata=plan.index_metadata,
+            report=report,
+        )
+        return ConsolidationPlan(
+            shards=packed.shards,
+            index_metadata=packed.index_metadata,
+            copies=plan.copies,
+            write_index=True,
+            report=report,
+        )
+    return ConsolidationPlan(
+        shards=tuple(ShardTask(filename=s.filename, tensors=ts, metadata=s.metadata) for s, ts in shards),
+        index_metadata=plan.index_metadata,
+        copies=plan.copies,
+        write_index=plan.write_index,
+        report=report,
+    )

@@ -123,8 +123,13 @@ class _Segment:
             yield self
             return
         for k in range(self.count):
-            yield _Segment(self.src_offset + k * self.src_stride, self.length, self.out_fd,
-                           self.out_offset + k * self.out_stride, self.conv)
+            yield _Segment(
+                self.src_offset + k * self.src_stride,
+                self.length,
+                self.out_fd,
+                self.out_offset + k * self.out_stride,
+                self.conv,
+            )
 
 
 def _in_order(segments: Iterable[_Segment], key: Callable[[_Segment], int]) -> Iterator[_Segment]:
@@ -147,8 +152,9 @@ def _tagged(src: str, segment: _Segment) -> Iterator[tuple[str, _Segment]]:
         yield src, run
 
 
-def _layout(plan: ConsolidationPlan, out_fd: int, opened: dict[str, int], *, write_heads: bool) -> tuple[
-        dict[str, list[_Segment]], dict[str, int], dict[str, bytes]]:
+def _layout(
+    plan: ConsolidationPlan, out_fd: int, opened: dict[str, int], *, write_heads: bool
+) -> tuple[dict[str, list[_Segment]], dict[str, int], dict[str, bytes]]:
     """Create every output file at its final size (headers written if ``write_heads``); return the
     segments per source, the sizes and the headers."""
     segments: dict[str, list[_Segment]] = {}
@@ -174,8 +180,17 @@ def _layout(plan: ConsolidationPlan, out_fd: int, opened: dict[str, int], *, wri
             scale = (DTYPE_SIZES[t.dtype], DTYPE_SIZES[t.source_dtype]) if t.source_dtype else (1, 1)
             for p in t.placements:
                 segments.setdefault(p.src, []).append(
-                    _Segment(p.src_offset, p.length, fd, base + p.dst_offset * scale[0] // scale[1], conv,
-                             p.count, p.src_stride, p.dst_stride * scale[0] // scale[1]))
+                    _Segment(
+                        p.src_offset,
+                        p.length,
+                        fd,
+                        base + p.dst_offset * scale[0] // scale[1],
+                        conv,
+                        p.count,
+                        p.src_stride,
+                        p.dst_stride * scale[0] // scale[1],
+                    )
+                )
             base += t.nbytes
     for c in plan.copies:
         fd = create(c.filename, c.size)
@@ -200,13 +215,22 @@ def _write_back(fd: int, data: memoryview, offset: int) -> None:
     _sync_file_range(fd, offset, len(data), _SYNC_FILE_RANGE_WRITE)
 
 
-def _scatter_source(src: str, fd: int, segments: list[_Segment], expected_sha256: str, chunk_size: int,
-                    on_bytes: Callable[[int], None] | None) -> None:
+def _scatter_source(
+    src: str,
+    fd: int,
+    segments: list[_Segment],
+    expected_sha256: str,
+    chunk_size: int,
+    on_bytes: Callable[[int], None] | None,
+) -> None:
     """Read ``src`` once from start to end, hashing it and writing the placed parts."""
     size = os.fstat(fd).st_size
     if any(s.src_end > size for s in segments):
-        raise RuntimeFailure("runtime.copy.short_read", f"{src}: the plan reads past the end of the file",
-                             evidence={"source": src, "size": size})
+        raise RuntimeFailure(
+            "runtime.copy.short_read",
+            f"{src}: the plan reads past the end of the file",
+            evidence={"source": src, "size": size},
+        )
     order = _in_order(segments, key=lambda s: s.src_offset)
     upcoming = next(order, None)
     carry: dict[int, tuple[bytes, int]] = {}  # a converting segment: (its partial element, output written)
@@ -215,10 +239,13 @@ def _scatter_source(src: str, fd: int, segments: list[_Segment], expected_sha256
     view = memoryview(buf)
     pos, active = 0, []
     while pos < size:
-        got = os.preadv(fd, [view[:min(len(buf), size - pos)]], pos)
+        got = os.preadv(fd, [view[: min(len(buf), size - pos)]], pos)
         if got <= 0:
-            raise RuntimeFailure("runtime.copy.short_read", f"{src}: the source ended early at byte {pos}",
-                                 evidence={"source": src, "offset": pos})
+            raise RuntimeFailure(
+                "runtime.copy.short_read",
+                f"{src}: the source ended early at byte {pos}",
+                evidence={"source": src, "offset": pos},
+            )
         end = pos + got
         h.update(view[:got])
         while upcoming is not None and upcoming.src_offset < end:
@@ -227,12 +254,12 @@ def _scatter_source(src: str, fd: int, segments: list[_Segment], expected_sha256
         for s in active:
             lo, hi = max(pos, s.src_offset), min(end, s.src_offset + s.length)
             if lo < hi and s.conv is None:
-                _write_back(s.out_fd, view[lo - pos:hi - pos], s.out_offset + (lo - s.src_offset))
+                _write_back(s.out_fd, view[lo - pos : hi - pos], s.out_offset + (lo - s.src_offset))
                 if on_bytes:
                     on_bytes(hi - lo)
             elif lo < hi and s.conv is not None:  # whole elements only: a chunk may end inside one
                 part, done = carry.get(id(s), (b"", 0))
-                data = part + view[lo - pos:hi - pos].tobytes()
+                data = part + view[lo - pos : hi - pos].tobytes()
                 whole = len(data) - len(data) % DTYPE_SIZES[s.conv[0]]
                 out = convert(data[:whole], *s.conv)
                 _write_back(s.out_fd, memoryview(out), s.out_offset + done)
@@ -245,12 +272,13 @@ def _scatter_source(src: str, fd: int, segments: list[_Segment], expected_sha256
         active = [s for s in active if s.src_offset + s.length > end]
         pos = end
     if h.hexdigest() != expected_sha256:
-        raise RuntimeFailure("runtime.copy.source_changed",
-                             f"{src} no longer has the sha256 that was measured and decided on; nothing was "
-                             "published", evidence={"source": src, "expected": expected_sha256,
-                                                     "actual": h.hexdigest()},
-                             advice="The checkpoint changed while it was being taken in. Take it in again "
-                                    "from a copy that nothing else writes to.")
+        raise RuntimeFailure(
+            "runtime.copy.source_changed",
+            f"{src} no longer has the sha256 that was measured and decided on; nothing was published",
+            evidence={"source": src, "expected": expected_sha256, "actual": h.hexdigest()},
+            advice="The checkpoint changed while it was being taken in. Take it in again "
+            "from a copy that nothing else writes to.",
+        )
 
 
 def _hash_file(fd: int, chunk_size: int) -> str:
@@ -258,7 +286,7 @@ def _hash_file(fd: int, chunk_size: int) -> str:
     size = os.fstat(fd).st_size
     buf = memoryview(bytearray(max(1, min(chunk_size, size))))
     pos = 0
-    while pos < size and (n := os.preadv(fd, [buf[:size - pos]], pos)) > 0:
+    while pos < size and (n := os.preadv(fd, [buf[: size - pos]], pos)) > 0:
         h.update(buf[:n])
         pos += n
     return h.hexdigest()
@@ -299,9 +327,16 @@ def _set_direct(fd: int, on: bool) -> bool:
     return True
 
 
-def _copy_in_order(name: str, fd: int, size: int, head: bytes,
-                   pieces: list[tuple[str, _Segment]],
-                   sources: Mapping[str, int], chunk_size: int, on_bytes: Callable[[int], None] | None) -> str:
+def _copy_in_order(
+    name: str,
+    fd: int,
+    size: int,
+    head: bytes,
+    pieces: list[tuple[str, _Segment]],
+    sources: Mapping[str, int],
+    chunk_size: int,
+    on_bytes: Callable[[int], None] | None,
+) -> str:
     """Write output ``name`` front to back from held sources; return its sha256.
 
     ``pieces`` are ``(src, segment)``; the runs of the segments, expanded one at a time in output
@@ -319,8 +354,10 @@ def _copy_in_order(name: str, fd: int, size: int, head: bytes,
     h = hashlib.sha256()
     sink = _Sink(fd)
     k = fill = base = 0  # window k holds the output bytes [base, base + fill)
-    with (ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-hash") as hasher,  # FIFO: in order
-          ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-write") as writer):
+    with (
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-hash") as hasher,  # FIFO: in order
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-write") as writer,
+    ):
 
         def ship() -> None:
             nonlocal k, fill, base
@@ -335,12 +372,15 @@ def _copy_in_order(name: str, fd: int, size: int, head: bytes,
             while length:
                 n = min(window - fill, length)
                 if sfd is None:
-                    views[k][fill:fill + n] = mem[src_off:src_off + n]
+                    views[k][fill : fill + n] = mem[src_off : src_off + n]
                 else:
-                    n = os.preadv(sfd, [views[k][fill:fill + n]], src_off)
+                    n = os.preadv(sfd, [views[k][fill : fill + n]], src_off)
                     if n <= 0:
-                        raise RuntimeFailure("runtime.copy.short_read", f"{src}: the source ended early at "
-                                             f"byte {src_off}", evidence={"source": src, "offset": src_off})
+                        raise RuntimeFailure(
+                            "runtime.copy.short_read",
+                            f"{src}: the source ended early at byte {src_off}",
+                            evidence={"source": src, "offset": src_off},
+                        )
                     if on_bytes:
                         on_bytes(n)
                 fill, src_off, length = fill + n, src_off + n, length - n
@@ -354,8 +394,11 @@ def _copy_in_order(name: str, fd: int, size: int, head: bytes,
                 n = min(len(scratch), length)
                 got = os.preadv(sfd, [scratch[:n]], src_off)
                 if got != n:
-                    raise RuntimeFailure("runtime.copy.short_read", f"{src}: the source ended early at "
-                                         f"byte {src_off + max(got, 0)}", evidence={"source": src, "offset": src_off})
+                    raise RuntimeFailure(
+                        "runtime.copy.short_read",
+                        f"{src}: the source ended early at byte {src_off + max(got, 0)}",
+                        evidence={"source": src, "offset": src_off},
+                    )
                 out = convert(scratch[:n], *conv)
                 take(src, None, 0, len(out), out)
                 if on_bytes:
@@ -370,9 +413,11 @@ def _copy_in_order(name: str, fd: int, size: int, head: bytes,
         for src, run in _runs_in_output_order(pieces):
             out_off, src_off, length, conv = run.out_offset, run.src_offset, run.length, run.conv
             if out_off != pos:
-                raise RuntimeFailure("runtime.copy.not_tiled", f"{name}: the plan leaves a gap or an overlap "
-                                     f"at byte {min(pos, out_off)}", evidence={"output": name, "at": pos,
-                                                                               "next": out_off})
+                raise RuntimeFailure(
+                    "runtime.copy.not_tiled",
+                    f"{name}: the plan leaves a gap or an overlap at byte {min(pos, out_off)}",
+                    evidence={"output": name, "at": pos, "next": out_off},
+                )
             if conv is None:
                 take(src, sources[src], src_off, length)
                 pos += length
@@ -384,8 +429,11 @@ def _copy_in_order(name: str, fd: int, size: int, head: bytes,
             for f in fs:
                 f.result()
     if pos != size:
-        raise RuntimeFailure("runtime.copy.not_tiled", f"{name}: the plan covers {pos} of {size} bytes",
-                             evidence={"output": name, "covered": pos, "size": size})
+        raise RuntimeFailure(
+            "runtime.copy.not_tiled",
+            f"{name}: the plan covers {pos} of {size} bytes",
+            evidence={"output": name, "covered": pos, "size": size},
+        )
     return h.hexdigest()
 
 
@@ -460,7 +508,7 @@ class _InOrderHash:
         h, pos = self._h, self.pos
         if pos < size:
             buf = memoryview(bytearray(max(1, min(chunk_size, size - pos))))
-            while pos < size and (n := os.preadv(fd, [buf[:size - pos]], pos)) > 0:
+            while pos < size and (n := os.preadv(fd, [buf[: size - pos]], pos)) > 0:
                 h.update(buf[:n])
                 pos += n
         return h.hexdigest()
@@ -481,8 +529,9 @@ class StreamedPlan:
     publication's job.  Casts (``source_dtype``) are not streamed: such a plan is refused here.
     """
 
-    def __init__(self, plan: ConsolidationPlan, out_fd: int, *, chunk_size: int = DEFAULT_CHUNK,
-                 pending_cap: int = PENDING_CAP) -> None:
+    def __init__(
+        self, plan: ConsolidationPlan, out_fd: int, *, chunk_size: int = DEFAULT_CHUNK, pending_cap: int = PENDING_CAP
+    ) -> None:
         if any(t.source_dtype for s in plan.shards for t in s.tensors):
             raise ValueError("a plan with casts cannot be streamed")
         self._plan, self._chunk = plan, chunk_size
@@ -530,13 +579,14 @@ class StreamedPlan:
             for s in active:
                 lo, hi = max(pos, s.src_offset), min(end, s.src_offset + s.length)
                 if lo < hi:
-                    piece, at = view[lo - pos:hi - pos], s.out_offset + (lo - s.src_offset)
+                    piece, at = view[lo - pos : hi - pos], s.out_offset + (lo - s.src_offset)
                     _write_back(s.out_fd, piece, at)
                     hashes[s.out_fd].add(at, piece)
                     done += hi - lo
             active = [s for s in active if s.src_offset + s.length > end]
             with self._lock:
                 self._written[src] += done
+
         return feed
 
     def finish(self, *, threads: int = 4) -> dict[str, WrittenFile]:
@@ -545,12 +595,18 @@ class StreamedPlan:
         for src, segs in self._segments.items():
             want = sum(s.count * s.length for s in segs)
             if self._written[src] != want:
-                raise RuntimeFailure("runtime.copy.short_read", f"{src}: {self._written[src]} of the {want} "
-                                     "placed bytes were read", evidence={"source": src})
+                raise RuntimeFailure(
+                    "runtime.copy.short_read",
+                    f"{src}: {self._written[src]} of the {want} placed bytes were read",
+                    evidence={"source": src},
+                )
         names = list(self._opened)
         with ThreadPoolExecutor(max_workers=max(1, min(threads, len(names)))) as pool:
-            digests = list(pool.map(lambda n: self._hashes[self._opened[n]].finish(
-                self._opened[n], self._sizes[n], self._chunk), names))
+            digests = list(
+                pool.map(
+                    lambda n: self._hashes[self._opened[n]].finish(self._opened[n], self._sizes[n], self._chunk), names
+                )
+            )
         return {n: WrittenFile(filename=n, size=self._sizes[n], sha256=d) for n, d in zip(names, digests, strict=True)}
 
     def close(self) -> None:
@@ -569,8 +625,10 @@ def write_index(plan: ConsolidationPlan, out_fd: int) -> WrittenFile | None:
     """Write ``model.safetensors.index.json`` for ``plan`` into ``out_fd``; ``None`` if it has none."""
     if not plan.write_index:
         return None
-    index = {"metadata": {**dict(plan.index_metadata), "total_size": plan.total_size},
-             "weight_map": dict(sorted(plan.weight_map.items()))}
+    index = {
+        "metadata": {**dict(plan.index_metadata), "total_size": plan.total_size},
+        "weight_map": dict(sorted(plan.weight_map.items())),
+    }
     raw = (json.dumps(index, indent=2, sort_keys=False) + "\n").encode()
     fd = os.open(INDEX_NAME, os.O_WRONLY | _CREATE, 0o644, dir_fd=out_fd)
     try:
@@ -580,9 +638,16 @@ def write_index(plan: ConsolidationPlan, out_fd: int) -> WrittenFile | None:
     return WrittenFile(filename=INDEX_NAME, size=len(raw), sha256=hashlib.sha256(raw).hexdigest())
 
 
-def write_plan(plan: ConsolidationPlan, out_dir: int | Path, sources: Mapping[str, int], *,
-               expected: Mapping[str, str] | None, chunk_size: int = DEFAULT_CHUNK, threads: int = 2,
-               on_bytes: Callable[[int], None] | None = None) -> tuple[WrittenFile, ...]:
+def write_plan(
+    plan: ConsolidationPlan,
+    out_dir: int | Path,
+    sources: Mapping[str, int],
+    *,
+    expected: Mapping[str, str] | None,
+    chunk_size: int = DEFAULT_CHUNK,
+    threads: int = 2,
+    on_bytes: Callable[[int], None] | None = None,
+) -> tuple[WrittenFile, ...]:
     """Write every shard, copied file and the index into ``out_dir`` (which must be empty).
 
     :param out_dir: a directory descriptor (an intake passes its staging directory's,
@@ -598,22 +663,32 @@ def write_plan(plan: ConsolidationPlan, out_dir: int | Path, sources: Mapping[st
     if expected is not None:
         missing += sorted(set(plan.source_paths) - set(expected))
     if missing:
-        raise RuntimeFailure("runtime.copy.source_missing", f"no open, measured source for {missing[0]!r}",
-                             evidence={"missing": missing})
+        raise RuntimeFailure(
+            "runtime.copy.source_missing", f"no open, measured source for {missing[0]!r}", evidence={"missing": missing}
+        )
     if isinstance(out_dir, int):
-        return _write_plan(plan, out_dir, sources, expected=expected, chunk_size=chunk_size, threads=threads,
-                           on_bytes=on_bytes)
+        return _write_plan(
+            plan, out_dir, sources, expected=expected, chunk_size=chunk_size, threads=threads, on_bytes=on_bytes
+        )
     out_fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        return _write_plan(plan, out_fd, sources, expected=expected, chunk_size=chunk_size, threads=threads,
-                           on_bytes=on_bytes)
+        return _write_plan(
+            plan, out_fd, sources, expected=expected, chunk_size=chunk_size, threads=threads, on_bytes=on_bytes
+        )
     finally:
         os.close(out_fd)
 
 
-def _write_plan(plan: ConsolidationPlan, out_fd: int, sources: Mapping[str, int], *,
-                expected: Mapping[str, str] | None, chunk_size: int, threads: int,
-                on_bytes: Callable[[int], None] | None) -> tuple[WrittenFile, ...]:
+def _write_plan(
+    plan: ConsolidationPlan,
+    out_fd: int,
+    sources: Mapping[str, int],
+    *,
+    expected: Mapping[str, str] | None,
+    chunk_size: int,
+    threads: int,
+    on_bytes: Callable[[int], None] | None,
+) -> tuple[WrittenFile, ...]:
     opened: dict[str, int] = {}
     try:
         segments, sizes, heads = _layout(plan, out_fd, opened, write_heads=expected is not None)
@@ -623,12 +698,26 @@ def _write_plan(plan: ConsolidationPlan, out_fd: int, sources: Mapping[str, int]
                 for src, segs in segments.items():
                     for g in segs:
                         pieces[g.out_fd].append((src, g))
-                futures = {name: pool.submit(_copy_in_order, name, fd, sizes[name], heads.get(name, b""), pieces[fd],
-                                             sources, chunk_size, on_bytes) for name, fd in opened.items()}
+                futures = {
+                    name: pool.submit(
+                        _copy_in_order,
+                        name,
+                        fd,
+                        sizes[name],
+                        heads.get(name, b""),
+                        pieces[fd],
+                        sources,
+                        chunk_size,
+                        on_bytes,
+                    )
+                    for name, fd in opened.items()
+                }
                 digests = {name: f.result() for name, f in futures.items()}
             else:
-                for f in [pool.submit(_scatter_source, src, sources[src], segs, expected[src], chunk_size, on_bytes)
-                          for src, segs in sorted(segments.items())]:
+                for f in [
+                    pool.submit(_scatter_source, src, sources[src], segs, expected[src], chunk_size, on_bytes)
+                    for src, segs in sorted(segments.items())
+                ]:
                     f.result()
                 hashed = pool.map(lambda fd: _hash_file(fd, chunk_size), opened.values())
                 digests = dict(zip(opened, hashed, strict=True))

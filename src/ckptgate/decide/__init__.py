@@ -18,30 +18,54 @@ INTAKE_ENTRYPOINT = "ckptgate/intake/decision"
 PRECHECK_ENTRYPOINT = "ckptgate/intake/precheck"
 
 __all__ = [
-    "INTAKE_ENTRYPOINT", "PRECHECK_ENTRYPOINT", "Decision", "EmbeddedOpa", "PolicyEngine", "PolicyInput",
-    "PolicyInputBuilder", "Precheck", "RawDecision", "Reason", "RemoteOpa", "Request", "decide", "deny", "now_utc",
-    "open_engine", "parse_decision", "precheck",
+    "INTAKE_ENTRYPOINT",
+    "PRECHECK_ENTRYPOINT",
+    "Decision",
+    "EmbeddedOpa",
+    "PolicyEngine",
+    "PolicyInput",
+    "PolicyInputBuilder",
+    "Precheck",
+    "RawDecision",
+    "Reason",
+    "RemoteOpa",
+    "Request",
+    "decide",
+    "deny",
+    "now_utc",
+    "open_engine",
+    "parse_decision",
+    "precheck",
 ]
 
 
-def decide(engine: PolicyEngine, policy_input: PolicyInput, *, entrypoint: str = INTAKE_ENTRYPOINT,
-           audit_log: Path | None = None) -> Decision:
+def decide(
+    engine: PolicyEngine,
+    policy_input: PolicyInput,
+    *,
+    entrypoint: str = INTAKE_ENTRYPOINT,
+    audit_log: Path | None = None,
+) -> Decision:
     """Evaluate ``policy_input``; a malformed answer is a deny.  Engine failures raise
     :class:`~ckptgate.errors.EngineUnavailable` (the caller must treat that as deny)."""
     doc = policy_input.to_json()
     raw = engine.evaluate(entrypoint, doc)
     decision = parse_decision(raw)
-    audit.append({
-        "entrypoint": entrypoint,
-        "fixture_digest": doc["fixture"]["digest"],
-        "action": doc["request"]["action"],
-        "decision": decision.to_json(),
-    }, audit_log)
+    audit.append(
+        {
+            "entrypoint": entrypoint,
+            "fixture_digest": doc["fixture"]["digest"],
+            "action": doc["request"]["action"],
+            "decision": decision.to_json(),
+        },
+        audit_log,
+    )
     return decision
 
 
-def precheck(engine: PolicyEngine, inspection: HasFacts, request: Request, *,
-             audit_log: Path | None = None) -> Precheck | None:
+def precheck(
+    engine: PolicyEngine, inspection: HasFacts, request: Request, *, audit_log: Path | None = None
+) -> Precheck | None:
     """Ask the policy, from the inspection and the request alone, whether the checkpoint is refused
     already, so nothing more needs measuring.  A refusal is audited like a decision; a malformed
     answer, or policies without a precheck, give None, which refuses nothing early.  Other engine
@@ -55,6 +79,13 @@ def precheck(engine: PolicyEngine, inspection: HasFacts, request: Request, *,
         raise
     found = parse_precheck(raw)
     if found is not None and found.refuse:
-        audit.append({"entrypoint": PRECHECK_ENTRYPOINT, "fixture_digest": None, "action": doc["request"]["action"],
-                      "decision": found.to_json()}, audit_log)
+        audit.append(
+            {
+                "entrypoint": PRECHECK_ENTRYPOINT,
+                "fixture_digest": None,
+                "action": doc["request"]["action"],
+                "decision": found.to_json(),
+            },
+            audit_log,
+        )
     return found

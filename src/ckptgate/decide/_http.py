@@ -84,13 +84,15 @@ class OpaHttp:
             raise Late("no time left")
         conn: http.client.HTTPConnection
         if self.ssl:
-            conn = http.client.HTTPSConnection(self.host, self.port, timeout=remaining,
-                                               context=ssl.create_default_context())
+            conn = http.client.HTTPSConnection(
+                self.host, self.port, timeout=remaining, context=ssl.create_default_context()
+            )
         else:
             conn = http.client.HTTPConnection(self.host, self.port, timeout=remaining)
         done, expired = threading.Event(), threading.Event()
-        watchdog = threading.Thread(target=_watch, args=(conn, deadline, done, expired), name="ckptgate-opa-deadline",
-                                    daemon=True)
+        watchdog = threading.Thread(
+            target=_watch, args=(conn, deadline, done, expired), name="ckptgate-opa-deadline", daemon=True
+        )
         watchdog.start()
         try:
             headers = {**self.headers, "Accept": "application/json"}
@@ -115,8 +117,7 @@ class OpaHttp:
         return status, raw
 
 
-def _watch(conn: http.client.HTTPConnection, deadline: float, done: threading.Event,
-           expired: threading.Event) -> None:
+def _watch(conn: http.client.HTTPConnection, deadline: float, done: threading.Event, expired: threading.Event) -> None:
     """At the deadline, shut down whatever socket the exchange holds (again, until it ends: the
     socket may be created, or wrapped for TLS, just after a first attempt)."""
     if done.wait(max(0.0, deadline - time.monotonic())):

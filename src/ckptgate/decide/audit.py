@@ -24,8 +24,9 @@ def default_audit_log() -> Path:
 def append(record: dict[str, Any], path: Path | None = None) -> Path:
     """Append one record with a timestamp; one ``write`` of one line, under O_APPEND."""
     path = path or default_audit_log()
-    line = (json.dumps({"logged_at": datetime.now(UTC).isoformat(), **record}, sort_keys=True,
-                       default=str) + "\n").encode()
+    line = (
+        json.dumps({"logged_at": datetime.now(UTC).isoformat(), **record}, sort_keys=True, default=str) + "\n"
+    ).encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -35,7 +36,9 @@ def append(record: dict[str, Any], path: Path | None = None) -> Path:
         finally:
             os.close(fd)
     except OSError as e:
-        raise UsageError("usage.audit_log_unwritable",
-                         f"the decision audit log {path} cannot be written: {e.strerror or e}",
-                         advice="Set CKPTGATE_AUDIT_LOG to a writable file; no decision is used unaudited.") from None
+        raise UsageError(
+            "usage.audit_log_unwritable",
+            f"the decision audit log {path} cannot be written: {e.strerror or e}",
+            advice="Set CKPTGATE_AUDIT_LOG to a writable file; no decision is used unaudited.",
+        ) from None
     return path

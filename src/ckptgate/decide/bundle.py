@@ -47,9 +47,11 @@ _EXCLUDED_SUFFIXES = ("_test.rego",)
 _EXCLUDED_DIRS = (".regal", "schemas")
 
 
-_OPA_WAYS = ("Name the binary with --opa-binary PATH, or set CKPTGATE_OPA=PATH, or put `opa` "
-             f"(version {OPA_SUPPORTED}) on PATH; or use a running OPA server with --opa-url URL. "
-             "OPA releases: https://github.com/open-policy-agent/opa/releases")
+_OPA_WAYS = (
+    "Name the binary with --opa-binary PATH, or set CKPTGATE_OPA=PATH, or put `opa` "
+    f"(version {OPA_SUPPORTED}) on PATH; or use a running OPA server with --opa-url URL. "
+    "OPA releases: https://github.com/open-policy-agent/opa/releases"
+)
 _selected_opa: Path | None = None
 _checked: dict[tuple[str, int, int], str] = {}
 
@@ -75,8 +77,11 @@ def find_opa() -> str:
     local = _resources.clone_tool("opa")
     if local is not None:
         return _checked_opa(str(local), "the clone's .tools/bin")
-    raise EngineUnavailable("engine.opa.not_installed", "the OPA binary was not found: no --opa-binary, no "
-                            "CKPTGATE_OPA, and no `opa` on PATH", advice=_OPA_WAYS)
+    raise EngineUnavailable(
+        "engine.opa.not_installed",
+        "the OPA binary was not found: no --opa-binary, no CKPTGATE_OPA, and no `opa` on PATH",
+        advice=_OPA_WAYS,
+    )
 
 
 def _checked_opa(path: str, source: str) -> str:
@@ -84,25 +89,35 @@ def _checked_opa(path: str, source: str) -> str:
     try:
         st = os.stat(path)
     except OSError as e:
-        raise EngineUnavailable("engine.opa.not_installed", f"the OPA binary {path} (from {source}) cannot be "
-                                f"used: {e.strerror or e}", evidence={"path": path, "source": source},
-                                advice=_OPA_WAYS) from None
+        raise EngineUnavailable(
+            "engine.opa.not_installed",
+            f"the OPA binary {path} (from {source}) cannot be used: {e.strerror or e}",
+            evidence={"path": path, "source": source},
+            advice=_OPA_WAYS,
+        ) from None
     key = (path, st.st_ino, st.st_mtime_ns)
     if key in _checked:
         return path
     try:
-        proc = subprocess.run([path, "version"], capture_output=True, text=True, timeout=30, check=False,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [path, "version"], capture_output=True, text=True, timeout=30, check=False, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise EngineUnavailable("engine.opa.not_installed", f"the OPA binary {path} (from {source}) does not "
-                                f"run: {e}", evidence={"path": path, "source": source}, advice=_OPA_WAYS) from None
+        raise EngineUnavailable(
+            "engine.opa.not_installed",
+            f"the OPA binary {path} (from {source}) does not run: {e}",
+            evidence={"path": path, "source": source},
+            advice=_OPA_WAYS,
+        ) from None
     version = parse_opa_version(proc.stdout) if proc.returncode == 0 else None
     if version is None or not opa_version_supported(version):
         shown = ".".join(map(str, version)) if version else "unknown"
-        raise EngineUnavailable("engine.opa.unsupported_version", f"the OPA binary {path} (from {source}) is "
-                                f"version {shown}; ckptgate supports {OPA_SUPPORTED}",
-                                evidence={"path": path, "source": source, "version": shown,
-                                          "supported": OPA_SUPPORTED}, advice=_OPA_WAYS)
+        raise EngineUnavailable(
+            "engine.opa.unsupported_version",
+            f"the OPA binary {path} (from {source}) is version {shown}; ckptgate supports {OPA_SUPPORTED}",
+            evidence={"path": path, "source": source, "version": shown, "supported": OPA_SUPPORTED},
+            advice=_OPA_WAYS,
+        )
     _checked[key] = ".".join(map(str, version))
     return path
 
@@ -139,8 +154,11 @@ def check_extra_rego(extra: Path, *, where: str = "the configuration") -> None:
     """The extra Rego directory exists and declares no package of the bundled policies' namespaces,
     so it adds rules beside them and can never replace or widen one."""
     if not extra.is_dir():
-        raise ConfigError("usage.config.path", f"{where}: extra_rego {extra} is not a directory",
-                          evidence={"file": where, "key": "extra_rego"})
+        raise ConfigError(
+            "usage.config.path",
+            f"{where}: extra_rego {extra} is not a directory",
+            evidence={"file": where, "key": "extra_rego"},
+        )
     for f in extra_rego_files(extra):
         try:
             pkg = rego_package(f.read_text(encoding="utf-8"))
@@ -150,19 +168,24 @@ def check_extra_rego(extra: Path, *, where: str = "the configuration") -> None:
             raise ConfigError("usage.config.extra_rego", f"{f} declares no package", evidence={"file": str(f)})
         root_pkg = pkg.removeprefix("data.").split(".", 1)[0]
         if root_pkg in RESERVED_PACKAGES:
-            raise ConfigError("usage.config.extra_rego",
-                              f"{f} declares package {pkg}: extra Rego must not use the bundled policies' "
-                              f"namespaces ({', '.join(RESERVED_PACKAGES)})",
-                              evidence={"file": str(f), "package": pkg},
-                              advice="Put extra rules in a package of your own, such as `package acme.gates`.")
+            raise ConfigError(
+                "usage.config.extra_rego",
+                f"{f} declares package {pkg}: extra Rego must not use the bundled policies' "
+                f"namespaces ({', '.join(RESERVED_PACKAGES)})",
+                evidence={"file": str(f), "package": pkg},
+                advice="Put extra rules in a package of your own, such as `package acme.gates`.",
+            )
 
 
 def extra_rego_overlays(extra: Path) -> dict[str, bytes]:
     """The extra Rego (tests excluded) as bundle overlays under ``extra/``, a directory the bundled
     policies do not use, so no bundled file is ever overwritten."""
     check_extra_rego(extra)
-    return {f"extra/{p.relative_to(extra).as_posix()}": p.read_bytes()
-            for p in extra_rego_files(extra) if not p.name.endswith("_test.rego")}
+    return {
+        f"extra/{p.relative_to(extra).as_posix()}": p.read_bytes()
+        for p in extra_rego_files(extra)
+        if not p.name.endswith("_test.rego")
+    }
 
 
 def policy_files(policy_dir: Path) -> list[Path]:
@@ -180,19 +203,26 @@ def policy_files(policy_dir: Path) -> list[Path]:
 def _check_signing_key(path: Path) -> None:
     """The bundle signing key must be an EC P-256 private key (``ES256``); loaded as any signing key is."""
     if KeySigner.from_pem(path).algorithm != "ecdsa-p256":
-        raise UsageError("usage.signing_key_invalid", f"{path} is not an EC P-256 key; policy bundles are signed "
-                         f"with {SIGNING_ALG}", advice="Create one with `openssl ecparam -name prime256v1 -genkey "
-                         "-noout | openssl pkcs8 -topk8 -nocrypt`.")
+        raise UsageError(
+            "usage.signing_key_invalid",
+            f"{path} is not an EC P-256 key; policy bundles are signed with {SIGNING_ALG}",
+            advice="Create one with `openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt`.",
+        )
 
 
 def check_policy_dir(policy_dir: Path) -> None:
     """Refuse a policy directory that does not exist or holds no policy, before OPA is started."""
     if not policy_dir.is_dir():
-        raise UsageError("usage.policies", f"the policy directory {policy_dir} "
-                         f"{'is not a directory' if policy_dir.exists() else 'does not exist'}")
+        raise UsageError(
+            "usage.policies",
+            f"the policy directory {policy_dir} {'is not a directory' if policy_dir.exists() else 'does not exist'}",
+        )
     if not any(p.is_file() and not p.name.endswith(_EXCLUDED_SUFFIXES) for p in policy_dir.rglob("*.rego")):
-        raise UsageError("usage.policies", f"{policy_dir} holds no Rego policy (tests and schemas aside)",
-                         advice="Name the policies/ directory of a ckptgate checkout, or leave --policies out.")
+        raise UsageError(
+            "usage.policies",
+            f"{policy_dir} holds no Rego policy (tests and schemas aside)",
+            advice="Name the policies/ directory of a ckptgate checkout, or leave --policies out.",
+        )
 
 
 def policy_revision(policy_dir: Path, overlays: dict[str, bytes] | None = None) -> str:
@@ -216,8 +246,9 @@ class PolicyBundle:
     revision: str
 
     @classmethod
-    def from_directory(cls, policy_dir: Path, workdir: Path, *,
-                       overlays: dict[str, bytes] | None = None) -> PolicyBundle:
+    def from_directory(
+        cls, policy_dir: Path, workdir: Path, *, overlays: dict[str, bytes] | None = None
+    ) -> PolicyBundle:
         """Stage ``policy_dir`` as a bundle directory inside the private ``workdir`` and sign it.
 
         ``overlays`` maps bundle-relative paths to replacement contents (for example a trust
@@ -228,16 +259,30 @@ class PolicyBundle:
         check_policy_dir(policy_dir)
         key = ec.generate_private_key(ec.SECP256R1())
         pub_path = workdir / "bundle-verify.pem"
-        pub_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                           serialization.PublicFormat.SubjectPublicKeyInfo))
+        pub_path.write_bytes(
+            key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        )
         revision = policy_revision(policy_dir, overlays)
         root = (workdir / "bundle").absolute()
         _stage(policy_dir, root, overlays)
         (root / ".manifest").write_text(json.dumps({"revision": revision}))
-        with _in_memory(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption())) as key_fd:
-            _opa("sign", "--signing-key", f"/proc/self/fd/{key_fd}", "--signing-alg", SIGNING_ALG,
-                 "--bundle", str(root), "-o", str(root), pass_fds=(key_fd,))
+        with _in_memory(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        ) as key_fd:
+            _opa(
+                "sign",
+                "--signing-key",
+                f"/proc/self/fd/{key_fd}",
+                "--signing-alg",
+                SIGNING_ALG,
+                "--bundle",
+                str(root),
+                "-o",
+                str(root),
+                pass_fds=(key_fd,),
+            )
         return cls(path=root, verification_key=pub_path, revision=revision)
 
     @classmethod
@@ -249,8 +294,9 @@ class PolicyBundle:
         return cls(path=bundle, verification_key=verification_key, revision="")
 
 
-def build_signed(policy_dir: Path, out: Path, *, signing_key: Path, revision: str,
-                 overlays: dict[str, bytes] | None = None) -> None:
+def build_signed(
+    policy_dir: Path, out: Path, *, signing_key: Path, revision: str, overlays: dict[str, bytes] | None = None
+) -> None:
     """``opa build`` a signed bundle of ``policy_dir`` (plus overlays) into ``out``."""
     out, signing_key = out.absolute(), signing_key.absolute()  # opa build runs in the staging dir
     check_policy_dir(policy_dir)
@@ -259,8 +305,20 @@ def build_signed(policy_dir: Path, out: Path, *, signing_key: Path, revision: st
     with tempfile.TemporaryDirectory(prefix="ckptgate-bundle-") as stage:
         root = Path(stage) / "bundle"
         _stage(policy_dir, root, overlays)
-        _opa("build", "--bundle", ".", "--revision", revision, "--signing-key", str(signing_key),
-             "--signing-alg", SIGNING_ALG, "-o", str(out), cwd=root)
+        _opa(
+            "build",
+            "--bundle",
+            ".",
+            "--revision",
+            revision,
+            "--signing-key",
+            str(signing_key),
+            "--signing-alg",
+            SIGNING_ALG,
+            "-o",
+            str(out),
+            cwd=root,
+        )
 
 
 def _stage(policy_dir: Path, root: Path, overlays: dict[str, bytes] | None) -> None:
@@ -284,7 +342,7 @@ def _in_memory(secret: bytes) -> Iterator[int]:
     try:
         view = memoryview(secret)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         yield fd
     finally:
         os.close(fd)
@@ -292,8 +350,8 @@ def _in_memory(secret: bytes) -> Iterator[int]:
 
 def _opa(*args: str, cwd: Path | None = None, pass_fds: tuple[int, ...] = ()) -> None:
     """Run ``opa <args>`` to prepare a bundle; a failure is ``engine.bundle.build_failed``."""
-    proc = subprocess.run([find_opa(), *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                          pass_fds=pass_fds)
+    proc = subprocess.run([find_opa(), *args], cwd=cwd, capture_output=True, text=True, timeout=120, pass_fds=pass_fds)
     if proc.returncode != 0:
-        raise EngineUnavailable("engine.bundle.build_failed",
-                                f"opa {args[0]} failed: {(proc.stderr or proc.stdout).strip()[:2000]}")
+        raise EngineUnavailable(
+            "engine.bundle.build_failed", f"opa {args[0]} failed: {(proc.stderr or proc.stdout).strip()[:2000]}"
+        )

@@ -31,8 +31,9 @@ from ckptgate.errors import ExitCode
 
 PLANES = ("pure_data", "static_pickle", "framework")
 #: What a deny stands for -> the exit code every command gives it.
-REFUSAL_EXIT = MappingProxyType({"input": ExitCode.INPUT_REJECTED, "verification": ExitCode.VERIFICATION_FAILED,
-                                 "policy": ExitCode.DENIED})
+REFUSAL_EXIT = MappingProxyType(
+    {"input": ExitCode.INPUT_REJECTED, "verification": ExitCode.VERIFICATION_FAILED, "policy": ExitCode.DENIED}
+)
 _KEYS = frozenset({"allow", "plane", "permitted_loaders", "required_controls", "reasons", "refusal"})
 _OPTIONAL = frozenset({"companions", "selection"})
 _SELECTION_KEYS = frozenset({"prefix", "layout", "source", "excluded"})
@@ -52,8 +53,7 @@ class Reason:
     severity: str = "deny"
 
     def to_json(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, "evidence": dict(self.evidence),
-                "severity": self.severity}
+        return {"code": self.code, "message": self.message, "evidence": dict(self.evidence), "severity": self.severity}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,8 +67,7 @@ class Selection:
     excluded: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"prefix": self.prefix, "layout": self.layout, "source": self.source,
-                "excluded": list(self.excluded)}
+        return {"prefix": self.prefix, "layout": self.layout, "source": self.source, "excluded": list(self.excluded)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,25 +108,37 @@ class Decision:
     def to_json(self, *fields: str) -> dict[str, Any]:
         """The decision as JSON; with ``fields``, only those keys, in that order (every record that
         carries a decision, the receipt and the report included, takes its keys from here)."""
-        doc = {"allow": self.allow, "plane": self.plane,
-               "permitted_loaders": list(self.permitted_loaders),
-               "required_controls": list(self.required_controls),
-               "reasons": [r.to_json() for r in self.reasons],
-               "refusal": self.refusal, "companions": list(self.companions), "decision_id": self.decision_id,
-               "policy_revision": self.policy_revision, "engine": self.engine,
-               **({"selection": self.selection.to_json()} if self.selection is not None else {})}
+        doc = {
+            "allow": self.allow,
+            "plane": self.plane,
+            "permitted_loaders": list(self.permitted_loaders),
+            "required_controls": list(self.required_controls),
+            "reasons": [r.to_json() for r in self.reasons],
+            "refusal": self.refusal,
+            "companions": list(self.companions),
+            "decision_id": self.decision_id,
+            "policy_revision": self.policy_revision,
+            "engine": self.engine,
+            **({"selection": self.selection.to_json()} if self.selection is not None else {}),
+        }
         return {k: doc[k] for k in fields} if fields else doc
 
 
-def deny(code: str, message: str, *, raw: RawDecision | None = None,
-         evidence: Mapping[str, Any] | None = None) -> Decision:
+def deny(
+    code: str, message: str, *, raw: RawDecision | None = None, evidence: Mapping[str, Any] | None = None
+) -> Decision:
     """A deny decision made by ckptgate itself (fail closed)."""
-    return Decision(allow=False, plane=None, permitted_loaders=(), required_controls=(),
-                    reasons=(Reason(code=code, message=message,
-                                    evidence=MappingProxyType(dict(evidence or {}))),),
-                    decision_id=raw.decision_id if raw else "",
-                    policy_revision=raw.policy_revision if raw else "",
-                    engine=raw.engine if raw else "ckptgate", refusal="policy")
+    return Decision(
+        allow=False,
+        plane=None,
+        permitted_loaders=(),
+        required_controls=(),
+        reasons=(Reason(code=code, message=message, evidence=MappingProxyType(dict(evidence or {}))),),
+        decision_id=raw.decision_id if raw else "",
+        policy_revision=raw.policy_revision if raw else "",
+        engine=raw.engine if raw else "ckptgate",
+        refusal="policy",
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,8 +160,14 @@ class Precheck:
         return tuple(r for r in self.reasons if r.severity == "deny")
 
     def to_json(self) -> dict[str, Any]:
-        return {"refuse": self.refuse, "reasons": [r.to_json() for r in self.reasons], "refusal": self.refusal,
-                "decision_id": self.decision_id, "policy_revision": self.policy_revision, "engine": self.engine}
+        return {
+            "refuse": self.refuse,
+            "reasons": [r.to_json() for r in self.reasons],
+            "refusal": self.refusal,
+            "decision_id": self.decision_id,
+            "policy_revision": self.policy_revision,
+            "engine": self.engine,
+        }
 
 
 class _Malformed(Exception):
@@ -163,8 +180,11 @@ def parse_precheck(raw: RawDecision) -> Precheck | None:
     decision still decides."""
     doc = raw.result
     try:
-        if (not isinstance(doc, dict) or set(doc) != {"refuse", "reasons", "refusal"}
-                or not isinstance(doc["refuse"], bool)):
+        if (
+            not isinstance(doc, dict)
+            or set(doc) != {"refuse", "reasons", "refusal"}
+            or not isinstance(doc["refuse"], bool)
+        ):
             raise _Malformed("not {refuse, reasons, refusal}")
         reasons = _reasons(doc["reasons"], default_severity="deny")
         if doc["refuse"] != any(r.severity == "deny" for r in reasons):
@@ -172,8 +192,14 @@ def parse_precheck(raw: RawDecision) -> Precheck | None:
         refusal = _refusal(doc["refusal"], denied=doc["refuse"])
     except _Malformed:
         return None
-    return Precheck(refuse=doc["refuse"], reasons=reasons, decision_id=raw.decision_id,
-                    policy_revision=raw.policy_revision, engine=raw.engine, refusal=refusal)
+    return Precheck(
+        refuse=doc["refuse"],
+        reasons=reasons,
+        decision_id=raw.decision_id,
+        policy_revision=raw.policy_revision,
+        engine=raw.engine,
+        refusal=refusal,
+    )
 
 
 def parse_decision(raw: RawDecision) -> Decision:
@@ -181,9 +207,12 @@ def parse_decision(raw: RawDecision) -> Decision:
     try:
         return _parse(raw)
     except _Malformed as e:
-        return deny("decision_malformed",
-                    f"the policy engine's answer does not match the decision schema ({e}); deny",
-                    raw=raw, evidence={"answer": _preview(raw.result)})
+        return deny(
+            "decision_malformed",
+            f"the policy engine's answer does not match the decision schema ({e}); deny",
+            raw=raw,
+            evidence={"answer": _preview(raw.result)},
+        )
 
 
 def _parse(raw: RawDecision) -> Decision:
@@ -217,9 +246,19 @@ def _parse(raw: RawDecision) -> Decision:
     selection = _selection(doc.get("selection"))
     if selection is not None and not allow:
         raise _Malformed("a deny that names a selection")
-    return Decision(allow=allow, plane=plane, permitted_loaders=loaders, required_controls=controls,
-                    reasons=reasons, decision_id=raw.decision_id, policy_revision=raw.policy_revision,
-                    engine=raw.engine, refusal=refusal, companions=companions, selection=selection)
+    return Decision(
+        allow=allow,
+        plane=plane,
+        permitted_loaders=loaders,
+        required_controls=controls,
+        reasons=reasons,
+        decision_id=raw.decision_id,
+        policy_revision=raw.policy_revision,
+        engine=raw.engine,
+        refusal=refusal,
+        companions=companions,
+        selection=selection,
+    )
 
 
 def _selection(value: Any) -> Selection | None:
@@ -281,8 +320,9 @@ def _reasons(value: Any, *, default_severity: str) -> tuple[Reason, ...]:
         severity = r.get("severity", default_severity)
         if severity not in ("deny", "warn", "info"):
             raise _Malformed(f"reason {r['code']!r} has unknown severity {severity!r}")
-        out.append(Reason(code=r["code"], message=r["message"],
-                          evidence=MappingProxyType(dict(evidence)), severity=severity))
+        out.append(
+            Reason(code=r["code"], message=r["message"], evidence=MappingProxyType(dict(evidence)), severity=severity)
+        )
     return tuple(out)
 
 

@@ -48,8 +48,10 @@ from ckptgate.decide.bundle import PolicyBundle, find_opa
 from ckptgate.errors import EngineUnavailable
 
 DEFAULT_TIMEOUT_S = 5.0
-_LATE_ADVICE = ("The decision is deny because none arrived in time. A checkpoint with a very large layout makes a "
-                "large policy input: raise --opa-timeout. Otherwise the engine or the machine is overloaded.")
+_LATE_ADVICE = (
+    "The decision is deny because none arrived in time. A checkpoint with a very large layout makes a "
+    "large policy input: raise --opa-timeout. Otherwise the engine or the machine is overloaded."
+)
 _PORT_ATTEMPTS = 3
 _PR_SET_PDEATHSIG = 1
 
@@ -85,20 +87,28 @@ class _ClientEngine:
         try:  # one deadline for connect, send, receive and parse: a trickled answer is late too
             body = self._client.post_json(path, {"input": input_doc}, time.monotonic() + self._client.timeout)
         except Late as e:
-            raise EngineUnavailable("engine.timeout", f"the policy engine did not answer within "
-                                    f"{self._client.timeout:g} s (a late decision is deny)",
-                                    advice=_LATE_ADVICE) from e
+            raise EngineUnavailable(
+                "engine.timeout",
+                f"the policy engine did not answer within {self._client.timeout:g} s (a late decision is deny)",
+                advice=_LATE_ADVICE,
+            ) from e
         except Unreachable as e:
             code = "engine.bad_response" if "not JSON" in str(e) else "engine.unreachable"
             raise EngineUnavailable(code, f"the policy engine at {self._name} could not be queried: {e}") from e
         if not isinstance(body, dict) or "result" not in body:
-            raise EngineUnavailable("engine.undefined", f"the entrypoint data.{package.replace('/', '.')}."
-                                    f"{rule} is undefined in the loaded policies (deny)")
+            raise EngineUnavailable(
+                "engine.undefined",
+                f"the entrypoint data.{package.replace('/', '.')}.{rule} is undefined in the loaded policies (deny)",
+            )
         bundles = (body.get("provenance") or {}).get("bundles") or {}
         revisions = sorted({str(b.get("revision", "")) for b in bundles.values() if isinstance(b, dict)})
         revision = ",".join(r for r in revisions if r) or self._revision or "unknown"
-        return RawDecision(result=body["result"], decision_id=str(body.get("decision_id") or ""),
-                           policy_revision=revision, engine=self._name)
+        return RawDecision(
+            result=body["result"],
+            decision_id=str(body.get("decision_id") or ""),
+            policy_revision=revision,
+            engine=self._name,
+        )
 
 
 class RemoteOpa(_ClientEngine):
@@ -113,17 +123,22 @@ class RemoteOpa(_ClientEngine):
         if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise EngineUnavailable("engine.remote.bad_url", f"--opa-url must be http(s)://host:port, got {url!r}")
         if parsed.scheme == "http" and parsed.hostname not in ("127.0.0.1", "::1", "localhost"):
-            raise EngineUnavailable("engine.remote.insecure", f"{url!r} is plain http to another host: the bearer "
-                                    "token and the decisions would travel unprotected; use https",
-                                    advice="Serve OPA over TLS, or reach it through a loopback tunnel.")
+            raise EngineUnavailable(
+                "engine.remote.insecure",
+                f"{url!r} is plain http to another host: the bearer "
+                "token and the decisions would travel unprotected; use https",
+                advice="Serve OPA over TLS, or reach it through a loopback tunnel.",
+            )
         port = explicit_port or (443 if parsed.scheme == "https" else 80)
-        self._client = OpaHttp(host=parsed.hostname, port=port, ssl=parsed.scheme == "https", token=token,
-                               timeout=timeout_s)
+        self._client = OpaHttp(
+            host=parsed.hostname, port=port, ssl=parsed.scheme == "https", token=token, timeout=timeout_s
+        )
         self._name = f"{parsed.scheme}://{parsed.hostname}:{port}"
         self._revision = ""
         if not self._client.check_health():
-            raise EngineUnavailable("engine.remote.unhealthy",
-                                    f"the OPA at {self._name} is not healthy or not reachable")
+            raise EngineUnavailable(
+                "engine.remote.unhealthy", f"the OPA at {self._name} is not healthy or not reachable"
+            )
 
     def close(self) -> None:
         """Nothing to release: every exchange closes its own connection."""
@@ -134,9 +149,17 @@ class EmbeddedOpa(_ClientEngine):
 
     _live: ClassVar[set[EmbeddedOpa]] = set()
 
-    def __init__(self, *, bundle: PolicyBundle | None = None, policy_dir: Path | None = None,
-                 overlays: dict[str, bytes] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 start_timeout_s: float = 30.0, log_path: Path | None = None, wait: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        bundle: PolicyBundle | None = None,
+        policy_dir: Path | None = None,
+        overlays: dict[str, bytes] | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        start_timeout_s: float = 30.0,
+        log_path: Path | None = None,
+        wait: bool = True,
+    ) -> None:
         """Build the bundle and launch OPA on a keeper thread.  With ``wait=False`` the wait for the
         bundle and for OPA to become healthy is left to the first :meth:`evaluate`, so the caller's
         own work overlaps both; a failure to build or launch is raised there."""
@@ -153,8 +176,9 @@ class EmbeddedOpa(_ClientEngine):
         self._failure: BaseException | None = None
         self._staged = ("", "")  # (staged bundle directory, the policy directory it was staged from)
         _install_cleanup()  # signal handlers can only be set from the main thread
-        self._keeper = threading.Thread(target=self._keep, args=(bundle, policy_dir, overlays), name="ckptgate-opa",
-                                        daemon=True)
+        self._keeper = threading.Thread(
+            target=self._keep, args=(bundle, policy_dir, overlays), name="ckptgate-opa", daemon=True
+        )
         EmbeddedOpa._live.add(self)  # until close(): a signal even during the bundle's staging removes the workdir
         self._keeper.start()
         if wait:
@@ -178,8 +202,11 @@ class EmbeddedOpa(_ClientEngine):
             if not self._stop.is_set():
                 self._launch()
         except OSError as e:  # EFBIG, ENOSPC... in the private work directory: no engine, which is a deny
-            self._failure = EngineUnavailable("engine.opa.start_failed", f"the embedded OPA could not be prepared: "
-                                              f"{e.strerror or e}", evidence={"workdir": str(self._workdir)})
+            self._failure = EngineUnavailable(
+                "engine.opa.start_failed",
+                f"the embedded OPA could not be prepared: {e.strerror or e}",
+                evidence={"workdir": str(self._workdir)},
+            )
         except BaseException as e:  # raised again in the caller's thread by _ensure_started
             self._failure = e
         finally:
@@ -222,17 +249,42 @@ class EmbeddedOpa(_ClientEngine):
     def _launch(self) -> None:
         token = secrets.token_urlsafe(32)
         port = _free_port()
-        env = {"PATH": os.environ.get("PATH", ""),
-               "CKPTGATE_OPA_TOKEN_SHA256": hashlib.sha256(token.encode()).hexdigest()}
-        cmd = [find_opa(), "run", "--server", "--addr", f"127.0.0.1:{port}",
-               "--authentication=token", "--authorization=basic",
-               "--bundle", str(self._bundle.path),
-               "--verification-key", str(self._bundle.verification_key), "--signing-alg", "ES256",
-               "--set", "decision_logs.console=true", "--skip-version-check",
-               "--shutdown-grace-period", "1", "--log-level", "info"]
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "CKPTGATE_OPA_TOKEN_SHA256": hashlib.sha256(token.encode()).hexdigest(),
+        }
+        cmd = [
+            find_opa(),
+            "run",
+            "--server",
+            "--addr",
+            f"127.0.0.1:{port}",
+            "--authentication=token",
+            "--authorization=basic",
+            "--bundle",
+            str(self._bundle.path),
+            "--verification-key",
+            str(self._bundle.verification_key),
+            "--signing-alg",
+            "ES256",
+            "--set",
+            "decision_logs.console=true",
+            "--skip-version-check",
+            "--shutdown-grace-period",
+            "1",
+            "--log-level",
+            "info",
+        ]
         with open(self._log_path, "ab") as log:
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                          env=env, preexec_fn=_die_with_parent, close_fds=True)
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=env,
+                preexec_fn=_die_with_parent,
+                close_fds=True,
+            )
         self._name = f"embedded OPA (pid {self._proc.pid}, 127.0.0.1:{port})"
         self._port, self._token = port, token
         self._deadline = time.monotonic() + self._start_timeout_s
@@ -247,15 +299,17 @@ class EmbeddedOpa(_ClientEngine):
                     f"the embedded OPA exited during start-up (code {self._proc.returncode}): "
                     f"{_tail(self._log_path).replace(*self._staged)}",
                     advice="OPA refuses to start on a policy that does not compile (fix it; `opa check` "
-                           "names the line) and on a bundle whose signature does not verify (rebuild it with "
-                           "`ckptgate policy build`, or use the policies directory).")
+                    "names the line) and on a bundle whose signature does not verify (rebuild it with "
+                    "`ckptgate policy build`, or use the policies directory).",
+                )
             if self._client.check_health():  # each probe within --opa-timeout, whole exchange
                 return
             if time.monotonic() >= self._deadline:
                 break
             time.sleep(0.02)
-        raise EngineUnavailable("engine.opa.start_timeout",
-                                f"the embedded OPA did not become healthy within {self._start_timeout_s:g} s")
+        raise EngineUnavailable(
+            "engine.opa.start_timeout", f"the embedded OPA did not become healthy within {self._start_timeout_s:g} s"
+        )
 
     def close(self) -> None:
         if self._closed:
@@ -282,9 +336,15 @@ class EmbeddedOpa(_ClientEngine):
         self.close()
 
 
-def open_engine(*, opa_url: str | None = None, opa_token: str | None = None, policy_dir: Path | None = None,
-                bundle: PolicyBundle | None = None, overlays: dict[str, bytes] | None = None,
-                timeout_s: float = DEFAULT_TIMEOUT_S) -> PolicyEngine:
+def open_engine(
+    *,
+    opa_url: str | None = None,
+    opa_token: str | None = None,
+    policy_dir: Path | None = None,
+    bundle: PolicyBundle | None = None,
+    overlays: dict[str, bytes] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> PolicyEngine:
     """The remote OPA named by ``opa_url`` (or ``$CKPTGATE_OPA_URL``), else the embedded default."""
     url = opa_url or os.environ.get("CKPTGATE_OPA_URL")
     if url:

@@ -47,9 +47,11 @@ class Request:
 
     def __post_init__(self) -> None:
         if self.select is not None and not _SELECT.match(self.select):
-            raise UsageError("usage.select.invalid",
-                             f"--select {self.select!r} is not a key prefix such as 'model' or 'app.model'",
-                             evidence={"select": self.select})
+            raise UsageError(
+                "usage.select.invalid",
+                f"--select {self.select!r} is not a key prefix such as 'model' or 'app.model'",
+                evidence={"select": self.select},
+            )
         if self.action not in ACTIONS:
             raise UsageError("usage.request.action", f"unknown action {self.action!r}")
         if self.now.tzinfo is None:
@@ -58,10 +60,13 @@ class Request:
             check_commit(self.candidate_commit)
 
     def to_json(self) -> dict[str, Any]:
-        return {"action": self.action,
-                "now": iso_utc(self.now),
-                "candidate_commit": self.candidate_commit, "target": self.target,
-                **({"select": self.select} if self.select is not None else {})}
+        return {
+            "action": self.action,
+            "now": iso_utc(self.now),
+            "candidate_commit": self.candidate_commit,
+            "target": self.target,
+            **({"select": self.select} if self.select is not None else {}),
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,10 +139,15 @@ class PolicyInputBuilder:
     def build(self) -> PolicyInput:
         if self._fixture is None or self._inspection is None:
             raise ValueError("a policy input needs the fixture digest and the inspection")
-        return PolicyInput(request=self._request, fixture=self._fixture, inspection=self._inspection,
-                           attestations=tuple(self._attestations),
-                           rejected_attestations=tuple(self._rejected), containment=self._containment,
-                           offered_keys=tuple(self._offered))
+        return PolicyInput(
+            request=self._request,
+            fixture=self._fixture,
+            inspection=self._inspection,
+            attestations=tuple(self._attestations),
+            rejected_attestations=tuple(self._rejected),
+            containment=self._containment,
+            offered_keys=tuple(self._offered),
+        )
 
 
 def now_utc() -> datetime:

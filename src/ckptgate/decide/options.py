@@ -48,17 +48,24 @@ class EngineOptions:
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
-            raise UsageError("usage.opa_timeout", f"the decision timeout must be a positive number of seconds, "
-                             f"not {self.timeout_s!r}")
+            raise UsageError(
+                "usage.opa_timeout",
+                f"the decision timeout must be a positive number of seconds, not {self.timeout_s!r}",
+            )
         if self.opa_url is not None and self.trust_file is not None:
-            raise UsageError("usage.trust_with_remote_opa",
-                             "--trust cannot be combined with --opa-url: a remote policy engine decides with the trust "
-                             "data of its own bundle, and a client must not widen or replace central trust",
-                             advice="Drop --trust to use the remote engine's trust data, or drop --opa-url to "
-                                    "decide locally with the embedded engine and this trust file.")
+            raise UsageError(
+                "usage.trust_with_remote_opa",
+                "--trust cannot be combined with --opa-url: a remote policy engine decides with the trust "
+                "data of its own bundle, and a client must not widen or replace central trust",
+                advice="Drop --trust to use the remote engine's trust data, or drop --opa-url to "
+                "decide locally with the embedded engine and this trust file.",
+            )
         if self.policy_data is not None and (self.opa_url is not None or self.policy_bundle is not None):
-            raise UsageError("usage.policy_data_with_remote", "a policy-data overlay applies to the embedded engine "
-                             "only: a remote engine or a signed bundle decides with its own data")
+            raise UsageError(
+                "usage.policy_data_with_remote",
+                "a policy-data overlay applies to the embedded engine "
+                "only: a remote engine or a signed bundle decides with its own data",
+            )
         if self.policy_key is not None and self.policy_bundle is None:
             raise UsageError("usage.policy_bundle", "--policy-key verifies a --policy-bundle; none was given")
         if self.policy_dir is not None:
@@ -85,11 +92,20 @@ def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterat
     bundle = None
     if options.policy_bundle is not None:
         if options.policy_key is None or options.trust_file is not None:
-            raise UsageError("usage.policy_bundle", "--policy-bundle needs --policy-key, and its trust data is "
-                             "the bundle's own (--trust cannot overlay a signed bundle)")
+            raise UsageError(
+                "usage.policy_bundle",
+                "--policy-bundle needs --policy-key, and its trust data is "
+                "the bundle's own (--trust cannot overlay a signed bundle)",
+            )
         bundle = PolicyBundle.from_signed_file(options.policy_bundle, options.policy_key)
-    engine = open_engine(opa_url=options.opa_url, opa_token=options.opa_token, policy_dir=options.policy_dir,
-                         bundle=bundle, overlays=overlays, timeout_s=options.timeout_s)
+    engine = open_engine(
+        opa_url=options.opa_url,
+        opa_token=options.opa_token,
+        policy_dir=options.policy_dir,
+        bundle=bundle,
+        overlays=overlays,
+        timeout_s=options.timeout_s,
+    )
     try:
         yield engine
     finally:

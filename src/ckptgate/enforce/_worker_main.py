@@ -109,8 +109,9 @@ def _setup(spec: WorkerSpec) -> tuple[dict[str, bool], dict[str, Any]]:
         try:
             __import__(name)
         except Exception as e:  # any import failure is reported, typed
-            raise WorkerError("runtime.worker.preimport_failed",
-                              f"pre-import of {name} failed: {type(e).__name__}: {e}") from e
+            raise WorkerError(
+                "runtime.worker.preimport_failed", f"pre-import of {name} failed: {type(e).__name__}: {e}"
+            ) from e
     _warm_torch()
     # pyseccomp raises at import on a host without libseccomp: imported here, that is a typed
     # runtime.worker.setup_failed record, not a worker that dies before it can report.
@@ -128,15 +129,23 @@ def _setup(spec: WorkerSpec) -> tuple[dict[str, bool], dict[str, Any]]:
     finally:
         os.close(status_fd)
     controls["no_new_privs"] = controls["no_new_privs"] and status.get("NoNewPrivs") == 1
-    controls["seccomp"] = controls["seccomp"] and status.get("Seccomp") == c.SECCOMP_MODE_FILTER \
-        and report.mode == "allowlist"
+    controls["seccomp"] = (
+        controls["seccomp"] and status.get("Seccomp") == c.SECCOMP_MODE_FILTER and report.mode == "allowlist"
+    )
     # openat2 is the parent's control: it opened every input descriptor with it.
     controls["openat2"] = spec.openat2
     measured = {
-        "seccomp": {"mode": report.mode, "default": report.default, "status": status.get("Seccomp"),
-                    "filters": status.get("Seccomp_filters"), "rules_sha256": report.digest(),
-                    "allowed": len(report.allowed), "conditional": len(report.conditional),
-                    "kill": list(report.kill), "detail": seccomp_detail},
+        "seccomp": {
+            "mode": report.mode,
+            "default": report.default,
+            "status": status.get("Seccomp"),
+            "filters": status.get("Seccomp_filters"),
+            "rules_sha256": report.digest(),
+            "allowed": len(report.allowed),
+            "conditional": len(report.conditional),
+            "kill": list(report.kill),
+            "detail": seccomp_detail,
+        },
         "no_new_privs": status.get("NoNewPrivs"),
         "namespaces": {ns: {"worker": ns_now[ns], "parent": parent_ns[ns]} for ns in c.NAMESPACES},
         "pid": os.getpid(),
@@ -159,12 +168,16 @@ def _check_permit(spec: WorkerSpec, controls: dict[str, bool]) -> None:
     """The worker's own check, across the process boundary from the parent's: the job it runs is
     the permit's loader, and every control the permit requires is active as this process measured it."""
     if spec.permit.loader != spec.loader:
-        raise WorkerError("runtime.worker.permit_mismatch",
-                          f"the permit is for loader {spec.permit.loader!r}, not {spec.loader!r} (job {spec.job!r})")
+        raise WorkerError(
+            "runtime.worker.permit_mismatch",
+            f"the permit is for loader {spec.permit.loader!r}, not {spec.loader!r} (job {spec.job!r})",
+        )
     missing = [name for name in spec.permit.required_controls if not controls.get(name, False)]
     if missing:
-        raise WorkerError("runtime.worker.control_missing",
-                          f"required containment controls are not active in the worker: {', '.join(missing)}")
+        raise WorkerError(
+            "runtime.worker.control_missing",
+            f"required containment controls are not active in the worker: {', '.join(missing)}",
+        )
 
 
 def _verify_inputs(files: tuple[SpecFile, ...]) -> None:
@@ -178,8 +191,9 @@ def _verify_inputs(files: tuple[SpecFile, ...]) -> None:
             h.update(chunk)
             offset += len(chunk)
         if h.hexdigest() != item.sha256:
-            raise WorkerError("runtime.worker.input_changed",
-                              f"{item.relpath} no longer has the sha256 the parent measured")
+            raise WorkerError(
+                "runtime.worker.input_changed", f"{item.relpath} no longer has the sha256 the parent measured"
+            )
 
 
 # --------------------------------------------------------------------------- load
@@ -229,14 +243,20 @@ def _load_one(item: SpecFile, *, with_data: bool) -> tuple[Any, dict[int, str], 
         # weights_only=False: the policy allowed a framework load of these exact bytes, under
         # containment.  weights_only=True is not a trust control [R17, R29].
         with contextlib.nullcontext() if with_data else torch.serialization.skip_data():
-            obj = torch.load(io.FileIO(item.fd, closefd=False), weights_only=False,  # nosec B614
-                             map_location="cpu", pickle_module=_recording_pickle(record, keep))
+            obj = torch.load(
+                io.FileIO(item.fd, closefd=False),
+                weights_only=False,  # nosec B614
+                map_location="cpu",
+                pickle_module=_recording_pickle(record, keep),
+            )
     except MemoryError as e:
-        raise WorkerError("runtime.worker.memory_limit",
-                          f"loading {item.relpath} ran out of address space (RLIMIT_AS)") from e
+        raise WorkerError(
+            "runtime.worker.memory_limit", f"loading {item.relpath} ran out of address space (RLIMIT_AS)"
+        ) from e
     except BaseException as e:  # the loaded code may raise anything
-        raise WorkerError("runtime.worker.load_failed",
-                          f"loading {item.relpath} failed: {type(e).__name__}: {_safe_text(e)}") from e
+        raise WorkerError(
+            "runtime.worker.load_failed", f"loading {item.relpath} failed: {type(e).__name__}: {_safe_text(e)}"
+        ) from e
     return obj, record, keep
 
 
@@ -261,11 +281,19 @@ def _stream_tensor(out: Output, relpath: str, path: list[Any], t: Any, chunk_byt
     flat = t.detach().contiguous().reshape(-1)
     raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
     nbytes = int(raw.numel())
-    out.json({"event": "tensor", "file": relpath, "path": path, "dtype": dtype_name(t.dtype),
-              "shape": [int(d) for d in t.shape], "nbytes": nbytes})
+    out.json(
+        {
+            "event": "tensor",
+            "file": relpath,
+            "path": path,
+            "dtype": dtype_name(t.dtype),
+            "shape": [int(d) for d in t.shape],
+            "nbytes": nbytes,
+        }
+    )
     view = memoryview(raw.numpy()) if nbytes else memoryview(b"")
     for start in range(0, nbytes, chunk_bytes):
-        out.raw(view[start:start + chunk_bytes])
+        out.raw(view[start : start + chunk_bytes])
 
 
 def _run_job(spec: WorkerSpec, out: Output) -> None:
@@ -287,13 +315,15 @@ def _run_job(spec: WorkerSpec, out: Output) -> None:
                     try:
                         node = _find(obj, path)
                     except KeyError as e:
-                        raise WorkerError("runtime.worker.select_missing",
-                                          f"{item.relpath}: no object at {path!r}") from e
+                        raise WorkerError(
+                            "runtime.worker.select_missing", f"{item.relpath}: no object at {path!r}"
+                        ) from e
                     import torch  # noqa: PLC0415 - torch, heavy optional: pre-imported in step 4
 
                     if not isinstance(node, torch.Tensor):
-                        raise WorkerError("runtime.worker.select_missing",
-                                          f"{item.relpath}: the object at {path!r} is not a tensor")
+                        raise WorkerError(
+                            "runtime.worker.select_missing", f"{item.relpath}: the object at {path!r} is not a tensor"
+                        )
                     pairs.append((path, node))
             for path, t in pairs:
                 _stream_tensor(out, item.relpath, path, t, spec.chunk_bytes)

@@ -41,16 +41,26 @@ from ckptgate._fs import openat2  # one openat2 for the whole project [R35]
 from ckptgate.errors import RuntimeFailure
 
 #: Every control the preflight measures, in the order the OPA input lists them.
-CONTROLS: tuple[str, ...] = ("no_new_privs", "seccomp", "rlimits", "cgroup_v2", "user_ns", "net_ns",
-                             "ipc_ns", "pid_ns", "openat2")
+CONTROLS: tuple[str, ...] = (
+    "no_new_privs",
+    "seccomp",
+    "rlimits",
+    "cgroup_v2",
+    "user_ns",
+    "net_ns",
+    "ipc_ns",
+    "pid_ns",
+    "openat2",
+)
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 #: The namespaces the worker enters, by their /proc/self/ns link name, with their clone flag.
-NAMESPACES: Mapping[str, int] = MappingProxyType({"user": CLONE_NEWUSER, "net": CLONE_NEWNET,
-                                                  "ipc": CLONE_NEWIPC, "pid": CLONE_NEWPID})
+NAMESPACES: Mapping[str, int] = MappingProxyType(
+    {"user": CLONE_NEWUSER, "net": CLONE_NEWNET, "ipc": CLONE_NEWIPC, "pid": CLONE_NEWPID}
+)
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_GET_NO_NEW_PRIVS = 39
@@ -61,14 +71,25 @@ SECCOMP_MODE_FILTER = 2
 UNLISTED_SYSCALL = 0x3FFF
 
 #: rlimit names used in job specs and the preflight, mapped to the ``resource`` constants.
-RLIMITS: Mapping[str, int] = MappingProxyType({
-    "AS": resource.RLIMIT_AS, "CPU": resource.RLIMIT_CPU, "FSIZE": resource.RLIMIT_FSIZE,
-    "NOFILE": resource.RLIMIT_NOFILE, "NPROC": resource.RLIMIT_NPROC,
-})
+RLIMITS: Mapping[str, int] = MappingProxyType(
+    {
+        "AS": resource.RLIMIT_AS,
+        "CPU": resource.RLIMIT_CPU,
+        "FSIZE": resource.RLIMIT_FSIZE,
+        "NOFILE": resource.RLIMIT_NOFILE,
+        "NPROC": resource.RLIMIT_NPROC,
+    }
+)
 
-_PROBE_RLIMITS: Mapping[str, int] = MappingProxyType({
-    "AS": 64 << 30, "CPU": 60, "FSIZE": 4096, "NOFILE": 256, "NPROC": 256,
-})
+_PROBE_RLIMITS: Mapping[str, int] = MappingProxyType(
+    {
+        "AS": 64 << 30,
+        "CPU": 60,
+        "FSIZE": 4096,
+        "NOFILE": 256,
+        "NPROC": 256,
+    }
+)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -106,8 +127,12 @@ class ContainmentProfile:
 
     def to_facts(self) -> dict[str, Any]:
         """The ``containment`` object of the OPA input (``docs/architecture.md``)."""
-        return {"preflighted": True, "controls": dict(self.controls), "details": dict(self.details),
-                "kernel": self.kernel}
+        return {
+            "preflighted": True,
+            "controls": dict(self.controls),
+            "details": dict(self.details),
+            "kernel": self.kernel,
+        }
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -142,8 +167,9 @@ def enter_namespaces(*, pid: bool = True) -> tuple[dict[str, bool], dict[str, st
     else:
         # The host may refuse one of them (PID namespaces are often refused in containers): try
         # again without PID, then each alone, so the profile says exactly which is missing.
-        reason = f"unshare({'|'.join('CLONE_NEW' + n.upper() for n in names)}) failed: " \
-                 f"{os.strerror(ctypes.get_errno())}"
+        reason = (
+            f"unshare({'|'.join('CLONE_NEW' + n.upper() for n in names)}) failed: {os.strerror(ctypes.get_errno())}"
+        )
         rest = flags & ~CLONE_NEWPID
         if pid and _libc.unshare(rest) == 0:
             done = rest
@@ -152,8 +178,9 @@ def enter_namespaces(*, pid: bool = True) -> tuple[dict[str, bool], dict[str, st
                 if _libc.unshare(NAMESPACES[ns]) == 0:
                     done |= NAMESPACES[ns]
                 else:
-                    details[f"{ns}_ns"] = f"{reason}; unshare(CLONE_NEW{ns.upper()}) alone failed: " \
-                                          f"{os.strerror(ctypes.get_errno())}"
+                    details[f"{ns}_ns"] = (
+                        f"{reason}; unshare(CLONE_NEW{ns.upper()}) alone failed: {os.strerror(ctypes.get_errno())}"
+                    )
     after = namespace_ids()
     after["pid"] = _ns_link("pid_for_children")
     for ns in names:
@@ -297,8 +324,10 @@ def seccomp_active() -> tuple[bool, str]:
         os.close(fd)
         return False, "openat still succeeds under the filter"
     if _libc.syscall(UNLISTED_SYSCALL) != -1 or ctypes.get_errno() != errno.EPERM:
-        return False, (f"an unlisted syscall was not refused with EPERM "
-                       f"({errno.errorcode.get(ctypes.get_errno(), '?')}): the filter is not an allowlist")
+        return False, (
+            f"an unlisted syscall was not refused with EPERM "
+            f"({errno.errorcode.get(ctypes.get_errno(), '?')}): the filter is not an allowlist"
+        )
     return True, ""
 
 
@@ -380,8 +409,10 @@ def cgroup_v2_slot(*, memory_max: int, pids_max: int, root: str = "/") -> tuple[
         return None, f"cannot read cgroup.controllers at {base}: {e}"
     missing = [c for c in ("memory", "pids") if c not in available]
     if missing:
-        return None, (f"cgroup v2 at {mount} offers controllers {available or ['none']}; "
-                      f"{' and '.join(missing)} missing (they may be bound to cgroup v1)")
+        return None, (
+            f"cgroup v2 at {mount} offers controllers {available or ['none']}; "
+            f"{' and '.join(missing)} missing (they may be bound to cgroup v1)"
+        )
     try:
         with open(os.path.join(base, "cgroup.subtree_control"), encoding="ascii") as f:
             enabled = f.read().split()
@@ -425,12 +456,20 @@ def preflight(*, timeout_s: float = 30.0) -> ContainmentProfile:
         details["cgroup_v2"] = why
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
     try:
-        proc = subprocess.run([sys.executable, "-I", "-B", "-m", "ckptgate.enforce.containment"],
-                              stdin=subprocess.DEVNULL, capture_output=True, env=env, cwd="/",
-                              timeout=timeout_s, check=False, start_new_session=True)
+        proc = subprocess.run(
+            [sys.executable, "-I", "-B", "-m", "ckptgate.enforce.containment"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            env=env,
+            cwd="/",
+            timeout=timeout_s,
+            check=False,
+            start_new_session=True,
+        )
     except subprocess.TimeoutExpired as e:
-        raise RuntimeFailure("runtime.preflight.timeout",
-                             f"the containment preflight child did not finish in {timeout_s:g} s") from e
+        raise RuntimeFailure(
+            "runtime.preflight.timeout", f"the containment preflight child did not finish in {timeout_s:g} s"
+        ) from e
     except OSError as e:
         raise RuntimeFailure("runtime.preflight.spawn_failed", f"cannot start the preflight child: {e}") from e
     seen: dict[str, tuple[bool, str]] = {}
@@ -439,8 +478,12 @@ def preflight(*, timeout_s: float = 30.0) -> ContainmentProfile:
             rec = json.loads(raw)
         except ValueError:
             continue
-        if (isinstance(rec, dict) and set(rec) == {"control", "ok", "detail"}
-                and isinstance(rec["ok"], bool) and isinstance(rec["detail"], str)):
+        if (
+            isinstance(rec, dict)
+            and set(rec) == {"control", "ok", "detail"}
+            and isinstance(rec["ok"], bool)
+            and isinstance(rec["detail"], str)
+        ):
             seen[str(rec["control"])] = (rec["ok"], rec["detail"])
     for name in ("openat2", "user_ns", "net_ns", "ipc_ns", "pid_ns", "rlimits", "no_new_privs"):
         ok, detail = seen.get(name, (False, "the preflight child did not report this control"))
@@ -454,7 +497,8 @@ def preflight(*, timeout_s: float = 30.0) -> ContainmentProfile:
         controls["seccomp"] = True
     else:
         details["seccomp"] = eperm_detail or (
-            f"execve() under the filter did not kill the child (exit status {proc.returncode})")
+            f"execve() under the filter did not kill the child (exit status {proc.returncode})"
+        )
     return ContainmentProfile(controls=controls, details=details, kernel=os.uname().release)
 
 
@@ -479,8 +523,12 @@ def _probe_openat2(tmp: str) -> None:
                 os.close(openat2(dirfd, path))
             except OSError as e:
                 if e.errno != want:
-                    _emit("openat2", False, f"openat2({path!r}) failed with {errno.errorcode.get(e.errno or 0)}"
-                                            f", expected {errno.errorcode[want]}")
+                    _emit(
+                        "openat2",
+                        False,
+                        f"openat2({path!r}) failed with {errno.errorcode.get(e.errno or 0)}"
+                        f", expected {errno.errorcode[want]}",
+                    )
                     return
             else:
                 _emit("openat2", False, f"openat2({path!r}) escaped the root")

@@ -39,8 +39,15 @@ class Enforcement:
     controls: Mapping[str, bool] = field(default_factory=dict)
 
 
-def enforce(tree: SafeTree, inspection: Inspection, *, decision: Decision, fixture_digest: FixtureDigest,
-            framework_files: Sequence[str] = (), worker: WorkerOptions | None = None) -> Enforcement:
+def enforce(
+    tree: SafeTree,
+    inspection: Inspection,
+    *,
+    decision: Decision,
+    fixture_digest: FixtureDigest,
+    framework_files: Sequence[str] = (),
+    worker: WorkerOptions | None = None,
+) -> Enforcement:
     """Gate ``decision``; when ``framework_files`` is not empty, load them in the contained worker.
 
     :param fixture_digest: the measured :class:`~ckptgate.digest.FixtureDigest`; a framework load
@@ -56,20 +63,24 @@ def enforce(tree: SafeTree, inspection: Inspection, *, decision: Decision, fixtu
     refuse(decision)
     unpermitted = sorted(set(inspection.loaders) - set(decision.permitted_loaders))
     if unpermitted:
-        raise PolicyDenied("enforce.loader_not_permitted",
-                           f"the decision does not permit the loaders this checkpoint needs: {', '.join(unpermitted)}",
-                           evidence={"needed": list(inspection.loaders),
-                                     "permitted": list(decision.permitted_loaders)})
+        raise PolicyDenied(
+            "enforce.loader_not_permitted",
+            f"the decision does not permit the loaders this checkpoint needs: {', '.join(unpermitted)}",
+            evidence={"needed": list(inspection.loaders), "permitted": list(decision.permitted_loaders)},
+        )
     if not framework_files:
         return Enforcement()
     loader = next((name for name in WORKER_LOADERS if name in decision.permitted_loaders), None)
     if loader is None:
-        raise PolicyDenied("enforce.permit.loader_not_permitted",
-                           "the decision permits no framework loader for this checkpoint",
-                           evidence={"permitted_loaders": list(decision.permitted_loaders)})
+        raise PolicyDenied(
+            "enforce.permit.loader_not_permitted",
+            "the decision permits no framework loader for this checkpoint",
+            evidence={"permitted_loaders": list(decision.permitted_loaders)},
+        )
     permit = permits.issue_permit(decision, fixture_digest=fixture_digest.digest.prefixed(), loader=loader)
-    loaded = load_trees(tree, inspection, framework_files, permit=permit, digest=fixture_digest,
-                        options=worker or WorkerOptions())
+    loaded = load_trees(
+        tree, inspection, framework_files, permit=permit, digest=fixture_digest, options=worker or WorkerOptions()
+    )
     return Enforcement(permit=permit, loaded=loaded, controls=dict(loaded.controls))
 
 
@@ -78,12 +89,19 @@ def refuse(decision: Decision) -> None:
     the checkpoint's own content, 5 when only failed or untrusted signatures explain the deny,
     else 3)."""
     if not decision.allow:
-        raise refusal(decision.deny_reasons, decision.decision_id, decision.policy_revision,
-                      decision.refusal or "policy")
+        raise refusal(
+            decision.deny_reasons, decision.decision_id, decision.policy_revision, decision.refusal or "policy"
+        )
 
 
-def refusal(deny_reasons: Sequence[Reason], decision_id: str, policy_revision: str, refusal_class: str, *,
-            before_digest: bool = False) -> Error:
+def refusal(
+    deny_reasons: Sequence[Reason],
+    decision_id: str,
+    policy_revision: str,
+    refusal_class: str,
+    *,
+    before_digest: bool = False,
+) -> Error:
     """The error for a refusal of class ``refusal_class`` (``input``, ``verification`` or ``policy``),
     from a decision or, with ``before_digest``, from the policy's precheck."""
     ordered = sorted(deny_reasons, key=lambda r: r.code not in _FIRST.get(refusal_class, ()))  # what decided it first
@@ -91,26 +109,44 @@ def refusal(deny_reasons: Sequence[Reason], decision_id: str, policy_revision: s
     summary = "; ".join(r.message for r in ordered) or "deny"
     if before_digest:
         summary += " (refused before the checkpoint was hashed)"
-    evidence = {"decision_id": decision_id, "policy_revision": policy_revision, "before_digest": before_digest,
-                "refusal": refusal_class}
+    evidence = {
+        "decision_id": decision_id,
+        "policy_revision": policy_revision,
+        "before_digest": before_digest,
+        "refusal": refusal_class,
+    }
     first = ordered[0].code if ordered else "deny"
     if refusal_class == "input":
-        return InputRejected("input.refused_by_policy", f"the checkpoint was refused: {summary}", reasons=reasons,
-                             evidence=evidence)
+        return InputRejected(
+            "input.refused_by_policy", f"the checkpoint was refused: {summary}", reasons=reasons, evidence=evidence
+        )
     if refusal_class == "verification":
-        return VerificationError(f"verify.{first}", f"no attestation verified for this checkpoint: {summary}",
-                                 reasons=reasons, evidence=evidence, advice=_VERIFY_ADVICE)
-    return PolicyDenied(f"policy.{first}" if deny_reasons else "policy.deny",
-                        f"the policy denied the intake: {summary}", reasons=reasons, evidence=evidence)
+        return VerificationError(
+            f"verify.{first}",
+            f"no attestation verified for this checkpoint: {summary}",
+            reasons=reasons,
+            evidence=evidence,
+            advice=_VERIFY_ADVICE,
+        )
+    return PolicyDenied(
+        f"policy.{first}" if deny_reasons else "policy.deny",
+        f"the policy denied the intake: {summary}",
+        reasons=reasons,
+        evidence=evidence,
+    )
 
 
 # Within a refusal, the reasons of its own class come first (the code names the first one).
-_FIRST = {"input": ("inspection_not_clean", "pickle_outside_allowlist", "pickle_global_not_allowlisted"),
-          "verification": ("attestation_rejected", "attestation_untrusted_signer", "attestation_digest_mismatch")}
-_VERIFY_ADVICE = ("Do not trust this evidence as it stands. An untrusted signer is trusted only through the trust "
-                  "data: pass a trust file naming its key or identity with --trust FILE (`ckptgate attest keygen "
-                  "--trust-out FILE` writes one for a new key). A failed signature or another digest means the "
-                  "attestation was not made for exactly these bytes.")
+_FIRST = {
+    "input": ("inspection_not_clean", "pickle_outside_allowlist", "pickle_global_not_allowlisted"),
+    "verification": ("attestation_rejected", "attestation_untrusted_signer", "attestation_digest_mismatch"),
+}
+_VERIFY_ADVICE = (
+    "Do not trust this evidence as it stands. An untrusted signer is trusted only through the trust "
+    "data: pass a trust file naming its key or identity with --trust FILE (`ckptgate attest keygen "
+    "--trust-out FILE` writes one for a new key). A failed signature or another digest means the "
+    "attestation was not made for exactly these bytes."
+)
 
 
 __all__ = ["WORKER_LOADERS", "Enforcement", "LoadedTrees", "WorkerOptions", "enforce", "refusal", "refuse"]

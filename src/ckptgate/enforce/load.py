@@ -71,9 +71,12 @@ def job_for(loader: str) -> str:
     for job, name in JOBS.items():
         if name == loader and not job.endswith("_bytes"):
             return job
-    raise RuntimeFailure("runtime.worker.no_job", f"the contained worker has no job for loader {loader!r}",
-                         evidence={"loader": loader, "jobs": dict(JOBS)},
-                         advice="This loader cannot run in the contained worker yet; nothing was loaded.")
+    raise RuntimeFailure(
+        "runtime.worker.no_job",
+        f"the contained worker has no job for loader {loader!r}",
+        evidence={"loader": loader, "jobs": dict(JOBS)},
+        advice="This loader cannot run in the contained worker yet; nothing was loaded.",
+    )
 
 
 def preimports_for(inspection: Inspection, relpaths: Sequence[str]) -> list[str]:
@@ -84,7 +87,7 @@ def preimports_for(inspection: Inspection, relpaths: Sequence[str]) -> list[str]
     mods: list[str] = []
     for rel in relpaths:
         rep = by_path[rel].pickle if rel in by_path else None
-        for g in (rep.globals if rep is not None else ()):
+        for g in rep.globals if rep is not None else ():
             mod = g.rsplit(".", 1)[0]
             if mod.split(".", 1)[0] in PREIMPORT_ROOTS and mod not in mods:
                 mods.append(mod)
@@ -109,8 +112,11 @@ def open_verified(tree: SafeTree, relpaths: Sequence[str], digest: FixtureDigest
         for rel in relpaths:
             entry = manifest.get(rel)
             if entry is None:
-                raise RuntimeFailure("runtime.input.not_in_manifest", f"{rel} is not in the fixture digest manifest",
-                                     evidence={"path": rel, "digest": digest.digest.prefixed()})
+                raise RuntimeFailure(
+                    "runtime.input.not_in_manifest",
+                    f"{rel} is not in the fixture digest manifest",
+                    evidence={"path": rel, "digest": digest.digest.prefixed()},
+                )
             opened.append(OpenedInput(fd=_sealed_copy(tree, rel, entry.sha256), relpath=rel, sha256=entry.sha256))
     except BaseException:
         for o in opened:
@@ -135,14 +141,16 @@ def _sealed_copy(tree: SafeTree, rel: str, sha256: str) -> int:
             h.update(buf[:n])
             view = buf[:n]
             while view:
-                view = view[os.write(mem, view):]
+                view = view[os.write(mem, view) :]
             pos += n
         if h.hexdigest() != sha256:
-            raise RuntimeFailure("runtime.worker.input_changed",
-                                 f"{rel} no longer has the sha256 that was measured and decided on; nothing was "
-                                 "loaded", evidence={"source": rel, "expected": sha256, "actual": h.hexdigest()},
-                                 advice="The checkpoint changed while it was being taken in. Take it in again "
-                                        "from a copy that nothing else writes to.")
+            raise RuntimeFailure(
+                "runtime.worker.input_changed",
+                f"{rel} no longer has the sha256 that was measured and decided on; nothing was loaded",
+                evidence={"source": rel, "expected": sha256, "actual": h.hexdigest()},
+                advice="The checkpoint changed while it was being taken in. Take it in again "
+                "from a copy that nothing else writes to.",
+            )
         fcntl.fcntl(mem, fcntl.F_ADD_SEALS, _SEALS)
         return os.open(f"/proc/self/fd/{mem}", os.O_RDONLY | os.O_CLOEXEC)  # a read-only description
     finally:
@@ -150,8 +158,15 @@ def _sealed_copy(tree: SafeTree, rel: str, sha256: str) -> int:
         os.close(src)
 
 
-def load_trees(tree: SafeTree, inspection: Inspection, relpaths: Sequence[str], *, permit: Permit | None,
-               digest: FixtureDigest, options: WorkerOptions) -> LoadedTrees:
+def load_trees(
+    tree: SafeTree,
+    inspection: Inspection,
+    relpaths: Sequence[str],
+    *,
+    permit: Permit | None,
+    digest: FixtureDigest,
+    options: WorkerOptions,
+) -> LoadedTrees:
     """Run the permit's loader on ``relpaths`` in the contained worker; return the JSON trees.
 
     :raises RuntimeFailure: no permit (``runtime.worker.permit_missing``), a file that differs from
@@ -169,15 +184,29 @@ def load_trees(tree: SafeTree, inspection: Inspection, relpaths: Sequence[str], 
     # in the worker.
     files = open_verified(tree, relpaths, digest)
     try:
-        res = run_contained(job, files, permit=permit, profile=profile, limits=options.limits or WorkerLimits(),
-                            timeout_s=options.timeout_s, fixture_digest=digest.digest.prefixed(),
-                            preimports=preimports_for(inspection, relpaths))
+        res = run_contained(
+            job,
+            files,
+            permit=permit,
+            profile=profile,
+            limits=options.limits or WorkerLimits(),
+            timeout_s=options.timeout_s,
+            fixture_digest=digest.digest.prefixed(),
+            preimports=preimports_for(inspection, relpaths),
+        )
     finally:
         for f in files:
             os.close(f.fd)
     missing = [r for r in relpaths if r not in res.plans]
     if missing:
-        raise RuntimeFailure("runtime.worker.plan_missing", f"the worker returned no plan for {missing}",
-                             evidence={"missing": missing})
-    return LoadedTrees(trees=dict(res.plans), controls=dict(res.controls), measured=dict(res.measured), job=job,
-                       wall_s=res.wall_s, worker_pid=res.pid)
+        raise RuntimeFailure(
+            "runtime.worker.plan_missing", f"the worker returned no plan for {missing}", evidence={"missing": missing}
+        )
+    return LoadedTrees(
+        trees=dict(res.plans),
+        controls=dict(res.controls),
+        measured=dict(res.measured),
+        job=job,
+        wall_s=res.wall_s,
+        worker_pid=res.pid,
+    )

@@ -42,27 +42,41 @@ class Permit:
     seal: str
 
     def _payload(self) -> bytes:
-        return json.dumps([self.fixture_digest, self.loader, self.plane, list(self.required_controls),
-                           self.decision_id, self.policy_revision]).encode()
+        return json.dumps(
+            [
+                self.fixture_digest,
+                self.loader,
+                self.plane,
+                list(self.required_controls),
+                self.decision_id,
+                self.policy_revision,
+            ]
+        ).encode()
 
     def check(self, *, fixture_digest: str, loader: str, controls: Mapping[str, bool]) -> None:
         """Raise :class:`PolicyDenied` unless this permit allows ``loader`` on these bytes now."""
         want = hmac.new(_SEAL_KEY, self._payload(), hashlib.sha256).hexdigest()
         if not hmac.compare_digest(want, self.seal):
-            raise PolicyDenied("enforce.permit.forged",
-                               "the permit was not issued by this engine (its seal does not check)")
+            raise PolicyDenied(
+                "enforce.permit.forged", "the permit was not issued by this engine (its seal does not check)"
+            )
         if fixture_digest != self.fixture_digest:
-            raise PolicyDenied("enforce.permit.wrong_digest",
-                               f"the permit is for {self.fixture_digest}, not for {fixture_digest}",
-                               evidence={"permit": self.fixture_digest, "actual": fixture_digest})
+            raise PolicyDenied(
+                "enforce.permit.wrong_digest",
+                f"the permit is for {self.fixture_digest}, not for {fixture_digest}",
+                evidence={"permit": self.fixture_digest, "actual": fixture_digest},
+            )
         if loader != self.loader:
-            raise PolicyDenied("enforce.permit.wrong_loader",
-                               f"the permit is for loader {self.loader!r}, not {loader!r}")
+            raise PolicyDenied(
+                "enforce.permit.wrong_loader", f"the permit is for loader {self.loader!r}, not {loader!r}"
+            )
         missing = [c for c in self.required_controls if not controls.get(c, False)]
         if missing:
-            raise PolicyDenied("enforce.permit.control_missing",
-                               f"containment controls required by the policy are not active: {', '.join(missing)}",
-                               evidence={"missing": missing})
+            raise PolicyDenied(
+                "enforce.permit.control_missing",
+                f"containment controls required by the policy are not active: {', '.join(missing)}",
+                evidence={"missing": missing},
+            )
 
 
 def issue_permit(decision: Decision, *, fixture_digest: str, loader: str) -> Permit:
@@ -74,7 +88,13 @@ def issue_permit(decision: Decision, *, fixture_digest: str, loader: str) -> Per
     """
     if decision.plane is None:
         raise ValueError("a permit is minted from an allow decision only, and a deny names no plane")
-    unsealed = Permit(fixture_digest=fixture_digest, loader=loader, plane=decision.plane,
-                      required_controls=tuple(decision.required_controls), decision_id=decision.decision_id,
-                      policy_revision=decision.policy_revision, seal="")
+    unsealed = Permit(
+        fixture_digest=fixture_digest,
+        loader=loader,
+        plane=decision.plane,
+        required_controls=tuple(decision.required_controls),
+        decision_id=decision.decision_id,
+        policy_revision=decision.policy_revision,
+        seal="",
+    )
     return replace(unsealed, seal=hmac.new(_SEAL_KEY, unsealed._payload(), hashlib.sha256).hexdigest())

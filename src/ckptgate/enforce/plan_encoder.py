@@ -69,8 +69,7 @@ class PlanEncoder:
         if isinstance(obj, str):
             return str.__str__(obj)
         if isinstance(obj, enum.Enum):
-            return {"__enum__": _qualname(obj), "name": obj.name,
-                    "value": self.encode(obj.value, path, depth + 1)}
+            return {"__enum__": _qualname(obj), "name": obj.name, "value": self.encode(obj.value, path, depth + 1)}
         if isinstance(obj, int):
             return int(obj)
         if isinstance(obj, float):
@@ -80,8 +79,7 @@ class PlanEncoder:
             return {"__complex__": [self.encode(obj.real, path, depth + 1), self.encode(obj.imag, path, depth + 1)]}
         if isinstance(obj, (bytes, bytearray)):
             data = bytes(obj)
-            return {"__bytes__": base64.b64encode(data).decode() if len(data) <= 1 << 20 else None,
-                    "len": len(data)}
+            return {"__bytes__": base64.b64encode(data).decode() if len(data) <= 1 << 20 else None, "len": len(data)}
         if isinstance(obj, torch.Tensor):
             return self._tensor(obj, path)
         if isinstance(obj, torch.dtype):
@@ -93,8 +91,13 @@ class PlanEncoder:
         np = sys.modules.get("numpy")
         if np is not None and isinstance(obj, np.ndarray):
             raw = obj.tobytes() if obj.nbytes <= 1 << 16 else None
-            return {"__ndarray__": {"dtype": str(obj.dtype), "shape": list(obj.shape),
-                                    "data": base64.b64encode(raw).decode() if raw is not None else None}}
+            return {
+                "__ndarray__": {
+                    "dtype": str(obj.dtype),
+                    "shape": list(obj.shape),
+                    "data": base64.b64encode(raw).decode() if raw is not None else None,
+                }
+            }
         if np is not None and isinstance(obj, np.generic):
             return self.encode(obj.item(), path, depth + 1)
         if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType)):
@@ -115,13 +118,21 @@ class PlanEncoder:
             items = list(obj.items())
             if all(type(k) is str and not (k.startswith("__") and k.endswith("__")) for k, _ in items):
                 return {k: self.encode(v, [*path, k], depth + 1) for k, v in items}
-            return {"__map__": [[self.encode(k, path, depth + 1), self.encode(v, [*path, _path_key(k)], depth + 1)]
-                                for k, v in items]}
+            return {
+                "__map__": [
+                    [self.encode(k, path, depth + 1), self.encode(v, [*path, _path_key(k)], depth + 1)]
+                    for k, v in items
+                ]
+            }
         fields: Any = getattr(type(obj), "_fields", _NO_FIELDS) if isinstance(obj, tuple) else _NO_FIELDS
         if fields is not _NO_FIELDS:  # a named tuple (the pickle's class decides its field names)
-            return {"__object__": _qualname(obj),
-                    "state": {str(f): self.encode(v, [*path, i], depth + 1)
-                              for i, (f, v) in enumerate(zip(fields, obj, strict=False))}}
+            return {
+                "__object__": _qualname(obj),
+                "state": {
+                    str(f): self.encode(v, [*path, i], depth + 1)
+                    for i, (f, v) in enumerate(zip(fields, obj, strict=False))
+                },
+            }
         if isinstance(obj, (list, tuple)):
             return [self.encode(v, [*path, i], depth + 1) for i, v in enumerate(obj)]
         if isinstance(obj, (set, frozenset)):
@@ -149,15 +160,17 @@ class PlanEncoder:
             return {"__object__": _qualname(t), "tensor": True, "supported": False, "layout": str(t.layout)}
         storage = t.untyped_storage()
         self.tensors.append((list(path), t))
-        return {"__tensor__": {
-            "storage_key": self.keys.get(storage._cdata),
-            "dtype": dtype_name(t.dtype),
-            "shape": [int(d) for d in t.shape],
-            "stride": [int(s) for s in t.stride()],
-            "storage_offset": int(t.storage_offset()),
-            "storage_nbytes": int(storage.nbytes()),
-            "parameter": type(t) is torch.nn.Parameter,
-        }}
+        return {
+            "__tensor__": {
+                "storage_key": self.keys.get(storage._cdata),
+                "dtype": dtype_name(t.dtype),
+                "shape": [int(d) for d in t.shape],
+                "stride": [int(s) for s in t.stride()],
+                "storage_offset": int(t.storage_offset()),
+                "storage_nbytes": int(storage.nbytes()),
+                "parameter": type(t) is torch.nn.Parameter,
+            }
+        }
 
 
 def _path_key(k: Any) -> Any:

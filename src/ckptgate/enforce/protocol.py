@@ -29,9 +29,28 @@ from typing import Any
 from ckptgate.dtypes import TORCH_ITEMSIZE
 from ckptgate.enforce.containment import NAMESPACES, RLIMITS
 
-__all__ = ["BYTES_JOB", "EXIT_ERROR", "EXIT_OK", "HEADER", "JOBS", "MAX_SPEC", "MODULE_NAME", "RECORD_FIELDS",
-           "REC_BYTES", "REC_JSON", "SPEC_VERSION", "TORCH_ITEMSIZE", "WORKER_ERROR_CODES", "PermitTerms",
-           "SpecError", "SpecFile", "WorkerError", "WorkerSpec", "json_frame", "tensor_nbytes"]
+__all__ = [
+    "BYTES_JOB",
+    "EXIT_ERROR",
+    "EXIT_OK",
+    "HEADER",
+    "JOBS",
+    "MAX_SPEC",
+    "MODULE_NAME",
+    "RECORD_FIELDS",
+    "REC_BYTES",
+    "REC_JSON",
+    "SPEC_VERSION",
+    "TORCH_ITEMSIZE",
+    "WORKER_ERROR_CODES",
+    "PermitTerms",
+    "SpecError",
+    "SpecFile",
+    "WorkerError",
+    "WorkerSpec",
+    "json_frame",
+    "tensor_nbytes",
+]
 
 # --------------------------------------------------------------------------- framing
 
@@ -50,13 +69,15 @@ def json_frame(doc: Mapping[str, Any]) -> bytes:
 # --------------------------------------------------------------------------- records
 
 #: Each record kind (its ``event``) and the exact fields it carries.
-RECORD_FIELDS: Mapping[str, frozenset[str]] = MappingProxyType({
-    "ready": frozenset({"event", "controls", "measured", "pid"}),
-    "plan": frozenset({"event", "file", "tree"}),
-    "tensor": frozenset({"event", "file", "path", "dtype", "shape", "nbytes"}),
-    "done": frozenset({"event"}),
-    "error": frozenset({"event", "code", "message"}),
-})
+RECORD_FIELDS: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        "ready": frozenset({"event", "controls", "measured", "pid"}),
+        "plan": frozenset({"event", "file", "tree"}),
+        "tensor": frozenset({"event", "file", "path", "dtype", "shape", "nbytes"}),
+        "done": frozenset({"event"}),
+        "error": frozenset({"event", "code", "message"}),
+    }
+)
 #: The fields of a ``ready`` record's ``measured`` object.
 MEASURED_FIELDS: frozenset[str] = frozenset({"seccomp", "no_new_privs", "namespaces", "pid", "rlimits"})
 
@@ -65,12 +86,20 @@ EXIT_OK = 0
 EXIT_ERROR = 3
 
 #: Error codes the worker may report (the parent accepts no other).
-WORKER_ERROR_CODES = frozenset({
-    "runtime.worker.bad_job", "runtime.worker.setup_failed", "runtime.worker.preimport_failed",
-    "runtime.worker.control_missing", "runtime.worker.permit_mismatch", "runtime.worker.input_changed",
-    "runtime.worker.load_failed", "runtime.worker.memory_limit", "runtime.worker.plan_too_large",
-    "runtime.worker.select_missing",
-})
+WORKER_ERROR_CODES = frozenset(
+    {
+        "runtime.worker.bad_job",
+        "runtime.worker.setup_failed",
+        "runtime.worker.preimport_failed",
+        "runtime.worker.control_missing",
+        "runtime.worker.permit_mismatch",
+        "runtime.worker.input_changed",
+        "runtime.worker.load_failed",
+        "runtime.worker.memory_limit",
+        "runtime.worker.plan_too_large",
+        "runtime.worker.select_missing",
+    }
+)
 
 
 class WorkerError(Exception):
@@ -89,8 +118,12 @@ class WorkerError(Exception):
 def tensor_nbytes(dtype: Any, shape: Any) -> int | None:
     """The byte count a ``tensor`` record with ``dtype`` and ``shape`` must announce; ``None``
     when either is not one this protocol carries (a torch dtype name, a list of ints >= 0)."""
-    if not isinstance(dtype, str) or dtype not in TORCH_ITEMSIZE or not isinstance(shape, list) \
-            or not all(type(d) is int and d >= 0 for d in shape):
+    if (
+        not isinstance(dtype, str)
+        or dtype not in TORCH_ITEMSIZE
+        or not isinstance(shape, list)
+        or not all(type(d) is int and d >= 0 for d in shape)
+    ):
         return None
     n = TORCH_ITEMSIZE[dtype]
     for d in shape:
@@ -108,11 +141,13 @@ MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 #: Job name -> the loader name a permit must allow.
-JOBS: Mapping[str, str] = MappingProxyType({
-    "torch_load": "torch_load",          # plan only: tensor bytes are never read into the worker
-    "deepspeed": "deepspeed",            # the same plan job, permitted as the DeepSpeed loader
-    "torch_load_bytes": "torch_load",    # plan plus the selected tensors' bytes, streamed back
-})
+JOBS: Mapping[str, str] = MappingProxyType(
+    {
+        "torch_load": "torch_load",  # plan only: tensor bytes are never read into the worker
+        "deepspeed": "deepspeed",  # the same plan job, permitted as the DeepSpeed loader
+        "torch_load_bytes": "torch_load",  # plan plus the selected tensors' bytes, streamed back
+    }
+)
 #: The one job that streams tensor bytes back.
 BYTES_JOB = "torch_load_bytes"
 
@@ -186,8 +221,12 @@ class PermitTerms:
             raise SpecError("permit.decision_id must be a string")
 
     def to_json(self) -> dict[str, Any]:
-        return {"fixture_digest": self.fixture_digest, "loader": self.loader,
-                "required_controls": list(self.required_controls), "decision_id": self.decision_id}
+        return {
+            "fixture_digest": self.fixture_digest,
+            "loader": self.loader,
+            "required_controls": list(self.required_controls),
+            "decision_id": self.decision_id,
+        }
 
     @classmethod
     def from_json(cls, doc: Any) -> PermitTerms:
@@ -195,8 +234,12 @@ class PermitTerms:
         rc = d["required_controls"]
         if not isinstance(rc, list):
             raise SpecError("permit.required_controls must be a list")
-        return cls(fixture_digest=d["fixture_digest"], loader=d["loader"], required_controls=tuple(rc),
-                   decision_id=d["decision_id"])
+        return cls(
+            fixture_digest=d["fixture_digest"],
+            loader=d["loader"],
+            required_controls=tuple(rc),
+            decision_id=d["decision_id"],
+        )
 
 
 Select = Mapping[str, tuple[tuple[str | int, ...], ...]]
@@ -228,9 +271,26 @@ class WorkerSpec:
     #: The worker's end of the output pipe (set just before spawn; -1 until then).
     output_fd: int = -1
 
-    _FIELDS = frozenset({"version", "job", "permit", "parent_controls", "namespaces", "pid_ns", "parent_namespaces",
-                         "rlimits", "cgroup", "preimports", "files", "select", "chunk_bytes", "max_nodes",
-                         "max_depth", "output_fd"})
+    _FIELDS = frozenset(
+        {
+            "version",
+            "job",
+            "permit",
+            "parent_controls",
+            "namespaces",
+            "pid_ns",
+            "parent_namespaces",
+            "rlimits",
+            "cgroup",
+            "preimports",
+            "files",
+            "select",
+            "chunk_bytes",
+            "max_nodes",
+            "max_depth",
+            "output_fd",
+        }
+    )
 
     def __post_init__(self) -> None:
         if self.job not in JOBS:
@@ -241,8 +301,11 @@ class WorkerSpec:
             if type(getattr(self, name)) is not bool:
                 raise SpecError(f"{name} must be a bool")
         pns = self.parent_namespaces
-        if not isinstance(pns, Mapping) or set(pns) != set(NAMESPACES) \
-                or not all(v is None or isinstance(v, str) for v in pns.values()):
+        if (
+            not isinstance(pns, Mapping)
+            or set(pns) != set(NAMESPACES)
+            or not all(v is None or isinstance(v, str) for v in pns.values())
+        ):
             raise SpecError("parent_namespaces must name every namespace")
         if not isinstance(self.rlimits, Mapping) or set(self.rlimits) != set(RLIMITS):
             raise SpecError(f"rlimits must set exactly {sorted(RLIMITS)}")
@@ -250,8 +313,9 @@ class WorkerSpec:
             _int(v, f"rlimits.{k}")
         if self.cgroup is not None:
             _str(self.cgroup, "cgroup")
-        if not isinstance(self.preimports, tuple) or not all(isinstance(m, str) and MODULE_NAME.match(m)
-                                                             for m in self.preimports):
+        if not isinstance(self.preimports, tuple) or not all(
+            isinstance(m, str) and MODULE_NAME.match(m) for m in self.preimports
+        ):
             raise SpecError("preimports must be a tuple of module names")
         if not isinstance(self.files, tuple) or not self.files or not all(isinstance(f, SpecFile) for f in self.files):
             raise SpecError("files must be a non-empty tuple of SpecFile")
@@ -263,7 +327,8 @@ class WorkerSpec:
                 raise SpecError("select applies to the bytes job and names input files")
             for paths in self.select.values():
                 if not isinstance(paths, tuple) or not all(
-                        isinstance(p, tuple) and all(type(s) in (str, int) for s in p) for p in paths):
+                    isinstance(p, tuple) and all(type(s) in (str, int) for s in p) for p in paths
+                ):
                     raise SpecError("select holds tuples of paths of str/int segments")
         _int(self.chunk_bytes, "chunk_bytes", minimum=1)
         _int(self.max_nodes, "max_nodes", minimum=1)
@@ -277,12 +342,21 @@ class WorkerSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "version": SPEC_VERSION, "job": self.job, "permit": self.permit.to_json(),
-            "parent_controls": {"openat2": self.openat2}, "namespaces": self.namespaces, "pid_ns": self.pid_ns,
-            "parent_namespaces": dict(self.parent_namespaces), "rlimits": dict(self.rlimits), "cgroup": self.cgroup,
-            "preimports": list(self.preimports), "files": [f.to_json() for f in self.files],
+            "version": SPEC_VERSION,
+            "job": self.job,
+            "permit": self.permit.to_json(),
+            "parent_controls": {"openat2": self.openat2},
+            "namespaces": self.namespaces,
+            "pid_ns": self.pid_ns,
+            "parent_namespaces": dict(self.parent_namespaces),
+            "rlimits": dict(self.rlimits),
+            "cgroup": self.cgroup,
+            "preimports": list(self.preimports),
+            "files": [f.to_json() for f in self.files],
             "select": None if self.select is None else {k: [list(p) for p in v] for k, v in self.select.items()},
-            "chunk_bytes": self.chunk_bytes, "max_nodes": self.max_nodes, "max_depth": self.max_depth,
+            "chunk_bytes": self.chunk_bytes,
+            "max_nodes": self.max_nodes,
+            "max_depth": self.max_depth,
             "output_fd": self.output_fd,
         }
 
@@ -301,20 +375,31 @@ class WorkerSpec:
                 raise SpecError(f"{name} must be a list")
         select = d["select"]
         if select is not None:
-            if not isinstance(select, dict) or not all(isinstance(v, list) and all(isinstance(p, list) for p in v)
-                                                       for v in select.values()):
+            if not isinstance(select, dict) or not all(
+                isinstance(v, list) and all(isinstance(p, list) for p in v) for v in select.values()
+            ):
                 raise SpecError("select must map relpaths to lists of paths")
             select = MappingProxyType({k: tuple(tuple(p) for p in v) for k, v in select.items()})
         for name in ("parent_namespaces", "rlimits"):
             if not isinstance(d[name], dict):
                 raise SpecError(f"{name} must be an object")
-        return cls(job=d["job"], permit=PermitTerms.from_json(d["permit"]), openat2=pc["openat2"],
-                   namespaces=d["namespaces"], pid_ns=d["pid_ns"],
-                   parent_namespaces=MappingProxyType(dict(d["parent_namespaces"])),
-                   rlimits=MappingProxyType(dict(d["rlimits"])), cgroup=d["cgroup"],
-                   preimports=tuple(d["preimports"]), files=tuple(SpecFile.from_json(f) for f in d["files"]),
-                   select=select, chunk_bytes=d["chunk_bytes"], max_nodes=d["max_nodes"],
-                   max_depth=d["max_depth"], output_fd=d["output_fd"])
+        return cls(
+            job=d["job"],
+            permit=PermitTerms.from_json(d["permit"]),
+            openat2=pc["openat2"],
+            namespaces=d["namespaces"],
+            pid_ns=d["pid_ns"],
+            parent_namespaces=MappingProxyType(dict(d["parent_namespaces"])),
+            rlimits=MappingProxyType(dict(d["rlimits"])),
+            cgroup=d["cgroup"],
+            preimports=tuple(d["preimports"]),
+            files=tuple(SpecFile.from_json(f) for f in d["files"]),
+            select=select,
+            chunk_bytes=d["chunk_bytes"],
+            max_nodes=d["max_nodes"],
+            max_depth=d["max_depth"],
+            output_fd=d["output_fd"],
+        )
 
     @classmethod
     def loads(cls, data: bytes) -> WorkerSpec:

@@ -47,8 +47,9 @@ DEFAULT_ACTION = "EPERM"
 CLONE_THREAD = 0x00010000
 #: Namespace flags that a new thread must not carry (a thread in the worker's own user namespace
 #: holds every capability there, so it could otherwise make new mount, IPC or UTS namespaces).
-CLONE_NS_FLAGS = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000
-                  | 0x40000000)  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
+CLONE_NS_FLAGS = (
+    0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+)  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 PROT_EXEC = 0x4
 
 #: Syscalls allowed with any arguments, each with why the load phase needs it.  Measured: the
@@ -58,47 +59,54 @@ PROT_EXEC = 0x4
 #: ``strace -f``; these are the calls made after the filter was loaded.  Each acts on the worker
 #: itself or on a descriptor it already holds; ``newfstatat`` is the one that takes a path (see the
 #: stat caveat in ``docs/containment.md``).
-ALLOWED: Mapping[str, str] = MappingProxyType({
-    # the inputs and the output pipe: descriptors the parent handed over
-    "read": "io.FileIO.read of an input descriptor (torch.load reads the zip and the pickle)",
-    "pread64": "re-hashing the inputs; /proc/self/status through the descriptor opened before the filter",
-    "lseek": "torch.load seeks in the zip archive and the legacy format",
-    "write": "framed records on the output pipe; stderr",
-    "close": "closing /proc/self/status before the load; the C runtime closing what it opened",
-    "newfstatat": "glibc's fstat is newfstatat(fd, \"\", AT_EMPTY_PATH): io.FileIO and the zip reader",
-    # memory
-    "brk": "the C heap",
-    "munmap": "freeing tensors, arenas and thread stacks",
-    "mremap": "growing large allocations (realloc)",
-    "madvise": "a finished thread's stack is released with MADV_DONTNEED",
-    # threads (torch's intra-op pool; mmap, mprotect and clone are in CONDITIONAL)
-    "futex": "every lock, condition variable and thread join",
-    "set_robust_list": "a new thread registers its robust futex list",
-    "rseq": "a new thread registers restartable sequences (glibc >= 2.35)",
-    "rt_sigprocmask": "thread creation blocks and restores signals",
-    "gettid": "thread ids (CPython's thread module, torch's pools)",
-    "getpid": "the worker's own pid (1 in its PID namespace)",
-    "clock_nanosleep": "time.sleep and thread-pool back-off",
-    "exit": "a thread ends",
-    "exit_group": "the worker ends",
-})
+ALLOWED: Mapping[str, str] = MappingProxyType(
+    {
+        # the inputs and the output pipe: descriptors the parent handed over
+        "read": "io.FileIO.read of an input descriptor (torch.load reads the zip and the pickle)",
+        "pread64": "re-hashing the inputs; /proc/self/status through the descriptor opened before the filter",
+        "lseek": "torch.load seeks in the zip archive and the legacy format",
+        "write": "framed records on the output pipe; stderr",
+        "close": "closing /proc/self/status before the load; the C runtime closing what it opened",
+        "newfstatat": 'glibc\'s fstat is newfstatat(fd, "", AT_EMPTY_PATH): io.FileIO and the zip reader',
+        # memory
+        "brk": "the C heap",
+        "munmap": "freeing tensors, arenas and thread stacks",
+        "mremap": "growing large allocations (realloc)",
+        "madvise": "a finished thread's stack is released with MADV_DONTNEED",
+        # threads (torch's intra-op pool; mmap, mprotect and clone are in CONDITIONAL)
+        "futex": "every lock, condition variable and thread join",
+        "set_robust_list": "a new thread registers its robust futex list",
+        "rseq": "a new thread registers restartable sequences (glibc >= 2.35)",
+        "rt_sigprocmask": "thread creation blocks and restores signals",
+        "gettid": "thread ids (CPython's thread module, torch's pools)",
+        "getpid": "the worker's own pid (1 in its PID namespace)",
+        "clock_nanosleep": "time.sleep and thread-pool back-off",
+        "exit": "a thread ends",
+        "exit_group": "the worker ends",
+    }
+)
 
 #: Not seen in the measured loads, but kept: each concerns only the worker itself, and without it
 #: a load on another host's C library or clock, or a load that fails, would end less cleanly.
-KEPT: Mapping[str, str] = MappingProxyType({
-    "fstat": "glibc before 2.33 calls fstat, not newfstatat (a descriptor only, no path)",
-    "clock_gettime": "the vDSO falls back to the syscall where the clock source has no vDSO support",
-    "sched_yield": "spin-waits in OpenMP and the allocators yield the CPU; it names no other process",
-    "rt_sigreturn": "returning from a signal handler (CPython's SIGINT handler, SIGXCPU)",
-    "restart_syscall": "the kernel restarts a sleep interrupted by a stop and continue",
-})
+KEPT: Mapping[str, str] = MappingProxyType(
+    {
+        "fstat": "glibc before 2.33 calls fstat, not newfstatat (a descriptor only, no path)",
+        "clock_gettime": "the vDSO falls back to the syscall where the clock source has no vDSO support",
+        "sched_yield": "spin-waits in OpenMP and the allocators yield the CPU; it names no other process",
+        "rt_sigreturn": "returning from a signal handler (CPython's SIGINT handler, SIGXCPU)",
+        "restart_syscall": "the kernel restarts a sleep interrupted by a stop and continue",
+    }
+)
 
 #: Syscalls allowed only with these arguments: ``(name, ((arg index, op, value, value_b), ...),
 #: why)``.  ``op`` is a pyseccomp operator name; ``SELF`` stands for the worker's own pid.
 SELF = object()
 CONDITIONAL: tuple[tuple[str, tuple[tuple[int, str, object, object | None], ...], str], ...] = (
-    ("clone", ((0, "MASKED_EQ", CLONE_THREAD | CLONE_NS_FLAGS, CLONE_THREAD),),
-     "new threads (torch's intra-op pool), never a new process and never a new namespace"),
+    (
+        "clone",
+        ((0, "MASKED_EQ", CLONE_THREAD | CLONE_NS_FLAGS, CLONE_THREAD),),
+        "new threads (torch's intra-op pool), never a new process and never a new namespace",
+    ),
     ("mmap", ((2, "MASKED_EQ", PROT_EXEC, 0),), "allocations, tensors and thread stacks; never executable"),
     ("mprotect", ((2, "MASKED_EQ", PROT_EXEC, 0),), "a new thread's stack and guard page; never executable"),
     ("prctl", ((0, "EQ", 21, None),), "PR_GET_SECCOMP: the worker confirms its filter mode"),
@@ -111,11 +119,13 @@ CONDITIONAL: tuple[tuple[str, tuple[tuple[int, str, object, object | None], ...]
 KILL: tuple[str, ...] = ("execve", "execveat", "fork", "vfork")
 
 #: Syscalls answered with another errno than EPERM, so that the C library falls back.
-ERRNO_OTHER: Mapping[str, int] = MappingProxyType({
-    # clone3's flags live in memory seccomp cannot read; ENOSYS makes glibc fall back to clone,
-    # whose flags the filter checks.
-    "clone3": errno.ENOSYS,
-})
+ERRNO_OTHER: Mapping[str, int] = MappingProxyType(
+    {
+        # clone3's flags live in memory seccomp cannot read; ENOSYS makes glibc fall back to clone,
+        # whose flags the filter checks.
+        "clone3": errno.ENOSYS,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,8 +140,14 @@ class FilterReport:
     unknown: tuple[str, ...]
 
     def to_json(self) -> dict[str, object]:
-        return {"mode": self.mode, "default": self.default, "allowed": list(self.allowed),
-                "conditional": list(self.conditional), "kill": list(self.kill), "unknown": list(self.unknown)}
+        return {
+            "mode": self.mode,
+            "default": self.default,
+            "allowed": list(self.allowed),
+            "conditional": list(self.conditional),
+            "kill": list(self.kill),
+            "unknown": list(self.unknown),
+        }
 
     def digest(self) -> str:
         """sha256 of the rules as loaded: names which filter a receipt's worker ran under."""
@@ -148,6 +164,7 @@ def _resolve(name: str) -> int | None:
 
 def _describe(name: str, conds: tuple[tuple[int, str, object, object | None], ...]) -> str:
     """``mmap(a2 MASKED_EQ 0x4 0x0)``: one conditional rule, for the report."""
+
     def val(v: object) -> str:
         return "self" if v is SELF else hex(v) if isinstance(v, int) else str(v)
 
@@ -180,8 +197,10 @@ def build_filter(*, self_pid: int | None = None) -> tuple[pyseccomp.SyscallFilte
         if _resolve(name) is None:
             unknown.append(name)
             continue
-        args = [pyseccomp.Arg(i, getattr(pyseccomp, op), pid if a is SELF else a, *(() if b is None else (b,)))
-                for i, op, a, b in conds]
+        args = [
+            pyseccomp.Arg(i, getattr(pyseccomp, op), pid if a is SELF else a, *(() if b is None else (b,)))
+            for i, op, a, b in conds
+        ]
         f.add_rule(pyseccomp.ALLOW, name, *args)
         conditional.append(_describe(name, conds))
     # clone without CLONE_THREAD is a new process: kill.
@@ -197,8 +216,14 @@ def build_filter(*, self_pid: int | None = None) -> tuple[pyseccomp.SyscallFilte
         if _resolve(name) is not None:
             f.add_rule(pyseccomp.ERRNO(err), name)
             conditional.append(f"{name}(-> {errno.errorcode[err]})")
-    return f, FilterReport(mode=MODE, default=DEFAULT_ACTION, allowed=tuple(allowed),
-                           conditional=tuple(conditional), kill=tuple(kill), unknown=tuple(unknown))
+    return f, FilterReport(
+        mode=MODE,
+        default=DEFAULT_ACTION,
+        allowed=tuple(allowed),
+        conditional=tuple(conditional),
+        kill=tuple(kill),
+        unknown=tuple(unknown),
+    )
 
 
 def load_filter(*, self_pid: int | None = None) -> FilterReport:
@@ -211,7 +236,9 @@ def load_filter(*, self_pid: int | None = None) -> FilterReport:
         f, report = build_filter(self_pid=self_pid)
         f.load()
     except OSError as e:
-        raise RuntimeFailure("runtime.seccomp.load_failed",
-                             f"the kernel refused the seccomp filter: {e.strerror or e}",
-                             evidence={"errno": e.errno}) from e
+        raise RuntimeFailure(
+            "runtime.seccomp.load_failed",
+            f"the kernel refused the seccomp filter: {e.strerror or e}",
+            evidence={"errno": e.errno},
+        ) from e
     return report

@@ -59,19 +59,48 @@ from ckptgate.errors import RuntimeFailure
 if TYPE_CHECKING:
     from ckptgate.enforce.permit import Permit
 
-__all__ = ["JOBS", "PREIMPORT_ROOTS", "ChunkSink", "OpenedInput", "TensorBytes", "TensorHeader", "WorkerLimits",
-           "WorkerResult", "run_contained"]
+__all__ = [
+    "JOBS",
+    "PREIMPORT_ROOTS",
+    "ChunkSink",
+    "OpenedInput",
+    "TensorBytes",
+    "TensorHeader",
+    "WorkerLimits",
+    "WorkerResult",
+    "run_contained",
+]
 
 #: Seconds to wait, after the worker's process group is reaped, for its output to be parsed.
 _READER_JOIN_S = 120.0
 
 #: Top-level packages the worker may pre-import before the filter is loaded.  A module outside
 #: these is refused before spawn: importing it would run its top-level code unfiltered.
-PREIMPORT_ROOTS: frozenset[str] = frozenset({
-    "torch", "numpy", "collections", "deepspeed", "megatron", "peft", "transformers", "argparse",
-    "enum", "datetime", "decimal", "fractions", "pathlib", "typing", "dataclasses", "functools",
-    "_codecs", "codecs", "copyreg", "builtins", "types",
-})
+PREIMPORT_ROOTS: frozenset[str] = frozenset(
+    {
+        "torch",
+        "numpy",
+        "collections",
+        "deepspeed",
+        "megatron",
+        "peft",
+        "transformers",
+        "argparse",
+        "enum",
+        "datetime",
+        "decimal",
+        "fractions",
+        "pathlib",
+        "typing",
+        "dataclasses",
+        "functools",
+        "_codecs",
+        "codecs",
+        "copyreg",
+        "builtins",
+        "types",
+    }
+)
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _STDERR_TAIL = 64 << 10
@@ -125,9 +154,19 @@ class WorkerLimits:
     max_depth: int = 200
 
     def __post_init__(self) -> None:
-        for name in ("address_space_bytes", "cpu_seconds", "open_files", "processes", "cgroup_memory_bytes",
-                     "cgroup_pids", "max_json_bytes", "chunk_bytes", "max_collected_bytes", "max_nodes",
-                     "max_depth"):
+        for name in (
+            "address_space_bytes",
+            "cpu_seconds",
+            "open_files",
+            "processes",
+            "cgroup_memory_bytes",
+            "cgroup_pids",
+            "max_json_bytes",
+            "chunk_bytes",
+            "max_collected_bytes",
+            "max_nodes",
+            "max_depth",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name} must be a positive int")
@@ -137,8 +176,13 @@ class WorkerLimits:
             raise ValueError("setup_timeout_s must be positive")
 
     def rlimits(self) -> dict[str, int]:
-        out = {"AS": self.address_space_bytes, "CPU": self.cpu_seconds, "FSIZE": self.file_size_bytes,
-               "NOFILE": self.open_files, "NPROC": self.processes}
+        out = {
+            "AS": self.address_space_bytes,
+            "CPU": self.cpu_seconds,
+            "FSIZE": self.file_size_bytes,
+            "NOFILE": self.open_files,
+            "NPROC": self.processes,
+        }
         assert set(out) == set(RLIMITS)
         return out
 
@@ -183,10 +227,19 @@ class WorkerResult:
 ChunkSink = Callable[[TensorHeader, int, bytes], None]
 
 
-def run_contained(job: str, files: Sequence[OpenedInput], *, permit: Permit, profile: ContainmentProfile,
-                  limits: WorkerLimits, timeout_s: float, fixture_digest: str,
-                  preimports: Sequence[str] = (), select: Mapping[str, Sequence[Sequence[str | int]]] | None = None,
-                  sink: ChunkSink | None = None) -> WorkerResult:
+def run_contained(
+    job: str,
+    files: Sequence[OpenedInput],
+    *,
+    permit: Permit,
+    profile: ContainmentProfile,
+    limits: WorkerLimits,
+    timeout_s: float,
+    fixture_digest: str,
+    preimports: Sequence[str] = (),
+    select: Mapping[str, Sequence[Sequence[str | int]]] | None = None,
+    sink: ChunkSink | None = None,
+) -> WorkerResult:
     """Run ``job`` on ``files`` in a contained worker; raises on anything but a clean result.
 
     :param job: one of :data:`JOBS`: ``torch_load`` or ``deepspeed`` (JSON placement plan), or
@@ -204,8 +257,7 @@ def run_contained(job: str, files: Sequence[OpenedInput], *, permit: Permit, pro
     """
     loader = JOBS.get(job)
     if loader is None:
-        raise RuntimeFailure("runtime.worker.bad_job", f"unknown worker job {job!r}",
-                             evidence={"jobs": sorted(JOBS)})
+        raise RuntimeFailure("runtime.worker.bad_job", f"unknown worker job {job!r}", evidence={"jobs": sorted(JOBS)})
     if not isinstance(profile, ContainmentProfile):
         raise RuntimeFailure("runtime.worker.control_missing", "no containment preflight profile was given")
     if not isinstance(limits, WorkerLimits):
@@ -216,12 +268,13 @@ def run_contained(job: str, files: Sequence[OpenedInput], *, permit: Permit, pro
     mods = _check_preimports(preimports)
     if select is not None:
         unknown_files = sorted(set(select) - {f.relpath for f in files})
-        bad_paths = [p for paths in select.values() for p in paths
-                     if not all(type(seg) in (str, int) for seg in p)]
+        bad_paths = [p for paths in select.values() for p in paths if not all(type(seg) in (str, int) for seg in p)]
         if job != wp.BYTES_JOB or unknown_files or bad_paths:
-            raise RuntimeFailure("runtime.worker.bad_job",
-                                 "select applies to torch_load_bytes, names input files, and holds paths of "
-                                 "str/int segments", evidence={"unknown_files": unknown_files})
+            raise RuntimeFailure(
+                "runtime.worker.bad_job",
+                "select applies to torch_load_bytes, names input files, and holds paths of str/int segments",
+                evidence={"unknown_files": unknown_files},
+            )
     # The permit is the authority: digest, loader and the controls this host has [PolicyDenied].
     if permit is None or not callable(getattr(permit, "check", None)):
         raise RuntimeFailure("runtime.worker.permit_missing", "a framework load needs a permit")
@@ -231,17 +284,27 @@ def run_contained(job: str, files: Sequence[OpenedInput], *, permit: Permit, pro
     try:
         spec = WorkerSpec(
             job=job,
-            permit=PermitTerms(fixture_digest=permit.fixture_digest, loader=permit.loader,
-                               required_controls=tuple(permit.required_controls), decision_id=permit.decision_id),
+            permit=PermitTerms(
+                fixture_digest=permit.fixture_digest,
+                loader=permit.loader,
+                required_controls=tuple(permit.required_controls),
+                decision_id=permit.decision_id,
+            ),
             openat2=bool(profile.controls["openat2"]),
             namespaces=any(profile.controls[f"{ns}_ns"] for ns in NAMESPACES),
             pid_ns=bool(profile.controls["pid_ns"]),  # where the preflight found the host allows it
-            parent_namespaces=MappingProxyType(namespace_ids()), rlimits=MappingProxyType(limits.rlimits()),
-            cgroup=None, preimports=tuple(mods),
+            parent_namespaces=MappingProxyType(namespace_ids()),
+            rlimits=MappingProxyType(limits.rlimits()),
+            cgroup=None,
+            preimports=tuple(mods),
             files=tuple(SpecFile(fd=f.fd, relpath=f.relpath, sha256=f.sha256) for f in files),
-            select=None if select is None else MappingProxyType({k: tuple(tuple(p) for p in v)
-                                                                 for k, v in select.items()}),
-            chunk_bytes=limits.chunk_bytes, max_nodes=limits.max_nodes, max_depth=limits.max_depth)
+            select=None
+            if select is None
+            else MappingProxyType({k: tuple(tuple(p) for p in v) for k, v in select.items()}),
+            chunk_bytes=limits.chunk_bytes,
+            max_nodes=limits.max_nodes,
+            max_depth=limits.max_depth,
+        )
     except SpecError as e:
         raise RuntimeFailure("runtime.worker.bad_job", f"the worker job cannot be specified: {e}") from e
     return _Run(spec, files, limits, timeout_s, sink, use_cgroup=profile.controls["cgroup_v2"]).run()
@@ -274,10 +337,12 @@ def _check_preimports(preimports: Sequence[str]) -> list[str]:
         if not isinstance(m, str) or not wp.MODULE_NAME.match(m):
             raise RuntimeFailure("runtime.worker.preimport_refused", f"not a module name: {m!r}")
         if m.split(".", 1)[0] not in PREIMPORT_ROOTS:
-            raise RuntimeFailure("runtime.worker.preimport_refused",
-                                 f"module {m!r} is not under an allowed package; it would be imported, "
-                                 f"running its top-level code, before the seccomp filter is loaded",
-                                 evidence={"module": m, "allowed_roots": sorted(PREIMPORT_ROOTS)})
+            raise RuntimeFailure(
+                "runtime.worker.preimport_refused",
+                f"module {m!r} is not under an allowed package; it would be imported, "
+                f"running its top-level code, before the seccomp filter is loaded",
+                evidence={"module": m, "allowed_roots": sorted(PREIMPORT_ROOTS)},
+            )
         if m not in mods:
             mods.append(m)
     return mods
@@ -286,8 +351,16 @@ def _check_preimports(preimports: Sequence[str]) -> list[str]:
 class _Run:
     """One worker process, its reader threads and its clocks."""
 
-    def __init__(self, spec: WorkerSpec, files: Sequence[OpenedInput], limits: WorkerLimits, timeout_s: float,
-                 sink: ChunkSink | None, *, use_cgroup: bool) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        files: Sequence[OpenedInput],
+        limits: WorkerLimits,
+        timeout_s: float,
+        sink: ChunkSink | None,
+        *,
+        use_cgroup: bool,
+    ) -> None:
         self.spec = spec
         self.files = files
         self.required = spec.permit.required_controls
@@ -312,8 +385,12 @@ class _Run:
 
     def run(self) -> WorkerResult:
         rfd, wfd = os.pipe2(os.O_CLOEXEC)
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "CUDA_VISIBLE_DEVICES": "",
-               "OMP_NUM_THREADS": str(max(1, min(8, os.cpu_count() or 1)))}
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "CUDA_VISIBLE_DEVICES": "",
+            "OMP_NUM_THREADS": str(max(1, min(8, os.cpu_count() or 1))),
+        }
         self.spec = replace(self.spec, output_fd=wfd)
         slot = None
         if self.use_cgroup:
@@ -321,15 +398,22 @@ class _Run:
             if slot is None:
                 os.close(rfd)
                 os.close(wfd)
-                raise RuntimeFailure("runtime.worker.control_missing",
-                                     f"cgroup v2 was preflighted but a group cannot be made now: {why}")
+                raise RuntimeFailure(
+                    "runtime.worker.control_missing", f"cgroup v2 was preflighted but a group cannot be made now: {why}"
+                )
         t0 = time.monotonic()
         try:
             proc = subprocess.Popen(  # fixed argv, no shell
                 [sys.executable, "-I", "-B", "-m", "ckptgate.enforce._worker_main"],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                pass_fds=(wfd, *(f.fd for f in self.files)), close_fds=True, env=env, cwd="/",
-                start_new_session=True)
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=(wfd, *(f.fd for f in self.files)),
+                close_fds=True,
+                env=env,
+                cwd="/",
+                start_new_session=True,
+            )
         except OSError as e:
             os.close(rfd)
             os.close(wfd)
@@ -338,8 +422,10 @@ class _Run:
             raise RuntimeFailure("runtime.worker.spawn_failed", f"cannot start the worker: {e}") from e
         os.close(wfd)
         self.proc = proc
-        readers = [threading.Thread(target=self._read_output, args=(rfd,), daemon=True),
-                   threading.Thread(target=self._read_stderr, args=(proc.stderr,), daemon=True)]
+        readers = [
+            threading.Thread(target=self._read_output, args=(rfd,), daemon=True),
+            threading.Thread(target=self._read_stderr, args=(proc.stderr,), daemon=True),
+        ]
         try:
             for t in readers:
                 t.start()
@@ -357,8 +443,10 @@ class _Run:
             if slot is not None:
                 slot.remove()
         if any(t.is_alive() for t in readers):
-            raise RuntimeFailure("runtime.worker.bad_output",
-                                 f"the worker's output was still being read {_READER_JOIN_S:g} s after it exited")
+            raise RuntimeFailure(
+                "runtime.worker.bad_output",
+                f"the worker's output was still being read {_READER_JOIN_S:g} s after it exited",
+            )
         return self._result(proc, status, time.monotonic() - t0)
 
     def _send_spec(self, proc: subprocess.Popen[bytes]) -> None:
@@ -376,18 +464,22 @@ class _Run:
                 return proc.returncode
             if time.monotonic() > deadline:
                 _kill_group(proc)
-                raise RuntimeFailure("runtime.worker.timeout",
-                                     f"the worker did not finish its setup in {self.limits.setup_timeout_s:g} s; "
-                                     "it was killed", evidence={"pid": proc.pid, "phase": "setup"})
+                raise RuntimeFailure(
+                    "runtime.worker.timeout",
+                    f"the worker did not finish its setup in {self.limits.setup_timeout_s:g} s; it was killed",
+                    evidence={"pid": proc.pid, "phase": "setup"},
+                )
             self.ready.wait(0.05)
         try:
             return proc.wait(timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            raise RuntimeFailure("runtime.worker.timeout",
-                                 f"the contained load did not finish in {self.timeout_s:g} s; the worker's "
-                                 "process group was killed and nothing was published",
-                                 evidence={"pid": proc.pid, "phase": "load"}) from None
+            raise RuntimeFailure(
+                "runtime.worker.timeout",
+                f"the contained load did not finish in {self.timeout_s:g} s; the worker's "
+                "process group was killed and nothing was published",
+                evidence={"pid": proc.pid, "phase": "load"},
+            ) from None
 
     # ---- readers
 
@@ -493,9 +585,13 @@ class _Run:
             self._violation(f"a {ev!r} record after the end")
             return None
         if ev == "ready":
-            if self.controls is not None or set(doc) != RECORD_FIELDS["ready"] \
-                    or not isinstance(doc["controls"], dict) or set(doc["controls"]) != set(CONTROLS) \
-                    or not all(isinstance(v, bool) for v in doc["controls"].values()):
+            if (
+                self.controls is not None
+                or set(doc) != RECORD_FIELDS["ready"]
+                or not isinstance(doc["controls"], dict)
+                or set(doc["controls"]) != set(CONTROLS)
+                or not all(isinstance(v, bool) for v in doc["controls"].values())
+            ):
                 self._violation("a malformed or repeated ready record")
                 return None
             why = _measured_mismatch(doc["controls"], doc["measured"], self.spec.parent_namespaces)
@@ -507,8 +603,11 @@ class _Run:
             self.ready.set()
             return None
         if ev == "error":
-            if set(doc) != RECORD_FIELDS["error"] or doc["code"] not in wp.WORKER_ERROR_CODES \
-                    or not isinstance(doc["message"], str):
+            if (
+                set(doc) != RECORD_FIELDS["error"]
+                or doc["code"] not in wp.WORKER_ERROR_CODES
+                or not isinstance(doc["message"], str)
+            ):
                 self._violation("a malformed error record")
                 return None
             self.error = doc
@@ -517,8 +616,11 @@ class _Run:
             self._violation(f"a {ev!r} record before the worker was ready")
             return None
         if ev == "plan":
-            if set(doc) != RECORD_FIELDS["plan"] or doc["file"] not in {f.relpath for f in self.files} \
-                    or doc["file"] in self.plans:
+            if (
+                set(doc) != RECORD_FIELDS["plan"]
+                or doc["file"] not in {f.relpath for f in self.files}
+                or doc["file"] in self.plans
+            ):
                 self._violation("a malformed or repeated plan record")
                 return None
             self.plans[doc["file"]] = doc["tree"]
@@ -539,14 +641,18 @@ class _Run:
             self._violation("a tensor record that this job does not produce")
             return None
         shape, nbytes, path = doc["shape"], doc["nbytes"], doc["path"]
-        ok = (doc["file"] in self.plans and isinstance(path, list)
-              and all(type(p) in (str, int) for p in path)
-              and type(nbytes) is int and nbytes >= 0 and wp.tensor_nbytes(doc["dtype"], shape) == nbytes)
+        ok = (
+            doc["file"] in self.plans
+            and isinstance(path, list)
+            and all(type(p) in (str, int) for p in path)
+            and type(nbytes) is int
+            and nbytes >= 0
+            and wp.tensor_nbytes(doc["dtype"], shape) == nbytes
+        )
         if not ok:
             self._violation("a malformed tensor record (shape, dtype and byte count must agree)")
             return None
-        return TensorHeader(file=doc["file"], path=tuple(path), dtype=doc["dtype"], shape=tuple(shape),
-                            nbytes=nbytes)
+        return TensorHeader(file=doc["file"], path=tuple(path), dtype=doc["dtype"], shape=tuple(shape), nbytes=nbytes)
 
     # ---- outcome
 
@@ -556,37 +662,57 @@ class _Run:
         if self.sink_error is not None:
             raise self.sink_error
         if self.bad is not None:
-            raise RuntimeFailure("runtime.worker.bad_output", f"the worker's output was malformed: {self.bad}",
-                                 evidence=evidence)
+            raise RuntimeFailure(
+                "runtime.worker.bad_output", f"the worker's output was malformed: {self.bad}", evidence=evidence
+            )
         if status < 0:
             sig = -status
             name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-            whys: dict[int, str] = {signal.SIGSYS: "a forbidden system call (seccomp)",
-                                    signal.SIGXCPU: "the CPU-time limit (RLIMIT_CPU)",
-                                    signal.SIGKILL: "SIGKILL (a limit, or the out-of-memory killer)"}
+            whys: dict[int, str] = {
+                signal.SIGSYS: "a forbidden system call (seccomp)",
+                signal.SIGXCPU: "the CPU-time limit (RLIMIT_CPU)",
+                signal.SIGKILL: "SIGKILL (a limit, or the out-of-memory killer)",
+            }
             why = whys.get(sig, f"signal {name}")
-            raise RuntimeFailure("runtime.worker.crashed",
-                                 f"the contained worker was killed by {why}; nothing was published",
-                                 evidence={**evidence, "signal": name, "stderr_tail": tail[-1000:]})
+            raise RuntimeFailure(
+                "runtime.worker.crashed",
+                f"the contained worker was killed by {why}; nothing was published",
+                evidence={**evidence, "signal": name, "stderr_tail": tail[-1000:]},
+            )
         if self.error is not None:
-            raise RuntimeFailure(self.error["code"], f"the contained worker failed: {self.error['message'][:500]}",
-                                 evidence={**evidence, "worker_message": self.error["message"][:2000]})
+            raise RuntimeFailure(
+                self.error["code"],
+                f"the contained worker failed: {self.error['message'][:500]}",
+                evidence={**evidence, "worker_message": self.error["message"][:2000]},
+            )
         if status != 0:
-            raise RuntimeFailure("runtime.worker.crashed",
-                                 f"the contained worker exited with status {status} without a result",
-                                 evidence={**evidence, "stderr_tail": tail[-1000:]})
+            raise RuntimeFailure(
+                "runtime.worker.crashed",
+                f"the contained worker exited with status {status} without a result",
+                evidence={**evidence, "stderr_tail": tail[-1000:]},
+            )
         if not self.done or self.controls is None or set(self.plans) != {f.relpath for f in self.files}:
-            raise RuntimeFailure("runtime.worker.bad_output", "the worker exited without a complete result",
-                                 evidence=evidence)
+            raise RuntimeFailure(
+                "runtime.worker.bad_output", "the worker exited without a complete result", evidence=evidence
+            )
         missing = [c for c in self.required if not self.controls.get(c, False)]
         if missing:  # the worker checks this too; a result that claims otherwise is refused
-            raise RuntimeFailure("runtime.worker.control_missing",
-                                 f"required controls were not active in the worker: {', '.join(missing)}",
-                                 evidence={**evidence, "missing": missing})
-        return WorkerResult(job=self.spec.job, plans=MappingProxyType(self.plans),
-                            controls=MappingProxyType(self.controls), measured=MappingProxyType(self.measured),
-                            tensors=tuple(self.tensors),
-                            streamed=tuple(self.streamed), wall_s=wall, pid=proc.pid, stderr_tail=tail)
+            raise RuntimeFailure(
+                "runtime.worker.control_missing",
+                f"required controls were not active in the worker: {', '.join(missing)}",
+                evidence={**evidence, "missing": missing},
+            )
+        return WorkerResult(
+            job=self.spec.job,
+            plans=MappingProxyType(self.plans),
+            controls=MappingProxyType(self.controls),
+            measured=MappingProxyType(self.measured),
+            tensors=tuple(self.tensors),
+            streamed=tuple(self.streamed),
+            wall_s=wall,
+            pid=proc.pid,
+            stderr_tail=tail,
+        )
 
 
 def _measured_mismatch(controls: Mapping[str, bool], measured: Any, parent_ns: Any) -> str:
@@ -600,8 +726,12 @@ def _measured_mismatch(controls: Mapping[str, bool], measured: Any, parent_ns: A
     if not isinstance(measured, dict) or set(measured) != MEASURED_FIELDS:
         return "the measured object has the wrong fields"
     sec, ns = measured["seccomp"], measured["namespaces"]
-    if not isinstance(sec, dict) or not isinstance(ns, dict) or set(ns) != set(NAMESPACES) \
-            or not all(isinstance(v, dict) and set(v) == {"worker", "parent"} for v in ns.values()):
+    if (
+        not isinstance(sec, dict)
+        or not isinstance(ns, dict)
+        or set(ns) != set(NAMESPACES)
+        or not all(isinstance(v, dict) and set(v) == {"worker", "parent"} for v in ns.values())
+    ):
         return "malformed seccomp or namespace measurements"
     if controls.get("seccomp") and (sec.get("status") != 2 or sec.get("mode") != "allowlist"):
         return "seccomp is claimed without Seccomp: 2 and the allowlist"

@@ -26,15 +26,19 @@ _GIT_TIMEOUT_S = 60
 def git(repo: Path, *args: str, check: bool = True) -> str:
     """Run ``git -C repo args`` and return stdout; a failure raises :class:`GitError`."""
     try:
-        proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                              timeout=_GIT_TIMEOUT_S, check=False)
+        proc = subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=_GIT_TIMEOUT_S, check=False
+        )
     except FileNotFoundError:
         raise GitError("evidence.git.missing", "git is not installed or not on PATH") from None
     except subprocess.TimeoutExpired:
         raise GitError("evidence.git.timeout", f"git {args[0]} did not finish in {_GIT_TIMEOUT_S} s") from None
     if check and proc.returncode != 0:
-        raise GitError("evidence.git.failed", f"git {' '.join(args)} failed: {proc.stderr.strip()[:500]}",
-                       evidence={"args": list(args), "returncode": proc.returncode})
+        raise GitError(
+            "evidence.git.failed",
+            f"git {' '.join(args)} failed: {proc.stderr.strip()[:500]}",
+            evidence={"args": list(args), "returncode": proc.returncode},
+        )
     return proc.stdout
 
 
@@ -112,5 +116,13 @@ def tree_is_clean(repo: Path, *, exclude: Sequence[str] = ()) -> bool:
     return not dirty_paths(repo, exclude=exclude)
 
 
-__all__ = ["EVIDENCE_PATHS", "candidate_commit", "commit_time", "dirty_paths", "git", "head_commit", "repo_root",
-           "tree_is_clean"]
+__all__ = [
+    "EVIDENCE_PATHS",
+    "candidate_commit",
+    "commit_time",
+    "dirty_paths",
+    "git",
+    "head_commit",
+    "repo_root",
+    "tree_is_clean",
+]

@@ -38,23 +38,36 @@ DOCS_URI = "https://ckptgate.dev/docs/user-guide"
 FINDING_CHECKS = (*CHECK_NAMES, "matrix_build")
 # What each check is for: the SARIF rules' descriptions (docs/user-guide.md, "check findings").
 CHECK_DESCRIPTIONS: dict[str, tuple[str, str]] = {
-    "policy_tests": ("A Rego policy unit test failed.",
-                     "`opa test` ran the policy unit tests under policies/ and a test failed or raised an error."),
-    "opa_fmt": ("A policy file is not formatted.",
-                "`opa fmt --list` names this Rego file; run `opa fmt -w` on it and commit the result."),
-    "regal_lint": ("Regal reported a policy lint violation.",
-                   "`regal lint` found a style or correctness problem in a Rego file."),
-    "matrix_drift": ("matrix/ differs from a fresh build.",
-                     "Policies, attestations or fixtures changed without `ckptgate matrix build`; "
-                     "rebuild the matrix and commit matrix/."),
-    "evidence": ("A supported matrix row lacks retained evidence.",
-                 "A supported row's attestation or result log is missing, or the log's sha256 is not the "
-                 "digest its attestation names."),
-    "claims": ("Documentation text makes a claim the evidence does not back.",
-               "The claims lint found a sentence that claims more than the support matrix and the "
-               "reference register back."),
-    "matrix_build": ("The support matrix could not be built.",
-                     "The checks matrix_drift, evidence and claims need a matrix build, and it failed."),
+    "policy_tests": (
+        "A Rego policy unit test failed.",
+        "`opa test` ran the policy unit tests under policies/ and a test failed or raised an error.",
+    ),
+    "opa_fmt": (
+        "A policy file is not formatted.",
+        "`opa fmt --list` names this Rego file; run `opa fmt -w` on it and commit the result.",
+    ),
+    "regal_lint": (
+        "Regal reported a policy lint violation.",
+        "`regal lint` found a style or correctness problem in a Rego file.",
+    ),
+    "matrix_drift": (
+        "matrix/ differs from a fresh build.",
+        "Policies, attestations or fixtures changed without `ckptgate matrix build`; "
+        "rebuild the matrix and commit matrix/.",
+    ),
+    "evidence": (
+        "A supported matrix row lacks retained evidence.",
+        "A supported row's attestation or result log is missing, or the log's sha256 is not the "
+        "digest its attestation names.",
+    ),
+    "claims": (
+        "Documentation text makes a claim the evidence does not back.",
+        "The claims lint found a sentence that claims more than the support matrix and the reference register back.",
+    ),
+    "matrix_build": (
+        "The support matrix could not be built.",
+        "The checks matrix_drift, evidence and claims need a matrix build, and it failed.",
+    ),
 }
 
 
@@ -77,9 +90,16 @@ class CheckFinding:
             raise ValueError(f"bad severity {self.severity!r}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"check": self.check, "code": self.code, "message": self.message, "file": self.file,
-                "line": self.line, "detail": self.detail, "severity": self.severity,
-                "fingerprint": self.fingerprint}
+        return {
+            "check": self.check,
+            "code": self.code,
+            "message": self.message,
+            "file": self.file,
+            "line": self.line,
+            "detail": self.detail,
+            "severity": self.severity,
+            "fingerprint": self.fingerprint,
+        }
 
     @property
     def fingerprint(self) -> str:
@@ -116,12 +136,23 @@ class Report:
         return [f for r in self.results for f in r.findings]
 
     def to_json(self) -> dict[str, Any]:
-        return {"passed": self.passed, "candidate_commit": self.candidate_commit,
-                "policy_revision": self.policy_revision,
-                "checks": [{"name": r.name, "passed": r.passed, "summary": r.summary,
-                            "seconds": round(r.seconds, 3),
-                            "findings": [f.to_json() for f in r.findings]} for r in self.results],
-                "skipped": list(self.skipped), "skip_reasons": dict(self.skip_reasons)}
+        return {
+            "passed": self.passed,
+            "candidate_commit": self.candidate_commit,
+            "policy_revision": self.policy_revision,
+            "checks": [
+                {
+                    "name": r.name,
+                    "passed": r.passed,
+                    "summary": r.summary,
+                    "seconds": round(r.seconds, 3),
+                    "findings": [f.to_json() for f in r.findings],
+                }
+                for r in self.results
+            ],
+            "skipped": list(self.skipped),
+            "skip_reasons": dict(self.skip_reasons),
+        }
 
     def reason(self, name: str) -> str:
         """Why ``name`` was skipped."""
@@ -148,8 +179,7 @@ def find_tool(name: str, repo: Path) -> str | None:
 
 def _run(cmd: Sequence[str], cwd: Path) -> tuple[int, str]:
     try:
-        proc = subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S,
-                              check=False)
+        proc = subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         return 124, f"{cmd[0]} did not finish in {TOOL_TIMEOUT_S} s"
     except OSError as e:
@@ -157,23 +187,36 @@ def _run(cmd: Sequence[str], cwd: Path) -> tuple[int, str]:
     return proc.returncode, (proc.stdout + proc.stderr).strip()
 
 
-def _tool_check(name: str, tool: str, args: Sequence[str], policies: Path, repo: Path,
-                parse: Callable[[str], list[CheckFinding]]) -> CheckResult:
+def _tool_check(
+    name: str, tool: str, args: Sequence[str], policies: Path, repo: Path, parse: Callable[[str], list[CheckFinding]]
+) -> CheckResult:
     exe = find_tool(tool, repo)
     if exe is None:
-        return CheckResult(name=name, passed=False, summary=f"{tool} not found", findings=(
-            CheckFinding(check=name, code=f"check.{name}.tool_missing",
-                         message=f"{tool} is not installed (set CKPTGATE_{tool.upper()} or run "
-                                 "scripts/bootstrap.py setup)"),))
+        return CheckResult(
+            name=name,
+            passed=False,
+            summary=f"{tool} not found",
+            findings=(
+                CheckFinding(
+                    check=name,
+                    code=f"check.{name}.tool_missing",
+                    message=f"{tool} is not installed (set CKPTGATE_{tool.upper()} or run scripts/bootstrap.py setup)",
+                ),
+            ),
+        )
     started = time.monotonic()
     rc, out = _run([exe, *args], cwd=policies)
     seconds = time.monotonic() - started
     if rc == 0:
         return CheckResult(name=name, passed=True, summary=f"{tool} {' '.join(args)}: ok", seconds=seconds)
-    findings = parse(out) or [CheckFinding(check=name, code=f"check.{name}.failed",
-                                           message=f"{tool} {' '.join(args)} exited {rc}", detail=out[-4000:])]
-    return CheckResult(name=name, passed=False, summary=f"{len(findings)} problem(s)", findings=tuple(findings),
-                       seconds=seconds)
+    findings = parse(out) or [
+        CheckFinding(
+            check=name, code=f"check.{name}.failed", message=f"{tool} {' '.join(args)} exited {rc}", detail=out[-4000:]
+        )
+    ]
+    return CheckResult(
+        name=name, passed=False, summary=f"{len(findings)} problem(s)", findings=tuple(findings), seconds=seconds
+    )
 
 
 def _rel_policy(policies: Path, repo: Path, path: str) -> str:
@@ -206,42 +249,65 @@ def parse_opa_test_json(out: str, policies: Path, repo: Path) -> list[CheckFindi
             what += f": {err['message']}"
         row = loc.get("row")
         code = "check.policy_tests.error" if err else "check.policy_tests.failed"
-        found.append(CheckFinding(check="policy_tests", code=code,
-                                  message=f"policy test {name} {what}",
-                                  file=_rel_policy(policies, repo, str(loc["file"])) if loc.get("file") else None,
-                                  line=row if isinstance(row, int) and row > 0 else None))
+        found.append(
+            CheckFinding(
+                check="policy_tests",
+                code=code,
+                message=f"policy test {name} {what}",
+                file=_rel_policy(policies, repo, str(loc["file"])) if loc.get("file") else None,
+                line=row if isinstance(row, int) and row > 0 else None,
+            )
+        )
     return found
 
 
 def policy_tests(policies: Path, repo: Path) -> CheckResult:
-    return _tool_check("policy_tests", "opa", ["test", "--format", "json", "."], policies, repo,
-                       lambda out: parse_opa_test_json(out, policies, repo))
+    return _tool_check(
+        "policy_tests",
+        "opa",
+        ["test", "--format", "json", "."],
+        policies,
+        repo,
+        lambda out: parse_opa_test_json(out, policies, repo),
+    )
 
 
 def opa_fmt(policies: Path, repo: Path) -> CheckResult:
     def parse(out: str) -> list[CheckFinding]:
-        return [CheckFinding(check="opa_fmt", code="check.opa_fmt.unformatted",
-                             message="not formatted (run opa fmt -w on it)",
-                             file=_rel_policy(policies, repo, line.strip()))
-                for line in out.splitlines() if line.strip().endswith(".rego")]
+        return [
+            CheckFinding(
+                check="opa_fmt",
+                code="check.opa_fmt.unformatted",
+                message="not formatted (run opa fmt -w on it)",
+                file=_rel_policy(policies, repo, line.strip()),
+            )
+            for line in out.splitlines()
+            if line.strip().endswith(".rego")
+        ]
+
     return _tool_check("opa_fmt", "opa", ["fmt", "--fail", "-l", "."], policies, repo, parse)
 
 
 def regal_lint(policies: Path, repo: Path) -> CheckResult:
     def parse(out: str) -> list[CheckFinding]:
         try:
-            doc = json.loads(out[out.find("{"):]) if "{" in out else {}
+            doc = json.loads(out[out.find("{") :]) if "{" in out else {}
         except ValueError:
             return []
         found = []
         for v in doc.get("violations") or []:
             loc = v.get("location") or {}
-            found.append(CheckFinding(check="regal_lint", code=f"check.regal_lint.{v.get('title', 'violation')}",
-                                      message=f"{v.get('title')}: {v.get('description')}",
-                                      file=(_rel_policy(policies, repo, str(loc.get("file", "")))
-                                            if loc.get("file") else None),
-                                      line=loc.get("row")))
+            found.append(
+                CheckFinding(
+                    check="regal_lint",
+                    code=f"check.regal_lint.{v.get('title', 'violation')}",
+                    message=f"{v.get('title')}: {v.get('description')}",
+                    file=(_rel_policy(policies, repo, str(loc.get("file", ""))) if loc.get("file") else None),
+                    line=loc.get("row"),
+                )
+            )
         return found
+
     return _tool_check("regal_lint", "regal", ["lint", "--format", "json", "."], policies, repo, parse)
 
 
@@ -259,19 +325,36 @@ def evidence_findings(repo: Path, rows: Sequence[dict[str, Any]], *, origin: str
         who = f"{row.get('adapter')} on {row.get('fixture_digest')} ({origin})"
         source = row.get("source")
         if not isinstance(source, str) or not (repo / source).is_file():
-            out.append(CheckFinding(check="evidence", code="check.evidence.attestation_missing",
-                                    message=f"supported row {who}: attestation {source} does not exist",
-                                    file=source if isinstance(source, str) else None))
+            out.append(
+                CheckFinding(
+                    check="evidence",
+                    code="check.evidence.attestation_missing",
+                    message=f"supported row {who}: attestation {source} does not exist",
+                    file=source if isinstance(source, str) else None,
+                )
+            )
         loc = evidence_location(row)
         raw_ev = row.get("evidence")
         ev: dict[str, Any] = raw_ev if isinstance(raw_ev, dict) else {}
         if loc is None or not (repo / loc).is_file():
-            out.append(CheckFinding(check="evidence", code="check.evidence.log_missing",
-                                    message=f"supported row {who}: retained result log {loc} does not exist", file=loc))
+            out.append(
+                CheckFinding(
+                    check="evidence",
+                    code="check.evidence.log_missing",
+                    message=f"supported row {who}: retained result log {loc} does not exist",
+                    file=loc,
+                )
+            )
         elif _sha256(repo / loc) != ev.get("digest"):
-            out.append(CheckFinding(check="evidence", code="check.evidence.log_digest_mismatch",
-                                    message=f"supported row {who}: {loc} has digest {_sha256(repo / loc)}, "
-                                       f"the attestation names {ev.get('digest')}", file=loc))
+            out.append(
+                CheckFinding(
+                    check="evidence",
+                    code="check.evidence.log_digest_mismatch",
+                    message=f"supported row {who}: {loc} has digest {_sha256(repo / loc)}, "
+                    f"the attestation names {ev.get('digest')}",
+                    file=loc,
+                )
+            )
     return out
 
 
@@ -282,8 +365,11 @@ def plan(config: Any, skip: Sequence[str] = ()) -> dict[str, str]:
         return reasons
     if config.policies is None and config.extra_rego is None:
         for name in ("policy_tests", "opa_fmt", "regal_lint"):
-            reasons.setdefault(name, "the configuration names no policies and no extra_rego; the bundled "
-                                     "policies are tested where ckptgate is built")
+            reasons.setdefault(
+                name,
+                "the configuration names no policies and no extra_rego; the bundled "
+                "policies are tested where ckptgate is built",
+            )
     if config.matrix is None:
         for name in ("matrix_drift", "evidence"):
             reasons.setdefault(name, "the configuration names no matrix (this repository qualifies no adapters)")
@@ -292,12 +378,19 @@ def plan(config: Any, skip: Sequence[str] = ()) -> dict[str, str]:
 
 def extra_policy_tests(extra: Path, repo: Path, bundled: Path) -> CheckResult:
     """``opa test`` of the extra Rego with the bundled policies loaded beside it."""
-    return _tool_check("policy_tests", "opa", ["test", "--format", "json", str(bundled), "."], extra, repo,
-                       lambda out: parse_opa_test_json(out, extra, repo))
+    return _tool_check(
+        "policy_tests",
+        "opa",
+        ["test", "--format", "json", str(bundled), "."],
+        extra,
+        repo,
+        lambda out: parse_opa_test_json(out, extra, repo),
+    )
 
 
-def run_check(repo: Path, *, options: EngineOptions | None = None, skip: Sequence[str] = (),
-              config: Any = None) -> Report:
+def run_check(
+    repo: Path, *, options: EngineOptions | None = None, skip: Sequence[str] = (), config: Any = None
+) -> Report:
     """Run every check that ``config`` enables (all of them without one), except ``skip``, and return
     the report; never raises for a failing check.  The matrix, the store and the fixtures are where
     ``config`` puts them (:class:`~ckptgate.evidence.layout.RepoLayout`)."""
@@ -318,21 +411,31 @@ def run_check(repo: Path, *, options: EngineOptions | None = None, skip: Sequenc
         extra = config.extra_rego
         tool_checks: tuple[tuple[str, Callable[[], CheckResult]], ...] = (
             ("policy_tests", lambda: extra_policy_tests(extra, repo, policies or default_policy_dir())),
-            ("opa_fmt", lambda: opa_fmt(extra, repo)), ("regal_lint", lambda: regal_lint(extra, repo)))
+            ("opa_fmt", lambda: opa_fmt(extra, repo)),
+            ("regal_lint", lambda: regal_lint(extra, repo)),
+        )
     else:
         # policies is None only where plan() skips all three (a configuration with neither)
         def tested() -> Path:
             return policies or default_policy_dir()
 
-        tool_checks = (("policy_tests", lambda: policy_tests(tested(), repo)),
-                       ("opa_fmt", lambda: opa_fmt(tested(), repo)), ("regal_lint", lambda: regal_lint(tested(), repo)))
+        tool_checks = (
+            ("policy_tests", lambda: policy_tests(tested(), repo)),
+            ("opa_fmt", lambda: opa_fmt(tested(), repo)),
+            ("regal_lint", lambda: regal_lint(tested(), repo)),
+        )
     for name, run in tool_checks:
         if name not in skip:
             results.append(run())
     revision = None
     if {"matrix_drift", "evidence", "claims"} <= set(skip):
-        return Report(results=tuple(results), skipped=skipped, skip_reasons=skip_reasons,
-                      candidate_commit=candidate_commit(repo, exclude=layout.evidence_paths), policy_revision=revision)
+        return Report(
+            results=tuple(results),
+            skipped=skipped,
+            skip_reasons=skip_reasons,
+            candidate_commit=candidate_commit(repo, exclude=layout.evidence_paths),
+            policy_revision=revision,
+        )
     docs = config.doc_files() if config is not None else None
     with_matrix = config is None or config.matrix is not None
     started = time.monotonic()
@@ -353,43 +456,91 @@ def run_check(repo: Path, *, options: EngineOptions | None = None, skip: Sequenc
             if "matrix_drift" not in skip and built is not None:
                 diffs = matrix.diff(built, layout.matrix)
                 mdir = layout.rel(layout.matrix)
-                results.append(timed(CheckResult(
-                    name="matrix_drift", passed=not diffs,
-                    summary=f"{mdir}/ matches a fresh build" if not diffs else
-                    f"{len(diffs)} generated file(s) differ; run `ckptgate matrix build` and commit {mdir}/",
-                    findings=tuple(CheckFinding(check="matrix_drift", code="check.matrix.drift",
-                                                message=f"{mdir}/{_diff_name(d)} differs from a fresh build: "
-                                                   "policies, attestations or fixtures changed without "
-                                                   "`ckptgate matrix build`",
-                                           file=f"{mdir}/{_diff_name(d)}", detail=d[:20000]) for d in diffs))))
+                results.append(
+                    timed(
+                        CheckResult(
+                            name="matrix_drift",
+                            passed=not diffs,
+                            summary=f"{mdir}/ matches a fresh build"
+                            if not diffs
+                            else f"{len(diffs)} generated file(s) differ; "
+                            f"run `ckptgate matrix build` and commit {mdir}/",
+                            findings=tuple(
+                                CheckFinding(
+                                    check="matrix_drift",
+                                    code="check.matrix.drift",
+                                    message=f"{mdir}/{_diff_name(d)} differs from a fresh build: "
+                                    "policies, attestations or fixtures changed without "
+                                    "`ckptgate matrix build`",
+                                    file=f"{mdir}/{_diff_name(d)}",
+                                    detail=d[:20000],
+                                )
+                                for d in diffs
+                            ),
+                        )
+                    )
+                )
             if "evidence" not in skip and built is not None:
-                found = evidence_findings(repo, claims.committed_rows(layout),
-                                          origin=f"{layout.rel(layout.matrix)}/support.json")
+                found = evidence_findings(
+                    repo, claims.committed_rows(layout), origin=f"{layout.rel(layout.matrix)}/support.json"
+                )
                 found += [f for f in evidence_findings(repo, built.rows, origin="fresh build") if f not in found]
                 n = sum(1 for r in built.rows if r.get("status") == "supported")
-                results.append(timed(CheckResult(name="evidence", passed=not found,
-                                                 summary=f"{n} supported row(s), evidence retained" if not found
-                                                 else f"{len(found)} evidence problem(s)", findings=tuple(found))))
+                results.append(
+                    timed(
+                        CheckResult(
+                            name="evidence",
+                            passed=not found,
+                            summary=f"{n} supported row(s), evidence retained"
+                            if not found
+                            else f"{len(found)} evidence problem(s)",
+                            findings=tuple(found),
+                        )
+                    )
+                )
             if "claims" not in skip:
                 violations = claims.lint(engine, layout, list(built.rows) if built is not None else [], docs=docs)
-                found_c = [CheckFinding(check="claims", code=f"check.claims.{v.get('code')}",
-                                        message=str(v.get("message")),
-                                        file=(v.get("location") or {}).get("file"),
-                                        line=(v.get("location") or {}).get("line"),
-                                        detail=str((v.get("evidence") or {}).get("text")),
-                                        severity="warning" if v.get("severity") == "warning" else "error")
-                           for v in violations]
+                found_c = [
+                    CheckFinding(
+                        check="claims",
+                        code=f"check.claims.{v.get('code')}",
+                        message=str(v.get("message")),
+                        file=(v.get("location") or {}).get("file"),
+                        line=(v.get("location") or {}).get("line"),
+                        detail=str((v.get("evidence") or {}).get("text")),
+                        severity="warning" if v.get("severity") == "warning" else "error",
+                    )
+                    for v in violations
+                ]
                 errors = [f for f in found_c if f.severity == "error"]
                 warned = len(found_c) - len(errors)
-                results.append(timed(CheckResult(
-                    name="claims", passed=not errors,
-                    summary=(f"{len(errors)} claim violation(s)" if errors else "claims lint: ok")
-                    + (f", {warned} warning(s)" if warned else ""), findings=tuple(found_c))))
+                results.append(
+                    timed(
+                        CheckResult(
+                            name="claims",
+                            passed=not errors,
+                            summary=(f"{len(errors)} claim violation(s)" if errors else "claims lint: ok")
+                            + (f", {warned} warning(s)" if warned else ""),
+                            findings=tuple(found_c),
+                        )
+                    )
+                )
     except Error as e:  # the checks below need the matrix; none of them ran
-        results.append(CheckResult(name="matrix_build", passed=False, summary=f"could not build the matrix: {e.code}",
-                                   findings=(CheckFinding(check="matrix_build", code=e.code, message=e.message),)))
-    return Report(results=tuple(results), skipped=skipped, skip_reasons=skip_reasons,
-                  candidate_commit=candidate_commit(repo, exclude=layout.evidence_paths), policy_revision=revision)
+        results.append(
+            CheckResult(
+                name="matrix_build",
+                passed=False,
+                summary=f"could not build the matrix: {e.code}",
+                findings=(CheckFinding(check="matrix_build", code=e.code, message=e.message),),
+            )
+        )
+    return Report(
+        results=tuple(results),
+        skipped=skipped,
+        skip_reasons=skip_reasons,
+        candidate_commit=candidate_commit(repo, exclude=layout.evidence_paths),
+        policy_revision=revision,
+    )
 
 
 def _diff_name(d: str) -> str:
@@ -401,12 +552,15 @@ def _diff_name(d: str) -> str:
 def _rule(code: str, findings: Sequence[CheckFinding]) -> dict[str, Any]:
     check = findings[0].check
     short, full = CHECK_DESCRIPTIONS.get(check, (f"ckptgate check finding {code}.", f"ckptgate check finding {code}."))
-    return {"id": code, "name": code.replace(".", "_"),
-            "shortDescription": {"text": short},
-            "fullDescription": {"text": f"{full} (check {check}, code {code})"},
-            "helpUri": f"{DOCS_URI}#check-{check.replace('_', '-')}",
-            "properties": {"check": check},
-            "defaultConfiguration": {"level": findings[0].severity}}
+    return {
+        "id": code,
+        "name": code.replace(".", "_"),
+        "shortDescription": {"text": short},
+        "fullDescription": {"text": f"{full} (check {check}, code {code})"},
+        "helpUri": f"{DOCS_URI}#check-{check.replace('_', '-')}",
+        "properties": {"check": check},
+        "defaultConfiguration": {"level": findings[0].severity},
+    }
 
 
 def to_sarif(report: Report) -> dict[str, Any]:
@@ -418,25 +572,45 @@ def to_sarif(report: Report) -> dict[str, Any]:
     codes = sorted(by_code)
     results = []
     for f in report.findings:
-        res: dict[str, Any] = {"ruleId": f.code, "ruleIndex": codes.index(f.code), "level": f.severity,
-                               "message": {"text": f.message},
-                               "partialFingerprints": {"ckptgateFinding/v1": f.fingerprint}}
+        res: dict[str, Any] = {
+            "ruleId": f.code,
+            "ruleIndex": codes.index(f.code),
+            "level": f.severity,
+            "message": {"text": f.message},
+            "partialFingerprints": {"ckptgateFinding/v1": f.fingerprint},
+        }
         if f.file:
             loc: dict[str, Any] = {"physicalLocation": {"artifactLocation": {"uri": f.file}}}
             if f.line:
                 loc["physicalLocation"]["region"] = {"startLine": f.line}
             res["locations"] = [loc]
         results.append(res)
-    notifications = [{"level": "note", "descriptor": {"id": "check.skipped"},
-                      "message": {"text": f"check {name} skipped ({report.reason(name)})"}}
-                     for name in report.skipped]
-    return {"$schema": SARIF_SCHEMA, "version": "2.1.0",
-            "runs": [{"tool": {"driver": {"name": "ckptgate check", "version": __version__,
-                                          "informationUri": DOCS_URI,
-                                          "rules": [_rule(c, by_code[c]) for c in codes]}},
-                      "invocations": [{"executionSuccessful": True,
-                                       "toolExecutionNotifications": notifications}],
-                      "results": results}]}
+    notifications = [
+        {
+            "level": "note",
+            "descriptor": {"id": "check.skipped"},
+            "message": {"text": f"check {name} skipped ({report.reason(name)})"},
+        }
+        for name in report.skipped
+    ]
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "ckptgate check",
+                        "version": __version__,
+                        "informationUri": DOCS_URI,
+                        "rules": [_rule(c, by_code[c]) for c in codes],
+                    }
+                },
+                "invocations": [{"executionSuccessful": True, "toolExecutionNotifications": notifications}],
+                "results": results,
+            }
+        ],
+    }
 
 
 def to_junit(report: Report) -> bytes:
@@ -445,16 +619,31 @@ def to_junit(report: Report) -> bytes:
     failures = sum(1 for r in report.results if not r.passed)
     tests = len(report.results) + len(report.skipped)
     total = f"{sum(r.seconds for r in report.results):.3f}"
-    suites = ET.Element("testsuites", name="ckptgate check", tests=str(tests), failures=str(failures),
-                        skipped=str(len(report.skipped)), time=total)
-    suite = ET.SubElement(suites, "testsuite", name="ckptgate.check", tests=str(tests),
-                          failures=str(failures), errors="0", skipped=str(len(report.skipped)), time=total)
+    suites = ET.Element(
+        "testsuites",
+        name="ckptgate check",
+        tests=str(tests),
+        failures=str(failures),
+        skipped=str(len(report.skipped)),
+        time=total,
+    )
+    suite = ET.SubElement(
+        suites,
+        "testsuite",
+        name="ckptgate.check",
+        tests=str(tests),
+        failures=str(failures),
+        errors="0",
+        skipped=str(len(report.skipped)),
+        time=total,
+    )
     for r in report.results:
         case = ET.SubElement(suite, "testcase", classname="ckptgate.check", name=r.name, time=f"{r.seconds:.3f}")
         if not r.passed:
             fail = ET.SubElement(case, "failure", message=r.summary, type="ckptgate.check")
-            fail.text = "\n".join(f"[{f.code}] {f.file or ''}{':' + str(f.line) if f.line else ''} {f.message}"
-                                  for f in r.findings)
+            fail.text = "\n".join(
+                f"[{f.code}] {f.file or ''}{':' + str(f.line) if f.line else ''} {f.message}" for f in r.findings
+            )
     for name in report.skipped:
         case = ET.SubElement(suite, "testcase", classname="ckptgate.check", name=name, time="0.000")
         ET.SubElement(case, "skipped", message=f"skipped: {report.reason(name)}")
@@ -481,10 +670,26 @@ def to_github(report: Report) -> list[str]:
             if f.line:
                 props.insert(1, f"line={f.line}")
         lines.append(f"::{f.severity} {','.join(props)}::{_gh_data(f.message)}")
-    lines += [f"::notice title=check.skipped::check {name} skipped ({_gh_data(report.reason(name))})"
-              for name in report.skipped]
+    lines += [
+        f"::notice title=check.skipped::check {name} skipped ({_gh_data(report.reason(name))})"
+        for name in report.skipped
+    ]
     return lines
 
 
-__all__ = ["CHECK_NAMES", "CheckFinding", "CheckResult", "Report", "evidence_findings", "find_tool", "opa_fmt",
-           "parse_opa_test_json", "policy_tests", "regal_lint", "run_check", "to_github", "to_junit", "to_sarif"]
+__all__ = [
+    "CHECK_NAMES",
+    "CheckFinding",
+    "CheckResult",
+    "Report",
+    "evidence_findings",
+    "find_tool",
+    "opa_fmt",
+    "parse_opa_test_json",
+    "policy_tests",
+    "regal_lint",
+    "run_check",
+    "to_github",
+    "to_junit",
+    "to_sarif",
+]

@@ -35,11 +35,14 @@ _CLAUSE = re.compile(
     r"|,\s*(?=(?:but|and|so|while|whereas|yet|though|although|because|since|which|whereby|hence|thus|"
     r"therefore|however|so that)\b)"
     r"|\s+(?=(?:but|whereas|although|though|because|however|therefore)\b)|\s+\|\s+",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 _PAREN = re.compile(r"\(([^()]*)\)")
 _QUOTED = re.compile(r"[\"\u201c]([^\"\u201d]+?)[\"\u201d]|(?<!\w)'([^']{3,}?)'(?!\w)")
-_CAND = re.compile(r"(?<![\w./-])(?:[A-Z][a-z]+[A-Z][\w-]*|[A-Z]{2,}[\w+-]*|[A-Za-z]+-?\d[\w.-]*|[A-Z][a-z]{2,}\w*)"
-                   r"(?![\w/])")
+_CAND = re.compile(
+    r"(?<![\w./-])(?:[A-Z][a-z]+[A-Z][\w-]*|[A-Z]{2,}[\w+-]*|[A-Za-z]+-?\d[\w.-]*|[A-Z][a-z]{2,}\w*)"
+    r"(?![\w/])"
+)
 _VERSION = re.compile(r"\s*(?:version\s+|v(?=\d))?(\d+(?:\.\d+){0,2}(?:\.x|\.\*)?)")
 
 
@@ -96,8 +99,11 @@ class Vocabulary:
             entry = systems.get(sid) or {}
             if sid != variant and sid == family:
                 return True
-            if entry.get("producer") and entry.get("producer") == (systems.get(family) or {}).get("producer") \
-                    and self.kinds.get(family) == "framework":
+            if (
+                entry.get("producer")
+                and entry.get("producer") == (systems.get(family) or {}).get("producer")
+                and self.kinds.get(family) == "framework"
+            ):
                 return True
             sid = entry.get("family")
         return False
@@ -139,8 +145,8 @@ def _systems(vocab: Vocabulary, clause: str) -> tuple[list[dict[str, Any]], str]
     masked = clause
     for pat, sid, _alias in vocab.aliases:
         for m in pat.finditer(masked):
-            found.append({"id": sid, "term": clause[m.start():m.end()], "at": m.start()})
-            masked = masked[:m.start()] + "\0" * (m.end() - m.start()) + masked[m.end():]
+            found.append({"id": sid, "term": clause[m.start() : m.end()], "at": m.start()})
+            masked = masked[: m.start()] + "\0" * (m.end() - m.start()) + masked[m.end() :]
     found.sort(key=lambda f: f["at"])
     kept = []
     after_rx = vocab.rx("artifact_after")
@@ -150,8 +156,12 @@ def _systems(vocab: Vocabulary, clause: str) -> tuple[list[dict[str, Any]], str]
     for i, f in enumerate(found):  # a family or producer written right before its variant: "DeepSpeed ZeRO-2"
         nxt = found[i + 1] if i + 1 < len(found) else None
         end = f["at"] + len(f["term"])
-        if nxt is not None and vocab.kinds.get(f["id"]) in ("family", "framework") and \
-                not clause[end:nxt["at"]].strip(" '\u2019s") and vocab.related(nxt["id"], f["id"]):
+        if (
+            nxt is not None
+            and vocab.kinds.get(f["id"]) in ("family", "framework")
+            and not clause[end : nxt["at"]].strip(" '\u2019s")
+            and vocab.related(nxt["id"], f["id"])
+        ):
             continue
         if _VERSION.match(clause, end) and vocab.kinds.get(f["id"]) in ("family", "framework"):
             continue  # "torch 2.13.0" names a producer version, reported under versions
@@ -167,11 +177,17 @@ def _versions(vocab: Vocabulary, clause: str) -> list[dict[str, Any]]:
             v = _VERSION.match(clause, m.end())
             if not v:
                 continue
-            before = clause[max(0, m.start() - 24):m.start()]
-            after = clause[v.end(1):v.end(1) + 24]
+            before = clause[max(0, m.start() - 24) : m.start()]
+            after = clause[v.end(1) : v.end(1) + 24]
             is_open = bool(open_rx.search(after)) or bool(open_rx.search(before)) or v.group(1).endswith(("x", "*"))
-            out.append({"producer": pid, "version": v.group(1).rstrip(".x*").rstrip("."), "open": is_open,
-                        "term": clause[m.start():v.end(1)]})
+            out.append(
+                {
+                    "producer": pid,
+                    "version": v.group(1).rstrip(".x*").rstrip("."),
+                    "open": is_open,
+                    "term": clause[m.start() : v.end(1)],
+                }
+            )
     return out
 
 
@@ -183,11 +199,10 @@ def _negated(vocab: Vocabulary, clause: str, at: int, consumed: list[tuple[int, 
     if vocab.rx("negation").search(head):
         return True
     w = vocab.rx("without")
-    return any(len(head[m.end():].split()) <= 2 for m in w.finditer(head))
+    return any(len(head[m.end() :].split()) <= 2 for m in w.finditer(head))
 
 
-def _agent(vocab: Vocabulary, clause: str, masked: str, at: int, systems: list[dict[str, Any]],
-           passive: bool) -> str:
+def _agent(vocab: Vocabulary, clause: str, masked: str, at: int, systems: list[dict[str, Any]], passive: bool) -> str:
     if vocab.rx("project").search(clause):
         return "project"
     if vocab.rx("vendor_phrasing").search(clause):
@@ -195,9 +210,15 @@ def _agent(vocab: Vocabulary, clause: str, masked: str, at: int, systems: list[d
     if passive:
         return "implicit"
     subject = [s for s in systems if s["at"] < at]
-    if subject and vocab.kinds.get(subject[-1]["id"]) in ("tool", "framework") and \
-            not re.search(r"\b(checkpoints?|shards?|files?|state|states|outputs?|layouts?|formats?)\b",
-                          clause[subject[-1]["at"]:at], re.IGNORECASE):
+    if (
+        subject
+        and vocab.kinds.get(subject[-1]["id"]) in ("tool", "framework")
+        and not re.search(
+            r"\b(checkpoints?|shards?|files?|state|states|outputs?|layouts?|formats?)\b",
+            clause[subject[-1]["at"] : at],
+            re.IGNORECASE,
+        )
+    ):
         return "vendor"
     return "implicit"
 
@@ -212,12 +233,14 @@ def _unknown(vocab: Vocabulary, masked: str, ends: list[int]) -> list[str]:
             continue
         if re.fullmatch(r"R\d{2}|v?\d.*", word):
             continue
-        if re.fullmatch(r"[A-Z][a-z]+", word) and not masked[:m.start()].strip():
+        if re.fullmatch(r"[A-Z][a-z]+", word) and not masked[: m.start()].strip():
             continue  # a capitalised first word
-        near = any(e <= m.start() and len(masked[e:m.start()].split()) <= 2 for e in ends)
+        near = any(e <= m.start() and len(masked[e : m.start()].split()) <= 2 for e in ends)
         named = any(e <= m.start() for e in ends) and re.match(
-            r"\s+(?:checkpoints?|models?|formats?|shards?|state[ _-]?dicts?|adapters?)\b", masked[m.end():],
-            re.IGNORECASE)
+            r"\s+(?:checkpoints?|models?|formats?|shards?|state[ _-]?dicts?|adapters?)\b",
+            masked[m.end() :],
+            re.IGNORECASE,
+        )
         if near or named:
             out.append(word)
     return out
@@ -244,23 +267,34 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
     capability: list[dict[str, Any]] = []
     for cls in lex.get("capability", {}):
         for m in vocab.rx("capability", cls).finditer(masked):
-            head = masked[:m.start()]
+            head = masked[: m.start()]
             passive = bool(vocab.rx("passive").search(head)) or cls in ("compatible", "out_of_the_box")
-            false_after = bool(vocab.rx("false_after").match(masked[m.end():])
-                               or vocab.rx("object_negation").match(masked[m.end():]))
-            capability.append({"class": cls, "term": m.group(), "at": m.start(), "passive": passive,
-                               "negated": false_after or _negated(vocab, clause, m.start(), consumed),
-                               "agent": _agent(vocab, clause, masked, m.start(), systems, passive)})
+            false_after = bool(
+                vocab.rx("false_after").match(masked[m.end() :]) or vocab.rx("object_negation").match(masked[m.end() :])
+            )
+            capability.append(
+                {
+                    "class": cls,
+                    "term": m.group(),
+                    "at": m.start(),
+                    "passive": passive,
+                    "negated": false_after or _negated(vocab, clause, m.start(), consumed),
+                    "agent": _agent(vocab, clause, masked, m.start(), systems, passive),
+                }
+            )
     for sys in systems:  # a framework named right after the predicate is its object: "works with PyTorch"
-        gap = clause[:sys["at"]]
+        gap = clause[: sys["at"]]
         sys["object"] = sys["artifact"] or any(
-            c["at"] < sys["at"] and len(gap[c["at"] + len(c["term"]):].split()) <= 2 for c in capability)
+            c["at"] < sys["at"] and len(gap[c["at"] + len(c["term"]) :].split()) <= 2 for c in capability
+        )
     topics = sorted(t for t in lex.get("topics", {}) if vocab.rx("topics", t).search(clause))
     cross = [m.group() for m in vocab.rx("cross_platform").finditer(clause)]
-    cross_negated = any(_negated(vocab, clause, m.start(), consumed)
-                        for m in vocab.rx("cross_platform").finditer(clause))
-    lead = re.match(r"\s*(?:and\s+|,\s*)?(so|therefore|hence|thus|consequently|because|since|which means)\b", clause,
-                    re.IGNORECASE)
+    cross_negated = any(
+        _negated(vocab, clause, m.start(), consumed) for m in vocab.rx("cross_platform").finditer(clause)
+    )
+    lead = re.match(
+        r"\s*(?:and\s+|,\s*)?(so|therefore|hence|thus|consequently|because|since|which means)\b", clause, re.IGNORECASE
+    )
     return {
         "text": clause.strip(),
         "connective": lead.group(1).lower() if lead else "",
@@ -284,15 +318,21 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
 def _own_clause(vocab: Vocabulary, text: str) -> bool:
     """A parenthesis with its own predicate, negation or vendor phrasing is a clause of its own."""
     lex = vocab.lexicon
-    return bool(vocab.rx("vendor_phrasing").search(text) or vocab.rx("negation").search(text)
-                or any(vocab.rx("capability", c).search(text) for c in lex.get("capability", {}))
-                or any(vocab.rx("safety", c).search(text) for c in lex.get("safety", {})))
+    return bool(
+        vocab.rx("vendor_phrasing").search(text)
+        or vocab.rx("negation").search(text)
+        or any(vocab.rx("capability", c).search(text) for c in lex.get("capability", {}))
+        or any(vocab.rx("safety", c).search(text) for c in lex.get("safety", {}))
+    )
 
 
 def sentence_facts(vocab: Vocabulary, text: str) -> dict[str, Any]:
     """Claim facts for one sentence: its clauses, and sentence-wide cues."""
-    quoted = [(m.start(), m.end()) for m in _QUOTED.finditer(text)
-              if m.group(1) is not None or len((m.group(2) or "").split()) >= 3]
+    quoted = [
+        (m.start(), m.end())
+        for m in _QUOTED.finditer(text)
+        if m.group(1) is not None or len((m.group(2) or "").split()) >= 3
+    ]
     body = _mask(text, quoted)
     parts = clauses(_PAREN.sub(lambda m: " " * len(m.group()) if _own_clause(vocab, m.group(1)) else m.group(), body))
     parts += [c for m in _PAREN.finditer(body) if _own_clause(vocab, m.group(1)) for c in clauses(m.group(1))]

@@ -69,8 +69,13 @@ class Sentence:
             raise ValueError(f"unknown origin {self.origin!r}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "text": self.text, "citations": list(self.citations),
-                "origin": self.origin}
+        return {
+            "file": self.file,
+            "line": self.line,
+            "text": self.text,
+            "citations": list(self.citations),
+            "origin": self.origin,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,8 +180,7 @@ def extract(text: str, *, file: str, origin: str = "doc") -> list[Sentence]:
             line = max(n for off, n in starts if off <= max(at, 0))
             cleaned = _clean(piece)
             if re.search(r"[A-Za-z]", cleaned):
-                out.append(Sentence(file=file, line=line, text=cleaned, citations=citations_in(piece),
-                                    origin=origin))
+                out.append(Sentence(file=file, line=line, text=cleaned, citations=citations_in(piece), origin=origin))
     return out
 
 
@@ -220,9 +224,13 @@ def generated_rows(text: str, *, file: str) -> list[GeneratedRow]:
             continue
         got = dict(zip(header, cells, strict=False))
         adapter, _, version = got.get("adapter", "").partition(" ")
-        row = {"status": got.get("status", ""), "adapter": adapter, "adapter_version": version.strip(),
-               "format": [f.strip() for f in got.get("format", "").split(",") if f.strip()],
-               "fixture": got.get("fixture", "").rstrip("\u2026.").strip()}
+        row = {
+            "status": got.get("status", ""),
+            "adapter": adapter,
+            "adapter_version": version.strip(),
+            "format": [f.strip() for f in got.get("format", "").split(",") if f.strip()],
+            "fixture": got.get("fixture", "").rstrip("\u2026.").strip(),
+        }
         out.append(GeneratedRow(file=file, line=n, text=_clean(line), row=row))
     return out
 
@@ -269,8 +277,11 @@ def reference_ids(repo: Path) -> list[str]:
 
 def generated_files(repo: Path | RepoLayout) -> list[Path]:
     """The generated ``SUPPORT.md`` in the layout's matrix directory, when it exists."""
-    found = [repo.matrix / p.name for p in GENERATED_FILES] if isinstance(repo, RepoLayout) \
+    found = (
+        [repo.matrix / p.name for p in GENERATED_FILES]
+        if isinstance(repo, RepoLayout)
         else [repo / p for p in GENERATED_FILES]
+    )
     return [p for p in found if p.is_file()]
 
 
@@ -347,8 +358,10 @@ def _docstring_sentences(node: ast.AST, rel: str, origin: str) -> list[Sentence]
         return []
     body = getattr(node, "body", None)
     first = body[0].lineno if body else getattr(node, "lineno", 1)
-    return [Sentence(file=rel, line=first + s.line - 1, text=s.text, citations=s.citations, origin=origin)
-            for s in extract(_rst_to_text(doc), file=rel, origin=origin)]
+    return [
+        Sentence(file=rel, line=first + s.line - 1, text=s.text, citations=s.citations, origin=origin)
+        for s in extract(_rst_to_text(doc), file=rel, origin=origin)
+    ]
 
 
 def cli_help(repo: Path) -> list[Sentence]:
@@ -363,13 +376,24 @@ def cli_help(repo: Path) -> list[Sentence]:
         for node in ast.walk(tree) if tree else ():
             if isinstance(node, ast.Call) and _call_name(node) in _CLICK_CALLS:
                 for kw in node.keywords:
-                    if kw.arg in ("help", "short_help") and isinstance(kw.value, ast.Constant) \
-                            and isinstance(kw.value.value, str):
-                        out.extend(Sentence(file=rel, line=kw.value.lineno + s.line - 1, text=s.text,
-                                            citations=s.citations, origin="cli")
-                                   for s in extract(kw.value.value, file=rel, origin="cli"))
+                    if (
+                        kw.arg in ("help", "short_help")
+                        and isinstance(kw.value, ast.Constant)
+                        and isinstance(kw.value.value, str)
+                    ):
+                        out.extend(
+                            Sentence(
+                                file=rel,
+                                line=kw.value.lineno + s.line - 1,
+                                text=s.text,
+                                citations=s.citations,
+                                origin="cli",
+                            )
+                            for s in extract(kw.value.value, file=rel, origin="cli")
+                        )
             if isinstance(node, ast.FunctionDef) and any(
-                    isinstance(d, ast.Call) and _call_name(d) in ("command", "group") for d in node.decorator_list):
+                isinstance(d, ast.Call) and _call_name(d) in ("command", "group") for d in node.decorator_list
+            ):
                 out.extend(_docstring_sentences(node, rel, "cli"))
     return out
 
@@ -389,9 +413,11 @@ def public_modules(repo: Path) -> list[Path]:
     for name in names:
         pkg, mod = repo / _SOURCE / name, repo / _SOURCE / f"{name}.py"
         if pkg.is_dir():
-            files.extend(p for p in sorted(pkg.rglob("*.py"))
-                         if not any(part.startswith("_") and part != "__init__.py"
-                                    for part in p.relative_to(pkg).parts))
+            files.extend(
+                p
+                for p in sorted(pkg.rglob("*.py"))
+                if not any(part.startswith("_") and part != "__init__.py" for part in p.relative_to(pkg).parts)
+            )
         elif mod.is_file():
             files.append(mod)
     return files
@@ -419,7 +445,8 @@ def api_docstrings(repo: Path) -> list[Sentence]:
         exported = _exported(tree)
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and (
-                    node.name in exported if exported is not None else not node.name.startswith("_")):
+                node.name in exported if exported is not None else not node.name.startswith("_")
+            ):
                 out.extend(_docstring_sentences(node, rel, "docstring"))
                 if isinstance(node, ast.ClassDef):
                     for sub in node.body:
@@ -433,15 +460,24 @@ def with_facts(items: Iterable[Sentence], vocabulary: Vocabulary) -> list[dict[s
     return [{**s.to_json(), "facts": sentence_facts(vocabulary, s.text)} for s in items]
 
 
-def claims_input(repo: Path | RepoLayout, matrix_rows: Sequence[dict[str, Any]] | None = None, *,
-                 vocabulary: Vocabulary | None = None, docs: Sequence[Path] | None = None) -> dict[str, Any]:
+def claims_input(
+    repo: Path | RepoLayout,
+    matrix_rows: Sequence[dict[str, Any]] | None = None,
+    *,
+    vocabulary: Vocabulary | None = None,
+    docs: Sequence[Path] | None = None,
+) -> dict[str, Any]:
     """The input document for ``data.ckptgate.claims.violations``: this repository's text and matrix."""
     if matrix_rows is None:
         matrix_rows = committed_rows(repo)
     if vocabulary is None:
         vocabulary = local_vocabulary(_root(repo))
-    return {"sentences": with_facts(sentences(repo, docs), vocabulary), "references": reference_ids(_root(repo)),
-            "matrix": list(matrix_rows), "generated": [g.to_json() for g in generated(repo, docs)]}
+    return {
+        "sentences": with_facts(sentences(repo, docs), vocabulary),
+        "references": reference_ids(_root(repo)),
+        "matrix": list(matrix_rows),
+        "generated": [g.to_json() for g in generated(repo, docs)],
+    }
 
 
 def local_vocabulary(repo: Path) -> Vocabulary:
@@ -454,10 +490,14 @@ def local_vocabulary(repo: Path) -> Vocabulary:
 
 
 def _vocabulary_from(doc: Any) -> Vocabulary:
-    if (not isinstance(doc, dict) or not isinstance(doc.get("systems"), dict)
-            or not isinstance(doc.get("lexicon"), dict)):
-        raise EvidenceError("evidence.claims.bad_vocabulary",
-                            "data.ckptgate.config.claims has no systems or lexicon object")
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("systems"), dict)
+        or not isinstance(doc.get("lexicon"), dict)
+    ):
+        raise EvidenceError(
+            "evidence.claims.bad_vocabulary", "data.ckptgate.config.claims has no systems or lexicon object"
+        )
     try:
         vocab = Vocabulary(doc)
         sentence_facts(vocab, "ckptgate supports safetensors.")  # compiles every pattern once
@@ -485,18 +525,51 @@ def committed_rows(repo: Path | RepoLayout) -> list[dict[str, Any]]:
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
-def lint(engine: Any, repo: Path | RepoLayout, matrix_rows: Sequence[dict[str, Any]] | None = None, *,
-         docs: Sequence[Path] | None = None) -> list[dict[str, Any]]:
+def lint(
+    engine: Any,
+    repo: Path | RepoLayout,
+    matrix_rows: Sequence[dict[str, Any]] | None = None,
+    *,
+    docs: Sequence[Path] | None = None,
+) -> list[dict[str, Any]]:
     """Violations (``{code, message, evidence, location}``) from the ``ckptgate.claims`` policy, sorted."""
     raw = engine.evaluate(ENTRYPOINT, claims_input(repo, matrix_rows, vocabulary=engine_vocabulary(engine), docs=docs))
     result = raw.result
     if not isinstance(result, list) or not all(isinstance(v, dict) for v in result):
-        raise EvidenceError("evidence.claims.bad_result", "data.ckptgate.claims.violations is not a list of objects",
-                            evidence={"type": type(result).__name__})
-    return sorted(result, key=lambda v: (str((v.get("location") or {}).get("file")),
-                                         int((v.get("location") or {}).get("line") or 0), str(v.get("code"))))
+        raise EvidenceError(
+            "evidence.claims.bad_result",
+            "data.ckptgate.claims.violations is not a list of objects",
+            evidence={"type": type(result).__name__},
+        )
+    return sorted(
+        result,
+        key=lambda v: (
+            str((v.get("location") or {}).get("file")),
+            int((v.get("location") or {}).get("line") or 0),
+            str(v.get("code")),
+        ),
+    )
 
 
-__all__ = ["ENTRYPOINT", "VOCABULARY", "GeneratedRow", "Sentence", "api_docstrings", "citations_in", "claims_input",
-           "cli_help", "committed_rows", "doc_files", "engine_vocabulary", "extract", "generated", "generated_rows",
-           "lint", "local_vocabulary", "public_modules", "reference_ids", "sentences", "with_facts"]
+__all__ = [
+    "ENTRYPOINT",
+    "VOCABULARY",
+    "GeneratedRow",
+    "Sentence",
+    "api_docstrings",
+    "citations_in",
+    "claims_input",
+    "cli_help",
+    "committed_rows",
+    "doc_files",
+    "engine_vocabulary",
+    "extract",
+    "generated",
+    "generated_rows",
+    "lint",
+    "local_vocabulary",
+    "public_modules",
+    "reference_ids",
+    "sentences",
+    "with_facts",
+]

@@ -49,14 +49,22 @@ def compare_outputs(out_dir: Path, expected: Path) -> dict[str, Any]:
     rows = []
     for name in sorted(set(got) | set(want)):
         g, w = got.get(name), want.get(name)
-        rows.append({"name": name, "expected": w, "actual": g,
-                     "names_equal": g is not None and w is not None,
-                     "dtype_shape_equal": bool(g and w and g["dtype"] == w["dtype"] and g["shape"] == w["shape"]),
-                     "bytes_equal": bool(g and w and g["sha256"] == w["sha256"])})
-    return {"tensors": rows,
-            "tensor_names": all(r["names_equal"] for r in rows),
-            "dtype_shape": all(r["dtype_shape_equal"] for r in rows),
-            "tensor_bytes_bit_exact": all(r["bytes_equal"] for r in rows)}
+        rows.append(
+            {
+                "name": name,
+                "expected": w,
+                "actual": g,
+                "names_equal": g is not None and w is not None,
+                "dtype_shape_equal": bool(g and w and g["dtype"] == w["dtype"] and g["shape"] == w["shape"]),
+                "bytes_equal": bool(g and w and g["sha256"] == w["sha256"]),
+            }
+        )
+    return {
+        "tensors": rows,
+        "tensor_names": all(r["names_equal"] for r in rows),
+        "dtype_shape": all(r["dtype_shape_equal"] for r in rows),
+        "tensor_bytes_bit_exact": all(r["bytes_equal"] for r in rows),
+    }
 
 
 __all__ = ["compare_outputs"]

@@ -13,9 +13,13 @@ def environment() -> dict[str, Any]:
         torch_version: str | None = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = None
-    return {"python": platform.python_version(), "torch": torch_version,
-            "os": f"{platform.system()} {platform.release()}"[:256], "arch": platform.machine() or "unknown",
-            "accelerator": "none (cpu)"}
+    return {
+        "python": platform.python_version(),
+        "torch": torch_version,
+        "os": f"{platform.system()} {platform.release()}"[:256],
+        "arch": platform.machine() or "unknown",
+        "accelerator": "none (cpu)",
+    }
 
 
 __all__ = ["environment"]

@@ -25,8 +25,10 @@ class QualificationFailed(Error):
     ``failed`` or ``error`` result and its log are stored before this is raised."""
 
     exit_code = ExitCode.RUNTIME_FAILED
-    default_advice = ("The adapter's output differs from expected.safetensors; read the result log named in "
-                      "the evidence and fix the adapter before qualifying again.")
+    default_advice = (
+        "The adapter's output differs from expected.safetensors; read the result log named in "
+        "the evidence and fix the adapter before qualifying again."
+    )
 
 
 class CheckFailed(PolicyDenied):
@@ -34,6 +36,12 @@ class CheckFailed(PolicyDenied):
 
     default_advice = "Read each failing check's message; `ckptgate check --json` lists them with evidence."
 
-    def __init__(self, code: str, message: str, *, failures: list[dict[str, Any]] | None = None,
-                 evidence: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        failures: list[dict[str, Any]] | None = None,
+        evidence: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(code, message, reasons=failures, evidence=evidence)

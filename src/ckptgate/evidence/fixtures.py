@@ -35,20 +35,28 @@ class Fixture:
     def __post_init__(self) -> None:
         for need in ("format", "producer", "versions", "topology"):
             if need not in self.meta:
-                raise EvidenceError("evidence.fixture.meta_field", f"fixture {self.name}: meta.json has no {need!r}",
-                                    evidence={"fixture": self.name, "field": need})
+                raise EvidenceError(
+                    "evidence.fixture.meta_field",
+                    f"fixture {self.name}: meta.json has no {need!r}",
+                    evidence={"fixture": self.name, "field": need},
+                )
         if not self.checkpoint.is_dir() or not self.expected.is_file():
-            raise EvidenceError("evidence.fixture.layout",
-                                f"fixture {self.name} needs checkpoint/ and expected.safetensors",
-                                evidence={"fixture": str(self.root)})
+            raise EvidenceError(
+                "evidence.fixture.layout",
+                f"fixture {self.name} needs checkpoint/ and expected.safetensors",
+                evidence={"fixture": str(self.root)},
+            )
 
     @classmethod
     def load(cls, root: Path) -> Fixture:
         try:
             meta = json.loads((root / "meta.json").read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
-            raise EvidenceError("evidence.fixture.meta_unreadable", f"cannot read {root / 'meta.json'}: {e}",
-                                evidence={"fixture": str(root)}) from None
+            raise EvidenceError(
+                "evidence.fixture.meta_unreadable",
+                f"cannot read {root / 'meta.json'}: {e}",
+                evidence={"fixture": str(root)},
+            ) from None
         if not isinstance(meta, dict):
             raise EvidenceError("evidence.fixture.meta_unreadable", f"{root / 'meta.json'} is not an object")
         return cls(name=root.name, root=root, meta=meta)
@@ -69,7 +77,7 @@ class Fixture:
         sub = self.checkpoint.relative_to(self.root / "checkpoint").as_posix()
         if sub == "." or not isinstance(recorded, dict):
             return recorded
-        return {k[len(sub) + 1:]: v for k, v in recorded.items() if k.startswith(sub + "/")}
+        return {k[len(sub) + 1 :]: v for k, v in recorded.items() if k.startswith(sub + "/")}
 
     @property
     def expected(self) -> Path:
@@ -89,9 +97,11 @@ class Fixture:
         package = gate_producer if gate_producer and gate_producer != "*" else call.split(".", 1)[0].split(" ", 1)[0]
         version = (self.meta.get("versions") or {}).get(package)
         if not isinstance(version, str) or not version:
-            raise EvidenceError("evidence.fixture.producer_version",
-                                f"fixture {self.name}: no exact version recorded for producer {package!r}",
-                                evidence={"fixture": self.name, "producer": call})
+            raise EvidenceError(
+                "evidence.fixture.producer_version",
+                f"fixture {self.name}: no exact version recorded for producer {package!r}",
+                evidence={"fixture": self.name, "producer": call},
+            )
         return {"name": package, "version": version}
 
     def topology(self) -> dict[str, Any]:
@@ -127,8 +137,12 @@ def find_fixture(repo: Path | RepoLayout, name_or_path: str) -> Fixture:
     root = p if (p / "meta.json").is_file() else as_layout(repo).fixtures / name_or_path
     if not (root / "meta.json").is_file():
         known = [f.name for f in list_fixtures(repo)]
-        raise EvidenceError("evidence.fixture.unknown", f"no fixture {name_or_path!r}",
-                            evidence={"known": known}, advice=f"Known fixtures: {', '.join(known) or 'none'}.")
+        raise EvidenceError(
+            "evidence.fixture.unknown",
+            f"no fixture {name_or_path!r}",
+            evidence={"known": known},
+            advice=f"Known fixtures: {', '.join(known) or 'none'}.",
+        )
     return Fixture.load(root.resolve())
 
 
@@ -142,10 +156,22 @@ def resolve_key(repo: Path | RepoLayout, key: Path | str | None) -> Path:
     chosen = key or os.environ.get("CKPTGATE_SIGNING_KEY") or (root / DEFAULT_KEY)
     p = Path(chosen)
     if not p.is_file():
-        raise EvidenceError("evidence.qualify.no_key", f"no signing key at {p}",
-                            advice="Pass --key PEM or set CKPTGATE_SIGNING_KEY; CI uses ../shared/keys/.")
+        raise EvidenceError(
+            "evidence.qualify.no_key",
+            f"no signing key at {p}",
+            advice="Pass --key PEM or set CKPTGATE_SIGNING_KEY; CI uses ../shared/keys/.",
+        )
     return p
 
 
-__all__ = ["DEFAULT_KEY", "EVIDENCE_DIR", "FIXTURES_DIR", "STORE_DIR", "Fixture", "find_fixture", "list_fixtures",
-           "repo_relative", "resolve_key"]
+__all__ = [
+    "DEFAULT_KEY",
+    "EVIDENCE_DIR",
+    "FIXTURES_DIR",
+    "STORE_DIR",
+    "Fixture",
+    "find_fixture",
+    "list_fixtures",
+    "repo_relative",
+    "resolve_key",
+]

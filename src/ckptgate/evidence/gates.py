@@ -87,5 +87,17 @@ def qualifiable(repo: Path | RepoLayout) -> list[tuple[Fixture, str]]:
     return out
 
 
-__all__ = ["DEFAULT_VALIDITY", "GATES_DATA", "GATES_IN_BUNDLE", "INTAKE_DATA", "INTAKE_IN_BUNDLE", "adapter_for_format",
-           "fixture_adapter", "fixture_format", "gate_producer", "gates_data", "qualifiable", "validity"]
+__all__ = [
+    "DEFAULT_VALIDITY",
+    "GATES_DATA",
+    "GATES_IN_BUNDLE",
+    "INTAKE_DATA",
+    "INTAKE_IN_BUNDLE",
+    "adapter_for_format",
+    "fixture_adapter",
+    "fixture_format",
+    "gate_producer",
+    "gates_data",
+    "qualifiable",
+    "validity",
+]

@@ -45,8 +45,13 @@ class RepoLayout:
         and the repository's ``policies/`` (the bundled policies where it has none)."""
         root = root.resolve()
         policies = root / DEFAULT_POLICIES
-        return cls(root=root, attestations=root / DEFAULT_ATTESTATIONS, matrix=root / DEFAULT_MATRIX,
-                   fixtures=root / DEFAULT_FIXTURES, policies=policies if policies.is_dir() else None)
+        return cls(
+            root=root,
+            attestations=root / DEFAULT_ATTESTATIONS,
+            matrix=root / DEFAULT_MATRIX,
+            fixtures=root / DEFAULT_FIXTURES,
+            policies=policies if policies.is_dir() else None,
+        )
 
     @classmethod
     def from_config(cls, root: Path, config: Config | None) -> RepoLayout:
@@ -55,12 +60,14 @@ class RepoLayout:
         if config is None:
             return cls.default(root)
         base = config.root.resolve()
-        return cls(root=root.resolve(),
-                   attestations=(config.attestations or base / DEFAULT_ATTESTATIONS).resolve(),
-                   matrix=(config.matrix or base / DEFAULT_MATRIX).resolve(),
-                   fixtures=(config.fixtures or base / DEFAULT_FIXTURES).resolve(),
-                   policies=None if config.policies is None else config.policies.resolve(),
-                   policy_data=config.policy_data)
+        return cls(
+            root=root.resolve(),
+            attestations=(config.attestations or base / DEFAULT_ATTESTATIONS).resolve(),
+            matrix=(config.matrix or base / DEFAULT_MATRIX).resolve(),
+            fixtures=(config.fixtures or base / DEFAULT_FIXTURES).resolve(),
+            policies=None if config.policies is None else config.policies.resolve(),
+            policy_data=config.policy_data,
+        )
 
     @property
     def evidence_dir(self) -> Path:

@@ -56,9 +56,13 @@ class Head:
     evidence_commits: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"commit": self.commit, "candidate_commit": self.candidate_commit, "source_tree": self.source_tree,
-                "candidate_source_tree": self.candidate_source_tree,
-                "evidence_commits": list(self.evidence_commits)}
+        return {
+            "commit": self.commit,
+            "candidate_commit": self.candidate_commit,
+            "source_tree": self.source_tree,
+            "candidate_source_tree": self.candidate_source_tree,
+            "evidence_commits": list(self.evidence_commits),
+        }
 
 
 def _source_tree_id(layout: RepoLayout, commit: str) -> str:
@@ -72,8 +76,13 @@ def head_facts(repo: Path | RepoLayout) -> Head:
     head = head_commit(repo)
     cand = candidate_commit(repo, exclude=layout.evidence_paths)
     between = git(repo, "rev-list", "--first-parent", f"{cand}..{head}").split() if cand != head else []
-    return Head(commit=head, candidate_commit=cand, source_tree=_source_tree_id(layout, head),
-                candidate_source_tree=_source_tree_id(layout, cand), evidence_commits=tuple(sorted(between)))
+    return Head(
+        commit=head,
+        candidate_commit=cand,
+        source_tree=_source_tree_id(layout, head),
+        candidate_source_tree=_source_tree_id(layout, cand),
+        evidence_commits=tuple(sorted(between)),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,8 +98,11 @@ class Matrix:
         return {s: sum(1 for r in self.rows if r.get("status") == s) for s in STATUSES}
 
     def files(self) -> dict[str, bytes]:
-        return {"SUPPORT.md": render_markdown(self).encode(), "support.json": render_json(self).encode(),
-                "index.html": render_html(self).encode()}
+        return {
+            "SUPPORT.md": render_markdown(self).encode(),
+            "support.json": render_json(self).encode(),
+            "index.html": render_html(self).encode(),
+        }
 
 
 def _parse_time(s: Any) -> datetime | None:
@@ -109,14 +121,17 @@ def fixture_digests(repo: Path | RepoLayout) -> dict[Digest, str]:
     return out
 
 
-def collect(repo: Path | RepoLayout, trust: TrustData, *, now: datetime | None = None) -> tuple[list[dict[str, Any]],
-                                                                          list[dict[str, Any]], datetime]:
+def collect(
+    repo: Path | RepoLayout, trust: TrustData, *, now: datetime | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], datetime]:
     """Verify every stored attestation against the fixture it names; (facts, rejected, as-of time)."""
     layout = as_layout(repo)
     repo = layout.root
     # (source, the subject digest its directory names, its bytes): each stored file is read once
-    stored = [(layout.rel(p), Digest.from_filename_stem(p.parent.name), p.read_bytes())
-              for p in AttestationStore(layout.attestations).iter()]
+    stored = [
+        (layout.rel(p), Digest.from_filename_stem(p.parent.name), p.read_bytes())
+        for p in AttestationStore(layout.attestations).iter()
+    ]
     if now is None:  # the newest signed issue time: a file nobody trusted signed cannot move it
         times = [commit_time(repo, candidate_commit(repo, exclude=layout.evidence_paths))]
         for source, digest, raw in stored:
@@ -129,8 +144,13 @@ def collect(repo: Path | RepoLayout, trust: TrustData, *, now: datetime | None =
     rejected: list[dict[str, Any]] = []
     for source, digest, raw in stored:
         if digest not in measured:
-            rejected.append({"source": source, "code": "evidence.fixture_unknown",
-                             "message": f"no fixture under {layout.rel(layout.fixtures)} has digest {digest}"})
+            rejected.append(
+                {
+                    "source": source,
+                    "code": "evidence.fixture_unknown",
+                    "message": f"no fixture under {layout.rel(layout.fixtures)} has digest {digest}",
+                }
+            )
             continue
         try:
             va = verify_attestation(raw, source=source, trust=trust, measured_digest=digest, now=now)
@@ -190,8 +210,13 @@ def targets(repo: Path | RepoLayout) -> list[str]:
 
 def support_input(repo: Path | RepoLayout, trust: TrustData, *, now: datetime | None = None) -> dict[str, Any]:
     facts, rejected, as_of = collect(repo, trust, now=now)
-    return {"attestations": facts, "rejected_attestations": rejected, "now": iso_utc(as_of),
-            "head": head_facts(repo).to_json(), "targets": targets(repo)}
+    return {
+        "attestations": facts,
+        "rejected_attestations": rejected,
+        "now": iso_utc(as_of),
+        "head": head_facts(repo).to_json(),
+        "targets": targets(repo),
+    }
 
 
 def build(repo: Path | RepoLayout, engine: PolicyEngine, trust: TrustData, *, now: datetime | None = None) -> Matrix:
@@ -202,16 +227,29 @@ def build(repo: Path | RepoLayout, engine: PolicyEngine, trust: TrustData, *, no
     if isinstance(rows, dict) and isinstance(rows.get("rows"), list):
         rows = rows["rows"]
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise EvidenceError("evidence.matrix.bad_rows", "data.ckptgate.support.rows is not a list of objects",
-                            evidence={"type": type(rows).__name__})
+        raise EvidenceError(
+            "evidence.matrix.bad_rows",
+            "data.ckptgate.support.rows is not a list of objects",
+            evidence={"type": type(rows).__name__},
+        )
     ordered = sorted(rows, key=_row_key)
-    return Matrix(rows=tuple(ordered), policy_revision=raw.policy_revision,
-                  candidate_commit=doc["head"]["candidate_commit"], as_of=doc["now"])
+    return Matrix(
+        rows=tuple(ordered),
+        policy_revision=raw.policy_revision,
+        candidate_commit=doc["head"]["candidate_commit"],
+        as_of=doc["now"],
+    )
 
 
 def _row_key(row: dict[str, Any]) -> tuple[str, ...]:
-    return (str(row.get("adapter") or ""), str(_formats(row)), str(row.get("producer_version") or ""),
-            str(row.get("fixture_digest") or ""), str(row.get("source") or ""), str(row.get("status")))
+    return (
+        str(row.get("adapter") or ""),
+        str(_formats(row)),
+        str(row.get("producer_version") or ""),
+        str(row.get("fixture_digest") or ""),
+        str(row.get("source") or ""),
+        str(row.get("status")),
+    )
 
 
 # --------------------------------------------------------------------------------------------- render
@@ -269,23 +307,38 @@ def _reasons(row: dict[str, Any]) -> list[str]:
 def _columns(row: dict[str, Any]) -> list[tuple[str, str]]:
     digest = str(row.get("fixture_digest") or "-")
     commit = str(row.get("candidate_commit") or "-")
-    return [("status", str(row.get("status"))), ("format", _formats(row)), ("adapter", _adapter(row)),
-            ("producer", _producer(row)), ("fixture", digest[:19] + "…" if len(digest) > 20 else digest),
-            ("topology", _topology(row)), ("environment", _env(row)),
-            ("commit", commit[:12] if len(commit) == 40 else commit)]
+    return [
+        ("status", str(row.get("status"))),
+        ("format", _formats(row)),
+        ("adapter", _adapter(row)),
+        ("producer", _producer(row)),
+        ("fixture", digest[:19] + "…" if len(digest) > 20 else digest),
+        ("topology", _topology(row)),
+        ("environment", _env(row)),
+        ("commit", commit[:12] if len(commit) == 40 else commit),
+    ]
 
 
 def _header_lines(m: Matrix) -> list[str]:
-    return [f"Generated by `{GENERATOR}`; do not edit by hand.",
-            f"Policy revision: {m.policy_revision}.",
-            f"Candidate commit: {m.candidate_commit}; evaluated as of {m.as_of}."]
+    return [
+        f"Generated by `{GENERATOR}`; do not edit by hand.",
+        f"Policy revision: {m.policy_revision}.",
+        f"Candidate commit: {m.candidate_commit}; evaluated as of {m.as_of}.",
+    ]
 
 
 def render_json(m: Matrix) -> str:
-    doc = {"generated": {"by": GENERATOR, "note": "generated file; do not edit by hand",
-                         "policy_revision": m.policy_revision, "candidate_commit": m.candidate_commit,
-                         "as_of": m.as_of},
-           "summary": m.summary(), "rows": list(m.rows)}
+    doc = {
+        "generated": {
+            "by": GENERATOR,
+            "note": "generated file; do not edit by hand",
+            "policy_revision": m.policy_revision,
+            "candidate_commit": m.candidate_commit,
+            "as_of": m.as_of,
+        },
+        "summary": m.summary(),
+        "rows": list(m.rows),
+    }
     return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
@@ -294,12 +347,20 @@ def _md(s: str) -> str:
 
 
 def render_markdown(m: Matrix) -> str:
-    lines = [f"<!-- {GENERATOR}: generated file, do not edit. policy revision {m.policy_revision} -->", "",
-             "# Support matrix", ""]
+    lines = [
+        f"<!-- {GENERATOR}: generated file, do not edit. policy revision {m.policy_revision} -->",
+        "",
+        "# Support matrix",
+        "",
+    ]
     lines += [f"> {h}" for h in _header_lines(m)]
-    lines += ["", "A row is supported only at its exact producer version, adapter version, fixture digest, "
-              "candidate commit, environment and topology, with retained evidence (register rule 3). "
-              "The HTML view is [index.html](index.html).", ""]
+    lines += [
+        "",
+        "A row is supported only at its exact producer version, adapter version, fixture digest, "
+        "candidate commit, environment and topology, with retained evidence (register rule 3). "
+        "The HTML view is [index.html](index.html).",
+        "",
+    ]
     summary = m.summary()
     lines += ["Summary: " + ", ".join(f"{summary[s]} {s}" for s in STATUSES) + ".", ""]
     cols = [c for c, _ in _columns({})] + ["evidence", "reasons"]
@@ -368,37 +429,39 @@ def _evidence_links(row: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 def render_html(m: Matrix) -> str:
     e = html.escape
-    head = "".join(f"<p class=\"meta\">{e(h.replace('`', ''))}</p>" for h in _header_lines(m))
-    options = "".join(f"<option value=\"{s}\">{s}</option>" for s in STATUSES)
+    head = "".join(f'<p class="meta">{e(h.replace("`", ""))}</p>' for h in _header_lines(m))
+    options = "".join(f'<option value="{s}">{s}</option>' for s in STATUSES)
     cols = [c for c, _ in _columns({})] + ["signed by", "evidence", "reasons"]
     body = []
     for row in m.rows:
         status = str(row.get("status"))
-        cells = [f"<td class=\"c-{name}\">{e(value)}</td>" for name, value in _columns(row)]
-        cells.append(f"<td class=\"c-signers\">{'<br>'.join(e(s) for s in signers(row)) or '-'}</td>")
-        links = "".join(f"<a class=\"{cls}\" href=\"{e(href)}\">{label}</a>"
-                        for cls, label, href in _evidence_links(row))
-        cells.append(f"<td class=\"c-evidence\">{links or '-'}</td>")
+        cells = [f'<td class="c-{name}">{e(value)}</td>' for name, value in _columns(row)]
+        cells.append(f'<td class="c-signers">{"<br>".join(e(s) for s in signers(row)) or "-"}</td>')
+        links = "".join(f'<a class="{cls}" href="{e(href)}">{label}</a>' for cls, label, href in _evidence_links(row))
+        cells.append(f'<td class="c-evidence">{links or "-"}</td>')
         reasons = "<br>".join(e(r) for r in _reasons(row)) or "-"
-        cells.append(f"<td class=\"c-reasons reasons\">{reasons}</td>")
-        body.append(f"<tr class=\"status-{e(status)}\" data-status=\"{e(status)}\">{''.join(cells)}</tr>")
+        cells.append(f'<td class="c-reasons reasons">{reasons}</td>')
+        body.append(f'<tr class="status-{e(status)}" data-status="{e(status)}">{"".join(cells)}</tr>')
     summary = m.summary()
     return (
         "<!DOCTYPE html>\n"
         f"<!-- {GENERATOR}: generated file, do not edit. policy revision {e(m.policy_revision)} -->\n"
-        "<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<meta name=\"generator\" content=\"{GENERATOR}\">"
-        f"<meta name=\"policy-revision\" content=\"{e(m.policy_revision)}\">"
+        '<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="generator" content="{GENERATOR}">'
+        f'<meta name="policy-revision" content="{e(m.policy_revision)}">'
         "<title>ckptgate support matrix</title>"
         f"<style>{_CSS}</style></head><body>\n"
         "<h1>ckptgate support matrix</h1>\n"
         f"{head}\n"
-        "<p class=\"meta\">Summary: " + ", ".join(f"{summary[s]} {s}" for s in STATUSES) + ".</p>\n"
-        "<div id=\"filters\"><label>Filter <input id=\"q\" type=\"search\" placeholder=\"adapter, format, producer…\">"
-        "</label><label>Status <select id=\"status\"><option value=\"\">all</option>"
-        f"{options}</select></label> <span id=\"shown\">{len(m.rows)}</span> shown</div>\n"
-        "<table id=\"matrix\"><thead><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr></thead><tbody>\n"
-        + "\n".join(body) + "\n</tbody></table>\n"
+        '<p class="meta">Summary: ' + ", ".join(f"{summary[s]} {s}" for s in STATUSES) + ".</p>\n"
+        '<div id="filters"><label>Filter <input id="q" type="search" placeholder="adapter, format, producer…">'
+        '</label><label>Status <select id="status"><option value="">all</option>'
+        f'{options}</select></label> <span id="shown">{len(m.rows)}</span> shown</div>\n'
+        '<table id="matrix"><thead><tr>'
+        + "".join(f"<th>{c}</th>" for c in cols)
+        + "</tr></thead><tbody>\n"
+        + "\n".join(body)
+        + "\n</tbody></table>\n"
         f"<script>{_JS}</script>\n</body></html>\n"
     )
 
@@ -426,9 +489,18 @@ def diff(m: Matrix, committed_dir: Path) -> list[str]:
         old = p.read_text(encoding="utf-8") if p.is_file() else ""
         new = data.decode()
         if old != new:
-            out.append("".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                                    fromfile=f"committed/{name}", tofile=f"regenerated/{name}",
-                                                    n=1)) or f"{name} differs\n")
+            out.append(
+                "".join(
+                    difflib.unified_diff(
+                        old.splitlines(keepends=True),
+                        new.splitlines(keepends=True),
+                        fromfile=f"committed/{name}",
+                        tofile=f"regenerated/{name}",
+                        n=1,
+                    )
+                )
+                or f"{name} differs\n"
+            )
     return out
 
 

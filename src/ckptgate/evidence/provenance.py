@@ -76,9 +76,13 @@ class ProvenanceResult:
     """Earlier provenance statements for the same digest and location, now removed."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"fixture": self.fixture, "fixture_digest": self.fixture_digest.prefixed(),
-                "candidate_commit": self.candidate_commit, "attestation": str(self.attestation),
-                "superseded": [str(p) for p in self.superseded]}
+        return {
+            "fixture": self.fixture,
+            "fixture_digest": self.fixture_digest.prefixed(),
+            "candidate_commit": self.candidate_commit,
+            "attestation": str(self.attestation),
+            "superseded": [str(p) for p in self.superseded],
+        }
 
 
 # --------------------------------------------------------------------------------------------- checks
@@ -121,8 +125,9 @@ def _json_or_none(raw: bytes) -> Any:
         return None
 
 
-def committed_fixture(repo: Path | RepoLayout, fixture: Fixture, tree: SafeTree, digest: FixtureDigest,
-                      commit: str) -> CommittedFixture:
+def committed_fixture(
+    repo: Path | RepoLayout, fixture: Fixture, tree: SafeTree, digest: FixtureDigest, commit: str
+) -> CommittedFixture:
     """Check, in order, that the measured bytes are the committed, generator-recorded ones.
 
     ``tree`` is the open :class:`~ckptgate.inspect.SafeTree` of the checkpoint and ``digest`` its
@@ -134,39 +139,51 @@ def committed_fixture(repo: Path | RepoLayout, fixture: Fixture, tree: SafeTree,
     repo = as_layout(repo).root
     location, manifest = repo_relative(repo, fixture.checkpoint), repo_relative(repo, fixture.root / "meta.json")
     if Path(location).is_absolute() or Path(manifest).is_absolute():
-        raise EvidenceError("evidence.provenance.outside_repo",
-                            f"fixture {fixture.name} is not inside the repository {repo}",
-                            evidence={"fixture": str(fixture.root)})
+        raise EvidenceError(
+            "evidence.provenance.outside_repo",
+            f"fixture {fixture.name} is not inside the repository {repo}",
+            evidence={"fixture": str(fixture.root)},
+        )
     fmt = _object_format(repo)
     want_meta = git(repo, "rev-parse", "--verify", "-q", f"{commit}:{manifest}", check=False).strip()
     meta_bytes = (fixture.root / "meta.json").read_bytes()
     got_meta = hashlib.new(fmt, b"blob %d\0" % len(meta_bytes) + meta_bytes).hexdigest()
     if want_meta != got_meta or _json_or_none(meta_bytes) != fixture.meta:
-        raise EvidenceError("evidence.provenance.meta_uncommitted",
-                            f"{manifest} is not the file committed at {commit[:12]}",
-                            evidence={"manifest": manifest, "commit": commit},
-                            advice="Commit the fixture's meta.json (or restore it) before vouching for it.")
+        raise EvidenceError(
+            "evidence.provenance.meta_uncommitted",
+            f"{manifest} is not the file committed at {commit[:12]}",
+            evidence={"manifest": manifest, "commit": commit},
+            advice="Commit the fixture's meta.json (or restore it) before vouching for it.",
+        )
     measured = {e.path: {"sha256": e.sha256, "size": e.size} for e in digest.manifest}
     sizes = {e.path: e.size for e in digest.manifest}
     recorded = fixture.recorded_files()
     if not isinstance(recorded, dict) or recorded != measured:
         rec = recorded if isinstance(recorded, dict) else {}
         differ = sorted(p for p in set(rec) | set(measured) if rec.get(p) != measured.get(p))
-        raise EvidenceError("evidence.provenance.meta_mismatch",
-                            f"fixture {fixture.name}: the files differ from the generator's checkpoint_files "
-                            f"in meta.json", evidence={"paths": differ[:50], "recorded": isinstance(recorded, dict)},
-                            advice="Regenerate the fixture with tests/fixtures/generate.py and commit it.")
+        raise EvidenceError(
+            "evidence.provenance.meta_mismatch",
+            f"fixture {fixture.name}: the files differ from the generator's checkpoint_files in meta.json",
+            evidence={"paths": differ[:50], "recorded": isinstance(recorded, dict)},
+            advice="Regenerate the fixture with tests/fixtures/generate.py and commit it.",
+        )
     git_tree = git(repo, "rev-parse", "--verify", "-q", f"{commit}:{location}", check=False).strip()
     blobs = _committed_blobs(repo, commit, location) if git_tree else {}
     if not git_tree or not blobs:
-        raise EvidenceError("evidence.provenance.not_committed",
-                            f"{location} holds no committed files at {commit[:12]}",
-                            evidence={"location": location, "commit": commit})
+        raise EvidenceError(
+            "evidence.provenance.not_committed",
+            f"{location} holds no committed files at {commit[:12]}",
+            evidence={"location": location, "commit": commit},
+        )
     if set(blobs) != set(measured):
-        raise EvidenceError("evidence.provenance.files_differ",
-                            f"the files under {location} are not the committed ones",
-                            evidence={"uncommitted": sorted(set(measured) - set(blobs))[:50],
-                                      "missing": sorted(set(blobs) - set(measured))[:50]})
+        raise EvidenceError(
+            "evidence.provenance.files_differ",
+            f"the files under {location} are not the committed ones",
+            evidence={
+                "uncommitted": sorted(set(measured) - set(blobs))[:50],
+                "missing": sorted(set(blobs) - set(measured))[:50],
+            },
+        )
     for path in sorted(measured):
         mode, kind, obj = blobs[path]
         fd = tree.open_file(path)
@@ -175,40 +192,57 @@ def committed_fixture(repo: Path | RepoLayout, fixture: Fixture, tree: SafeTree,
         finally:
             os.close(fd)
         if kind != "blob" or mode not in ("100644", "100755") or got != obj:
-            raise EvidenceError("evidence.provenance.bytes_differ",
-                                f"{location}/{path} differs from the blob committed at {commit[:12]}",
-                                evidence={"path": path, "committed": obj, "measured": got, "mode": mode})
-    return CommittedFixture(location=location, manifest=manifest, commit=commit, git_tree=git_tree,
-                            digest=digest.digest)
+            raise EvidenceError(
+                "evidence.provenance.bytes_differ",
+                f"{location}/{path} differs from the blob committed at {commit[:12]}",
+                evidence={"path": path, "committed": obj, "measured": got, "mode": mode},
+            )
+    return CommittedFixture(
+        location=location, manifest=manifest, commit=commit, git_tree=git_tree, digest=digest.digest
+    )
 
 
 # --------------------------------------------------------------------------------------------- statement
 def _generator(fixture: Fixture) -> dict[str, str]:
     meta = fixture.meta
     out: dict[str, str] = {}
-    for key, field_ in (("script", "generator"), ("command", "regenerate"), ("producer_script", "producer_script"),
-                        ("producer_command", "command")):
+    for key, field_ in (
+        ("script", "generator"),
+        ("command", "regenerate"),
+        ("producer_script", "producer_script"),
+        ("producer_command", "command"),
+    ):
         value = meta.get(field_)
         if isinstance(value, str) and value:
             out[key] = value
         elif key in ("script", "command"):
-            raise EvidenceError("evidence.fixture.meta_field", f"fixture {fixture.name}: meta.json has no {field_!r}",
-                                evidence={"fixture": fixture.name, "field": field_})
+            raise EvidenceError(
+                "evidence.fixture.meta_field",
+                f"fixture {fixture.name}: meta.json has no {field_!r}",
+                evidence={"fixture": fixture.name, "field": field_},
+            )
     return out
 
 
 def _producers(fixture: Fixture) -> dict[str, str]:
     versions = fixture.meta.get("versions")
-    out = {k: v for k, v in versions.items() if isinstance(k, str) and isinstance(v, str) and v} \
-        if isinstance(versions, dict) else {}
+    out = (
+        {k: v for k, v in versions.items() if isinstance(k, str) and isinstance(v, str) and v}
+        if isinstance(versions, dict)
+        else {}
+    )
     if not out:
-        raise EvidenceError("evidence.fixture.meta_field", f"fixture {fixture.name}: meta.json records no versions",
-                            evidence={"fixture": fixture.name, "field": "versions"})
+        raise EvidenceError(
+            "evidence.fixture.meta_field",
+            f"fixture {fixture.name}: meta.json records no versions",
+            evidence={"fixture": fixture.name, "field": "versions"},
+        )
     return out
 
 
-def provenance_statement(repo: Path | RepoLayout, fixture: Fixture, committed: CommittedFixture, *,
-                         now: datetime) -> dict[str, Any]:
+def provenance_statement(
+    repo: Path | RepoLayout, fixture: Fixture, committed: CommittedFixture, *, now: datetime
+) -> dict[str, Any]:
     """The in-toto Statement v1 (subject: the fixture digest) for a checked fixture."""
     adapter = fixture_adapter(repo, fixture)
     producer = fixture.producer(gate_producer(repo, adapter) if adapter else None)
@@ -218,9 +252,13 @@ def provenance_statement(repo: Path | RepoLayout, fixture: Fixture, committed: C
         "predicateType": PROVENANCE_PREDICATE_TYPE,
         "predicate": {
             "basis": BASIS,
-            "fixture": {"digest": committed.digest.prefixed(), "digest_algorithm": committed.digest.algorithm,
-                        "location": committed.location,
-                        "manifest": committed.manifest, "git_tree": committed.git_tree},
+            "fixture": {
+                "digest": committed.digest.prefixed(),
+                "digest_algorithm": committed.digest.algorithm,
+                "location": committed.location,
+                "manifest": committed.manifest,
+                "git_tree": committed.git_tree,
+            },
             "producer": {**producer, "call": str(fixture.meta["producer"])},
             "producers": _producers(fixture),
             "generator": _generator(fixture),
@@ -244,8 +282,9 @@ def _provenance_files(store: AttestationStore, digest: Digest) -> list[tuple[Pat
     return out
 
 
-def usable_provenance(repo: Path | RepoLayout, digest: Digest, *, trust: TrustData, commit: str,
-                      now: datetime) -> list[Path]:
+def usable_provenance(
+    repo: Path | RepoLayout, digest: Digest, *, trust: TrustData, commit: str, now: datetime
+) -> list[Path]:
     """Stored provenance statements for ``digest`` that verify now, for ``commit``, under ``trust``.
 
     Only statements that verify are returned, so a stale one never reaches policy as a rejected
@@ -254,25 +293,35 @@ def usable_provenance(repo: Path | RepoLayout, digest: Digest, *, trust: TrustDa
     ok = []
     for p, _stmt in _provenance_files(AttestationStore(as_layout(repo).attestations), digest):
         try:
-            verify_attestation(p.read_bytes(), source=str(p), trust=trust, measured_digest=digest, now=now,
-                               expected_commit=commit)
+            verify_attestation(
+                p.read_bytes(), source=str(p), trust=trust, measured_digest=digest, now=now, expected_commit=commit
+            )
         except VerificationError:
             continue
         ok.append(p)
     return ok
 
 
-def sign_provenance(repo: Path | RepoLayout, fixture: Fixture, tree: SafeTree, digest: FixtureDigest, *, signer: Signer,
-                    trust: TrustData, commit: str,
-                    now: datetime) -> bytes:
+def sign_provenance(
+    repo: Path | RepoLayout,
+    fixture: Fixture,
+    tree: SafeTree,
+    digest: FixtureDigest,
+    *,
+    signer: Signer,
+    trust: TrustData,
+    commit: str,
+    now: datetime,
+) -> bytes:
     """Check the committed bytes (:func:`committed_fixture`), sign the statement and verify the
     envelope under ``trust`` for ``digest`` and ``commit``; returns the DSSE envelope (not stored)."""
     repo = as_layout(repo)
     committed = committed_fixture(repo, fixture, tree, digest, commit)
     envelope = sign_statement(provenance_statement(repo, fixture, committed, now=now), signer)
     # Storing is only useful when the trust data accepts the key: verify before anyone stores it.
-    verify_attestation(envelope, source="<new>", trust=trust, measured_digest=digest.digest, now=now,
-                       expected_commit=commit)
+    verify_attestation(
+        envelope, source="<new>", trust=trust, measured_digest=digest.digest, now=now, expected_commit=commit
+    )
     return envelope
 
 
@@ -301,9 +350,14 @@ def supersede_provenance(repo: Path | RepoLayout, keep: Path, digest: Digest) ->
     return tuple(removed)
 
 
-def attest_provenance(repo: Path | RepoLayout, fixture: Fixture, *, key: Path | str | None = None,
-                      options: EngineOptions | None = None,
-                      now: datetime | None = None) -> ProvenanceResult:
+def attest_provenance(
+    repo: Path | RepoLayout,
+    fixture: Fixture,
+    *,
+    key: Path | str | None = None,
+    options: EngineOptions | None = None,
+    now: datetime | None = None,
+) -> ProvenanceResult:
     """``ckptgate attest provenance``: sign and store a fresh provenance statement for ``fixture``,
     superseding earlier ones for the same digest and location."""
     repo = as_layout(repo)
@@ -313,11 +367,17 @@ def attest_provenance(repo: Path | RepoLayout, fixture: Fixture, *, key: Path | 
     commit = candidate_commit(repo.root, exclude=repo.evidence_paths)
     with SafeTree.open(fixture.checkpoint) as tree:
         digest = fixture_digest(tree)
-        envelope = sign_provenance(repo, fixture, tree, digest, signer=signer, trust=load_trust(options),
-                                   commit=commit, now=now)
+        envelope = sign_provenance(
+            repo, fixture, tree, digest, signer=signer, trust=load_trust(options), commit=commit, now=now
+        )
     stored = store_provenance(repo, envelope)
-    return ProvenanceResult(fixture=fixture.name, fixture_digest=digest.digest, candidate_commit=commit,
-                            attestation=stored, superseded=supersede_provenance(repo, stored, digest.digest))
+    return ProvenanceResult(
+        fixture=fixture.name,
+        fixture_digest=digest.digest,
+        candidate_commit=commit,
+        attestation=stored,
+        superseded=supersede_provenance(repo, stored, digest.digest),
+    )
 
 
 def provenance_needed(decision: Decision) -> bool:
@@ -328,6 +388,17 @@ def provenance_needed(decision: Decision) -> bool:
     return any(PROVENANCE_PREDICATE_TYPE in (r.evidence.get("accepted_predicate_types") or []) for r in deny)
 
 
-__all__ = ["BASIS", "CommittedFixture", "ProvenanceResult", "attest_provenance", "committed_fixture",
-           "discard_provenance", "provenance_needed", "provenance_statement", "sign_provenance", "store_provenance",
-           "supersede_provenance", "usable_provenance"]
+__all__ = [
+    "BASIS",
+    "CommittedFixture",
+    "ProvenanceResult",
+    "attest_provenance",
+    "committed_fixture",
+    "discard_provenance",
+    "provenance_needed",
+    "provenance_statement",
+    "sign_provenance",
+    "store_provenance",
+    "supersede_provenance",
+    "usable_provenance",
+]

@@ -69,11 +69,18 @@ class QualificationResult:
             raise ValueError(f"bad status {self.status!r}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"fixture": self.fixture, "adapter": self.adapter, "status": self.status,
-                "fixture_digest": self.fixture_digest.prefixed(), "candidate_commit": self.candidate_commit,
-                "attestation": str(self.attestation) if self.attestation else None, "log": str(self.log),
-                "log_sha256": self.log_sha256.prefixed(), "superseded": [str(p) for p in self.superseded],
-                "provenance": list(self.provenance)}
+        return {
+            "fixture": self.fixture,
+            "adapter": self.adapter,
+            "status": self.status,
+            "fixture_digest": self.fixture_digest.prefixed(),
+            "candidate_commit": self.candidate_commit,
+            "attestation": str(self.attestation) if self.attestation else None,
+            "log": str(self.log),
+            "log_sha256": self.log_sha256.prefixed(),
+            "superseded": [str(p) for p in self.superseded],
+            "provenance": list(self.provenance),
+        }
 
 
 def _measure(tree: SafeTree) -> tuple[Inspection, FixtureDigest]:
@@ -85,8 +92,19 @@ def _measure(tree: SafeTree) -> tuple[Inspection, FixtureDigest]:
     return inspection.with_findings(crcs.findings()), digest
 
 
-def _consolidate(repo: RepoLayout, fixture: Fixture, tree: SafeTree, inspection: Inspection, digest: FixtureDigest,
-                 out_dir: Path, *, options: EngineOptions, commit: str, now: datetime, key: Path) -> dict[str, Any]:
+def _consolidate(
+    repo: RepoLayout,
+    fixture: Fixture,
+    tree: SafeTree,
+    inspection: Inspection,
+    digest: FixtureDigest,
+    out_dir: Path,
+    *,
+    options: EngineOptions,
+    commit: str,
+    now: datetime,
+    key: Path,
+) -> dict[str, Any]:
     """Decide (action qualify) on the measured fixture, plan and write it into ``out_dir``.
 
     When the only deny reason is a missing provenance attestation (a framework-plane fixture), a
@@ -98,31 +116,53 @@ def _consolidate(repo: RepoLayout, fixture: Fixture, tree: SafeTree, inspection:
     trust = load_trust(options)
     used: dict[str, Any] | None = None
     with engine_for(options, trust) as engine:
-        ev = judge(inspection, digest, attestations=[], engine=engine, trust=trust, action="qualify", now=now,
-                   candidate_commit=commit)
+        ev = judge(
+            inspection,
+            digest,
+            attestations=[],
+            engine=engine,
+            trust=trust,
+            action="qualify",
+            now=now,
+            candidate_commit=commit,
+        )
         if prov.provenance_needed(ev.decision):
             stored = prov.usable_provenance(repo, digest.digest, trust=trust, commit=commit, now=now)
             fresh: Path | None = None
             if not stored:
-                envelope = prov.sign_provenance(repo, fixture, tree, digest, signer=KeySigner.from_pem(key),
-                                                trust=trust, commit=commit, now=now)
+                envelope = prov.sign_provenance(
+                    repo, fixture, tree, digest, signer=KeySigner.from_pem(key), trust=trust, commit=commit, now=now
+                )
                 fresh = prov.store_provenance(repo, envelope)
                 stored = [fresh]
-            ev = judge(inspection, digest, attestations=stored, engine=engine, trust=trust, action="qualify",
-                       now=now, candidate_commit=commit, containment=ev.containment)  # same bytes: not measured again
+            ev = judge(
+                inspection,
+                digest,
+                attestations=stored,
+                engine=engine,
+                trust=trust,
+                action="qualify",
+                now=now,
+                candidate_commit=commit,
+                containment=ev.containment,
+            )  # same bytes: not measured again
             if fresh is not None and not ev.decision.allow:
                 prov.discard_provenance(repo, fresh)
-            superseded = prov.supersede_provenance(repo, fresh, digest.digest) if fresh and ev.decision.allow \
-                else ()
-            used = {"attestations": [repo_relative(repo, p) for p in stored], "signed_now": fresh is not None,
-                    "superseded": [repo_relative(repo, p) for p in superseded]}
+            superseded = prov.supersede_provenance(repo, fresh, digest.digest) if fresh and ev.decision.allow else ()
+            used = {
+                "attestations": [repo_relative(repo, p) for p in stored],
+                "signed_now": fresh is not None,
+                "superseded": [repo_relative(repo, p) for p in superseded],
+            }
         written = consolidate_into(tree, ev, out_dir, max_shard_bytes=2 << 30).outputs
     d = ev.decision
-    return {"fixture_digest": digest.digest.prefixed(), "inspected_format": inspection.format,
-            "decision": {"id": d.decision_id, "allow": d.allow, "plane": d.plane,
-                         "policy_revision": d.policy_revision},
-            "provenance": used,
-            "outputs": [{"file": w.filename, "size": w.size, "sha256": w.sha256} for w in written]}
+    return {
+        "fixture_digest": digest.digest.prefixed(),
+        "inspected_format": inspection.format,
+        "decision": {"id": d.decision_id, "allow": d.allow, "plane": d.plane, "policy_revision": d.policy_revision},
+        "provenance": used,
+        "outputs": [{"file": w.filename, "size": w.size, "sha256": w.sha256} for w in written],
+    }
 
 
 def _sha256_file(path: Path) -> str:
@@ -133,9 +173,16 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def qualify(repo: Path | RepoLayout, fixture: Fixture, adapter: str, *, key: Path | str | None = None,
-            options: EngineOptions | None = None, allow_dirty: bool = False,
-            now: datetime | None = None) -> QualificationResult:
+def qualify(
+    repo: Path | RepoLayout,
+    fixture: Fixture,
+    adapter: str,
+    *,
+    key: Path | str | None = None,
+    options: EngineOptions | None = None,
+    allow_dirty: bool = False,
+    now: datetime | None = None,
+) -> QualificationResult:
     """Qualify ``adapter`` on ``fixture``; store the signed statement and the retained log under ``repo``.
 
     Raises :class:`EvidenceError` for a dirty tree (unless ``allow_dirty``) or an adapter that does
@@ -148,10 +195,12 @@ def qualify(repo: Path | RepoLayout, fixture: Fixture, adapter: str, *, key: Pat
     options = options or EngineOptions(policy_dir=layout.policies)
     dirty = dirty_paths(repo, exclude=layout.evidence_paths)
     if dirty and not allow_dirty:
-        raise EvidenceError("evidence.qualify.dirty_tree",
-                            f"the work tree has {len(dirty)} uncommitted change(s); evidence must name exact code",
-                            evidence={"paths": dirty[:50]},
-                            advice="Commit or stash the changes (or pass --allow-dirty for a local trial run).")
+        raise EvidenceError(
+            "evidence.qualify.dirty_tree",
+            f"the work tree has {len(dirty)} uncommitted change(s); evidence must name exact code",
+            evidence={"paths": dirty[:50]},
+            advice="Commit or stash the changes (or pass --allow-dirty for a local trial run).",
+        )
     with contextlib.ExitStack() as stack:
         refused: Error | None = None  # inspection refused the tree: raised after the adapter check, as before
         try:
@@ -162,10 +211,11 @@ def qualify(repo: Path | RepoLayout, fixture: Fixture, adapter: str, *, key: Pat
         fmt = fixture.format if refused is not None else fixture_format(layout, fixture, inspection)
         named = adapter_for_format(layout, fmt)
         if named != adapter:
-            raise EvidenceError("evidence.qualify.adapter_mismatch",
-                                f"adapter {adapter!r} does not consolidate format {fmt!r} "
-                                f"(the gates data names {named!r})",
-                                evidence={"fixture": fixture.name, "format": fmt, "adapter": named})
+            raise EvidenceError(
+                "evidence.qualify.adapter_mismatch",
+                f"adapter {adapter!r} does not consolidate format {fmt!r} (the gates data names {named!r})",
+                evidence={"fixture": fixture.name, "format": fmt, "adapter": named},
+            )
         if refused is not None:
             raise refused
         digest = measured.digest
@@ -178,14 +228,23 @@ def qualify(repo: Path | RepoLayout, fixture: Fixture, adapter: str, *, key: Pat
         env = environment()
         expected_sha = _sha256_file(fixture.expected)
         checks: dict[str, bool] = {
-            "expected_digest": expected_sha == (fixture.meta.get("expected") or {}).get("sha256")}
+            "expected_digest": expected_sha == (fixture.meta.get("expected") or {}).get("sha256")
+        }
         log: dict[str, Any] = {
-            "log_version": LOG_VERSION, "ckptgate_version": __version__, "fixture": fixture.name,
-            "fixture_manifest": repo_relative(layout, fixture.root / "meta.json"), "format": fixture.format,
-            "producer": producer, "producer_call": fixture.meta["producer"],
+            "log_version": LOG_VERSION,
+            "ckptgate_version": __version__,
+            "fixture": fixture.name,
+            "fixture_manifest": repo_relative(layout, fixture.root / "meta.json"),
+            "format": fixture.format,
+            "producer": producer,
+            "producer_call": fixture.meta["producer"],
             "adapter": {"name": adapter, "version": __version__},
-            "candidate_commit": commit, "head_commit": head_commit(repo), "tree_dirty": bool(dirty),
-            "dirty_paths": dirty[:50], "environment": env, "topology": topology,
+            "candidate_commit": commit,
+            "head_commit": head_commit(repo),
+            "tree_dirty": bool(dirty),
+            "dirty_paths": dirty[:50],
+            "environment": env,
+            "topology": topology,
             "topology_raw": fixture.meta["topology"],
             "expected": {"file": repo_relative(layout, fixture.expected), "sha256": expected_sha},
             "started_at": iso_utc(now),
@@ -195,8 +254,18 @@ def qualify(repo: Path | RepoLayout, fixture: Fixture, adapter: str, *, key: Pat
             out_dir = Path(tmp) / "out"
             out_dir.mkdir()
             try:
-                run = _consolidate(layout, fixture, tree, inspection, measured, out_dir, options=options,
-                                   commit=commit, now=now, key=key_path)
+                run = _consolidate(
+                    layout,
+                    fixture,
+                    tree,
+                    inspection,
+                    measured,
+                    out_dir,
+                    options=options,
+                    commit=commit,
+                    now=now,
+                    key=key_path,
+                )
                 log.update(run)
                 checks["policy_allows_qualify"] = bool(run["decision"]["allow"])
                 comparison = compare_outputs(out_dir, fixture.expected)
@@ -208,9 +277,11 @@ def qualify(repo: Path | RepoLayout, fixture: Fixture, adapter: str, *, key: Pat
                 # The adapter itself failed: that is a result worth signing.  Anything else (engine
                 # unavailable, policy deny, bad input) raises and nothing is signed.
                 if e.code.startswith("plan.format.unsupported"):
-                    raise EvidenceError("evidence.qualify.no_runtime",
-                                        f"the consolidation runtime has no adapter for {fixture.format!r} yet: "
-                                        f"{e.message}", evidence={"fixture": fixture.name}) from None
+                    raise EvidenceError(
+                        "evidence.qualify.no_runtime",
+                        f"the consolidation runtime has no adapter for {fixture.format!r} yet: {e.message}",
+                        evidence={"fixture": fixture.name},
+                    ) from None
                 log["error"] = e.to_json()["error"]
                 status = "error"
     log["checks"] = checks
@@ -221,52 +292,81 @@ def qualify(repo: Path | RepoLayout, fixture: Fixture, adapter: str, *, key: Pat
     log_path.write_bytes(log_raw)
     log_sha = Digest.from_hex(hashlib.sha256(log_raw).hexdigest())
     statement = qualification_statement(
-        subject_name=fixture.name, fixture_digest=digest, manifest=repo_relative(layout, fixture.root / "meta.json"),
-        producer=producer, adapter={"name": adapter, "version": __version__}, candidate_commit=commit,
-        environment=env, topology=topology, status=status, checks_run=list(checks),
-        evidence_digest=log_sha.prefixed(), evidence_location=repo_relative(layout, log_path),
-        issued_at=now, valid_for=validity(layout))
+        subject_name=fixture.name,
+        fixture_digest=digest,
+        manifest=repo_relative(layout, fixture.root / "meta.json"),
+        producer=producer,
+        adapter={"name": adapter, "version": __version__},
+        candidate_commit=commit,
+        environment=env,
+        topology=topology,
+        status=status,
+        checks_run=list(checks),
+        evidence_digest=log_sha.prefixed(),
+        evidence_location=repo_relative(layout, log_path),
+        issued_at=now,
+        valid_for=validity(layout),
+    )
     envelope = sign_statement(statement, signer)
     # Storing is only useful when the trust data accepts the signer: verify before storing.
     verify_attestation(envelope, source="<new>", trust=load_trust(options), measured_digest=digest, now=now)
     store = AttestationStore(layout.attestations)
     superseded = supersede_qualifications(store, digest, adapter)
     stored = store.add(envelope)
-    result = QualificationResult(fixture=fixture.name, adapter=adapter, status=status, fixture_digest=digest,
-                                 candidate_commit=commit, attestation=stored, log=log_path, log_sha256=log_sha,
-                                 superseded=superseded,
-                                 provenance=tuple((log.get("provenance") or {}).get("attestations") or ()))
+    result = QualificationResult(
+        fixture=fixture.name,
+        adapter=adapter,
+        status=status,
+        fixture_digest=digest,
+        candidate_commit=commit,
+        attestation=stored,
+        log=log_path,
+        log_sha256=log_sha,
+        superseded=superseded,
+        provenance=tuple((log.get("provenance") or {}).get("attestations") or ()),
+    )
     if status != "passed":
         failing = [c for c in CHECKS if not checks.get(c)]
-        raise QualificationFailed("evidence.qualify.failed",
-                                  f"{adapter} on {fixture.name}: {status}; failing checks: {', '.join(failing)}",
-                                  evidence=result.to_json())
+        raise QualificationFailed(
+            "evidence.qualify.failed",
+            f"{adapter} on {fixture.name}: {status}; failing checks: {', '.join(failing)}",
+            evidence=result.to_json(),
+        )
     return result
 
 
-def qualify_all(repo: Path | RepoLayout, *, key: Path | str | None = None, options: EngineOptions | None = None,
-                allow_dirty: bool = False,
-                now: datetime | None = None) -> list[dict[str, Any]]:
+def qualify_all(
+    repo: Path | RepoLayout,
+    *,
+    key: Path | str | None = None,
+    options: EngineOptions | None = None,
+    allow_dirty: bool = False,
+    now: datetime | None = None,
+) -> list[dict[str, Any]]:
     """Qualify every fixture that has an adapter; a format without a runtime yet is reported as skipped."""
     layout = as_layout(repo)
     dirty = dirty_paths(layout.root, exclude=layout.evidence_paths)
     if dirty and not allow_dirty:
-        raise EvidenceError("evidence.qualify.dirty_tree",
-                            f"the work tree has {len(dirty)} uncommitted change(s); evidence must name exact code",
-                            evidence={"paths": dirty[:50]})
+        raise EvidenceError(
+            "evidence.qualify.dirty_tree",
+            f"the work tree has {len(dirty)} uncommitted change(s); evidence must name exact code",
+            evidence={"paths": dirty[:50]},
+        )
     results: list[dict[str, Any]] = []
     for fixture, adapter in qualifiable(layout):
         try:
             r = qualify(layout, fixture, adapter, key=key, options=options, allow_dirty=True, now=now)
             results.append(r.to_json())
         except EvidenceError as e:
-            results.append({"fixture": fixture.name, "adapter": adapter, "status": "skipped",
-                            "reason": f"[{e.code}] {e.message}"})
+            results.append(
+                {"fixture": fixture.name, "adapter": adapter, "status": "skipped", "reason": f"[{e.code}] {e.message}"}
+            )
         except (InputRejected, PolicyDenied, VerificationError) as e:
             # Inspection or policy refuses this fixture today (e.g. no consolidation runtime for its
             # layout yet): nothing was run or signed; the matrix keeps the adapter unqualified.
-            results.append({"fixture": fixture.name, "adapter": adapter, "status": "skipped",
-                            "reason": f"[{e.code}] {e.message}"})
+            results.append(
+                {"fixture": fixture.name, "adapter": adapter, "status": "skipped", "reason": f"[{e.code}] {e.message}"}
+            )
         except QualificationFailed as e:
             results.append({**e.evidence, "reason": e.message})
     return results

@@ -15,5 +15,17 @@ from ckptgate.inspect.inspection import LOADERS, Inspection, inspect_open_tree, 
 from ckptgate.inspect.walk import FileEntry, SafeTree, WalkLimits
 from ckptgate.inspect.zipcheck import DeferredCrcs
 
-__all__ = ["LOADERS", "DeferredCrcs", "FileEntry", "FileFacts", "FileKind", "Finding", "Inspection", "SafeTree",
-           "Severity", "WalkLimits", "inspect_open_tree", "inspect_tree"]
+__all__ = [
+    "LOADERS",
+    "DeferredCrcs",
+    "FileEntry",
+    "FileFacts",
+    "FileKind",
+    "Finding",
+    "Inspection",
+    "SafeTree",
+    "Severity",
+    "WalkLimits",
+    "inspect_open_tree",
+    "inspect_tree",
+]

@@ -35,31 +35,43 @@ STORAGE_DTYPES: Mapping[str, str] = _STORAGE_DTYPES
 
 _DTYPES = frozenset(f"torch.{d}" for d in DTYPE_ITEMSIZE)
 
-_TENSOR_CALLABLES = frozenset({
-    "torch._utils._rebuild_tensor_v2",
-    "torch._utils._rebuild_tensor_v3",
-    "torch._utils._rebuild_parameter",
-    "torch._tensor._rebuild_from_type_v2",
-    "collections.OrderedDict",
-    "torch.Size",
-})
+_TENSOR_CALLABLES = frozenset(
+    {
+        "torch._utils._rebuild_tensor_v2",
+        "torch._utils._rebuild_tensor_v3",
+        "torch._utils._rebuild_parameter",
+        "torch._tensor._rebuild_from_type_v2",
+        "collections.OrderedDict",
+        "torch.Size",
+    }
+)
 _TENSOR_VALUES = frozenset(STORAGE_DTYPES) | _DTYPES | frozenset({"torch.Tensor", "torch.nn.parameter.Parameter"})
 
-TENSORS = Allowlist(name="tensors", callables=_TENSOR_CALLABLES, values=_TENSOR_VALUES,
-                    dict_like=frozenset({"collections.OrderedDict"}))
+TENSORS = Allowlist(
+    name="tensors", callables=_TENSOR_CALLABLES, values=_TENSOR_VALUES, dict_like=frozenset({"collections.OrderedDict"})
+)
 
 _DCP = "torch.distributed.checkpoint.metadata"
 DCP_METADATA = Allowlist(
     name="dcp_metadata",
-    callables=frozenset({
-        "pathlib.PosixPath", "torch.Size", "torch.serialization._get_layout",
-        "torch.distributed.checkpoint.filesystem._StorageInfo",
-        f"{_DCP}.Metadata", f"{_DCP}.MetadataIndex", f"{_DCP}.StorageMeta",
-        f"{_DCP}.TensorStorageMetadata", f"{_DCP}.ChunkStorageMetadata", f"{_DCP}.TensorProperties",
-        f"{_DCP}.BytesStorageMetadata", f"{_DCP}._MEM_FORMAT_ENCODING",
-        "torch.distributed._shard.sharded_tensor.metadata.TensorProperties",
-        "collections.OrderedDict",
-    }),
+    callables=frozenset(
+        {
+            "pathlib.PosixPath",
+            "torch.Size",
+            "torch.serialization._get_layout",
+            "torch.distributed.checkpoint.filesystem._StorageInfo",
+            f"{_DCP}.Metadata",
+            f"{_DCP}.MetadataIndex",
+            f"{_DCP}.StorageMeta",
+            f"{_DCP}.TensorStorageMetadata",
+            f"{_DCP}.ChunkStorageMetadata",
+            f"{_DCP}.TensorProperties",
+            f"{_DCP}.BytesStorageMetadata",
+            f"{_DCP}._MEM_FORMAT_ENCODING",
+            "torch.distributed._shard.sharded_tensor.metadata.TensorProperties",
+            "collections.OrderedDict",
+        }
+    ),
     values=_DTYPES,
     dict_like=frozenset({"collections.OrderedDict"}),
 )
@@ -68,21 +80,25 @@ _PLANNER = "torch.distributed.checkpoint.planner."
 # Megatron Core caches every rank's SavePlan in Metadata.all_local_plans (plain DCP dataclasses).
 MEGATRON_DCP_METADATA = Allowlist(
     name="megatron_dcp_metadata",
-    callables=DCP_METADATA.callables | frozenset(
-        _PLANNER + c for c in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData")),
+    callables=DCP_METADATA.callables
+    | frozenset(_PLANNER + c for c in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData")),
     values=DCP_METADATA.values,
     dict_like=DCP_METADATA.dict_like,
 )
 
 DEEPSPEED = Allowlist(
     name="deepspeed",
-    callables=_TENSOR_CALLABLES | frozenset({
-        "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-        "deepspeed.runtime.zero.config.ZeroStageEnum",
-        "deepspeed.utils.tensor_fragment.fragment_address",
-        "copyreg._reconstructor",
-        "builtins.set", "__builtin__.set",
-    }),
+    callables=_TENSOR_CALLABLES
+    | frozenset(
+        {
+            "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+            "deepspeed.runtime.zero.config.ZeroStageEnum",
+            "deepspeed.utils.tensor_fragment.fragment_address",
+            "copyreg._reconstructor",
+            "builtins.set",
+            "__builtin__.set",
+        }
+    ),
     values=_TENSOR_VALUES | frozenset({"builtins.object", "__builtin__.object"}),
     dict_like=frozenset({"collections.OrderedDict"}),
 )
@@ -98,25 +114,39 @@ _TU = "transformers.trainer_utils."
 # Reading these is inspection only: they are never loaded, planned or published.
 RESUME_STATE = Allowlist(
     name="resume_state",
-    callables=_TENSOR_CALLABLES | frozenset({
-        _TA + "TrainingArguments", "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
-        _TA + "OptimizerNames", _TA + "ParallelMode",
-        _TU + "IntervalStrategy", _TU + "SaveStrategy", _TU + "HubStrategy", _TU + "SchedulerType",
-        _TU + "FSDPOption", "transformers.debug_utils.DebugOption",
-        "transformers.trainer_pt_utils.AcceleratorConfig",
-        "accelerate.state.PartialState", "accelerate.utils.dataclasses.DistributedType",
-        # TrainingArguments(deepspeed=...) also holds the DeepSpeed config objects (a real run,
-        # tests/fixtures/data/trainer_deepspeed_zero2)
-        "transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig",
-        "transformers.integrations.deepspeed.HfDeepSpeedConfig",
-        "accelerate.utils.dataclasses.DeepSpeedPlugin",
-        "torch.device",
-        "numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct", "numpy.ndarray",
-        "numpy.dtype", "_codecs.encode",
-    }),
+    callables=_TENSOR_CALLABLES
+    | frozenset(
+        {
+            _TA + "TrainingArguments",
+            "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
+            _TA + "OptimizerNames",
+            _TA + "ParallelMode",
+            _TU + "IntervalStrategy",
+            _TU + "SaveStrategy",
+            _TU + "HubStrategy",
+            _TU + "SchedulerType",
+            _TU + "FSDPOption",
+            "transformers.debug_utils.DebugOption",
+            "transformers.trainer_pt_utils.AcceleratorConfig",
+            "accelerate.state.PartialState",
+            "accelerate.utils.dataclasses.DistributedType",
+            # TrainingArguments(deepspeed=...) also holds the DeepSpeed config objects (a real run,
+            # tests/fixtures/data/trainer_deepspeed_zero2)
+            "transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig",
+            "transformers.integrations.deepspeed.HfDeepSpeedConfig",
+            "accelerate.utils.dataclasses.DeepSpeedPlugin",
+            "torch.device",
+            "numpy._core.multiarray._reconstruct",
+            "numpy.core.multiarray._reconstruct",
+            "numpy.ndarray",
+            "numpy.dtype",
+            "_codecs.encode",
+        }
+    ),
     values=_TENSOR_VALUES,
     dict_like=frozenset({"collections.OrderedDict"}),
 )
 
-ALLOWLISTS: dict[str, Allowlist] = {a.name: a for a in (TENSORS, DCP_METADATA, MEGATRON_DCP_METADATA, DEEPSPEED,
-                                                         RESUME_STATE)}
+ALLOWLISTS: dict[str, Allowlist] = {
+    a.name: a for a in (TENSORS, DCP_METADATA, MEGATRON_DCP_METADATA, DEEPSPEED, RESUME_STATE)
+}

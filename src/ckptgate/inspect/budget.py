@@ -65,14 +65,16 @@ class WorkBudget:
             self.used += n
             used = self.used
         if used > self.limit:
-            raise InputRejected("input.work_budget",
-                                f"inspecting the checkpoint needs more than its whole-intake work budget of "
-                                f"{self.limit} units ({self.limits.intake_base} + {self.limits.intake_per_byte} "
-                                "per byte of the tree)",
-                                evidence={"budget": "intake", "limit": self.limit, "used": used, "path": path},
-                                advice="Some file's pickle expands far beyond its bytes (memo expansion, deep "
-                                       "nesting, repeated strings). Nothing was loaded. If the checkpoint is "
-                                       "genuine, raise WorkLimits.intake_base or intake_per_byte.")
+            raise InputRejected(
+                "input.work_budget",
+                f"inspecting the checkpoint needs more than its whole-intake work budget of "
+                f"{self.limit} units ({self.limits.intake_base} + {self.limits.intake_per_byte} "
+                "per byte of the tree)",
+                evidence={"budget": "intake", "limit": self.limit, "used": used, "path": path},
+                advice="Some file's pickle expands far beyond its bytes (memo expansion, deep "
+                "nesting, repeated strings). Nothing was loaded. If the checkpoint is "
+                "genuine, raise WorkLimits.intake_base or intake_per_byte.",
+            )
 
     def file(self, path: str, nbytes: int) -> FileWork:
         return FileWork(path, nbytes, self.limits, self)
@@ -83,8 +85,9 @@ class FileWork:
 
     __slots__ = ("done", "intake", "limit", "path", "used")
 
-    def __init__(self, path: str, nbytes: int, limits: WorkLimits = WorkLimits(),
-                 intake: WorkBudget | None = None) -> None:
+    def __init__(
+        self, path: str, nbytes: int, limits: WorkLimits = WorkLimits(), intake: WorkBudget | None = None
+    ) -> None:
         self.path, self.intake = path, intake
         self.limit = limits.file_limit(nbytes)
         self.used = 0  # charged, to this budget and the intake's
@@ -112,6 +115,10 @@ class FileWork:
         ev: dict[str, object] = {"budget": "file", "limit": self.limit, "used": self.done}
         if at_least is not None:
             ev["needs_at_least"] = at_least
-        return error("inspect.work_budget", self.path, f"{what} needs more than the per-file work budget of "
-                     f"{self.limit} units (a constant plus a multiple of the stream's bytes); refused unread",
-                     **ev)
+        return error(
+            "inspect.work_budget",
+            self.path,
+            f"{what} needs more than the per-file work budget of "
+            f"{self.limit} units (a constant plus a multiple of the stream's bytes); refused unread",
+            **ev,
+        )

@@ -113,7 +113,8 @@ def _looks_like_code(text: str) -> bool:
     for line in text.splitlines()[:200]:
         s = line.strip()
         if s.startswith(("import ", "from ", "def ", "class ", "exec(", "eval(", "__import__")) and (
-                s.endswith(":") or " import " in s or s.startswith(("import ", "exec(", "eval(", "__import__"))):
+            s.endswith(":") or " import " in s or s.startswith(("import ", "exec(", "eval(", "__import__"))
+        ):
             return True
     return False
 
@@ -171,7 +172,7 @@ class _Prefix(io.RawIOBase):
         if n <= 0:
             return 0
         data = self.src.pread(n, self.pos)
-        b[:len(data)] = data
+        b[: len(data)] = data
         self.pos += len(data)
         return len(data)
 
@@ -206,12 +207,25 @@ def classify_file(src: HashedFile, size: int, path: str) -> Classification:
     if ext == ".py" and c.kind in (FileKind.TEXT, FileKind.EMPTY):
         c = Classification(kind=FileKind.CODE, detail="python source (by extension)", findings=c.findings)
     if expected is not None and c.kind not in expected:
-        findings.append(error("classify.extension_mismatch", path,
-                              f"named {ext} but the content is {c.kind} ({c.detail})", extension=ext,
-                              kind=str(c.kind)))
+        findings.append(
+            error(
+                "classify.extension_mismatch",
+                path,
+                f"named {ext} but the content is {c.kind} ({c.detail})",
+                extension=ext,
+                kind=str(c.kind),
+            )
+        )
     if c.kind == FileKind.CODE:
-        findings.append(error("classify.code", path, f"code in the checkpoint ({c.detail}); it is never run",
-                              detail=c.detail, name=base))
+        findings.append(
+            error(
+                "classify.code",
+                path,
+                f"code in the checkpoint ({c.detail}); it is never run",
+                detail=c.detail,
+                name=base,
+            )
+        )
     return Classification(kind=c.kind, detail=c.detail, findings=tuple(findings))
 
 
@@ -228,12 +242,15 @@ def _classify(src: HashedFile, size: int) -> Classification:
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         names = list_zip_names(src, size)
         if names is None:
-            return Classification(kind=FileKind.ZIP_STREAM, detail="zip local header without a readable central "
-                                  "directory at the end (concatenated or malformed zips)")
+            return Classification(
+                kind=FileKind.ZIP_STREAM,
+                detail="zip local header without a readable central "
+                "directory at the end (concatenated or malformed zips)",
+            )
         tops = {n.split("/", 1)[0] for n in names}
         if len(tops) == 1:
             top = next(iter(tops))
-            rest = {n[len(top) + 1:] for n in names}
+            rest = {n[len(top) + 1 :] for n in names}
             if "constants.pkl" in rest or any(r.startswith("code/") for r in rest):
                 return Classification(kind=FileKind.TORCHSCRIPT, detail="TorchScript archive")
             if "data.pkl" in rest:
@@ -262,8 +279,10 @@ def _classify(src: HashedFile, size: int) -> Classification:
     if stripped[:1] in (b"{", b"[") and _is_text(head):
         return Classification(kind=FileKind.JSON, detail="json")
     if _unheadered_pickle(src, size):
-        return Classification(kind=FileKind.PICKLE, detail="pickle without a protocol header (protocol 0/1 text, or "
-                              "later opcodes with the header left out)")
+        return Classification(
+            kind=FileKind.PICKLE,
+            detail="pickle without a protocol header (protocol 0/1 text, or later opcodes with the header left out)",
+        )
     if _is_text(head):
         text = head.decode("utf-8", "ignore")
         if _looks_like_code(text):

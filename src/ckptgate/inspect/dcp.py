@@ -54,13 +54,28 @@ class DcpMetadata:
     def to_json(self) -> dict[str, Any]:
         return {
             "version": self.version,
-            "tensors": [{"fqn": t.fqn, "dtype": t.dtype, "size": list(t.size),
-                         "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes)} for c in t.chunks]}
-                        for t in self.tensors],
+            "tensors": [
+                {
+                    "fqn": t.fqn,
+                    "dtype": t.dtype,
+                    "size": list(t.size),
+                    "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes)} for c in t.chunks],
+                }
+                for t in self.tensors
+            ],
             "bytes_items": list(self.bytes_items),
-            "storage": [{"fqn": s.fqn, "offset": None if s.offset is None else list(s.offset), "index": s.index,
-                         "relative_path": s.relative_path, "file_offset": s.file_offset, "length": s.length,
-                         "transforms": list(s.transforms)} for s in self.storage],
+            "storage": [
+                {
+                    "fqn": s.fqn,
+                    "offset": None if s.offset is None else list(s.offset),
+                    "index": s.index,
+                    "relative_path": s.relative_path,
+                    "file_offset": s.file_offset,
+                    "length": s.length,
+                    "transforms": list(s.transforms),
+                }
+                for s in self.storage
+            ],
             "planner_data": {k: list(v) for k, v in self.planner_data.items()},
         }
 
@@ -123,8 +138,13 @@ def _int(v: Any, what: str) -> int:
 def extract_dcp_metadata(rep: PickleReport) -> tuple[DcpMetadata | None, tuple[Finding, ...]]:
     """Interpret a read ``.metadata`` pickle; a finding explains any refusal."""
     if rep.value is None or not rep.inside_allowlist:
-        return None, (error("dcp.metadata_unresolved", rep.path, "the .metadata pickle did not stay inside the "
-                            "DCP allowlist; its layout is not extracted"),)
+        return None, (
+            error(
+                "dcp.metadata_unresolved",
+                rep.path,
+                "the .metadata pickle did not stay inside the DCP allowlist; its layout is not extracted",
+            ),
+        )
     try:
         top = _fields(rep.value, "Metadata")
         sdm = top.get("state_dict_metadata")
@@ -146,10 +166,15 @@ def extract_dcp_metadata(rep: PickleReport) -> tuple[DcpMetadata | None, tuple[F
             size = _ints(f.get("size"), f"{fqn} size")
             for ch in chunks_v.items:
                 cf = _fields(ch, "ChunkStorageMetadata")
-                c = DcpChunk(offsets=_ints(cf.get("offsets"), f"{fqn} chunk offsets"),
-                             sizes=_ints(cf.get("sizes"), f"{fqn} chunk sizes"))
-                if len(c.offsets) != len(size) or len(c.sizes) != len(size) or any(
-                        o + s > d for o, s, d in zip(c.offsets, c.sizes, size, strict=True)):
+                c = DcpChunk(
+                    offsets=_ints(cf.get("offsets"), f"{fqn} chunk offsets"),
+                    sizes=_ints(cf.get("sizes"), f"{fqn} chunk sizes"),
+                )
+                if (
+                    len(c.offsets) != len(size)
+                    or len(c.sizes) != len(size)
+                    or any(o + s > d for o, s, d in zip(c.offsets, c.sizes, size, strict=True))
+                ):
                     raise _Bad(f"{fqn}: chunk lies outside the tensor")
                 chunks.append(c)
             tensors.append(DcpTensor(fqn=fqn, dtype=_dtype(f.get("properties")), size=size, chunks=tuple(chunks)))
@@ -167,12 +192,17 @@ def extract_dcp_metadata(rep: PickleReport) -> tuple[DcpMetadata | None, tuple[F
                 tr = tuple(tr.items)
             if not isinstance(tr, tuple) or not all(isinstance(t, str) for t in tr):
                 raise _Bad("transform_descriptors is not a list of strings")
-            storage.append(DcpStorageItem(
-                fqn=_str(fi.get("fqn"), "storage fqn"), offset=None if off is None else _ints(off, "index offset"),
-                index=None if index is None else _int(index, "index"),
-                relative_path=_str(si.get("relative_path"), "relative_path"),
-                file_offset=_int(si.get("offset"), "storage offset"), length=_int(si.get("length"), "length"),
-                transforms=tr))
+            storage.append(
+                DcpStorageItem(
+                    fqn=_str(fi.get("fqn"), "storage fqn"),
+                    offset=None if off is None else _ints(off, "index offset"),
+                    index=None if index is None else _int(index, "index"),
+                    relative_path=_str(si.get("relative_path"), "relative_path"),
+                    file_offset=_int(si.get("offset"), "storage offset"),
+                    length=_int(si.get("length"), "length"),
+                    transforms=tr,
+                )
+            )
         pd_v = top.get("planner_data")
         planner: dict[str, tuple[str, ...]] = {}
         if isinstance(pd_v, SDict):
@@ -180,8 +210,13 @@ def extract_dcp_metadata(rep: PickleReport) -> tuple[DcpMetadata | None, tuple[F
                 if isinstance(k, str) and isinstance(v, tuple):
                     planner[k] = tuple(key_text(x) for x in v)
         ver = top.get("version")
-        md = DcpMetadata(tensors=tuple(tensors), bytes_items=tuple(byte_items), storage=tuple(storage),
-                         planner_data=planner, version=ver if isinstance(ver, str) else None)
+        md = DcpMetadata(
+            tensors=tuple(tensors),
+            bytes_items=tuple(byte_items),
+            storage=tuple(storage),
+            planner_data=planner,
+            version=ver if isinstance(ver, str) else None,
+        )
     except _Bad as b:
         return None, (error("dcp.metadata_shape", rep.path, f"unexpected .metadata structure: {b.msg}"),)
     return md, ()

@@ -66,8 +66,9 @@ def pickle_context(path: str) -> str:
     return "tensors"
 
 
-def analyse_file(tree: SafeTree, path: str, *, verify_crc: CrcMode = True,
-                 work: WorkBudget | None = None) -> tuple[FileFacts, list[Finding]]:
+def analyse_file(
+    tree: SafeTree, path: str, *, verify_crc: CrcMode = True, work: WorkBudget | None = None
+) -> tuple[FileFacts, list[Finding]]:
     """Open ``path`` through the tree, classify it and run the reader for its kind; a pickle in it
     is read within its own budget and ``work``, the whole tree's (:mod:`.budget`)."""
     entry = tree.entry(path)
@@ -76,36 +77,56 @@ def analyse_file(tree: SafeTree, path: str, *, verify_crc: CrcMode = True,
     folder = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
     if ctx == "dcp_metadata" and tree.entry(folder + "metadata.json") is not None:
         ctx = "megatron_dcp_metadata"
-    if resume_state_name(path, lambda rel: tree.entry(rel) is not None,
-                         lambda d: [e.path.rsplit("/", 1)[-1] for e in tree.entries
-                                    if (e.path.rsplit("/", 1)[0] if "/" in e.path else "") == d]):
+    if resume_state_name(
+        path,
+        lambda rel: tree.entry(rel) is not None,
+        lambda d: [
+            e.path.rsplit("/", 1)[-1] for e in tree.entries if (e.path.rsplit("/", 1)[0] if "/" in e.path else "") == d
+        ],
+    ):
         ctx = RESUME_CONTEXT
     with tree.reader(path) as src:
         facts, findings = _analyse(src, entry.size, path, verify_crc, ctx, work)
         return _role(src, facts, findings, ctx)
 
 
-def _role(src: HashedFile, facts: FileFacts, findings: list[Finding],
-          ctx: str) -> tuple[FileFacts, list[Finding]]:
+def _role(src: HashedFile, facts: FileFacts, findings: list[Finding], ctx: str) -> tuple[FileFacts, list[Finding]]:
     """Give a companion or a resume-state file its role, once its content matches its name."""
     if ctx == RESUME_CONTEXT:
         rep = facts.pickle
         if rep is None or not resume_content_ok(facts.path, rep.value):
-            findings.append(error("resume_state.content_mismatch", facts.path,
-                                  "named and placed as training resume state, but its content is not what a "
-                                  "producer writes under this name; it is not excluded", kind=str(facts.kind)))
+            findings.append(
+                error(
+                    "resume_state.content_mismatch",
+                    facts.path,
+                    "named and placed as training resume state, but its content is not what a "
+                    "producer writes under this name; it is not excluded",
+                    kind=str(facts.kind),
+                )
+            )
             return facts, findings
-        findings.append(info("resume_state.excluded", facts.path, "training resume state: inspected statically, "
-                             "reported, never loaded or published", globals=len(rep.globals)))
+        findings.append(
+            info(
+                "resume_state.excluded",
+                facts.path,
+                "training resume state: inspected statically, reported, never loaded or published",
+                globals=len(rep.globals),
+            )
+        )
         return dataclasses.replace(facts, role="resume_state"), findings
 
     if facts.path.rsplit("/", 1)[-1] == "trainer_state.json" and isinstance(facts.json, dict):
         best = facts.json.get("best_model_checkpoint")
         if isinstance(best, str) and (best.startswith("/") or ".." in best.replace("\\", "/").split("/")):
             # the Trainer records where it kept its best checkpoint; ckptgate never follows it
-            findings.append(warning("trainer_state.best_checkpoint_outside", facts.path,
-                                    "best_model_checkpoint points outside the checkpoint; it is recorded, never "
-                                    "followed", best_model_checkpoint=best[:200]))
+            findings.append(
+                warning(
+                    "trainer_state.best_checkpoint_outside",
+                    facts.path,
+                    "best_model_checkpoint points outside the checkpoint; it is recorded, never followed",
+                    best_model_checkpoint=best[:200],
+                )
+            )
 
     def read() -> bytes | None:
         return src.pread(facts.size, 0) if facts.size <= MAX_TOKENIZER_MODEL else None
@@ -116,21 +137,29 @@ def _role(src: HashedFile, facts: FileFacts, findings: list[Finding],
     if not ok:
         if any(f.severity == "error" for f in findings):  # already refused for what it is; one finding says it
             return facts, findings
-        findings.append(error("companion.content_mismatch", facts.path, f"named like a model companion, but the "
-                              f"content ({facts.kind}) is not what that file holds", kind=str(facts.kind)))
+        findings.append(
+            error(
+                "companion.content_mismatch",
+                facts.path,
+                f"named like a model companion, but the content ({facts.kind}) is not what that file holds",
+                kind=str(facts.kind),
+            )
+        )
         return facts, findings
     return dataclasses.replace(facts, role="companion"), findings
 
 
-def _analyse(src: HashedFile, size: int, path: str, verify_crc: CrcMode,
-             pctx: str, work: WorkBudget | None = None) -> tuple[FileFacts, list[Finding]]:
+def _analyse(
+    src: HashedFile, size: int, path: str, verify_crc: CrcMode, pctx: str, work: WorkBudget | None = None
+) -> tuple[FileFacts, list[Finding]]:
     c = classify_file(src, size, path)
     findings = list(c.findings)
     kw: dict[str, Any] = {}
     k = c.kind
     ext = os.path.splitext(path)[1].lower()
-    if k == FileKind.SAFETENSORS or (ext == ".safetensors" and k in (FileKind.UNKNOWN, FileKind.TEXT,
-                                                                      FileKind.JSON, FileKind.EMPTY)):
+    if k == FileKind.SAFETENSORS or (
+        ext == ".safetensors" and k in (FileKind.UNKNOWN, FileKind.TEXT, FileKind.JSON, FileKind.EMPTY)
+    ):
         try:
             kw["safetensors"] = read_header(src, size, path=path)
         except InputRejected as e:
@@ -146,14 +175,21 @@ def _analyse(src: HashedFile, size: int, path: str, verify_crc: CrcMode,
                 if r.kind == "too_deep":
                     findings.append(error("json.too_deep", path, "JSON nests deeper than the cap"))
                 elif r.kind == "duplicate_key":
-                    findings.append(error("json.duplicate_key", path,
-                                          f"duplicate JSON key {str(r.detail['key'])[:80]!r}"))
+                    findings.append(
+                        error("json.duplicate_key", path, f"duplicate JSON key {str(r.detail['key'])[:80]!r}")
+                    )
                 else:
                     findings.append(error("json.invalid", path, f"invalid JSON: {r.reason[:200]}"))
             doc = kw.get("json")
             if isinstance(doc, dict) and "auto_map" in doc:
-                findings.append(error("config.auto_map", path, "config names custom code (auto_map); it is "
-                                      "flagged and never run", auto_map=str(doc["auto_map"])[:200]))
+                findings.append(
+                    error(
+                        "config.auto_map",
+                        path,
+                        "config names custom code (auto_map); it is flagged and never run",
+                        auto_map=str(doc["auto_map"])[:200],
+                    )
+                )
     elif k == FileKind.TEXT and size <= MAX_TEXT:
         kw["text"] = src.pread(size, 0).decode("utf-8", "replace")
     elif k == FileKind.TORCH_ZIP:
@@ -166,22 +202,29 @@ def _analyse(src: HashedFile, size: int, path: str, verify_crc: CrcMode,
         if size > cap:  # refused before anything is read into memory
             rep = refused_report(path=path, context=pctx, size=size, limit=cap)
         else:
-            rep = read_pickle(src.pread(size, 0), path=path, context=pctx,
-                              work=work.file(path, size) if work is not None else None)
+            rep = read_pickle(
+                src.pread(size, 0), path=path, context=pctx, work=work.file(path, size) if work is not None else None
+            )
         findings.extend(rep.findings)
         kw["pickle"] = rep
         if not pctx.endswith("dcp_metadata"):
-            findings.append(error("classify.raw_pickle", path, "a raw pickle (not a torch zip) needs an "
-                                  "unpickler to load"))
+            findings.append(
+                error("classify.raw_pickle", path, "a raw pickle (not a torch zip) needs an unpickler to load")
+            )
     elif k == FileKind.LEGACY_TORCH:
-        findings.append(error("classify.legacy_torch", path, "legacy torch serialization (tar or raw pickle "
-                              "with the magic number) needs torch.load to read"))
+        findings.append(
+            error(
+                "classify.legacy_torch",
+                path,
+                "legacy torch serialization (tar or raw pickle with the magic number) needs torch.load to read",
+            )
+        )
     elif k == FileKind.TORCHSCRIPT:
-        findings.append(error("torch.torchscript_archive", path, "a TorchScript archive is a program, not "
-                              "weights"))
+        findings.append(error("torch.torchscript_archive", path, "a TorchScript archive is a program, not weights"))
     elif k == FileKind.ARCHIVE:
-        findings.append(error("classify.archive", path, f"an archive ({c.detail}) around checkpoint data is "
-                              "not unpacked; refused"))
+        findings.append(
+            error("classify.archive", path, f"an archive ({c.detail}) around checkpoint data is not unpacked; refused")
+        )
     elif k == FileKind.NUMPY:
         m = _NPY_DESCR.search(src.pread(min(size, 4096), 0))
         if m is None or b"O" in m.group(1):
@@ -191,11 +234,14 @@ def _analyse(src: HashedFile, size: int, path: str, verify_crc: CrcMode,
         findings.extend(zr.findings)
         findings.append(warning("numpy.npz", path, "npz members are not validated further"))
     elif k == FileKind.ZIP_STREAM and ext != ".distcp":
-        findings.append(error("classify.zip_stream", path, "zip data whose central directory cannot be read "
-                              "(concatenated, truncated or malformed zips); refused"))
+        findings.append(
+            error(
+                "classify.zip_stream",
+                path,
+                "zip data whose central directory cannot be read (concatenated, truncated or malformed zips); refused",
+            )
+        )
         findings.extend(check_zip(src, size, path=path, verify_crc=False).findings)  # what is wrong with it
     elif k == FileKind.UNKNOWN:
         findings.append(warning("classify.unknown", path, "content of unknown type"))
     return FileFacts(path=path, size=size, kind=k, detail=c.detail, **kw), findings
-
-

@@ -39,8 +39,13 @@ class Finding:
             raise TypeError("severity must be a Severity")
 
     def to_json(self) -> dict[str, Any]:
-        return {"code": self.code, "severity": str(self.severity), "path": self.path,
-                "message": self.message, "evidence": dict(self.evidence)}
+        return {
+            "code": self.code,
+            "severity": str(self.severity),
+            "path": self.path,
+            "message": self.message,
+            "evidence": dict(self.evidence),
+        }
 
 
 def error(code: str, path: str, message: str, **evidence: Any) -> Finding:
@@ -49,7 +54,6 @@ def error(code: str, path: str, message: str, **evidence: Any) -> Finding:
 
 def warning(code: str, path: str, message: str, **evidence: Any) -> Finding:
     return Finding(code=code, severity=Severity.WARNING, path=path, message=message, evidence=evidence)
-
 
 
 def info(code: str, path: str, message: str, **evidence: Any) -> Finding:

@@ -41,10 +41,12 @@ class _ReadAfterDigest(Error):
 
 
 def changed(path: str, **evidence: object) -> InputRejected:
-    return InputRejected("input.walk.changed",
-                         f"{path!r} changed while it was taken in: the bytes inspected are not the bytes hashed",
-                         evidence={"path": path, **evidence},
-                         advice="Take the checkpoint in again from a copy that nothing else writes to.")
+    return InputRejected(
+        "input.walk.changed",
+        f"{path!r} changed while it was taken in: the bytes inspected are not the bytes hashed",
+        evidence={"path": path, **evidence},
+        advice="Take the checkpoint in again from a copy that nothing else writes to.",
+    )
 
 
 class ReadLedger:
@@ -64,10 +66,12 @@ class ReadLedger:
             known = self._chunks.get(index)
             if known is None:
                 if self._sealed:
-                    raise _ReadAfterDigest("internal.read_after_digest",
-                                           f"{self.path!r}: inspection read chunk {index} after the digest had "
-                                           "hashed the file; refusing to decide on bytes that were not hashed",
-                                           evidence={"path": self.path, "chunk": index})
+                    raise _ReadAfterDigest(
+                        "internal.read_after_digest",
+                        f"{self.path!r}: inspection read chunk {index} after the digest had "
+                        "hashed the file; refusing to decide on bytes that were not hashed",
+                        evidence={"path": self.path, "chunk": index},
+                    )
                 self._chunks[index] = digest
             elif known != digest:
                 raise changed(self.path, chunk=index, offset=index * LEDGER_CHUNK)
@@ -118,7 +122,7 @@ class _Check:
             if self._h is None:
                 self._h = hashlib.sha256()
             if lo < hi:
-                self._h.update(view[lo - offset:hi - offset])
+                self._h.update(view[lo - offset : hi - offset])
             if hi < hi_c:
                 return  # the chunk continues in the next piece
             if self._h.digest() != digest:
@@ -156,9 +160,9 @@ class HashedFile:
         first, last = offset // LEDGER_CHUNK, (end - 1) // LEDGER_CHUNK
         lo = offset - first * LEDGER_CHUNK
         if first == last:
-            return self._chunk(first)[lo:lo + end - offset]
+            return self._chunk(first)[lo : lo + end - offset]
         data = b"".join(self._chunk(i) for i in range(first, last + 1))
-        return data[lo:lo + end - offset]
+        return data[lo : lo + end - offset]
 
     def read_unrecorded(self, view: memoryview, offset: int) -> int:
         """``preadv`` into ``view`` without recording: only for checks that can add findings and

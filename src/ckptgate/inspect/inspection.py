@@ -49,8 +49,9 @@ class Inspection:
     @property
     def clean(self) -> bool:
         """No error finding, and every pickle stayed inside its allowlist."""
-        return (not any(f.severity == Severity.ERROR for f in self.findings)
-                and all(p.inside_allowlist for p in self.pickles))
+        return not any(f.severity == Severity.ERROR for f in self.findings) and all(
+            p.inside_allowlist for p in self.pickles
+        )
 
     def to_facts(self) -> dict[str, Any]:
         return {
@@ -79,9 +80,17 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: CrcMode = True) -> Inspecti
         except InputRejected:
             raise
         except Exception as exc:  # a reader crash is a reject, never "clean"
-            return (FileFacts(path=e.path, size=e.size, kind=FileKind.UNKNOWN, detail="reader failed"),
-                    [error("inspect.reader_failed", e.path, f"the reader failed on this file: {type(exc).__name__}",
-                           exception=type(exc).__name__)])
+            return (
+                FileFacts(path=e.path, size=e.size, kind=FileKind.UNKNOWN, detail="reader failed"),
+                [
+                    error(
+                        "inspect.reader_failed",
+                        e.path,
+                        f"the reader failed on this file: {type(exc).__name__}",
+                        exception=type(exc).__name__,
+                    )
+                ],
+            )
         tensors.add(done[0])
         return done
 
@@ -95,17 +104,28 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: CrcMode = True) -> Inspecti
     except InputRejected:
         raise
     except Exception as exc:
-        res = FormatResult(format="unknown", layout={}, loaders=(), consolidatable=False, findings=(
-            error("inspect.detector_failed", "", f"format detection failed: {type(exc).__name__}"),))
+        res = FormatResult(
+            format="unknown",
+            layout={},
+            loaders=(),
+            consolidatable=False,
+            findings=(error("inspect.detector_failed", "", f"format detection failed: {type(exc).__name__}"),),
+        )
     findings.extend(res.findings)
     loaders = set(res.loaders)
     for f in facts.values():
         if f.kind in (FileKind.LEGACY_TORCH, FileKind.TORCHSCRIPT):
             loaders.add("torch_load")
     pickles = tuple(f.pickle for f in facts.values() if f.pickle is not None)
-    return Inspection(format=res.format, files=tuple(facts[p] for p in sorted(facts)), findings=_ordered(findings),
-                      loaders=tuple(ld for ld in LOADERS if ld in loaders), layout=res.layout, pickles=pickles,
-                      consolidatable=res.consolidatable)
+    return Inspection(
+        format=res.format,
+        files=tuple(facts[p] for p in sorted(facts)),
+        findings=_ordered(findings),
+        loaders=tuple(ld for ld in LOADERS if ld in loaders),
+        layout=res.layout,
+        pickles=pickles,
+        consolidatable=res.consolidatable,
+    )
 
 
 class _TensorCount:
@@ -124,9 +144,11 @@ class _TensorCount:
         with self._lock:
             self.total += n
             if self.total > self.limit:
-                raise InputRejected("input.too_many_tensors",
-                                    f"the checkpoint's files declare more than {self.limit} tensors together",
-                                    evidence={"limit": self.limit, "path": facts.path})
+                raise InputRejected(
+                    "input.too_many_tensors",
+                    f"the checkpoint's files declare more than {self.limit} tensors together",
+                    evidence={"limit": self.limit, "path": facts.path},
+                )
 
 
 def _ordered(findings: list[Finding]) -> tuple[Finding, ...]:

@@ -139,10 +139,16 @@ class PickleReport:
     tree_units: int = field(default=0, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"context": self.context, "protocol": self.protocol, "complete": self.complete,
-                "opcodes": dict(sorted(self.opcodes.items())), "globals": list(self.globals),
-                "calls": [{"opcode": c.opcode, "target": c.target, "pos": c.pos} for c in self.calls],
-                "inside_allowlist": self.inside_allowlist, "plain_tensors": self.plain_tensors}
+        return {
+            "context": self.context,
+            "protocol": self.protocol,
+            "complete": self.complete,
+            "opcodes": dict(sorted(self.opcodes.items())),
+            "globals": list(self.globals),
+            "calls": [{"opcode": c.opcode, "target": c.target, "pos": c.pos} for c in self.calls],
+            "inside_allowlist": self.inside_allowlist,
+            "plain_tensors": self.plain_tensors,
+        }
 
 
 def looks_like_pickle(b: bytes) -> bool:
@@ -211,15 +217,25 @@ class _Reader:
     def global_ref(self, module: Any, name: Any, pos: int, op: str) -> Any:
         if not isinstance(module, str) or not isinstance(name, str):
             self.unresolved = True
-            self.err("pickle.unresolved_global", f"{op} operands are not constant strings; the global "
-                     "cannot be resolved statically", pos=pos, module=_short(module), name=_short(name))
+            self.err(
+                "pickle.unresolved_global",
+                f"{op} operands are not constant strings; the global cannot be resolved statically",
+                pos=pos,
+                module=_short(module),
+                name=_short(name),
+            )
             return Unknown(f"{op} with computed operands")
         g = Global(module, name)
         self.globals.add(g.dotted)
         if g.dotted not in self.allow.callables and g.dotted not in self.allow.values:
             self.outside = True
-            self.err("pickle.global_not_allowed", f"global {g.dotted} is outside the {self.allow.name} allowlist",
-                     pos=pos, globl=g.dotted, context=self.allow.name)
+            self.err(
+                "pickle.global_not_allowed",
+                f"global {g.dotted} is outside the {self.allow.name} allowlist",
+                pos=pos,
+                globl=g.dotted,
+                context=self.allow.name,
+            )
         return g
 
     def call(self, op: str, func: Any, args: Any, pos: int, kwargs: Any = None) -> Call:
@@ -227,15 +243,23 @@ class _Reader:
             target = func.dotted
             if target in self.allow.values and target not in self.allow.callables:
                 self.outside = True
-                self.err("pickle.call_not_allowed", f"{op} calls {target}, which is allowed only as a value",
-                         pos=pos, target=target)
+                self.err(
+                    "pickle.call_not_allowed",
+                    f"{op} calls {target}, which is allowed only as a value",
+                    pos=pos,
+                    target=target,
+                )
             elif target == "copyreg._reconstructor" and target in self.allow.callables:
                 self._check_reconstructor(args, pos)
         else:
             target = "<unresolved>"
             self.unresolved = True
-            self.err("pickle.call_target_unresolved", f"{op} calls something that is not a plain global",
-                     pos=pos, target=_short(func))
+            self.err(
+                "pickle.call_target_unresolved",
+                f"{op} calls something that is not a plain global",
+                pos=pos,
+                target=_short(func),
+            )
         self._call_site(op, target, pos)
         return Call(opcode=op, func=func, args=args, kwargs=kwargs)
 
@@ -247,13 +271,22 @@ class _Reader:
             self.calls.append(CallSite(opcode=op, target=target, pos=pos))
 
     def _check_reconstructor(self, args: Any, pos: int) -> None:
-        ok = (isinstance(args, tuple) and len(args) == 3 and isinstance(args[0], Global)
-              and args[0].dotted in self.allow.callables and isinstance(args[1], Global)
-              and args[1].dotted in ("builtins.object", "__builtin__.object") and args[2] is None)
+        ok = (
+            isinstance(args, tuple)
+            and len(args) == 3
+            and isinstance(args[0], Global)
+            and args[0].dotted in self.allow.callables
+            and isinstance(args[1], Global)
+            and args[1].dotted in ("builtins.object", "__builtin__.object")
+            and args[2] is None
+        )
         if not ok:
             self.outside = True
-            self.err("pickle.call_not_allowed", "copyreg._reconstructor is allowed only as "
-                     "(allowlisted class, object, None)", pos=pos)
+            self.err(
+                "pickle.call_not_allowed",
+                "copyreg._reconstructor is allowed only as (allowlisted class, object, None)",
+                pos=pos,
+            )
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -279,12 +312,12 @@ class _Reader:
                 if name == "STOP":
                     self.value = self.pop(pos)
                     if self.stack or self.metastack:
-                        self.err("pickle.stack_not_empty", "values or marks left on the stack at STOP",
-                                 pos=pos)
+                        self.err("pickle.stack_not_empty", "values or marks left on the stack at STOP", pos=pos)
                     end = pos + 1
                     if end != len(data):
-                        self.err("pickle.trailing_data", "bytes follow the STOP opcode",
-                                 pos=end, trailing=len(data) - end)
+                        self.err(
+                            "pickle.trailing_data", "bytes follow the STOP opcode", pos=end, trailing=len(data) - end
+                        )
                     self.complete = True
                     self.work.charge(n % _CHARGE_EVERY)
                     n = 0
@@ -294,13 +327,22 @@ class _Reader:
             self.err("pickle.no_stop", "the stream ends without a STOP opcode", pos=last_pos)
         except _Abort:
             return
-        except (ValueError, KeyError, IndexError, TypeError, OverflowError, UnicodeDecodeError,
-                MemoryError, RecursionError) as e:
+        except (
+            ValueError,
+            KeyError,
+            IndexError,
+            TypeError,
+            OverflowError,
+            UnicodeDecodeError,
+            MemoryError,
+            RecursionError,
+        ) as e:
             if "exhausted before seeing STOP" in str(e):
                 self.err("pickle.no_stop", "the stream ends without a STOP opcode", pos=last_pos)
                 return
-            self.err("pickle.malformed", f"malformed pickle stream: {type(e).__name__}: {str(e)[:200]}",
-                     after_pos=last_pos)
+            self.err(
+                "pickle.malformed", f"malformed pickle stream: {type(e).__name__}: {str(e)[:200]}", after_pos=last_pos
+            )
         finally:
             if n % _CHARGE_EVERY and not self.over_budget:  # the opcodes since the last block
                 self.work.charge(n % _CHARGE_EVERY)
@@ -313,15 +355,18 @@ class _Reader:
             return
         self.value = None
         if verdict == "deep":
-            self.err("pickle.too_deep", f"the reconstructed value nests deeper than {self.limits.max_depth} "
-                     "levels", limit=self.limits.max_depth)
+            self.err(
+                "pickle.too_deep",
+                f"the reconstructed value nests deeper than {self.limits.max_depth} levels",
+                limit=self.limits.max_depth,
+            )
         elif verdict == "cycle":
-            self.err("pickle.cyclic_value", "the reconstructed value contains itself: seen as a tree it "
-                     "never ends")
+            self.err("pickle.cyclic_value", "the reconstructed value contains itself: seen as a tree it never ends")
         else:
             self.over_budget = True
-            self.findings.append(self.work.refusal("the reconstructed value, seen as a tree (memo expansion)",
-                                                   at_least=amount))
+            self.findings.append(
+                self.work.refusal("the reconstructed value, seen as a tree (memo expansion)", at_least=amount)
+            )
             self.work.exhaust()
 
     def step(self, name: str, arg: Any, pos: int) -> None:
@@ -342,8 +387,7 @@ class _Reader:
 
     def _op_frame(self, name: str, arg: Any, pos: int) -> None:
         if arg > self.limits.max_frame or arg > len(self.data) - pos - 9:
-            self.err("pickle.frame_too_large", "FRAME length exceeds the cap or the stream",
-                     pos=pos, length=int(arg))
+            self.err("pickle.frame_too_large", "FRAME length exceeds the cap or the stream", pos=pos, length=int(arg))
             raise _Abort
 
     def _op_mark(self, name: str, arg: Any, pos: int) -> None:
@@ -364,8 +408,12 @@ class _Reader:
             self.err("pickle.blob_too_large", "bytes constant exceeds the cap", pos=pos, length=len(arg))
             raise _Abort
         if len(arg) >= _NESTED_MIN and (looks_like_pickle(arg) or arg[:4] == b"PK\x03\x04"):
-            self.err("pickle.nested_pickle", "a bytes constant holds a pickle or zip that a loader "
-                     "could unpickle in turn", pos=pos, length=len(arg))
+            self.err(
+                "pickle.nested_pickle",
+                "a bytes constant holds a pickle or zip that a loader could unpickle in turn",
+                pos=pos,
+                length=len(arg),
+            )
         self.push(bytes(arg))
 
     def _op_none(self, name: str, arg: Any, pos: int) -> None:
@@ -430,8 +478,12 @@ class _Reader:
             (target.list_items if target.list_items is not None else _init_list(target)).extend(items)
         else:
             self.outside = True
-            self.err("pickle.append_non_list", f"{name} on a value that is not a list calls its "
-                     "append/extend method", pos=pos, target=_short(target))
+            self.err(
+                "pickle.append_non_list",
+                f"{name} on a value that is not a list calls its append/extend method",
+                pos=pos,
+                target=_short(target),
+            )
 
     def _op_setitem(self, name: str, arg: Any, pos: int) -> None:
         if name == "SETITEMS":
@@ -453,8 +505,12 @@ class _Reader:
             target.dict_items.extend(pairs)
         else:
             self.outside = True
-            self.err("pickle.setitem_non_dict", f"{name} on a value that is not a dict calls its "
-                     "__setitem__", pos=pos, target=_short(target))
+            self.err(
+                "pickle.setitem_non_dict",
+                f"{name} on a value that is not a dict calls its __setitem__",
+                pos=pos,
+                target=_short(target),
+            )
 
     def _op_additems(self, name: str, arg: Any, pos: int) -> None:
         items = self.pop_mark(pos)
@@ -491,8 +547,7 @@ class _Reader:
         idx = int(arg)
         if idx not in self.memo:
             self.unresolved = True
-            self.err("pickle.memo_missing", f"{name} of memo key {idx} that was never stored", pos=pos,
-                     key=idx)
+            self.err("pickle.memo_missing", f"{name} of memo key {idx} that was never stored", pos=pos, key=idx)
             raise _Abort
         self.push(self.memo[idx])
 
@@ -542,13 +597,21 @@ class _Reader:
             target.state = state
         else:
             self.outside = True
-            self.err("pickle.build_non_object", "BUILD on a value that is not a constructed object",
-                     pos=pos, target=_short(target))
+            self.err(
+                "pickle.build_non_object",
+                "BUILD on a value that is not a constructed object",
+                pos=pos,
+                target=_short(target),
+            )
 
     def _op_ext1(self, name: str, arg: Any, pos: int) -> None:
         self.unresolved = True
-        self.err("pickle.extension_code", f"{name} {arg} refers to the copyreg extension registry, "
-                 "which is never consulted", pos=pos, ext_code=int(arg))
+        self.err(
+            "pickle.extension_code",
+            f"{name} {arg} refers to the copyreg extension registry, which is never consulted",
+            pos=pos,
+            ext_code=int(arg),
+        )
         self.push(Unknown(f"extension {arg}"))
 
     def _op_persid(self, name: str, arg: Any, pos: int) -> None:
@@ -643,8 +706,17 @@ def _init_list(c: Call) -> list[Any]:
 
 
 _REPR = reprlib.Repr()  # Python 3.11's takes no keyword arguments
-for _k, _v in {"maxlevel": 2, "maxtuple": 4, "maxlist": 4, "maxdict": 4, "maxset": 4, "maxfrozenset": 4,
-               "maxstring": 60, "maxlong": 40, "maxother": 40}.items():
+for _k, _v in {
+    "maxlevel": 2,
+    "maxtuple": 4,
+    "maxlist": 4,
+    "maxdict": 4,
+    "maxset": 4,
+    "maxfrozenset": 4,
+    "maxstring": 60,
+    "maxlong": 40,
+    "maxother": 40,
+}.items():
     setattr(_REPR, _k, _v)
 
 
@@ -784,12 +856,28 @@ def measure_tree(root: Any, work: FileWork, max_depth: int) -> tuple[str, int]:
 def refused_report(*, path: str, context: str, size: int, limit: int) -> PickleReport:
     """The report for a pickle refused unread because it exceeds the size cap."""
     f = error("pickle.too_large", path, "pickle stream exceeds the size cap; not read", size=size, limit=limit)
-    return PickleReport(path=path, context=context, protocol=None, complete=False, opcodes={}, globals=(), calls=(),
-                        findings=(f,), inside_allowlist=False, plain_tensors=False)
+    return PickleReport(
+        path=path,
+        context=context,
+        protocol=None,
+        complete=False,
+        opcodes={},
+        globals=(),
+        calls=(),
+        findings=(f,),
+        inside_allowlist=False,
+        plain_tensors=False,
+    )
 
 
-def read_pickle(data: bytes, *, path: str, context: str = "tensors",
-                limits: PickleLimits = PickleLimits(), work: FileWork | None = None) -> PickleReport:
+def read_pickle(
+    data: bytes,
+    *,
+    path: str,
+    context: str = "tensors",
+    limits: PickleLimits = PickleLimits(),
+    work: FileWork | None = None,
+) -> PickleReport:
     """Read one pickle stream statically against the ``context`` allowlist, within ``work``
     (by default a per-file budget for ``len(data)`` bytes, charged to no intake)."""
     allow = ALLOWLISTS[context]
@@ -804,8 +892,19 @@ def read_pickle(data: bytes, *, path: str, context: str = "tensors",
     plain = inside and all(g in tensors.callables or g in tensors.values for g in r.globals)
     if not r.complete and not r.over_budget and not any(f.code.startswith("pickle.") for f in r.findings):
         r.findings.append(warning("pickle.incomplete", path, "the stream was not read to STOP"))
-    return PickleReport(path=path, context=context, protocol=r.protocol, complete=r.complete,
-                        opcodes=dict(r.ops), globals=tuple(sorted(r.globals)), calls=tuple(r.calls),
-                        findings=tuple(r.findings), inside_allowlist=inside, plain_tensors=plain,
-                        value=r.value if r.complete else None, work=work.done, tree_units=r.tree_units,
-                        persistent_ids=tuple(r.persistent_ids))
+    return PickleReport(
+        path=path,
+        context=context,
+        protocol=r.protocol,
+        complete=r.complete,
+        opcodes=dict(r.ops),
+        globals=tuple(sorted(r.globals)),
+        calls=tuple(r.calls),
+        findings=tuple(r.findings),
+        inside_allowlist=inside,
+        plain_tensors=plain,
+        value=r.value if r.complete else None,
+        work=work.done,
+        tree_units=r.tree_units,
+        persistent_ids=tuple(r.persistent_ids),
+    )

@@ -34,8 +34,9 @@ _TRAINER_FILES = re.compile(r"^(optimizer\.pt|scheduler\.pt|scaler\.pt|rng_state
 _ACCELERATE_FILES = re.compile(r"^(optimizer(_\d+)?\.bin|scheduler(_\d+)?\.bin|scaler\.pt|random_states_\d+\.pkl)$")
 _ACCELERATE_MARK = re.compile(r"^random_states_\d+\.pkl$")
 _RNG_KEYS = frozenset({"python", "numpy", "cpu", "cuda", "mps", "xpu", "npu", "hpu", "mlu", "musa"})
-_TRAINING_ARGS = frozenset({"transformers.training_args.TrainingArguments",
-                            "transformers.training_args_seq2seq.Seq2SeqTrainingArguments"})
+_TRAINING_ARGS = frozenset(
+    {"transformers.training_args.TrainingArguments", "transformers.training_args_seq2seq.Seq2SeqTrainingArguments"}
+)
 
 
 def resume_state_name(path: str, siblings: Callable[[str], bool], names: Callable[[str], list[str]]) -> bool:

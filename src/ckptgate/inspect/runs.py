@@ -27,8 +27,11 @@ def list_checkpoints(root: Path) -> list[tuple[int, str]]:
     """``(N, name)`` of every ``checkpoint-N`` folder directly under ``root`` (no symlinks), by N."""
     try:
         with os.scandir(root) as it:
-            found = [(int(m.group(1)), e.name) for e in it
-                     if (m := CHECKPOINT_DIR.match(e.name)) and e.is_dir(follow_symlinks=False)]
+            found = [
+                (int(m.group(1)), e.name)
+                for e in it
+                if (m := CHECKPOINT_DIR.match(e.name)) and e.is_dir(follow_symlinks=False)
+            ]
     except (NotADirectoryError, FileNotFoundError, PermissionError):
         return []
     return sorted(found)
@@ -55,25 +58,35 @@ def select_checkpoint(root: Path, choice: str | None) -> Path:
             return root
         if len(found) == 1 and _names(root) == names:
             return root / names[0]
-        raise UsageError("usage.checkpoint.ambiguous",
-                         f"{root} holds {len(found)} Trainer checkpoint folder(s) ({', '.join(names)})"
-                         + ("" if len(found) > 1 else " beside other files")
-                         + "; choose one with --checkpoint N or --checkpoint latest",
-                         evidence={"source": str(root), "checkpoints": names},
-                         advice="Pass --checkpoint latest for the highest step, or --checkpoint N for checkpoint-N.")
+        raise UsageError(
+            "usage.checkpoint.ambiguous",
+            f"{root} holds {len(found)} Trainer checkpoint folder(s) ({', '.join(names)})"
+            + ("" if len(found) > 1 else " beside other files")
+            + "; choose one with --checkpoint N or --checkpoint latest",
+            evidence={"source": str(root), "checkpoints": names},
+            advice="Pass --checkpoint latest for the highest step, or --checkpoint N for checkpoint-N.",
+        )
     if not found:
-        raise UsageError("usage.checkpoint.not_a_run",
-                         f"--checkpoint {choice}: {root} holds no checkpoint-N folder",
-                         evidence={"source": str(root), "checkpoint": choice},
-                         advice="Give the checkpoint directory itself, without --checkpoint.")
+        raise UsageError(
+            "usage.checkpoint.not_a_run",
+            f"--checkpoint {choice}: {root} holds no checkpoint-N folder",
+            evidence={"source": str(root), "checkpoint": choice},
+            advice="Give the checkpoint directory itself, without --checkpoint.",
+        )
     if choice == "latest":
         return root / found[-1][1]
     if not choice.isdigit():
-        raise UsageError("usage.checkpoint.not_found", f"--checkpoint {choice!r} is neither a step number nor 'latest'",
-                         evidence={"source": str(root), "checkpoint": choice, "checkpoints": names})
+        raise UsageError(
+            "usage.checkpoint.not_found",
+            f"--checkpoint {choice!r} is neither a step number nor 'latest'",
+            evidence={"source": str(root), "checkpoint": choice, "checkpoints": names},
+        )
     step = int(choice)
     for n, name in found:
         if n == step:
             return root / name
-    raise UsageError("usage.checkpoint.not_found", f"{root} holds no checkpoint-{step} (it holds {', '.join(names)})",
-                     evidence={"source": str(root), "checkpoint": choice, "checkpoints": names})
+    raise UsageError(
+        "usage.checkpoint.not_found",
+        f"{root} holds no checkpoint-{step} (it holds {', '.join(names)})",
+        evidence={"source": str(root), "checkpoint": choice, "checkpoints": names},
+    )

@@ -55,8 +55,12 @@ class TensorInfo:
         return self.data_offsets[1] - self.data_offsets[0]
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
-                "data_offsets": list(self.data_offsets)}
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "data_offsets": list(self.data_offsets),
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,8 +76,13 @@ class SafetensorsHeader:
             raise ValueError("data_start must be 8 + header_len")
 
     def to_json(self) -> dict[str, Any]:
-        return {"header_len": self.header_len, "data_start": self.data_start, "file_size": self.file_size,
-                "metadata": self.metadata, "tensors": [t.to_json() for t in self.tensors]}
+        return {
+            "header_len": self.header_len,
+            "data_start": self.data_start,
+            "file_size": self.file_size,
+            "metadata": self.metadata,
+            "tensors": [t.to_json() for t in self.tensors],
+        }
 
 
 def _rej(check: str, msg: str, path: str, **ev: Any) -> InputRejected:
@@ -101,7 +110,7 @@ def _is_int(v: Any) -> bool:
 
 def parse_header_bytes(prefix_and_header: bytes, file_size: int, *, path: str = "<bytes>") -> SafetensorsHeader:
     """Validate a header given the first ``8 + n`` bytes of a file of ``file_size`` bytes."""
-    return _validate(lambda off, n: prefix_and_header[off:off + n], file_size, path, MAX_HEADER)
+    return _validate(lambda off, n: prefix_and_header[off : off + n], file_size, path, MAX_HEADER)
 
 
 def read_header(src: HashedFile, file_size: int, *, path: str, max_header: int = MAX_HEADER) -> SafetensorsHeader:
@@ -116,19 +125,24 @@ def _validate(read: Any, file_size: int, path: str, max_header: int) -> Safetens
     n = int.from_bytes(read(0, 8), "little")
     # 2. header cap
     if n > max_header:
-        raise _rej("header_too_large", f"header length {n} exceeds the {max_header}-byte cap", path,
-                   header_len=n, limit=max_header)
+        raise _rej(
+            "header_too_large",
+            f"header length {n} exceeds the {max_header}-byte cap",
+            path,
+            header_len=n,
+            limit=max_header,
+        )
     # 3. length vs file
     if 8 + n > file_size:
-        raise _rej("header_beyond_file", "header length runs past the end of the file", path,
-                   header_len=n, size=file_size)
+        raise _rej(
+            "header_beyond_file", "header length runs past the end of the file", path, header_len=n, size=file_size
+        )
     raw = read(8, n)
     if len(raw) != n:
         raise _rej("header_beyond_file", "short read of the header", path)
     # 4. bytes and UTF-8
     if b"\x00" in raw:
-        raise _rej("header_nul", "header contains NUL bytes (padding must be spaces)", path,
-                   at=raw.index(b"\x00"))
+        raise _rej("header_nul", "header contains NUL bytes (padding must be spaces)", path, at=raw.index(b"\x00"))
     if raw.startswith(b"\xef\xbb\xbf"):
         raise _rej("bom", "header starts with a UTF-8 byte-order mark", path)
     try:
@@ -157,34 +171,60 @@ def _validate(read: Any, file_size: int, path: str, max_header: int) -> Safetens
             continue
         if not isinstance(v, dict) or set(v) != {"dtype", "shape", "data_offsets"}:
             _too_deep(v, path)
-            raise _rej("tensor_fields", f"tensor {name!r} must have exactly dtype, shape, data_offsets",
-                       path, tensor=name[:200])
+            raise _rej(
+                "tensor_fields",
+                f"tensor {name!r} must have exactly dtype, shape, data_offsets",
+                path,
+                tensor=name[:200],
+            )
         dtype, shape, offs = v["dtype"], v["shape"], v["data_offsets"]
         if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
-            raise _rej("unknown_dtype", f"tensor {name!r} has unknown dtype {dtype!r}", path, tensor=name[:200],
-                       dtype=str(dtype)[:40])
+            raise _rej(
+                "unknown_dtype",
+                f"tensor {name!r} has unknown dtype {dtype!r}",
+                path,
+                tensor=name[:200],
+                dtype=str(dtype)[:40],
+            )
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             _too_deep(shape, path)
-            raise _rej("bad_shape", f"tensor {name!r} shape is not a list of non-negative integers", path,
-                       tensor=name[:200])
-        if (not isinstance(offs, list) or len(offs) != 2
-                or not all(_is_int(o) and 0 <= o <= _MAX_SAFE_INT for o in offs)):
-            raise _rej("bad_offsets", f"tensor {name!r} data_offsets is not two integers in [0, 2^53]", path,
-                       tensor=name[:200])
+            raise _rej(
+                "bad_shape", f"tensor {name!r} shape is not a list of non-negative integers", path, tensor=name[:200]
+            )
+        if (
+            not isinstance(offs, list)
+            or len(offs) != 2
+            or not all(_is_int(o) and 0 <= o <= _MAX_SAFE_INT for o in offs)
+        ):
+            raise _rej(
+                "bad_offsets", f"tensor {name!r} data_offsets is not two integers in [0, 2^53]", path, tensor=name[:200]
+            )
         if offs[0] > offs[1]:
-            raise _rej("offsets_reversed", f"tensor {name!r} begin offset is after its end", path,
-                       tensor=name[:200], data_offsets=offs)
+            raise _rej(
+                "offsets_reversed",
+                f"tensor {name!r} begin offset is after its end",
+                path,
+                tensor=name[:200],
+                data_offsets=offs,
+            )
         tensors.append(TensorInfo(name=name, dtype=dtype, shape=tuple(shape), data_offsets=(offs[0], offs[1])))
     # 6. offsets contiguous from 0
     expected = 0
     for t in sorted(tensors, key=lambda t: (t.data_offsets[0], t.data_offsets[1])):
         b, end = t.data_offsets
         if b > expected:
-            raise _rej("offsets_gap", f"gap before tensor {t.name!r}", path, tensor=t.name[:200], begin=b,
-                       expected=expected)
+            raise _rej(
+                "offsets_gap", f"gap before tensor {t.name!r}", path, tensor=t.name[:200], begin=b, expected=expected
+            )
         if b < expected:
-            raise _rej("offsets_overlap", f"tensor {t.name!r} overlaps the previous tensor", path,
-                       tensor=t.name[:200], begin=b, expected=expected)
+            raise _rej(
+                "offsets_overlap",
+                f"tensor {t.name!r} overlaps the previous tensor",
+                path,
+                tensor=t.name[:200],
+                begin=b,
+                expected=expected,
+            )
         expected = end
     for t in tensors:
         # 7. checked multiplication
@@ -192,22 +232,26 @@ def _validate(read: Any, file_size: int, path: str, max_header: int) -> Safetens
         for d in t.shape:
             numel *= d
             if numel >= 1 << 64:
-                raise _rej("shape_overflow", f"tensor {t.name!r} shape product overflows 64 bits", path,
-                           tensor=t.name[:200])
+                raise _rej(
+                    "shape_overflow", f"tensor {t.name!r} shape product overflows 64 bits", path, tensor=t.name[:200]
+                )
         bits = numel * DTYPE_BITS[t.dtype]
         if bits >= 1 << 67:
             raise _rej("shape_overflow", f"tensor {t.name!r} byte size overflows 64 bits", path, tensor=t.name[:200])
         # 8. byte size vs shape
         if bits % 8 or bits // 8 != t.nbytes:
-            raise _rej("size_mismatch", f"tensor {t.name!r} spans {t.nbytes} bytes but its shape and dtype "
-                       f"need {bits / 8:g}", path, tensor=t.name[:200], nbytes=t.nbytes, expected_bits=bits)
+            raise _rej(
+                "size_mismatch",
+                f"tensor {t.name!r} spans {t.nbytes} bytes but its shape and dtype need {bits / 8:g}",
+                path,
+                tensor=t.name[:200],
+                nbytes=t.nbytes,
+                expected_bits=bits,
+            )
     # 9. buffer covered exactly
     buf = file_size - 8 - n
     if expected < buf:
-        raise _rej("trailing_bytes", f"{buf - expected} bytes follow the last tensor", path,
-                   trailing=buf - expected)
+        raise _rej("trailing_bytes", f"{buf - expected} bytes follow the last tensor", path, trailing=buf - expected)
     if expected > buf:
-        raise _rej("offsets_beyond_file", "tensor data runs past the end of the file", path,
-                   end=expected, buffer=buf)
-    return SafetensorsHeader(header_len=n, data_start=8 + n, file_size=file_size, tensors=tuple(tensors),
-                             metadata=meta)
+        raise _rej("offsets_beyond_file", "tensor data runs past the end of the file", path, end=expected, buffer=buf)
+    return SafetensorsHeader(header_len=n, data_start=8 + n, file_size=file_size, tensors=tuple(tensors), metadata=meta)

@@ -69,8 +69,15 @@ __all__ = ["TensorRecord", "TorchZipLayout", "inspect_torch_zip", "walk_value"]
 MAX_DATA_PKL = PickleLimits().max_bytes  # the reader's own cap: data.pkl is read whole
 _MAX_NODES = 5_000_000
 #: Records ``torch.load`` reads when present, besides ``data/<key>`` (see the module docstring).
-TORCH_READS = ("data.pkl", "byteorder", "version", ".data/version", ".data/serialization_id", ".format_version",
-               ".storage_alignment")
+TORCH_READS = (
+    "data.pkl",
+    "byteorder",
+    "version",
+    ".data/version",
+    ".data/serialization_id",
+    ".format_version",
+    ".storage_alignment",
+)
 _KNOWN_RECORDS = set(TORCH_READS) - {"data.pkl"}
 
 
@@ -96,10 +103,18 @@ class TensorRecord:
         return True
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "stride": list(self.stride),
-                "storage_offset": self.storage_offset, "storage_key": self.storage_key,
-                "storage_dtype": self.storage_dtype, "storage_nbytes": self.storage_nbytes,
-                "storage_range": list(self.storage_range), "contiguous": self.contiguous}
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "stride": list(self.stride),
+            "storage_offset": self.storage_offset,
+            "storage_key": self.storage_key,
+            "storage_dtype": self.storage_dtype,
+            "storage_nbytes": self.storage_nbytes,
+            "storage_range": list(self.storage_range),
+            "contiguous": self.contiguous,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,16 +128,21 @@ class TorchZipLayout:
     records: dict[str, tuple[int, int]]
 
     def to_json(self) -> dict[str, Any]:
-        return {"prefix": self.prefix, "tensors": [t.to_json() for t in self.tensors],
-                "values": dict(self.values), "pickle": self.pickle.to_json()}
+        return {
+            "prefix": self.prefix,
+            "tensors": [t.to_json() for t in self.tensors],
+            "values": dict(self.values),
+            "pickle": self.pickle.to_json(),
+        }
 
 
 class _Records:
     """Record name -> the zip entry torch's reader opens for it (miniz's ASCII case-insensitive
     lookup of ``prefix/name``), refusing ambiguous and inexact matches with findings."""
 
-    def __init__(self, prefix: str, entries: tuple[ZipEntry, ...], base: int, path: str,
-                 findings: list[Finding]) -> None:
+    def __init__(
+        self, prefix: str, entries: tuple[ZipEntry, ...], base: int, path: str, findings: list[Finding]
+    ) -> None:
         self.prefix, self.base, self.path, self.findings = prefix, base, path, findings
         self.folded: dict[bytes, list[ZipEntry]] = {}
         for e in entries:
@@ -137,27 +157,49 @@ class _Records:
         found = self.folded.get(want.encode("utf-8", "surrogatepass").split(b"\0", 1)[0].lower(), [])
         entry = None
         if len(found) > 1:
-            self.findings.append(error("torch.ambiguous_record", self.path, f"record {record!r} matches "
-                                       f"{len(found)} entries under torch's case-insensitive lookup; which one "
-                                       "torch reads is miniz's choice", record=record,
-                                       entries=[e.name for e in found][:10]))
+            self.findings.append(
+                error(
+                    "torch.ambiguous_record",
+                    self.path,
+                    f"record {record!r} matches "
+                    f"{len(found)} entries under torch's case-insensitive lookup; which one "
+                    "torch reads is miniz's choice",
+                    record=record,
+                    entries=[e.name for e in found][:10],
+                )
+            )
         elif found and found[0].name != want:
-            self.findings.append(error("torch.record_name_mismatch", self.path,
-                                       f"torch reads entry {found[0].name!r} for record {record!r} (its lookup "
-                                       "ignores ASCII case and stops at a NUL)", record=record, entry=found[0].name))
+            self.findings.append(
+                error(
+                    "torch.record_name_mismatch",
+                    self.path,
+                    f"torch reads entry {found[0].name!r} for record {record!r} (its lookup "
+                    "ignores ASCII case and stops at a NUL)",
+                    record=record,
+                    entry=found[0].name,
+                )
+            )
         elif found:
             entry = found[0]
         self.resolved[record] = entry
         return entry
 
     def ranges(self) -> dict[str, tuple[int, int]]:
-        return {r: (self.base + e.data_offset, self.base + e.data_offset + e.size)
-                for r, e in self.resolved.items() if e is not None}
+        return {
+            r: (self.base + e.data_offset, self.base + e.data_offset + e.size)
+            for r, e in self.resolved.items()
+            if e is not None
+        }
 
 
 def _ints(v: Any) -> tuple[int, ...] | None:
-    if isinstance(v, Call) and isinstance(v.func, Global) and v.func.dotted == "torch.Size" \
-            and isinstance(v.args, tuple) and len(v.args) == 1:
+    if (
+        isinstance(v, Call)
+        and isinstance(v.func, Global)
+        and v.func.dotted == "torch.Size"
+        and isinstance(v.args, tuple)
+        and len(v.args) == 1
+    ):
         v = v.args[0]
     if isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
         return v
@@ -169,12 +211,17 @@ def _tensor_args(c: Call) -> tuple[str, tuple[Any, ...]] | None:
     f = c.func.dotted if isinstance(c.func, Global) else None
     if f in ("torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3") and isinstance(c.args, tuple):
         return f, c.args
-    if f == "torch._utils._rebuild_parameter" and isinstance(c.args, tuple) and c.args \
-            and isinstance(c.args[0], Call):
+    if f == "torch._utils._rebuild_parameter" and isinstance(c.args, tuple) and c.args and isinstance(c.args[0], Call):
         return _tensor_args(c.args[0])
-    if f == "torch._tensor._rebuild_from_type_v2" and isinstance(c.args, tuple) and len(c.args) >= 3 \
-            and isinstance(c.args[0], Global) and isinstance(c.args[2], tuple) \
-            and isinstance(c.args[1], Global) and c.args[1].dotted in ("torch.Tensor", "torch.nn.parameter.Parameter"):
+    if (
+        f == "torch._tensor._rebuild_from_type_v2"
+        and isinstance(c.args, tuple)
+        and len(c.args) >= 3
+        and isinstance(c.args[0], Global)
+        and isinstance(c.args[2], tuple)
+        and isinstance(c.args[1], Global)
+        and c.args[1].dotted in ("torch.Tensor", "torch.nn.parameter.Parameter")
+    ):
         return _tensor_args(Call(opcode="REDUCE", func=c.args[0], args=c.args[2]))
     return None
 
@@ -210,9 +257,16 @@ def walk_value(value: Any, visit: Any, *, max_nodes: int = _MAX_NODES) -> bool:
     return True
 
 
-def inspect_torch_zip(src: HashedFile, size: int, *, path: str, base: int = 0, context: str = "tensors",
-                      verify_crc: CrcMode = True,
-                      work: WorkBudget | None = None) -> tuple[TorchZipLayout | None, tuple[Finding, ...]]:
+def inspect_torch_zip(
+    src: HashedFile,
+    size: int,
+    *,
+    path: str,
+    base: int = 0,
+    context: str = "tensors",
+    verify_crc: CrcMode = True,
+    work: WorkBudget | None = None,
+) -> tuple[TorchZipLayout | None, tuple[Finding, ...]]:
     """Check and read the torch zip at ``[base, base + size)`` of ``src``; with :class:`DeferredCrcs`
     the CRC pass is left to it (every entry is stored).  ``data.pkl`` is read within a per-file
     budget for its bytes, charged to ``work`` (the whole tree's) too."""
@@ -225,15 +279,24 @@ def inspect_torch_zip(src: HashedFile, size: int, *, path: str, base: int = 0, c
     first = zr.entries[0].name if zr.entries else ""
     prefix = first.split("/", 1)[0]
     if "/" not in first or any(not n.startswith(prefix + "/") for n in names):
-        findings.append(error("torch.bad_archive", path, "torch zip entries do not all sit under the first "
-                              "entry's top-level folder", prefix=prefix,
-                              tops=sorted({n.split("/", 1)[0] for n in names})[:10]))
+        findings.append(
+            error(
+                "torch.bad_archive",
+                path,
+                "torch zip entries do not all sit under the first entry's top-level folder",
+                prefix=prefix,
+                tops=sorted({n.split("/", 1)[0] for n in names})[:10],
+            )
+        )
         return None, tuple(findings)
-    rel = {n[len(prefix) + 1:]: e for n, e in names.items()}
+    rel = {n[len(prefix) + 1 :]: e for n, e in names.items()}
     records = _Records(prefix, zr.entries, base, path, findings)
     if "constants.pkl" in rel or any(r.startswith("code/") for r in rel):
-        findings.append(error("torch.torchscript_archive", path,
-                              "a TorchScript archive (code/, constants.pkl) is not a weights file"))
+        findings.append(
+            error(
+                "torch.torchscript_archive", path, "a TorchScript archive (code/, constants.pkl) is not a weights file"
+            )
+        )
         return None, tuple(findings)
     for r in TORCH_READS:
         records.get(r)
@@ -249,8 +312,9 @@ def inspect_torch_zip(src: HashedFile, size: int, *, path: str, base: int = 0, c
         findings.append(error("torch.byteorder", path, "storages are not little-endian"))
     for r in rel:
         if r != "data.pkl" and not r.startswith("data/") and r not in _KNOWN_RECORDS:
-            findings.append(warning("torch.unknown_record", path, f"unexpected record {r!r} in the torch zip",
-                                    record=r))
+            findings.append(
+                warning("torch.unknown_record", path, f"unexpected record {r!r} in the torch zip", record=r)
+            )
     data = src.pread(pkl.size, base + pkl.data_offset)
     rep = read_pickle(data, path=path, context=context, work=work.file(path, pkl.size) if work is not None else None)
     findings.extend(rep.findings)
@@ -276,30 +340,33 @@ def inspect_torch_zip(src: HashedFile, size: int, *, path: str, base: int = 0, c
         return True
 
     if rep.value is not None and not walk_value(rep.value, visit, max_nodes=rep.tree_units):
-        findings.append(error("pickle.expansion_limit", path, "the pickle's object graph exceeds the "
-                              "node budget (memo expansion)"))
+        findings.append(
+            error("pickle.expansion_limit", path, "the pickle's object graph exceeds the node budget (memo expansion)")
+        )
     named = _persistent_storages(rep, records, used, findings, path)
     for r in rel:
         if r.startswith("data/") and r[5:] not in used and r[5:] not in named:
-            findings.append(warning("torch.storage_unreferenced", path, f"storage {r} is never referenced",
-                                    record=r))
+            findings.append(warning("torch.storage_unreferenced", path, f"storage {r} is never referenced", record=r))
     for r, e in rel.items():
         if r.startswith("data/") and e.size >= 8:
             head = src.pread(4, base + e.data_offset)
             if head == b"PK\x03\x04" or (head[0] == 0x80 and head[1] in (2, 3, 4, 5)):
-                findings.append(warning("torch.storage_looks_like_pickle", path,
-                                        f"storage {r} starts like a pickle or zip", record=r))
+                findings.append(
+                    warning(
+                        "torch.storage_looks_like_pickle", path, f"storage {r} starts like a pickle or zip", record=r
+                    )
+                )
     if isinstance(verify_crc, DeferredCrcs) and not any(f.severity == "error" for f in findings):
         verify_crc.add(path, base, zr.entries)
     elif verify_crc and not any(f.severity == "error" for f in findings):
         findings.extend(verify_crcs(src, size, zr.entries, path=path, base=base))
-    layout = TorchZipLayout(prefix=prefix, tensors=tuple(tensors), values=values, pickle=rep,
-                            records=records.ranges())
+    layout = TorchZipLayout(prefix=prefix, tensors=tuple(tensors), values=values, pickle=rep, records=records.ranges())
     return layout, tuple(findings)
 
 
-def _persistent_storages(rep: PickleReport, records: _Records, used: dict[str, str], findings: list[Finding],
-                         path: str) -> set[str]:
+def _persistent_storages(
+    rep: PickleReport, records: _Records, used: dict[str, str], findings: list[Finding], path: str
+) -> set[str]:
     """Resolve ``data/<key>`` for every persistent id the pickle holds, as ``torch.load``'s
     ``persistent_load`` does for each one it reads (``("storage", type, key, location, numel)``,
     ``f"data/{key}"``), wherever it ends up: inside a recognised tensor (already resolved, in
@@ -308,29 +375,54 @@ def _persistent_storages(rep: PickleReport, records: _Records, used: dict[str, s
     for pid in rep.persistent_ids:
         key = pid[2] if isinstance(pid, tuple) and len(pid) == 5 and pid[0] in ("storage", b"storage") else None
         if not isinstance(key, str) and not (isinstance(key, int) and not isinstance(key, bool)):
-            findings.append(error("torch.unrecognised_persistent_id", path, "a persistent id is not a storage "
-                                  "reference torch.load would resolve", pid=repr(pid)[:200]))
+            findings.append(
+                error(
+                    "torch.unrecognised_persistent_id",
+                    path,
+                    "a persistent id is not a storage reference torch.load would resolve",
+                    pid=repr(pid)[:200],
+                )
+            )
             continue
         key = str(key)
         if key in used or key in named:
             continue
         named.add(key)
         if records.get(f"data/{key}") is None:
-            findings.append(error("torch.storage_missing", path, f"the pickle names storage {key}, which is not "
-                                  "in the archive", key=key))
+            findings.append(
+                error(
+                    "torch.storage_missing",
+                    path,
+                    f"the pickle names storage {key}, which is not in the archive",
+                    key=key,
+                )
+            )
     return named
 
 
-def _tensor(name: str, ta: tuple[str, tuple[Any, ...]], records: _Records, base: int,
-            findings: list[Finding], path: str, used: dict[str, str]) -> TensorRecord | None:
+def _tensor(
+    name: str,
+    ta: tuple[str, tuple[Any, ...]],
+    records: _Records,
+    base: int,
+    findings: list[Finding],
+    path: str,
+    used: dict[str, str],
+) -> TensorRecord | None:
     fn, args = ta
     bad = error("torch.unrecognised_tensor", path, f"tensor {name!r} is not in a recognised form", name=name)
     if len(args) < 6 or not isinstance(args[0], PersId):
         findings.append(bad)
         return None
     pid = args[0].pid
-    if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], Global)
-            and isinstance(pid[2], str) and isinstance(pid[4], int)):
+    if not (
+        isinstance(pid, tuple)
+        and len(pid) == 5
+        and pid[0] == "storage"
+        and isinstance(pid[1], Global)
+        and isinstance(pid[2], str)
+        and isinstance(pid[4], int)
+    ):
         findings.append(bad)
         return None
     sdtype = STORAGE_DTYPES.get(pid[1].dotted)
@@ -341,23 +433,46 @@ def _tensor(name: str, ta: tuple[str, tuple[Any, ...]], records: _Records, base:
             findings.append(bad)
             return None
         dtype = args[6].name
-    if sdtype is None or dtype is None or dtype not in DTYPE_ITEMSIZE or not isinstance(off, int) or shape is None \
-            or stride is None or len(shape) != len(stride) or off < 0 or any(s < 0 for s in stride + shape):
+    if (
+        sdtype is None
+        or dtype is None
+        or dtype not in DTYPE_ITEMSIZE
+        or not isinstance(off, int)
+        or shape is None
+        or stride is None
+        or len(shape) != len(stride)
+        or off < 0
+        or any(s < 0 for s in stride + shape)
+    ):
         findings.append(bad)
         return None
     key = pid[2]
     if used.setdefault(key, sdtype) != sdtype:
-        findings.append(error("torch.storage_dtype_conflict", path, f"storage {key} is used with two dtypes",
-                              key=key))
+        findings.append(error("torch.storage_dtype_conflict", path, f"storage {key} is used with two dtypes", key=key))
     entry = records.get(f"data/{key}")
     if entry is None:
-        findings.append(error("torch.storage_missing", path, f"tensor {name!r} names storage {key}, which is "
-                              "not in the archive", name=name, key=key))
+        findings.append(
+            error(
+                "torch.storage_missing",
+                path,
+                f"tensor {name!r} names storage {key}, which is not in the archive",
+                name=name,
+                key=key,
+            )
+        )
         return None
     snbytes = pid[4] * DTYPE_ITEMSIZE[sdtype]
     if entry.size != snbytes:
-        findings.append(error("torch.storage_size_mismatch", path, f"storage {key} holds {entry.size} bytes "
-                              f"but declares {snbytes}", key=key, size=entry.size, declared=snbytes))
+        findings.append(
+            error(
+                "torch.storage_size_mismatch",
+                path,
+                f"storage {key} holds {entry.size} bytes but declares {snbytes}",
+                key=key,
+                size=entry.size,
+                declared=snbytes,
+            )
+        )
         return None
     isz = DTYPE_ITEMSIZE[dtype]
     numel = 1
@@ -366,9 +481,27 @@ def _tensor(name: str, ta: tuple[str, tuple[Any, ...]], records: _Records, base:
     if numel:
         last = off + sum((d - 1) * s for d, s in zip(shape, stride, strict=True))
         if (last + 1) * isz > entry.size:
-            findings.append(error("torch.tensor_out_of_bounds", path, f"tensor {name!r} reads past the end of "
-                                  f"storage {key}", name=name, key=key, need=(last + 1) * isz, size=entry.size))
+            findings.append(
+                error(
+                    "torch.tensor_out_of_bounds",
+                    path,
+                    f"tensor {name!r} reads past the end of storage {key}",
+                    name=name,
+                    key=key,
+                    need=(last + 1) * isz,
+                    size=entry.size,
+                )
+            )
             return None
     start = base + entry.data_offset
-    return TensorRecord(name=name, dtype=dtype, shape=shape, stride=stride, storage_offset=off, storage_key=key,
-                        storage_dtype=sdtype, storage_nbytes=entry.size, storage_range=(start, start + entry.size))
+    return TensorRecord(
+        name=name,
+        dtype=dtype,
+        shape=shape,
+        stride=stride,
+        storage_offset=off,
+        storage_key=key,
+        storage_dtype=sdtype,
+        storage_nbytes=entry.size,
+        storage_range=(start, start + entry.size),
+    )

@@ -84,8 +84,13 @@ class FileEntry:
             raise ValueError("negative size")
 
 
-_KIND_NAMES = {stat.S_IFLNK: "symlink", stat.S_IFIFO: "fifo", stat.S_IFCHR: "char_device",
-               stat.S_IFBLK: "block_device", stat.S_IFSOCK: "socket"}
+_KIND_NAMES = {
+    stat.S_IFLNK: "symlink",
+    stat.S_IFIFO: "fifo",
+    stat.S_IFCHR: "char_device",
+    stat.S_IFBLK: "block_device",
+    stat.S_IFSOCK: "socket",
+}
 
 
 @dataclass(slots=True)
@@ -103,11 +108,17 @@ class SafeTree:
     Use :meth:`open`; close with :meth:`close` or a ``with`` block.
     """
 
-    __slots__ = ("_by_path", "_held", "_ledgers", "_prev_sigio", "_root_fd", "entries", "findings", "limits",
-                 "root")
+    __slots__ = ("_by_path", "_held", "_ledgers", "_prev_sigio", "_root_fd", "entries", "findings", "limits", "root")
 
-    def __init__(self, *, root: Path, root_fd: int, entries: tuple[FileEntry, ...],
-                 findings: tuple[Finding, ...], limits: WalkLimits) -> None:
+    def __init__(
+        self,
+        *,
+        root: Path,
+        root_fd: int,
+        entries: tuple[FileEntry, ...],
+        findings: tuple[Finding, ...],
+        limits: WalkLimits,
+    ) -> None:
         self.root = root
         self._root_fd: int | None = root_fd
         self.entries = entries
@@ -127,9 +138,11 @@ class SafeTree:
         try:
             root_fd = os.open(root, flags)
         except OSError as e:
-            raise InputRejected("input.walk.root_unreadable",
-                                f"cannot open {root} as a directory (not following symlinks): {e.strerror}",
-                                evidence={"root": str(root), "errno": e.errno}) from None
+            raise InputRejected(
+                "input.walk.root_unreadable",
+                f"cannot open {root} as a directory (not following symlinks): {e.strerror}",
+                evidence={"root": str(root), "errno": e.errno},
+            ) from None
         try:
             try:
                 probe = openat2(root_fd, ".", os.O_RDONLY | os.O_DIRECTORY)
@@ -147,11 +160,11 @@ class SafeTree:
             st = _WalkState(limits=limits)
             _walk_dir(root_fd, "", 0, st)
             if not st.entries and not st.findings:
-                st.findings.append(error("walk.empty", "", "the directory holds no files: there is no checkpoint "
-                                                          "to inspect"))
+                st.findings.append(
+                    error("walk.empty", "", "the directory holds no files: there is no checkpoint to inspect")
+                )
             entries = tuple(sorted(st.entries, key=lambda e: e.path))
-            return cls(root=root, root_fd=root_fd, entries=entries, findings=tuple(st.findings),
-                       limits=limits)
+            return cls(root=root, root_fd=root_fd, entries=entries, findings=tuple(st.findings), limits=limits)
         except BaseException:
             os.close(root_fd)
             raise
@@ -189,22 +202,27 @@ class SafeTree:
             raise InputRejected("input.walk.closed", "the tree has been closed")
         known = self._by_path.get(relpath)
         if known is None:
-            raise InputRejected("input.walk.not_in_tree", f"{relpath!r} is not a walked regular file",
-                                evidence={"path": relpath})
+            raise InputRejected(
+                "input.walk.not_in_tree", f"{relpath!r} is not a walked regular file", evidence={"path": relpath}
+            )
         if relpath in self._held:  # the same open file description, under its lease
             return os.dup(self._held[relpath])
         try:
             fd = openat2(self._root_fd, relpath, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as e:
-            raise InputRejected("input.walk.open_refused", f"cannot open {relpath!r} beneath the root: "
-                                f"{e.strerror}", evidence={"path": relpath, "errno": e.errno}) from None
+            raise InputRejected(
+                "input.walk.open_refused",
+                f"cannot open {relpath!r} beneath the root: {e.strerror}",
+                evidence={"path": relpath, "errno": e.errno},
+            ) from None
         try:
             s = os.fstat(fd)
-            if (not stat.S_ISREG(s.st_mode) or s.st_dev != known.dev or s.st_ino != known.ino
-                    or s.st_size != known.size):
-                raise InputRejected("input.walk.changed",
-                                    f"{relpath!r} changed between the walk and the read",
-                                    evidence={"path": relpath, "size": s.st_size, "walked_size": known.size})
+            if not stat.S_ISREG(s.st_mode) or s.st_dev != known.dev or s.st_ino != known.ino or s.st_size != known.size:
+                raise InputRejected(
+                    "input.walk.changed",
+                    f"{relpath!r} changed between the walk and the read",
+                    evidence={"path": relpath, "size": s.st_size, "walked_size": known.size},
+                )
             os.set_blocking(fd, True)
         except BaseException:
             os.close(fd)
@@ -222,8 +240,11 @@ class SafeTree:
         """
         if self._held:
             return True
-        if not self.entries or threading.current_thread() is not threading.main_thread() or not _room_for(
-                len(self.entries)):
+        if (
+            not self.entries
+            or threading.current_thread() is not threading.main_thread()
+            or not _room_for(len(self.entries))
+        ):
             return False
         self._prev_sigio = signal.signal(signal.SIGIO, _lease_broken)  # default action would kill us
         try:
@@ -308,30 +329,43 @@ def _name_ok(name: str, rel: str, st: _WalkState) -> bool:
     try:
         raw = name.encode("utf-8")
     except UnicodeEncodeError:
-        st.findings.append(error("walk.name_not_utf8", rel, "file name is not valid UTF-8; refused",
-                                 name=repr(os.fsencode(name))))
+        st.findings.append(
+            error("walk.name_not_utf8", rel, "file name is not valid UTF-8; refused", name=repr(os.fsencode(name)))
+        )
         return False
     if len(raw) > st.limits.max_name_bytes:
-        st.findings.append(error("walk.name_too_long", rel, "file name exceeds the name-length limit; refused",
-                                 length=len(raw), limit=st.limits.max_name_bytes))
+        st.findings.append(
+            error(
+                "walk.name_too_long",
+                rel,
+                "file name exceeds the name-length limit; refused",
+                length=len(raw),
+                limit=st.limits.max_name_bytes,
+            )
+        )
         return False
     if any(ord(c) < 0x20 or c == "\x7f" or c == "\\" for c in name):
-        st.findings.append(error("walk.name_control_chars", rel,
-                                 "file name contains control characters or a backslash; refused"))
+        st.findings.append(
+            error("walk.name_control_chars", rel, "file name contains control characters or a backslash; refused")
+        )
         return False
     return True
 
 
 def _walk_dir(dir_fd_rel_root: int, prefix: str, depth: int, st: _WalkState) -> None:
     if depth > st.limits.max_depth:
-        raise InputRejected("input.walk.too_deep", f"directory nesting exceeds {st.limits.max_depth}",
-                            evidence={"path": prefix, "limit": st.limits.max_depth})
+        raise InputRejected(
+            "input.walk.too_deep",
+            f"directory nesting exceeds {st.limits.max_depth}",
+            evidence={"path": prefix, "limit": st.limits.max_depth},
+        )
     if prefix:
         try:
             dfd = openat2(dir_fd_rel_root, prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except OSError as e:
-            st.findings.append(error("walk.dir_unreadable", prefix, f"cannot open directory: {e.strerror}",
-                                     errno=e.errno))
+            st.findings.append(
+                error("walk.dir_unreadable", prefix, f"cannot open directory: {e.strerror}", errno=e.errno)
+            )
             return
     else:
         dfd = os.dup(dir_fd_rel_root)
@@ -341,9 +375,11 @@ def _walk_dir(dir_fd_rel_root: int, prefix: str, depth: int, st: _WalkState) -> 
             for de in it:
                 st.count += 1
                 if st.count > st.limits.max_files:
-                    raise InputRejected("input.walk.too_many_files",
-                                        f"the tree holds more than {st.limits.max_files} entries",
-                                        evidence={"limit": st.limits.max_files})
+                    raise InputRejected(
+                        "input.walk.too_many_files",
+                        f"the tree holds more than {st.limits.max_files} entries",
+                        evidence={"limit": st.limits.max_files},
+                    )
                 names.append(de.name)
         names.sort()
         seen: dict[str, str] = {}
@@ -354,9 +390,14 @@ def _walk_dir(dir_fd_rel_root: int, prefix: str, depth: int, st: _WalkState) -> 
                 continue
             key = unicodedata.normalize("NFC", name).casefold()
             if key in seen:
-                st.findings.append(error("walk.name_collision", rel,
-                                         "name collides with another by case or Unicode normalisation",
-                                         other=f"{prefix}/{seen[key]}" if prefix else seen[key]))
+                st.findings.append(
+                    error(
+                        "walk.name_collision",
+                        rel,
+                        "name collides with another by case or Unicode normalisation",
+                        other=f"{prefix}/{seen[key]}" if prefix else seen[key],
+                    )
+                )
             else:
                 seen[key] = name
             try:
@@ -369,21 +410,33 @@ def _walk_dir(dir_fd_rel_root: int, prefix: str, depth: int, st: _WalkState) -> 
                 subdirs.append(rel)
             elif fmt == stat.S_IFREG:
                 if s.st_nlink > 1:
-                    st.findings.append(error("walk.hardlink", rel,
-                                             "regular file has more than one hard link; its content may be "
-                                             "shared with a file outside the checkpoint", nlink=s.st_nlink))
+                    st.findings.append(
+                        error(
+                            "walk.hardlink",
+                            rel,
+                            "regular file has more than one hard link; its content may be "
+                            "shared with a file outside the checkpoint",
+                            nlink=s.st_nlink,
+                        )
+                    )
                 st.total += s.st_size
                 if st.total > st.limits.max_total_bytes:
-                    raise InputRejected("input.walk.too_large",
-                                        f"the tree's files exceed {st.limits.max_total_bytes} bytes",
-                                        evidence={"limit": st.limits.max_total_bytes})
+                    raise InputRejected(
+                        "input.walk.too_large",
+                        f"the tree's files exceed {st.limits.max_total_bytes} bytes",
+                        evidence={"limit": st.limits.max_total_bytes},
+                    )
                 st.entries.append(FileEntry(path=rel, size=s.st_size, dev=s.st_dev, ino=s.st_ino))
             else:
                 kind = _KIND_NAMES.get(fmt, "unknown")
-                st.findings.append(error(f"walk.{kind}", rel, f"{kind.replace('_', ' ')} refused; only regular "
-                                         "files and directories are read"))
+                st.findings.append(
+                    error(
+                        f"walk.{kind}",
+                        rel,
+                        f"{kind.replace('_', ' ')} refused; only regular files and directories are read",
+                    )
+                )
         for rel in subdirs:
             _walk_dir(dir_fd_rel_root, rel, depth + 1, st)
     finally:
         os.close(dfd)
-

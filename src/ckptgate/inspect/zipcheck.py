@@ -32,8 +32,16 @@ from isal.isal_zlib import crc32
 from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.hashed import HashedFile
 
-__all__ = ["CrcMode", "DeferredCrcs", "ZipEntry", "ZipReport", "check_zip", "list_zip_names", "name_collisions",
-           "verify_crcs"]
+__all__ = [
+    "CrcMode",
+    "DeferredCrcs",
+    "ZipEntry",
+    "ZipReport",
+    "check_zip",
+    "list_zip_names",
+    "name_collisions",
+    "verify_crcs",
+]
 
 _EOCD = 0x06054B50
 _Z64_EOCD = 0x06064B50
@@ -155,7 +163,7 @@ def _zip64_extra(extra: bytes, usize: int, csize: int, off: int) -> tuple[int, i
     i = 0
     while i + 4 <= len(extra):
         hid, hlen = struct.unpack_from("<HH", extra, i)
-        body = extra[i + 4:i + 4 + hlen]
+        body = extra[i + 4 : i + 4 + hlen]
         if hid == 0x0001:
             vals = []
             j = 0
@@ -183,8 +191,11 @@ def _eocd(z: _Z) -> tuple[int, int, int]:
         tail = z.read(max(0, z.size - 65557), min(z.size, 65557))
         at = tail.rfind(b"PK\x05\x06")
         if at >= 0:
-            z.fail("zip.trailing_bytes", "bytes or a comment follow the end-of-central-directory record",
-                   trailing=len(tail) - at - 22)
+            z.fail(
+                "zip.trailing_bytes",
+                "bytes or a comment follow the end-of-central-directory record",
+                trailing=len(tail) - at - 22,
+            )
         z.fail("zip.eocd_missing", "no end-of-central-directory record at the end of the file")
     if clen:
         z.fail("zip.trailing_bytes", "the zip has a comment", comment_length=clen)
@@ -208,17 +219,22 @@ def _eocd(z: _Z) -> tuple[int, int, int]:
     elif 0xFFFF in (n,) or 0xFFFFFFFF in (cd_size, cd_off):
         z.fail("zip.bad_zip64", "saturated end record without a zip64 locator")
     if cd_off + cd_size != cd_end:
-        z.fail("zip.bad_central_offset", "the central directory does not end where the end record starts "
-               "(bytes before the first entry, or between the directory and the end record)", cd_end=cd_end,
-               expected=cd_off + cd_size)
+        z.fail(
+            "zip.bad_central_offset",
+            "the central directory does not end where the end record starts "
+            "(bytes before the first entry, or between the directory and the end record)",
+            cd_end=cd_end,
+            expected=cd_off + cd_size,
+        )
     return n, cd_off, cd_end
 
 
 MAX_CENTRAL = 512 << 20
 
 
-def _central(z: _Z, n: int, cd_off: int, cd_end: int,
-             max_entries: int) -> list[tuple[str, int, int, int, int, int, int]]:
+def _central(
+    z: _Z, n: int, cd_off: int, cd_end: int, max_entries: int
+) -> list[tuple[str, int, int, int, int, int, int]]:
     if n > max_entries:
         z.fail("zip.too_many_entries", "the zip declares too many entries", entries=n, limit=max_entries)
     if cd_end - cd_off > MAX_CENTRAL or cd_end < cd_off:
@@ -230,12 +246,13 @@ def _central(z: _Z, n: int, cd_off: int, cd_end: int,
     for _ in range(n):
         if p + 46 > len(cd):
             z.fail("zip.bad_central", "central directory shorter than its entry count")
-        (sig, _vm, _vn, flags, method, _t, _d, crc, csize, usize, nlen, elen, clen, disk, _ia, ext_attr,
-         off) = struct.unpack_from("<IHHHHHHIIIHHHHHII", cd, p)
+        (sig, _vm, _vn, flags, method, _t, _d, crc, csize, usize, nlen, elen, clen, disk, _ia, ext_attr, off) = (
+            struct.unpack_from("<IHHHHHHIIIHHHHHII", cd, p)
+        )
         if sig != _CEN:
             z.fail("zip.bad_central", "bad central directory signature", at=cd_off + p)
-        raw = cd[p + 46:p + 46 + nlen]
-        extra = cd[p + 46 + nlen:p + 46 + nlen + elen]
+        raw = cd[p + 46 : p + 46 + nlen]
+        extra = cd[p + 46 + nlen : p + 46 + nlen + elen]
         p += 46 + nlen + elen + clen
         if p > len(cd) or disk:
             z.fail("zip.bad_central", "central directory entry overruns")
@@ -243,15 +260,30 @@ def _central(z: _Z, n: int, cd_off: int, cd_end: int,
             name = raw.decode("utf-8")
         except UnicodeDecodeError:
             z.fail("zip.bad_name", "entry name is not UTF-8", name=raw.hex())
-        if (not name or name.startswith("/") or "\\" in name or "\x00" in name
-                or ".." in name.split("/") or (len(name) > 1 and name[1] == ":")):
+        if (
+            not name
+            or name.startswith("/")
+            or "\\" in name
+            or "\x00" in name
+            or ".." in name.split("/")
+            or (len(name) > 1 and name[1] == ":")
+        ):
             z.fail("zip.unsafe_name", "entry name is absolute or escapes the archive", name=name)
         if not _canonical(name):
-            z.fail("zip.noncanonical_name", "entry name has an empty or '.' path segment (a//b, a/./b, a "
-                   "trailing slash): readers normalise it differently", name=name)
+            z.fail(
+                "zip.noncanonical_name",
+                "entry name has an empty or '.' path segment (a//b, a/./b, a "
+                "trailing slash): readers normalise it differently",
+                name=name,
+            )
         if ext_attr & _DOS_DIRECTORY:
-            z.fail("zip.directory_entry", "entry is marked as a directory in its external attributes: torch's "
-                   "reader (miniz) extracts none of its bytes", name=name, external_attributes=ext_attr)
+            z.fail(
+                "zip.directory_entry",
+                "entry is marked as a directory in its external attributes: torch's "
+                "reader (miniz) extracts none of its bytes",
+                name=name,
+                external_attributes=ext_attr,
+            )
         if name in seen:
             z.fail("zip.duplicate_name", "two entries have the same name", name=name)
         seen.add(name)
@@ -264,8 +296,13 @@ def _central(z: _Z, n: int, cd_off: int, cd_end: int,
     if p != len(cd):
         z.fail("zip.bad_central", "bytes left in the central directory after its entries")
     for fold, first, second in name_collisions([c[0] for c in out]):
-        z.err("zip.name_collision", f"two entry names are the same under {fold} folding or normalisation: "
-              "which one a reader opens is the reader's choice", fold=fold, names=[first, second])
+        z.err(
+            "zip.name_collision",
+            f"two entry names are the same under {fold} folding or normalisation: "
+            "which one a reader opens is the reader's choice",
+            fold=fold,
+            names=[first, second],
+        )
     return out
 
 
@@ -296,7 +333,7 @@ def _crc(z: _Z, e: ZipEntry) -> None:
             z.fail("zip.truncated", "a structure points beyond the end of the zip", offset=pos, length=left)
         buf = memoryview(bytearray(min(_STORED_CHUNK, left)))
         while left:
-            n = z.src.read_unrecorded(buf[:min(len(buf), left)], z.base + pos)  # CRC only: adds findings
+            n = z.src.read_unrecorded(buf[: min(len(buf), left)], z.base + pos)  # CRC only: adds findings
             if n <= 0:
                 z.fail("zip.truncated", "short read", offset=pos, length=left)
             crc = crc32(buf[:n], crc)
@@ -323,8 +360,17 @@ def _crc(z: _Z, e: ZipEntry) -> None:
         z.err("zip.bad_crc", "CRC-32 of the entry does not match", name=e.name, expected=e.crc, actual=crc)
 
 
-def check_zip(src: HashedFile, size: int, *, path: str, base: int = 0, verify_crc: bool = True,
-              max_ratio: int = 100, max_entries: int = 1_000_000, stored_only: bool = False) -> ZipReport:
+def check_zip(
+    src: HashedFile,
+    size: int,
+    *,
+    path: str,
+    base: int = 0,
+    verify_crc: bool = True,
+    max_ratio: int = 100,
+    max_entries: int = 1_000_000,
+    stored_only: bool = False,
+) -> ZipReport:
     """Check the zip occupying ``[base, base + size)`` of ``src``."""
     z = _Z(src, base, size, path)
     entries: list[ZipEntry] = []
@@ -334,20 +380,28 @@ def check_zip(src: HashedFile, size: int, *, path: str, base: int = 0, verify_cr
         cursor = 0
         for index, (name, flags, method, crc, csize, usize, off) in sorted(enumerate(cen), key=lambda t: t[1][6]):
             if off != cursor:
-                z.fail("zip.gap" if off > cursor else "zip.overlap",
-                       "bytes before or between entries" if off > cursor else "entries overlap",
-                       name=name, offset=off, expected=cursor)
+                z.fail(
+                    "zip.gap" if off > cursor else "zip.overlap",
+                    "bytes before or between entries" if off > cursor else "entries overlap",
+                    name=name,
+                    offset=off,
+                    expected=cursor,
+                )
             (sig, _v, lflags, lmethod, _t, _d, lcrc, lcs, lus, nlen, elen) = struct.unpack(
-                "<IHHHHHIIIHH", z.read(off, 30))
+                "<IHHHHHIIIHH", z.read(off, 30)
+            )
             if sig != _LOC:
                 z.fail("zip.bad_local", "bad local header signature", name=name, offset=off)
             lname = z.read(off + 30, nlen)
             if lname != name.encode("utf-8"):
-                z.fail("zip.name_mismatch", "local header name differs from the central directory",
-                       central=name, local=lname.decode("utf-8", "replace"))
+                z.fail(
+                    "zip.name_mismatch",
+                    "local header name differs from the central directory",
+                    central=name,
+                    local=lname.decode("utf-8", "replace"),
+                )
             if lflags != flags:
-                z.fail("zip.flag_mismatch", "local and central flags differ", name=name, local=lflags,
-                       central=flags)
+                z.fail("zip.flag_mismatch", "local and central flags differ", name=name, local=lflags, central=flags)
             if flags & 0x0001 or flags & 0x0040:
                 z.fail("zip.encrypted", "entry is encrypted", name=name)
             if flags & ~_ALLOWED_FLAGS:
@@ -355,25 +409,32 @@ def check_zip(src: HashedFile, size: int, *, path: str, base: int = 0, verify_cr
             if lmethod != method:
                 z.fail("zip.method_mismatch", "local and central compression methods differ", name=name)
             if method not in (0, 8):
-                z.fail("zip.unsupported_method", "compression method is neither stored nor deflate",
-                       name=name, method=method)
+                z.fail(
+                    "zip.unsupported_method",
+                    "compression method is neither stored nor deflate",
+                    name=name,
+                    method=method,
+                )
             if stored_only and method != 0:
-                z.fail("zip.compressed", "a torch zip entry is compressed; torch writes stored entries only",
-                       name=name)
+                z.fail("zip.compressed", "a torch zip entry is compressed; torch writes stored entries only", name=name)
             if method == 0 and csize != usize:
                 z.fail("zip.size_mismatch", "a stored entry's sizes differ", name=name)
             if usize > max_ratio * max(csize, 1) and usize > 1 << 20:
-                z.fail("zip.compression_ratio", "entry's compression ratio exceeds the cap (zip bomb)",
-                       name=name, size=usize, compressed=csize, limit=max_ratio)
+                z.fail(
+                    "zip.compression_ratio",
+                    "entry's compression ratio exceeds the cap (zip bomb)",
+                    name=name,
+                    size=usize,
+                    compressed=csize,
+                    limit=max_ratio,
+                )
             lextra = z.read(off + 30 + nlen, elen)
             lz = _zip64_extra(lextra, lus, lcs, 0)
             if flags & 0x0008:
                 if (lcrc, lcs, lus) != (0, 0, 0) and (lcrc, lz and lz[1], lz and lz[0]) != (crc, csize, usize):
-                    z.fail("zip.size_mismatch", "local header values disagree with the central directory",
-                           name=name)
+                    z.fail("zip.size_mismatch", "local header values disagree with the central directory", name=name)
             elif lz is None or (lcrc, lz[1], lz[0]) != (crc, csize, usize):
-                z.fail("zip.size_mismatch", "local header values disagree with the central directory",
-                       name=name)
+                z.fail("zip.size_mismatch", "local header values disagree with the central directory", name=name)
             data = off + 30 + nlen + elen
             end = data + csize
             if end > cd_off:
@@ -381,11 +442,26 @@ def check_zip(src: HashedFile, size: int, *, path: str, base: int = 0, verify_cr
             if flags & 0x0008:
                 end += _descriptor(z, end, crc, csize, usize, cd_off)
             cursor = end
-            entries.append(ZipEntry(name=name, flags=flags, method=method, crc=crc, compressed_size=csize,
-                                    size=usize, header_offset=off, data_offset=data, index=index))
+            entries.append(
+                ZipEntry(
+                    name=name,
+                    flags=flags,
+                    method=method,
+                    crc=crc,
+                    compressed_size=csize,
+                    size=usize,
+                    header_offset=off,
+                    data_offset=data,
+                    index=index,
+                )
+            )
         if cursor != cd_off:
-            z.fail("zip.gap", "bytes between the last entry and the central directory", end=cursor,
-                   central_directory=cd_off)
+            z.fail(
+                "zip.gap",
+                "bytes between the last entry and the central directory",
+                end=cursor,
+                central_directory=cd_off,
+            )
         if verify_crc:
             for e in entries:
                 _crc(z, e)
@@ -395,8 +471,9 @@ def check_zip(src: HashedFile, size: int, *, path: str, base: int = 0, verify_cr
     return ZipReport(entries=tuple(sorted(entries, key=lambda e: e.index)), findings=tuple(z.findings))
 
 
-def verify_crcs(src: HashedFile, size: int, entries: tuple[ZipEntry, ...], *, path: str,
-                base: int = 0) -> tuple[Finding, ...]:
+def verify_crcs(
+    src: HashedFile, size: int, entries: tuple[ZipEntry, ...], *, path: str, base: int = 0
+) -> tuple[Finding, ...]:
     """Stream the CRC-32 of already checked entries (run after the cheap structural checks)."""
     z = _Z(src, base, size, path)
     try:
@@ -445,8 +522,9 @@ class DeferredCrcs:
             for path in sorted(self._spans):
                 f = self._files.get(path)
                 if f is None:
-                    out.append(error("zip.crc_not_checked", path, "the CRC-32 of this file's zip entries was never "
-                                     "computed"))
+                    out.append(
+                        error("zip.crc_not_checked", path, "the CRC-32 of this file's zip entries was never computed")
+                    )
                 else:
                     out.extend(f.findings())
         return out
@@ -478,27 +556,47 @@ class _StreamedCrcs:
             start, e = self.spans[i]
             lo, hi = max(offset, start), min(end, start + e.compressed_size)
             if lo < hi:
-                self.crcs[i] = crc32(chunk[lo - offset:hi - offset], self.crcs[i])
+                self.crcs[i] = crc32(chunk[lo - offset : hi - offset], self.crcs[i])
         self.active = [i for i in self.active if self.spans[i][0] + self.spans[i][1].compressed_size > end]
         self.pos = end
 
     def findings(self) -> list[Finding]:
         if self.out_of_order:
-            return [error("zip.crc_not_checked", self.path, "the file was not streamed in order; its CRC-32 "
-                          "cannot be trusted")]
+            return [
+                error(
+                    "zip.crc_not_checked", self.path, "the file was not streamed in order; its CRC-32 cannot be trusted"
+                )
+            ]
         out = []
         for (start, e), crc in zip(self.spans, self.crcs, strict=True):
             if self.pos < start + e.compressed_size:
-                out.append(error("zip.truncated", self.path, "the file ended before this entry's data did",
-                                 name=e.name, offset=start, length=e.compressed_size))
+                out.append(
+                    error(
+                        "zip.truncated",
+                        self.path,
+                        "the file ended before this entry's data did",
+                        name=e.name,
+                        offset=start,
+                        length=e.compressed_size,
+                    )
+                )
             elif crc != e.crc:
-                out.append(error("zip.bad_crc", self.path, "CRC-32 of the entry does not match", name=e.name,
-                                 expected=e.crc, actual=crc))
+                out.append(
+                    error(
+                        "zip.bad_crc",
+                        self.path,
+                        "CRC-32 of the entry does not match",
+                        name=e.name,
+                        expected=e.crc,
+                        actual=crc,
+                    )
+                )
         return out
 
 
-def list_zip_names(src: HashedFile, size: int, *, base: int = 0,
-                   max_entries: int = 1_000_000) -> tuple[str, ...] | None:
+def list_zip_names(
+    src: HashedFile, size: int, *, base: int = 0, max_entries: int = 1_000_000
+) -> tuple[str, ...] | None:
     """Central directory names, or ``None`` when the directory cannot be read."""
     z = _Z(src, base, size, "")
     try:

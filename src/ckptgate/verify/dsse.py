@@ -49,8 +49,9 @@ def _b64(value: str, what: str) -> bytes:
     try:
         return base64.b64decode(s, validate=True)
     except (binascii.Error, ValueError):
-        raise VerificationError("verify.dsse.bad_base64", f"{what} is not valid base64",
-                                evidence={"field": what}) from None
+        raise VerificationError(
+            "verify.dsse.bad_base64", f"{what} is not valid base64", evidence={"field": what}
+        ) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,12 +77,16 @@ class Envelope:
             raise ValueError("an envelope needs at least one signature")
 
     @classmethod
-    def parse(cls, raw: bytes, *, max_bytes: int = MAX_ENVELOPE_BYTES,
-              payload_type: str = IN_TOTO_PAYLOAD_TYPE) -> Envelope:
+    def parse(
+        cls, raw: bytes, *, max_bytes: int = MAX_ENVELOPE_BYTES, payload_type: str = IN_TOTO_PAYLOAD_TYPE
+    ) -> Envelope:
         """Parse in one ordered pass: size, strict JSON, shape, payloadType, signatures, base64."""
         if len(raw) > max_bytes:
-            raise VerificationError("verify.dsse.too_large", f"envelope is {len(raw)} bytes, over {max_bytes}",
-                                    evidence={"size": len(raw), "cap": max_bytes})
+            raise VerificationError(
+                "verify.dsse.too_large",
+                f"envelope is {len(raw)} bytes, over {max_bytes}",
+                evidence={"size": len(raw), "cap": max_bytes},
+            )
         doc = loads_strict(raw, what="DSSE envelope", max_bytes=max_bytes, error=verify_error)
         return cls.from_doc(doc, payload_type=payload_type)
 
@@ -92,39 +97,52 @@ class Envelope:
             raise VerificationError("verify.dsse.shape", "envelope is not a JSON object")
         unknown = sorted(set(doc) - {"payload", "payloadType", "signatures"})
         if unknown:
-            raise VerificationError("verify.dsse.shape", f"envelope has unknown fields {unknown}",
-                                    evidence={"fields": unknown})
+            raise VerificationError(
+                "verify.dsse.shape", f"envelope has unknown fields {unknown}", evidence={"fields": unknown}
+            )
         ptype, payload, sigs = doc.get("payloadType"), doc.get("payload"), doc.get("signatures")
         if not isinstance(ptype, str) or not isinstance(payload, str):
             raise VerificationError("verify.dsse.shape", "payloadType and payload must be strings")
         if ptype != payload_type:
-            raise VerificationError("verify.dsse.payload_type",
-                                    f"payloadType is {ptype!r}, expected {payload_type!r}",
-                                    evidence={"payload_type": ptype[:256]})
+            raise VerificationError(
+                "verify.dsse.payload_type",
+                f"payloadType is {ptype!r}, expected {payload_type!r}",
+                evidence={"payload_type": ptype[:256]},
+            )
         if sigs is None or sigs == []:
-            raise VerificationError("verify.dsse.unsigned", "envelope carries no signatures",
-                                    advice="An unsigned envelope proves nothing; obtain the signed attestation.")
+            raise VerificationError(
+                "verify.dsse.unsigned",
+                "envelope carries no signatures",
+                advice="An unsigned envelope proves nothing; obtain the signed attestation.",
+            )
         if not isinstance(sigs, list):
             raise VerificationError("verify.dsse.shape", "signatures must be a list")
         if len(sigs) > MAX_SIGNATURES:
-            raise VerificationError("verify.dsse.too_many_signatures",
-                                    f"{len(sigs)} signatures, over the cap of {MAX_SIGNATURES}",
-                                    evidence={"count": len(sigs), "cap": MAX_SIGNATURES})
+            raise VerificationError(
+                "verify.dsse.too_many_signatures",
+                f"{len(sigs)} signatures, over the cap of {MAX_SIGNATURES}",
+                evidence={"count": len(sigs), "cap": MAX_SIGNATURES},
+            )
         parsed: list[Signature] = []
         for i, s in enumerate(sigs):
             if not isinstance(s, dict) or set(s) - {"sig", "keyid"} or not isinstance(s.get("sig"), str):
-                raise VerificationError("verify.dsse.shape", f"signature #{i} must be {{sig, keyid?}} strings",
-                                        evidence={"index": i})
+                raise VerificationError(
+                    "verify.dsse.shape", f"signature #{i} must be {{sig, keyid?}} strings", evidence={"index": i}
+                )
             keyid = s.get("keyid")
             if keyid is not None and not isinstance(keyid, str):
-                raise VerificationError("verify.dsse.shape", f"signature #{i} keyid must be a string",
-                                        evidence={"index": i})
+                raise VerificationError(
+                    "verify.dsse.shape", f"signature #{i} keyid must be a string", evidence={"index": i}
+                )
             sig = _b64(s["sig"], f"signatures[{i}].sig")
             if sig:
                 parsed.append(Signature(sig=sig, keyid=keyid or None))
         if not parsed:
-            raise VerificationError("verify.dsse.unsigned", "every signature of the envelope is empty",
-                                    advice="An unsigned envelope proves nothing; obtain the signed attestation.")
+            raise VerificationError(
+                "verify.dsse.unsigned",
+                "every signature of the envelope is empty",
+                advice="An unsigned envelope proves nothing; obtain the signed attestation.",
+            )
         return cls(payload_type=ptype, payload=_b64(payload, "payload"), signatures=tuple(parsed))
 
 
@@ -176,14 +194,16 @@ def verify_envelope(env: Envelope, keys: Sequence[TrustedKey]) -> tuple[Verified
                     "verify.dsse.signature_over_payload",
                     f"signature by {k.id!r} covers the raw payload, not DSSE PAE",
                     evidence={"signer_id": k.id},
-                    advice="The signer does not implement DSSE; re-sign over PAE(payloadType, payload).")
+                    advice="The signer does not implement DSSE; re-sign over PAE(payloadType, payload).",
+                )
     named = [k.id for k in keys if any(h in (k.spki_sha256, k.id) for h in hints)]
     if named:
         raise VerificationError(
             "verify.dsse.bad_signature",
             f"no signature verifies, though a keyid names trusted key(s) {named}: the payload was altered "
             "or signed by another key",
-            evidence={"keyid_hints": hints, "keyid_hint_trusted": named, "trusted_keys_tried": len(keys)})
+            evidence={"keyid_hints": hints, "keyid_hint_trusted": named, "trusted_keys_tried": len(keys)},
+        )
     signed_by = ", ".join(repr(h)[:80] for h in hints[:4] if h) or "no keyid given"
     raise VerificationError(
         "verify.key.untrusted",
@@ -191,7 +211,8 @@ def verify_envelope(env: Envelope, keys: Sequence[TrustedKey]) -> tuple[Verified
         "signer, name its public key in a trust file and pass it with --trust FILE",
         evidence={"keyid_hints": hints, "trusted_keys_tried": len(keys)},
         advice="The envelope was signed by a key that is not in the trust data, or altered after signing. "
-               "`ckptgate attest keygen --trust-out FILE` shows the trust file's shape.")
+        "`ckptgate attest keygen --trust-out FILE` shows the trust file's shape.",
+    )
 
 
 @runtime_checkable
@@ -225,8 +246,7 @@ class KeySigner:
 
     @classmethod
     def from_key(cls, key: PrivateKey, *, keyid: str | None = None) -> KeySigner:
-        return cls(private_key=key, algorithm=key_algorithm(key),
-                   keyid=keyid or spki_sha256(key.public_key()))
+        return cls(private_key=key, algorithm=key_algorithm(key), keyid=keyid or spki_sha256(key.public_key()))
 
     @classmethod
     def from_pem(cls, path: Path | str | None = None, *, keyid: str | None = None) -> KeySigner:
@@ -243,8 +263,9 @@ class KeySigner:
         try:
             return cls.from_key(key, keyid=keyid)  # type: ignore[arg-type]
         except ValueError:
-            raise UsageError("usage.signing_key_invalid",
-                             f"{p}: only Ed25519 and ECDSA P-256 keys are supported") from None
+            raise UsageError(
+                "usage.signing_key_invalid", f"{p}: only Ed25519 and ECDSA P-256 keys are supported"
+            ) from None
 
     @property
     def public_key(self) -> PublicKey:
@@ -258,8 +279,9 @@ class KeySigner:
 
 def canonical_payload(statement: dict[str, Any]) -> bytes:
     """The payload bytes we sign: sorted keys, compact, UTF-8."""
-    return json.dumps(statement, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    return json.dumps(statement, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+        "utf-8"
+    )
 
 
 def sign_payload(payload: bytes, signers: Sequence[Signer], *, payload_type: str = IN_TOTO_PAYLOAD_TYPE) -> bytes:
@@ -267,10 +289,11 @@ def sign_payload(payload: bytes, signers: Sequence[Signer], *, payload_type: str
     if not signers:
         raise UsageError("usage.no_signer", "at least one signer is required")
     message = pae(payload_type, payload)
-    env = {"payloadType": payload_type,
-           "payload": base64.b64encode(payload).decode("ascii"),
-           "signatures": [{"keyid": s.keyid, "sig": base64.b64encode(s.sign(message)).decode("ascii")}
-                          for s in signers]}
+    env = {
+        "payloadType": payload_type,
+        "payload": base64.b64encode(payload).decode("ascii"),
+        "signatures": [{"keyid": s.keyid, "sig": base64.b64encode(s.sign(message)).decode("ascii")} for s in signers],
+    }
     return (json.dumps(env, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
@@ -289,10 +312,10 @@ def generate_keypair(algorithm: str = "ed25519") -> tuple[bytes, bytes]:
         key = ec.generate_private_key(ec.SECP256R1())
     else:
         raise UsageError("usage.algorithm", f"unsupported algorithm {algorithm!r}; use ed25519 or ecdsa-p256")
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    public = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     return private, public
 
 
@@ -304,10 +327,23 @@ def write_private_key(path: Path, pem: bytes) -> None:
         f.write(pem)
 
 
-def trust_entry(public_pem: bytes, *, signer_id: str, predicate_types: Sequence[str],
-                producers: Sequence[str] = ("*",), scopes: Sequence[str] = ("qualification",)) -> dict[str, Any]:
+def trust_entry(
+    public_pem: bytes,
+    *,
+    signer_id: str,
+    predicate_types: Sequence[str],
+    producers: Sequence[str] = ("*",),
+    scopes: Sequence[str] = ("qualification",),
+) -> dict[str, Any]:
     """The trust-data entry for a public key (to paste into ``config/trust/data.json``)."""
     key = serialization.load_pem_public_key(public_pem)
-    return {"id": signer_id, "kind": "key", "algorithm": key_algorithm(key),
-            "public_key": public_pem.decode("ascii"), "spki_sha256": spki_sha256(key),  # type: ignore[arg-type]
-            "predicate_types": list(predicate_types), "producers": list(producers), "scopes": list(scopes)}
+    return {
+        "id": signer_id,
+        "kind": "key",
+        "algorithm": key_algorithm(key),
+        "public_key": public_pem.decode("ascii"),
+        "spki_sha256": spki_sha256(key),  # type: ignore[arg-type]
+        "predicate_types": list(predicate_types),
+        "producers": list(producers),
+        "scopes": list(scopes),
+    }

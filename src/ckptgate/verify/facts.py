@@ -75,17 +75,34 @@ class SignerFacts:
 
     def to_json(self) -> dict[str, Any]:
         if self.kind == "key":
-            out: dict[str, Any] = {"kind": "key", "signer_id": self.signer_id, "keyid": self.keyid,
-                                   "spki_sha256": self.spki_sha256, "algorithm": self.algorithm}
+            out: dict[str, Any] = {
+                "kind": "key",
+                "signer_id": self.signer_id,
+                "keyid": self.keyid,
+                "spki_sha256": self.spki_sha256,
+                "algorithm": self.algorithm,
+            }
             if self.offered is not None:
                 out["offered"] = self.offered
             return out
         if self.kind == "certificate":
-            return {"kind": "certificate", "signer_id": self.signer_id, "identity": self.identity,
-                    "identities": list(self.identities), "issuer": self.issuer, "root_sha256": self.root_sha256,
-                    "subject": self.subject, "not_after": self.not_after}
-        return {"kind": "sigstore", "signer_id": self.signer_id, "identity": self.identity,
-                "issuer": self.issuer, "extensions": dict(sorted(self.extensions.items()))}
+            return {
+                "kind": "certificate",
+                "signer_id": self.signer_id,
+                "identity": self.identity,
+                "identities": list(self.identities),
+                "issuer": self.issuer,
+                "root_sha256": self.root_sha256,
+                "subject": self.subject,
+                "not_after": self.not_after,
+            }
+        return {
+            "kind": "sigstore",
+            "signer_id": self.signer_id,
+            "identity": self.identity,
+            "issuer": self.issuer,
+            "extensions": dict(sorted(self.extensions.items())),
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,10 +147,15 @@ class VerifiedAttestation:
     def to_facts(self) -> dict[str, Any]:
         """The attestation object of the OPA input document (docs/architecture.md)."""
         verification: dict[str, Any] = {
-            "method": self.method, "checks": list(self.checks), "verified_at": _iso(self.verified_at),
-            "subject_matches_fixture": True, "measured_digest": self.measured_digest,
-            "subject_name": self.subject_name, "subject_digest": self.measured_digest,
-            "predicate_subject": dict(sorted(self.predicate_subject.items())), "payload_sha256": self.payload_sha256,
+            "method": self.method,
+            "checks": list(self.checks),
+            "verified_at": _iso(self.verified_at),
+            "subject_matches_fixture": True,
+            "measured_digest": self.measured_digest,
+            "subject_name": self.subject_name,
+            "subject_digest": self.measured_digest,
+            "predicate_subject": dict(sorted(self.predicate_subject.items())),
+            "payload_sha256": self.payload_sha256,
             "binding": self.binding,
         }
         if self.binding == "manifest":
@@ -141,12 +163,18 @@ class VerifiedAttestation:
         if self.manifest_binding is not None:
             verification["manifest"] = self.manifest_binding.to_json()
         if self.validity is not None:
-            verification["validity"] = {"issued_at": _iso(self.validity.issued_at),
-                                        "expires_at": _iso(self.validity.expires_at)}
+            verification["validity"] = {
+                "issued_at": _iso(self.validity.issued_at),
+                "expires_at": _iso(self.validity.expires_at),
+            }
         if self.timing:
             verification["timing"] = dict(sorted(self.timing.items()))
-        return {"source": self.source, "statement": self.statement,
-                "signers": [s.to_json() for s in self.signers], "verification": verification}
+        return {
+            "source": self.source,
+            "statement": self.statement,
+            "signers": [s.to_json() for s in self.signers],
+            "verification": verification,
+        }
 
 
 def rejection_facts(source: str, err: Error) -> dict[str, Any]:
@@ -180,23 +208,36 @@ def read_envelope(raw: bytes) -> UnverifiedEnvelope:
     fmt = _detect(doc)
     if fmt == "dsse":
         env = dsse.Envelope.from_doc(doc)
-        return UnverifiedEnvelope(format=fmt, payload_type=env.payload_type, payload=env.payload,
-                                  keyids=tuple(s.keyid for s in env.signatures))
+        return UnverifiedEnvelope(
+            format=fmt,
+            payload_type=env.payload_type,
+            payload=env.payload,
+            keyids=tuple(s.keyid for s in env.signatures),
+        )
     env_doc = doc.get("dsseEnvelope")
     if not isinstance(env_doc, dict) or not isinstance(env_doc.get("payload"), str):
         raise VerificationError("verify.sigstore.not_dsse", "bundle carries no DSSE envelope")
-    return UnverifiedEnvelope(format=fmt, payload_type=env_doc.get("payloadType"),
-                              payload=dsse._b64(env_doc["payload"], "payload"),
-                              keyids=tuple(s.get("keyid") for s in env_doc.get("signatures", [])
-                                           if isinstance(s, dict)))
+    return UnverifiedEnvelope(
+        format=fmt,
+        payload_type=env_doc.get("payloadType"),
+        payload=dsse._b64(env_doc["payload"], "payload"),
+        keyids=tuple(s.get("keyid") for s in env_doc.get("signatures", []) if isinstance(s, dict)),
+    )
 
 
-def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_digest: Digest | str, now: datetime,
-                       sigstore_trust_root: Path | str | None = None,
-                       expected_identity: tuple[str, str] | None = None,
-                       expected_commit: str | None = None,
-                       max_clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
-                       manifest: Mapping[str, str] | None = None) -> VerifiedAttestation:
+def verify_attestation(
+    raw: bytes,
+    *,
+    source: str,
+    trust: TrustData,
+    measured_digest: Digest | str,
+    now: datetime,
+    sigstore_trust_root: Path | str | None = None,
+    expected_identity: tuple[str, str] | None = None,
+    expected_commit: str | None = None,
+    max_clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
+    manifest: Mapping[str, str] | None = None,
+) -> VerifiedAttestation:
     """Verify one attestation file's bytes for the fixture whose digest was measured.
 
     Order: size -> strict JSON -> format -> signature under trusted keys (DSSE) or offline Sigstore
@@ -213,9 +254,11 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
         raise ValueError("now must be timezone-aware")
     measured = Digest.of(measured_digest)
     if len(raw) > dsse.MAX_ENVELOPE_BYTES:
-        raise VerificationError("verify.dsse.too_large",
-                                f"attestation is {len(raw)} bytes, over {dsse.MAX_ENVELOPE_BYTES}",
-                                evidence={"size": len(raw), "cap": dsse.MAX_ENVELOPE_BYTES})
+        raise VerificationError(
+            "verify.dsse.too_large",
+            f"attestation is {len(raw)} bytes, over {dsse.MAX_ENVELOPE_BYTES}",
+            evidence={"size": len(raw), "cap": dsse.MAX_ENVELOPE_BYTES},
+        )
     doc = loads_strict(raw, what="attestation", max_bytes=dsse.MAX_ENVELOPE_BYTES, error=verify_error)
     method = _detect(doc)
     checks: list[str] = []
@@ -226,27 +269,45 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
         checks += ["envelope", "payload_type"]
         verified = dsse.verify_envelope(env, trust.keys)
         checks.append("signature")
-        signers = [SignerFacts(kind="key", signer_id=v.key.id, keyid=v.keyid_hint, spki_sha256=v.key.spki_sha256,
-                               algorithm=v.key.algorithm) for v in verified]
+        signers = [
+            SignerFacts(
+                kind="key",
+                signer_id=v.key.id,
+                keyid=v.keyid_hint,
+                spki_sha256=v.key.spki_sha256,
+                algorithm=v.key.algorithm,
+            )
+            for v in verified
+        ]
         payload = env.payload
     else:
         if sigstore_trust_root is None:
-            raise VerificationError("verify.sigstore.no_trust_root",
-                                    "a Sigstore bundle needs a trust root (--sigstore-trust-root)",
-                                    advice="Pass the trusted_root.json of the Sigstore instance you trust.")
+            raise VerificationError(
+                "verify.sigstore.no_trust_root",
+                "a Sigstore bundle needs a trust root (--sigstore-trust-root)",
+                advice="Pass the trusted_root.json of the Sigstore instance you trust.",
+            )
         idents = [expected_identity] if expected_identity else [(s.identity, s.issuer) for s in trust.sigstore]
         res = sigstore.verify_bundle_dsse(raw, trust_root=sigstore_trust_root, identities=idents)
         if res.payload_type != dsse.IN_TOTO_PAYLOAD_TYPE:
-            raise VerificationError("verify.dsse.payload_type",
-                                    f"payloadType is {res.payload_type!r}, expected {dsse.IN_TOTO_PAYLOAD_TYPE!r}")
+            raise VerificationError(
+                "verify.dsse.payload_type",
+                f"payloadType is {res.payload_type!r}, expected {dsse.IN_TOTO_PAYLOAD_TYPE!r}",
+            )
         assert res.payload is not None
         payload = res.payload
         checks += ["bundle", "certificate_chain", "transparency_log", "identity", "payload_type", "signature"]
         sid = next((s.id for s in trust.sigstore if (s.identity, s.issuer) == (res.identity, res.issuer)), None)
-        signers = [SignerFacts(kind="sigstore", signer_id=sid, identity=res.identity, issuer=res.issuer,
-                               extensions=res.extensions)]
-        timing = {"cert_not_before": _iso(res.cert_not_before), "cert_not_after": _iso(res.cert_not_after),
-                  "log_entry_kind": res.log_entry_kind}
+        signers = [
+            SignerFacts(
+                kind="sigstore", signer_id=sid, identity=res.identity, issuer=res.issuer, extensions=res.extensions
+            )
+        ]
+        timing = {
+            "cert_not_before": _iso(res.cert_not_before),
+            "cert_not_after": _iso(res.cert_not_after),
+            "log_entry_kind": res.log_entry_kind,
+        }
         if res.integrated_time is not None:
             timing["integrated_time"] = _iso(res.integrated_time)
     stmt = loads_strict(payload, what="statement", max_bytes=MAX_PAYLOAD_BYTES, error=verify_error)
@@ -257,8 +318,11 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
         binding = bind_subject(stmt, measured)
         checks.append("subject_digest")
     except VerificationError as e:
-        if (manifest is None or stmt["predicateType"] in PREDICATE_SCHEMAS
-                or e.code != "verify.statement.subject_mismatch"):
+        if (
+            manifest is None
+            or stmt["predicateType"] in PREDICATE_SCHEMAS
+            or e.code != "verify.statement.subject_mismatch"
+        ):
             raise
         files = bind_manifest(stmt, manifest)
         checks.append("subjects_bound_to_files")
@@ -269,12 +333,25 @@ def verify_attestation(raw: bytes, *, source: str, trust: TrustData, measured_di
     if expected_commit is not None:
         got = stmt.get("predicate", {}).get("candidate_commit") if isinstance(stmt.get("predicate"), dict) else None
         if got != expected_commit.lower():
-            raise VerificationError("verify.statement.commit_mismatch",
-                                    f"attestation is for commit {got!r}, not {expected_commit!r}",
-                                    evidence={"attested": got, "expected": expected_commit})
+            raise VerificationError(
+                "verify.statement.commit_mismatch",
+                f"attestation is for commit {got!r}, not {expected_commit!r}",
+                evidence={"attested": got, "expected": expected_commit},
+            )
         checks.append("candidate_commit")
     return VerifiedAttestation(
-        source=source, statement=stmt, payload_sha256=hashlib.sha256(payload).hexdigest(), method=method,
-        signers=tuple(signers), checks=tuple(checks), verified_at=now, subject_name=binding.name,
-        measured_digest=binding.digest, predicate_subject=dict(binding.predicate_fields), validity=validity,
-        timing=timing, binding="subject" if files is None else "manifest", manifest_binding=files)
+        source=source,
+        statement=stmt,
+        payload_sha256=hashlib.sha256(payload).hexdigest(),
+        method=method,
+        signers=tuple(signers),
+        checks=tuple(checks),
+        verified_at=now,
+        subject_name=binding.name,
+        measured_digest=binding.digest,
+        predicate_subject=dict(binding.predicate_fields),
+        validity=validity,
+        timing=timing,
+        binding="subject" if files is None else "manifest",
+        manifest_binding=files,
+    )

@@ -72,45 +72,64 @@ class OfferedKey:
         try:
             pem = read_regular_file(path, limit=_MAX_KEY_BYTES)
         except OSError as e:
-            raise UsageError("usage.key_unreadable", f"cannot read the public key {path}: {e.strerror}",
-                             evidence={"path": str(path)}) from None
+            raise UsageError(
+                "usage.key_unreadable", f"cannot read the public key {path}: {e.strerror}", evidence={"path": str(path)}
+            ) from None
         try:
             key = serialization.load_pem_public_key(pem)
         except (ValueError, TypeError) as e:
-            raise VerificationError("verify.oms.key_unsupported", f"{path} is not a PEM public key: {e}",
-                                    evidence={"path": str(path)}) from None
-        alg = _CURVES.get(key.curve.name) if isinstance(key, ec.EllipticCurvePublicKey) else \
-            "ed25519" if isinstance(key, ed25519.Ed25519PublicKey) else None
+            raise VerificationError(
+                "verify.oms.key_unsupported", f"{path} is not a PEM public key: {e}", evidence={"path": str(path)}
+            ) from None
+        alg = (
+            _CURVES.get(key.curve.name)
+            if isinstance(key, ec.EllipticCurvePublicKey)
+            else "ed25519"
+            if isinstance(key, ed25519.Ed25519PublicKey)
+            else None
+        )
         if alg is None or not isinstance(key, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey):
-            raise VerificationError("verify.oms.key_unsupported",
-                                    f"{path}: an OMS signature is verified under an ECDSA P-256 or P-384 key, or an "
-                                    "Ed25519 key, only",
-                                    evidence={"path": str(path), "key_type": type(key).__name__})
+            raise VerificationError(
+                "verify.oms.key_unsupported",
+                f"{path}: an OMS signature is verified under an ECDSA P-256 or P-384 key, or an Ed25519 key, only",
+                evidence={"path": str(path), "key_type": type(key).__name__},
+            )
         return cls(source=str(path), pem=pem, algorithm=alg, spki_sha256=spki_sha256(key))
 
     def to_facts(self) -> dict[str, Any]:
         """The ``offered_keys`` entry of the policy input (policy decides which predicate types it may sign)."""
-        return {"kind": "key", "signer_id": self.signer_id, "source": self.source, "algorithm": self.algorithm,
-                "spki_sha256": self.spki_sha256}
+        return {
+            "kind": "key",
+            "signer_id": self.signer_id,
+            "source": self.source,
+            "algorithm": self.algorithm,
+            "spki_sha256": self.spki_sha256,
+        }
 
 
 def check_signature_flags(signatures: Any, key: object, certificate_chain: Any = ()) -> None:
     """``--signature`` needs ``--key``, ``--certificate-chain`` or ``--sigstore-trust-root``
     (``usage.signature_needs_key``); ``certificate_chain`` is truthy when either of the last two is given."""
     if signatures and key is None and not certificate_chain:
-        raise UsageError("usage.signature_needs_key", "--signature needs --key (the public key that verifies it), "
-                         "--certificate-chain (the CA certificates its signing certificate chains to) or "
-                         "--sigstore-trust-root (for a Sigstore keyless signature)",
-                         advice="Pass the signer's PEM public key with --key PUB.pem, the CA with "
-                                "--certificate-chain CA.pem, or a trusted_root.json with --sigstore-trust-root.")
+        raise UsageError(
+            "usage.signature_needs_key",
+            "--signature needs --key (the public key that verifies it), "
+            "--certificate-chain (the CA certificates its signing certificate chains to) or "
+            "--sigstore-trust-root (for a Sigstore keyless signature)",
+            advice="Pass the signer's PEM public key with --key PUB.pem, the CA with "
+            "--certificate-chain CA.pem, or a trusted_root.json with --sigstore-trust-root.",
+        )
 
 
-def load_verification_material(signatures: Any, key: Path | str | None, certificate_chain: Any = (),
-                               sigstore_trust_root: Any = None) -> tuple[OfferedKey | None, CertificateChain | None]:
+def load_verification_material(
+    signatures: Any, key: Path | str | None, certificate_chain: Any = (), sigstore_trust_root: Any = None
+) -> tuple[OfferedKey | None, CertificateChain | None]:
     """Check the flags, then read ``--key`` and ``--certificate-chain`` (before any work)."""
     check_signature_flags(signatures, key, bool(certificate_chain) or sigstore_trust_root is not None)
-    return (OfferedKey.from_file(key) if key is not None else None,
-            CertificateChain.from_files(list(certificate_chain)) if certificate_chain else None)
+    return (
+        OfferedKey.from_file(key) if key is not None else None,
+        CertificateChain.from_files(list(certificate_chain)) if certificate_chain else None,
+    )
 
 
 def _fail(code: str, message: str, **evidence: Any) -> VerificationError:
@@ -118,8 +137,11 @@ def _fail(code: str, message: str, **evidence: Any) -> VerificationError:
 
 
 def is_oms_bundle(doc: Any) -> bool:
-    return isinstance(doc, dict) and isinstance(doc.get("dsseEnvelope"), dict) and \
-        str(doc.get("mediaType", "")).startswith("application/vnd.dev.sigstore.bundle")
+    return (
+        isinstance(doc, dict)
+        and isinstance(doc.get("dsseEnvelope"), dict)
+        and str(doc.get("mediaType", "")).startswith("application/vnd.dev.sigstore.bundle")
+    )
 
 
 def _check_method(doc: Any) -> str:
@@ -128,19 +150,31 @@ def _check_method(doc: Any) -> str:
         raise _fail("not_a_bundle", f"not a Sigstore bundle v0.3 with a DSSE envelope ({BUNDLE_MEDIA_TYPE})")
     vm = doc.get("verificationMaterial")
     fields = sorted(vm) if isinstance(vm, dict) else None
-    if isinstance(vm, dict) and vm.get("tlogEntries") and (isinstance(vm.get("certificate"), dict)
-                                                          or isinstance(vm.get("x509CertificateChain"), dict)):
+    if (
+        isinstance(vm, dict)
+        and vm.get("tlogEntries")
+        and (isinstance(vm.get("certificate"), dict) or isinstance(vm.get("x509CertificateChain"), dict))
+    ):
         return "sigstore"
     if isinstance(vm, dict) and not vm.get("tlogEntries"):
-        if isinstance(vm.get("publicKey"), dict) and not set(vm) - {"publicKey", "tlogEntries",
-                                                                    "timestampVerificationData"}:
+        if isinstance(vm.get("publicKey"), dict) and not set(vm) - {
+            "publicKey",
+            "tlogEntries",
+            "timestampVerificationData",
+        }:
             return "key"
-        if isinstance(vm.get("x509CertificateChain"), dict) and not set(vm) - {"x509CertificateChain", "tlogEntries",
-                                                                               "timestampVerificationData"}:
+        if isinstance(vm.get("x509CertificateChain"), dict) and not set(vm) - {
+            "x509CertificateChain",
+            "tlogEntries",
+            "timestampVerificationData",
+        }:
             return "certificate"
-    raise _fail("method_unsupported", "only the model_signing key, certificate and Sigstore methods are verified "
-                "here (a public-key hint, an X.509 certificate chain, or a certificate with a transparency-log entry)",
-                fields=fields)
+    raise _fail(
+        "method_unsupported",
+        "only the model_signing key, certificate and Sigstore methods are verified "
+        "here (a public-key hint, an X.509 certificate chain, or a certificate with a transparency-log entry)",
+        fields=fields,
+    )
 
 
 def _signature_check(raw: bytes, key: OfferedKey) -> Any:
@@ -157,8 +191,12 @@ def _signature_check(raw: bytes, key: OfferedKey) -> Any:
             verifier = sign_ec_key.Verifier(kp) if key.algorithm != "ed25519" else _ed25519_verifier(key)
             return verifier.verify(sign_sigstore_pb.Signature.read(sp))
         except Exception as e:  # the library raises ValueError, InvalidSignature, KeyError...
-            raise _fail("signature", f"the model_signing signature does not verify under {key.source}: "
-                        f"{type(e).__name__}: {str(e)[:300]}", key=key.source, spki_sha256=key.spki_sha256) from None
+            raise _fail(
+                "signature",
+                f"the model_signing signature does not verify under {key.source}: {type(e).__name__}: {str(e)[:300]}",
+                key=key.source,
+                spki_sha256=key.spki_sha256,
+            ) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,22 +218,26 @@ class CertificateChain:
             try:
                 pem = read_regular_file(path, limit=_MAX_KEY_BYTES * 16)
             except OSError as e:
-                raise UsageError("usage.certificate_chain_unreadable",
-                                 f"cannot read the certificate chain {path}: {e.strerror}",
-                                 evidence={"path": str(path)}) from None
+                raise UsageError(
+                    "usage.certificate_chain_unreadable",
+                    f"cannot read the certificate chain {path}: {e.strerror}",
+                    evidence={"path": str(path)},
+                ) from None
             try:
                 count += len(x509.load_pem_x509_certificates(pem))
             except ValueError as e:
-                raise _fail("certificate_chain_invalid", f"{path} holds no PEM certificate: {e}",
-                            path=str(path)) from None
+                raise _fail(
+                    "certificate_chain_invalid", f"{path} holds no PEM certificate: {e}", path=str(path)
+                ) from None
             blobs.append(pem.rstrip(b"\n") + b"\n")
         if not blobs:
             raise UsageError("usage.certificate_chain_unreadable", "no certificate chain was named")
         return cls(sources=tuple(str(p) for p in paths), pem=b"".join(blobs), count=count)
 
 
-def _certificate_check(doc: dict[str, Any], raw: bytes, chain: CertificateChain,
-                       now: datetime) -> tuple[Any, dict[str, Any]]:
+def _certificate_check(
+    doc: dict[str, Any], raw: bytes, chain: CertificateChain, now: datetime
+) -> tuple[Any, dict[str, Any]]:
     """The reference implementation's certificate verification (``model_signing``: the bundle's chain leads
     to a certificate of ``chain``, the leaf may sign, the DSSE signature verifies under the leaf's key), then
     ours: every certificate of the verified chain is valid at ``now`` (the library checks the chain at the
@@ -204,12 +246,15 @@ def _certificate_check(doc: dict[str, Any], raw: bytes, chain: CertificateChain,
     from OpenSSL import crypto  # noqa: PLC0415 - pyOpenSSL: 33 ms import
 
     try:
-        ders = [base64.b64decode(c["rawBytes"], validate=True)
-                for c in doc["verificationMaterial"]["x509CertificateChain"]["certificates"]]
+        ders = [
+            base64.b64decode(c["rawBytes"], validate=True)
+            for c in doc["verificationMaterial"]["x509CertificateChain"]["certificates"]
+        ]
         bundled = [x509.load_der_x509_certificate(d) for d in ders]
     except (KeyError, TypeError, ValueError, binascii.Error):
-        raise _fail("certificate_chain_invalid", "the bundle's certificate chain is not a list of DER "
-                    "certificates") from None
+        raise _fail(
+            "certificate_chain_invalid", "the bundle's certificate chain is not a list of DER certificates"
+        ) from None
     if not bundled:
         raise _fail("certificate_chain_invalid", "the bundle's certificate chain is empty")
     with tempfile.TemporaryDirectory(prefix="ckptgate-oms-") as d:
@@ -222,44 +267,74 @@ def _certificate_check(doc: dict[str, Any], raw: bytes, chain: CertificateChain,
         try:
             lib_manifest = verifier.verify(sign_sigstore_pb.Signature.read(sp))
         except crypto.X509StoreContextError as e:
-            raise _fail("certificate_chain", f"the signing certificate does not chain to {', '.join(chain.sources)}: "
-                        f"{str(e)[:300]}", chain=list(chain.sources)) from None
+            raise _fail(
+                "certificate_chain",
+                f"the signing certificate does not chain to {', '.join(chain.sources)}: {str(e)[:300]}",
+                chain=list(chain.sources),
+            ) from None
         except Exception as e:  # the library raises ValueError, InvalidSignature, KeyError...
-            raise _fail("signature", f"the model_signing certificate signature does not verify: "
-                        f"{type(e).__name__}: {str(e)[:300]}", chain=list(chain.sources)) from None
+            raise _fail(
+                "signature",
+                f"the model_signing certificate signature does not verify: {type(e).__name__}: {str(e)[:300]}",
+                chain=list(chain.sources),
+            ) from None
         # The same store and inputs as the library's, to learn which anchor the chain led to.
         store = crypto.X509Store()
         for c in x509.load_pem_x509_certificates(chain.pem):
             store.add_cert(crypto.X509.from_cryptography(c))
         store.set_time(bundled[0].not_valid_before_utc)
         try:
-            verified = [c.to_cryptography() for c in crypto.X509StoreContext(
-                store, crypto.X509.from_cryptography(bundled[0]),
-                [crypto.X509.from_cryptography(c) for c in bundled[1:]]).get_verified_chain()]
+            verified = [
+                c.to_cryptography()
+                for c in crypto.X509StoreContext(
+                    store,
+                    crypto.X509.from_cryptography(bundled[0]),
+                    [crypto.X509.from_cryptography(c) for c in bundled[1:]],
+                ).get_verified_chain()
+            ]
         except crypto.X509StoreContextError as e:
-            raise _fail("certificate_chain", f"the signing certificate does not chain to "
-                        f"{', '.join(chain.sources)}: {str(e)[:300]}", chain=list(chain.sources)) from None
+            raise _fail(
+                "certificate_chain",
+                f"the signing certificate does not chain to {', '.join(chain.sources)}: {str(e)[:300]}",
+                chain=list(chain.sources),
+            ) from None
     for c in verified:
         if now > c.not_valid_after_utc:
-            raise _fail("certificate_expired", f"certificate {c.subject.rfc4514_string()!r} expired at "
-                        f"{c.not_valid_after_utc.isoformat()}", subject=c.subject.rfc4514_string(),
-                        not_after=c.not_valid_after_utc.isoformat())
+            raise _fail(
+                "certificate_expired",
+                f"certificate {c.subject.rfc4514_string()!r} expired at {c.not_valid_after_utc.isoformat()}",
+                subject=c.subject.rfc4514_string(),
+                not_after=c.not_valid_after_utc.isoformat(),
+            )
         if now < c.not_valid_before_utc:
-            raise _fail("certificate_not_yet_valid", f"certificate {c.subject.rfc4514_string()!r} is valid from "
-                        f"{c.not_valid_before_utc.isoformat()} only", subject=c.subject.rfc4514_string())
+            raise _fail(
+                "certificate_not_yet_valid",
+                f"certificate {c.subject.rfc4514_string()!r} is valid from {c.not_valid_before_utc.isoformat()} only",
+                subject=c.subject.rfc4514_string(),
+            )
     leaf, root = verified[0], verified[-1]
     try:
         san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        identities = [str(v) for t in (x509.RFC822Name, x509.UniformResourceIdentifier, x509.DNSName)
-                      for v in san.get_values_for_type(t)]
+        identities = [
+            str(v)
+            for t in (x509.RFC822Name, x509.UniformResourceIdentifier, x509.DNSName)
+            for v in san.get_values_for_type(t)
+        ]
     except x509.ExtensionNotFound:
         identities = []
     if not identities:
-        raise _fail("certificate_identity", "the signing certificate has no subject alternative name (email, URI "
-                    "or DNS) for the trust data to name", subject=leaf.subject.rfc4514_string())
-    facts = {"identities": tuple(identities), "subject": leaf.subject.rfc4514_string(),
-             "root_sha256": hashlib.sha256(root.public_bytes(serialization.Encoding.DER)).hexdigest(),
-             "root_subject": root.subject.rfc4514_string(), "not_after": leaf.not_valid_after_utc.isoformat()}
+        raise _fail(
+            "certificate_identity",
+            "the signing certificate has no subject alternative name (email, URI or DNS) for the trust data to name",
+            subject=leaf.subject.rfc4514_string(),
+        )
+    facts = {
+        "identities": tuple(identities),
+        "subject": leaf.subject.rfc4514_string(),
+        "root_sha256": hashlib.sha256(root.public_bytes(serialization.Encoding.DER)).hexdigest(),
+        "root_subject": root.subject.rfc4514_string(),
+        "not_after": leaf.not_valid_after_utc.isoformat(),
+    }
     return lib_manifest, facts
 
 
@@ -288,8 +363,9 @@ def _sigstore_check(raw: bytes, trust_root: Path | str, identities: list[tuple[s
         except VerificationError:
             raise
         except Exception as e:  # the library's payload checks raise ValueError, KeyError...
-            raise _fail("statement", f"model_signing does not read the verified payload: {type(e).__name__}: "
-                        f"{str(e)[:300]}") from None
+            raise _fail(
+                "statement", f"model_signing does not read the verified payload: {type(e).__name__}: {str(e)[:300]}"
+            ) from None
     return manifest, found[0]
 
 
@@ -305,8 +381,9 @@ def _ed25519_verifier(key: OfferedKey) -> Any:
     public = serialization.load_pem_public_key(key.pem)
     assert isinstance(public, ed25519.Ed25519PublicKey)
     ed_public: ed25519.Ed25519PublicKey = public  # the narrowed type, for the method below
-    hint = hashlib.sha256(public.public_bytes(serialization.Encoding.PEM,
-                                              serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
+    hint = hashlib.sha256(
+        public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    ).hexdigest()
 
     class _Ed25519Verifier(sign_sigstore_pb.Verifier):
         def _verify_bundle(self, bundle: Any) -> tuple[str, bytes]:
@@ -336,11 +413,19 @@ def _statement(doc: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     if not isinstance(stmt, dict) or stmt.get("_type") != STATEMENT_TYPE:
         raise _fail("statement", f"the payload is not an in-toto {STATEMENT_TYPE} statement")
     if stmt.get("predicateType") != OMS_PREDICATE_TYPE:
-        raise _fail("predicate_type", f"predicate type {str(stmt.get('predicateType'))[:200]!r} is not "
-                    f"{OMS_PREDICATE_TYPE}", predicate_type=str(stmt.get("predicateType"))[:200])
+        raise _fail(
+            "predicate_type",
+            f"predicate type {str(stmt.get('predicateType'))[:200]!r} is not {OMS_PREDICATE_TYPE}",
+            predicate_type=str(stmt.get("predicateType"))[:200],
+        )
     subj = stmt.get("subject")
-    if not (isinstance(subj, list) and len(subj) == 1 and isinstance(subj[0], dict)
-            and isinstance(subj[0].get("name"), str) and isinstance(subj[0].get("digest"), dict)):
+    if not (
+        isinstance(subj, list)
+        and len(subj) == 1
+        and isinstance(subj[0], dict)
+        and isinstance(subj[0].get("name"), str)
+        and isinstance(subj[0].get("digest"), dict)
+    ):
         raise _fail("statement", "an OMS statement has exactly one subject with a name and a digest")
     if not isinstance(stmt.get("predicate"), dict):
         raise _fail("statement", "the statement has no predicate object")
@@ -352,12 +437,19 @@ def _serialization(pred: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(ser, dict):
         raise _fail("serialization_unsupported", "the predicate has no serialization block")
     if ser.get("method") != "files" or ser.get("hash_type") != "sha256":
-        raise _fail("serialization_unsupported", f"serialization {ser.get('method')!r}/{ser.get('hash_type')!r} "
-                    "cannot be reproduced from ckptgate's per-file manifest (only files/sha256)",
-                    method=str(ser.get("method")), hash_type=str(ser.get("hash_type")))
+        raise _fail(
+            "serialization_unsupported",
+            f"serialization {ser.get('method')!r}/{ser.get('hash_type')!r} "
+            "cannot be reproduced from ckptgate's per-file manifest (only files/sha256)",
+            method=str(ser.get("method")),
+            hash_type=str(ser.get("hash_type")),
+        )
     if ser.get("allow_symlinks") is not False:
-        raise _fail("allow_symlinks", "the signature was made with allow_symlinks; ckptgate refuses it",
-                    allow_symlinks=ser.get("allow_symlinks"))
+        raise _fail(
+            "allow_symlinks",
+            "the signature was made with allow_symlinks; ckptgate refuses it",
+            allow_symlinks=ser.get("allow_symlinks"),
+        )
     ignore = ser.get("ignore_paths", [])
     if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
         raise _fail("serialization_unsupported", "ignore_paths must be a list of strings")
@@ -370,8 +462,13 @@ def _resources(pred: dict[str, Any]) -> dict[str, str]:
         raise _fail("resources", "the predicate has no resources")
     out: dict[str, str] = {}
     for i, r in enumerate(res):
-        if not (isinstance(r, dict) and isinstance(r.get("name"), str) and r.get("algorithm") == "sha256"
-                and isinstance(r.get("digest"), str) and _HEX64.match(r["digest"])):
+        if not (
+            isinstance(r, dict)
+            and isinstance(r.get("name"), str)
+            and r.get("algorithm") == "sha256"
+            and isinstance(r.get("digest"), str)
+            and _HEX64.match(r["digest"])
+        ):
             raise _fail("resources", f"resource #{i} is not {{name, algorithm: sha256, digest: <64 hex>}}", index=i)
         if r["name"] in out:
             raise _fail("duplicate_resource", f"resource {r['name']!r} is listed twice", name=r["name"])
@@ -388,25 +485,46 @@ def bind_resources(resources: dict[str, str], measured: dict[str, str], ignore_p
     unsigned = sorted(set(measured) - set(resources))
     hidden = [p for p in unsigned if _ignored(p, ignore_paths)]
     if hidden:
-        raise _fail("ignored_file", f"{len(hidden)} file(s) that ckptgate reads are excluded by the signature's "
-                    f"ignore_paths, so nothing signs them: {hidden[:5]}", files=hidden[:20])
+        raise _fail(
+            "ignored_file",
+            f"{len(hidden)} file(s) that ckptgate reads are excluded by the signature's "
+            f"ignore_paths, so nothing signs them: {hidden[:5]}",
+            files=hidden[:20],
+        )
     if unsigned:
-        raise _fail("unsigned_file", f"{len(unsigned)} file(s) of the checkpoint are not in the signature's "
-                    f"resources: {unsigned[:5]}", files=unsigned[:20])
+        raise _fail(
+            "unsigned_file",
+            f"{len(unsigned)} file(s) of the checkpoint are not in the signature's resources: {unsigned[:5]}",
+            files=unsigned[:20],
+        )
     missing = sorted(set(resources) - set(measured))
     if missing:
-        raise _fail("missing_file", f"{len(missing)} signed resource(s) are not in the checkpoint: {missing[:5]}",
-                    files=missing[:20])
+        raise _fail(
+            "missing_file",
+            f"{len(missing)} signed resource(s) are not in the checkpoint: {missing[:5]}",
+            files=missing[:20],
+        )
     changed = sorted(p for p in resources if resources[p] != measured[p])
     if changed:
-        raise _fail("digest_mismatch", f"{len(changed)} file(s) differ from the signed sha256: {changed[:5]}",
-                    files=changed[:20])
+        raise _fail(
+            "digest_mismatch",
+            f"{len(changed)} file(s) differ from the signed sha256: {changed[:5]}",
+            files=changed[:20],
+        )
 
 
-def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey | None, manifest: dict[str, str],
-                      measured_digest: Digest | str, now: datetime,
-                      certificate_chain: CertificateChain | None = None,
-                      sigstore_trust_root: Path | str | None = None, trust: Any = None) -> VerifiedAttestation:
+def verify_oms_bundle(
+    raw: bytes,
+    *,
+    source: str,
+    key: OfferedKey | None,
+    manifest: dict[str, str],
+    measured_digest: Digest | str,
+    now: datetime,
+    certificate_chain: CertificateChain | None = None,
+    sigstore_trust_root: Path | str | None = None,
+    trust: Any = None,
+) -> VerifiedAttestation:
     """Verify an OMS bundle and bind it to ``manifest`` (path -> sha256 of every measured file, whose
     fixture digest is ``measured_digest``).  The bundle's verification material names the method: a
     public-key hint is verified under ``key``, an X.509 chain against ``certificate_chain``, and a Sigstore
@@ -421,28 +539,45 @@ def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey | None, manife
         if key is None:
             raise _fail("no_key", "the signature uses the key method and no --key was given")
         lib_manifest = _signature_check(raw, key)
-        signer = SignerFacts(kind="key", signer_id=key.signer_id, spki_sha256=key.spki_sha256,
-                             algorithm=key.algorithm, offered=key.source)
+        signer = SignerFacts(
+            kind="key",
+            signer_id=key.signer_id,
+            spki_sha256=key.spki_sha256,
+            algorithm=key.algorithm,
+            offered=key.source,
+        )
     elif method == "sigstore":
         if sigstore_trust_root is None:
-            raise _fail("no_sigstore_trust_root", "the signature uses the Sigstore method and no "
-                        "--sigstore-trust-root was given")
+            raise _fail(
+                "no_sigstore_trust_root",
+                "the signature uses the Sigstore method and no --sigstore-trust-root was given",
+            )
         sigstore_signers = tuple(getattr(trust, "sigstore", ()))
-        lib_manifest, res = _sigstore_check(raw, sigstore_trust_root,
-                                            [(t.identity, t.issuer) for t in sigstore_signers])
+        lib_manifest, res = _sigstore_check(
+            raw, sigstore_trust_root, [(t.identity, t.issuer) for t in sigstore_signers]
+        )
         if res.payload != _statement(doc)[1]:
             raise _fail("statement", "the verified payload is not the bundle's envelope payload")
         sid = next((t.id for t in sigstore_signers if (t.identity, t.issuer) == (res.identity, res.issuer)), None)
-        signer = SignerFacts(kind="sigstore", signer_id=sid, identity=res.identity, issuer=res.issuer,
-                             extensions=res.extensions)
+        signer = SignerFacts(
+            kind="sigstore", signer_id=sid, identity=res.identity, issuer=res.issuer, extensions=res.extensions
+        )
     else:
         if certificate_chain is None:
-            raise _fail("no_certificate_chain", "the signature uses the certificate method and no "
-                        "--certificate-chain was given")
+            raise _fail(
+                "no_certificate_chain", "the signature uses the certificate method and no --certificate-chain was given"
+            )
         lib_manifest, cert = _certificate_check(doc, raw, certificate_chain, now)
-        signer = SignerFacts(kind="certificate", signer_id=None, identity=cert["identities"][0],
-                             identities=cert["identities"], issuer=cert["root_subject"],
-                             root_sha256=cert["root_sha256"], subject=cert["subject"], not_after=cert["not_after"])
+        signer = SignerFacts(
+            kind="certificate",
+            signer_id=None,
+            identity=cert["identities"][0],
+            identities=cert["identities"],
+            issuer=cert["root_subject"],
+            root_sha256=cert["root_sha256"],
+            subject=cert["subject"],
+            not_after=cert["not_after"],
+        )
     stmt, payload = _statement(doc)
     pred = stmt["predicate"]
     ser = _serialization(pred)
@@ -453,12 +588,36 @@ def verify_oms_bundle(raw: bytes, *, source: str, key: OfferedKey | None, manife
     bind_resources(resources, manifest, list(ser.get("ignore_paths", [])))
     checks: tuple[str, ...] = ("bundle", "signature", "statement_schema", "serialization", "resources_bound")
     if method == "certificate":
-        checks = ("bundle", "certificate_chain", "certificate_validity", "signature", "statement_schema",
-                  "serialization", "resources_bound")
+        checks = (
+            "bundle",
+            "certificate_chain",
+            "certificate_validity",
+            "signature",
+            "statement_schema",
+            "serialization",
+            "resources_bound",
+        )
     elif method == "sigstore":
-        checks = ("bundle", "certificate_chain", "transparency_log", "identity", "signature", "statement_schema",
-                  "serialization", "resources_bound")
+        checks = (
+            "bundle",
+            "certificate_chain",
+            "transparency_log",
+            "identity",
+            "signature",
+            "statement_schema",
+            "serialization",
+            "resources_bound",
+        )
     return VerifiedAttestation(
-        source=source, statement=stmt, payload_sha256=hashlib.sha256(payload).hexdigest(), method="model_signing",
-        signers=(signer,), checks=checks, verified_at=now, subject_name=stmt["subject"][0]["name"],
-        measured_digest=Digest.of(measured_digest).prefixed(), binding="manifest", validity=None)
+        source=source,
+        statement=stmt,
+        payload_sha256=hashlib.sha256(payload).hexdigest(),
+        method="model_signing",
+        signers=(signer,),
+        checks=checks,
+        verified_at=now,
+        subject_name=stmt["subject"][0]["name"],
+        measured_digest=Digest.of(measured_digest).prefixed(),
+        binding="manifest",
+        validity=None,
+    )

@@ -31,12 +31,27 @@ MAX_TRUST_ROOT_BYTES = 16 << 20
 
 _FULCIO = "1.3.6.1.4.1.57264.1."
 _FULCIO_NAMES = {
-    1: "issuer_v1", 2: "github_workflow_trigger", 3: "github_workflow_sha", 4: "github_workflow_name",
-    5: "github_workflow_repository", 6: "github_workflow_ref", 8: "issuer", 9: "build_signer_uri",
-    10: "build_signer_digest", 11: "runner_environment", 12: "source_repository_uri",
-    13: "source_repository_digest", 14: "source_repository_ref", 15: "source_repository_identifier",
-    16: "source_repository_owner_uri", 17: "source_repository_owner_identifier", 18: "build_config_uri",
-    19: "build_config_digest", 20: "build_trigger", 21: "run_invocation_uri", 22: "source_repository_visibility",
+    1: "issuer_v1",
+    2: "github_workflow_trigger",
+    3: "github_workflow_sha",
+    4: "github_workflow_name",
+    5: "github_workflow_repository",
+    6: "github_workflow_ref",
+    8: "issuer",
+    9: "build_signer_uri",
+    10: "build_signer_digest",
+    11: "runner_environment",
+    12: "source_repository_uri",
+    13: "source_repository_digest",
+    14: "source_repository_ref",
+    15: "source_repository_identifier",
+    16: "source_repository_owner_uri",
+    17: "source_repository_owner_identifier",
+    18: "build_config_uri",
+    19: "build_config_digest",
+    20: "build_trigger",
+    21: "run_invocation_uri",
+    22: "source_repository_visibility",
 }
 _RAW_V1 = {1, 2, 3, 4, 5, 6}
 
@@ -49,7 +64,7 @@ def _der_utf8(value: bytes) -> str | None:
         width = n & 0x7F
         if width == 0 or width > 4 or len(value) < 2 + width:
             return None
-        n, i = int.from_bytes(value[2:2 + width], "big"), 2 + width
+        n, i = int.from_bytes(value[2 : 2 + width], "big"), 2 + width
     if len(value) != i + n:
         return None
     try:
@@ -66,7 +81,7 @@ def fulcio_extensions(cert: x509.Certificate) -> dict[str, str]:
         if not oid.startswith(_FULCIO):
             continue
         try:
-            num = int(oid[len(_FULCIO):])
+            num = int(oid[len(_FULCIO) :])
         except ValueError:
             continue
         name = _FULCIO_NAMES.get(num)
@@ -86,8 +101,11 @@ def certificate_identities(cert: x509.Certificate) -> tuple[str, ...]:
     except x509.ExtensionNotFound:
         return ()
     vals = [*san.get_values_for_type(x509.RFC822Name), *san.get_values_for_type(x509.UniformResourceIdentifier)]
-    vals += [o.value.decode("utf-8", "replace") for o in san.get_values_for_type(x509.OtherName)
-             if o.type_id == ObjectIdentifier(_FULCIO + "7")]
+    vals += [
+        o.value.decode("utf-8", "replace")
+        for o in san.get_values_for_type(x509.OtherName)
+        if o.type_id == ObjectIdentifier(_FULCIO + "7")
+    ]
     return tuple(vals)
 
 
@@ -115,8 +133,7 @@ class SigstoreResult:
 def _policy(identities: Sequence[tuple[str, str]]) -> Any:
     from sigstore.verify.policy import AllOf, AnyOf, Identity, OIDCIssuer, OIDCIssuerV2  # noqa: PLC0415 - sigstore: 1.3 s import
 
-    return AnyOf([AllOf([Identity(identity=i), AnyOf([OIDCIssuer(iss), OIDCIssuerV2(iss)])])
-                  for i, iss in identities])
+    return AnyOf([AllOf([Identity(identity=i), AnyOf([OIDCIssuer(iss), OIDCIssuerV2(iss)])]) for i, iss in identities])
 
 
 def _verifier(trust_root: Path | str) -> Any:
@@ -131,10 +148,12 @@ def _verifier(trust_root: Path | str) -> Any:
             raise ValueError(f"not a regular file of at most {MAX_TRUST_ROOT_BYTES} bytes")
         return Verifier(trusted_root=TrustedRoot.from_file(str(trust_root)))
     except Exception as e:  # sigstore raises pydantic, OSError, its own errors
-        raise VerificationError("verify.sigstore.trust_root", f"cannot load the Sigstore trust root {trust_root}: "
-                                f"{type(e).__name__}: {str(e)[:300]}", evidence={"trust_root": str(trust_root)},
-                                advice="Pass a trusted_root.json (Sigstore TrustedRoot v0.1+) that you obtained "
-                                       "out of band.") from None
+        raise VerificationError(
+            "verify.sigstore.trust_root",
+            f"cannot load the Sigstore trust root {trust_root}: {type(e).__name__}: {str(e)[:300]}",
+            evidence={"trust_root": str(trust_root)},
+            advice="Pass a trusted_root.json (Sigstore TrustedRoot v0.1+) that you obtained out of band.",
+        ) from None
 
 
 def check_trust_root(trust_root: Path | str) -> None:
@@ -152,16 +171,21 @@ def _bundle(raw: bytes) -> Any:
     try:
         return Bundle.from_json(raw)
     except Exception as e:  # InvalidBundle, pydantic errors, ValueError
-        raise VerificationError("verify.sigstore.invalid_bundle", f"not a valid Sigstore bundle: "
-                                f"{type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
+        raise VerificationError(
+            "verify.sigstore.invalid_bundle",
+            f"not a valid Sigstore bundle: {type(e).__name__}: {str(e).splitlines()[0][:300]}",
+        ) from None
 
 
-def _verify(raw: bytes, trust_root: Path | str, identities: Sequence[tuple[str, str]],
-            artifact: bytes | None) -> SigstoreResult:
+def _verify(
+    raw: bytes, trust_root: Path | str, identities: Sequence[tuple[str, str]], artifact: bytes | None
+) -> SigstoreResult:
     if not identities:
-        raise VerificationError("verify.sigstore.no_identity_policy",
-                                "no trusted Sigstore identity (identity + issuer) to verify against",
-                                advice="Add a sigstore signer to the trust data, or pass --identity and --issuer.")
+        raise VerificationError(
+            "verify.sigstore.no_identity_policy",
+            "no trusted Sigstore identity (identity + issuer) to verify against",
+            advice="Add a sigstore signer to the trust data, or pass --identity and --issuer.",
+        )
     verifier = _verifier(trust_root)
     bundle = _bundle(raw)
     try:
@@ -173,10 +197,15 @@ def _verify(raw: bytes, trust_root: Path | str, identities: Sequence[tuple[str, 
     sans = certificate_identities(cert)
     matched = next(((i, iss) for i, iss in identities if i in sans and iss == issuer), None)
     if matched is None:
-        raise VerificationError("verify.sigstore.identity_mismatch",
-                                "the certificate's identity and issuer match no trusted identity",
-                                evidence={"san": list(sans), "issuer": issuer,
-                                          "expected": [{"identity": i, "issuer": s} for i, s in identities]})
+        raise VerificationError(
+            "verify.sigstore.identity_mismatch",
+            "the certificate's identity and issuer match no trusted identity",
+            evidence={
+                "san": list(sans),
+                "issuer": issuer,
+                "expected": [{"identity": i, "issuer": s} for i, s in identities],
+            },
+        )
     from sigstore.errors import Error as SigstoreError  # noqa: PLC0415 - sigstore: 1.3 s import
 
     policy = _policy([matched])
@@ -186,30 +215,40 @@ def _verify(raw: bytes, trust_root: Path | str, identities: Sequence[tuple[str, 
     try:
         if artifact is None:
             if bundle._dsse_envelope is None:
-                raise VerificationError("verify.sigstore.not_dsse",
-                                        "bundle carries a message signature, not a DSSE attestation")
+                raise VerificationError(
+                    "verify.sigstore.not_dsse", "bundle carries a message signature, not a DSSE attestation"
+                )
             payload_type, payload = verifier.verify_dsse(bundle, policy)
         else:
             verifier.verify_artifact(artifact, bundle, policy)
     except VerificationError:
         raise
     except SigstoreError as e:
-        raise VerificationError("verify.sigstore.failed", f"Sigstore verification failed: "
-                                f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}") from None
+        raise VerificationError(
+            "verify.sigstore.failed",
+            f"Sigstore verification failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
+        ) from None
     except Exception as e:  # malformed material surfacing from deep inside
-        raise VerificationError("verify.sigstore.failed", f"Sigstore verification failed: "
-                                f"{type(e).__name__}: {str(e)[:300]}") from None
+        raise VerificationError(
+            "verify.sigstore.failed", f"Sigstore verification failed: {type(e).__name__}: {str(e)[:300]}"
+        ) from None
     entry = bundle.log_entry._inner
     it = getattr(entry, "integrated_time", None)
     return SigstoreResult(
-        payload_type=payload_type, payload=payload, identity=matched[0], issuer=matched[1], san=sans,
-        extensions=exts, cert_not_before=cert.not_valid_before_utc, cert_not_after=cert.not_valid_after_utc,
+        payload_type=payload_type,
+        payload=payload,
+        identity=matched[0],
+        issuer=matched[1],
+        san=sans,
+        extensions=exts,
+        cert_not_before=cert.not_valid_before_utc,
+        cert_not_after=cert.not_valid_after_utc,
         integrated_time=datetime.fromtimestamp(int(it), tz=UTC) if it else None,
-        log_entry_kind=f"{entry.kind_version.kind}/{entry.kind_version.version}")
+        log_entry_kind=f"{entry.kind_version.kind}/{entry.kind_version.version}",
+    )
 
 
-def verify_bundle_dsse(raw: bytes, *, trust_root: Path | str,
-                       identities: Sequence[tuple[str, str]]) -> SigstoreResult:
+def verify_bundle_dsse(raw: bytes, *, trust_root: Path | str, identities: Sequence[tuple[str, str]]) -> SigstoreResult:
     """Verify a DSSE Sigstore bundle offline; returns the exact payload and the signer's identity.
 
     The subject is NOT bound here; callers must bind it (see :func:`ckptgate.verify.verify_attestation`).
@@ -218,7 +257,8 @@ def verify_bundle_dsse(raw: bytes, *, trust_root: Path | str,
     return _verify(raw, trust_root, identities, None)
 
 
-def verify_bundle_artifact(raw: bytes, artifact: bytes, *, trust_root: Path | str,
-                           identities: Sequence[tuple[str, str]]) -> SigstoreResult:
+def verify_bundle_artifact(
+    raw: bytes, artifact: bytes, *, trust_root: Path | str, identities: Sequence[tuple[str, str]]
+) -> SigstoreResult:
     """Verify a message-signature bundle over ``artifact`` offline (not an attestation; for completeness)."""
     return _verify(raw, trust_root, identities, artifact)

@@ -27,8 +27,10 @@ PROVENANCE_PREDICATE_TYPE = "https://ckptgate.dev/attestation/fixture-provenance
 """The versioned predicateType of fixture provenance: the signer vouches that a fixture's bytes are the
 ones committed at a candidate commit, written by the recorded generator and producer versions."""
 
-PREDICATE_SCHEMAS = {QUALIFICATION_PREDICATE_TYPE: "qualification-v1.schema.json",
-                     PROVENANCE_PREDICATE_TYPE: "fixture-provenance-v1.schema.json"}
+PREDICATE_SCHEMAS = {
+    QUALIFICATION_PREDICATE_TYPE: "qualification-v1.schema.json",
+    PROVENANCE_PREDICATE_TYPE: "fixture-provenance-v1.schema.json",
+}
 """Predicate types that ckptgate knows, and the JSON Schema each statement must satisfy."""
 
 PREDICATE_SUBJECT_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
@@ -74,8 +76,11 @@ def prepare_statement_checks() -> None:
 
 def schema_text(predicate_type: str = QUALIFICATION_PREDICATE_TYPE) -> str:
     """The JSON Schema (text) for a known predicate type."""
-    return resources.files("ckptgate.verify").joinpath("schemas", PREDICATE_SCHEMAS[predicate_type]).read_text(
-        encoding="utf-8")
+    return (
+        resources.files("ckptgate.verify")
+        .joinpath("schemas", PREDICATE_SCHEMAS[predicate_type])
+        .read_text(encoding="utf-8")
+    )
 
 
 def _first_error(name: str, doc: Any) -> jsonschema.ValidationError | None:
@@ -100,8 +105,11 @@ def check_statement(doc: Any) -> dict[str, Any]:
     """
     if not isinstance(doc, dict) or doc.get("_type") != STATEMENT_TYPE:
         got = doc.get("_type") if isinstance(doc, dict) else type(doc).__name__
-        raise VerificationError("verify.statement.type", f"payload is not an in-toto Statement v1 (_type={got!r})",
-                                evidence={"_type": got if isinstance(got, str) else None})
+        raise VerificationError(
+            "verify.statement.type",
+            f"payload is not an in-toto Statement v1 (_type={got!r})",
+            evidence={"_type": got if isinstance(got, str) else None},
+        )
     predicate_type = doc.get("predicateType")
     schema = PREDICATE_SCHEMAS.get(predicate_type) if isinstance(predicate_type, str) else None
     # A known predicate type's schema is stricter than the generic one, so it alone decides a valid
@@ -109,23 +117,30 @@ def check_statement(doc: Any) -> dict[str, Any]:
     if schema is None or _first_error(schema, doc) is not None:
         err = _first_error("in-toto-statement-v1.schema.json", doc)
         if err is not None:
-            raise VerificationError("verify.statement.shape", f"statement shape: {err.message}",
-                                    evidence={"path": "/" + "/".join(str(p) for p in err.absolute_path)})
+            raise VerificationError(
+                "verify.statement.shape",
+                f"statement shape: {err.message}",
+                evidence={"path": "/" + "/".join(str(p) for p in err.absolute_path)},
+            )
         if schema is not None:
             err = _first_error(schema, doc)
             assert err is not None
             raise VerificationError(
                 "verify.statement.predicate_invalid",
                 f"{doc['predicateType']} statement fails its schema: {err.message}",
-                evidence={"path": "/" + "/".join(str(p) for p in err.absolute_path),
-                          "predicate_type": doc["predicateType"]})
+                evidence={
+                    "path": "/" + "/".join(str(p) for p in err.absolute_path),
+                    "predicate_type": doc["predicateType"],
+                },
+            )
     if schema is not None:
         pred_digest = doc["predicate"]["fixture"]["digest"]
         if not any("sha256:" + s["digest"]["sha256"] == pred_digest for s in doc["subject"]):
             raise VerificationError(
                 "verify.statement.fixture_inconsistent",
                 "predicate.fixture.digest names no subject of the statement",
-                evidence={"fixture_digest": pred_digest})
+                evidence={"fixture_digest": pred_digest},
+            )
     return doc
 
 
@@ -172,15 +187,20 @@ def bind_subject(statement: dict[str, Any], measured_digest: Digest | str) -> Su
         got = s["digest"].get("sha256")
         if isinstance(got, str) and got.lower() == want:
             digest = measured_digest.prefixed()
-            fields = {".".join(path): field_at(statement.get("predicate"), *path) == digest
-                      for path in PREDICATE_SUBJECT_FIELDS.get(str(statement.get("predicateType")), ())}
+            fields = {
+                ".".join(path): field_at(statement.get("predicate"), *path) == digest
+                for path in PREDICATE_SUBJECT_FIELDS.get(str(statement.get("predicateType")), ())
+            }
             return SubjectBinding(name=str(s.get("name", "")), digest=digest, predicate_fields=fields)
     raise VerificationError(
         "verify.statement.subject_mismatch",
         "no subject of the statement matches the measured fixture digest",
-        evidence={"measured": measured_digest.prefixed(),
-                  "subjects": [s["digest"].get("sha256") for s in statement["subject"]]},
-        advice="The attestation was made for different bytes: do not reuse it for this checkpoint.")
+        evidence={
+            "measured": measured_digest.prefixed(),
+            "subjects": [s["digest"].get("sha256") for s in statement["subject"]],
+        },
+        advice="The attestation was made for different bytes: do not reuse it for this checkpoint.",
+    )
 
 
 def parse_time(value: str) -> datetime:
@@ -220,20 +240,26 @@ def check_validity(statement: dict[str, Any], now: datetime, *, max_clock_skew: 
     try:
         v = Validity(issued_at=parse_time(raw["issued_at"]), expires_at=parse_time(raw["expires_at"]))
     except ValueError as e:
-        raise VerificationError("verify.statement.validity_window", f"validity times are not RFC 3339: {e}",
-                                evidence=dict(raw)) from None
+        raise VerificationError(
+            "verify.statement.validity_window", f"validity times are not RFC 3339: {e}", evidence=dict(raw)
+        ) from None
     if v.expires_at <= v.issued_at:
-        raise VerificationError("verify.statement.validity_window", "expires_at is not after issued_at",
-                                evidence=dict(raw))
+        raise VerificationError(
+            "verify.statement.validity_window", "expires_at is not after issued_at", evidence=dict(raw)
+        )
     if v.issued_at > now + max_clock_skew:
-        raise VerificationError("verify.statement.not_yet_valid",
-                                f"issued_at {raw['issued_at']} is in the future (now {now.isoformat()})",
-                                evidence={**raw, "now": now.isoformat()})
+        raise VerificationError(
+            "verify.statement.not_yet_valid",
+            f"issued_at {raw['issued_at']} is in the future (now {now.isoformat()})",
+            evidence={**raw, "now": now.isoformat()},
+        )
     if now >= v.expires_at:
-        raise VerificationError("verify.statement.expired",
-                                f"expired at {raw['expires_at']} (now {now.isoformat()})",
-                                evidence={**raw, "now": now.isoformat()},
-                                advice="Re-run the qualification for this commit to obtain fresh evidence.")
+        raise VerificationError(
+            "verify.statement.expired",
+            f"expired at {raw['expires_at']} (now {now.isoformat()})",
+            evidence={**raw, "now": now.isoformat()},
+            advice="Re-run the qualification for this commit to obtain fresh evidence.",
+        )
     return v
 
 
@@ -242,11 +268,23 @@ def iso_utc(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def qualification_statement(*, subject_name: str, fixture_digest: Digest | str, manifest: str,
-                            producer: dict[str, str], adapter: dict[str, str], candidate_commit: str,
-                            environment: dict[str, Any], topology: dict[str, Any], status: str,
-                            checks_run: list[str], evidence_digest: str, evidence_location: str,
-                            issued_at: datetime, valid_for: timedelta) -> dict[str, Any]:
+def qualification_statement(
+    *,
+    subject_name: str,
+    fixture_digest: Digest | str,
+    manifest: str,
+    producer: dict[str, str],
+    adapter: dict[str, str],
+    candidate_commit: str,
+    environment: dict[str, Any],
+    topology: dict[str, Any],
+    status: str,
+    checks_run: list[str],
+    evidence_digest: str,
+    evidence_location: str,
+    issued_at: datetime,
+    valid_for: timedelta,
+) -> dict[str, Any]:
     """A qualification Statement v1 for one fixture; checked against its schema before it is returned."""
     fixture_digest = Digest.of(fixture_digest)
     statement = {
@@ -254,12 +292,21 @@ def qualification_statement(*, subject_name: str, fixture_digest: Digest | str, 
         "subject": [{"name": subject_name, "digest": fixture_digest.dsse_subject()}],
         "predicateType": QUALIFICATION_PREDICATE_TYPE,
         "predicate": {
-            "producer": producer, "adapter": adapter,
-            "fixture": {"digest": fixture_digest.prefixed(), "digest_algorithm": fixture_digest.algorithm,
-                        "manifest": manifest},
-            "candidate_commit": candidate_commit, "environment": environment, "topology": topology,
-            "result": {"status": status, "checks_run": list(checks_run),
-                       "evidence": {"digest": evidence_digest, "location": evidence_location}},
+            "producer": producer,
+            "adapter": adapter,
+            "fixture": {
+                "digest": fixture_digest.prefixed(),
+                "digest_algorithm": fixture_digest.algorithm,
+                "manifest": manifest,
+            },
+            "candidate_commit": candidate_commit,
+            "environment": environment,
+            "topology": topology,
+            "result": {
+                "status": status,
+                "checks_run": list(checks_run),
+                "evidence": {"digest": evidence_digest, "location": evidence_location},
+            },
             "validity": {"issued_at": iso_utc(issued_at), "expires_at": iso_utc(issued_at + valid_for)},
         },
     }
@@ -328,8 +375,10 @@ def bind_manifest(statement: dict[str, Any], manifest: Mapping[str, str]) -> Man
             raise _bind_fail(
                 "ambiguous_basename",
                 f"the subjects carry bare basenames, and {len(clashes)} basename(s) name several files of the "
-                f"checkpoint: {sorted(clashes)[:5]}", files=dict(sorted(clashes.items())[:20]),
-                advice="Attest the files by their relative paths inside the checkpoint.")
+                f"checkpoint: {sorted(clashes)[:5]}",
+                files=dict(sorted(clashes.items())[:20]),
+                advice="Attest the files by their relative paths inside the checkpoint.",
+            )
         key = {p: p.rsplit("/", 1)[-1] for p in measured}
     else:
         key = {p: p for p in measured}
@@ -337,26 +386,44 @@ def bind_manifest(statement: dict[str, Any], manifest: Mapping[str, str]) -> Man
     signed_hashes = set().union(*subjects.values()) if subjects else set()
     if not named and not any(h in signed_hashes for h in measured.values()):
         raise _bind_fail(
-            "subject_mismatch", "no subject of the statement names a measured file or carries its sha256",
-            measured_files=len(measured), subjects=len(statement["subject"]),
-            advice="The attestation was made for different files: do not reuse it for this checkpoint.")
+            "subject_mismatch",
+            "no subject of the statement names a measured file or carries its sha256",
+            measured_files=len(measured),
+            subjects=len(statement["subject"]),
+            advice="The attestation was made for different files: do not reuse it for this checkpoint.",
+        )
     dup = sorted(p for p in named if len(subjects[key[p]]) > 1)
     if dup:
-        raise _bind_fail("duplicate_subject", f"{len(dup)} file(s) are named by several subjects with different "
-                         f"digests: {dup[:5]}", files=dup[:20])
+        raise _bind_fail(
+            "duplicate_subject",
+            f"{len(dup)} file(s) are named by several subjects with different digests: {dup[:5]}",
+            files=dup[:20],
+        )
     unnamed = sorted(set(measured) - named)
     renamed = [p for p in unnamed if measured[p] in signed_hashes]
     if renamed:
-        raise _bind_fail("renamed_file", f"{len(renamed)} file(s) carry signed bytes under a name no subject "
-                         f"gives: {renamed[:5]}", files=renamed[:20])
+        raise _bind_fail(
+            "renamed_file",
+            f"{len(renamed)} file(s) carry signed bytes under a name no subject gives: {renamed[:5]}",
+            files=renamed[:20],
+        )
     if unnamed:
-        raise _bind_fail("unsigned_file", f"{len(unnamed)} file(s) of the checkpoint are named by no subject: "
-                         f"{unnamed[:5]}", files=unnamed[:20],
-                         advice="A file was added after signing, or the statement does not cover the checkpoint.")
+        raise _bind_fail(
+            "unsigned_file",
+            f"{len(unnamed)} file(s) of the checkpoint are named by no subject: {unnamed[:5]}",
+            files=unnamed[:20],
+            advice="A file was added after signing, or the statement does not cover the checkpoint.",
+        )
     changed = sorted(p for p in named if measured[p] not in subjects[key[p]])
     if changed:
-        raise _bind_fail("file_digest_mismatch", f"{len(changed)} file(s) differ from their subject's sha256: "
-                         f"{changed[:5]}", files=changed[:20])
+        raise _bind_fail(
+            "file_digest_mismatch",
+            f"{len(changed)} file(s) differ from their subject's sha256: {changed[:5]}",
+            files=changed[:20],
+        )
     covered = {key[p] for p in measured}
-    return ManifestBinding(match="basename" if by_basename else "path", files=len(measured),
-                           extra_subjects=sum(1 for s in statement["subject"] if s.get("name") not in covered))
+    return ManifestBinding(
+        match="basename" if by_basename else "path",
+        files=len(measured),
+        extra_subjects=sum(1 for s in statement["subject"] if s.get("name") not in covered),
+    )

@@ -54,8 +54,13 @@ class StoredAttestation:
     """SHA-256 of the stored file."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "subjects": list(self.subjects), "predicate_type": self.predicate_type,
-                "format": self.format, "sha256": self.sha256}
+        return {
+            "path": self.path,
+            "subjects": list(self.subjects),
+            "predicate_type": self.predicate_type,
+            "format": self.format,
+            "sha256": self.sha256,
+        }
 
 
 def statement_of(raw: bytes) -> tuple[str, dict[str, Any], bytes]:
@@ -91,9 +96,11 @@ class AttestationStore:
         dest = self.path_for(raw)
         if dest.exists():
             if dest.read_bytes() != raw:
-                raise VerificationError("verify.store.conflict",
-                                        f"{dest} already holds a different envelope for the same statement",
-                                        evidence={"path": str(dest)})
+                raise VerificationError(
+                    "verify.store.conflict",
+                    f"{dest} already holds a different envelope for the same statement",
+                    evidence={"path": str(dest)},
+                )
         else:
             _atomic_write(dest, raw)
         if reindex:
@@ -121,11 +128,21 @@ class AttestationStore:
         for p in self.iter():
             raw = p.read_bytes()
             fmt, stmt, _ = statement_of(raw)
-            out.append(StoredAttestation(
-                path=p.relative_to(self.root).as_posix(),
-                subjects=tuple(sorted("sha256:" + s["digest"]["sha256"].lower()
-                                      for s in stmt["subject"] if "sha256" in s["digest"])),
-                predicate_type=stmt["predicateType"], format=fmt, sha256=hashlib.sha256(raw).hexdigest()))
+            out.append(
+                StoredAttestation(
+                    path=p.relative_to(self.root).as_posix(),
+                    subjects=tuple(
+                        sorted(
+                            "sha256:" + s["digest"]["sha256"].lower()
+                            for s in stmt["subject"]
+                            if "sha256" in s["digest"]
+                        )
+                    ),
+                    predicate_type=stmt["predicateType"],
+                    format=fmt,
+                    sha256=hashlib.sha256(raw).hexdigest(),
+                )
+            )
         return out
 
     def index_bytes(self) -> bytes:

@@ -33,9 +33,11 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 class TrustDataError(VerificationError):
     """The trust data is missing or malformed: nothing can be verified against it."""
 
-    default_advice = ("Fix the trust data file (policies/ckptgate/config/trust/data.json or --trust): every signer "
-                      "needs an id, a kind, and either a PEM public key whose spki_sha256 matches, or an "
-                      "identity and issuer.")
+    default_advice = (
+        "Fix the trust data file (policies/ckptgate/config/trust/data.json or --trust): every signer "
+        "needs an id, a kind, and either a PEM public key whose spki_sha256 matches, or an "
+        "identity and issuer."
+    )
 
 
 def spki_sha256(key: PublicKey) -> str:
@@ -56,8 +58,11 @@ def key_algorithm(key: object) -> Algorithm:
 def _strs(entry: dict[str, Any], name: str, sid: str) -> tuple[str, ...]:
     v = entry.get(name)
     if not isinstance(v, list) or not v or not all(isinstance(x, str) and x for x in v):
-        raise TrustDataError("verify.trust.field", f"signer {sid!r}: {name} must be a non-empty list of strings",
-                             evidence={"signer": sid, "field": name})
+        raise TrustDataError(
+            "verify.trust.field",
+            f"signer {sid!r}: {name} must be a non-empty list of strings",
+            evidence={"signer": sid, "field": name},
+        )
     return tuple(v)
 
 
@@ -142,32 +147,43 @@ class TrustData:
                 raise TrustDataError("verify.trust.field", f"{source}: signer #{i} has no id", evidence={"index": i})
             sid = e["id"]
             if sid in seen:
-                raise TrustDataError("verify.trust.duplicate_id", f"{source}: signer id {sid!r} repeats",
-                                     evidence={"signer": sid})
+                raise TrustDataError(
+                    "verify.trust.duplicate_id", f"{source}: signer id {sid!r} repeats", evidence={"signer": sid}
+                )
             seen.add(sid)
-            common = {"predicate_types": _strs(e, "predicate_types", sid), "producers": _strs(e, "producers", sid),
-                      "scopes": _strs(e, "scopes", sid)}
+            common = {
+                "predicate_types": _strs(e, "predicate_types", sid),
+                "producers": _strs(e, "producers", sid),
+                "scopes": _strs(e, "scopes", sid),
+            }
             kind = e.get("kind")
             if kind == "key":
                 keys.append(_key_signer(e, sid, common, source))
             elif kind == "sigstore":
                 ident, iss = e.get("identity"), e.get("issuer")
                 if not (isinstance(ident, str) and ident and isinstance(iss, str) and iss):
-                    raise TrustDataError("verify.trust.field", f"signer {sid!r}: identity and issuer are required",
-                                         evidence={"signer": sid})
+                    raise TrustDataError(
+                        "verify.trust.field",
+                        f"signer {sid!r}: identity and issuer are required",
+                        evidence={"signer": sid},
+                    )
                 stores.append(TrustedIdentity(id=sid, identity=ident, issuer=iss, **common))
             elif kind == "certificate":
                 ident, root = e.get("identity"), e.get("root_sha256")
                 if not (isinstance(ident, str) and ident and isinstance(root, str) and _HEX64.match(root)):
-                    raise TrustDataError("verify.trust.field", f"signer {sid!r}: identity and root_sha256 (64 "
-                                         "lowercase hex) are required", evidence={"signer": sid})
+                    raise TrustDataError(
+                        "verify.trust.field",
+                        f"signer {sid!r}: identity and root_sha256 (64 lowercase hex) are required",
+                        evidence={"signer": sid},
+                    )
                 certs.append(TrustedCertificate(id=sid, identity=ident, root_sha256=root, **common))
             else:
-                raise TrustDataError("verify.trust.kind", f"signer {sid!r}: kind must be 'key', 'sigstore' or "
-                                     "'certificate'",
-                                     evidence={"signer": sid, "kind": kind if isinstance(kind, str) else None})
-        return cls(keys=tuple(keys), sigstore=tuple(stores), source=source, raw=bytes(raw),
-                   certificates=tuple(certs))
+                raise TrustDataError(
+                    "verify.trust.kind",
+                    f"signer {sid!r}: kind must be 'key', 'sigstore' or 'certificate'",
+                    evidence={"signer": sid, "kind": kind if isinstance(kind, str) else None},
+                )
+        return cls(keys=tuple(keys), sigstore=tuple(stores), source=source, raw=bytes(raw), certificates=tuple(certs))
 
     @classmethod
     def from_file(cls, path: Path | str | None = None) -> TrustData:
@@ -176,35 +192,47 @@ class TrustData:
         try:
             raw = read_regular_file(p, limit=_MAX_TRUST_BYTES)  # one byte more: from_json refuses it
         except OSError as e:
-            raise TrustDataError("verify.trust.unreadable", f"cannot read trust data {p}: {e.strerror}",
-                                 evidence={"path": str(p)}) from None
+            raise TrustDataError(
+                "verify.trust.unreadable", f"cannot read trust data {p}: {e.strerror}", evidence={"path": str(p)}
+            ) from None
         return cls.from_json(raw, source=str(p))
 
 
 def _key_signer(e: dict[str, Any], sid: str, common: dict[str, Any], source: str) -> TrustedKey:
     alg, pem, spki = e.get("algorithm"), e.get("public_key"), e.get("spki_sha256")
     if alg not in ALGORITHMS:
-        raise TrustDataError("verify.trust.algorithm", f"signer {sid!r}: algorithm must be one of {ALGORITHMS}",
-                             evidence={"signer": sid})
+        raise TrustDataError(
+            "verify.trust.algorithm", f"signer {sid!r}: algorithm must be one of {ALGORITHMS}", evidence={"signer": sid}
+        )
     if not isinstance(pem, str) or not isinstance(spki, str):
-        raise TrustDataError("verify.trust.field", f"signer {sid!r}: public_key and spki_sha256 are required",
-                             evidence={"signer": sid})
+        raise TrustDataError(
+            "verify.trust.field", f"signer {sid!r}: public_key and spki_sha256 are required", evidence={"signer": sid}
+        )
     try:
         key = serialization.load_pem_public_key(pem.encode("ascii"))
     except (ValueError, UnicodeEncodeError, TypeError) as ex:
-        raise TrustDataError("verify.trust.public_key", f"signer {sid!r}: public_key is not a PEM public key: {ex}",
-                             evidence={"signer": sid}) from None
+        raise TrustDataError(
+            "verify.trust.public_key",
+            f"signer {sid!r}: public_key is not a PEM public key: {ex}",
+            evidence={"signer": sid},
+        ) from None
     try:
         got_alg = key_algorithm(key)
     except ValueError:
         got_alg = None
     if got_alg != alg:
-        raise TrustDataError("verify.trust.algorithm", f"signer {sid!r}: key is {got_alg or 'unsupported'}, "
-                             f"trust data says {alg}", evidence={"signer": sid})
+        raise TrustDataError(
+            "verify.trust.algorithm",
+            f"signer {sid!r}: key is {got_alg or 'unsupported'}, trust data says {alg}",
+            evidence={"signer": sid},
+        )
     actual = spki_sha256(key)  # type: ignore[arg-type]
     if spki.lower() != actual:
-        raise TrustDataError("verify.trust.spki_mismatch", f"signer {sid!r}: spki_sha256 does not match its key",
-                             evidence={"signer": sid, "declared": spki, "actual": actual})
+        raise TrustDataError(
+            "verify.trust.spki_mismatch",
+            f"signer {sid!r}: spki_sha256 does not match its key",
+            evidence={"signer": sid, "declared": spki, "actual": actual},
+        )
     return TrustedKey(id=sid, algorithm=alg, public_key=key, spki_sha256=actual, **common)  # type: ignore[arg-type]
 
 

@@ -7,5 +7,16 @@ import; importing this package imports them all, so the registry's format table 
 from ckptgate.consolidate.adapters import dcp, deepspeed, fsdp, megatron, peft, safetensors  # registers each
 from ckptgate.consolidate.adapters.registry import Adapter, adapter_for, adapter_name_for, format_table, register
 
-__all__ = ["Adapter", "adapter_for", "adapter_name_for", "dcp", "deepspeed", "format_table", "fsdp", "megatron", "peft",
-           "register", "safetensors"]
+__all__ = [
+    "Adapter",
+    "adapter_for",
+    "adapter_name_for",
+    "dcp",
+    "deepspeed",
+    "format_table",
+    "fsdp",
+    "megatron",
+    "peft",
+    "register",
+    "safetensors",
+]

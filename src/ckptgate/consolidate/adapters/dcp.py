@@ -51,16 +51,34 @@ def _ints(v: Any, what: str) -> tuple[int, ...]:
     return tuple(v)
 
 
-def _chunk_placements(fqn: str, full: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...],
-                      src: str, base: int, itemsize: int) -> list[Placement]:
-    return [strided(src=src, src_offset=base + s * itemsize, dst_offset=d * itemsize, length=n * itemsize,
-                    count=k, src_stride=ss * itemsize, dst_stride=ds * itemsize)
-            for s, d, n, k, ss, ds in chunk_strided_runs(full, offsets, sizes)]
+def _chunk_placements(
+    fqn: str,
+    full: tuple[int, ...],
+    offsets: tuple[int, ...],
+    sizes: tuple[int, ...],
+    src: str,
+    base: int,
+    itemsize: int,
+) -> list[Placement]:
+    return [
+        strided(
+            src=src,
+            src_offset=base + s * itemsize,
+            dst_offset=d * itemsize,
+            length=n * itemsize,
+            count=k,
+            src_stride=ss * itemsize,
+            dst_stride=ds * itemsize,
+        )
+        for s, d, n, k, ss, ds in chunk_strided_runs(full, offsets, sizes)
+    ]
 
 
-def _tensors(layout: Mapping[str, Any], locate: Callable[[str, str, Mapping[str, Any], tuple[int, ...],
-                                                             tuple[int, ...], int], tuple[str, int]],
-             what: tuple[str, str]) -> list[OutputTensor]:
+def _tensors(
+    layout: Mapping[str, Any],
+    locate: Callable[[str, str, Mapping[str, Any], tuple[int, ...], tuple[int, ...], int], tuple[str, int]],
+    what: tuple[str, str],
+) -> list[OutputTensor]:
     """Output tensors of a DCP layout; ``locate`` gives each non-empty chunk's (file, byte offset)."""
     out: list[OutputTensor] = []
     runs = 0
@@ -75,10 +93,13 @@ def _tensors(layout: Mapping[str, Any], locate: Callable[[str, str, Mapping[str,
             sizes = _ints(c["sizes"], f"{fqn}: {what[1]}")
             runs += chunk_placement_count(full, offsets, sizes)  # counted before any is built
             if runs > MAX_PLAN_RUNS:
-                raise PlanError("plan.too_many_runs", f"{fqn}: the layout splits its tensors into more than "
-                                f"{MAX_PLAN_RUNS:,} placements", evidence={"tensor": fqn, "limit": MAX_PLAN_RUNS},
-                                advice="A chunk split on several leading dimensions needs a placement per index "
-                                       "of them; ckptgate bounds the plan's memory instead of building them.")
+                raise PlanError(
+                    "plan.too_many_runs",
+                    f"{fqn}: the layout splits its tensors into more than {MAX_PLAN_RUNS:,} placements",
+                    evidence={"tensor": fqn, "limit": MAX_PLAN_RUNS},
+                    advice="A chunk split on several leading dimensions needs a placement per index "
+                    "of them; ckptgate bounds the plan's memory instead of building them.",
+                )
             src, base = locate(fqn, dtype, c, offsets, sizes, size)
             if numel(sizes):
                 placements += _chunk_placements(fqn, full, offsets, sizes, src, base, size)
@@ -93,18 +114,25 @@ def torch_save_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
         if it.get("kind") == "tensor" and it.get("chunk_offsets") is not None:
             items[(it["fqn"], tuple(it["chunk_offsets"]))] = it
 
-    def locate(fqn: str, dtype: str, c: Mapping[str, Any], offsets: tuple[int, ...], sizes: tuple[int, ...],
-               size: int) -> tuple[str, int]:
+    def locate(
+        fqn: str, dtype: str, c: Mapping[str, Any], offsets: tuple[int, ...], sizes: tuple[int, ...], size: int
+    ) -> tuple[str, int]:
         if numel(sizes) == 0:
             return "", 0
         item = items.get((fqn, offsets))
         if item is None or "tensor" not in item:
-            raise PlanError("plan.dcp.chunk_without_item", f"{fqn}: chunk {list(offsets)} has no located "
-                            "storage item", evidence={"tensor": fqn, "offsets": list(offsets)})
+            raise PlanError(
+                "plan.dcp.chunk_without_item",
+                f"{fqn}: chunk {list(offsets)} has no located storage item",
+                evidence={"tensor": fqn, "offsets": list(offsets)},
+            )
         rec = item["tensor"]
         if tuple(rec["shape"]) != sizes or st_dtype(rec["dtype"], what=fqn) != dtype:
-            raise PlanError("plan.dcp.item_mismatch", f"{fqn}: the item at chunk {list(offsets)} does not "
-                            "match the chunk's shape or dtype", evidence={"tensor": fqn})
+            raise PlanError(
+                "plan.dcp.item_mismatch",
+                f"{fqn}: the item at chunk {list(offsets)} does not match the chunk's shape or dtype",
+                evidence={"tensor": fqn},
+            )
         seg = record_segment(item["path"], rec, what=fqn)
         return seg.src, seg.offset
 
@@ -114,35 +142,47 @@ def torch_save_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
 def hf_storage_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
     """Output tensors of a DCP HF-storage layout (``Inspection.layout`` of ``dcp-hf-safetensors``)."""
 
-    def locate(fqn: str, dtype: str, c: Mapping[str, Any], offsets: tuple[int, ...], sizes: tuple[int, ...],
-               size: int) -> tuple[str, int]:
+    def locate(
+        fqn: str, dtype: str, c: Mapping[str, Any], offsets: tuple[int, ...], sizes: tuple[int, ...], size: int
+    ) -> tuple[str, int]:
         begin, end = _ints(c["data_offsets"], f"{fqn}: data_offsets")
         if end - begin != numel(sizes) * size:
-            raise PlanError("plan.dcp.item_mismatch", f"{fqn}: a chunk's byte range does not match its shape",
-                            evidence={"tensor": fqn, "path": c["path"]})
+            raise PlanError(
+                "plan.dcp.item_mismatch",
+                f"{fqn}: a chunk's byte range does not match its shape",
+                evidence={"tensor": fqn, "path": c["path"]},
+            )
         return c["path"], begin
 
     return _tensors(layout, locate, ("saved_offsets", "shape"))
 
 
-def select(tensors: Sequence[OutputTensor], skipped: Sequence[str],
-           selection: Selection) -> tuple[list[OutputTensor], list[str], dict[str, Any]]:
+def select(
+    tensors: Sequence[OutputTensor], skipped: Sequence[str], selection: Selection
+) -> tuple[list[OutputTensor], list[str], dict[str, Any]]:
     """The entries under ``selection.prefix + "."``, named without it (``model.0.weight`` ->
     ``0.weight``, as ``get_model_state_dict`` names them), the BYTE_IO items under it, and the
     report of what was left out (never written)."""
     head = selection.prefix + "."
-    kept = [dataclasses.replace(t, name=t.name[len(head):]) for t in tensors if t.name.startswith(head)]
+    kept = [dataclasses.replace(t, name=t.name[len(head) :]) for t in tensors if t.name.startswith(head)]
     if not kept:
-        raise PlanError("plan.selection.empty", f"no tensor of this tree is under {selection.prefix!r}",
-                        evidence={"prefix": selection.prefix})
+        raise PlanError(
+            "plan.selection.empty",
+            f"no tensor of this tree is under {selection.prefix!r}",
+            evidence={"prefix": selection.prefix},
+        )
     left = [t.name for t in tensors if not t.name.startswith(head)]
-    report = {**selection.to_json(), "excluded_tensors": len(left),
-              "excluded_bytes_items": sum(1 for s in skipped if not s.startswith(head))}
-    return kept, [s[len(head):] for s in skipped if s.startswith(head)], report
+    report = {
+        **selection.to_json(),
+        "excluded_tensors": len(left),
+        "excluded_bytes_items": sum(1 for s in skipped if not s.startswith(head)),
+    }
+    return kept, [s[len(head) :] for s in skipped if s.startswith(head)], report
 
 
-def plan(fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int,
-         selection: Selection | None = None) -> ConsolidationPlan:
+def plan(
+    fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int, selection: Selection | None = None
+) -> ConsolidationPlan:
     """The plan of a DCP tree: whole, or only the subtree ``selection`` names (decided by policy)."""
     if fmt == "dcp-torch-save":
         tensors = torch_save_tensors(layout)
@@ -168,8 +208,15 @@ class DcpAdapter(StaticAdapter):
     formats = ("dcp-torch-save", "dcp-hf-safetensors")
     selects = True
 
-    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             selection: Selection | None = None, loaded: Any = None) -> ConsolidationPlan:
+    def plan(
+        self,
+        inspection: Inspection,
+        *,
+        max_shard_bytes: int,
+        mapping: str | None = None,
+        selection: Selection | None = None,
+        loaded: Any = None,
+    ) -> ConsolidationPlan:
         return plan(inspection.format or "", inspection.layout, max_shard_bytes=max_shard_bytes, selection=selection)
 
 

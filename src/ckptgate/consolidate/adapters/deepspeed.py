@@ -68,8 +68,15 @@ _MAX_DEPTH = 200
 def statically_readable(files: Mapping[str, Any], rels: Sequence[str]) -> bool:
     """Whether every file in ``rels`` is a torch zip whose pickle the static reader read completely
     inside its allowlist."""
-    return all((f := files.get(rel)) is not None and f.torch is not None and f.pickle is not None
-               and f.pickle.complete and f.pickle.inside_allowlist and f.pickle.value is not None for rel in rels)
+    return all(
+        (f := files.get(rel)) is not None
+        and f.torch is not None
+        and f.pickle is not None
+        and f.pickle.complete
+        and f.pickle.inside_allowlist
+        and f.pickle.value is not None
+        for rel in rels
+    )
 
 
 def static_trees(files: Mapping[str, Any], rels: Sequence[str]) -> dict[str, Any]:
@@ -82,9 +89,12 @@ def static_trees(files: Mapping[str, Any], rels: Sequence[str]) -> dict[str, Any
     out: dict[str, Any] = {}
     for rel in rels:
         if not statically_readable(files, [rel]):
-            raise RuntimeFailure("runtime.plan.not_static", f"{rel} was not read statically inside the allowlist, "
-                                 "so no plan can be built from it without a framework load",
-                                 evidence={"path": rel})
+            raise RuntimeFailure(
+                "runtime.plan.not_static",
+                f"{rel} was not read statically inside the allowlist, "
+                "so no plan can be built from it without a framework load",
+                evidence={"path": rel},
+            )
         f = files[rel]
         tensors = {t.name: t for t in f.torch.tensors}
         # the reader measured (and charged) the value as a tree before keeping it: no walk exceeds that
@@ -95,8 +105,11 @@ def static_trees(files: Mapping[str, Any], rels: Sequence[str]) -> dict[str, Any
 def _json(v: Any, path: str, tensors: Mapping[str, Any], budget: list[int], depth: int, rel: str) -> Any:
     budget[0] -= 1
     if budget[0] < 0 or depth > _MAX_DEPTH:
-        raise RuntimeFailure("runtime.plan.too_large", f"{rel}: the pickle's object tree is too large or too deep "
-                             "to plan from", evidence={"path": rel})
+        raise RuntimeFailure(
+            "runtime.plan.too_large",
+            f"{rel}: the pickle's object tree is too large or too deep to plan from",
+            evidence={"path": rel},
+        )
 
     def sub(k: Any, x: Any) -> Any:
         key = key_text(k)
@@ -112,8 +125,13 @@ def _json(v: Any, path: str, tensors: Mapping[str, Any], budget: list[int], dept
         return [sub(i, x) for i, x in enumerate(v.items)]
     if isinstance(v, SSet):
         return {"__set__": [sub(i, x) for i, x in enumerate(v.items)]}
-    if isinstance(v, SDict) or (isinstance(v, Call) and (v.dict_items is not None or (
-            isinstance(v.func, Global) and v.func.dotted == "collections.OrderedDict" and not v.args))):
+    if isinstance(v, SDict) or (
+        isinstance(v, Call)
+        and (
+            v.dict_items is not None
+            or (isinstance(v.func, Global) and v.func.dotted == "collections.OrderedDict" and not v.args)
+        )
+    ):
         items = v.items if isinstance(v, SDict) else v.dict_items or []
         if all(isinstance(k, str) for k, _ in items):
             return {k: sub(k, x) for k, x in items}
@@ -121,9 +139,16 @@ def _json(v: Any, path: str, tensors: Mapping[str, Any], budget: list[int], dept
     if isinstance(v, Call):
         if path in tensors:
             t = tensors[path]
-            return {"__tensor__": {"storage_key": t.storage_key, "dtype": t.dtype, "shape": list(t.shape),
-                                   "stride": list(t.stride), "storage_offset": t.storage_offset,
-                                   "storage_nbytes": t.storage_nbytes}}
+            return {
+                "__tensor__": {
+                    "storage_key": t.storage_key,
+                    "dtype": t.dtype,
+                    "shape": list(t.shape),
+                    "stride": list(t.stride),
+                    "storage_offset": t.storage_offset,
+                    "storage_nbytes": t.storage_nbytes,
+                }
+            }
         func = v.func.dotted if isinstance(v.func, Global) else "?"
         if func == "torch.Size" and isinstance(v.args, tuple) and len(v.args) == 1 and isinstance(v.args[0], tuple):
             return [sub(i, x) for i, x in enumerate(v.args[0])]
@@ -144,8 +169,11 @@ class StorageMap:
         if rel not in self._maps:
             f = self._files.get(rel)
             if f is None or f.torch is None:
-                raise RuntimeFailure("runtime.plan.storage_unknown", f"{rel} has no statically read torch zip "
-                                     "layout, so no storage key can be mapped to bytes", evidence={"path": rel})
+                raise RuntimeFailure(
+                    "runtime.plan.storage_unknown",
+                    f"{rel} has no statically read torch zip layout, so no storage key can be mapped to bytes",
+                    evidence={"path": rel},
+                )
             self._maps[rel] = {t.storage_key: tuple(t.storage_range) for t in f.torch.tensors}
         return self._maps[rel]
 
@@ -153,19 +181,34 @@ class StorageMap:
         """The bytes of a worker ``__tensor__`` record, through the static storage map."""
         t = desc.get("__tensor__") if isinstance(desc, Mapping) else None
         if not isinstance(t, Mapping):
-            raise RuntimeFailure("runtime.plan.not_a_tensor", f"{rel}: {what} is not a tensor in the worker's plan",
-                                 evidence={"path": rel, "what": what})
+            raise RuntimeFailure(
+                "runtime.plan.not_a_tensor",
+                f"{rel}: {what} is not a tensor in the worker's plan",
+                evidence={"path": rel, "what": what},
+            )
         key = t.get("storage_key")
         rng = self.ranges(rel).get(key) if isinstance(key, str) else None
         if rng is None:
-            raise RuntimeFailure("runtime.plan.storage_unknown", f"{rel}: {what} names storage {key!r}, which the "
-                                 "static reader did not see", evidence={"path": rel, "storage_key": key})
+            raise RuntimeFailure(
+                "runtime.plan.storage_unknown",
+                f"{rel}: {what} names storage {key!r}, which the static reader did not see",
+                evidence={"path": rel, "storage_key": key},
+            )
         if t.get("storage_nbytes") != rng[1] - rng[0]:
-            raise RuntimeFailure("runtime.plan.worker_disagrees", f"{rel}: storage {key!r} has "
-                                 f"{rng[1] - rng[0]} bytes in the file, the worker says {t.get('storage_nbytes')}",
-                                 evidence={"path": rel, "storage_key": key})
-        rec = {"dtype": t.get("dtype"), "storage_dtype": t.get("dtype"), "shape": t.get("shape"),
-               "stride": t.get("stride"), "storage_offset": t.get("storage_offset"), "storage_range": rng}
+            raise RuntimeFailure(
+                "runtime.plan.worker_disagrees",
+                f"{rel}: storage {key!r} has "
+                f"{rng[1] - rng[0]} bytes in the file, the worker says {t.get('storage_nbytes')}",
+                evidence={"path": rel, "storage_key": key},
+            )
+        rec = {
+            "dtype": t.get("dtype"),
+            "storage_dtype": t.get("dtype"),
+            "shape": t.get("shape"),
+            "stride": t.get("stride"),
+            "storage_offset": t.get("storage_offset"),
+            "storage_range": rng,
+        }
         try:
             return record_segment(rel, rec, what=what)
         except (KeyError, TypeError, ValueError) as e:
@@ -176,8 +219,11 @@ def _get(tree: Any, *path: str, what: str) -> Any:
     node = tree
     for k in path:
         if not isinstance(node, Mapping) or k not in node:
-            raise RuntimeFailure("runtime.plan.missing_key", f"{what}: no {'.'.join(path)} in the worker's plan",
-                                 evidence={"what": what, "key": ".".join(path)})
+            raise RuntimeFailure(
+                "runtime.plan.missing_key",
+                f"{what}: no {'.'.join(path)} in the worker's plan",
+                evidence={"what": what, "key": ".".join(path)},
+            )
         node = node[k]
     return node
 
@@ -196,8 +242,9 @@ def _shapes(groups: Any, what: str) -> list[dict[str, tuple[int, ...]]]:
     out = []
     for g in groups:
         if not isinstance(g, Mapping) or not all(
-                isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v)
-                for v in g.values()):
+            isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v)
+            for v in g.values()
+        ):
             raise RuntimeFailure("runtime.plan.bad_value", f"{what}: a param_shapes group is not name -> shape")
         out.append({str(k): tuple(v) for k, v in g.items()})
     return out
@@ -217,8 +264,9 @@ def zero_files(layout: Mapping[str, Any]) -> list[str]:
     return models + optims
 
 
-def zero_tensors(layout: Mapping[str, Any], trees: Mapping[str, Any], files: Mapping[str, Any]
-                 ) -> tuple[list[OutputTensor], dict[str, Any]]:
+def zero_tensors(
+    layout: Mapping[str, Any], trees: Mapping[str, Any], files: Mapping[str, Any]
+) -> tuple[list[OutputTensor], dict[str, Any]]:
     """Output tensors of a ZeRO checkpoint from the worker's trees; also the report."""
     models, optims = _paths(layout)
     smap = StorageMap(files)
@@ -226,15 +274,21 @@ def zero_tensors(layout: Mapping[str, Any], trees: Mapping[str, Any], files: Map
     shapes = _shapes(_get(m0, "param_shapes", what=models[0]), models[0])
     static = layout["model_states"][0].get("param_shapes")
     if static is not None and _shapes(static, "static layout") != shapes:
-        raise RuntimeFailure("runtime.plan.worker_disagrees", "the worker's param_shapes differ from what the "
-                             "static reader saw in the same file", evidence={"path": models[0]})
+        raise RuntimeFailure(
+            "runtime.plan.worker_disagrees",
+            "the worker's param_shapes differ from what the static reader saw in the same file",
+            evidence={"path": models[0]},
+        )
     osd = [_get(trees[p], "optimizer_state_dict", what=p) for p in optims]
     stage = _int(_get(osd[0], "zero_stage", what=optims[0]), "zero_stage")
     pc = _get(osd[0], "partition_count", what=optims[0])
     world = max(_int(x, "partition_count") for x in pc) if isinstance(pc, list) else _int(pc, "partition_count")
     if world != len(optims) or world != layout.get("world_size", world):
-        raise PlanError("plan.zero.world_size", f"partition_count is {world} but there are {len(optims)} "
-                        "optimizer state files", evidence={"partition_count": world, "files": optims})
+        raise PlanError(
+            "plan.zero.world_size",
+            f"partition_count is {world} but there are {len(optims)} optimizer state files",
+            evidence={"partition_count": world, "files": optims},
+        )
     key = "fp32_flat_groups" if stage == 3 else "single_partition_of_fp32_groups"
     if stage not in (1, 2, 3):
         raise PlanError("plan.zero.stage", f"unknown ZeRO stage {stage}")
@@ -244,15 +298,18 @@ def zero_tensors(layout: Mapping[str, Any], trees: Mapping[str, Any], files: Map
         if not isinstance(descs, list):
             raise RuntimeFailure("runtime.plan.bad_value", f"{p}: {key} is not a list")
         segs = [smap.segment(p, d, what=f"{key}[{i}]") for i, d in enumerate(descs)]
-        if any(d["__tensor__"].get("dtype") != "float32" or len(d["__tensor__"].get("shape", [])) != 1
-               for d in descs):
+        if any(d["__tensor__"].get("dtype") != "float32" or len(d["__tensor__"].get("shape", [])) != 1 for d in descs):
             raise PlanError("plan.zero.flat_group", f"{p}: {key} holds a tensor that is not flat fp32")
         groups.append(segs)
     if len({len(g) for g in groups}) != 1:
         raise PlanError("plan.zero.groups", "ranks hold different numbers of fp32 groups")
     out: dict[str, OutputTensor] = {}
-    report: dict[str, Any] = {"adapter": "deepspeed-zero", "zero_stage": stage, "world_size": world,
-                              "output_dtype": "F32 for trainable params (fp32 master weights)"}
+    report: dict[str, Any] = {
+        "adapter": "deepspeed-zero",
+        "zero_stage": stage,
+        "world_size": world,
+        "output_dtype": "F32 for trainable params (fp32 master weights)",
+    }
     if isinstance(m0.get("ds_version"), str):
         report["ds_version"] = m0["ds_version"]
     if stage == 3:
@@ -272,8 +329,13 @@ def zero_tensors(layout: Mapping[str, Any], trees: Mapping[str, Any], files: Map
     return list(out.values()), report
 
 
-def _zero2(shapes: list[dict[str, tuple[int, ...]]], groups: list[list[Segment]], world: int, paddings: Any,
-           out: dict[str, OutputTensor]) -> None:
+def _zero2(
+    shapes: list[dict[str, tuple[int, ...]]],
+    groups: list[list[Segment]],
+    world: int,
+    paddings: Any,
+    out: dict[str, OutputTensor],
+) -> None:
     if len(shapes) != len(groups[0]):
         raise PlanError("plan.zero.groups", f"{len(shapes)} param_shapes groups but {len(groups[0])} fp32 groups")
     align = 2 * world
@@ -291,17 +353,20 @@ def _zero2(shapes: list[dict[str, tuple[int, ...]]], groups: list[list[Segment]]
             offset += n + (_int(pads[pi], "padding") if pads is not None else 0)
         aligned_off, aligned_avail = align * math.ceil(offset / align), align * math.ceil(avail / align)
         if aligned_off != aligned_avail:
-            raise PlanError("plan.zero.padding_mismatch", f"group {gi}: params consume {offset} elements of "
-                            f"{avail} (aligned to {align}: {aligned_off} != {aligned_avail})",
-                            evidence={"group": gi, "consumed": offset, "available": avail, "align": align})
+            raise PlanError(
+                "plan.zero.padding_mismatch",
+                f"group {gi}: params consume {offset} elements of "
+                f"{avail} (aligned to {align}: {aligned_off} != {aligned_avail})",
+                evidence={"group": gi, "consumed": offset, "available": avail, "align": align},
+            )
 
 
-def _zero3(shapes: list[dict[str, tuple[int, ...]]], groups: list[list[Segment]], world: int,
-           out: dict[str, OutputTensor]) -> None:
+def _zero3(
+    shapes: list[dict[str, tuple[int, ...]]], groups: list[list[Segment]], world: int, out: dict[str, OutputTensor]
+) -> None:
     sizes = [[s.count for s in rank] for rank in groups]
     if any(sz != sizes[0] for sz in sizes):
-        raise PlanError("plan.zero.groups", "ranks hold fp32 flat groups of different sizes",
-                        evidence={"sizes": sizes})
+        raise PlanError("plan.zero.groups", "ranks hold fp32 flat groups of different sizes", evidence={"sizes": sizes})
     flat = {name: shape for g in shapes for name, shape in g.items()}
     offset = 0
     for name, shape in flat.items():
@@ -317,12 +382,22 @@ def _zero3(shapes: list[dict[str, tuple[int, ...]]], groups: list[list[Segment]]
         out[name] = OutputTensor(name=name, dtype="F32", shape=shape, placements=tuple(placements))
         offset += part
     if offset != sum(sizes[0]):
-        raise PlanError("plan.zero.padding_mismatch", f"params consume {offset} elements per rank, each rank "
-                        f"holds {sum(sizes[0])}", evidence={"consumed": offset, "available": sum(sizes[0])})
+        raise PlanError(
+            "plan.zero.padding_mismatch",
+            f"params consume {offset} elements per rank, each rank holds {sum(sizes[0])}",
+            evidence={"consumed": offset, "available": sum(sizes[0])},
+        )
 
 
-def _frozen(models: Sequence[str], trees: Mapping[str, Any], smap: StorageMap, stage: int, world: int,
-            out: dict[str, OutputTensor], report: dict[str, Any]) -> None:
+def _frozen(
+    models: Sequence[str],
+    trees: Mapping[str, Any],
+    smap: StorageMap,
+    stage: int,
+    world: int,
+    out: dict[str, OutputTensor],
+    report: dict[str, Any],
+) -> None:
     fshapes = trees[models[0]].get("frozen_param_shapes")
     if not fshapes:
         return
@@ -332,15 +407,18 @@ def _frozen(models: Sequence[str], trees: Mapping[str, Any], smap: StorageMap, s
         if stage == 3:
             if len(models) != world:
                 raise PlanError("plan.zero.world_size", "ZeRO-3 frozen params need one model_states file per rank")
-            segs = [smap.segment(m, _get(trees[m], "frozen_param_fragments", name, what=m), what=name)
-                    for m in models]
+            segs = [smap.segment(m, _get(trees[m], "frozen_param_fragments", name, what=m), what=name) for m in models]
         else:
-            segs = [smap.segment(models[0], _get(trees[models[0]], "frozen_param_fragments", name, what=models[0]),
-                                 what=name)]
+            segs = [
+                smap.segment(
+                    models[0], _get(trees[models[0]], "frozen_param_fragments", name, what=models[0]), what=name
+                )
+            ]
         desc = _get(trees[models[0]], "frozen_param_fragments", name, what=models[0])["__tensor__"]
         dtype = st_dtype(str(desc.get("dtype")), what=name)
-        out[name] = OutputTensor(name=name, dtype=dtype, shape=shape,
-                                 placements=tuple(take(segs, 0, n, what=name)) if n else ())
+        out[name] = OutputTensor(
+            name=name, dtype=dtype, shape=shape, placements=tuple(take(segs, 0, n, what=name)) if n else ()
+        )
     report["frozen_params"] = sorted(shapes)
 
 
@@ -360,8 +438,15 @@ def _buffers(rel: str, m0: Any, smap: StorageMap, out: dict[str, OutputTensor], 
         report["buffers_saved_dtype_kept"] = kept
 
 
-def zero_plan(layout: Mapping[str, Any], trees: Mapping[str, Any], files: Mapping[str, Any], *,
-              max_shard_bytes: int, trees_from: str, worker: Mapping[str, Any] | None = None) -> ConsolidationPlan:
+def zero_plan(
+    layout: Mapping[str, Any],
+    trees: Mapping[str, Any],
+    files: Mapping[str, Any],
+    *,
+    max_shard_bytes: int,
+    trees_from: str,
+    worker: Mapping[str, Any] | None = None,
+) -> ConsolidationPlan:
     """The plan from JSON trees; ``trees_from`` (``static_reader`` or ``contained_worker``) and,
     for the worker, what it reported about itself (``worker``) go into the report.
 
@@ -371,9 +456,12 @@ def zero_plan(layout: Mapping[str, Any], trees: Mapping[str, Any], files: Mappin
     try:
         tensors, report = zero_tensors(layout, trees, files)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-        raise RuntimeFailure("runtime.plan.bad_value", f"the {trees_from.replace('_', ' ')}'s description of "
-                             f"the ZeRO checkpoint has an unexpected shape: {type(e).__name__}",
-                             evidence={"trees_from": trees_from}) from None
+        raise RuntimeFailure(
+            "runtime.plan.bad_value",
+            f"the {trees_from.replace('_', ' ')}'s description of "
+            f"the ZeRO checkpoint has an unexpected shape: {type(e).__name__}",
+            evidence={"trees_from": trees_from},
+        ) from None
     report["trees_from"] = trees_from
     if worker is not None:
         report["worker"] = dict(worker)
@@ -395,25 +483,34 @@ def universal_aliases(layout: Mapping[str, Any], files: Mapping[str, Any]) -> di
     out: dict[str, str] = {}
     for folder in sorted(folders):
         pre = f"{folder}/" if folder else ""
-        states = [f for p, f in files.items() if p.startswith(pre) and "/" not in p[len(pre):]
-                  and p.endswith("model_states.pt")]
+        states = [
+            f
+            for p, f in files.items()
+            if p.startswith(pre) and "/" not in p[len(pre) :] and p.endswith("model_states.pt")
+        ]
         for f in states:
             if f.torch is None:
                 continue
             aliases = [k.removeprefix("shared_params.") for k in f.torch.values if k.startswith("shared_params.")]
             if not aliases:
                 continue
-            trainable = {k.split(".", 2)[2] for k in f.torch.values if k.startswith("param_shapes.")
-                         and k.count(".") >= 2}
-            views = {r.name.removeprefix("module."): (r.storage_key, r.storage_offset, r.shape, r.stride, r.dtype)
-                     for r in f.torch.tensors if r.name.startswith("module.")}
+            trainable = {
+                k.split(".", 2)[2] for k in f.torch.values if k.startswith("param_shapes.") and k.count(".") >= 2
+            }
+            views = {
+                r.name.removeprefix("module."): (r.storage_key, r.storage_offset, r.shape, r.stride, r.dtype)
+                for r in f.torch.tensors
+                if r.name.startswith("module.")
+            }
             for alias in aliases:
                 view = views.get(alias)
                 targets = [n for n, v in views.items() if n != alias and v == view and n in trainable]
                 if view is None or len(targets) != 1:
-                    raise PlanError("plan.universal.alias_unresolved",
-                                    f"{f.path}: tied alias {alias!r} has no single trainable parameter sharing "
-                                    "its storage", evidence={"alias": alias, "candidates": targets})
+                    raise PlanError(
+                        "plan.universal.alias_unresolved",
+                        f"{f.path}: tied alias {alias!r} has no single trainable parameter sharing its storage",
+                        evidence={"alias": alias, "candidates": targets},
+                    )
                 out[alias] = targets[0]
     return out
 
@@ -428,13 +525,17 @@ def universal_tensors(layout: Mapping[str, Any], aliases: Mapping[str, str] | No
         rec = params[aliases.get(name, name)] if aliases.get(name, name) in params else params[name]
         info = rec.get("files", {}).get("fp32")
         if info is None or "tensors" not in info:
-            raise PlanError("plan.universal.no_fp32", f"parameter {name!r} has no readable fp32.pt",
-                            evidence={"param": name})
+            raise PlanError(
+                "plan.universal.no_fp32", f"parameter {name!r} has no readable fp32.pt", evidence={"param": name}
+            )
         tensors = info["tensors"]
         chosen = [t for t in tensors if t["name"] == "param"] or (tensors if len(tensors) == 1 else [])
         if len(chosen) != 1:
-            raise PlanError("plan.universal.ambiguous", f"{info['path']}: no single 'param' tensor",
-                            evidence={"param": name, "tensors": [t["name"] for t in tensors]})
+            raise PlanError(
+                "plan.universal.ambiguous",
+                f"{info['path']}: no single 'param' tensor",
+                evidence={"param": name, "tensors": [t["name"] for t in tensors]},
+            )
         t = chosen[0]
         seg = record_segment(info["path"], t, what=name)
         dtype = st_dtype(t["dtype"], what=name)
@@ -444,15 +545,20 @@ def universal_tensors(layout: Mapping[str, Any], aliases: Mapping[str, str] | No
     return out
 
 
-def universal_plan(layout: Mapping[str, Any], files: Mapping[str, Any], *, max_shard_bytes: int
-                   ) -> ConsolidationPlan:
+def universal_plan(layout: Mapping[str, Any], files: Mapping[str, Any], *, max_shard_bytes: int) -> ConsolidationPlan:
     aliases = universal_aliases(layout, files)
     tensors = universal_tensors(layout, aliases)
     if not tensors:
         raise no_tensors("parameters")
-    return shard_tensors(tensors, max_shard_bytes=max_shard_bytes,
-                         report={"adapter": "deepspeed-universal", "params": len(tensors),
-                                 "shared_params": [[a, t] for a, t in sorted(aliases.items())]})
+    return shard_tensors(
+        tensors,
+        max_shard_bytes=max_shard_bytes,
+        report={
+            "adapter": "deepspeed-universal",
+            "params": len(tensors),
+            "shared_params": [[a, t] for a, t in sorted(aliases.items())],
+        },
+    )
 
 
 class UniversalAdapter(StaticAdapter):
@@ -461,10 +567,16 @@ class UniversalAdapter(StaticAdapter):
     name = "deepspeed-universal"
     formats = ("deepspeed-universal",)
 
-    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             selection: Selection | None = None, loaded: Any = None) -> ConsolidationPlan:
-        return universal_plan(inspection.layout, {f.path: f for f in inspection.files},
-                              max_shard_bytes=max_shard_bytes)
+    def plan(
+        self,
+        inspection: Inspection,
+        *,
+        max_shard_bytes: int,
+        mapping: str | None = None,
+        selection: Selection | None = None,
+        loaded: Any = None,
+    ) -> ConsolidationPlan:
+        return universal_plan(inspection.layout, {f.path: f for f in inspection.files}, max_shard_bytes=max_shard_bytes)
 
 
 class ZeroAdapter:
@@ -482,16 +594,37 @@ class ZeroAdapter:
         files = {f.path: f for f in inspection.files}
         return () if statically_readable(files, rels) else tuple(rels)
 
-    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             selection: Selection | None = None, loaded: LoadedTrees | None = None) -> ConsolidationPlan:
+    def plan(
+        self,
+        inspection: Inspection,
+        *,
+        max_shard_bytes: int,
+        mapping: str | None = None,
+        selection: Selection | None = None,
+        loaded: LoadedTrees | None = None,
+    ) -> ConsolidationPlan:
         layout, files = inspection.layout, {f.path: f for f in inspection.files}
         if loaded is None:  # less than the decision permits: no worker at all
-            return zero_plan(layout, static_trees(files, zero_files(layout)), files,
-                             max_shard_bytes=max_shard_bytes, trees_from="static_reader")
-        return zero_plan(layout, loaded.trees, files, max_shard_bytes=max_shard_bytes,
-                         trees_from="contained_worker",
-                         worker={"job": loaded.job, "controls": dict(loaded.controls),
-                                 "measured": dict(loaded.measured), "wall_s": round(loaded.wall_s, 3)})
+            return zero_plan(
+                layout,
+                static_trees(files, zero_files(layout)),
+                files,
+                max_shard_bytes=max_shard_bytes,
+                trees_from="static_reader",
+            )
+        return zero_plan(
+            layout,
+            loaded.trees,
+            files,
+            max_shard_bytes=max_shard_bytes,
+            trees_from="contained_worker",
+            worker={
+                "job": loaded.job,
+                "controls": dict(loaded.controls),
+                "measured": dict(loaded.measured),
+                "wall_s": round(loaded.wall_s, 3),
+            },
+        )
 
 
 register(UniversalAdapter())

@@ -44,19 +44,24 @@ def full_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
 
 def plan(fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int) -> ConsolidationPlan:
     if fmt == "fsdp-local":
-        raise NotConsolidatable("plan.format.not_consolidatable",
-                                "FSDP LOCAL_STATE_DICT flat_param shards record no per-parameter names, shapes "
-                                "or padding; ckptgate does not guess them [R03]",
-                                evidence={"format": fmt, "files": list(layout.get("files", []))},
-                                advice="Save the model again with SHARDED_STATE_DICT through "
-                                       "torch.distributed.checkpoint, or with FULL_STATE_DICT.")
+        raise NotConsolidatable(
+            "plan.format.not_consolidatable",
+            "FSDP LOCAL_STATE_DICT flat_param shards record no per-parameter names, shapes "
+            "or padding; ckptgate does not guess them [R03]",
+            evidence={"format": fmt, "files": list(layout.get("files", []))},
+            advice="Save the model again with SHARDED_STATE_DICT through "
+            "torch.distributed.checkpoint, or with FULL_STATE_DICT.",
+        )
     if fmt != "fsdp-full":
         raise PlanError("plan.format.unsupported", f"{fmt!r} is not an FSDP torch.save layout")
     tensors = full_tensors(layout)
     if not tensors:
         raise no_tensors()
-    return shard_tensors(tensors, max_shard_bytes=max_shard_bytes,
-                         report={"adapter": "fsdp-full", "format": fmt, "prefix": layout.get("prefix")})
+    return shard_tensors(
+        tensors,
+        max_shard_bytes=max_shard_bytes,
+        report={"adapter": "fsdp-full", "format": fmt, "prefix": layout.get("prefix")},
+    )
 
 
 class FsdpFullAdapter(StaticAdapter):
@@ -69,8 +74,15 @@ class FsdpFullAdapter(StaticAdapter):
     name = "fsdp-full"
     formats = ("fsdp-full",)
 
-    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             selection: Selection | None = None, loaded: Any = None) -> ConsolidationPlan:
+    def plan(
+        self,
+        inspection: Inspection,
+        *,
+        max_shard_bytes: int,
+        mapping: str | None = None,
+        selection: Selection | None = None,
+        loaded: Any = None,
+    ) -> ConsolidationPlan:
         return plan(inspection.format or "", inspection.layout, max_shard_bytes=max_shard_bytes)
 
 

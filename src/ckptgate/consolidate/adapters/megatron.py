@@ -28,10 +28,16 @@ if TYPE_CHECKING:
 UNSTACK_LAYERS = "megatron-unstack-layers"
 _STACKED = re.compile(r"(^|\.)layers\.(?!\d+\.)(?=[A-Za-z_])")
 _SEMANTICS = (
-    (re.compile(r"linear_qkv\.(weight|bias)$"), "fused_qkv",
-     "query, key and value projections fused in one tensor (grouped per query group); not split"),
-    (re.compile(r"linear_fc1\.(weight|bias)$"), "fc1_may_be_gated",
-     "with a gated activation (SwiGLU) fc1 holds W then V concatenated on dim 0; not split"),
+    (
+        re.compile(r"linear_qkv\.(weight|bias)$"),
+        "fused_qkv",
+        "query, key and value projections fused in one tensor (grouped per query group); not split",
+    ),
+    (
+        re.compile(r"linear_fc1\.(weight|bias)$"),
+        "fc1_may_be_gated",
+        "with a gated activation (SwiGLU) fc1 holds W then V concatenated on dim 0; not split",
+    ),
 )
 
 
@@ -61,8 +67,11 @@ def unstack(t: OutputTensor) -> list[OutputTensor]:
 
 def plan(layout: Mapping[str, Any], *, max_shard_bytes: int, mapping: str | None = None) -> ConsolidationPlan:
     if mapping not in (None, UNSTACK_LAYERS):
-        raise PlanError("plan.mapping.unknown", f"no qualified mapping adapter named {mapping!r}",
-                        evidence={"known": [UNSTACK_LAYERS]})
+        raise PlanError(
+            "plan.mapping.unknown",
+            f"no qualified mapping adapter named {mapping!r}",
+            evidence={"known": [UNSTACK_LAYERS]},
+        )
     inner = layout.get("dcp")
     if not isinstance(inner, Mapping):
         raise PlanError("plan.megatron.layout", "the torch_dist layout has no DCP metadata")
@@ -73,7 +82,9 @@ def plan(layout: Mapping[str, Any], *, max_shard_bytes: int, mapping: str | None
     if not tensors:
         raise no_tensors()
     report: dict[str, Any] = {
-        "adapter": "megatron-torch-dist", "mapping": mapping, "layer_stacked": sorted(stacked),
+        "adapter": "megatron-torch-dist",
+        "mapping": mapping,
+        "layer_stacked": sorted(stacked),
         "layer_axis": "unstacked" if mapping == UNSTACK_LAYERS else "kept as saved (prepended layer axis)",
         "model_family_semantics": semantics(sorted({t.name for t in tensors} | stacked)),
         "skipped_bytes_items": sorted(inner.get("bytes_items", [])),
@@ -88,8 +99,15 @@ class MegatronAdapter(StaticAdapter):
     formats = ("megatron-torch-dist",)
     mappings = (UNSTACK_LAYERS,)
 
-    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             selection: Selection | None = None, loaded: Any = None) -> ConsolidationPlan:
+    def plan(
+        self,
+        inspection: Inspection,
+        *,
+        max_shard_bytes: int,
+        mapping: str | None = None,
+        selection: Selection | None = None,
+        loaded: Any = None,
+    ) -> ConsolidationPlan:
         return plan(inspection.layout, max_shard_bytes=max_shard_bytes, mapping=mapping)
 
 

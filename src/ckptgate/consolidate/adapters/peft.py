@@ -30,18 +30,22 @@ def plan(layout: Mapping[str, Any], files: Mapping[str, Any]) -> ConsolidationPl
     """``files`` maps relpaths to inspection ``FileFacts``."""
     adapters = layout.get("adapters", [])
     if len(adapters) != 1:
-        raise NotConsolidatable("plan.peft.adapters", f"expected exactly one adapter, found {len(adapters)}",
-                                evidence={"adapters": [a.get("config") for a in adapters]})
+        raise NotConsolidatable(
+            "plan.peft.adapters",
+            f"expected exactly one adapter, found {len(adapters)}",
+            evidence={"adapters": [a.get("config") for a in adapters]},
+        )
     a = adapters[0]
     revision = (a.get("fields") or {}).get("revision")
     if not isinstance(revision, str) or not revision.strip():
-        raise NotConsolidatable("plan.peft.base_revision_missing",
-                                "the adapter's base model revision is null or absent; an adapter is published "
-                                "only with a pinned base [R16]",
-                                evidence={"config": a.get("config"),
-                                          "base_model": (a.get("fields") or {}).get("base_model_name_or_path")},
-                                advice="Set `revision` in adapter_config.json to the immutable base revision "
-                                       "(a commit hash) the adapter was trained on, and attest the new digest.")
+        raise NotConsolidatable(
+            "plan.peft.base_revision_missing",
+            "the adapter's base model revision is null or absent; an adapter is published "
+            "only with a pinned base [R16]",
+            evidence={"config": a.get("config"), "base_model": (a.get("fields") or {}).get("base_model_name_or_path")},
+            advice="Set `revision` in adapter_config.json to the immutable base revision "
+            "(a commit hash) the adapter was trained on, and attest the new digest.",
+        )
     wrel, crel = a.get("weights"), a.get("config")
     wf, cf = files.get(wrel), files.get(crel)
     if wf is None or wf.safetensors is None or cf is None:
@@ -51,10 +55,18 @@ def plan(layout: Mapping[str, Any], files: Mapping[str, Any]) -> ConsolidationPl
     meta = dict(header.metadata or {"format": "pt"})
     shard = ShardTask(filename=WEIGHTS, tensors=tuple(tensors), metadata=MappingProxyType(meta))
     return ConsolidationPlan(
-        shards=(shard,), copies=(CopiedFile(src=crel, filename=posixpath.basename(crel) or CONFIG, size=cf.size),),
+        shards=(shard,),
+        copies=(CopiedFile(src=crel, filename=posixpath.basename(crel) or CONFIG, size=cf.size),),
         write_index=False,
-        report=MappingProxyType({"adapter": "peft", "base_model": a["fields"].get("base_model_name_or_path"),
-                                 "base_revision": revision, "peft_type": a["fields"].get("peft_type")}))
+        report=MappingProxyType(
+            {
+                "adapter": "peft",
+                "base_model": a["fields"].get("base_model_name_or_path"),
+                "base_revision": revision,
+                "peft_type": a["fields"].get("peft_type"),
+            }
+        ),
+    )
 
 
 class PeftAdapter(StaticAdapter):
@@ -63,8 +75,15 @@ class PeftAdapter(StaticAdapter):
     name = "peft"
     formats = ("peft", "peft-lora")
 
-    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             selection: Selection | None = None, loaded: Any = None) -> ConsolidationPlan:
+    def plan(
+        self,
+        inspection: Inspection,
+        *,
+        max_shard_bytes: int,
+        mapping: str | None = None,
+        selection: Selection | None = None,
+        loaded: Any = None,
+    ) -> ConsolidationPlan:
         return plan(inspection.layout, {f.path: f for f in inspection.files})
 
 

@@ -21,8 +21,17 @@ if TYPE_CHECKING:
     from ckptgate.enforce.load import LoadedTrees
     from ckptgate.inspect import Inspection
 
-__all__ = ["Adapter", "RegistryError", "StaticAdapter", "adapter_for", "adapter_name_for", "adapters", "format_table",
-           "register", "unregister"]
+__all__ = [
+    "Adapter",
+    "RegistryError",
+    "StaticAdapter",
+    "adapter_for",
+    "adapter_name_for",
+    "adapters",
+    "format_table",
+    "register",
+    "unregister",
+]
 
 
 @runtime_checkable
@@ -59,8 +68,15 @@ class Adapter(Protocol):
         needs only what inspection read (pure data or the static reader)."""
         ...
 
-    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             selection: Selection | None = None, loaded: LoadedTrees | None = None) -> ConsolidationPlan:
+    def plan(
+        self,
+        inspection: Inspection,
+        *,
+        max_shard_bytes: int,
+        mapping: str | None = None,
+        selection: Selection | None = None,
+        loaded: LoadedTrees | None = None,
+    ) -> ConsolidationPlan:
         """The plan for an inspected, consolidatable checkpoint of one of :attr:`formats`."""
         ...
 

@@ -45,8 +45,15 @@ class SafetensorsAdapter(StaticAdapter):
     name = "hf-safetensors"
     formats = ("hf-sharded-safetensors", "safetensors")
 
-    def plan(self, inspection: Inspection, *, max_shard_bytes: int, mapping: str | None = None,
-             selection: Selection | None = None, loaded: Any = None) -> ConsolidationPlan:
+    def plan(
+        self,
+        inspection: Inspection,
+        *,
+        max_shard_bytes: int,
+        mapping: str | None = None,
+        selection: Selection | None = None,
+        loaded: Any = None,
+    ) -> ConsolidationPlan:
         return plan(inspection, max_shard_bytes=max_shard_bytes)
 
 

@@ -21,6 +21,10 @@ def detect_format(ctx: Context, *, verify_crc: CrcMode = True) -> FormatResult:
         r = det(ctx, verify_crc=verify_crc)
         if r is not None:
             return r
-    return FormatResult(format="unknown", layout={}, loaders=(), consolidatable=False,
-                        findings=(warning("format.unknown", "", "no known checkpoint layout matched; nothing "
-                                          "is guessed"),))
+    return FormatResult(
+        format="unknown",
+        layout={},
+        loaders=(),
+        consolidatable=False,
+        findings=(warning("format.unknown", "", "no known checkpoint layout matched; nothing is guessed"),),
+    )

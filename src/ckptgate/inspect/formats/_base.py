@@ -24,7 +24,7 @@ class Context:
 
     def under(self, folder: str) -> dict[str, FileFacts]:
         p = folder.rstrip("/") + "/" if folder else ""
-        return {k[len(p):]: v for k, v in self.files.items() if k.startswith(p)}
+        return {k[len(p) :]: v for k, v in self.files.items() if k.startswith(p)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,9 +40,16 @@ def plain_basename(value: Any, path: str, what: str, prefix: str = "index") -> F
     """A finding unless ``value`` is a plain file name (no folders, no escapes)."""
     if not isinstance(value, str) or not value:
         return error(f"{prefix}.bad_target", path, f"{what} is not a non-empty string", value=repr(value)[:80])
-    bad = ("/" in value or "\\" in value or "\x00" in value or value in (".", "..")
-           or "%" in value or (len(value) > 1 and value[1] == ":") or posixpath.basename(value) != value
-           or any(ord(ch) < 0x20 for ch in value))
+    bad = (
+        "/" in value
+        or "\\" in value
+        or "\x00" in value
+        or value in (".", "..")
+        or "%" in value
+        or (len(value) > 1 and value[1] == ":")
+        or posixpath.basename(value) != value
+        or any(ord(ch) < 0x20 for ch in value)
+    )
     if bad:
         return error(f"{prefix}.unsafe_target", path, f"{what} {value!r} is not a plain basename", value=value[:200])
     return None

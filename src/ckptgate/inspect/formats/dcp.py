@@ -35,8 +35,9 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def dcp_layout(ctx: Context, folder: str, *, verify_crc: CrcMode = True) -> tuple[dict[str, Any] | None, list[Finding],
-                                                                            set[str]]:
+def dcp_layout(
+    ctx: Context, folder: str, *, verify_crc: CrcMode = True
+) -> tuple[dict[str, Any] | None, list[Finding], set[str]]:
     """Layout of the DCP checkpoint in ``folder`` ('' = root); returns (layout, findings, loaders)."""
     pre = f"{folder}/" if folder else ""
     mp = pre + ".metadata"
@@ -56,7 +57,7 @@ def dcp_layout(ctx: Context, folder: str, *, verify_crc: CrcMode = True) -> tupl
     _check_chunks(md, mp, findings)
     referenced = {s.relative_path for s in md.storage}
     for p in ctx.files:
-        if p.startswith(pre) and p.endswith(".distcp") and p[len(pre):] not in referenced:
+        if p.startswith(pre) and p.endswith(".distcp") and p[len(pre) :] not in referenced:
             findings.append(warning("dcp.unreferenced_file", p, ".distcp file is never referenced by .metadata"))
     layout = md.to_json()
     layout["items"] = items
@@ -64,8 +65,9 @@ def dcp_layout(ctx: Context, folder: str, *, verify_crc: CrcMode = True) -> tupl
     return layout, findings, loaders
 
 
-def _check_items(ctx: Context, pre: str, md: DcpMetadata, findings: list[Finding], loaders: set[str],
-                 verify_crc: CrcMode) -> list[dict[str, Any]]:
+def _check_items(
+    ctx: Context, pre: str, md: DcpMetadata, findings: list[Finding], loaders: set[str], verify_crc: CrcMode
+) -> list[dict[str, Any]]:
     tensors = {t.fqn: t for t in md.tensors}
     byfile: dict[str, list[tuple[int, int, str, int]]] = {}
     out: list[dict[str, Any]] = []
@@ -79,16 +81,37 @@ def _check_items(ctx: Context, pre: str, md: DcpMetadata, findings: list[Finding
         path = pre + s.relative_path
         entry = ctx.tree.entry(path)
         if entry is None:
-            findings.append(error("dcp.storage_file_missing", mp, f"storage file {s.relative_path!r} is not in the "
-                                  "checkpoint", fqn=s.fqn))
+            findings.append(
+                error(
+                    "dcp.storage_file_missing",
+                    mp,
+                    f"storage file {s.relative_path!r} is not in the checkpoint",
+                    fqn=s.fqn,
+                )
+            )
             continue
         if s.file_offset + s.length > entry.size:
-            findings.append(error("dcp.item_out_of_range", path, f"item {s.fqn!r} runs past the end of the file",
-                                  fqn=s.fqn, offset=s.file_offset, length=s.length, size=entry.size))
+            findings.append(
+                error(
+                    "dcp.item_out_of_range",
+                    path,
+                    f"item {s.fqn!r} runs past the end of the file",
+                    fqn=s.fqn,
+                    offset=s.file_offset,
+                    length=s.length,
+                    size=entry.size,
+                )
+            )
             continue
         if s.transforms:
-            findings.append(error("dcp.transformed_item", path, f"item {s.fqn!r} has storage transforms "
-                                  f"{list(s.transforms)}; refused", fqn=s.fqn))
+            findings.append(
+                error(
+                    "dcp.transformed_item",
+                    path,
+                    f"item {s.fqn!r} has storage transforms {list(s.transforms)}; refused",
+                    fqn=s.fqn,
+                )
+            )
         byfile.setdefault(path, []).append((s.file_offset, s.file_offset + s.length, s.fqn, len(items)))
         items.append((s, path))
     # Overlaps are refused before anything is read, and an item that overlaps an earlier one is not
@@ -100,8 +123,9 @@ def _check_items(ctx: Context, pre: str, md: DcpMetadata, findings: list[Finding
         end, first = -1, ""
         for b, e, fqn, i in spans:
             if b < end:
-                findings.append(error("dcp.items_overlap", path, f"items {first!r} and {fqn!r} overlap", first=first,
-                                      second=fqn))
+                findings.append(
+                    error("dcp.items_overlap", path, f"items {first!r} and {fqn!r} overlap", first=first, second=fqn)
+                )
                 overlapping.add(i)
             if e > end:
                 end, first = e, fqn
@@ -111,13 +135,17 @@ def _check_items(ctx: Context, pre: str, md: DcpMetadata, findings: list[Finding
     def read_item(item: tuple[DcpStorageItem, str]) -> tuple[TorchZipLayout | None, tuple[Finding, ...]]:
         s, path = item
         with ctx.tree.reader(path) as src:
-            return inspect_torch_zip(src, s.length, path=path, base=s.file_offset, verify_crc=verify_crc,
-                                     work=ctx.work)
+            return inspect_torch_zip(src, s.length, path=path, base=s.file_offset, verify_crc=verify_crc, work=ctx.work)
 
     for (s, path), (lay, fs) in zip(items, map_in_threads(read_item, items, lambda it: it[0].length), strict=True):
         findings.extend(fs)
-        rec: dict[str, Any] = {"fqn": s.fqn, "path": path, "offset": s.file_offset, "length": s.length,
-                               "chunk_offsets": None if s.offset is None else list(s.offset)}
+        rec: dict[str, Any] = {
+            "fqn": s.fqn,
+            "path": path,
+            "offset": s.file_offset,
+            "length": s.length,
+            "chunk_offsets": None if s.offset is None else list(s.offset),
+        }
         if lay is None:
             out.append(rec)
             continue
@@ -130,22 +158,44 @@ def _check_items(ctx: Context, pre: str, md: DcpMetadata, findings: list[Finding
         rec["kind"] = "tensor"
         t = tensors.get(s.fqn)
         if t is None or len(lay.tensors) != 1:
-            findings.append(error("dcp.item_mismatch", path, f"tensor item {s.fqn!r} has no tensor metadata or "
-                                  "does not hold exactly one tensor", fqn=s.fqn))
+            findings.append(
+                error(
+                    "dcp.item_mismatch",
+                    path,
+                    f"tensor item {s.fqn!r} has no tensor metadata or does not hold exactly one tensor",
+                    fqn=s.fqn,
+                )
+            )
             out.append(rec)
             continue
         tr = lay.tensors[0]
         chunk = next((c for c in t.chunks if c.offsets == s.offset), None)
         if chunk is None or tr.shape != chunk.sizes or tr.dtype != t.dtype:
-            findings.append(error("dcp.item_mismatch", path, f"tensor item {s.fqn!r} does not match its chunk "
-                                  "metadata (shape, dtype or offsets)", fqn=s.fqn, shape=list(tr.shape),
-                                  dtype=tr.dtype))
+            findings.append(
+                error(
+                    "dcp.item_mismatch",
+                    path,
+                    f"tensor item {s.fqn!r} does not match its chunk metadata (shape, dtype or offsets)",
+                    fqn=s.fqn,
+                    shape=list(tr.shape),
+                    dtype=tr.dtype,
+                )
+            )
         if not lay.pickle.plain_tensors:
             loaders.add("torch_load")
         rec["tensor"] = tr.to_json()
         out.append(rec)
-    out.extend({"fqn": s.fqn, "path": path, "offset": s.file_offset, "length": s.length, "overlaps": True,
-                "chunk_offsets": None if s.offset is None else list(s.offset)} for s, path in unread)
+    out.extend(
+        {
+            "fqn": s.fqn,
+            "path": path,
+            "offset": s.file_offset,
+            "length": s.length,
+            "overlaps": True,
+            "chunk_offsets": None if s.offset is None else list(s.offset),
+        }
+        for s, path in unread
+    )
     return out
 
 
@@ -154,23 +204,45 @@ def _check_chunks(md: DcpMetadata, mp: str, findings: list[Finding]) -> None:
     for t in md.tensors:
         total = sum(_numel(c.sizes) for c in t.chunks)
         boxes = [(c.offsets, c.sizes) for c in t.chunks if _numel(c.sizes)]
-        overlap = any(all(a0 < b0 + bs and b0 < a0 + as_ for a0, as_, b0, bs in zip(ao, asz, bo, bsz, strict=True))
-                      for i, (ao, asz) in enumerate(boxes) for (bo, bsz) in boxes[i + 1:])
+        overlap = any(
+            all(a0 < b0 + bs and b0 < a0 + as_ for a0, as_, b0, bs in zip(ao, asz, bo, bsz, strict=True))
+            for i, (ao, asz) in enumerate(boxes)
+            for (bo, bsz) in boxes[i + 1 :]
+        )
         if overlap or total != _numel(t.size):
-            findings.append(error("dcp.chunks_incomplete", mp, f"chunks of {t.fqn!r} do not cover the tensor "
-                                  "exactly once", fqn=t.fqn, covered=total, numel=_numel(t.size)))
+            findings.append(
+                error(
+                    "dcp.chunks_incomplete",
+                    mp,
+                    f"chunks of {t.fqn!r} do not cover the tensor exactly once",
+                    fqn=t.fqn,
+                    covered=total,
+                    numel=_numel(t.size),
+                )
+            )
         for c in t.chunks:
             if (t.fqn, c.offsets) not in have:
-                findings.append(error("dcp.chunk_without_item", mp, f"chunk {list(c.offsets)} of {t.fqn!r} has no "
-                                      "storage item", fqn=t.fqn))
+                findings.append(
+                    error(
+                        "dcp.chunk_without_item",
+                        mp,
+                        f"chunk {list(c.offsets)} of {t.fqn!r} has no storage item",
+                        fqn=t.fqn,
+                    )
+                )
 
 
 def detect_dcp(ctx: Context, *, verify_crc: CrcMode = True) -> FormatResult | None:
     if ".metadata" not in ctx.files:
         return None
     layout, findings, loaders = dcp_layout(ctx, "", verify_crc=verify_crc)
-    return FormatResult(format="dcp-torch-save", layout=layout or {}, loaders=tuple(sorted(loaders)),
-                        findings=tuple(findings), consolidatable=layout is not None)
+    return FormatResult(
+        format="dcp-torch-save",
+        layout=layout or {},
+        loaders=tuple(sorted(loaders)),
+        findings=tuple(findings),
+        consolidatable=layout is not None,
+    )
 
 
 def detect_dcp_hf(ctx: Context) -> FormatResult | None:
@@ -184,9 +256,15 @@ def detect_dcp_hf(ctx: Context) -> FormatResult | None:
     for p in files:
         f = ctx.files[p]
         if f.kind != FileKind.SAFETENSORS or f.safetensors is None:
-            findings.append(error("dcp.hf_not_safetensors", p, "a DCP HF-storage shard is not a plain safetensors "
-                                  f"file (content: {f.kind}); BYTE_IO items may precede the safetensors data "
-                                  "with nothing recording their fqn"))
+            findings.append(
+                error(
+                    "dcp.hf_not_safetensors",
+                    p,
+                    "a DCP HF-storage shard is not a plain safetensors "
+                    f"file (content: {f.kind}); BYTE_IO items may precede the safetensors data "
+                    "with nothing recording their fqn",
+                )
+            )
             consolidatable = False
             continue
         meta = f.safetensors.metadata or {}
@@ -201,25 +279,44 @@ def detect_dcp_hf(ctx: Context) -> FormatResult | None:
         for t in f.safetensors.tensors:
             si = info.get(t.name)
             offs = si.get("saved_offsets") if isinstance(si, dict) else None
-            if not isinstance(offs, list) or len(offs) != len(t.shape) or not all(
-                    isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs):
-                findings.append(error("dcp.hf_sharding_info", p, f"no valid saved_offsets for {t.name!r}",
-                                      tensor=t.name))
+            if (
+                not isinstance(offs, list)
+                or len(offs) != len(t.shape)
+                or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)
+            ):
+                findings.append(
+                    error("dcp.hf_sharding_info", p, f"no valid saved_offsets for {t.name!r}", tensor=t.name)
+                )
                 consolidatable = False
                 continue
-            rec = tensors.setdefault(t.name, {"fqn": t.name, "dtype": _SAFETENSORS_DTYPE.get(t.dtype, t.dtype),
-                                              "chunks": []})
+            rec = tensors.setdefault(
+                t.name, {"fqn": t.name, "dtype": _SAFETENSORS_DTYPE.get(t.dtype, t.dtype), "chunks": []}
+            )
             if rec["dtype"] != _SAFETENSORS_DTYPE.get(t.dtype, t.dtype):
                 findings.append(error("dcp.hf_dtype_conflict", p, f"{t.name!r} has different dtypes across shards"))
-            rec["chunks"].append({"path": p, "offsets": offs, "sizes": list(t.shape),
-                                  "data_offsets": [f.safetensors.data_start + t.data_offsets[0],
-                                                   f.safetensors.data_start + t.data_offsets[1]]})
+            rec["chunks"].append(
+                {
+                    "path": p,
+                    "offsets": offs,
+                    "sizes": list(t.shape),
+                    "data_offsets": [
+                        f.safetensors.data_start + t.data_offsets[0],
+                        f.safetensors.data_start + t.data_offsets[1],
+                    ],
+                }
+            )
         layout_files.append({"path": p, **f.safetensors.to_json()})
     for rec in tensors.values():
         ndim = len(rec["chunks"][0]["offsets"])
         if any(len(c["offsets"]) != ndim for c in rec["chunks"]):
-            findings.append(error("dcp.hf_sharding_info", "", f"chunks of {rec['fqn']!r} disagree on the number "
-                                  "of dimensions", fqn=rec["fqn"]))
+            findings.append(
+                error(
+                    "dcp.hf_sharding_info",
+                    "",
+                    f"chunks of {rec['fqn']!r} disagree on the number of dimensions",
+                    fqn=rec["fqn"],
+                )
+            )
             consolidatable = False
             rec["size"] = None
             continue
@@ -227,14 +324,31 @@ def detect_dcp_hf(ctx: Context) -> FormatResult | None:
         rec["size"] = size
         covered = sum(_numel(tuple(c["sizes"])) for c in rec["chunks"])
         if covered != _numel(tuple(size)):
-            findings.append(error("dcp.chunks_incomplete", "", f"chunks of {rec['fqn']!r} do not cover its "
-                                  "inferred shape exactly once", fqn=rec["fqn"]))
+            findings.append(
+                error(
+                    "dcp.chunks_incomplete",
+                    "",
+                    f"chunks of {rec['fqn']!r} do not cover its inferred shape exactly once",
+                    fqn=rec["fqn"],
+                )
+            )
             consolidatable = False
-    findings.append(warning("dcp.hf_size_inferred", "", "without .metadata each full shape is inferred as the "
-                            "maximum of offset + shape; a trailing gap cannot be detected"))
+    findings.append(
+        warning(
+            "dcp.hf_size_inferred",
+            "",
+            "without .metadata each full shape is inferred as the "
+            "maximum of offset + shape; a trailing gap cannot be detected",
+        )
+    )
     layout = {"files": layout_files, "tensors": sorted(tensors.values(), key=lambda r: r["fqn"])}
-    return FormatResult(format="dcp-hf-safetensors", layout=layout, loaders=("safetensors",),
-                        findings=tuple(findings), consolidatable=consolidatable)
+    return FormatResult(
+        format="dcp-hf-safetensors",
+        layout=layout,
+        loaders=("safetensors",),
+        findings=tuple(findings),
+        consolidatable=consolidatable,
+    )
 
 
 register_detector("dcp-torch-save", detect_dcp, formats=("dcp-torch-save",), order=40, takes_crc=True)

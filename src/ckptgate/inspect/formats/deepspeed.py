@@ -34,8 +34,14 @@ def _param_shapes(value: Any) -> list[dict[str, list[int]]] | None:
             return None
         shapes = {}
         for k, v in items:
-            if (isinstance(v, Call) and isinstance(v.func, Global) and v.func.dotted == "torch.Size"
-                    and isinstance(v.args, tuple) and len(v.args) == 1 and isinstance(v.args[0], tuple)):
+            if (
+                isinstance(v, Call)
+                and isinstance(v.func, Global)
+                and v.func.dotted == "torch.Size"
+                and isinstance(v.args, tuple)
+                and len(v.args) == 1
+                and isinstance(v.args[0], tuple)
+            ):
                 shapes[key_text(k)] = list(v.args[0])
             else:
                 return None
@@ -51,20 +57,37 @@ def detect_deepspeed(ctx: Context) -> FormatResult | None:
         t = (latest.text or "").strip()
         bad = plain_basename(t, "latest", "latest tag")
         if bad:
-            findings.append(error("deepspeed.bad_latest_tag", "latest", f"the latest tag {t[:80]!r} is not a plain "
-                                  "folder name", value=t[:200]))
-            return FormatResult(format="deepspeed-zero2", layout={"tag": None}, loaders=("deepspeed",),
-                                findings=tuple(findings), consolidatable=False)
+            findings.append(
+                error(
+                    "deepspeed.bad_latest_tag",
+                    "latest",
+                    f"the latest tag {t[:80]!r} is not a plain folder name",
+                    value=t[:200],
+                )
+            )
+            return FormatResult(
+                format="deepspeed-zero2",
+                layout={"tag": None},
+                loaders=("deepspeed",),
+                findings=tuple(findings),
+                consolidatable=False,
+            )
         tag = t
     files = ctx.under(tag) if tag else ctx.files
     models = {p: m for p in files if "/" not in p and (m := _MODEL.match(p))}
     optims = {p: m for p in files if "/" not in p and (m := _OPTIM.match(p))}
     if not models and not optims:
         if latest is not None:
-            findings.append(error("deepspeed.tag_missing", "latest", f"the tag folder {tag!r} holds no DeepSpeed "
-                                  "states"))
-            return FormatResult(format="deepspeed-zero2", layout={"tag": tag}, loaders=("deepspeed",),
-                                findings=tuple(findings), consolidatable=False)
+            findings.append(
+                error("deepspeed.tag_missing", "latest", f"the tag folder {tag!r} holds no DeepSpeed states")
+            )
+            return FormatResult(
+                format="deepspeed-zero2",
+                layout={"tag": tag},
+                loaders=("deepspeed",),
+                findings=tuple(findings),
+                consolidatable=False,
+            )
         return None
     stage3 = any(m.group(1) for m in models.values())
     pre = f"{tag}/" if tag else ""
@@ -80,16 +103,29 @@ def detect_deepspeed(ctx: Context) -> FormatResult | None:
     optim_layout = []
     for p in sorted(optims, key=lambda q: int(optims[q].group(2))):
         f = ctx.files[pre + p]
-        optim_layout.append({"path": f.path, "dp_rank": int(optims[p].group(2)), "bf16": bool(optims[p].group(1)),
-                             "tensors": [t.to_json() for t in f.torch.tensors] if f.torch else None,
-                             "inside_allowlist": bool(f.pickle and f.pickle.inside_allowlist)})
+        optim_layout.append(
+            {
+                "path": f.path,
+                "dp_rank": int(optims[p].group(2)),
+                "bf16": bool(optims[p].group(1)),
+                "tensors": [t.to_json() for t in f.torch.tensors] if f.torch else None,
+                "inside_allowlist": bool(f.pickle and f.pickle.inside_allowlist),
+            }
+        )
     ranks = sorted(int(m.group(2)) for m in optims.values())
     if ranks != list(range(len(ranks))):
-        findings.append(error("deepspeed.ranks_incomplete", pre or "", "optimizer state ranks are not 0..N-1",
-                              ranks=ranks))
+        findings.append(
+            error("deepspeed.ranks_incomplete", pre or "", "optimizer state ranks are not 0..N-1", ranks=ranks)
+        )
     code = sorted(p for p, f in ctx.files.items() if f.kind == FileKind.CODE)
-    layout = {"tag": tag or None, "stage": 3 if stage3 else "1/2", "world_size": len(ranks),
-              "model_states": model_layout, "optim_states": optim_layout, "code_files": code}
+    layout = {
+        "tag": tag or None,
+        "stage": 3 if stage3 else "1/2",
+        "world_size": len(ranks),
+        "model_states": model_layout,
+        "optim_states": optim_layout,
+        "code_files": code,
+    }
     fmt = "deepspeed-zero3" if stage3 else "deepspeed-zero2"
     return FormatResult(format=fmt, layout=layout, loaders=("deepspeed",), findings=tuple(findings))
 
@@ -109,18 +145,22 @@ def detect_universal(ctx: Context) -> FormatResult | None:
             info["plain"] = f.pickle.plain_tensors
             loaders.add("static_pickle" if f.pickle.plain_tensors else "torch_load")
         else:
-            findings.append(error("deepspeed.universal_unreadable", p, "universal state file is not a readable "
-                                  "torch zip"))
+            findings.append(
+                error("deepspeed.universal_unreadable", p, "universal state file is not a readable torch zip")
+            )
         rec["files"][m.group(3)] = info
     if not params:
         return None
     for name, rec in params.items():
         if "fp32" not in rec["files"]:
             findings.append(error("deepspeed.universal_no_fp32", f"zero/{name}", "parameter has no fp32.pt"))
-    return FormatResult(format="deepspeed-universal", layout={"params": dict(sorted(params.items()))},
-                        loaders=tuple(sorted(loaders)) or ("torch_load",), findings=tuple(findings))
+    return FormatResult(
+        format="deepspeed-universal",
+        layout={"params": dict(sorted(params.items()))},
+        loaders=tuple(sorted(loaders)) or ("torch_load",),
+        findings=tuple(findings),
+    )
 
 
 register_detector("deepspeed-universal", detect_universal, formats=("deepspeed-universal",), order=60)
-register_detector("deepspeed-zero", detect_deepspeed, formats=("deepspeed-zero2", "deepspeed-zero3"),
-                  order=70)
+register_detector("deepspeed-zero", detect_deepspeed, formats=("deepspeed-zero2", "deepspeed-zero3"), order=70)

@@ -24,8 +24,9 @@ def _index_path(ctx: Context) -> str | None:
     return idx[0] if idx else None
 
 
-def _targets(ctx: Context, ip: str, wm: dict[str, Any], *,
-             require_present: bool) -> tuple[dict[str, list[str]], list[Finding]]:
+def _targets(
+    ctx: Context, ip: str, wm: dict[str, Any], *, require_present: bool
+) -> tuple[dict[str, list[str]], list[Finding]]:
     """The index's shards (target -> its tensors) among the checkpoint's files, and findings: every
     target must be a plain basename, and, if ``require_present``, a file of the checkpoint."""
     shards: dict[str, list[str]] = {}
@@ -37,8 +38,15 @@ def _targets(ctx: Context, ip: str, wm: dict[str, Any], *,
         elif target in ctx.files:
             shards.setdefault(target, []).append(tensor)
         elif require_present:
-            findings.append(error("index.missing_shard", ip, f"weight_map names {target!r}, which is not in the "
-                                  "checkpoint", shard=target, tensor=tensor))
+            findings.append(
+                error(
+                    "index.missing_shard",
+                    ip,
+                    f"weight_map names {target!r}, which is not in the checkpoint",
+                    shard=target,
+                    tensor=tensor,
+                )
+            )
     return shards, findings
 
 
@@ -52,16 +60,27 @@ def _other_indexes(ctx: Context, ip: str) -> list[Finding]:
     for p in sorted(p for p in ctx.files if "/" not in p and p.endswith(".index.json") and p != ip):
         safetensors_index = p.endswith(".safetensors.index.json")
         if safetensors_index:
-            findings.append(error("index.ambiguous", p, f"a second safetensors index beside {ip!r}; which one a "
-                                  "loader reads is not defined", index=ip))
+            findings.append(
+                error(
+                    "index.ambiguous",
+                    p,
+                    f"a second safetensors index beside {ip!r}; which one a loader reads is not defined",
+                    index=ip,
+                )
+            )
         doc = ctx.files[p].json
         wm = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(wm, dict):
             continue
         findings += _targets(ctx, p, wm, require_present=safetensors_index)[1]
         if not safetensors_index:
-            findings.append(warning("index.not_consolidated", p, f"an index beside {ip!r} that intake does not "
-                                    "follow; it is not published"))
+            findings.append(
+                warning(
+                    "index.not_consolidated",
+                    p,
+                    f"an index beside {ip!r} that intake does not follow; it is not published",
+                )
+            )
     return findings
 
 
@@ -73,8 +92,13 @@ def detect_hf_sharded(ctx: Context) -> FormatResult | None:
     doc = ctx.files[ip].json
     if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
         findings.append(error("index.invalid", ip, "index has no weight_map object"))
-        return FormatResult(format="hf-sharded-safetensors", layout={"index": ip}, loaders=("json",),
-                            findings=tuple(findings), consolidatable=False)
+        return FormatResult(
+            format="hf-sharded-safetensors",
+            layout={"index": ip},
+            loaders=("json",),
+            findings=tuple(findings),
+            consolidatable=False,
+        )
     wm: dict[str, Any] = doc["weight_map"]
     shards, found = _targets(ctx, ip, wm, require_present=True)
     findings += found
@@ -90,42 +114,75 @@ def detect_hf_sharded(ctx: Context) -> FormatResult | None:
         for t in f.safetensors.tensors:
             total += t.nbytes
             if t.name in seen:
-                findings.append(error("index.duplicate_tensor", shard, f"tensor {t.name!r} is in two shards",
-                                      tensor=t.name, other=seen[t.name]))
+                findings.append(
+                    error(
+                        "index.duplicate_tensor",
+                        shard,
+                        f"tensor {t.name!r} is in two shards",
+                        tensor=t.name,
+                        other=seen[t.name],
+                    )
+                )
             seen[t.name] = shard
             if wm.get(t.name) != shard:
-                findings.append(error("index.tensor_not_indexed", shard, f"tensor {t.name!r} is in this shard "
-                                      "but the index maps it elsewhere", tensor=t.name, index=wm.get(t.name)))
+                findings.append(
+                    error(
+                        "index.tensor_not_indexed",
+                        shard,
+                        f"tensor {t.name!r} is in this shard but the index maps it elsewhere",
+                        tensor=t.name,
+                        index=wm.get(t.name),
+                    )
+                )
         for mapped in shards[shard]:
             if mapped not in names:
-                findings.append(error("index.tensor_missing", shard,
-                                      f"index maps {mapped!r} to this shard but it is not there", tensor=mapped))
+                findings.append(
+                    error(
+                        "index.tensor_missing",
+                        shard,
+                        f"index maps {mapped!r} to this shard but it is not there",
+                        tensor=mapped,
+                    )
+                )
         layout_shards.append({"path": shard, **f.safetensors.to_json()})
-    unnamed = sorted(p for p, f in ctx.files.items()
-                     if p.endswith(".safetensors") and p not in shards and "/" not in p)
+    unnamed = sorted(p for p, f in ctx.files.items() if p.endswith(".safetensors") and p not in shards and "/" not in p)
     for p in unnamed:
         findings.append(error("index.unnamed_shard", p, "safetensors file the index never names"))
     meta: dict[str, Any] = doc["metadata"] if isinstance(doc.get("metadata"), dict) else {}
     ts = meta.get("total_size")
     if ts is not None and (not isinstance(ts, int) or isinstance(ts, bool) or ts != total):
-        findings.append(error("index.total_size", ip, "metadata.total_size does not match the shards' tensor "
-                              "bytes", declared=ts if isinstance(ts, int) else repr(ts)[:40], actual=total))
+        findings.append(
+            error(
+                "index.total_size",
+                ip,
+                "metadata.total_size does not match the shards' tensor bytes",
+                declared=ts if isinstance(ts, int) else repr(ts)[:40],
+                actual=total,
+            )
+        )
     elif ts is None:
         findings.append(warning("index.no_total_size", ip, "index has no metadata.total_size"))
-    layout = {"index": ip, "total_size": total, "weight_map": dict(sorted((k, v) for k, v in wm.items()
-                                                                          if isinstance(v, str))),
-              "shards": layout_shards, "metadata": {k: v for k, v in meta.items() if isinstance(v, (str, int))}}
-    return FormatResult(format="hf-sharded-safetensors", layout=layout, loaders=("json", "safetensors"),
-                        findings=tuple(findings))
+    layout = {
+        "index": ip,
+        "total_size": total,
+        "weight_map": dict(sorted((k, v) for k, v in wm.items() if isinstance(v, str))),
+        "shards": layout_shards,
+        "metadata": {k: v for k, v in meta.items() if isinstance(v, (str, int))},
+    }
+    return FormatResult(
+        format="hf-sharded-safetensors", layout=layout, loaders=("json", "safetensors"), findings=tuple(findings)
+    )
 
 
 def detect_single_safetensors(ctx: Context) -> FormatResult | None:
     st = [p for p, f in ctx.files.items() if f.kind == FileKind.SAFETENSORS and "/" not in p]
     if len(st) != 1:
         return None
-    return FormatResult(format="safetensors", layout={"files": [{"path": st[0], **(safetensors_layout(ctx, st[0])
-                                                                                    or {})}]},
-                        loaders=("safetensors",))
+    return FormatResult(
+        format="safetensors",
+        layout={"files": [{"path": st[0], **(safetensors_layout(ctx, st[0]) or {})}]},
+        loaders=("safetensors",),
+    )
 
 
 register_detector("hf-sharded-safetensors", detect_hf_sharded, formats=("hf-sharded-safetensors",), order=10)

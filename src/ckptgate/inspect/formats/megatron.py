@@ -26,8 +26,9 @@ def _folder(ctx: Context) -> tuple[str, list[Finding]]:
         return "", []
     txt = (f.text or "").strip()
     if not (txt.isascii() and txt.isdigit()):
-        return "", [error("megatron.bad_latest", f.path, "latest_checkpointed_iteration.txt is not an integer",
-                          value=txt[:40])]
+        return "", [
+            error("megatron.bad_latest", f.path, "latest_checkpointed_iteration.txt is not an integer", value=txt[:40])
+        ]
     return f"iter_{int(txt):07d}", []
 
 
@@ -46,18 +47,30 @@ def detect_megatron(ctx: Context, *, verify_crc: CrcMode = True) -> FormatResult
     if common is None:
         findings.append(error("megatron.common_missing", pre + "common.pt", "common.pt is missing"))
     else:
-        common_info = {"path": common.path, "plain": bool(common.pickle and common.pickle.plain_tensors),
-                       "globals": list(common.pickle.globals) if common.pickle else []}
+        common_info = {
+            "path": common.path,
+            "plain": bool(common.pickle and common.pickle.plain_tensors),
+            "globals": list(common.pickle.globals) if common.pickle else [],
+        }
         if not common_info["plain"]:
             loaders.add("torch_load")
     stacked = []
     if layout:
         stacked = [t["fqn"] for t in layout["tensors"] if _LAYER_STACKED.search(t["fqn"])]
-    out = {"folder": folder, "metadata": mj.json, "common": common_info, "dcp": layout,
-           "layer_stacked": sorted(stacked)}
-    return FormatResult(format="megatron-torch-dist", layout=out, loaders=tuple(sorted(loaders)),
-                        findings=tuple(findings), consolidatable=layout is not None)
+    out = {
+        "folder": folder,
+        "metadata": mj.json,
+        "common": common_info,
+        "dcp": layout,
+        "layer_stacked": sorted(stacked),
+    }
+    return FormatResult(
+        format="megatron-torch-dist",
+        layout=out,
+        loaders=tuple(sorted(loaders)),
+        findings=tuple(findings),
+        consolidatable=layout is not None,
+    )
 
 
-register_detector("megatron-torch-dist", detect_megatron, formats=("megatron-torch-dist",), order=30,
-                  takes_crc=True)
+register_detector("megatron-torch-dist", detect_megatron, formats=("megatron-torch-dist",), order=30, takes_crc=True)

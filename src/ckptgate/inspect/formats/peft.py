@@ -12,8 +12,17 @@ from ckptgate.inspect.formats.registry import register_detector
 
 __all__ = ["detect_peft"]
 
-_FIELDS = ("base_model_name_or_path", "revision", "peft_type", "task_type", "peft_version", "r", "lora_alpha",
-           "target_modules", "modules_to_save")
+_FIELDS = (
+    "base_model_name_or_path",
+    "revision",
+    "peft_type",
+    "task_type",
+    "peft_version",
+    "r",
+    "lora_alpha",
+    "target_modules",
+    "modules_to_save",
+)
 _MAX_STRING = 4096  # a hub id is at most 96 characters, a local path at most PATH_MAX
 _MAX_FIELD = 64 << 10  # JSON-encoded: a long explicit target_modules list fits
 
@@ -39,14 +48,27 @@ def detect_peft(ctx: Context) -> FormatResult | None:
             continue
         fields = {k: doc.get(k) for k in _FIELDS if k in doc}
         for k in [k for k, v in fields.items() if _too_long(v)]:  # kept out of the facts, the policy input
-            findings.append(error("peft.field_too_long", cp, f"adapter_config.json field {k!r} is implausibly long",
-                                  field=k, limit=_MAX_STRING if isinstance(fields[k], str) else _MAX_FIELD))
+            findings.append(
+                error(
+                    "peft.field_too_long",
+                    cp,
+                    f"adapter_config.json field {k!r} is implausibly long",
+                    field=k,
+                    limit=_MAX_STRING if isinstance(fields[k], str) else _MAX_FIELD,
+                )
+            )
             fields[k] = None
         if not isinstance(doc.get("base_model_name_or_path"), str) or not doc["base_model_name_or_path"]:
             findings.append(error("peft.base_model_missing", cp, "adapter_config.json names no base model"))
         if doc.get("revision") is None:
-            findings.append(warning("peft.base_not_pinned", cp, "the base model revision is null: the base is "
-                                    "not pinned [R16]", base=fields.get("base_model_name_or_path")))
+            findings.append(
+                warning(
+                    "peft.base_not_pinned",
+                    cp,
+                    "the base model revision is null: the base is not pinned [R16]",
+                    base=fields.get("base_model_name_or_path"),
+                )
+            )
         pre = f"{folder}/" if folder else ""
         weights = None
         for name in ("adapter_model.safetensors", "adapter_model.bin"):
@@ -56,8 +78,9 @@ def detect_peft(ctx: Context) -> FormatResult | None:
                 break
         entry: dict[str, Any] = {"config": cp, "fields": fields, "weights": None}
         if weights is None:
-            findings.append(error("peft.weights_missing", cp, "no adapter_model.safetensors or .bin next to "
-                                  "the config"))
+            findings.append(
+                error("peft.weights_missing", cp, "no adapter_model.safetensors or .bin next to the config")
+            )
         else:
             entry["weights"] = weights.path
             if weights.kind == FileKind.SAFETENSORS and weights.safetensors is not None:
@@ -68,13 +91,19 @@ def detect_peft(ctx: Context) -> FormatResult | None:
                 loaders.add("static_pickle" if plain else "torch_load")
                 entry["tensors"] = [t.to_json() for t in weights.torch.tensors]
             else:
-                findings.append(error("peft.weights_unreadable", weights.path, "adapter weights are not a valid "
-                                      "safetensors file or torch zip"))
+                findings.append(
+                    error(
+                        "peft.weights_unreadable",
+                        weights.path,
+                        "adapter weights are not a valid safetensors file or torch zip",
+                    )
+                )
         adapters.append(entry)
     peft_types = {a["fields"].get("peft_type") for a in adapters}
     fmt = "peft-lora" if peft_types == {"LORA"} else "peft"
-    return FormatResult(format=fmt, layout={"adapters": adapters}, loaders=tuple(sorted(loaders)),
-                        findings=tuple(findings))
+    return FormatResult(
+        format=fmt, layout={"adapters": adapters}, loaders=tuple(sorted(loaders)), findings=tuple(findings)
+    )
 
 
 register_detector("peft", detect_peft, formats=("peft", "peft-lora"), order=20)

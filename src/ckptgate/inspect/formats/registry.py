@@ -39,8 +39,9 @@ class Detector:
 _DETECTORS: dict[str, Detector] = {}
 
 
-def register_detector(name: str, detect: DetectorFn, *, formats: tuple[str, ...], order: int,
-                      takes_crc: bool = False) -> Detector:
+def register_detector(
+    name: str, detect: DetectorFn, *, formats: tuple[str, ...], order: int, takes_crc: bool = False
+) -> Detector:
     """Add a detector; its name and its order must be new (the order is total, never a tie)."""
     if name in _DETECTORS:
         raise ValueError(f"detector {name!r} is already registered")

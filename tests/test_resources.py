@@ -38,3 +38,12 @@ def test_an_explicit_policy_directory_wins_and_must_exist(tmp_path, monkeypatch)
     with pytest.raises(EngineUnavailable) as e:
         default_policy_dir()
     assert e.value.code == "engine.policies.missing" and str(tmp_path / "absent") in e.value.message
+
+
+def test_the_pinned_go_tools_equal_pins_toml():
+    import tomllib
+
+    pins = tomllib.loads((REPO / "pins.toml").read_text())["tools"]
+    assert {name: tool.spec for name, tool in _resources.GO_TOOLS.items()} == pins
+    assert _resources.GO_TOOLS["opa"].version == _resources.OPA_PINNED
+    assert _resources.GO_TOOLS["regal"].version == _resources.REGAL_PINNED

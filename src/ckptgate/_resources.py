@@ -10,6 +10,7 @@ copy is preferred when it exists, so an installed ckptgate never reads a tree it
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -19,6 +20,36 @@ PACKAGED_POLICIES = "_policies"
 #: The OPA release ``pins.toml`` pins.  Supported: it and every later release of the same major version.
 OPA_PINNED = (1, 22, 3)
 OPA_SUPPORTED = f"{OPA_PINNED[0]}.x from {'.'.join(map(str, OPA_PINNED))}"
+#: The Regal release ``pins.toml`` pins; ``check`` runs Regal (and ``opa fmt``) only at the pinned version.
+REGAL_PINNED = (0, 38, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class GoTool:
+    """A Go tool ckptgate pins: its module, version, and the package whose ``Version`` the build sets."""
+
+    name: str
+    module: str
+    version: tuple[int, int, int]
+    version_package: str
+
+    @property
+    def version_text(self) -> str:
+        return ".".join(map(str, self.version))
+
+    @property
+    def spec(self) -> str:
+        """``module@vX.Y.Z``, as ``pins.toml``'s ``[tools]`` writes it."""
+        return f"{self.module}@v{self.version_text}"
+
+
+#: The pinned Go tools (``pins.toml``'s ``[tools]``; a test keeps the two equal).
+GO_TOOLS = {
+    "opa": GoTool("opa", "github.com/open-policy-agent/opa", OPA_PINNED, "github.com/open-policy-agent/opa/v1/version"),
+    "regal": GoTool(
+        "regal", "github.com/open-policy-agent/regal", REGAL_PINNED, "github.com/open-policy-agent/regal/pkg/version"
+    ),
+}
 
 
 def source_root() -> Path | None:

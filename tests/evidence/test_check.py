@@ -10,6 +10,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from evidence_helpers import commit_all
 
 from ckptgate.config import Config
@@ -225,9 +227,57 @@ def test_run_check_tests_the_configured_policies_when_the_options_name_none(tmp_
 
     monkeypatch.setattr(check, "_run", fake_run)
     monkeypatch.setattr(check, "find_tool", lambda name, repo: name)
+    monkeypatch.setattr(check, "tool_version", lambda exe: check.GO_TOOLS[exe].version)
     monkeypatch.setattr(check, "candidate_commit", lambda repo, exclude=(): "0" * 40)
     config = Config(root=tmp_path, policies=policies)
     report = run_check(tmp_path, options=EngineOptions(), config=config,
                        skip=("matrix_drift", "evidence", "claims"))
     assert [r.name for r in report.results] == ["policy_tests", "opa_fmt", "regal_lint"]
     assert cwds == [policies, policies, policies]
+
+
+def _fake_tool(bin_dir: Path, name: str, version: str, log: Path) -> Path:
+    """A fake ``opa``/``regal``: reports ``version`` and records every other call."""
+    exe = bin_dir / name
+    exe.write_text(f"""#!/bin/sh
+if [ "$1" = version ]; then echo "Version: {version}"; exit 0; fi
+echo "{name} $*" >> "{log}"
+echo '[]'
+""")
+    exe.chmod(0o755)
+    return exe
+
+
+@pytest.mark.parametrize(("opa", "regal", "ran"), [
+    ("1.22.3", "0.38.1", ["policy_tests", "opa_fmt", "regal_lint"]),
+    ("1.23.0", "0.37.0", ["policy_tests"]),  # opa test runs on any supported OPA; fmt and Regal do not
+])
+def test_opa_fmt_and_regal_run_only_at_the_pinned_versions(tmp_path: Path, monkeypatch, opa, regal, ran) -> None:
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    log = tmp_path / "calls.log"
+    log.touch()
+    monkeypatch.setenv("CKPTGATE_OPA", str(_fake_tool(tmp_path, "opa", opa, log)))
+    monkeypatch.setenv("CKPTGATE_REGAL", str(_fake_tool(tmp_path, "regal", regal, log)))
+    monkeypatch.setattr(check, "candidate_commit", lambda repo, exclude=(): "0" * 40)
+    report = run_check(tmp_path, options=EngineOptions(), config=Config(root=tmp_path, policies=policies),
+                       skip=("matrix_drift", "evidence", "claims"))
+    assert [r.name for r in report.results] == ran
+    assert report.passed
+    calls = [line.split()[:2] for line in log.read_text().splitlines()]
+    assert calls == [["opa", "test"], ["opa", "fmt"], ["regal", "lint"]][: len(ran)]
+    reasons = report.to_json()["skip_reasons"]
+    if len(ran) == 3:
+        assert set(reasons) == {"matrix_drift", "evidence", "claims"}
+    else:
+        assert report.skipped == ("opa_fmt", "regal_lint", "matrix_drift", "evidence", "claims")
+        assert "1.23.0" in reasons["opa_fmt"] and "not the pinned 1.22.3" in reasons["opa_fmt"]
+        assert "0.37.0" in reasons["regal_lint"] and "not the pinned 0.38.1" in reasons["regal_lint"]
+
+
+def test_a_tool_that_reports_no_version_is_skipped_with_the_reason(tmp_path: Path, monkeypatch) -> None:
+    broken = tmp_path / "regal"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CKPTGATE_REGAL", str(broken))
+    assert "an unknown version, not the pinned 0.38.1" in (check.version_skip_reason("regal_lint", tmp_path) or "")

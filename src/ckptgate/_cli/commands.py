@@ -23,6 +23,7 @@ _MODULES = (
     "doctor_cmd",
     "receipt_cmd",
     "init_cmd",
+    "engine_cmd",
 )
 
 for _name in _MODULES:

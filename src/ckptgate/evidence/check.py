@@ -22,7 +22,8 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from ckptgate import __version__
-from ckptgate._resources import clone_tool, default_policy_dir
+from ckptgate._resources import GO_TOOLS, clone_tool, default_policy_dir
+from ckptgate.decide.install import reported_version
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.errors import Error
 from ckptgate.evidence import claims, matrix
@@ -175,6 +176,34 @@ def find_tool(name: str, repo: Path) -> str | None:
         return str(p)
     local = clone_tool(name)
     return str(local) if local is not None else None
+
+
+#: The checks whose verdict depends on the tool's release (formatting and lint rules change between
+#: releases): they run only with the pinned version.  ``opa test`` runs on any supported OPA.
+PINNED_ONLY = {"opa_fmt": "opa", "regal_lint": "regal"}
+
+
+def tool_version(exe: str) -> tuple[int, int, int] | None:
+    """The version ``EXE version`` reports, else ``None``."""
+    return reported_version(Path(exe))
+
+
+def version_skip_reason(name: str, repo: Path) -> str | None:
+    """Why the pinned-only check ``name`` is skipped: its tool is not the pinned release (found and
+    pinned versions named); ``None`` when it runs (pinned, or not found: then it fails as missing)."""
+    tool = PINNED_ONLY[name]
+    exe = find_tool(tool, repo)
+    if exe is None:
+        return None
+    found = tool_version(exe)
+    pinned = GO_TOOLS[tool]
+    if found == pinned.version:
+        return None
+    shown = ".".join(map(str, found)) if found else "an unknown version"
+    return (
+        f"{tool} at {exe} is {shown}, not the pinned {pinned.version_text}; {name} runs only with the "
+        f"pinned release (`ckptgate engine install{' --regal' if tool == 'regal' else ''}` installs it)"
+    )
 
 
 def _run(cmd: Sequence[str], cwd: Path) -> tuple[int, str]:
@@ -397,6 +426,10 @@ def run_check(
     repo = repo.resolve()
     layout = RepoLayout.from_config(repo, config)
     reasons = plan(config, skip)
+    for name in PINNED_ONLY:
+        why = None if name in reasons else version_skip_reason(name, repo)
+        if why is not None:
+            reasons[name] = why
     skip = tuple(reasons)
     skipped = tuple(n for n in CHECK_NAMES if n in reasons)
     skip_reasons = tuple((n, reasons[n]) for n in skipped)

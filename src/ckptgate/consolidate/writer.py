@@ -558,23 +558,17 @@ class StreamedPlan:
         if not segs:
             return None
         # Strided segments are expanded run by run as the pass reaches them: O(segments) held.
-        order = heapq.merge(*(seg.runs() for seg in segs), key=lambda r: r.src_offset)
-        upcoming: list[_Segment] = []  # the next run not yet reached, if one was taken from ``order``
+        order = _in_order(segs, key=lambda r: r.src_offset)
+        pending = next(order, None)  # the next run the pass has not reached yet
         active: list[_Segment] = []
         hashes = self._hashes
 
         def feed(pos: int, view: memoryview) -> None:
-            nonlocal active
+            nonlocal active, pending
             end = pos + len(view)
-            while True:
-                if not upcoming:
-                    nxt = next(order, None)
-                    if nxt is None:
-                        break
-                    upcoming.append(nxt)
-                if upcoming[0].src_offset >= end:
-                    break
-                active.append(upcoming.pop())
+            while pending is not None and pending.src_offset < end:
+                active.append(pending)
+                pending = next(order, None)
             done = 0
             for s in active:
                 lo, hi = max(pos, s.src_offset), min(end, s.src_offset + s.length)

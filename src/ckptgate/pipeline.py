@@ -426,7 +426,9 @@ def intake(
         # Leases let the copy read only the placed bytes; without them it hashes every source in its
         # one read.  Inspection is bound to the digest by the tree's read ledger either way.
         tree.hold()
-        with OnePass(destination, max_shard_bytes=max_shard_bytes, chunk_size=chunk_size, dtype=dtype) as one:
+        with OnePass(
+            destination, max_shard_bytes=max_shard_bytes, chunk_size=chunk_size, dtype=dtype, select=select
+        ) as one:
             evaluation = evaluate(
                 tree,
                 attestations=attestations,
@@ -508,8 +510,10 @@ class OnePass:
         max_shard_bytes: int,
         chunk_size: int = DEFAULT_CHUNK,
         dtype: str | None = None,
+        select: str | None = None,
     ) -> None:
         self._destination, self._max, self._chunk, self._dtype = destination, max_shard_bytes, chunk_size, dtype
+        self._select = select
         self._stack = contextlib.ExitStack()
         self.stage: Stage | None = None  # once the output is being written in the digest's pass
         self._plan: ConsolidationPlan | None = None
@@ -525,6 +529,7 @@ class OnePass:
         """Plan and stage for the one pass, or ``None`` for two passes."""
         if (
             self._dtype is not None
+            or self._select is not None  # a subtree the decision will select: nothing staged before it
             or not inspection.consolidatable
             or framework_files(inspection)
             or not set(inspection.loaders) <= ONE_PASS_LOADERS
@@ -592,6 +597,13 @@ class OnePass:
         names = [s.filename for s in plan.shards] + [c.filename for c in plan.copies]
         for name in set(written) - set(names):
             os.unlink(name, dir_fd=self.stage.fd)
+        unstaged = sorted(set(names) - set(written))
+        if unstaged:
+            raise RuntimeFailure(
+                "runtime.copy.not_staged",
+                "the decision's plan names outputs the one pass did not stage",
+                evidence={"outputs": unstaged},
+            )
         outputs = [written[n] for n in names]
         index = write_index(plan, self.stage.fd)
         if index is not None:

@@ -350,3 +350,33 @@ def test_a_streamed_plan_expands_strided_placements(tmp_path, pending_cap):
     got = load_file(str(out / shard.filename))["w"]
     assert got.tobytes() == full.tobytes()
     assert written[shard.filename].sha256 == hashlib.sha256((out / shard.filename).read_bytes()).hexdigest()
+
+
+def test_a_streamed_plan_refuses_bytes_handed_over_twice_or_out_of_order(tmp_path):
+    from ckptgate.errors import RuntimeFailure
+
+    """Found by an adversarial review: the one pass hands each source over once, contiguously and in
+    order; a chunk handed over twice (so the byte count would still add up with a gap left unread),
+    a chunk out of order, or a second feeder for the same source is refused."""
+    rng = np.random.default_rng(24)
+    full = rng.standard_normal((8, 4)).astype(np.float32)
+    tensors, raws = _column_split(tmp_path, full, ranks=2)
+    plan = shard_tensors(tensors, max_shard_bytes=1 << 20)
+    out = tmp_path / "out"
+    out.mkdir()
+    out_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with writer.StreamedPlan(plan, out_fd) as streamed:
+            name, raw = next(iter(raws.items()))
+            feed = streamed.feeder(name)
+            assert feed is not None
+            feed(0, memoryview(bytearray(raw[:16])))
+            with pytest.raises(RuntimeFailure) as e:
+                feed(0, memoryview(bytearray(raw[:16])))  # the same chunk again
+            assert e.value.code == "runtime.copy.out_of_order"
+            with pytest.raises(RuntimeFailure):
+                feed(32, memoryview(bytearray(raw[32:48])))  # a gap
+            with pytest.raises(ValueError):
+                streamed.feeder(name)  # a second feeder
+    finally:
+        os.close(out_fd)

@@ -71,3 +71,10 @@ def test_a_deny_decision_mints_no_permit():
     (found by mypy --strict: Permit.plane is a str)."""
     with pytest.raises(ValueError, match="allow decision only"):
         issue_permit(decision(allow=False), fixture_digest=DIGEST, loader="torch_load")
+
+
+def test_a_permit_is_minted_only_for_a_loader_the_decision_permits():
+    """Found by an adversarial review: the mint itself refuses a loader the allow decision does
+    not name, so no caller can seal a permit around the gate's loader check."""
+    with pytest.raises(ValueError, match="for a loader it permits"):
+        issue_permit(decision(loaders=("deepspeed",)), fixture_digest=DIGEST, loader="torch_load")

@@ -546,6 +546,7 @@ class StreamedPlan:
         for name, head in heads.items():
             self._hashes[self._opened[name]].add(0, head)
         self._written = dict.fromkeys(self._segments, 0)
+        self._fed: dict[str, int] = {}  # per source: how far the one pass has handed bytes over
         self._lock = threading.Lock()
 
     @property
@@ -557,6 +558,9 @@ class StreamedPlan:
         segs = self._segments.get(src)
         if not segs:
             return None
+        if src in self._fed:
+            raise ValueError(f"{src}: a source has one feeder, fed once from start to end")
+        self._fed[src] = 0
         # Strided segments are expanded run by run as the pass reaches them: O(segments) held.
         order = _in_order(segs, key=lambda r: r.src_offset)
         pending = next(order, None)  # the next run the pass has not reached yet
@@ -565,7 +569,14 @@ class StreamedPlan:
 
         def feed(pos: int, view: memoryview) -> None:
             nonlocal active, pending
+            if pos != self._fed[src]:  # the digest's one pass: contiguous, in order, each byte once
+                raise RuntimeFailure(
+                    "runtime.copy.out_of_order",
+                    f"{src}: the pass handed over byte {pos}, expected {self._fed[src]}",
+                    evidence={"source": src, "offset": pos},
+                )
             end = pos + len(view)
+            self._fed[src] = end
             while pending is not None and pending.src_offset < end:
                 active.append(pending)
                 pending = next(order, None)

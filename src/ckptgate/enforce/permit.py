@@ -82,12 +82,12 @@ class Permit:
 def issue_permit(decision: Decision, *, fixture_digest: str, loader: str) -> Permit:
     """Mint a permit for ``loader`` on the bytes with ``fixture_digest``, under ``decision``.
 
-    The enforce step calls this only after it checked the decision (allow, and ``loader`` among
-    its ``permitted_loaders``); those checks are made there, once, not again here.  A decision
-    without a plane (a deny) is a caller's error: :class:`ValueError`.
+    The enforce step checks the decision first and refuses with the typed error its refusal class
+    stands for; a caller that reaches here with a deny, or with a loader the decision does not
+    permit, is a programming error: :class:`ValueError`, and no permit.
     """
-    if decision.plane is None:
-        raise ValueError("a permit is minted from an allow decision only, and a deny names no plane")
+    if not decision.allow or decision.plane is None or loader not in decision.permitted_loaders:
+        raise ValueError("a permit is minted from an allow decision only, for a loader it permits")
     unsealed = Permit(
         fixture_digest=fixture_digest,
         loader=loader,

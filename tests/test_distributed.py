@@ -72,8 +72,14 @@ def _torchrun(n: int, args: list[str], rcdir: Path, **extra: str) -> tuple[subpr
 
 
 def _comparable(receipt: dict[str, Any]) -> dict[str, Any]:
+    """The receipt without what differs from run to run: the topology, the time, the decision's id,
+    the engine's pid, and what a contained worker measured in itself (namespace ids, wall time)."""
     r = {k: v for k, v in receipt.items() if k not in ("topology", "published_at")}
     r["decision"] = {k: v for k, v in r["decision"].items() if k not in ("id", "engine")}
+    if r["containment"]["worker"] is not None:
+        r["containment"] = {**r["containment"], "worker": {**r["containment"]["worker"], "measured": None}}
+        r["plan"] = {**r["plan"], "worker": {k: v for k, v in r["plan"]["worker"].items()
+                                             if k not in ("measured", "wall_s")}}
     return r
 
 
@@ -81,14 +87,13 @@ def _no_staging(parent: Path) -> None:
     assert [p.name for p in parent.iterdir() if ".ckptgate-staging-" in p.name] == []
 
 
-@pytest.mark.parametrize(("fixture", "ranks"), [("hf_sharded", 2), ("dcp_hf_safetensors", 2), ("hf_sharded", 4)])
-def test_distributed_output_is_the_single_process_output(fixture: str, ranks: int, signer: Signer,
-                                                         tmp_path: Path) -> None:
-    src = FIXTURES / fixture / "checkpoint"
-    att = _attest(fixture, signer, tmp_path)
-    one = _single(_args(src, tmp_path / "single", signer, att), _env())
+def _same_output(src: Path, ranks: int, args: tuple[list[str], list[str]], tmp_path: Path,
+                 **env: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Take ``src`` in on one process and on ``ranks``; the outputs must be the same bytes, and the
+    receipts the same but for what is per run.  Returns both receipts."""
+    one = _single(args[0], _env(**env))
     assert one.returncode == 0, one.stdout + one.stderr
-    proc, rcs = _torchrun(ranks, _args(src, tmp_path / "dist", signer, att), tmp_path / "rc")
+    proc, rcs = _torchrun(ranks, args[1], tmp_path / "rc", **env)
     assert proc.returncode == 0 and rcs == [0] * ranks, proc.stdout + proc.stderr
     single, dist = json.loads(one.stdout)["receipt"], json.loads(proc.stdout)["receipt"]
     names = sorted(p.name for p in (tmp_path / "single").iterdir())
@@ -97,6 +102,19 @@ def test_distributed_output_is_the_single_process_output(fixture: str, ranks: in
         if name != "ckptgate-receipt.json":
             assert (tmp_path / "single" / name).read_bytes() == (tmp_path / "dist" / name).read_bytes(), name
     assert _comparable(single) == _comparable(dist)
+    _no_staging(tmp_path)
+    return single, dist
+
+
+# The three layouts the issue names (HF sharded, DCP, ZeRO-3), at 2 and at 4 ranks.
+@pytest.mark.parametrize(("fixture", "ranks"), [("hf_sharded", 2), ("dcp_hf_safetensors", 2),
+                                                ("deepspeed_zero3", 4)])
+def test_distributed_output_is_the_single_process_output(fixture: str, ranks: int, signer: Signer,
+                                                         tmp_path: Path) -> None:
+    src = FIXTURES / fixture / "checkpoint"
+    att = _attest(fixture, signer, tmp_path)
+    single, dist = _same_output(src, ranks, (_args(src, tmp_path / "single", signer, att),
+                                             _args(src, tmp_path / "dist", signer, att)), tmp_path)
     topo = dist["topology"]
     assert topo["world_size"] == ranks and [r["rank"] for r in topo["ranks"]] == list(range(ranks))
     assert sum(r["bytes_hashed"] for r in topo["ranks"]) == sum(p.stat().st_size for p in src.rglob("*")
@@ -106,7 +124,63 @@ def test_distributed_output_is_the_single_process_output(fixture: str, ranks: in
     assert written == sum(o["size"] for o in single["outputs"] if o["file"] != "model.safetensors.index.json")
     shards = [o for o in single["outputs"] if o["file"] != "model.safetensors.index.json"]
     assert sum(1 for r in topo["ranks"] if r["outputs_written"]) == min(ranks, len(shards))  # the writing was split
-    _no_staging(tmp_path)
+    assert all(r["worker"] is None for r in topo["ranks"])  # the static reader's plan: no worker anywhere
+    assert dist["containment"]["worker"] is None
+
+
+def _needs_the_worker(tmp_path: Path) -> tuple[Path, Path]:
+    """A ZeRO-3 checkpoint whose first model-states pickle names a global outside the static reader's
+    allowlist (``argparse.Namespace``, as Megatron-DeepSpeed launchers save their ``args``), and a
+    team's own policies that let the DeepSpeed loader read it in the contained worker: the bundled
+    ones with a finding exception for it, and without the bundled rule that every pickle stays
+    inside the static allowlist."""
+    import argparse
+    import shutil
+
+    import torch
+
+    src = tmp_path / "zero3"
+    shutil.copytree(FIXTURES / "deepspeed_zero3" / "checkpoint", src)
+    rel = "global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt"
+    state = torch.load(src / rel, weights_only=False)  # the committed fixture, made by DeepSpeed
+    state["args"] = argparse.Namespace(lr=0.1, seed=1)
+    torch.save(state, src / rel)
+    policies = tmp_path / "policies"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "policies", policies)
+    rego = policies / "ckptgate" / "intake" / "intake.rego"
+    rule = "\tevery report in object.get(input, [\"inspection\", \"pickles\"], {}) {\n\t\t_pickle_report_ok(report)\n\t}\n"
+    assert rego.read_text().count(rule) == 1
+    rego.write_text(rego.read_text().replace(rule, ""))
+    data = policies / "ckptgate" / "config" / "intake" / "data.json"
+    doc = json.loads(data.read_text())
+    doc["finding_exceptions"].append({"id": "our-launcher-args", "formats": ["deepspeed-zero3"],
+                                      "code": "pickle.global_not_allowed", "paths": [rel],
+                                      "why": "our launcher pickles its argparse.Namespace into the model states"})
+    data.write_text(json.dumps(doc))
+    return src, policies
+
+
+def test_the_framework_plane_runs_one_contained_worker_per_rank(signer: Signer, tmp_path: Path) -> None:
+    src, policies = _needs_the_worker(tmp_path)
+    with SafeTree.open(src) as tree:
+        from ckptgate.consolidate import framework_files
+
+        needed = framework_files(inspect_open_tree(tree))
+    assert len(needed) == 4  # every ZeRO file: one static read is not enough for the plan
+    att = attest(signer, src, tmp_path / "att.json", fmt="deepspeed-zero3",
+                 meta=json.loads((FIXTURES / "deepspeed_zero3" / "meta.json").read_text()))
+    extra = ("--policies", str(policies))
+    single, dist = _same_output(src, 2, (_args(src, tmp_path / "single", signer, att, *extra),
+                                         _args(src, tmp_path / "dist", signer, att, *extra)), tmp_path)
+    assert single["plan"]["trees_from"] == dist["plan"]["trees_from"] == "contained_worker"
+    workers = [r["worker"] for r in dist["topology"]["ranks"]]
+    assert all(w is not None for w in workers)  # each rank loaded the files it owns, in its own worker
+    assert sorted(f for w in workers for f in w["files"]) == sorted(needed)
+    for w in workers:
+        assert w["controls"]["seccomp"] is True and w["controls"]["no_new_privs"] is True
+        assert w["measured"]["seccomp"]["mode"] == "allowlist"
+    held = dist["containment"]["worker"]["controls"]
+    assert held == {c: all(w["controls"][c] for w in workers) for c in held}  # held only where held on every rank
 
 
 def test_a_deny_publishes_nothing_and_every_rank_fails(signer: Signer, tmp_path: Path) -> None:
@@ -192,14 +266,6 @@ def test_distributed_outside_a_launcher_is_refused(tmp_path: Path) -> None:
     assert json.loads(proc.stdout)["error"]["code"] == "usage.distributed.no_launcher"
 
 
-def test_the_framework_plane_is_refused_with_a_typed_error(signer: Signer, tmp_path: Path) -> None:
-    src = FIXTURES / "deepspeed_zero3" / "checkpoint"
-    proc, rcs = _torchrun(2, _args(src, tmp_path / "dist", signer, None), tmp_path / "rc")
-    assert rcs == [2, 2], proc.stdout + proc.stderr
-    assert json.loads(proc.stdout)["error"]["code"] == "usage.distributed.framework_plane"
-    assert not (tmp_path / "dist").exists()
-
-
 def test_files_are_assigned_by_size_deterministically() -> None:
     from ckptgate.distributed import assign_by_size
 
@@ -209,6 +275,9 @@ def test_files_are_assigned_by_size_deterministically() -> None:
     loads = [sum(dict(items)[n] for n in names) for names in a]
     assert sorted(n for names in a for n in names) == sorted(n for n, _ in items)
     assert max(loads) / min(loads) <= 1.15
+    # files that need a framework load are spread first: each rank loads a share, whatever the rest weighs
+    first = assign_by_size([("big.py", 1000), *[(f"s{i}.pt", 10) for i in range(4)]], 2, first=[f"s{i}.pt" for i in range(4)])
+    assert [sorted(n for n in names if n.endswith(".pt")) for names in first] == [["s0.pt", "s2.pt"], ["s1.pt", "s3.pt"]]
 
 
 def test_bytes_another_rank_hashed_are_checked_chunk_by_chunk(tmp_path: Path) -> None:
@@ -252,3 +321,18 @@ def test_the_decision_crosses_ranks_as_json_unchanged() -> None:
     for d in (allow, deny):
         back = _decision_from(json.loads(json.dumps(d.to_json())))
         assert back.to_json() == d.to_json() and back.exit_code == d.exit_code
+
+
+def test_a_staging_directory_this_rank_cannot_see_means_dst_is_not_shared(tmp_path: Path) -> None:
+    """Rank 0 made its staging directory beside DST; a rank on a node whose DST parent is another
+    (local) file system does not find it, and says why."""
+    from ckptgate.distributed import _open_stage
+    from ckptgate.errors import RuntimeFailure
+    from ckptgate.publish import open_destination, staging
+
+    with open_destination(tmp_path / "out") as dest:
+        with pytest.raises(RuntimeFailure) as e:
+            _open_stage(dest, ".out.ckptgate-staging-" + "0" * 32)
+        assert e.value.code == "runtime.distributed.not_shared"
+        with staging(dest) as stage:  # the one rank 0 made is found
+            os.close(_open_stage(dest, stage.name))

@@ -3,6 +3,7 @@ operation relative to DST's parent resolved once, never inside the source."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -13,7 +14,7 @@ import textwrap
 import pytest
 
 from ckptgate._fs import file_id, is_within
-from ckptgate.errors import UsageError
+from ckptgate.errors import RuntimeFailure, UsageError
 from ckptgate.publish import RECEIPT_NAME, open_destination, publish, remove_stale_staging, staging
 
 
@@ -224,3 +225,54 @@ def test_a_symlink_appearing_while_the_parent_is_opened_is_refused_not_followed(
             pass
     assert e.value.code == "usage.dst_parent_changed"
     assert list(src.iterdir()) == []
+
+
+@pytest.mark.parametrize("errno_", [errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP])
+def test_a_file_system_without_rename_noreplace_is_refused_before_anything_is_written(tmp_path, monkeypatch, errno_):
+    """Where renameat2(RENAME_NOREPLACE) is refused (some NFS set-ups), the staging directory's own
+    probe refuses at once with a typed error, and leaves nothing behind."""
+    import ckptgate.publish as pub
+
+    def refused(*args, **kwargs):
+        raise OSError(errno_, os.strerror(errno_))
+
+    monkeypatch.setattr(pub, "renameat2", refused)
+    dst = tmp_path / "out"
+    with pytest.raises(RuntimeFailure) as e:
+        with open_destination(dst) as dest, staging(dest):
+            pytest.fail("the staging directory was handed out on a file system that cannot publish")
+    assert e.value.code == "runtime.fs.no_rename_noreplace" and e.value.exit_code == 7
+    assert "docs/scale-out.md#file-systems" in e.value.diagnostics()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_system_without_flock_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    import types
+
+    import ckptgate.publish as pub
+
+    def flock(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(pub, "fcntl", types.SimpleNamespace(**{k: getattr(fcntl, k) for k in dir(fcntl)
+                                                               if k.startswith("LOCK_")}, flock=flock))
+    dst = tmp_path / "out"
+    with pytest.raises(RuntimeFailure) as e:
+        with open_destination(dst) as dest, staging(dest):
+            pytest.fail("the staging directory was handed out without its lock")
+    assert e.value.code == "runtime.fs.no_flock"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_another_rename_error_in_the_probe_is_not_mistaken_for_a_missing_feature(tmp_path, monkeypatch):
+    import ckptgate.publish as pub
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(pub, "renameat2", full)
+    with pytest.raises(OSError) as e:
+        with open_destination(tmp_path / "out") as dest, staging(dest):
+            pass
+    assert e.value.errno == errno.ENOSPC  # the pipeline maps it to runtime.io, as for any write
+    assert list(tmp_path.iterdir()) == []

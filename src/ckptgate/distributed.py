@@ -21,7 +21,7 @@ file system:
    another rank hashed are checked before they are written).  Rank 0 gathers the hashes, writes
    the index and the receipt (with a ``topology`` record) and publishes with one atomic rename.
 
-Messages between ranks are data: canonical JSON in ``uint8`` tensors (``all_gather``), never
+Messages between ranks are data: JSON in ``uint8`` tensors (``all_gather``), never
 pickle-based object collectives, each authenticated with an HMAC-SHA256 keyed by the per-job
 secret in :data:`SECRET_ENV` and bound to the phase, the sequence number, the sender's rank and
 the world size.  Every phase ends in one exchange where each rank reports success or its error:
@@ -30,8 +30,13 @@ timeout) makes every rank raise, the staging directory is removed, and nothing i
 Every rank then exits with the exit code of the first failure (the lowest failing rank's).
 gloo is unencrypted: the rendezvous and the ranks must stay on the job's private network [R28].
 
-Only the data plane (pure-data loaders) is taken in this way; a checkpoint that needs a framework
-load is refused with ``usage.distributed.framework_plane``, as is ``--dtype``.
+Every plane is taken in this way.  When the plan needs a framework load (the files
+:func:`~ckptgate.consolidate.framework_files` names), each rank runs the enforce step on the files
+it owns: the same permit for the same fixture digest, minted on every rank from the broadcast
+decision, and its own contained worker (:func:`~ckptgate.enforce.gate.enforce`); the workers' JSON
+trees (never a pickle) are gathered, so every rank plans from the same trees.  A control counts as
+held only when it held in every worker, and each rank's worker record is in the topology.
+``--dtype`` and ``--select`` are refused.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import heapq
 import hmac
 import json
 import os
@@ -46,19 +52,20 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from ckptgate.consolidate import framework_files, plan_for
-from ckptgate.consolidate.plan import ConsolidationPlan, ShardTask
+from ckptgate.consolidate.plan import ConsolidationPlan, Placement, ShardTask
 from ckptgate.consolidate.writer import WrittenFile, header_bytes, write_index
 from ckptgate.decide.decision import Decision, Reason
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.digest import FixtureDigest, ManifestEntry, hash_files
-from ckptgate.enforce.gate import enforce
+from ckptgate.enforce.gate import WorkerOptions, enforce
+from ckptgate.enforce.load import LoadedTrees
 from ckptgate.errors import Error, ExitCode, RuntimeFailure, UsageError
 from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
 from ckptgate.pipeline import Consolidated, Evaluation, IntakeResult, judge, local_opa_version, receipt_for
@@ -75,7 +82,6 @@ MIN_SECRET_BYTES = 16
 COPY_CHUNK = 4 << 20
 #: No message between ranks may be larger (a peer that claims more is refused before allocation).
 MAX_MESSAGE = 1 << 30
-_PLANE_LOADERS = frozenset({"safetensors", "json"})
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -143,7 +149,7 @@ def _launcher_env() -> None:
 
 
 class _Comm:
-    """Authenticated exchanges of canonical JSON between the ranks, over ``all_gather`` of bytes."""
+    """Authenticated exchanges of JSON between the ranks, over ``all_gather`` of bytes."""
 
     def __init__(self, dist: Any, torch: Any, secret: bytes) -> None:
         self.dist, self.torch, self.secret = dist, torch, secret
@@ -155,10 +161,12 @@ class _Comm:
         return hmac.new(self.secret, head + b"\0" + body, hashlib.sha256).digest()
 
     def exchange(self, phase: str, data: Any) -> list[Any]:
-        """Every rank's ``data`` (canonical JSON), in rank order, each message's HMAC checked."""
+        """Every rank's ``data`` (JSON, keys in their order), in rank order, each message's HMAC checked."""
         torch, dist = self.torch, self.dist
         self.seq += 1
-        body = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        # Keys stay in the order they were made: a worker tree's object order carries meaning (the
+        # order of ZeRO's param_shapes is the layout of its flat partitions).  The HMAC covers the bytes.
+        body = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
         payload = self._mac(phase, self.rank, body) + body
         try:
             sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
@@ -223,12 +231,13 @@ class _Comm:
         return [m["data"] for m in msgs]
 
 
-def assign_by_size(items: Sequence[tuple[str, int]], world: int) -> list[list[str]]:
+def assign_by_size(items: Sequence[tuple[str, int]], world: int, *, first: Collection[str] = ()) -> list[list[str]]:
     """Items to ranks, largest first to the rank with the fewest bytes so far (ties: by name, then
-    the lowest rank): deterministic on every rank."""
+    the lowest rank): deterministic on every rank.  The items named in ``first`` (the files that
+    need a framework load) are spread before all others, so that every rank loads a share."""
     loads = [0] * world
     out: list[list[str]] = [[] for _ in range(world)]
-    for name, size in sorted(items, key=lambda x: (-x[1], x[0])):
+    for name, size in sorted(items, key=lambda x: (x[0] not in first, -x[1], x[0])):
         r = min(range(world), key=lambda k: (loads[k], k))
         out[r].append(name)
         loads[r] += size
@@ -243,7 +252,13 @@ def plan_sha256(plan: ConsolidationPlan) -> str:
                 "file": s.filename,
                 "header": hashlib.sha256(header_bytes(s)).hexdigest(),
                 "placements": [
-                    [t.source_dtype, [[p.src, p.src_offset, p.dst_offset, p.length] for p in t.placements]]
+                    [
+                        t.source_dtype,
+                        [
+                            [p.src, p.src_offset, p.dst_offset, p.length, p.count, p.src_stride, p.dst_stride]
+                            for p in t.placements
+                        ],
+                    ]
                     for t in s.tensors
                 ],
             }
@@ -317,7 +332,11 @@ class _CheckedSource:
 
 
 def _write_output(
-    stage_fd: int, name: str, head: bytes, pieces: list[tuple[str, int, int]], sources: dict[str, _CheckedSource]
+    stage_fd: int,
+    name: str,
+    head: bytes,
+    pieces: Iterable[tuple[str, int, int]],
+    sources: dict[str, _CheckedSource],
 ) -> WrittenFile:
     """Write output ``name`` front to back (``head``, then each ``(src, offset, length)``), hashing it."""
     fd = os.open(name, _CREATE, 0o644, dir_fd=stage_fd)
@@ -342,22 +361,29 @@ def _write_output(
     return WrittenFile(filename=name, size=pos, sha256=h.hexdigest())
 
 
-def _shard_pieces(task: ShardTask) -> list[tuple[str, int, int]]:
-    pieces: list[tuple[int, str, int, int]] = []
+def _shard_pieces(task: ShardTask) -> Iterator[tuple[str, int, int]]:
+    """``(src, offset, length)`` for every run of ``task``, in output order; a strided placement is
+    expanded one run at a time.  A gap or an overlap raises when it is reached (before its bytes)."""
+    plain: list[tuple[int, str, int, int]] = []
+    strided: list[Iterator[tuple[int, str, int, int]]] = []
     base = 0
     for t in task.tensors:
         for p in t.placements:
-            pieces.append((base + p.dst_offset, p.src, p.src_offset, p.length))
+            if p.count == 1:
+                plain.append((base + p.dst_offset, p.src, p.src_offset, p.length))
+            else:
+                strided.append(_runs(base, p))
         base += t.nbytes
-    pieces.sort()
+    plain.sort()
     pos = 0
-    for out_off, _, _, length in pieces:
+    for out_off, src, off, length in heapq.merge(plain, *strided):
         if out_off != pos:
             raise RuntimeFailure(
                 "runtime.copy.not_tiled",
                 f"{task.filename}: the plan leaves a gap or an overlap at byte {min(pos, out_off)}",
                 evidence={"output": task.filename},
             )
+        yield src, off, length
         pos += length
     if pos != task.nbytes:
         raise RuntimeFailure(
@@ -365,7 +391,67 @@ def _shard_pieces(task: ShardTask) -> list[tuple[str, int, int]]:
             f"{task.filename}: the plan covers {pos} of {task.nbytes} bytes",
             evidence={"output": task.filename},
         )
-    return [(src, off, length) for _, src, off, length in pieces]
+
+
+def _runs(base: int, p: Placement) -> Iterator[tuple[int, str, int, int]]:
+    for k in range(p.count):
+        yield base + p.dst_offset + k * p.dst_stride, p.src, p.src_offset + k * p.src_stride, p.length
+
+
+def _loaded_json(loaded: LoadedTrees) -> dict[str, Any]:
+    """What one rank's contained worker loaded, as the JSON the ranks exchange."""
+    return {
+        "trees": dict(loaded.trees),
+        "job": loaded.job,
+        "controls": dict(loaded.controls),
+        "measured": dict(loaded.measured),
+        "wall_s": loaded.wall_s,
+        "pid": loaded.worker_pid,
+    }
+
+
+def _merge_loaded(workers: Sequence[dict[str, Any] | None]) -> LoadedTrees:
+    """Every rank's worker trees as one :class:`LoadedTrees`: a control counts as held only if it held
+    in every worker that ran; the measurement recorded is the lowest such rank's (each rank's own is
+    in the topology)."""
+    ran = [w for w in workers if w is not None]
+    if not ran or len({w["job"] for w in ran}) != 1:
+        raise RuntimeFailure(
+            "runtime.distributed.load_mismatch",
+            "the ranks' contained workers ran no job, or different jobs; nothing was published",
+            evidence={"jobs": [w["job"] if w is not None else None for w in workers]},
+        )
+    trees: dict[str, Any] = {}
+    for w in ran:
+        for rel, value in w["trees"].items():
+            if rel in trees:
+                raise RuntimeFailure(
+                    "runtime.distributed.load_mismatch",
+                    f"two ranks loaded {rel}; each file has one owner",
+                    evidence={"file": rel},
+                )
+            trees[rel] = value
+    names = sorted({c for w in ran for c in w["controls"]})
+    return LoadedTrees(
+        trees=trees,
+        controls={c: all(w["controls"].get(c) is True for w in ran) for c in names},
+        measured=ran[0]["measured"],
+        job=ran[0]["job"],
+        wall_s=max(float(w["wall_s"]) for w in ran),
+        worker_pid=int(ran[0]["pid"]),
+    )
+
+
+def _worker_record(worker: dict[str, Any] | None) -> dict[str, Any] | None:
+    if worker is None:
+        return None
+    return {
+        "job": worker["job"],
+        "files": sorted(worker["trees"]),
+        "controls": worker["controls"],
+        "measured": worker["measured"],
+        "wall_s": round(float(worker["wall_s"]), 3),
+    }
 
 
 def _decision_from(doc: dict[str, Any]) -> Decision:
@@ -526,30 +612,26 @@ def _phases(
         state["dst"] = check_destination(dst, source=src)
         tree = state["tree"] = stack.enter_context(SafeTree.open(src))
         crcs = state["crcs"] = DeferredCrcs()
-        inspection = state["inspection"] = inspect_open_tree(tree, verify_crc=crcs)
-        if framework_files(inspection) or not set(inspection.loaders) <= _PLANE_LOADERS:
-            raise UsageError(
-                "usage.distributed.framework_plane",
-                f"this {inspection.format} checkpoint needs a framework load "
-                f"(loaders: {', '.join(inspection.loaders)}); --distributed takes in pure-data "
-                "checkpoints only, for now",
-                evidence={"loaders": list(inspection.loaders)},
-                advice="Take it in on one process, without --distributed.",
-            )
+        state["inspection"] = inspect_open_tree(tree, verify_crc=crcs)
         ledgers = {
             e.path: {str(i): d.hex() for i, d in sorted(tree.ledger(e.path).recorded().items())} for e in tree.entries
         }
-        return {"ledgers": ledgers, "files": sorted([e.path, e.size] for e in tree.entries)}
+        return {
+            "ledgers": ledgers,
+            "files": sorted([e.path, e.size] for e in tree.entries),
+            "framework_files": list(framework_files(state["inspection"])),
+        }
 
     seen = comm.agree("inspect", inspect)
-    if any(s["files"] != seen[0]["files"] for s in seen):
+    if any(s["files"] != seen[0]["files"] or s["framework_files"] != seen[0]["framework_files"] for s in seen):
         raise RuntimeFailure(
             "runtime.distributed.tree_mismatch",
             "the ranks do not see the same files in SRC (is it on one shared file system?); nothing was published",
             evidence={"source": str(src)},
         )
     tree: SafeTree = state["tree"]
-    owners = assign_by_size([(p, s) for p, s in seen[0]["files"]], world)
+    needed: list[str] = seen[0]["framework_files"]
+    owners = assign_by_size([(p, s) for p, s in seen[0]["files"]], world, first=needed)
 
     def digest_pass() -> dict[str, Any]:
         mine = owners[rank]
@@ -609,10 +691,27 @@ def _phases(
         )
     decision = _decision_from(decided["decision"])
 
+    def load_mine() -> dict[str, Any] | None:
+        # Every rank enforces the decision (a deny or an unpermitted loader raises); a rank that owns
+        # files needing a framework load loads them in its own contained worker, under its permit.
+        evaluation: Evaluation | None = state.get("evaluation")
+        profile = evaluation.containment if evaluation is not None else None
+        enforced = enforce(
+            tree,
+            state["inspection"],
+            decision=decision,
+            fixture_digest=digest,
+            framework_files=[p for p in needed if p in set(owners[rank])],
+            worker=WorkerOptions(profile=profile),
+        )
+        return _loaded_json(enforced.loaded) if enforced.loaded is not None else None
+
+    workers = comm.agree("load", load_mine)
+    loaded = _merge_loaded(workers) if needed else None
+
     def stage_dir() -> dict[str, Any]:
-        enforce(tree, state["inspection"], decision=decision, fixture_digest=digest)  # a deny raises
         state["plan"] = plan = plan_for(
-            state["inspection"], decision=decision, max_shard_bytes=max_shard_bytes, loaded=None
+            state["inspection"], decision=decision, max_shard_bytes=max_shard_bytes, loaded=loaded
         )
         plan_hash = plan_sha256(plan)
         state["destination"] = destination = stack.enter_context(
@@ -646,9 +745,8 @@ def _phases(
             written = []
             for s in plan.shards:
                 if s.filename in mine:
-                    pieces = _shard_pieces(s)
-                    _open_sources(tree, sources, {p[0] for p in pieces}, chunks)
-                    written.append(_write_output(stage_fd, s.filename, header_bytes(s), pieces, sources))
+                    _open_sources(tree, sources, {p.src for t in s.tensors for p in t.placements}, chunks)
+                    written.append(_write_output(stage_fd, s.filename, header_bytes(s), _shard_pieces(s), sources))
             for c in plan.copies:
                 if c.filename in mine:
                     _open_sources(tree, sources, {c.src}, chunks)
@@ -680,6 +778,7 @@ def _phases(
                 "bytes_written": sum(w[1] for w in wrote[r]["written"]),
                 "hash_seconds": hashed[r]["seconds"],
                 "write_seconds": wrote[r]["seconds"],
+                "worker": _worker_record(workers[r]),
             }
             for r in range(world)
         ],
@@ -710,7 +809,16 @@ def _open_stage(destination: Destination, name: str) -> int:
     """The staging directory rank 0 made beside DST, opened by name relative to DST's parent."""
     if not isinstance(name, str) or "/" in name or not name.startswith(f".{destination.name}.ckptgate-staging-"):
         raise RuntimeFailure("runtime.distributed.stage", f"rank 0 named no staging directory of this DST: {name!r}")
-    fd = os.open(name, _DIR, dir_fd=destination.parent_fd)
+    try:
+        fd = os.open(name, _DIR, dir_fd=destination.parent_fd)
+    except FileNotFoundError:
+        raise RuntimeFailure(
+            "runtime.distributed.not_shared",
+            f"rank 0 made its staging directory beside {destination.path}, and this rank does not see it: "
+            "DST's parent is not one file system shared by every rank; nothing was published",
+            evidence={"destination": str(destination.path), "staging": name},
+            advice="Give every rank the same DST on one shared file system (docs/scale-out.md#file-systems).",
+        ) from None
     st = os.fstat(fd)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         os.close(fd)

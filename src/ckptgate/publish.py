@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate._fs import RENAME_NOREPLACE, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, is_within, openat2, renameat2
-from ckptgate.errors import Error, UsageError
+from ckptgate.errors import Error, RuntimeFailure, UsageError
 from ckptgate.verify.dsse import Signer, sign_payload
 from ckptgate.workdirs import lock_held, registered, sweep_registry
 
@@ -140,7 +140,7 @@ def remove_stale_staging(parent_fd: int) -> list[str]:
     try:
         try:
             fcntl.flock(pfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError:  # taken (another intake is starting), or no flock here: that intake refuses it
             return removed
         with os.scandir(pfd) as it:
             names = sorted(e.name for e in it if _STAGING.match(e.name) and e.is_dir(follow_symlinks=False))
@@ -263,10 +263,55 @@ def staging(dest: Destination) -> Iterator[Stage]:
         yield from _staged(dest, name)
 
 
+#: What ``flock``/``renameat2`` fail with where the file system lacks them (some NFS set-ups, FUSE).
+_UNSUPPORTED = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
+_FS_ADVICE = (
+    "Nothing was published. ckptgate publishes only where the file system holding DST's parent gives "
+    "flock and renameat2(RENAME_NOREPLACE), so that an existing DST is never replaced and a live "
+    "staging directory is never swept; choose a DST on a local file system or one that gives both "
+    "(docs/scale-out.md#file-systems)."
+)
+
+
+def _flock(fd: int, op: int, dest: Destination) -> None:
+    """``flock``; a file system without it is a typed refusal (``runtime.fs.no_flock``)."""
+    try:
+        fcntl.flock(fd, op)
+    except OSError as e:
+        if e.errno not in _UNSUPPORTED:
+            raise
+        raise RuntimeFailure(
+            "runtime.fs.no_flock",
+            f"the file system holding {dest.path.parent} refuses flock: {e.strerror}",
+            evidence={"errno": e.errno, "destination": str(dest.path)},
+            advice=_FS_ADVICE,
+        ) from None
+
+
+def _probe_rename_noreplace(stage_fd: int, dest: Destination) -> None:
+    """Rename an empty file inside the new staging directory with ``RENAME_NOREPLACE`` (and remove
+    it), so a file system without that flag is refused before anything is written, not after."""
+    a, b = ".ckptgate-probe-a", ".ckptgate-probe-b"
+    os.close(os.open(a, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=stage_fd))
+    try:
+        renameat2(stage_fd, a, stage_fd, b, RENAME_NOREPLACE)
+    except OSError as e:
+        os.unlink(a, dir_fd=stage_fd)
+        if e.errno not in _UNSUPPORTED:
+            raise
+        raise RuntimeFailure(
+            "runtime.fs.no_rename_noreplace",
+            f"the file system holding {dest.path.parent} refuses renameat2(RENAME_NOREPLACE): {e.strerror}",
+            evidence={"errno": e.errno, "destination": str(dest.path)},
+            advice=_FS_ADVICE,
+        ) from None
+    os.unlink(b, dir_fd=stage_fd)
+
+
 def _staged(dest: Destination, name: str) -> Iterator[Stage]:
     pfd = os.open(".", _DIR, dir_fd=dest.parent_fd)  # our own open file for the shared lock
     try:
-        fcntl.flock(pfd, fcntl.LOCK_SH)  # no clean-up runs until our directory is locked
+        _flock(pfd, fcntl.LOCK_SH, dest)  # no clean-up runs until our directory is locked
         _make_stage_dir(dest, name)
         try:
             lock = os.open(name, _DIR, dir_fd=dest.parent_fd)
@@ -275,12 +320,18 @@ def _staged(dest: Destination, name: str) -> Iterator[Stage]:
                 "publish.staging_changed",
                 f"the staging directory beside {dest.path} was replaced before it could be opened: {e.strerror}",
             ) from None
-        fcntl.flock(lock, fcntl.LOCK_EX)  # held until we are done: marks the directory as live
+        try:
+            _flock(lock, fcntl.LOCK_EX, dest)  # held until we are done: marks the directory as live
+        except BaseException:
+            _remove_stage(dest, name, lock)
+            os.close(lock)
+            raise
     finally:
         os.close(pfd)
     try:
         if dest.source_root is not None and is_within(lock, dest.source_root):
             raise _inside_source(dest.path)
+        _probe_rename_noreplace(lock, dest)
         yield Stage(fd=lock, name=name, destination=dest)
     finally:
         _remove_stage(dest, name, lock)

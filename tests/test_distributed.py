@@ -336,3 +336,40 @@ def test_a_staging_directory_this_rank_cannot_see_means_dst_is_not_shared(tmp_pa
         assert e.value.code == "runtime.distributed.not_shared"
         with staging(dest) as stage:  # the one rank 0 made is found
             os.close(_open_stage(dest, stage.name))
+
+
+def test_the_ranks_writer_expands_strided_placements_as_the_writer_does(tmp_path: Path) -> None:
+    """A tensor-parallel (row-parallel) layout's strided placements: the bytes each rank's writer
+    assembles for an output shard are the single-process writer's, and a gap is refused."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from ckptgate.consolidate import adapter_plan
+    from ckptgate.consolidate.writer import header_bytes, write_plan
+    from ckptgate.distributed import _shard_pieces
+    from ckptgate.errors import RuntimeFailure
+
+    src = FIXTURES / "megatron_torch_dist" / "checkpoint"
+    with SafeTree.open(src) as tree:
+        plan = adapter_plan(inspect_open_tree(tree), max_shard_bytes=700)
+        assert any(p.count > 1 for s in plan.shards for t in s.tensors for p in t.placements)
+        fds = {p: tree.open_file(p) for p in plan.source_paths}
+        try:
+            write_plan(plan, tmp_path, fds, expected=None)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+    for s in plan.shards:
+        body = b"".join((src / name).read_bytes()[off:off + n] for name, off, n in _shard_pieces(s))
+        assert header_bytes(s) + body == (tmp_path / s.filename).read_bytes(), s.filename
+    task = next(s for s in plan.shards if any(p.count > 1 for t in s.tensors for p in t.placements))
+    t0 = next(t for t in task.tensors if any(p.count > 1 for p in t.placements))
+    p0 = next(p for p in t0.placements if p.count > 1)
+    short = dataclasses.replace(p0, count=p0.count - 1)  # one run fewer: a gap in the output
+    # (a TensorTask refuses that gap itself; the ranks' writer checks again, on what it is handed)
+    gapped = SimpleNamespace(filename=task.filename, nbytes=task.nbytes, tensors=[
+        SimpleNamespace(nbytes=t.nbytes, placements=[short if p is p0 else p for p in t.placements])
+        for t in task.tensors])
+    with pytest.raises(RuntimeFailure) as e:
+        list(_shard_pieces(gapped))
+    assert e.value.code == "runtime.copy.not_tiled"

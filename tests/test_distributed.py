@@ -373,3 +373,23 @@ def test_the_ranks_writer_expands_strided_placements_as_the_writer_does(tmp_path
     with pytest.raises(RuntimeFailure) as e:
         list(_shard_pieces(gapped))
     assert e.value.code == "runtime.copy.not_tiled"
+
+
+def test_gathered_worker_trees_must_be_exactly_what_each_rank_owns() -> None:
+    from ckptgate.distributed import _merge_loaded
+    from ckptgate.errors import RuntimeFailure
+
+    def w(*files: str, seccomp: bool = True) -> dict[str, Any]:
+        return {"trees": {f: {"k": f} for f in files}, "job": "deepspeed", "controls": {"seccomp": seccomp},
+                "measured": {"pid": 1}, "wall_s": 0.5, "pid": 1}
+
+    merged = _merge_loaded([w("a", "b"), w("c", seccomp=False)], [["a", "b"], ["c"]])
+    assert dict(merged.trees) == {"a": {"k": "a"}, "b": {"k": "b"}, "c": {"k": "c"}}
+    assert dict(merged.controls) == {"seccomp": False}  # held only where it held on every rank
+    for workers, owned in (([w("a"), w("c")], [["a", "b"], ["c"]]),  # a file nobody loaded
+                           ([w("a", "b"), w("b", "c")], [["a", "b"], ["c"]]),  # a file loaded twice
+                           ([w("a", "b"), None], [["a", "b"], ["c"]]),  # a rank that loaded nothing
+                           ([{**w("a", "b"), "job": "torch_load"}, w("c")], [["a", "b"], ["c"]])):  # two jobs
+        with pytest.raises(RuntimeFailure) as e:
+            _merge_loaded(workers, owned)
+        assert e.value.code == "runtime.distributed.load_mismatch"

@@ -410,27 +410,21 @@ def _loaded_json(loaded: LoadedTrees) -> dict[str, Any]:
     }
 
 
-def _merge_loaded(workers: Sequence[dict[str, Any] | None]) -> LoadedTrees:
-    """Every rank's worker trees as one :class:`LoadedTrees`: a control counts as held only if it held
-    in every worker that ran; the measurement recorded is the lowest such rank's (each rank's own is
+def _merge_loaded(workers: Sequence[dict[str, Any] | None], owned: Sequence[Sequence[str]]) -> LoadedTrees:
+    """Every rank's worker trees as one :class:`LoadedTrees`.  Each rank must have loaded exactly
+    the files it owns (``owned``, per rank) in one job; a control counts as held only if it held in
+    every worker that ran; the measurement recorded is the lowest such rank's (each rank's own is
     in the topology)."""
+    got = [sorted(w["trees"]) if w is not None else [] for w in workers]
     ran = [w for w in workers if w is not None]
-    if not ran or len({w["job"] for w in ran}) != 1:
+    if got != [sorted(o) for o in owned] or not ran or len({w["job"] for w in ran}) != 1:
         raise RuntimeFailure(
             "runtime.distributed.load_mismatch",
-            "the ranks' contained workers ran no job, or different jobs; nothing was published",
-            evidence={"jobs": [w["job"] if w is not None else None for w in workers]},
+            "the ranks' contained workers did not each load exactly the files their rank owns, in one "
+            "job; nothing was published",
+            evidence={"loaded": got, "owned": [list(o) for o in owned]},
         )
-    trees: dict[str, Any] = {}
-    for w in ran:
-        for rel, value in w["trees"].items():
-            if rel in trees:
-                raise RuntimeFailure(
-                    "runtime.distributed.load_mismatch",
-                    f"two ranks loaded {rel}; each file has one owner",
-                    evidence={"file": rel},
-                )
-            trees[rel] = value
+    trees = {rel: value for w in ran for rel, value in w["trees"].items()}
     names = sorted({c for w in ran for c in w["controls"]})
     return LoadedTrees(
         trees=trees,
@@ -707,7 +701,7 @@ def _phases(
         return _loaded_json(enforced.loaded) if enforced.loaded is not None else None
 
     workers = comm.agree("load", load_mine)
-    loaded = _merge_loaded(workers) if needed else None
+    loaded = _merge_loaded(workers, [[p for p in owners[r] if p in needed] for r in range(world)]) if needed else None
 
     def stage_dir() -> dict[str, Any]:
         state["plan"] = plan = plan_for(

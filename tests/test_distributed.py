@@ -393,3 +393,33 @@ def test_gathered_worker_trees_must_be_exactly_what_each_rank_owns() -> None:
         with pytest.raises(RuntimeFailure) as e:
             _merge_loaded(workers, owned)
         assert e.value.code == "runtime.distributed.load_mismatch"
+
+
+def test_a_bad_zip_crc_found_by_any_rank_refuses_as_in_one_process(signer: Signer, tmp_path: Path) -> None:
+    """The CRC-32 of a torch zip's entries is checked in the digest's read, by the rank that streams
+    the file; its findings join every rank's inspection before the decision, as in one process."""
+    import shutil
+    import struct
+    import zipfile
+
+    src = tmp_path / "fsdp"
+    shutil.copytree(FIXTURES / "fsdp_full" / "checkpoint", src)
+    path = next(p for p in src.rglob("*") if p.is_file() and zipfile.is_zipfile(p))
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if "/data/" in i.filename and i.file_size > 8)
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
+    raw[info.header_offset + 30 + name_len + extra_len + 4] ^= 0xFF  # a tensor byte: the layout is intact
+    path.write_bytes(bytes(raw))
+    att = attest(signer, src, tmp_path / "att.json", fmt="fsdp-full",
+                 meta=json.loads((FIXTURES / "fsdp_full" / "meta.json").read_text()))
+    one = _single(_args(src, tmp_path / "single", signer, att), _env())
+    assert one.returncode == 4, one.stdout + one.stderr
+    codes = [f["code"] for r in json.loads(one.stdout)["error"]["reasons"] for f in r["evidence"].get("findings", [])]
+    assert "zip.bad_crc" in codes
+    proc, rcs = _torchrun(2, _args(src, tmp_path / "dist", signer, att), tmp_path / "rc")
+    assert rcs == [4, 4], proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["error"] == {**json.loads(one.stdout)["error"],
+                                                "evidence": json.loads(proc.stdout)["error"]["evidence"]}
+    assert not (tmp_path / "dist").exists()
+    _no_staging(tmp_path)

@@ -39,6 +39,7 @@ def test_publish_renames_staging_into_place(tmp_path):
         assert publish(stage, {"decision_id": "d"}) == dst
     assert (dst / "model.safetensors").read_bytes() == b"x"
     assert json.loads((dst / RECEIPT_NAME).read_text())["decision_id"] == "d"
+    assert sorted(os.listdir(dst)) == [RECEIPT_NAME, "model.safetensors"]  # nothing of the file-system probe
     assert not [p for p in tmp_path.iterdir() if "staging" in p.name]
 
 
@@ -246,13 +247,30 @@ def test_a_file_system_without_rename_noreplace_is_refused_before_anything_is_wr
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_file_system_without_flock_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+def test_a_rename_that_replaces_despite_noreplace_is_refused(tmp_path, monkeypatch):
+    import ckptgate.publish as pub
+
+    def replaces(src_fd, src, dst_fd, dst, flags=0):
+        os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)  # the flag accepted, and ignored
+
+    monkeypatch.setattr(pub, "renameat2", replaces)
+    with pytest.raises(RuntimeFailure) as e:
+        with open_destination(tmp_path / "out") as dest, staging(dest):
+            pytest.fail("the staging directory was handed out on a file system that replaces")
+    assert e.value.code == "runtime.fs.no_rename_noreplace"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("refused", ["every lock", "the staging directory's own lock"])
+def test_a_file_system_without_flock_is_refused_before_anything_is_written(tmp_path, monkeypatch, refused):
     import types
 
     import ckptgate.publish as pub
 
     def flock(fd, op):
-        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+        if refused == "every lock" or op == fcntl.LOCK_EX:
+            raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+        return fcntl.flock(fd, op)
 
     monkeypatch.setattr(pub, "fcntl", types.SimpleNamespace(**{k: getattr(fcntl, k) for k in dir(fcntl)
                                                                if k.startswith("LOCK_")}, flock=flock))

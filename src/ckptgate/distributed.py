@@ -67,7 +67,7 @@ from ckptgate.digest import FixtureDigest, ManifestEntry, hash_files
 from ckptgate.enforce.gate import WorkerOptions, enforce
 from ckptgate.enforce.load import LoadedTrees
 from ckptgate.errors import Error, ExitCode, RuntimeFailure, UsageError
-from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
+from ckptgate.inspect import DeferredCrcs, Finding, Inspection, SafeTree, Severity, inspect_open_tree
 from ckptgate.pipeline import Consolidated, Evaluation, IntakeResult, judge, local_opa_version, receipt_for
 from ckptgate.publish import Destination, Stage, check_destination, open_destination, publish, staging
 from ckptgate.verify.dsse import Signer
@@ -237,7 +237,8 @@ def assign_by_size(items: Sequence[tuple[str, int]], world: int, *, first: Colle
     need a framework load) are spread before all others, so that every rank loads a share."""
     loads = [0] * world
     out: list[list[str]] = [[] for _ in range(world)]
-    for name, size in sorted(items, key=lambda x: (x[0] not in first, -x[1], x[0])):
+    early = set(first)
+    for name, size in sorted(items, key=lambda x: (x[0] not in early, -x[1], x[0])):
         r = min(range(world), key=lambda k: (loads[k], k))
         out[r].append(name)
         loads[r] += size
@@ -448,6 +449,17 @@ def _worker_record(worker: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
+def _finding(doc: dict[str, Any]) -> Finding:
+    """A finding another rank sent as its ``to_json()``."""
+    return Finding(
+        code=doc["code"],
+        severity=Severity(doc["severity"]),
+        path=doc["path"],
+        message=doc["message"],
+        evidence=dict(doc.get("evidence") or {}),
+    )
+
+
 def _decision_from(doc: dict[str, Any]) -> Decision:
     """The :class:`Decision` rank 0 sent as its ``to_json()``: every field it carries, lists as tuples."""
     values: dict[str, Any] = {}
@@ -626,6 +638,8 @@ def _phases(
     tree: SafeTree = state["tree"]
     needed: list[str] = seen[0]["framework_files"]
     owners = assign_by_size([(p, s) for p, s in seen[0]["files"]], world, first=needed)
+    needs = set(needed)
+    owned_needs = [[p for p in owners[r] if p in needs] for r in range(world)]
 
     def digest_pass() -> dict[str, Any]:
         mine = owners[rank]
@@ -651,13 +665,18 @@ def _phases(
         entries = hash_files(tree, mine, also=also)
         for r in recorders.values():
             r.done()
+        own = set(mine)
         return {
             "entries": [e.to_json() for e in entries],
             "seconds": round(time.perf_counter() - t0, 3),
             "chunks": {p: r.hashes for p, r in recorders.items()},
+            # the CRC-32 checks of the zip entries this rank streamed (a bad or unchecked CRC is an
+            # error finding, as in one process); another rank's files are that rank's to report
+            "crc_findings": [f.to_json() for f in crcs.findings() if f.path in own],
         }
 
     hashed = comm.agree("digest", digest_pass)
+    state["inspection"] = state["inspection"].with_findings([_finding(f) for h in hashed for f in h["crc_findings"]])
     chunks: dict[str, list[str]] = {p: c for h in hashed for p, c in h["chunks"].items()}
     digest = FixtureDigest.from_manifest(
         [ManifestEntry(path=e["path"], size=e["size"], sha256=e["sha256"]) for h in hashed for e in h["entries"]]
@@ -695,13 +714,13 @@ def _phases(
             state["inspection"],
             decision=decision,
             fixture_digest=digest,
-            framework_files=[p for p in needed if p in set(owners[rank])],
+            framework_files=owned_needs[rank],
             worker=WorkerOptions(profile=profile),
         )
         return _loaded_json(enforced.loaded) if enforced.loaded is not None else None
 
     workers = comm.agree("load", load_mine)
-    loaded = _merge_loaded(workers, [[p for p in owners[r] if p in needed] for r in range(world)]) if needed else None
+    loaded = _merge_loaded(workers, owned_needs) if needed else None
 
     def stage_dir() -> dict[str, Any]:
         state["plan"] = plan = plan_for(

@@ -25,6 +25,7 @@ guarantee [R12].
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -289,23 +290,34 @@ def _flock(fd: int, op: int, dest: Destination) -> None:
 
 
 def _probe_rename_noreplace(stage_fd: int, dest: Destination) -> None:
-    """Rename an empty file inside the new staging directory with ``RENAME_NOREPLACE`` (and remove
-    it), so a file system without that flag is refused before anything is written, not after."""
+    """Inside the new staging directory, rename one empty file onto another with
+    ``RENAME_NOREPLACE``, which must fail with ``EEXIST`` (and remove both), so that a file system
+    that lacks the flag, or accepts it and replaces anyway, is refused before anything is written."""
     a, b = ".ckptgate-probe-a", ".ckptgate-probe-b"
-    os.close(os.open(a, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=stage_fd))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        renameat2(stage_fd, a, stage_fd, b, RENAME_NOREPLACE)
-    except OSError as e:
-        os.unlink(a, dir_fd=stage_fd)
-        if e.errno not in _UNSUPPORTED:
-            raise
+        for name in (a, b):
+            os.close(os.open(name, flags, 0o600, dir_fd=stage_fd))
+        try:
+            renameat2(stage_fd, a, stage_fd, b, RENAME_NOREPLACE)
+        except OSError as e:
+            if e.errno == errno.EEXIST:
+                return
+            if e.errno not in _UNSUPPORTED:
+                raise
+            why = e.strerror
+        else:
+            why = "it replaced an existing file"
         raise RuntimeFailure(
             "runtime.fs.no_rename_noreplace",
-            f"the file system holding {dest.path.parent} refuses renameat2(RENAME_NOREPLACE): {e.strerror}",
-            evidence={"errno": e.errno, "destination": str(dest.path)},
+            f"the file system holding {dest.path.parent} does not keep renameat2(RENAME_NOREPLACE): {why}",
+            evidence={"destination": str(dest.path)},
             advice=_FS_ADVICE,
-        ) from None
-    os.unlink(b, dir_fd=stage_fd)
+        )
+    finally:
+        for name in (a, b):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=stage_fd)
 
 
 def _staged(dest: Destination, name: str) -> Iterator[Stage]:

@@ -44,6 +44,25 @@ if os.environ.get("CKPTGATE_TEST_STALL_RANK") == rank:
     d._write_output = _stall
 
 rc: object = 1
+
+
+def _record(code: object) -> None:
+    out = os.environ.get("CKPTGATE_TEST_RCDIR")
+    if out:
+        Path(out, f"rank{rank}.rc").write_text(str(code))
+
+
+import ckptgate._cli.intake_cmd as intake_cmd  # noqa: E402 - after the hooks above
+
+_exit_now = intake_cmd.exit_now
+
+
+def _recorded_exit(code: int) -> None:  # a rank that ran ends without the interpreter's teardown
+    _record(code)
+    _exit_now(code)
+
+
+intake_cmd.exit_now = _recorded_exit
 try:
     from ckptgate._cli import main
 
@@ -53,6 +72,4 @@ except SystemExit as e:
     rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     raise
 finally:
-    out = os.environ.get("CKPTGATE_TEST_RCDIR")
-    if out:
-        Path(out, f"rank{rank}.rc").write_text(str(rc))
+    _record(rc)

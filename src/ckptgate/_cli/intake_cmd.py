@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
@@ -234,15 +234,27 @@ def _run_distributed(
             dist_options=DistributedOptions(timeout_s=timeout_s),
         )
     except Error as e:
+        if "torch" not in sys.modules:  # refused before the process group: nothing to tear down
+            if os.environ.get("RANK", "0") == "0":
+                raise
+            raise SystemExit(int(e.exit_code)) from None
         if os.environ.get("RANK", "0") == "0":
-            raise
-        if not isinstance(e, Relayed):  # rank 0 reports a relayed failure; this rank only its own, on stderr
+            report_error(e, as_json)
+        elif not isinstance(e, Relayed):  # rank 0 reports a relayed failure; this rank only its own, on stderr
             report_error(e, as_json=False)
-        raise SystemExit(int(e.exit_code)) from None
-    if result is None:
-        return 0
-    if as_json:
+        exit_now(int(e.exit_code))
+    if result is not None and as_json:
         emit_json({"result": "published", "destination": str(result.destination), "receipt": result.receipt})
-    else:
+    elif result is not None:
         print_result(result)
-    return 0
+    exit_now(0)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End this rank with ``code`` without the interpreter's teardown of torch (measured here: about
+    1.2 s alone, 2.8 s for two ranks on 2 cores).  Everything this process opened was closed by
+    its own context manager before this point: the process group, the staging directory, the
+    embedded OPA, every worker and every file; only the output streams are flushed here."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

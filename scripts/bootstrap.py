@@ -240,7 +240,7 @@ def run_tests(env: dict[str, str]) -> int:
         ("opa check", [opa, "check", "--strict", "policies"]),
         ("opa test", [opa, "test", "--coverage", "--threshold", "90", "--format", "json", "policies"]),
         ("regal lint", [regal, "lint", "policies"]),
-        ("pytest", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"]),
+        ("pytest", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=20"]),
         # The pre-merge gate's own checks (the policy tools above are not run twice): the committed
         # matrix matches a fresh build, every supported row has its evidence at the candidate
         # commit, and the docs obey the register's claim rules.

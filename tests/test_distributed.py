@@ -423,3 +423,22 @@ def test_a_bad_zip_crc_found_by_any_rank_refuses_as_in_one_process(signer: Signe
                                                 "evidence": json.loads(proc.stdout)["error"]["evidence"]}
     assert not (tmp_path / "dist").exists()
     _no_staging(tmp_path)
+
+
+def test_trust_rank_0_cannot_load_fails_every_rank_as_one_process_does(tmp_path: Path) -> None:
+    """Rank 0 opens its trust data and engine before the process group (OPA starts while torch
+    imports); a failure there is raised in the decide phase, so every rank ends with it, not at
+    the rendezvous deadline."""
+    src = FIXTURES / "hf_sharded" / "checkpoint"
+    bad = tmp_path / "trust.json"
+    bad.write_text("{")
+    args = ["intake", str(src), "--out", str(tmp_path / "o"), "--trust", str(bad), "--json"]
+    one = _single(args, _env())
+    assert one.returncode not in (0, 1) and json.loads(one.stdout)["error"]["code"] == "verify.trust.json"
+    start = time.monotonic()
+    proc, rcs = _torchrun(2, [*args, "--dist-timeout", "120"], tmp_path / "rc")
+    assert time.monotonic() - start < 90  # well before the deadline
+    assert rcs == [one.returncode] * 2, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["error"]["code"] == "verify.trust.json"
+    assert not (tmp_path / "o").exists()
+    _no_staging(tmp_path)

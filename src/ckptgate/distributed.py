@@ -61,6 +61,7 @@ from typing import Any
 from ckptgate.consolidate import framework_files, plan_for
 from ckptgate.consolidate.plan import ConsolidationPlan, Placement, ShardTask
 from ckptgate.consolidate.writer import WrittenFile, header_bytes, write_index
+from ckptgate.decide import PolicyEngine
 from ckptgate.decide.decision import Decision, Reason
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.digest import FixtureDigest, ManifestEntry, hash_files
@@ -70,6 +71,7 @@ from ckptgate.errors import Error, ExitCode, RuntimeFailure, UsageError
 from ckptgate.inspect import DeferredCrcs, Finding, Inspection, SafeTree, Severity, inspect_open_tree
 from ckptgate.pipeline import Consolidated, Evaluation, IntakeResult, judge, local_opa_version, receipt_for
 from ckptgate.publish import Destination, Stage, check_destination, open_destination, publish, staging
+from ckptgate.verify import TrustData
 from ckptgate.verify.dsse import Signer
 from ckptgate.verify.oms import load_verification_material
 
@@ -570,20 +572,45 @@ def distributed_intake(
         )
     secret = _secret()
     _launcher_env()
-    with _process_group(dist_options.timeout_s) as (torch, dist):
-        comm = _Comm(dist, torch, secret)
-        return _run(
-            comm,
-            src,
-            dst,
-            attestations=attestations,
-            options=options,
-            max_shard_bytes=max_shard_bytes,
-            signatures=signatures,
-            key=key,
-            certificate_chain=certificate_chain,
-            receipt_signer=receipt_signer,
-        )
+    with contextlib.ExitStack() as early:
+        engine = _EarlyEngine(options, early) if os.environ.get("RANK") == "0" else None
+        with _process_group(dist_options.timeout_s) as (torch, dist):
+            comm = _Comm(dist, torch, secret)
+            return _run(
+                comm,
+                src,
+                dst,
+                attestations=attestations,
+                options=options,
+                engine=engine,
+                max_shard_bytes=max_shard_bytes,
+                signatures=signatures,
+                key=key,
+                certificate_chain=certificate_chain,
+                receipt_signer=receipt_signer,
+            )
+
+
+class _EarlyEngine:
+    """Rank 0's trust data and policy engine, opened before the process group, so that the embedded
+    OPA launches (on its keeper thread) while torch imports.  A failure to open them (a bad trust
+    file, say) is kept and raised in the decide phase, where every rank hears of it."""
+
+    def __init__(self, options: EngineOptions, stack: contextlib.ExitStack) -> None:
+        self.error: Error | None = None
+        self.trust: TrustData | None = None
+        self.engine: PolicyEngine | None = None
+        try:
+            self.trust = load_trust(options)
+            self.engine = stack.enter_context(engine_for(options, self.trust))
+        except Error as e:
+            self.error = e
+
+    def get(self) -> tuple[TrustData, PolicyEngine]:
+        if self.error is not None:
+            raise self.error
+        assert self.trust is not None and self.engine is not None
+        return self.trust, self.engine
 
 
 def _run(comm: _Comm, src: Path, dst: Path, **kw: Any) -> IntakeResult | None:
@@ -605,6 +632,7 @@ def _phases(
     *,
     attestations: Sequence[Path],
     options: EngineOptions,
+    engine: _EarlyEngine | None,
     max_shard_bytes: int,
     signatures: Sequence[Path],
     key: Path | None,
@@ -690,6 +718,7 @@ def _phases(
             digest,
             attestations=attestations,
             options=options,
+            early=engine if engine is not None else _EarlyEngine(options, stack),
             signatures=signatures,
             key=key,
             certificate_chain=certificate_chain,
@@ -857,24 +886,24 @@ def _judge(
     *,
     attestations: Sequence[Path],
     options: EngineOptions,
+    early: _EarlyEngine,
     signatures: Sequence[Path],
     key: Path | None,
     certificate_chain: Sequence[Path],
 ) -> Evaluation:
-    trust = load_trust(options)
+    trust, engine = early.get()
     offered_key, chain = load_verification_material(signatures, key, certificate_chain, options.sigstore_trust_root)
-    with engine_for(options, trust) as engine:
-        return judge(
-            inspection,
-            digest,
-            attestations=attestations,
-            engine=engine,
-            trust=trust,
-            sigstore_trust_root=options.sigstore_trust_root,
-            signatures=signatures,
-            offered_key=offered_key,
-            certificate_chain=chain,
-        )
+    return judge(
+        inspection,
+        digest,
+        attestations=attestations,
+        engine=engine,
+        trust=trust,
+        sigstore_trust_root=options.sigstore_trust_root,
+        signatures=signatures,
+        offered_key=offered_key,
+        certificate_chain=chain,
+    )
 
 
 def _publish(

@@ -7,7 +7,6 @@ import fcntl
 import hashlib
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
@@ -354,7 +353,7 @@ def test_a_streamed_plan_expands_strided_placements(tmp_path, pending_cap):
 
 
 @pytest.mark.parametrize("pending_cap", [0, 64])
-@pytest.mark.parametrize("interleaved", [False, True, "threads"])
+@pytest.mark.parametrize("interleaved", [False, True])
 def test_a_streamed_plan_hashes_interleaved_sources_in_the_pass(tmp_path, pending_cap, interleaved):
     """Issue #22: when several sources' pieces of one output arrive out of order and the waiting
     budget is spent, their bytes are read back from the output as the hashed prefix reaches them,
@@ -371,18 +370,10 @@ def test_a_streamed_plan_hashes_interleaved_sources_in_the_pass(tmp_path, pendin
         with writer.StreamedPlan(plan, out_fd, chunk_size=64, pending_cap=pending_cap) as streamed:
             feeds = {name: streamed.feeder(name) for name in raws}
             steps = [(name, off) for name, raw in raws.items() for off in range(0, len(raw), 40)]
-            if interleaved == "threads":  # one thread per source, as the digest's workers hand them over
-                def one(name: str) -> None:
-                    for off in range(0, len(raws[name]), 40):
-                        feeds[name](off, memoryview(bytearray(raws[name][off:off + 40])))
-
-                with ThreadPoolExecutor(max_workers=len(raws)) as pool:
-                    list(pool.map(one, raws))
-            else:
-                if interleaved:  # two digest threads, one chunk each in turn
-                    steps.sort(key=lambda step: (step[1], step[0]))
-                for name, off in steps:
-                    feeds[name](off, memoryview(bytearray(raws[name][off:off + 40])))
+            if interleaved:  # two digest threads, one chunk each in turn
+                steps.sort(key=lambda step: (step[1], step[0]))
+            for name, off in steps:
+                feeds[name](off, memoryview(bytearray(raws[name][off:off + 40])))
             sizes = {h.pos for h in streamed._hashes.values()}
             read_back = []
             real = os.preadv
@@ -427,32 +418,3 @@ def test_a_streamed_plan_refuses_bytes_handed_over_twice_or_out_of_order(tmp_pat
                 streamed.feeder(name)  # a second feeder
     finally:
         os.close(out_fd)
-
-
-@pytest.mark.parametrize("cap", [0, 1 << 12, 1 << 16])
-def test_the_in_order_hash_takes_pieces_from_many_threads_in_any_order(tmp_path, cap):
-    """Pieces of one output handed over by four threads, each in its own order, past a waiting
-    budget or within it: the output's sha256 is taken during the pass, and is the file's."""
-    import random
-
-    rng = random.Random(cap)
-    data = rng.randbytes(1 << 18)
-    cuts = sorted({0, len(data), *(rng.randrange(1, len(data)) for _ in range(300))})
-    pieces = [(a, b) for a, b in zip(cuts, cuts[1:])]
-    rng.shuffle(pieces)
-    f = tmp_path / "out"
-    f.write_bytes(data)  # written before it is handed over, as the feeder does
-    fd = os.open(f, os.O_RDONLY)
-    try:
-        h = writer._InOrderHash(writer._Budget(cap), fd, chunk_size=4096)
-
-        def feed(share: list[tuple[int, int]]) -> None:
-            for a, b in share:
-                h.add(a, memoryview(bytearray(data[a:b])))
-
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            list(pool.map(feed, [pieces[i::4] for i in range(4)]))
-        assert h.pos == len(data) and not h.lost
-        assert h.finish(fd, len(data), 4096) == hashlib.sha256(data).hexdigest()
-    finally:
-        os.close(fd)

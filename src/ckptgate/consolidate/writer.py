@@ -467,12 +467,10 @@ class _InOrderHash:
     several sources (two ranks' halves of every tensor) is still hashed during the pass, not read
     back whole after it.  Memory stays bounded either way.  An overlap, which a checked plan
     cannot have, drops what was hashed: the whole output is then read back by :meth:`finish`.
-
-    Called from the digest's threads.  One thread at a time extends the prefix, outside the lock,
-    so another thread handing over a piece meanwhile only records it and goes on reading.
+    Called from the digest's threads: one lock per output.
     """
 
-    __slots__ = ("_budget", "_busy", "_chunk", "_end", "_fd", "_h", "_lock", "_pending", "_waiting", "lost", "pos")
+    __slots__ = ("_budget", "_chunk", "_fd", "_h", "_lock", "_pending", "_waiting", "lost", "pos")
 
     def __init__(self, budget: _Budget, fd: int, chunk_size: int = DEFAULT_CHUNK) -> None:
         self._h = hashlib.sha256()
@@ -480,7 +478,6 @@ class _InOrderHash:
         self._pending: dict[int, bytes | int] = {}  # offset -> the piece, or its length (a hole)
         self._waiting = 0
         self._fd, self._chunk = fd, chunk_size
-        self._busy, self._end = False, 0  # a thread is hashing up to _end (== pos when none is)
         self._budget, self.lost, self.pos = budget, False, 0
 
     def _drop(self) -> None:
@@ -491,54 +488,41 @@ class _InOrderHash:
         with self._lock:
             if self.lost:
                 return
-            if offset < self._end:  # an overlap, which a checked plan cannot have: hash it all back
+            if offset < self.pos:  # an overlap, which a checked plan cannot have: hash it all back
                 self._drop()
-                self._h, self.pos, self._end = hashlib.sha256(), 0, 0
+                self._h, self.pos = hashlib.sha256(), 0
                 return
-            if self._busy or offset > self._end:
+            if offset > self.pos:
                 if self._budget.take(len(data)):
                     self._pending[offset] = bytes(data)
                     self._waiting += len(data)
                 else:
                     self._pending[offset] = len(data)  # already written: read back when its turn comes
                 return
-            self._busy, self._end, h = True, offset + len(data), self._h
-        item: memoryview | bytes | int = data
-        at = offset
-        while True:
-            if isinstance(item, int):
-                at = self._read_back(h, at, item)
-            else:
-                h.update(item)
-                at += len(item)
-            with self._lock:
-                if self.lost:  # an overlap meanwhile: finish() hashes the output from its start
-                    return
-                self.pos = at
-                if at < self._end:  # the output ends before a hole does: finish() hashes what is there
-                    self._drop()
-                    return
-                nxt = self._pending.pop(at, None)
-                if nxt is None:
-                    self._busy = False
-                    return
-                if not isinstance(nxt, int):
-                    self._waiting -= len(nxt)
-                    self._budget.give(len(nxt))
-                self._end = at + (nxt if isinstance(nxt, int) else len(nxt))
-                item = nxt
+            self._h.update(data)
+            self.pos += len(data)
+            while (nxt := self._pending.pop(self.pos, None)) is not None:
+                if isinstance(nxt, int):
+                    if not self._read_back(nxt):
+                        self._drop()  # the file is shorter than what was written: finish reads what is there
+                        return
+                    continue
+                self._waiting -= len(nxt)
+                self._budget.give(len(nxt))
+                self._h.update(nxt)
+                self.pos += len(nxt)
 
-    def _read_back(self, h: Any, at: int, length: int) -> int:
-        """Hash up to ``length`` bytes of the output file from ``at`` (a hole's bytes); returns where it stopped."""
+    def _read_back(self, length: int) -> bool:
+        """Hash ``length`` bytes of the output file from the prefix's end (a hole's bytes)."""
         buf = memoryview(bytearray(max(1, min(self._chunk, length))))  # not kept: one output's hole at a time
-        end = at + length
-        while at < end:
-            n = os.preadv(self._fd, [buf[: end - at]], at)
+        end = self.pos + length
+        while self.pos < end:
+            n = os.preadv(self._fd, [buf[: end - self.pos]], self.pos)
             if n <= 0:
-                break
-            h.update(buf[:n])
-            at += n
-        return at
+                return False
+            self._h.update(buf[:n])
+            self.pos += n
+        return True
 
     def finish(self, fd: int, size: int, chunk_size: int) -> str:
         """The output's sha256: the hashed prefix, then the rest read back from ``fd``."""

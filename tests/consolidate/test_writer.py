@@ -352,44 +352,6 @@ def test_a_streamed_plan_expands_strided_placements(tmp_path, pending_cap):
     assert written[shard.filename].sha256 == hashlib.sha256((out / shard.filename).read_bytes()).hexdigest()
 
 
-@pytest.mark.parametrize("pending_cap", [0, 64])
-@pytest.mark.parametrize("interleaved", [False, True])
-def test_a_streamed_plan_hashes_interleaved_sources_in_the_pass(tmp_path, pending_cap, interleaved):
-    """Issue #22: when several sources' pieces of one output arrive out of order and the waiting
-    budget is spent, their bytes are read back from the output as the hashed prefix reaches them,
-    in the pass: when the pass ends every output is hashed to its end, and nothing is left for
-    :meth:`StreamedPlan.finish` to read back after the decision."""
-    rng = np.random.default_rng(24)
-    full = rng.standard_normal((37, 24)).astype(np.float32)
-    tensors, raws = _column_split(tmp_path, full, ranks=4)
-    plan = shard_tensors(tensors, max_shard_bytes=1 << 20)
-    out = tmp_path / "out"
-    out.mkdir()
-    out_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        with writer.StreamedPlan(plan, out_fd, chunk_size=64, pending_cap=pending_cap) as streamed:
-            feeds = {name: streamed.feeder(name) for name in raws}
-            steps = [(name, off) for name, raw in raws.items() for off in range(0, len(raw), 40)]
-            if interleaved:  # two digest threads, one chunk each in turn
-                steps.sort(key=lambda step: (step[1], step[0]))
-            for name, off in steps:
-                feeds[name](off, memoryview(bytearray(raws[name][off:off + 40])))
-            sizes = {h.pos for h in streamed._hashes.values()}
-            read_back = []
-            real = os.preadv
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(writer.os, "preadv", lambda *a: read_back.append(a) or real(*a))
-                written = streamed.finish(threads=2)
-    finally:
-        os.close(out_fd)
-    [shard] = plan.shards
-    data = (out / shard.filename).read_bytes()
-    assert load_file(str(out / shard.filename))["w"].tobytes() == full.tobytes()
-    assert sizes == {len(data)}  # hashed to the end during the pass
-    assert read_back == []  # nothing read back after it
-    assert written[shard.filename].sha256 == hashlib.sha256(data).hexdigest()
-
-
 def test_a_streamed_plan_refuses_bytes_handed_over_twice_or_out_of_order(tmp_path):
     from ckptgate.errors import RuntimeFailure
 

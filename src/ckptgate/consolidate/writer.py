@@ -461,23 +461,19 @@ class _InOrderHash:
     """The sha256 of one output, taken from the bytes as they are written when they arrive in order.
 
     Pieces that arrive ahead of the hashed prefix wait, copied, while the plan's shared
-    :class:`_Budget` has room; when it has none, only the piece's place is kept (a hole), and
-    when the prefix reaches it, its bytes are read back from the output file, where they were
-    written before they were handed here.  So an output whose pieces arrive interleaved from
-    several sources (two ranks' halves of every tensor) is still hashed during the pass, not read
-    back whole after it.  Memory stays bounded either way.  An overlap, which a checked plan
-    cannot have, drops what was hashed: the whole output is then read back by :meth:`finish`.
-    Called from the digest's threads: one lock per output.
+    :class:`_Budget` has room; when it has none, this output's waiting pieces are dropped and the
+    rest of it is read back from its file after the pass (:meth:`StreamedPlan.finish`), from
+    where the prefix ends.  Memory stays bounded either way.  Called from the digest's threads:
+    one lock per output.
     """
 
-    __slots__ = ("_budget", "_chunk", "_fd", "_h", "_lock", "_pending", "_waiting", "lost", "pos")
+    __slots__ = ("_budget", "_h", "_lock", "_pending", "_waiting", "lost", "pos")
 
-    def __init__(self, budget: _Budget, fd: int, chunk_size: int = DEFAULT_CHUNK) -> None:
+    def __init__(self, budget: _Budget) -> None:
         self._h = hashlib.sha256()
         self._lock = threading.Lock()
-        self._pending: dict[int, bytes | int] = {}  # offset -> the piece, or its length (a hole)
+        self._pending: dict[int, bytes] = {}
         self._waiting = 0
-        self._fd, self._chunk = fd, chunk_size
         self._budget, self.lost, self.pos = budget, False, 0
 
     def _drop(self) -> None:
@@ -497,32 +493,15 @@ class _InOrderHash:
                     self._pending[offset] = bytes(data)
                     self._waiting += len(data)
                 else:
-                    self._pending[offset] = len(data)  # already written: read back when its turn comes
+                    self._drop()
                 return
             self._h.update(data)
             self.pos += len(data)
             while (nxt := self._pending.pop(self.pos, None)) is not None:
-                if isinstance(nxt, int):
-                    if not self._read_back(nxt):
-                        self._drop()  # the file is shorter than what was written: finish reads what is there
-                        return
-                    continue
                 self._waiting -= len(nxt)
                 self._budget.give(len(nxt))
                 self._h.update(nxt)
                 self.pos += len(nxt)
-
-    def _read_back(self, length: int) -> bool:
-        """Hash ``length`` bytes of the output file from the prefix's end (a hole's bytes)."""
-        buf = memoryview(bytearray(max(1, min(self._chunk, length))))  # not kept: one output's hole at a time
-        end = self.pos + length
-        while self.pos < end:
-            n = os.preadv(self._fd, [buf[: end - self.pos]], self.pos)
-            if n <= 0:
-                return False
-            self._h.update(buf[:n])
-            self.pos += n
-        return True
 
     def finish(self, fd: int, size: int, chunk_size: int) -> str:
         """The output's sha256: the hashed prefix, then the rest read back from ``fd``."""
@@ -546,9 +525,7 @@ class StreamedPlan:
     and each output is hashed as its bytes arrive in order (:class:`_InOrderHash`).
     :meth:`finish` checks that every placed byte came, hashes what could not be hashed in order
     (outputs in parallel, on ``threads`` threads) and returns the outputs.  Pieces waiting for
-    their turn to be hashed hold at most ``pending_cap`` bytes for the whole plan; past that,
-    a piece's bytes are read back from its output when the hashed prefix reaches them, still in
-    the pass.  Durability stays
+    their turn to be hashed hold at most ``pending_cap`` bytes for the whole plan.  Durability stays
     publication's job.  Casts (``source_dtype``) are not streamed: such a plan is refused here.
     """
 
@@ -565,7 +542,7 @@ class StreamedPlan:
             self.close()
             raise
         budget = _Budget(pending_cap)
-        self._hashes = {fd: _InOrderHash(budget, fd, chunk_size) for fd in self._opened.values()}
+        self._hashes = {fd: _InOrderHash(budget) for fd in self._opened.values()}
         for name, head in heads.items():
             self._hashes[self._opened[name]].add(0, head)
         self._written = dict.fromkeys(self._segments, 0)

@@ -129,3 +129,37 @@ def test_one_pass_publishes_what_two_passes_publish(name, signer, tmp_path, monk
         r["decision"].pop("id"), r["decision"].pop("engine")  # a fresh engine each run
     assert one["files"].keys() == two["files"].keys() and one["files"] == two["files"]
     assert one["receipt"] == two["receipt"]
+
+
+@pytest.mark.parametrize("name", ONE_PASS)
+def test_an_engine_that_fails_to_start_beside_the_pass_publishes_nothing(name, signer, tmp_path, monkeypatch):
+    """Issue #22: the embedded OPA starts beside the walk, the digest and the staged write (the
+    first query waits for it).  When it cannot start (a policy that does not compile), the intake
+    still fails closed with the engine's typed error, and what the pass staged is removed."""
+    import shutil
+
+    from ckptgate._resources import default_policy_dir
+    from ckptgate.decide.options import EngineOptions
+    from ckptgate.errors import EngineUnavailable, ExitCode
+
+    policies = tmp_path / "policies"
+    shutil.copytree(default_policy_dir(), policies)
+    rego = next(p for p in sorted(policies.rglob("*.rego")) if not p.name.endswith("_test.rego"))
+    rego.write_text(rego.read_text() + "\nthis is not rego\n")
+    staged: list[dict[str, list[tuple[str, int]]]] = []
+    real = pipeline.fixture_digest
+
+    def digest(*args: Any, **kwargs: Any) -> Any:  # the pass runs, and stages, while OPA starts
+        try:
+            return real(*args, **kwargs)
+        finally:
+            staged.append(_staged(tmp_path))
+
+    monkeypatch.setattr(pipeline, "fixture_digest", digest)
+    dst = tmp_path / "out"
+    with pytest.raises(EngineUnavailable) as e:
+        intake(_src(name), dst, attestations=[_attestation(name, signer, tmp_path)],
+               options=EngineOptions(policy_dir=policies, trust_file=signer.trust_file))
+    assert e.value.code == "engine.opa.start_failed" and e.value.exit_code == ExitCode.ENGINE_UNAVAILABLE
+    assert len(staged) == 1 and len(staged[0]) == 1  # the pass was staging the output meanwhile
+    assert not dst.exists() and _staged(tmp_path) == {}

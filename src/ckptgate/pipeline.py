@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import subprocess
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +36,7 @@ from ckptgate.decide import (
     now_utc,
     precheck,
 )
-from ckptgate.decide.bundle import find_opa
+from ckptgate.decide.bundle import opa_version
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.digest import DigestCancelled, FixtureDigest, fixture_digest
 from ckptgate.enforce.containment import ContainmentProfile, preflight
@@ -639,15 +638,9 @@ def _containment_record(evaluation: Evaluation, done: Consolidated) -> dict[str,
 
 
 def local_opa_version() -> str | None:
-    """The version the local OPA binary reports (``opa version``), or None when it cannot say."""
-    try:
-        proc = subprocess.run([find_opa(), "version"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired, Error):
-        return None
-    for line in proc.stdout.splitlines():
-        if line.startswith("Version:"):
-            return line.split(":", 1)[1].strip() or None
-    return None
+    """The version the local OPA binary reports (``opa version``), or None when it cannot say: the
+    one its check reported when the embedded engine launched it, not a second run at the end."""
+    return opa_version()
 
 
 def _resume_state(evaluation: Evaluation) -> list[dict[str, Any]]:

@@ -107,3 +107,24 @@ def test_a_binary_that_is_not_opa_is_refused(tmp_path, monkeypatch):
     with pytest.raises(EngineUnavailable) as e:
         find_opa()
     assert e.value.code == "engine.opa.unsupported_version" and e.value.evidence["version"] == "unknown"
+
+
+def test_the_receipts_opa_version_is_the_one_the_check_reported_without_a_second_run(tmp_path, monkeypatch):
+    """Issue #22: the receipt's ``opa_version`` comes from the ``opa version`` run that checked the
+    binary when the engine launched it, not from a second ``opa version`` at the end of the intake."""
+    from ckptgate import pipeline
+
+    first = fake_opa(tmp_path, "a/opa", "v1.30.0")  # reported as written, "v" included
+    monkeypatch.setenv("CKPTGATE_OPA", str(first))
+    assert find_opa() == str(first)
+    runs = []
+    real = bundle.subprocess.run
+    monkeypatch.setattr(bundle.subprocess, "run", lambda *a, **k: runs.append(a) or real(*a, **k))
+    assert pipeline.local_opa_version() == bundle.opa_version() == "v1.30.0"
+    assert runs == []  # already checked: no process started
+    second = fake_opa(tmp_path, "b/opa", "1.31.2")  # a binary not checked yet is checked once
+    monkeypatch.setenv("CKPTGATE_OPA", str(second))
+    assert pipeline.local_opa_version() == "1.31.2" and pipeline.local_opa_version() == "1.31.2"
+    assert len(runs) == 1
+    monkeypatch.setenv("CKPTGATE_OPA", str(fake_opa(tmp_path, "c/opa", "0.70.0")))  # unsupported: none
+    assert pipeline.local_opa_version() is None

@@ -53,7 +53,8 @@ _OPA_WAYS = (
     "OPA releases: https://github.com/open-policy-agent/opa/releases"
 )
 _selected_opa: Path | None = None
-_checked: dict[tuple[str, int, int], str] = {}
+#: (path, inode, mtime) of each OPA binary checked -> the version its ``opa version`` reported.
+_checked: dict[tuple[str, int, int], str | None] = {}
 
 
 def select_opa_binary(path: Path | None) -> None:
@@ -118,8 +119,29 @@ def _checked_opa(path: str, source: str) -> str:
             evidence={"path": path, "source": source, "version": shown, "supported": OPA_SUPPORTED},
             advice=_OPA_WAYS,
         )
-    _checked[key] = ".".join(map(str, version))
+    _checked[key] = reported_version(proc.stdout)
     return path
+
+
+def reported_version(text: str) -> str | None:
+    """The text of the ``Version:`` line of ``opa version`` output, as reported (``None`` if absent)."""
+    for line in text.splitlines():
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip() or None
+    return None
+
+
+def opa_version() -> str | None:
+    """The version the OPA binary :func:`find_opa` picks reported when it was checked (its
+    ``Version:`` line), or ``None`` when no supported OPA is found.  The check runs ``opa
+    version`` once per binary and process, so after the embedded engine's launch this starts no
+    second process."""
+    try:
+        path = find_opa()
+        st = os.stat(path)
+    except (OSError, EngineUnavailable):
+        return None
+    return _checked.get((path, st.st_ino, st.st_mtime_ns))
 
 
 def parse_opa_version(text: str) -> tuple[int, int, int] | None:

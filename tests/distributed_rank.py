@@ -4,7 +4,9 @@ It runs the real CLI, and records this rank's exit status in ``$CKPTGATE_TEST_RC
 (torchrun reports only its own).  Test hooks, both set through the environment:
 ``CKPTGATE_TEST_SECRET_RANK<R>`` replaces rank R's secret (a wrong HMAC key), and
 ``CKPTGATE_TEST_KILL_RANK=R`` makes rank R SIGKILL itself after writing part of its first output,
-and ``CKPTGATE_TEST_STALL_RANK=R`` makes rank R stop answering there instead.
+``CKPTGATE_TEST_STALL_RANK=R`` makes rank R stop answering there instead, and
+``CKPTGATE_TEST_WRITER_RANK=R`` makes another process open ``$CKPTGATE_TEST_WRITER_PATH`` for
+writing just before rank R writes each output.
 """
 
 from __future__ import annotations
@@ -42,6 +44,24 @@ if os.environ.get("CKPTGATE_TEST_STALL_RANK") == rank:
         raise AssertionError("unreachable")
 
     d._write_output = _stall
+
+if os.environ.get("CKPTGATE_TEST_WRITER_RANK") == rank:
+    import subprocess
+
+    import ckptgate.distributed as d
+
+    _write = d._write_output
+
+    def _opened_for_writing(*args: object, **kwargs: object) -> object:
+        # another process opens a source for writing mid-copy; O_NONBLOCK: it fails at once, and the
+        # kernel still breaks every read lease on the file
+        code = ("import os\ntry:\n    os.open(os.environ['P'], os.O_WRONLY | os.O_NONBLOCK)\n"
+                "except BlockingIOError:\n    pass\n")
+        subprocess.run([sys.executable, "-c", code], check=True,
+                       env={**os.environ, "P": os.environ["CKPTGATE_TEST_WRITER_PATH"]})
+        return _write(*args, **kwargs)
+
+    d._write_output = _opened_for_writing
 
 rc: object = 1
 

@@ -125,7 +125,39 @@ def test_distributed_output_is_the_single_process_output(fixture: str, ranks: in
     shards = [o for o in single["outputs"] if o["file"] != "model.safetensors.index.json"]
     assert sum(1 for r in topo["ranks"] if r["outputs_written"]) == min(ranks, len(shards))  # the writing was split
     assert all(r["worker"] is None for r in topo["ranks"])  # the static reader's plan: no worker anywhere
+    assert topo["copy_check"] == "leases"  # one kernel, no writer: each rank copies under its read leases
     assert dist["containment"]["worker"] is None
+
+
+def test_without_leases_every_copied_chunk_is_checked_against_the_chunk_manifest(signer: Signer,
+                                                                                  tmp_path: Path) -> None:
+    """A file some process keeps open for writing cannot be leased: the ranks record the chunk
+    manifest in the digest pass and check every chunk they copy, and the output is the same."""
+    import shutil
+
+    src = tmp_path / "zero3"
+    shutil.copytree(FIXTURES / "deepspeed_zero3" / "checkpoint", src)
+    att = _attest("deepspeed_zero3", signer, tmp_path)
+    with open(src / "global_step2" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "r+b"):  # never written
+        single, dist = _same_output(src, 2, (_args(src, tmp_path / "single", signer, att),
+                                             _args(src, tmp_path / "dist", signer, att)), tmp_path)
+    assert dist["topology"]["copy_check"] == "chunk_manifest"
+
+
+def test_a_source_opened_for_writing_mid_copy_breaks_the_leases_and_publishes_nothing(signer: Signer,
+                                                                                      tmp_path: Path) -> None:
+    import shutil
+
+    src = tmp_path / "hf"
+    shutil.copytree(FIXTURES / "hf_sharded" / "checkpoint", src)
+    att = _attest("hf_sharded", signer, tmp_path)
+    target = sorted(src.glob("*.safetensors"))[0]
+    proc, rcs = _torchrun(2, _args(src, tmp_path / "dist", signer, att), tmp_path / "rc",
+                          CKPTGATE_TEST_WRITER_RANK="1", CKPTGATE_TEST_WRITER_PATH=str(target))
+    assert rcs == [7, 7], proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["error"]["code"] == "runtime.copy.source_changed"
+    assert not (tmp_path / "dist").exists()
+    _no_staging(tmp_path)
 
 
 def _needs_the_worker(tmp_path: Path) -> tuple[Path, Path]:

@@ -52,7 +52,7 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -334,12 +334,37 @@ class _CheckedSource:
             offset, length = offset + len(piece), length - len(piece)
 
 
+class _LeasedSource:
+    """A source read directly, under this rank's read lease (checked after the copy: ``intact``)."""
+
+    def __init__(self, path: str, fd: int, size: int) -> None:
+        self.path, self.fd, self.size = path, fd, size
+
+    def read(self, offset: int, length: int) -> Iterator[bytes]:
+        if offset < 0 or offset + length > self.size:
+            raise RuntimeFailure(
+                "runtime.copy.short_read",
+                f"{self.path}: the plan reads past the end of the file",
+                evidence={"source": self.path, "size": self.size},
+            )
+        while length:
+            data = os.pread(self.fd, min(length, COPY_CHUNK), offset)
+            if not data:
+                raise RuntimeFailure(
+                    "runtime.copy.short_read",
+                    f"{self.path}: the source ended early at byte {offset}",
+                    evidence={"source": self.path, "offset": offset},
+                )
+            yield data
+            offset, length = offset + len(data), length - len(data)
+
+
 def _write_output(
     stage_fd: int,
     name: str,
     head: bytes,
     pieces: Iterable[tuple[str, int, int]],
-    sources: dict[str, _CheckedSource],
+    sources: Mapping[str, _CheckedSource | _LeasedSource],
 ) -> WrittenFile:
     """Write output ``name`` front to back (``head``, then each ``(src, offset, length)``), hashing it."""
     fd = os.open(name, _CREATE, 0o644, dir_fd=stage_fd)
@@ -449,6 +474,15 @@ def _worker_record(worker: dict[str, Any] | None) -> dict[str, Any] | None:
         "measured": worker["measured"],
         "wall_s": round(float(worker["wall_s"]), 3),
     }
+
+
+def _boot_id() -> str | None:
+    """This kernel's boot id: ranks that report the same one share the kernel, and so its leases."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def _finding(doc: dict[str, Any]) -> Finding:
@@ -645,6 +679,7 @@ def _phases(
     def inspect() -> dict[str, Any]:
         state["dst"] = check_destination(dst, source=src)
         tree = state["tree"] = stack.enter_context(SafeTree.open(src))
+        held = tree.hold()  # before anything is read: a read lease on every file, where the kernel gives one
         crcs = state["crcs"] = DeferredCrcs()
         state["inspection"] = inspect_open_tree(tree, verify_crc=crcs)
         ledgers = {
@@ -654,6 +689,8 @@ def _phases(
             "ledgers": ledgers,
             "files": sorted([e.path, e.size] for e in tree.entries),
             "framework_files": list(framework_files(state["inspection"])),
+            "held": held,
+            "kernel": _boot_id(),
         }
 
     seen = comm.agree("inspect", inspect)
@@ -664,6 +701,12 @@ def _phases(
             evidence={"source": str(src)},
         )
     tree: SafeTree = state["tree"]
+    # Leases are the kernel's: they bind the bytes across ranks only when every rank runs on one
+    # kernel and holds every file.  Then each rank copies the placed bytes under its own lease,
+    # taken before any rank hashed, and checks it still holds after its copy, as one process does;
+    # otherwise the digest pass records the chunk manifest and every copied chunk is checked.
+    kernels = {s["kernel"] for s in seen}
+    leased = all(s["held"] is True for s in seen) and len(kernels) == 1 and None not in kernels
     needed: list[str] = seen[0]["framework_files"]
     owners = assign_by_size([(p, s) for p, s in seen[0]["files"]], world, first=needed)
     needs = set(needed)
@@ -675,13 +718,13 @@ def _phases(
             for path in mine:
                 for i, d in other["ledgers"].get(path, {}).items():
                     tree.ledger(path).record(int(i), bytes.fromhex(d))
-        recorders = {p: _ChunkRecorder() for p in mine}
+        recorders = {} if leased else {p: _ChunkRecorder() for p in mine}
         crcs: DeferredCrcs = state["crcs"]
 
-        def also(path: str) -> Callable[[int, memoryview], None]:
-            rec, crc = recorders[path], crcs.reader(path)
-            if crc is None:
-                return rec
+        def also(path: str) -> Callable[[int, memoryview], None] | None:
+            rec, crc = recorders.get(path), crcs.reader(path)
+            if crc is None or rec is None:
+                return crc or rec
 
             def both(offset: int, view: memoryview) -> None:
                 rec(offset, view)
@@ -781,20 +824,28 @@ def _phases(
     def write() -> dict[str, Any]:
         t0 = time.perf_counter()
         stage_fd = state["stage"].fd if rank == 0 else _open_stage(destination, staged[0]["stage"])
-        sources: dict[str, _CheckedSource] = {}
+        sources: dict[str, _CheckedSource | _LeasedSource] = {}
+        manifest = None if leased else chunks
         try:
             mine = set(writers[rank])
             written = []
             for s in plan.shards:
                 if s.filename in mine:
-                    _open_sources(tree, sources, {p.src for t in s.tensors for p in t.placements}, chunks)
+                    _open_sources(tree, sources, {p.src for t in s.tensors for p in t.placements}, manifest)
                     written.append(_write_output(stage_fd, s.filename, header_bytes(s), _shard_pieces(s), sources))
             for c in plan.copies:
                 if c.filename in mine:
-                    _open_sources(tree, sources, {c.src}, chunks)
+                    _open_sources(tree, sources, {c.src}, manifest)
                     written.append(
                         _write_output(stage_fd, c.filename, b"", [(c.src, 0, c.size)] if c.size else [], sources)
                     )
+            if leased and not tree.intact():
+                raise RuntimeFailure(
+                    "runtime.copy.source_changed",
+                    "a checkpoint file was opened for writing while it was being taken in; nothing was published",
+                    evidence={"source": str(src), "rank": rank},
+                    advice="Take the checkpoint in again from a copy that nothing else writes to.",
+                )
         finally:
             for source in sources.values():
                 os.close(source.fd)
@@ -811,6 +862,9 @@ def _phases(
     topology = {
         "world_size": world,
         "backend": "gloo",
+        # how the bytes one rank hashed were bound to the bytes another copied: read leases on one
+        # kernel, or the chunk manifest
+        "copy_check": "leases" if leased else "chunk_manifest",
         "ranks": [
             {
                 "rank": r,
@@ -869,15 +923,23 @@ def _open_stage(destination: Destination, name: str) -> int:
 
 
 def _open_sources(
-    tree: SafeTree, sources: dict[str, _CheckedSource], paths: set[str], chunks: dict[str, list[str]]
+    tree: SafeTree,
+    sources: dict[str, _CheckedSource | _LeasedSource],
+    paths: set[str],
+    chunks: dict[str, list[str]] | None,
 ) -> None:
+    """Open each source in ``paths`` once: under the lease (``chunks`` is None), or checked against
+    its chunk manifest."""
     for p in sorted(paths - set(sources)):
         entry = tree.entry(p)
-        if entry is None or p not in chunks:
+        if entry is None or (chunks is not None and p not in chunks):
             raise RuntimeFailure(
                 "runtime.copy.source_missing", f"no measured source for {p!r}", evidence={"missing": [p]}
             )
-        sources[p] = _CheckedSource(p, tree.open_file(p), entry.size, chunks[p])
+        fd = tree.open_file(p)
+        sources[p] = (
+            _LeasedSource(p, fd, entry.size) if chunks is None else _CheckedSource(p, fd, entry.size, chunks[p])
+        )
 
 
 def _judge(

@@ -54,3 +54,18 @@ def test_named_tuples_keep_their_field_names_and_slots_their_values() -> None:
     assert tree["p"] == {"__object__": f"{__name__}.Point", "state": {"x": 1, "y": [2, 3]}}
     assert tree["plain"] == [4, 5]
     assert tree["s"] == {"__object__": f"{__name__}._Slotted", "state": {"a": 1}}
+
+
+class _Short(tuple):
+    _fields = ("only",)  # a pickle's class may say anything: two items, one field name
+
+
+class _Twice(tuple):
+    _fields = ("a", "a")
+
+
+@pytest.mark.parametrize("obj", [_Short((1, 2)), _Twice((1, 2))])
+def test_a_named_tuple_whose_fields_do_not_name_each_item_once_is_refused_not_truncated(obj) -> None:
+    with pytest.raises(WorkerError) as e:
+        PlanEncoder({}, PlanBudget(100, 10)).encode({"x": obj}, [])
+    assert e.value.code == "runtime.worker.unencodable"

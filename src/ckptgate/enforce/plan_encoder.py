@@ -126,11 +126,18 @@ class PlanEncoder:
             }
         fields: Any = getattr(type(obj), "_fields", _NO_FIELDS) if isinstance(obj, tuple) else _NO_FIELDS
         if fields is not _NO_FIELDS:  # a named tuple (the pickle's class decides its field names)
+            names = [str(f) for f in fields] if isinstance(fields, (tuple, list)) else []
+            if len(names) != len(obj) or len(set(names)) != len(names):  # zip would drop or merge items
+                raise WorkerError(
+                    "runtime.worker.unencodable",
+                    f"a {_qualname(obj)} at {path!r} holds {len(obj)} items but names {len(names)} distinct "
+                    "fields; it cannot be encoded without losing one",
+                )
             return {
                 "__object__": _qualname(obj),
                 "state": {
                     str(f): self.encode(v, [*path, i], depth + 1)
-                    for i, (f, v) in enumerate(zip(fields, obj, strict=False))
+                    for i, (f, v) in enumerate(zip(names, obj, strict=True))
                 },
             }
         if isinstance(obj, (list, tuple)):

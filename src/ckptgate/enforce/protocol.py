@@ -98,6 +98,7 @@ WORKER_ERROR_CODES = frozenset(
         "runtime.worker.memory_limit",
         "runtime.worker.plan_too_large",
         "runtime.worker.select_missing",
+        "runtime.worker.unencodable",
     }
 )
 

@@ -281,3 +281,17 @@ def test_a_tool_that_reports_no_version_is_skipped_with_the_reason(tmp_path: Pat
     broken.chmod(0o755)
     monkeypatch.setenv("CKPTGATE_REGAL", str(broken))
     assert "an unknown version, not the pinned 0.38.1" in (check.version_skip_reason("regal_lint", tmp_path) or "")
+
+
+def test_check_runs_the_opa_binary_named_by_opa_binary(tmp_path: Path, monkeypatch) -> None:
+    """`ckptgate check --opa-binary PATH` runs `opa test` and `opa fmt` with PATH, as the engine
+    does, not with $CKPTGATE_OPA or the one on PATH."""
+    from ckptgate.decide import bundle
+
+    named = tmp_path / "named" / "opa"
+    monkeypatch.setenv("CKPTGATE_OPA", str(tmp_path / "env" / "opa"))
+    monkeypatch.setattr(bundle, "_selected_opa", None)
+    assert check.find_tool("opa", tmp_path) == str(tmp_path / "env" / "opa")
+    bundle.select_opa_binary(named)
+    assert check.find_tool("opa", tmp_path) == str(named)
+    assert check.find_tool("regal", tmp_path) != str(named)

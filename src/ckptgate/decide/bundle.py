@@ -63,6 +63,11 @@ def select_opa_binary(path: Path | None) -> None:
     _selected_opa = path
 
 
+def selected_opa_binary() -> Path | None:
+    """The binary ``--opa-binary`` named (:func:`select_opa_binary`), if any."""
+    return _selected_opa
+
+
 def find_opa() -> str:
     """The OPA binary: ``--opa-binary`` (:func:`select_opa_binary`), else ``$CKPTGATE_OPA``, else
     ``opa`` on ``PATH``, else the development clone's pinned ``.tools/bin/opa``; its version must be

@@ -23,6 +23,7 @@ from xml.etree import ElementTree as ET
 
 from ckptgate import __version__
 from ckptgate._resources import GO_TOOLS, clone_tool, default_policy_dir
+from ckptgate.decide.bundle import selected_opa_binary
 from ckptgate.decide.install import reported_version
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.errors import Error
@@ -162,9 +163,12 @@ class Report:
 
 # --------------------------------------------------------------------------------------------- tools
 def find_tool(name: str, repo: Path) -> str | None:
-    """``$CKPTGATE_<NAME>``, else ``name`` on PATH, else the pinned ``REPO/.tools/bin`` (or the
-    development clone's): the order :func:`ckptgate.decide.bundle.find_opa` uses, so ``opa test``
-    runs the binary the engine runs."""
+    """``--opa-binary`` for OPA, else ``$CKPTGATE_<NAME>``, else ``name`` on PATH, else the pinned
+    ``REPO/.tools/bin`` (or the development clone's): the order
+    :func:`ckptgate.decide.bundle.find_opa` uses, so ``opa test`` runs the binary the engine runs."""
+    selected = selected_opa_binary() if name == "opa" else None
+    if selected is not None:
+        return str(selected)
     explicit = os.environ.get(f"CKPTGATE_{name.upper()}")
     if explicit:
         return explicit

@@ -6,7 +6,8 @@ It runs the real CLI, and records this rank's exit status in ``$CKPTGATE_TEST_RC
 ``CKPTGATE_TEST_KILL_RANK=R`` makes rank R SIGKILL itself after writing part of its first output,
 ``CKPTGATE_TEST_STALL_RANK=R`` makes rank R stop answering there instead, and
 ``CKPTGATE_TEST_WRITER_RANK=R`` makes another process open ``$CKPTGATE_TEST_WRITER_PATH`` for
-writing just before rank R writes each output.
+writing just before rank R writes each output, and ``CKPTGATE_TEST_FLIP_RANK=R`` makes rank R
+flip the byte at ``$CKPTGATE_TEST_FLIP_OFFSET`` of ``$CKPTGATE_TEST_FLIP_PATH`` in the stage phase.
 """
 
 from __future__ import annotations
@@ -62,6 +63,22 @@ if os.environ.get("CKPTGATE_TEST_WRITER_RANK") == rank:
         return _write(*args, **kwargs)
 
     d._write_output = _opened_for_writing
+
+if os.environ.get("CKPTGATE_TEST_FLIP_RANK") == rank:
+    import ckptgate.distributed as d
+
+    _plan_sha256 = d.plan_sha256
+
+    def _flip_then_hash(plan: object) -> str:
+        # in the stage phase: after every rank hashed, before any rank copies (they wait for this one)
+        with open(os.environ["CKPTGATE_TEST_FLIP_PATH"], "r+b") as f:
+            f.seek(int(os.environ["CKPTGATE_TEST_FLIP_OFFSET"]))
+            b = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([b[0] ^ 0xFF]))
+        return _plan_sha256(plan)  # type: ignore[arg-type]
+
+    d.plan_sha256 = _flip_then_hash
 
 rc: object = 1
 

@@ -132,16 +132,32 @@ def test_distributed_output_is_the_single_process_output(fixture: str, ranks: in
 def test_without_leases_every_copied_chunk_is_checked_against_the_chunk_manifest(signer: Signer,
                                                                                   tmp_path: Path) -> None:
     """A file some process keeps open for writing cannot be leased: the ranks record the chunk
-    manifest in the digest pass and check every chunk they copy, and the output is the same."""
+    manifest in the digest pass and check every chunk they copy; the output is the same, and a
+    byte changed between the hash and the copy is refused."""
     import shutil
+    import struct
+    import zipfile
 
     src = tmp_path / "zero3"
     shutil.copytree(FIXTURES / "deepspeed_zero3" / "checkpoint", src)
     att = _attest("deepspeed_zero3", signer, tmp_path)
-    with open(src / "global_step2" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "r+b"):  # never written
+    target = src / "global_step2" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    with open(target, "r+b"):  # never written
         single, dist = _same_output(src, 2, (_args(src, tmp_path / "single", signer, att),
                                              _args(src, tmp_path / "dist", signer, att)), tmp_path)
-    assert dist["topology"]["copy_check"] == "chunk_manifest"
+        assert dist["topology"]["copy_check"] == "chunk_manifest"
+        # a placed byte changes after it was hashed, before any rank copies: the chunk check refuses it
+        with zipfile.ZipFile(target) as z:
+            info = next(i for i in z.infolist() if "/data/" in i.filename and i.file_size > 8)
+        raw = target.read_bytes()
+        name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
+        proc, rcs = _torchrun(2, _args(src, tmp_path / "flipped", signer, att), tmp_path / "rc2",
+                              CKPTGATE_TEST_FLIP_RANK="1", CKPTGATE_TEST_FLIP_PATH=str(target),
+                              CKPTGATE_TEST_FLIP_OFFSET=str(info.header_offset + 30 + name_len + extra_len + 4))
+    assert rcs == [7, 7], proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["error"]["code"] == "runtime.copy.source_changed"
+    assert not (tmp_path / "flipped").exists()
+    _no_staging(tmp_path)
 
 
 def test_a_source_opened_for_writing_mid_copy_breaks_the_leases_and_publishes_nothing(signer: Signer,
@@ -474,3 +490,18 @@ def test_trust_rank_0_cannot_load_fails_every_rank_as_one_process_does(tmp_path:
     assert json.loads(proc.stdout)["error"]["code"] == "verify.trust.json"
     assert not (tmp_path / "o").exists()
     _no_staging(tmp_path)
+
+
+
+def test_leases_bind_only_the_same_inodes_on_one_kernel_on_a_local_file_system() -> None:
+    """A lease is on this rank's inode: ranks that opened other inodes under the same names (a
+    directory swapped between their opens, or per-container copies), other kernels, a network file
+    system or a rank without leases all fall back to the chunk manifest."""
+    from ckptgate.distributed import leases_bind
+
+    rank = {"held": True, "local_fs": True, "kernel": "k", "inodes": [[1, 2], ["a", 1, 10], ["b", 1, 11]]}
+    assert leases_bind([rank, dict(rank)])
+    for change in ({"inodes": [[1, 2], ["a", 1, 10], ["b", 1, 99]]}, {"inodes": [[1, 3], ["a", 1, 10], ["b", 1, 11]]},
+                   {"kernel": "other"}, {"kernel": None}, {"local_fs": False}, {"held": False}):
+        assert not leases_bind([rank, {**rank, **change}]), change
+    assert not leases_bind([])

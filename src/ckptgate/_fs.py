@@ -85,6 +85,29 @@ def renameat2(src_dir_fd: int, src: str, dst_dir_fd: int, dst: str, flags: int =
         raise OSError(e, os.strerror(e), dst)
 
 
+#: ``statfs.f_type`` of the local block and memory file systems, where a read lease is the kernel's
+#: own: a write from another host (a network file system, FUSE) could not break it.
+LOCAL_FILE_SYSTEMS = {
+    0xEF53: "ext2/3/4",
+    0x58465342: "xfs",
+    0x9123683E: "btrfs",
+    0x01021994: "tmpfs",
+    0xF2F52010: "f2fs",
+}
+
+
+class _StatFs(ctypes.Structure):
+    _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 112)]
+
+
+def fs_magic(fd: int) -> int | None:
+    """``fstatfs(fd).f_type``: the file system's magic number, or None when it cannot be read."""
+    buf = _StatFs()
+    if _libc.fstatfs(ctypes.c_int(fd), ctypes.byref(buf)) != 0:
+        return None
+    return int(buf.f_type) & 0xFFFFFFFF
+
+
 def file_id(fd: int) -> tuple[int, int]:
     """``(st_dev, st_ino)`` of an open descriptor."""
     s = os.fstat(fd)

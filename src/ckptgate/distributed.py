@@ -58,6 +58,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ckptgate._fs import LOCAL_FILE_SYSTEMS
 from ckptgate.consolidate import framework_files, plan_for
 from ckptgate.consolidate.plan import ConsolidationPlan, Placement, ShardTask
 from ckptgate.consolidate.writer import WrittenFile, header_bytes, write_index
@@ -476,6 +477,21 @@ def _worker_record(worker: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
+def leases_bind(seen: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the ranks' read leases bind what one rank copies to what another hashed: every rank
+    holds every file, on a local file system, on one kernel, and opened the very same inodes."""
+    kernels = {s.get("kernel") for s in seen}
+    return (
+        bool(seen)
+        and all(
+            s.get("held") is True and s.get("local_fs") is True and s.get("inodes") == seen[0].get("inodes")
+            for s in seen
+        )
+        and len(kernels) == 1
+        and None not in kernels
+    )
+
+
 def _boot_id() -> str | None:
     """This kernel's boot id: ranks that report the same one share the kernel, and so its leases."""
     try:
@@ -639,6 +655,8 @@ class _EarlyEngine:
             self.engine = stack.enter_context(engine_for(options, self.trust))
         except Error as e:
             self.error = e
+        except Exception as e:  # a bug: the other ranks must still hear of it in the decide phase
+            self.error = Error("internal.unexpected", f"rank 0: {type(e).__name__}: {e}")
 
     def get(self) -> tuple[TrustData, PolicyEngine]:
         if self.error is not None:
@@ -691,6 +709,9 @@ def _phases(
             "framework_files": list(framework_files(state["inspection"])),
             "held": held,
             "kernel": _boot_id(),
+            # what a lease is on: the inodes this rank opened, and the file system they are on
+            "inodes": [list(tree.root_id), *([e.path, e.dev, e.ino] for e in tree.entries)],
+            "local_fs": tree.root_fs_magic in LOCAL_FILE_SYSTEMS,
         }
 
     seen = comm.agree("inspect", inspect)
@@ -702,11 +723,12 @@ def _phases(
         )
     tree: SafeTree = state["tree"]
     # Leases are the kernel's: they bind the bytes across ranks only when every rank runs on one
-    # kernel and holds every file.  Then each rank copies the placed bytes under its own lease,
-    # taken before any rank hashed, and checks it still holds after its copy, as one process does;
-    # otherwise the digest pass records the chunk manifest and every copied chunk is checked.
-    kernels = {s["kernel"] for s in seen}
-    leased = all(s["held"] is True for s in seen) and len(kernels) == 1 and None not in kernels
+    # kernel, opened the very same inodes (a lease is on this rank's inode, not on a path), on a
+    # local file system (a write from another host could not break it), and holds every file.
+    # Then each rank copies the placed bytes under its own lease, taken before any rank hashed,
+    # and checks it still holds after its copy, as one process does; otherwise the digest pass
+    # records the chunk manifest and every copied chunk is checked against it.
+    leased = leases_bind(seen)
     needed: list[str] = seen[0]["framework_files"]
     owners = assign_by_size([(p, s) for p, s in seen[0]["files"]], world, first=needed)
     needs = set(needed)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from ckptgate._fs import file_id, openat2  # one openat2 for the whole project [R35]
+from ckptgate._fs import file_id, fs_magic, openat2  # one openat2 for the whole project [R35]
 from ckptgate.errors import InputRejected
 from ckptgate.inspect.budget import WorkLimits
 from ckptgate.inspect.findings import Finding, error
@@ -170,6 +170,13 @@ class SafeTree:
             raise
 
     # -- use --------------------------------------------------------------------------------------
+    @property
+    def root_fs_magic(self) -> int | None:
+        """``statfs.f_type`` of the file system the root directory is on (None if unknown)."""
+        if self._root_fd is None:
+            raise InputRejected("input.walk.closed", "the tree has been closed")
+        return fs_magic(self._root_fd)
+
     @property
     def root_id(self) -> tuple[int, int]:
         """``(st_dev, st_ino)`` of the root directory that was walked, from its descriptor."""

@@ -295,3 +295,17 @@ def test_hold_raises_the_descriptor_limit_for_a_tree_of_many_files(tmp_path):
         pytest.skip(f"the hard descriptor limit here is {hard}")
     out = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["True", "True"], out.stderr
+
+
+def test_hold_is_refused_on_a_file_system_that_is_not_local(tmp_path: Path, monkeypatch) -> None:
+    """On a network file system or FUSE a kernel may grant a lease that a write from another host
+    never breaks: hold takes nothing there, and the copy hashes every byte it reads instead."""
+    import ckptgate.inspect.walk as walk
+
+    (tmp_path / "a.bin").write_bytes(b"x" * 10)
+    monkeypatch.setattr(walk, "fs_magic", lambda fd: 0x6969)  # NFS_SUPER_MAGIC
+    with SafeTree.open(tmp_path) as t:
+        assert not t.hold() and not t.held
+    monkeypatch.setattr(walk, "fs_magic", lambda fd: 0xEF53)  # ext4, as here
+    with SafeTree.open(tmp_path) as t:
+        assert t.hold() and t.held

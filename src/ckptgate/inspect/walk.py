@@ -18,8 +18,9 @@ writing, and breaks it as soon as anyone opens it for writing or truncates it (t
 waits for us, up to ``/proc/sys/fs/lease-break-time``).  So while :meth:`SafeTree.intact` is
 true, every byte read through the tree since :meth:`~SafeTree.hold` comes from one unchanging
 snapshot.  Where the kernel refuses a lease (another owner without ``CAP_LEASE``, NFS, leases
-disabled, a writer that keeps a file open) ``hold`` returns False and the copy hashes every byte
-it reads and compares with the manifest before anything is published; a contained loader
+disabled, a writer that keeps a file open), and on any file system that is not a local one
+(where a write from another host need not break a lease), ``hold`` returns False and the copy
+hashes every byte it reads and compares with the manifest before anything is published; a contained loader
 always reads a sealed in-memory copy that was hashed as it was made.
 """
 
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from ckptgate._fs import file_id, fs_magic, openat2  # one openat2 for the whole project [R35]
+from ckptgate._fs import LOCAL_FILE_SYSTEMS, file_id, fs_magic, openat2  # one openat2 for the whole project [R35]
 from ckptgate.errors import InputRejected
 from ckptgate.inspect.budget import WorkLimits
 from ckptgate.inspect.findings import Finding, error
@@ -242,8 +243,10 @@ class SafeTree:
         Call it before reading anything.  A lease breaks when anyone opens the file for writing or
         truncates it; :meth:`intact` says whether every lease still holds.  Returns False (and
         holds nothing) where the kernel refuses a lease on any file, off the main thread (the
-        lease-break signal, ``SIGIO``, can only be handled there), or when one descriptor per file
-        would take more than half of ``RLIMIT_NOFILE``.
+        lease-break signal, ``SIGIO``, can only be handled there), when one descriptor per file
+        would take more than half of ``RLIMIT_NOFILE``, or when the root is not on a local file
+        system (:data:`~ckptgate._fs.LOCAL_FILE_SYSTEMS`): on a network file system or FUSE a
+        kernel may grant a lease that a write from another host never breaks.
         """
         if self._held:
             return True
@@ -251,6 +254,7 @@ class SafeTree:
             not self.entries
             or threading.current_thread() is not threading.main_thread()
             or not _room_for(len(self.entries))
+            or self.root_fs_magic not in LOCAL_FILE_SYSTEMS
         ):
             return False
         self._prev_sigio = signal.signal(signal.SIGIO, _lease_broken)  # default action would kill us

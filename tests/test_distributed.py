@@ -331,7 +331,7 @@ def test_files_are_assigned_by_size_deterministically() -> None:
 def test_bytes_another_rank_hashed_are_checked_chunk_by_chunk(tmp_path: Path) -> None:
     import hashlib
 
-    from ckptgate.distributed import COPY_CHUNK, _CheckedSource, _ChunkRecorder
+    from ckptgate.distributed import COPY_CHUNK, _Source, _ChunkRecorder
     from ckptgate.errors import RuntimeFailure
 
     data = os.urandom(COPY_CHUNK + 1000)
@@ -344,13 +344,13 @@ def test_bytes_another_rank_hashed_are_checked_chunk_by_chunk(tmp_path: Path) ->
     f.write_bytes(data)
     fd = os.open(f, os.O_RDONLY)
     try:
-        got = b"".join(_CheckedSource("src", fd, len(data), rec.hashes).read(10, COPY_CHUNK))
+        got = b"".join(_Source("src", fd, len(data), rec.hashes).read(10, COPY_CHUNK))
         assert got == data[10:COPY_CHUNK + 10]
         with open(f, "r+b") as w:  # the second chunk changes after it was hashed
             w.seek(COPY_CHUNK + 5)
             w.write(bytes([data[COPY_CHUNK + 5] ^ 0xFF]))
         with pytest.raises(RuntimeFailure) as e:
-            b"".join(_CheckedSource("src", fd, len(data), rec.hashes).read(COPY_CHUNK + 1, 10))
+            b"".join(_Source("src", fd, len(data), rec.hashes).read(COPY_CHUNK + 1, 10))
         assert e.value.code == "runtime.copy.source_changed"
     finally:
         os.close(fd)

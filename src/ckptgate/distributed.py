@@ -70,7 +70,15 @@ from ckptgate.enforce.gate import WorkerOptions, enforce
 from ckptgate.enforce.load import LoadedTrees
 from ckptgate.errors import Error, ExitCode, RuntimeFailure, UsageError
 from ckptgate.inspect import DeferredCrcs, Finding, Inspection, SafeTree, Severity, inspect_open_tree
-from ckptgate.pipeline import Consolidated, Evaluation, IntakeResult, judge, local_opa_version, receipt_for
+from ckptgate.pipeline import (
+    Consolidated,
+    Evaluation,
+    IntakeResult,
+    judge,
+    local_opa_version,
+    receipt_for,
+    still_held,
+)
 from ckptgate.publish import Destination, Stage, check_destination, open_destination, publish, staging
 from ckptgate.verify import TrustData
 from ckptgate.verify.dsse import Signer
@@ -298,19 +306,21 @@ class _ChunkRecorder:
             self._h, self._fill = hashlib.sha256(), 0
 
 
-class _CheckedSource:
-    """A source read in whole chunks, each checked against the chunk manifest before use."""
+class _Source:
+    """A source a rank copies from: with ``chunks`` (the chunk manifest), read in whole chunks, each
+    checked against its hash before use; without, read directly under this rank's read lease, which
+    the caller checks after the copy (``SafeTree.intact``)."""
 
-    def __init__(self, path: str, fd: int, size: int, chunks: Sequence[str]) -> None:
+    def __init__(self, path: str, fd: int, size: int, chunks: Sequence[str] | None) -> None:
         self.path, self.fd, self.size, self.chunks = path, fd, size, chunks
         self._index, self._data = -1, b""
 
-    def _chunk(self, i: int) -> bytes:
+    def _chunk(self, i: int, chunks: Sequence[str]) -> bytes:
         if i != self._index:
             lo = i * COPY_CHUNK
             want = min(COPY_CHUNK, self.size - lo)
             data = os.pread(self.fd, want, lo)
-            if len(data) != want or i >= len(self.chunks) or hashlib.sha256(data).hexdigest() != self.chunks[i]:
+            if len(data) != want or i >= len(chunks) or hashlib.sha256(data).hexdigest() != chunks[i]:
                 raise RuntimeFailure(
                     "runtime.copy.source_changed",
                     f"{self.path}: chunk {i} no longer has the sha256 the digest pass recorded; nothing was published",
@@ -321,6 +331,16 @@ class _CheckedSource:
             self._index, self._data = i, data
         return self._data
 
+    def _direct(self, offset: int, length: int) -> bytes:
+        data = os.pread(self.fd, min(length, COPY_CHUNK), offset)
+        if not data:
+            raise RuntimeFailure(
+                "runtime.copy.short_read",
+                f"{self.path}: the source ended early at byte {offset}",
+                evidence={"source": self.path, "offset": offset},
+            )
+        return data
+
     def read(self, offset: int, length: int) -> Iterator[bytes]:
         if offset < 0 or offset + length > self.size:
             raise RuntimeFailure(
@@ -329,35 +349,13 @@ class _CheckedSource:
                 evidence={"source": self.path, "size": self.size},
             )
         while length:
-            i, at = divmod(offset, COPY_CHUNK)
-            piece = self._chunk(i)[at : at + length]
+            if self.chunks is None:
+                piece = self._direct(offset, length)
+            else:
+                i, at = divmod(offset, COPY_CHUNK)
+                piece = self._chunk(i, self.chunks)[at : at + length]
             yield piece
             offset, length = offset + len(piece), length - len(piece)
-
-
-class _LeasedSource:
-    """A source read directly, under this rank's read lease (checked after the copy: ``intact``)."""
-
-    def __init__(self, path: str, fd: int, size: int) -> None:
-        self.path, self.fd, self.size = path, fd, size
-
-    def read(self, offset: int, length: int) -> Iterator[bytes]:
-        if offset < 0 or offset + length > self.size:
-            raise RuntimeFailure(
-                "runtime.copy.short_read",
-                f"{self.path}: the plan reads past the end of the file",
-                evidence={"source": self.path, "size": self.size},
-            )
-        while length:
-            data = os.pread(self.fd, min(length, COPY_CHUNK), offset)
-            if not data:
-                raise RuntimeFailure(
-                    "runtime.copy.short_read",
-                    f"{self.path}: the source ended early at byte {offset}",
-                    evidence={"source": self.path, "offset": offset},
-                )
-            yield data
-            offset, length = offset + len(data), length - len(data)
 
 
 def _write_output(
@@ -365,7 +363,7 @@ def _write_output(
     name: str,
     head: bytes,
     pieces: Iterable[tuple[str, int, int]],
-    sources: Mapping[str, _CheckedSource | _LeasedSource],
+    sources: Mapping[str, _Source],
 ) -> WrittenFile:
     """Write output ``name`` front to back (``head``, then each ``(src, offset, length)``), hashing it."""
     fd = os.open(name, _CREATE, 0o644, dir_fd=stage_fd)
@@ -846,7 +844,7 @@ def _phases(
     def write() -> dict[str, Any]:
         t0 = time.perf_counter()
         stage_fd = state["stage"].fd if rank == 0 else _open_stage(destination, staged[0]["stage"])
-        sources: dict[str, _CheckedSource | _LeasedSource] = {}
+        sources: dict[str, _Source] = {}
         manifest = None if leased else chunks
         try:
             mine = set(writers[rank])
@@ -861,13 +859,8 @@ def _phases(
                     written.append(
                         _write_output(stage_fd, c.filename, b"", [(c.src, 0, c.size)] if c.size else [], sources)
                     )
-            if leased and not tree.intact():
-                raise RuntimeFailure(
-                    "runtime.copy.source_changed",
-                    "a checkpoint file was opened for writing while it was being taken in; nothing was published",
-                    evidence={"source": str(src), "rank": rank},
-                    advice="Take the checkpoint in again from a copy that nothing else writes to.",
-                )
+            if leased:
+                still_held(tree)
         finally:
             for source in sources.values():
                 os.close(source.fd)
@@ -946,7 +939,7 @@ def _open_stage(destination: Destination, name: str) -> int:
 
 def _open_sources(
     tree: SafeTree,
-    sources: dict[str, _CheckedSource | _LeasedSource],
+    sources: dict[str, _Source],
     paths: set[str],
     chunks: dict[str, list[str]] | None,
 ) -> None:
@@ -959,9 +952,7 @@ def _open_sources(
                 "runtime.copy.source_missing", f"no measured source for {p!r}", evidence={"missing": [p]}
             )
         fd = tree.open_file(p)
-        sources[p] = (
-            _LeasedSource(p, fd, entry.size) if chunks is None else _CheckedSource(p, fd, entry.size, chunks[p])
-        )
+        sources[p] = _Source(p, fd, entry.size, None if chunks is None else chunks[p])
 
 
 def _judge(

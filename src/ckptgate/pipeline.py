@@ -356,7 +356,7 @@ def consolidate_into(
     plan = cast_plan(plan, dtype, max_shard_bytes=max_shard_bytes)
     if on_plan:
         on_plan(plan.total_size)
-    _still_held(tree)
+    still_held(tree)
     with open_sources(tree, plan) as sources:
         outputs = write_plan(
             plan,
@@ -366,11 +366,11 @@ def consolidate_into(
             chunk_size=chunk_size,
             on_bytes=on_bytes,
         )
-    _still_held(tree)
+    still_held(tree)
     return Consolidated(outputs=outputs, plan_report=dict(plan.report))  # adapters build it from plain JSON
 
 
-def _still_held(tree: SafeTree) -> None:
+def still_held(tree: SafeTree) -> None:
     """A held tree whose lease broke was opened for writing during the intake: fail closed."""
     if tree.held and not tree.intact():
         raise RuntimeFailure(
@@ -591,7 +591,7 @@ class OnePass:
             on_plan(plan.total_size)
         if on_bytes:  # every placed byte was written in the digest's pass
             on_bytes(plan.total_size)
-        _still_held(tree)  # the leases held from the walk to the last byte written, as in two passes
+        still_held(tree)  # the leases held from the walk to the last byte written, as in two passes
         written = self._writer.finish()
         names = [s.filename for s in plan.shards] + [c.filename for c in plan.copies]
         for name in set(written) - set(names):
@@ -706,4 +706,5 @@ __all__ = [
     "local_opa_version",
     "open_sources",
     "receipt_for",
+    "still_held",
 ]

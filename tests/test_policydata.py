@@ -24,8 +24,10 @@ REPO = Path(__file__).resolve().parent.parent
 POLICIES = REPO / "policies"
 INTAKE = json.loads((POLICIES / policydata.INTAKE_IN_BUNDLE).read_text())
 GATES = json.loads((POLICIES / policydata.GATES_IN_BUNDLE).read_text())
-EXCEPTION = {"id": "acme-helper", "formats": ["hf-sharded-safetensors"], "code": "classify.code",
-             "paths": ["helper.py"], "why": "our exporter adds helper.py; ckptgate never runs it"}
+EXCEPTION = {"id": "acme-notes", "formats": ["hf-sharded-safetensors"], "code": "classify.extension_mismatch",
+             "paths": ["notes.json"], "why": "our exporter misnames its notes; ckptgate never loads them"}
+CODE_EXCEPTION = {"id": "acme-helper", "formats": ["hf-sharded-safetensors"], "code": "classify.code",
+                  "paths": ["helper.py"], "why": "our exporter adds helper.py; ckptgate never runs it"}
 
 
 def consumer(tmp_path: Path, overlay: object) -> Path:
@@ -36,10 +38,14 @@ def consumer(tmp_path: Path, overlay: object) -> Path:
     return root
 
 
-def decide(cwd: Path, src: Path, attestation: Path) -> tuple[int, dict]:
+def decide(cwd: Path, src: Path, attestation: Path, *options: str, explicit: bool = True) -> tuple[int, dict]:
+    """``decide`` in ``cwd``; ``explicit``: naming its configuration with ``--config`` (a configuration
+    only discovered in the work tree may only restrict the gate)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTGATE_")}
+    named = ["--config", str(cwd / "ckptgate.toml")] if explicit else []
     out = subprocess.run([sys.executable, "-m", "ckptgate", "decide", str(src), "--attestation", str(attestation),
-                          "--json"], cwd=cwd, env=env, capture_output=True, text=True, timeout=180, check=False)
+                          "--json", *named, *options], cwd=cwd, env=env, capture_output=True, text=True, timeout=180,
+                         check=False)
     return out.returncode, json.loads(out.stdout)
 
 
@@ -93,7 +99,7 @@ def test_the_merge_keeps_the_bundled_data_and_changes_only_the_named_keys(tmp_pa
     assert set(merged) == {policydata.INTAKE_IN_BUNDLE, policydata.GATES_IN_BUNDLE}  # never Rego, never other data
     intake = merged[policydata.INTAKE_IN_BUNDLE]
     assert intake["freshness"] == {**INTAKE["freshness"], "max_age_seconds": 3600}
-    assert intake["finding_exceptions"] == [*INTAKE["finding_exceptions"], EXCEPTION]
+    assert intake["finding_exceptions"] == [*INTAKE["finding_exceptions"], {**EXCEPTION, "overlay": True}]
     assert {k: v for k, v in intake.items() if k not in ("freshness", "finding_exceptions")} == \
         {k: v for k, v in INTAKE.items() if k not in ("freshness", "finding_exceptions")}
     gates = merged[policydata.GATES_IN_BUNDLE]
@@ -126,7 +132,7 @@ def test_added_signers_and_a_shorter_freshness_window_change_the_decision(tmp_pa
 def test_an_added_finding_exception_admits_the_finding_it_names(tmp_path, checkpoint):
     src = tmp_path / "model"
     shutil.copytree(checkpoint, src)
-    (src / "helper.py").write_text("print('never run')\n")
+    (src / "notes.json").write_text("written by our exporter, never loaded\n")
     att = demo_attested(src, tmp_path)
     without = consumer(tmp_path / "a", {"signers": [signer(att.public_pem)]})
     rc, doc = decide(without, src, att.attestation)
@@ -134,3 +140,35 @@ def test_an_added_finding_exception_admits_the_finding_it_names(tmp_path, checkp
     excepted = consumer(tmp_path / "b", {"signers": [signer(att.public_pem)], "finding_exceptions": [EXCEPTION]})
     rc, doc = decide(excepted, src, att.attestation)
     assert rc == ExitCode.OK and "finding_excepted" in codes(doc), doc
+
+
+def test_no_overlay_excepts_a_code_bearing_finding(tmp_path):
+    """Only the bundled policy excepts a finding that bears code (a code file, auto_map, custom pipelines,
+    dynamic-module references, pickle globals outside the allowlists)."""
+    root = consumer(tmp_path, {"finding_exceptions": [CODE_EXCEPTION]})
+    with pytest.raises(cfg.ConfigError) as e:
+        cfg.load(root)
+    assert e.value.code == "usage.config.policy_data_not_exceptable", e.value.message
+    assert "classify.code" in e.value.message
+
+
+def test_a_discovered_overlay_that_adds_a_signer_is_refused(tmp_path, checkpoint):
+    """The pull request's own overlay cannot trust the pull request's own key (issue #30, case 4)."""
+    att = demo_attested(checkpoint, tmp_path)
+    root = consumer(tmp_path / "a", {"signers": [signer(att.public_pem)]})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTGATE_")}
+    out = subprocess.run([sys.executable, "-m", "ckptgate", "decide", str(checkpoint), "--attestation",
+                          str(att.attestation), "--json"], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=180, check=False)
+    assert out.returncode == ExitCode.USAGE, out.stdout + out.stderr
+    assert json.loads(out.stdout)["error"]["code"] == "usage.config.widens"
+    assert "using configuration" in out.stderr  # a discovered configuration is announced
+
+
+def test_an_explicit_trust_is_hermetic_the_overlay_adds_no_signer(tmp_path, checkpoint):
+    att = demo_attested(checkpoint, tmp_path)
+    root = consumer(tmp_path / "a", {"signers": [signer(att.public_pem)]})
+    rc, doc = decide(root, checkpoint, att.attestation, "--trust", str(POLICIES / policydata.TRUST_IN_BUNDLE))
+    assert rc == ExitCode.VERIFICATION_FAILED and "attestation_rejected" in codes(doc), doc
+    roles = {i["role"]: i for i in doc["decision"]["inputs"]}
+    assert roles["trust"]["origin"] == "explicit" and roles["overlay"]["origin"] == "explicit", roles

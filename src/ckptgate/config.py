@@ -1,8 +1,12 @@
 """A repository's ckptgate configuration: ``ckptgate.toml``, or ``[tool.ckptgate]`` in ``pyproject.toml``.
 
-Found by walking up from the current directory to the top of its git work tree (the way ruff and
-pre-commit find theirs): in each directory ``ckptgate.toml`` first, then a ``pyproject.toml`` with a
-``[tool.ckptgate]`` table.  Paths in it are relative to the directory of the file that holds it and
+Found by walking up from the current directory to the top of its git work tree, as git finds its
+own: in each directory ``ckptgate.toml`` first, then a ``pyproject.toml`` with a ``[tool.ckptgate]``
+table.  Outside a git work tree the walk stops at the user's home directory or at a file-system
+boundary, never climbing to ``/``.  A configuration file, and every file it names that shapes a
+decision (trust data, overlay, extra Rego), must be owned by the invoking user or root and not be
+writable by group or others (git's ``safe.directory`` rule; ``CKPTGATE_SAFE_OWNERS`` names other
+owners): see :func:`check_owner`.  Paths in it are relative to the directory of the file that holds it and
 must stay inside that directory.  The table is validated against a JSON schema (unknown keys are
 refused, so a typo is an error rather than a silently ignored setting); every problem is a
 :class:`ConfigError` with a ``usage.config.*`` code.
@@ -17,11 +21,17 @@ Keys (all optional)::
     matrix = "matrix"                  # the support matrix; set only where adapters are qualified
     fixtures = "tests/fixtures/data"   # fixtures for qualifying adapters
     policies = "policies"              # ckptgate's own repository: the policy tree itself
+    widening = "warning"               # check --base: widening changes are warnings (read from the base only)
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import os
+import pwd
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,8 +64,11 @@ SCHEMA: dict[str, Any] = {
         "matrix": {"type": "string", "minLength": 1},
         "fixtures": {"type": "string", "minLength": 1},
         "policies": {"type": "string", "minLength": 1},
+        "widening": {"enum": ["error", "warning"]},
     },
 }
+#: Names or uids of owners, besides the invoking user and root, whose files may configure ckptgate.
+SAFE_OWNERS_ENV = "CKPTGATE_SAFE_OWNERS"
 
 
 INIT_TEMPLATE = """\
@@ -102,6 +115,10 @@ class Config:
     matrix: Path | None = None
     fixtures: Path | None = None
     policies: Path | None = None
+    #: ``check --base``: how widening changes are reported (only the base revision's setting counts)
+    widening: str = "error"
+    #: sha256 of the configuration file's bytes, as parsed ("" for a table given in code)
+    sha256: str = ""
 
     def to_json(self) -> dict[str, Any]:
         def rel(p: Path | None) -> str | None:
@@ -118,6 +135,8 @@ class Config:
             "matrix": rel(self.matrix),
             "fixtures": rel(self.fixtures),
             "policies": rel(self.policies),
+            "widening": self.widening,
+            "sha256": self.sha256,
         }
 
     def doc_files(self) -> list[Path]:
@@ -139,17 +158,94 @@ def git_root(start: Path) -> Path | None:
 
 
 def discover(start: Path | None = None) -> Path | None:
-    """The configuration file nearest ``start`` (default: the cwd), walking up to the git root."""
+    """The configuration file nearest ``start`` (default: the cwd), walking up to the git work
+    tree's root; outside one, up to the user's home or the first file-system boundary."""
     start = (start or Path.cwd()).absolute()
     top = git_root(start)
+    home = _home()
+    try:
+        device = start.stat().st_dev
+    except OSError:
+        return None
     for d in (start, *start.parents):
+        if top is None:
+            try:
+                if d.stat().st_dev != device:  # a mount point: another file system, as git stops
+                    break
+            except OSError:
+                break
         if (d / CONFIG_FILE).is_file():
             return d / CONFIG_FILE
         if (d / PYPROJECT).is_file() and _pyproject_table(d / PYPROJECT) is not None:
             return d / PYPROJECT
-        if top is not None and d == top:
+        if d == top or (top is None and d == home):
             break
     return None
+
+
+def _home() -> Path | None:
+    try:
+        return Path.home().absolute()
+    except (RuntimeError, KeyError):
+        return None
+
+
+def safe_owners() -> set[int]:
+    """The uids whose files may configure ckptgate: the invoking user, root, and ``$CKPTGATE_SAFE_OWNERS``
+    (a comma-separated list of user names or uids)."""
+    owners = {os.geteuid(), 0}
+    for name in (os.environ.get(SAFE_OWNERS_ENV) or "").split(","):
+        name = name.strip()
+        if not name:
+            continue
+        if name.isdigit():
+            owners.add(int(name))
+            continue
+        try:
+            owners.add(pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            raise ConfigError(
+                "usage.config.safe_owner",
+                f"{SAFE_OWNERS_ENV} names {name!r}, which is no user on this host",
+                evidence={"owner": name},
+                advice=f"Set {SAFE_OWNERS_ENV} to user names or uids of this host, separated by commas.",
+            ) from None
+    return owners
+
+
+def check_owner(path: Path, what: str) -> None:
+    """Refuse ``path`` (and, for a directory, every file under it) unless it is owned by a safe owner
+    (:func:`safe_owners`) and not writable by group or others: a file another user can write could
+    configure the gate that judges their checkpoint (git's ``safe.directory`` rule)."""
+    owners = safe_owners()
+    for p in [path, *(sorted(path.rglob("*")) if path.is_dir() else [])]:
+        try:
+            st = p.stat()
+        except OSError as e:
+            raise ConfigError(
+                "usage.config.unreadable", f"cannot read {what} {p}: {e.strerror}", evidence={"file": str(p)}
+            ) from None
+        if st.st_uid not in owners:
+            try:
+                owner = pwd.getpwuid(st.st_uid).pw_name
+            except KeyError:
+                owner = str(st.st_uid)
+            raise ConfigError(
+                "usage.config.unsafe_owner",
+                f"{what} {p} is owned by {owner}, not by the invoking user or root: another user's file "
+                "cannot configure ckptgate",
+                evidence={"file": str(p), "owner": owner, "uid": st.st_uid},
+                advice=f"Remove it, or run with --isolated (or --config PATH); if {owner} is trusted, "
+                f"set {SAFE_OWNERS_ENV}={owner}.",
+            )
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not stat.S_ISLNK(st.st_mode):
+            raise ConfigError(
+                "usage.config.unsafe_mode",
+                f"{what} {p} is writable by group or others (mode {stat.filemode(st.st_mode)}): "
+                "another user could change how ckptgate decides",
+                evidence={"file": str(p), "mode": oct(stat.S_IMODE(st.st_mode))},
+                advice=f"Run `chmod go-w {p}`.",
+            )
 
 
 def load(start: Path | None = None) -> Config | None:
@@ -158,20 +254,26 @@ def load(start: Path | None = None) -> Config | None:
     return None if path is None else load_file(path)
 
 
-def load_file(path: Path) -> Config:
-    """One configuration file, validated (``ckptgate.toml``, or a ``pyproject.toml`` with the table)."""
-    if path.name == PYPROJECT:
-        table = _pyproject_table(path)
-        if table is None:
-            raise ConfigError(
-                "usage.config.missing", f"{path} has no [tool.ckptgate] table", evidence={"file": str(path)}
-            )
-    else:
-        table = _read_toml(path)
-    return from_table(table, root=path.parent.absolute(), source=path.absolute())
+def load_file(path: Path, *, root: Path | None = None) -> Config:
+    """One configuration file, validated (``ckptgate.toml``, or a ``pyproject.toml`` with the table);
+    its paths resolve against ``root`` (default: the file's own directory)."""
+    raw = _read_bytes(path)
+    table = read_table(path, raw)
+    config = from_table(table, root=(root or path.parent).absolute(), source=path.absolute())
+    return dataclasses.replace(config, sha256="sha256:" + hashlib.sha256(raw).hexdigest())
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def read_table(path: Path, raw: bytes) -> dict[str, Any]:
+    """The ckptgate table in ``raw``, the bytes of the configuration file ``path``."""
+    if path.name != PYPROJECT:
+        return _parse_toml(path, raw)
+    table = _table_of(path, _parse_toml(path, raw))
+    if table is None:
+        raise ConfigError("usage.config.missing", f"{path} has no [tool.ckptgate] table", evidence={"file": str(path)})
+    return table
+
+
+def _read_bytes(path: Path) -> bytes:
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -182,6 +284,14 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(
             "usage.config.too_large", f"{path} is over {MAX_CONFIG_BYTES} bytes", evidence={"file": str(path)}
         )
+    return raw
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    return _parse_toml(path, _read_bytes(path))
+
+
+def _parse_toml(path: Path, raw: bytes) -> dict[str, Any]:
     try:
         return tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
@@ -191,7 +301,11 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def _pyproject_table(path: Path) -> dict[str, Any] | None:
-    tool = _read_toml(path).get("tool")
+    return _table_of(path, _read_toml(path))
+
+
+def _table_of(path: Path, doc: dict[str, Any]) -> dict[str, Any] | None:
+    tool = doc.get("tool")
     table = tool.get("ckptgate") if isinstance(tool, dict) else None
     if table is None:
         return None
@@ -267,6 +381,7 @@ def from_table(table: dict[str, Any], *, root: Path, source: Path | None = None)
         matrix=matrix,
         fixtures=fixtures,
         policies=policies,
+        widening=table.get("widening", "error"),
     )
 
 
@@ -350,12 +465,16 @@ def init(directory: Path) -> Path:
 
 __all__ = [
     "CONFIG_FILE",
+    "SAFE_OWNERS_ENV",
     "Config",
     "ConfigError",
+    "check_owner",
     "discover",
     "from_table",
     "init",
     "load",
     "load_file",
     "load_policy_data",
+    "read_table",
+    "safe_owners",
 ]

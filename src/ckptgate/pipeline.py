@@ -680,6 +680,7 @@ def receipt_for(
             **d.to_json("allow", "plane", "permitted_loaders", "required_controls", "reasons", "engine"),
         },
         "policy_revision": d.policy_revision,
+        "inputs": [i.to_json() for i in d.inputs],
         "containment": _containment_record(evaluation, done),
         "attestations": [
             {"source": a.get("source"), "signers": a.get("signers")} for a in evaluation.policy_input.attestations

@@ -29,6 +29,7 @@ cannot produce data the policies were not written for.  Every problem is a
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,8 @@ class PolicyData:
 
     source: Path
     doc: dict[str, Any] = field(repr=False)
+    #: sha256 of the overlay file's bytes, as parsed
+    sha256: str = ""
 
     @property
     def signers(self) -> list[dict[str, Any]]:
@@ -112,7 +115,17 @@ class PolicyData:
             intake = _read(policy_dir / INTAKE_IN_BUNDLE)
             intake["freshness"] = {**intake.get("freshness", {}), **self.doc.get("freshness", {})}
             ids = {e.get("id") for e in intake.get("finding_exceptions", [])}
+            exceptable = set(intake.get("exceptable_codes", []))
             for e in self.doc.get("finding_exceptions", []):
+                if e.get("code") not in exceptable:
+                    raise self._error(
+                        "usage.config.policy_data_not_exceptable",
+                        f"finding exception {e.get('id')!r}: the finding {e.get('code')!r} is not one the bundled "
+                        f"policy data marks exceptable ({', '.join(sorted(exceptable)) or 'none'}); a finding that "
+                        "bears code (auto_map, custom pipelines, dynamic-module references, pickle globals outside "
+                        "the allowlists, code files) is excepted only by the bundled policy",
+                        key="finding_exceptions",
+                    )
                 if e.get("id") in ids:
                     raise self._error(
                         "usage.config.policy_data_conflict",
@@ -122,7 +135,8 @@ class PolicyData:
                 ids.add(e.get("id"))
             intake["finding_exceptions"] = [
                 *intake.get("finding_exceptions", []),
-                *self.doc.get("finding_exceptions", []),
+                # marked, so the policy applies them only to exceptable codes whatever else was merged
+                *({**e, "overlay": True} for e in self.doc.get("finding_exceptions", [])),
             ]
             self._check(intake, policy_dir, "intake")
             out[INTAKE_IN_BUNDLE] = json.dumps(intake, indent=2, sort_keys=True).encode()
@@ -202,7 +216,7 @@ def load(path: Path) -> PolicyData:
         unknown = first.validator == "additionalProperties"
         code = "usage.config.policy_data_unknown_key" if unknown else "usage.config.policy_data"
         raise error(code, f"{key}: {first.message}", key)
-    return PolicyData(source=path, doc=copy.deepcopy(doc))
+    return PolicyData(source=path, doc=copy.deepcopy(doc), sha256="sha256:" + hashlib.sha256(raw).hexdigest())
 
 
 __all__ = ["SCHEMA", "PolicyData", "load"]

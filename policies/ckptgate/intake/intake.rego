@@ -450,7 +450,14 @@ _exception_applies(exception, finding, format) if {
 	format in exception.formats
 	finding.code == exception.code
 	finding.path in exception.paths
+	_exception_admissible(exception)
 }
+
+# A bundled exception may name any finding; one a policy-data overlay added (marked by ckptgate
+# when it merges) only a code the bundled data marks exceptable: never a code-bearing finding.
+_exception_admissible(exception) if not exception.overlay
+
+_exception_admissible(exception) if exception.code in _intake_cfg.exceptable_codes
 
 _pickle_reports_present if is_object(input.inspection.pickles)
 

@@ -414,3 +414,30 @@ test_the_precheck_names_its_refusal_too if {
 	_precheck(_deny_cases.inspection_not_clean).refusal == "input"
 	_precheck(_deny_cases.format_unknown).refusal == "policy"
 }
+
+_overlay_exception(code) := {
+	"id": "acme", "formats": ["deepspeed-zero3"], "code": code,
+	"paths": ["evil.py"], "why": "an exception a policy-data overlay added", "overlay": true,
+}
+
+_with_overlay_exception(code) := d if {
+	exceptions := array.concat(data.ckptgate.config.intake.finding_exceptions, [_overlay_exception(code)])
+	d := _decide(td.patched([
+		{"op": "replace", "path": "/inspection/format", "value": "deepspeed-zero3"},
+		{"op": "replace", "path": "/inspection/clean", "value": false},
+		{"op": "replace", "path": "/inspection/findings", "value": [
+			{"code": code, "severity": "error", "path": "evil.py", "message": "m", "evidence": {}},
+		]},
+	])) with data.ckptgate.config.intake.finding_exceptions as exceptions
+}
+
+test_an_overlay_exception_never_admits_a_code_bearing_finding if {
+	d := _with_overlay_exception("classify.code")
+	d.allow == false
+	"inspection_not_clean" in _codes(d)
+}
+
+test_an_overlay_exception_admits_an_exceptable_finding if {
+	d := _with_overlay_exception("classify.extension_mismatch")
+	d.allow == true
+}

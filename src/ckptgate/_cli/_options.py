@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import re
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
-from ckptgate._cli._base import F
+from ckptgate._cli._base import F, shown, stderr
 from ckptgate._resources import OPA_SUPPORTED
 
 if TYPE_CHECKING:
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 # ~175 ms, ckptgate.config ~22 ms, ckptgate.evidence.* ~30 ms (the evidence machinery).
 
 _ENGINE_KEYS = (
+    "config_file",
+    "isolated",
+    "base",
     "opa_url",
     "opa_binary",
     "opa_timeout",
@@ -41,33 +45,60 @@ def engine_options(f: F) -> F:
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from ckptgate.decide.options import EngineOptions  # noqa: PLC0415 - engine stack, ~900 ms
+        from ckptgate.precedence import Named, resolve  # noqa: PLC0415 - engine stack, ~900 ms
 
         values = {k: kwargs.pop(k) for k in _ENGINE_KEYS}
         if values["opa_binary"] is not None:
             from ckptgate.decide.bundle import select_opa_binary  # noqa: PLC0415 - engine stack, ~450 ms
 
             select_opa_binary(values["opa_binary"])
-        config = load_config(kwargs.get("repo"))  # a command's --repo names the repository configured
-        local = values["opa_url"] is None and values["policy_bundle"] is None
-        if config is not None and local:  # an explicit option wins over the configuration
-            values["trust_file"] = values["trust_file"] or config.trust
-            values["policy_dir"] = values["policy_dir"] or config.policies
-        kwargs["engine"] = EngineOptions(
-            opa_url=values["opa_url"],
-            opa_token=os.environ.get("CKPTGATE_OPA_TOKEN"),
-            policy_dir=values["policy_dir"],
-            trust_file=values["trust_file"],
-            timeout_s=values["opa_timeout"],
-            policy_bundle=values["policy_bundle"],
-            policy_key=values["policy_key"],
-            sigstore_trust_root=values["sigstore_trust_root"],
-            extra_rego=config.extra_rego if config is not None and local else None,
-            policy_data=config.policy_data if config is not None and local else None,
+        resolved = resolve(
+            Named(
+                opa_url=values["opa_url"],
+                opa_token=os.environ.get("CKPTGATE_OPA_TOKEN"),
+                policy_dir=values["policy_dir"],
+                trust_file=values["trust_file"],
+                timeout_s=values["opa_timeout"],
+                policy_bundle=values["policy_bundle"],
+                policy_key=values["policy_key"],
+                sigstore_trust_root=values["sigstore_trust_root"],
+                config=values["config_file"],
+                isolated=values["isolated"],
+                base=values["base"],
+                start=kwargs.get("repo"),  # a command's --repo names the repository configured
+            ),
+            # commands that work on a repository (check, qualify, matrix, provenance) judge its work
+            # tree: its configuration is the change under review, compared with --base
+            judging="repo" in kwargs,
+            say=lambda note: stderr.print(f"[dim]ckptgate:[/] {shown(note)}"),
         )
+        kwargs["engine"] = resolved.engine
+        if "resolved" in inspect.signature(f).parameters:
+            kwargs["resolved"] = resolved
         return f(*args, **kwargs)
 
     w: Callable[..., Any] = wrapper
+    w = click.option(
+        "--base",
+        "base",
+        default=None,
+        metavar="REV",
+        help="Read the configuration, and the trust data, overlay, extra Rego and policies it names, from "
+        "git's object store at REV (pre-merge CI: the target branch), not from the work tree.",
+    )(w)
+    w = click.option(
+        "--isolated",
+        is_flag=True,
+        default=False,
+        help="Use no configuration file (also CKPTGATE_NO_CONFIG=1).",
+    )(w)
+    w = click.option(
+        "--config",
+        "config_file",
+        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        default=None,
+        help="The configuration file to use, instead of the one discovered from the current directory.",
+    )(w)
     w = click.option(
         "--opa-url",
         envvar="CKPTGATE_OPA_URL",
@@ -153,11 +184,21 @@ def checkpoint_option(arg: str) -> Callable[[F], F]:
     return deco
 
 
-def load_config(start: Path | None = None) -> Config | None:
-    """The repository configuration found from ``start`` (default: the current directory), else ``None``."""
-    from ckptgate.config import load  # noqa: PLC0415 - ~22 ms
+def load_config(start: Path | None = None, *, announce: bool = True) -> Config | None:
+    """The repository configuration found from ``start`` (default: the current directory), else
+    ``None``; refused when another user owns it or can write it (``CKPTGATE_NO_CONFIG=1``: none)."""
+    from ckptgate.config import check_owner, discover, load_file  # noqa: PLC0415 - ~22 ms
+    from ckptgate.precedence import NO_CONFIG_ENV  # noqa: PLC0415 - engine stack
 
-    return load(start)
+    if (os.environ.get(NO_CONFIG_ENV) or "").strip().lower() not in ("", "0", "false", "no"):
+        return None
+    path = discover(start)
+    if path is None:
+        return None
+    check_owner(path, "the configuration file")
+    if announce:
+        stderr.print(f"[dim]ckptgate:[/] using configuration {shown(path.absolute())}")
+    return load_file(path)
 
 
 def evidence_repo(repo: Path | None, engine: EngineOptions) -> tuple[RepoLayout, EngineOptions]:
@@ -168,7 +209,7 @@ def evidence_repo(repo: Path | None, engine: EngineOptions) -> tuple[RepoLayout,
     from ckptgate.evidence.layout import RepoLayout  # noqa: PLC0415 - the evidence machinery
 
     root = repo_root(repo)
-    config = load_config(root if repo is not None else None)
+    config = load_config(root if repo is not None else None, announce=False)  # the command announced it
     return RepoLayout.from_config(root, config), engine if config is not None else engine.in_repo(root)
 
 

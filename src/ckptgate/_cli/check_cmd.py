@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +15,7 @@ from ckptgate.userfiles import check_output_file, write_output_file
 
 if TYPE_CHECKING:
     from ckptgate.decide.options import EngineOptions
+    from ckptgate.precedence import Resolved
 
 
 def register(cli: click.Group) -> None:
@@ -57,6 +57,7 @@ def register(cli: click.Group) -> None:
         fmt: str | None,
         repo: Path | None,
         engine: EngineOptions,
+        resolved: Resolved,
         as_json: bool,
     ) -> int:
         """Run the pre-merge gate. Exit 0 when every check passes, 3 when any fails.
@@ -74,19 +75,10 @@ def register(cli: click.Group) -> None:
         for out, what in ((sarif, "the SARIF report"), (junit, "the JUnit report")):
             if out is not None:
                 check_output_file(out, what=what)
-        from ckptgate.config import load  # noqa: PLC0415 - ~22 ms
-
         root = repo_root(repo)
-        config = load(root if repo is not None else None)  # the checked repository's configuration
-        if config is not None and engine.opa_url is None and engine.policy_bundle is None:
-            engine = dataclasses.replace(
-                engine,
-                trust_file=engine.trust_file or config.trust,
-                policy_dir=engine.policy_dir or config.policies,
-                extra_rego=config.extra_rego,
-            )
+        config = resolved.config  # the checked repository's configuration: the change under review
         options = engine if config is not None else engine.in_repo(root)
-        report = run_check(root, options=options, skip=skip, config=config)
+        report = run_check(root, options=options, skip=skip, config=config, base=resolved.base)
         if sarif is not None:
             write_output_file(
                 sarif, (json.dumps(to_sarif(report), indent=2, sort_keys=True) + "\n").encode(), what="the SARIF report"

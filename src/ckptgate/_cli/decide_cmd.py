@@ -97,6 +97,8 @@ def explain_lines(ev: Evaluation) -> list[str]:
         out.append(f"containment held: {', '.join(held) or 'none'}; missing: {', '.join(missing) or 'none'}")
     verdict = "ALLOW" if d.allow else "DENY"
     out.append(f"decision    {verdict} plane={d.plane} id={d.decision_id or '-'} policy={d.policy_revision}")
+    for i in d.inputs:
+        out.append(f"  decided with the {i.role.replace('_', ' ')} {i.path} ({i.origin}, {i.sha256})")
     if d.required_controls:
         out.append(f"  a load needs containment controls: {', '.join(d.required_controls)}")
     for r in d.reasons:
@@ -162,7 +164,7 @@ def explain_doc(ev: Evaluation) -> dict[str, Any]:
         "attestations": attestations,
         "containment": containment,
         "decision": {
-            **d.to_json("allow", "plane", "decision_id", "policy_revision", "refusal", "required_controls"),
+            **d.to_json("allow", "plane", "decision_id", "policy_revision", "refusal", "required_controls", "inputs"),
             "decision_id": d.decision_id or None,
             "exit_code": int(d.exit_code),
         },

@@ -160,6 +160,9 @@ def opa_version_supported(version: tuple[int, int, int]) -> bool:
     return version[0] == OPA_PINNED[0] and version >= OPA_PINNED
 
 
+#: Where extra Rego goes in the bundle: a directory the bundled policies do not use.
+EXTRA_IN_BUNDLE = "extra/"
+
 #: Packages extra Rego must not declare: the bundled policies' namespaces.
 RESERVED_PACKAGES = ("ckptgate", "system")
 
@@ -209,7 +212,7 @@ def extra_rego_overlays(extra: Path) -> dict[str, bytes]:
     policies do not use, so no bundled file is ever overwritten."""
     check_extra_rego(extra)
     return {
-        f"extra/{p.relative_to(extra).as_posix()}": p.read_bytes()
+        f"{EXTRA_IN_BUNDLE}{p.relative_to(extra).as_posix()}": p.read_bytes()
         for p in extra_rego_files(extra)
         if not p.name.endswith("_test.rego")
     }

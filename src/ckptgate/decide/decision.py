@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ckptgate.decide.engine import RawDecision
+from ckptgate.decide.inputs import DecisionInput
 from ckptgate.errors import ExitCode
 
 PLANES = ("pure_data", "static_pickle", "framework")
@@ -87,6 +88,8 @@ class Decision:
     companions: tuple[str, ...] = ()
     #: the subtree of a training-state tree that is written (allow only); None: the tree is written whole
     selection: Selection | None = None
+    #: every input that shaped the decision, by role, path, origin and sha256 (ckptgate.decide.inputs)
+    inputs: tuple[DecisionInput, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.companions or self.selection is not None) and not self.allow:
@@ -119,6 +122,7 @@ class Decision:
             "decision_id": self.decision_id,
             "policy_revision": self.policy_revision,
             "engine": self.engine,
+            "inputs": [i.to_json() for i in self.inputs],
             **({"selection": self.selection.to_json()} if self.selection is not None else {}),
         }
         return {k: doc[k] for k in fields} if fields else doc
@@ -138,6 +142,7 @@ def deny(
         policy_revision=raw.policy_revision if raw else "",
         engine=raw.engine if raw else "ckptgate",
         refusal="policy",
+        inputs=raw.inputs if raw else (),
     )
 
 
@@ -258,6 +263,7 @@ def _parse(raw: RawDecision) -> Decision:
         refusal=refusal,
         companions=companions,
         selection=selection,
+        inputs=raw.inputs,
     )
 
 

@@ -45,6 +45,7 @@ from ckptgate import workdirs
 from ckptgate._resources import default_policy_dir
 from ckptgate.decide._http import Late, OpaHttp, Unreachable
 from ckptgate.decide.bundle import PolicyBundle, find_opa
+from ckptgate.decide.inputs import DecisionInput
 from ckptgate.errors import EngineUnavailable
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -64,6 +65,8 @@ class RawDecision:
     decision_id: str
     policy_revision: str
     engine: str
+    #: every input that shaped the decision (configuration, overlay, extra Rego, trust, policy tree)
+    inputs: tuple[DecisionInput, ...] = ()
 
 
 class PolicyEngine(Protocol):
@@ -80,9 +83,12 @@ class _ClientEngine:
     _client: OpaHttp
     _name: str
     _revision: str
+    _inputs: tuple[DecisionInput, ...] = ()
 
     def evaluate(self, entrypoint: str, input_doc: dict[str, Any]) -> RawDecision:
         package, _, rule = entrypoint.strip("/").rpartition("/")
+        # the policies see what shaped their decision, as the records do
+        input_doc = {**input_doc, "decision_inputs": [i.to_json() for i in self._inputs]}
         path = f"/v1/data/{package}/{rule}?{urlencode({'provenance': 'true'})}"
         try:  # one deadline for connect, send, receive and parse: a trickled answer is late too
             body = self._client.post_json(path, {"input": input_doc}, time.monotonic() + self._client.timeout)
@@ -108,13 +114,22 @@ class _ClientEngine:
             decision_id=str(body.get("decision_id") or ""),
             policy_revision=revision,
             engine=self._name,
+            inputs=self._inputs,
         )
 
 
 class RemoteOpa(_ClientEngine):
     """An OPA server someone else runs, named by URL (``--opa-url`` or ``CKPTGATE_OPA_URL``)."""
 
-    def __init__(self, url: str, *, token: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        inputs: tuple[DecisionInput, ...] = (),
+    ) -> None:
+        self._inputs = inputs
         try:
             parsed = urlparse(url)
             explicit_port = parsed.port  # raises ValueError for a port that is not a number in range
@@ -159,10 +174,12 @@ class EmbeddedOpa(_ClientEngine):
         start_timeout_s: float = 30.0,
         log_path: Path | None = None,
         wait: bool = True,
+        inputs: tuple[DecisionInput, ...] = (),
     ) -> None:
         """Build the bundle and launch OPA on a keeper thread.  With ``wait=False`` the wait for the
         bundle and for OPA to become healthy is left to the first :meth:`evaluate`, so the caller's
         own work overlaps both; a failure to build or launch is raised there."""
+        self._inputs = inputs
         self._lease = workdirs.create_work_dir()  # mode 0700, locked and registered until close()
         self._workdir = self._lease.path
         self._proc: subprocess.Popen[bytes] | None = None
@@ -344,12 +361,17 @@ def open_engine(
     bundle: PolicyBundle | None = None,
     overlays: dict[str, bytes] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    inputs: tuple[DecisionInput, ...] = (),
 ) -> PolicyEngine:
-    """The remote OPA named by ``opa_url`` (or ``$CKPTGATE_OPA_URL``), else the embedded default."""
+    """The remote OPA named by ``opa_url`` (or ``$CKPTGATE_OPA_URL``), else the embedded default;
+    ``inputs`` are named in every decision it makes."""
     url = opa_url or os.environ.get("CKPTGATE_OPA_URL")
     if url:
-        return RemoteOpa(url, token=opa_token or os.environ.get("CKPTGATE_OPA_TOKEN"), timeout_s=timeout_s)
-    return EmbeddedOpa(bundle=bundle, policy_dir=policy_dir, overlays=overlays, timeout_s=timeout_s, wait=False)
+        token = opa_token or os.environ.get("CKPTGATE_OPA_TOKEN")
+        return RemoteOpa(url, token=token, timeout_s=timeout_s, inputs=inputs)
+    return EmbeddedOpa(
+        bundle=bundle, policy_dir=policy_dir, overlays=overlays, timeout_s=timeout_s, wait=False, inputs=inputs
+    )
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

@@ -10,18 +10,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import tarfile
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ckptgate._json import loads_strict
 from ckptgate._resources import default_policy_dir
-from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, extra_rego_overlays
+from ckptgate.decide.bundle import (
+    EXTRA_IN_BUNDLE,
+    PolicyBundle,
+    check_policy_dir,
+    extra_rego_overlays,
+    policy_revision,
+)
 from ckptgate.decide.engine import PolicyEngine, open_engine
+from ckptgate.decide.inputs import DecisionInput, revision_document, sha256_of
 from ckptgate.errors import UsageError
 from ckptgate.verify import TrustData
 from ckptgate.verify.sigstore import check_trust_root
@@ -45,6 +53,11 @@ class EngineOptions:
     extra_rego: Path | None = None
     #: The configuration's policy-data overlay (:mod:`ckptgate.policydata`), for the embedded engine only.
     policy_data: Any = None
+    #: The configuration file these options came from (``None``: none was used).
+    config_input: DecisionInput | None = None
+    #: Who named each input (``role -> (origin, path as named)``); a role absent here was named by
+    #: the caller (``explicit``), or is the bundled default (``bundled``).
+    provenance: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
@@ -82,13 +95,18 @@ class EngineOptions:
 def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterator[PolicyEngine]:
     """The policy engine ``options`` name.  With ``--trust``, the engine carries the very bytes
     ``trust`` was parsed from (read here when ``trust`` is not given), never a second read."""
-    overlays: dict[str, bytes] | None = None
-    if options.trust_file is not None or options.policy_data is not None:
-        overlays = {TRUST_IN_BUNDLE: (trust or load_trust(options)).raw}
+    overlays: dict[str, bytes] = {}
+    local = options.opa_url is None and options.policy_bundle is None
+    if local:
+        trust = trust or load_trust(options)
+        overlays[TRUST_IN_BUNDLE] = trust.raw  # the engine decides with the very bytes named and hashed
         if options.policy_data is not None:
             overlays.update(options.policy_data.overlays(options.policy_dir or default_policy_dir()))
-    if options.extra_rego is not None and options.opa_url is None and options.policy_bundle is None:
-        overlays = {**(overlays or {}), **extra_rego_overlays(options.extra_rego)}
+        if options.extra_rego is not None:
+            overlays.update(extra_rego_overlays(options.extra_rego))
+    inputs = decision_inputs(options, trust if local else None, overlays)
+    if local:  # the embedded engine's policy revision covers every input, the configuration included
+        overlays[INPUTS_IN_BUNDLE] = json.dumps(revision_document(inputs), sort_keys=True).encode()
     bundle = None
     if options.policy_bundle is not None:
         if options.policy_key is None or options.trust_file is not None:
@@ -103,8 +121,9 @@ def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterat
         opa_token=options.opa_token,
         policy_dir=options.policy_dir,
         bundle=bundle,
-        overlays=overlays,
+        overlays=overlays or None,
         timeout_s=options.timeout_s,
+        inputs=inputs,
     )
     try:
         yield engine
@@ -145,6 +164,55 @@ def _bundle_trust(bundle: Path) -> bytes:
 
 
 TRUST_IN_BUNDLE = "ckptgate/config/trust/data.json"
+#: The manifest of decision inputs in the embedded bundle (``data.ckptgate_inputs``): the revision covers it.
+INPUTS_IN_BUNDLE = "ckptgate_inputs/data.json"
+
+
+def decision_inputs(
+    options: EngineOptions, trust: TrustData | None, overlays: Mapping[str, bytes]
+) -> tuple[DecisionInput, ...]:
+    """Every input that shapes the decisions these options make, each with the sha256 of the very
+    bytes the engine is given (``overlays``) or Python verifies with (``trust``)."""
+
+    def named(role: str, path: Path | str, default: str = "explicit") -> tuple[str, str]:
+        return options.provenance.get(role, (default, str(path)))
+
+    out: list[DecisionInput] = []
+    if options.config_input is not None:
+        out.append(options.config_input)
+    if options.policy_bundle is not None:
+        origin, path = named("policy_bundle", options.policy_bundle, "signed")
+        out.append(
+            DecisionInput(role="policy_bundle", path=path, origin=origin, sha256=_file_sha256(options.policy_bundle))
+        )
+    elif options.opa_url is None:
+        tree = options.policy_dir or default_policy_dir()
+        origin, path = named("policy_tree", tree, "explicit" if options.policy_dir is not None else "bundled")
+        out.append(DecisionInput(role="policy_tree", path=path, origin=origin, sha256=policy_revision(tree)))
+    if options.policy_data is not None:
+        origin, path = named("overlay", options.policy_data.source)
+        out.append(DecisionInput(role="overlay", path=path, origin=origin, sha256=options.policy_data.sha256))
+    if options.extra_rego is not None and options.opa_url is None and options.policy_bundle is None:
+        origin, base = named("extra_rego", options.extra_rego)
+        for rel, data in sorted(overlays.items()):
+            if rel.startswith(EXTRA_IN_BUNDLE):
+                sub = rel.removeprefix(EXTRA_IN_BUNDLE)
+                out.append(
+                    DecisionInput(role="extra_rego", path=f"{base}/{sub}", origin=origin, sha256=sha256_of(data))
+                )
+    if trust is not None:
+        default = "explicit" if options.trust_file is not None else "bundled"
+        origin, path = named("trust", options.trust_file or trust.source or "", default)
+        out.append(DecisionInput(role="trust", path=path, origin=origin, sha256=sha256_of(trust.raw)))
+    return tuple(out)
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
 
 
 def trust_file_in(policy_dir: Path) -> Path:

@@ -23,100 +23,22 @@ from xml.etree import ElementTree as ET
 
 from ckptgate import __version__
 from ckptgate._resources import GO_TOOLS, clone_tool, default_policy_dir
+from ckptgate.config import from_table
 from ckptgate.decide.bundle import selected_opa_binary
 from ckptgate.decide.install import reported_version
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.errors import Error
 from ckptgate.evidence import claims, matrix
 from ckptgate.evidence.candidate import candidate_commit
+from ckptgate.evidence.findings import CHECK_DESCRIPTIONS, CHECK_NAMES, CheckFinding, CheckResult
 from ckptgate.evidence.layout import RepoLayout
 from ckptgate.evidence.matrix import evidence_location
+from ckptgate.evidence.widening_check import widening_check
+from ckptgate.gitbase import BaseConfig
 
-CHECK_NAMES = ("policy_tests", "opa_fmt", "regal_lint", "matrix_drift", "evidence", "claims")
 TOOL_TIMEOUT_S = 300
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 DOCS_URI = "https://ckptgate.dev/docs/user-guide"
-# Findings may also come from the matrix build that the last three checks share.
-FINDING_CHECKS = (*CHECK_NAMES, "matrix_build")
-# What each check is for: the SARIF rules' descriptions (docs/user-guide.md, "check findings").
-CHECK_DESCRIPTIONS: dict[str, tuple[str, str]] = {
-    "policy_tests": (
-        "A Rego policy unit test failed.",
-        "`opa test` ran the policy unit tests under policies/ and a test failed or raised an error.",
-    ),
-    "opa_fmt": (
-        "A policy file is not formatted.",
-        "`opa fmt --list` names this Rego file; run `opa fmt -w` on it and commit the result.",
-    ),
-    "regal_lint": (
-        "Regal reported a policy lint violation.",
-        "`regal lint` found a style or correctness problem in a Rego file.",
-    ),
-    "matrix_drift": (
-        "matrix/ differs from a fresh build.",
-        "Policies, attestations or fixtures changed without `ckptgate matrix build`; "
-        "rebuild the matrix and commit matrix/.",
-    ),
-    "evidence": (
-        "A supported matrix row lacks retained evidence.",
-        "A supported row's attestation or result log is missing, or the log's sha256 is not the "
-        "digest its attestation names.",
-    ),
-    "claims": (
-        "Documentation text makes a claim the evidence does not back.",
-        "The claims lint found a sentence that claims more than the support matrix and the reference register back.",
-    ),
-    "matrix_build": (
-        "The support matrix could not be built.",
-        "The checks matrix_drift, evidence and claims need a matrix build, and it failed.",
-    ),
-}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CheckFinding:
-    """One failure: which check, a stable code, a message, and where (file/line) when known."""
-
-    check: str
-    code: str
-    message: str
-    file: str | None = None
-    line: int | None = None
-    detail: str | None = None
-    severity: str = "error"
-
-    def __post_init__(self) -> None:
-        if self.check not in FINDING_CHECKS or not self.code or not self.message:
-            raise ValueError(f"bad finding {self.check!r}/{self.code!r}")
-        if self.severity not in ("error", "warning"):
-            raise ValueError(f"bad severity {self.severity!r}")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "check": self.check,
-            "code": self.code,
-            "message": self.message,
-            "file": self.file,
-            "line": self.line,
-            "detail": self.detail,
-            "severity": self.severity,
-            "fingerprint": self.fingerprint,
-        }
-
-    @property
-    def fingerprint(self) -> str:
-        """Stable across runs and line moves: the check, code, file and message, hashed."""
-        key = "\0".join((self.check, self.code, self.file or "", self.message))
-        return hashlib.sha256(key.encode()).hexdigest()[:32]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CheckResult:
-    name: str
-    passed: bool
-    summary: str
-    findings: tuple[CheckFinding, ...] = ()
-    seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -421,13 +343,32 @@ def extra_policy_tests(extra: Path, repo: Path, bundled: Path) -> CheckResult:
     )
 
 
+def _base_settings(base: BaseConfig, repo: Path) -> Any:
+    """The base revision's configuration table, with its paths in the work tree (``None``: none)."""
+    if base.config is None:
+        return None
+    return from_table(dict(base.table), root=repo / base.directory, source=repo / base.directory)
+
+
 def run_check(
-    repo: Path, *, options: EngineOptions | None = None, skip: Sequence[str] = (), config: Any = None
+    repo: Path,
+    *,
+    options: EngineOptions | None = None,
+    skip: Sequence[str] = (),
+    config: Any = None,
+    base: BaseConfig | None = None,
 ) -> Report:
     """Run every check that ``config`` enables (all of them without one), except ``skip``, and return
     the report; never raises for a failing check.  The matrix, the store and the fixtures are where
-    ``config`` puts them (:class:`~ckptgate.evidence.layout.RepoLayout`)."""
+    ``config`` puts them (:class:`~ckptgate.evidence.layout.RepoLayout`).  With ``base`` (``--base
+    REV``), which checks run and what they read are the base revision's settings, applied to the work
+    tree, so the change under review cannot turn a check off; and the ``widening`` check reports what
+    the change widens."""
     repo = repo.resolve()
+    judged = config
+    if base is not None:
+        config = _base_settings(base, repo)
+    widening = [widening_check(base, judged, repo)] if base is not None else []
     layout = RepoLayout.from_config(repo, config)
     reasons = plan(config, skip)
     for name in PINNED_ONLY:
@@ -464,6 +405,7 @@ def run_check(
     for name, run in tool_checks:
         if name not in skip:
             results.append(run())
+    results += widening
     revision = None
     if {"matrix_drift", "evidence", "claims"} <= set(skip):
         return Report(

@@ -125,7 +125,15 @@ def build_report(
         "rejected_attestations": pin.get("rejected_attestations") or [],
         "digest_matches_any_attestation": any(a["digest_matches"] for a in signed),
         "decision": d.to_json(
-            "allow", "plane", "refusal", "decision_id", "policy_revision", "engine", "reasons", "permitted_loaders"
+            "allow",
+            "plane",
+            "refusal",
+            "decision_id",
+            "policy_revision",
+            "engine",
+            "reasons",
+            "permitted_loaders",
+            "inputs",
         ),
         "load_requires": {
             "plane": d.plane,
@@ -175,6 +183,8 @@ def render_text(doc: dict[str, Any]) -> list[str]:
         f"decision    {'ALLOW' if d['allow'] else 'DENY'} plane={d['plane']} "
         f"policy revision {d['policy_revision']} (decision {d['decision_id'] or '-'})"
     )
+    for i in d.get("inputs") or []:
+        out.append(f"  input     {i.get('role')} {i.get('path')} ({i.get('origin')}, {i.get('sha256')})")
     for r in d["reasons"]:
         label = "because" if r.get("severity") == "deny" else "note"
         out.append(f"  {label:<9} [{r.get('code')}] {r.get('message')}")
@@ -419,6 +429,15 @@ def render_html(doc: dict[str, Any]) -> str:
             [
                 ("Policy revision", v(d["policy_revision"], mono=True)),
                 ("Trust data", v(trust.get("sha256"), mono=True) + "<br>" + v(trust.get("source"), mono=True)),
+                *(
+                    (
+                        f"Decided with ({i.get('role', '').replace('_', ' ')})",
+                        v(i.get("path"), mono=True)
+                        + f" ({e(str(i.get('origin')))})<br>"
+                        + v(i.get("sha256"), mono=True),
+                    )
+                    for i in d.get("inputs") or []
+                ),
                 ("ckptgate version", v(g.get("ckptgate_version"))),
                 ("Generated at", v(g.get("at"))),
                 ("Report version", v(doc.get("report_version"))),

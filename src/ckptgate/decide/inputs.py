@@ -1,0 +1,60 @@
+"""Every input that shaped a decision, named by role, where it came from and its sha256.
+
+A decision depends on more than the checkpoint and its attestations: the configuration file, the
+policy-data overlay, extra Rego, the trust data and the policy tree (or a signed bundle) all change
+what it says.  :class:`DecisionInput` names one of them; the engine carries the tuple into every
+decision (``input.decision_inputs`` for the policies, ``Decision.inputs`` for the records), and the
+embedded engine's policy revision covers it (:func:`revision_document`).
+
+``origin`` says who could have edited the input, which is what the precedence rule is about
+(docs/user-guide.md#precedence):
+
+* ``explicit``: a command-line option or the library caller named it;
+* ``environment``: an environment variable named it;
+* ``discovered``: found from the current directory (the work tree a change under review can edit);
+* ``base``: read from the git object store at ``--base REV`` (immutable objects, not the work tree);
+* ``bundled``: installed with ckptgate (the package's policies and trust data);
+* ``signed``: a signed policy bundle, verified by OPA at start-up, or a remote engine's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ORIGINS", "ROLES", "DecisionInput", "revision_document", "sha256_of"]
+
+ROLES = ("configuration", "overlay", "extra_rego", "trust", "policy_tree", "policy_bundle", "remote_engine")
+ORIGINS = ("explicit", "environment", "discovered", "base", "bundled", "signed")
+
+
+def sha256_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecisionInput:
+    """One input that shaped a decision: its role, the path as it was named (``REV:path`` for
+    ``--base``), where it came from, and the sha256 of the bytes that were used."""
+
+    role: str
+    path: str
+    origin: str
+    sha256: str
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES or self.origin not in ORIGINS:
+            raise ValueError(f"decision input {self.role!r} from {self.origin!r}: unknown role or origin")
+        if not self.sha256.startswith("sha256:") or len(self.sha256) != 71:
+            raise ValueError(f"decision input {self.path!r}: not a sha256 digest: {self.sha256!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"role": self.role, "path": self.path, "origin": self.origin, "sha256": self.sha256}
+
+
+def revision_document(inputs: Iterable[DecisionInput]) -> dict[str, Any]:
+    """What the policy revision covers of the inputs: role, origin and digest, without the paths,
+    so two clones of one revision in different folders decide under the same revision."""
+    return {"inputs": [{"role": i.role, "origin": i.origin, "sha256": i.sha256} for i in inputs]}

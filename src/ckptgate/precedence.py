@@ -1,0 +1,223 @@
+"""Which configuration and which decision inputs a command uses, and who could have edited them.
+
+The precedence users know from other tools, and one rule of ckptgate's own:
+
+1. Explicit options beat environment variables, which beat a discovered configuration.
+   ``--trust``, ``--policies``, ``--policy-bundle`` and ``--opa-url`` make the run hermetic for what
+   they name: no configuration changes it.  ``--config PATH`` names a configuration;
+   ``--isolated`` (or ``CKPTGATE_NO_CONFIG=1``) uses none; ``--base REV`` reads it, and every file it
+   names that shapes a decision, from git's object store at ``REV`` (:mod:`ckptgate.gitbase`).
+2. **What the change under review can edit may restrict the gate, never widen it.**  A configuration
+   *discovered* in the work tree may add extra Rego (which can only add deny reasons), shorten the
+   freshness window or narrow gates; it may not add or change a signer, add a finding exception,
+   widen a gate or replace the policy tree.  Such a widening is refused (``usage.config.widens``):
+   widening comes only from explicit options, a signed bundle, or the objects at ``--base REV``.
+
+Every file used is named, with its origin and sha256, in the decision (:mod:`ckptgate.decide.inputs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckptgate._resources import default_policy_dir
+from ckptgate.config import Config, check_owner, discover, load_file
+from ckptgate.decide.bundle import policy_revision
+from ckptgate.decide.inputs import DecisionInput
+from ckptgate.decide.options import EngineOptions
+from ckptgate.errors import ConfigError, UsageError
+from ckptgate.gitbase import BaseConfig, materialize
+from ckptgate.widening import effective, widenings
+
+__all__ = ["NO_CONFIG_ENV", "Named", "Resolved", "resolve"]
+
+NO_CONFIG_ENV = "CKPTGATE_NO_CONFIG"
+_kept: list[tempfile.TemporaryDirectory[str]] = []  # --base files live as long as the process
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Named:
+    """What the command line and the environment named."""
+
+    opa_url: str | None = None
+    opa_token: str | None = None
+    policy_dir: Path | None = None
+    trust_file: Path | None = None
+    timeout_s: float = 5.0
+    policy_bundle: Path | None = None
+    policy_key: Path | None = None
+    sigstore_trust_root: Path | str | None = None
+    config: Path | None = None
+    isolated: bool = False
+    base: str | None = None
+    #: where discovery starts (a command's --repo), default the current directory
+    start: Path | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resolved:
+    """The configuration a command uses (``None``: none), its origin, the engine options, and the base
+    revision's configuration where ``--base`` was given."""
+
+    config: Config | None
+    origin: str | None
+    engine: EngineOptions
+    base: BaseConfig | None = None
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _no_config_env() -> bool:
+    return (os.environ.get(NO_CONFIG_ENV) or "").strip().lower() not in ("", "0", "false", "no")
+
+
+def find(
+    named: Named, *, judging: bool = False, say: Callable[[str], None] = _quiet
+) -> tuple[Config | None, str | None, BaseConfig | None]:
+    """The configuration ``named`` selects, its origin, and the base's configuration (``--base``)."""
+    if named.isolated and (named.config is not None or named.base is not None):
+        raise UsageError(
+            "usage.conflicting_options",
+            "--isolated uses no configuration; it cannot be combined with --config or --base",
+        )
+    base = None
+    if named.base is not None:
+        tmp = tempfile.TemporaryDirectory(prefix="ckptgate-base-")
+        _kept.append(tmp)
+        base = materialize(named.base, named.start or Path.cwd(), Path(tmp.name))
+        say(
+            f"--base {named.base}: configuration {base.label} (commit {base.commit[:12]})"
+            if base.label is not None
+            else f"--base {named.base}: no configuration at commit {base.commit[:12]}; the bundled defaults apply"
+        )
+        if not judging:  # the work tree's configuration is not used: the base's decides
+            return base.config, "base", base
+    if named.isolated or _no_config_env():
+        return None, None, base
+    if named.config is not None:
+        path, origin = named.config, "explicit"
+    else:
+        found = discover(named.start)
+        if found is None:
+            return None, None, base
+        path, origin = found, "discovered"
+        say(f"using configuration {found.absolute()}")
+    check_owner(path, "the configuration file")
+    config = load_file(path)
+    for what, p in (
+        ("the trust data", config.trust),
+        ("the policy-data overlay", config.policy_data.source if config.policy_data is not None else None),
+        ("the extra Rego directory", config.extra_rego),
+    ):
+        if p is not None:
+            check_owner(p, what)
+    return config, origin, base
+
+
+def resolve(named: Named, *, judging: bool = False, say: Callable[[str], None] = _quiet) -> Resolved:
+    """The configuration and engine options for one command.  ``judging``: the command judges the
+    work tree (``check``): its configuration is the change under review and is used as it is, and
+    ``--base`` is read beside it for comparison and settings.  ``say`` announces on stderr which
+    configuration is used and what it does not change, as soon as it is known."""
+    config, origin, base = find(named, judging=judging, say=say)
+    plain = EngineOptions(
+        opa_url=named.opa_url,
+        opa_token=named.opa_token,
+        policy_dir=named.policy_dir,
+        trust_file=named.trust_file,
+        timeout_s=named.timeout_s,
+        policy_bundle=named.policy_bundle,
+        policy_key=named.policy_key,
+        sigstore_trust_root=named.sigstore_trust_root,
+    )
+    if config is None or origin is None:
+        return Resolved(config=config, origin=origin, engine=plain, base=base)
+    if named.opa_url is not None or named.policy_bundle is not None:
+        if config.trust or config.policy_data or config.extra_rego or config.policies:
+            say(
+                "the configuration's trust, overlay, extra Rego and policies are not used: "
+                f"{'--opa-url' if named.opa_url else '--policy-bundle'} decides with its own"
+            )
+        return Resolved(config=config, origin=origin, engine=plain, base=base)
+    overlay, extra = config.policy_data, config.extra_rego
+    if named.policy_dir is not None and (config.policies or overlay or extra):
+        say("--policies: the configuration's policies, overlay and extra Rego are not used")
+        overlay, extra = None, None
+    if named.trust_file is not None and overlay is not None and overlay.signers:
+        say("--trust: the overlay's signers are not added to the trust data named")
+        overlay = dataclasses.replace(overlay, doc={k: v for k, v in overlay.doc.items() if k != "signers"})
+    policy_dir = named.policy_dir or config.policies
+    trust_file = named.trust_file or config.trust
+    if origin == "discovered" and not judging:
+        _refuse_widening(config, policy_dir, named.policy_dir is not None, trust_file, named.trust_file, overlay)
+    label = base.label if origin == "base" and base is not None else str(config.source)
+
+    def shown(p: Path) -> str:
+        if origin == "base" and base is not None:
+            return f"{base.rev}:{(base.directory / p.relative_to(config.root)).as_posix()}"
+        return str(p)
+
+    provenance: dict[str, tuple[str, str]] = {}
+    if named.trust_file is None and config.trust is not None:
+        provenance["trust"] = (origin, shown(config.trust))
+    if named.policy_dir is None and config.policies is not None:
+        provenance["policy_tree"] = (origin, shown(config.policies))
+    if overlay is not None:
+        provenance["overlay"] = (origin, shown(overlay.source))
+    if extra is not None:
+        provenance["extra_rego"] = (origin, shown(extra))
+    engine = dataclasses.replace(
+        plain,
+        policy_dir=policy_dir,
+        trust_file=trust_file,
+        policy_data=overlay,
+        extra_rego=extra,
+        config_input=DecisionInput(role="configuration", path=label or "", origin=origin, sha256=config.sha256)
+        if config.sha256
+        else None,
+        provenance=provenance,
+    )
+    return Resolved(config=config, origin=origin, engine=engine, base=base)
+
+
+def _refuse_widening(
+    config: Config,
+    policy_dir: Path | None,
+    policies_explicit: bool,
+    trust_file: Path | None,
+    explicit_trust: Path | None,
+    overlay: object,
+) -> None:
+    """A discovered configuration may only restrict the bundled inputs (or an explicit ``--trust``)."""
+    bundled = default_policy_dir()
+    found = []
+    if not policies_explicit and policy_dir is not None and not _same_tree(policy_dir, bundled):
+        found.append(f"policies = {policy_dir}: replaces the bundled policy tree")
+    base = effective(bundled, trust_file=explicit_trust)
+    new = effective(
+        policy_dir or bundled,
+        trust_file=trust_file,
+        overlay=overlay,  # type: ignore[arg-type]
+        where={"trust": str(trust_file or "trust data"), "overlay": str(getattr(overlay, "source", "overlay"))},
+    )
+    found += [f"{w.file}: {w.message}" for w in widenings(base, new, include_rego=False)]
+    if found:
+        raise ConfigError(
+            "usage.config.widens",
+            f"the configuration {config.source}, found in the work tree, widens the gate: " + "; ".join(found),
+            evidence={"file": str(config.source), "widenings": found},
+            advice="A configuration found from the current directory may only restrict the gate, since the "
+            "change under review can edit it. Read it from a reviewed revision with --base REV (in CI: "
+            "--base origin/main; locally: --base HEAD), or name it explicitly with --config PATH or --trust FILE.",
+        )
+
+
+def _same_tree(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve() or policy_revision(a) == policy_revision(b)

@@ -1,0 +1,187 @@
+"""What widens the gate: a comparison of two sets of decision inputs.
+
+The rule (docs/user-guide.md#precedence): nothing that a change under review can edit may widen the
+decision that judges it.  :class:`Effective` is what a set of inputs amounts to once merged (trust
+data, intake data, gates, extra Rego); :func:`widenings` lists every way ``new`` admits more than
+``base``:
+
+* a signer added to the trust data, or one whose entry changed (its scope may have grown);
+* the attestation freshness window, or the clock skew allowed, lengthened;
+* a finding exception added;
+* an adapter's producer-version gate admitting a version the base does not;
+* extra Rego added or changed (reported by ``check --base``; at run time extra Rego only adds
+  deny reasons, so it cannot widen).
+
+The same comparison refuses a discovered configuration that widens the bundled inputs at run time
+(:mod:`ckptgate.precedence`) and reports a pull request's widening changes in ``check --base``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptgate._json import loads_strict
+from ckptgate.policydata import GATES_IN_BUNDLE, INTAKE_IN_BUNDLE, TRUST_IN_BUNDLE, PolicyData
+
+__all__ = ["Effective", "Widening", "effective", "widenings"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Widening:
+    """One way the new inputs admit more than the base: a stable code, what, and where."""
+
+    code: str
+    message: str
+    file: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message, "file": self.file}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Effective:
+    """Decision inputs once merged: what the engine and the verifier would use."""
+
+    trust: Mapping[str, Any]
+    intake: Mapping[str, Any]
+    gates: Mapping[str, Any]
+    extra_rego: Mapping[str, bytes] = field(default_factory=dict)
+    #: where each part came from, as shown to a reviewer (``trust``, ``overlay``, ``extra_rego``, ``policies``)
+    where: Mapping[str, str] = field(default_factory=dict)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    doc = loads_strict(path.read_bytes(), what=str(path))
+    return doc if isinstance(doc, dict) else {}
+
+
+def effective(
+    policy_dir: Path,
+    *,
+    trust_file: Path | None = None,
+    overlay: PolicyData | None = None,
+    extra_rego: Path | None = None,
+    where: Mapping[str, str] | None = None,
+) -> Effective:
+    """The merged inputs of a policy tree, an optional trust file, overlay and extra Rego."""
+    trust = _read_json(trust_file or policy_dir / TRUST_IN_BUNDLE)
+    intake = _read_json(policy_dir / INTAKE_IN_BUNDLE)
+    gates = _read_json(policy_dir / GATES_IN_BUNDLE)
+    if overlay is not None:
+        trust = json.loads(overlay.merge_trust(json.dumps(trust).encode()))
+        merged = overlay.overlays(policy_dir)
+        intake = json.loads(merged[INTAKE_IN_BUNDLE]) if INTAKE_IN_BUNDLE in merged else intake
+        gates = json.loads(merged[GATES_IN_BUNDLE]) if GATES_IN_BUNDLE in merged else gates
+    rego: dict[str, bytes] = {}
+    if extra_rego is not None and extra_rego.is_dir():
+        rego = {p.relative_to(extra_rego).as_posix(): p.read_bytes() for p in sorted(extra_rego.rglob("*.rego"))}
+    return Effective(trust=trust, intake=intake, gates=gates, extra_rego=rego, where=dict(where or {}))
+
+
+def _canon(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def widenings(base: Effective, new: Effective, *, include_rego: bool = True) -> list[Widening]:
+    """Every way ``new`` admits more than ``base``, in a stable order."""
+    out: list[Widening] = []
+    trust_at = new.where.get("trust", "trust data")
+    old_signers = {s.get("id"): _canon(s) for s in base.trust.get("signers", []) if isinstance(s, dict)}
+    for s in new.trust.get("signers", []):
+        if not isinstance(s, dict):
+            continue
+        sid = s.get("id")
+        if sid not in old_signers:
+            out.append(Widening(code="widening.signer_added", message=f"signer {sid!r} is added", file=trust_at))
+        elif old_signers[sid] != _canon(s):
+            out.append(
+                Widening(
+                    code="widening.signer_changed",
+                    message=f"signer {sid!r} is changed (its keys, identities or scope)",
+                    file=trust_at,
+                )
+            )
+    data_at = new.where.get("overlay", new.where.get("policies", "policy data"))
+    old_fresh, new_fresh = base.intake.get("freshness", {}), new.intake.get("freshness", {})
+    for key in ("max_age_seconds", "max_clock_skew_seconds"):
+        before, after = old_fresh.get(key), new_fresh.get(key)
+        if isinstance(before, int) and isinstance(after, int) and after > before:
+            out.append(
+                Widening(
+                    code="widening.freshness_lengthened",
+                    message=f"freshness {key} is lengthened from {before} to {after}",
+                    file=data_at,
+                )
+            )
+    old_exceptions = {
+        _canon({k: v for k, v in e.items() if k != "overlay"}) for e in base.intake.get("finding_exceptions", [])
+    }
+    for e in new.intake.get("finding_exceptions", []):
+        if _canon({k: v for k, v in e.items() if k != "overlay"}) not in old_exceptions:
+            out.append(
+                Widening(
+                    code="widening.exception_added",
+                    message=f"finding exception {e.get('id')!r} for {e.get('code')!r} is added",
+                    file=data_at,
+                )
+            )
+    old_gates = base.gates.get("adapters", {})
+    for adapter, gate in sorted(new.gates.get("adapters", {}).items()):
+        before = old_gates.get(adapter)
+        if before is None or not _versions_within(gate.get("versions", {}), before.get("versions", {})):
+            out.append(
+                Widening(
+                    code="widening.gate_widened",
+                    message=f"the producer-version gate of {adapter!r} admits versions the base does not",
+                    file=data_at,
+                )
+            )
+    if include_rego:
+        rego_at = new.where.get("extra_rego", "extra Rego")
+        for rel in sorted(set(new.extra_rego)):
+            if base.extra_rego.get(rel) != new.extra_rego[rel]:
+                out.append(
+                    Widening(
+                        code="widening.extra_rego_changed",
+                        message=f"extra Rego {rel} is {'changed' if rel in base.extra_rego else 'added'}",
+                        file=f"{rego_at}/{rel}",
+                    )
+                )
+    return out
+
+
+def _semver(text: Any) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(p) for p in str(text).split("."))
+    except ValueError:
+        return None
+
+
+def _versions_within(new: Mapping[str, Any], base: Mapping[str, Any]) -> bool:
+    """Every version ``new`` admits, ``base`` admits too (unparseable versions: not within)."""
+    if base.get("any") is True:
+        return True
+    if new.get("any") is True:
+        return False
+    ranges = [(_semver(r.get("min")), _semver(r.get("max_exclusive"))) for r in base.get("ranges", [])]
+
+    def admitted(v: tuple[int, ...] | None, text: str) -> bool:
+        if text in base.get("exact", []):
+            return True
+        return v is not None and any(lo is not None and hi is not None and lo <= v < hi for lo, hi in ranges)
+
+    if not all(admitted(_semver(v), v) for v in new.get("exact", [])):
+        return False
+    for r in new.get("ranges", []):
+        lo, hi = _semver(r.get("min")), _semver(r.get("max_exclusive"))
+        if (
+            lo is None
+            or hi is None
+            or not any(a is not None and b is not None and a <= lo and hi <= b for a, b in ranges)
+        ):
+            return False
+    return True

@@ -200,6 +200,9 @@ def _refuse_widening(
     found = []
     if not policies_explicit and policy_dir is not None and not _same_tree(policy_dir, bundled):
         found.append(f"policies = {policy_dir}: replaces the bundled policy tree")
+    work_tree_trust = trust_file is not None and trust_file != explicit_trust
+    if not work_tree_trust and overlay is None:  # nothing read from the work tree can widen
+        return _refuse(config, found)
     base = effective(bundled, trust_file=explicit_trust)
     new = effective(
         policy_dir or bundled,
@@ -208,6 +211,10 @@ def _refuse_widening(
         where={"trust": str(trust_file or "trust data"), "overlay": str(getattr(overlay, "source", "overlay"))},
     )
     found += [f"{w.file}: {w.message}" for w in widenings(base, new, include_rego=False)]
+    _refuse(config, found)
+
+
+def _refuse(config: Config, found: list[str]) -> None:
     if found:
         raise ConfigError(
             "usage.config.widens",

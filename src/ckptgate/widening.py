@@ -55,7 +55,12 @@ class Effective:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    doc = loads_strict(path.read_bytes(), what=str(path))
+    """The JSON object in ``path``; ``{}`` when it cannot be read or parsed (the command that uses
+    the file reports that with its own typed error, and nothing is admitted by an empty document)."""
+    try:
+        doc = loads_strict(path.read_bytes(), what=str(path))
+    except (OSError, ValueError):
+        return {}
     return doc if isinstance(doc, dict) else {}
 
 

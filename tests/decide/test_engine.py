@@ -43,7 +43,7 @@ def test_embedded_answers_with_revision_and_decision_id(policy_dir):
     with EmbeddedOpa(policy_dir=root) as opa:
         raw = opa.evaluate("ckptgate/intake/decision", {"ok": True})
     assert raw.result["allow"] is True
-    assert raw.result["echo"] == {"ok": True}
+    assert raw.result["echo"] == {"ok": True, "decision_inputs": []}  # the engine names its inputs (none here)
     assert raw.policy_revision == policy_revision(root)
     assert raw.decision_id  # decision logging is on, so OPA assigns an id
 

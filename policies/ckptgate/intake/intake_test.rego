@@ -420,14 +420,14 @@ _overlay_exception(code) := {
 	"paths": ["evil.py"], "why": "an exception a policy-data overlay added", "overlay": true,
 }
 
+_error_finding(code, path) := {"code": code, "severity": "error", "path": path, "message": "m", "evidence": {}}
+
 _with_overlay_exception(code) := d if {
 	exceptions := array.concat(data.ckptgate.config.intake.finding_exceptions, [_overlay_exception(code)])
 	d := _decide(td.patched([
 		{"op": "replace", "path": "/inspection/format", "value": "deepspeed-zero3"},
 		{"op": "replace", "path": "/inspection/clean", "value": false},
-		{"op": "replace", "path": "/inspection/findings", "value": [
-			{"code": code, "severity": "error", "path": "evil.py", "message": "m", "evidence": {}},
-		]},
+		{"op": "replace", "path": "/inspection/findings", "value": [_error_finding(code, "evil.py")]},
 	])) with data.ckptgate.config.intake.finding_exceptions as exceptions
 }
 

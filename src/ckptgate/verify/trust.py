@@ -237,14 +237,12 @@ def _key_signer(e: dict[str, Any], sid: str, common: dict[str, Any], source: str
 
 
 def default_trust_path() -> Path:
-    """``$CKPTGATE_TRUST``, else the first ``policies/ckptgate/config/trust/data.json`` above the cwd, else the
-    one the installed package carries (the clone's, when running from a development clone)."""
+    """``$CKPTGATE_TRUST``, else the trust data the installed package carries (the clone's, when running
+    from a development clone).  Never a file found by walking up from the current directory: another
+    user could plant one above it."""
     env = os.environ.get(TRUST_ENV)
     if env:
         return Path(env)
-    for d in (Path.cwd(), *Path.cwd().parents):
-        if (d / TRUST_RELATIVE).is_file():
-            return d / TRUST_RELATIVE
     base = _resources.policies_dir()
     rel = TRUST_RELATIVE.relative_to("policies")
     return base / rel if base is not None else Path(__file__).resolve().parents[3] / TRUST_RELATIVE

@@ -1,0 +1,181 @@
+"""Configuration provenance (issue #30): what a change under review can edit may restrict the gate,
+never widen it; discovery stops where git's does; another user's files configure nothing; ``--base``
+reads the configuration from git's objects; every input is named in the decision."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckptgate import config as cfg
+from ckptgate import policydata
+from ckptgate.errors import ExitCode
+from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, trust_entry
+from tests.pipeline_helpers import FIXTURES, demo_attested
+
+REPO = Path(__file__).resolve().parent.parent
+NOBODY = 65534
+
+
+def run(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CKPTGATE_")}
+    return subprocess.run([sys.executable, "-m", "ckptgate", *args], cwd=cwd, env={**base, **(env or {})},
+                          capture_output=True, text=True, timeout=240, check=False)
+
+
+def git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=cwd,
+                   check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("ckpt") / "model"
+    shutil.copytree(FIXTURES / "hf_sharded" / "checkpoint", src)
+    return src
+
+
+# ------------------------------------------------------------------------------------- discovery
+def test_discovery_outside_git_stops_at_home(tmp_path, monkeypatch):
+    """With no git work tree above the cwd, a ckptgate.toml above the user's home is never read
+    (issue #30, case 3: a file planted in a shared directory above the job)."""
+    (tmp_path / "ckptgate.toml").write_text("docs = []\n")
+    home = tmp_path / "home"
+    job = home / "job"
+    job.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    assert cfg.discover(job) is None
+    (home / "ckptgate.toml").write_text("docs = []\n")
+    assert cfg.discover(job) == home / "ckptgate.toml"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_configuration_another_user_owns_is_refused(tmp_path):
+    root = tmp_path / "repo"
+    (root / ".git").mkdir(parents=True)
+    (root / "ckptgate.toml").write_text("docs = []\n")
+    os.chown(root / "ckptgate.toml", NOBODY, NOBODY)
+    out = run(root, "decide", str(FIXTURES / "hf_sharded" / "checkpoint"), "--json")
+    assert out.returncode == ExitCode.USAGE and json.loads(out.stdout)["error"]["code"] == "usage.config.unsafe_owner"
+    out = run(root, "decide", str(FIXTURES / "hf_sharded" / "checkpoint"), "--json",
+              env={cfg.SAFE_OWNERS_ENV: str(NOBODY)})
+    assert json.loads(out.stdout).get("error", {}).get("code") != "usage.config.unsafe_owner", out.stdout
+
+
+def test_a_group_writable_configuration_is_refused(tmp_path):
+    root = tmp_path / "repo"
+    (root / ".git").mkdir(parents=True)
+    (root / "ckptgate.toml").write_text("docs = []\n")
+    (root / "ckptgate.toml").chmod(0o664)
+    with pytest.raises(cfg.ConfigError) as e:
+        cfg.check_owner(root / "ckptgate.toml", "the configuration file")
+    assert e.value.code == "usage.config.unsafe_mode"
+
+
+def test_isolated_and_the_environment_use_no_configuration(tmp_path, checkpoint):
+    root = tmp_path / "repo"
+    (root / ".git").mkdir(parents=True)
+    (root / "ckptgate.toml").write_text('policies = "nowhere"\n')  # invalid: refused whenever it is read
+    out = run(root, "decide", str(checkpoint), "--json")
+    assert json.loads(out.stdout)["error"]["code"] == "usage.config.path"
+    for args, env in ((("--isolated",), None), ((), {"CKPTGATE_NO_CONFIG": "1"})):
+        out = run(root, "decide", str(checkpoint), "--json", *args, env=env)
+        assert "error" not in json.loads(out.stdout), out.stdout
+        assert [i["role"] for i in json.loads(out.stdout)["decision"]["inputs"]] == ["policy_tree", "trust"]
+
+
+def test_a_discovered_policy_tree_is_refused(tmp_path, checkpoint):
+    """issue #30, case 2: `policies = DIR` in a repository's own ckptgate.toml replaces no Rego."""
+    root = tmp_path / "repo"
+    (root / ".git").mkdir(parents=True)
+    shutil.copytree(REPO / "policies", root / "pol", ignore=shutil.ignore_patterns("*_test.rego"))
+    rego = root / "pol" / "ckptgate" / "intake" / "intake.rego"
+    rego.write_text(rego.read_text().replace("_inspection_clean if input.inspection.clean == true",
+                                             "_inspection_clean if true"))
+    (root / "ckptgate.toml").write_text('policies = "pol"\ndocs = []\n')
+    out = run(root, "decide", str(checkpoint), "--json", "--trust", str(REPO / "policies" / policydata.TRUST_IN_BUNDLE))
+    assert out.returncode == ExitCode.USAGE, out.stdout
+    assert json.loads(out.stdout)["error"]["code"] == "usage.config.widens"
+    # an explicit --policies is hermetic: the configuration's tree is not used
+    out = run(root, "decide", str(checkpoint), "--json", "--policies", str(REPO / "policies"))
+    assert "error" not in json.loads(out.stdout), out.stdout
+
+
+# ------------------------------------------------------------------------------------- --base
+def test_the_pull_request_cannot_widen_its_own_check(tmp_path, checkpoint):
+    """A consumer repository plays the pull request: it edits its trust data and its overlay to
+    admit its own unsigned... its own key.  `decide --base` and `intake --base` read the base's
+    configuration and refuse; `check --base` names each widening."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    att = demo_attested(checkpoint, tmp_path)
+    (root / "ckptgate-data.json").write_text(json.dumps({"freshness": {"max_age_seconds": 3600}}))
+    (root / "ckptgate.toml").write_text('policy_data = "ckptgate-data.json"\ndocs = []\n')
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    entry = trust_entry(att.public_pem, signer_id="pr-key", predicate_types=[QUALIFICATION_PREDICATE_TYPE])
+    (root / "ckptgate-data.json").write_text(json.dumps({"signers": [entry], "freshness": {"max_age_seconds": 99999}}))
+    out = run(root, "decide", str(checkpoint), "--attestation", str(att.attestation), "--json", "--base", "main")
+    doc = json.loads(out.stdout)
+    assert out.returncode == ExitCode.VERIFICATION_FAILED and not doc["decision"]["allow"], out.stdout
+    inputs = {i["role"]: i for i in doc["decision"]["inputs"]}
+    assert inputs["configuration"]["origin"] == "base" and inputs["configuration"]["path"] == "main:ckptgate.toml"
+    assert inputs["overlay"]["path"] == "main:ckptgate-data.json"
+    dst = tmp_path / "out"
+    out = run(root, "intake", str(checkpoint), "--out", str(dst), "--attestation", str(att.attestation), "--json",
+              "--base", "main")
+    assert out.returncode == ExitCode.VERIFICATION_FAILED and not dst.exists(), out.stdout
+    out = run(root, "check", "--base", "main", "--json", "--skip", "policy_tests", "--skip", "opa_fmt",
+              "--skip", "regal_lint", "--skip", "claims")
+    report = json.loads(out.stdout)
+    assert out.returncode == 3, out.stdout
+    found = {f["code"] for r in report["checks"] if r["name"] == "widening" for f in r["findings"]}
+    assert found == {"widening.signer_added", "widening.freshness_lengthened"}, report
+    # without --base, the work tree's own overlay is refused outright: it widens
+    out = run(root, "decide", str(checkpoint), "--attestation", str(att.attestation), "--json")
+    assert json.loads(out.stdout)["error"]["code"] == "usage.config.widens", out.stdout
+
+
+def test_only_the_base_configuration_lowers_widening_to_a_warning(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    (root / "ckptgate.toml").write_text('docs = []\nwidening = "warning"\n')
+    (root / "trust.json").write_text((REPO / "policies" / policydata.TRUST_IN_BUNDLE).read_text())
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    trust = json.loads((root / "trust.json").read_text())
+    trust["signers"].append({**trust["signers"][0], "id": "pr-added"})
+    (root / "trust.json").write_text(json.dumps(trust))
+    (root / "ckptgate.toml").write_text('docs = []\ntrust = "trust.json"\n')
+    args = ("check", "--base", "main", "--json", "--skip", "policy_tests", "--skip", "opa_fmt", "--skip",
+            "regal_lint", "--skip", "claims")
+    out = run(root, *args)
+    report = json.loads(out.stdout)
+    findings = [f for r in report["checks"] if r["name"] == "widening" for f in r["findings"]]
+    assert out.returncode == 0 and {f["severity"] for f in findings} == {"warning"}, report
+    (root / "ckptgate.toml").write_text('docs = []\ntrust = "trust.json"\nwidening = "warning"\n')
+    git(root, "commit", "-qam", "pr lowers it")
+    (root / "ckptgate.toml").write_text('docs = []\ntrust = "trust.json"\n')
+    git(root, "commit", "-qam", "base says error")
+    git(root, "checkout", "-q", "-b", "pr")
+    (root / "ckptgate.toml").write_text('docs = []\ntrust = "trust.json"\nwidening = "warning"\n')
+    trust["signers"].append({**trust["signers"][0], "id": "pr-added-2"})
+    (root / "trust.json").write_text(json.dumps(trust))
+    out = run(root, *args)
+    assert out.returncode == 3, out.stdout  # the change's own "warning" does not count
+
+
+def test_an_unknown_base_revision_is_a_usage_error(tmp_path, checkpoint):
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    out = run(root, "decide", str(checkpoint), "--json", "--base", "no-such-branch")
+    assert out.returncode == ExitCode.USAGE and json.loads(out.stdout)["error"]["code"] == "usage.base.git"

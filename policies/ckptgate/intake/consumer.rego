@@ -1,0 +1,60 @@
+# A consumer repository's own deny rules, for ckptgate.intake. The extra Rego that a repository's
+# configuration names (extra_rego) lives under data.ckptgate_consumer, and ckptgate refuses it,
+# from OPA's own parse, when it declares a package or a rule anywhere else. The decision reads one
+# rule there, the set data.ckptgate_consumer.deny of {code, message} objects (an evidence object
+# may come with them). Each element is a deny reason "consumer.<code>" of refusal class policy.
+# An element of another shape, or a deny that is not a set, is a deny too (consumer.malformed),
+# never ignored. Nothing here can allow: consumer Rego only adds reasons to deny_reasons. It is
+# read by the decision only, not by the precheck, which sees no fixture or attestation.
+package ckptgate.intake
+
+deny_reasons contains reason if {
+	some reason in _consumer_deny_reasons
+}
+
+# Defined only when the consumer defines data.ckptgate_consumer.deny (of any type).
+_consumer_deny := data.ckptgate_consumer.deny
+
+# "consumer." and the code stay within the 64 characters of a reason code.
+_consumer_code := `^[a-z][a-z0-9_.-]{0,54}$`
+
+_consumer_deny_reasons contains reason if {
+	is_set(_consumer_deny)
+	some element in _consumer_deny
+	_consumer_element_ok(element)
+	reason := _reason(concat(".", ["consumer", element.code]), element.message, object.get(element, "evidence", {}))
+}
+
+_consumer_deny_reasons contains reason if {
+	is_set(_consumer_deny)
+	some element in _consumer_deny
+	not _consumer_element_ok(element)
+	reason := _consumer_malformed(
+		"an element of data.ckptgate_consumer.deny is not {code, message} with a lower-case code",
+		element,
+	)
+}
+
+_consumer_deny_reasons contains reason if {
+	found := type_name(_consumer_deny)
+	found != "set"
+	reason := _consumer_malformed(
+		sprintf("data.ckptgate_consumer.deny is a %v, not a set of {code, message}", [found]),
+		_consumer_deny,
+	)
+}
+
+_consumer_element_ok(element) if {
+	is_object(element)
+	count(object.keys(element) - {"code", "message", "evidence"}) == 0
+	is_string(element.code)
+	regex.match(_consumer_code, element.code)
+	is_string(element.message)
+	is_object(object.get(element, "evidence", {}))
+}
+
+_consumer_malformed(message, value) := _reason(
+	"consumer.malformed",
+	message,
+	{"rule": "data.ckptgate_consumer.deny", "value": substring(sprintf("%v", [value]), 0, 300)},
+)

@@ -9,7 +9,7 @@
 package ckptgate.intake
 
 deny_reasons contains reason if {
-	some reason in _consumer_deny_reasons
+	some reason in _consumer_reasons(_consumer_deny)
 }
 
 # Defined only when the consumer defines data.ckptgate_consumer.deny (of any type).
@@ -18,40 +18,30 @@ _consumer_deny := data.ckptgate_consumer.deny
 # "consumer." and the code stay within the 64 characters of a reason code.
 _consumer_code := `^[a-z][a-z0-9_.-]{0,54}$`
 
-_consumer_deny_reasons contains reason if {
-	is_set(_consumer_deny)
-	some element in _consumer_deny
-	_consumer_element_ok(element)
-	reason := _reason(concat(".", ["consumer", element.code]), element.message, object.get(element, "evidence", {}))
-}
+# The value is read only inside functions, whose arguments the type checker takes as any: a
+# consumer's deny of another type is then a deny reason here, not a bundle that fails to compile.
+_consumer_reasons(value) := {_consumer_reason(element) | some element in value} if {
+	is_set(value)
+} else := {_consumer_malformed(
+	sprintf("data.ckptgate_consumer.deny is a %v, not a set of {code, message}", [type_name(value)]),
+	value,
+)}
 
-_consumer_deny_reasons contains reason if {
-	is_set(_consumer_deny)
-	some element in _consumer_deny
-	not _consumer_element_ok(element)
-	reason := _consumer_malformed(
-		"an element of data.ckptgate_consumer.deny is not {code, message} with a lower-case code",
-		element,
-	)
-}
-
-_consumer_deny_reasons contains reason if {
-	found := type_name(_consumer_deny)
-	found != "set"
-	reason := _consumer_malformed(
-		sprintf("data.ckptgate_consumer.deny is a %v, not a set of {code, message}", [found]),
-		_consumer_deny,
-	)
-}
-
-_consumer_element_ok(element) if {
+_consumer_reason(element) := _reason(
+	concat(".", ["consumer", element.code]),
+	element.message,
+	object.get(element, "evidence", {}),
+) if {
 	is_object(element)
 	count(object.keys(element) - {"code", "message", "evidence"}) == 0
 	is_string(element.code)
 	regex.match(_consumer_code, element.code)
 	is_string(element.message)
 	is_object(object.get(element, "evidence", {}))
-}
+} else := _consumer_malformed(
+	"an element of data.ckptgate_consumer.deny is not {code, message} with a lower-case code",
+	element,
+)
 
 _consumer_malformed(message, value) := _reason(
 	"consumer.malformed",

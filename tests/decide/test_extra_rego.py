@@ -325,8 +325,10 @@ def test_a_consumer_rule_that_fails_at_evaluation_is_a_deny(tmp_path, signed):
             'deny contains {"code": "odd", "message": "m"} if day == 3\n'
         },
     )
-    with pytest.raises(EngineUnavailable):
+    with pytest.raises(EngineUnavailable) as e:
         _decide(src, extra_rego_overlays(extra), (attestation,), trust)
+    assert e.value.exit_code == ExitCode.ENGINE_UNAVAILABLE
+    assert "eval_conflict_error" in e.value.message and "data.ckptgate_consumer.day" in e.value.message
 
 
 def test_the_cli_applies_the_consumer_deny_from_the_configuration(tmp_path, auto_map):

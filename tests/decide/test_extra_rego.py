@@ -351,3 +351,21 @@ def test_the_cli_applies_the_consumer_deny_from_the_configuration(tmp_path, auto
     )
     assert out.returncode == ExitCode.USAGE, out.stdout + out.stderr
     assert json.loads(out.stdout)["error"]["code"] == "usage.config.extra_rego"
+
+
+def test_without_opa_the_configuration_loads_and_the_engine_refuses(tmp_path, monkeypatch):
+    """A command that starts no engine reads the configuration without an OPA binary; the parse
+    then happens where the extra Rego is loaded, which needs OPA anyway, so nothing unparsed loads."""
+    from ckptgate.decide import bundle
+
+    def missing() -> str:
+        raise EngineUnavailable("engine.opa.not_installed", "no OPA here")
+
+    extra = _write(tmp_path / "policy", {"a.rego": f'package ckptgate["intake"]\n\n{WIDEN}'})
+    monkeypatch.setattr(bundle, "find_opa", missing)
+    check_extra_rego(extra)
+    with pytest.raises(EngineUnavailable):
+        extra_rego_overlays(extra)
+    monkeypatch.undo()
+    with pytest.raises(ConfigError):
+        extra_rego_overlays(extra)

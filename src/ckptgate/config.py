@@ -79,8 +79,10 @@ INIT_TEMPLATE = """\
 # writes one. An explicit --trust on the command line wins. Default: the bundled trust data.
 # trust = "trust.json"
 
-# A directory of extra Rego, loaded beside the bundled policies (never replacing them). Its packages
-# must not be ckptgate.* or system.*; `ckptgate check` runs its tests, opa fmt and regal lint on it.
+# A directory of extra Rego, loaded beside the bundled policies; it can only add reasons to deny.
+# Its packages are ckptgate_consumer or below it; it may read data.ckptgate and the input, and each
+# {"code": ..., "message": ...} in the set data.ckptgate_consumer.deny denies as consumer.<code>
+# (exit 3). `ckptgate check` runs its tests, opa fmt and regal lint on it.
 # extra_rego = "policy"
 
 # A policy-data overlay (JSON), merged over the bundled data: extra signers, the producer-version

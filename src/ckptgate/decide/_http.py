@@ -66,7 +66,7 @@ class OpaHttp:
             raise Late("the input document took the whole deadline to encode")
         status, raw = self._exchange("POST", path, body, deadline)
         if not 200 <= status < 300:
-            raise Unreachable(f"HTTP {status}")
+            raise Unreachable(f"HTTP {status}{_opa_error(raw)}")
         try:
             answer = loads_strict(raw, what="the answer")
         except (ValueError, RecursionError) as e:
@@ -130,3 +130,18 @@ def _watch(conn: http.client.HTTPConnection, deadline: float, done: threading.Ev
                 sock.shutdown(socket.SHUT_RDWR)
         if done.wait(_POLL_S):
             return
+
+
+def _opa_error(raw: bytes) -> str:
+    """``: <message>`` of OPA's error answer (an evaluation error such as two values for one
+    complete rule answers 500 with one), bounded; empty when the body is not one."""
+    with contextlib.suppress(ValueError, RecursionError):
+        doc = loads_strict(raw[:65536], what="the error answer")
+        if isinstance(doc, dict) and isinstance(doc.get("message"), str):
+            parts = [doc["message"]]
+            errors = doc.get("errors")
+            for e in errors if isinstance(errors, list) else []:
+                if isinstance(e, dict):
+                    parts.append(f"{e.get('code')}: {' / '.join(str(e.get('message')).splitlines())}")
+            return f": {'; '.join(parts)[:500]}"
+    return ""

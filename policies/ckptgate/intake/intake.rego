@@ -446,11 +446,16 @@ _excepted(finding) if {
 	_exception_applies(exception, finding, input.inspection.format)
 }
 
+# A code-bearing finding (a dynamic-module reference in a companion) is never excepted, whoever
+# wrote the exception: policy data lists those codes in code_bearing_findings.
 _exception_applies(exception, finding, format) if {
 	format in exception.formats
 	finding.code == exception.code
 	finding.path in exception.paths
+	not finding.code in _code_bearing_codes
 }
+
+_code_bearing_codes contains code if some code in object.get(_intake_cfg, ["code_bearing_findings", "codes"], [])
 
 _pickle_reports_present if is_object(input.inspection.pickles)
 

@@ -190,7 +190,7 @@ def test_torchtitan_tree_publishes_only_the_model_subtree_bit_exact(signer: Sign
     _assert_bit_exact(_tensors(sorted(dst.glob("*.safetensors"))),
                       _tensors([FIXTURES / "dcp_torchtitan" / "expected.safetensors"]))
     sel = receipt["plan"]["selection"]
-    assert sel["prefix"] == "model" and sel["layout"] == "torchtitan" and sel["source"] == "policy"
+    assert sel["prefix"] == "model" and sel["layout"] == "resume_state_structure" and sel["source"] == "policy"
     assert sel["excluded"] == ["lr_scheduler", "optimizer", "train_state"]
     assert sel["excluded_tensors"] == 20 and sel["excluded_bytes_items"] == 80
     assert "skipped_bytes_items" not in receipt["plan"]  # the optimizer's param_groups are not "model" items

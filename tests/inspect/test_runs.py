@@ -67,3 +67,34 @@ def test_a_symlinked_checkpoint_is_not_a_candidate(tmp_path):
     (root / "checkpoint-9").symlink_to(elsewhere / "checkpoint-7")
     assert list_checkpoints(root) == [(1, "checkpoint-1")]
     assert select_checkpoint(root, "latest") == root / "checkpoint-1"
+
+
+@pytest.mark.parametrize("choice", ["5", "05", "005", "latest"])
+def test_folders_with_equal_step_numbers_are_ambiguous_for_every_choice(tmp_path, choice):
+    root = _run_dir(tmp_path / "run", 1)
+    for name in ("checkpoint-5", "checkpoint-05"):
+        (root / name).mkdir()
+    with pytest.raises(UsageError) as e:
+        select_checkpoint(root, choice)
+    assert e.value.code == "usage.checkpoint.ambiguous" and e.value.exit_code == ExitCode.USAGE
+    assert sorted(e.value.evidence["checkpoints"]) == ["checkpoint-05", "checkpoint-5"]
+    assert "(checkpoint-05, checkpoint-5)" in e.value.message
+    # a step that is not duplicated is still chosen by number, whatever its spelling
+    assert select_checkpoint(root, "01") == root / "checkpoint-1"
+
+
+def test_latest_is_unambiguous_when_only_a_lower_step_is_duplicated(tmp_path):
+    root = _run_dir(tmp_path / "run", 5, 7)
+    (root / "checkpoint-05").mkdir()
+    assert select_checkpoint(root, "latest") == root / "checkpoint-7"
+
+
+def test_only_ascii_digits_make_a_step_number(tmp_path):
+    root = _run_dir(tmp_path / "run", 5)
+    (root / "checkpoint-\u0665").mkdir()  # ARABIC-INDIC DIGIT FIVE: int() reads it as 5
+    assert list_checkpoints(root) == [(5, "checkpoint-5")]
+    # int() reads ARABIC-INDIC and FULLWIDTH DIGIT FIVE as 5, and raises on SUPERSCRIPT TWO
+    for choice in ("\u0665", "\u00b2", "\uff15"):
+        with pytest.raises(UsageError) as e:
+            select_checkpoint(root, choice)
+        assert e.value.code == "usage.checkpoint.not_found"

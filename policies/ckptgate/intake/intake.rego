@@ -446,18 +446,23 @@ _excepted(finding) if {
 	_exception_applies(exception, finding, input.inspection.format)
 }
 
+# A code-bearing finding (a dynamic-module reference in a companion) is never excepted, whoever
+# wrote the exception: policy data lists those codes in code_bearing_findings.
 _exception_applies(exception, finding, format) if {
 	format in exception.formats
 	finding.code == exception.code
 	finding.path in exception.paths
+	not finding.code in _code_bearing_codes
 	_exception_admissible(exception)
 }
 
-# A bundled exception may name any finding; one a policy-data overlay added (marked by ckptgate
-# when it merges) only a code the bundled data marks exceptable: never a code-bearing finding.
+# A bundled exception may name any finding that bears no code; one a policy-data overlay added
+# (marked by ckptgate when it merges) only a code the bundled data marks exceptable.
 _exception_admissible(exception) if not exception.overlay
 
 _exception_admissible(exception) if exception.code in _intake_cfg.exceptable_codes
+
+_code_bearing_codes contains code if some code in object.get(_intake_cfg, ["code_bearing_findings", "codes"], [])
 
 _pickle_reports_present if is_object(input.inspection.pickles)
 

@@ -295,6 +295,44 @@ test_deny_when_an_excepted_finding_comes_with_a_pickle_outside_the_allowlist if 
 	"inspection_not_clean" in _codes(d)
 }
 
+_code_ref_finding(code, path) := {
+	"code": code, "severity": "error", "path": path,
+	"message": "names custom code", "evidence": {},
+}
+
+# An exception written for a code-bearing finding (as an overlay would add it) never applies.
+test_code_bearing_findings_are_never_excepted if {
+	some code in ["config.auto_map", "config.custom_pipelines", "config.dynamic_module_ref"]
+	code in data.ckptgate.config.intake.code_bearing_findings.codes
+	exceptions := array.concat(data.ckptgate.config.intake.finding_exceptions, [{
+		"id": "admit-my-code", "formats": ["deepspeed-zero2"], "code": code,
+		"paths": ["config.json"], "why": "an overlay that tries to admit its own auto_map",
+	}])
+	inp := td.patched([
+		{"op": "replace", "path": "/inspection/clean", "value": false},
+		{"op": "replace", "path": "/inspection/findings", "value": [_code_ref_finding(code, "config.json")]},
+	])
+	d := _decide(inp) with data.ckptgate.config.intake.finding_exceptions as exceptions
+	d.allow == false
+	"inspection_not_clean" in _codes(d)
+	not "finding_excepted" in _codes(d)
+}
+
+# The same exception for a finding that is not code-bearing does apply (the test above can fail).
+test_an_exception_for_another_code_still_applies if {
+	exceptions := array.concat(data.ckptgate.config.intake.finding_exceptions, [{
+		"id": "odd-json", "formats": ["deepspeed-zero2"], "code": "json.duplicate_key",
+		"paths": ["config.json"], "why": "a test of the exception mechanism itself",
+	}])
+	inp := td.patched([
+		{"op": "replace", "path": "/inspection/clean", "value": false},
+		{"op": "replace", "path": "/inspection/findings", "value": [_code_ref_finding("json.duplicate_key", "config.json")]},
+	])
+	d := _decide(inp) with data.ckptgate.config.intake.finding_exceptions as exceptions
+	d.allow == true
+	"finding_excepted" in _codes(d)
+}
+
 _precheck(inp) := p if {
 	p := intake.precheck with input as inp with data.ckptgate.config.trust as td.trust
 }

@@ -12,6 +12,7 @@ from ckptgate._json import JSONRejected, loads_strict
 from ckptgate.errors import InputRejected
 from ckptgate.inspect.budget import WorkBudget
 from ckptgate.inspect.classify import FileKind, classify_file
+from ckptgate.inspect.coderefs import code_reference_findings
 from ckptgate.inspect.findings import Finding, error, info, warning
 from ckptgate.inspect.hashed import HashedFile
 from ckptgate.inspect.pickle import PickleLimits, PickleReport, read_pickle, refused_report
@@ -180,16 +181,8 @@ def _analyse(
                     )
                 else:
                     findings.append(error("json.invalid", path, f"invalid JSON: {r.reason[:200]}"))
-            doc = kw.get("json")
-            if isinstance(doc, dict) and "auto_map" in doc:
-                findings.append(
-                    error(
-                        "config.auto_map",
-                        path,
-                        "config names custom code (auto_map); it is flagged and never run",
-                        auto_map=str(doc["auto_map"])[:200],
-                    )
-                )
+            if "json" in kw:  # auto_map, custom_pipelines or a repo--module.Class string, at any depth
+                findings.extend(code_reference_findings(path, kw["json"]))
     elif k == FileKind.TEXT and size <= MAX_TEXT:
         kw["text"] = src.pread(size, 0).decode("utf-8", "replace")
     elif k == FileKind.TORCH_ZIP:

@@ -5,9 +5,12 @@ The ``Trainer`` documentation defines a save as ``output_dir/checkpoint-N/`` (N 
 such an output directory, the gate takes in exactly one of them, chosen with ``--checkpoint N`` or
 ``--checkpoint latest`` (the highest N).  Without the option, a directory whose only entry is one
 ``checkpoint-N/`` is that checkpoint; any other directory holding ``checkpoint-N/`` folders is
-refused with the list of them.  The selected folder becomes the source: the digest, the inspection
-and the receipt cover it and nothing beside it.  Only names are listed here (no file is read),
-and a ``checkpoint-N`` that is a symbolic link is not a candidate.
+refused with the list of them.  Folders are compared by step number: two folders whose numbers
+are equal (``checkpoint-5/`` and ``checkpoint-05/``) are ambiguous for ``N`` and for ``latest``
+alike, and are refused naming both, never one chosen by its spelling.  Only ASCII digits make a
+step number (the ``Trainer`` writes ``checkpoint-{step}``).  The selected folder becomes the
+source: the digest, the inspection and the receipt cover it and nothing beside it.  Only names
+are listed here (no file is read), and a ``checkpoint-N`` that is a symbolic link is not a candidate.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from ckptgate.errors import UsageError
 
 __all__ = ["CHECKPOINT_DIR", "list_checkpoints", "select_checkpoint"]
 
-CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d{1,18})$")
+CHECKPOINT_DIR = re.compile(r"^checkpoint-([0-9]{1,18})$")
+_STEP = re.compile(r"[0-9]{1,18}")
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, str]]:
@@ -74,19 +78,28 @@ def select_checkpoint(root: Path, choice: str | None) -> Path:
             advice="Give the checkpoint directory itself, without --checkpoint.",
         )
     if choice == "latest":
-        return root / found[-1][1]
-    if not choice.isdigit():
+        step = found[-1][0]
+    elif _STEP.fullmatch(choice):
+        step = int(choice)
+    else:
         raise UsageError(
             "usage.checkpoint.not_found",
             f"--checkpoint {choice!r} is neither a step number nor 'latest'",
             evidence={"source": str(root), "checkpoint": choice, "checkpoints": names},
         )
-    step = int(choice)
-    for n, name in found:
-        if n == step:
-            return root / name
-    raise UsageError(
-        "usage.checkpoint.not_found",
-        f"{root} holds no checkpoint-{step} (it holds {', '.join(names)})",
-        evidence={"source": str(root), "checkpoint": choice, "checkpoints": names},
-    )
+    same = [name for n, name in found if n == step]
+    if not same:
+        raise UsageError(
+            "usage.checkpoint.not_found",
+            f"{root} holds no checkpoint-{step} (it holds {', '.join(names)})",
+            evidence={"source": str(root), "checkpoint": choice, "checkpoints": names},
+        )
+    if len(same) > 1:
+        raise UsageError(
+            "usage.checkpoint.ambiguous",
+            f"--checkpoint {choice}: {root} holds {len(same)} folders for step {step} ({', '.join(same)}); "
+            "their step numbers are equal, so neither is chosen",
+            evidence={"source": str(root), "checkpoint": choice, "step": step, "checkpoints": same},
+            advice="Remove or rename all but one of these folders, or give that folder itself as the checkpoint.",
+        )
+    return root / same[0]

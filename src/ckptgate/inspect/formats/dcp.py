@@ -20,6 +20,7 @@ from ckptgate.inspect.formats._base import Context, FormatResult, plain_basename
 from ckptgate.inspect.formats.registry import register_detector
 from ckptgate.inspect.safetensors import TORCH_DTYPES
 from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
+from ckptgate.inspect.treefacts import tree_facts
 from ckptgate.inspect.zipcheck import CrcMode
 
 __all__ = ["dcp_layout", "detect_dcp", "detect_dcp_hf"]
@@ -62,6 +63,7 @@ def dcp_layout(
     layout = md.to_json()
     layout["items"] = items
     layout["folder"] = folder
+    layout["tree"] = tree_facts(layout["tensors"], layout["bytes_items"])
     return layout, findings, loaders
 
 
@@ -342,6 +344,7 @@ def detect_dcp_hf(ctx: Context) -> FormatResult | None:
         )
     )
     layout = {"files": layout_files, "tensors": sorted(tensors.values(), key=lambda r: r["fqn"])}
+    layout["tree"] = tree_facts(layout["tensors"], ())
     return FormatResult(
         format="dcp-hf-safetensors",
         layout=layout,

@@ -49,3 +49,16 @@ def test_intake_schema_rejects_a_missing_freshness_limit() -> None:
     del data["freshness"]["max_age_seconds"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(data, schema, cls=jsonschema.Draft7Validator)
+
+
+def test_no_exceptable_code_bears_code():
+    """A policy-data overlay may except only exceptable_codes; none of them may be a finding that
+    names code a loader would run (issue #30)."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).resolve().parents[2] / "policies/ckptgate/config/intake/data.json").read_text())
+    exceptable = set(data["exceptable_codes"])
+    bearing = set(data["code_bearing_findings"]["codes"]) | {"classify.code", "pickle.global_not_allowed",
+                                                             "pickle.call_not_allowed", "classify.raw_pickle"}
+    assert exceptable and not exceptable & bearing

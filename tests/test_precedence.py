@@ -117,9 +117,14 @@ def test_the_pull_request_cannot_widen_its_own_check(tmp_path, checkpoint):
     git(root, "init", "-q", "-b", "main")
     att = demo_attested(checkpoint, tmp_path)
     (root / "ckptgate-data.json").write_text(json.dumps({"freshness": {"max_age_seconds": 3600}}))
-    (root / "ckptgate.toml").write_text('policy_data = "ckptgate-data.json"\ndocs = []\n')
+    (root / "ckptgate.toml").write_text('policy_data = "ckptgate-data.json"\ndocs = ["README.md"]\n')
+    (root / "README.md").write_text("# Our models\n")
     git(root, "add", "-A")
     git(root, "commit", "-qm", "base")
+    # the pull request: its own key trusted, a longer window, and an over-claim the lint would refuse,
+    # hidden by reading no docs
+    (root / "ckptgate.toml").write_text('policy_data = "ckptgate-data.json"\ndocs = []\n')
+    (root / "README.md").write_text("# Our models\n\nThe gate proves that every checkpoint it publishes is safe to load.\n")
     entry = trust_entry(att.public_pem, signer_id="pr-key", predicate_types=[QUALIFICATION_PREDICATE_TYPE])
     (root / "ckptgate-data.json").write_text(json.dumps({"signers": [entry], "freshness": {"max_age_seconds": 99999}}))
     out = run(root, "decide", str(checkpoint), "--attestation", str(att.attestation), "--json", "--base", "main")
@@ -133,11 +138,17 @@ def test_the_pull_request_cannot_widen_its_own_check(tmp_path, checkpoint):
               "--base", "main")
     assert out.returncode == ExitCode.VERIFICATION_FAILED and not dst.exists(), out.stdout
     out = run(root, "check", "--base", "main", "--json", "--skip", "policy_tests", "--skip", "opa_fmt",
-              "--skip", "regal_lint", "--skip", "claims")
+              "--skip", "regal_lint")
     report = json.loads(out.stdout)
     assert out.returncode == 3, out.stdout
     found = {f["code"] for r in report["checks"] if r["name"] == "widening" for f in r["findings"]}
     assert found == {"widening.signer_added", "widening.freshness_lengthened"}, report
+    claims = [r for r in report["checks"] if r["name"] == "claims"]
+    assert claims and not claims[0]["passed"], report  # the base's docs setting still reads README.md
+    # without --base, the change's own settings would pass the over-claim
+    out = run(root, "check", "--json", "--skip", "policy_tests", "--skip", "opa_fmt", "--skip", "regal_lint",
+              "--skip", "evidence", "--skip", "matrix_drift")
+    assert [r for r in json.loads(out.stdout)["checks"] if r["name"] == "claims"][0]["passed"], out.stdout
     # without --base, the work tree's own overlay is refused outright: it widens
     out = run(root, "decide", str(checkpoint), "--attestation", str(att.attestation), "--json")
     assert json.loads(out.stdout)["error"]["code"] == "usage.config.widens", out.stdout

@@ -99,3 +99,25 @@ def code_of(raw: str) -> str:
     with pytest.raises(VerificationError) as ei:
         loads_strict(raw, what="statement", error=verify_error)
     return ei.value.code
+
+
+def test_intake_refuses_a_checkpoint_whose_config_json_holds_a_lone_surrogate(tmp_path) -> None:
+    """End to end: exit 4 (input rejected), an ``input.*`` code, nothing published."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from ckptgate.errors import ExitCode
+    from tests.pipeline_helpers import ckptgate_json, demo_attested
+
+    src = tmp_path / "ckpt"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "data" / "hf_sharded" / "checkpoint", src)
+    (src / "config.json").write_bytes(rb'{"model_type": "llama", "name": "\ud800"}')
+    att = demo_attested(src, tmp_path)
+    out = tmp_path / "out"
+    proc = ckptgate_json("intake", src, "--out", out, "--attestation", att.attestation, "--trust", att.trust)
+    assert proc.returncode == ExitCode.INPUT_REJECTED, proc.stdout + proc.stderr
+    err = json.loads(proc.stdout)["error"]
+    assert err["code"].startswith("input.") and err["exit_code"] == 4
+    assert '"code": "json.invalid", "path": "config.json"' in json.dumps(err, sort_keys=True)
+    assert not out.exists()

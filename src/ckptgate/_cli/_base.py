@@ -118,8 +118,8 @@ class _Group(click.Group):
             rv = super().main(*args, **kwargs)
         except click.exceptions.Exit as e:
             return int(e.exit_code)
-        except click.Abort:  # click's own: EOF at a prompt
-            stderr.print("aborted; nothing was published")
+        except click.Abort:  # click's KeyboardInterrupt: where our handlers are not installed (not the main thread)
+            report_error(Aborted(signal.SIGINT), as_json)
             return int(ExitCode.INTERRUPTED)
         except click.UsageError as e:
             report_error(UsageError("usage.invalid", e.format_message()), as_json)
@@ -130,9 +130,6 @@ class _Group(click.Group):
         except Error as e:
             report_error(e, as_json)
             return int(e.exit_code)
-        except KeyboardInterrupt:  # SIGINT raised by a handler other than ours (none is installed by us)
-            report_error(Aborted(signal.SIGINT), as_json)
-            return int(ExitCode.INTERRUPTED)
         except Exception as e:  # the last line of defence: no traceback
             report_error(Error("internal.unexpected", f"{type(e).__name__}: {e}"), as_json)
             return int(ExitCode.INTERNAL)

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ckptgate import __version__
+from ckptgate import __version__, interrupts
 from ckptgate.consolidate import adapter_plan, framework_files, plan_for, with_companions
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, cast_plan, check_cast
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, StreamedPlan, WrittenFile, write_index, write_plan
@@ -138,8 +138,11 @@ def evaluate(
     now = now or now_utc()
     crcs = DeferredCrcs()
     inspection = inspect_open_tree(tree, verify_crc=crcs)
-    stop = threading.Event()
-    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="ckptgate-beside-digest") as pool:
+    stop = threading.Event()  # set by a refusing precheck, or by a signal that aborts the run
+    with (
+        interrupts.cancelling(stop),
+        ThreadPoolExecutor(max_workers=3, thread_name_prefix="ckptgate-beside-digest") as pool,
+    ):
         pool.submit(prepare_statement_checks)
         profile = pool.submit(_preflight) if containment is None and _needs_profile(inspection) else None
         early = (

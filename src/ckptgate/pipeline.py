@@ -23,6 +23,8 @@ from typing import Any
 
 from ckptgate import __version__
 from ckptgate.consolidate import adapter_plan, framework_files, plan_for, with_companions
+from ckptgate.consolidate.hf.plan import check_dtype, write_config_files
+from ckptgate.consolidate.hf.source import HfConfig, read_hf_config
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, cast_plan, check_cast
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, StreamedPlan, WrittenFile, write_index, write_plan
 from ckptgate.decide import (
@@ -326,6 +328,7 @@ def consolidate_into(
     on_bytes: Callable[[int], None] | None = None,
     on_plan: Callable[[int], None] | None = None,
     dtype: str | None = None,
+    hf: HfConfig | None = None,
 ) -> Consolidated:
     """Enforce an evaluated decision and write the consolidated output into ``out_dir`` (a
     directory descriptor, or a path the writer opens once as one).
@@ -351,9 +354,15 @@ def consolidate_into(
         worker=WorkerOptions(profile=evaluation.containment) if evaluation.containment else None,
     )
     plan = plan_for(
-        evaluation.inspection, decision=evaluation.decision, max_shard_bytes=max_shard_bytes, loaded=enforced.loaded
+        evaluation.inspection,
+        decision=evaluation.decision,
+        max_shard_bytes=max_shard_bytes,
+        loaded=enforced.loaded,
+        hf=hf,
     )
     plan = cast_plan(plan, dtype, max_shard_bytes=max_shard_bytes)
+    if hf is not None:
+        check_dtype(plan, hf)
     if on_plan:
         on_plan(plan.total_size)
     still_held(tree)
@@ -367,7 +376,19 @@ def consolidate_into(
             on_bytes=on_bytes,
         )
     still_held(tree)
+    if hf is not None:
+        outputs += _config_files(hf, out_dir)
     return Consolidated(outputs=outputs, plan_report=dict(plan.report))  # adapters build it from plain JSON
+
+
+def _config_files(hf: HfConfig, out_dir: int | Path) -> tuple[WrittenFile, ...]:
+    if isinstance(out_dir, int):
+        return write_config_files(hf, out_dir)
+    fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return write_config_files(hf, fd)
+    finally:
+        os.close(fd)
 
 
 def still_held(tree: SafeTree) -> None:
@@ -400,6 +421,7 @@ def intake(
     on_hash_plan: Callable[[int], None] | None = None,
     on_hash_bytes: Callable[[int], None] | None = None,
     select: str | None = None,
+    hf_config: Path | None = None,
 ) -> IntakeResult:
     """Take ``src`` in through the gate and publish HF sharded safetensors at ``dst`` (every
     floating-point tensor cast to ``dtype`` if one is named; dtypes are otherwise preserved).
@@ -407,8 +429,13 @@ def intake(
     as a DSSE envelope published beside it.  ``on_hash_plan``/``on_hash_bytes`` report the digest's
     progress (total, then byte counts); ``on_plan``/``on_bytes`` the consolidation's.  ``select``
     (``--select PREFIX``) names the subtree of a training-state tree to write; by default the
-    policy picks the model subtree of a layout its data describes."""
+    policy picks the model subtree of a layout its data describes.  ``hf_config`` (``--hf-config``)
+    maps a Megatron checkpoint to the Hugging Face model that config declares
+    (:mod:`ckptgate.consolidate.hf`) and publishes the config's files beside it."""
     options = options or EngineOptions()
+    if hf_config is not None and select is not None:
+        raise UsageError("usage.hf_config.select", "--select does not combine with --hf-config")
+    hf = read_hf_config(hf_config) if hf_config is not None else None  # read once, before any work
     if select is not None:
         Request(action="intake", now=now_utc(), select=select)  # a bad prefix is a usage error before any work
     check_cast(dtype)  # before the digest, not after it
@@ -426,7 +453,7 @@ def intake(
         # one read.  Inspection is bound to the digest by the tree's read ledger either way.
         tree.hold()
         with OnePass(
-            destination, max_shard_bytes=max_shard_bytes, chunk_size=chunk_size, dtype=dtype, select=select
+            destination, max_shard_bytes=max_shard_bytes, chunk_size=chunk_size, dtype=dtype, select=select, hf=hf
         ) as one:
             evaluation = evaluate(
                 tree,
@@ -461,6 +488,7 @@ def intake(
                             on_bytes=on_bytes,
                             on_plan=on_plan,
                             dtype=dtype,
+                            hf=hf,
                         )
                     receipt = receipt_for(
                         src, evaluation, done, opa_version=None if options.opa_url else local_opa_version()
@@ -510,9 +538,10 @@ class OnePass:
         chunk_size: int = DEFAULT_CHUNK,
         dtype: str | None = None,
         select: str | None = None,
+        hf: HfConfig | None = None,
     ) -> None:
         self._destination, self._max, self._chunk, self._dtype = destination, max_shard_bytes, chunk_size, dtype
-        self._select = select
+        self._select, self._hf = select, hf
         self._stack = contextlib.ExitStack()
         self.stage: Stage | None = None  # once the output is being written in the digest's pass
         self._plan: ConsolidationPlan | None = None
@@ -535,12 +564,14 @@ class OnePass:
         ):
             return None
         try:
-            plan = adapter_plan(inspection, max_shard_bytes=self._max)
+            plan = adapter_plan(inspection, max_shard_bytes=self._max, hf=self._hf)
+            if self._hf is not None:
+                check_dtype(plan, self._hf)
             taken = {c.filename for c in plan.copies} | {s.filename for s in plan.shards}
             maybe = tuple(
                 CopiedFile(src=f.path, filename=f.path, size=f.size)
                 for f in inspection.files
-                if f.role == "companion" and f.path not in taken
+                if f.role == "companion" and f.path not in taken and self._hf is None
             )
         except Error:
             return None  # raised again, in its place after the decision, by the two-pass path
@@ -586,7 +617,7 @@ class OnePass:
             self._stack.close()
             self.stage = self._writer = None
             return None
-        plan = with_companions(self._plan, evaluation.inspection, evaluation.decision)
+        plan = self._plan if self._hf else with_companions(self._plan, evaluation.inspection, evaluation.decision)
         if on_plan:
             on_plan(plan.total_size)
         if on_bytes:  # every placed byte was written in the digest's pass
@@ -607,6 +638,8 @@ class OnePass:
         index = write_index(plan, self.stage.fd)
         if index is not None:
             outputs.append(index)
+        if self._hf is not None:
+            outputs += write_config_files(self._hf, self.stage.fd)
         return Consolidated(outputs=tuple(outputs), plan_report=dict(plan.report))
 
 

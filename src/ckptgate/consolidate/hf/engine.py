@@ -154,7 +154,11 @@ def _check_shape(rule: Rule, t: OutputTensor, d: Declared) -> tuple[int, int]:
     lead = (s["num_hidden_layers"],) if rule.layers else ()
     expected = (*lead, need, *(() if cols is None else (cols,)))
     found = t.shape
-    ok = len(found) == len(expected) and found[: len(lead)] == lead and found[len(lead) + 1 :] == expected[len(lead) + 1 :]
+    ok = (
+        len(found) == len(expected)
+        and found[: len(lead)] == lead
+        and found[len(lead) + 1 :] == expected[len(lead) + 1 :]
+    )
     rows = found[len(lead)] if len(found) == len(expected) else -1
     if ok and rule.drop_tail is not None and rows < need:
         raise _refuse(
@@ -168,8 +172,7 @@ def _check_shape(rule: Rule, t: OutputTensor, d: Declared) -> tuple[int, int]:
     if not ok or (rule.drop_tail is None and rows != need):
         raise _refuse(
             "mapping.shape.mismatch",
-            f"{t.name}: expected shape {list(expected)} from the config "
-            f"({_explain(rule, d)}), found {list(found)}",
+            f"{t.name}: expected shape {list(expected)} from the config ({_explain(rule, d)}), found {list(found)}",
             tensor=t.name,
             expected=list(expected),
             found=list(found),

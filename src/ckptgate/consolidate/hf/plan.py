@@ -36,7 +36,8 @@ def hf_plan(fmt: str | None, layout: Mapping[str, Any], hf: HfConfig, *, max_sha
     """The mapped plan (HF names, sharded at ``max_shard_bytes``), or a typed refusal."""
     if fmt != "megatron-torch-dist":
         raise MappingRefused(
-            "mapping.format", f"--hf-config maps Megatron Core torch_dist checkpoints; this is {fmt!r}",
+            "mapping.format",
+            f"--hf-config maps Megatron Core torch_dist checkpoints; this is {fmt!r}",
             evidence={"format": fmt},
         )
     inner = layout.get("dcp")
@@ -47,7 +48,13 @@ def hf_plan(fmt: str | None, layout: Mapping[str, Any], hf: HfConfig, *, max_sha
         raise no_tensors()
     items = [i for i in inner.get("items", []) if i.get("kind") == "bytes"]
     out, report = map_tensors(tensors, items, hf.declared)
-    report = {"adapter": "megatron-torch-dist", "mapping": "hf", "hf_config": hf.to_json(), "layout_tp": layout_tp(inner), **report}
+    report = {
+        "adapter": "megatron-torch-dist",
+        "mapping": "hf",
+        "hf_config": hf.to_json(),
+        "layout_tp": layout_tp(inner),
+        **report,
+    }
     return shard_tensors(out, max_shard_bytes=max_shard_bytes, report=report)
 
 

@@ -117,7 +117,9 @@ def _read(path: Path, name: str) -> ConfigFile:
     else:
         ok = bool(companion_ok(name, FileKind.UNKNOWN, None, lambda: raw))
     if not ok:
-        raise ConfigRefused("hf_config.not_pure_data", f"{name} is not the pure data its name says", evidence={"file": name})
+        raise ConfigRefused(
+            "hf_config.not_pure_data", f"{name} is not the pure data its name says", evidence={"file": name}
+        )
     return ConfigFile(name=name, size=len(raw), sha256=hashlib.sha256(raw).hexdigest(), data=raw)
 
 

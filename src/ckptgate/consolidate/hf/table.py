@@ -227,7 +227,8 @@ def _allowed(fam: Family, config: Mapping[str, Any]) -> dict[str, Any]:
         if not ok:
             raise _refuse(
                 "mapping.config.value",
-                f"{fam.name}: {key} = {v!r} is outside the table (allowed: {rule.get('allowed', rule.get('allowed_each'))})",
+                f"{fam.name}: {key} = {v!r} is outside the table "
+                f"(allowed: {rule.get('allowed', rule.get('allowed_each'))})",
                 family=fam.name,
                 key=key,
                 found=v,
@@ -277,7 +278,9 @@ def declare(config: Mapping[str, Any]) -> Declared:
         head_dim = _int(config, "head_dim")
     dtype = config.get("dtype", config.get("torch_dtype"))
     if "dtype" in config and "torch_dtype" in config and config["dtype"] != config["torch_dtype"]:
-        raise _refuse("mapping.config.dtype", "dtype and torch_dtype disagree", found=[config["dtype"], config["torch_dtype"]])
+        raise _refuse(
+            "mapping.config.dtype", "dtype and torch_dtype disagree", found=[config["dtype"], config["torch_dtype"]]
+        )
     if dtype is not None and not isinstance(dtype, str):
         raise _refuse("mapping.config.dtype", f"dtype must be a string, found {dtype!r}", found=str(dtype))
     symbols = {

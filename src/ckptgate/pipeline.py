@@ -23,7 +23,7 @@ from typing import Any
 
 from ckptgate import __version__
 from ckptgate.consolidate import adapter_plan, framework_files, plan_for, with_companions
-from ckptgate.consolidate.hf.plan import check_dtype, write_config_files
+from ckptgate.consolidate.hf.plan import check_dtype, layout_tp, write_config_files
 from ckptgate.consolidate.hf.source import HfConfig, read_hf_config
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, cast_plan, check_cast
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, StreamedPlan, WrittenFile, write_index, write_plan
@@ -39,6 +39,7 @@ from ckptgate.decide import (
     precheck,
 )
 from ckptgate.decide.bundle import opa_version
+from ckptgate.decide.inputs import DecisionInput
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.digest import DigestCancelled, FixtureDigest, fixture_digest
 from ckptgate.enforce.containment import ContainmentProfile, preflight
@@ -118,6 +119,7 @@ def evaluate(
     certificate_chain: CertificateChain | None = None,
     select: str | None = None,
     stage: Callable[[Inspection], Callable[[str], Callable[[int, memoryview], None] | None] | None] | None = None,
+    hf: HfConfig | None = None,
 ) -> Evaluation:
     """Inspect, digest, verify and decide.  Never loads anything from the checkpoint.
 
@@ -190,6 +192,7 @@ def evaluate(
         offered_key=offered_key,
         certificate_chain=certificate_chain,
         select=select,
+        hf=hf,
     )
 
 
@@ -252,6 +255,7 @@ def judge(
     offered_key: OfferedKey | None = None,
     certificate_chain: CertificateChain | None = None,
     select: str | None = None,
+    hf: HfConfig | None = None,
 ) -> Evaluation:
     """Verify ``attestations`` against what was measured and decide; :func:`evaluate` measures first.
 
@@ -311,8 +315,14 @@ def judge(
     if containment is None and _needs_profile(inspection):
         containment = _preflight()
     builder.containment(containment)
+    if hf is not None:
+        dcp_layout = inspection.layout.get("dcp") if isinstance(inspection.layout, dict) else None
+        builder.hf_mapping(hf.facts(layout_tp(dcp_layout) if isinstance(dcp_layout, dict) else None))
     policy_input = builder.build()
     decision = decide(engine, policy_input)
+    if hf is not None:  # the config decides too: named in the decision, as every other input
+        config_input = DecisionInput(role="hf_config", path=hf.source, origin="explicit", sha256="sha256:" + hf.digest)
+        decision = dataclasses.replace(decision, inputs=(*decision.inputs, config_input))
     return Evaluation(
         policy_input=policy_input, decision=decision, inspection=inspection, digest=digest, containment=containment
     )
@@ -470,6 +480,7 @@ def intake(
                 certificate_chain=chain,
                 select=select,
                 stage=one.begin,
+                hf=hf,
             )
             try:
                 with contextlib.ExitStack() as later:

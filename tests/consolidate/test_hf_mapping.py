@@ -33,7 +33,7 @@ from ckptgate.inspect import SafeTree, inspect_open_tree
 from ckptgate.pipeline import intake
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pipeline_helpers import FIXTURES, Signer, attest, make_signer  # noqa: E402
+from pipeline_helpers import FIXTURES, Signer, make_signer, qualification  # noqa: E402
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 BOUND = 1e-4
@@ -119,10 +119,24 @@ def signer(tmp_path_factory: pytest.TempPathFactory) -> Signer:
     return make_signer(tmp_path_factory.mktemp("signer"))
 
 
-def _intake(family: str, signer: Signer, tmp: Path, **kw: Any) -> Any:
+def _attest(signer: Signer, src: Path, out: Path, meta: dict[str, Any], **topology: int) -> Path:
+    """A qualification of ``src`` by megatron-core at the fixture's release, stating ``topology``."""
+    from ckptgate.digest import fixture_digest
+    from ckptgate.verify import KeySigner
+    from ckptgate.verify.dsse import sign_statement
+
+    with SafeTree.open(src) as tree:
+        digest = fixture_digest(tree).digest.prefixed()
+    statement = qualification(src, digest, fmt="megatron-torch-dist", meta=meta)
+    statement["predicate"]["topology"].update({"tp": 2, "pp": 1, "ep": 1, "dp": 1, **topology})
+    out.write_bytes(sign_statement(statement, KeySigner.from_pem(signer.key_path)))
+    return out
+
+
+def _intake(family: str, signer: Signer, tmp: Path, *, topology: dict[str, int] | None = None, **kw: Any) -> Any:
     d = _fixture(family)
     meta = json.loads((d / "meta.json").read_text())
-    att = attest(signer, d / "checkpoint", tmp / "att.json", fmt="megatron-torch-dist", meta=meta)
+    att = _attest(signer, d / "checkpoint", tmp / "att.json", meta, **(topology or {}))
     return intake(d / "checkpoint", tmp / "out", attestations=[att], options=signer.options,
                   hf_config=kw.pop("hf_config", d / "hf_config"), **kw)
 
@@ -156,6 +170,28 @@ def test_mapped_intake_matches_megatron_logits(family: str, signer: Signer, tmp_
     assert plan["mapping"] == "hf" and plan["family"] == family and plan["layout_tp"] == 2
     assert plan["ledger"]["drops"]["vocab_padding"]["bytes"] > 0
     assert plan["hf_config"]["manifest"][0]["path"] == "config.json"
+    hf_input = [i for i in result.receipt["inputs"] if i["role"] == "hf_config"]
+    assert hf_input and hf_input[0]["sha256"] == "sha256:" + plan["hf_config"]["sha256"]
+    assert [i.role for i in result.evaluation.decision.inputs].count("hf_config") == 1
+    facts = result.evaluation.policy_input.to_json()["hf_mapping"]
+    assert facts["family"] == family and facts["layout_tp"] == 2
+    assert facts["config_sha256"] == hf_input[0]["sha256"]
+
+
+@pytest.mark.opa
+@pytest.mark.parametrize(("topology", "code"), [
+    ({"tp": 4}, "hf_mapping_topology_mismatch"),    # the layout shows tp=2
+    ({"pp": 2}, "hf_mapping_not_qualified"),        # a row policy data does not name
+    ({"ep": 2}, "hf_mapping_not_qualified"),
+])
+def test_an_unqualified_row_is_denied_and_nothing_is_published(topology: dict[str, int], code: str, signer: Signer,
+                                                               tmp_path: Path) -> None:
+    from ckptgate.errors import PolicyDenied
+
+    with pytest.raises(PolicyDenied) as e:
+        _intake("llama", signer, tmp_path, topology=topology)
+    assert code in json.dumps(e.value.to_json())
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_naive_contiguous_qkv_split_fails_the_logits_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -86,6 +86,16 @@ class HfConfig:
     def to_json(self) -> dict[str, Any]:
         return {"source": self.source, "manifest": self.manifest, "sha256": self.digest, **self.declared.to_json()}
 
+    def facts(self, layout_tp: int | None) -> dict[str, Any]:
+        """What the policy decides on (``input.hf_mapping``)."""
+        return {
+            "family": self.declared.family,
+            "config_manifest": self.manifest,
+            "config_sha256": "sha256:" + self.digest,
+            "layout_tp": layout_tp,
+            "declared_not_measured": list(self.declared.not_measured),
+        }
+
 
 def _read(path: Path, name: str) -> ConfigFile:
     cap, kind = ALLOWED[name]

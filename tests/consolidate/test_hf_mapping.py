@@ -360,3 +360,25 @@ def test_refused_intakes_publish_nothing(signer: Signer, tmp_path: Path) -> None
         _intake("llama", signer, tmp_path, hf_config=heads)
     assert e.value.code == "mapping.shape.mismatch"
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_hf_config_with_select_is_a_usage_error(tmp_path: Path) -> None:
+    from pipeline_helpers import ckptgate_json
+
+    r = ckptgate_json("intake", _fixture("llama") / "checkpoint", "--out", tmp_path / "out",
+                      "--hf-config", _fixture("llama") / "hf_config", "--select", "model")
+    assert r.returncode == 2, r.stderr
+    assert "usage.hf_config.combination" in r.stdout + r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_config_directory_with_code_exits_4_and_publishes_nothing(tmp_path: Path) -> None:
+    from pipeline_helpers import ckptgate_json
+
+    cfg = tmp_path / "cfg"
+    shutil.copytree(_fixture("llama") / "hf_config", cfg)
+    (cfg / "modeling_llama.py").write_text("print('hi')\n")
+    r = ckptgate_json("intake", _fixture("llama") / "checkpoint", "--out", tmp_path / "out", "--hf-config", cfg)
+    assert r.returncode == 4, r.stderr
+    assert "hf_config.unlisted_file" in r.stdout + r.stderr
+    assert not (tmp_path / "out").exists()

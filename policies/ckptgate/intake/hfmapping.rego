@@ -69,7 +69,10 @@ deny_reasons contains reason if {
 	count(_hf_qualified) == 0
 	reason := _reason(
 		"hf_mapping_not_qualified",
-		sprintf("no attested row of the %v mapping is qualified in policy data (hf_mapping.qualified)", [input.hf_mapping.family]),
+		sprintf(
+			"no attested row of the %v mapping is qualified in policy data (hf_mapping.qualified)",
+			[input.hf_mapping.family],
+		),
 		{"rows": hf_mapping_rows, "qualified": _hf_cfg.qualified},
 	)
 }

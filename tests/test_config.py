@@ -176,7 +176,7 @@ def test_check_plan_for_a_consumer_skips_what_is_not_configured(tmp_path):
     (root / "policy").mkdir()
     (root / "policy" / "a.rego").write_text("package ckptgate_consumer\n")
     (root / "ckptgate.toml").write_text('extra_rego = "policy"\n')
-    assert set(plan(cfg.load(root))) == {"matrix_drift", "evidence"}
+    assert set(plan(cfg.load(root))) == {"matrix_drift", "gate_drift", "evidence"}
     assert plan(None) == {} and plan(None, ["claims"]) == {"claims": "--skip claims"}
 
 

@@ -215,6 +215,7 @@ def test_check_runs_the_extra_rego_tests_with_the_bundled_policies_loaded(tmp_pa
     assert failed["message"].endswith("ckptgate_consumer.gates_test.test_bad failed") and failed["file"] == "policy/gates_test.rego"
     assert doc["skip_reasons"] == {"regal_lint": "--skip regal_lint",
                                    "matrix_drift": plan(cfg.load(root))["matrix_drift"],
+                                   "gate_drift": plan(cfg.load(root))["gate_drift"],
                                    "evidence": plan(cfg.load(root))["evidence"]}
 
 

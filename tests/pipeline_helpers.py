@@ -9,12 +9,14 @@ import platform
 import subprocess
 import sys
 from dataclasses import dataclass
+from types import SimpleNamespace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from ckptgate.decide import now_utc
 from ckptgate.digest import fixture_digest
+from ckptgate.evidence.fixtures import Fixture
 from ckptgate.inspect import SafeTree
 from ckptgate.decide.options import EngineOptions
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, KeySigner, generate_keypair, trust_entry
@@ -57,26 +59,38 @@ def producer_for(fmt: str, meta: dict[str, Any]) -> tuple[str, str, str]:
     return adapter, name, str(versions.get(name, versions.get("huggingface_hub", "0")))
 
 
-def qualification(src: Path, digest: str, *, fmt: str, meta: dict[str, Any], issued_at: Any = None) -> dict[str, Any]:
+def topology_for(meta: dict[str, Any]) -> dict[str, Any]:
+    """The predicate topology of a fixture's ``meta.json`` (as ``ckptgate qualify`` records it), else
+    tp=1 pp=1 dp=2 cp=1 ep=1 etp=1 world_size=2."""
+    if isinstance(meta.get("topology"), dict):
+        return Fixture.topology(SimpleNamespace(meta=meta))  # type: ignore[arg-type]
+    return {"tp": 1, "pp": 1, "dp": 2, "cp": 1, "ep": 1, "etp": 1, "world_size": 2}
+
+
+def qualification(src: Path, digest: str, *, fmt: str, meta: dict[str, Any], issued_at: Any = None,
+                  version: str | None = None) -> dict[str, Any]:
     """A passing qualification statement of ``fmt``'s adapter for the checkpoint ``src`` whose
-    measured digest is ``digest``, valid for one hour from ``issued_at`` (now by default)."""
-    adapter, name, version = producer_for(fmt, meta)
+    measured digest is ``digest``, at the fixture's own topology, valid for one hour from
+    ``issued_at`` (now by default); ``version`` names another producer release than the fixture's."""
+    adapter, name, recorded = producer_for(fmt, meta)
+    version = version or recorded
     return qualification_statement(
         subject_name=src.parent.name, fixture_digest=digest, manifest=src.parent.name,
         producer={"name": name, "version": version}, adapter={"name": adapter, "version": "1"},
         candidate_commit="0" * 40,
         environment={"python": platform.python_version(), "torch": "2.13.0", "os": "linux",
                      "arch": platform.machine(), "accelerator": "cpu"},
-        topology={"tp": 1, "pp": 1, "dp": 2, "cp": 1, "ep": 1, "etp": 1, "world_size": 2},
+        topology=topology_for(meta),
         status="passed", checks_run=["bit-exact"], evidence_digest=str(digest), evidence_location="test",
         issued_at=issued_at or now_utc(), valid_for=timedelta(hours=1))
 
 
-def attest(signer: Signer, src: Path, out: Path, *, fmt: str, meta: dict[str, Any]) -> Path:
-    """Sign a qualification statement for the measured digest of ``src``; return its path."""
+def attest(signer: Signer, src: Path, out: Path, *, fmt: str, meta: dict[str, Any], version: str | None = None) -> Path:
+    """Sign a qualification statement for the measured digest of ``src`` (naming producer release
+    ``version``, else the fixture's); return its path."""
     with SafeTree.open(src) as tree:
         digest = fixture_digest(tree).digest.prefixed()
-    statement = qualification(src, digest, fmt=fmt, meta=meta)
+    statement = qualification(src, digest, fmt=fmt, meta=meta, version=version)
     out.write_bytes(sign_statement(statement, KeySigner.from_pem(signer.key_path)))
     return out
 

@@ -176,7 +176,7 @@ def test_check_plan_for_a_consumer_skips_what_is_not_configured(tmp_path):
     (root / "policy").mkdir()
     (root / "policy" / "a.rego").write_text("package ckptgate_consumer\n")
     (root / "ckptgate.toml").write_text('extra_rego = "policy"\n')
-    assert set(plan(cfg.load(root))) == {"matrix_drift", "evidence"}
+    assert set(plan(cfg.load(root))) == {"matrix_drift", "gate_drift", "evidence"}
     assert plan(None) == {} and plan(None, ["claims"]) == {"claims": "--skip claims"}
 
 
@@ -215,6 +215,7 @@ def test_check_runs_the_extra_rego_tests_with_the_bundled_policies_loaded(tmp_pa
     assert failed["message"].endswith("ckptgate_consumer.gates_test.test_bad failed") and failed["file"] == "policy/gates_test.rego"
     assert doc["skip_reasons"] == {"regal_lint": "--skip regal_lint",
                                    "matrix_drift": plan(cfg.load(root))["matrix_drift"],
+                                   "gate_drift": plan(cfg.load(root))["gate_drift"],
                                    "evidence": plan(cfg.load(root))["evidence"]}
 
 

@@ -168,6 +168,8 @@ def test_the_wheel_carries_the_policies_their_data_and_schemas(installed):
     for rel in ("ckptgate/_policies/ckptgate/intake/intake.rego",
                 "ckptgate/_policies/ckptgate/config/trust/data.json",
                 "ckptgate/_policies/schemas/intake/schema.json",
+                "ckptgate/_policies/ckptgate/config/qualified/data.json",
+                "ckptgate/_policies/schemas/qualified/schema.json",
                 "ckptgate/verify/schemas/qualification-v1.schema.json"):
         assert rel in names
     shipped = {n.removeprefix("ckptgate/_policies/") for n in names if n.startswith("ckptgate/_policies/")}
@@ -320,7 +322,8 @@ def test_a_consumer_repository_is_configured_takes_a_checkpoint_in_and_is_checke
     assert passed.returncode == 0, passed.stdout + passed.stderr
     report = json.loads(passed.stdout)
     assert [c["name"] for c in report["checks"]] == ["claims"] and report["passed"] is True
-    assert set(report["skip_reasons"]) == {"policy_tests", "opa_fmt", "regal_lint", "matrix_drift", "evidence"}
+    assert set(report["skip_reasons"]) == {"policy_tests", "opa_fmt", "regal_lint", "matrix_drift", "gate_drift",
+                                              "evidence"}
     assert all(report["skip_reasons"].values())
     notes = json.loads((scratch / "check.sarif").read_text())["runs"][0]["invocations"][0]["toolExecutionNotifications"]
     assert len(notes) == 5 and all("configuration" in n["message"]["text"] for n in notes)

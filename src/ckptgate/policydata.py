@@ -16,8 +16,11 @@ Merge rule, applied to the policy directory's own data before the bundle is buil
   and the engine is given the same bytes.
 * ``freshness`` **replaces** the named keys of ``data.ckptgate.config.intake.freshness``.
 * ``finding_exceptions`` are **appended** to the bundled ones; an id already there is a conflict.
-* ``gates`` **replaces** the ``versions`` of an adapter the bundled gates already name; an unknown
-  adapter is a conflict (an overlay cannot add an adapter, which needs code).
+* ``gates`` sets the ``versions`` of an adapter the bundled gates already name; an unknown adapter is
+  a conflict (an overlay cannot add an adapter, which needs code).  Those versions only **narrow**:
+  a release passes when it is qualified (the generated ``data.ckptgate.config.qualified``, from
+  passing qualifications with retained evidence) *and* inside them, so an overlay can never admit a
+  release no qualification vouches for.
 
 Nothing else can be overlaid: the Rego, the loaders and their classes, the refusal mapping and the
 claims data stay the bundled ones.  The overlay file is validated against :data:`SCHEMA`, and each

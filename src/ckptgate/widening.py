@@ -137,7 +137,7 @@ def widenings(base: Effective, new: Effective, *, include_rego: bool = True) -> 
     old_gates = base.gates.get("adapters", {})
     for adapter, gate in sorted(new.gates.get("adapters", {}).items()):
         before = old_gates.get(adapter)
-        if before is None or not _versions_within(gate.get("versions", {}), before.get("versions", {})):
+        if before is None or not _restriction_within(gate, before):
             out.append(
                 Widening(
                     code="widening.gate_widened",
@@ -157,6 +157,23 @@ def widenings(base: Effective, new: Effective, *, include_rego: bool = True) -> 
                     )
                 )
     return out
+
+
+def _restriction_within(new: Mapping[str, Any], base: Mapping[str, Any]) -> bool:
+    """Whether ``new``'s gate admits no release that ``base``'s does not.  The releases a gate passes
+    are the qualified ones (generated, the same for both), narrowed by an overlay's ``versions``: a
+    gate without ``versions`` narrows nothing, and one that is version-independent narrows only by it."""
+    if base.get("version_independent") and not new.get("version_independent"):
+        pass  # becoming version-volatile only narrows
+    elif new.get("version_independent") and not base.get("version_independent"):
+        return False  # the gate stops applying: any release passes
+    base_versions = base.get("versions")
+    if base_versions is None:
+        return True  # the base is not narrowed: nothing new can admit more
+    new_versions = new.get("versions")
+    if new_versions is None:
+        return False  # the base's narrowing is dropped
+    return _versions_within(new_versions, base_versions)
 
 
 def _semver(text: Any) -> tuple[int, ...] | None:

@@ -1,5 +1,6 @@
 """A small, real repository for evidence tests: the project's policies, register and README, the
-``hf_sharded`` fixture, and trust data naming a throwaway key; qualified and with a built matrix."""
+``hf_sharded`` fixture, and trust data naming a throwaway key; qualified and with a built matrix and
+generated gate."""
 
 from __future__ import annotations
 
@@ -71,9 +72,14 @@ def qualified_repo(tmp_path_factory: pytest.TempPathFactory) -> EvidenceRepo:
     base = _make_base(tmp_path_factory.mktemp("evidence"))
     options = EngineOptions(policy_dir=base.path / "policies")
     qualify(base.path, find_fixture(base.path, FIXTURE), "hf-safetensors", key=base.key, options=options)
-    with engine_for(options) as engine:
-        matrix.write(matrix.build(base.path, engine, load_trust(options)), base.path / "matrix")
-    commit_all(base.path, "evidence: qualification and matrix")
+    trust = load_trust(options)
+    with engine_for(options, trust) as engine:
+        built = matrix.build(base.path, engine, trust)
+    # the generated gate first, as `ckptgate matrix build` does; the matrix names its policy revision
+    matrix.write_gate(built, base.path / "policies" / "ckptgate" / "config" / "qualified" / "data.json")
+    with engine_for(options, trust) as engine:
+        matrix.write(matrix.build(base.path, engine, trust, doc=built.input), base.path / "matrix")
+    commit_all(base.path, "evidence: qualification, gate and matrix")
     return base
 
 

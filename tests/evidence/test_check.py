@@ -33,7 +33,7 @@ def _by_name(report):
 def test_qualified_repository_passes_drift_evidence_and_claims(clone: Path) -> None:
     report = _check(clone)
     results = _by_name(report)
-    assert set(results) == {"matrix_drift", "evidence", "claims"}
+    assert set(results) == {"matrix_drift", "gate_drift", "evidence", "claims"}
     failing = {n: [f.message for f in r.findings] for n, r in results.items() if not r.passed}
     assert failing == {}
     assert report.passed
@@ -86,7 +86,7 @@ def test_policy_change_without_regenerating_fails_with_the_diff(clone: Path) -> 
 
 
 def test_policy_tools_pass_on_the_policies_and_fail_on_a_broken_test_or_format(clone: Path) -> None:
-    only_tools = ("matrix_drift", "evidence", "claims")
+    only_tools = ("matrix_drift", "gate_drift", "evidence", "claims")
     report = _check(clone, skip=only_tools)
     assert [r.name for r in report.results] == ["policy_tests", "opa_fmt", "regal_lint"]
     assert {r.name: r.passed for r in report.results} == dict.fromkeys(FAST, True), report.results
@@ -102,7 +102,7 @@ def test_policy_tools_pass_on_the_policies_and_fail_on_a_broken_test_or_format(c
 
 
 BROKEN = "package ckptgate.gates_test\n\ntest_fails if {\n    1 == 2\n}\n"
-SKIPPED = ("regal_lint", "matrix_drift", "evidence", "claims")
+SKIPPED = ("regal_lint", "matrix_drift", "gate_drift", "evidence", "claims")
 
 
 def _cli(*args):
@@ -150,7 +150,7 @@ def test_check_reports_failures_and_skips_in_json_sarif_and_junit(clone: Path, t
 
     junit = ET.fromstring((tmp_path / "r.xml").read_bytes())
     suite = junit.find("testsuite")
-    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("6", "2", "4")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("7", "2", "5")
     cases = {c.get("name"): c for c in suite.findall("testcase")}
     assert all(float(c.get("time")) >= 0 for c in cases.values())
     assert cases["policy_tests"].find("failure") is not None
@@ -231,7 +231,7 @@ def test_run_check_tests_the_configured_policies_when_the_options_name_none(tmp_
     monkeypatch.setattr(check, "candidate_commit", lambda repo, exclude=(): "0" * 40)
     config = Config(root=tmp_path, policies=policies)
     report = run_check(tmp_path, options=EngineOptions(), config=config,
-                       skip=("matrix_drift", "evidence", "claims"))
+                       skip=("matrix_drift", "gate_drift", "evidence", "claims"))
     assert [r.name for r in report.results] == ["policy_tests", "opa_fmt", "regal_lint"]
     assert cwds == [policies, policies, policies]
 
@@ -261,16 +261,16 @@ def test_opa_fmt_and_regal_run_only_at_the_pinned_versions(tmp_path: Path, monke
     monkeypatch.setenv("CKPTGATE_REGAL", str(_fake_tool(tmp_path, "regal", regal, log)))
     monkeypatch.setattr(check, "candidate_commit", lambda repo, exclude=(): "0" * 40)
     report = run_check(tmp_path, options=EngineOptions(), config=Config(root=tmp_path, policies=policies),
-                       skip=("matrix_drift", "evidence", "claims"))
+                       skip=("matrix_drift", "gate_drift", "evidence", "claims"))
     assert [r.name for r in report.results] == ran
     assert report.passed
     calls = [line.split()[:2] for line in log.read_text().splitlines()]
     assert calls == [["opa", "test"], ["opa", "fmt"], ["regal", "lint"]][: len(ran)]
     reasons = report.to_json()["skip_reasons"]
     if len(ran) == 3:
-        assert set(reasons) == {"matrix_drift", "evidence", "claims"}
+        assert set(reasons) == {"matrix_drift", "gate_drift", "evidence", "claims"}
     else:
-        assert report.skipped == ("opa_fmt", "regal_lint", "matrix_drift", "evidence", "claims")
+        assert report.skipped == ("opa_fmt", "regal_lint", "matrix_drift", "gate_drift", "evidence", "claims")
         assert "1.23.0" in reasons["opa_fmt"] and "not the pinned 1.22.3" in reasons["opa_fmt"]
         assert "0.37.0" in reasons["regal_lint"] and "not the pinned 0.38.1" in reasons["regal_lint"]
 

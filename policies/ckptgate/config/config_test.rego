@@ -29,8 +29,29 @@ test_schema_rejects_a_loader_with_an_unknown_class if {
 }
 
 test_schema_rejects_a_gate_with_a_version_range_string if {
-	bad := json.patch(_cfg.gates, [{"op": "replace", "path": "/adapters/dcp/versions/exact", "value": [">=2.9"]}])
+	bad := json.patch(_cfg.gates, [{
+		"op": "add", "path": "/adapters/dcp/versions",
+		"value": {"any": false, "exact": [">=2.9"], "ranges": []},
+	}])
 	json.match_schema(bad, data.schemas.gates)[0] == false
+}
+
+test_schema_rejects_a_version_independent_adapter_without_a_reason if {
+	bad := json.patch(_cfg.gates, [{"op": "add", "path": "/adapters/dcp/version_independent", "value": {}}])
+	json.match_schema(bad, data.schemas.gates)[0] == false
+}
+
+test_generated_gate_matches_its_schema if {
+	[true, []] == json.match_schema(_cfg.qualified, data.schemas.qualified)
+}
+
+test_generated_gate_names_only_adapters_and_formats_of_the_gates_data if {
+	every name, adapter in _cfg.qualified.adapters {
+		adapter.producer == _cfg.gates.adapters[name].producer
+		every row in adapter.rows {
+			_cfg.gates.formats[row.format].adapter == name
+		}
+	}
 }
 
 test_every_loader_class_is_ranked_and_described if {

@@ -9,8 +9,9 @@ import data.ckptgate.trust
 
 # METADATA
 # description: >-
-#   True unless the action does not require an attestation and no class present needs one
-#   (trusted_attestation) or needs a producer version from one (producer_version_gate).
+#   True unless the action does not require an attestation, no class present needs one
+#   (trusted_attestation) or needs a producer version from one (producer_version_gate), and the
+#   adapter's producer gate is not enforced.
 # scope: document
 default attestation_required := true
 
@@ -18,6 +19,7 @@ attestation_required := false if {
 	action.attestation_required == false
 	not "trusted_attestation" in evidence
 	not "producer_version_gate" in evidence
+	not gate_enforced
 }
 
 # METADATA
@@ -61,9 +63,77 @@ _adapter_bound(att) if {
 	att.statement.predicate.adapter.name == adapter
 }
 
-_gated(_) if not "producer_version_gate" in evidence
+# METADATA
+# description: >-
+#   True when the producer-release gate decides this request: the adapter's reading depends on
+#   the producer's release (every plane: static DCP and Megatron as much as the framework
+#   plane), or the class needs a producer version (producer_version_gate), unless the action
+#   says producer_gate false (qualify: qualification is how a release enters the gate).
+# scope: document
+gate_enforced if {
+	_gate_needed
+	object.get(action, "producer_gate", true) != false
+}
 
-_gated(att) if gates.passes(att.statement.predicate.producer, gate)
+_gate_needed if "producer_version_gate" in evidence
+
+_gate_needed if gates.applies(gate)
+
+_gated(_) if not gate_enforced
+
+_gated(att) if gates.passes(release_of(att), gate, _format, topology_of(att))
+
+# METADATA
+# description: >-
+#   The producer release a statement names ({name, version}), read where its predicate kind
+#   says (data.ckptgate.config.intake.predicates[kind].release): ckptgate's own predicates name
+#   it at producer; SLSA provenance names it among resolvedDependencies as pkg:pypi/NAME@VERSION
+#   for the gate's producer (exactly one). null when the statement names none (a Model Signing
+#   bundle, per-file SLSA without dependencies): such a statement cannot vouch for a
+#   version-volatile adapter alone.
+# scope: document
+default release_of(_) := null
+
+release_of(att) := {"name": p.name, "version": p.version} if {
+	path := _predicate_cfg(att).release.path
+	p := object.get(att.statement.predicate, path, null)
+	is_string(p.name)
+	is_string(p.version)
+} else := {"name": name, "version": version} if {
+	path := _predicate_cfg(att).release.dependencies
+	deps := object.get(att.statement.predicate, path, [])
+	is_array(deps)
+	named := {[n, v] |
+		some dep in deps
+		[n, v] := _pypi_purl(dep)
+		n == _pypi_name(gate.producer)
+	}
+	count(named) == 1
+	some [_, version] in named
+	name := gate.producer
+}
+
+_pypi_purl(dep) := [_pypi_name(name), version] if {
+	[[_, name, version]] := regex.find_all_string_submatch_n(
+		`^pkg:pypi/([A-Za-z0-9._-]+)@([0-9A-Za-z.+!-]+)$`,
+		dep.uri, 1,
+	)
+}
+
+_pypi_name(name) := lower(regex.replace(name, `[-_.]+`, "-"))
+
+# METADATA
+# description: >-
+#   The topology a statement names (its kind's release.topology path), or null when it names
+#   none. Declared by the signer, never measured by ckptgate.
+# scope: document
+default topology_of(_) := null
+
+topology_of(att) := t if {
+	path := _predicate_cfg(att).release.topology
+	t := object.get(att.statement.predicate, path, null)
+	is_object(t)
+}
 
 # METADATA
 # description: True when no attestation is required or a satisfying attestation exists.
@@ -156,21 +226,82 @@ deny_reasons contains reason if {
 	)
 }
 
+# The gate's refusals, one per attestation that would otherwise serve: the statement names no
+# release, names one that is not qualified, or names a topology no qualified row of that
+# release has. Each names the nearest qualified rows.
 deny_reasons contains reason if {
-	not requirement_met
-	some i in _candidates
-	_adapter_bound(input.attestations[i])
-	not _gated(input.attestations[i])
-	producer := input.attestations[i].statement.predicate.producer
+	some [i, null, _] in _gate_failures
 	reason := _reason(
-		"producer_version_not_gated",
-		sprintf("attestation %v says producer %v %v; the gate for adapter %v accepts %v", [
-			_source(i), producer.name, producer.version,
-			adapter, gates.describe(gate),
+		"producer_release_missing",
+		concat("", [
+			sprintf("attestation %v names no %v release, and adapter %v reads %v only from qualified releases (%v); ", [
+				_source(i), _producer_words, adapter, _format,
+				_qualified_words(null),
+			]),
+			"a statement that names the release (qualification, fixture provenance, or SLSA provenance listing ",
+			sprintf("pkg:pypi/%v@VERSION among its resolvedDependencies) must vouch for it", [_producer_words]),
 		]),
-		{"attestation": i, "producer": producer, "adapter": adapter, "gate": gate},
+		{"attestation": i, "adapter": adapter, "format": _format, "qualified": _nearest(null)},
 	)
 }
+
+deny_reasons contains reason if {
+	some [i, release, _] in _gate_failures
+	release != null
+	count(gates.qualified_rows(release, gate, _format)) == 0
+	reason := _reason(
+		"producer_release_unqualified",
+		sprintf("%v %v is not a qualified release for adapter %v reading %v (attestation %v); qualified: %v", [
+			release.name, release.version, adapter, _format,
+			_source(i), _qualified_words(release.version),
+		]),
+		{
+			"attestation": i, "producer": release, "adapter": adapter, "format": _format,
+			"nearest_qualified": _nearest(release.version),
+		},
+	)
+}
+
+deny_reasons contains reason if {
+	some [i, release, topology] in _gate_failures
+	release != null
+	count(gates.qualified_rows(release, gate, _format)) > 0
+	nearest := gates.nearest_topologies(release, gate, _format, topology)
+	reason := _reason(
+		"topology_unqualified",
+		sprintf(
+			"%v %v is qualified for adapter %v reading %v, but not at the attested topology %v (attestation %v); qualified: %v",
+			[
+				release.name, release.version, adapter, _format,
+				gates.describe_topology(topology), _source(i), concat(", ", nearest),
+			],
+		),
+		{
+			"attestation": i, "producer": release, "adapter": adapter, "format": _format,
+			"topology": topology, "nearest_qualified": nearest,
+		},
+	)
+}
+
+_gate_failures contains [i, release_of(att), topology_of(att)] if {
+	not requirement_met
+	some i in _candidates
+	att := input.attestations[i]
+	_adapter_bound(att)
+	not _gated(att)
+}
+
+default _producer_words := "producer"
+
+_producer_words := gate.producer if is_string(gate.producer)
+
+_nearest(version) := gates.nearest_rows(gate, _format, version) if gate != null
+
+else := []
+
+_qualified_words(version) := concat(", ", _nearest(version)) if {
+	count(_nearest(version)) > 0
+} else := "none"
 
 info_reasons contains reason if {
 	some i in satisfying_attestations

@@ -45,7 +45,9 @@ test_deny_when_attestation_wrong_predicate_type if _denies("attestation_wrong_pr
 
 test_deny_when_attestation_adapter_mismatch if _denies("attestation_adapter_mismatch")
 
-test_deny_when_producer_version_not_gated if _denies("producer_version_not_gated")
+test_deny_when_producer_release_unqualified if _denies("producer_release_unqualified")
+
+test_deny_when_topology_unqualified if _denies("topology_unqualified")
 
 test_deny_when_qualification_result_is_not_passed if {
 	every status in ["failed", "error", "", null, {"status": "passed"}] {
@@ -69,7 +71,7 @@ test_provenance_needs_no_result if {
 test_deny_when_producer_name_differs_from_gate if {
 	d := _decide(td.with_value("/attestations/0/statement/predicate/producer/name", "torch"))
 	d.allow == false
-	"producer_version_not_gated" in _codes(d)
+	"producer_release_unqualified" in _codes(d)
 }
 
 test_allow_pure_data_intake_with_provenance_and_no_containment if {

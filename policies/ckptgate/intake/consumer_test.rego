@@ -9,6 +9,7 @@ import data.ckptgate.testdata_test as td
 _consumer_decide(inp, consumer) := d if {
 	d := intake.decision with input as inp
 		with data.ckptgate.config.trust as td.trust
+		with data.ckptgate.config.qualified as td.qualified
 		with data.ckptgate_consumer.deny as consumer
 }
 
@@ -18,6 +19,7 @@ _consumer_no_fridays := {"code": "no_fridays", "message": "no intake on a Friday
 
 test_without_consumer_rules_the_decision_is_unchanged if {
 	d := intake.decision with input as td.framework_input with data.ckptgate.config.trust as td.trust
+		with data.ckptgate.config.qualified as td.qualified
 	d.allow == true
 	_consumer_decide(td.framework_input, set()) == d
 }

@@ -162,7 +162,7 @@ adapter := data.ckptgate.config.gates.formats[input.inspection.format].adapter i
 
 # METADATA
 # description: The gate for this request's adapter, or null.
-gate := gates.gate(adapter, data.ckptgate.config.gates)
+gate := gates.gate(adapter, data.ckptgate.config)
 
 _format := object.get(input, ["inspection", "format"], null)
 

@@ -8,6 +8,7 @@ import data.ckptgate.testdata_test as td
 
 _decide(inp) := d if {
 	d := intake.decision with input as inp with data.ckptgate.config.trust as td.trust
+		with data.ckptgate.config.qualified as td.qualified
 }
 
 _codes(d) := {r.code | some r in d.reasons}
@@ -66,7 +67,8 @@ _deny_cases := {
 	"attestation_wrong_predicate_type": td.with_value("/attestations/0/statement/predicateType", td.provenance),
 	"attestation_adapter_mismatch": td.with_value("/attestations/0/statement/predicate/adapter/name", "dcp"),
 	"attestation_result_not_passed": td.with_value("/attestations/0/statement/predicate/result/status", "failed"),
-	"producer_version_not_gated": td.with_value("/attestations/0/statement/predicate/producer/version", "0.18.0"),
+	"producer_release_unqualified": td.with_value("/attestations/0/statement/predicate/producer/version", "0.18.0"),
+	"topology_unqualified": td.with_value("/attestations/0/statement/predicate/topology/dp", 4),
 	"containment_not_preflighted": td.with_value("/containment/preflighted", false),
 	"containment_control_missing": td.with_value("/containment/controls/seccomp", false),
 }
@@ -237,6 +239,7 @@ test_static_pickle_plane_allowed_with_allowlisted_globals if {
 		{"op": "replace", "path": "/inspection/loaders", "value": ["static_pickle"]},
 		{"op": "add", "path": "/inspection/pickles", "value": {".metadata": _pickle}},
 		{"op": "replace", "path": "/attestations/0/statement/predicateType", "value": td.provenance},
+		{"op": "replace", "path": "/attestations/0/statement/predicate/producer", "value": _torch("2.13.0")},
 	]))
 	d.allow == true
 	d.plane == "static_pickle"

@@ -10,16 +10,28 @@ import data.ckptgate.trust
 # description: >-
 #   Row problems beyond trust: incomplete claim fields, a failed result, a fixture digest
 #   that is not the subject, an evidence commit named as candidate, an unverified candidate
-#   commit, and producer versions outside the adapter's gate.
+#   commit, and producer releases outside the adapter's gate (another producer, or outside a
+#   policy-data overlay's restriction).
 row_problems(i, att) := {_reason(code, msg, object.union(_ref(i, att), ev)) |
 	some [code, msg, ev] in _row_problems(att)
 }
 
 _ref(i, att) := {"attestation": i, "source": trust.at(att, ["source"])}
 
-_row_problems(att) := array.concat(
+_row_problems(att) := array.concat(_qualification_problems(att), _gate_problems(att))
+
+# METADATA
+# scope: document
+# description: >-
+#   The problems of a qualification beyond trust, without the gate's: what decides whether it
+#   is a passing qualification with retained evidence (the generated gate, support.qualified).
+qualification_problems(i, att) := {_reason(code, msg, object.union(_ref(i, att), ev)) |
+	some [code, msg, ev] in _qualification_problems(att)
+}
+
+_qualification_problems(att) := array.concat(
 	array.concat(_incomplete(att), _refusals(att)),
-	array.concat(_head_problems, _gate_problems(att)),
+	_head_problems,
 )
 
 # METADATA
@@ -173,26 +185,38 @@ _trees_equal(head) if head.source_tree == head.candidate_source_tree
 
 _gate_problems(att) := [problem |
 	adapter := _p(att, ["adapter", "name"])
-	problem := _gate_problem(adapter, gates.gate(adapter, data.ckptgate.config.gates), _p(att, ["producer"]))
+	problem := _gate_problem(adapter, gates.gate(adapter, data.ckptgate.config), _p(att, ["producer"]))
 ]
 
 _gate_problem(adapter, null, _) := [
 	"adapter_unknown",
-	sprintf("adapter %v has no producer-version gate", [adapter]),
+	sprintf("adapter %v has no producer-release gate", [adapter]),
 	{"adapter": adapter},
 ]
 
+# The qualified releases are generated from these very rows (support.qualified), so a row's
+# release is outside its adapter's gate only when it names another producer than the gate's, or
+# when a policy-data overlay's restriction leaves it out.
 _gate_problem(adapter, g, producer) := [
-	"producer_version_not_gated",
+	"producer_release_unqualified",
 	sprintf("producer %v %v is outside the gate for adapter %v (%v)", [
 		trust.at(producer, ["name"]), trust.at(producer, ["version"]),
-		adapter, gates.describe(g),
+		adapter, _gate_words(g),
 	]),
-	{"adapter": adapter, "producer": producer, "gate": g},
+	{"adapter": adapter, "producer": producer, "gate": object.remove(g, ["rows"])},
 ] if {
 	g != null
-	not gates.passes(producer, g)
+	not _admitted(producer, g)
 }
+
+_admitted(producer, g) if {
+	gates.producer_matches(producer.name, g.producer)
+	gates.within(producer.version, g)
+}
+
+_gate_words(g) := sprintf("%v, restricted by policy data to %v", [g.producer, g.versions]) if gates.restricted(g)
+
+else := sprintf("%v", [g.producer])
 
 # METADATA
 # scope: document

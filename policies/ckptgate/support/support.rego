@@ -21,8 +21,12 @@
 #   read by Python], rejected_attestations: [...], now,
 #   head: {commit, candidate_commit, source_tree, candidate_source_tree, evidence_commits},
 #   targets: [adapter names]}. Every row costs a constant amount of work (linear batches).
+#   The retained_result also carries the format its log records (inspected_format), read only
+#   from bytes whose sha256 Python computed; a row trusts it only when that digest is the
+#   attested one (no result_not_retained).
 package ckptgate.support
 
+import data.ckptgate.gates
 import data.ckptgate.trust
 
 # METADATA
@@ -89,6 +93,59 @@ target_rows := [row |
 		)],
 	})
 ]
+
+# METADATA
+# description: >-
+#   The generated gate (data.ckptgate.config.qualified, written by `ckptgate matrix build`):
+#   per adapter, one row per passing qualification with retained evidence, naming its format
+#   (the retained result's inspected format), producer release, topology, fixture, attestation
+#   and evidence. A qualification counts when it has no problem but one at another candidate
+#   commit (code changed since: the matrix row is stale, the release stays qualified until a
+#   requalification fails and supersedes it). Never from rows marked supported: a row is
+#   unqualified when the gate refuses it, so that could never admit a new release.
+# entrypoint: true
+qualified := {"adapters": {adapter: _qualified_adapter(adapter) |
+	some adapter, _ in data.ckptgate.config.gates.adapters
+}}
+
+_qualified_adapter(adapter) := {
+	"producer": g.producer,
+	"versions": {row.format: sort({r.producer_version | some r in rows; r.format == row.format}) |
+		some row in rows
+	},
+	"rows": rows,
+} if {
+	g := data.ckptgate.config.gates.adapters[adapter]
+	rows := sort([object.remove(row, ["adapter"]) | some row in _gate_rows; row.adapter == adapter])
+}
+
+# Problem codes that leave a qualification standing for the gate.
+_gate_tolerated := {"attestation_wrong_commit"}
+
+_gate_rows contains row if {
+	some i, att in _attestations
+	trust.at(att, ["statement", "predicateType"]) == _qualification_type
+	problems := trust.problems(i, att, _context, _config) | qualification_problems(i, att)
+	every problem in problems {
+		problem.code in _gate_tolerated
+	}
+	adapter := _p(att, ["adapter", "name"])
+	g := data.ckptgate.config.gates.adapters[adapter]
+	fmt := object.get(att, ["retained_result", "format"], null)
+	data.ckptgate.config.gates.formats[fmt].adapter == adapter
+	producer := _p(att, ["producer", "name"])
+	gates.producer_matches(producer, g.producer)
+	row := {
+		"adapter": adapter,
+		"format": fmt,
+		"producer": producer,
+		"producer_version": _p(att, ["producer", "version"]),
+		"topology": _p(att, ["topology"]),
+		"fixture_digest": _p(att, ["fixture", "digest"]),
+		"attestation": trust.at(att, ["source"]),
+		"evidence": _p(att, ["result", "evidence", "location"]),
+	}
+}
 
 _supported_adapters contains row.adapter if {
 	some row in attestation_rows
@@ -170,7 +227,7 @@ status_of := {
 	"attestation_expired": "stale",
 	"attestation_freshness_unchecked": "stale",
 	"claim_incomplete": "unqualified",
-	"producer_version_not_gated": "unqualified",
+	"producer_release_unqualified": "unqualified",
 	"adapter_unknown": "unqualified",
 	"candidate_commit_unverified": "unqualified",
 	"attestation_unchecked": "refused",

@@ -46,7 +46,7 @@ _cases := {
 	"attestation_wrong_commit": [_set("/statement/predicate/candidate_commit", _other_commit), "stale"],
 	"attestation_expired": [_set("/statement/predicate/validity/expires_at", "2026-11-29T16:59:59Z"), "stale"],
 	"claim_incomplete": [_set("/statement/predicate/topology", {}), "unqualified"],
-	"producer_version_not_gated": [_set("/statement/predicate/producer/version", "0.18.0"), "unqualified"],
+	"producer_release_unqualified": [_set("/statement/predicate/producer/name", "torch"), "unqualified"],
 	"adapter_unknown": [_set("/statement/predicate/adapter/name", "onnx"), "unqualified"],
 }
 
@@ -117,4 +117,56 @@ test_every_row_reason_code_has_a_status_class if {
 	every code, _ in _cases {
 		support.status_of[code] in {"refused", "stale", "unqualified"}
 	}
+}
+
+_qualified(atts) := q if {
+	q := support.qualified with input as _input(atts) with data.ckptgate.config.trust as td.trust
+}
+
+_retained(att, fmt) := json.patch(att, [{"op": "add", "path": "/retained_result/format", "value": fmt}])
+
+test_the_generated_gate_takes_passing_qualifications_with_retained_evidence if {
+	q := _qualified([_retained(td.attestation, "deepspeed-zero2")])
+	q.adapters["deepspeed-zero"].versions == {"deepspeed-zero2": ["0.19.8"]}
+	[row] := q.adapters["deepspeed-zero"].rows
+	row.format == "deepspeed-zero2"
+	row.producer_version == "0.19.8"
+	row.topology.dp == 2
+	row.evidence == "attestations/evidence/run.log"
+	q.adapters.dcp.rows == []
+}
+
+test_a_new_release_that_passes_qualification_enters_the_gate_and_its_row_is_supported if {
+	att := _retained(_set("/statement/predicate/producer/version", "0.18.9"), "deepspeed-zero3")
+	_qualified([att]).adapters["deepspeed-zero"].versions == {"deepspeed-zero3": ["0.18.9"]}
+	_row(att).status == "supported" # the committed gate (data.ckptgate.config.qualified) is not consulted
+}
+
+test_a_qualification_at_another_commit_stays_in_the_gate if {
+	att := _retained(_cases.attestation_wrong_commit[0], "deepspeed-zero2")
+	count(_qualified([att]).adapters["deepspeed-zero"].rows) == 1
+}
+
+test_no_failing_or_unretained_or_untrusted_qualification_enters_the_gate if {
+	codes := [
+		"result_failed", "result_not_retained", "attestation_untrusted_signer",
+		"claim_incomplete", "attestation_expired",
+	]
+	every code in codes {
+		att := _retained(_cases[code][0], "deepspeed-zero2")
+		_qualified([att]).adapters["deepspeed-zero"].rows == []
+	}
+}
+
+test_a_qualification_without_a_retained_format_of_its_adapter_does_not_enter_the_gate if {
+	_qualified([td.attestation]).adapters["deepspeed-zero"].rows == []
+	_qualified([_retained(td.attestation, "dcp-torch-save")]).adapters["deepspeed-zero"].rows == []
+	_qualified([_retained(td.attestation, "dcp-torch-save")]).adapters.dcp.rows == []
+}
+
+test_an_overlay_restriction_makes_a_qualified_row_unqualified if {
+	narrowed := {"any": false, "exact": ["0.19.7"], "ranges": []}
+	row := _row(td.attestation) with data.ckptgate.config.gates.adapters["deepspeed-zero"].versions as narrowed
+	row.status == "unqualified"
+	"producer_release_unqualified" in _row_codes(row)
 }

@@ -160,3 +160,29 @@ co_subject_ops(prefix) := [
 	},
 	{"op": "replace", "path": concat("", [prefix, "/verification/predicate_subject"]), "value": {"fixture.digest": false}},
 ]
+
+# METADATA
+# description: >-
+#   A generated gate (data.ckptgate.config.qualified) for the tests: what qualifications would
+#   give, fixed here so the tests do not depend on the committed attestations.
+qualified := {"adapters": {
+	"deepspeed-zero": {"producer": "deepspeed", "rows": [
+		_qualified_row("deepspeed-zero2", "deepspeed", "0.19.8", _topology(1, 1, 2, 2)),
+		_qualified_row("deepspeed-zero3", "deepspeed", "0.19.8", _topology(1, 1, 2, 2)),
+	]},
+	"dcp": {"producer": "torch", "rows": [
+		_qualified_row("dcp-torch-save", "torch", "2.13.0", _topology(1, 1, 2, 2)),
+		_qualified_row("dcp-hf-safetensors", "torch", "2.13.0", _topology(1, 1, 2, 2)),
+	]},
+	"megatron-torch-dist": {"producer": "megatron-core", "rows": [_megatron_row]},
+	"hf-safetensors": {"producer": "*", "rows": []},
+}}
+
+_megatron_row := _qualified_row("megatron-torch-dist", "megatron-core", "0.16.1", _topology(2, 1, 1, 2))
+
+_topology(tp, pp, dp, ws) := {"tp": tp, "pp": pp, "dp": dp, "cp": 1, "ep": 1, "etp": 1, "world_size": ws}
+
+_qualified_row(fmt, producer, version, topology) := {
+	"format": fmt, "producer": producer, "producer_version": version, "topology": topology,
+	"fixture_digest": concat(":", ["sha256", fixture_hex]), "attestation": "a.json", "evidence": "e.log",
+}

@@ -11,6 +11,7 @@ import click
 from ckptgate._cli._base import emit_json, json_option, printable, stdout
 from ckptgate._cli._options import engine_options, repo_option
 from ckptgate.errors import UsageError
+from ckptgate.evidence.findings import CHECK_NAMES
 from ckptgate.userfiles import check_output_file, write_output_file
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def register(cli: click.Group) -> None:
     @click.option(
         "--skip",
         multiple=True,
-        type=click.Choice(["policy_tests", "opa_fmt", "regal_lint", "matrix_drift", "evidence", "claims"]),
+        type=click.Choice(list(CHECK_NAMES)),
         help="Skip a check (repeatable; reported as skipped in every output).",
     )
     @click.option(
@@ -98,7 +99,7 @@ def register(cli: click.Group) -> None:
                     shows_file = f.file and f.file not in f.message
                     where = f" {f.file}{':' + str(f.line) if f.line else ''}" if shows_file else ""
                     stdout.print(printable(f"       [{f.code}]{where} {f.message}"), markup=False)
-                    if f.detail and r.name == "matrix_drift":
+                    if f.detail and r.name in ("matrix_drift", "gate_drift"):
                         stdout.print(printable(f.detail), markup=False)
             for name in report.skipped:
                 stdout.print(f"[yellow]SKIP[/] {name:13} ", markup=True, highlight=False, end="")

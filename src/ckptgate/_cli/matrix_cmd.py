@@ -1,4 +1,5 @@
-"""``ckptgate matrix build``: regenerate matrix/ from the stored attestations and the support policy."""
+"""``ckptgate matrix build``: regenerate matrix/ and the generated gate from the stored attestations
+and the support policy."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def build_command(
 ) -> int:
     """Verify every attestation, evaluate data.ckptgate.support.rows and render matrix/.
 
+    Also writes the generated gate (the policies' ckptgate/config/qualified/data.json, with --out:
+    OUT/qualified.json): every passing qualification with retained evidence, by adapter and format.
+
     Exit 0 written (or up to date with --check); 3 --check found drift; 6 policy engine unavailable.
     """
     from ckptgate.decide.options import engine_for, load_trust  # noqa: PLC0415 - ~900 ms (the engine stack)
@@ -48,21 +52,32 @@ def build_command(
     with engine_for(options, trust) as policy_engine:
         m = mx.build(layout, policy_engine, trust)
     target = out_dir or layout.matrix
+    gate_file = layout.gate_file if out_dir is None else out_dir / "qualified.json"
     if check_only:
-        diffs = mx.diff(m, target)
-        if diffs:
+        failures = [{"code": "matrix_drift", "message": d} for d in mx.diff(m, target)]
+        gate_drift = mx.gate_diff(m, gate_file) if gate_file is not None and out_dir is None else None
+        if gate_drift:
+            failures.append({"code": "gate_drift", "message": gate_drift})
+        if failures:
             raise CheckFailed(
                 "check.matrix.drift",
-                "the committed matrix differs from a fresh build; run "
-                f"`ckptgate matrix build` and commit {layout.rel(target)}/",
-                failures=[{"code": "matrix_drift", "message": d} for d in diffs],
+                "the committed matrix or generated gate differs from a fresh build; run "
+                f"`ckptgate matrix build` and commit {layout.rel(target)}/"
+                + (f" and {layout.rel(gate_file)}" if gate_drift and gate_file is not None else ""),
+                failures=failures,
             )
         if as_json:
             emit_json({"up_to_date": True, "policy_revision": m.policy_revision, "summary": m.summary()})
         else:
             stdout.print(f"{layout.rel(target)}/ is up to date (policy revision {m.policy_revision[:19]})")
         return 0
-    written = mx.write(m, target)
+    written = []
+    if gate_file is not None and mx.write_gate(m, gate_file):
+        written.append(gate_file)
+        if out_dir is None:  # the engine decided with the old gate: the matrix names the new one's revision
+            with engine_for(options, trust) as policy_engine:
+                m = mx.build(layout, policy_engine, trust, doc=m.input)
+    written += mx.write(m, target)
     if as_json:
         emit_json(
             {

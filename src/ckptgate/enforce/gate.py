@@ -140,6 +140,8 @@ def refusal(
 _FIRST = {
     "input": ("inspection_not_clean", "pickle_outside_allowlist", "pickle_global_not_allowlisted"),
     "verification": ("attestation_rejected", "attestation_untrusted_signer", "attestation_digest_mismatch"),
+    # the producer-release gate: the statement was trusted, the release or topology is what is missing
+    "policy": ("producer_release_unqualified", "topology_unqualified", "producer_release_missing"),
 }
 _VERIFY_ADVICE = (
     "Do not trust this evidence as it stands. An untrusted signer is trusted only through the trust "

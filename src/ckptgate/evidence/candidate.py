@@ -1,10 +1,12 @@
 """The candidate commit that evidence is bound to, and whether the work tree is clean.
 
 Definition: start at ``HEAD`` and walk first-parent ancestors while each commit's tree, with the
-top-level ``attestations/`` and ``matrix/`` entries removed (or the configured store and matrix, at
-any depth: :attr:`ckptgate.evidence.layout.RepoLayout.evidence_paths`), equals HEAD's tree with those removed.
-The candidate is the *oldest* such commit.  So a commit that only adds attestations or a
-regenerated matrix never names itself, and any other change moves the candidate to ``HEAD``.
+top-level ``attestations/`` and ``matrix/`` entries and the generated gate
+``policies/ckptgate/config/qualified/data.json`` removed (or the configured store, matrix and gate,
+at any depth: :attr:`ckptgate.evidence.layout.RepoLayout.evidence_paths`), equals HEAD's tree with
+those removed.
+The candidate is the *oldest* such commit.  So a commit that only adds attestations, a
+regenerated matrix or a regenerated gate never names itself, and any other change moves the candidate to ``HEAD``.
 Register claim rule 3: a supported row needs retained evidence at the exact candidate commit.
 """
 
@@ -17,8 +19,9 @@ from pathlib import Path
 
 from ckptgate.evidence.errors import GitError
 
-EVIDENCE_PATHS: tuple[str, ...] = ("attestations", "matrix")
-"""Top-level paths that hold evidence, not code: they never move the candidate commit."""
+EVIDENCE_PATHS: tuple[str, ...] = ("attestations", "matrix", "policies/ckptgate/config/qualified/data.json")
+"""Paths that hold evidence, not code (the store, the matrix and the gate generated from the store):
+they never move the candidate commit."""
 
 _GIT_TIMEOUT_S = 60
 

@@ -1,8 +1,10 @@
 """``ckptgate check``: the pre-merge gate.
 
 Checks, in order: policy unit tests (``opa test``), ``opa fmt``, ``regal lint``, matrix drift
-(regenerate and diff against the committed ``matrix/``), retained evidence for every supported row
-(the attestation and the result log exist and the log's digest matches), and the claims lint.
+(regenerate and diff against the committed ``matrix/``), gate drift (the generated gate
+``policies/ckptgate/config/qualified/data.json`` against the retained qualifications), retained
+evidence for every supported row (the attestation and the result log exist and the log's digest
+matches), and the claims lint.
 Every failure is a :class:`CheckFinding` with a stable code; reports render as text, JSON, SARIF 2.1.0
 and JUnit XML.
 """
@@ -326,9 +328,39 @@ def plan(config: Any, skip: Sequence[str] = ()) -> dict[str, str]:
                 "policies are tested where ckptgate is built",
             )
     if config.matrix is None:
-        for name in ("matrix_drift", "evidence"):
+        for name in ("matrix_drift", "gate_drift", "evidence"):
             reasons.setdefault(name, "the configuration names no matrix (this repository qualifies no adapters)")
+    if config.policies is None:
+        reasons.setdefault(
+            "gate_drift",
+            "the configuration names no policies: the bundled gate is ckptgate's own, checked where ckptgate is built",
+        )
     return reasons
+
+
+def _gate_drift(built: matrix.Matrix, layout: RepoLayout) -> CheckResult:
+    """The generated gate file against a fresh generation from the retained qualifications."""
+    gate_file = layout.gate_file
+    assert gate_file is not None
+    rel = layout.rel(gate_file)
+    drift = matrix.gate_diff(built, gate_file)
+    if drift is None:
+        return CheckResult(name="gate_drift", passed=True, summary=f"{rel} matches the retained qualifications")
+    return CheckResult(
+        name="gate_drift",
+        passed=False,
+        summary=f"{rel} differs from the retained qualifications; run `ckptgate matrix build` and commit it",
+        findings=(
+            CheckFinding(
+                check="gate_drift",
+                code="check.gate.drift",
+                message=f"{rel} and the passing qualifications with retained evidence disagree: the producer "
+                "releases a gate passes are generated from them, never edited by hand",
+                file=rel,
+                detail=drift[:20000],
+            ),
+        ),
+    )
 
 
 def extra_policy_tests(extra: Path, repo: Path, bundled: Path) -> CheckResult:
@@ -407,7 +439,7 @@ def run_check(
             results.append(run())
     results += widening
     revision = None
-    if {"matrix_drift", "evidence", "claims"} <= set(skip):
+    if {"matrix_drift", "gate_drift", "evidence", "claims"} <= set(skip):
         return Report(
             results=tuple(results),
             skipped=skipped,
@@ -459,6 +491,8 @@ def run_check(
                         )
                     )
                 )
+            if "gate_drift" not in skip and built is not None and layout.gate_file is not None:
+                results.append(timed(_gate_drift(built, layout)))
             if "evidence" not in skip and built is not None:
                 found = evidence_findings(
                     repo, claims.committed_rows(layout), origin=f"{layout.rel(layout.matrix)}/support.json"

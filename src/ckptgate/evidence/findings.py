@@ -8,8 +8,8 @@ from typing import Any
 
 __all__ = ["CHECK_DESCRIPTIONS", "CHECK_NAMES", "FINDING_CHECKS", "CheckFinding", "CheckResult"]
 
-CHECK_NAMES = ("policy_tests", "opa_fmt", "regal_lint", "matrix_drift", "evidence", "claims")
-# Findings may also come from the matrix build that the last three checks share.
+CHECK_NAMES = ("policy_tests", "opa_fmt", "regal_lint", "matrix_drift", "gate_drift", "evidence", "claims")
+# Findings may also come from the matrix build that the last four checks share.
 FINDING_CHECKS = (*CHECK_NAMES, "matrix_build", "widening")
 # What each check is for: the SARIF rules' descriptions (docs/user-guide.md, "check findings").
 CHECK_DESCRIPTIONS: dict[str, tuple[str, str]] = {
@@ -29,6 +29,12 @@ CHECK_DESCRIPTIONS: dict[str, tuple[str, str]] = {
         "matrix/ differs from a fresh build.",
         "Policies, attestations or fixtures changed without `ckptgate matrix build`; "
         "rebuild the matrix and commit matrix/.",
+    ),
+    "gate_drift": (
+        "The generated gate differs from the retained qualifications.",
+        "The policies' ckptgate/config/qualified/data.json (the producer releases each adapter and format "
+        "passes) is not what the passing qualifications with retained evidence give; it was edited by hand "
+        "or not regenerated. Run `ckptgate matrix build` and commit it.",
     ),
     "evidence": (
         "A supported matrix row lacks retained evidence.",

@@ -1,5 +1,5 @@
-"""Where a repository keeps its evidence: the attestation store, the support matrix, the fixtures,
-and the policy data (gates, freshness) the evidence commands read.
+"""Where a repository keeps its evidence: the attestation store, the support matrix, the generated
+gate, the fixtures, and the policy data (gates, freshness) the evidence commands read.
 
 One frozen :class:`RepoLayout` is built from the repository's configuration (``attestations``,
 ``matrix``, ``fixtures``, ``policies``, ``policy_data``; see :mod:`ckptgate.config`) and passed to
@@ -26,6 +26,8 @@ DEFAULT_ATTESTATIONS = Path("attestations")
 DEFAULT_MATRIX = Path("matrix")
 DEFAULT_FIXTURES = Path("tests") / "fixtures" / "data"
 DEFAULT_POLICIES = Path("policies")
+#: The generated gate inside a policy directory (``data.ckptgate.config.qualified``).
+QUALIFIED_IN_BUNDLE = "ckptgate/config/qualified/data.json"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,10 +84,21 @@ class RepoLayout:
             return str(p)
 
     @property
+    def gate_file(self) -> Path | None:
+        """The generated gate (``data.ckptgate.config.qualified``) of the repository's own policies;
+        ``None`` when the layout uses the bundled policies (their gate is ckptgate's own)."""
+        return None if self.policies is None else self.policies / QUALIFIED_IN_BUNDLE
+
+    @property
     def evidence_paths(self) -> tuple[str, ...]:
-        """The store and the matrix relative to :attr:`root`: evidence, not code, so they never move
-        the candidate commit nor make the tree dirty."""
-        return tuple(dict.fromkeys(self.rel(p) for p in (self.attestations, self.matrix)))
+        """The store, the matrix and the generated gate relative to :attr:`root`: evidence, not
+        code, so they never move the candidate commit nor make the tree dirty.  (The gate file is
+        listed only when it lies inside the repository.)"""
+        paths = [self.attestations, self.matrix]
+        gate = self.gate_file
+        if gate is not None and gate.resolve().is_relative_to(self.root):
+            paths.append(gate)
+        return tuple(dict.fromkeys(self.rel(p) for p in paths))
 
     def policy_json(self, bundle_path: str) -> dict[str, Any] | None:
         """A data document of the policies (``ckptgate/config/gates/data.json``), with the
@@ -110,4 +123,12 @@ def as_layout(repo: Path | RepoLayout) -> RepoLayout:
     return repo if isinstance(repo, RepoLayout) else RepoLayout.default(repo)
 
 
-__all__ = ["DEFAULT_ATTESTATIONS", "DEFAULT_FIXTURES", "DEFAULT_MATRIX", "DEFAULT_POLICIES", "RepoLayout", "as_layout"]
+__all__ = [
+    "DEFAULT_ATTESTATIONS",
+    "DEFAULT_FIXTURES",
+    "DEFAULT_MATRIX",
+    "DEFAULT_POLICIES",
+    "QUALIFIED_IN_BUNDLE",
+    "RepoLayout",
+    "as_layout",
+]

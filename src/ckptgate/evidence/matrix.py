@@ -15,7 +15,7 @@ import difflib
 import hashlib
 import html
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ckptgate.verify import TrustData
 
 ROWS_ENTRYPOINT = "ckptgate/support/rows"
+QUALIFIED_ENTRYPOINT = "ckptgate/support/qualified"
 MATRIX_DIR = DEFAULT_MATRIX  # ckptgate's own; a configured repository's is RepoLayout.matrix
 FILES = ("SUPPORT.md", "support.json", "index.html")
 STATUSES = ("supported", "stale", "unqualified", "refused")
@@ -93,6 +94,10 @@ class Matrix:
     policy_revision: str
     candidate_commit: str
     as_of: str
+    qualified: dict[str, Any] = field(default_factory=dict, repr=False)
+    """The generated gate as policy computed it (``data.ckptgate.support.qualified``)."""
+    input: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """The support input it was evaluated on (to evaluate again without verifying again)."""
 
     def summary(self) -> dict[str, int]:
         return {s: sum(1 for r in self.rows if r.get("status") == s) for s in STATUSES}
@@ -168,9 +173,12 @@ MAX_RESULT_LOG_BYTES = 16 << 20
 def retained_result(repo: Path, statement: dict[str, Any]) -> dict[str, Any]:
     """The fact the support policy checks a row's retained result against: the sha256 of the file
     at the statement's ``result.evidence.location`` in ``repo`` (``None`` when there is no regular
-    file of at most :data:`MAX_RESULT_LOG_BYTES` there, inside the repository)."""
+    file of at most :data:`MAX_RESULT_LOG_BYTES` there, inside the repository), and the format that
+    file records (``inspected_format``), which the generated gate keys its rows by.  Policy uses the
+    format only when the sha256 is the attested evidence digest."""
     location = field_at(statement, "predicate", "result", "evidence", "location")
     digest = None
+    fmt = None
     if isinstance(location, str) and location and not location.startswith("/"):
         path = repo / location
         try:
@@ -180,7 +188,19 @@ def retained_result(repo: Path, statement: dict[str, Any]) -> dict[str, Any]:
             raw = None
         if raw is not None and len(raw) <= MAX_RESULT_LOG_BYTES:
             digest = "sha256:" + hashlib.sha256(raw).hexdigest()
-    return {"location": location, "sha256": digest}
+            fmt = _logged_format(raw)
+    return {"location": location, "sha256": digest, "format": fmt}
+
+
+def _logged_format(raw: bytes) -> str | None:
+    """The format a result log records its fixture was inspected as (``inspected_format``), from the
+    very bytes whose digest :func:`retained_result` reports; ``None`` when it names none."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    fmt = doc.get("inspected_format") if isinstance(doc, dict) else None
+    return fmt if isinstance(fmt, str) and fmt else None
 
 
 def _signed_issue_time(raw: bytes, *, source: str, trust: TrustData, digest: Digest) -> datetime | None:
@@ -219,9 +239,24 @@ def support_input(repo: Path | RepoLayout, trust: TrustData, *, now: datetime | 
     }
 
 
-def build(repo: Path | RepoLayout, engine: PolicyEngine, trust: TrustData, *, now: datetime | None = None) -> Matrix:
-    """Evaluate ``data.ckptgate.support.rows`` over the verified facts and return the matrix."""
-    doc = support_input(repo, trust, now=now)
+def build(
+    repo: Path | RepoLayout,
+    engine: PolicyEngine,
+    trust: TrustData,
+    *,
+    now: datetime | None = None,
+    doc: dict[str, Any] | None = None,
+) -> Matrix:
+    """Evaluate ``data.ckptgate.support.rows`` and ``qualified`` over the verified facts (``doc``:
+    a :func:`support_input` already collected) and return the matrix with its generated gate."""
+    doc = doc if doc is not None else support_input(repo, trust, now=now)
+    gate = engine.evaluate(QUALIFIED_ENTRYPOINT, doc).result
+    if not isinstance(gate, dict) or not isinstance(gate.get("adapters"), dict):
+        raise EvidenceError(
+            "evidence.matrix.bad_gate",
+            "data.ckptgate.support.qualified is not an object of adapters",
+            evidence={"type": type(gate).__name__},
+        )
     raw = engine.evaluate(ROWS_ENTRYPOINT, doc)
     rows = raw.result
     if isinstance(rows, dict) and isinstance(rows.get("rows"), list):
@@ -238,6 +273,8 @@ def build(repo: Path | RepoLayout, engine: PolicyEngine, trust: TrustData, *, no
         policy_revision=raw.policy_revision,
         candidate_commit=doc["head"]["candidate_commit"],
         as_of=doc["now"],
+        qualified=gate,
+        input=doc,
     )
 
 
@@ -504,8 +541,88 @@ def diff(m: Matrix, committed_dir: Path) -> list[str]:
     return out
 
 
+# ---------------------------------------------------------------------------------------- the gate
+def render_gate(m: Matrix) -> bytes:
+    """The generated gate file (``data.ckptgate.config.qualified``): every adapter's qualified rows,
+    in a stable order.  It names nothing that moves with the code (no candidate commit, no policy
+    revision), so it changes only when the retained qualifications do."""
+    adapters: dict[str, Any] = {}
+    for name, entry in sorted((m.qualified.get("adapters") or {}).items()):
+        rows = sorted(
+            entry.get("rows") or [],
+            key=lambda r: (
+                str(r.get("format")),
+                _version_key(r.get("producer_version")),
+                json.dumps(r.get("topology"), sort_keys=True),
+                str(r.get("fixture_digest")),
+                str(r.get("attestation")),
+            ),
+        )
+        versions = {fmt: sorted(vs, key=_version_key) for fmt, vs in sorted((entry.get("versions") or {}).items())}
+        adapters[name] = {"producer": entry.get("producer"), "versions": versions, "rows": rows}
+    doc = {
+        "generated": {
+            "by": GENERATOR,
+            "note": "generated from passing qualification attestations with retained evidence; do not edit by hand",
+        },
+        "adapters": adapters,
+    }
+    return (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
+def _version_key(v: Any) -> tuple[tuple[int, ...], str]:
+    text = str(v)
+    nums = []
+    for part in text.split("+", 1)[0].split("-", 1)[0].split("."):
+        if not part.isdigit():
+            break
+        nums.append(int(part))
+    return tuple(nums), text
+
+
+def gate_diff(m: Matrix, gate_file: Path) -> str | None:
+    """A unified diff between the regenerated gate and ``gate_file`` (``None`` when equal)."""
+    new = render_gate(m).decode()
+    try:
+        old = gate_file.read_text(encoding="utf-8")
+    except OSError:
+        old = ""
+    if old == new:
+        return None
+    return (
+        "".join(
+            difflib.unified_diff(
+                old.splitlines(keepends=True),
+                new.splitlines(keepends=True),
+                fromfile=f"committed/{gate_file.name}",
+                tofile=f"regenerated/{gate_file.name}",
+                n=2,
+            )
+        )
+        or f"{gate_file.name} differs\n"
+    )
+
+
+def write_gate(m: Matrix, gate_file: Path) -> bool:
+    """Write the generated gate into ``gate_file`` whole; True when its bytes changed."""
+    data = render_gate(m)
+    try:
+        if gate_file.read_bytes() == data:
+            return False
+    except OSError:
+        pass
+    try:
+        gate_file.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError("usage.output_parent", f"cannot create {gate_file.parent}: {e.strerror}") from None
+    check_output_file(gate_file, what="the generated gate")
+    write_output_file(gate_file, data, what="the generated gate")
+    return True
+
+
 __all__ = [
     "FILES",
+    "QUALIFIED_ENTRYPOINT",
     "ROWS_ENTRYPOINT",
     "STATUSES",
     "Head",
@@ -515,11 +632,14 @@ __all__ = [
     "diff",
     "evidence_location",
     "fixture_digests",
+    "gate_diff",
     "head_facts",
+    "render_gate",
     "render_html",
     "render_json",
     "render_markdown",
     "support_input",
     "targets",
     "write",
+    "write_gate",
 ]

@@ -84,6 +84,12 @@ class Fixture:
         return self.root / "expected.safetensors"
 
     @property
+    def expected_kind(self) -> str:
+        """What ``expected.safetensors`` holds: ``weights`` (the consolidated state dict a name-preserving
+        intake must equal), or ``logits`` (the producer's own forward pass, for a mapping's logits check)."""
+        return str(self.meta.get("expected_kind", "weights"))
+
+    @property
     def format(self) -> str:
         return str(self.meta["format"])
 

@@ -78,9 +78,12 @@ def validity(repo: Path | RepoLayout) -> timedelta:
 
 
 def qualifiable(repo: Path | RepoLayout) -> list[tuple[Fixture, str]]:
-    """Every fixture whose format the gates data maps to an adapter, with that adapter."""
+    """Every fixture whose format the gates data maps to an adapter, with that adapter; a fixture whose
+    expected output is not the consolidated weights (a mapping's logits) is not a name-preserving row."""
     out = []
     for f in list_fixtures(repo):
+        if f.expected_kind != "weights":
+            continue
         adapter = fixture_adapter(repo, f)
         if adapter is not None:
             out.append((f, adapter))

@@ -41,7 +41,24 @@ _PAREN = re.compile(r"\(([^()]*)\)")
 _QUOTED = re.compile(r"[\"\u201c]([^\"\u201d]+?)[\"\u201d]|(?<!\w)'([^']{3,}?)'(?!\w)")
 _CAND = re.compile(
     r"(?<![\w./-])(?:[A-Z][a-z]+[A-Z][\w-]*|[A-Z]{2,}[\w+-]*|[A-Za-z]+-?\d[\w.-]*|[A-Z][a-z]{2,}\w*)"
-    r"(?![\w/])"
+    r"(?![\w/]|\.\w|\(|::)"
+)
+#: Inline code (``x`` or `x`): code, not prose; a name in it is an identifier, never an unknown system.
+_CODE = re.compile(r"(`+)[^`]+?\1")
+#: A name alone in parentheses ("(LoadedTrees)") refers to an identifier.
+_PAREN_NAME = re.compile(r"\(\s*[A-Za-z_][\w.]*\s*\)")
+#: Impossibility (a modal negation) and the verbs after it that state a limit of a control, not a
+#: safety conclusion ("cannot prove", "cannot make ... safe", "cannot stop a kernel exploit").
+_IMPOSSIBLE = re.compile(
+    r"\b(?:cannot|can ?not|can't|could not|couldn't|can never|could never|will never|won't|will not|"
+    r"is unable to|are unable to|has no way to|have no way to|no way (?:for [\w -]{1,40}? )?to|"
+    r"(?:is|it is|it's) impossible (?:for [\w -]{1,40}? )?to)\s+",
+    re.IGNORECASE,
+)
+_NONE_CAN = re.compile(
+    r"\b(?:no|nothing|none|not a single|not one)\b\s*(?:[\w-]+\s+){0,3}?(?:can|could|will|would|is able to|"
+    r"gets? to|may)\s+(?:ever\s+|possibly\s+)?",
+    re.IGNORECASE,
 )
 _VERSION = re.compile(r"\s*(?:version\s+|v(?=\d))?(\d+(?:\.\d+){0,2}(?:\.x|\.\*)?)")
 
@@ -203,6 +220,8 @@ def _negated(vocab: Vocabulary, clause: str, at: int, consumed: list[tuple[int, 
 
 
 def _agent(vocab: Vocabulary, clause: str, masked: str, at: int, systems: list[dict[str, Any]], passive: bool) -> str:
+    if vocab.rx("consumer").search(masked[:at]) and not vocab.rx("project").search(masked[:at]):
+        return "consumer"  # "our trainer supports bf16": a consumer's own product, not ckptgate's claim
     if vocab.rx("project").search(clause):
         return "project"
     if vocab.rx("vendor_phrasing").search(clause):
@@ -223,31 +242,90 @@ def _agent(vocab: Vocabulary, clause: str, masked: str, at: int, systems: list[d
     return "implicit"
 
 
-def _unknown(vocab: Vocabulary, masked: str, ends: list[int]) -> list[str]:
-    """System-like names that are what a capability claim is about: right after the predicate
-    ("supports GGUF"), or named as an artifact ("Orbax checkpoints")."""
+def _unknown(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> list[str]:
+    """Named things in the clause that the vocabulary does not know: a product, platform, hardware or
+    service name (capitalised, all capitals, or a name with digits such as "H100").  Code spans,
+    identifiers (``a_b``, ``A.b``, ``f(``, a name alone in parentheses), agent words ("ckptgate"),
+    register ids, versions and a capitalised first word are not names."""
     out = []
-    for m in _CAND.finditer(masked):
+    prose = _mask(masked, [*code, *((m.start(), m.end()) for m in _PAREN_NAME.finditer(masked))])
+    prose = vocab.rx("project").sub(lambda m: " " * len(m.group()), prose)
+    for m in _CAND.finditer(prose):
         word = m.group().strip("-.")
         if not word or "_" in word or word.lower() in vocab.non_systems or word.lower() in vocab.alias_words:
             continue
-        if re.fullmatch(r"R\d{2}|v?\d.*", word):
+        if re.fullmatch(r"R\d{2}|v?\d.*|[a-z]+\d*", word):
             continue
-        if re.fullmatch(r"[A-Z][a-z]+", word) and not masked[: m.start()].strip():
+        if re.fullmatch(r"[A-Z][a-z]+", word) and not re.sub(r"[\s\W]", "", prose[: m.start()]):
             continue  # a capitalised first word
-        near = any(e <= m.start() and len(masked[e : m.start()].split()) <= 2 for e in ends)
-        named = any(e <= m.start() for e in ends) and re.match(
-            r"\s+(?:checkpoints?|models?|formats?|shards?|state[ _-]?dicts?|adapters?)\b",
-            masked[m.end() :],
-            re.IGNORECASE,
-        )
-        if near or named:
-            out.append(word)
+        out.append(word)
+    return out
+
+
+def _entities(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> list[dict[str, str]]:
+    """What a capability clause is claimed for besides vocabulary systems: unknown names, platforms,
+    hardware and infrastructure (``lexicon.platform``), and counts of nodes, ranks or GPUs."""
+    prose = _mask(masked, code)
+    out = [{"term": w, "kind": "name"} for w in _unknown(vocab, masked, code)]
+    seen = {e["term"].lower() for e in out}
+    for kind in ("platform", "count"):
+        for m in vocab.rx(kind).finditer(prose):
+            term = m.group().strip()
+            if term.lower() not in seen and not any(term.lower() in s or s in term.lower() for s in seen):
+                seen.add(term.lower())
+                out.append({"term": term, "kind": kind})
+    return out
+
+
+_THREAT = re.compile(
+    r"\b(?:pickles?|checkpoints?|models?|payloads?|code|attackers?|adversar\w+|loaders?|torch\.load|"
+    r"deseriali[sz]\w*|files?|weights|archives?|bundles?|tensors?|objects?|programs?|exploits?|malware|"
+    r"it|they|load(?:s|ing)?|inputs?|uploads?|shards?)\b",
+    re.IGNORECASE,
+)
+_CONTROL = re.compile(
+    r"\b(?:ckptgate|we|the gate|worker|containment|sandbox|seccomp|namespaces?|rlimits?|cgroups?|signatures?|"
+    r"checksums?|digests?|hash(?:es)?|weights_only|reader|inspector|inspection|lint|policy|polic(?:ies)|"
+    r"receipt|matrix|filter|controls?|preflight|docs?|page|guide|this|nobody|no one|one)\b",
+    re.IGNORECASE,
+)
+_LIMIT_VERBS = re.compile(
+    r"(?:also\s+|itself\s+|alone\s+|on its own\s+|by itself\s+)?(?:prove|make|guarantee|establish|stop|block|"
+    r"prevent|detect|replace|tell|say|show|decide|confirm|verify|vouch|ensure|promise|rule out|catch|know|"
+    r"see|be (?:trusted|sure|used|proof|a proof|evidence)|substitute|turn|certify|reach (?:the )?(?:outside|network)"
+    r"|(?:be )?qualif|be more than|do more|claim|distinguish|check|read the (?:outside|network))\b",
+    re.IGNORECASE,
+)
+
+
+def _impossible(vocab: Vocabulary, masked: str) -> list[dict[str, Any]]:
+    """Safety conclusions phrased as impossibility: a threat (a pickle, a checkpoint, a loader, code)
+    that "cannot", "has no way to", "will never" do something, or "no code can" / "nothing can".
+    A control that cannot do something ("the worker cannot stop a kernel exploit", "a signature
+    cannot prove") states a limit, not a safety conclusion."""
+    out = []
+    for m in _IMPOSSIBLE.finditer(masked):
+        head, tail = masked[: m.start()], masked[m.end() :]
+        if _LIMIT_VERBS.match(tail):
+            continue
+        threats = [t.end() for t in _THREAT.finditer(head)]
+        controls = [c.end() for c in _CONTROL.finditer(head)]
+        if threats and (not controls or max(threats) > max(controls)):
+            out.append({"class": "impossible", "term": m.group().strip(), "at": m.start()})
+    for m in _NONE_CAN.finditer(masked):
+        tail = masked[m.end() :]
+        if _LIMIT_VERBS.match(tail) or _CONTROL.search(masked[m.start() : m.end()]):
+            continue
+        if _THREAT.search(masked[m.start() : m.end()]) or re.match(r"nothing\b", m.group(), re.IGNORECASE):
+            out.append({"class": "impossible", "term": m.group().strip(), "at": m.start()})
     return out
 
 
 def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
+    code = [(m.start(), m.end()) for m in _CODE.finditer(clause)]
+    clause = clause.replace("`", " ")
     systems, masked = _systems(vocab, clause)
+    masked = _mask(masked, code)  # a predicate in code (`ckptgate check`) is no claim; systems in it still count
     lex = vocab.lexicon
     safety: list[dict[str, Any]] = []
     consumed: list[tuple[int, int]] = []
@@ -259,9 +337,13 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
             safety.append({"class": cls, "term": m.group(), "at": m.start()})
             if cls == "harm":
                 consumed.append((m.start(), m.end()))
+    for imp in _impossible(vocab, masked):
+        if not any(a <= imp["at"] < b for a, b in consumed):
+            safety.append(imp)
+            consumed.append((imp["at"], imp["at"] + len(imp["term"])))
     for s in safety:
-        inside = any(a <= s["at"] < b for a, b in consumed) and s["class"] != "harm"
-        s["negated"] = _negated(vocab, clause, s["at"], consumed)
+        inside = any(a <= s["at"] < b for a, b in consumed) and s["class"] not in ("harm", "impossible")
+        s["negated"] = _negated(vocab, clause, s["at"], consumed) if s["class"] != "impossible" else False
         s["nested"] = inside
     safety = [s for s in safety if not s.pop("nested")]
     capability: list[dict[str, Any]] = []
@@ -282,6 +364,12 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
                     "agent": _agent(vocab, clause, masked, m.start(), systems, passive),
                 }
             )
+    features = _features(vocab, clause, masked, consumed, systems)
+    universal = [m.group() for m in vocab.rx("universal").finditer(masked)]
+    for sys in systems:  # a quantifier over a system: "any Megatron-LM checkpoint", "every DeepSpeed release"
+        q = re.search(r"\b(?:any|every|all|whatever|arbitrary|each)\s+(?:[\w-]+\s+){0,2}$", clause[: sys["at"]], re.I)
+        if q:
+            universal.append(q.group().strip() + " " + sys["term"])
     for sys in systems:  # a framework named right after the predicate is its object: "works with PyTorch"
         gap = clause[: sys["at"]]
         sys["object"] = sys["artifact"] or any(
@@ -305,14 +393,49 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
         "capability": [{k: v for k, v in c.items() if k != "at"} for c in capability],
         "safety": [{k: v for k, v in s.items() if k != "at"} for s in safety],
         "topics": topics,
-        "universal": [m.group() for m in vocab.rx("universal").finditer(masked)],
+        "universal": universal,
         "scope": [m.group() for m in vocab.rx("scope").finditer(clause)],
         "cross_platform": cross,
         "cross_platform_negated": cross_negated,
         "platform_bounds": [m.group() for m in vocab.rx("platform_bounds").finditer(clause)],
         "hypothetical": bool(vocab.rx("hypothetical").search(clause)),
-        "unknown": _unknown(vocab, masked, [c["at"] + len(c["term"]) for c in capability]),
+        "unknown": _unknown(vocab, masked, code),
+        "entities": _entities(vocab, masked, code),
+        "features": features,
     }
+
+
+def _features(
+    vocab: Vocabulary, clause: str, masked: str, consumed: list[tuple[int, int]], systems: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A clause that says ckptgate checks, verifies, enforces, detects or records something names a
+    capability: the predicate, its object (the words after it, to the clause's end) and polarity."""
+    out = []
+    for m in vocab.rx("feature").finditer(masked):
+        head, tail = masked[: m.start()], masked[m.end() :]
+        purpose = re.match(r"\s*(?:[\w'-]+\s+){0,4}?for\s+", tail)  # "checked for revocation", "scans X for malware"
+        near = " ".join(head.split()[-8:])
+        if re.search(r"\b(?:before|after|until|once|unless|whether)\s+(?:[\w-]+\s+){0,3}$", head, re.IGNORECASE):
+            continue  # "before anything is verified": a condition, not a feature claim
+        if vocab.rx("project").search(near):
+            obj_at = purpose.end() if purpose else 0
+        elif vocab.rx("passive").search(head) and purpose:
+            obj_at = purpose.end()
+        else:
+            continue
+        obj = " ".join(w for w in tail[obj_at:].split()[:8] if w.strip("\0"))
+        if not re.search(r"[A-Za-z]{3}", obj):
+            continue  # what is checked is code (`--json`), a mention or nothing: no feature named
+        out.append(
+            {
+                "term": m.group(),
+                "object": obj,
+                "negated": _negated(vocab, clause, m.start(), consumed),
+                "agent": _agent(vocab, clause, masked, m.start(), systems, bool(vocab.rx("passive").search(head))),
+                "subject": " ".join(head.split()[-6:]),
+            }
+        )
+    return out
 
 
 def _own_clause(vocab: Vocabulary, text: str) -> bool:

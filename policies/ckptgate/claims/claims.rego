@@ -229,6 +229,7 @@ _unbacked(s, c) := (({r |
 }) | {r |
 	some e in object.get(c, "entities", [])
 	not _declared_fact(e.term)
+	not _scale_in_matrix(e)
 	not _scoped(s, c)
 	r := sprintf("%s (%s) is neither a system with a supported matrix row nor a fact this repository declares", [
 		e.term,
@@ -240,6 +241,15 @@ _entity_kinds := {
 	"name": "a name the claims vocabulary does not know",
 	"platform": "a platform, hardware or infrastructure",
 	"count": "a scale or topology",
+}
+
+# "at 2 ranks": a scale that a supported row's topology records (world_size).
+_scale_in_matrix(e) if {
+	e.kind == "count"
+	regex.match(`(?i)\b(?:ranks?|processes|gpus?|workers)$`, e.term)
+	some row in input.matrix
+	row.status == "supported"
+	object.get(object.get(row, "topology", {}), "world_size", null) == e.number
 }
 
 # A fact the repository declares in a reviewed list (data.ckptgate.config.claims.facts), such as

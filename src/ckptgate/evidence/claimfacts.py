@@ -254,7 +254,7 @@ def _unknown(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> lis
         word = m.group().strip("-.")
         if not word or "_" in word or word.lower() in vocab.non_systems or word.lower() in vocab.alias_words:
             continue
-        if re.fullmatch(r"R\d{2}|v?\d.*|[a-z]+\d*", word):
+        if re.fullmatch(r"R\d{2}|v?\d.*|pre-\d.*|[a-z][\w.-]*", word):
             continue
         if re.fullmatch(r"[A-Z][a-z]+", word) and not re.sub(r"[\s\W]", "", prose[: m.start()]):
             continue  # a capitalised first word
@@ -262,18 +262,19 @@ def _unknown(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> lis
     return out
 
 
-def _entities(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> list[dict[str, str]]:
+def _entities(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> list[dict[str, Any]]:
     """What a capability clause is claimed for besides vocabulary systems: unknown names, platforms,
     hardware and infrastructure (``lexicon.platform``), and counts of nodes, ranks or GPUs."""
     prose = _mask(masked, code)
-    out = [{"term": w, "kind": "name"} for w in _unknown(vocab, masked, code)]
+    out: list[dict[str, Any]] = [{"term": w, "kind": "name"} for w in _unknown(vocab, masked, code)]
     seen = {e["term"].lower() for e in out}
     for kind in ("platform", "count"):
         for m in vocab.rx(kind).finditer(prose):
             term = m.group().strip()
             if term.lower() not in seen and not any(term.lower() in s or s in term.lower() for s in seen):
                 seen.add(term.lower())
-                out.append({"term": term, "kind": kind})
+                n = re.match(r"\d[\d,]*", term) if kind == "count" else None
+                out.append({"term": term, "kind": kind, "number": int(n.group().replace(",", "")) if n else None})
     return out
 
 
@@ -298,6 +299,17 @@ _LIMIT_VERBS = re.compile(
 )
 
 
+#: What a threat is said to be unable to do, for "cannot" to be a safety conclusion: act on the host,
+#: its files, network or secrets, or run code (not "cannot be consolidated", "cannot plan").
+_HARM = re.compile(
+    r"(?!be\b)(?:\w+\s+)?(?:read|write|open|access|reach|touch|see|run|execute|escape|break out|get out|harm|hurt|"
+    r"damage|compromise|exfiltrate|leak|tamper|infect|attack|exploit|contain (?:\w+\s+)?(?:malicious|code|payloads?|"
+    r"malware|backdoors?|exploits?)|modify|delete|import|spawn|connect|affect|steal|do (?:any )?(?:harm|damage)|"
+    r"take over|call (?:out|home|any)|install)\b",
+    re.IGNORECASE,
+)
+
+
 def _impossible(vocab: Vocabulary, masked: str) -> list[dict[str, Any]]:
     """Safety conclusions phrased as impossibility: a threat (a pickle, a checkpoint, a loader, code)
     that "cannot", "has no way to", "will never" do something, or "no code can" / "nothing can".
@@ -306,7 +318,7 @@ def _impossible(vocab: Vocabulary, masked: str) -> list[dict[str, Any]]:
     out = []
     for m in _IMPOSSIBLE.finditer(masked):
         head, tail = masked[: m.start()], masked[m.end() :]
-        if _LIMIT_VERBS.match(tail):
+        if _LIMIT_VERBS.match(tail) or not _HARM.match(tail):
             continue
         threats = [t.end() for t in _THREAT.finditer(head)]
         controls = [c.end() for c in _CONTROL.finditer(head)]
@@ -314,7 +326,7 @@ def _impossible(vocab: Vocabulary, masked: str) -> list[dict[str, Any]]:
             out.append({"class": "impossible", "term": m.group().strip(), "at": m.start()})
     for m in _NONE_CAN.finditer(masked):
         tail = masked[m.end() :]
-        if _LIMIT_VERBS.match(tail) or _CONTROL.search(masked[m.start() : m.end()]):
+        if _LIMIT_VERBS.match(tail) or not _HARM.match(tail) or _CONTROL.search(masked[m.start() : m.end()]):
             continue
         if _THREAT.search(masked[m.start() : m.end()]) or re.match(r"nothing\b", m.group(), re.IGNORECASE):
             out.append({"class": "impossible", "term": m.group().strip(), "at": m.start()})
@@ -423,7 +435,7 @@ def _features(
             obj_at = purpose.end()
         else:
             continue
-        obj = " ".join(w for w in tail[obj_at:].split()[:8] if w.strip("\0"))
+        obj = " ".join(w for w in tail[obj_at:].split()[:12] if w.strip("\0"))
         if not re.search(r"[A-Za-z]{3}", obj):
             continue  # what is checked is code (`--json`), a mention or nothing: no feature named
         out.append(

@@ -475,6 +475,7 @@ def claims_input(
         matrix_rows = committed_rows(repo)
     if vocabulary is None:
         vocabulary = local_vocabulary(_root(repo))
+    vocabulary = with_identifiers(vocabulary, source_identifiers(_root(repo)))
     return {
         "sentences": with_facts(sentences(repo, docs), vocabulary),
         "references": reference_ids(_root(repo)),
@@ -482,6 +483,33 @@ def claims_input(
         "matrix_source": matrix_source(repo, matrix_rows),
         "generated": [g.to_json() for g in generated(repo, docs)],
     }
+
+
+_DEFINED = re.compile(r"^\s*(?:class|def)\s+([A-Za-z_]\w*)", re.MULTILINE)
+
+
+def source_identifiers(repo: Path) -> frozenset[str]:
+    """Class and function names defined in the repository's ``src/**/*.py``: identifiers, not
+    product names, when documentation names them without code markup."""
+    src = repo / "src"
+    if not src.is_dir():
+        return frozenset()
+    names: set[str] = set()
+    for p in src.rglob("*.py"):
+        try:
+            names.update(_DEFINED.findall(p.read_text(encoding="utf-8", errors="replace")))
+        except OSError:
+            continue
+    return frozenset(n for n in names if not n.startswith("_"))
+
+
+def with_identifiers(vocabulary: Vocabulary, names: frozenset[str]) -> Vocabulary:
+    """The vocabulary with ``names`` added to its non-systems (never to its systems)."""
+    if not names:
+        return vocabulary
+    data = dict(vocabulary.data)
+    data["non_systems"] = [*(data.get("non_systems") or []), *sorted(names)]
+    return Vocabulary(data)
 
 
 def matrix_source(repo: Path | RepoLayout, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -587,10 +615,8 @@ def _untested(path: Path, name: str, capability: str) -> str:
     if not path.is_file():
         return f"{path.name} does not exist"
     tree = _parse(path)
-    fn = next(
-        (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name) if tree else (),
-        None,
-    )
+    fns = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name] if tree else []
+    fn = fns[0] if fns else None
     if fn is None:
         return f"{path.name} defines no {name}"
     if capability.lower() not in (ast.get_docstring(fn) or "").lower():
@@ -647,10 +673,12 @@ __all__ = [
     "generated",
     "generated_rows",
     "lint",
-    "matrix_source",
     "local_vocabulary",
+    "matrix_source",
     "public_modules",
     "reference_ids",
     "sentences",
+    "source_identifiers",
     "with_facts",
+    "with_identifiers",
 ]

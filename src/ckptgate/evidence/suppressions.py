@@ -114,7 +114,7 @@ def invalid(file: str, line: int, text: str, missing: str) -> dict[str, Any]:
 
 def ignores(config_ignores: Iterable[tuple[str, Sequence[str], str]], files: Iterable[str]) -> list[Suppression]:
     """``claims_ignore`` entries as suppressions of every line of each file their glob matches."""
-    out = []
+    out: list[Suppression] = []
     for path in files:
         for glob, codes, reason in config_ignores:
             if fnmatch.fnmatchcase(path, glob):

@@ -505,3 +505,132 @@ def test_leases_bind_only_the_same_inodes_on_one_kernel_on_a_local_file_system()
                    {"kernel": "other"}, {"kernel": None}, {"local_fs": False}, {"held": False}):
         assert not leases_bind([rank, {**rank, **change}]), change
     assert not leases_bind([])
+
+
+class _Wire:
+    """An in-memory ``all_gather`` for ranks that run as threads of this process; ``tamper(phase_no,
+    sender, payload)`` may replace what a sender put on the wire (a replaying attacker)."""
+
+    def __init__(self, world: int, tamper: Any = None) -> None:
+        import threading
+
+        self.world, self.tamper, self.round = world, tamper, 0
+        self.slots: list[Any] = [None] * world
+        self.barrier = threading.Barrier(world, timeout=30)  # a rank that stopped early breaks it
+        self.sent: list[list[bytes]] = []  # what every rank sent, per all_gather of payloads
+
+    def dist(self, rank: int) -> Any:
+        import torch
+
+        wire = self
+
+        class Dist:
+            def get_rank(self) -> int:
+                return rank
+
+            def get_world_size(self) -> int:
+                return wire.world
+
+            def all_gather(self, out: list[Any], mine: Any) -> None:
+                wire.slots[rank] = mine.clone()
+                if wire.barrier.wait() == 0:  # one thread records and tampers, between the two barriers
+                    if wire.slots[0].dtype == torch.uint8:
+                        wire.sent.append([bytes(s.numpy().tobytes()) for s in wire.slots])
+                        if wire.tamper is not None:
+                            wire.tamper(len(wire.sent) - 1, wire.slots)
+                wire.barrier.wait()
+                for o, s in zip(out, wire.slots, strict=True):
+                    o.copy_(s)
+                wire.barrier.wait()
+
+        return Dist()
+
+
+def _job(wire: _Wire, secret: bytes, phases: list[tuple[str, Any]], fixture: str) -> list[Any]:
+    """Run the exchange of every rank of one job (as threads): the nonce, one message per phase, the
+    fixture digest bound after the first phase.  Returns each rank's results, or the error it raised."""
+    import threading
+
+    import torch
+
+    from ckptgate.distributed import _Comm
+
+    results: list[Any] = [None] * wire.world
+
+    def rank(r: int) -> None:
+        comm = _Comm(wire.dist(r), torch, secret)
+        try:
+            comm.start()
+            got = []
+            for i, (phase, data) in enumerate(phases):
+                got.append(comm.exchange(phase, data))
+                if i == 0:
+                    comm.bind_fixture(fixture)
+            results[r] = got
+        except BaseException as e:  # the test reads it
+            results[r] = e
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(wire.world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results
+
+
+def test_a_message_recorded_in_one_job_is_refused_in_another_with_the_same_secret() -> None:
+    """The HMAC binds the job's nonce (rank 0 picks one, every rank adds its own) and the fixture
+    digest: a message replayed from a job that shares the secret is ``runtime.distributed.unauthenticated``."""
+    from ckptgate.errors import RuntimeFailure
+
+    secret = SECRET.encode()
+    phases = [("digest", {"ok": True, "data": {"entries": []}}), ("decide", {"ok": True, "data": {"allow": True}})]
+    fixture = "sha256:" + "1" * 64
+    first = _Wire(2)
+    results = _job(first, secret, phases, fixture)
+    assert all(isinstance(r, list) for r in results), results  # the job itself runs through
+    assert results[0] == results[1] == [[d, d] for _, d in phases]
+    recorded = first.sent  # [nonce hellos, sizes..., digest payloads, decide payloads]: payloads only
+
+    for phase_no in (1, 2):  # rank 1's digest message, then its decide message, replayed into a second job
+        def replay(n: int, slots: list[Any], phase_no: int = phase_no) -> None:
+            import torch
+
+            if n == phase_no:
+                old = recorded[phase_no][1]
+                slots[1] = torch.zeros(len(slots[1]), dtype=torch.uint8)
+                slots[1][: len(old)] = torch.frombuffer(bytearray(old), dtype=torch.uint8)
+
+        second = _job(_Wire(2, tamper=replay), secret, phases, fixture)  # same secret, same fixture
+        assert isinstance(second[0], RuntimeFailure), second
+        assert second[0].code == "runtime.distributed.unauthenticated"
+        assert second[0].evidence == {"phase": phases[phase_no - 1][0], "rank": 1}
+
+
+def test_the_fixture_digest_is_bound_into_every_later_message() -> None:
+    """Two ranks that formed different fixture digests refuse each other's next message."""
+    import threading
+
+    import torch
+
+    from ckptgate.distributed import _Comm
+    from ckptgate.errors import RuntimeFailure
+
+    wire = _Wire(2)
+    errors: list[Any] = [None, None]
+
+    def rank(r: int) -> None:
+        comm = _Comm(wire.dist(r), torch, SECRET.encode())
+        try:
+            comm.start()
+            comm.bind_fixture(f"sha256:{r}")
+            comm.exchange("decide", {"ok": True})
+        except RuntimeFailure as e:
+            errors[r] = e
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert [e.code for e in errors] == ["runtime.distributed.unauthenticated"] * 2

@@ -63,3 +63,61 @@ def test_verify_error_keeps_the_verify_codes_and_evidence() -> None:
     with pytest.raises(VerificationError) as ei:
         loads_strict(b"[1]", what="t", max_bytes=2, error=verify_error)
     assert ei.value.code == "verify.json.too_large" and ei.value.evidence == {"what": "t", "size": 3, "cap": 2}
+
+
+@pytest.mark.parametrize("raw", [
+    rb'{"a": "\ud800"}',  # a high surrogate alone
+    rb'{"a": "\uDBFF"}',  # upper case, the last high
+    rb'{"a": "\udc00"}',  # a low surrogate alone
+    rb'{"a": "x\ud800y"}',  # inside a string
+    rb'{"a": "\ud800\ud800"}',  # high then high
+    rb'{"a": "\udc00\ud800"}',  # low then high: the wrong order is no pair
+    rb'{"a": "\ud800\u0041"}',  # high then a non-surrogate
+    rb'{"\ud800": 1}',  # in a key
+    rb'[1, {"b": [{"c": "\udfff"}]}]',  # nested in arrays and objects
+    rb'"\ud800"',  # the whole document
+])
+def test_a_lone_surrogate_is_malformed(raw: bytes) -> None:
+    with pytest.raises(JSONRejected) as ei:
+        loads_strict(raw, what="config.json")
+    assert ei.value.kind == "malformed" and "lone surrogate" in ei.value.message
+    assert _kind(raw.decode()) == "malformed"  # text the caller decoded too
+
+
+def test_a_surrogate_pair_and_escaped_backslashes_are_accepted() -> None:
+    assert loads_strict(rb'{"a": "\ud83d\ude00"}', what="t") == {"a": "\U0001f600"}  # a pair: one character
+    assert loads_strict(rb'{"a": "\\ud800"}', what="t") == {"a": "\\ud800"}  # a backslash, then text
+    assert loads_strict(rb'{"\ud83d\ude00": "\uD83D\uDE00"}', what="t") == {"\U0001f600": "\U0001f600"}
+
+
+def test_a_lone_surrogate_in_text_the_caller_decoded_is_malformed() -> None:
+    assert _kind('{"a": "\ud800"}') == "malformed"  # the character itself, not an escape
+    assert code_of('{"a": "\udc00"}') == "verify.json.malformed"
+
+
+def code_of(raw: str) -> str:
+    with pytest.raises(VerificationError) as ei:
+        loads_strict(raw, what="statement", error=verify_error)
+    return ei.value.code
+
+
+def test_intake_refuses_a_checkpoint_whose_config_json_holds_a_lone_surrogate(tmp_path) -> None:
+    """End to end: exit 4 (input rejected), an ``input.*`` code, nothing published."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from ckptgate.errors import ExitCode
+    from tests.pipeline_helpers import ckptgate_json, demo_attested
+
+    src = tmp_path / "ckpt"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "data" / "hf_sharded" / "checkpoint", src)
+    (src / "config.json").write_bytes(rb'{"model_type": "llama", "name": "\ud800"}')
+    att = demo_attested(src, tmp_path)
+    out = tmp_path / "out"
+    proc = ckptgate_json("intake", src, "--out", out, "--attestation", att.attestation, "--trust", att.trust)
+    assert proc.returncode == ExitCode.INPUT_REJECTED, proc.stdout + proc.stderr
+    err = json.loads(proc.stdout)["error"]
+    assert err["code"].startswith("input.") and err["exit_code"] == 4
+    assert '"code": "json.invalid", "path": "config.json"' in json.dumps(err, sort_keys=True)
+    assert not out.exists()

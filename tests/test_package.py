@@ -296,18 +296,26 @@ def test_a_consumer_repository_is_configured_takes_a_checkpoint_in_and_is_checke
     assert statement.returncode == 0, statement.stderr
     assert cg("attest", "sign", "--key", "key.pem", "--statement", "statement.json", "--out", "ckpt.dsse.json",
               "--json").returncode == 0
+    # Found in the work tree, the configuration may only restrict: its trust file adds a signer.
+    widens = cg("intake", str(src), "--out", str(scratch / "consumer-out"), "--attestation",
+                str(repo / "ckpt.dsse.json"), "--json", cwd=sub)
+    assert widens.returncode == ExitCode.USAGE, widens.stdout + widens.stderr
+    assert json.loads(widens.stdout)["error"]["code"] == "usage.config.widens"
+    assert not (scratch / "consumer-out").exists()
+    # Committed, and read from git's objects with --base: the reviewed revision may widen.
+    (repo / "key.pem").unlink()
+    _git(repo, env, "add", "-A")
+    _git(repo, env, "commit", "-q", "-m", "adopt ckptgate")
     took = cg("intake", str(src), "--out", str(scratch / "consumer-out"), "--attestation", str(repo / "ckpt.dsse.json"), "--json",
-              cwd=sub)
+              "--base", "HEAD", cwd=sub)
     assert took.returncode == 0, took.stdout + took.stderr
-    assert json.loads((scratch / "consumer-out" / "ckptgate-receipt.json").read_text())["decision"]["allow"] is True
+    receipt = json.loads((scratch / "consumer-out" / "ckptgate-receipt.json").read_text())
+    assert receipt["decision"]["allow"] is True
+    assert {i["role"]: i["path"] for i in receipt["inputs"]}["trust"] == "HEAD:trust.json"
     # The same intake outside the repository has no configuration, so the bundled trust: the signer is unknown.
     outside = cg("intake", str(src), "--out", str(scratch / "consumer-out2"), "--attestation",
                  str(repo / "ckpt.dsse.json"), "--json", cwd=scratch)
     assert outside.returncode != 0 and not (scratch / "consumer-out2").exists()
-
-    (repo / "key.pem").unlink()
-    _git(repo, env, "add", "-A")
-    _git(repo, env, "commit", "-q", "-m", "adopt ckptgate")
     passed = cg("check", "--json", "--sarif", str(scratch / "check.sarif"))
     assert passed.returncode == 0, passed.stdout + passed.stderr
     report = json.loads(passed.stdout)

@@ -1,6 +1,7 @@
 """One strict JSON parser for untrusted bytes, below every step of the pipeline.
 
-Exact UTF-8, no duplicate keys, no ``NaN``/``Infinity``, a size cap and a nesting cap.  A refusal is a
+Exact UTF-8, no duplicate keys, no ``NaN``/``Infinity``, no lone surrogate (``"\\ud800"``), a size cap and
+a nesting cap.  A refusal is a
 :class:`JSONRejected` (a ``ValueError``) naming its ``kind``; a caller that reports a typed error of its
 own passes ``error``, which turns the refusal into that error (:func:`verify_error` gives the
 ``verify.json.*`` codes).  Any step may import this module; it imports nothing from ckptgate but
@@ -10,6 +11,7 @@ own passes ``error``, which turns the refusal into that error (:func:`verify_err
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +57,30 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
+
+
+#: A surrogate code point (U+D800..U+DFFF), as a character of text.  In JSON text it can only come from
+#: an escape: Python's scanner joins a high escape followed by a low one into one character, and keeps
+#: any other (a high without a low, a low alone) as a lone surrogate, which is no Unicode scalar value.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: What could produce one: a ``\uD800``-``\uDFFF`` escape (any case), or a surrogate in text the caller decoded.
+_MAY_HOLD_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
+
+
+def _lone_surrogate(doc: Any) -> str | None:
+    """The first string or key of ``doc`` that holds a lone surrogate, else ``None``.  Iterative."""
+    stack: list[Any] = [doc]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                return v
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return None
 
 
 def depth(doc: Any, cap: int | None = None) -> int:
@@ -113,6 +139,13 @@ def _parse(raw: bytes | str, what: str, max_bytes: int | None, max_depth: int | 
         raise JSONRejected("malformed", f"{what} is not valid JSON: {e}", what=what, reason=str(e)) from None
     if max_depth is not None and isinstance(doc, (dict, list)) and depth(doc, max_depth) > max_depth:
         raise JSONRejected("too_deep", f"{what} nests over the cap of {max_depth} levels", what=what, cap=max_depth)
+    if _MAY_HOLD_SURROGATE.search(text):  # the walk only where an escape (or the text) could hold one
+        bad = _lone_surrogate(doc)
+        if bad is not None:
+            at = _SURROGATE.search(bad)
+            assert at is not None
+            reason = f"a string holds the lone surrogate U+{ord(at.group()):04X}, which is no Unicode character"
+            raise JSONRejected("malformed", f"{what} is not valid JSON: {reason}", what=what, reason=reason)
     return doc
 
 
@@ -128,7 +161,9 @@ def loads_strict(
 
     1. size, when ``max_bytes`` is given (``too_large``); 2. UTF-8, for bytes (``not_utf8``; text the
     caller decoded skips it); 3. syntax, ``NaN``/``Infinity`` included (``malformed``); 4. duplicate keys
-    anywhere (``duplicate_key``); 5. nesting deeper than ``max_depth``, when given (``too_deep``).
+    anywhere (``duplicate_key``); 5. nesting deeper than ``max_depth``, when given (``too_deep``); 6. a lone
+    surrogate (a high ``\\uD800``-``\\uDBFF`` escape not followed by a low one, a low one alone) in any string or
+    key (``malformed``, as strict parsers see it: no Unicode scalar value).
     A refusal raises ``error(rejection)`` when ``error`` is given, else the :class:`JSONRejected`.
     """
     try:

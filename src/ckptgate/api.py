@@ -75,15 +75,18 @@ def intake(
     *,
     options: EngineOptions | None = None,
     max_shard_bytes: int = 2 << 30,
+    hf_config: Path | str | None = None,
 ) -> IntakeResult:
     """Take ``src`` in through the gate and publish Hugging Face sharded safetensors at ``dst``,
-    only on allow (``ckptgate intake``); raises on deny, publishing nothing."""
+    only on allow (``ckptgate intake``); raises on deny, publishing nothing.  ``hf_config``
+    (``--hf-config``) maps a Megatron checkpoint to the Hugging Face model that config declares."""
     return run_intake(
         Path(src),
         Path(dst),
         attestations=[Path(a) for a in attestations],
         options=options,
         max_shard_bytes=max_shard_bytes,
+        hf_config=Path(hf_config) if hf_config is not None else None,
     )
 
 

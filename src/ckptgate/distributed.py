@@ -23,10 +23,12 @@ file system:
 
 Messages between ranks are data: JSON in ``uint8`` tensors (``all_gather``), never
 pickle-based object collectives, each authenticated with an HMAC-SHA256 keyed by the per-job
-secret in :data:`SECRET_ENV` and bound to the phase, the sequence number, the sender's rank and
-the world size.  Every phase ends in one exchange where each rank reports success or its error:
-any rank's error, a deny, a wrong HMAC, or a rank that dies or stops answering (the collectives'
-timeout) makes every rank raise, the staging directory is removed, and nothing is published.
+secret in :data:`SECRET_ENV` and bound to the phase, the sequence number, the sender's rank, the
+world size, the job's nonce (the first exchange: rank 0 picks a random one, and every rank adds its
+own) and, once the ranks have formed it, the fixture digest: a message recorded in one job is
+refused in another that shares the secret.  Every phase ends in one exchange where each rank
+reports success or its error: any rank's error, a deny, a wrong HMAC, or a rank that dies or stops
+answering (the collectives' timeout) makes every rank raise, the staging directory is removed, and nothing is published.
 Every rank then exits with the exit code of the first failure (the lowest failing rank's).
 gloo is unencrypted: the rendezvous and the ranks must stay on the job's private network [R28].
 
@@ -48,6 +50,7 @@ import heapq
 import hmac
 import json
 import os
+import secrets
 import signal
 import stat
 import threading
@@ -58,6 +61,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ckptgate import interrupts
 from ckptgate._fs import LOCAL_FILE_SYSTEMS
 from ckptgate.consolidate import framework_files, plan_for
 from ckptgate.consolidate.plan import ConsolidationPlan, Placement, ShardTask
@@ -89,6 +93,8 @@ __all__ = ["COPY_CHUNK", "SECRET_ENV", "DistributedOptions", "assign_by_size", "
 #: The environment variable that carries the per-job secret every message is authenticated with.
 SECRET_ENV = "CKPTGATE_DIST_SECRET"
 MIN_SECRET_BYTES = 16
+#: Each rank's share of the job's nonce (rank 0's first among them), from :func:`secrets.token_hex`.
+NONCE_BYTES = 32
 #: The chunk manifest's granularity: 4 MiB, so a terabyte's manifest is about 8 MB of digests.
 COPY_CHUNK = 4 << 20
 #: No message between ranks may be larger (a peer that claims more is refused before allocation).
@@ -166,10 +172,33 @@ class _Comm:
         self.dist, self.torch, self.secret = dist, torch, secret
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.seq = 0
+        self.nonce = ""  # this job's, from the first exchange (:meth:`start`)
+        self.fixture = ""  # the fixture digest, once the ranks have formed it (:meth:`bind_fixture`)
 
     def _mac(self, phase: str, sender: int, body: bytes) -> bytes:
-        head = json.dumps([phase, self.seq, sender, self.world], separators=(",", ":")).encode()
-        return hmac.new(self.secret, head + b"\0" + body, hashlib.sha256).digest()
+        head = [phase, self.seq, sender, self.world, self.nonce, self.fixture]
+        return hmac.new(
+            self.secret, json.dumps(head, separators=(",", ":")).encode() + b"\0" + body, hashlib.sha256
+        ).digest()
+
+    def start(self) -> None:
+        """The first exchange: rank 0 picks a random nonce (every other rank adds one of its own), and
+        this job's nonce, the sha256 of them all in rank order, is bound into every later message's
+        HMAC.  A message recorded in another job that shares the secret carries another job's nonce:
+        it is refused (``runtime.distributed.unauthenticated``), from the second exchange on."""
+        hellos = self.exchange("nonce", {"nonce": secrets.token_hex(NONCE_BYTES)})
+        nonces = [h.get("nonce") if isinstance(h, dict) else None for h in hellos]
+        if not all(isinstance(n, str) and len(n) == 2 * NONCE_BYTES for n in nonces):
+            raise RuntimeFailure(
+                "runtime.distributed.message",
+                "a rank's first message carries no nonce of the expected size; refused",
+                evidence={"phase": "nonce"},
+            )
+        self.nonce = hashlib.sha256("".join(str(n) for n in nonces).encode()).hexdigest()
+
+    def bind_fixture(self, digest: str) -> None:
+        """From now on every message's HMAC also covers the fixture digest the ranks formed."""
+        self.fixture = digest
 
     def exchange(self, phase: str, data: Any) -> list[Any]:
         """Every rank's ``data`` (JSON, keys in their order), in rank order, each message's HMAC checked."""
@@ -217,8 +246,12 @@ class _Comm:
         """Run ``produce`` on this rank and exchange its result; if any rank failed, every rank
         raises the first failure (the lowest failing rank's)."""
         own: Error | None = None
+        stopped: interrupts.Interrupted | None = None
         try:
             msg = {"ok": True, "data": produce()}
+        except interrupts.Interrupted as e:  # this rank was stopped: tell the others, then unwind
+            stopped, err = e, e.error()
+            msg = {"ok": False, "error": {"code": err.code, "exit": int(err.exit_code), "message": err.message}}
         except Error as e:
             own, msg = e, {"ok": False, "error": {"code": e.code, "exit": int(e.exit_code), "message": e.message}}
         except OSError as e:
@@ -228,6 +261,8 @@ class _Comm:
             own = Error("internal.unexpected", f"rank {self.rank}: {type(e).__name__}: {e}")
             msg = {"ok": False, "error": {"code": own.code, "exit": int(own.exit_code), "message": own.message}}
         msgs = self.exchange(phase, msg)
+        if stopped is not None:
+            raise stopped
         failed = [(r, m["error"]) for r, m in enumerate(msgs) if not m.get("ok")]
         if failed:
             r, err = failed[0]
@@ -559,7 +594,7 @@ def _process_group(timeout_s: float) -> Iterator[tuple[Any, Any]]:
         raise _peer_lost("rendezvous", e) from None
 
     def on_term(signum: int, frame: object) -> None:
-        if not _UNWINDING.is_set():
+        if not _UNWINDING.is_set() and not interrupts.past_commit():  # after the rename: published
             _UNWINDING.set()
             raise _Terminated
 
@@ -624,6 +659,7 @@ def distributed_intake(
         engine = _EarlyEngine(options, early) if os.environ.get("RANK") == "0" else None
         with _process_group(dist_options.timeout_s) as (torch, dist):
             comm = _Comm(dist, torch, secret)
+            comm.start()
             return _run(
                 comm,
                 src,
@@ -772,6 +808,7 @@ def _phases(
     digest = FixtureDigest.from_manifest(
         [ManifestEntry(path=e["path"], size=e["size"], sha256=e["sha256"]) for h in hashed for e in h["entries"]]
     )
+    comm.bind_fixture(str(digest.digest))
 
     def decide_once() -> dict[str, Any] | None:
         if rank != 0:
@@ -911,7 +948,12 @@ def _phases(
         )
         return {"published": str(state["dst"])}
 
-    comm.agree("publish", publish_once)
+    try:
+        comm.agree("publish", publish_once)
+    except Error:
+        if state.get("result") is None:
+            raise
+        # rank 0 published (the rename is the commit point): a peer lost now cannot undo it
     result: IntakeResult | None = state.get("result")
     return result
 

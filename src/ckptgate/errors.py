@@ -19,12 +19,22 @@ code  name                   meaning
 5     VERIFICATION_FAILED    a signature, digest or attestation did not verify
 6     ENGINE_UNAVAILABLE     the policy engine could not be started or reached (fail closed: deny)
 7     RUNTIME_FAILED         a contained loader or the consolidation runtime failed; nothing was published
+129   HANGUP                 SIGHUP arrived before the publishing rename; nothing was published
+130   INTERRUPTED            SIGINT (Ctrl-C) arrived before the publishing rename; nothing was published
+143   TERMINATED             SIGTERM arrived before the publishing rename; nothing was published
 ====  =====================  ==========================================================
+
+129, 130 and 143 are ``128 + signal``, as a shell reports a process that a signal ended: the run
+was stopped cleanly (the staging directory removed, the contained worker and OPA stopped).  A
+signal that arrives after the rename finds the publication complete: the run reports it as
+published and exits 0 (:mod:`ckptgate.interrupts`).  A closed stdout (``| head -1``) never
+changes the exit code.
 """
 
 from __future__ import annotations
 
 import enum
+import signal
 from typing import Any
 
 
@@ -39,6 +49,9 @@ class ExitCode(enum.IntEnum):
     VERIFICATION_FAILED = 5
     ENGINE_UNAVAILABLE = 6
     RUNTIME_FAILED = 7
+    HANGUP = 129
+    INTERRUPTED = 130
+    TERMINATED = 143
 
 
 class Error(Exception):
@@ -137,6 +150,25 @@ class EngineUnavailable(Error):
         "The decision is deny because no valid decision arrived. Check that the pinned OPA "
         "is installed (`python3 scripts/bootstrap.py setup`) or that --opa-url is reachable."
     )
+
+
+class Aborted(Error):
+    """SIGHUP, SIGINT or SIGTERM stopped the run before its commit point; nothing was published.
+
+    The exit code is ``128 + signal`` (129, 130, 143); the code names the signal
+    (``interrupted.sigint``).  Raised in flight as :class:`ckptgate.interrupts.Interrupted`, which no
+    ``except Exception`` catches; the CLI reports it as this error."""
+
+    def __init__(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"interrupted.{name.lower()}",
+            f"interrupted by {name}; nothing was published",
+            evidence={"signal": name},
+            advice="Nothing was published and the staging directory was removed; run the command again "
+            "to take the checkpoint in.",
+        )
+        self.exit_code = ExitCode(128 + signum)  # HANGUP, INTERRUPTED or TERMINATED
 
 
 class RuntimeFailure(Error):

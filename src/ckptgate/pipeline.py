@@ -21,8 +21,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ckptgate import __version__
+from ckptgate import __version__, interrupts
 from ckptgate.consolidate import adapter_plan, framework_files, plan_for, with_companions
+from ckptgate.consolidate.hf.plan import check_dtype, layout_tp, write_config_files
+from ckptgate.consolidate.hf.source import HfConfig, read_hf_config
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, cast_plan, check_cast
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, StreamedPlan, WrittenFile, write_index, write_plan
 from ckptgate.decide import (
@@ -37,6 +39,7 @@ from ckptgate.decide import (
     precheck,
 )
 from ckptgate.decide.bundle import opa_version
+from ckptgate.decide.inputs import DecisionInput
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.digest import DigestCancelled, FixtureDigest, fixture_digest
 from ckptgate.enforce.containment import ContainmentProfile, preflight
@@ -116,6 +119,7 @@ def evaluate(
     certificate_chain: CertificateChain | None = None,
     select: str | None = None,
     stage: Callable[[Inspection], Callable[[str], Callable[[int, memoryview], None] | None] | None] | None = None,
+    hf: HfConfig | None = None,
 ) -> Evaluation:
     """Inspect, digest, verify and decide.  Never loads anything from the checkpoint.
 
@@ -138,8 +142,11 @@ def evaluate(
     now = now or now_utc()
     crcs = DeferredCrcs()
     inspection = inspect_open_tree(tree, verify_crc=crcs)
-    stop = threading.Event()
-    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="ckptgate-beside-digest") as pool:
+    stop = threading.Event()  # set by a refusing precheck, or by a signal that aborts the run
+    with (
+        interrupts.cancelling(stop),
+        ThreadPoolExecutor(max_workers=3, thread_name_prefix="ckptgate-beside-digest") as pool,
+    ):
         pool.submit(prepare_statement_checks)
         profile = pool.submit(_preflight) if containment is None and _needs_profile(inspection) else None
         early = (
@@ -188,6 +195,7 @@ def evaluate(
         offered_key=offered_key,
         certificate_chain=certificate_chain,
         select=select,
+        hf=hf,
     )
 
 
@@ -250,6 +258,7 @@ def judge(
     offered_key: OfferedKey | None = None,
     certificate_chain: CertificateChain | None = None,
     select: str | None = None,
+    hf: HfConfig | None = None,
 ) -> Evaluation:
     """Verify ``attestations`` against what was measured and decide; :func:`evaluate` measures first.
 
@@ -309,8 +318,14 @@ def judge(
     if containment is None and _needs_profile(inspection):
         containment = _preflight()
     builder.containment(containment)
+    if hf is not None:
+        dcp_layout = inspection.layout.get("dcp") if isinstance(inspection.layout, dict) else None
+        builder.hf_mapping(hf.facts(layout_tp(dcp_layout) if isinstance(dcp_layout, dict) else None))
     policy_input = builder.build()
     decision = decide(engine, policy_input)
+    if hf is not None:  # the config decides too: named in the decision, as every other input
+        config_input = DecisionInput(role="hf_config", path=hf.source, origin="explicit", sha256="sha256:" + hf.digest)
+        decision = dataclasses.replace(decision, inputs=(*decision.inputs, config_input))
     return Evaluation(
         policy_input=policy_input, decision=decision, inspection=inspection, digest=digest, containment=containment
     )
@@ -326,6 +341,7 @@ def consolidate_into(
     on_bytes: Callable[[int], None] | None = None,
     on_plan: Callable[[int], None] | None = None,
     dtype: str | None = None,
+    hf: HfConfig | None = None,
 ) -> Consolidated:
     """Enforce an evaluated decision and write the consolidated output into ``out_dir`` (a
     directory descriptor, or a path the writer opens once as one).
@@ -351,9 +367,15 @@ def consolidate_into(
         worker=WorkerOptions(profile=evaluation.containment) if evaluation.containment else None,
     )
     plan = plan_for(
-        evaluation.inspection, decision=evaluation.decision, max_shard_bytes=max_shard_bytes, loaded=enforced.loaded
+        evaluation.inspection,
+        decision=evaluation.decision,
+        max_shard_bytes=max_shard_bytes,
+        loaded=enforced.loaded,
+        hf=hf,
     )
     plan = cast_plan(plan, dtype, max_shard_bytes=max_shard_bytes)
+    if hf is not None:
+        check_dtype(plan, hf)
     if on_plan:
         on_plan(plan.total_size)
     still_held(tree)
@@ -367,7 +389,19 @@ def consolidate_into(
             on_bytes=on_bytes,
         )
     still_held(tree)
+    if hf is not None:
+        outputs += _config_files(hf, out_dir)
     return Consolidated(outputs=outputs, plan_report=dict(plan.report))  # adapters build it from plain JSON
+
+
+def _config_files(hf: HfConfig, out_dir: int | Path) -> tuple[WrittenFile, ...]:
+    if isinstance(out_dir, int):
+        return write_config_files(hf, out_dir)
+    fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return write_config_files(hf, fd)
+    finally:
+        os.close(fd)
 
 
 def still_held(tree: SafeTree) -> None:
@@ -400,6 +434,7 @@ def intake(
     on_hash_plan: Callable[[int], None] | None = None,
     on_hash_bytes: Callable[[int], None] | None = None,
     select: str | None = None,
+    hf_config: Path | None = None,
 ) -> IntakeResult:
     """Take ``src`` in through the gate and publish HF sharded safetensors at ``dst`` (every
     floating-point tensor cast to ``dtype`` if one is named; dtypes are otherwise preserved).
@@ -407,8 +442,13 @@ def intake(
     as a DSSE envelope published beside it.  ``on_hash_plan``/``on_hash_bytes`` report the digest's
     progress (total, then byte counts); ``on_plan``/``on_bytes`` the consolidation's.  ``select``
     (``--select PREFIX``) names the subtree of a training-state tree to write; by default the
-    policy picks the model subtree of a layout its data describes."""
+    policy picks the model subtree of a layout its data describes.  ``hf_config`` (``--hf-config``)
+    maps a Megatron checkpoint to the Hugging Face model that config declares
+    (:mod:`ckptgate.consolidate.hf`) and publishes the config's files beside it."""
     options = options or EngineOptions()
+    if hf_config is not None and select is not None:
+        raise UsageError("usage.hf_config.select", "--select does not combine with --hf-config")
+    hf = read_hf_config(hf_config) if hf_config is not None else None  # read once, before any work
     if select is not None:
         Request(action="intake", now=now_utc(), select=select)  # a bad prefix is a usage error before any work
     check_cast(dtype)  # before the digest, not after it
@@ -426,7 +466,7 @@ def intake(
         # one read.  Inspection is bound to the digest by the tree's read ledger either way.
         tree.hold()
         with OnePass(
-            destination, max_shard_bytes=max_shard_bytes, chunk_size=chunk_size, dtype=dtype, select=select
+            destination, max_shard_bytes=max_shard_bytes, chunk_size=chunk_size, dtype=dtype, select=select, hf=hf
         ) as one:
             evaluation = evaluate(
                 tree,
@@ -443,6 +483,7 @@ def intake(
                 certificate_chain=chain,
                 select=select,
                 stage=one.begin,
+                hf=hf,
             )
             try:
                 with contextlib.ExitStack() as later:
@@ -461,6 +502,7 @@ def intake(
                             on_bytes=on_bytes,
                             on_plan=on_plan,
                             dtype=dtype,
+                            hf=hf,
                         )
                     receipt = receipt_for(
                         src, evaluation, done, opa_version=None if options.opa_url else local_opa_version()
@@ -510,9 +552,10 @@ class OnePass:
         chunk_size: int = DEFAULT_CHUNK,
         dtype: str | None = None,
         select: str | None = None,
+        hf: HfConfig | None = None,
     ) -> None:
         self._destination, self._max, self._chunk, self._dtype = destination, max_shard_bytes, chunk_size, dtype
-        self._select = select
+        self._select, self._hf = select, hf
         self._stack = contextlib.ExitStack()
         self.stage: Stage | None = None  # once the output is being written in the digest's pass
         self._plan: ConsolidationPlan | None = None
@@ -535,12 +578,14 @@ class OnePass:
         ):
             return None
         try:
-            plan = adapter_plan(inspection, max_shard_bytes=self._max)
+            plan = adapter_plan(inspection, max_shard_bytes=self._max, hf=self._hf)
+            if self._hf is not None:
+                check_dtype(plan, self._hf)
             taken = {c.filename for c in plan.copies} | {s.filename for s in plan.shards}
             maybe = tuple(
                 CopiedFile(src=f.path, filename=f.path, size=f.size)
                 for f in inspection.files
-                if f.role == "companion" and f.path not in taken
+                if f.role == "companion" and f.path not in taken and self._hf is None
             )
         except Error:
             return None  # raised again, in its place after the decision, by the two-pass path
@@ -586,7 +631,7 @@ class OnePass:
             self._stack.close()
             self.stage = self._writer = None
             return None
-        plan = with_companions(self._plan, evaluation.inspection, evaluation.decision)
+        plan = self._plan if self._hf else with_companions(self._plan, evaluation.inspection, evaluation.decision)
         if on_plan:
             on_plan(plan.total_size)
         if on_bytes:  # every placed byte was written in the digest's pass
@@ -607,6 +652,8 @@ class OnePass:
         index = write_index(plan, self.stage.fd)
         if index is not None:
             outputs.append(index)
+        if self._hf is not None:
+            outputs += write_config_files(self._hf, self.stage.fd)
         return Consolidated(outputs=tuple(outputs), plan_report=dict(plan.report))
 
 

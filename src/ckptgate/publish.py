@@ -15,12 +15,14 @@ made and again just before the rename.
 Files are written into a private staging directory beside DST (same file system), every file
 and the directory are fsynced, the receipt is written last, and the staging directory is
 renamed to DST with ``renameat2(RENAME_NOREPLACE)``, so an existing DST is never replaced and a
-crash or ``kill -9`` at any point leaves DST absent.  A staging directory has a random name, is
-recorded in the per-user registry (:mod:`ckptgate.workdirs`) and flock-ed by its owner while in
-use; one that no live process holds is removed by the next run that starts, whatever its
-destination (beside DST: under an exclusive flock of the parent, which an intake holds shared until
-its own directory is locked).  Atomic publication is ckptgate's responsibility, not an upstream
-guarantee [R12].
+crash or ``kill -9`` at any point leaves DST absent.  That rename is the commit point
+(:mod:`ckptgate.interrupts`): SIGHUP, SIGINT or SIGTERM before it aborts the run and removes the
+staging directory; one during it is held until it is done; one after it finds DST published.  A
+staging directory has a random name, is recorded in the per-user registry (:mod:`ckptgate.workdirs`)
+and flock-ed by its owner while in use; one that no live process holds is removed by the next run
+that starts, whatever its destination (beside DST: under an exclusive flock of the parent, which an
+intake holds shared until its own directory is locked).  Atomic publication is ckptgate's
+responsibility, not an upstream guarantee [R12].
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptgate import interrupts
 from ckptgate._fs import RENAME_NOREPLACE, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, is_within, openat2, renameat2
 from ckptgate.errors import Error, RuntimeFailure, UsageError
 from ckptgate.verify.dsse import Signer, sign_payload
@@ -241,7 +244,13 @@ def _make_stage_dir(dest: Destination, name: str) -> None:
 
 
 def _remove_stage(dest: Destination, name: str, fd: int) -> None:
-    """Remove the staging directory ``name`` if it still is the one open as ``fd``."""
+    """Remove the staging directory ``name`` if it still is the one open as ``fd``; a signal that
+    arrives meanwhile is held until it is gone (:func:`ckptgate.interrupts.critical`)."""
+    with interrupts.critical():
+        _remove_stage_now(dest, name, fd)
+
+
+def _remove_stage_now(dest: Destination, name: str, fd: int) -> None:
     try:
         s = os.stat(name, dir_fd=dest.parent_fd, follow_symlinks=False)
     except OSError:
@@ -335,8 +344,10 @@ def _staged(dest: Destination, name: str) -> Iterator[Stage]:
         try:
             _flock(lock, fcntl.LOCK_EX, dest)  # held until we are done: marks the directory as live
         except BaseException:
-            _remove_stage(dest, name, lock)
-            os.close(lock)
+            try:
+                _remove_stage(dest, name, lock)
+            finally:
+                os.close(lock)
             raise
     finally:
         os.close(pfd)
@@ -346,8 +357,10 @@ def _staged(dest: Destination, name: str) -> Iterator[Stage]:
         _probe_rename_noreplace(lock, dest)
         yield Stage(fd=lock, name=name, destination=dest)
     finally:
-        _remove_stage(dest, name, lock)
-        os.close(lock)
+        try:
+            _remove_stage(dest, name, lock)
+        finally:
+            os.close(lock)
 
 
 def _write_new(stage: Stage, name: str, raw: bytes) -> None:
@@ -382,13 +395,17 @@ def publish(stage: Stage, receipt: dict[str, Any], *, signer: Signer | None = No
     os.fsync(stage.fd)
     if dest.source_root is not None and is_within(dest.parent_fd, dest.source_root):
         raise _inside_source(dest.path)  # the parent was moved into the source meanwhile
-    try:
-        renameat2(dest.parent_fd, stage.name, dest.parent_fd, dest.name, RENAME_NOREPLACE)
-    except OSError as e:
-        if e.errno == errno.EEXIST:
-            raise _exists(dest.path) from None
-        raise PublishError(
-            "publish.rename_failed", f"could not publish to {dest.path}: {e.strerror}", evidence={"errno": e.errno}
-        ) from None
+    # The commit point: a signal before this block aborts (nothing published); one inside it is held
+    # until the rename is done; from the rename on, DST is published and a signal is only noted.
+    with interrupts.critical():
+        try:
+            renameat2(dest.parent_fd, stage.name, dest.parent_fd, dest.name, RENAME_NOREPLACE)
+        except OSError as e:
+            if e.errno == errno.EEXIST:
+                raise _exists(dest.path) from None
+            raise PublishError(
+                "publish.rename_failed", f"could not publish to {dest.path}: {e.strerror}", evidence={"errno": e.errno}
+            ) from None
+        interrupts.committed()
     os.fsync(dest.parent_fd)
     return dest.path

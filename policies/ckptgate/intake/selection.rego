@@ -140,9 +140,19 @@ _model_key := key if {
 	f.leaf == false
 }
 
+# Resume state that holds tensors (optimizer moments, counters as tensors) would be written as
+# weights; state of non-tensor leaves alone (BYTE_IO items) never is, so the rest of the tree may
+# still be written whole beside it.
+_tensor_resume_state if {
+	some f in _tree
+	_anchors[f.key]
+	f.tensors > 0
+}
+
 _ambiguous if {
 	count(_anchors) > 0
 	not _model_key
+	_tensor_resume_state
 }
 
 # generator states beside no optimizer or loop state: nothing says what the rest of the tree is

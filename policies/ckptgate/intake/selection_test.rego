@@ -191,3 +191,18 @@ test_a_plain_safetensors_checkpoint_has_no_selection_and_no_warning if {
 	d.selection == null
 	not "training_state_layout_unknown" in _codes(d)
 }
+
+# model weights at the top level beside non-tensor loop state alone (BYTE_IO counters, which are
+# never written as weights): the tree's tensors are written whole, nothing is refused
+test_top_level_weights_beside_non_tensor_loop_state_are_written_whole if {
+	d := _decide(_facts_input([_weights("embed"), _weights("head"), _loop("train_state")], null))
+	d.allow == true
+	d.selection == null
+}
+
+# the same with counters held as tensors: they would be written as weights, so it is refused
+test_top_level_weights_beside_tensor_counters_are_refused if {
+	d := _decide(_facts_input([_weights("embed"), _weights("head"), _counters("train_state")], null))
+	d.allow == false
+	"training_state_ambiguous" in _codes(d)
+}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -12,8 +13,9 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from ckptgate import __version__
-from ckptgate.errors import Error, ExitCode, UsageError
+from ckptgate import __version__, interrupts
+from ckptgate._cli._streams import guarded
+from ckptgate.errors import Aborted, Error, ExitCode, UsageError
 
 # soft_wrap: a line is never wrapped or cut to the terminal's width (a code, digest or path must
 # survive a pipe whole); off a terminal, rich prints no colour and no progress bars.
@@ -101,35 +103,37 @@ def check_platform(platform: str | None = None) -> None:
 
 
 class _Group(click.Group):
-    """Maps click's usage errors to our exit code 2 and keeps them traceback-free."""
+    """Maps click's usage errors to our exit code 2 and keeps them traceback-free; installs the
+    handlers of SIGHUP, SIGINT and SIGTERM (:mod:`ckptgate.interrupts`) and guards the output
+    streams against a closed reader (:mod:`ckptgate._cli._streams`) for every command."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
+        sys.exit(launched(lambda: self._run(*args, **kwargs)))
+
+    def _run(self, *args: Any, **kwargs: Any) -> int:
         kwargs["standalone_mode"] = False
         as_json = "--json" in sys.argv
         try:
             check_platform()
             rv = super().main(*args, **kwargs)
         except click.exceptions.Exit as e:
-            sys.exit(e.exit_code)
-        except click.Abort:
-            stderr.print("aborted")
-            sys.exit(130)
+            return int(e.exit_code)
+        except click.Abort:  # click's KeyboardInterrupt: where our handlers are not installed (not the main thread)
+            report_error(Aborted(signal.SIGINT), as_json)
+            return int(ExitCode.INTERRUPTED)
         except click.UsageError as e:
             report_error(UsageError("usage.invalid", e.format_message()), as_json)
-            sys.exit(ExitCode.USAGE)
+            return int(ExitCode.USAGE)
         except click.ClickException as e:
             report_error(UsageError("usage.invalid", e.format_message()), as_json)
-            sys.exit(ExitCode.USAGE)
+            return int(ExitCode.USAGE)
         except Error as e:
             report_error(e, as_json)
-            sys.exit(int(e.exit_code))
-        except KeyboardInterrupt:
-            stderr.print("interrupted; nothing was published")
-            sys.exit(130)
+            return int(e.exit_code)
         except Exception as e:  # the last line of defence: no traceback
             report_error(Error("internal.unexpected", f"{type(e).__name__}: {e}"), as_json)
-            sys.exit(ExitCode.INTERNAL)
-        sys.exit(int(rv or 0))
+            return int(ExitCode.INTERNAL)
+        return int(rv or 0)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -138,12 +142,36 @@ def cli() -> None:
     """ckptgate: a policy-as-code gate for distributed-training checkpoints.
 
     Exit codes: 0 ok, 1 internal error, 2 usage error, 3 policy denied, 4 input rejected,
-    5 verification failed, 6 policy engine unavailable, 7 contained runtime failed.
+    5 verification failed, 6 policy engine unavailable, 7 contained runtime failed,
+    129/130/143 stopped by SIGHUP/SIGINT/SIGTERM before publishing (nothing was published).
+    A signal after the publishing rename, or a closed stdout, never changes the outcome's code.
     """
 
 
-def main() -> None:
+def launched(run: Callable[[], int]) -> int:
+    """``run()``'s exit code, under the handlers of SIGHUP, SIGINT and SIGTERM
+    (:func:`ckptgate.interrupts.handling`) and with the output streams guarded against a closed
+    reader (:func:`ckptgate._cli._streams.guarded`); a signal before the commit point is reported as
+    :class:`~ckptgate.errors.Aborted` (exit 129, 130 or 143).  Nested calls share the outer one's."""
+    with interrupts.handling(), guarded():
+        try:
+            return run()
+        except interrupts.Interrupted as e:  # before the commit point: nothing was published
+            err = e.error()
+            report_error(err, "--json" in sys.argv)
+            return int(err.exit_code)
+
+
+def _commands_then_cli() -> int:
     # registers every sub-command on cli; lazy: breaks the import cycle _base -> commands -> _base
     from ckptgate._cli import commands  # noqa: F401, PLC0415
 
-    cli()
+    try:
+        cli()
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else int(e.code is not None)
+    return 0
+
+
+def main() -> None:
+    sys.exit(launched(_commands_then_cli))  # the handlers go in before the commands' imports

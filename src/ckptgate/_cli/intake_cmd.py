@@ -12,7 +12,7 @@ import click
 from ckptgate._cli._base import emit_json, json_option, report_error, shown, stdout
 from ckptgate._cli._options import ByteSize, checkpoint_option, engine_options, quiet_option, signature_options
 from ckptgate._cli._progress import phase_bars
-from ckptgate.errors import Error
+from ckptgate.errors import Error, UsageError
 
 if TYPE_CHECKING:
     from ckptgate.decide.options import EngineOptions
@@ -34,6 +34,7 @@ def run_intake(
     receipt_signer: Signer | None = None,
     select: str | None = None,
     certificate_chains: tuple[Path, ...] = (),
+    hf_config: Path | None = None,
 ) -> IntakeResult:
     """Intake, with a labelled bar for hashing and then one for consolidating when ``show_progress``."""
     from ckptgate.pipeline import intake  # noqa: PLC0415 - ~1.8 s (every step)
@@ -55,6 +56,7 @@ def run_intake(
             receipt_signer=receipt_signer,
             select=select,
             certificate_chain=list(certificate_chains),
+            hf_config=hf_config,
         )
 
 
@@ -117,6 +119,15 @@ def register(cli: click.Group) -> None:
         "else the whole tree.",
     )
     @click.option(
+        "--hf-config",
+        "hf_config",
+        type=click.Path(exists=True, path_type=Path),
+        default=None,
+        help="Map a Megatron Core torch_dist checkpoint to the Hugging Face model this config.json declares "
+        "(or a directory of config.json, generation_config.json and tokenizer files, published with it), "
+        "through the declared family table; see docs/consolidation.md.",
+    )
+    @click.option(
         "--distributed",
         is_flag=True,
         default=False,
@@ -144,6 +155,7 @@ def register(cli: click.Group) -> None:
         dtype: str | None,
         receipt_key: Path | None,
         select: str | None,
+        hf_config: Path | None,
         distributed: bool,
         dist_timeout: float,
         signatures: tuple[Path, ...],
@@ -161,6 +173,12 @@ def register(cli: click.Group) -> None:
         from ckptgate.verify.dsse import KeySigner  # noqa: PLC0415 - ~490 ms (cryptography)
 
         signer = KeySigner.from_pem(receipt_key) if receipt_key is not None else None  # before any work
+        if hf_config is not None and (select is not None or distributed):
+            raise UsageError(
+                "usage.hf_config.combination",
+                f"--hf-config does not combine with {'--select' if select is not None else '--distributed'}",
+                advice="Leave that option out: a mapped intake takes the whole model and runs as one process.",
+            )
         if distributed:
             return _run_distributed(
                 src,
@@ -190,6 +208,7 @@ def register(cli: click.Group) -> None:
             key=key,  # click gives the choice as listed
             select=select,
             certificate_chains=certificate_chains,
+            hf_config=hf_config,
         )
         if as_json:
             emit_json({"result": "published", "destination": str(result.destination), "receipt": result.receipt})

@@ -22,6 +22,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from ckptgate.consolidate.adapters import adapter_for
+from ckptgate.consolidate.hf.plan import hf_plan
+from ckptgate.consolidate.hf.source import HfConfig
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, NotConsolidatable, PlanError
 from ckptgate.decide.decision import Decision, Selection
 from ckptgate.errors import PolicyDenied, RuntimeFailure
@@ -48,6 +50,7 @@ def plan_for(
     max_shard_bytes: int,
     mapping: str | None = None,
     loaded: LoadedTrees | None = None,
+    hf: HfConfig | None = None,
 ) -> ConsolidationPlan:
     """The consolidation plan for an inspected checkpoint that the enforce step let through.
 
@@ -55,6 +58,8 @@ def plan_for(
     :param mapping: a declared, qualified mapping adapter (only ``megatron-unstack-layers``).
     :param loaded: what the enforce step's contained worker loaded for :func:`framework_files`,
         or ``None`` when no worker ran.
+    :param hf: ``--hf-config``: map a Megatron checkpoint to that Hugging Face model
+        (:mod:`ckptgate.consolidate.hf`) instead of keeping its names.
     :raises PlanError: ``plan.*`` (a layout that does not cover every tensor exactly once).
     :raises NotConsolidatable: the checkpoint cannot be consolidated without guessing.
     :raises RuntimeFailure: the worker's trees are malformed (``runtime.plan.*``), or a framework
@@ -64,6 +69,9 @@ def plan_for(
     added as whole-file copies, bound to the digest like every other source; resume state never
     is (it is not part of any layout an adapter reads).
     """
+    if hf is not None:
+        _consolidatable(inspection)
+        return hf_plan(inspection.format, inspection.layout, hf, max_shard_bytes=max_shard_bytes)
     plan = _adapter_plan(
         inspection, max_shard_bytes=max_shard_bytes, mapping=mapping, selection=decision.selection, loaded=loaded
     )
@@ -94,10 +102,26 @@ def with_companions(plan: ConsolidationPlan, inspection: Inspection, decision: D
     return dataclasses.replace(plan, copies=tuple(copies), report=report)
 
 
-def adapter_plan(inspection: Inspection, *, max_shard_bytes: int) -> ConsolidationPlan:
+def adapter_plan(inspection: Inspection, *, max_shard_bytes: int, hf: HfConfig | None = None) -> ConsolidationPlan:
     """The adapter's plan without the decision's companions, for a format that needs no framework
-    load (:func:`framework_files` is empty): known from the inspection alone, before the digest."""
+    load (:func:`framework_files` is empty): known from the inspection alone, before the digest.
+    With ``hf`` the mapped plan (no companions of the checkpoint travel with it)."""
+    if hf is not None:
+        _consolidatable(inspection)
+        return hf_plan(inspection.format, inspection.layout, hf, max_shard_bytes=max_shard_bytes)
     return _adapter_plan(inspection, max_shard_bytes=max_shard_bytes, mapping=None, selection=None, loaded=None)
+
+
+def _consolidatable(inspection: Inspection) -> None:
+    if not inspection.consolidatable:
+        raise NotConsolidatable(
+            "plan.format.not_consolidatable",
+            f"inspection found this {inspection.format} checkpoint not consolidatable",
+            evidence={
+                "format": inspection.format,
+                "findings": [f.code for f in inspection.findings if f.severity == "error"],
+            },
+        )
 
 
 def _adapter_plan(
@@ -109,12 +133,7 @@ def _adapter_plan(
     loaded: LoadedTrees | None,
 ) -> ConsolidationPlan:
     fmt = inspection.format
-    if not inspection.consolidatable:
-        raise NotConsolidatable(
-            "plan.format.not_consolidatable",
-            f"inspection found this {fmt} checkpoint not consolidatable",
-            evidence={"format": fmt, "findings": [f.code for f in inspection.findings if f.severity == "error"]},
-        )
+    _consolidatable(inspection)
     adapter = adapter_for(fmt)
     if mapping is not None and (adapter is None or not adapter.mappings):
         raise PlanError("plan.mapping.unknown", f"mapping {mapping!r} does not apply to format {fmt!r}")

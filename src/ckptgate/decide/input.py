@@ -81,6 +81,9 @@ class PolicyInput:
     containment: dict[str, Any] | None
     offered_keys: tuple[dict[str, Any], ...] = ()
     """Public keys named on the command line (``--key``); policy decides what they may sign."""
+    hf_mapping: dict[str, Any] | None = None
+    """``intake --hf-config``: the declared family, the config manifest and its sha256, and the
+    tensor-parallel degree the layout shows; policy decides which rows are qualified."""
 
     def __post_init__(self) -> None:
         if not _DIGEST.match(str(self.fixture.get("digest", ""))):
@@ -97,6 +100,8 @@ class PolicyInput:
         }
         if self.offered_keys:
             doc["offered_keys"] = list(self.offered_keys)
+        if self.hf_mapping is not None:
+            doc["hf_mapping"] = self.hf_mapping
         return copy.deepcopy(doc)
 
 
@@ -111,6 +116,7 @@ class PolicyInputBuilder:
         self._rejected: list[dict[str, Any]] = []
         self._containment: dict[str, Any] | None = None
         self._offered: list[dict[str, Any]] = []
+        self._hf_mapping: dict[str, Any] | None = None
 
     def offered_key(self, key: HasFacts) -> PolicyInputBuilder:
         self._offered.append(key.to_facts())
@@ -136,6 +142,10 @@ class PolicyInputBuilder:
         self._containment = profile.to_facts() if profile is not None else None
         return self
 
+    def hf_mapping(self, facts: dict[str, Any]) -> PolicyInputBuilder:
+        self._hf_mapping = facts
+        return self
+
     def build(self) -> PolicyInput:
         if self._fixture is None or self._inspection is None:
             raise ValueError("a policy input needs the fixture digest and the inspection")
@@ -147,6 +157,7 @@ class PolicyInputBuilder:
             rejected_attestations=tuple(self._rejected),
             containment=self._containment,
             offered_keys=tuple(self._offered),
+            hf_mapping=self._hf_mapping,
         )
 
 

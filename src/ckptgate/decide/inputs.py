@@ -26,7 +26,16 @@ from typing import Any
 
 __all__ = ["ORIGINS", "ROLES", "DecisionInput", "revision_document", "sha256_of"]
 
-ROLES = ("configuration", "overlay", "extra_rego", "trust", "policy_tree", "policy_bundle", "remote_engine")
+ROLES = (
+    "configuration",
+    "overlay",
+    "extra_rego",
+    "trust",
+    "policy_tree",
+    "policy_bundle",
+    "remote_engine",
+    "hf_config",  # intake --hf-config: the declared Hugging Face config's manifest (path, size, sha256)
+)
 ORIGINS = ("explicit", "environment", "discovered", "base", "bundled", "signed")
 
 

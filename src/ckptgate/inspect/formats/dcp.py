@@ -18,6 +18,7 @@ from ckptgate.inspect.dcp import DcpMetadata, DcpStorageItem, extract_dcp_metada
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.formats._base import Context, FormatResult, plain_basename
 from ckptgate.inspect.formats.registry import register_detector
+from ckptgate.inspect.pickle import SList
 from ckptgate.inspect.safetensors import TORCH_DTYPES
 from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
 from ckptgate.inspect.treefacts import tree_facts
@@ -27,6 +28,14 @@ __all__ = ["dcp_layout", "detect_dcp", "detect_dcp_hf"]
 
 _SAFETENSORS_DTYPE = {code: name for name, code in TORCH_DTYPES.items()}
 _HF_NAME = re.compile(r"^shard-\d{5}-model-\d{5}-of-\d{5}\.safetensors$")
+
+
+def empty_value(value: Any) -> bool:
+    """Whether a statically read pickle value holds nothing: ``None``, or a list of ``None`` (as
+    Megatron's local layer specs save ``_extra_state``, one entry per stacked layer)."""
+    if value is None:
+        return True
+    return isinstance(value, SList) and all(v is None for v in value.items)
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -154,6 +163,7 @@ def _check_items(
         if s.offset is None:  # BYTE_IO
             rec["kind"] = "bytes"
             rec["plain"] = lay.pickle.plain_tensors
+            rec["empty"] = bool(lay.pickle.complete and not lay.tensors and empty_value(lay.pickle.value))
             loaders.add("static_pickle" if lay.pickle.plain_tensors else "torch_load")
             out.append(rec)
             continue

@@ -1,0 +1,88 @@
+"""The plan of a Megatron ``torch_dist`` checkpoint mapped to a Hugging Face model, and what is
+published beside it (the ``--hf-config`` files, byte for byte)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ckptgate.consolidate.adapters import dcp
+from ckptgate.consolidate.hf.engine import map_tensors
+from ckptgate.consolidate.hf.source import HfConfig
+from ckptgate.consolidate.hf.table import MappingRefused
+from ckptgate.consolidate.plan import ConsolidationPlan, PlanError, no_tensors, shard_tensors
+from ckptgate.consolidate.writer import WrittenFile
+from ckptgate.dtypes import TORCH_TO_SAFETENSORS
+
+__all__ = ["check_dtype", "hf_plan", "layout_tp", "write_config_files"]
+
+_TORCH_NAME = {code: name for name, code in TORCH_TO_SAFETENSORS.items()}
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def layout_tp(layout: Mapping[str, Any]) -> int | None:
+    """The tensor-parallel degree the layout shows: the chunks of ``linear_proj.weight`` (split
+    on its input dim once per TP rank), or ``None`` when it has none."""
+    for t in layout.get("tensors", []):
+        if str(t.get("fqn", "")).endswith("self_attention.linear_proj.weight"):
+            size = t["size"]
+            return len({tuple(c["offsets"][len(size) - 1 :]) for c in t["chunks"]})
+    return None
+
+
+def hf_plan(fmt: str | None, layout: Mapping[str, Any], hf: HfConfig, *, max_shard_bytes: int) -> ConsolidationPlan:
+    """The mapped plan (HF names, sharded at ``max_shard_bytes``), or a typed refusal."""
+    if fmt != "megatron-torch-dist":
+        raise MappingRefused(
+            "mapping.format",
+            f"--hf-config maps Megatron Core torch_dist checkpoints; this is {fmt!r}",
+            evidence={"format": fmt},
+        )
+    inner = layout.get("dcp")
+    if not isinstance(inner, Mapping):
+        raise PlanError("plan.megatron.layout", "the torch_dist layout has no DCP metadata")
+    tensors = dcp.torch_save_tensors(inner)
+    if not tensors:
+        raise no_tensors()
+    items = [i for i in inner.get("items", []) if i.get("kind") == "bytes"]
+    out, report = map_tensors(tensors, items, hf.declared)
+    report = {
+        "adapter": "megatron-torch-dist",
+        "mapping": "hf",
+        "hf_config": hf.to_json(),
+        "layout_tp": layout_tp(inner),
+        **report,
+    }
+    return shard_tensors(out, max_shard_bytes=max_shard_bytes, report=report)
+
+
+def check_dtype(plan: ConsolidationPlan, hf: HfConfig) -> None:
+    """The published ``config.json`` must declare the dtype of the published weights."""
+    found = sorted({_TORCH_NAME.get(t.dtype, t.dtype) for s in plan.shards for t in s.tensors})
+    declared = hf.declared.dtype
+    if len(found) != 1 or declared != found[0]:
+        raise MappingRefused(
+            "mapping.config.dtype",
+            f"config.json declares dtype {declared!r}; the weights are {', '.join(found)}",
+            evidence={"declared": declared, "weights": found},
+            advice="Declare the weights' dtype in config.json (dtype or torch_dtype), or cast with --dtype to the "
+            "declared one.",
+        )
+
+
+def write_config_files(hf: HfConfig, out_fd: int) -> tuple[WrittenFile, ...]:
+    """Write exactly the bytes read from ``--hf-config`` into ``out_fd``."""
+    written = []
+    for f in hf.files:
+        fd = os.open(f.name, _CREATE, 0o644, dir_fd=out_fd)
+        try:
+            view = memoryview(f.data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        assert hashlib.sha256(f.data).hexdigest() == f.sha256
+        written.append(WrittenFile(filename=f.name, size=f.size, sha256=f.sha256))
+    return tuple(written)

@@ -60,6 +60,8 @@ _NONE_CAN = re.compile(
     r"gets? to|may)\s+(?:ever\s+|possibly\s+)?",
     re.IGNORECASE,
 )
+#: A capability predicate that ends in a preposition of place ("runs on", "deployed in"): its claim is its object.
+_LOCATIVE = re.compile(r"\b(?:on|under|across|inside|in)$", re.IGNORECASE)
 _VERSION = re.compile(r"\s*(?:version\s+|v(?=\d))?(\d+(?:\.\d+){0,2}(?:\.x|\.\*)?)")
 
 
@@ -243,10 +245,14 @@ def _agent(vocab: Vocabulary, clause: str, masked: str, at: int, systems: list[d
 
 
 def _unknown(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> list[str]:
+    return [w for w, _ in _unknown_at(vocab, masked, code)]
+
+
+def _unknown_at(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> list[tuple[str, int]]:
     """Named things in the clause that the vocabulary does not know: a product, platform, hardware or
-    service name (capitalised, all capitals, or a name with digits such as "H100").  Code spans,
-    identifiers (``a_b``, ``A.b``, ``f(``, a name alone in parentheses), agent words ("ckptgate"),
-    register ids, versions and a capitalised first word are not names."""
+    service name (capitalised, all capitals, or a name with digits such as "H100"), with where each
+    starts.  Code spans, identifiers (``a_b``, ``A.b``, ``f(``, a name alone in parentheses), agent
+    words ("ckptgate"), register ids, versions and a capitalised first word are not names."""
     out = []
     prose = _mask(masked, [*code, *((m.start(), m.end()) for m in _PAREN_NAME.finditer(masked))])
     prose = vocab.rx("project").sub(lambda m: " " * len(m.group()), prose)
@@ -258,7 +264,7 @@ def _unknown(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> lis
             continue
         if re.fullmatch(r"[A-Z][a-z]+", word) and not re.sub(r"[\s\W]", "", prose[: m.start()]):
             continue  # a capitalised first word
-        out.append(word)
+        out.append((word, m.start()))
     return out
 
 
@@ -266,7 +272,7 @@ def _entities(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> li
     """What a capability clause is claimed for besides vocabulary systems: unknown names, platforms,
     hardware and infrastructure (``lexicon.platform``), and counts of nodes, ranks or GPUs."""
     prose = _mask(masked, code)
-    out: list[dict[str, Any]] = [{"term": w, "kind": "name"} for w in _unknown(vocab, masked, code)]
+    out: list[dict[str, Any]] = [{"term": w, "kind": "name", "at": at} for w, at in _unknown_at(vocab, masked, code)]
     seen = {e["term"].lower() for e in out}
     for kind in ("platform", "count"):
         for m in vocab.rx(kind).finditer(prose):
@@ -274,8 +280,41 @@ def _entities(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> li
             if term.lower() not in seen and not any(term.lower() in s or s in term.lower() for s in seen):
                 seen.add(term.lower())
                 n = re.match(r"\d[\d,]*", term) if kind == "count" else None
-                out.append({"term": term, "kind": kind, "number": int(n.group().replace(",", "")) if n else None})
+                out.append(
+                    {
+                        "term": term,
+                        "kind": kind,
+                        "number": int(n.group().replace(",", "")) if n else None,
+                        "at": m.start(),
+                    }
+                )
     return out
+
+
+#: Where the object of a "runs on ..." predicate ends: the noun phrase, up to punctuation.
+_OBJECT_END = re.compile(r"[,;()\[\]]|\s(?:while|when|whenever|where|because|since|so|and then|before|after|until)\s")
+
+
+def _names_object(
+    vocab: Vocabulary,
+    masked: str,
+    end: int,
+    systems: list[dict[str, Any]],
+    entities: list[dict[str, Any]],
+) -> bool:
+    """Whether the object of a locative capability predicate ("runs on X", "deployed in X") names what
+    it is claimed for: a system or any other name (known, such as Linux, or not), a platform, a scale
+    or a quantifier.  "A program run on the input's terms" or "every rank runs on one kernel" names
+    none: that describes a mechanism, not where something is claimed to work."""
+    stop = _OBJECT_END.search(masked, end)
+    last = stop.start() if stop else len(masked)
+    return (
+        any(end <= s["at"] < last for s in systems)
+        or any(end <= e["at"] < last for e in entities)
+        or bool(_CAND.search(masked[end:last]))
+        or bool(vocab.rx("universal").search(masked[end:last]))
+        or bool(vocab.rx("cross_platform").search(masked[end:last]))
+    )
 
 
 _THREAT = re.compile(
@@ -359,8 +398,11 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
         s["nested"] = inside
     safety = [s for s in safety if not s.pop("nested")]
     capability: list[dict[str, Any]] = []
+    entities = _entities(vocab, masked, code)
     for cls in lex.get("capability", {}):
         for m in vocab.rx("capability", cls).finditer(masked):
+            if _LOCATIVE.search(m.group()) and not _names_object(vocab, masked, m.end(), systems, entities):
+                continue
             head = masked[: m.start()]
             passive = bool(vocab.rx("passive").search(head)) or cls in ("compatible", "out_of_the_box")
             false_after = bool(
@@ -412,7 +454,7 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
         "platform_bounds": [m.group() for m in vocab.rx("platform_bounds").finditer(clause)],
         "hypothetical": bool(vocab.rx("hypothetical").search(clause)),
         "unknown": _unknown(vocab, masked, code),
-        "entities": _entities(vocab, masked, code),
+        "entities": [{k: v for k, v in e.items() if k != "at"} for e in entities],
         "features": features,
     }
 

@@ -486,20 +486,26 @@ def claims_input(
 
 
 _DEFINED = re.compile(r"^\s*(?:class|def)\s+([A-Za-z_]\w*)", re.MULTILINE)
+#: A constant the code defines (``MAX_BYTES = ...``) or reads from a module (``signal.SIGINT``,
+#: ``errno.EINTR``): an identifier of an API, such as an OS signal or error name.
+_CONSTANT = re.compile(r"^([A-Z][A-Z0-9_]+)\s*(?::[^=\n]*)?=|\b[a-z_]\w*\.([A-Z][A-Z0-9_]+)\b", re.MULTILINE)
 
 
 def source_identifiers(repo: Path) -> frozenset[str]:
-    """Class and function names defined in the repository's ``src/**/*.py``: identifiers, not
-    product names, when documentation names them without code markup."""
+    """Class and function names defined in the repository's ``src/**/*.py``, and the constants it
+    defines or reads from a module (``signal.SIGINT``): identifiers, not product names, when
+    documentation names them without code markup."""
     src = repo / "src"
     if not src.is_dir():
         return frozenset()
     names: set[str] = set()
     for p in src.rglob("*.py"):
         try:
-            names.update(_DEFINED.findall(p.read_text(encoding="utf-8", errors="replace")))
+            text = p.read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
+        names.update(_DEFINED.findall(text))
+        names.update(a or b for a, b in _CONSTANT.findall(text))
     return frozenset(n for n in names if not n.startswith("_"))
 
 

@@ -29,19 +29,19 @@ _violation(code, message, s) := {
 _severity := {}
 
 # Whose matrix was read: the repository's own (input.matrix_source), or none.
+_supported_count := count([r | some r in input.matrix; r.status == "supported"])
+
+_no_matrix := "has no support matrix, so no capability claim about a system, platform or scale is backed"
+
 _matrix_note := sprintf("the support matrix read is %s's %s, with %d supported row(s)", [
 	input.matrix_source.name,
 	input.matrix_source.path,
-	count([r | some r in input.matrix; r.status == "supported"]),
+	_supported_count,
 ]) if {
 	is_string(input.matrix_source.path)
-} else := sprintf("%s has no support matrix, so no capability claim about a system, platform or scale is backed", [
-	input.matrix_source.name,
-]) if {
+} else := sprintf("%s %s", [input.matrix_source.name, _no_matrix]) if {
 	is_string(input.matrix_source.name)
-} else := sprintf("the support matrix read has %d supported row(s)", [
-	count([r | some r in input.matrix; r.status == "supported"]),
-])
+} else := sprintf("the support matrix read has %d supported row(s)", [_supported_count])
 
 # The register's claim rules, in words (no need to open docs/references.md).
 _rule_text(name) := _cfg.rule_texts[name]

@@ -292,7 +292,9 @@ def _entities(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> li
 
 
 #: Where the object of a "runs on ..." predicate ends: the noun phrase, up to punctuation.
-_OBJECT_END = re.compile(r"[,;()\[\]]|\s(?:while|when|whenever|where|because|since|so|and then|before|after|until)\s")
+_OBJECT_END = re.compile(
+    r"[,;()\[\]]|\s(?:while|when|whenever|where|because|since|so|and then|before|after|until|that|which|who|whose)\s"
+)
 
 
 def _names_object(
@@ -306,15 +308,20 @@ def _names_object(
     it is claimed for: a system or any other name (known, such as Linux, or not), a platform, a scale
     or a quantifier.  "A program run on the input's terms" or "every rank runs on one kernel" names
     none: that describes a mechanism, not where something is claimed to work."""
-    stop = _OBJECT_END.search(masked, end)
-    last = stop.start() if stop else len(masked)
+    obj = _object(masked, end)
+    last = end + len(obj)
     return (
         any(end <= s["at"] < last for s in systems)
         or any(end <= e["at"] < last for e in entities)
-        or bool(_CAND.search(masked[end:last]))
-        or bool(vocab.rx("universal").search(masked[end:last]))
-        or bool(vocab.rx("cross_platform").search(masked[end:last]))
+        or bool(_CAND.search(obj))
+        or bool(vocab.rx("universal").search(obj))
+        or bool(vocab.rx("cross_platform").search(obj))
     )
+
+
+def _object(masked: str, end: int) -> str:
+    stop = _OBJECT_END.search(masked, end)
+    return masked[end : stop.start() if stop else len(masked)]
 
 
 _THREAT = re.compile(

@@ -41,6 +41,9 @@ BOUNDED = [
 OVER = [
     "ckptgate runs on macOS.",
     "ZeRO-1 checkpoints run on Linux.",  # the subject's system still counts when the object names a place
+    "The ZeRO-1 adapter runs in production.",  # and when it names none
+    "Every Megatron-LM checkpoint runs in production.",
+    "The Frobnicator backend runs in production.",
     "Every rank runs on macOS.",
     "The DeepSpeed adapter runs in Kubernetes pods.",
     "The gate runs on a 64-node cluster.",

@@ -307,7 +307,8 @@ def _names_object(
     """Whether the object of a locative capability predicate ("runs on X", "deployed in X") names what
     it is claimed for: a system or any other name (known, such as Linux, or not), a platform, a scale
     or a quantifier.  "A program run on the input's terms" or "every rank runs on one kernel" names
-    none: that describes a mechanism, not where something is claimed to work."""
+    none: unless its subject names a system (:func:`_names_subject`), that describes a mechanism,
+    not where something is claimed to work."""
     obj = _object(masked, end)
     last = end + len(obj)
     return (
@@ -316,6 +317,26 @@ def _names_object(
         or bool(_CAND.search(obj))
         or bool(vocab.rx("universal").search(obj))
         or bool(vocab.rx("cross_platform").search(obj))
+    )
+
+
+#: Where the subject of a predicate starts, reading back from it: punctuation, a finite verb or a
+#: subordinating word ("is a program run on": the subject of "run" is "a program").
+_SUBJECT_START = re.compile(
+    r"[,;()\[\]]|\b(?:is|are|was|were|be|been|has|have|had|that|which|who|when|whenever|while|if|once)\b",
+    re.IGNORECASE,
+)
+
+
+def _names_subject(masked: str, at: int, systems: list[dict[str, Any]], entities: list[dict[str, Any]]) -> bool:
+    """Whether the noun phrase right before a predicate (its subject) names a system or another name:
+    "the ZeRO-1 adapter runs in production" claims ZeRO-1 even though its object names no place.  A
+    quantifier there is distributive ("every rank runs on one kernel": each process of one job), and
+    names in an earlier phrase ("X (DeepSpeed's states) is a program run on ...") are not its subject."""
+    starts = [m.end() for m in _SUBJECT_START.finditer(masked, 0, at)]
+    first = starts[-1] if starts else 0
+    return any(first <= s["at"] < at for s in systems) or any(
+        first <= e["at"] < at and e["kind"] == "name" for e in entities
     )
 
 
@@ -408,7 +429,11 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
     entities = _entities(vocab, masked, code)
     for cls in lex.get("capability", {}):
         for m in vocab.rx("capability", cls).finditer(masked):
-            if _LOCATIVE.search(m.group()) and not _names_object(vocab, masked, m.end(), systems, entities):
+            if (
+                _LOCATIVE.search(m.group())
+                and not _names_object(vocab, masked, m.end(), systems, entities)
+                and not _names_subject(masked, m.start(), systems, entities)
+            ):
                 continue
             head = masked[: m.start()]
             passive = bool(vocab.rx("passive").search(head)) or cls in ("compatible", "out_of_the_box")

@@ -50,6 +50,7 @@ def test_parallel_equals_sequential_and_progress_counts_bytes(tmp_path: Path) ->
 
 
 def test_any_change_changes_the_digest(tmp_path: Path) -> None:
+    """Capability: digest binding (any change to the tree changes the fixture digest)."""
     root = _tree(tmp_path / "ck")
     with SafeTree.open(root) as t:
         before = fixture_digest(t).digest

@@ -22,6 +22,8 @@ Keys (all optional)::
     fixtures = "tests/fixtures/data"   # fixtures for qualifying adapters
     policies = "policies"              # ckptgate's own repository: the policy tree itself
     widening = "warning"               # check --base: widening changes are warnings (read from the base only)
+    [claims_ignore]                    # claims lint: per-path ignores, each with its reason (SARIF suppressions)
+    "docs/vendor/*.md" = {codes = ["claims_vendor_phrasing"], reason = "upstream text, quoted verbatim"}
 """
 
 from __future__ import annotations
@@ -65,6 +67,23 @@ SCHEMA: dict[str, Any] = {
         "fixtures": {"type": "string", "minLength": 1},
         "policies": {"type": "string", "minLength": 1},
         "widening": {"enum": ["error", "warning"]},
+        "claims_ignore": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["codes", "reason"],
+                "properties": {
+                    "codes": {
+                        "type": "array",
+                        "minItems": 1,
+                        "uniqueItems": True,
+                        "items": {"type": "string", "pattern": "^claims_[a-z_]+$"},
+                    },
+                    "reason": {"type": "string", "minLength": 3},
+                },
+            },
+        },
     },
 }
 #: Names or uids of owners, besides the invoking user and root, whose files may configure ckptgate.
@@ -119,6 +138,8 @@ class Config:
     policies: Path | None = None
     #: ``check --base``: how widening changes are reported (only the base revision's setting counts)
     widening: str = "error"
+    #: claims lint ignores: (path glob, codes, reason), each reported as a SARIF suppression
+    claims_ignore: tuple[tuple[str, tuple[str, ...], str], ...] = ()
     #: sha256 of the configuration file's bytes, as parsed ("" for a table given in code)
     sha256: str = ""
 
@@ -138,6 +159,7 @@ class Config:
             "fixtures": rel(self.fixtures),
             "policies": rel(self.policies),
             "widening": self.widening,
+            "claims_ignore": {g: {"codes": list(c), "reason": r} for g, c, r in self.claims_ignore},
             "sha256": self.sha256,
         }
 
@@ -384,7 +406,14 @@ def from_table(table: dict[str, Any], *, root: Path, source: Path | None = None)
         fixtures=fixtures,
         policies=policies,
         widening=table.get("widening", "error"),
+        claims_ignore=claims_ignores(table),
     )
+
+
+def claims_ignores(table: dict[str, Any]) -> tuple[tuple[str, tuple[str, ...], str], ...]:
+    """A (validated) table's ``claims_ignore`` as sorted (path glob, codes, reason) triples."""
+    raw = table.get("claims_ignore") or {}
+    return tuple(sorted((str(g), tuple(v["codes"]), str(v["reason"])) for g, v in raw.items()))
 
 
 def _evidence_holds_no_code(

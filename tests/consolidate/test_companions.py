@@ -32,6 +32,7 @@ def test_named_companions_become_whole_file_copies(tmp_path):
 
 @pytest.mark.parametrize("name", ["notes.json", "absent.json"])
 def test_a_name_inspection_did_not_check_as_a_companion_is_refused(tmp_path, name):
+    """Capability: companion files (only names inspection checked as companions travel)."""
     (tmp_path / "notes.json").write_text(json.dumps({"a": 1}))
     with pytest.raises(PolicyDenied) as e:
         with_companions(ConsolidationPlan(shards=()), inspect_tree(tmp_path), _allow([name]))

@@ -160,6 +160,7 @@ def _toy_gates(tmp_path: Path) -> dict[str, Any]:
 
 def test_a_toy_format_is_detected_planned_and_written_through_the_registries(
         toy_adapter: Adapter, toy_tree: Path, tmp_path: Path) -> None:
+    """Capability: format registry (a format is detected, planned and written through the registries)."""
     assert table_mismatches(_toy_gates(tmp_path)) == []
     assert table_mismatches(json.loads(GATES_DATA.read_text(encoding="utf-8"))) == [
         f"format {TOY}: planned by 'toy-raw', absent from the gates data", "adapter toy-raw: in the registry only"]

@@ -85,6 +85,7 @@ def test_no_opa_anywhere_names_every_way_in(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("version", ["1.22.2", "0.70.0", "2.0.0"])
 def test_an_unsupported_opa_is_refused_naming_its_version_and_the_range(tmp_path, monkeypatch, version):
+    """Capability: engine version check (an OPA outside the supported range is refused)."""
     monkeypatch.setenv("CKPTGATE_OPA", str(fake_opa(tmp_path, "opa", version)))
     with pytest.raises(EngineUnavailable) as e:
         find_opa()

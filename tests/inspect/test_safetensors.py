@@ -79,6 +79,7 @@ EXPECTED = {"bad_offsets_float": "bad_offsets", "bad_offsets_huge": "bad_offsets
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_each_invalid_case_has_its_own_code(case: str, tmp_path: Path) -> None:
+    """Capability: safetensors header validation (each invalid header is refused with its own code)."""
     blob = CASES[case]
     assert _check(blob) == f"input.safetensors.{EXPECTED.get(case, case)}"
 

@@ -181,6 +181,7 @@ def test_ed25519_under_another_ed25519_key_is_refused(signed: dict[str, Path]) -
 
 
 def test_ed25519_binding_attacks_are_refused(signed: dict[str, Path]) -> None:
+    """Capability: signature verification (an Ed25519 DSSE signature binds exactly the signed files)."""
     key, pub = ed25519_keypair(signed["dir"], "ed")
     sig = sign_ed25519(signed["ck"], key, signed["dir"] / "ed.sig")
     (signed["ck"] / "extra.bin").write_bytes(b"added after signing")

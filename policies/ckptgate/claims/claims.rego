@@ -26,7 +26,25 @@ _violation(code, message, s) := {
 	"location": {"file": s.file, "line": s.line},
 }
 
-_severity := {"claims_unknown_system": "warning"}
+_severity := {}
+
+# Whose matrix was read: the repository's own (input.matrix_source), or none.
+_supported_count := count([r | some r in input.matrix; r.status == "supported"])
+
+_no_matrix := "has no support matrix, so no capability claim about a system, platform or scale is backed"
+
+_matrix_note := sprintf("the support matrix read is %s's %s, with %d supported row(s)", [
+	input.matrix_source.name,
+	input.matrix_source.path,
+	_supported_count,
+]) if {
+	is_string(input.matrix_source.path)
+} else := sprintf("%s %s", [input.matrix_source.name, _no_matrix]) if {
+	is_string(input.matrix_source.name)
+} else := sprintf("the support matrix read has %d supported row(s)", [_supported_count])
+
+# The register's claim rules, in words (no need to open docs/references.md).
+_rule_text(name) := _cfg.rule_texts[name]
 
 # METADATA
 # description: Every violation of claim rules 1-7, of citation existence and of generated tables, as objects.
@@ -55,7 +73,7 @@ _checks(s) := object.union_n([
 	_rule5_safety(s),
 	_rule6_trust(s),
 	_rule7_os_controls(s),
-	_unknown_systems(s),
+	_unlisted_capability(s),
 	_unknown_citations(s),
 ])
 
@@ -75,10 +93,7 @@ _rule1_vendor_verb(s) := {"claims_vendor_phrasing": msg} if {
 	_vendor_cited(s)
 	_phrasing_applies(s)
 	not _has("vendor_verb", s.text)
-	msg := concat(" ", [
-		"a sentence citing vendor sources must phrase their behaviour",
-		"as documents, defines or currently implements (rule 1)",
-	])
+	msg := _rule_text("r1_phrasing")
 } else := {}
 
 _phrasing_applies(s) if object.get(s, "origin", "doc") != "docstring"
@@ -100,10 +115,7 @@ _rule1_vendor_support(s) := {"claims_vendor_as_support": msg} if {
 	_cites_or_unbacked(s, c)
 	some m in c.systems
 	_checked_mention(m, _system(m.id))
-	msg := concat(" ", [
-		"a sentence citing vendor documentation must not claim ckptgate support;",
-		"support comes from the matrix (rule 1)",
-	])
+	msg := _rule_text("r1_support")
 } else := {}
 
 # The claim has no supported row, or it is drawn from the vendor's documentation ("X documents
@@ -128,14 +140,14 @@ _cites_or_unbacked(s, _) if {
 _rule2_interpretation(s) := {"claims_unmarked_interpretation": msg} if {
 	_has("device_map", s.text)
 	not _has("interpretation", s.text)
-	msg := "a sentence about device_map must mark the project interpretation explicitly (rule 2)"
+	msg := _rule_text("r2")
 } else := {}
 
 # Rule 4: archived or versioned documentation is historical evidence only.
 _rule4_historical(s) := {"claims_archived_not_historical": msg} if {
 	_has("archived_doc", s.text)
 	not _has("historical", s.text)
-	msg := "a link to archived or versioned documentation must be called historical evidence (rule 4)"
+	msg := _rule_text("r4")
 } else := {}
 
 # ------------------------------------------------------------------------- the claim model
@@ -152,7 +164,7 @@ _capability_claim(s, c) if {
 	_asserted(s, c)
 	some p in c.capability
 	not p.negated
-	p.agent != "vendor"
+	not p.agent in {"vendor", "consumer"}
 }
 
 _scoped(_, c) if count(c.scope) > 0
@@ -202,7 +214,7 @@ _checked_mention(m, sys) if {
 }
 
 # Why one clause's capability claim is not backed by a supported row (empty when it is).
-_unbacked(s, c) := ({r |
+_unbacked(s, c) := (({r |
 	some m in c.systems
 	sys := _system(m.id)
 	_checked_mention(m, sys)
@@ -214,6 +226,37 @@ _unbacked(s, c) := ({r |
 	count(c.universal) > 0
 	not _scoped(s, c)
 	r := sprintf("%q claims every variant, but support is per matrix row", [c.universal[0]])
+}) | {r |
+	some e in object.get(c, "entities", [])
+	not _declared_fact(e.term)
+	not _scale_in_matrix(e)
+	not _scoped(s, c)
+	r := sprintf("%s (%s) is neither a system with a supported matrix row nor a fact this repository declares", [
+		e.term,
+		_entity_kinds[e.kind],
+	])
+}
+
+_entity_kinds := {
+	"name": "a name the claims vocabulary does not know",
+	"platform": "a platform, hardware or infrastructure",
+	"count": "a scale or topology",
+}
+
+# "at 2 ranks": a scale that a supported row's topology records (world_size).
+_scale_in_matrix(e) if {
+	e.kind == "count"
+	regex.match(`(?i)\b(?:ranks?|processes|gpus?|workers)$`, e.term)
+	some row in input.matrix
+	row.status == "supported"
+	object.get(object.get(row, "topology", {}), "world_size", null) == e.number
+}
+
+# A fact the repository declares in a reviewed list (data.ckptgate.config.claims.facts), such as
+# "runs on Linux".
+_declared_fact(term) if {
+	some f in object.get(_cfg, "facts", [])
+	regex.match(f.match, term)
 }
 
 _system_reason(_, _, m, sys) := sprintf("%s (%s) has no row the matrix marks supported", [m.term, m.id]) if {
@@ -250,8 +293,7 @@ _rule3_support(s) := {"claims_support_not_in_matrix": msg} if {
 		some r in _unbacked(s, c)
 	}
 	count(reasons) > 0
-	prefix := "a capability claim must match a row the support matrix marks supported (rule 3)"
-	msg := sprintf("%s: %s", [prefix, concat("; ", sort(reasons))])
+	msg := sprintf("%s: %s (%s)", [_rule_text("r3"), concat("; ", sort(reasons)), _matrix_note])
 } else := {}
 
 _topics(_, c) := c.topics if count(c.topics) > 0
@@ -260,7 +302,7 @@ _topics(s, c) := s.facts.topics if count(c.topics) == 0
 
 _security_topics := {"containment", "os_control", "signature", "surrogate", "loader"}
 
-_counts(_, _, p) if p.class in {"inherent", "harm", "proof"}
+_counts(_, _, p) if p.class in {"inherent", "harm", "proof", "impossible"}
 
 _counts(s, c, p) if {
 	p.class in {"shield", "prevent"}
@@ -293,7 +335,7 @@ _rule5_safety(s) := {"claims_containment_as_proof": msg} if {
 	terms := {p.term | some [c, p] in _safety_claims(s); not _surrogate(s, c)}
 	count(terms) > 0
 	msg := sprintf("%s: %s", [
-		"containment, loaders and signatures must not be called proof or a guarantee of safety (rule 5)",
+		_rule_text("r5"),
 		concat(", ", sort(terms)),
 	])
 } else := {}
@@ -303,7 +345,7 @@ _rule6_trust(s) := {"claims_surrogate_trust": msg} if {
 	terms := {p.term | some [c, p] in _safety_claims(s); _surrogate(s, c)}
 	count(terms) > 0
 	msg := sprintf("%s: %s", [
-		"weights_only, a checksum or a filename must never be called sufficient trust, authenticity or safety (rule 6)",
+		_rule_text("r6"),
 		concat(", ", sort(terms)),
 	])
 } else := {}
@@ -320,22 +362,35 @@ _rule7_os_controls(s) := {"claims_portable_sandbox": msg} if {
 	}
 	count(cues) > 0
 	msg := sprintf("%s: %s", [
-		"OS controls must be described as exact-profile containment, not a portable or universal sandbox (rule 7)",
+		_rule_text("r7"),
 		concat(", ", sort(cues)),
 	])
 } else := {}
 
-# An unknown system-like name in a capability claim is reported, never passed silently.
-_unknown_systems(s) := {"claims_unknown_system": msg} if {
-	names := {n |
+# A clause that says ckptgate checks, verifies, enforces or detects something names a feature: the
+# claims data lists the capabilities the code has (data.ckptgate.config.claims.capabilities), each
+# with the test that shows it; a feature it does not list is not implemented.
+_unlisted_capability(s) := {"claims_unlisted_capability": msg} if {
+	object.get(s, "origin", "doc") in {"doc", "generated-notes"}
+	objects := {f.object |
 		some c in _clauses(s)
-		_capability_claim(s, c)
-		some n in c.unknown
+		_asserted(s, c)
+		some f in object.get(c, "features", [])
+		not f.negated
+		not f.agent in {"vendor", "consumer"}
+		not _listed_capability(f)
 	}
-	count(names) > 0
-	hint := "not in the claims vocabulary (add it to config/claims/data.json)"
-	msg := sprintf("a capability claim names %s, %s", [concat(", ", sort(names)), hint])
+	count(objects) > 0
+	msg := sprintf("%s: %s", [
+		_rule_text("capability"),
+		concat("; ", [sprintf("%q", [o]) | some o in sort(objects)]),
+	])
 } else := {}
+
+_listed_capability(f) if {
+	some cap in object.get(_cfg, "capabilities", [])
+	regex.match(cap.match, concat(" ", [f.term, f.object]))
+}
 
 # A generated matrix table row is checked against the rows it was generated from, not as prose.
 _generated_violations(g) := {v |
@@ -344,7 +399,7 @@ _generated_violations(g) := {v |
 	v := {
 		"code": "claims_generated_mismatch",
 		"severity": "error",
-		"message": "a generated table row marked supported matches no supported row of the matrix data (rule 3)",
+		"message": sprintf("%s (%s)", [_rule_text("generated"), _matrix_note]),
 		"evidence": {"text": g.text, "citations": []},
 		"location": {"file": g.file, "line": g.line},
 	}

@@ -205,14 +205,98 @@ test_rule3_tools_and_instrument_frameworks_are_not_claims if {
 	"claims_support_not_in_matrix" in _fact_codes("x", [], [obj], [])
 }
 
-test_unknown_system_is_a_warning if {
-	c := _clause({"capability": [_cap("accept", false, "project")], "unknown": ["Frobnicator"]})
+_entity(term, kind, number) := {"term": term, "kind": kind, "number": number}
+
+_sized_rows := array.concat(_rows, [{
+	"format": "fsdp-full", "adapter": "fsdp-full", "status": "supported",
+	"topology": {"world_size": 2},
+}])
+
+_violations_with(clauses, rows, source) := {v |
 	some v in claims.violations with input as {
-		"sentences": [object.union(_sentence("x", []), {"facts": _facts([c], [])})],
-		"references": _refs, "matrix": _rows,
+		"sentences": [object.union(_sentence("x", []), {"facts": _facts(clauses, [])})],
+		"references": _refs, "matrix": rows, "matrix_source": source,
 	}
-	v.code == "claims_unknown_system"
-	v.severity == "warning"
+}
+
+_feature(obj, negated) := {
+	"term": "checks", "object": obj, "negated": negated,
+	"agent": "project", "subject": "ckptgate",
+}
+
+# The closed world (#35): an unknown name, a platform or a scale in ckptgate's capability claim is an
+# error, unless a declared fact or a supported row's topology backs it.
+test_closed_world_unknown_name_platform_and_scale_are_errors if {
+	every e in [
+		_entity("Frobnicator", "name", null),
+		_entity("macOS", "platform", null),
+		_entity("64 nodes", "count", 64),
+	] {
+		c := _clause({"capability": [_cap("run_on", false, "project")], "entities": [e]})
+		some v in _violations_with([c], _sized_rows, {"name": "repo", "path": "matrix/support.json"})
+		v.code == "claims_support_not_in_matrix"
+		v.severity == "error"
+		contains(v.message, e.term)
+	}
+}
+
+test_closed_world_declared_fact_and_matrix_scale_are_backed if {
+	linux := _clause({"capability": [_cap("run_on", false, "project")], "entities": [_entity("Linux", "name", null)]})
+	ranks := _clause({"capability": [_cap("run_on", false, "project")], "entities": [_entity("2 ranks", "count", 2)]})
+	count(_violations_with([linux, ranks], _sized_rows, {"name": "repo", "path": "matrix/support.json"})) == 0
+	more := _clause({"capability": [_cap("run_on", false, "project")], "entities": [_entity("8 ranks", "count", 8)]})
+	some v in _violations_with([more], _sized_rows, {"name": "repo", "path": "matrix/support.json"})
+	v.code == "claims_support_not_in_matrix"
+}
+
+test_closed_world_consumer_negated_and_scoped_entities_are_clean if {
+	mac := [_entity("macOS", "platform", null)]
+	consumer := _clause({"capability": [_cap("support", false, "consumer")], "entities": mac})
+	negated := _clause({"capability": [_cap("support", true, "project")], "entities": mac})
+	scoped := _clause({
+		"capability": [_cap("support", false, "project")], "entities": [_entity("4 ranks", "count", 4)],
+		"scope": ["supported rows"],
+	})
+	count(_violations_with([consumer, negated, scoped], _rows, null)) == 0
+}
+
+test_closed_world_universal_needs_scope if {
+	c := _clause({"capability": [_cap("support", false, "project")], "universal": ["any world size"]})
+	"claims_support_not_in_matrix" in _fact_codes("x", [], [c], [])
+	scoped := object.union(c, {"scope": ["support matrix"]})
+	count(_fact_codes("x", [], [scoped], [])) == 0
+}
+
+# Whose matrix was read is in the message: the repository's own, or that it has none.
+test_message_names_whose_matrix_was_read if {
+	c := _clause({"capability": [_cap("support", false, "project")], "entities": [_entity("macOS", "platform", null)]})
+	some own in _violations_with([c], _rows, {"name": "acme", "path": "matrix/support.json"})
+	contains(own.message, "the support matrix read is acme's matrix/support.json, with 1 supported row(s)")
+	some none in _violations_with([c], [], {"name": "acme", "path": null})
+	contains(none.message, "acme has no support matrix")
+}
+
+# Safety conclusions phrased as impossibility or proof are rule 5 errors; about a surrogate, rule 6.
+test_impossibility_and_proof_are_safety_conclusions if {
+	impossible := _clause({"safety": [_safe("impossible", false)]})
+	"claims_containment_as_proof" in _fact_codes("x", [], [impossible], [])
+	proof := _clause({"safety": [_safe("proof", false)]})
+	"claims_containment_as_proof" in _fact_codes("x", [], [proof], [])
+	sur := _clause({"safety": [_safe("impossible", false)], "topics": ["surrogate"]})
+	"claims_surrogate_trust" in _fact_codes("x", [], [sur], [])
+	count(_fact_codes("x", [], [_clause({"safety": [_safe("proof", true)]})], [])) == 0
+}
+
+# A feature named as done must be a listed capability (data.ckptgate.config.claims.capabilities).
+test_features_must_be_listed_capabilities if {
+	unlisted := _clause({"features": [_feature("certificate revocation", false)]})
+	some v in _violations_with([unlisted], _rows, null)
+	v.code == "claims_unlisted_capability"
+	contains(v.message, "certificate revocation")
+	listed := _clause({"features": [_feature("the safetensors header", false)]})
+	denied := _clause({"features": [_feature("certificate revocation", true)]})
+	vendor := _clause({"features": [object.union(_feature("certificate revocation", false), {"agent": "vendor"})]})
+	count(_violations_with([listed, denied, vendor], _rows, null)) == 0
 }
 
 test_generated_row_checked_against_matrix if {

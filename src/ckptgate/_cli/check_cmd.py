@@ -98,7 +98,8 @@ def register(cli: click.Group) -> None:
                 for f in r.findings:
                     shows_file = f.file and f.file not in f.message
                     where = f" {f.file}{':' + str(f.line) if f.line else ''}" if shows_file else ""
-                    stdout.print(printable(f"       [{f.code}]{where} {f.message}"), markup=False)
+                    quiet = f" (suppressed: {f.suppressed[1]})" if f.suppressed else ""
+                    stdout.print(printable(f"       [{f.code}]{where} {f.message}{quiet}"), markup=False)
                     if f.detail and r.name in ("matrix_drift", "gate_drift"):
                         stdout.print(printable(f.detail), markup=False)
             for name in report.skipped:

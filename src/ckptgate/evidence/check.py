@@ -512,7 +512,13 @@ def run_check(
                     )
                 )
             if "claims" not in skip:
-                violations = claims.lint(engine, layout, list(built.rows) if built is not None else [], docs=docs)
+                violations = claims.lint(
+                    engine,
+                    layout,
+                    list(built.rows) if built is not None else [],
+                    docs=docs,
+                    ignore=config.claims_ignore if config is not None else (),
+                )
                 found_c = [
                     CheckFinding(
                         check="claims",
@@ -522,18 +528,21 @@ def run_check(
                         line=(v.get("location") or {}).get("line"),
                         detail=str((v.get("evidence") or {}).get("text")),
                         severity="warning" if v.get("severity") == "warning" else "error",
+                        suppressed=_suppressed(v),
                     )
                     for v in violations
                 ]
-                errors = [f for f in found_c if f.severity == "error"]
-                warned = len(found_c) - len(errors)
+                errors = [f for f in found_c if f.severity == "error" and f.suppressed is None]
+                quiet = sum(1 for f in found_c if f.suppressed is not None)
+                warned = len(found_c) - len(errors) - quiet
                 results.append(
                     timed(
                         CheckResult(
                             name="claims",
                             passed=not errors,
                             summary=(f"{len(errors)} claim violation(s)" if errors else "claims lint: ok")
-                            + (f", {warned} warning(s)" if warned else ""),
+                            + (f", {warned} warning(s)" if warned else "")
+                            + (f", {quiet} suppressed (each with its reason)" if quiet else ""),
                             findings=tuple(found_c),
                         )
                     )
@@ -554,6 +563,11 @@ def run_check(
         candidate_commit=candidate_commit(repo, exclude=layout.evidence_paths),
         policy_revision=revision,
     )
+
+
+def _suppressed(v: dict[str, Any]) -> tuple[str, str] | None:
+    s = v.get("suppression")
+    return (str(s.get("kind")), str(s.get("justification"))) if isinstance(s, dict) else None
 
 
 def _diff_name(d: str) -> str:
@@ -592,6 +606,8 @@ def to_sarif(report: Report) -> dict[str, Any]:
             "message": {"text": f.message},
             "partialFingerprints": {"ckptgateFinding/v1": f.fingerprint},
         }
+        if f.suppressed is not None:
+            res["suppressions"] = [{"kind": f.suppressed[0], "justification": f.suppressed[1]}]
         if f.file:
             loc: dict[str, Any] = {"physicalLocation": {"artifactLocation": {"uri": f.file}}}
             if f.line:
@@ -682,7 +698,8 @@ def to_github(report: Report) -> list[str]:
             props.insert(0, f"file={_gh_prop(f.file)}")
             if f.line:
                 props.insert(1, f"line={f.line}")
-        lines.append(f"::{f.severity} {','.join(props)}::{_gh_data(f.message)}")
+        level = "notice" if f.suppressed else f.severity
+        lines.append(f"::{level} {','.join(props)}::{_gh_data(f.message)}")
     lines += [
         f"::notice title=check.skipped::check {name} skipped ({_gh_data(report.reason(name))})"
         for name in report.skipped

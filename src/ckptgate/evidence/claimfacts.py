@@ -41,8 +41,27 @@ _PAREN = re.compile(r"\(([^()]*)\)")
 _QUOTED = re.compile(r"[\"\u201c]([^\"\u201d]+?)[\"\u201d]|(?<!\w)'([^']{3,}?)'(?!\w)")
 _CAND = re.compile(
     r"(?<![\w./-])(?:[A-Z][a-z]+[A-Z][\w-]*|[A-Z]{2,}[\w+-]*|[A-Za-z]+-?\d[\w.-]*|[A-Z][a-z]{2,}\w*)"
-    r"(?![\w/])"
+    r"(?![\w/]|\.\w|\(|::)"
 )
+#: Inline code (``x`` or `x`): code, not prose; a name in it is an identifier, never an unknown system.
+_CODE = re.compile(r"(`+)[^`]+?\1")
+#: A name alone in parentheses ("(LoadedTrees)") refers to an identifier.
+_PAREN_NAME = re.compile(r"\(\s*[A-Za-z_][\w.]*\s*\)")
+#: Impossibility (a modal negation) and the verbs after it that state a limit of a control, not a
+#: safety conclusion ("cannot prove", "cannot make ... safe", "cannot stop a kernel exploit").
+_IMPOSSIBLE = re.compile(
+    r"\b(?:cannot|can ?not|can't|could not|couldn't|can never|could never|will never|won't|will not|"
+    r"is unable to|are unable to|has no way to|have no way to|no way (?:for [\w -]{1,40}? )?to|"
+    r"(?:is|it is|it's) impossible (?:for [\w -]{1,40}? )?to)\s+",
+    re.IGNORECASE,
+)
+_NONE_CAN = re.compile(
+    r"\b(?:no|nothing|none|not a single|not one)\b\s*(?:[\w-]+\s+){0,3}?(?:can|could|will|would|is able to|"
+    r"gets? to|may)\s+(?:ever\s+|possibly\s+)?",
+    re.IGNORECASE,
+)
+#: A capability predicate that ends in a preposition of place ("runs on", "deployed in"): its claim is its object.
+_LOCATIVE = re.compile(r"\b(?:on|under|across|inside|in)$", re.IGNORECASE)
 _VERSION = re.compile(r"\s*(?:version\s+|v(?=\d))?(\d+(?:\.\d+){0,2}(?:\.x|\.\*)?)")
 
 
@@ -203,6 +222,8 @@ def _negated(vocab: Vocabulary, clause: str, at: int, consumed: list[tuple[int, 
 
 
 def _agent(vocab: Vocabulary, clause: str, masked: str, at: int, systems: list[dict[str, Any]], passive: bool) -> str:
+    if vocab.rx("consumer").search(masked[:at]) and not vocab.rx("project").search(masked[:at]):
+        return "consumer"  # "our trainer supports bf16": a consumer's own product, not ckptgate's claim
     if vocab.rx("project").search(clause):
         return "project"
     if vocab.rx("vendor_phrasing").search(clause):
@@ -223,31 +244,167 @@ def _agent(vocab: Vocabulary, clause: str, masked: str, at: int, systems: list[d
     return "implicit"
 
 
-def _unknown(vocab: Vocabulary, masked: str, ends: list[int]) -> list[str]:
-    """System-like names that are what a capability claim is about: right after the predicate
-    ("supports GGUF"), or named as an artifact ("Orbax checkpoints")."""
+def _unknown(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> list[str]:
+    return [w for w, _ in _unknown_at(vocab, masked, code)]
+
+
+def _unknown_at(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> list[tuple[str, int]]:
+    """Named things in the clause that the vocabulary does not know: a product, platform, hardware or
+    service name (capitalised, all capitals, or a name with digits such as "H100"), with where each
+    starts.  Code spans, identifiers (``a_b``, ``A.b``, ``f(``, a name alone in parentheses), agent
+    words ("ckptgate"), register ids, versions and a capitalised first word are not names."""
     out = []
-    for m in _CAND.finditer(masked):
+    prose = _mask(masked, [*code, *((m.start(), m.end()) for m in _PAREN_NAME.finditer(masked))])
+    prose = vocab.rx("project").sub(lambda m: " " * len(m.group()), prose)
+    for m in _CAND.finditer(prose):
         word = m.group().strip("-.")
         if not word or "_" in word or word.lower() in vocab.non_systems or word.lower() in vocab.alias_words:
             continue
-        if re.fullmatch(r"R\d{2}|v?\d.*", word):
+        if re.fullmatch(r"R\d{2}|v?\d.*|pre-\d.*|[a-z][\w.-]*", word):
             continue
-        if re.fullmatch(r"[A-Z][a-z]+", word) and not masked[: m.start()].strip():
+        if re.fullmatch(r"[A-Z][a-z]+", word) and not re.sub(r"[\s\W]", "", prose[: m.start()]):
             continue  # a capitalised first word
-        near = any(e <= m.start() and len(masked[e : m.start()].split()) <= 2 for e in ends)
-        named = any(e <= m.start() for e in ends) and re.match(
-            r"\s+(?:checkpoints?|models?|formats?|shards?|state[ _-]?dicts?|adapters?)\b",
-            masked[m.end() :],
-            re.IGNORECASE,
-        )
-        if near or named:
-            out.append(word)
+        out.append((word, m.start()))
+    return out
+
+
+def _entities(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    """What a capability clause is claimed for besides vocabulary systems: unknown names, platforms,
+    hardware and infrastructure (``lexicon.platform``), and counts of nodes, ranks or GPUs."""
+    prose = _mask(masked, code)
+    out: list[dict[str, Any]] = [{"term": w, "kind": "name", "at": at} for w, at in _unknown_at(vocab, masked, code)]
+    seen = {e["term"].lower() for e in out}
+    for kind in ("platform", "count"):
+        for m in vocab.rx(kind).finditer(prose):
+            term = m.group().strip()
+            if term.lower() not in seen and not any(term.lower() in s or s in term.lower() for s in seen):
+                seen.add(term.lower())
+                n = re.match(r"\d[\d,]*", term) if kind == "count" else None
+                out.append(
+                    {
+                        "term": term,
+                        "kind": kind,
+                        "number": int(n.group().replace(",", "")) if n else None,
+                        "at": m.start(),
+                    }
+                )
+    return out
+
+
+#: Where the object of a "runs on ..." predicate ends: the noun phrase, up to punctuation.
+_OBJECT_END = re.compile(
+    r"[,;()\[\]]|\s(?:while|when|whenever|where|because|since|so|and then|before|after|until|that|which|who|whose)\s"
+)
+
+
+def _names_object(
+    vocab: Vocabulary,
+    masked: str,
+    end: int,
+    systems: list[dict[str, Any]],
+    entities: list[dict[str, Any]],
+) -> bool:
+    """Whether the object of a locative capability predicate ("runs on X", "deployed in X") names what
+    it is claimed for: a system or any other name (known, such as Linux, or not), a platform, a scale
+    or a quantifier.  "A program run on the input's terms" or "every rank runs on one kernel" names
+    none: unless its subject names a system (:func:`_names_subject`), that describes a mechanism,
+    not where something is claimed to work."""
+    obj = _object(masked, end)
+    last = end + len(obj)
+    return (
+        any(end <= s["at"] < last for s in systems)
+        or any(end <= e["at"] < last for e in entities)
+        or bool(_CAND.search(obj))
+        or bool(vocab.rx("universal").search(obj))
+        or bool(vocab.rx("cross_platform").search(obj))
+    )
+
+
+#: Where the subject of a predicate starts, reading back from it: punctuation, a finite verb or a
+#: subordinating word ("is a program run on": the subject of "run" is "a program").
+_SUBJECT_START = re.compile(
+    r"[,;()\[\]]|\b(?:is|are|was|were|be|been|has|have|had|that|which|who|when|whenever|while|if|once)\b",
+    re.IGNORECASE,
+)
+
+
+def _names_subject(masked: str, at: int, systems: list[dict[str, Any]], entities: list[dict[str, Any]]) -> bool:
+    """Whether the noun phrase right before a predicate (its subject) names a system or another name:
+    "the ZeRO-1 adapter runs in production" claims ZeRO-1 even though its object names no place.  A
+    quantifier there is distributive ("every rank runs on one kernel": each process of one job), and
+    names in an earlier phrase ("X (DeepSpeed's states) is a program run on ...") are not its subject."""
+    starts = [m.end() for m in _SUBJECT_START.finditer(masked, 0, at)]
+    first = starts[-1] if starts else 0
+    return any(first <= s["at"] < at for s in systems) or any(
+        first <= e["at"] < at and e["kind"] == "name" for e in entities
+    )
+
+
+def _object(masked: str, end: int) -> str:
+    stop = _OBJECT_END.search(masked, end)
+    return masked[end : stop.start() if stop else len(masked)]
+
+
+_THREAT = re.compile(
+    r"\b(?:pickles?|checkpoints?|models?|payloads?|code|attackers?|adversar\w+|loaders?|torch\.load|"
+    r"deseriali[sz]\w*|files?|weights|archives?|bundles?|tensors?|objects?|programs?|exploits?|malware|"
+    r"it|they|load(?:s|ing)?|inputs?|uploads?|shards?)\b",
+    re.IGNORECASE,
+)
+_CONTROL = re.compile(
+    r"\b(?:ckptgate|we|the gate|worker|containment|sandbox|seccomp|namespaces?|rlimits?|cgroups?|signatures?|"
+    r"checksums?|digests?|hash(?:es)?|weights_only|reader|inspector|inspection|lint|policy|polic(?:ies)|"
+    r"receipt|matrix|filter|controls?|preflight|docs?|page|guide|this|nobody|no one|one)\b",
+    re.IGNORECASE,
+)
+_LIMIT_VERBS = re.compile(
+    r"(?:also\s+|itself\s+|alone\s+|on its own\s+|by itself\s+)?(?:prove|make|guarantee|establish|stop|block|"
+    r"prevent|detect|replace|tell|say|show|decide|confirm|verify|vouch|ensure|promise|rule out|catch|know|"
+    r"see|be (?:trusted|sure|used|proof|a proof|evidence)|substitute|turn|certify|reach (?:the )?(?:outside|network)"
+    r"|(?:be )?qualif|be more than|do more|claim|distinguish|check|read the (?:outside|network))\b",
+    re.IGNORECASE,
+)
+
+
+#: What a threat is said to be unable to do, for "cannot" to be a safety conclusion: act on the host,
+#: its files, network or secrets, or run code (not "cannot be consolidated", "cannot plan").
+_HARM = re.compile(
+    r"(?!be\b)(?:\w+\s+)?(?:read|write|open|access|reach|touch|see|run|execute|escape|break out|get out|harm|hurt|"
+    r"damage|compromise|exfiltrate|leak|tamper|infect|attack|exploit|contain (?:\w+\s+)?(?:malicious|code|payloads?|"
+    r"malware|backdoors?|exploits?)|modify|delete|import|spawn|connect|affect|steal|do (?:any )?(?:harm|damage)|"
+    r"take over|call (?:out|home|any)|install)\b",
+    re.IGNORECASE,
+)
+
+
+def _impossible(vocab: Vocabulary, masked: str) -> list[dict[str, Any]]:
+    """Safety conclusions phrased as impossibility: a threat (a pickle, a checkpoint, a loader, code)
+    that "cannot", "has no way to", "will never" do something, or "no code can" / "nothing can".
+    A control that cannot do something ("the worker cannot stop a kernel exploit", "a signature
+    cannot prove") states a limit, not a safety conclusion."""
+    out = []
+    for m in _IMPOSSIBLE.finditer(masked):
+        head, tail = masked[: m.start()], masked[m.end() :]
+        if _LIMIT_VERBS.match(tail) or not _HARM.match(tail):
+            continue
+        threats = [t.end() for t in _THREAT.finditer(head)]
+        controls = [c.end() for c in _CONTROL.finditer(head)]
+        if threats and (not controls or max(threats) > max(controls)):
+            out.append({"class": "impossible", "term": m.group().strip(), "at": m.start()})
+    for m in _NONE_CAN.finditer(masked):
+        tail = masked[m.end() :]
+        if _LIMIT_VERBS.match(tail) or not _HARM.match(tail) or _CONTROL.search(masked[m.start() : m.end()]):
+            continue
+        if _THREAT.search(masked[m.start() : m.end()]) or re.match(r"nothing\b", m.group(), re.IGNORECASE):
+            out.append({"class": "impossible", "term": m.group().strip(), "at": m.start()})
     return out
 
 
 def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
+    code = [(m.start(), m.end()) for m in _CODE.finditer(clause)]
+    clause = clause.replace("`", " ")
     systems, masked = _systems(vocab, clause)
+    masked = _mask(masked, code)  # a predicate in code (`ckptgate check`) is no claim; systems in it still count
     lex = vocab.lexicon
     safety: list[dict[str, Any]] = []
     consumed: list[tuple[int, int]] = []
@@ -259,14 +416,25 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
             safety.append({"class": cls, "term": m.group(), "at": m.start()})
             if cls == "harm":
                 consumed.append((m.start(), m.end()))
+    for imp in _impossible(vocab, masked):
+        if not any(a <= imp["at"] < b for a, b in consumed):
+            safety.append(imp)
+            consumed.append((imp["at"], imp["at"] + len(imp["term"])))
     for s in safety:
-        inside = any(a <= s["at"] < b for a, b in consumed) and s["class"] != "harm"
-        s["negated"] = _negated(vocab, clause, s["at"], consumed)
+        inside = any(a <= s["at"] < b for a, b in consumed) and s["class"] not in ("harm", "impossible")
+        s["negated"] = _negated(vocab, clause, s["at"], consumed) if s["class"] != "impossible" else False
         s["nested"] = inside
     safety = [s for s in safety if not s.pop("nested")]
     capability: list[dict[str, Any]] = []
+    entities = _entities(vocab, masked, code)
     for cls in lex.get("capability", {}):
         for m in vocab.rx("capability", cls).finditer(masked):
+            if (
+                _LOCATIVE.search(m.group())
+                and not _names_object(vocab, masked, m.end(), systems, entities)
+                and not _names_subject(masked, m.start(), systems, entities)
+            ):
+                continue
             head = masked[: m.start()]
             passive = bool(vocab.rx("passive").search(head)) or cls in ("compatible", "out_of_the_box")
             false_after = bool(
@@ -282,6 +450,12 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
                     "agent": _agent(vocab, clause, masked, m.start(), systems, passive),
                 }
             )
+    features = _features(vocab, clause, masked, consumed, systems)
+    universal = [m.group() for m in vocab.rx("universal").finditer(masked)]
+    for sys in systems:  # a quantifier over a system: "any Megatron-LM checkpoint", "every DeepSpeed release"
+        q = re.search(r"\b(?:any|every|all|whatever|arbitrary|each)\s+(?:[\w-]+\s+){0,2}$", clause[: sys["at"]], re.I)
+        if q:
+            universal.append(q.group().strip() + " " + sys["term"])
     for sys in systems:  # a framework named right after the predicate is its object: "works with PyTorch"
         gap = clause[: sys["at"]]
         sys["object"] = sys["artifact"] or any(
@@ -305,14 +479,49 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
         "capability": [{k: v for k, v in c.items() if k != "at"} for c in capability],
         "safety": [{k: v for k, v in s.items() if k != "at"} for s in safety],
         "topics": topics,
-        "universal": [m.group() for m in vocab.rx("universal").finditer(masked)],
+        "universal": universal,
         "scope": [m.group() for m in vocab.rx("scope").finditer(clause)],
         "cross_platform": cross,
         "cross_platform_negated": cross_negated,
         "platform_bounds": [m.group() for m in vocab.rx("platform_bounds").finditer(clause)],
         "hypothetical": bool(vocab.rx("hypothetical").search(clause)),
-        "unknown": _unknown(vocab, masked, [c["at"] + len(c["term"]) for c in capability]),
+        "unknown": _unknown(vocab, masked, code),
+        "entities": [{k: v for k, v in e.items() if k != "at"} for e in entities],
+        "features": features,
     }
+
+
+def _features(
+    vocab: Vocabulary, clause: str, masked: str, consumed: list[tuple[int, int]], systems: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A clause that says ckptgate checks, verifies, enforces, detects or records something names a
+    capability: the predicate, its object (the words after it, to the clause's end) and polarity."""
+    out = []
+    for m in vocab.rx("feature").finditer(masked):
+        head, tail = masked[: m.start()], masked[m.end() :]
+        purpose = re.match(r"\s*(?:[\w'-]+\s+){0,4}?for\s+", tail)  # "checked for revocation", "scans X for malware"
+        near = " ".join(head.split()[-8:])
+        if re.search(r"\b(?:before|after|until|once|unless|whether)\s+(?:[\w-]+\s+){0,3}$", head, re.IGNORECASE):
+            continue  # "before anything is verified": a condition, not a feature claim
+        if vocab.rx("project").search(near):
+            obj_at = purpose.end() if purpose else 0
+        elif vocab.rx("passive").search(head) and purpose:
+            obj_at = purpose.end()
+        else:
+            continue
+        obj = " ".join(w for w in tail[obj_at:].split()[:12] if w.strip("\0"))
+        if not re.search(r"[A-Za-z]{3}", obj):
+            continue  # what is checked is code (`--json`), a mention or nothing: no feature named
+        out.append(
+            {
+                "term": m.group(),
+                "object": obj,
+                "negated": _negated(vocab, clause, m.start(), consumed),
+                "agent": _agent(vocab, clause, masked, m.start(), systems, bool(vocab.rx("passive").search(head))),
+                "subject": " ".join(head.split()[-6:]),
+            }
+        )
+    return out
 
 
 def _own_clause(vocab: Vocabulary, text: str) -> bool:

@@ -15,6 +15,7 @@ policy data ``data.ckptgate.config.claims``, read from the engine); Rego decides
     {"sentences": [{"file", "line", "text", "origin", "citations": ["R01", ...], "facts": {...}}],
      "references": ["R01", ...],          # ids defined in docs/references.md
      "matrix": [row, ...],                # the rows of this repository's support matrix
+     "matrix_source": {"name", "path"},   # whose matrix that is (path None: the repository has none)
      "generated": [{"file", "line", "text", "row": {...}}]}   # generated table rows
 """
 
@@ -29,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate._resources import policies_dir
+from ckptgate.evidence import suppressions
 from ckptgate.evidence.claimfacts import Vocabulary, sentence_facts
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.layout import RepoLayout, as_layout
+from ckptgate.evidence.suppressions import Suppression
 
 ENTRYPOINT = "ckptgate/claims/violations"
 VOCABULARY = "ckptgate/claims/vocabulary"
@@ -157,7 +160,7 @@ _COLUMN_NEGATION = re.compile(r"\b(?:not|never|no|limits?|out of scope|cannot)\b
 
 def _clean(text: str) -> str:
     text = re.sub(r"^(#+|[-*+]|\d+[.)])\s+", "", text)
-    text = text.replace("`", "").replace("**", "")
+    text = text.replace("**", "")  # inline code keeps its backticks: the claim model reads it as code
     text = re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", text)  # links keep their words
     return re.sub(r"\s+", " ", text.strip(" |"))
 
@@ -472,12 +475,56 @@ def claims_input(
         matrix_rows = committed_rows(repo)
     if vocabulary is None:
         vocabulary = local_vocabulary(_root(repo))
+    vocabulary = with_identifiers(vocabulary, source_identifiers(_root(repo)))
     return {
         "sentences": with_facts(sentences(repo, docs), vocabulary),
         "references": reference_ids(_root(repo)),
         "matrix": list(matrix_rows),
+        "matrix_source": matrix_source(repo, matrix_rows),
         "generated": [g.to_json() for g in generated(repo, docs)],
     }
+
+
+_DEFINED = re.compile(r"^\s*(?:class|def)\s+([A-Za-z_]\w*)", re.MULTILINE)
+#: A constant the code defines (``MAX_BYTES = ...``) or reads from a module (``signal.SIGINT``,
+#: ``errno.EINTR``): an identifier of an API, such as an OS signal or error name.
+_CONSTANT = re.compile(r"^([A-Z][A-Z0-9_]+)\s*(?::[^=\n]*)?=|\b[a-z_]\w*\.([A-Z][A-Z0-9_]+)\b", re.MULTILINE)
+
+
+def source_identifiers(repo: Path) -> frozenset[str]:
+    """Class and function names defined in the repository's ``src/**/*.py``, and the constants it
+    defines or reads from a module (``signal.SIGINT``): identifiers, not product names, when
+    documentation names them without code markup."""
+    src = repo / "src"
+    if not src.is_dir():
+        return frozenset()
+    names: set[str] = set()
+    for p in src.rglob("*.py"):
+        try:
+            text = p.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        names.update(_DEFINED.findall(text))
+        names.update(a or b for a, b in _CONSTANT.findall(text))
+    return frozenset(n for n in names if not n.startswith("_"))
+
+
+def with_identifiers(vocabulary: Vocabulary, names: frozenset[str]) -> Vocabulary:
+    """The vocabulary with ``names`` added to its non-systems (never to its systems)."""
+    if not names:
+        return vocabulary
+    data = dict(vocabulary.data)
+    data["non_systems"] = [*(data.get("non_systems") or []), *sorted(names)]
+    return Vocabulary(data)
+
+
+def matrix_source(repo: Path | RepoLayout, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Whose support matrix the claims are judged against: the repository's name and its matrix's
+    path (``None`` when it has none), for the messages."""
+    layout = as_layout(repo)
+    path = layout.matrix / "support.json"
+    has = bool(rows) or path.is_file()
+    return {"name": layout.root.name, "path": layout.rel(path) if has else None}
 
 
 def local_vocabulary(repo: Path) -> Vocabulary:
@@ -525,15 +572,76 @@ def committed_rows(repo: Path | RepoLayout) -> list[dict[str, Any]]:
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
+def doc_suppressions(
+    repo: Path | RepoLayout,
+    docs: Sequence[Path] | None = None,
+    ignore: Sequence[tuple[str, Sequence[str], str]] = (),
+) -> tuple[list[Suppression], list[dict[str, Any]]]:
+    """The inline suppressions in the linted documents and the ``claims_ignore`` entries that match
+    them, and a violation for each invalid inline one."""
+    repo = _root(repo)
+    found: list[Suppression] = []
+    bad: list[dict[str, Any]] = []
+    rels = []
+    for f in doc_files(repo, docs):
+        rel = f.relative_to(repo).as_posix()
+        rels.append(rel)
+        text = _read(f)
+        if "ckptgate:" in text:
+            got, wrong = suppressions.inline(text, file=rel)
+            found += got
+            bad += wrong
+    return found + suppressions.ignores(ignore, rels), bad
+
+
+def capability_violations(repo: Path | RepoLayout, vocabulary: Vocabulary) -> list[dict[str, Any]]:
+    """In ckptgate's own source tree: each listed capability's test (``path::function``) must exist and
+    its docstring must name the capability (``claims_capability_untested`` otherwise)."""
+    repo = _root(repo)
+    if not (repo / _SOURCE).is_dir() or not (repo / "tests").is_dir():
+        return []  # a consumer repository: the capability list was checked where ckptgate is built
+    out = []
+    for cap in vocabulary.data.get("capabilities") or []:
+        path, _, name = str(cap.get("test", "")).partition("::")
+        why = _untested(repo / path, name, str(cap.get("name", ""))) if path and name else "it names no test"
+        if why:
+            out.append(
+                {
+                    "code": "claims_capability_untested",
+                    "severity": "error",
+                    "message": f"the capability {cap.get('name')!r} in the claims data is not shown by a test: {why}",
+                    "evidence": {"text": str(cap.get("test")), "citations": []},
+                    "location": {"file": "policies/ckptgate/config/claims/data.json", "line": 1},
+                }
+            )
+    return out
+
+
+def _untested(path: Path, name: str, capability: str) -> str:
+    if not path.is_file():
+        return f"{path.name} does not exist"
+    tree = _parse(path)
+    fns = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name] if tree else []
+    fn = fns[0] if fns else None
+    if fn is None:
+        return f"{path.name} defines no {name}"
+    if capability.lower() not in (ast.get_docstring(fn) or "").lower():
+        return f"the docstring of {name} does not name {capability!r}"
+    return ""
+
+
 def lint(
     engine: Any,
     repo: Path | RepoLayout,
     matrix_rows: Sequence[dict[str, Any]] | None = None,
     *,
     docs: Sequence[Path] | None = None,
+    ignore: Sequence[tuple[str, Sequence[str], str]] = (),
 ) -> list[dict[str, Any]]:
-    """Violations (``{code, message, evidence, location}``) from the ``ckptgate.claims`` policy, sorted."""
-    raw = engine.evaluate(ENTRYPOINT, claims_input(repo, matrix_rows, vocabulary=engine_vocabulary(engine), docs=docs))
+    """Violations (``{code, message, evidence, location}``, and ``suppression`` where an inline comment
+    or a ``claims_ignore`` entry covers one) from the ``ckptgate.claims`` policy, sorted."""
+    vocabulary = engine_vocabulary(engine)
+    raw = engine.evaluate(ENTRYPOINT, claims_input(repo, matrix_rows, vocabulary=vocabulary, docs=docs))
     result = raw.result
     if not isinstance(result, list) or not all(isinstance(v, dict) for v in result):
         raise EvidenceError(
@@ -541,6 +649,8 @@ def lint(
             "data.ckptgate.claims.violations is not a list of objects",
             evidence={"type": type(result).__name__},
         )
+    found, bad = doc_suppressions(repo, docs, ignore)
+    result = suppressions.apply([*result, *bad, *capability_violations(repo, vocabulary)], found)
     return sorted(
         result,
         key=lambda v: (
@@ -557,19 +667,24 @@ __all__ = [
     "GeneratedRow",
     "Sentence",
     "api_docstrings",
+    "capability_violations",
     "citations_in",
     "claims_input",
     "cli_help",
     "committed_rows",
     "doc_files",
+    "doc_suppressions",
     "engine_vocabulary",
     "extract",
     "generated",
     "generated_rows",
     "lint",
     "local_vocabulary",
+    "matrix_source",
     "public_modules",
     "reference_ids",
     "sentences",
+    "source_identifiers",
     "with_facts",
+    "with_identifiers",
 ]

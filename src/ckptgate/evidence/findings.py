@@ -68,6 +68,9 @@ class CheckFinding:
     line: int | None = None
     detail: str | None = None
     severity: str = "error"
+    #: (kind, justification) when a suppression covers it: SARIF ``inSource`` (an inline comment) or
+    #: ``external`` (a configuration entry); a suppressed finding does not fail its check
+    suppressed: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.check not in FINDING_CHECKS or not self.code or not self.message:
@@ -85,6 +88,9 @@ class CheckFinding:
             "detail": self.detail,
             "severity": self.severity,
             "fingerprint": self.fingerprint,
+            "suppressed": None
+            if self.suppressed is None
+            else {"kind": self.suppressed[0], "justification": self.suppressed[1]},
         }
 
     @property

@@ -190,3 +190,62 @@ def test_an_unknown_base_revision_is_a_usage_error(tmp_path, checkpoint):
     git(root, "init", "-q", "-b", "main")
     out = run(root, "decide", str(checkpoint), "--json", "--base", "no-such-branch")
     assert out.returncode == ExitCode.USAGE and json.loads(out.stdout)["error"]["code"] == "usage.base.git"
+
+
+# ------------------------------------------------------------------ review of issue #30: what was missed
+def test_check_base_names_a_policy_tree_the_pull_request_brings(tmp_path):
+    """A pull request that adds `policies = DIR` (a copy of the bundled tree that passes every
+    inspection, and whose data no longer lists auto_map as code-bearing) widens the gate for every
+    later `intake --base`: `check --base` must name it, not report that nothing widens."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    (root / "ckptgate.toml").write_text("docs = []\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    shutil.copytree(REPO / "policies", root / "pol", ignore=shutil.ignore_patterns("*_test.rego"))
+    rego = root / "pol" / "ckptgate" / "intake" / "intake.rego"
+    rego.write_text(rego.read_text().replace("_inspection_clean if input.inspection.clean == true",
+                                             "_inspection_clean if true"))
+    data = root / "pol" / policydata.INTAKE_IN_BUNDLE
+    doc = json.loads(data.read_text())
+    doc["code_bearing_findings"]["codes"] = []
+    data.write_text(json.dumps(doc))
+    (root / "ckptgate.toml").write_text('docs = []\npolicies = "pol"\n')
+    out = run(root, "check", "--base", "main", "--json", "--skip", "policy_tests", "--skip", "opa_fmt",
+              "--skip", "regal_lint", "--skip", "claims")
+    report = json.loads(out.stdout)
+    found = {f["code"] for r in report["checks"] if r["name"] == "widening" for f in r["findings"]}
+    assert out.returncode == 3, out.stdout
+    assert {"widening.policy_tree_changed", "widening.policy_data_changed"} <= found, report
+
+
+def test_a_discovered_overlay_cannot_lengthen_freshness_with_an_exponent(tmp_path, checkpoint):
+    """`1e12` is an integer to JSON Schema but a float to Python: the overlay passes its schema and the
+    comparison must still see that the window is lengthened."""
+    root = tmp_path / "repo"
+    (root / ".git").mkdir(parents=True)
+    (root / "ckptgate-data.json").write_text('{"freshness": {"max_age_seconds": 1e12}}')
+    (root / "ckptgate.toml").write_text('policy_data = "ckptgate-data.json"\ndocs = []\n')
+    out = run(root, "decide", str(checkpoint), "--json")
+    assert out.returncode == ExitCode.USAGE, out.stdout
+    assert json.loads(out.stdout)["error"]["code"] == "usage.config.widens", out.stdout
+
+
+def test_a_discovered_trust_file_is_compared_with_the_explicit_policy_tree(tmp_path, checkpoint):
+    """Under an explicit --policies, a discovered trust file may restrict that tree's trust data,
+    never add a signer the tree does not trust (even one the bundled trust data holds)."""
+    root = tmp_path / "repo"
+    (root / ".git").mkdir(parents=True)
+    tree = tmp_path / "org-policies"
+    shutil.copytree(REPO / "policies", tree, ignore=shutil.ignore_patterns("*_test.rego"))
+    rego = tree / "ckptgate" / "intake" / "intake.rego"
+    rego.write_text(rego.read_text() + "\n# the organisation's copy\n")
+    bundled_trust = (REPO / "policies" / policydata.TRUST_IN_BUNDLE).read_text()
+    (root / "trust.json").write_text(bundled_trust)
+    (root / "ckptgate.toml").write_text('trust = "trust.json"\ndocs = []\n')
+    out = run(root, "decide", str(checkpoint), "--json", "--policies", str(tree))
+    assert "error" not in json.loads(out.stdout), out.stdout  # the same trust as the tree's: no widening
+    (tree / policydata.TRUST_IN_BUNDLE).write_text('{"signers": []}')
+    out = run(root, "decide", str(checkpoint), "--json", "--policies", str(tree))
+    assert json.loads(out.stdout)["error"]["code"] == "usage.config.widens", out.stdout

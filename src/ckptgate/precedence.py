@@ -203,7 +203,8 @@ def _refuse_widening(
     work_tree_trust = trust_file is not None and trust_file != explicit_trust
     if not work_tree_trust and overlay is None:  # nothing read from the work tree can widen
         return _refuse(config, found)
-    base = effective(bundled, trust_file=explicit_trust)
+    # compared with what the explicit options name (the bundled tree unless --policies named one)
+    base = effective(policy_dir if policies_explicit and policy_dir is not None else bundled, trust_file=explicit_trust)
     new = effective(
         policy_dir or bundled,
         trust_file=trust_file,

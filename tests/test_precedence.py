@@ -249,3 +249,27 @@ def test_a_discovered_trust_file_is_compared_with_the_explicit_policy_tree(tmp_p
     (tree / policydata.TRUST_IN_BUNDLE).write_text('{"signers": []}')
     out = run(root, "decide", str(checkpoint), "--json", "--policies", str(tree))
     assert json.loads(out.stdout)["error"]["code"] == "usage.config.widens", out.stdout
+
+
+def test_check_base_names_a_policies_directory_that_replaces_the_configuration(tmp_path):
+    """A pull request deletes ckptgate.toml and adds policies/ with a claims policy that finds
+    nothing: with no configuration, `check` judges with the work tree's own policies/, so the
+    widening check must compare that tree with the base's, not the bundled one with itself."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    (root / "ckptgate.toml").write_text('docs = ["README.md"]\n')
+    (root / "README.md").write_text("# Our models\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    git(root, "rm", "-q", "ckptgate.toml")
+    (root / "README.md").write_text("# Our models\n\nThe gate proves that every checkpoint it publishes is safe to load.\n")
+    shutil.copytree(REPO / "policies", root / "policies", ignore=shutil.ignore_patterns("*_test.rego"))
+    claims = root / "policies" / "ckptgate" / "claims" / "claims.rego"
+    claims.write_text(claims.read_text().replace("violations contains v if {", "violations contains v if {\n\tfalse"))
+    out = run(root, "check", "--base", "main", "--json", "--skip", "policy_tests", "--skip", "opa_fmt",
+              "--skip", "regal_lint")
+    report = json.loads(out.stdout)
+    assert out.returncode == 3, out.stdout
+    found = {(f["code"], f["file"]) for r in report["checks"] if r["name"] == "widening" for f in r["findings"]}
+    assert ("widening.policy_tree_changed", "policies/ckptgate/claims/claims.rego") in found, report

@@ -22,10 +22,12 @@ from ckptgate.widening import Effective, effective, widenings
 __all__ = ["widening_check"]
 
 
-def _effective(config: Config | None, show: Any) -> Effective:
-    if config is None:
+def _effective(config: Config | None, show: Any, policy_dir: Path | None = None) -> Effective:
+    if config is None and policy_dir is None:
         return effective(default_policy_dir())
-    tree = config.policies or default_policy_dir()
+    tree = policy_dir or (config.policies if config is not None else None) or default_policy_dir()
+    if config is None:
+        return effective(tree, where={"policies": show(tree)})
     return effective(
         tree,
         trust_file=config.trust,
@@ -40,8 +42,12 @@ def _effective(config: Config | None, show: Any) -> Effective:
     )
 
 
-def widening_check(base: BaseConfig, config: Config | None, repo: Path) -> CheckResult:
-    """The widening changes from ``base`` to the work tree's ``config`` (``repo`` its root)."""
+def widening_check(
+    base: BaseConfig, config: Config | None, repo: Path, *, policy_dir: Path | None = None
+) -> CheckResult:
+    """The widening changes from ``base`` to the work tree's ``config`` (``repo`` its root);
+    ``policy_dir``: the policy tree the work tree implies where its configuration names none (its
+    own ``policies/``), which the check's engine judges with."""
 
     def in_tree(p: Path) -> str:
         try:
@@ -49,7 +55,7 @@ def widening_check(base: BaseConfig, config: Config | None, repo: Path) -> Check
         except ValueError:
             return str(p)
 
-    found = widenings(_effective(base.config, lambda p: "-"), _effective(config, in_tree))
+    found = widenings(_effective(base.config, lambda p: "-"), _effective(config, in_tree, policy_dir))
     severity = "warning" if base.config is not None and base.config.widening == "warning" else "error"
     findings = tuple(
         CheckFinding(

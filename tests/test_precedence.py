@@ -273,3 +273,14 @@ def test_check_base_names_a_policies_directory_that_replaces_the_configuration(t
     assert out.returncode == 3, out.stdout
     found = {(f["code"], f["file"]) for r in report["checks"] if r["name"] == "widening" for f in r["findings"]}
     assert ("widening.policy_tree_changed", "policies/ckptgate/claims/claims.rego") in found, report
+
+
+def test_an_explicit_config_beats_the_environment(tmp_path, checkpoint):
+    """`--config PATH` names the configuration even where CKPTGATE_NO_CONFIG=1 is set: an explicit
+    option beats an environment variable, and a restriction the named configuration adds (here an
+    invalid one, refused whenever it is read) is never dropped silently."""
+    conf = tmp_path / "conf" / "ckptgate.toml"
+    conf.parent.mkdir()
+    conf.write_text('policies = "nowhere"\n')
+    out = run(tmp_path, "decide", str(checkpoint), "--json", "--config", str(conf), env={"CKPTGATE_NO_CONFIG": "1"})
+    assert json.loads(out.stdout)["error"]["code"] == "usage.config.path", out.stdout

@@ -99,7 +99,7 @@ def find(
         )
         if not judging:  # the work tree's configuration is not used: the base's decides
             return base.config, "base", base
-    if named.isolated or _no_config_env():
+    if named.isolated or (named.config is None and _no_config_env()):  # --config beats the environment
         return None, None, base
     if named.config is not None:
         path, origin = named.config, "explicit"

@@ -284,3 +284,16 @@ def test_an_explicit_config_beats_the_environment(tmp_path, checkpoint):
     conf.write_text('policies = "nowhere"\n')
     out = run(tmp_path, "decide", str(checkpoint), "--json", "--config", str(conf), env={"CKPTGATE_NO_CONFIG": "1"})
     assert json.loads(out.stdout)["error"]["code"] == "usage.config.path", out.stdout
+
+
+def test_a_base_link_out_of_the_tree_is_a_typed_error(tmp_path, checkpoint):
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    (root / "trust.json").symlink_to("/etc/hostname")
+    (root / "ckptgate.toml").write_text('trust = "trust.json"\ndocs = []\n')
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    out = run(root, "decide", str(checkpoint), "--json", "--base", "main")
+    assert out.returncode == ExitCode.USAGE, out.stdout
+    assert json.loads(out.stdout)["error"]["code"] == "usage.base.link", out.stdout

@@ -291,3 +291,16 @@ def test_a_code_reference_hidden_from_the_sniffer_is_refused_under_an_exception(
         f for r in reasons for f in r["evidence"].get("findings", [])
     ], reasons
     assert not (tmp_path / "out").exists()
+
+
+def test_a_json_file_too_large_to_read_for_code_references_is_refused(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the size cap, a .json file that sniffs as text is not read at all: that must be a
+    refusal of its own (json.too_large, not exceptable), not only an exceptable extension mismatch."""
+    from ckptgate.inspect import files
+    from ckptgate.inspect.inspection import inspect_tree
+
+    monkeypatch.setattr(files, "MAX_JSON", 8192)
+    (tmp_path / "config.json").write_bytes(b" " * 9000 + json.dumps(EVIL).encode())
+    found = {(f.code, f.path) for f in inspect_tree(tmp_path).findings if f.severity == "error"}
+    assert ("json.too_large", "config.json") in found, found

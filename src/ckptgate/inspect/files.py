@@ -238,8 +238,11 @@ def _analyse(
         findings.extend(check_zip(src, size, path=path, verify_crc=False).findings)  # what is wrong with it
     elif k == FileKind.UNKNOWN:
         findings.append(warning("classify.unknown", path, "content of unknown type"))
-    if ext == ".json" and "json" not in kw and size <= MAX_JSON:
-        findings.extend(_loader_code_references(src, size, path))
+    if ext == ".json" and "json" not in kw:
+        if size <= MAX_JSON:
+            findings.extend(_loader_code_references(src, size, path))
+        elif k != FileKind.JSON:  # too large to read for code references, whatever it sniffs as
+            findings.append(error("json.too_large", path, "JSON file exceeds the size cap", size=size))
     return FileFacts(path=path, size=size, kind=k, detail=c.detail, **kw), findings
 
 

@@ -101,3 +101,11 @@ def test_a_policy_tree_rego_change_is_a_widening():
     base = eff(policy_files={qualified: b'{"releases": []}'})
     new = eff(policy_files={qualified: b'{"releases": [{"producer": "torch", "version": "9.9.9"}]}'})
     assert {w.code for w in widenings(base, new)} == {"widening.policy_tree_changed"}
+
+
+
+def test_extra_rego_removed_is_a_widening():
+    """Extra Rego only adds deny reasons: a pull request that deletes a file of it (or the key)
+    removes a restriction the base imposed."""
+    base = eff(extra_rego={"deny.rego": b"package ckptgate_consumer\n"})
+    assert {w.code for w in widenings(base, eff())} == {"widening.extra_rego_changed"}

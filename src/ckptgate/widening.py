@@ -9,7 +9,7 @@ data, intake data, gates, extra Rego); :func:`widenings` lists every way ``new``
 * the attestation freshness window, or the clock skew allowed, lengthened;
 * a finding exception added;
 * an adapter's producer-version gate admitting a version the base does not;
-* extra Rego added or changed (reported by ``check --base``; at run time extra Rego only adds
+* extra Rego added, changed or removed (reported by ``check --base``; at run time extra Rego only adds
   deny reasons, so it cannot widen);
 * the policy tree changed: a Rego file of it added, removed or changed, or any part of its trust,
   intake or gates data other than the four compared above (the refusal mapping, the exceptable
@@ -172,12 +172,13 @@ def widenings(base: Effective, new: Effective, *, include_rego: bool = True) -> 
     out += _policy_tree_changes(base, new)
     if include_rego:
         rego_at = new.where.get("extra_rego", "extra Rego")
-        for rel in sorted(set(new.extra_rego)):
-            if base.extra_rego.get(rel) != new.extra_rego[rel]:
+        for rel in sorted(set(new.extra_rego) | set(base.extra_rego)):  # removing a deny rule widens too
+            if base.extra_rego.get(rel) != new.extra_rego.get(rel):
+                how = "removed" if rel not in new.extra_rego else "changed" if rel in base.extra_rego else "added"
                 out.append(
                     Widening(
                         code="widening.extra_rego_changed",
-                        message=f"extra Rego {rel} is {'changed' if rel in base.extra_rego else 'added'}",
+                        message=f"extra Rego {rel} is {how}",
                         file=f"{rego_at}/{rel}",
                     )
                 )

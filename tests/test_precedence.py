@@ -297,3 +297,20 @@ def test_a_base_link_out_of_the_tree_is_a_typed_error(tmp_path, checkpoint):
     out = run(root, "decide", str(checkpoint), "--json", "--base", "main")
     assert out.returncode == ExitCode.USAGE, out.stdout
     assert json.loads(out.stdout)["error"]["code"] == "usage.base.link", out.stdout
+
+
+def test_config_with_base_is_refused_rather_than_dropped(tmp_path, checkpoint):
+    """`--config` with `--base` on a deciding command: the explicit configuration was dropped in
+    silence for the base's, with every restriction it adds."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    (root / "README.md").write_text("# x\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    conf = tmp_path / "ci" / "ckptgate.toml"
+    conf.parent.mkdir()
+    conf.write_text("docs = []\n")
+    out = run(root, "decide", str(checkpoint), "--json", "--config", str(conf), "--base", "main")
+    assert out.returncode == ExitCode.USAGE, out.stdout
+    assert json.loads(out.stdout)["error"]["code"] == "usage.conflicting_options", out.stdout

@@ -87,6 +87,12 @@ def find(
             "usage.conflicting_options",
             "--isolated uses no configuration; it cannot be combined with --config or --base",
         )
+    if named.config is not None and named.base is not None and not judging:
+        raise UsageError(
+            "usage.conflicting_options",
+            "--config names the configuration and --base reads it from git at REV: give one of them",
+            advice="In pre-merge CI use --base REV alone; --config PATH names a file you trust as it is.",
+        )
     base = None
     if named.base is not None:
         tmp = tempfile.TemporaryDirectory(prefix="ckptgate-base-")

@@ -314,3 +314,17 @@ def test_config_with_base_is_refused_rather_than_dropped(tmp_path, checkpoint):
     out = run(root, "decide", str(checkpoint), "--json", "--config", str(conf), "--base", "main")
     assert out.returncode == ExitCode.USAGE, out.stdout
     assert json.loads(out.stdout)["error"]["code"] == "usage.conflicting_options", out.stdout
+
+
+def test_a_policy_tree_named_by_the_environment_is_named_so(tmp_path, checkpoint):
+    """CKPTGATE_POLICIES names the policy tree and its trust data: the decision says the
+    environment named them, not that they are the bundled ones."""
+    tree = tmp_path / "pol"
+    shutil.copytree(REPO / "policies", tree, ignore=shutil.ignore_patterns("*_test.rego"))
+    out = run(tmp_path, "decide", str(checkpoint), "--json", "--isolated", env={"CKPTGATE_POLICIES": str(tree)})
+    inputs = {i["role"]: i for i in json.loads(out.stdout)["decision"]["inputs"]}
+    assert inputs["policy_tree"]["origin"] == "environment", out.stdout
+    assert inputs["trust"]["origin"] == "environment", out.stdout
+    out = run(tmp_path, "decide", str(checkpoint), "--json", "--isolated")
+    assert {i["role"]: i["origin"] for i in json.loads(out.stdout)["decision"]["inputs"]} == {
+        "policy_tree": "bundled", "trust": "bundled"}

@@ -263,7 +263,8 @@ def test_check_base_names_a_policies_directory_that_replaces_the_configuration(t
     git(root, "add", "-A")
     git(root, "commit", "-qm", "base")
     git(root, "rm", "-q", "ckptgate.toml")
-    (root / "README.md").write_text("# Our models\n\nThe gate proves that every checkpoint it publishes is safe to load.\n")
+    claim = "The gate proves that every checkpoint it publishes is safe to load."
+    (root / "README.md").write_text(f"# Our models\n\n{claim}\n")
     shutil.copytree(REPO / "policies", root / "policies", ignore=shutil.ignore_patterns("*_test.rego"))
     claims = root / "policies" / "ckptgate" / "claims" / "claims.rego"
     claims.write_text(claims.read_text().replace("violations contains v if {", "violations contains v if {\n\tfalse"))

@@ -190,3 +190,142 @@ def test_an_unknown_base_revision_is_a_usage_error(tmp_path, checkpoint):
     git(root, "init", "-q", "-b", "main")
     out = run(root, "decide", str(checkpoint), "--json", "--base", "no-such-branch")
     assert out.returncode == ExitCode.USAGE and json.loads(out.stdout)["error"]["code"] == "usage.base.git"
+
+
+# ------------------------------------------------------------------ review of issue #30: what was missed
+def test_check_base_names_a_policy_tree_the_pull_request_brings(tmp_path):
+    """A pull request that adds `policies = DIR` (a copy of the bundled tree that passes every
+    inspection, and whose data no longer lists auto_map as code-bearing) widens the gate for every
+    later `intake --base`: `check --base` must name it, not report that nothing widens."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    (root / "ckptgate.toml").write_text("docs = []\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    shutil.copytree(REPO / "policies", root / "pol", ignore=shutil.ignore_patterns("*_test.rego"))
+    rego = root / "pol" / "ckptgate" / "intake" / "intake.rego"
+    rego.write_text(rego.read_text().replace("_inspection_clean if input.inspection.clean == true",
+                                             "_inspection_clean if true"))
+    data = root / "pol" / policydata.INTAKE_IN_BUNDLE
+    doc = json.loads(data.read_text())
+    doc["code_bearing_findings"]["codes"] = []
+    data.write_text(json.dumps(doc))
+    (root / "ckptgate.toml").write_text('docs = []\npolicies = "pol"\n')
+    out = run(root, "check", "--base", "main", "--json", "--skip", "policy_tests", "--skip", "opa_fmt",
+              "--skip", "regal_lint", "--skip", "claims")
+    report = json.loads(out.stdout)
+    found = {f["code"] for r in report["checks"] if r["name"] == "widening" for f in r["findings"]}
+    assert out.returncode == 3, out.stdout
+    assert {"widening.policy_tree_changed", "widening.policy_data_changed"} <= found, report
+
+
+def test_a_discovered_overlay_cannot_lengthen_freshness_with_an_exponent(tmp_path, checkpoint):
+    """`1e12` is an integer to JSON Schema but a float to Python: the overlay passes its schema and the
+    comparison must still see that the window is lengthened."""
+    root = tmp_path / "repo"
+    (root / ".git").mkdir(parents=True)
+    (root / "ckptgate-data.json").write_text('{"freshness": {"max_age_seconds": 1e12}}')
+    (root / "ckptgate.toml").write_text('policy_data = "ckptgate-data.json"\ndocs = []\n')
+    out = run(root, "decide", str(checkpoint), "--json")
+    assert out.returncode == ExitCode.USAGE, out.stdout
+    assert json.loads(out.stdout)["error"]["code"] == "usage.config.widens", out.stdout
+
+
+def test_a_discovered_trust_file_is_compared_with_the_explicit_policy_tree(tmp_path, checkpoint):
+    """Under an explicit --policies, a discovered trust file may restrict that tree's trust data,
+    never add a signer the tree does not trust (even one the bundled trust data holds)."""
+    root = tmp_path / "repo"
+    (root / ".git").mkdir(parents=True)
+    tree = tmp_path / "org-policies"
+    shutil.copytree(REPO / "policies", tree, ignore=shutil.ignore_patterns("*_test.rego"))
+    rego = tree / "ckptgate" / "intake" / "intake.rego"
+    rego.write_text(rego.read_text() + "\n# the organisation's copy\n")
+    bundled_trust = (REPO / "policies" / policydata.TRUST_IN_BUNDLE).read_text()
+    (root / "trust.json").write_text(bundled_trust)
+    (root / "ckptgate.toml").write_text('trust = "trust.json"\ndocs = []\n')
+    out = run(root, "decide", str(checkpoint), "--json", "--policies", str(tree))
+    assert "error" not in json.loads(out.stdout), out.stdout  # the same trust as the tree's: no widening
+    (tree / policydata.TRUST_IN_BUNDLE).write_text('{"signers": []}')
+    out = run(root, "decide", str(checkpoint), "--json", "--policies", str(tree))
+    assert json.loads(out.stdout)["error"]["code"] == "usage.config.widens", out.stdout
+
+
+def test_check_base_names_a_policies_directory_that_replaces_the_configuration(tmp_path):
+    """A pull request deletes ckptgate.toml and adds policies/ with a claims policy that finds
+    nothing: with no configuration, `check` judges with the work tree's own policies/, so the
+    widening check must compare that tree with the base's, not the bundled one with itself."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    (root / "ckptgate.toml").write_text('docs = ["README.md"]\n')
+    (root / "README.md").write_text("# Our models\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    git(root, "rm", "-q", "ckptgate.toml")
+    claim = "The gate proves that every checkpoint it publishes is safe to load."
+    (root / "README.md").write_text(f"# Our models\n\n{claim}\n")
+    shutil.copytree(REPO / "policies", root / "policies", ignore=shutil.ignore_patterns("*_test.rego"))
+    claims = root / "policies" / "ckptgate" / "claims" / "claims.rego"
+    claims.write_text(claims.read_text().replace("violations contains v if {", "violations contains v if {\n\tfalse"))
+    out = run(root, "check", "--base", "main", "--json", "--skip", "policy_tests", "--skip", "opa_fmt",
+              "--skip", "regal_lint")
+    report = json.loads(out.stdout)
+    assert out.returncode == 3, out.stdout
+    found = {(f["code"], f["file"]) for r in report["checks"] if r["name"] == "widening" for f in r["findings"]}
+    assert ("widening.policy_tree_changed", "policies/ckptgate/claims/claims.rego") in found, report
+
+
+def test_an_explicit_config_beats_the_environment(tmp_path, checkpoint):
+    """`--config PATH` names the configuration even where CKPTGATE_NO_CONFIG=1 is set: an explicit
+    option beats an environment variable, and a restriction the named configuration adds (here an
+    invalid one, refused whenever it is read) is never dropped silently."""
+    conf = tmp_path / "conf" / "ckptgate.toml"
+    conf.parent.mkdir()
+    conf.write_text('policies = "nowhere"\n')
+    out = run(tmp_path, "decide", str(checkpoint), "--json", "--config", str(conf), env={"CKPTGATE_NO_CONFIG": "1"})
+    assert json.loads(out.stdout)["error"]["code"] == "usage.config.path", out.stdout
+
+
+def test_a_base_link_out_of_the_tree_is_a_typed_error(tmp_path, checkpoint):
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    (root / "trust.json").symlink_to("/etc/hostname")
+    (root / "ckptgate.toml").write_text('trust = "trust.json"\ndocs = []\n')
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    out = run(root, "decide", str(checkpoint), "--json", "--base", "main")
+    assert out.returncode == ExitCode.USAGE, out.stdout
+    assert json.loads(out.stdout)["error"]["code"] == "usage.base.link", out.stdout
+
+
+def test_config_with_base_is_refused_rather_than_dropped(tmp_path, checkpoint):
+    """`--config` with `--base` on a deciding command: the explicit configuration was dropped in
+    silence for the base's, with every restriction it adds."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    (root / "README.md").write_text("# x\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    conf = tmp_path / "ci" / "ckptgate.toml"
+    conf.parent.mkdir()
+    conf.write_text("docs = []\n")
+    out = run(root, "decide", str(checkpoint), "--json", "--config", str(conf), "--base", "main")
+    assert out.returncode == ExitCode.USAGE, out.stdout
+    assert json.loads(out.stdout)["error"]["code"] == "usage.conflicting_options", out.stdout
+
+
+def test_a_policy_tree_named_by_the_environment_is_named_so(tmp_path, checkpoint):
+    """CKPTGATE_POLICIES names the policy tree and its trust data: the decision says the
+    environment named them, not that they are the bundled ones."""
+    tree = tmp_path / "pol"
+    shutil.copytree(REPO / "policies", tree, ignore=shutil.ignore_patterns("*_test.rego"))
+    out = run(tmp_path, "decide", str(checkpoint), "--json", "--isolated", env={"CKPTGATE_POLICIES": str(tree)})
+    inputs = {i["role"]: i for i in json.loads(out.stdout)["decision"]["inputs"]}
+    assert inputs["policy_tree"]["origin"] == "environment", out.stdout
+    assert inputs["trust"]["origin"] == "environment", out.stdout
+    out = run(tmp_path, "decide", str(checkpoint), "--json", "--isolated")
+    assert {i["role"]: i["origin"] for i in json.loads(out.stdout)["decision"]["inputs"]} == {
+        "policy_tree": "bundled", "trust": "bundled"}

@@ -126,8 +126,17 @@ def _extract(top: Path, commit: str, paths: list[PurePosixPath], into: Path) -> 
     if not present:
         return
     archive = _git(["archive", "--format=tar", commit, "--", *present], top, what="git archive")
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(into, filter="data")
+    except tarfile.TarError as e:  # a link out of the tree, or an absolute one, at the base
+        raise ConfigError(
+            "usage.base.link",
+            f"--base: a file the configuration at {commit[:12]} names cannot be read from git's objects: {e}",
+            evidence={"commit": commit, "paths": present},
+            advice="At the base revision, name regular files inside the repository (no links to absolute "
+            "paths or out of it) for trust, policy_data, extra_rego and policies.",
+        ) from None
 
 
 def _exists(top: Path, commit: str, rel: PurePosixPath) -> bool:

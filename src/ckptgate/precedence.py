@@ -87,6 +87,12 @@ def find(
             "usage.conflicting_options",
             "--isolated uses no configuration; it cannot be combined with --config or --base",
         )
+    if named.config is not None and named.base is not None and not judging:
+        raise UsageError(
+            "usage.conflicting_options",
+            "--config names the configuration and --base reads it from git at REV: give one of them",
+            advice="In pre-merge CI use --base REV alone; --config PATH names a file you trust as it is.",
+        )
     base = None
     if named.base is not None:
         tmp = tempfile.TemporaryDirectory(prefix="ckptgate-base-")
@@ -99,7 +105,7 @@ def find(
         )
         if not judging:  # the work tree's configuration is not used: the base's decides
             return base.config, "base", base
-    if named.isolated or _no_config_env():
+    if named.isolated or (named.config is None and _no_config_env()):  # --config beats the environment
         return None, None, base
     if named.config is not None:
         path, origin = named.config, "explicit"
@@ -203,7 +209,8 @@ def _refuse_widening(
     work_tree_trust = trust_file is not None and trust_file != explicit_trust
     if not work_tree_trust and overlay is None:  # nothing read from the work tree can widen
         return _refuse(config, found)
-    base = effective(bundled, trust_file=explicit_trust)
+    # compared with what the explicit options name (the bundled tree unless --policies named one)
+    base = effective(policy_dir if policies_explicit and policy_dir is not None else bundled, trust_file=explicit_trust)
     new = effective(
         policy_dir or bundled,
         trust_file=trust_file,

@@ -9,8 +9,16 @@ data, intake data, gates, extra Rego); :func:`widenings` lists every way ``new``
 * the attestation freshness window, or the clock skew allowed, lengthened;
 * a finding exception added;
 * an adapter's producer-version gate admitting a version the base does not;
-* extra Rego added or changed (reported by ``check --base``; at run time extra Rego only adds
-  deny reasons, so it cannot widen).
+* extra Rego added, changed or removed (reported by ``check --base``; at run time extra Rego only adds
+  deny reasons, so it cannot widen);
+* the policy tree changed: a Rego file of it added, removed or changed, or any part of its trust,
+  intake or gates data other than the four compared above (the refusal mapping, the exceptable
+  codes, the code-bearing findings, ...).  Whether such a change widens cannot be read from the
+  data, so every one is reported (``check --base``; at run time a discovered policy tree is
+  refused unless it is the bundled one).
+
+A value that cannot be compared (a number written with a fraction or an exponent, a key the base
+does not have) is reported as widening: only what is provably no wider passes.
 
 The same comparison refuses a discovered configuration that widens the bundled inputs at run time
 (:mod:`ckptgate.precedence`) and reports a pull request's widening changes in ``check --base``.
@@ -22,9 +30,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from ckptgate._json import loads_strict
+from ckptgate.decide.bundle import policy_files
 from ckptgate.policydata import GATES_IN_BUNDLE, INTAKE_IN_BUNDLE, TRUST_IN_BUNDLE, PolicyData
 
 __all__ = ["Effective", "Widening", "effective", "widenings"]
@@ -52,6 +61,9 @@ class Effective:
     extra_rego: Mapping[str, bytes] = field(default_factory=dict)
     #: where each part came from, as shown to a reviewer (``trust``, ``overlay``, ``extra_rego``, ``policies``)
     where: Mapping[str, str] = field(default_factory=dict)
+    #: the policy tree's other bundled files, Rego and data (relative path -> bytes): every one but
+    #: the trust, intake and gates data, which are compared part by part
+    policy_files: Mapping[str, bytes] = field(default_factory=dict)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -84,7 +96,14 @@ def effective(
     rego: dict[str, bytes] = {}
     if extra_rego is not None and extra_rego.is_dir():
         rego = {p.relative_to(extra_rego).as_posix(): p.read_bytes() for p in sorted(extra_rego.rglob("*.rego"))}
-    return Effective(trust=trust, intake=intake, gates=gates, extra_rego=rego, where=dict(where or {}))
+    tree: dict[str, bytes] = {}
+    if policy_dir.is_dir():
+        compared = {TRUST_IN_BUNDLE, INTAKE_IN_BUNDLE, GATES_IN_BUNDLE}
+        files = [p for p in policy_files(policy_dir) if p.relative_to(policy_dir).as_posix() not in compared]
+        tree = {p.relative_to(policy_dir).as_posix(): p.read_bytes() for p in files}
+    return Effective(
+        trust=trust, intake=intake, gates=gates, extra_rego=rego, where=dict(where or {}), policy_files=tree
+    )
 
 
 def _canon(value: Any) -> str:
@@ -111,17 +130,22 @@ def widenings(base: Effective, new: Effective, *, include_rego: bool = True) -> 
                 )
             )
     data_at = new.where.get("overlay", new.where.get("policies", "policy data"))
-    old_fresh, new_fresh = base.intake.get("freshness", {}), new.intake.get("freshness", {})
-    for key in ("max_age_seconds", "max_clock_skew_seconds"):
+    old_fresh, new_fresh = _mapping(base.intake.get("freshness")), _mapping(new.intake.get("freshness"))
+    for key in sorted(set(old_fresh) | set(new_fresh)):
         before, after = old_fresh.get(key), new_fresh.get(key)
-        if isinstance(before, int) and isinstance(after, int) and after > before:
-            out.append(
-                Widening(
-                    code="widening.freshness_lengthened",
-                    message=f"freshness {key} is lengthened from {before} to {after}",
-                    file=data_at,
-                )
+        if after == before and type(after) is type(before):
+            continue
+        if _integer(before) and _integer(after) and after <= before:
+            continue
+        out.append(
+            Widening(
+                code="widening.freshness_lengthened",
+                message=f"freshness {key} is lengthened from {before!r} to {after!r}"
+                if _integer(before) and _integer(after)
+                else f"freshness {key} is changed from {before!r} to {after!r}, which cannot be shown to be no longer",
+                file=data_at,
             )
+        )
     old_exceptions = {
         _canon({k: v for k, v in e.items() if k != "overlay"}) for e in base.intake.get("finding_exceptions", [])
     }
@@ -145,14 +169,16 @@ def widenings(base: Effective, new: Effective, *, include_rego: bool = True) -> 
                     file=data_at,
                 )
             )
+    out += _policy_tree_changes(base, new)
     if include_rego:
         rego_at = new.where.get("extra_rego", "extra Rego")
-        for rel in sorted(set(new.extra_rego)):
-            if base.extra_rego.get(rel) != new.extra_rego[rel]:
+        for rel in sorted(set(new.extra_rego) | set(base.extra_rego)):  # removing a deny rule widens too
+            if base.extra_rego.get(rel) != new.extra_rego.get(rel):
+                how = "removed" if rel not in new.extra_rego else "changed" if rel in base.extra_rego else "added"
                 out.append(
                     Widening(
                         code="widening.extra_rego_changed",
-                        message=f"extra Rego {rel} is {'changed' if rel in base.extra_rego else 'added'}",
+                        message=f"extra Rego {rel} is {how}",
                         file=f"{rego_at}/{rel}",
                     )
                 )
@@ -174,6 +200,75 @@ def _restriction_within(new: Mapping[str, Any], base: Mapping[str, Any]) -> bool
     if new_versions is None:
         return False  # the base's narrowing is dropped
     return _versions_within(new_versions, base_versions)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _integer(value: Any) -> TypeGuard[int]:
+    """A JSON integer (not a bool, not a number written with a fraction or exponent such as ``1e12``)."""
+    return type(value) is int
+
+
+#: The parts of each policy-data document that :func:`widenings` compares in detail; every other
+#: part is compared whole.
+_COMPARED = {"trust": ("signers",), "intake": ("freshness", "finding_exceptions")}
+
+
+def _rest(doc: Mapping[str, Any], skip: tuple[str, ...]) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if k not in skip}
+
+
+def _gates_rest(gates: Mapping[str, Any]) -> dict[str, Any]:
+    """The gates data without each adapter's ``versions`` and ``version_independent`` (compared in
+    detail by :func:`_restriction_within`)."""
+    adapters = gates.get("adapters", {})
+    rest = dict(gates)
+    if isinstance(adapters, dict):
+        rest["adapters"] = {
+            name: {k: v for k, v in a.items() if k not in ("versions", "version_independent")}
+            if isinstance(a, dict)
+            else a
+            for name, a in adapters.items()
+        }
+    return rest
+
+
+def _policy_tree_changes(base: Effective, new: Effective) -> list[Widening]:
+    """The policy tree's files (Rego, and data such as the generated qualified releases) added, removed
+    or changed, and its trust, intake and gates data changed outside the parts compared in detail."""
+    out: list[Widening] = []
+    tree_at = new.where.get("policies", "the policy tree")
+    for rel in sorted(set(base.policy_files) | set(new.policy_files)):
+        if base.policy_files.get(rel) != new.policy_files.get(rel):
+            how = (
+                "changed"
+                if rel in base.policy_files and rel in new.policy_files
+                else ("added" if rel in new.policy_files else "removed")
+            )
+            out.append(
+                Widening(
+                    code="widening.policy_tree_changed",
+                    message=f"the policy {rel} is {how}",
+                    file=f"{tree_at}/{rel}",
+                )
+            )
+    for name, old, now in (
+        ("trust", _rest(base.trust, _COMPARED["trust"]), _rest(new.trust, _COMPARED["trust"])),
+        ("intake", _rest(base.intake, _COMPARED["intake"]), _rest(new.intake, _COMPARED["intake"])),
+        ("gates", _gates_rest(base.gates), _gates_rest(new.gates)),
+    ):
+        for key in sorted(set(old) | set(now)):
+            if _canon(old.get(key)) != _canon(now.get(key)):
+                out.append(
+                    Widening(
+                        code="widening.policy_data_changed",
+                        message=f"the {name} data's {key!r} is changed",
+                        file=new.where.get("trust" if name == "trust" else "policies", tree_at),
+                    )
+                )
+    return out
 
 
 def _semver(text: Any) -> tuple[int, ...] | None:

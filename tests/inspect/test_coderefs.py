@@ -241,3 +241,66 @@ def test_a_clean_config_and_tokenizer_still_pass(tmp_path: Path, signer: dict[st
     })
     assert res.returncode == 0, res.stdout + res.stderr
     assert json.loads((tmp_path / "out" / "config.json").read_text())["text_config"] == {"hidden_size": 4}
+
+
+# -- review of issue #30: a .json companion whose content sniffs as another kind ------------------
+EVIL = {**CONFIG, "auto_map": {"AutoModelForCausalLM": "modeling_evil.Evil"}}
+HIDDEN = [
+    # transformers' json.loads skips leading white space that the 4 KiB sniffing window does not
+    pytest.param(b" " * 5000 + json.dumps(EVIL).encode(), id="whitespace-past-the-sniff"),
+    # a ninth byte "{" sniffs as a safetensors header
+    pytest.param(b'{"a":   {"b": 1}, ' + json.dumps(EVIL).encode()[1:], id="sniffs-as-safetensors"),
+    # the strict reader refuses a duplicate key; transformers takes the last one
+    pytest.param(b'{"auto_map": null, ' + json.dumps(EVIL).encode()[1:], id="duplicate-key"),
+]
+
+
+@pytest.mark.parametrize("raw", HIDDEN)
+def test_a_code_reference_hidden_from_the_sniffer_is_refused_under_an_exception(
+    tmp_path: Path, signer: dict[str, Path], raw: bytes
+) -> None:
+    """An explicit (trusted) overlay excepts `classify.extension_mismatch` for config.json: the
+    auto_map that transformers would read from the same bytes must still refuse the checkpoint."""
+    from ckptgate.demo import demo_statement
+    from ckptgate.digest import fixture_digest
+    from ckptgate.inspect import SafeTree
+    from ckptgate.verify import KeySigner
+    from ckptgate.verify.dsse import sign_statement
+
+    assert json.loads(raw.decode())["auto_map"]  # what transformers reads
+    src = tmp_path / "ckpt"
+    shutil.copytree(HF, src)
+    (src / "config.json").write_bytes(raw)
+    with SafeTree.open(src) as tree:
+        digest = fixture_digest(tree).digest.prefixed()
+    att = tmp_path / "att.json"
+    att.write_bytes(sign_statement(demo_statement(digest, "hf_sharded", producer=("huggingface_hub", "2.4.0")),
+                                   KeySigner.from_pem(signer["key"])))
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "data.json").write_text(json.dumps({"finding_exceptions": [{
+        "id": "padded-json", "formats": ["hf-sharded-safetensors"], "code": "classify.extension_mismatch",
+        "paths": ["config.json"], "why": "an exporter of ours pads its JSON"}]}))
+    (conf / "ckptgate.toml").write_text('policy_data = "data.json"\ntrust = "trust.json"\ndocs = []\n')
+    shutil.copy(signer["trust"], conf / "trust.json")
+    res = _cli("intake", src, "--out", tmp_path / "out", "--attestation", att, "--config", conf / "ckptgate.toml",
+               cwd=tmp_path)
+    assert res.returncode == ExitCode.INPUT_REJECTED, res.stdout + res.stderr
+    reasons = json.loads(res.stdout)["error"]["reasons"]
+    assert {"code": "config.auto_map", "path": "config.json"} in [
+        f for r in reasons for f in r["evidence"].get("findings", [])
+    ], reasons
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_json_file_too_large_to_read_for_code_references_is_refused(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the size cap, a .json file that sniffs as text is not read at all: that must be a
+    refusal of its own (json.too_large, not exceptable), not only an exceptable extension mismatch."""
+    from ckptgate.inspect import files
+    from ckptgate.inspect.inspection import inspect_tree
+
+    monkeypatch.setattr(files, "MAX_JSON", 8192)
+    (tmp_path / "config.json").write_bytes(b" " * 9000 + json.dumps(EVIL).encode())
+    found = {(f.code, f.path) for f in inspect_tree(tmp_path).findings if f.severity == "error"}
+    assert ("json.too_large", "config.json") in found, found

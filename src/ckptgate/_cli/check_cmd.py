@@ -79,7 +79,8 @@ def register(cli: click.Group) -> None:
         root = repo_root(repo)
         config = resolved.config  # the checked repository's configuration: the change under review
         options = engine if config is not None else engine.in_repo(root)
-        report = run_check(root, options=options, skip=skip, config=config, base=resolved.base)
+        implied = options.policy_dir if engine.policy_dir is None and config is None else None
+        report = run_check(root, options=options, skip=skip, config=config, base=resolved.base, judged_policies=implied)
         if sarif is not None:
             write_output_file(
                 sarif, (json.dumps(to_sarif(report), indent=2, sort_keys=True) + "\n").encode(), what="the SARIF report"

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import tarfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -164,6 +165,8 @@ def _bundle_trust(bundle: Path) -> bytes:
 
 
 TRUST_IN_BUNDLE = "ckptgate/config/trust/data.json"
+#: The environment variable :func:`~ckptgate._resources.default_policy_dir` reads.
+POLICIES_ENV = "CKPTGATE_POLICIES"
 #: The manifest of decision inputs in the embedded bundle (``data.ckptgate_inputs``): the revision covers it.
 INPUTS_IN_BUNDLE = "ckptgate_inputs/data.json"
 
@@ -187,7 +190,7 @@ def decision_inputs(
         )
     elif options.opa_url is None:
         tree = options.policy_dir or default_policy_dir()
-        origin, path = named("policy_tree", tree, "explicit" if options.policy_dir is not None else "bundled")
+        origin, path = named("policy_tree", tree, _default_origin(options.policy_dir))
         out.append(DecisionInput(role="policy_tree", path=path, origin=origin, sha256=policy_revision(tree)))
     if options.policy_data is not None:
         origin, path = named("overlay", options.policy_data.source)
@@ -201,10 +204,18 @@ def decision_inputs(
                     DecisionInput(role="extra_rego", path=f"{base}/{sub}", origin=origin, sha256=sha256_of(data))
                 )
     if trust is not None:
-        default = "explicit" if options.trust_file is not None else "bundled"
+        default = "explicit" if options.trust_file is not None else _default_origin(options.policy_dir)
         origin, path = named("trust", options.trust_file or trust.source or "", default)
         out.append(DecisionInput(role="trust", path=path, origin=origin, sha256=sha256_of(trust.raw)))
     return tuple(out)
+
+
+def _default_origin(policy_dir: Path | None) -> str:
+    """Who named the policy tree (and so its trust data) when no option did: ``$CKPTGATE_POLICIES``
+    (:func:`~ckptgate._resources.default_policy_dir`) is the environment, else it is the bundled one."""
+    if policy_dir is not None:
+        return "explicit"
+    return "environment" if os.environ.get(POLICIES_ENV) else "bundled"
 
 
 def _file_sha256(path: Path) -> str:

@@ -389,18 +389,24 @@ def run_check(
     skip: Sequence[str] = (),
     config: Any = None,
     base: BaseConfig | None = None,
+    judged_policies: Path | None = None,
 ) -> Report:
     """Run every check that ``config`` enables (all of them without one), except ``skip``, and return
     the report; never raises for a failing check.  The matrix, the store and the fixtures are where
     ``config`` puts them (:class:`~ckptgate.evidence.layout.RepoLayout`).  With ``base`` (``--base
     REV``), which checks run and what they read are the base revision's settings, applied to the work
     tree, so the change under review cannot turn a check off; and the ``widening`` check reports what
-    the change widens."""
+    the change widens.  ``judged_policies``: the policy tree in ``options`` that the work tree implies
+    (its own ``policies/`` where no configuration names one), compared with the base's like a
+    configured one."""
     repo = repo.resolve()
     judged = config
     if base is not None:
         config = _base_settings(base, repo)
-    widening = [widening_check(base, judged, repo)] if base is not None else []
+    if config is None and options is not None and options.policy_dir is None:
+        judged_policies = judged_policies or repo / "policies"  # in_repo, below: the work tree's own tree
+    # the widening is that of the policy tree the checks below judge with, wherever it came from
+    widening = [widening_check(base, judged, repo, policy_dir=judged_policies)] if base is not None else []
     layout = RepoLayout.from_config(repo, config)
     reasons = plan(config, skip)
     for name in PINNED_ONLY:

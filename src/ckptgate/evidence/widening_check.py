@@ -26,10 +26,12 @@ from ckptgate.widening import Effective, Widening, effective, widenings
 __all__ = ["claims_suppressions_added", "widening_check"]
 
 
-def _effective(config: Config | None, show: Any) -> Effective:
-    if config is None:
+def _effective(config: Config | None, show: Any, policy_dir: Path | None = None) -> Effective:
+    if config is None and policy_dir is None:
         return effective(default_policy_dir())
-    tree = config.policies or default_policy_dir()
+    tree = policy_dir or (config.policies if config is not None else None) or default_policy_dir()
+    if config is None:
+        return effective(tree, where={"policies": show(tree)})
     return effective(
         tree,
         trust_file=config.trust,
@@ -94,8 +96,12 @@ def claims_suppressions_added(base: BaseConfig, config: Config | None, repo: Pat
     return out
 
 
-def widening_check(base: BaseConfig, config: Config | None, repo: Path) -> CheckResult:
-    """The widening changes from ``base`` to the work tree's ``config`` (``repo`` its root)."""
+def widening_check(
+    base: BaseConfig, config: Config | None, repo: Path, *, policy_dir: Path | None = None
+) -> CheckResult:
+    """The widening changes from ``base`` to the work tree's ``config`` (``repo`` its root);
+    ``policy_dir``: the policy tree the work tree implies where its configuration names none (its
+    own ``policies/``), which the check's engine judges with."""
 
     def in_tree(p: Path) -> str:
         try:
@@ -103,7 +109,7 @@ def widening_check(base: BaseConfig, config: Config | None, repo: Path) -> Check
         except ValueError:
             return str(p)
 
-    found = widenings(_effective(base.config, lambda p: "-"), _effective(config, in_tree))
+    found = widenings(_effective(base.config, lambda p: "-"), _effective(config, in_tree, policy_dir))
     found += claims_suppressions_added(base, config, repo)
     severity = "warning" if base.config is not None and base.config.widening == "warning" else "error"
     findings = tuple(

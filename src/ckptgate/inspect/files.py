@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -237,4 +238,22 @@ def _analyse(
         findings.extend(check_zip(src, size, path=path, verify_crc=False).findings)  # what is wrong with it
     elif k == FileKind.UNKNOWN:
         findings.append(warning("classify.unknown", path, "content of unknown type"))
+    if ext == ".json" and "json" not in kw:
+        if size <= MAX_JSON:
+            findings.extend(_loader_code_references(src, size, path))
+        elif k != FileKind.JSON:  # too large to read for code references, whatever it sniffs as
+            findings.append(error("json.too_large", path, "JSON file exceeds the size cap", size=size))
     return FileFacts(path=path, size=size, kind=k, detail=c.detail, **kw), findings
+
+
+def _loader_code_references(src: HashedFile, size: int, path: str) -> list[Finding]:
+    """Code references in a ``.json`` file that the strict reader did not parse (its content sniffed
+    as another kind, or refused by the strict parser), read the way transformers reads a companion:
+    ``json.loads`` of its UTF-8 text, which takes leading white space past any sniffing window,
+    duplicate keys (the last wins) and ``NaN``.  The file is refused for what it is already; this
+    names the code it carries, so that no exception of its other findings can publish it."""
+    try:
+        doc = json.loads(src.pread(size, 0).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return []
+    return code_reference_findings(path, doc)

@@ -68,14 +68,33 @@ def test_a_configuration_another_user_owns_is_refused(tmp_path):
     assert json.loads(out.stdout).get("error", {}).get("code") != "usage.config.unsafe_owner", out.stdout
 
 
-def test_a_group_writable_configuration_is_refused(tmp_path):
+def test_a_configuration_writable_by_others_is_refused(tmp_path):
     root = tmp_path / "repo"
     (root / ".git").mkdir(parents=True)
     (root / "ckptgate.toml").write_text("docs = []\n")
-    (root / "ckptgate.toml").chmod(0o664)
+    (root / "ckptgate.toml").chmod(0o646)
     with pytest.raises(cfg.ConfigError) as e:
         cfg.check_owner(root / "ckptgate.toml", "the configuration file")
     assert e.value.code == "usage.config.unsafe_mode"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_group_write_counts_only_for_a_group_others_are_in(tmp_path):
+    """A group-writable file is refused when its group is shared; in the user's own private group
+    (Debian's and Ubuntu's umask 002) the write bit lets no one else in."""
+    import grp
+
+    f = tmp_path / "ckptgate.toml"
+    f.write_text("docs = []\n")
+    f.chmod(0o664)
+    shared = next((g for g in grp.getgrall() if g.gr_mem), None)  # a group with members, e.g. a login group
+    os.chown(f, 0, shared.gr_gid if shared is not None else NOBODY)
+    with pytest.raises(cfg.ConfigError) as e:
+        cfg.check_owner(f, "the configuration file")
+    assert e.value.code == "usage.config.unsafe_mode"
+    private = max(g.gr_gid for g in grp.getgrall()) + 1000  # a group no user is in or has as primary
+    assert cfg._private_group(private, 0) is False  # unknown to the system: not known to be private
+    assert cfg._private_group(0, 0) is all(p.pw_uid == 0 for p in __import__("pwd").getpwall() if p.pw_gid == 0)
 
 
 def test_isolated_and_the_environment_use_no_configuration(tmp_path, checkpoint):

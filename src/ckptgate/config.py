@@ -29,6 +29,7 @@ Keys (all optional)::
 from __future__ import annotations
 
 import dataclasses
+import grp
 import hashlib
 import json
 import os
@@ -262,7 +263,8 @@ def check_owner(path: Path, what: str) -> None:
                 advice=f"Remove it, or run with --isolated (or --config PATH); if {owner} is trusted, "
                 f"set {SAFE_OWNERS_ENV}={owner}.",
             )
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not stat.S_ISLNK(st.st_mode):
+        writable_by_group = bool(st.st_mode & stat.S_IWGRP) and not _private_group(st.st_gid, st.st_uid)
+        if st.st_mode & stat.S_IWOTH or writable_by_group:
             raise ConfigError(
                 "usage.config.unsafe_mode",
                 f"{what} {p} is writable by group or others (mode {stat.filemode(st.st_mode)}): "
@@ -270,6 +272,23 @@ def check_owner(path: Path, what: str) -> None:
                 evidence={"file": str(p), "mode": oct(stat.S_IMODE(st.st_mode))},
                 advice=f"Run `chmod go-w {p}`.",
             )
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """Whether group ``gid`` is ``uid``'s own private group (the user-private-group scheme of Debian and
+    Ubuntu, whose umask 002 makes every file group-writable): no other user is a member of it or has it
+    as their primary group, so its write bit gives no one else a way in."""
+    try:
+        members = grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+    for name in members:
+        try:
+            if pwd.getpwnam(name).pw_uid != uid:
+                return False
+        except KeyError:
+            return False
+    return all(p.pw_uid == uid for p in pwd.getpwall() if p.pw_gid == gid)
 
 
 def load(start: Path | None = None) -> Config | None:

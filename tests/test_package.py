@@ -326,7 +326,7 @@ def test_a_consumer_repository_is_configured_takes_a_checkpoint_in_and_is_checke
                                               "evidence"}
     assert all(report["skip_reasons"].values())
     notes = json.loads((scratch / "check.sarif").read_text())["runs"][0]["invocations"][0]["toolExecutionNotifications"]
-    assert len(notes) == 5 and all("configuration" in n["message"]["text"] for n in notes)
+    assert len(notes) == 6 and all("configuration" in n["message"]["text"] for n in notes)
 
     with (sub / "x.md").open("a") as f:
         f.write("\nckptgate makes loading any pickle checkpoint safe.\n")

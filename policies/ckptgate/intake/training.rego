@@ -115,7 +115,10 @@ deny_reasons contains reason if {
 	reason := _reason(
 		"training_producer_not_gated",
 		sprintf(
-			"training provenance %v records producers %v; no passing qualification of adapter %v covers them (the gate accepts %v)",
+			concat(" ", [
+				"training provenance %v records producers %v;",
+				"no passing qualification of adapter %v covers them (the gate accepts %v)",
+			]),
 			[_source(i), _producer_deps(att), adapter, gates.describe(gate)],
 		),
 		{"attestation": i, "producers": _producer_deps(att), "adapter": adapter, "gate": gate},

@@ -196,16 +196,6 @@ signer_trusted(att, cfg) if {
 	_builder_in_scope(att, kind, entry, cfg.intake.predicates)
 }
 
-# A kind with builder_scope (training provenance) is vouched for only by a signer whose trust
-# entry lists the statement's builder id (runDetails.builder.id) in builder_ids, or "*"; an
-# entry without builder_ids vouches for no builder.
-_builder_in_scope(_, kind, _, predicates) if object.get(predicates[kind], "builder_scope", false) == false
-
-_builder_in_scope(att, kind, entry, predicates) if {
-	predicates[kind].builder_scope == true
-	_in_scope(at(at(att, ["statement", "predicate"]), ["runDetails", "builder", "id"]), object.get(entry, "builder_ids", []))
-}
-
 # A key named on the command line (input.offered_keys, verified by Python) is trusted only for
 # the predicate types whose intake data sets offered_keys: never for ckptgate's own predicates.
 signer_trusted(att, cfg) if {
@@ -231,6 +221,17 @@ signer_trusted(att, cfg) if {
 	signer_matches(signer, entry)
 	predicate_type in entry.predicate_types
 	_in_scope(kind, entry.scopes)
+}
+
+# A kind with builder_scope (training provenance) is vouched for only by a signer whose trust
+# entry lists the statement's builder id (runDetails.builder.id) in builder_ids, or "*"; an
+# entry without builder_ids vouches for no builder.
+_builder_in_scope(_, kind, _, predicates) if object.get(predicates[kind], "builder_scope", false) == false
+
+_builder_in_scope(att, kind, entry, predicates) if {
+	predicates[kind].builder_scope == true
+	builder := at(at(att, ["statement", "predicate"]), ["runDetails", "builder", "id"])
+	_in_scope(builder, object.get(entry, "builder_ids", []))
 }
 
 _in_scope(name, scopes) if {

@@ -96,9 +96,11 @@ def training_statement(
     training_config: Mapping[str, Any] | None = None,
     code: CodeRef | None = None,
     base_model: BaseModel | None = None,
+    check: bool = True,
 ) -> dict[str, Any]:
     """The training-provenance statement over every file of ``digest``'s manifest; checked against its
-    schema before it is returned (:class:`~ckptgate.errors.VerificationError` when it does not match)."""
+    schema before it is returned (:class:`~ckptgate.errors.VerificationError` when it does not match;
+    ``check=False``: unchecked, for reporting every schema error at once)."""
     deps = [p.to_dependency() for p in sorted(producers, key=lambda p: p.name)]
     if code is not None:
         deps.append(code.to_dependency())
@@ -131,7 +133,8 @@ def training_statement(
             },
         },
     }
-    check_statement(statement)
+    if check:
+        check_statement(statement)
     return statement
 
 

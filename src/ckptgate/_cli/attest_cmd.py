@@ -177,7 +177,7 @@ def sign(
 ) -> None:
     """Sign a statement (checked against its schema first) into a DSSE envelope."""
     from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE, KeySigner, sign_statement  # noqa: PLC0415 - ~490 ms (cryptography)
-    from ckptgate.verify.statement import PREDICATE_SCHEMAS  # noqa: PLC0415 - ~490 ms (cryptography)
+    from ckptgate.verify.statement import PREDICATE_SCHEMAS, schema_errors, statement_schema  # noqa: PLC0415 - ~490 ms (cryptography)
 
     if (statement_path is None) == (predicate_path is None):
         raise UsageError("usage.invalid", "give exactly one of --statement or --predicate")
@@ -201,19 +201,23 @@ def sign(
         }
     if not isinstance(statement, dict):
         raise UsageError("usage.statement_invalid", "the statement is not a JSON object; nothing was signed")
-    if statement.get("predicateType") not in PREDICATE_SCHEMAS:  # every type signed here is checked by a schema
+    if statement_schema(statement) is None:  # every statement signed here is checked by a schema
         raise UsageError(
             "usage.predicate_type",
-            f"ckptgate signs only its own predicate types, each checked "
-            f"against its schema: {sorted(PREDICATE_SCHEMAS)}; not {statement.get('predicateType')!r}",
+            f"ckptgate signs only statements it has a schema for: its own predicate types "
+            f"{sorted(PREDICATE_SCHEMAS)}, and SLSA provenance of the training build type "
+            f"(`attest checkpoint` writes one); not {statement.get('predicateType')!r}",
         )
     try:
         envelope = sign_statement(statement, signer)
     except VerificationError as e:  # the statement is what is wrong: fix it, then sign
+        errors = schema_errors(statement)
+        listed = "; ".join(f"{x['path']}: {x['message']}" for x in errors) or e.message
         raise UsageError(
             "usage.statement_invalid",
-            f"the statement does not match its schema, so it was not signed: {e.message}",
-            evidence={"check": e.code, **e.evidence},
+            f"the statement does not match its schema in {max(len(errors), 1)} place(s), so it was not signed: "
+            f"{listed}",
+            evidence={"check": e.code, **e.evidence, "errors": errors},
             advice="Fix the statement or predicate so that it matches the schema of its predicate "
             "type (docs/attestations.md), then sign it again.",
         ) from None
@@ -324,7 +328,11 @@ def _unverified(raw: bytes) -> dict[str, Any]:
 @click.argument("file", type=click.Path(dir_okay=False))
 @json_option
 def show(file: str, as_json: bool) -> None:
-    """Print an attestation's content WITHOUT verifying it (clearly marked UNVERIFIED)."""
+    """Print an attestation's content WITHOUT verifying it (clearly marked UNVERIFIED); training
+    provenance in plain words (builder, code commit, producers, topology, base model)."""
+    from ckptgate.verify.statement import check_statement, statement_schema  # noqa: PLC0415 - ~490 ms (cryptography)
+    from ckptgate.verify.training import TrainingFacts, is_training  # noqa: PLC0415 - ~490 ms (cryptography)
+
     doc = _unverified(_read(file, "attestation"))
     if as_json:
         emit_json(doc)
@@ -337,7 +345,19 @@ def show(file: str, as_json: bool) -> None:
         f"format {doc['format']}, payloadType {shown(doc['payload_type'])}, "
         f"{len(doc['signatures'])} signature(s), keyid hints {shown([s['keyid'] for s in doc['signatures']])}"
     )
-    stdout.print_json(json.dumps(doc["statement"], sort_keys=True), ensure_ascii=True)  # untrusted: escaped
+    statement = doc["statement"]
+    if is_training(statement) and statement_schema(statement) is not None:
+        try:
+            check_statement(statement)
+        except VerificationError as e:
+            stdout.print(f"training provenance that fails its schema ({shown(e.message)}):", markup=False)
+        else:
+            stdout.print("training provenance (UNVERIFIED):", markup=False)
+            for label, text in TrainingFacts.from_statement(statement).lines():
+                stdout.print(f"  {label:<11} {shown(text)}")
+            stdout.print(f"  files       {len(statement['subject'])} (each named with its sha256)")
+            return
+    stdout.print_json(json.dumps(statement, sort_keys=True), ensure_ascii=True)  # untrusted: escaped
 
 
 @attest.command("add")

@@ -68,3 +68,35 @@ def test_dcp_save_on_two_ranks_is_attested_by_rank_zero_and_taken_in(tmp_path: P
     res = ckptgate_json("verify", ck, "--attestation", tmp_path / "dcp.intoto.dsse.json", "--trust", keys["trust"])
     (att,) = json.loads(res.stdout)["attestations"]
     assert att["training"]["topology"] == {"world_size": 2}  # measured from the two ranks' .distcp files
+
+
+def test_accelerate_save_state_is_attested_and_taken_in(tmp_path: Path, keys: dict) -> None:
+    ck = tmp_path / "state"
+    res = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("accelerate_save_attest.py")), str(ck), str(keys["key"]), BUILDER],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    receipt = _intake(ck, keys, tmp_path / "published")
+    assert receipt["decision"]["allow"] is True
+    assert (tmp_path / "published" / "model.safetensors.index.json").is_file()
+
+
+@pytest.mark.producers  # DeepSpeed on two gloo ranks: about 30 s (its shm comm op is built on first use)
+def test_deepspeed_save_checkpoint_is_attested_by_rank_zero_and_taken_in_on_the_framework_plane(
+    tmp_path: Path, keys: dict
+) -> None:
+    ck = tmp_path / "ds"
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(Path(__file__).with_name("deepspeed_save_attest.py")), str(ck), str(keys["key"]), BUILDER],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    receipt = _intake(ck, keys, tmp_path / "published")
+    assert receipt["decision"]["allow"] is True
+    assert receipt["decision"]["plane"] == "framework"
+    res = ckptgate_json("verify", ck, "--attestation", tmp_path / "ds.intoto.dsse.json", "--trust", keys["trust"])
+    (att,) = json.loads(res.stdout)["attestations"]
+    assert att["training"]["topology"] == {"dp": 2, "world_size": 2, "zero_stage": 2}

@@ -60,7 +60,10 @@ def measured_topology(fmt: str, layout: Mapping[str, Any]) -> dict[str, list[Any
     elif fmt in ("deepspeed-zero2", "deepspeed-zero3"):
         out["zero_stage"] = [3] if fmt == "deepspeed-zero3" else [1, 2]
         ranks = len(layout.get("optim_states", []) or [])
-        if ranks and len(layout.get("model_states", []) or []) == 1:  # no model parallelism: dp is every rank
+        models = len(layout.get("model_states", []) or [])
+        # No model parallelism: one model-state file (stage 1/2) or one per partition (stage 3), so dp is
+        # every rank; with more, the files do not say how the ranks divide.
+        if ranks and models == (ranks if fmt == "deepspeed-zero3" else 1):
             out["dp"] = [ranks]
             out["world_size"] = [ranks]
     elif fmt == "fsdp-full":

@@ -41,9 +41,10 @@ def _attest(ck: Path, keys: dict[str, Path], *extra: object) -> tuple[int, dict]
     return res.returncode, _doc(res.stdout or res.stderr)
 
 
-def _intake(ck: Path, keys: dict[str, Path], att: Path | None = None) -> tuple[int, dict]:
+def _intake(ck: Path, keys: dict[str, Path], att: Path | None = None, out: Path | None = None) -> tuple[int, dict]:
     att = att or ck.parent / (ck.name + ".intoto.dsse.json")
-    res = ckptgate_json("intake", ck, "--out", ck.parent / "out", "--attestation", att, "--trust", keys["trust"])
+    out = out or ck.parent / "out"
+    res = ckptgate_json("intake", ck, "--out", out, "--attestation", att, "--trust", keys["trust"])
     return res.returncode, _doc(res.stdout if res.stdout.strip() else res.stderr)
 
 
@@ -167,3 +168,28 @@ def test_attest_show_prints_the_training_provenance_in_plain_words(tmp_path: Pat
     assert f"builder     {BUILDER}" in res.stdout
     assert "deepspeed 0.19.8 (environment)" in res.stdout
     assert "topology    dp=2, world_size=2" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "plane"),
+    [("trainer_peft_lora", "pure_data"), ("megatron_torch_dist", "static_pickle"), ("dcp_torchtitan", "static_pickle")],
+)
+def test_each_format_is_attested_and_taken_in_with_no_hand_written_json(
+    tmp_path: Path, keys: dict, name: str, plane: str
+) -> None:
+    ck = _copy(tmp_path, name)
+    rc, doc = _attest(ck, keys)
+    assert rc == 0, doc
+    src = Path(doc["envelope"]).with_name(Path(doc["envelope"]).name.removesuffix(".intoto.dsse.json"))
+    rc, receipt = _intake(src, keys, out=tmp_path / "out1")
+    assert rc == 0, receipt
+    assert receipt["receipt"]["decision"]["plane"] == plane
+    if name == "trainer_peft_lora":  # a Trainer output dir: the one checkpoint-N/ is attested, as intake selects it
+        assert src == ck / "checkpoint-2"
+        deps = doc["statement"]["predicate"]["buildDefinition"]["resolvedDependencies"]
+        assert {"kind": "base_model", "revision": "0123456789abcdef0123456789abcdef01234567"} in [
+            d["annotations"] for d in deps]
+        assert any(d["name"] == "peft" and d["annotations"]["source"] == "checkpoint" for d in deps)
+        res = ckptgate_json("intake", ck, "--out", tmp_path / "out2", "--attestation", doc["envelope"],
+                            "--trust", keys["trust"])
+        assert res.returncode == 0, res.stdout + res.stderr  # the sidecar beside checkpoint-2/ is no other entry

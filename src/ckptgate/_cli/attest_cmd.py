@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ckptgate._cli._base import emit_json, json_option, shown, stdout
-from ckptgate._cli._options import load_config
+from ckptgate._cli._options import checkpoint_option, load_config
 from ckptgate._json import loads_strict, verify_error
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import read_regular_file, write_output_file
@@ -457,6 +457,7 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option(
     "--base-model", default=None, metavar="REPO@REVISION", help="For an adapter: the base model it was trained on."
 )
+@checkpoint_option("src")
 @json_option
 def checkpoint(
     src: Path,

@@ -24,6 +24,7 @@ from typing import Any
 from ckptgate.digest import FixtureDigest, fixture_digest
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.inspect import Inspection, SafeTree, inspect_open_tree
+from ckptgate.inspect.runs import ENVELOPE_SUFFIX
 from ckptgate.inspect.topology import TOPOLOGY_FIELDS, contradictions, measured_topology
 from ckptgate.producer.environment import checkpoint_records, code_ref, environment_producers, invocation_id
 from ckptgate.userfiles import write_output_file
@@ -33,8 +34,6 @@ from ckptgate.verify.training import BaseModel, CodeRef, Producer, training_stat
 
 __all__ = ["ENVELOPE_SUFFIX", "AttestRequest", "Attested", "attest_checkpoint", "default_builder_id", "parse_topology"]
 
-ENVELOPE_SUFFIX = ".intoto.dsse.json"
-"""``<checkpoint>.intoto.dsse.json`` beside the checkpoint directory is where the envelope goes by default."""
 
 BUILDER_ENV = "CKPTGATE_BUILDER_ID"
 

@@ -193,3 +193,29 @@ def test_each_format_is_attested_and_taken_in_with_no_hand_written_json(
         res = ckptgate_json("intake", ck, "--out", tmp_path / "out2", "--attestation", doc["envelope"],
                             "--trust", keys["trust"])
         assert res.returncode == 0, res.stdout + res.stderr  # the sidecar beside checkpoint-2/ is no other entry
+
+
+def test_format_oms_writes_a_bundle_model_signing_itself_verifies_and_intake_takes_in(tmp_path: Path) -> None:
+    import model_signing
+
+    res = ckptgate_json("attest", "keygen", "--out", tmp_path / "ec", "--algorithm", "ecdsa-p256")
+    assert res.returncode == 0, res.stderr
+    ck = tmp_path / "hf"
+    shutil.copytree(DATA / "hf_sharded" / "checkpoint", ck)
+    res = ckptgate_json("attest", "checkpoint", ck, "--key", tmp_path / "ec.pem", "--format", "oms")
+    assert res.returncode == 0, res.stdout + res.stderr
+    bundle = tmp_path / "hf.sig"
+    assert _doc(res.stdout)["envelope"] == str(bundle)
+    model_signing.verifying.Config().use_elliptic_key_verifier(public_key=tmp_path / "ec.pub.pem").set_hashing_config(
+        model_signing.hashing.Config().set_ignored_paths(paths=[], ignore_git_paths=False)
+    ).verify(ck, bundle)  # the reference verifier; raises on any mismatch
+    res = ckptgate_json("intake", ck, "--out", tmp_path / "out", "--signature", bundle, "--key", tmp_path / "ec.pub.pem")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_format_oms_refuses_a_key_model_signing_cannot_sign_with(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "hf_sharded")
+    rc, doc = _attest(ck, keys, "--format", "oms")  # the module's key is Ed25519
+    assert rc == 2
+    assert doc["error"]["code"] == "usage.oms.key_algorithm"
+    assert not (tmp_path / "hf_sharded.sig").exists()

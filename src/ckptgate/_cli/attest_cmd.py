@@ -457,6 +457,15 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option(
     "--base-model", default=None, metavar="REPO@REVISION", help="For an adapter: the base model it was trained on."
 )
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["intoto", "oms"]),
+    default="intoto",
+    show_default=True,
+    help="intoto: training provenance in a DSSE envelope; oms: an OpenSSF Model Signing bundle (key method, "
+    "ECDSA P-256) over the same files, SRC.sig, for intake --signature SRC.sig --key PUB.pem.",
+)
 @checkpoint_option("src")
 @json_option
 def checkpoint(
@@ -472,6 +481,7 @@ def checkpoint(
     step: int | None,
     training_config: Path | None,
     base_model: str | None,
+    fmt: str,
     as_json: bool,
 ) -> None:
     """Measure SRC as intake does and sign its training provenance (in-toto + SLSA Provenance v1).
@@ -514,6 +524,7 @@ def checkpoint(
         training_config=config,
         base_model=base,
         dry_run=dry_run,
+        format=fmt,
     )
     done = attest_checkpoint(request)
     if as_json:
@@ -533,11 +544,13 @@ def checkpoint(
             f"dry run: the statement is valid; {len(done.statement['subject'])} file(s), nothing signed", markup=False
         )
         return
-    stdout.print(f"signed [bold]{shown(str(done.path))}[/]: training provenance of {shown(str(src))}")
+    what = "an OpenSSF Model Signing bundle" if fmt == "oms" else "training provenance"
+    stdout.print(f"signed [bold]{shown(str(done.path))}[/]: {what} of {shown(str(src))}")
     stdout.print(
         f"  format {done.format}, {len(done.statement['subject'])} file(s), fixture {done.digest.digest.prefixed()}"
     )
-    stdout.print(f"  builder {shown(done.statement['predicate']['runDetails']['builder']['id'])}")
+    if fmt != "oms":
+        stdout.print(f"  builder {shown(done.statement['predicate']['runDetails']['builder']['id'])}")
 
 
 def register(cli: click.Group) -> None:

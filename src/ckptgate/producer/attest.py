@@ -27,6 +27,7 @@ from ckptgate.inspect import Inspection, SafeTree, inspect_open_tree
 from ckptgate.inspect.runs import ENVELOPE_SUFFIX
 from ckptgate.inspect.topology import TOPOLOGY_FIELDS, contradictions, measured_topology
 from ckptgate.producer.environment import checkpoint_records, code_ref, environment_producers, invocation_id
+from ckptgate.producer.oms import OMS_SUFFIX, sign_oms
 from ckptgate.userfiles import write_output_file
 from ckptgate.verify.dsse import KeySigner, sign_statement
 from ckptgate.verify.statement import schema_errors
@@ -101,6 +102,8 @@ class AttestRequest:
     started: datetime | None = None
     invocation: str | None = None
     dry_run: bool = False
+    format: str = "intoto"
+    """``intoto``: the training provenance (DSSE); ``oms``: an OpenSSF Model Signing bundle over the same files."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,9 +185,10 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
     """
     started = request.started or datetime.now(UTC)
     src = Path(request.src)
-    out = request.out or src.parent / (src.name + ENVELOPE_SUFFIX)
+    suffix = OMS_SUFFIX if request.format == "oms" else ENVELOPE_SUFFIX
+    out = request.out or src.parent / (src.name + suffix)
     _check_out(src, out)
-    signer = None if request.dry_run else KeySigner.from_pem(request.key)  # a bad key fails before the hash
+    signer = None if request.dry_run or request.format == "oms" else KeySigner.from_pem(request.key)  # before the hash
     inspection, digest = _measure(src)
     measured = measured_topology(inspection.format, inspection.layout)
     bad = contradictions(request.topology, measured)
@@ -229,8 +233,16 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
             advice="Fix the values named (flags such as --producer, --topology, --builder-id), then attest again.",
         ) from None
     result = Attested(statement=statement, digest=digest, format=inspection.format, measured_topology=measured)
-    if signer is None:
+    if request.dry_run:
         return result
+    if request.format == "oms":
+        if request.key is None:
+            raise UsageError("usage.signing_key_missing", "no signing key: pass --key")
+        sign_oms(src, Path(request.key), out)
+        return Attested(
+            statement=statement, digest=digest, format=inspection.format, measured_topology=measured, path=out
+        )
+    assert signer is not None
     envelope = sign_statement(statement, signer)
     write_output_file(out, envelope, what="the envelope", exclusive=True, not_inside=(src,))
     return Attested(

@@ -46,6 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--builder-id", default=None)
+    parser.add_argument("--peft", action="store_true", help="Train a PEFT LoRA adapter (the checkpoint holds it).")
     args = parser.parse_args()
     torch.manual_seed(1234)
     tok = tokenizer()
@@ -56,6 +57,13 @@ def main() -> None:
             bos_token_id=2, eos_token_id=3, pad_token_id=1,
         )
     )
+    if args.peft:
+        from peft import LoraConfig, get_peft_model
+
+        model.name_or_path = model.config._name_or_path = "example/tiny-llama"  # the base model the adapter records
+        lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM",
+                          revision="0123456789abcdef0123456789abcdef01234567")
+        model = get_peft_model(model, lora)
     training = TrainingArguments(
         output_dir=args.out, use_cpu=True, max_steps=2, per_device_train_batch_size=2, learning_rate=1e-2,
         save_strategy="steps", save_steps=2, report_to=[], seed=1234, dataloader_num_workers=0,

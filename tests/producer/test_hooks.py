@@ -100,3 +100,21 @@ def test_deepspeed_save_checkpoint_is_attested_by_rank_zero_and_taken_in_on_the_
     res = ckptgate_json("verify", ck, "--attestation", tmp_path / "ds.intoto.dsse.json", "--trust", keys["trust"])
     (att,) = json.loads(res.stdout)["attestations"]
     assert att["training"]["topology"] == {"dp": 2, "world_size": 2, "zero_stage": 2}
+
+
+def test_trainer_callback_attests_a_peft_adapter_with_its_base_model(tmp_path: Path, keys: dict) -> None:
+    run = tmp_path / "run"
+    env = {**os.environ, "CKPTGATE_SIGNING_KEY": str(keys["key"]), "HF_HUB_OFFLINE": "1"}
+    res = subprocess.run([sys.executable, str(ROOT / "examples" / "train_with_attestation.py"), str(run),
+                          "--builder-id", BUILDER, "--peft"], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    receipt = _intake(run / "checkpoint-2", keys, tmp_path / "published")
+    assert receipt["decision"]["allow"] is True
+    res = ckptgate_json("verify", run / "checkpoint-2", "--attestation", run / "checkpoint-2.intoto.dsse.json",
+                        "--trust", keys["trust"])
+    (att,) = json.loads(res.stdout)["attestations"]
+    assert att["training"]["format"] in ("peft", "peft-lora")
+    assert att["training"]["base_model"]["repo"] == "example/tiny-llama"
+    assert att["training"]["base_model"]["revision"] == "0123456789abcdef0123456789abcdef01234567"
+    assert any(p["name"] == "peft" for p in att["training"]["producers"])

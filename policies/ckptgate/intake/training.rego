@@ -3,7 +3,8 @@
 # checkpoint is and who produced it; the gate data says whether ckptgate's adapter is qualified
 # for that. The statement satisfies a request only when its fixture digest is the measured one,
 # its format is the inspected one, the topology it declares agrees with what the layout records
-# (input.inspection.topology) and, when the classes need a producer-version gate, the producer
+# (input.inspection.topology), Python bound every measured file to a subject (binding "manifest":
+# a subject equal to the fixture digest binds no file) and, when the classes need a producer-version gate, the producer
 # versions it records pass the gate of the format's adapter. Its signer's builder id scope is
 # ckptgate.trust's to check.
 package ckptgate.intake
@@ -50,6 +51,7 @@ _training_problems(att) := {code |
 		"training_digest_mismatch": _internal(att).fixture_digest != input.fixture.digest,
 		"training_format_mismatch": _internal(att).format != _format,
 		"training_topology_contradicts_layout": count(_topology_contradictions(att)) > 0,
+		"training_not_bound_per_file": object.get(att, ["verification", "binding"], null) != "manifest",
 	}
 	failed
 }
@@ -72,13 +74,16 @@ _training_messages := {
 	"training_digest_mismatch": "its internalParameters.fixture_digest %v is not the measured fixture digest %v",
 	"training_format_mismatch": "it says it wrote format %v, but the checkpoint is %v",
 	"training_topology_contradicts_layout": "the topology it declares contradicts what the layout records: %v",
+	"training_not_bound_per_file": "its subjects were not bound file by file to the checkpoint (binding %v)",
 }
 
 _training_args(att, "training_digest_mismatch") := [_internal(att).fixture_digest, input.fixture.digest]
 
 _training_args(att, "training_format_mismatch") := [_internal(att).format, _format]
 
-_training_args(att, "training_topology_contradicts_layout") := [_topology_contradictions(att), null]
+_training_args(att, "training_topology_contradicts_layout") := [_topology_contradictions(att)]
+
+_training_args(att, "training_not_bound_per_file") := [object.get(att, ["verification", "binding"], null)]
 
 deny_reasons contains reason if {
 	not requirement_met

@@ -190,3 +190,15 @@ test_training_provenance_whose_subjects_name_a_removed_file_is_refused if {
 	d.allow == false
 	"attestation_extra_subjects" in _codes(d)
 }
+
+test_training_provenance_bound_by_the_fixture_digest_alone_is_refused if {
+	att := _patched_training([
+		{"op": "replace", "path": "/verification/binding", "value": "subject"},
+		{"op": "remove", "path": "/verification/manifest"},
+		{"op": "remove", "path": "/verification/manifest_matches_fixture"},
+		{"op": "replace", "path": "/statement/subject/0/digest/sha256", "value": td.fixture_hex},
+	])
+	d := _training_decide(_framework_training_input(att))
+	d.allow == false
+	"training_not_bound_per_file" in _codes(d)
+}

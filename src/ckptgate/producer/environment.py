@@ -45,8 +45,10 @@ def environment_producers(fmt: str) -> list[Producer]:
 
 
 def _json_file(path: Path) -> dict[str, object]:
+    """A small JSON object of the checkpoint, never through a symbolic link; ``{}`` for anything else."""
     try:
-        with path.open("rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
             doc = json.loads(f.read(1 << 20))
     except (OSError, ValueError):
         return {}

@@ -219,3 +219,16 @@ def test_format_oms_refuses_a_key_model_signing_cannot_sign_with(tmp_path: Path,
     assert rc == 2
     assert doc["error"]["code"] == "usage.oms.key_algorithm"
     assert not (tmp_path / "hf_sharded.sig").exists()
+
+
+def test_keygen_trust_out_admits_training_provenance_from_any_builder_by_default(tmp_path: Path) -> None:
+    res = ckptgate_json("attest", "keygen", "--out", tmp_path / "k", "--trust-out", tmp_path / "trust.json")
+    assert res.returncode == 0, res.stderr
+    (entry,) = json.loads((tmp_path / "trust.json").read_text())["signers"]
+    assert entry["builder_ids"] == ["*"]
+    assert "training_provenance" in entry["scopes"] and "https://slsa.dev/provenance/v1" in entry["predicate_types"]
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    res = ckptgate_json("attest", "checkpoint", ck, "--key", tmp_path / "k.pem", "--builder-id", "https://any.example/b")
+    assert res.returncode == 0, res.stderr
+    rc, receipt = _intake(ck, {"trust": tmp_path / "trust.json"})
+    assert rc == 0, receipt

@@ -58,7 +58,7 @@ def main() -> None:
         )
     )
     if args.peft:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model  # noqa: PLC0415 - only for --peft
 
         model.name_or_path = model.config._name_or_path = "example/tiny-llama"  # the base model the adapter records
         lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM",

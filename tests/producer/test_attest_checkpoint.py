@@ -209,7 +209,8 @@ def test_format_oms_writes_a_bundle_model_signing_itself_verifies_and_intake_tak
     model_signing.verifying.Config().use_elliptic_key_verifier(public_key=tmp_path / "ec.pub.pem").set_hashing_config(
         model_signing.hashing.Config().set_ignored_paths(paths=[], ignore_git_paths=False)
     ).verify(ck, bundle)  # the reference verifier; raises on any mismatch
-    res = ckptgate_json("intake", ck, "--out", tmp_path / "out", "--signature", bundle, "--key", tmp_path / "ec.pub.pem")
+    res = ckptgate_json("intake", ck, "--out", tmp_path / "out", "--signature", bundle,
+                        "--key", tmp_path / "ec.pub.pem")
     assert res.returncode == 0, res.stdout + res.stderr
 
 

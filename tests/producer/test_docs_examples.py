@@ -17,7 +17,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "attestations.md"
 
 def examples() -> dict[str, dict]:
     text = DOC.read_text(encoding="utf-8")
-    return {m.group(1): json.loads(m.group(2)) for m in re.finditer(r"<!-- example: (\w+) -->\n```json\n(.*?)```", text, re.S)}
+    found = re.finditer(r"<!-- example: (\w+) -->\n```json\n(.*?)```", text, re.S)
+    return {m.group(1): json.loads(m.group(2)) for m in found}
 
 
 def test_both_predicates_have_an_example() -> None:

@@ -51,7 +51,8 @@ def test_trainer_callback_attests_each_checkpoint_and_intake_takes_it_in(tmp_pat
     assert training["builder_id"] == BUILDER and training["step"] == 2
     assert training["topology"] == {"world_size": 1}
     assert {p["name"] for p in training["producers"]} >= {"torch", "transformers"}
-    assert training["code"]["commit"] == subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
+    head = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
+    assert training["code"]["commit"] == head  # git in the working directory of the job
 
 
 def test_dcp_save_on_two_ranks_is_attested_by_rank_zero_and_taken_in(tmp_path: Path, keys: dict) -> None:
@@ -73,7 +74,8 @@ def test_dcp_save_on_two_ranks_is_attested_by_rank_zero_and_taken_in(tmp_path: P
 def test_accelerate_save_state_is_attested_and_taken_in(tmp_path: Path, keys: dict) -> None:
     ck = tmp_path / "state"
     res = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("accelerate_save_attest.py")), str(ck), str(keys["key"]), BUILDER],
+        [sys.executable, str(Path(__file__).with_name("accelerate_save_attest.py")), str(ck), str(keys["key"]),
+         BUILDER],
         capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
     )
     assert res.returncode == 0, res.stderr[-3000:]

@@ -98,3 +98,14 @@ def test_only_ascii_digits_make_a_step_number(tmp_path):
         with pytest.raises(UsageError) as e:
             select_checkpoint(root, choice)
         assert e.value.code == "usage.checkpoint.not_found"
+
+
+def test_a_checkpoint_folder_beside_its_own_attestation_is_still_the_one_checkpoint(tmp_path: Path) -> None:
+    from ckptgate.inspect.runs import select_checkpoint
+
+    (tmp_path / "checkpoint-3").mkdir()
+    (tmp_path / "checkpoint-3.intoto.dsse.json").write_text("{}")
+    assert select_checkpoint(tmp_path, None) == tmp_path / "checkpoint-3"
+    (tmp_path / "checkpoint-2.intoto.dsse.json").write_text("{}")  # another checkpoint's envelope is another entry
+    with pytest.raises(UsageError):
+        select_checkpoint(tmp_path, None)

@@ -87,3 +87,20 @@ def test_a_certificate_signer_needs_an_identity_and_a_root_fingerprint() -> None
         with pytest.raises(TrustDataError) as e:
             TrustData.from_json(json.dumps({"signers": [{**entry, **bad}]}).encode())
         assert e.value.code == "verify.trust.field"
+
+
+def test_builder_ids_is_an_optional_list_of_builder_ids() -> None:
+    s = signer()
+    entry = trust_entry(public_pem(s), signer_id="trainer", predicate_types=["https://slsa.dev/provenance/v1"],
+                        scopes=["training_provenance"], builder_ids=["https://ci.example/trainer"])
+    assert entry["builder_ids"] == ["https://ci.example/trainer"]
+    (key,) = TrustData.from_json(json.dumps({"signers": [entry]}).encode()).keys
+    assert key.builder_ids == ("https://ci.example/trainer",)
+    without = {k: v for k, v in entry.items() if k != "builder_ids"}
+    assert "builder_ids" not in trust_entry(public_pem(s), signer_id="t", predicate_types=["x"])
+    (key,) = TrustData.from_json(json.dumps({"signers": [without]}).encode()).keys
+    assert key.builder_ids == ()
+    for bad in ([], "https://ci.example/trainer", [""]):
+        with pytest.raises(TrustDataError) as e:
+            TrustData.from_json(json.dumps({"signers": [{**entry, "builder_ids": bad}]}).encode())
+        assert e.value.code == "verify.trust.field"

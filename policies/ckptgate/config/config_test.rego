@@ -86,7 +86,11 @@ test_pure_data_needs_no_attestation if {
 
 test_intake_requires_an_attestation_for_every_plane if {
 	_cfg.intake.actions.intake.attestation_required == true
-	_cfg.intake.actions.intake.accepted_predicates.framework == ["qualification"]
+
+	# the framework plane takes ckptgate's own qualification, or a training job's provenance, whose
+	# producer versions the adapter's gate must pass (ckptgate.intake, training.rego)
+	_cfg.intake.actions.intake.accepted_predicates.framework == ["qualification", "training_provenance"]
+	_cfg.intake.predicates.training_provenance.gates_producers == true
 	every kinds in _cfg.intake.actions.intake.accepted_predicates {
 		count(kinds) > 0
 	}

@@ -29,11 +29,12 @@ accepted_predicate_types contains predicate_type if {
 	predicate_type := _intake_cfg.predicates[kind].type
 }
 
-_kind_of_type[p.type] := kind if some kind, p in _intake_cfg.predicates
+_accepted_kinds contains kind if some kind in object.get(action, ["accepted_predicates", plane], [])
 
 _candidates contains i if {
 	some i in trust.trusted_attestations
-	input.attestations[i].statement.predicateType in accepted_predicate_types
+	some kind in trust.kinds(input.attestations[i], _intake_cfg.predicates)
+	kind in _accepted_kinds
 }
 
 # METADATA
@@ -46,9 +47,14 @@ satisfying_attestations contains i if {
 	_result_passes(input.attestations[i])
 	_adapter_bound(input.attestations[i])
 	_gated(input.attestations[i])
+	_training_holds(input.attestations[i])
 }
 
-_predicate_cfg(att) := _intake_cfg.predicates[_kind_of_type[att.statement.predicateType]]
+_predicate_cfg(att) := _intake_cfg.predicates[kind] if {
+	kinds := trust.kinds(att, _intake_cfg.predicates)
+	count(kinds) == 1
+	some kind in kinds
+}
 
 _result_passes(att) if _predicate_cfg(att).passing_result == null
 
@@ -82,6 +88,8 @@ _gate_needed if gates.applies(gate)
 _gated(_) if not gate_enforced
 
 _gated(att) if gates.passes(release_of(att), gate, _format, topology_of(att))
+
+_gated(att) if _training_gated(att)
 
 # METADATA
 # description: >-

@@ -186,19 +186,20 @@ default signer_trusted(_, _) := false
 
 signer_trusted(att, cfg) if {
 	predicate_type := at(att, ["statement", "predicateType"])
-	some kind in _kinds_of(predicate_type, cfg.intake.predicates)
+	some kind in kinds(att, cfg.intake.predicates)
 	some signer in at(att, ["signers"])
 	some entry in cfg.signers
 	signer_matches(signer, entry)
 	predicate_type in entry.predicate_types
 	_in_scope(producer(att, cfg.intake.predicates), entry.producers)
 	_in_scope(kind, entry.scopes)
+	_builder_in_scope(att, kind, entry, cfg.intake.predicates)
 }
 
 # A key named on the command line (input.offered_keys, verified by Python) is trusted only for
 # the predicate types whose intake data sets offered_keys: never for ckptgate's own predicates.
 signer_trusted(att, cfg) if {
-	some kind in _kinds_of(at(att, ["statement", "predicateType"]), cfg.intake.predicates)
+	some kind in kinds(att, cfg.intake.predicates)
 	cfg.intake.predicates[kind].offered_keys == true
 	some signer in at(att, ["signers"])
 	is_string(signer.offered)
@@ -213,7 +214,7 @@ signer_trusted(att, cfg) if {
 signer_trusted(att, cfg) if {
 	shape(att, cfg.intake.predicates) == "model_signing"
 	predicate_type := at(att, ["statement", "predicateType"])
-	some kind in _kinds_of(predicate_type, cfg.intake.predicates)
+	some kind in kinds(att, cfg.intake.predicates)
 	some signer in at(att, ["signers"])
 	signer.kind in {"certificate", "sigstore"}
 	some entry in cfg.signers
@@ -222,9 +223,15 @@ signer_trusted(att, cfg) if {
 	_in_scope(kind, entry.scopes)
 }
 
-_kinds_of(predicate_type, predicates) := {kind |
-	some kind, p in predicates
-	p.type == predicate_type
+# A kind with builder_scope (training provenance) is vouched for only by a signer whose trust
+# entry lists the statement's builder id (runDetails.builder.id) in builder_ids, or "*"; an
+# entry without builder_ids vouches for no builder.
+_builder_in_scope(_, kind, _, predicates) if object.get(predicates[kind], "builder_scope", false) == false
+
+_builder_in_scope(att, kind, entry, predicates) if {
+	predicates[kind].builder_scope == true
+	builder := at(at(att, ["statement", "predicate"]), ["runDetails", "builder", "id"])
+	_in_scope(builder, object.get(entry, "builder_ids", []))
 }
 
 _in_scope(name, scopes) if {
@@ -296,7 +303,7 @@ binds_fixture(att, fixture_digest) if {
 default predicate_unbound(_, _) := true
 
 predicate_unbound(att, cfg) := false if {
-	count(_kinds_of(at(att, ["statement", "predicateType"]), cfg.intake.predicates)) == 0
+	count(kinds(att, cfg.intake.predicates)) == 0
 }
 
 predicate_unbound(att, cfg) := false if {

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ckptgate._cli._base import emit_json, json_option, shown, stdout
-from ckptgate._cli._options import load_config
+from ckptgate._cli._options import checkpoint_option, load_config
 from ckptgate._json import loads_strict, verify_error
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import read_regular_file, write_output_file
@@ -59,7 +59,12 @@ def _now(value: str | None) -> datetime:
 
 @click.group("attest")
 def attest() -> None:
-    """Sign, verify and inspect qualification attestations (DSSE with keys, Sigstore bundles)."""
+    """Write, sign, verify and show attestations (DSSE with keys, Sigstore bundles).
+
+    A training job attests what it wrote with `attest checkpoint` (training provenance: SLSA
+    Provenance v1 over every file); ckptgate's own qualification runs sign qualification
+    statements with `attest sign`.  See docs/attestations.md.
+    """
 
 
 @attest.command("keygen")
@@ -72,10 +77,24 @@ def attest() -> None:
     default=None,
     help="Also write a trust file naming only this key, ready for --trust FILE.",
 )
+@click.option(
+    "--builder-id",
+    "builder_ids",
+    multiple=True,
+    help="A builder id (runDetails.builder.id) whose training provenance the key may vouch for (repeatable; "
+    "default: any).",
+)
 @json_option
-def keygen(prefix: str, algorithm: str, signer_id: str, trust_out: Path | None, as_json: bool) -> None:
-    """Development helper: a new key pair and its trust-data entry (never use for production keys)."""
+def keygen(
+    prefix: str, algorithm: str, signer_id: str, trust_out: Path | None, builder_ids: tuple[str, ...], as_json: bool
+) -> None:
+    """Development helper: a new key pair and its trust-data entry (never use for production keys).
+
+    The entry trusts the key for training provenance (`attest checkpoint`) from the --builder-id values
+    (or any builder), and for ckptgate's own qualification and fixture-provenance statements.
+    """
     from ckptgate.verify import PROVENANCE_PREDICATE_TYPE, QUALIFICATION_PREDICATE_TYPE, generate_keypair, trust_entry  # noqa: PLC0415 - ~490 ms (cryptography)
+    from ckptgate.verify.statement import SLSA_PROVENANCE_V1  # noqa: PLC0415 - ~490 ms (cryptography)
 
     if not Path(prefix).name:
         raise UsageError("usage.invalid", f"--out {prefix!r} names no file prefix (e.g. keys/dev)")
@@ -93,8 +112,9 @@ def keygen(prefix: str, algorithm: str, signer_id: str, trust_out: Path | None, 
     entry = trust_entry(
         public,
         signer_id=signer_id,
-        predicate_types=[QUALIFICATION_PREDICATE_TYPE, PROVENANCE_PREDICATE_TYPE],
-        scopes=["qualification", "provenance"],
+        predicate_types=[QUALIFICATION_PREDICATE_TYPE, PROVENANCE_PREDICATE_TYPE, SLSA_PROVENANCE_V1],
+        scopes=["qualification", "provenance", "training_provenance"],
+        builder_ids=list(dict.fromkeys(builder_ids)) or ["*"],
     )
     if trust_out is not None:
         write_output_file(
@@ -113,10 +133,18 @@ def keygen(prefix: str, algorithm: str, signer_id: str, trust_out: Path | None, 
             }
         )
         return
-    stdout.print(f"wrote [bold]{priv_path}[/] (private, keep secret) and [bold]{pub_path}[/]")
+    stdout.print(
+        f"wrote [bold]{priv_path}[/] (private, keep secret): sign with it, "
+        f"`ckptgate attest checkpoint DIR --key {priv_path}` in the training job"
+    )
+    stdout.print(f"wrote [bold]{pub_path}[/] (public): give it to whoever takes the checkpoints in")
     stdout.print(f"algorithm {algorithm}, spki_sha256 {entry['spki_sha256']}")
+    builders = ", ".join(entry["builder_ids"])
     if trust_out is not None:
-        stdout.print(f"wrote the trust file [bold]{trust_out}[/]: pass it as --trust {trust_out}")
+        stdout.print(
+            f"wrote the trust file [bold]{trust_out}[/] (training provenance from builder(s) {builders}): "
+            f"pass it as `ckptgate intake DIR --trust {trust_out}`"
+        )
     else:
         stdout.print(
             'trust-data entry; put it in a trust file {"signers": [...]} of your own and pass it with '
@@ -149,7 +177,7 @@ def sign(
 ) -> None:
     """Sign a statement (checked against its schema first) into a DSSE envelope."""
     from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE, KeySigner, sign_statement  # noqa: PLC0415 - ~490 ms (cryptography)
-    from ckptgate.verify.statement import PREDICATE_SCHEMAS  # noqa: PLC0415 - ~490 ms (cryptography)
+    from ckptgate.verify.statement import PREDICATE_SCHEMAS, schema_errors, statement_schema  # noqa: PLC0415 - ~490 ms (cryptography)
 
     if (statement_path is None) == (predicate_path is None):
         raise UsageError("usage.invalid", "give exactly one of --statement or --predicate")
@@ -173,19 +201,23 @@ def sign(
         }
     if not isinstance(statement, dict):
         raise UsageError("usage.statement_invalid", "the statement is not a JSON object; nothing was signed")
-    if statement.get("predicateType") not in PREDICATE_SCHEMAS:  # every type signed here is checked by a schema
+    if statement_schema(statement) is None:  # every statement signed here is checked by a schema
         raise UsageError(
             "usage.predicate_type",
-            f"ckptgate signs only its own predicate types, each checked "
-            f"against its schema: {sorted(PREDICATE_SCHEMAS)}; not {statement.get('predicateType')!r}",
+            f"ckptgate signs only statements it has a schema for: its own predicate types "
+            f"{sorted(PREDICATE_SCHEMAS)}, and SLSA provenance of the training build type "
+            f"(`attest checkpoint` writes one); not {statement.get('predicateType')!r}",
         )
     try:
         envelope = sign_statement(statement, signer)
     except VerificationError as e:  # the statement is what is wrong: fix it, then sign
+        errors = schema_errors(statement)
+        listed = "; ".join(f"{x['path']}: {x['message']}" for x in errors) or e.message
         raise UsageError(
             "usage.statement_invalid",
-            f"the statement does not match its schema, so it was not signed: {e.message}",
-            evidence={"check": e.code, **e.evidence},
+            f"the statement does not match its schema in {max(len(errors), 1)} place(s), so it was not signed: "
+            f"{listed}",
+            evidence={"check": e.code, **e.evidence, "errors": errors},
             advice="Fix the statement or predicate so that it matches the schema of its predicate "
             "type (docs/attestations.md), then sign it again.",
         ) from None
@@ -296,7 +328,11 @@ def _unverified(raw: bytes) -> dict[str, Any]:
 @click.argument("file", type=click.Path(dir_okay=False))
 @json_option
 def show(file: str, as_json: bool) -> None:
-    """Print an attestation's content WITHOUT verifying it (clearly marked UNVERIFIED)."""
+    """Print an attestation's content WITHOUT verifying it (clearly marked UNVERIFIED); training
+    provenance in plain words (builder, code commit, producers, topology, base model)."""
+    from ckptgate.verify.statement import check_statement, statement_schema  # noqa: PLC0415 - ~490 ms (cryptography)
+    from ckptgate.verify.training import TrainingFacts, is_training  # noqa: PLC0415 - ~490 ms (cryptography)
+
     doc = _unverified(_read(file, "attestation"))
     if as_json:
         emit_json(doc)
@@ -309,7 +345,19 @@ def show(file: str, as_json: bool) -> None:
         f"format {doc['format']}, payloadType {shown(doc['payload_type'])}, "
         f"{len(doc['signatures'])} signature(s), keyid hints {shown([s['keyid'] for s in doc['signatures']])}"
     )
-    stdout.print_json(json.dumps(doc["statement"], sort_keys=True), ensure_ascii=True)  # untrusted: escaped
+    statement = doc["statement"]
+    if is_training(statement) and statement_schema(statement) is not None:
+        try:
+            check_statement(statement)
+        except VerificationError as e:
+            stdout.print(f"training provenance that fails its schema ({shown(e.message)}):", markup=False)
+        else:
+            stdout.print("training provenance (UNVERIFIED):", markup=False)
+            for label, text in TrainingFacts.from_statement(statement).lines():
+                stdout.print(f"  {label:<11} {shown(text)}")
+            stdout.print(f"  files       {len(statement['subject'])} (each named with its sha256)")
+            return
+    stdout.print_json(json.dumps(statement, sort_keys=True), ensure_ascii=True)  # untrusted: escaped
 
 
 @attest.command("add")
@@ -347,6 +395,162 @@ def add(files: tuple[str, ...], store_root: str | None, as_json: bool) -> None:
         return
     for p in paths:
         stdout.print(f"stored {p}")
+
+
+def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for v in values:
+        name, sep, value = v.partition("=")
+        if not sep or not name or not value:
+            raise UsageError("usage.invalid", f"{option} {v!r}: expected NAME=VALUE")
+        if name in out:
+            raise UsageError("usage.invalid", f"{option} names {name!r} twice")
+        out[name] = value
+    return out
+
+
+@attest.command("checkpoint")
+@click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--key", "key_path", envvar="CKPTGATE_SIGNING_KEY", help="PEM private key (or $CKPTGATE_SIGNING_KEY).")
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Where the DSSE envelope goes (default: SRC.intoto.dsse.json beside SRC; never inside it).",
+)
+@click.option(
+    "--dry-run", is_flag=True, default=False, help="Print the statement and every schema error; sign nothing."
+)
+@click.option(
+    "--builder-id", default=None, help="runDetails.builder.id (default: $CKPTGATE_BUILDER_ID, else local://HOST)."
+)
+@click.option(
+    "--producer",
+    "producers",
+    multiple=True,
+    metavar="NAME=VERSION",
+    help="A producer library's exact version (repeatable); overrides the environment and the checkpoint's records.",
+)
+@click.option(
+    "--topology",
+    "topology",
+    multiple=True,
+    metavar="FIELD=VALUE",
+    help="tp, pp, dp, ep, etp, cp, world_size, zero_stage or fsdp_mode (repeatable); refused where the layout "
+    "records otherwise.",
+)
+@click.option(
+    "--no-environment",
+    is_flag=True,
+    default=False,
+    help="Do not read producer versions from this environment (run outside the training job).",
+)
+@click.option("--dtype", default=None, help="Training dtype (default: the layout's most common tensor dtype).")
+@click.option("--step", type=click.IntRange(min=0), default=None, help="Training step (default: from the folder name).")
+@click.option(
+    "--training-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A JSON object: the training configuration the job declares (externalParameters).",
+)
+@click.option(
+    "--base-model", default=None, metavar="REPO@REVISION", help="For an adapter: the base model it was trained on."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["intoto", "oms"]),
+    default="intoto",
+    show_default=True,
+    help="intoto: training provenance in a DSSE envelope; oms: an OpenSSF Model Signing bundle (key method, "
+    "ECDSA P-256) over the same files, SRC.sig, for intake --signature SRC.sig --key PUB.pem.",
+)
+@checkpoint_option("src")
+@json_option
+def checkpoint(
+    src: Path,
+    key_path: str | None,
+    out_path: Path | None,
+    dry_run: bool,
+    builder_id: str | None,
+    producers: tuple[str, ...],
+    topology: tuple[str, ...],
+    no_environment: bool,
+    dtype: str | None,
+    step: int | None,
+    training_config: Path | None,
+    base_model: str | None,
+    fmt: str,
+    as_json: bool,
+) -> None:
+    """Measure SRC as intake does and sign its training provenance (in-toto + SLSA Provenance v1).
+
+    Exit 0 when written (or, with --dry-run, when the statement is valid); 2 on a bad flag, a declared
+    topology that contradicts the layout, or a statement that fails its schema (every error listed).
+    """
+    from ckptgate.producer.attest import AttestRequest, attest_checkpoint, parse_topology, statement_json  # noqa: PLC0415 - ~490 ms (inspection, cryptography)
+    from ckptgate.verify.training import BaseModel  # noqa: PLC0415 - ~490 ms (cryptography)
+
+    config: dict[str, Any] | None = None
+    if training_config is not None:
+        doc = loads_strict(
+            _read(str(training_config), "training config"),
+            what="training config",
+            max_bytes=_MAX_INPUT,
+            error=verify_error,
+        )
+        if not isinstance(doc, dict):
+            raise UsageError("usage.invalid", f"--training-config {training_config} is not a JSON object")
+        config = doc
+    base = None
+    if base_model is not None:
+        repo, _, rev = base_model.partition("@")
+        if not repo or not rev:
+            raise UsageError("usage.invalid", f"--base-model {base_model!r}: expected REPO@REVISION")
+        base = BaseModel(repo=repo, revision=rev)
+    if not dry_run and not (key_path or os.environ.get("CKPTGATE_SIGNING_KEY")):
+        raise UsageError("usage.signing_key_missing", "no signing key: pass --key (or --dry-run to only print)")
+    request = AttestRequest(
+        src=src,
+        key=Path(key_path) if key_path else None,
+        out=out_path,
+        builder_id=builder_id,
+        producers=_pairs(producers, "--producer"),
+        topology=parse_topology(_pairs(topology, "--topology")),
+        environment=not no_environment,
+        dtype=dtype,
+        step=step,
+        training_config=config,
+        base_model=base,
+        dry_run=dry_run,
+        format=fmt,
+    )
+    done = attest_checkpoint(request)
+    if as_json:
+        emit_json(
+            {
+                "statement": done.statement,
+                "envelope": str(done.path) if done.path else None,
+                "format": done.format,
+                "fixture_digest": done.digest.digest.prefixed(),
+                "measured_topology": done.measured_topology,
+            }
+        )
+        return
+    if dry_run:
+        stdout.print(statement_json(done.statement), markup=False, highlight=False)
+        stdout.print(
+            f"dry run: the statement is valid; {len(done.statement['subject'])} file(s), nothing signed", markup=False
+        )
+        return
+    what = "an OpenSSF Model Signing bundle" if fmt == "oms" else "training provenance"
+    stdout.print(f"signed [bold]{shown(str(done.path))}[/]: {what} of {shown(str(src))}")
+    stdout.print(
+        f"  format {done.format}, {len(done.statement['subject'])} file(s), fixture {done.digest.digest.prefixed()}"
+    )
+    if fmt != "oms":
+        stdout.print(f"  builder {shown(done.statement['predicate']['runDetails']['builder']['id'])}")
 
 
 def register(cli: click.Group) -> None:

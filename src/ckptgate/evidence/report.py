@@ -86,6 +86,7 @@ def build_report(
                 else None,
                 "files_bound": field_at(att, "verification", "manifest"),
                 "builder": field_at(pred, "runDetails", "builder", "id"),
+                "training": att.get("training"),
                 "signers": att.get("signers") or [],
                 "issued_at": field_at(att, "verification", "validity", "issued_at")
                 or field_at(pred, "validity", "issued_at"),
@@ -145,6 +146,32 @@ def build_report(
     }
 
 
+def training_rows(training: Any) -> list[tuple[str, str]]:
+    """A training provenance's facts (``training`` of an attestation's facts) as ``(label, text)`` rows:
+    builder, code commit, producer versions, topology, base model; none for another predicate."""
+    if not isinstance(training, dict):
+        return []
+    topo = training.get("topology") or {}
+    code = training.get("code")
+    base = training.get("base_model")
+    rows = [
+        ("builder", str(training.get("builder_id"))),
+        ("code", f"{code.get('uri')} at {code.get('commit')}" if isinstance(code, dict) else "not recorded"),
+        (
+            "producers",
+            ", ".join(
+                f"{p.get('name')} {p.get('version')} ({p.get('source')})" for p in training.get("producers") or []
+            )
+            or "none recorded",
+        ),
+        ("topology", ", ".join(f"{k}={x}" for k, x in topo.items()) or "not recorded"),
+        ("step", f"{training.get('step')} ({training.get('format')}, {training.get('dtype')})"),
+    ]
+    if isinstance(base, dict):
+        rows.append(("base", f"{base.get('repo')} revision {base.get('revision')}"))
+    return rows
+
+
 def _predicate_about_subject(att: dict[str, Any]) -> bool:
     """No predicate field Python checked names another fixture than the bound subject."""
     named = field_at(att, "verification", "predicate_subject")
@@ -177,6 +204,8 @@ def render_text(doc: dict[str, Any]) -> list[str]:
         claims = a["claims"]
         if claims:
             out.append(f"  states    {json.dumps(claims, sort_keys=True)}")
+        for label, text in training_rows(a.get("training")):
+            out.append(f"  {label:<9} {text}")
     for r in doc["rejected_attestations"]:
         out.append(f"REJECTED    {r.get('source')}: [{r.get('code')}] {r.get('message')}")
     out.append(
@@ -362,6 +391,7 @@ def render_html(doc: dict[str, Any]) -> str:
         ]
         if a.get("model_name"):
             pairs.append(("Model", v(a["model_name"]) + " (every file bound by sha256)"))
+        pairs += [(f"Training {label}", v(text)) for label, text in training_rows(a.get("training"))]
         pairs += [(f"Timing: {k}", v(x)) for k, x in sorted(timing.items())]
         rows = [[v(k, mono=True), v(x)] for k, x in predicate_rows(a.get("predicate"))]
         atts.append(

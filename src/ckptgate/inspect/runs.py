@@ -1,16 +1,16 @@
 """A ``Trainer`` output directory holding several ``checkpoint-N/``: pick one, never guess.
 
 The ``Trainer`` documentation defines a save as ``output_dir/checkpoint-N/`` (N the global step)
-[R19].  Given
-such an output directory, the gate takes in exactly one of them, chosen with ``--checkpoint N`` or
-``--checkpoint latest`` (the highest N).  Without the option, a directory whose only entry is one
-``checkpoint-N/`` is that checkpoint; any other directory holding ``checkpoint-N/`` folders is
-refused with the list of them.  Folders are compared by step number: two folders whose numbers
-are equal (``checkpoint-5/`` and ``checkpoint-05/``) are ambiguous for ``N`` and for ``latest``
-alike, and are refused naming both, never one chosen by its spelling.  Only ASCII digits make a
-step number (the ``Trainer`` writes ``checkpoint-{step}``).  The selected folder becomes the
-source: the digest, the inspection and the receipt cover it and nothing beside it.  Only names
-are listed here (no file is read), and a ``checkpoint-N`` that is a symbolic link is not a candidate.
+[R19]. Given such an output directory, the gate takes in exactly one of them, chosen with
+``--checkpoint N`` or ``--checkpoint latest`` (the highest N). Without the option, a directory whose
+only entry is one ``checkpoint-N/`` (beside, at most, its own ``checkpoint-N.intoto.dsse.json``) is
+that checkpoint; any other directory holding ``checkpoint-N/`` folders is refused with the list of
+them. Folders are compared by step number: two folders whose numbers are equal (``checkpoint-5/``
+and ``checkpoint-05/``) are ambiguous for ``N`` and for ``latest`` alike, and are refused naming
+both, never one chosen by its spelling. Only ASCII digits make a step number (the ``Trainer`` writes
+``checkpoint-{step}``). The selected folder becomes the source: the digest, the inspection and the
+receipt cover it and nothing beside it. Only names are listed here (no file is read), and a
+``checkpoint-N`` that is a symbolic link is not a candidate.
 """
 
 from __future__ import annotations
@@ -21,9 +21,12 @@ from pathlib import Path
 
 from ckptgate.errors import UsageError
 
-__all__ = ["CHECKPOINT_DIR", "list_checkpoints", "select_checkpoint"]
+__all__ = ["CHECKPOINT_DIR", "ENVELOPE_SUFFIX", "list_checkpoints", "select_checkpoint"]
 
 CHECKPOINT_DIR = re.compile(r"^checkpoint-([0-9]{1,18})$")
+ENVELOPE_SUFFIX = ".intoto.dsse.json"
+"""``checkpoint-N.intoto.dsse.json`` beside ``checkpoint-N/`` is where ``ckptgate attest checkpoint`` and the
+``Trainer`` hook write a checkpoint's training provenance; beside its own folder it is no other entry."""
 _STEP = re.compile(r"[0-9]{1,18}")
 
 
@@ -60,7 +63,8 @@ def select_checkpoint(root: Path, choice: str | None) -> Path:
     if choice is None:
         if not found:
             return root
-        if len(found) == 1 and _names(root) == names:
+        envelopes = {n + ENVELOPE_SUFFIX for n in names}
+        if len(found) == 1 and [n for n in _names(root) if n not in envelopes] == names:
             return root / names[0]
         raise UsageError(
             "usage.checkpoint.ambiguous",

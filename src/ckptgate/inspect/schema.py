@@ -116,6 +116,11 @@ FACTS_SCHEMA: dict[str, Any] = {
             },
         },
         "layout": {"type": "object"},
+        "topology": {
+            "type": "object",
+            "additionalProperties": False,
+            "patternProperties": {"^(tp|pp|dp|ep|etp|cp|world_size|zero_stage|fsdp_mode)$": {"type": "array"}},
+        },
     },
 }
 

@@ -334,9 +334,12 @@ def trust_entry(
     predicate_types: Sequence[str],
     producers: Sequence[str] = ("*",),
     scopes: Sequence[str] = ("qualification",),
+    builder_ids: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The trust-data entry for a public key (to paste into ``config/trust/data.json``)."""
+    """The trust-data entry for a public key (to paste into ``config/trust/data.json``); with
+    ``builder_ids``, the builder ids whose training provenance it may vouch for."""
     key = serialization.load_pem_public_key(public_pem)
+    extra: dict[str, Any] = {"builder_ids": list(builder_ids)} if builder_ids else {}
     return {
         "id": signer_id,
         "kind": "key",
@@ -346,4 +349,5 @@ def trust_entry(
         "predicate_types": list(predicate_types),
         "producers": list(producers),
         "scopes": list(scopes),
+        **extra,
     }

@@ -30,6 +30,7 @@ from ckptgate.verify.statement import (
     check_statement,
     check_validity,
 )
+from ckptgate.verify.training import TrainingFacts, is_training
 from ckptgate.verify.trust import TrustData
 
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
@@ -169,12 +170,15 @@ class VerifiedAttestation:
             }
         if self.timing:
             verification["timing"] = dict(sorted(self.timing.items()))
-        return {
+        out = {
             "source": self.source,
             "statement": self.statement,
             "signers": [s.to_json() for s in self.signers],
             "verification": verification,
         }
+        if is_training(self.statement):
+            out["training"] = TrainingFacts.from_statement(self.statement).to_json()
+        return out
 
 
 def rejection_facts(source: str, err: Error) -> dict[str, Any]:

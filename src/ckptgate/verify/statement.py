@@ -44,6 +44,33 @@ qualification's ``result.evidence.digest`` names the result log; ``fixture.manif
 provenance's ``fixture.location`` and ``git_tree``, name repository paths, not bytes.)"""
 
 
+SLSA_PROVENANCE_V1 = "https://slsa.dev/provenance/v1"
+"""The predicate type of SLSA build provenance v1: a statement of this type (or any other type that is not
+ckptgate's own) may bind file by file (:func:`bind_manifest`)."""
+
+TRAINING_BUILD_TYPE = "https://ckptgate.dev/training/v1"
+"""The SLSA ``buildDefinition.buildType`` of a training job's provenance (docs/attestations.md): the
+job's configuration, topology, producer libraries, code commit and base model, over every file written."""
+
+TRAINING_SCHEMA = "training-provenance-v1.schema.json"
+"""The JSON Schema a statement of SLSA provenance with :data:`TRAINING_BUILD_TYPE` must satisfy."""
+
+
+def statement_schema(doc: Any) -> str | None:
+    """The schema file a statement must satisfy: its known predicate type's, the training provenance
+    schema for SLSA provenance of :data:`TRAINING_BUILD_TYPE`, else ``None`` (in-toto shape only)."""
+    if not isinstance(doc, dict):
+        return None
+    predicate_type = doc.get("predicateType")
+    if not isinstance(predicate_type, str):
+        return None
+    if predicate_type == SLSA_PROVENANCE_V1 and field_at(doc, "predicate", "buildDefinition", "buildType") == (
+        TRAINING_BUILD_TYPE
+    ):
+        return TRAINING_SCHEMA
+    return PREDICATE_SCHEMAS.get(predicate_type)
+
+
 def _schema(name: str) -> dict[str, Any]:
     text = resources.files("ckptgate.verify").joinpath("schemas", name).read_text(encoding="utf-8")
     return json.loads(text)  # type: ignore[no-any-return]
@@ -70,7 +97,7 @@ def _fast(name: str) -> Callable[[Any], Any]:
 def prepare_statement_checks() -> None:
     """Compile the known predicate schemas now (about 50 ms) rather than on the first statement:
     the pipeline does it on a thread while the digest hashes."""
-    for name in PREDICATE_SCHEMAS.values():
+    for name in (*PREDICATE_SCHEMAS.values(), TRAINING_SCHEMA):
         _fast(name)
 
 
@@ -110,8 +137,7 @@ def check_statement(doc: Any) -> dict[str, Any]:
             f"payload is not an in-toto Statement v1 (_type={got!r})",
             evidence={"_type": got if isinstance(got, str) else None},
         )
-    predicate_type = doc.get("predicateType")
-    schema = PREDICATE_SCHEMAS.get(predicate_type) if isinstance(predicate_type, str) else None
+    schema = statement_schema(doc)
     # A known predicate type's schema is stricter than the generic one, so it alone decides a valid
     # statement (the hot path); on failure the generic schema tells shape errors from predicate errors.
     if schema is None or _first_error(schema, doc) is not None:
@@ -133,7 +159,7 @@ def check_statement(doc: Any) -> dict[str, Any]:
                     "predicate_type": doc["predicateType"],
                 },
             )
-    if schema is not None:
+    if schema is not None and schema != TRAINING_SCHEMA:
         pred_digest = doc["predicate"]["fixture"]["digest"]
         if not any("sha256:" + s["digest"]["sha256"] == pred_digest for s in doc["subject"]):
             raise VerificationError(
@@ -142,6 +168,36 @@ def check_statement(doc: Any) -> dict[str, Any]:
                 evidence={"fixture_digest": pred_digest},
             )
     return doc
+
+
+def schema_errors(doc: Any) -> list[dict[str, str]]:
+    """Every schema error of a statement at once (``path`` as a JSON pointer, ``message``), for a
+    producer fixing a statement before signing: the in-toto shape's, then its predicate schema's."""
+    names = ["in-toto-statement-v1.schema.json"]
+    schema = statement_schema(doc)
+    if schema is not None:
+        names.append(schema)
+    seen: set[tuple[str, str]] = set()
+    out: list[dict[str, str]] = []
+    for name in names:
+        errors: list[jsonschema.ValidationError] = list(_validator(name).iter_errors(doc))
+        for err in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path]):
+            for leaf in _leaves(err):
+                item = ("/" + "/".join(str(p) for p in leaf.absolute_path), leaf.message)
+                if item not in seen:
+                    seen.add(item)
+                    out.append({"path": item[0], "message": item[1]})
+    return out
+
+
+def _leaves(err: jsonschema.ValidationError) -> list[jsonschema.ValidationError]:
+    """A ``oneOf``/``anyOf`` error stands for its alternatives' errors: report the closest ones."""
+    if not err.context:
+        return [err]
+    from jsonschema.exceptions import best_match  # noqa: PLC0415 - jsonschema: 270 ms import
+
+    best = best_match(err.context)
+    return [err] if best is None else _leaves(best)
 
 
 def field_at(doc: Any, *keys: str) -> Any:
@@ -312,11 +368,6 @@ def qualification_statement(
     }
     check_statement(statement)
     return statement
-
-
-SLSA_PROVENANCE_V1 = "https://slsa.dev/provenance/v1"
-"""The predicate type of SLSA build provenance v1: a statement of this type (or any other type that is not
-ckptgate's own) may bind file by file (:func:`bind_manifest`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

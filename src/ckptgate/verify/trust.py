@@ -81,6 +81,9 @@ class TrustedKey:
     predicate_types: tuple[str, ...]
     producers: tuple[str, ...]
     scopes: tuple[str, ...]
+    builder_ids: tuple[str, ...] = ()
+    """Builder ids (SLSA ``runDetails.builder.id``, or ``*``) whose training provenance this signer may
+    vouch for; empty: none (docs/attestations.md)."""
 
     def __post_init__(self) -> None:
         if key_algorithm(self.public_key) != self.algorithm:
@@ -99,6 +102,9 @@ class TrustedIdentity:
     predicate_types: tuple[str, ...]
     producers: tuple[str, ...]
     scopes: tuple[str, ...]
+    builder_ids: tuple[str, ...] = ()
+    """Builder ids (SLSA ``runDetails.builder.id``, or ``*``) whose training provenance this signer may
+    vouch for; empty: none (docs/attestations.md)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +118,9 @@ class TrustedCertificate:
     predicate_types: tuple[str, ...]
     producers: tuple[str, ...]
     scopes: tuple[str, ...]
+    builder_ids: tuple[str, ...] = ()
+    """Builder ids (SLSA ``runDetails.builder.id``, or ``*``) whose training provenance this signer may
+    vouch for; empty: none (docs/attestations.md)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,6 +164,7 @@ class TrustData:
                 "predicate_types": _strs(e, "predicate_types", sid),
                 "producers": _strs(e, "producers", sid),
                 "scopes": _strs(e, "scopes", sid),
+                "builder_ids": _strs(e, "builder_ids", sid) if "builder_ids" in e else (),
             }
             kind = e.get("kind")
             if kind == "key":

@@ -1,0 +1,87 @@
+"""The producer-side helpers behind every hook: wait for every rank, then attest on the main process."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ckptgate.producer.attest import Attested, AttestRequest, attest_checkpoint
+
+__all__ = ["after_accelerate_save", "after_dcp_save", "after_deepspeed_save", "attest_saved"]
+
+
+def _dist() -> Any:
+    """``torch.distributed`` when torch is already imported and a process group is up, else ``None``
+    (a hook never imports torch itself: a job that has none has no ranks to wait for)."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+def attest_saved(
+    path: Path | str,
+    *,
+    key: Path | str | None = None,
+    builder_id: str | None = None,
+    topology: Mapping[str, Any] | None = None,
+    producers: Mapping[str, str] | None = None,
+    training_config: Mapping[str, Any] | None = None,
+    step: int | None = None,
+    started: datetime | None = None,
+    out: Path | str | None = None,
+    main_process: bool | None = None,
+) -> Attested | None:
+    """Attest the complete checkpoint at ``path``; returns what was written on the main process, ``None``
+    on the others.  ``key`` defaults to ``$CKPTGATE_SIGNING_KEY``.  With a process group, every rank waits
+    for the others before the main process (rank 0, unless ``main_process`` says) measures the files."""
+    dist = _dist()
+    if dist is not None:
+        dist.barrier()  # every rank's files are written before any is measured
+    if main_process is None:
+        main_process = dist is None or dist.get_rank() == 0
+    if not main_process:
+        return None
+    declared = dict(topology or {})
+    if dist is not None:
+        declared.setdefault("world_size", dist.get_world_size())
+    request = AttestRequest(
+        src=Path(path),
+        key=Path(key) if key is not None else None,
+        out=Path(out) if out is not None else None,
+        builder_id=builder_id,
+        producers=dict(producers or {}),
+        topology=declared,
+        training_config=training_config,
+        step=step,
+        started=started,
+    )
+    return attest_checkpoint(request)
+
+
+def after_dcp_save(checkpoint_id: Path | str, **kwargs: Any) -> Attested | None:
+    """Call on every rank right after ``torch.distributed.checkpoint.save(..., checkpoint_id=...)``
+    (or a ``FileSystemWriter`` on that folder): rank 0 attests the folder once every rank has written."""
+    return attest_saved(checkpoint_id, **kwargs)
+
+
+def after_accelerate_save(accelerator: Any, output_dir: Path | str, **kwargs: Any) -> Attested | None:
+    """Call on every process right after ``accelerator.save_state(output_dir)``: the main process attests
+    ``output_dir`` once every process has finished writing."""
+    accelerator.wait_for_everyone()
+    kwargs.setdefault("topology", {"world_size": accelerator.num_processes})
+    return attest_saved(output_dir, main_process=bool(accelerator.is_main_process), **kwargs)
+
+
+def after_deepspeed_save(engine: Any, save_dir: Path | str, **kwargs: Any) -> Attested | None:
+    """Call on every rank right after ``engine.save_checkpoint(save_dir)``: rank 0 attests ``save_dir`` (its
+    ``latest`` and ``global_stepN/`` partitions) once every rank has written its partition."""
+    topology = dict(kwargs.pop("topology", None) or {})
+    stage = getattr(engine, "zero_optimization_stage", None)
+    if callable(stage):
+        topology.setdefault("zero_stage", int(stage()))
+    return attest_saved(save_dir, topology=topology, **kwargs)

@@ -1,0 +1,260 @@
+"""``attest_checkpoint``: measure a checkpoint exactly as intake does, write its training provenance and sign it.
+
+The same walk, digest and format detection as ``ckptgate intake`` (:class:`~ckptgate.inspect.SafeTree`,
+:func:`~ckptgate.inspect.inspect_open_tree`, :func:`~ckptgate.digest.fixture_digest`), so the statement's
+subjects and fixture digest are the ones intake will measure.  The topology is measured from the layout
+where the format records it, and a declared value that contradicts it is refused.  Producer versions
+come from the running environment, then the checkpoint's own records, then flags (each later source
+wins).  The envelope is written beside the checkpoint, never inside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ckptgate.digest import FixtureDigest, fixture_digest
+from ckptgate.errors import UsageError, VerificationError
+from ckptgate.inspect import Inspection, SafeTree, inspect_open_tree
+from ckptgate.inspect.runs import ENVELOPE_SUFFIX
+from ckptgate.inspect.topology import TOPOLOGY_FIELDS, contradictions, measured_topology
+from ckptgate.producer.environment import checkpoint_records, code_ref, environment_producers, invocation_id
+from ckptgate.producer.oms import OMS_SUFFIX, sign_oms
+from ckptgate.userfiles import write_output_file
+from ckptgate.verify.dsse import KeySigner, sign_statement
+from ckptgate.verify.statement import schema_errors
+from ckptgate.verify.training import BaseModel, CodeRef, Producer, training_statement
+
+__all__ = ["ENVELOPE_SUFFIX", "AttestRequest", "Attested", "attest_checkpoint", "default_builder_id", "parse_topology"]
+
+
+BUILDER_ENV = "CKPTGATE_BUILDER_ID"
+
+_INT_FIELDS = frozenset(TOPOLOGY_FIELDS) - {"fsdp_mode"}
+_STEP_DIR = re.compile(r"^(?:checkpoint-|global_step|iter_0*)([0-9]{1,18})$")
+_DTYPES = {
+    "f64": "float64",
+    "f32": "float32",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "float": "float32",
+    "half": "float16",
+    "double": "float64",
+}
+
+
+def default_builder_id() -> str:
+    """``$CKPTGATE_BUILDER_ID``, else ``local://<host>``: name your CI builder with ``--builder-id``."""
+    return os.environ.get(BUILDER_ENV) or f"local://{socket.gethostname()}"
+
+
+def parse_topology(items: Mapping[str, str]) -> dict[str, Any]:
+    """``--topology k=v`` values, typed: the degrees and ``zero_stage`` are integers, ``fsdp_mode`` a name."""
+    out: dict[str, Any] = {}
+    for k, v in items.items():
+        if k not in TOPOLOGY_FIELDS:
+            raise UsageError(
+                "usage.topology.field",
+                f"--topology {k}={v}: {k!r} is not a topology field",
+                evidence={"field": k, "fields": list(TOPOLOGY_FIELDS)},
+                advice=f"Use one of {', '.join(TOPOLOGY_FIELDS)}.",
+            )
+        if k in _INT_FIELDS:
+            if not v.isascii() or not v.isdigit():
+                raise UsageError("usage.topology.value", f"--topology {k}={v}: {k} is a whole number")
+            out[k] = int(v)
+        else:
+            out[k] = v
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttestRequest:
+    """What a producer asks to attest; everything not given is measured or read from the environment."""
+
+    src: Path
+    key: Path | None = None
+    """The signing key (PEM); ``None`` only for a dry run."""
+    out: Path | None = None
+    """Where the envelope goes (default: ``<src>.intoto.dsse.json`` beside ``src``)."""
+    builder_id: str | None = None
+    producers: Mapping[str, str] = field(default_factory=dict)
+    """``--producer NAME=VERSION``: overrides what the environment and the checkpoint say."""
+    topology: Mapping[str, Any] = field(default_factory=dict)
+    """Declared topology; a value the layout contradicts is refused."""
+    environment: bool = True
+    """Read producer versions from the running environment (importlib.metadata): true inside the job."""
+    dtype: str | None = None
+    step: int | None = None
+    training_config: Mapping[str, Any] | None = None
+    base_model: BaseModel | None = None
+    code: CodeRef | None = None
+    """The training code; default: git in ``code_dir``."""
+    code_dir: Path | None = None
+    started: datetime | None = None
+    invocation: str | None = None
+    dry_run: bool = False
+    format: str = "intoto"
+    """``intoto``: the training provenance (DSSE); ``oms``: an OpenSSF Model Signing bundle over the same files."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attested:
+    """The statement written (and, unless a dry run, the envelope and where it went)."""
+
+    statement: dict[str, Any] = field(repr=False)
+    digest: FixtureDigest = field(repr=False)
+    format: str
+    measured_topology: dict[str, list[Any]]
+    envelope: bytes | None = field(default=None, repr=False)
+    path: Path | None = None
+
+
+def _measure(src: Path) -> tuple[Inspection, FixtureDigest]:
+    with SafeTree.open(src) as tree:
+        inspection = inspect_open_tree(tree)
+        digest = fixture_digest(tree)
+    return inspection, digest
+
+
+def _dtypes(x: Any, into: Counter[str]) -> None:
+    if isinstance(x, dict):
+        for k, v in x.items():
+            if k == "dtype" and isinstance(v, str):
+                into[v] += 1
+            else:
+                _dtypes(v, into)
+    elif isinstance(x, list):
+        for v in x:
+            _dtypes(v, into)
+
+
+def _dtype(layout: Mapping[str, Any]) -> str:
+    """The most common tensor dtype the layout records, in torch's lower-case spelling."""
+    seen: Counter[str] = Counter()
+    _dtypes(dict(layout), seen)
+    if not seen:
+        return "unknown"
+    name = seen.most_common(1)[0][0].lower().removeprefix("torch.")
+    name = _DTYPES.get(name, name)
+    return re.sub(r"[^a-z0-9_]", "_", name)[:32] or "unknown"
+
+
+def _step(src: Path) -> int | None:
+    for name in (src.name, *(p.name for p in src.iterdir() if p.is_dir())):
+        m = _STEP_DIR.match(name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _producers(request: AttestRequest, fmt: str, files: list[str]) -> tuple[list[Producer], BaseModel | None]:
+    by_name: dict[str, Producer] = {}
+    if request.environment:
+        by_name.update((p.name, p) for p in environment_producers(fmt))
+    recorded, base = checkpoint_records(request.src, files)
+    by_name.update((p.name, p) for p in recorded)
+    by_name.update((n, Producer(name=n, version=v, source="flag")) for n, v in request.producers.items())
+    return sorted(by_name.values(), key=lambda p: p.name), base
+
+
+def _check_out(src: Path, out: Path) -> None:
+    s, o = src.resolve(), out.resolve()
+    if o == s or s in o.parents:
+        raise UsageError(
+            "usage.attest.out_inside",
+            f"--out {out} lies inside the checkpoint {src}: the envelope would change what it attests",
+            advice="Write it beside the checkpoint (the default is <checkpoint>.intoto.dsse.json).",
+        )
+
+
+def attest_checkpoint(request: AttestRequest) -> Attested:
+    """Measure ``request.src``, write its training-provenance statement and (unless a dry run) sign it.
+
+    Raises :class:`UsageError`: ``usage.topology.contradicts_layout`` (a declared topology field the layout
+    records otherwise), ``usage.statement_invalid`` (the statement fails its schema: every error, with its
+    JSON path, in the evidence); the errors of the walk and the signing key otherwise.
+    """
+    started = request.started or datetime.now(UTC)
+    src = Path(request.src)
+    suffix = OMS_SUFFIX if request.format == "oms" else ENVELOPE_SUFFIX
+    out = request.out or src.parent / (src.name + suffix)
+    _check_out(src, out)
+    signer = None if request.dry_run or request.format == "oms" else KeySigner.from_pem(request.key)  # before the hash
+    inspection, digest = _measure(src)
+    measured = measured_topology(inspection.format, inspection.layout)
+    bad = contradictions(request.topology, measured)
+    if bad:
+        raise UsageError(
+            "usage.topology.contradicts_layout",
+            "the declared topology contradicts what the checkpoint's layout records: "
+            + "; ".join(f"{k} declared {v['declared']}, layout {v['measured']}" for k, v in bad.items()),
+            evidence={"contradictions": bad, "format": inspection.format},
+            advice="Declare the topology the job ran with, or leave the field out: it is measured from the layout.",
+        )
+    topology = {k: v[0] for k, v in measured.items() if len(v) == 1}
+    topology.update(request.topology)
+    files = [e.path for e in digest.manifest]
+    producers, recorded_base = _producers(request, inspection.format, files)
+    code = request.code if request.code is not None else code_ref(request.code_dir)
+    kwargs: dict[str, Any] = {
+        "digest": digest,
+        "fmt": inspection.format,
+        "topology": {k: topology[k] for k in TOPOLOGY_FIELDS if k in topology},
+        "dtype": request.dtype or _dtype(inspection.layout),
+        "step": request.step if request.step is not None else _step(src),
+        "producers": producers,
+        "builder_id": request.builder_id or default_builder_id(),
+        "invocation_id": request.invocation or invocation_id(),
+        "started": started,
+        "finished": datetime.now(UTC),
+        "training_config": request.training_config,
+        "code": code,
+        "base_model": request.base_model or recorded_base,
+    }
+    try:
+        statement = training_statement(**kwargs)
+    except VerificationError:
+        statement = training_statement(**kwargs, check=False)
+        errors = schema_errors(statement)
+        raise UsageError(
+            "usage.statement_invalid",
+            f"the training provenance fails its schema in {len(errors)} place(s), so nothing was signed: "
+            + "; ".join(f"{e['path']}: {e['message']}" for e in errors),
+            evidence={"errors": errors, "statement": statement},
+            advice="Fix the values named (flags such as --producer, --topology, --builder-id), then attest again.",
+        ) from None
+    result = Attested(statement=statement, digest=digest, format=inspection.format, measured_topology=measured)
+    if request.dry_run:
+        return result
+    if request.format == "oms":
+        if request.key is None:
+            raise UsageError("usage.signing_key_missing", "no signing key: pass --key")
+        sign_oms(src, Path(request.key), out)
+        return Attested(
+            statement=statement, digest=digest, format=inspection.format, measured_topology=measured, path=out
+        )
+    assert signer is not None
+    envelope = sign_statement(statement, signer)
+    write_output_file(out, envelope, what="the envelope", exclusive=True, not_inside=(src,))
+    return Attested(
+        statement=statement,
+        digest=digest,
+        format=inspection.format,
+        measured_topology=measured,
+        envelope=envelope,
+        path=out,
+    )
+
+
+def statement_json(statement: Mapping[str, Any]) -> str:
+    """The statement as the dry run prints it."""
+    return json.dumps(statement, indent=2, sort_keys=True)

@@ -1,0 +1,235 @@
+"""``ckptgate attest checkpoint``: a training job's provenance, measured as intake measures, signed, and taken
+in by ``ckptgate intake --trust`` in every plane (the framework plane included); and each refusal, typed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.pipeline_helpers import ckptgate_json
+
+DATA = Path(__file__).resolve().parents[1] / "fixtures" / "data"
+BUILDER = "https://ci.example/trainer"
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("keys")
+    res = ckptgate_json("attest", "keygen", "--out", d / "k", "--trust-out", d / "trust.json", "--builder-id", BUILDER)
+    assert res.returncode == 0, res.stderr
+    return {"key": d / "k.pem", "trust": d / "trust.json"}
+
+
+def _doc(text: str) -> dict:
+    """The JSON document of a --json run (stderr may start with the configuration notice)."""
+    return json.loads("\n".join(line for line in text.splitlines() if not line.startswith("ckptgate:")) or "{}")
+
+
+def _copy(tmp_path: Path, name: str) -> Path:
+    ck = tmp_path / name
+    shutil.copytree(DATA / name / "checkpoint", ck)
+    return ck
+
+
+def _attest(ck: Path, keys: dict[str, Path], *extra: object) -> tuple[int, dict]:
+    res = ckptgate_json("attest", "checkpoint", ck, "--key", keys["key"], "--builder-id", BUILDER, *extra)
+    return res.returncode, _doc(res.stdout or res.stderr)
+
+
+def _intake(ck: Path, keys: dict[str, Path], att: Path | None = None, out: Path | None = None) -> tuple[int, dict]:
+    att = att or ck.parent / (ck.name + ".intoto.dsse.json")
+    out = out or ck.parent / "out"
+    res = ckptgate_json("intake", ck, "--out", out, "--attestation", att, "--trust", keys["trust"])
+    return res.returncode, _doc(res.stdout if res.stdout.strip() else res.stderr)
+
+
+def _codes(doc: dict) -> set[str]:
+    err = doc.get("error", doc)
+    reasons = err.get("reasons") or []
+    return {r["code"] for r in reasons} | {err.get("code")}
+
+
+def test_deepspeed_training_provenance_is_taken_in_on_the_framework_plane(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    rc, doc = _attest(ck, keys)
+    assert rc == 0, doc
+    stmt = doc["statement"]
+    internal = stmt["predicate"]["buildDefinition"]["internalParameters"]
+    assert internal["format"] == "deepspeed-zero2"
+    assert internal["topology"] == {"dp": 2, "world_size": 2}  # measured: two ZeRO partitions, one model state
+    assert sorted(s["name"] for s in stmt["subject"]) == sorted(
+        p.relative_to(ck).as_posix() for p in ck.rglob("*") if p.is_file()
+    )
+    assert doc["fixture_digest"] == internal["fixture_digest"]
+    deps = {d["name"] for d in stmt["predicate"]["buildDefinition"]["resolvedDependencies"]
+            if d["annotations"]["kind"] == "producer"}
+    assert deps == {"deepspeed", "torch"}
+    rc, receipt = _intake(ck, keys)
+    assert rc == 0, receipt
+    assert receipt["receipt"]["decision"]["plane"] == "framework"
+    assert receipt["receipt"]["decision"]["allow"] is True
+
+
+def test_a_declared_topology_that_contradicts_the_layout_is_refused_at_attest(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    rc, doc = _attest(ck, keys, "--topology", "zero_stage=3")
+    assert rc == 2
+    assert doc["error"]["code"] == "usage.topology.contradicts_layout"
+    assert doc["error"]["evidence"]["contradictions"]["zero_stage"] == {"declared": 3, "measured": [1, 2]}
+    assert not (tmp_path / "deepspeed_zero2.intoto.dsse.json").exists()
+
+
+def test_a_statement_whose_topology_contradicts_the_layout_is_refused_at_intake(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    rc, doc = _attest(ck, keys, "--dry-run")
+    assert rc == 0, doc
+    stmt = doc["statement"]
+    stmt["predicate"]["buildDefinition"]["internalParameters"]["topology"]["dp"] = 4
+    (tmp_path / "stmt.json").write_text(json.dumps(stmt))
+    att = tmp_path / "hand.dsse.json"
+    res = ckptgate_json("attest", "sign", "--key", keys["key"], "--statement", tmp_path / "stmt.json", "--out", att)
+    assert res.returncode == 0, res.stderr
+    rc, err = _intake(ck, keys, att)
+    assert rc == 3, err
+    assert "training_topology_contradicts_layout" in _codes(err)
+
+
+def test_a_producer_version_without_a_passing_qualification_is_refused(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    rc, doc = _attest(ck, keys, "--producer", "deepspeed=0.14.0")
+    assert rc == 0, doc
+    rc, err = _intake(ck, keys)
+    assert rc == 3, err
+    assert "training_producer_not_gated" in _codes(err)
+
+
+def test_a_builder_id_the_trust_data_does_not_name_is_refused(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    res = ckptgate_json("attest", "checkpoint", ck, "--key", keys["key"], "--builder-id", "https://evil.example/b")
+    assert res.returncode == 0, res.stderr
+    rc, err = _intake(ck, keys)
+    assert rc == 5, err
+    assert "attestation_untrusted_signer" in _codes(err)
+
+
+def test_subjects_that_miss_a_file_are_refused(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    rc, doc = _attest(ck, keys)
+    assert rc == 0, doc
+    (ck / "added.json").write_text("{}")
+    rc, err = _intake(ck, keys)
+    assert rc == 5, err
+    assert "attestation_rejected" in _codes(err)
+    assert "verify.statement.unsigned_file" in json.dumps(err)
+
+
+def test_dry_run_reports_every_schema_error_with_its_json_path(tmp_path: Path) -> None:
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    res = ckptgate_json("attest", "checkpoint", ck, "--dry-run", "--dtype", "Not A Dtype", "--topology",
+                        "fsdp_mode=bogus")
+    assert res.returncode == 2
+    err = _doc(res.stdout if res.stdout.strip() else res.stderr)["error"]
+    assert err["code"] == "usage.statement_invalid"
+    assert {e["path"] for e in err["evidence"]["errors"]} == {
+        "/predicate/buildDefinition/internalParameters/dtype",
+        "/predicate/buildDefinition/internalParameters/topology/fsdp_mode",
+    }
+
+
+def test_attest_sign_reports_every_schema_error_with_its_json_path(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    _, doc = _attest(ck, keys, "--dry-run")
+    stmt = doc["statement"]
+    stmt["predicate"]["runDetails"]["builder"]["id"] = ""
+    stmt["predicate"]["buildDefinition"]["internalParameters"]["step"] = -1
+    (tmp_path / "bad.json").write_text(json.dumps(stmt))
+    res = ckptgate_json("attest", "sign", "--key", keys["key"], "--statement", tmp_path / "bad.json",
+                        "--out", tmp_path / "bad.dsse.json")
+    assert res.returncode == 2
+    err = _doc(res.stdout if res.stdout.strip() else res.stderr)["error"]
+    assert {e["path"] for e in err["evidence"]["errors"]} == {
+        "/predicate/runDetails/builder/id", "/predicate/buildDefinition/internalParameters/step"}
+    assert not (tmp_path / "bad.dsse.json").exists()
+
+
+def test_attest_show_prints_the_training_provenance_in_plain_words(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    rc, _ = _attest(ck, keys)
+    assert rc == 0
+    res = subprocess.run([sys.executable, "-m", "ckptgate", "attest", "show",
+                          str(tmp_path / "deepspeed_zero2.intoto.dsse.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert f"builder     {BUILDER}" in res.stdout
+    assert "deepspeed 0.19.8 (environment)" in res.stdout
+    assert "topology    dp=2, world_size=2" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "plane"),
+    [("trainer_peft_lora", "pure_data"), ("megatron_torch_dist", "static_pickle"), ("dcp_torchtitan", "static_pickle")],
+)
+def test_each_format_is_attested_and_taken_in_with_no_hand_written_json(
+    tmp_path: Path, keys: dict, name: str, plane: str
+) -> None:
+    ck = _copy(tmp_path, name)
+    rc, doc = _attest(ck, keys)
+    assert rc == 0, doc
+    src = Path(doc["envelope"]).with_name(Path(doc["envelope"]).name.removesuffix(".intoto.dsse.json"))
+    rc, receipt = _intake(src, keys, out=tmp_path / "out1")
+    assert rc == 0, receipt
+    assert receipt["receipt"]["decision"]["plane"] == plane
+    if name == "trainer_peft_lora":  # a Trainer output dir: the one checkpoint-N/ is attested, as intake selects it
+        assert src == ck / "checkpoint-2"
+        deps = doc["statement"]["predicate"]["buildDefinition"]["resolvedDependencies"]
+        assert {"kind": "base_model", "revision": "0123456789abcdef0123456789abcdef01234567"} in [
+            d["annotations"] for d in deps]
+        assert any(d["name"] == "peft" and d["annotations"]["source"] == "checkpoint" for d in deps)
+        res = ckptgate_json("intake", ck, "--out", tmp_path / "out2", "--attestation", doc["envelope"],
+                            "--trust", keys["trust"])
+        assert res.returncode == 0, res.stdout + res.stderr  # the sidecar beside checkpoint-2/ is no other entry
+
+
+def test_format_oms_writes_a_bundle_model_signing_itself_verifies_and_intake_takes_in(tmp_path: Path) -> None:
+    import model_signing
+
+    res = ckptgate_json("attest", "keygen", "--out", tmp_path / "ec", "--algorithm", "ecdsa-p256")
+    assert res.returncode == 0, res.stderr
+    ck = tmp_path / "hf"
+    shutil.copytree(DATA / "hf_sharded" / "checkpoint", ck)
+    res = ckptgate_json("attest", "checkpoint", ck, "--key", tmp_path / "ec.pem", "--format", "oms")
+    assert res.returncode == 0, res.stdout + res.stderr
+    bundle = tmp_path / "hf.sig"
+    assert _doc(res.stdout)["envelope"] == str(bundle)
+    model_signing.verifying.Config().use_elliptic_key_verifier(public_key=tmp_path / "ec.pub.pem").set_hashing_config(
+        model_signing.hashing.Config().set_ignored_paths(paths=[], ignore_git_paths=False)
+    ).verify(ck, bundle)  # the reference verifier; raises on any mismatch
+    res = ckptgate_json("intake", ck, "--out", tmp_path / "out", "--signature", bundle,
+                        "--key", tmp_path / "ec.pub.pem")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_format_oms_refuses_a_key_model_signing_cannot_sign_with(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "hf_sharded")
+    rc, doc = _attest(ck, keys, "--format", "oms")  # the module's key is Ed25519
+    assert rc == 2
+    assert doc["error"]["code"] == "usage.oms.key_algorithm"
+    assert not (tmp_path / "hf_sharded.sig").exists()
+
+
+def test_keygen_trust_out_admits_training_provenance_from_any_builder_by_default(tmp_path: Path) -> None:
+    res = ckptgate_json("attest", "keygen", "--out", tmp_path / "k", "--trust-out", tmp_path / "trust.json")
+    assert res.returncode == 0, res.stderr
+    (entry,) = json.loads((tmp_path / "trust.json").read_text())["signers"]
+    assert entry["builder_ids"] == ["*"]
+    assert "training_provenance" in entry["scopes"] and "https://slsa.dev/provenance/v1" in entry["predicate_types"]
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    res = ckptgate_json("attest", "checkpoint", ck, "--key", tmp_path / "k.pem", "--builder-id", "https://any.example/b")
+    assert res.returncode == 0, res.stderr
+    rc, receipt = _intake(ck, {"trust": tmp_path / "trust.json"})
+    assert rc == 0, receipt

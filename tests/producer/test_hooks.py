@@ -1,0 +1,122 @@
+"""The producer-side hooks with the real libraries: a tiny ``Trainer`` run with ``AttestCallback`` and a
+2-rank ``torch.distributed.checkpoint.save`` with ``after_dcp_save`` each produce attested checkpoints that
+``ckptgate intake --trust`` takes in with no other step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.pipeline_helpers import ckptgate_json
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILDER = "https://ci.example/trainer"
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("keys")
+    res = ckptgate_json("attest", "keygen", "--out", d / "k", "--trust-out", d / "trust.json", "--builder-id", BUILDER)
+    assert res.returncode == 0, res.stderr
+    return {"key": d / "k.pem", "trust": d / "trust.json"}
+
+
+def _intake(ck: Path, keys: dict[str, Path], out: Path) -> dict:
+    res = ckptgate_json("intake", ck, "--out", out, "--attestation", ck.parent / (ck.name + ".intoto.dsse.json"),
+                        "--trust", keys["trust"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    return json.loads(res.stdout)["receipt"]
+
+
+def test_trainer_callback_attests_each_checkpoint_and_intake_takes_it_in(tmp_path: Path, keys: dict) -> None:
+    run = tmp_path / "run"
+    env = {**os.environ, "CKPTGATE_SIGNING_KEY": str(keys["key"]), "HF_HUB_OFFLINE": "1"}
+    res = subprocess.run([sys.executable, str(ROOT / "examples" / "train_with_attestation.py"), str(run),
+                          "--builder-id", BUILDER], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint-2", "checkpoint-2.intoto.dsse.json"]
+    ck = run / "checkpoint-2"
+    receipt = _intake(ck, keys, tmp_path / "published")
+    assert receipt["decision"]["allow"] is True
+    assert (tmp_path / "published" / "config.json").is_file()
+    res = ckptgate_json("verify", ck, "--attestation", run / "checkpoint-2.intoto.dsse.json", "--trust", keys["trust"])
+    assert res.returncode == 0, res.stderr
+    (att,) = json.loads(res.stdout)["attestations"]  # the reviewer report
+    training = att["training"]
+    assert training["builder_id"] == BUILDER and training["step"] == 2
+    assert training["topology"] == {"world_size": 1}
+    assert {p["name"] for p in training["producers"]} >= {"torch", "transformers"}
+    head = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
+    assert training["code"]["commit"] == head  # git in the working directory of the job
+
+
+def test_dcp_save_on_two_ranks_is_attested_by_rank_zero_and_taken_in(tmp_path: Path, keys: dict) -> None:
+    ck = tmp_path / "dcp"
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(Path(__file__).with_name("dcp_save_attest.py")), str(ck), str(keys["key"]), BUILDER],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    receipt = _intake(ck, keys, tmp_path / "published")
+    assert receipt["decision"]["allow"] is True
+    assert receipt["decision"]["plane"] == "static_pickle"  # DCP metadata read by the static pickle reader
+    res = ckptgate_json("verify", ck, "--attestation", tmp_path / "dcp.intoto.dsse.json", "--trust", keys["trust"])
+    (att,) = json.loads(res.stdout)["attestations"]
+    assert att["training"]["topology"] == {"world_size": 2}  # measured from the two ranks' .distcp files
+
+
+def test_accelerate_save_state_is_attested_and_taken_in(tmp_path: Path, keys: dict) -> None:
+    ck = tmp_path / "state"
+    res = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("accelerate_save_attest.py")), str(ck), str(keys["key"]),
+         BUILDER],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    receipt = _intake(ck, keys, tmp_path / "published")
+    assert receipt["decision"]["allow"] is True
+    assert (tmp_path / "published" / "model.safetensors.index.json").is_file()
+
+
+@pytest.mark.producers  # DeepSpeed on two gloo ranks: about 30 s (its shm comm op is built on first use)
+def test_deepspeed_save_checkpoint_is_attested_by_rank_zero_and_taken_in_on_the_framework_plane(
+    tmp_path: Path, keys: dict
+) -> None:
+    ck = tmp_path / "ds"
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(Path(__file__).with_name("deepspeed_save_attest.py")), str(ck), str(keys["key"]), BUILDER],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    receipt = _intake(ck, keys, tmp_path / "published")
+    assert receipt["decision"]["allow"] is True
+    assert receipt["decision"]["plane"] == "framework"
+    res = ckptgate_json("verify", ck, "--attestation", tmp_path / "ds.intoto.dsse.json", "--trust", keys["trust"])
+    (att,) = json.loads(res.stdout)["attestations"]
+    assert att["training"]["topology"] == {"dp": 2, "world_size": 2, "zero_stage": 2}
+
+
+def test_trainer_callback_attests_a_peft_adapter_with_its_base_model(tmp_path: Path, keys: dict) -> None:
+    run = tmp_path / "run"
+    env = {**os.environ, "CKPTGATE_SIGNING_KEY": str(keys["key"]), "HF_HUB_OFFLINE": "1"}
+    res = subprocess.run([sys.executable, str(ROOT / "examples" / "train_with_attestation.py"), str(run),
+                          "--builder-id", BUILDER, "--peft"], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    receipt = _intake(run / "checkpoint-2", keys, tmp_path / "published")
+    assert receipt["decision"]["allow"] is True
+    res = ckptgate_json("verify", run / "checkpoint-2", "--attestation", run / "checkpoint-2.intoto.dsse.json",
+                        "--trust", keys["trust"])
+    (att,) = json.loads(res.stdout)["attestations"]
+    assert att["training"]["format"] in ("peft", "peft-lora")
+    assert att["training"]["base_model"]["repo"] == "example/tiny-llama"
+    assert att["training"]["base_model"]["revision"] == "0123456789abcdef0123456789abcdef01234567"
+    assert any(p["name"] == "peft" for p in att["training"]["producers"])

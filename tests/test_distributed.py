@@ -553,12 +553,12 @@ def _job(wire: _Wire, secret: bytes, phases: list[tuple[str, Any]], fixture: str
 
     import torch
 
-    from ckptgate.distributed import _Comm
+    from ckptgate.distributed import TorchGroup
 
     results: list[Any] = [None] * wire.world
 
     def rank(r: int) -> None:
-        comm = _Comm(wire.dist(r), torch, secret)
+        comm = TorchGroup(wire.dist(r), torch, secret)
         try:
             comm.start()
             got = []
@@ -613,14 +613,14 @@ def test_the_fixture_digest_is_bound_into_every_later_message() -> None:
 
     import torch
 
-    from ckptgate.distributed import _Comm
+    from ckptgate.distributed import TorchGroup
     from ckptgate.errors import RuntimeFailure
 
     wire = _Wire(2)
     errors: list[Any] = [None, None]
 
     def rank(r: int) -> None:
-        comm = _Comm(wire.dist(r), torch, SECRET.encode())
+        comm = TorchGroup(wire.dist(r), torch, SECRET.encode())
         try:
             comm.start()
             comm.bind_fixture(f"sha256:{r}")

@@ -72,7 +72,8 @@ from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.digest import FixtureDigest, ManifestEntry, hash_files
 from ckptgate.enforce.gate import WorkerOptions, enforce
 from ckptgate.enforce.load import LoadedTrees
-from ckptgate.errors import Error, ExitCode, RuntimeFailure, UsageError
+from ckptgate.errors import Error, RuntimeFailure, UsageError
+from ckptgate.group import Group, Relayed, canonical
 from ckptgate.inspect import DeferredCrcs, Finding, Inspection, SafeTree, Severity, inspect_open_tree
 from ckptgate.pipeline import (
     Consolidated,
@@ -88,7 +89,7 @@ from ckptgate.verify import TrustData
 from ckptgate.verify.dsse import Signer
 from ckptgate.verify.oms import load_verification_material
 
-__all__ = ["COPY_CHUNK", "SECRET_ENV", "DistributedOptions", "assign_by_size", "distributed_intake", "plan_sha256"]
+__all__ = ["COPY_CHUNK", "SECRET_ENV", "DistributedOptions", "Relayed", "TorchGroup", "assign_by_size", "distributed_intake", "plan_sha256"]
 
 #: The environment variable that carries the per-job secret every message is authenticated with.
 SECRET_ENV = "CKPTGATE_DIST_SECRET"
@@ -115,19 +116,6 @@ class DistributedOptions:
                 "usage.distributed.timeout",
                 f"the distributed deadline must be between 0 and 86400 seconds, not {self.timeout_s!r}",
             )
-
-
-class Relayed(Error):
-    """Another rank's failure, relayed: its code and exit code, with the failing rank in evidence."""
-
-    def __init__(self, code: str, message: str, *, exit_code: int, rank: int) -> None:
-        super().__init__(
-            code,
-            message,
-            evidence={"rank": rank},
-            advice="See the failing rank's own error output; nothing was published.",
-        )
-        self.exit_code = ExitCode(exit_code)
 
 
 def _peer_lost(what: str, e: BaseException) -> RuntimeFailure:
@@ -165,8 +153,8 @@ def _launcher_env() -> None:
         )
 
 
-class _Comm:
-    """Authenticated exchanges of JSON between the ranks, over ``all_gather`` of bytes."""
+class TorchGroup(Group):
+    """The ranks of a torch.distributed job: authenticated exchanges of JSON, over ``all_gather`` of bytes."""
 
     def __init__(self, dist: Any, torch: Any, secret: bytes) -> None:
         self.dist, self.torch, self.secret = dist, torch, secret
@@ -204,9 +192,7 @@ class _Comm:
         """Every rank's ``data`` (JSON, keys in their order), in rank order, each message's HMAC checked."""
         torch, dist = self.torch, self.dist
         self.seq += 1
-        # Keys stay in the order they were made: a worker tree's object order carries meaning (the
-        # order of ZeRO's param_shapes is the layout of its flat partitions).  The HMAC covers the bytes.
-        body = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+        body = canonical(data)  # the HMAC covers the bytes
         payload = self._mac(phase, self.rank, body) + body
         try:
             sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
@@ -241,40 +227,6 @@ class _Comm:
                 )
             out.append(json.loads(raw[32:]))
         return out
-
-    def agree(self, phase: str, produce: Callable[[], Any]) -> list[Any]:
-        """Run ``produce`` on this rank and exchange its result; if any rank failed, every rank
-        raises the first failure (the lowest failing rank's)."""
-        own: Error | None = None
-        stopped: interrupts.Interrupted | None = None
-        try:
-            msg = {"ok": True, "data": produce()}
-        except interrupts.Interrupted as e:  # this rank was stopped: tell the others, then unwind
-            stopped, err = e, e.error()
-            msg = {"ok": False, "error": {"code": err.code, "exit": int(err.exit_code), "message": err.message}}
-        except Error as e:
-            own, msg = e, {"ok": False, "error": {"code": e.code, "exit": int(e.exit_code), "message": e.message}}
-        except OSError as e:
-            own = RuntimeFailure("runtime.io", f"rank {self.rank}: {e.strerror or e}", evidence={"errno": e.errno})
-            msg = {"ok": False, "error": {"code": own.code, "exit": int(own.exit_code), "message": own.message}}
-        except Exception as e:  # a bug on this rank: the others must still hear of it, not wait for the deadline
-            own = Error("internal.unexpected", f"rank {self.rank}: {type(e).__name__}: {e}")
-            msg = {"ok": False, "error": {"code": own.code, "exit": int(own.exit_code), "message": own.message}}
-        msgs = self.exchange(phase, msg)
-        if stopped is not None:
-            raise stopped
-        failed = [(r, m["error"]) for r, m in enumerate(msgs) if not m.get("ok")]
-        if failed:
-            r, err = failed[0]
-            if own is not None and r == self.rank:
-                raise own
-            raise Relayed(
-                str(err["code"]),
-                f"rank {r} failed in the {phase} step: {err['message']}",
-                exit_code=int(err["exit"]),
-                rank=r,
-            )
-        return [m["data"] for m in msgs]
 
 
 def assign_by_size(items: Sequence[tuple[str, int]], world: int, *, first: Collection[str] = ()) -> list[list[str]]:
@@ -658,7 +610,7 @@ def distributed_intake(
     with contextlib.ExitStack() as early:
         engine = _EarlyEngine(options, early) if os.environ.get("RANK") == "0" else None
         with _process_group(dist_options.timeout_s) as (torch, dist):
-            comm = _Comm(dist, torch, secret)
+            comm = TorchGroup(dist, torch, secret)
             comm.start()
             return _run(
                 comm,
@@ -699,7 +651,7 @@ class _EarlyEngine:
         return self.trust, self.engine
 
 
-def _run(comm: _Comm, src: Path, dst: Path, **kw: Any) -> IntakeResult | None:
+def _run(comm: TorchGroup, src: Path, dst: Path, **kw: Any) -> IntakeResult | None:
     """The phases, then the clean-up of what they opened (the staging directory above all); a
     SIGTERM that arrives once the clean-up has begun is ignored, so it cannot cut it short."""
     with contextlib.ExitStack() as stack:
@@ -711,7 +663,7 @@ def _run(comm: _Comm, src: Path, dst: Path, **kw: Any) -> IntakeResult | None:
 
 
 def _phases(
-    comm: _Comm,
+    comm: TorchGroup,
     stack: contextlib.ExitStack,
     src: Path,
     dst: Path,

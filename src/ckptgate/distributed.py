@@ -89,7 +89,16 @@ from ckptgate.verify import TrustData
 from ckptgate.verify.dsse import Signer
 from ckptgate.verify.oms import load_verification_material
 
-__all__ = ["COPY_CHUNK", "SECRET_ENV", "DistributedOptions", "Relayed", "TorchGroup", "assign_by_size", "distributed_intake", "plan_sha256"]
+__all__ = [
+    "COPY_CHUNK",
+    "SECRET_ENV",
+    "DistributedOptions",
+    "Relayed",
+    "TorchGroup",
+    "assign_by_size",
+    "distributed_intake",
+    "plan_sha256",
+]
 
 #: The environment variable that carries the per-job secret every message is authenticated with.
 SECRET_ENV = "CKPTGATE_DIST_SECRET"

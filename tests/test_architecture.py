@@ -19,7 +19,7 @@ BASE = ("errors", "interrupts", "group", "_fs", "_json", "dtypes", "_resources",
 #: The one-way pipeline, in order.
 STEPS = ("inspect", "digest", "verify", "decide", "enforce", "consolidate", "publish")
 #: Above the steps: they compose them and are imported by no step.
-CONSUMERS = ("config", "policydata", "precedence", "gitbase", "widening", "pipeline", "receipt", "distributed", "evidence", "demo", "api", "_cli",
+CONSUMERS = ("config", "policydata", "precedence", "gitbase", "widening", "pipeline", "grouped", "receipt", "distributed", "evidence", "demo", "api", "_cli",
              "__main__")
 
 

@@ -162,7 +162,7 @@ def evaluate(
         )
         if on_hash_plan is not None:
             on_hash_plan(tree.total_bytes)
-        also = _also(crcs.reader, stage(inspection) if stage is not None else None)
+        also = combine_also(crcs.reader, stage(inspection) if stage is not None else None)
         try:
             digest = fixture_digest(tree, also=also, cancel=stop, progress=on_hash_bytes)
         except DigestCancelled:
@@ -199,7 +199,7 @@ def evaluate(
     )
 
 
-def _also(
+def combine_also(
     *readers: Callable[[str], Callable[[int, memoryview], None] | None] | None,
 ) -> Callable[[str], Callable[[int, memoryview], None] | None]:
     """One ``also`` for the digest from several: each file's chunks go to each reader that wants them."""
@@ -747,6 +747,7 @@ __all__ = [
     "Evaluation",
     "IntakeResult",
     "OnePass",
+    "combine_also",
     "consolidate_into",
     "evaluate",
     "intake",

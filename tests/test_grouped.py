@@ -47,7 +47,7 @@ def _outcome(run: Any) -> tuple[str, Any]:
     try:
         result = run()
     except Error as e:
-        return "refused", (e.code, int(e.exit_code), e.evidence.get("reasons"))
+        return "refused", (e.code, int(e.exit_code), e.evidence.get("refusal"), e.reasons)
     assert result is not None
     return "published", result
 
@@ -72,7 +72,7 @@ def test_a_world_of_one_publishes_what_one_process_publishes(fixture: str, attes
     grouped = _outcome(lambda: _world_of_one(src, tmp_path / "grouped", signer, atts))
     assert one[0] == grouped[0], (one, grouped)
     if one[0] == "refused":
-        assert one[1] == grouped[1] and one[1][2], (one, grouped)  # same code, exit code and reasons
+        assert one[1] == grouped[1] and one[1][3], (one, grouped)  # same code, exit code, class and reasons
         assert not (tmp_path / "one").exists() and not (tmp_path / "grouped").exists()
         return
     a, b = one[1], grouped[1]

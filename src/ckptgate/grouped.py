@@ -27,15 +27,15 @@ from typing import Any
 
 from ckptgate.consolidate import framework_files, plan_for, shares
 from ckptgate.consolidate.writer import WrittenFile, write_index
-from ckptgate.decide import PolicyEngine
+from ckptgate.decide import PolicyEngine, Request, now_utc, precheck
 from ckptgate.decide.decision import decision_from_json
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.digest import FixtureDigest, ManifestEntry, hash_files
-from ckptgate.enforce.gate import WorkerOptions, enforce
+from ckptgate.enforce.gate import WorkerOptions, enforce, refusal
 from ckptgate.enforce.load import loaded_json, merge_loaded, worker_record
 from ckptgate.errors import Error, RuntimeFailure
 from ckptgate.group import Group
-from ckptgate.inspect import DeferredCrcs, SafeTree, inspect_open_tree
+from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
 from ckptgate.inspect.findings import finding_from_json
 from ckptgate.inspect.leases import lease_facts, leases_bind
 from ckptgate.pipeline import (
@@ -59,7 +59,7 @@ __all__ = ["EarlyEngine", "grouped_intake"]
 class EarlyEngine:
     """Rank 0's trust data and policy engine, opened before the group forms, so that the embedded
     OPA launches (on its keeper thread) while torch imports.  A failure to open them (a bad trust
-    file, say) is kept and raised in the decide step, where every rank hears of it."""
+    file, say) is kept and raised in the first step that asks it (the precheck), where every rank hears of it."""
 
     def __init__(self, options: EngineOptions, stack: contextlib.ExitStack) -> None:
         self.error: Error | None = None
@@ -78,6 +78,17 @@ class EarlyEngine:
             raise self.error
         assert self.trust is not None and self.engine is not None
         return self.trust, self.engine
+
+
+def _refuse_early(early: EarlyEngine, inspection: Inspection) -> None:
+    """Raise the refusal of the policy's precheck (a structure already refused is never decided on
+    its digest), as the single process does beside its digest."""
+    _, policy = early.get()
+    found = precheck(policy, inspection, Request(action="intake", now=now_utc()))
+    if found is not None and found.refuse:
+        raise refusal(
+            found.deny_reasons, found.decision_id, found.policy_revision, found.refusal or "policy", before_digest=True
+        )
 
 
 def grouped_intake(
@@ -100,6 +111,12 @@ def grouped_intake(
     other ranks return ``None``.  What each step opens is closed by ``stack``."""
     rank, world = group.rank, group.world
     state: dict[str, Any] = {}
+
+    def early() -> EarlyEngine:  # rank 0's engine: the caller's, or opened once here
+        if "engine" not in state:
+            state["engine"] = engine if engine is not None else EarlyEngine(options, stack)
+        opened: EarlyEngine = state["engine"]
+        return opened
 
     def inspect() -> dict[str, Any]:
         state["dst"] = check_destination(dst, source=src)
@@ -134,6 +151,8 @@ def grouped_intake(
     owned_needs = [[p for p in owners[r] if p in set(needed)] for r in range(world)]
 
     def digest_pass() -> dict[str, Any]:
+        if rank == 0:  # the policy's precheck, from the inspection alone, before rank 0 hashes
+            _refuse_early(early(), state["inspection"])
         mine = owners[rank]
         for other in seen:  # what every rank's inspection read of my files: checked in my one pass
             for path in mine:
@@ -165,7 +184,7 @@ def grouped_intake(
     group.bind_fixture(str(digest.digest))
 
     def decide_once() -> dict[str, Any]:
-        trust, policy = (engine if engine is not None else EarlyEngine(options, stack)).get()
+        trust, policy = early().get()
         offered_key, chain = load_verification_material(signatures, key, certificate_chain, options.sigstore_trust_root)
         state["evaluation"] = ev = judge(
             state["inspection"],

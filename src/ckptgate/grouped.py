@@ -31,7 +31,7 @@ from ckptgate.decide import PolicyEngine, Request, now_utc, precheck
 from ckptgate.decide.decision import decision_from_json
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.digest import FixtureDigest, ManifestEntry, hash_files
-from ckptgate.enforce.gate import WorkerOptions, enforce, refusal
+from ckptgate.enforce.gate import WorkerOptions, enforce
 from ckptgate.enforce.load import loaded_json, merge_loaded, worker_record
 from ckptgate.errors import Error, RuntimeFailure
 from ckptgate.group import Group
@@ -44,11 +44,11 @@ from ckptgate.pipeline import (
     IntakeResult,
     combine_also,
     judge,
-    local_opa_version,
-    receipt_for,
+    published,
+    refuse_if,
     still_held,
 )
-from ckptgate.publish import check_destination, open_destination, open_stage, publish, staging
+from ckptgate.publish import check_destination, open_destination, open_stage, staging
 from ckptgate.verify import TrustData
 from ckptgate.verify.dsse import Signer
 from ckptgate.verify.oms import load_verification_material
@@ -81,14 +81,8 @@ class EarlyEngine:
 
 
 def _refuse_early(early: EarlyEngine, inspection: Inspection) -> None:
-    """Raise the refusal of the policy's precheck (a structure already refused is never decided on
-    its digest), as the single process does beside its digest."""
-    _, policy = early.get()
-    found = precheck(policy, inspection, Request(action="intake", now=now_utc()))
-    if found is not None and found.refuse:
-        raise refusal(
-            found.deny_reasons, found.decision_id, found.policy_revision, found.refusal or "policy", before_digest=True
-        )
+    """The policy's precheck, as the single process asks it beside its digest."""
+    refuse_if(precheck(early.get()[1], inspection, Request(action="intake", now=now_utc())))
 
 
 def grouped_intake(
@@ -288,20 +282,16 @@ def grouped_intake(
         index = write_index(plan, stage.fd)
         if index is not None:
             outputs.append(index)
-        evaluation = state["evaluation"]
         done = Consolidated(outputs=tuple(outputs), plan_report=dict(plan.report))
-        receipt = receipt_for(src, evaluation, done, opa_version=None if options.opa_url else local_opa_version())
-        receipt["topology"] = topology
-        try:
-            publish(stage, receipt, signer=receipt_signer)
-        except OSError as e:
-            raise RuntimeFailure(
-                "runtime.io",
-                f"writing the output failed: {e.strerror or e}",
-                evidence={"errno": e.errno, "destination": str(state["dst"])},
-            ) from None
-        state["result"] = IntakeResult(
-            evaluation=evaluation, destination=state["dst"], outputs=tuple(outputs), receipt=receipt
+        state["result"] = published(
+            src,
+            state["dst"],
+            stage,
+            state["evaluation"],
+            done,
+            options=options,
+            signer=receipt_signer,
+            topology=topology,
         )
         return {"published": str(state["dst"])}
 

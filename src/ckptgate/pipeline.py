@@ -167,15 +167,7 @@ def evaluate(
             digest = fixture_digest(tree, also=also, cancel=stop, progress=on_hash_bytes)
         except DigestCancelled:
             digest = None
-        found = early.result() if early is not None else None  # raises what the precheck raised
-        if found is not None and found.refuse:
-            raise refusal(
-                found.deny_reasons,
-                found.decision_id,
-                found.policy_revision,
-                found.refusal or "policy",
-                before_digest=True,
-            )
+        refuse_if(early.result() if early is not None else None)  # raises what the precheck raised
         assert digest is not None  # only a refusal or a failed precheck cancels it
         if profile is not None:
             containment = profile.result()
@@ -217,6 +209,14 @@ def combine_also(
         return each
 
     return also
+
+
+def refuse_if(found: Precheck | None) -> None:
+    """Raise the refusal of a precheck that refuses (the structure is refused before the digest)."""
+    if found is not None and found.refuse:
+        raise refusal(
+            found.deny_reasons, found.decision_id, found.policy_revision, found.refusal or "policy", before_digest=True
+        )
 
 
 def _precheck(engine: PolicyEngine, inspection: Inspection, request: Request, stop: threading.Event) -> Precheck | None:
@@ -504,12 +504,30 @@ def intake(
                             dtype=dtype,
                             hf=hf,
                         )
-                    receipt = receipt_for(
-                        src, evaluation, done, opa_version=None if options.opa_url else local_opa_version()
-                    )
-                    publish(stage, receipt, signer=receipt_signer)
+                    return published(src, dst, stage, evaluation, done, options=options, signer=receipt_signer)
             except OSError as e:  # ENOSPC, EFBIG, EIO...: an I/O failure, not a bug; nothing was published
                 raise _io_failure(e, dst) from None
+
+
+def published(
+    src: Path,
+    dst: Path,
+    stage: Stage,
+    evaluation: Evaluation,
+    done: Consolidated,
+    *,
+    options: EngineOptions,
+    signer: Signer | None,
+    topology: dict[str, Any] | None = None,
+) -> IntakeResult:
+    """Write the receipt (with ``topology`` when a group of ranks took the input in) and publish."""
+    receipt = receipt_for(src, evaluation, done, opa_version=None if options.opa_url else local_opa_version())
+    if topology is not None:
+        receipt["topology"] = topology
+    try:
+        publish(stage, receipt, signer=signer)
+    except OSError as e:  # ENOSPC, EFBIG, EIO...: an I/O failure, not a bug; nothing was published
+        raise _io_failure(e, dst) from None
     return IntakeResult(evaluation=evaluation, destination=dst, outputs=done.outputs, receipt=receipt)
 
 
@@ -754,6 +772,8 @@ __all__ = [
     "judge",
     "local_opa_version",
     "open_sources",
+    "published",
     "receipt_for",
+    "refuse_if",
     "still_held",
 ]

@@ -191,7 +191,7 @@ def load_trees(
             profile=profile,
             limits=options.limits or WorkerLimits(),
             timeout_s=options.timeout_s,
-            fixture_digest=digest.digest.prefixed(),
+            fixture_digest=digest.digest,
             preimports=preimports_for(inspection, relpaths),
         )
     finally:

@@ -242,6 +242,24 @@ def test_a_deny_publishes_nothing_and_every_rank_fails(signer: Signer, tmp_path:
     _no_staging(tmp_path)
 
 
+def test_a_structure_the_precheck_refuses_is_refused_with_the_single_process_reasons(signer: Signer,
+                                                                                     tmp_path: Path) -> None:
+    """Rank 0 asks the policy's precheck before it hashes, as one process does beside its digest: an
+    fsdp-local checkpoint is refused with the same code, class and reasons (before the digest) on
+    every rank, not with the full decision's longer list."""
+    src = FIXTURES / "fsdp_local" / "checkpoint"
+    att = _attest("fsdp_local", signer, tmp_path)
+    one = _single(_args(src, tmp_path / "single", signer, att), _env())
+    assert one.returncode == 4, one.stdout + one.stderr
+    proc, rcs = _torchrun(2, _args(src, tmp_path / "dist", signer, att), tmp_path / "rc")
+    assert rcs == [one.returncode] * 2, proc.stdout + proc.stderr
+    single, dist = json.loads(one.stdout)["error"], json.loads(proc.stdout)["error"]
+    assert dist["code"] == single["code"] == "input.refused_by_policy"
+    assert dist["reasons"] == single["reasons"] and dist["evidence"]["before_digest"] is True
+    assert not (tmp_path / "dist").exists()
+    _no_staging(tmp_path)
+
+
 def test_a_wrong_hmac_key_on_one_rank_is_refused(signer: Signer, tmp_path: Path) -> None:
     src = FIXTURES / "hf_sharded" / "checkpoint"
     att = _attest("hf_sharded", signer, tmp_path)

@@ -26,7 +26,8 @@ from ckptgate.consolidate import adapter_plan, framework_files, plan_for, with_c
 from ckptgate.consolidate.hf.plan import check_dtype, layout_tp, write_config_files
 from ckptgate.consolidate.hf.source import HfConfig, read_hf_config
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, cast_plan, check_cast
-from ckptgate.consolidate.writer import DEFAULT_CHUNK, StreamedPlan, WrittenFile, write_index, write_plan
+from ckptgate.consolidate.streamed import StreamedPlan
+from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_index, write_plan
 from ckptgate.decide import (
     Decision,
     PolicyEngine,
@@ -548,7 +549,7 @@ class OnePass:
     from the inspection, opens a private staging directory beside DST
     (:func:`ckptgate.publish.staging`) and returns the digest's ``also``: every chunk the digest
     hashes is written, from the digest's own buffer, into the staged outputs
-    (:class:`~ckptgate.consolidate.writer.StreamedPlan`), so the input is read once and the bytes
+    (:class:`~ckptgate.consolidate.streamed.StreamedPlan`), so the input is read once and the bytes
     written are the bytes hashed.  Every companion inspection checked is staged too; the decision
     names which stay.  Nothing is published before :meth:`finish` has had the decision enforced
     (:func:`~ckptgate.enforce.gate.enforce`: a deny raises its refusal) and :func:`publish` runs;

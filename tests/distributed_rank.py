@@ -25,7 +25,7 @@ if secret is not None:
     else:
         os.environ.pop("CKPTGATE_DIST_SECRET", None)
 if os.environ.get("CKPTGATE_TEST_KILL_RANK") == rank:
-    import ckptgate.distributed as d
+    import ckptgate.consolidate.shares as d
 
     def _die(stage_fd: int, name: str, *args: object, **kwargs: object) -> object:
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=stage_fd)
@@ -33,25 +33,25 @@ if os.environ.get("CKPTGATE_TEST_KILL_RANK") == rank:
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("unreachable")
 
-    d._write_output = _die  # the test's kill point, mid-write
+    d.write_output = _die  # the test's kill point, mid-write
 
 if os.environ.get("CKPTGATE_TEST_STALL_RANK") == rank:
     import time
 
-    import ckptgate.distributed as d
+    import ckptgate.consolidate.shares as d
 
     def _stall(*args: object, **kwargs: object) -> object:
         time.sleep(3600)  # stops answering, mid-write, without dying
         raise AssertionError("unreachable")
 
-    d._write_output = _stall
+    d.write_output = _stall
 
 if os.environ.get("CKPTGATE_TEST_WRITER_RANK") == rank:
     import subprocess
 
-    import ckptgate.distributed as d
+    import ckptgate.consolidate.shares as d
 
-    _write = d._write_output
+    _write = d.write_output
 
     def _opened_for_writing(*args: object, **kwargs: object) -> object:
         # another process opens a source for writing mid-copy; O_NONBLOCK: it fails at once, and the
@@ -62,10 +62,10 @@ if os.environ.get("CKPTGATE_TEST_WRITER_RANK") == rank:
                        env={**os.environ, "P": os.environ["CKPTGATE_TEST_WRITER_PATH"]})
         return _write(*args, **kwargs)
 
-    d._write_output = _opened_for_writing
+    d.write_output = _opened_for_writing
 
 if os.environ.get("CKPTGATE_TEST_FLIP_RANK") == rank:
-    import ckptgate.distributed as d
+    import ckptgate.consolidate.shares as d
 
     _plan_sha256 = d.plan_sha256
 

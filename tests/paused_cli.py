@@ -30,7 +30,7 @@ import ckptgate.digest  # noqa: E402
 import ckptgate.pipeline  # noqa: E402
 import ckptgate.publish  # noqa: E402
 from ckptgate import interrupts  # noqa: E402
-from ckptgate._cli import _base  # noqa: E402
+from ckptgate._cli import _main  # noqa: E402
 
 _paused = threading.Event()
 
@@ -52,7 +52,7 @@ def patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
     setattr(owner, name, make(getattr(owner, name)))
 
 
-patch(_base, "_commands_then_cli", lambda f: lambda: (pause("startup"), f())[1])
+patch(_main, "_commands_then_cli", lambda f: lambda: (pause("startup"), f())[1])
 patch(ckptgate.digest, "_hash_fd", lambda f: lambda *a: (pause("hashing", a[-1]), f(*a))[1])
 
 
@@ -93,4 +93,4 @@ patch(ckptgate.publish, "is_within", _is_within)
 patch(ckptgate.publish, "renameat2", _renameat2)
 patch(ckptgate.pipeline, "publish", lambda f: lambda *a, **k: (f(*a, **k), pause("after_rename"))[0])
 
-_base.main()
+_main.main()

@@ -15,11 +15,12 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src" / "ckptgate"
 
 #: Below every step: any step may import these, and they import only each other.
-BASE = ("errors", "interrupts", "_fs", "_json", "dtypes", "_resources", "userfiles", "workdirs", "ckptgate")
+BASE = ("errors", "interrupts", "group", "_fs", "_json", "dtypes", "_resources", "userfiles", "workdirs", "ckptgate")
 #: The one-way pipeline, in order.
 STEPS = ("inspect", "digest", "verify", "decide", "enforce", "consolidate", "publish")
 #: Above the steps: they compose them and are imported by no step.
-CONSUMERS = ("config", "policydata", "precedence", "gitbase", "widening", "pipeline", "receipt", "distributed", "evidence", "demo", "api", "producer", "hooks", "_cli",
+CONSUMERS = ("config", "policydata", "precedence", "gitbase", "widening", "pipeline", "grouped", "receipt",
+             "distributed", "evidence", "demo", "api", "producer", "hooks", "_cli",
              "__main__")
 
 
@@ -111,3 +112,78 @@ def test_the_check_sees_an_upward_import(tmp_path: Path, monkeypatch: pytest.Mon
         test_every_import_points_down_the_pipeline()
     with pytest.raises(AssertionError):
         test_there_is_no_circle_between_units()
+
+
+#: The modules that compose the steps: they call steps, and implement none.
+COMPOSERS = ("pipeline.py", "grouped.py")
+#: What only a step does with checkpoint bytes (hash, parse, copy): never in a composer.
+STEP_ONLY_IMPORTS = frozenset({"hashlib", "hmac", "heapq", "zipfile", "pickle", "pickletools", "struct", "zlib",
+                               "safetensors", "torch", "mmap"})
+STEP_ONLY_CALLS = frozenset({"pread", "pwrite", "preadv", "pwritev", "sendfile", "copy_file_range", "write"})
+#: What distributed.py (the launch: rendezvous, secret, signals, the torch group) may import of ckptgate.
+LAUNCH_IMPORTS = frozenset({"ckptgate", "ckptgate.errors", "ckptgate.interrupts", "ckptgate.group",
+                            "ckptgate.grouped", "ckptgate.pipeline", "ckptgate.decide.options"})
+LAUNCH_MAX_LINES = 350
+
+
+def step_logic(path: Path) -> list[str]:
+    """What in ``path`` is a step's work: a byte-level import, or a raw read or write of a file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [f"import {a.name}:{node.lineno}" for a in node.names if a.name.split(".")[0] in STEP_ONLY_IMPORTS]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in STEP_ONLY_IMPORTS:
+            found.append(f"from {node.module}:{node.lineno}")
+        elif isinstance(node, ast.Attribute) and node.attr in STEP_ONLY_CALLS and \
+                isinstance(node.value, ast.Name) and node.value.id == "os":
+            found.append(f"os.{node.attr}:{node.lineno}")
+    return found
+
+
+def test_the_composers_implement_no_step() -> None:
+    """pipeline.py and grouped.py compose the steps: hashing, parsing and copying bytes live in a step's package."""
+    assert {name: step_logic(SRC / name) for name in COMPOSERS if step_logic(SRC / name)} == {}
+
+
+def test_distributed_is_the_launch_and_the_group_only() -> None:
+    """distributed.py forms the torch group (rendezvous, secret, signals) and runs grouped.py's
+    steps over it: it imports no step, and stays small."""
+    path = SRC / "distributed.py"
+    foreign = sorted({m for m, _ in imports(path)} - LAUNCH_IMPORTS)
+    assert foreign == []
+    assert len(path.read_text(encoding="utf-8").splitlines()) < LAUNCH_MAX_LINES
+
+
+def test_the_check_sees_a_step_in_a_composer(tmp_path: Path) -> None:
+    """The check can fail: a composer that hashes, or writes bytes itself, is reported."""
+    bad = tmp_path / "pipeline.py"
+    bad.write_text("import hashlib\nimport os\n\ndef f(fd):\n    os.pwrite(fd, b'x', 0)\n")
+    assert step_logic(bad) == ["import hashlib:1", "os.pwrite:5"]
+
+
+def module_cycles(package: str) -> list[list[str]]:
+    """The circles between the modules of ``package`` (a package's ``__init__`` counts as a module)."""
+    mods = {module_of(p) for p in (SRC / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in (SRC / package).rglob("*.py"):
+        for target, _ in imports(path):
+            if target in mods and target != module_of(path):
+                graph.setdefault(module_of(path), set()).add(target)
+    cycles: list[list[str]] = []
+
+    def visit(u: str, stack: list[str]) -> None:
+        for v in sorted(graph.get(u, ())):
+            if v in stack:
+                cycles.append([*stack[stack.index(v):], v])
+            elif len(stack) < len(mods):
+                visit(v, [*stack, v])
+
+    for u in sorted(graph):
+        visit(u, [u])
+    return cycles
+
+
+def test_the_cli_modules_import_in_no_circle() -> None:
+    """``_base`` (the group, the handlers) imports no command; ``_main`` imports the commands after
+    the handlers are in; no command module imports ``_main``."""
+    assert module_cycles("_cli") == []

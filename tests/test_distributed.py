@@ -242,6 +242,24 @@ def test_a_deny_publishes_nothing_and_every_rank_fails(signer: Signer, tmp_path:
     _no_staging(tmp_path)
 
 
+def test_a_structure_the_precheck_refuses_is_refused_with_the_single_process_reasons(signer: Signer,
+                                                                                     tmp_path: Path) -> None:
+    """Rank 0 asks the policy's precheck before it hashes, as one process does beside its digest: an
+    fsdp-local checkpoint is refused with the same code, class and reasons (before the digest) on
+    every rank, not with the full decision's longer list."""
+    src = FIXTURES / "fsdp_local" / "checkpoint"
+    att = _attest("fsdp_local", signer, tmp_path)
+    one = _single(_args(src, tmp_path / "single", signer, att), _env())
+    assert one.returncode == 4, one.stdout + one.stderr
+    proc, rcs = _torchrun(2, _args(src, tmp_path / "dist", signer, att), tmp_path / "rc")
+    assert rcs == [one.returncode] * 2, proc.stdout + proc.stderr
+    single, dist = json.loads(one.stdout)["error"], json.loads(proc.stdout)["error"]
+    assert dist["code"] == single["code"] == "input.refused_by_policy"
+    assert dist["reasons"] == single["reasons"] and dist["evidence"]["before_digest"] is True
+    assert not (tmp_path / "dist").exists()
+    _no_staging(tmp_path)
+
+
 def test_a_wrong_hmac_key_on_one_rank_is_refused(signer: Signer, tmp_path: Path) -> None:
     src = FIXTURES / "hf_sharded" / "checkpoint"
     att = _attest("hf_sharded", signer, tmp_path)
@@ -315,7 +333,7 @@ def test_distributed_outside_a_launcher_is_refused(tmp_path: Path) -> None:
 
 
 def test_files_are_assigned_by_size_deterministically() -> None:
-    from ckptgate.distributed import assign_by_size
+    from ckptgate.consolidate.shares import assign_by_size
 
     items = [(f"f{i}", s) for i, s in enumerate([100, 90, 80, 70, 60, 50, 40, 30])]
     a = assign_by_size(items, 2)
@@ -331,11 +349,11 @@ def test_files_are_assigned_by_size_deterministically() -> None:
 def test_bytes_another_rank_hashed_are_checked_chunk_by_chunk(tmp_path: Path) -> None:
     import hashlib
 
-    from ckptgate.distributed import COPY_CHUNK, _Source, _ChunkRecorder
+    from ckptgate.consolidate.shares import COPY_CHUNK, ChunkRecorder, Source
     from ckptgate.errors import RuntimeFailure
 
     data = os.urandom(COPY_CHUNK + 1000)
-    rec = _ChunkRecorder()
+    rec = ChunkRecorder()
     for off in range(0, len(data), 3 << 20):  # pieces that do not line up with the chunks
         rec(off, memoryview(data)[off:off + (3 << 20)])
     rec.done()
@@ -344,13 +362,13 @@ def test_bytes_another_rank_hashed_are_checked_chunk_by_chunk(tmp_path: Path) ->
     f.write_bytes(data)
     fd = os.open(f, os.O_RDONLY)
     try:
-        got = b"".join(_Source("src", fd, len(data), rec.hashes).read(10, COPY_CHUNK))
+        got = b"".join(Source("src", fd, len(data), rec.hashes).read(10, COPY_CHUNK))
         assert got == data[10:COPY_CHUNK + 10]
         with open(f, "r+b") as w:  # the second chunk changes after it was hashed
             w.seek(COPY_CHUNK + 5)
             w.write(bytes([data[COPY_CHUNK + 5] ^ 0xFF]))
         with pytest.raises(RuntimeFailure) as e:
-            b"".join(_Source("src", fd, len(data), rec.hashes).read(COPY_CHUNK + 1, 10))
+            b"".join(Source("src", fd, len(data), rec.hashes).read(COPY_CHUNK + 1, 10))
         assert e.value.code == "runtime.copy.source_changed"
     finally:
         os.close(fd)
@@ -358,7 +376,7 @@ def test_bytes_another_rank_hashed_are_checked_chunk_by_chunk(tmp_path: Path) ->
 
 def test_the_decision_crosses_ranks_as_json_unchanged() -> None:
     from ckptgate.decide.decision import Decision, Reason
-    from ckptgate.distributed import _decision_from
+    from ckptgate.decide.decision import decision_from_json
 
     allow = Decision(allow=True, plane="pure_data", permitted_loaders=("json", "safetensors"),
                      required_controls=("seccomp",), reasons=(Reason(code="w", message="m", severity="warn"),),
@@ -367,23 +385,23 @@ def test_the_decision_crosses_ranks_as_json_unchanged() -> None:
                     reasons=(Reason(code="x", message="m", evidence={"a": [1]}),), decision_id="id",
                     policy_revision="r", engine="e", refusal="input")
     for d in (allow, deny):
-        back = _decision_from(json.loads(json.dumps(d.to_json())))
+        back = decision_from_json(json.loads(json.dumps(d.to_json())))
         assert back.to_json() == d.to_json() and back.exit_code == d.exit_code
 
 
 def test_a_staging_directory_this_rank_cannot_see_means_dst_is_not_shared(tmp_path: Path) -> None:
     """Rank 0 made its staging directory beside DST; a rank on a node whose DST parent is another
     (local) file system does not find it, and says why."""
-    from ckptgate.distributed import _open_stage
+    from ckptgate.publish import open_stage
     from ckptgate.errors import RuntimeFailure
     from ckptgate.publish import open_destination, staging
 
     with open_destination(tmp_path / "out") as dest:
         with pytest.raises(RuntimeFailure) as e:
-            _open_stage(dest, ".out.ckptgate-staging-" + "0" * 32)
+            open_stage(dest, ".out.ckptgate-staging-" + "0" * 32)
         assert e.value.code == "runtime.distributed.not_shared"
         with staging(dest) as stage:  # the one rank 0 made is found
-            os.close(_open_stage(dest, stage.name))
+            os.close(open_stage(dest, stage.name))
 
 
 def test_the_ranks_writer_expands_strided_placements_as_the_writer_does(tmp_path: Path) -> None:
@@ -394,7 +412,7 @@ def test_the_ranks_writer_expands_strided_placements_as_the_writer_does(tmp_path
 
     from ckptgate.consolidate import adapter_plan
     from ckptgate.consolidate.writer import header_bytes, write_plan
-    from ckptgate.distributed import _shard_pieces
+    from ckptgate.consolidate.shares import shard_pieces
     from ckptgate.errors import RuntimeFailure
 
     src = FIXTURES / "megatron_torch_dist" / "checkpoint"
@@ -408,7 +426,7 @@ def test_the_ranks_writer_expands_strided_placements_as_the_writer_does(tmp_path
             for fd in fds.values():
                 os.close(fd)
     for s in plan.shards:
-        body = b"".join((src / name).read_bytes()[off:off + n] for name, off, n in _shard_pieces(s))
+        body = b"".join((src / name).read_bytes()[off:off + n] for name, off, n in shard_pieces(s))
         assert header_bytes(s) + body == (tmp_path / s.filename).read_bytes(), s.filename
     task = next(s for s in plan.shards if any(p.count > 1 for t in s.tensors for p in t.placements))
     t0 = next(t for t in task.tensors if any(p.count > 1 for p in t.placements))
@@ -419,19 +437,19 @@ def test_the_ranks_writer_expands_strided_placements_as_the_writer_does(tmp_path
         SimpleNamespace(nbytes=t.nbytes, placements=[short if p is p0 else p for p in t.placements])
         for t in task.tensors])
     with pytest.raises(RuntimeFailure) as e:
-        list(_shard_pieces(gapped))
+        list(shard_pieces(gapped))
     assert e.value.code == "runtime.copy.not_tiled"
 
 
 def test_gathered_worker_trees_must_be_exactly_what_each_rank_owns() -> None:
-    from ckptgate.distributed import _merge_loaded
+    from ckptgate.enforce.load import merge_loaded
     from ckptgate.errors import RuntimeFailure
 
     def w(*files: str, seccomp: bool = True) -> dict[str, Any]:
         return {"trees": {f: {"k": f} for f in files}, "job": "deepspeed", "controls": {"seccomp": seccomp},
                 "measured": {"pid": 1}, "wall_s": 0.5, "pid": 1}
 
-    merged = _merge_loaded([w("a", "b"), w("c", seccomp=False)], [["a", "b"], ["c"]])
+    merged = merge_loaded([w("a", "b"), w("c", seccomp=False)], [["a", "b"], ["c"]])
     assert dict(merged.trees) == {"a": {"k": "a"}, "b": {"k": "b"}, "c": {"k": "c"}}
     assert dict(merged.controls) == {"seccomp": False}  # held only where it held on every rank
     for workers, owned in (([w("a"), w("c")], [["a", "b"], ["c"]]),  # a file nobody loaded
@@ -439,7 +457,7 @@ def test_gathered_worker_trees_must_be_exactly_what_each_rank_owns() -> None:
                            ([w("a", "b"), None], [["a", "b"], ["c"]]),  # a rank that loaded nothing
                            ([{**w("a", "b"), "job": "torch_load"}, w("c")], [["a", "b"], ["c"]])):  # two jobs
         with pytest.raises(RuntimeFailure) as e:
-            _merge_loaded(workers, owned)
+            merge_loaded(workers, owned)
         assert e.value.code == "runtime.distributed.load_mismatch"
 
 
@@ -497,7 +515,7 @@ def test_leases_bind_only_the_same_inodes_on_one_kernel_on_a_local_file_system()
     """A lease is on this rank's inode: ranks that opened other inodes under the same names (a
     directory swapped between their opens, or per-container copies), other kernels, a network file
     system or a rank without leases all fall back to the chunk manifest."""
-    from ckptgate.distributed import leases_bind
+    from ckptgate.inspect.leases import leases_bind
 
     rank = {"held": True, "local_fs": True, "kernel": "k", "inodes": [[1, 2], ["a", 1, 10], ["b", 1, 11]]}
     assert leases_bind([rank, dict(rank)])
@@ -553,12 +571,12 @@ def _job(wire: _Wire, secret: bytes, phases: list[tuple[str, Any]], fixture: str
 
     import torch
 
-    from ckptgate.distributed import _Comm
+    from ckptgate.distributed import TorchGroup
 
     results: list[Any] = [None] * wire.world
 
     def rank(r: int) -> None:
-        comm = _Comm(wire.dist(r), torch, secret)
+        comm = TorchGroup(wire.dist(r), torch, secret)
         try:
             comm.start()
             got = []
@@ -613,14 +631,14 @@ def test_the_fixture_digest_is_bound_into_every_later_message() -> None:
 
     import torch
 
-    from ckptgate.distributed import _Comm
+    from ckptgate.distributed import TorchGroup
     from ckptgate.errors import RuntimeFailure
 
     wire = _Wire(2)
     errors: list[Any] = [None, None]
 
     def rank(r: int) -> None:
-        comm = _Comm(wire.dist(r), torch, SECRET.encode())
+        comm = TorchGroup(wire.dist(r), torch, SECRET.encode())
         try:
             comm.start()
             comm.bind_fixture(f"sha256:{r}")

@@ -26,7 +26,8 @@ from ckptgate.consolidate import adapter_plan, framework_files, plan_for, with_c
 from ckptgate.consolidate.hf.plan import check_dtype, layout_tp, write_config_files
 from ckptgate.consolidate.hf.source import HfConfig, read_hf_config
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, cast_plan, check_cast
-from ckptgate.consolidate.writer import DEFAULT_CHUNK, StreamedPlan, WrittenFile, write_index, write_plan
+from ckptgate.consolidate.streamed import StreamedPlan
+from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_index, write_plan
 from ckptgate.decide import (
     Decision,
     PolicyEngine,
@@ -162,20 +163,12 @@ def evaluate(
         )
         if on_hash_plan is not None:
             on_hash_plan(tree.total_bytes)
-        also = _also(crcs.reader, stage(inspection) if stage is not None else None)
+        also = combine_also(crcs.reader, stage(inspection) if stage is not None else None)
         try:
             digest = fixture_digest(tree, also=also, cancel=stop, progress=on_hash_bytes)
         except DigestCancelled:
             digest = None
-        found = early.result() if early is not None else None  # raises what the precheck raised
-        if found is not None and found.refuse:
-            raise refusal(
-                found.deny_reasons,
-                found.decision_id,
-                found.policy_revision,
-                found.refusal or "policy",
-                before_digest=True,
-            )
+        refuse_if(early.result() if early is not None else None)  # raises what the precheck raised
         assert digest is not None  # only a refusal or a failed precheck cancels it
         if profile is not None:
             containment = profile.result()
@@ -199,7 +192,7 @@ def evaluate(
     )
 
 
-def _also(
+def combine_also(
     *readers: Callable[[str], Callable[[int, memoryview], None] | None] | None,
 ) -> Callable[[str], Callable[[int, memoryview], None] | None]:
     """One ``also`` for the digest from several: each file's chunks go to each reader that wants them."""
@@ -217,6 +210,14 @@ def _also(
         return each
 
     return also
+
+
+def refuse_if(found: Precheck | None) -> None:
+    """Raise the refusal of a precheck that refuses (the structure is refused before the digest)."""
+    if found is not None and found.refuse:
+        raise refusal(
+            found.deny_reasons, found.decision_id, found.policy_revision, found.refusal or "policy", before_digest=True
+        )
 
 
 def _precheck(engine: PolicyEngine, inspection: Inspection, request: Request, stop: threading.Event) -> Precheck | None:
@@ -504,12 +505,30 @@ def intake(
                             dtype=dtype,
                             hf=hf,
                         )
-                    receipt = receipt_for(
-                        src, evaluation, done, opa_version=None if options.opa_url else local_opa_version()
-                    )
-                    publish(stage, receipt, signer=receipt_signer)
+                    return published(src, dst, stage, evaluation, done, options=options, signer=receipt_signer)
             except OSError as e:  # ENOSPC, EFBIG, EIO...: an I/O failure, not a bug; nothing was published
                 raise _io_failure(e, dst) from None
+
+
+def published(
+    src: Path,
+    dst: Path,
+    stage: Stage,
+    evaluation: Evaluation,
+    done: Consolidated,
+    *,
+    options: EngineOptions,
+    signer: Signer | None,
+    topology: dict[str, Any] | None = None,
+) -> IntakeResult:
+    """Write the receipt (with ``topology`` when a group of ranks took the input in) and publish."""
+    receipt = receipt_for(src, evaluation, done, opa_version=None if options.opa_url else local_opa_version())
+    if topology is not None:
+        receipt["topology"] = topology
+    try:
+        publish(stage, receipt, signer=signer)
+    except OSError as e:  # ENOSPC, EFBIG, EIO...: an I/O failure, not a bug; nothing was published
+        raise _io_failure(e, dst) from None
     return IntakeResult(evaluation=evaluation, destination=dst, outputs=done.outputs, receipt=receipt)
 
 
@@ -530,7 +549,7 @@ class OnePass:
     from the inspection, opens a private staging directory beside DST
     (:func:`ckptgate.publish.staging`) and returns the digest's ``also``: every chunk the digest
     hashes is written, from the digest's own buffer, into the staged outputs
-    (:class:`~ckptgate.consolidate.writer.StreamedPlan`), so the input is read once and the bytes
+    (:class:`~ckptgate.consolidate.streamed.StreamedPlan`), so the input is read once and the bytes
     written are the bytes hashed.  Every companion inspection checked is staged too; the decision
     names which stay.  Nothing is published before :meth:`finish` has had the decision enforced
     (:func:`~ckptgate.enforce.gate.enforce`: a deny raises its refusal) and :func:`publish` runs;
@@ -747,12 +766,15 @@ __all__ = [
     "Evaluation",
     "IntakeResult",
     "OnePass",
+    "combine_also",
     "consolidate_into",
     "evaluate",
     "intake",
     "judge",
     "local_opa_version",
     "open_sources",
+    "published",
     "receipt_for",
+    "refuse_if",
     "still_held",
 ]

@@ -409,3 +409,24 @@ def publish(stage: Stage, receipt: dict[str, Any], *, signer: Signer | None = No
         interrupts.committed()
     os.fsync(dest.parent_fd)
     return dest.path
+
+
+def open_stage(destination: Destination, name: str) -> int:
+    """The staging directory rank 0 made beside DST, opened by name relative to DST's parent."""
+    if not isinstance(name, str) or "/" in name or not name.startswith(f".{destination.name}.ckptgate-staging-"):
+        raise RuntimeFailure("runtime.distributed.stage", f"rank 0 named no staging directory of this DST: {name!r}")
+    try:
+        fd = os.open(name, _DIR, dir_fd=destination.parent_fd)
+    except FileNotFoundError:
+        raise RuntimeFailure(
+            "runtime.distributed.not_shared",
+            f"rank 0 made its staging directory beside {destination.path}, and this rank does not see it: "
+            "DST's parent is not one file system shared by every rank; nothing was published",
+            evidence={"destination": str(destination.path), "staging": name},
+            advice="Give every rank the same DST on one shared file system (docs/scale-out.md#file-systems).",
+        ) from None
+    st = os.fstat(fd)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        os.close(fd)
+        raise RuntimeFailure("runtime.distributed.stage", f"the staging directory {name!r} is not this user's")
+    return fd

@@ -111,7 +111,7 @@ def test_static_trees_agree_with_the_worker(name: str, options: WorkerOptions) -
         ins = inspect_open_tree(tree)
         digest = fixture_digest(tree)
         rels = deepspeed.zero_files(ins.layout)
-        permit = issue_permit(_decision(), fixture_digest=digest.digest.prefixed(), loader="deepspeed")
+        permit = issue_permit(_decision(), fixture_digest=digest.digest, loader="deepspeed")
         worker = load_trees(tree, ins, rels, permit=permit, digest=digest, options=options).trees
     static = deepspeed.static_trees({f.path: f for f in ins.files}, rels)
     models = {m["path"] for m in ins.layout["model_states"]}

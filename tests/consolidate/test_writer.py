@@ -13,6 +13,7 @@ from safetensors.numpy import load_file, save_file
 
 from ckptgate.consolidate import writer
 from ckptgate.consolidate.plan import OutputTensor, Placement, shard_tensors
+from ckptgate.consolidate.streamed import StreamedPlan
 from ckptgate.consolidate.writer import INDEX_NAME, write_plan
 
 
@@ -284,7 +285,7 @@ def test_a_streamed_plan_writes_the_bytes_it_is_handed(tmp_path, pending_cap):
     out.mkdir()
     out_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with writer.StreamedPlan(plan, out_fd, chunk_size=64, pending_cap=pending_cap) as streamed:
+        with StreamedPlan(plan, out_fd, chunk_size=64, pending_cap=pending_cap) as streamed:
             feed = streamed.feeder("src.safetensors")
             assert streamed.feeder("absent") is None
             buf = bytearray(raw)  # the caller's buffer, reused as the digest reuses its own
@@ -315,7 +316,7 @@ def test_a_streamed_plan_that_missed_bytes_is_a_short_read(tmp_path):
     out.mkdir()
     out_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with writer.StreamedPlan(plan, out_fd) as streamed:
+        with StreamedPlan(plan, out_fd) as streamed:
             streamed.feeder("src.safetensors")(0, memoryview(raw)[:len(raw) - 8])  # the pass ended early
             with pytest.raises(RuntimeFailure) as e:
                 streamed.finish()
@@ -337,7 +338,7 @@ def test_a_streamed_plan_expands_strided_placements(tmp_path, pending_cap):
     out.mkdir()
     out_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with writer.StreamedPlan(plan, out_fd, chunk_size=64, pending_cap=pending_cap) as streamed:
+        with StreamedPlan(plan, out_fd, chunk_size=64, pending_cap=pending_cap) as streamed:
             for name, raw in raws.items():  # the digest hashes file by file, in chunks
                 feed = streamed.feeder(name)
                 assert feed is not None
@@ -366,7 +367,7 @@ def test_a_streamed_plan_refuses_bytes_handed_over_twice_or_out_of_order(tmp_pat
     out.mkdir()
     out_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with writer.StreamedPlan(plan, out_fd) as streamed:
+        with StreamedPlan(plan, out_fd) as streamed:
             name, raw = next(iter(raws.items()))
             feed = streamed.feeder(name)
             assert feed is not None

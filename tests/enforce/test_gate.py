@@ -94,5 +94,5 @@ def test_one_permit_is_minted_for_the_load_and_returned_with_what_it_loaded(hf, 
     [(rels, minted, opts)] = calls
     assert rels == ("x.pt",) and opts is options
     assert got == Enforcement(permit=minted, loaded=loaded, controls={"seccomp": True})
-    assert (minted.loader, minted.fixture_digest, minted.decision_id) == ("torch_load", digest.digest.prefixed(), "d")
-    minted.check(fixture_digest=digest.digest.prefixed(), loader="torch_load", controls={})
+    assert (minted.loader, minted.fixture_digest, minted.decision_id) == ("torch_load", digest.digest, "d")
+    minted.check(fixture_digest=digest.digest, loader="torch_load", controls={})

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ckptgate.decide.decision import Decision
-from ckptgate.digest import FixtureDigest, ManifestEntry, fixture_digest
+from ckptgate.digest import Digest, FixtureDigest, ManifestEntry, fixture_digest
 from ckptgate.enforce.load import WorkerOptions, load_trees, open_verified
 from ckptgate.enforce.permit import issue_permit
 from ckptgate.errors import PolicyDenied, RuntimeFailure
@@ -83,7 +83,7 @@ def test_no_permit_no_load(zero3) -> None:
 
 def test_permit_for_another_digest_is_refused(zero3) -> None:
     tree, ins, digest, rels, options = zero3
-    other = issue_permit(DECISION, fixture_digest="sha256:" + "cd" * 32, loader="deepspeed")
+    other = issue_permit(DECISION, fixture_digest=Digest.parse("sha256:" + "cd" * 32), loader="deepspeed")
     with pytest.raises(PolicyDenied) as e:
         load_trees(tree, ins, rels, permit=other, digest=digest, options=options)
     assert e.value.code == "enforce.permit.wrong_digest"
@@ -91,8 +91,8 @@ def test_permit_for_another_digest_is_refused(zero3) -> None:
 
 def test_forged_permit_is_refused(zero3) -> None:
     tree, ins, digest, rels, options = zero3
-    permit = replace(issue_permit(DECISION, fixture_digest="sha256:" + "cd" * 32, loader="deepspeed"),
-                     fixture_digest=digest.digest.prefixed())
+    permit = replace(issue_permit(DECISION, fixture_digest=Digest.parse("sha256:" + "cd" * 32), loader="deepspeed"),
+                     fixture_digest=digest.digest)
     with pytest.raises(PolicyDenied) as e:
         load_trees(tree, ins, rels, permit=permit, digest=digest, options=options)
     assert e.value.code == "enforce.permit.forged"
@@ -103,7 +103,7 @@ def test_file_that_differs_from_the_manifest_is_not_loaded(zero3) -> None:
     forged = FixtureDigest.from_manifest([ManifestEntry(path=e.path, size=e.size,
                                                         sha256=("0" * 64 if e.path == rels[0] else e.sha256))
                                           for e in digest.manifest])
-    permit = issue_permit(DECISION, fixture_digest=forged.digest.prefixed(), loader="deepspeed")
+    permit = issue_permit(DECISION, fixture_digest=forged.digest, loader="deepspeed")
     with pytest.raises(RuntimeFailure) as e:
         load_trees(tree, ins, rels, permit=permit, digest=forged, options=options)
     assert e.value.code == "runtime.worker.input_changed"

@@ -8,11 +8,12 @@ import pytest
 
 from ckptgate.decide.decision import parse_decision
 from ckptgate.decide.engine import RawDecision
+from ckptgate.digest import Digest
 from ckptgate.enforce.permit import Permit, issue_permit
 from ckptgate.errors import PolicyDenied
 
-DIGEST = "sha256:" + "ab" * 32
-OTHER = "sha256:" + "cd" * 32
+DIGEST = Digest.parse("sha256:" + "ab" * 32)
+OTHER = Digest.parse("sha256:" + "cd" * 32)
 CONTROLS = {"no_new_privs": True, "seccomp": True, "rlimits": True}
 
 

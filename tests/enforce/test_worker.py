@@ -27,6 +27,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ckptgate.decide.decision import Decision  # noqa: E402
+from ckptgate.digest import Digest  # noqa: E402
 from ckptgate.enforce import _worker_main as wm  # noqa: E402
 from ckptgate.enforce import protocol as wp  # noqa: E402
 from ckptgate.enforce.containment import (  # noqa: E402
@@ -47,7 +48,7 @@ from ckptgate.errors import PolicyDenied, RuntimeFailure  # noqa: E402
 
 pytestmark = pytest.mark.producers
 
-DIGEST = "sha256:" + "ab" * 32
+DIGEST = Digest.parse("sha256:" + "ab" * 32)
 WORKER_CONTROLS = ("no_new_privs", "seccomp", "rlimits", "user_ns", "net_ns", "ipc_ns", "openat2")
 LIMITS = WorkerLimits(setup_timeout_s=90.0)
 
@@ -62,7 +63,7 @@ class _Reduce:
         return (self.fn, self.args)
 
 
-def _permit(*, digest: str = DIGEST, loader: str = "torch_load",
+def _permit(*, digest: Digest = DIGEST, loader: str = "torch_load",
             required: tuple[str, ...] = WORKER_CONTROLS) -> Permit:
     decision = Decision(allow=True, plane="framework", permitted_loaders=(loader,), required_controls=required,
                         reasons=(), decision_id="test-decision", policy_revision="test", engine="test")
@@ -566,7 +567,7 @@ def test_no_permit_is_refused(inputs: _Inputs, no_spawn: None) -> None:
 
 def test_permit_for_another_digest_is_refused(inputs: _Inputs, no_spawn: None) -> None:
     with pytest.raises(PolicyDenied) as ei:
-        run_contained("torch_load", [_one_input(inputs)], permit=_permit(digest="sha256:" + "cd" * 32),
+        run_contained("torch_load", [_one_input(inputs)], permit=_permit(digest=Digest.parse("sha256:" + "cd" * 32)),
                       profile=_fake_profile(), limits=LIMITS, timeout_s=5, fixture_digest=DIGEST)
     assert ei.value.code == "enforce.permit.wrong_digest"
 
@@ -627,7 +628,7 @@ def test_worker_refuses_when_a_required_control_is_not_active(inputs: _Inputs, n
     f = _one_input(inputs)
     rfd, wfd = os.pipe()
     spec = {"version": 1, "job": "torch_load",
-            "permit": {"fixture_digest": DIGEST, "loader": "torch_load", "required_controls": ["seccomp", missing],
+            "permit": {"fixture_digest": DIGEST.prefixed(), "loader": "torch_load", "required_controls": ["seccomp", missing],
                        "decision_id": "d"},
             "parent_controls": {"openat2": True}, "namespaces": namespaces, "pid_ns": pid_ns,
             "parent_namespaces": namespace_ids(), "rlimits": LIMITS.rlimits(), "cgroup": None,
@@ -651,7 +652,7 @@ def _spec(job: str = "torch_load", *, loader: str = "torch_load", required: tupl
           **over: Any) -> wp.WorkerSpec:
     fields: dict[str, Any] = {
         "job": job,
-        "permit": wp.PermitTerms(fixture_digest=DIGEST, loader=loader, required_controls=required, decision_id="d"),
+        "permit": wp.PermitTerms(fixture_digest=DIGEST.prefixed(), loader=loader, required_controls=required, decision_id="d"),
         "openat2": True, "namespaces": True, "pid_ns": True,
         "parent_namespaces": {ns: f"{ns}:[1]" for ns in ("user", "net", "ipc", "pid")},
         "rlimits": LIMITS.rlimits(), "cgroup": None, "preimports": (),

@@ -3,6 +3,6 @@ containment probe, a child process of its own, exits by itself)."""
 
 from __future__ import annotations
 
-from ckptgate._cli._base import main
+from ckptgate._cli._main import main
 
 __all__ = ["main"]

@@ -160,18 +160,3 @@ def launched(run: Callable[[], int]) -> int:
             err = e.error()
             report_error(err, "--json" in sys.argv)
             return int(err.exit_code)
-
-
-def _commands_then_cli() -> int:
-    # registers every sub-command on cli; lazy: breaks the import cycle _base -> commands -> _base
-    from ckptgate._cli import commands  # noqa: F401, PLC0415
-
-    try:
-        cli()
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else int(e.code is not None)
-    return 0
-
-
-def main() -> None:
-    sys.exit(launched(_commands_then_cli))  # the handlers go in before the commands' imports

@@ -20,7 +20,7 @@ A strided placement (a tensor-parallel chunk: one run per row) stays one record 
 modes expand it run by run as they reach it, merging the runs of every placement of an output
 (held mode) or of a source (verified mode) in order, so the writer too holds O(placements).
 
-A third way, :class:`StreamedPlan`, writes from bytes someone else reads: intake's one pass,
+A third way, :mod:`ckptgate.consolidate.streamed`, writes from bytes someone else reads: intake's one pass,
 where the fixture digest hands it each chunk it has just hashed (``ckptgate.pipeline.OnePass``).
 
 Durability is publication's job (:func:`ckptgate.publish.publish` fsyncs every staged file
@@ -29,7 +29,7 @@ once).  Which write path, by a fixed rule rather than a measurement at start:
 * an output assembled front to back in page-aligned windows (held mode) is written with
   ``O_DIRECT`` where the file system takes it (no page cache to fill, nothing left for fsync),
   buffered for the unaligned tail or where it is refused;
-* an output written in the input's read order (verified mode, :class:`StreamedPlan`) receives
+* an output written in the input's read order (verified mode, :mod:`~ckptgate.consolidate.streamed`) receives
   pieces at unaligned offsets, which ``O_DIRECT`` cannot take without copying them again into
   aligned windows; it is written through the page cache, and the writer asks the kernel to start
   writing each piece back at once (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not
@@ -49,7 +49,6 @@ import heapq
 import json
 import mmap
 import os
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -99,7 +98,7 @@ def header_bytes(task: ShardTask) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
-class _Segment:
+class Segment:
     """``length`` source bytes at ``src_offset`` go to ``out_offset`` of ``out_fd``, converted from
     ``conv[0]`` to ``conv[1]`` when the user asked for a cast (the output length then differs).
     With ``count`` > 1, ``count`` such runs, each ``src_stride`` and ``out_stride`` after the last."""
@@ -117,13 +116,13 @@ class _Segment:
     def src_end(self) -> int:
         return self.src_offset + (self.count - 1) * self.src_stride + self.length
 
-    def runs(self) -> Iterator[_Segment]:
+    def runs(self) -> Iterator[Segment]:
         """Each run as a plain segment, built one at a time."""
         if self.count == 1:
             yield self
             return
         for k in range(self.count):
-            yield _Segment(
+            yield Segment(
                 self.src_offset + k * self.src_stride,
                 self.length,
                 self.out_fd,
@@ -132,7 +131,7 @@ class _Segment:
             )
 
 
-def _in_order(segments: Iterable[_Segment], key: Callable[[_Segment], int]) -> Iterator[_Segment]:
+def in_order(segments: Iterable[Segment], key: Callable[[Segment], int]) -> Iterator[Segment]:
     """Every run of ``segments``, ordered by ``key``: strided segments are expanded lazily."""
     segs = list(segments)
     plain = sorted((s for s in segs if s.count == 1), key=key)
@@ -140,24 +139,24 @@ def _in_order(segments: Iterable[_Segment], key: Callable[[_Segment], int]) -> I
     return heapq.merge(plain, *strided, key=key) if strided else iter(plain)
 
 
-def _runs_in_output_order(pieces: list[tuple[str, _Segment]]) -> Iterator[tuple[str, _Segment]]:
+def _runs_in_output_order(pieces: list[tuple[str, Segment]]) -> Iterator[tuple[str, Segment]]:
     """``(src, run)`` for every run of ``pieces``, by output offset; strided ones expanded lazily."""
     plain = sorted(((src, g) for src, g in pieces if g.count == 1), key=lambda p: p[1].out_offset)
     strided = [_tagged(src, g) for src, g in pieces if g.count > 1]
     return heapq.merge(plain, *strided, key=lambda p: p[1].out_offset) if strided else iter(plain)
 
 
-def _tagged(src: str, segment: _Segment) -> Iterator[tuple[str, _Segment]]:
+def _tagged(src: str, segment: Segment) -> Iterator[tuple[str, Segment]]:
     for run in segment.runs():
         yield src, run
 
 
-def _layout(
+def lay_out(
     plan: ConsolidationPlan, out_fd: int, opened: dict[str, int], *, write_heads: bool
-) -> tuple[dict[str, list[_Segment]], dict[str, int], dict[str, bytes]]:
+) -> tuple[dict[str, list[Segment]], dict[str, int], dict[str, bytes]]:
     """Create every output file at its final size (headers written if ``write_heads``); return the
     segments per source, the sizes and the headers."""
-    segments: dict[str, list[_Segment]] = {}
+    segments: dict[str, list[Segment]] = {}
     sizes: dict[str, int] = {}
     heads: dict[str, bytes] = {}
 
@@ -180,7 +179,7 @@ def _layout(
             scale = (DTYPE_SIZES[t.dtype], DTYPE_SIZES[t.source_dtype]) if t.source_dtype else (1, 1)
             for p in t.placements:
                 segments.setdefault(p.src, []).append(
-                    _Segment(
+                    Segment(
                         p.src_offset,
                         p.length,
                         fd,
@@ -195,7 +194,7 @@ def _layout(
     for c in plan.copies:
         fd = create(c.filename, c.size)
         if c.size:
-            segments.setdefault(c.src, []).append(_Segment(0, c.size, fd, 0))
+            segments.setdefault(c.src, []).append(Segment(0, c.size, fd, 0))
     return segments, sizes, heads
 
 
@@ -206,7 +205,7 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
-def _write_back(fd: int, data: memoryview, offset: int) -> None:
+def write_back(fd: int, data: memoryview, offset: int) -> None:
     """Write ``data`` at ``offset`` and start (never wait for) its write-back to the disk.
 
     The hint's result is ignored: where the file system refuses it, fsync simply does it all.
@@ -218,7 +217,7 @@ def _write_back(fd: int, data: memoryview, offset: int) -> None:
 def _scatter_source(
     src: str,
     fd: int,
-    segments: list[_Segment],
+    segments: list[Segment],
     expected_sha256: str,
     chunk_size: int,
     on_bytes: Callable[[int], None] | None,
@@ -231,7 +230,7 @@ def _scatter_source(
             f"{src}: the plan reads past the end of the file",
             evidence={"source": src, "size": size},
         )
-    order = _in_order(segments, key=lambda s: s.src_offset)
+    order = in_order(segments, key=lambda s: s.src_offset)
     upcoming = next(order, None)
     carry: dict[int, tuple[bytes, int]] = {}  # a converting segment: (its partial element, output written)
     h = hashlib.sha256()
@@ -254,7 +253,7 @@ def _scatter_source(
         for s in active:
             lo, hi = max(pos, s.src_offset), min(end, s.src_offset + s.length)
             if lo < hi and s.conv is None:
-                _write_back(s.out_fd, view[lo - pos : hi - pos], s.out_offset + (lo - s.src_offset))
+                write_back(s.out_fd, view[lo - pos : hi - pos], s.out_offset + (lo - s.src_offset))
                 if on_bytes:
                     on_bytes(hi - lo)
             elif lo < hi and s.conv is not None:  # whole elements only: a chunk may end inside one
@@ -262,7 +261,7 @@ def _scatter_source(
                 data = part + view[lo - pos : hi - pos].tobytes()
                 whole = len(data) - len(data) % DTYPE_SIZES[s.conv[0]]
                 out = convert(data[:whole], *s.conv)
-                _write_back(s.out_fd, memoryview(out), s.out_offset + done)
+                write_back(s.out_fd, memoryview(out), s.out_offset + done)
                 carry[id(s)] = (data[whole:], done + len(out))
                 if on_bytes:
                     on_bytes(len(out))
@@ -314,7 +313,7 @@ class _Sink:
             if self.direct:  # the unaligned tail, or the rest after EINVAL: buffered from here on
                 _set_direct(self.fd, False)
                 self.direct = False
-            _write_back(self.fd, data[n:], offset + n)
+            write_back(self.fd, data[n:], offset + n)
 
 
 def _set_direct(fd: int, on: bool) -> bool:
@@ -332,7 +331,7 @@ def _copy_in_order(
     fd: int,
     size: int,
     head: bytes,
-    pieces: list[tuple[str, _Segment]],
+    pieces: list[tuple[str, Segment]],
     sources: Mapping[str, int],
     chunk_size: int,
     on_bytes: Callable[[int], None] | None,
@@ -437,195 +436,6 @@ def _copy_in_order(
     return h.hexdigest()
 
 
-class _Budget:
-    """Bytes that pieces waiting to be hashed may hold, shared by every output of a plan."""
-
-    __slots__ = ("_left", "_lock")
-
-    def __init__(self, cap: int) -> None:
-        self._left, self._lock = cap, threading.Lock()
-
-    def take(self, n: int) -> bool:
-        with self._lock:
-            if n > self._left:
-                return False
-            self._left -= n
-            return True
-
-    def give(self, n: int) -> None:
-        with self._lock:
-            self._left += n
-
-
-class _InOrderHash:
-    """The sha256 of one output, taken from the bytes as they are written when they arrive in order.
-
-    Pieces that arrive ahead of the hashed prefix wait, copied, while the plan's shared
-    :class:`_Budget` has room; when it has none, this output's waiting pieces are dropped and the
-    rest of it is read back from its file after the pass (:meth:`StreamedPlan.finish`), from
-    where the prefix ends.  Memory stays bounded either way.  Called from the digest's threads:
-    one lock per output.
-    """
-
-    __slots__ = ("_budget", "_h", "_lock", "_pending", "_waiting", "lost", "pos")
-
-    def __init__(self, budget: _Budget) -> None:
-        self._h = hashlib.sha256()
-        self._lock = threading.Lock()
-        self._pending: dict[int, bytes] = {}
-        self._waiting = 0
-        self._budget, self.lost, self.pos = budget, False, 0
-
-    def _drop(self) -> None:
-        self._budget.give(self._waiting)
-        self.lost, self._pending, self._waiting = True, {}, 0
-
-    def add(self, offset: int, data: memoryview | bytes) -> None:
-        with self._lock:
-            if self.lost:
-                return
-            if offset < self.pos:  # an overlap, which a checked plan cannot have: hash it all back
-                self._drop()
-                self._h, self.pos = hashlib.sha256(), 0
-                return
-            if offset > self.pos:
-                if self._budget.take(len(data)):
-                    self._pending[offset] = bytes(data)
-                    self._waiting += len(data)
-                else:
-                    self._drop()
-                return
-            self._h.update(data)
-            self.pos += len(data)
-            while (nxt := self._pending.pop(self.pos, None)) is not None:
-                self._waiting -= len(nxt)
-                self._budget.give(len(nxt))
-                self._h.update(nxt)
-                self.pos += len(nxt)
-
-    def finish(self, fd: int, size: int, chunk_size: int) -> str:
-        """The output's sha256: the hashed prefix, then the rest read back from ``fd``."""
-        h, pos = self._h, self.pos
-        if pos < size:
-            buf = memoryview(bytearray(max(1, min(chunk_size, size - pos))))
-            while pos < size and (n := os.preadv(fd, [buf[: size - pos]], pos)) > 0:
-                h.update(buf[:n])
-                pos += n
-        return h.hexdigest()
-
-
-class StreamedPlan:
-    """A plan written from bytes that someone else reads: the digest's one pass over the input.
-
-    The output files are created in ``out_fd`` at their final sizes with their headers when this is
-    made.  :meth:`feeder` gives, per source, the callable the digest hands every chunk it has
-    just hashed, ``(offset, bytes)`` in order (:func:`ckptgate.digest.fixture_digest`'s ``also``);
-    the placed parts of that very buffer are written at their output offsets (buffered, with
-    write-back started at once, :func:`_write_back`), so the bytes written are the bytes hashed,
-    and each output is hashed as its bytes arrive in order (:class:`_InOrderHash`).
-    :meth:`finish` checks that every placed byte came, hashes what could not be hashed in order
-    (outputs in parallel, on ``threads`` threads) and returns the outputs.  Pieces waiting for
-    their turn to be hashed hold at most ``pending_cap`` bytes for the whole plan.  Durability stays
-    publication's job.  Casts (``source_dtype``) are not streamed: such a plan is refused here.
-    """
-
-    def __init__(
-        self, plan: ConsolidationPlan, out_fd: int, *, chunk_size: int = DEFAULT_CHUNK, pending_cap: int = PENDING_CAP
-    ) -> None:
-        if any(t.source_dtype for s in plan.shards for t in s.tensors):
-            raise ValueError("a plan with casts cannot be streamed")
-        self._plan, self._chunk = plan, chunk_size
-        self._opened: dict[str, int] = {}
-        try:
-            self._segments, self._sizes, heads = _layout(plan, out_fd, self._opened, write_heads=True)
-        except BaseException:
-            self.close()
-            raise
-        budget = _Budget(pending_cap)
-        self._hashes = {fd: _InOrderHash(budget) for fd in self._opened.values()}
-        for name, head in heads.items():
-            self._hashes[self._opened[name]].add(0, head)
-        self._written = dict.fromkeys(self._segments, 0)
-        self._fed: dict[str, int] = {}  # per source: how far the one pass has handed bytes over
-        self._lock = threading.Lock()
-
-    @property
-    def sources(self) -> tuple[str, ...]:
-        return tuple(sorted(self._segments))
-
-    def feeder(self, src: str) -> Callable[[int, memoryview], None] | None:
-        """The callable for the chunks of ``src`` in read order; ``None`` if the plan reads none of it."""
-        segs = self._segments.get(src)
-        if not segs:
-            return None
-        if src in self._fed:
-            raise ValueError(f"{src}: a source has one feeder, fed once from start to end")
-        self._fed[src] = 0
-        # Strided segments are expanded run by run as the pass reaches them: O(segments) held.
-        order = _in_order(segs, key=lambda r: r.src_offset)
-        pending = next(order, None)  # the next run the pass has not reached yet
-        active: list[_Segment] = []
-        hashes = self._hashes
-
-        def feed(pos: int, view: memoryview) -> None:
-            nonlocal active, pending
-            if pos != self._fed[src]:  # the digest's one pass: contiguous, in order, each byte once
-                raise RuntimeFailure(
-                    "runtime.copy.out_of_order",
-                    f"{src}: the pass handed over byte {pos}, expected {self._fed[src]}",
-                    evidence={"source": src, "offset": pos},
-                )
-            end = pos + len(view)
-            self._fed[src] = end
-            while pending is not None and pending.src_offset < end:
-                active.append(pending)
-                pending = next(order, None)
-            done = 0
-            for s in active:
-                lo, hi = max(pos, s.src_offset), min(end, s.src_offset + s.length)
-                if lo < hi:
-                    piece, at = view[lo - pos : hi - pos], s.out_offset + (lo - s.src_offset)
-                    _write_back(s.out_fd, piece, at)
-                    hashes[s.out_fd].add(at, piece)
-                    done += hi - lo
-            active = [s for s in active if s.src_offset + s.length > end]
-            with self._lock:
-                self._written[src] += done
-
-        return feed
-
-    def finish(self, *, threads: int = 4) -> dict[str, WrittenFile]:
-        """Every output, by name, once the pass is over; ``runtime.copy.short_read`` if a placed
-        byte never came."""
-        for src, segs in self._segments.items():
-            want = sum(s.count * s.length for s in segs)
-            if self._written[src] != want:
-                raise RuntimeFailure(
-                    "runtime.copy.short_read",
-                    f"{src}: {self._written[src]} of the {want} placed bytes were read",
-                    evidence={"source": src},
-                )
-        names = list(self._opened)
-        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(names)))) as pool:
-            digests = list(
-                pool.map(
-                    lambda n: self._hashes[self._opened[n]].finish(self._opened[n], self._sizes[n], self._chunk), names
-                )
-            )
-        return {n: WrittenFile(filename=n, size=self._sizes[n], sha256=d) for n, d in zip(names, digests, strict=True)}
-
-    def close(self) -> None:
-        for fd in self._opened.values():
-            os.close(fd)
-        self._opened = {}
-
-    def __enter__(self) -> StreamedPlan:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def write_index(plan: ConsolidationPlan, out_fd: int) -> WrittenFile | None:
     """Write ``model.safetensors.index.json`` for ``plan`` into ``out_fd``; ``None`` if it has none."""
     if not plan.write_index:
@@ -696,10 +506,10 @@ def _write_plan(
 ) -> tuple[WrittenFile, ...]:
     opened: dict[str, int] = {}
     try:
-        segments, sizes, heads = _layout(plan, out_fd, opened, write_heads=expected is not None)
+        segments, sizes, heads = lay_out(plan, out_fd, opened, write_heads=expected is not None)
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             if expected is None:
-                pieces: dict[int, list[tuple[str, _Segment]]] = {fd: [] for fd in opened.values()}
+                pieces: dict[int, list[tuple[str, Segment]]] = {fd: [] for fd in opened.values()}
                 for src, segs in segments.items():
                     for g in segs:
                         pieces[g.out_fd].append((src, g))

@@ -20,6 +20,7 @@ single reason says what was wrong with it (fail closed).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -335,3 +336,26 @@ def _reasons(value: Any, *, default_severity: str) -> tuple[Reason, ...]:
 def _preview(value: Any, limit: int = 300) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def decision_from_json(doc: dict[str, Any]) -> Decision:
+    """The :class:`Decision` rank 0 sent as its ``to_json()``: every field it carries, lists as tuples."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Decision):
+        if f.name not in doc:
+            continue
+        v = doc[f.name]
+        if f.name == "reasons":
+            v = tuple(
+                Reason(
+                    code=r["code"],
+                    message=r["message"],
+                    evidence=r.get("evidence") or {},
+                    severity=r.get("severity", "deny"),
+                )
+                for r in v
+            )
+        elif isinstance(v, list):
+            v = tuple(v)
+        values[f.name] = v
+    return Decision(**values)

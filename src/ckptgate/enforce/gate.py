@@ -77,7 +77,7 @@ def enforce(
             "the decision permits no framework loader for this checkpoint",
             evidence={"permitted_loaders": list(decision.permitted_loaders)},
         )
-    permit = permits.issue_permit(decision, fixture_digest=fixture_digest.digest.prefixed(), loader=loader)
+    permit = permits.issue_permit(decision, fixture_digest=fixture_digest.digest, loader=loader)
     loaded = load_trees(
         tree, inspection, framework_files, permit=permit, digest=fixture_digest, options=worker or WorkerOptions()
     )

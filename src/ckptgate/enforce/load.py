@@ -191,7 +191,7 @@ def load_trees(
             profile=profile,
             limits=options.limits or WorkerLimits(),
             timeout_s=options.timeout_s,
-            fixture_digest=digest.digest.prefixed(),
+            fixture_digest=digest.digest,
             preimports=preimports_for(inspection, relpaths),
         )
     finally:
@@ -210,3 +210,53 @@ def load_trees(
         wall_s=res.wall_s,
         worker_pid=res.pid,
     )
+
+
+def loaded_json(loaded: LoadedTrees) -> dict[str, Any]:
+    """What one rank's contained worker loaded, as the JSON the ranks exchange."""
+    return {
+        "trees": dict(loaded.trees),
+        "job": loaded.job,
+        "controls": dict(loaded.controls),
+        "measured": dict(loaded.measured),
+        "wall_s": loaded.wall_s,
+        "pid": loaded.worker_pid,
+    }
+
+
+def merge_loaded(workers: Sequence[dict[str, Any] | None], owned: Sequence[Sequence[str]]) -> LoadedTrees:
+    """Every rank's worker trees as one :class:`LoadedTrees`.  Each rank must have loaded exactly
+    the files it owns (``owned``, per rank) in one job; a control counts as held only if it held in
+    every worker that ran; the measurement recorded is the lowest such rank's (each rank's own is
+    in the topology)."""
+    got = [sorted(w["trees"]) if w is not None else [] for w in workers]
+    ran = [w for w in workers if w is not None]
+    if got != [sorted(o) for o in owned] or not ran or len({w["job"] for w in ran}) != 1:
+        raise RuntimeFailure(
+            "runtime.distributed.load_mismatch",
+            "the ranks' contained workers did not each load exactly the files their rank owns, in one "
+            "job; nothing was published",
+            evidence={"loaded": got, "owned": [list(o) for o in owned]},
+        )
+    trees = {rel: value for w in ran for rel, value in w["trees"].items()}
+    names = sorted({c for w in ran for c in w["controls"]})
+    return LoadedTrees(
+        trees=trees,
+        controls={c: all(w["controls"].get(c) is True for w in ran) for c in names},
+        measured=ran[0]["measured"],
+        job=ran[0]["job"],
+        wall_s=max(float(w["wall_s"]) for w in ran),
+        worker_pid=int(ran[0]["pid"]),
+    )
+
+
+def worker_record(worker: dict[str, Any] | None) -> dict[str, Any] | None:
+    if worker is None:
+        return None
+    return {
+        "job": worker["job"],
+        "files": sorted(worker["trees"]),
+        "controls": worker["controls"],
+        "measured": worker["measured"],
+        "wall_s": round(float(worker["wall_s"]), 3),
+    }

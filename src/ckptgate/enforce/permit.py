@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from ckptgate.decide.decision import Decision
+from ckptgate.digest import Digest
 from ckptgate.errors import PolicyDenied
 
 _SEAL_KEY = secrets.token_bytes(32)
@@ -33,7 +34,7 @@ _SEAL_KEY = secrets.token_bytes(32)
 class Permit:
     """Permission to run one loader on the exact bytes with one fixture digest."""
 
-    fixture_digest: str
+    fixture_digest: Digest
     loader: str
     plane: str
     required_controls: tuple[str, ...]
@@ -44,7 +45,7 @@ class Permit:
     def _payload(self) -> bytes:
         return json.dumps(
             [
-                self.fixture_digest,
+                self.fixture_digest.prefixed(),
                 self.loader,
                 self.plane,
                 list(self.required_controls),
@@ -53,7 +54,7 @@ class Permit:
             ]
         ).encode()
 
-    def check(self, *, fixture_digest: str, loader: str, controls: Mapping[str, bool]) -> None:
+    def check(self, *, fixture_digest: Digest, loader: str, controls: Mapping[str, bool]) -> None:
         """Raise :class:`PolicyDenied` unless this permit allows ``loader`` on these bytes now."""
         want = hmac.new(_SEAL_KEY, self._payload(), hashlib.sha256).hexdigest()
         if not hmac.compare_digest(want, self.seal):
@@ -64,7 +65,7 @@ class Permit:
             raise PolicyDenied(
                 "enforce.permit.wrong_digest",
                 f"the permit is for {self.fixture_digest}, not for {fixture_digest}",
-                evidence={"permit": self.fixture_digest, "actual": fixture_digest},
+                evidence={"permit": self.fixture_digest.prefixed(), "actual": fixture_digest.prefixed()},
             )
         if loader != self.loader:
             raise PolicyDenied(
@@ -79,7 +80,7 @@ class Permit:
             )
 
 
-def issue_permit(decision: Decision, *, fixture_digest: str, loader: str) -> Permit:
+def issue_permit(decision: Decision, *, fixture_digest: Digest, loader: str) -> Permit:
     """Mint a permit for ``loader`` on the bytes with ``fixture_digest``, under ``decision``.
 
     The enforce step checks the decision first and refuses with the typed error its refusal class

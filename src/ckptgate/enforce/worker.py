@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from ckptgate.digest import Digest
 from ckptgate.enforce import protocol as wp
 from ckptgate.enforce.containment import (
     CONTROLS,
@@ -235,7 +236,7 @@ def run_contained(
     profile: ContainmentProfile,
     limits: WorkerLimits,
     timeout_s: float,
-    fixture_digest: str,
+    fixture_digest: Digest,
     preimports: Sequence[str] = (),
     select: Mapping[str, Sequence[Sequence[str | int]]] | None = None,
     sink: ChunkSink | None = None,
@@ -285,7 +286,7 @@ def run_contained(
         spec = WorkerSpec(
             job=job,
             permit=PermitTerms(
-                fixture_digest=permit.fixture_digest,
+                fixture_digest=permit.fixture_digest.prefixed(),  # the wire form, for the worker
                 loader=permit.loader,
                 required_controls=tuple(permit.required_controls),
                 decision_id=permit.decision_id,

@@ -58,3 +58,14 @@ def warning(code: str, path: str, message: str, **evidence: Any) -> Finding:
 
 def info(code: str, path: str, message: str, **evidence: Any) -> Finding:
     return Finding(code=code, severity=Severity.INFO, path=path, message=message, evidence=evidence)
+
+
+def finding_from_json(doc: dict[str, Any]) -> Finding:
+    """A finding another rank sent as its ``to_json()``."""
+    return Finding(
+        code=doc["code"],
+        severity=Severity(doc["severity"]),
+        path=doc["path"],
+        message=doc["message"],
+        evidence=dict(doc.get("evidence") or {}),
+    )

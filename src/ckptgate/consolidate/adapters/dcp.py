@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters._common import record_segment
-from ckptgate.consolidate.adapters.registry import StaticAdapter, register
+from ckptgate.consolidate.adapters.registry import Static, register
 from ckptgate.consolidate.plan import (
     DTYPE_SIZES,
     MAX_PLAN_RUNS,
@@ -42,7 +42,7 @@ from ckptgate.consolidate.plan import (
 from ckptgate.decide.decision import Selection
 
 if TYPE_CHECKING:
-    from ckptgate.inspect import Inspection
+    pass
 
 
 def _ints(v: Any, what: str) -> tuple[int, ...]:
@@ -201,23 +201,12 @@ def plan(
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes, report=report)
 
 
-class DcpAdapter(StaticAdapter):
-    """``dcp``: torch.distributed.checkpoint with torch.save or HF safetensors storage."""
-
-    name = "dcp"
-    formats = ("dcp-torch-save", "dcp-hf-safetensors")
-    selects = True
-
-    def plan(
-        self,
-        inspection: Inspection,
-        *,
-        max_shard_bytes: int,
-        mapping: str | None = None,
-        selection: Selection | None = None,
-        loaded: Any = None,
-    ) -> ConsolidationPlan:
-        return plan(inspection.format or "", inspection.layout, max_shard_bytes=max_shard_bytes, selection=selection)
-
-
-register(DcpAdapter())
+#: ``dcp``: torch.distributed.checkpoint with torch.save or HF safetensors storage.
+register(
+    Static(
+        "dcp",
+        ("dcp-torch-save", "dcp-hf-safetensors"),
+        lambda i, size, _m, selection: plan(i.format or "", i.layout, max_shard_bytes=size, selection=selection),
+        selects=True,
+    )
+)

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters._common import Segment, record_segment, segment_tensor, take
-from ckptgate.consolidate.adapters.registry import StaticAdapter, register
+from ckptgate.consolidate.adapters.registry import Static, register
 from ckptgate.consolidate.plan import (
     DTYPE_SIZES,
     ConsolidationPlan,
@@ -561,24 +561,6 @@ def universal_plan(layout: Mapping[str, Any], files: Mapping[str, Any], *, max_s
     )
 
 
-class UniversalAdapter(StaticAdapter):
-    """``deepspeed-universal``: Universal Checkpointing's per-parameter ``fp32.pt`` files."""
-
-    name = "deepspeed-universal"
-    formats = ("deepspeed-universal",)
-
-    def plan(
-        self,
-        inspection: Inspection,
-        *,
-        max_shard_bytes: int,
-        mapping: str | None = None,
-        selection: Selection | None = None,
-        loaded: Any = None,
-    ) -> ConsolidationPlan:
-        return universal_plan(inspection.layout, {f.path: f for f in inspection.files}, max_shard_bytes=max_shard_bytes)
-
-
 class ZeroAdapter:
     """``deepspeed-zero``: ZeRO-2/3 partitions.  Gated as a framework load; when every state file
     stayed inside the static reader's allowlist, the plan is built from the static reader and no
@@ -627,5 +609,12 @@ class ZeroAdapter:
         )
 
 
-register(UniversalAdapter())
+#: ``deepspeed-universal``: Universal Checkpointing's per-parameter ``fp32.pt`` files.
+register(
+    Static(
+        "deepspeed-universal",
+        ("deepspeed-universal",),
+        lambda i, size, _m, _s: universal_plan(i.layout, {f.path: f for f in i.files}, max_shard_bytes=size),
+    )
+)
 register(ZeroAdapter())

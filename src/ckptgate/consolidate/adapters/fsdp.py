@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters._common import record_segment, segment_tensor
-from ckptgate.consolidate.adapters.registry import StaticAdapter, register
+from ckptgate.consolidate.adapters.registry import Static, register
 from ckptgate.consolidate.plan import (
     ConsolidationPlan,
     NotConsolidatable,
@@ -25,8 +25,7 @@ from ckptgate.consolidate.plan import (
 )
 
 if TYPE_CHECKING:
-    from ckptgate.decide.decision import Selection
-    from ckptgate.inspect import Inspection
+    pass
 
 
 def full_tensors(layout: Mapping[str, Any]) -> list[OutputTensor]:
@@ -64,26 +63,8 @@ def plan(fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int) -> Consol
     )
 
 
-class FsdpFullAdapter(StaticAdapter):
-    """``fsdp-full``: FULL_STATE_DICT saved with torch.save, read statically.
-
-    ``fsdp-local`` is not listed: inspection marks it not consolidatable, and the gates data names
-    no adapter for it.
-    """
-
-    name = "fsdp-full"
-    formats = ("fsdp-full",)
-
-    def plan(
-        self,
-        inspection: Inspection,
-        *,
-        max_shard_bytes: int,
-        mapping: str | None = None,
-        selection: Selection | None = None,
-        loaded: Any = None,
-    ) -> ConsolidationPlan:
-        return plan(inspection.format or "", inspection.layout, max_shard_bytes=max_shard_bytes)
-
-
-register(FsdpFullAdapter())
+#: ``fsdp-full``: FULL_STATE_DICT saved with torch.save, read statically.  ``fsdp-local`` is not
+#: listed: inspection marks it not consolidatable, and the gates data names no adapter for it.
+register(
+    Static("fsdp-full", ("fsdp-full",), lambda i, size, _m, _s: plan(i.format or "", i.layout, max_shard_bytes=size))
+)

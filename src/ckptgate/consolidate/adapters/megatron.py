@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters import dcp
 from ckptgate.consolidate.adapters._common import slice_placements
-from ckptgate.consolidate.adapters.registry import StaticAdapter, register
+from ckptgate.consolidate.adapters.registry import Static, register
 from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, PlanError, no_tensors, shard_tensors
 
 if TYPE_CHECKING:
-    from ckptgate.decide.decision import Selection
-    from ckptgate.inspect import Inspection
+    pass
 
 
 UNSTACK_LAYERS = "megatron-unstack-layers"
@@ -92,23 +91,12 @@ def plan(layout: Mapping[str, Any], *, max_shard_bytes: int, mapping: str | None
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes, report=report)
 
 
-class MegatronAdapter(StaticAdapter):
-    """``megatron-torch-dist``: Megatron-Core torch_dist, optionally through a declared mapping."""
-
-    name = "megatron-torch-dist"
-    formats = ("megatron-torch-dist",)
-    mappings = (UNSTACK_LAYERS,)
-
-    def plan(
-        self,
-        inspection: Inspection,
-        *,
-        max_shard_bytes: int,
-        mapping: str | None = None,
-        selection: Selection | None = None,
-        loaded: Any = None,
-    ) -> ConsolidationPlan:
-        return plan(inspection.layout, max_shard_bytes=max_shard_bytes, mapping=mapping)
-
-
-register(MegatronAdapter())
+#: ``megatron-torch-dist``: Megatron-Core torch_dist, optionally through a declared mapping.
+register(
+    Static(
+        "megatron-torch-dist",
+        ("megatron-torch-dist",),
+        lambda i, size, mapping, _s: plan(i.layout, max_shard_bytes=size, mapping=mapping),
+        mappings=(UNSTACK_LAYERS,),
+    )
+)

@@ -14,12 +14,11 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters._common import header_tensors
-from ckptgate.consolidate.adapters.registry import StaticAdapter, register
+from ckptgate.consolidate.adapters.registry import Static, register
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, NotConsolidatable, PlanError, ShardTask
 
 if TYPE_CHECKING:
-    from ckptgate.decide.decision import Selection
-    from ckptgate.inspect import Inspection
+    pass
 
 
 WEIGHTS = "adapter_model.safetensors"
@@ -69,22 +68,4 @@ def plan(layout: Mapping[str, Any], files: Mapping[str, Any]) -> ConsolidationPl
     )
 
 
-class PeftAdapter(StaticAdapter):
-    """``peft``: one PEFT adapter passed through with its config."""
-
-    name = "peft"
-    formats = ("peft", "peft-lora")
-
-    def plan(
-        self,
-        inspection: Inspection,
-        *,
-        max_shard_bytes: int,
-        mapping: str | None = None,
-        selection: Selection | None = None,
-        loaded: Any = None,
-    ) -> ConsolidationPlan:
-        return plan(inspection.layout, {f.path: f for f in inspection.files})
-
-
-register(PeftAdapter())
+register(Static("peft", ("peft", "peft-lora"), lambda i, _size, _m, _s: plan(i.layout, {f.path: f for f in i.files})))

@@ -10,7 +10,8 @@ of ``policies/ckptgate/config/gates/data.json``.  Adding a format is a detector
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -23,7 +24,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Adapter",
+    "Planner",
     "RegistryError",
+    "Static",
     "StaticAdapter",
     "adapter_for",
     "adapter_name_for",
@@ -91,6 +94,33 @@ class StaticAdapter:
 
     def framework_files(self, inspection: Inspection) -> tuple[str, ...]:
         return ()
+
+
+#: ``(inspection, max_shard_bytes, mapping, selection) -> plan``: what a :class:`Static` adapter runs.
+Planner = Callable[["Inspection", int, "str | None", "Selection | None"], ConsolidationPlan]
+
+
+@dataclass(frozen=True, slots=True)
+class Static(StaticAdapter):
+    """An adapter that plans from what inspection read with ``planner``: the block every static
+    adapter would otherwise repeat (its ``plan`` method), written once."""
+
+    name: str
+    formats: tuple[str, ...]
+    planner: Planner
+    mappings: tuple[str, ...] = ()
+    selects: bool = False
+
+    def plan(
+        self,
+        inspection: Inspection,
+        *,
+        max_shard_bytes: int,
+        mapping: str | None = None,
+        selection: Selection | None = None,
+        loaded: LoadedTrees | None = None,
+    ) -> ConsolidationPlan:
+        return self.planner(inspection, max_shard_bytes, mapping, selection)
 
 
 class RegistryError(ValueError):

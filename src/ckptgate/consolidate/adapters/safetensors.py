@@ -7,12 +7,9 @@ file.  It uses the headers that :mod:`ckptgate.inspect.safetensors` validated du
 
 from __future__ import annotations
 
-from typing import Any
-
 from ckptgate.consolidate.adapters._common import header_tensors
-from ckptgate.consolidate.adapters.registry import StaticAdapter, register
+from ckptgate.consolidate.adapters.registry import Static, register
 from ckptgate.consolidate.plan import ConsolidationPlan, OutputTensor, PlanError, no_tensors, shard_tensors
-from ckptgate.decide.decision import Selection
 from ckptgate.inspect import Inspection
 
 
@@ -39,22 +36,11 @@ def plan(inspection: Inspection, *, max_shard_bytes: int) -> ConsolidationPlan:
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes)
 
 
-class SafetensorsAdapter(StaticAdapter):
-    """``hf-safetensors``: single or index-sharded safetensors, pure data."""
-
-    name = "hf-safetensors"
-    formats = ("hf-sharded-safetensors", "safetensors")
-
-    def plan(
-        self,
-        inspection: Inspection,
-        *,
-        max_shard_bytes: int,
-        mapping: str | None = None,
-        selection: Selection | None = None,
-        loaded: Any = None,
-    ) -> ConsolidationPlan:
-        return plan(inspection, max_shard_bytes=max_shard_bytes)
-
-
-register(SafetensorsAdapter())
+#: ``hf-safetensors``: single or index-sharded safetensors, pure data.
+register(
+    Static(
+        "hf-safetensors",
+        ("hf-sharded-safetensors", "safetensors"),
+        lambda i, size, _m, _s: plan(i, max_shard_bytes=size),
+    )
+)

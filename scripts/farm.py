@@ -296,7 +296,7 @@ def _run_logged(cmd: list[str], logf, *, env: Mapping[str, str] | None = None, c
 def retain_attempt(lock: Lock, step: str, log_path: Path) -> Path:
     """Copy a failed step's log into the repository, where it is kept as evidence of the attempt."""
     ATTEMPTS.mkdir(parents=True, exist_ok=True)
-    dest = ATTEMPTS / f"{lock.key}-{step}.log"
+    dest = attempt_log(lock, step)
     shutil.copyfile(log_path, dest)
     return dest
 
@@ -419,11 +419,33 @@ class Outcome:
     note: str = ""
 
 
-def build_and_generate(lock: Lock, home: Path) -> Outcome:
+def attempt_log(lock: Lock, step: str, attempts: Path = ATTEMPTS) -> Path:
+    """Where a failed ``step`` (``build``, a fixture name, ``<fixture>-qualify``) of this lock keeps its log."""
+    return attempts / f"{lock.key}-{step}.log"
+
+
+def todo_fixtures(lock: Lock, *, retry_failed: bool, fixtures: Path = FIXTURES,
+                  attempts: Path = ATTEMPTS) -> tuple[list[FixtureJob], list[FixtureJob]]:
+    """(to generate, failed before at this same lock and not retried).  A fixture current at this
+    lock is neither; a recorded failure is retried only when asked, so a rerun does not rewrite
+    the retained log of an attempt whose inputs did not change."""
+    todo, failed = [], []
+    for job in lock.fixtures:
+        if fixture_current(lock, job, fixtures):
+            continue
+        known = attempt_log(lock, job.name, attempts).exists() or attempt_log(lock, "build", attempts).exists()
+        (failed if known and not retry_failed else todo).append(job)
+    return todo, failed
+
+
+def build_and_generate(lock: Lock, home: Path, *, retry_failed: bool = False) -> Outcome:
     out = Outcome(env=lock.env)
     t0 = time.monotonic()
-    todo = [j for j in lock.fixtures if not fixture_current(lock, j)]
-    out.reused = [j.name for j in lock.fixtures if j not in todo]
+    todo, known_failed = todo_fixtures(lock, retry_failed=retry_failed)
+    out.reused = [j.name for j in lock.fixtures if fixture_current(lock, j)]
+    out.failed = [j.name for j in known_failed]
+    if known_failed:
+        out.note = f"{len(known_failed)} failed before at this lock (--retry-failed reruns them)"
     try:
         if todo:
             log(f"{lock.env}: building {lock.key} ({len(lock.packages)} packages)")
@@ -441,7 +463,7 @@ def build_and_generate(lock: Lock, home: Path) -> Outcome:
                 log(f"{lock.env}: {e}; log kept in {kept.relative_to(ROOT)}")
     except StepFailed as e:
         kept = retain_attempt(lock, "build", e.log_path)
-        out.failed = [j.name for j in todo]
+        out.failed += [j.name for j in todo if j.name not in out.failed]
         out.note = f"build failed: {kept.relative_to(ROOT)}"
         log(f"{lock.env}: {e}; log kept in {kept.relative_to(ROOT)}")
     out.seconds = time.monotonic() - t0
@@ -524,7 +546,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     t0 = time.monotonic()
     outcomes: dict[str, Outcome] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        for o in pool.map(lambda lk: build_and_generate(lk, home), locks):
+        for o in pool.map(lambda lk: build_and_generate(lk, home, retry_failed=ns.retry_failed), locks):
             outcomes[o.env] = o
     for lk in locks:
         outcomes[lk.env].disk = du(env_dir(lk, home))
@@ -570,7 +592,9 @@ def cmd_status(_: argparse.Namespace) -> int:
     home = farm_home()
     for lk in load_locks():
         built = "built" if env_ready(lk, home) else "not built"
-        fx = ", ".join(f"{j.name}{'' if fixture_current(lk, j) else ' (to generate)'}" for j in lk.fixtures)
+        todo, failed = todo_fixtures(lk, retry_failed=False)
+        fx = ", ".join(j.name + (" (to generate)" if j in todo else " (failed, log kept)" if j in failed else "")
+                       for j in lk.fixtures)
         print(f"{lk.env:28} {lk.digest[:16]} {built:9} {fx}")
     return 0
 
@@ -583,6 +607,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--jobs", type=int, default=None, help="environments built in parallel (default: the cores)")
     run.add_argument("--commit", action="store_true", help="commit new fixtures, evidence and the matrix")
     run.add_argument("--no-qualify", action="store_true", help="stop after generating the fixtures")
+    run.add_argument("--retry-failed", action="store_true",
+                     help="rerun builds and producers whose failure at the same lock is kept in qualification/attempts")
     lk = sub.add_parser("lock", help="resolve ENV's requirements into its [lock] with uv pip compile")
     lk.add_argument("env")
     sub.add_parser("status", help="which environments are built and which fixtures are current")

@@ -175,3 +175,24 @@ def test_summary_table_has_a_row_per_environment() -> None:
     table = farm.summary([o]).splitlines()
     assert table[0].startswith("| environment | fixtures")
     assert table[2] == "| ds | 1 / 1 / 0 | 1 | 12s | 1G |  |"
+
+
+def test_a_failure_kept_at_the_same_lock_is_not_rerun_unless_asked(tmp_path: Path) -> None:
+    lock = farm.parse_lock(_write(tmp_path, LOCK))
+    job = lock.fixtures[0]
+    fixtures, attempts = tmp_path / "data", tmp_path / "attempts"
+    attempts.mkdir()
+    assert farm.todo_fixtures(lock, retry_failed=False, fixtures=fixtures, attempts=attempts) == ([job], [])
+    farm.attempt_log(lock, job.name, attempts).write_text("rc=1\n")
+    assert farm.todo_fixtures(lock, retry_failed=False, fixtures=fixtures, attempts=attempts) == ([], [job])
+    assert farm.todo_fixtures(lock, retry_failed=True, fixtures=fixtures, attempts=attempts) == ([job], [])
+    # a failure kept for another lock digest does not count for this one
+    other = farm.parse_lock(_write(tmp_path, LOCK.replace('"4.16.0"', '"4.16.1"')))
+    assert farm.todo_fixtures(other, retry_failed=False, fixtures=fixtures, attempts=attempts) == ([job], [])
+    # a failed build stops every fixture of that lock until retried
+    farm.attempt_log(lock, job.name, attempts).unlink()
+    farm.attempt_log(lock, "build", attempts).write_text("rc=2\n")
+    assert farm.todo_fixtures(lock, retry_failed=False, fixtures=fixtures, attempts=attempts) == ([], [job])
+    # a fixture current at this lock is neither, whatever was kept
+    _fixture(fixtures, lock, job)
+    assert farm.todo_fixtures(lock, retry_failed=False, fixtures=fixtures, attempts=attempts) == ([], [])

@@ -47,6 +47,9 @@ ATTEMPTS = ROOT / "qualification" / "attempts"
 FIXTURES = ROOT / "tests" / "fixtures" / "data"
 GENERATOR = ROOT / "tests" / "fixtures" / "generate.py"
 PINS = ROOT / "pins.toml"
+#: What `ckptgate qualify` and `ckptgate matrix build` write (ckptgate's layout `evidence_paths`):
+#: evidence, not code, so it never makes the tree dirty for qualification.
+EVIDENCE = ("attestations", "matrix", "policies/ckptgate/config/qualified/data.json")
 #: Installed first, so that sdists importing torch at build time (DeepSpeed) build without isolation.
 FIRST_PHASE = ("torch", "numpy", "setuptools", "wheel")
 #: Set for every install: DeepSpeed's ops are JIT-built when used, never at install time.
@@ -365,8 +368,10 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
-def dirty(paths: Sequence[str] = ()) -> list[str]:
-    return [line[3:] for line in git("status", "--porcelain", "--untracked-files=all", "--", *paths).splitlines()]
+def dirty(paths: Sequence[str] = (), *, exclude: Sequence[str] = ()) -> list[str]:
+    lines = git("status", "--porcelain", "--untracked-files=all", "--", *paths).splitlines()
+    return [p for p in (line[3:] for line in lines)
+            if not any(p == e or p.startswith(e.rstrip("/") + "/") for e in exclude)]
 
 
 def ckptgate(*args: str) -> subprocess.CompletedProcess[str]:
@@ -482,7 +487,7 @@ def qualify_all(locks: Sequence[Lock], outcomes: dict[str, Outcome], commit: boo
             return False
         git("add", "--", *[p for p in paths if (ROOT / p).exists()])
         git("commit", "-q", "-m", "farm: fixtures from " + ", ".join(sorted({lk.env for lk, _ in jobs})))
-    if dirty():
+    if dirty(exclude=EVIDENCE):
         log("the work tree has uncommitted changes; commit or stash them before qualifying")
         return False
     changed = False
@@ -517,7 +522,7 @@ def qualify_all(locks: Sequence[Lock], outcomes: dict[str, Outcome], commit: boo
             digest = None
         outcomes[lk.env].rows[job.name] = matrix_rows(digest) if digest else []
     if commit and dirty():
-        git("add", "-A", "--", "attestations", "matrix", str(ATTEMPTS.relative_to(ROOT)))
+        git("add", "-A", "--", *EVIDENCE, str(ATTEMPTS.relative_to(ROOT)))
         git("commit", "-q", "-m", "farm: qualifications and matrix for " + ", ".join(lk.env for lk in locks))
     return True
 

@@ -52,6 +52,8 @@ PINS = ROOT / "pins.toml"
 EVIDENCE = ("attestations", "matrix", "policies/ckptgate/config/qualified/data.json")
 #: Installed first, so that sdists importing torch at build time (DeepSpeed) build without isolation.
 FIRST_PHASE = ("torch", "numpy", "setuptools", "wheel")
+#: Always locked: sdists are built without isolation, against the environment's own packages.
+BUILD_TOOLS = ("setuptools",)
 #: Set for every install: DeepSpeed's ops are JIT-built when used, never at install time.
 BUILD_ENV = {"DS_BUILD_OPS": "0"}
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -345,6 +347,7 @@ def build_env(lock: Lock, home: Path) -> float:
             raise StepFailed(f"{lock.env}: the installed environment differs from the lock ({sorted(drift)[:5]})",
                              log_path)
         (target / STAMP).write_text(lock.digest + "\n")
+    attempt_log(lock, "build").unlink(missing_ok=True)  # retried and built: no longer a failure
     return time.monotonic() - t0
 
 
@@ -361,6 +364,7 @@ def generate(lock: Lock, job: FixtureJob, home: Path) -> float:
     with log_path.open("w") as logf:
         if _run_logged(cmd, logf, env=env, cwd=ROOT) != 0:
             raise StepFailed(f"{lock.env}: producing {job.name} failed", log_path)
+    attempt_log(lock, job.name).unlink(missing_ok=True)  # retried and produced: no longer a failure
     return time.monotonic() - t0
 
 
@@ -568,6 +572,15 @@ def uv_cache() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "uv"))
 
 
+def compile_lock(home: Path, python: str, requirements: list[str]) -> dict[str, str]:
+    r = subprocess.run([str(uv(home)), "pip", "compile", "--quiet", "--no-header", "--no-annotate",
+                        "--python-version", python, "--python-platform", "x86_64-unknown-linux-gnu", "-"],
+                       input="\n".join(requirements) + "\n", capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise FarmError(f"uv pip compile failed for {requirements}:\n{r.stderr}")
+    return parse_compiled(r.stdout)
+
+
 def cmd_lock(ns: argparse.Namespace) -> int:
     path = LOCKS / f"{ns.env}.toml"
     text = path.read_text(encoding="utf-8")
@@ -575,14 +588,12 @@ def cmd_lock(ns: argparse.Namespace) -> int:
     data.setdefault("lock", {"placeholder": "0"})
     header = "\n".join(line[2:] if line.startswith("# ") else line[1:]
                        for line in text.splitlines() if line.startswith("#"))
-    reqs = "\n".join(data["requirements"]) + "\n"
     home = farm_home()
-    r = subprocess.run([str(uv(home)), "pip", "compile", "--quiet", "--no-header", "--no-annotate",
-                        "--python-version", data["python"], "--python-platform", "x86_64-unknown-linux-gnu", "-"],
-                       input=reqs, capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        raise FarmError(f"uv pip compile failed for {ns.env}:\n{r.stderr}")
-    packages = parse_compiled(r.stdout)
+    packages = compile_lock(home, data["python"], list(data["requirements"]))
+    missing = [t for t in BUILD_TOOLS if t not in packages]
+    if missing:
+        # The sdists built without isolation (DeepSpeed) need these in the environment itself.
+        packages = compile_lock(home, data["python"], [*data["requirements"], *missing])
     fixtures = tuple(FixtureJob(name=n, spec=s["spec"], adapter=s["adapter"])
                      for n, s in data.get("fixtures", {}).items())
     lock = Lock(env=ns.env, python=data["python"], requirements=tuple(data["requirements"]), fixtures=fixtures,

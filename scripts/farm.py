@@ -475,6 +475,10 @@ def build_and_generate(lock: Lock, home: Path, *, retry_failed: bool = False) ->
         out.failed += [j.name for j in todo if j.name not in out.failed]
         out.note = f"build failed: {kept.relative_to(ROOT)}"
         log(f"{lock.env}: {e}; log kept in {kept.relative_to(ROOT)}")
+    except (FarmError, OSError, subprocess.SubprocessError) as e:  # no interpreter, no uv: nothing ran
+        out.failed += [j.name for j in todo if j.name not in out.failed]
+        out.note = f"not built: {e}"
+        log(f"{lock.env}: {e}")
     out.seconds = time.monotonic() - t0
     return out
 
@@ -539,7 +543,7 @@ def du(path: Path) -> str:
 
 
 def summary(outcomes: Sequence[Outcome]) -> str:
-    head = "| environment | fixtures (new / reused / failed) | rows | time | env disk | note |"
+    head = "| environment | fixtures (new / reused / failed) | rows | time | env disk (alone) | note |"
     lines = [head, "|---|---|---|---|---|---|"]
     for o in outcomes:
         rows = sum(len(v) for v in o.rows.values())
@@ -554,6 +558,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     jobs = max(1, min(ns.jobs or (os.cpu_count() or 1), len(locks) or 1))
     t0 = time.monotonic()
     outcomes: dict[str, Outcome] = {}
+    uv(home)  # once, before the environments are built in parallel
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         for o in pool.map(lambda lk: build_and_generate(lk, home, retry_failed=ns.retry_failed), locks):
             outcomes[o.env] = o
@@ -563,7 +568,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if not ns.no_qualify:
         ok = qualify_all(locks, outcomes, ns.commit, home) and ok
     print(summary(list(outcomes.values())))
-    print(f"total {time.monotonic() - t0:.0f}s; environments {du(home / 'envs')}; uv cache {du(uv_cache())}")
+    both = subprocess.run(["du", "-shc", str(uv_cache()), str(home / "envs")], capture_output=True, text=True,
+                          check=False).stdout.splitlines()
+    total = both[-1].split("\t", 1)[0] if both else "-"
+    print(f"total {time.monotonic() - t0:.0f}s; disk: uv cache {du(uv_cache())}, "
+          f"with the environments {total} (hard links counted once)")
     return 0 if ok else 1
 
 

@@ -498,6 +498,12 @@ def qualify_all(locks: Sequence[Lock], outcomes: dict[str, Outcome], commit: boo
     if dirty(exclude=EVIDENCE):
         log("the work tree has uncommitted changes; commit or stash them before qualifying")
         return False
+    # Refresh the matrix first: a row is current only at this candidate commit, and the committed
+    # matrix was built at an earlier one.
+    r = ckptgate("matrix", "build")
+    if r.returncode != 0:
+        log(f"ckptgate matrix build failed:\n{r.stdout}{r.stderr}")
+        return False
     changed = False
     for lk, job in jobs:
         if qualified_here(home, lk, job):

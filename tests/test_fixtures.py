@@ -10,6 +10,7 @@ zero_to_fp32) and compare with the ground truth.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import sys
 import tomllib
@@ -28,6 +29,25 @@ from tests.fixtures.generate import SPECS  # noqa: E402
 
 PINS = tomllib.loads((REPO / "pins.toml").read_text())["python"]
 NAMES = sorted(FIXTURES)
+
+
+def _load_farm():  # scripts/farm.py is a script, not a package
+    spec = importlib.util.spec_from_file_location("ckptgate_farm_script", REPO / "scripts" / "farm.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+farm = _load_farm()
+#: fixture name -> (its lock, its job) for every fixture a committed farm lock produces
+FARM = {job.name: (lock, job) for lock in farm.load_locks() for job in lock.fixtures}
+
+
+def _made_by(*specs: str) -> list[str]:
+    """The committed fixtures generator ``specs`` made: in the project env, or in a farm env."""
+    return sorted(n for n in NAMES if n in specs or (n in FARM and FARM[n][1].spec in specs))
 MAX_FILE = 2 * 1024 * 1024
 MAX_TOTAL = 5 * 1024 * 1024
 
@@ -41,7 +61,10 @@ def _files(root: Path) -> list[Path]:
 
 
 def test_catalog_matches_the_generator() -> None:
-    assert set(FIXTURES) == set(SPECS)
+    """Every generator spec has its fixture; any other fixture is one a committed farm lock makes."""
+    assert set(SPECS) <= set(FIXTURES)
+    assert set(FIXTURES) - set(SPECS) <= set(FARM)
+    assert all(job.spec in SPECS for _, job in FARM.values())
 
 
 def test_size_budget() -> None:
@@ -57,11 +80,23 @@ def test_meta_records_producer_versions_and_provenance(name: str) -> None:
     assert meta["generator"] == "tests/fixtures/generate.py"
     assert (REPO / meta["producer_script"]).is_file()
     assert meta["producer_script"].rsplit("/", 1)[1] in meta["command"]
-    assert meta["regenerate"].endswith(f"--only {name}")
     versions = meta["versions"]
-    for dist in ("torch", "deepspeed", "megatron-core", "peft", "huggingface-hub", "safetensors", "numpy"):
-        assert versions[dist.replace("huggingface-hub", "huggingface_hub")] == PINS[dist], dist
-    assert versions["python"].count(".") == 2
+    if name in FARM:
+        # Written in a farm environment: the versions are the lock's, and the lock is the committed one.
+        lock, job = FARM[name]
+        assert meta["farm"] == {"environment": lock.env, "lock": f"qualification/locks/{lock.env}.toml",
+                                "lock_sha256": lock.digest, "spec": job.spec}
+        assert meta["regenerate"] == f"python3 scripts/farm.py run --only {lock.env}"
+        assert versions["python"] == lock.python
+        for dist, got in versions.items():
+            if dist != "python":
+                assert got == lock.version(dist), dist
+    else:
+        assert "farm" not in meta
+        assert meta["regenerate"].endswith(f"--only {name}")
+        for dist in ("torch", "deepspeed", "megatron-core", "peft", "huggingface-hub", "safetensors", "numpy"):
+            assert versions[dist.replace("huggingface-hub", "huggingface_hub")] == PINS[dist], dist
+        assert versions["python"].count(".") == 2
     assert meta["launch_env"]["CUDA_VISIBLE_DEVICES"] == ""
     assert meta["topology"]["world_size"] >= 1
     assert meta["producer"] and meta["format"] and meta["dtype"]
@@ -158,7 +193,7 @@ def test_dcp_hf_storage_shards_assemble_to_the_ground_truth(name: str) -> None:
         assert any(i["leading_torch_zips"] > 0 for i in described.values())
 
 
-@pytest.mark.parametrize("name", ["deepspeed_zero2", "deepspeed_zero3"])
+@pytest.mark.parametrize("name", _made_by("deepspeed_zero2", "deepspeed_zero3"))
 def test_deepspeed_layout(name: str) -> None:
     root = checkpoint_dir(name)
     meta = load_meta(name)

@@ -141,6 +141,10 @@ class _Group(click.Group):
 def cli() -> None:
     """ckptgate: a policy-as-code gate for distributed-training checkpoints.
 
+    Start here: `ckptgate demo` (a small real checkpoint signed with a throwaway key and taken in, end to
+    end), then `ckptgate init` (a ckptgate.toml for your repository), then `ckptgate attest keygen`
+    (your own signing key and trust data).
+
     Exit codes: 0 ok, 1 internal error, 2 usage error, 3 policy denied, 4 input rejected,
     5 verification failed, 6 policy engine unavailable, 7 contained runtime failed,
     129/130/143 stopped by SIGHUP/SIGINT/SIGTERM before publishing (nothing was published).

@@ -49,7 +49,8 @@ _EXCLUDED_DIRS = (".regal", "schemas")
 
 
 _OPA_WAYS = (
-    "Name the binary with --opa-binary PATH, or set CKPTGATE_OPA=PATH, or put `opa` "
+    "Run `ckptgate engine install` (builds the pinned OPA with Go and prints the CKPTGATE_OPA=... to set); "
+    "or name the binary with --opa-binary PATH, or set CKPTGATE_OPA=PATH, or put `opa` "
     f"(version {OPA_SUPPORTED}) on PATH; or use a running OPA server with --opa-url URL. "
     "OPA releases: https://github.com/open-policy-agent/opa/releases"
 )

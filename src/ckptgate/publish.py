@@ -103,7 +103,20 @@ def _inside_source(dst: Path) -> UsageError:
 
 
 def _exists(dst: Path) -> UsageError:
-    return UsageError("usage.dst_exists", f"{dst} already exists; ckptgate never replaces a published output")
+    return UsageError(
+        "usage.dst_exists",
+        f"{dst} already exists; ckptgate never replaces a published output",
+        evidence={"destination": str(dst)},
+        advice=f"Name a new directory with --out (for example {dst.name}-2 beside it), or check the published "
+        f"one with `ckptgate receipt verify {dst}`.",
+    )
+
+
+def _parent_advice(dst: Path) -> str:
+    return (
+        f"ckptgate creates DST itself but not its parent: `mkdir -p {dst.parent}`, then run the command again, "
+        "or name a destination in an existing directory with --out."
+    )
 
 
 def _held(parent_fd: int, name: str) -> bool:
@@ -171,6 +184,8 @@ def check_destination(dst: Path, *, source: Path | None = None) -> Path:
         raise UsageError(
             "usage.dst_parent_missing",
             f"the parent of {dst} {'is not a directory' if dst.parent.exists() else 'does not exist'}",
+            evidence={"destination": str(dst)},
+            advice=_parent_advice(dst),
         )
     if source is not None and (dst.parent.resolve() / dst.name).is_relative_to(source.resolve()):
         raise _inside_source(dst)
@@ -201,6 +216,7 @@ def open_destination(dst: Path, *, source_root: tuple[int, int] | None = None) -
                 "usage.dst_parent_missing",
                 f"the parent of {dst} is not a directory or does not exist: {e.strerror}",
                 evidence={"destination": str(dst)},
+                advice=_parent_advice(dst),
             ) from None
         if e.errno == errno.ELOOP:
             raise UsageError(

@@ -178,6 +178,9 @@ def sign(
             "usage.predicate_type",
             f"ckptgate signs only its own predicate types, each checked "
             f"against its schema: {sorted(PREDICATE_SCHEMAS)}; not {statement.get('predicateType')!r}",
+            evidence={"predicate_type": statement.get("predicateType")},
+            advice=f"Set the statement's predicateType (or --predicate-type) to one of {sorted(PREDICATE_SCHEMAS)}; "
+            "leave --predicate-type out to sign a qualification predicate.",
         )
     try:
         envelope = sign_statement(statement, signer)

@@ -54,7 +54,7 @@ def _human(facts: dict[str, Any], digest: Any) -> None:
 
 def register(cli: click.Group) -> None:
     @cli.command("inspect")
-    @click.argument("path", type=click.Path(path_type=Path, file_okay=False, exists=False))
+    @click.argument("path", type=click.Path(path_type=Path, file_okay=False, exists=True))
     @click.option("--digest", "with_digest", is_flag=True, help="Also compute the fixture digest.")
     @checkpoint_option("path")
     @json_option

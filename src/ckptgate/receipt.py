@@ -96,7 +96,9 @@ def _signature(dst: Path, raw: bytes, key: Path | None) -> tuple[str, str | None
     if not env_path.is_file():
         return ("missing", f"--key was given but {RECEIPT_SIGNATURE_NAME} is absent") if key else ("absent", None)
     try:
-        env = Envelope.parse(_read(env_path, "the receipt signature", _receipt_advice(dst)), payload_type=RECEIPT_PAYLOAD_TYPE)
+        env = Envelope.parse(
+            _read(env_path, "the receipt signature", _receipt_advice(dst)), payload_type=RECEIPT_PAYLOAD_TYPE
+        )
     except VerificationError as e:
         return "invalid", f"{e.code}: {e.message}"
     if env.payload != raw:
@@ -104,7 +106,11 @@ def _signature(dst: Path, raw: bytes, key: Path | None) -> tuple[str, str | None
     if key is None:
         return "unchecked", "an envelope is present; pass --key PUB.pem to check its signature"
     try:
-        public = serialization.load_pem_public_key(_read(key, "the public key", f"Pass --key the public key the receipt was signed for ({key} is not readable)."))
+        public = serialization.load_pem_public_key(
+            _read(
+                key, "the public key", f"Pass --key the public key the receipt was signed for ({key} is not readable)."
+            )
+        )
     except ValueError as e:
         raise UsageError("usage.key_invalid", f"{key} is not a PEM public key: {e}") from None
     message = pae(env.payload_type, env.payload)

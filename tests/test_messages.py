@@ -3,6 +3,7 @@ and its advice is the next command to run, with this run's values in it."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -79,3 +80,46 @@ def test_a_predicate_type_without_a_schema_names_the_ones_there_are(work: Path) 
     error = error_of(res)
     assert error["code"] == "usage.predicate_type"
     assert "--predicate-type" in error["advice"] and "https://ckptgate.dev/" in error["advice"]
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_disk_names_the_file_system_not_the_workers_limits(tmp_path: Path, err: int) -> None:
+    from ckptgate.pipeline import _io_failure
+
+    failure = _io_failure(OSError(err, os.strerror(err)), tmp_path / "out")
+    assert failure.code == "runtime.io" and failure.exit_code == ExitCode.RUNTIME_FAILED
+    advice = failure.diagnostics()
+    assert f"df -h {tmp_path}" in advice and "--out" in advice
+    assert "resource limit" not in advice and "containment profile" not in advice
+
+
+def test_a_full_disk_under_a_report_names_the_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptgate import userfiles
+    from ckptgate.errors import UsageError
+
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(userfiles.os, "fsync", no_space)
+    with pytest.raises(UsageError) as e:
+        userfiles.write_output_file(tmp_path / "r.sarif", b"x", what="the SARIF report")
+    assert e.value.code == "usage.output_unwritable" and f"df -h {tmp_path}" in e.value.diagnostics()
+
+
+def test_intake_of_an_empty_directory_says_it_holds_no_files(work: Path) -> None:
+    (work / "empty").mkdir()
+    res = cli("intake", "empty", "--out", "o", cwd=work)
+    assert res.returncode == ExitCode.INPUT_REJECTED
+    error = error_of(res)
+    assert "the directory holds no files" in error["message"]
+    assert not (work / "o").exists()
+
+
+def test_a_fifo_in_the_checkpoint_is_named_with_its_finding(work: Path) -> None:
+    os.mkfifo(work / "ckpt" / "pipe")
+    res = cli("intake", "ckpt", "--out", "o", cwd=work)
+    assert res.returncode == ExitCode.INPUT_REJECTED
+    error = error_of(res)
+    assert "pipe: fifo refused" in error["message"] and "walk.fifo" in error["message"]
+    res = cli("inspect", "ckpt", cwd=work)
+    assert res.returncode == ExitCode.INPUT_REJECTED

@@ -27,7 +27,30 @@ from ckptgate.errors import UsageError
 
 _AT_FDCWD = -100
 
-__all__ = ["check_output_file", "read_regular_file", "replace_whole", "write_output_file"]
+__all__ = ["check_output_file", "io_advice", "read_regular_file", "replace_whole", "write_output_file"]
+
+
+def io_advice(
+    e: OSError, target: Path, *, elsewhere: str = "name a destination on another file system with --out"
+) -> str:
+    """What to do about a failed write of ``target``, by its errno: a full disk is the file system's,
+    not a contained worker's resource limit, so the advice names the directory and `df`."""
+    where = target.parent
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"Nothing was written. The file system holding {where} is full or over quota: free space there "
+            f"(`df -h {where}`) or {elsewhere}, then run the command again."
+        )
+    if e.errno == errno.EFBIG:
+        return (
+            f"Nothing was written. A file grew past this process's file-size limit (`ulimit -f`) or that of the "
+            f"file system holding {where}: raise the limit or {elsewhere}, then run the command again."
+        )
+    return (
+        f"Nothing was written. Check the file system holding {where} (`dmesg` names I/O errors) or {elsewhere}, "
+        "then run the command again."
+    )
+
 
 _READ_STEP = 1 << 20
 
@@ -125,7 +148,12 @@ def write_output_file(
     except FileExistsError:
         raise UsageError("usage.exists", f"{path} exists; refusing to overwrite") from None
     except OSError as e:
-        raise UsageError("usage.output_unwritable", f"cannot write {what} {path}: {e.strerror}") from None
+        raise UsageError(
+            "usage.output_unwritable",
+            f"cannot write {what} {path}: {e.strerror}",
+            evidence={"path": str(path), "errno": e.errno},
+            advice=io_advice(e, Path(os.path.abspath(path)), elsewhere="write it to another directory"),
+        ) from None
     finally:
         os.close(parent_fd)
 

@@ -123,3 +123,21 @@ def test_a_fifo_in_the_checkpoint_is_named_with_its_finding(work: Path) -> None:
     assert "pipe: fifo refused" in error["message"] and "walk.fifo" in error["message"]
     res = cli("inspect", "ckpt", cwd=work)
     assert res.returncode == ExitCode.INPUT_REJECTED
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_intake_counts_every_file_it_published(work: Path, signed: bool) -> None:
+    sys.path.insert(0, str(REPO / "tests"))
+    from pipeline_helpers import demo_attested
+
+    att = demo_attested(work / "ckpt", work)
+    key = ("--receipt-key", work / "att.pem") if signed else ()
+    res = subprocess.run([sys.executable, "-m", "ckptgate", "intake", "ckpt", "--out", "published", "--attestation",
+                          att.attestation, "--trust", att.trust, *key], capture_output=True, text=True, timeout=300,
+                         cwd=work, env={**os.environ, "COLUMNS": "400"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    on_disk = sorted(p.name for p in (work / "published").iterdir())
+    outputs = len(json.loads((work / "published" / "ckptgate-receipt.json").read_text())["outputs"])
+    named = "ckptgate-receipt.json, ckptgate-receipt.dsse.json" if signed else "ckptgate-receipt.json"
+    assert f"published {len(on_disk)} files ({outputs} outputs, {named}) to" in res.stdout
+    assert len(on_disk) == outputs + (2 if signed else 1)

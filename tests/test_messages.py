@@ -141,3 +141,40 @@ def test_intake_counts_every_file_it_published(work: Path, signed: bool) -> None
     named = "ckptgate-receipt.json, ckptgate-receipt.dsse.json" if signed else "ckptgate-receipt.json"
     assert f"published {len(on_disk)} files ({outputs} outputs, {named}) to" in res.stdout
     assert len(on_disk) == outputs + (2 if signed else 1)
+
+
+def test_an_untrusted_signer_under_a_remote_engine_is_told_the_servers_bundle_holds_trust(work: Path) -> None:
+    from ckptgate._resources import default_policy_dir
+    from ckptgate.decide.bundle import find_opa
+    from ckptgate.decide.engine import EmbeddedOpa
+    from ckptgate.errors import EngineUnavailable
+
+    try:
+        find_opa()
+    except EngineUnavailable:
+        pytest.skip("no OPA binary here")
+    sys.path.insert(0, str(REPO / "tests"))
+    from pipeline_helpers import demo_attested
+
+    att = demo_attested(work / "ckpt", work)  # its key is in att.trust, not in the server's bundle
+    with EmbeddedOpa(policy_dir=default_policy_dir()) as server:
+        token = server._client.headers["Authorization"].split()[1]
+        url = f"http://127.0.0.1:{server._client.port}"
+        remote = cli("intake", "ckpt", "--out", "o", "--attestation", att.attestation, "--opa-url", url, cwd=work,
+                     env={"CKPTGATE_OPA_TOKEN": token})
+        local = cli("intake", "ckpt", "--out", "o", "--attestation", att.attestation, cwd=work)
+    assert remote.returncode == local.returncode == ExitCode.VERIFICATION_FAILED, remote.stdout + local.stdout
+    remote_advice, local_advice = error_of(remote)["advice"], error_of(local)["advice"]
+    assert "--opa-url" in remote_advice and "bundle" in remote_advice
+    assert "pass a trust file" not in remote_advice
+    assert "--trust FILE" in local_advice and "--opa-url" not in local_advice
+
+
+def test_a_trust_error_names_the_trust_file_this_run_read(work: Path) -> None:
+    (work / "bad-trust.json").write_text(json.dumps({"signers": [{"kind": "key"}]}))
+    res = cli("decide", "ckpt", "--trust", "bad-trust.json", cwd=work)
+    assert res.returncode == ExitCode.VERIFICATION_FAILED, res.stdout
+    error = error_of(res)
+    assert error["code"].startswith("verify.trust.")
+    assert str(work / "bad-trust.json") in error["advice"] or "bad-trust.json" in error["advice"]
+    assert "policies/ckptgate/config/trust/data.json" not in error["advice"]

@@ -209,9 +209,7 @@ def sign(
 @attest.command("verify")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--digest", required=True, help="sha256:<hex> of the fixture actually measured.")
-@click.option(
-    "--trust", "trust_path", default=None, help="Trust data (default: the bundled policies' trust data)."
-)
+@click.option("--trust", "trust_path", default=None, help="Trust data (default: the bundled policies' trust data).")
 @click.option(
     "--sigstore-trust-root", default=None, help="trusted_root.json for Sigstore bundles ('production': embedded)."
 )

@@ -178,3 +178,27 @@ def test_a_trust_error_names_the_trust_file_this_run_read(work: Path) -> None:
     assert error["code"].startswith("verify.trust.")
     assert str(work / "bad-trust.json") in error["advice"] or "bad-trust.json" in error["advice"]
     assert "policies/ckptgate/config/trust/data.json" not in error["advice"]
+
+
+def test_explain_marks_cut_evidence_with_an_ellipsis(work: Path) -> None:
+    for i in range(6):
+        os.mkfifo(work / "ckpt" / f"pipe-with-a-long-name-{i}")
+    res = subprocess.run([sys.executable, "-m", "ckptgate", "explain", "ckpt"], capture_output=True, text=True,
+                         timeout=120, cwd=work, env={**os.environ, "COLUMNS": "1000"})
+    assert "Traceback" not in res.stderr
+    line = next(line for line in res.stdout.splitlines() if "findings=[" in line)
+    assert "…" in line.split("(… cut")[0] and "--json shows the evidence whole" in line
+    whole = [line for line in res.stdout.splitlines() if "evidence:" in line and "clean_inspection" in line]
+    assert whole and "…" not in whole[0]  # evidence that fits is shown as it is
+
+
+def test_a_subject_mismatch_shows_the_expected_digest_beside_the_measured_one() -> None:
+    from ckptgate.errors import VerificationError
+    from ckptgate.verify.statement import bind_subject
+
+    other = "cd" * 32
+    statement = {"subject": [{"name": "ckpt", "digest": {"sha256": other}}], "predicateType": "x", "predicate": {}}
+    with pytest.raises(VerificationError) as e:
+        bind_subject(statement, "sha256:" + "ab" * 32)
+    assert e.value.code == "verify.statement.subject_mismatch"
+    assert f"measured sha256:{'ab' * 32}" in e.value.message and f"sha256:{other}" in e.value.message

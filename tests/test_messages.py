@@ -202,3 +202,36 @@ def test_a_subject_mismatch_shows_the_expected_digest_beside_the_measured_one() 
         bind_subject(statement, "sha256:" + "ab" * 32)
     assert e.value.code == "verify.statement.subject_mismatch"
     assert f"measured sha256:{'ab' * 32}" in e.value.message and f"sha256:{other}" in e.value.message
+
+
+@pytest.mark.parametrize("fixture", ["deepspeed_zero2", "deepspeed_zero3"])
+def test_inspect_of_a_deepspeed_checkpoint_says_which_findings_the_bundled_policy_excepts(fixture: str,
+                                                                                        tmp_path: Path) -> None:
+    src = REPO / "tests" / "fixtures" / "data" / fixture / "checkpoint"
+    res = subprocess.run([sys.executable, "-m", "ckptgate", "inspect", src, "--json"], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    doc = json.loads(res.stdout)
+    excepted = {(e["path"], e["exception"]) for e in doc["excepted_by_bundled_policy"]}
+    assert ("zero_to_fp32.py", "deepspeed-helper-scripts") in excepted
+    # the same findings the policy itself excepts (intake.rego), by the same rule
+    decided = cli("decide", src, cwd=tmp_path, env={"CKPTGATE_NO_CONFIG": "1"})
+    reasons = json.loads(decided.stdout)["decision"]["reasons"]
+    by_policy = {(r["evidence"]["path"], r["evidence"]["exception"]) for r in reasons if r["code"] == "finding_excepted"}
+    assert excepted == by_policy
+
+    human = subprocess.run([sys.executable, "-m", "ckptgate", "inspect", src], capture_output=True, text=True,
+                           timeout=120, cwd=tmp_path, env={**os.environ, "COLUMNS": "1000"})
+    assert human.returncode == ExitCode.INPUT_REJECTED
+    assert "the bundled policy excepts by name: zero_to_fp32.py" in human.stderr + human.stdout
+    assert "DeepSpeed copies its own consolidation scripts" in human.stderr + human.stdout
+    assert f"ckptgate decide {src}" in human.stderr + human.stdout
+    assert "obtain it again" not in human.stderr + human.stdout
+
+
+def test_inspect_names_the_file_of_each_finding(work: Path) -> None:
+    os.mkfifo(work / "ckpt" / "pipe")
+    res = subprocess.run([sys.executable, "-m", "ckptgate", "inspect", "ckpt"], capture_output=True, text=True,
+                         timeout=120, cwd=work, env={**os.environ, "COLUMNS": "1000"})
+    assert res.returncode == ExitCode.INPUT_REJECTED
+    assert "1 error finding(s): pipe: fifo refused" in res.stderr
+    assert f"ckptgate inspect {Path('ckpt')} --json" in res.stderr

@@ -31,7 +31,7 @@ from ckptgate.verify.statement import qualification_statement
 
 
 class DemoFailed(Error):
-    default_advice = "The demo's own check failed; this is a bug in ckptgate."
+    default_advice = "The demo's own check failed; this is a bug in ckptgate: report it with `ckptgate demo --json`."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -112,7 +112,11 @@ def _signature(dst: Path, raw: bytes, key: Path | None) -> tuple[str, str | None
             )
         )
     except ValueError as e:
-        raise UsageError("usage.key_invalid", f"{key} is not a PEM public key: {e}") from None
+        raise UsageError(
+            "usage.key_invalid",
+            f"{key} is not a PEM public key: {e}",
+            advice=f"Pass --key the public key (the .pub.pem `ckptgate attest keygen` wrote), not {key}.",
+        ) from None
     message = pae(env.payload_type, env.payload)
     if any(_verifies(public, s.sig, message) for s in env.signatures):  # type: ignore[arg-type]
         return "verified", None
@@ -128,14 +132,19 @@ def _digest(path: Path) -> tuple[int, str]:
 def verify_receipt(dst: Path, *, key: Path | None = None) -> ReceiptCheck:
     """Check ``dst`` against its receipt; never raises for a mismatch (see :attr:`ReceiptCheck.ok`)."""
     if not dst.is_dir():
-        raise UsageError("usage.invalid", f"{dst} is not a directory")
+        raise UsageError("usage.invalid", f"{dst} is not a directory", advice=_receipt_advice(dst))
     raw = _read(dst / RECEIPT_NAME, "the receipt", _receipt_advice(dst))
     try:
         receipt = loads_strict(raw, what="the receipt")
         outputs = receipt["outputs"]
         expected = {o["file"]: (int(o["size"]), str(o["sha256"])) for o in outputs}
     except (ValueError, KeyError, TypeError):
-        raise UsageError("usage.receipt_invalid", f"{dst / RECEIPT_NAME} is not a ckptgate receipt") from None
+        raise UsageError(
+            "usage.receipt_invalid",
+            f"{dst / RECEIPT_NAME} is not a ckptgate receipt",
+            advice=f"{dst / RECEIPT_NAME} was not written by `ckptgate intake`: take the checkpoint in again with "
+            "`ckptgate intake SRC --out DST` to publish it with a receipt.",
+        ) from None
     signature, detail = _signature(dst, raw, key)
     files: list[FileCheck] = []
     present = {e.name for e in os.scandir(dst)} - {RECEIPT_NAME, RECEIPT_SIGNATURE_NAME}

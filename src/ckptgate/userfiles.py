@@ -77,12 +77,17 @@ def check_output_file(path: Path | str, *, what: str, exclusive: bool = False, n
     returns the target with its parent resolved."""
     path = Path(path)
     if not path.name or path.name in (".", ".."):
-        raise UsageError("usage.output_path", f"{what}: {str(path)!r} does not name a file")
+        raise UsageError(
+            "usage.output_path",
+            f"{what}: {str(path)!r} does not name a file",
+            advice=f"Name a file to write {what} to, such as ./out/name (not a directory or {str(path)!r}).",
+        )
     parent = path.parent.absolute()
     if not parent.is_dir():
         raise UsageError(
             "usage.output_parent",
             f"cannot write {what} {path}: {parent} {'is not a directory' if parent.exists() else 'does not exist'}",
+            advice=f"Create the directory first (`mkdir -p {parent}`) or name a file in an existing one.",
         )
     target = parent.resolve() / path.name
     for root in not_inside:
@@ -90,7 +95,7 @@ def check_output_file(path: Path | str, *, what: str, exclusive: bool = False, n
             raise UsageError(
                 "usage.output_inside_input",
                 f"{what} {path} would be written inside {root}, an input of this command",
-                advice="Write it somewhere outside the input.",
+                advice=f"Write {what} to a path outside {root}.",
             )
     if os.path.lexists(target) and (exclusive or not stat.S_ISREG(os.lstat(target).st_mode)):
         raise UsageError(
@@ -135,18 +140,26 @@ def write_output_file(
             resolve=RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
         )
     except OSError as e:
-        raise UsageError("usage.output_parent", f"cannot open the directory of {what} {path}: {e.strerror}") from None
+        raise UsageError(
+            "usage.output_parent",
+            f"cannot open the directory of {what} {path}: {e.strerror}",
+            advice=f"Name a file in a directory this user can open and write (`ls -ld {target.parent}`).",
+        ) from None
     try:
         for root_id in ids:
             if is_within(parent_fd, root_id):
                 raise UsageError(
                     "usage.output_inside_input",
                     f"{what} {path} would be written inside an input of this command",
-                    advice="Write it somewhere outside the input.",
+                    advice=f"Write {what} to a path outside the inputs this command reads, not {path}.",
                 )
         replace_whole(Path(target.name), data, mode=mode, exclusive=exclusive, dir_fd=parent_fd)
     except FileExistsError:
-        raise UsageError("usage.exists", f"{path} exists; refusing to overwrite") from None
+        raise UsageError(
+            "usage.exists",
+            f"{path} exists; refusing to overwrite",
+            advice=f"Name a new file, or move {path} away first if it may be replaced.",
+        ) from None
     except OSError as e:
         raise UsageError(
             "usage.output_unwritable",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ckptgate.decide.decision import Decision, Reason
 from ckptgate.enforce import permit as permits
+from ckptgate.enforce.advice import REASON_ADVICE
 from ckptgate.enforce.load import LoadedTrees, WorkerOptions, load_trees
 from ckptgate.errors import Error, InputRejected, PolicyDenied, VerificationError
 
@@ -121,9 +122,14 @@ def refusal(
         "refusal": refusal_class,
     }
     first = ordered[0].code if ordered else "deny"
+    advice = REASON_ADVICE.get(first)
     if refusal_class == "input":
         return InputRejected(
-            "input.refused_by_policy", f"the checkpoint was refused: {summary}", reasons=reasons, evidence=evidence
+            "input.refused_by_policy",
+            f"the checkpoint was refused: {summary}",
+            reasons=reasons,
+            evidence=evidence,
+            advice=f"Nothing in it was loaded or run. {advice}" if advice else None,
         )
     if refusal_class == "verification":
         return VerificationError(
@@ -138,6 +144,9 @@ def refusal(
         f"the policy denied the intake: {summary}",
         reasons=reasons,
         evidence=evidence,
+        advice=f"{advice} `ckptgate explain` with the same arguments shows the evidence behind each reason."
+        if advice
+        else None,
     )
 
 

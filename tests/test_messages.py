@@ -216,7 +216,8 @@ def test_inspect_of_a_deepspeed_checkpoint_says_which_findings_the_bundled_polic
     # the same findings the policy itself excepts (intake.rego), by the same rule
     decided = cli("decide", src, cwd=tmp_path, env={"CKPTGATE_NO_CONFIG": "1"})
     reasons = json.loads(decided.stdout)["decision"]["reasons"]
-    by_policy = {(r["evidence"]["path"], r["evidence"]["exception"]) for r in reasons if r["code"] == "finding_excepted"}
+    by_policy = {(r["evidence"]["path"], r["evidence"]["exception"])
+                 for r in reasons if r["code"] == "finding_excepted"}
     assert excepted == by_policy
 
     human = subprocess.run([sys.executable, "-m", "ckptgate", "inspect", src], capture_output=True, text=True,

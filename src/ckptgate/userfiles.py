@@ -101,6 +101,7 @@ def check_output_file(path: Path | str, *, what: str, exclusive: bool = False, n
         raise UsageError(
             "usage.exists",
             f"{path} exists; refusing to overwrite" + ("" if exclusive else " something that is not a regular file"),
+            advice=f"Name a new file, or move {path} away first if it may be replaced.",
         )
     return target
 

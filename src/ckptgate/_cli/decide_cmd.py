@@ -281,7 +281,9 @@ def register(cli: click.Group) -> None:
 
         policy_dir = policy_dir or default_policy_dir()
         if out.exists():
-            raise UsageError("usage.out_exists", f"{out} already exists")
+            raise UsageError(
+                "usage.out_exists", f"{out} already exists", advice=f"Name a new file with --out, or move {out} away."
+            )
         revision = policy_revision(policy_dir)
         build_signed(policy_dir, out, signing_key=signing_key, revision=revision)
         if as_json:

@@ -463,6 +463,8 @@ def check_policy_dir(policy_dir: Path) -> None:
         raise UsageError(
             "usage.policies",
             f"the policy directory {policy_dir} {'is not a directory' if policy_dir.exists() else 'does not exist'}",
+            advice="Name the policies/ directory of a ckptgate checkout with --policies (or CKPTGATE_POLICIES), "
+            "or leave it out for the bundled policies.",
         )
     if not any(p.is_file() and not p.name.endswith(_EXCLUDED_SUFFIXES) for p in policy_dir.rglob("*.rego")):
         raise UsageError(

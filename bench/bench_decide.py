@@ -3,7 +3,7 @@
 
 Both sides query the same embedded OPA server, with the same input, in one run:
 
-* ckptgate: ``decide()`` = input document -> opa-python-client -> strict decision parse -> audit log;
+* ckptgate: ``decide()`` = input document -> one HTTP exchange under one deadline (``ckptgate.decide._http``) -> strict decision parse -> audit log;
 * raw: a ``requests.Session`` POST of the same JSON to ``/v1/data/ckptgate/intake/decision``.
 
 It also evaluates a batch of support-matrix rows (``data.ckptgate.support``) through the engine

@@ -82,7 +82,7 @@ def _published(result: subprocess.CompletedProcess, out: Path) -> None:
     receipt = json.loads((out / "ckptgate-receipt.json").read_text())
     outputs = sorted(o["file"] for o in receipt["outputs"])
     assert outputs == sorted(p.name for p in out.iterdir() if p.name != "ckptgate-receipt.json")
-    assert f"published {len(outputs)} files to {out}" in result.stdout
+    assert f"published {len(outputs) + 1} files ({len(outputs)} outputs, ckptgate-receipt.json) to {out}" in result.stdout
     assert "interrupted" not in result.stderr and "Traceback" not in result.stderr
 
 

@@ -31,7 +31,7 @@ from ckptgate.verify.statement import qualification_statement
 
 
 class DemoFailed(Error):
-    default_advice = "The demo's own check failed; this is a bug in ckptgate."
+    default_advice = "The demo's own check failed; this is a bug in ckptgate: report it with `ckptgate demo --json`."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,7 +127,11 @@ def run_demo(workdir: Path, *, options: EngineOptions | None = None) -> DemoResu
         workdir.mkdir(parents=True, exist_ok=True)
         empty = not any(workdir.iterdir())
     except OSError as e:
-        raise UsageError("usage.workdir", f"cannot use {workdir} as the demo's directory: {e.strerror}") from None
+        raise UsageError(
+            "usage.workdir",
+            f"cannot use {workdir} as the demo's directory: {e.strerror}",
+            advice="Pass an empty directory this user can write with --workdir, or leave --workdir out.",
+        ) from None
     if not empty:
         raise UsageError("usage.workdir", f"{workdir} is not empty", advice="Pass an empty --workdir.")
     src, out = workdir / "checkpoint", workdir / "published"

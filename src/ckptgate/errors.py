@@ -130,8 +130,9 @@ class VerificationError(Error):
 
     exit_code = ExitCode.VERIFICATION_FAILED
     default_advice = (
-        "Do not trust this evidence. Check that the attestation was made for exactly "
-        "this checkpoint and signed by a key listed in the trust data."
+        "Do not trust this evidence. `ckptgate attest show FILE` shows an attestation's subjects and signer: "
+        "compare the subject with the digest `ckptgate inspect SRC --digest` measures, and the signer with "
+        "the trust data this run used (--trust FILE, else the bundled trust data)."
     )
 
 
@@ -147,8 +148,8 @@ class EngineUnavailable(Error):
 
     exit_code = ExitCode.ENGINE_UNAVAILABLE
     default_advice = (
-        "The decision is deny because no valid decision arrived. Check that the pinned OPA "
-        "is installed (`python3 scripts/bootstrap.py setup`) or that --opa-url is reachable."
+        "The decision is deny because no valid decision arrived. Install the pinned OPA with "
+        "`ckptgate engine install` (or name one with --opa-binary), or check that --opa-url is reachable."
     )
 
 
@@ -176,6 +177,7 @@ class RuntimeFailure(Error):
 
     exit_code = ExitCode.RUNTIME_FAILED
     default_advice = (
-        "Nothing was published. If a contained worker was killed, check the resource limits "
-        "in the containment profile; the receipt of a previous run is unchanged."
+        "Nothing was published, and the receipt of a previous run is unchanged. The message and its evidence "
+        "(whole with --json) name the step that failed; `ckptgate doctor` lists what the run left behind "
+        "(`ckptgate doctor --clean` removes it)."
     )

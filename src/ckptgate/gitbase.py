@@ -47,7 +47,11 @@ def _git(args: list[str], cwd: Path, *, what: str) -> bytes:
     try:
         proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=120, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise UsageError("usage.base.git", f"--base: git could not be run: {e}") from None
+        raise UsageError(
+            "usage.base.git",
+            f"--base: git could not be run: {e}",
+            advice="--base reads the configuration with git: put `git` on PATH, or leave --base out.",
+        ) from None
     if proc.returncode != 0:
         raise UsageError(
             "usage.base.git",
@@ -114,7 +118,12 @@ def _show(top: Path, commit: str, rel: PurePosixPath) -> bytes | None:
         return None
     raw = _git(["cat-file", "blob", f"{commit}:{rel}"], top, what=f"{rel}")
     if len(raw) > _MAX_BYTES:
-        raise UsageError("usage.base.too_large", f"--base: {rel} at {commit[:12]} is over {_MAX_BYTES} bytes")
+        raise UsageError(
+            "usage.base.too_large",
+            f"--base: {rel} at {commit[:12]} is over {_MAX_BYTES} bytes",
+            advice=f"Keep {rel} under {_MAX_BYTES} bytes at the base revision "
+            f"(`git show {commit[:12]}:{rel}` shows it).",
+        )
     return raw
 
 

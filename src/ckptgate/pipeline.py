@@ -48,7 +48,7 @@ from ckptgate.enforce.gate import WorkerOptions, enforce, refusal
 from ckptgate.errors import Error, RuntimeFailure, UsageError, VerificationError
 from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
 from ckptgate.publish import Destination, Stage, check_destination, open_destination, publish, staging
-from ckptgate.userfiles import read_regular_file
+from ckptgate.userfiles import io_advice, read_regular_file
 from ckptgate.verify import TrustData, prepare_statement_checks, verify_attestation
 from ckptgate.verify.dsse import MAX_ENVELOPE_BYTES, Signer
 from ckptgate.verify.oms import (
@@ -537,6 +537,7 @@ def _io_failure(e: OSError, dst: Path) -> RuntimeFailure:
         "runtime.io",
         f"writing the output failed: {e.strerror or e}",
         evidence={"errno": e.errno, "destination": str(dst)},
+        advice=io_advice(e, dst),  # a full disk is not the worker's resource limit
     )
 
 

@@ -86,6 +86,7 @@ def find(
         raise UsageError(
             "usage.conflicting_options",
             "--isolated uses no configuration; it cannot be combined with --config or --base",
+            advice="Drop --isolated to read the configuration (from --config or --base), or drop --config/--base.",
         )
     if named.config is not None and named.base is not None and not judging:
         raise UsageError(

@@ -57,7 +57,10 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class PublishError(Error):
-    default_advice = "Nothing was published; DST is unchanged."
+    default_advice = (
+        "Nothing was published; DST is unchanged. `ckptgate doctor` lists a staging directory left beside it "
+        "(`ckptgate doctor --clean` removes a stale one); then run the intake again."
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,12 +101,25 @@ def _inside_source(dst: Path) -> UsageError:
         "usage.dst_inside_source",
         f"{dst} is inside the checkpoint; publishing there would change what was measured",
         evidence={"destination": str(dst)},
-        advice="Choose a destination outside the checkpoint.",
+        advice=f"Name a destination outside the checkpoint with --out, such as {dst.parent.parent / (dst.name)}.",
     )
 
 
 def _exists(dst: Path) -> UsageError:
-    return UsageError("usage.dst_exists", f"{dst} already exists; ckptgate never replaces a published output")
+    return UsageError(
+        "usage.dst_exists",
+        f"{dst} already exists; ckptgate never replaces a published output",
+        evidence={"destination": str(dst)},
+        advice=f"Name a new directory with --out (for example {dst.name}-2 beside it), or check the published "
+        f"one with `ckptgate receipt verify {dst}`.",
+    )
+
+
+def _parent_advice(dst: Path) -> str:
+    return (
+        f"ckptgate creates DST itself but not its parent: `mkdir -p {dst.parent}`, then run the command again, "
+        "or name a destination in an existing directory with --out."
+    )
 
 
 def _held(parent_fd: int, name: str) -> bool:
@@ -171,6 +187,8 @@ def check_destination(dst: Path, *, source: Path | None = None) -> Path:
         raise UsageError(
             "usage.dst_parent_missing",
             f"the parent of {dst} {'is not a directory' if dst.parent.exists() else 'does not exist'}",
+            evidence={"destination": str(dst)},
+            advice=_parent_advice(dst),
         )
     if source is not None and (dst.parent.resolve() / dst.name).is_relative_to(source.resolve()):
         raise _inside_source(dst)
@@ -189,7 +207,11 @@ def open_destination(dst: Path, *, source_root: tuple[int, int] | None = None) -
     """
     dst = Path(os.path.abspath(dst))
     if dst.name in ("", ".", ".."):
-        raise UsageError("usage.dst_invalid", f"{dst} names no directory entry to publish as")
+        raise UsageError(
+            "usage.dst_invalid",
+            f"{dst} names no directory entry to publish as",
+            advice="Name the new directory to publish with --out, such as ./published (not '.', '..' or '/').",
+        )
     parent = os.path.realpath(dst.parent)
     try:
         parent_fd = openat2(
@@ -201,6 +223,7 @@ def open_destination(dst: Path, *, source_root: tuple[int, int] | None = None) -
                 "usage.dst_parent_missing",
                 f"the parent of {dst} is not a directory or does not exist: {e.strerror}",
                 evidence={"destination": str(dst)},
+                advice=_parent_advice(dst),
             ) from None
         if e.errno == errno.ELOOP:
             raise UsageError(
@@ -208,11 +231,15 @@ def open_destination(dst: Path, *, source_root: tuple[int, int] | None = None) -
                 f"the parent of {dst} changed while it was being "
                 "opened (a symlink appeared on its path); nothing was published",
                 evidence={"destination": str(dst), "resolved_parent": parent},
+                advice=f"Something is changing the path to {parent}: check who writes there (`ls -la {parent}`), "
+                "then run the command again, or name a destination under a directory only you write with --out.",
             ) from None
         raise UsageError(
             "usage.dst_parent_unusable",
             f"cannot open the parent of {dst}: {e.strerror}",
             evidence={"destination": str(dst), "errno": e.errno},
+            advice=f"Name a destination under a directory this user can open and write with --out "
+            f"(`ls -ld {parent}` shows its owner and mode).",
         ) from None
     try:
         try:

@@ -63,15 +63,32 @@ class ReceiptCheck:
         }
 
 
-def _read(path: Path, what: str) -> bytes:
+def _read(path: Path, what: str, advice: str) -> bytes:
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_RECEIPT_BYTES + 1)
     except OSError as e:
-        raise UsageError("usage.receipt_unreadable", f"cannot read {what} {path}: {e.strerror}") from None
+        raise UsageError(
+            "usage.receipt_unreadable",
+            f"cannot read {what} {path}: {e.strerror}",
+            evidence={"path": str(path)},
+            advice=advice,
+        ) from None
     if len(raw) > MAX_RECEIPT_BYTES:
-        raise UsageError("usage.receipt_unreadable", f"{what} {path} is over {MAX_RECEIPT_BYTES} bytes")
+        raise UsageError(
+            "usage.receipt_unreadable",
+            f"{what} {path} is over {MAX_RECEIPT_BYTES} bytes",
+            evidence={"path": str(path)},
+            advice=advice,
+        )
     return raw
+
+
+def _receipt_advice(dst: Path) -> str:
+    return (
+        f"Name the directory `ckptgate intake ... --out DST` published: it holds {RECEIPT_NAME}, which {dst} "
+        f"does not; `ls {dst}` shows what is there."
+    )
 
 
 def _signature(dst: Path, raw: bytes, key: Path | None) -> tuple[str, str | None]:
@@ -79,7 +96,9 @@ def _signature(dst: Path, raw: bytes, key: Path | None) -> tuple[str, str | None
     if not env_path.is_file():
         return ("missing", f"--key was given but {RECEIPT_SIGNATURE_NAME} is absent") if key else ("absent", None)
     try:
-        env = Envelope.parse(_read(env_path, "the receipt signature"), payload_type=RECEIPT_PAYLOAD_TYPE)
+        env = Envelope.parse(
+            _read(env_path, "the receipt signature", _receipt_advice(dst)), payload_type=RECEIPT_PAYLOAD_TYPE
+        )
     except VerificationError as e:
         return "invalid", f"{e.code}: {e.message}"
     if env.payload != raw:
@@ -87,9 +106,17 @@ def _signature(dst: Path, raw: bytes, key: Path | None) -> tuple[str, str | None
     if key is None:
         return "unchecked", "an envelope is present; pass --key PUB.pem to check its signature"
     try:
-        public = serialization.load_pem_public_key(_read(key, "the public key"))
+        public = serialization.load_pem_public_key(
+            _read(
+                key, "the public key", f"Pass --key the public key the receipt was signed for ({key} is not readable)."
+            )
+        )
     except ValueError as e:
-        raise UsageError("usage.key_invalid", f"{key} is not a PEM public key: {e}") from None
+        raise UsageError(
+            "usage.key_invalid",
+            f"{key} is not a PEM public key: {e}",
+            advice=f"Pass --key the public key (the .pub.pem `ckptgate attest keygen` wrote), not {key}.",
+        ) from None
     message = pae(env.payload_type, env.payload)
     if any(_verifies(public, s.sig, message) for s in env.signatures):  # type: ignore[arg-type]
         return "verified", None
@@ -105,14 +132,19 @@ def _digest(path: Path) -> tuple[int, str]:
 def verify_receipt(dst: Path, *, key: Path | None = None) -> ReceiptCheck:
     """Check ``dst`` against its receipt; never raises for a mismatch (see :attr:`ReceiptCheck.ok`)."""
     if not dst.is_dir():
-        raise UsageError("usage.invalid", f"{dst} is not a directory")
-    raw = _read(dst / RECEIPT_NAME, "the receipt")
+        raise UsageError("usage.invalid", f"{dst} is not a directory", advice=_receipt_advice(dst))
+    raw = _read(dst / RECEIPT_NAME, "the receipt", _receipt_advice(dst))
     try:
         receipt = loads_strict(raw, what="the receipt")
         outputs = receipt["outputs"]
         expected = {o["file"]: (int(o["size"]), str(o["sha256"])) for o in outputs}
     except (ValueError, KeyError, TypeError):
-        raise UsageError("usage.receipt_invalid", f"{dst / RECEIPT_NAME} is not a ckptgate receipt") from None
+        raise UsageError(
+            "usage.receipt_invalid",
+            f"{dst / RECEIPT_NAME} is not a ckptgate receipt",
+            advice=f"{dst / RECEIPT_NAME} was not written by `ckptgate intake`: take the checkpoint in again with "
+            "`ckptgate intake SRC --out DST` to publish it with a receipt.",
+        ) from None
     signature, detail = _signature(dst, raw, key)
     files: list[FileCheck] = []
     present = {e.name for e in os.scandir(dst)} - {RECEIPT_NAME, RECEIPT_SIGNATURE_NAME}

@@ -27,7 +27,30 @@ from ckptgate.errors import UsageError
 
 _AT_FDCWD = -100
 
-__all__ = ["check_output_file", "read_regular_file", "replace_whole", "write_output_file"]
+__all__ = ["check_output_file", "io_advice", "read_regular_file", "replace_whole", "write_output_file"]
+
+
+def io_advice(
+    e: OSError, target: Path, *, elsewhere: str = "name a destination on another file system with --out"
+) -> str:
+    """What to do about a failed write of ``target``, by its errno: a full disk is the file system's,
+    not a contained worker's resource limit, so the advice names the directory and `df`."""
+    where = target.parent
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"Nothing was written. The file system holding {where} is full or over quota: free space there "
+            f"(`df -h {where}`) or {elsewhere}, then run the command again."
+        )
+    if e.errno == errno.EFBIG:
+        return (
+            f"Nothing was written. A file grew past this process's file-size limit (`ulimit -f`) or that of the "
+            f"file system holding {where}: raise the limit or {elsewhere}, then run the command again."
+        )
+    return (
+        f"Nothing was written. Check the file system holding {where} (`dmesg` names I/O errors) or {elsewhere}, "
+        "then run the command again."
+    )
+
 
 _READ_STEP = 1 << 20
 
@@ -54,12 +77,17 @@ def check_output_file(path: Path | str, *, what: str, exclusive: bool = False, n
     returns the target with its parent resolved."""
     path = Path(path)
     if not path.name or path.name in (".", ".."):
-        raise UsageError("usage.output_path", f"{what}: {str(path)!r} does not name a file")
+        raise UsageError(
+            "usage.output_path",
+            f"{what}: {str(path)!r} does not name a file",
+            advice=f"Name a file to write {what} to, such as ./out/name (not a directory or {str(path)!r}).",
+        )
     parent = path.parent.absolute()
     if not parent.is_dir():
         raise UsageError(
             "usage.output_parent",
             f"cannot write {what} {path}: {parent} {'is not a directory' if parent.exists() else 'does not exist'}",
+            advice=f"Create the directory first (`mkdir -p {parent}`) or name a file in an existing one.",
         )
     target = parent.resolve() / path.name
     for root in not_inside:
@@ -67,12 +95,13 @@ def check_output_file(path: Path | str, *, what: str, exclusive: bool = False, n
             raise UsageError(
                 "usage.output_inside_input",
                 f"{what} {path} would be written inside {root}, an input of this command",
-                advice="Write it somewhere outside the input.",
+                advice=f"Write {what} to a path outside {root}.",
             )
     if os.path.lexists(target) and (exclusive or not stat.S_ISREG(os.lstat(target).st_mode)):
         raise UsageError(
             "usage.exists",
             f"{path} exists; refusing to overwrite" + ("" if exclusive else " something that is not a regular file"),
+            advice=f"Name a new file, or move {path} away first if it may be replaced.",
         )
     return target
 
@@ -112,20 +141,33 @@ def write_output_file(
             resolve=RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
         )
     except OSError as e:
-        raise UsageError("usage.output_parent", f"cannot open the directory of {what} {path}: {e.strerror}") from None
+        raise UsageError(
+            "usage.output_parent",
+            f"cannot open the directory of {what} {path}: {e.strerror}",
+            advice=f"Name a file in a directory this user can open and write (`ls -ld {target.parent}`).",
+        ) from None
     try:
         for root_id in ids:
             if is_within(parent_fd, root_id):
                 raise UsageError(
                     "usage.output_inside_input",
                     f"{what} {path} would be written inside an input of this command",
-                    advice="Write it somewhere outside the input.",
+                    advice=f"Write {what} to a path outside the inputs this command reads, not {path}.",
                 )
         replace_whole(Path(target.name), data, mode=mode, exclusive=exclusive, dir_fd=parent_fd)
     except FileExistsError:
-        raise UsageError("usage.exists", f"{path} exists; refusing to overwrite") from None
+        raise UsageError(
+            "usage.exists",
+            f"{path} exists; refusing to overwrite",
+            advice=f"Name a new file, or move {path} away first if it may be replaced.",
+        ) from None
     except OSError as e:
-        raise UsageError("usage.output_unwritable", f"cannot write {what} {path}: {e.strerror}") from None
+        raise UsageError(
+            "usage.output_unwritable",
+            f"cannot write {what} {path}: {e.strerror}",
+            evidence={"path": str(path), "errno": e.errno},
+            advice=io_advice(e, Path(os.path.abspath(path)), elsewhere="write it to another directory"),
+        ) from None
     finally:
         os.close(parent_fd)
 

@@ -31,3 +31,17 @@ def test_the_command_exits_with_the_error_on_another_platform():
     assert proc.returncode == ExitCode.USAGE, proc.stderr
     assert json.loads(proc.stdout)["error"]["code"] == "usage.platform.unsupported"
     assert "Traceback" not in proc.stderr
+
+
+def test_the_top_level_help_says_where_to_start_in_order():
+    from click.testing import CliRunner
+
+    from ckptgate._cli import commands  # noqa: F401 - registers the sub-commands
+    from ckptgate._cli._base import cli
+
+    text = CliRunner().invoke(cli, ["--help"]).output
+    start = text.index("Start here")
+    steps = [text.index(s, start) for s in ("ckptgate demo", "ckptgate init", "ckptgate attest keygen")]
+    assert steps == sorted(steps)
+    listed = text[text.index("Commands:"):]
+    assert all(name in listed for name in ("demo", "init", "attest"))  # each named step is a real command

@@ -80,7 +80,8 @@ def test_no_opa_anywhere_names_every_way_in(tmp_path, monkeypatch):
         find_opa()
     assert e.value.code == "engine.opa.not_installed" and e.value.exit_code == ExitCode.ENGINE_UNAVAILABLE
     advice = e.value.diagnostics()
-    assert all(way in advice for way in ("--opa-binary", "CKPTGATE_OPA", "PATH", "--opa-url"))
+    assert all(way in advice for way in ("ckptgate engine install", "--opa-binary", "CKPTGATE_OPA", "PATH",
+                                         "--opa-url"))
 
 
 @pytest.mark.parametrize("version", ["1.22.2", "0.70.0", "2.0.0"])

@@ -41,10 +41,11 @@ def test_malicious_tree_exits_4_without_traceback(tmp_path: Path) -> None:
     assert "global_not_allowed" in h.stdout
 
 
-def test_missing_root_is_a_typed_error(tmp_path: Path) -> None:
+def test_missing_root_is_a_usage_error_like_every_other_command(tmp_path: Path) -> None:
     r = _run(str(tmp_path / "nope"), "--json")
-    assert r.returncode == 4
-    assert json.loads(r.stdout)["error"]["code"] == "input.walk.root_unreadable"
+    assert r.returncode == 2
+    error = json.loads(r.stdout)["error"]
+    assert error["code"] == "usage.invalid" and "nope" in error["message"]
 
 
 def test_empty_directory_is_not_clean(tmp_path: Path) -> None:

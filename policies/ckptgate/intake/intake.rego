@@ -298,7 +298,7 @@ structural_deny_reasons contains reason if {
 	not _inspection_clean
 	reason := _reason(
 		"inspection_not_clean",
-		sprintf("the inspection is not clean: %d error finding(s)", [count(_error_findings)]),
+		sprintf("the inspection is not clean: %s", [_findings_named]),
 		{"clean": object.get(input, ["inspection", "clean"], null), "findings": _error_findings},
 	)
 }

@@ -102,6 +102,12 @@ def check_platform(platform: str | None = None) -> None:
         )
 
 
+def _usage_advice(ctx: click.Context | None) -> str:
+    """The help of the command that was run (``ckptgate intake --help``), not "the command"."""
+    path = ctx.command_path if ctx is not None else "ckptgate"
+    return f"Check the value the message names; `{path} --help` lists the arguments and options of `{path}`."
+
+
 class _Group(click.Group):
     """Maps click's usage errors to our exit code 2 and keeps them traceback-free; installs the
     handlers of SIGHUP, SIGINT and SIGTERM (:mod:`ckptgate.interrupts`) and guards the output
@@ -122,10 +128,10 @@ class _Group(click.Group):
             report_error(Aborted(signal.SIGINT), as_json)
             return int(ExitCode.INTERRUPTED)
         except click.UsageError as e:
-            report_error(UsageError("usage.invalid", e.format_message()), as_json)
+            report_error(UsageError("usage.invalid", e.format_message(), advice=_usage_advice(e.ctx)), as_json)
             return int(ExitCode.USAGE)
         except click.ClickException as e:
-            report_error(UsageError("usage.invalid", e.format_message()), as_json)
+            report_error(UsageError("usage.invalid", e.format_message(), advice=_usage_advice(None)), as_json)
             return int(ExitCode.USAGE)
         except Error as e:
             report_error(e, as_json)
@@ -140,6 +146,10 @@ class _Group(click.Group):
 @click.version_option(__version__, prog_name="ckptgate")
 def cli() -> None:
     """ckptgate: a policy-as-code gate for distributed-training checkpoints.
+
+    Start here: `ckptgate demo` (a small real checkpoint signed with a throwaway key and taken in, end to
+    end), then `ckptgate init` (a ckptgate.toml for your repository), then `ckptgate attest keygen`
+    (your own signing key and trust data).
 
     Exit codes: 0 ok, 1 internal error, 2 usage error, 3 policy denied, 4 input rejected,
     5 verification failed, 6 policy engine unavailable, 7 contained runtime failed,

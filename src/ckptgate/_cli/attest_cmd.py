@@ -207,6 +207,9 @@ def sign(
             f"ckptgate signs only statements it has a schema for: its own predicate types "
             f"{sorted(PREDICATE_SCHEMAS)}, and SLSA provenance of the training build type "
             f"(`attest checkpoint` writes one); not {statement.get('predicateType')!r}",
+            evidence={"predicate_type": statement.get("predicateType")},
+            advice=f"Set the statement's predicateType (or --predicate-type) to one of {sorted(PREDICATE_SCHEMAS)}, "
+            "or write training provenance with `ckptgate attest checkpoint SRC --key KEY`.",
         )
     try:
         envelope = sign_statement(statement, signer)
@@ -238,9 +241,7 @@ def sign(
 @attest.command("verify")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--digest", required=True, help="sha256:<hex> of the fixture actually measured.")
-@click.option(
-    "--trust", "trust_path", default=None, help="Trust data (default: policies/ckptgate/config/trust/data.json)."
-)
+@click.option("--trust", "trust_path", default=None, help="Trust data (default: the bundled policies' trust data).")
 @click.option(
     "--sigstore-trust-root", default=None, help="trusted_root.json for Sigstore bundles ('production': embedded)."
 )

@@ -70,7 +70,11 @@ def register(cli: click.Group) -> None:
         from ckptgate.evidence.check import run_check, to_github, to_junit, to_sarif  # noqa: PLC0415 - the evidence machinery
 
         if as_json and fmt not in (None, "json"):
-            raise UsageError("usage.conflicting_options", f"--json and --format {fmt} conflict")
+            raise UsageError(
+                "usage.conflicting_options",
+                f"--json and --format {fmt} conflict",
+                advice=f"Give one of them: --json (the same as --format json) or --format {fmt}.",
+            )
         as_json = as_json or fmt == "json"
 
         for out, what in ((sarif, "the SARIF report"), (junit, "the JUnit report")):

@@ -67,8 +67,20 @@ def _common(f: F) -> F:
     return checkpoint_option("src")(signature_options(engine_options(json_option(f))))
 
 
+_EVIDENCE_CUT = 160
+
+
+def _cut(text: str) -> str:
+    """``text`` up to :data:`_EVIDENCE_CUT` characters, ending in an ellipsis when it was cut."""
+    return text if len(text) <= _EVIDENCE_CUT else text[: _EVIDENCE_CUT - 1] + "…"
+
+
 def _evidence_line(evidence: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={json.dumps(v, sort_keys=True)[:160]}" for k, v in sorted(evidence.items()))
+    shown = {k: json.dumps(v, sort_keys=True) for k, v in sorted(evidence.items())}
+    line = ", ".join(f"{k}={_cut(v)}" for k, v in shown.items())
+    if any(len(v) > _EVIDENCE_CUT for v in shown.values()):
+        line += f"  (… cut at {_EVIDENCE_CUT} characters; --json shows the evidence whole)"
+    return line
 
 
 def explain_lines(ev: Evaluation) -> list[str]:
@@ -269,7 +281,9 @@ def register(cli: click.Group) -> None:
 
         policy_dir = policy_dir or default_policy_dir()
         if out.exists():
-            raise UsageError("usage.out_exists", f"{out} already exists")
+            raise UsageError(
+                "usage.out_exists", f"{out} already exists", advice=f"Name a new file with --out, or move {out} away."
+            )
         revision = policy_revision(policy_dir)
         build_signed(policy_dir, out, signing_key=signing_key, revision=revision)
         if as_json:

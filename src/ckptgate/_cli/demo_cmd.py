@@ -10,6 +10,7 @@ import click
 
 from ckptgate._cli._base import emit_json, json_option, shown, stdout
 from ckptgate._cli._options import engine_options
+from ckptgate._cli.intake_cmd import published_files
 from ckptgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -73,8 +74,8 @@ def register(cli: click.Group) -> None:
         for r in d.reasons:
             stdout.print(f"          - {shown('[' + r.code + ']')} {shown(r.message)}")
         stdout.print(
-            f"published {result.intake.destination}  ({len(result.intake.outputs)} files, receipt "
-            f"ckptgate-receipt.json)"
+            f"published {result.intake.destination}  "
+            f"({published_files(result.intake.destination, len(result.intake.outputs))})"
         )
         stdout.print(f"checked   {result.tensors_compared} tensors equal the input bit for bit")
         return 0

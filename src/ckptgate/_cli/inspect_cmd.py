@@ -10,6 +10,7 @@ import click
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from ckptgate._cli._base import emit_json, json_option, shown, stdout, table
+from ckptgate._cli._excepted import Excepted, bundled_exceptions
 from ckptgate._cli._options import checkpoint_option
 from ckptgate.errors import InputRejected
 
@@ -52,9 +53,49 @@ def _human(facts: dict[str, Any], digest: Any) -> None:
         )
 
 
+def not_clean(path: Path, facts: dict[str, Any], excepted: list[Excepted]) -> InputRejected:
+    """The refusal of an unclean inspection: each error finding by file, and the ones the bundled
+    policy excepts by name, with its reason, kept apart from the rest."""
+    errors = [f for f in facts["findings"] if f["severity"] == "error"]
+    admitted = {(e.code, e.path) for e in excepted}
+    rest = [f for f in errors if (f["code"], f["path"]) not in admitted]
+    named = "; ".join(f"{f['path'] or 'the directory'}: {f['message']} ({f['code']})" for f in rest[:3])
+    if len(rest) > 3:
+        named += f"; and {len(rest) - 3} more"
+    by_exception: dict[tuple[str, str, str], list[str]] = {}
+    for e in excepted:
+        by_exception.setdefault((e.exception, e.code, e.why), []).append(e.path)
+    why = "; ".join(
+        f"{', '.join(paths)} ({code}) by the exception {ex}: {reason}"
+        for (ex, code, reason), paths in by_exception.items()
+    )
+    pickles = facts.get("pickles") or {}
+    reports = pickles.values() if isinstance(pickles, dict) else pickles
+    pickle_refused = any(not (r.get("complete") and r.get("inside_allowlist")) for r in reports)
+    evidence = {"codes": sorted({f["code"] for f in errors}), "excepted": [e.to_json() for e in excepted]}
+    if errors and not rest and not pickle_refused:
+        return InputRejected(
+            "input.inspection.not_clean",
+            f"{len(errors)} error finding(s), each one the bundled policy excepts by name: {why}",
+            evidence=evidence,
+            advice=f"These findings alone do not refuse an intake: `ckptgate decide {path} --attestation FILE` "
+            f"gives the policy's decision, and `ckptgate intake {path} --out DST --attestation FILE` takes it in.",
+        )
+    message = f"{len(errors)} error finding(s): {named}" if rest else "a pickle outside its allowlist or incomplete"
+    if excepted:
+        message += f" (the bundled policy excepts {why})"
+    return InputRejected(
+        "input.inspection.not_clean",
+        message,
+        evidence=evidence,
+        advice=f"Nothing in {path} was loaded or run. `ckptgate inspect {path} --json` lists every finding with "
+        "its evidence; a checkpoint its producer wrote should not have these: obtain it again from the producer.",
+    )
+
+
 def register(cli: click.Group) -> None:
     @cli.command("inspect")
-    @click.argument("path", type=click.Path(path_type=Path, file_okay=False, exists=False))
+    @click.argument("path", type=click.Path(path_type=Path, file_okay=False, exists=True))
     @click.option("--digest", "with_digest", is_flag=True, help="Also compute the fixture digest.")
     @checkpoint_option("path")
     @json_option
@@ -69,8 +110,9 @@ def register(cli: click.Group) -> None:
             insp = inspect_open_tree(tree)
             digest = _digest(tree, sys.stderr.isatty() and not as_json) if with_digest else None
         facts = insp.to_facts()
+        excepted = bundled_exceptions(facts["format"], facts["findings"])
         if as_json:
-            doc: dict[str, Any] = {"inspection": facts}
+            doc: dict[str, Any] = {"inspection": facts, "excepted_by_bundled_policy": [e.to_json() for e in excepted]}
             if digest is not None:
                 doc["fixture"] = digest.to_facts()
                 doc["manifest"] = [e.to_json() for e in digest.manifest]
@@ -78,13 +120,7 @@ def register(cli: click.Group) -> None:
         else:
             _human(facts, digest)
         if not insp.clean:
-            errors = [f["code"] for f in facts["findings"] if f["severity"] == "error"]
             if not as_json:
-                first = errors[0] if errors else "a pickle outside its allowlist"
-                raise InputRejected(
-                    "input.inspection.not_clean",
-                    f"{len(errors)} error finding(s); first: {first}",
-                    evidence={"codes": sorted(set(errors))},
-                )
+                raise not_clean(path, facts, excepted)
             return int(InputRejected.exit_code)
         return 0

@@ -60,6 +60,16 @@ def run_intake(
         )
 
 
+def published_files(destination: Path, outputs: int) -> str:
+    """``5 files (4 outputs, ckptgate-receipt.json)``: every file DST holds, counted there, the
+    receipt (and its signature) named beside the outputs the receipt lists."""
+    from ckptgate.publish import RECEIPT_NAME, RECEIPT_SIGNATURE_NAME  # noqa: PLC0415 - loaded by then (the pipeline imports it)
+
+    names = set(os.listdir(destination))
+    extra = [n for n in (RECEIPT_NAME, RECEIPT_SIGNATURE_NAME) if n in names]
+    return f"{len(names)} files ({outputs} output{'s' if outputs != 1 else ''}, {', '.join(extra)})"
+
+
 def print_result(result: IntakeResult) -> None:
     d = result.evaluation.decision
     stdout.print(
@@ -67,7 +77,9 @@ def print_result(result: IntakeResult) -> None:
     )
     for r in d.reasons:
         stdout.print(f"  - {shown('[' + r.code + ']')} {shown(r.message)}")
-    stdout.print(f"published {len(result.outputs)} files to [bold]{result.destination}[/]")
+    stdout.print(
+        f"published {published_files(result.destination, len(result.outputs))} to [bold]{result.destination}[/]"
+    )
     stdout.print(f"fixture digest {result.evaluation.digest.digest}")
 
 

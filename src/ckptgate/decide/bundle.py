@@ -49,7 +49,8 @@ _EXCLUDED_DIRS = (".regal", "schemas")
 
 
 _OPA_WAYS = (
-    "Name the binary with --opa-binary PATH, or set CKPTGATE_OPA=PATH, or put `opa` "
+    "Run `ckptgate engine install` (builds the pinned OPA with Go and prints the CKPTGATE_OPA=... to set); "
+    "or name the binary with --opa-binary PATH, or set CKPTGATE_OPA=PATH, or put `opa` "
     f"(version {OPA_SUPPORTED}) on PATH; or use a running OPA server with --opa-url URL. "
     "OPA releases: https://github.com/open-policy-agent/opa/releases"
 )
@@ -462,6 +463,8 @@ def check_policy_dir(policy_dir: Path) -> None:
         raise UsageError(
             "usage.policies",
             f"the policy directory {policy_dir} {'is not a directory' if policy_dir.exists() else 'does not exist'}",
+            advice="Name the policies/ directory of a ckptgate checkout with --policies (or CKPTGATE_POLICIES), "
+            "or leave it out for the bundled policies.",
         )
     if not any(p.is_file() and not p.name.endswith(_EXCLUDED_SUFFIXES) for p in policy_dir.rglob("*.rego")):
         raise UsageError(

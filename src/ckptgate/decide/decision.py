@@ -101,6 +101,12 @@ class Decision:
             raise ValueError("a deny, and only a deny, names its refusal class")
 
     @property
+    def remote(self) -> bool:
+        """Whether a remote OPA (``--opa-url``) decided: its name is its URL, and its own bundle holds
+        the trust data it decided with (``--trust`` is refused with it)."""
+        return "://" in self.engine
+
+    @property
     def exit_code(self) -> ExitCode:
         """0 for allow; for a deny, the exit code of its refusal class."""
         return ExitCode.OK if self.refusal is None else REFUSAL_EXIT[self.refusal]

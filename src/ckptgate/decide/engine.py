@@ -148,7 +148,7 @@ class RemoteOpa(_ClientEngine):
         self._client = OpaHttp(
             host=parsed.hostname, port=port, ssl=parsed.scheme == "https", token=token, timeout=timeout_s
         )
-        self._name = f"{parsed.scheme}://{parsed.hostname}:{port}"
+        self._name = f"{parsed.scheme}://{parsed.hostname}:{port}"  # is_remote_engine() reads the scheme
         self._revision = ""
         if not self._client.check_health():
             raise EngineUnavailable(

@@ -26,7 +26,11 @@ _SELECT = re.compile(r"^(?=.{1,256}$)[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 def check_commit(value: str, option: str = "--candidate-commit") -> str:
     """``value`` if it is a full commit id (40 lower-case hex), else a usage error naming ``option``."""
     if not _COMMIT.match(value):
-        raise UsageError("usage.request.commit", f"{option} must be 40 lower-case hex digits")
+        raise UsageError(
+            "usage.request.commit",
+            f"{option} must be 40 lower-case hex digits",
+            advice=f"Give {option} the full commit id (`git rev-parse HEAD` prints it), not {value!r}.",
+        )
     return value
 
 
@@ -51,6 +55,8 @@ class Request:
                 "usage.select.invalid",
                 f"--select {self.select!r} is not a key prefix such as 'model' or 'app.model'",
                 evidence={"select": self.select},
+                advice="Give --select a dotted key prefix of the tree, such as --select model; "
+                "`ckptgate inspect SRC --json` shows the tree's keys.",
             )
         if self.action not in ACTIONS:
             raise UsageError("usage.request.action", f"unknown action {self.action!r}")

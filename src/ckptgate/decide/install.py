@@ -76,7 +76,11 @@ def install(directory: Path, *, regal: bool = False) -> list[Installed]:
             advice=NO_GO_ADVICE,
         )
     if directory.exists() and not directory.is_dir():
-        raise UsageError("usage.engine.dir", f"{directory} exists and is not a directory")
+        raise UsageError(
+            "usage.engine.dir",
+            f"{directory} exists and is not a directory",
+            advice=f"Name a directory with --dir (or leave it out for the default), not {directory}.",
+        )
     directory.mkdir(parents=True, exist_ok=True)
     done = []
     for tool in tools:

@@ -65,6 +65,7 @@ class EngineOptions:
             raise UsageError(
                 "usage.opa_timeout",
                 f"the decision timeout must be a positive number of seconds, not {self.timeout_s!r}",
+                advice="Give --opa-timeout a positive number of seconds, such as --opa-timeout 10.",
             )
         if self.opa_url is not None and self.trust_file is not None:
             raise UsageError(
@@ -79,9 +80,15 @@ class EngineOptions:
                 "usage.policy_data_with_remote",
                 "a policy-data overlay applies to the embedded engine "
                 "only: a remote engine or a signed bundle decides with its own data",
+                advice="Remove policy_data from ckptgate.toml (or run with CKPTGATE_NO_CONFIG=1), or drop "
+                "--opa-url / --policy-bundle to decide with the embedded engine and the overlay.",
             )
         if self.policy_key is not None and self.policy_bundle is None:
-            raise UsageError("usage.policy_bundle", "--policy-key verifies a --policy-bundle; none was given")
+            raise UsageError(
+                "usage.policy_bundle",
+                "--policy-key verifies a --policy-bundle; none was given",
+                advice="Add --policy-bundle FILE (`ckptgate policy build` makes one), or drop --policy-key.",
+            )
         if self.policy_dir is not None:
             check_policy_dir(self.policy_dir)
         if self.sigstore_trust_root is not None:
@@ -115,6 +122,7 @@ def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterat
                 "usage.policy_bundle",
                 "--policy-bundle needs --policy-key, and its trust data is "
                 "the bundle's own (--trust cannot overlay a signed bundle)",
+                advice="Pass --policy-key with the bundle's public key, and drop --trust.",
             )
         bundle = PolicyBundle.from_signed_file(options.policy_bundle, options.policy_key)
     engine = open_engine(
@@ -160,8 +168,16 @@ def _bundle_trust(bundle: Path) -> bytes:
                     if isinstance(trust, dict):
                         return json.dumps(trust).encode()
     except (OSError, tarfile.TarError, ValueError, AttributeError) as e:
-        raise UsageError("usage.policy_bundle", f"cannot read the policy bundle {bundle}: {e}") from None
-    raise UsageError("usage.policy_bundle", f"the policy bundle {bundle} carries no ckptgate.config.trust data")
+        raise UsageError(
+            "usage.policy_bundle",
+            f"cannot read the policy bundle {bundle}: {e}",
+            advice=f"Name a bundle `ckptgate policy build` wrote with --policy-bundle ({bundle} is not one).",
+        ) from None
+    raise UsageError(
+        "usage.policy_bundle",
+        f"the policy bundle {bundle} carries no ckptgate.config.trust data",
+        advice=f"Build the bundle again with `ckptgate policy build` from a policy tree that has {TRUST_IN_BUNDLE}.",
+    )
 
 
 TRUST_IN_BUNDLE = "ckptgate/config/trust/data.json"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ckptgate.decide.decision import Decision, Reason
 from ckptgate.enforce import permit as permits
+from ckptgate.enforce.advice import REASON_ADVICE
 from ckptgate.enforce.load import LoadedTrees, WorkerOptions, load_trees
 from ckptgate.errors import Error, InputRejected, PolicyDenied, VerificationError
 
@@ -90,7 +91,11 @@ def refuse(decision: Decision) -> None:
     else 3)."""
     if not decision.allow:
         raise refusal(
-            decision.deny_reasons, decision.decision_id, decision.policy_revision, decision.refusal or "policy"
+            decision.deny_reasons,
+            decision.decision_id,
+            decision.policy_revision,
+            decision.refusal or "policy",
+            remote=decision.remote,
         )
 
 
@@ -101,6 +106,7 @@ def refusal(
     refusal_class: str,
     *,
     before_digest: bool = False,
+    remote: bool = False,
 ) -> Error:
     """The error for a refusal of class ``refusal_class`` (``input``, ``verification`` or ``policy``),
     from a decision or, with ``before_digest``, from the policy's precheck."""
@@ -116,9 +122,14 @@ def refusal(
         "refusal": refusal_class,
     }
     first = ordered[0].code if ordered else "deny"
+    advice = REASON_ADVICE.get(first)
     if refusal_class == "input":
         return InputRejected(
-            "input.refused_by_policy", f"the checkpoint was refused: {summary}", reasons=reasons, evidence=evidence
+            "input.refused_by_policy",
+            f"the checkpoint was refused: {summary}",
+            reasons=reasons,
+            evidence=evidence,
+            advice=f"Nothing in it was loaded or run. {advice}" if advice else None,
         )
     if refusal_class == "verification":
         return VerificationError(
@@ -126,13 +137,16 @@ def refusal(
             f"no attestation verified for this checkpoint: {summary}",
             reasons=reasons,
             evidence=evidence,
-            advice=_VERIFY_ADVICE,
+            advice=_VERIFY_ADVICE_REMOTE if remote else _VERIFY_ADVICE,
         )
     return PolicyDenied(
         f"policy.{first}" if deny_reasons else "policy.deny",
         f"the policy denied the intake: {summary}",
         reasons=reasons,
         evidence=evidence,
+        advice=f"{advice} `ckptgate explain` with the same arguments shows the evidence behind each reason."
+        if advice
+        else None,
     )
 
 
@@ -148,6 +162,14 @@ _VERIFY_ADVICE = (
     "data: pass a trust file naming its key or identity with --trust FILE (`ckptgate attest keygen "
     "--trust-out FILE` writes one for a new key). A failed signature or another digest means the "
     "attestation was not made for exactly these bytes."
+)
+# With --opa-url the server's bundle holds the trust data, and --trust is refused.
+_VERIFY_ADVICE_REMOTE = (
+    "Do not trust this evidence as it stands. The OPA server named by --opa-url decided with the trust data "
+    "of its own bundle (--trust cannot widen it): ask whoever runs that server to add the signer's key or "
+    "identity to the bundle's ckptgate/config/trust/data.json, or drop --opa-url and pass --trust FILE to "
+    "decide locally. A failed signature or another digest means the attestation was not made for exactly "
+    "these bytes."
 )
 
 

@@ -17,7 +17,10 @@ class EvidenceError(Error):
 class GitError(EvidenceError):
     """A git plumbing command failed or the directory is not a git work tree."""
 
-    default_advice = "Run the command inside a git work tree with at least one commit."
+    default_advice = (
+        "Run the command inside a git work tree with at least one commit (`git log -1` shows it), or name "
+        "one with --repo."
+    )
 
 
 class QualificationFailed(Error):

@@ -509,7 +509,11 @@ def write(m: Matrix, out_dir: Path) -> list[Path]:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UsageError("usage.output_parent", f"cannot create the matrix directory {out_dir}: {e.strerror}") from None
+        raise UsageError(
+            "usage.output_parent",
+            f"cannot create the matrix directory {out_dir}: {e.strerror}",
+            advice=f"Name with --out a directory this user can create (`ls -ld {out_dir.parent}`).",
+        ) from None
     files = m.files()
     for name in files:
         check_output_file(out_dir / name, what="the matrix file")
@@ -614,7 +618,12 @@ def write_gate(m: Matrix, gate_file: Path) -> bool:
     try:
         gate_file.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UsageError("usage.output_parent", f"cannot create {gate_file.parent}: {e.strerror}") from None
+        raise UsageError(
+            "usage.output_parent",
+            f"cannot create {gate_file.parent}: {e.strerror}",
+            advice=f"Make {gate_file.parent} creatable by this user (`ls -ld {gate_file.parent.parent}`), then run "
+            "again.",
+        ) from None
     check_output_file(gate_file, what="the generated gate")
     write_output_file(gate_file, data, what="the generated gate")
     return True

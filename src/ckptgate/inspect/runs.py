@@ -90,6 +90,7 @@ def select_checkpoint(root: Path, choice: str | None) -> Path:
             "usage.checkpoint.not_found",
             f"--checkpoint {choice!r} is neither a step number nor 'latest'",
             evidence={"source": str(root), "checkpoint": choice, "checkpoints": names},
+            advice=f"Give --checkpoint a step number ({', '.join(names)}) or 'latest'.",
         )
     same = [name for n, name in found if n == step]
     if not same:
@@ -97,6 +98,7 @@ def select_checkpoint(root: Path, choice: str | None) -> Path:
             "usage.checkpoint.not_found",
             f"{root} holds no checkpoint-{step} (it holds {', '.join(names)})",
             evidence={"source": str(root), "checkpoint": choice, "checkpoints": names},
+            advice=f"Choose one it holds with --checkpoint N (of {', '.join(names)}), or --checkpoint latest.",
         )
     if len(same) > 1:
         raise UsageError(

@@ -248,9 +248,12 @@ def bind_subject(statement: dict[str, Any], measured_digest: Digest | str) -> Su
                 for path in PREDICATE_SUBJECT_FIELDS.get(str(statement.get("predicateType")), ())
             }
             return SubjectBinding(name=str(s.get("name", "")), digest=digest, predicate_fields=fields)
+    expected = ", ".join(f"sha256:{s['digest'].get('sha256')}" for s in statement["subject"][:3])
+    more = f" and {len(statement['subject']) - 3} more" if len(statement["subject"]) > 3 else ""
     raise VerificationError(
         "verify.statement.subject_mismatch",
-        "no subject of the statement matches the measured fixture digest",
+        f"no subject of the statement matches the measured fixture digest: measured {measured_digest.prefixed()}, "
+        f"the statement names {expected}{more}",
         evidence={
             "measured": measured_digest.prefixed(),
             "subjects": [s["digest"].get("sha256") for s in statement["subject"]],

@@ -34,9 +34,18 @@ class TrustDataError(VerificationError):
     """The trust data is missing or malformed: nothing can be verified against it."""
 
     default_advice = (
-        "Fix the trust data file (policies/ckptgate/config/trust/data.json or --trust): every signer "
+        "Fix the trust data file the message names (or name another with --trust FILE): every signer "
         "needs an id, a kind, and either a PEM public key whose spki_sha256 matches, or an "
-        "identity and issuer."
+        "identity and issuer; `ckptgate attest keygen --trust-out FILE` writes a valid one."
+    )
+
+
+def _fix_trust_file(path: Path) -> str:
+    """The advice for trust data read from ``path``: the file actually used, not the source tree's."""
+    return (
+        f"Fix the trust data file {path} (or name another with --trust FILE): every signer needs an id, a "
+        "kind, and either a PEM public key whose spki_sha256 matches, or an identity and issuer; "
+        "`ckptgate attest keygen --trust-out FILE` writes a valid one."
     )
 
 
@@ -203,9 +212,21 @@ class TrustData:
             raw = read_regular_file(p, limit=_MAX_TRUST_BYTES)  # one byte more: from_json refuses it
         except OSError as e:
             raise TrustDataError(
-                "verify.trust.unreadable", f"cannot read trust data {p}: {e.strerror}", evidence={"path": str(p)}
+                "verify.trust.unreadable",
+                f"cannot read trust data {p}: {e.strerror}",
+                evidence={"path": str(p)},
+                advice=f"Name a readable regular file with --trust FILE ({p} is not one).",
             ) from None
-        return cls.from_json(raw, source=str(p))
+        try:
+            return cls.from_json(raw, source=str(p))
+        except TrustDataError as e:  # name the file this run read, not the source tree's
+            specific = e.diagnostics() != TrustDataError.default_advice
+            raise TrustDataError(
+                e.code,
+                e.message,
+                evidence={**e.evidence, "path": str(p)},
+                advice=e.diagnostics() if specific else _fix_trust_file(p),
+            ) from None
 
 
 def _key_signer(e: dict[str, Any], sid: str, common: dict[str, Any], source: str) -> TrustedKey:

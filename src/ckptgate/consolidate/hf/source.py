@@ -102,7 +102,12 @@ def _read(path: Path, name: str) -> ConfigFile:
     try:
         raw = read_regular_file(path, limit=cap)
     except OSError as e:
-        raise UsageError("usage.hf_config.unreadable", f"cannot read {path}: {e.strerror}") from None
+        raise UsageError(
+            "usage.hf_config.unreadable",
+            f"cannot read {path}: {e.strerror}",
+            advice=f"Name with --hf-config a readable config.json, or a directory holding one ({path} is not "
+            "readable).",
+        ) from None
     if len(raw) > cap:
         raise ConfigRefused("hf_config.too_large", f"{name} is larger than {cap} bytes", evidence={"file": name})
     ok = True
@@ -139,7 +144,12 @@ def read_hf_config(path: Path) -> HfConfig:
     try:
         st = os.stat(path)
     except OSError as e:
-        raise UsageError("usage.hf_config.unreadable", f"cannot read --hf-config {path}: {e.strerror}") from None
+        raise UsageError(
+            "usage.hf_config.unreadable",
+            f"cannot read --hf-config {path}: {e.strerror}",
+            advice=f"Name with --hf-config a readable config.json, or a directory holding one ({path} is not "
+            "readable).",
+        ) from None
     if stat.S_ISDIR(st.st_mode):
         names = sorted(os.listdir(path))
         other = [n for n in names if n not in ALLOWED]
@@ -150,7 +160,12 @@ def read_hf_config(path: Path) -> HfConfig:
                 evidence={"files": other[:20], "allowed": sorted(ALLOWED)},
             )
         if "config.json" not in names:
-            raise UsageError("usage.hf_config.no_config", f"{path} holds no config.json")
+            raise UsageError(
+                "usage.hf_config.no_config",
+                f"{path} holds no config.json",
+                advice=f"Name with --hf-config the directory of the Hugging Face model whose config.json maps the "
+                f"checkpoint, or that config.json itself (`ls {path}` shows what is there).",
+            )
         files = tuple(_read(path / n, n) for n in names)
     else:
         files = (_read(path, "config.json"),)

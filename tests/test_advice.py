@@ -214,8 +214,6 @@ def test_a_refusal_carries_the_advice_of_the_reason_that_decided_it(refusal_clas
 #: that no new one appears; each entry leaves as its sites get advice of their own.
 DEBT: dict[tuple[str, str], int] = {
     ("src/ckptgate/_cli/_base.py", "usage.platform.unsupported"): 1,
-    ("src/ckptgate/_cli/attest_cmd.py", "usage.exists"): 1,
-    ("src/ckptgate/_cli/attest_cmd.py", "usage.invalid"): 6,
     ("src/ckptgate/_cli/attest_cmd.py", "usage.statement_invalid"): 1,
     ("src/ckptgate/_cli/attest_cmd.py", "usage.store"): 2,
     ("src/ckptgate/_cli/attest_cmd.py", "usage.too_large"): 1,
@@ -230,7 +228,6 @@ DEBT: dict[tuple[str, str], int] = {
     ("src/ckptgate/decide/engine.py", "engine.remote.insecure"): 1,
     ("src/ckptgate/decide/input.py", "usage.request.action"): 1,
     ("src/ckptgate/decide/input.py", "usage.request.naive_time"): 1,
-    ("src/ckptgate/distributed.py", "runtime.copy.source_changed"): 1,
     ("src/ckptgate/distributed.py", "runtime.distributed.peer_lost"): 1,
     ("src/ckptgate/distributed.py", "usage.distributed.no_gloo"): 1,
     ("src/ckptgate/distributed.py", "usage.distributed.timeout"): 1,

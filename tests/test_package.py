@@ -392,6 +392,7 @@ import torch
 
 import ckptgate
 from ckptgate.decide.decision import Decision
+from ckptgate.digest import Digest
 from ckptgate.enforce.containment import openat2, preflight
 from ckptgate.enforce.permit import issue_permit
 from ckptgate.enforce.worker import OpenedInput, WorkerLimits, run_contained
@@ -406,7 +407,7 @@ root = Path(sys.argv[1])
 root.mkdir()
 state = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "step": 7}
 torch.save(state, root / "model.pt")
-digest = "sha256:" + "ab" * 32
+digest = Digest.parse("sha256:" + "ab" * 32)
 # The test-only decision the worker tests use: the framework plane, torch_load permitted.
 decision = Decision(allow=True, plane="framework", permitted_loaders=("torch_load",), required_controls=CONTROLS,
                     reasons=(), decision_id="package-test", policy_revision="test", engine="test")

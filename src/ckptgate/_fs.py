@@ -144,3 +144,13 @@ def is_within(dir_fd: int, ancestor: tuple[int, int]) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def boot_id() -> str | None:
+    """This kernel's boot id (a host fact, not checkpoint bytes): processes that report the same one
+    share the kernel, and so its leases."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None

@@ -67,6 +67,7 @@ _framework_training_input(att) := json.patch(td.framework_input, [
 
 _training_decide(inp) := d if {
 	d := intake.decision with input as inp with data.ckptgate.config.trust as _training_trust
+		with data.ckptgate.config.qualified as td.qualified
 }
 
 _patched_training(ops) := json.patch(_training_attestation, ops)
@@ -107,6 +108,7 @@ test_training_provenance_needs_builder_ids_in_the_trust_entry if {
 	bare := json.patch(_training_trust, [{"op": "remove", "path": "/signers/0/builder_ids"}])
 	inp := _framework_training_input(_training_attestation)
 	d := intake.decision with input as inp with data.ckptgate.config.trust as bare
+		with data.ckptgate.config.qualified as td.qualified
 	d.allow == false
 	"attestation_untrusted_signer" in _codes(d)
 }
@@ -118,6 +120,7 @@ test_a_slsa_scoped_signer_does_not_vouch_for_training_provenance if {
 	}])
 	inp := _framework_training_input(_training_attestation)
 	d := intake.decision with input as inp with data.ckptgate.config.trust as slsa_only
+		with data.ckptgate.config.qualified as td.qualified
 	d.allow == false
 }
 

@@ -51,9 +51,17 @@ def _now(value: str | None) -> datetime:
     try:
         t = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise UsageError("usage.invalid", f"--now is not an ISO 8601 time: {value!r}") from None
+        raise UsageError(
+            "usage.invalid",
+            f"--now is not an ISO 8601 time: {value!r}",
+            advice="Give --now as an ISO 8601 UTC time, such as --now 2026-01-01T00:00:00Z.",
+        ) from None
     if t.tzinfo is None:
-        raise UsageError("usage.invalid", "--now needs a UTC offset (e.g. 2026-01-01T00:00:00Z)")
+        raise UsageError(
+            "usage.invalid",
+            "--now needs a UTC offset (e.g. 2026-01-01T00:00:00Z)",
+            advice="End --now with Z or +00:00, such as --now 2026-01-01T00:00:00Z.",
+        )
     return t
 
 
@@ -97,11 +105,19 @@ def keygen(
     from ckptgate.verify.statement import SLSA_PROVENANCE_V1  # noqa: PLC0415 - ~490 ms (cryptography)
 
     if not Path(prefix).name:
-        raise UsageError("usage.invalid", f"--out {prefix!r} names no file prefix (e.g. keys/dev)")
+        raise UsageError(
+            "usage.invalid",
+            f"--out {prefix!r} names no file prefix (e.g. keys/dev)",
+            advice="Name a prefix such as --out keys/dev; keygen writes keys/dev.pem and keys/dev.pub.pem.",
+        )
     priv_path, pub_path = Path(prefix + ".pem"), Path(prefix + ".pub.pem")
     for p in (priv_path, pub_path, *([trust_out] if trust_out else [])):  # all checked before any is written
         if os.path.lexists(p):
-            raise UsageError("usage.exists", f"{p} exists; refusing to overwrite")
+            raise UsageError(
+                "usage.exists",
+                f"{p} exists; refusing to overwrite",
+                advice=f"Remove {p}, or name another --out prefix.",
+            )
     private, public = generate_keypair(algorithm)
     write_output_file(priv_path, private, what="the private key", mode=0o600, exclusive=True)
     try:
@@ -180,7 +196,11 @@ def sign(
     from ckptgate.verify.statement import PREDICATE_SCHEMAS, schema_errors, statement_schema  # noqa: PLC0415 - ~490 ms (cryptography)
 
     if (statement_path is None) == (predicate_path is None):
-        raise UsageError("usage.invalid", "give exactly one of --statement or --predicate")
+        raise UsageError(
+            "usage.invalid",
+            "give exactly one of --statement or --predicate",
+            advice="Pass --statement FILE (a whole in-toto statement) or --predicate FILE with --subject-digest.",
+        )
     signer = KeySigner.from_pem(key_path, keyid=keyid)
     if statement_path is not None:
         statement = loads_strict(
@@ -188,7 +208,11 @@ def sign(
         )
     else:
         if subject_digest is None or predicate_path is None:
-            raise UsageError("usage.invalid", "--predicate needs --subject-digest")
+            raise UsageError(
+                "usage.invalid",
+                "--predicate needs --subject-digest",
+                advice="Add --subject-digest sha256:HEX (`ckptgate inspect SRC --json` prints the digest).",
+            )
         subject = _digest_arg(subject_digest, "--subject-digest")
         predicate = loads_strict(
             _read(predicate_path, "predicate"), what="predicate", max_bytes=8 << 20, error=verify_error
@@ -267,7 +291,11 @@ def verify(
     from ckptgate.verify.sigstore import check_trust_root  # noqa: PLC0415 - ~490 ms (cryptography, sigstore)
 
     if (identity is None) != (issuer is None):
-        raise UsageError("usage.invalid", "--identity and --issuer go together")
+        raise UsageError(
+            "usage.invalid",
+            "--identity and --issuer go together",
+            advice="Pass both --identity EMAIL-OR-URI and --issuer URL, or neither.",
+        )
     measured = _digest_arg(digest, "--digest")
     if expected_commit is not None:
         check_commit(expected_commit, "--commit")
@@ -403,9 +431,13 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
     for v in values:
         name, sep, value = v.partition("=")
         if not sep or not name or not value:
-            raise UsageError("usage.invalid", f"{option} {v!r}: expected NAME=VALUE")
+            raise UsageError(
+                "usage.invalid", f"{option} {v!r}: expected NAME=VALUE", advice=f"Write it as {option} NAME=VALUE."
+            )
         if name in out:
-            raise UsageError("usage.invalid", f"{option} names {name!r} twice")
+            raise UsageError(
+                "usage.invalid", f"{option} names {name!r} twice", advice=f"Give {option} {name}=VALUE once."
+            )
         out[name] = value
     return out
 
@@ -502,16 +534,28 @@ def checkpoint(
             error=verify_error,
         )
         if not isinstance(doc, dict):
-            raise UsageError("usage.invalid", f"--training-config {training_config} is not a JSON object")
+            raise UsageError(
+                "usage.invalid",
+                f"--training-config {training_config} is not a JSON object",
+                advice=f"Make {training_config} a JSON object of the job's declared settings.",
+            )
         config = doc
     base = None
     if base_model is not None:
         repo, _, rev = base_model.partition("@")
         if not repo or not rev:
-            raise UsageError("usage.invalid", f"--base-model {base_model!r}: expected REPO@REVISION")
+            raise UsageError(
+                "usage.invalid",
+                f"--base-model {base_model!r}: expected REPO@REVISION",
+                advice="Write it as --base-model org/name@REVISION (a commit or tag of the base model).",
+            )
         base = BaseModel(repo=repo, revision=rev)
     if not dry_run and not (key_path or os.environ.get("CKPTGATE_SIGNING_KEY")):
-        raise UsageError("usage.signing_key_missing", "no signing key: pass --key (or --dry-run to only print)")
+        raise UsageError(
+            "usage.signing_key_missing",
+            "no signing key: pass --key (or --dry-run to only print)",
+            advice="Pass --key KEY.pem (`ckptgate attest keygen --out KEY` makes one), or --dry-run.",
+        )
     request = AttestRequest(
         src=src,
         key=Path(key_path) if key_path else None,

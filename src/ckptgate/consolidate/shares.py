@@ -123,8 +123,8 @@ class Source:
                     "runtime.copy.source_changed",
                     f"{self.path}: chunk {i} no longer has the sha256 the digest pass recorded; nothing was published",
                     evidence={"source": self.path, "chunk": i},
-                    advice="The checkpoint changed while it was being taken in. Take it in "
-                    "again from a copy that nothing else writes to.",
+                    advice=f"{self.path} changed while it was being taken in: take it in again with "
+                    "`ckptgate intake` from a copy that nothing else writes to.",
                 )
             self._index, self._data = i, data
         return self._data

@@ -83,6 +83,9 @@ REASON_ADVICE: dict[str, str] = {
     "trainer does not write: obtain the checkpoint-N folder again from the trainer.",
     "selection_matches_nothing": "Name one of the top-level keys the message lists with --select.",
     "selection_not_applicable": "Leave --select out: it selects a subtree of a training-state tree only.",
+    "training_producer_not_gated": "Attest with the producer release the job ran (`ckptgate attest checkpoint SRC "
+    "--producer NAME=VERSION`), or qualify that release first (`ckptgate qualify --adapter ADAPTER`); `ckptgate "
+    "explain SRC --attestation FILE` names the qualified releases.",
     "training_state_ambiguous": "Name the subtree to take in with --select (the message lists the candidates).",
     "training_state_layout_unknown": "`ckptgate inspect SRC --json` shows the tree's layout; name the subtree to "
     "take in with --select.",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ckptgate._fs import LOCAL_FILE_SYSTEMS
+from ckptgate._fs import LOCAL_FILE_SYSTEMS, boot_id
 from ckptgate.inspect.walk import SafeTree
 
 __all__ = ["lease_facts", "leases_bind"]
@@ -19,7 +19,7 @@ def lease_facts(tree: SafeTree, held: bool) -> dict[str, Any]:
     """What this rank's leases are on (JSON, for :func:`leases_bind`)."""
     return {
         "held": held,
-        "kernel": _boot_id(),
+        "kernel": boot_id(),
         # what a lease is on: the inodes this rank opened, and the file system they are on
         "inodes": [list(tree.root_id), *([e.path, e.dev, e.ino] for e in tree.entries)],
         "local_fs": tree.root_fs_magic in LOCAL_FILE_SYSTEMS,
@@ -39,12 +39,3 @@ def leases_bind(seen: Sequence[Mapping[str, Any]]) -> bool:
         and len(kernels) == 1
         and None not in kernels
     )
-
-
-def _boot_id() -> str | None:
-    """This kernel's boot id: ranks that report the same one share the kernel, and so its leases."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None

@@ -69,7 +69,11 @@ def parse_topology(items: Mapping[str, str]) -> dict[str, Any]:
             )
         if k in _INT_FIELDS:
             if not v.isascii() or not v.isdigit():
-                raise UsageError("usage.topology.value", f"--topology {k}={v}: {k} is a whole number")
+                raise UsageError(
+                    "usage.topology.value",
+                    f"--topology {k}={v}: {k} is a whole number",
+                    advice=f"Give a whole number, such as --topology {k}=2.",
+                )
             out[k] = int(v)
         else:
             out[k] = v
@@ -198,7 +202,8 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
             "the declared topology contradicts what the checkpoint's layout records: "
             + "; ".join(f"{k} declared {v['declared']}, layout {v['measured']}" for k, v in bad.items()),
             evidence={"contradictions": bad, "format": inspection.format},
-            advice="Declare the topology the job ran with, or leave the field out: it is measured from the layout.",
+            advice="Declare the topology the job ran with, or leave that --topology field out: it is measured from "
+            "the layout (`ckptgate attest checkpoint SRC --dry-run` shows what was measured).",
         )
     topology = {k: v[0] for k, v in measured.items() if len(v) == 1}
     topology.update(request.topology)
@@ -237,7 +242,11 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
         return result
     if request.format == "oms":
         if request.key is None:
-            raise UsageError("usage.signing_key_missing", "no signing key: pass --key")
+            raise UsageError(
+                "usage.signing_key_missing",
+                "no signing key: pass --key",
+                advice="Pass --key KEY.pem (an EC key for --format oms).",
+            )
         sign_oms(src, Path(request.key), out)
         return Attested(
             statement=statement, digest=digest, format=inspection.format, measured_topology=measured, path=out

@@ -28,7 +28,11 @@ def _check_key(key: Path) -> None:
         pem = read_regular_file(key, limit=1 << 20)
         private = serialization.load_pem_private_key(pem, password=None)
     except (OSError, ValueError, TypeError) as e:
-        raise UsageError("usage.signing_key", f"cannot read the private key {key}: {e}") from None
+        raise UsageError(
+            "usage.signing_key",
+            f"cannot read the private key {key}: {e}",
+            advice=f"Check that {key} is a PEM private key.",
+        ) from None
     if not isinstance(private, ec.EllipticCurvePrivateKey):
         raise UsageError(
             "usage.oms.key_algorithm",
@@ -41,7 +45,9 @@ def sign_oms(src: Path, key: Path, out: Path) -> Path:
     """Sign every file under ``src`` into the OMS bundle ``out`` (which must not exist); returns ``out``."""
     _check_key(key)
     if out.exists() or out.is_symlink():
-        raise UsageError("usage.exists", f"{out} exists; refusing to overwrite")
+        raise UsageError(
+            "usage.exists", f"{out} exists; refusing to overwrite", advice=f"Remove {out}, or name another --out."
+        )
     import model_signing  # noqa: PLC0415 - model_signing: 1.7 s import, for --format oms only
 
     ms: Any = model_signing

@@ -44,6 +44,7 @@ PINS = ROOT / "pins.toml"
 TOOLS_BIN = ROOT / ".tools" / "bin"
 LINT_VENV = ROOT / ".tools" / "lint"
 LOCAL_VENV = ROOT / ".venv"
+LAST_TEST_RUN = ".ckptgate-last-test-run.xml"
 # Installed first, so that sdists that import torch at build time (deepspeed) can build
 # without build isolation.
 FIRST_PHASE = ("torch", "numpy")
@@ -240,7 +241,10 @@ def run_tests(env: dict[str, str]) -> int:
         ("opa check", [opa, "check", "--strict", "policies"]),
         ("opa test", [opa, "test", "--coverage", "--threshold", "90", "--format", "json", "policies"]),
         ("regal lint", [regal, "lint", "policies"]),
-        ("pytest", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=20"]),
+        # the JUnit record lets `ckptgate check` confirm that each capability the claims data lists was
+        # collected and passed in this run (ckptgate.evidence.claims.LAST_TEST_RUN names the same file)
+        ("pytest", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=20",
+                    f"--junitxml={ROOT / LAST_TEST_RUN}"]),
         # The pre-merge gate's own checks (the policy tools above are not run twice): the committed
         # matrix matches a fresh build, every supported row has its evidence at the candidate
         # commit, and the docs obey the register's claim rules.

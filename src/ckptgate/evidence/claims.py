@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 from ckptgate._resources import policies_dir
 from ckptgate.evidence import suppressions
@@ -594,27 +595,66 @@ def doc_suppressions(
     return found + suppressions.ignores(ignore, rels), bad
 
 
-def capability_violations(repo: Path | RepoLayout, vocabulary: Vocabulary) -> list[dict[str, Any]]:
-    """In ckptgate's own source tree: each listed capability's test (``path::function``) must exist and
-    its docstring must name the capability (``claims_capability_untested`` otherwise)."""
+#: Where the test command records its last pytest run (JUnit XML), for :func:`capability_violations`;
+#: ``scripts/bootstrap.py`` writes it (a test keeps the two names equal).
+LAST_TEST_RUN = ".ckptgate-last-test-run.xml"
+
+
+def capability_violations(
+    repo: Path | RepoLayout, vocabulary: Vocabulary, *, last_run: Path | None = None
+) -> list[dict[str, Any]]:
+    """In ckptgate's own source tree: each listed capability's test (``path::function``) must exist, its
+    docstring must name the capability, and the last test run (``last_run``, default the test command's
+    record :data:`LAST_TEST_RUN`) must have collected and passed it (``claims_capability_untested``
+    otherwise).  Without a record of the last run that is a warning: nothing says it ran."""
     repo = _root(repo)
     if not (repo / _SOURCE).is_dir() or not (repo / "tests").is_dir():
         return []  # a consumer repository: the capability list was checked where ckptgate is built
+    record = last_run if last_run is not None else repo / LAST_TEST_RUN
+    ran = _passed_tests(record)
     out = []
     for cap in vocabulary.data.get("capabilities") or []:
         path, _, name = str(cap.get("test", "")).partition("::")
         why = _untested(repo / path, name, str(cap.get("name", ""))) if path and name else "it names no test"
+        if not why and ran is not None and (path.removesuffix(".py").replace("/", "."), name) not in ran:
+            why = f"{cap.get('test')} was not collected, or did not pass, in the last test run ({record.name})"
         if why:
-            out.append(
-                {
-                    "code": "claims_capability_untested",
-                    "severity": "error",
-                    "message": f"the capability {cap.get('name')!r} in the claims data is not shown by a test: {why}",
-                    "evidence": {"text": str(cap.get("test")), "citations": []},
-                    "location": {"file": "policies/ckptgate/config/claims/data.json", "line": 1},
-                }
+            out.append(_capability_finding(cap, f"is not shown by a test: {why}", "error"))
+    if ran is None and out == [] and vocabulary.data.get("capabilities"):
+        out.append(
+            _capability_finding(
+                {"name": "every listed capability", "test": str(record)},
+                f"cannot be confirmed: there is no record of the last test run ({record.name}); run the test "
+                "command (python3 scripts/bootstrap.py test), which records it",
+                "warning",
             )
+        )
     return out
+
+
+def _capability_finding(cap: dict[str, Any], what: str, severity: str) -> dict[str, Any]:
+    return {
+        "code": "claims_capability_untested",
+        "severity": severity,
+        "message": f"the capability {cap.get('name')!r} in the claims data {what}",
+        "evidence": {"text": str(cap.get("test")), "citations": []},
+        "location": {"file": "policies/ckptgate/config/claims/data.json", "line": 1},
+    }
+
+
+def _passed_tests(record: Path) -> set[tuple[str, str]] | None:
+    """``(module, function)`` of every test case the JUnit record shows passed (parameters dropped);
+    ``None`` when there is no readable record."""
+    try:
+        root = ElementTree.fromstring(record.read_bytes())
+    except (OSError, ElementTree.ParseError):
+        return None
+    passed = set()
+    for case in root.iter("testcase"):
+        if any(child.tag in ("failure", "error", "skipped") for child in case):
+            continue
+        passed.add((case.get("classname", ""), case.get("name", "").split("[", 1)[0]))
+    return passed
 
 
 def _untested(path: Path, name: str, capability: str) -> str:

@@ -45,6 +45,7 @@ def _qualified_versions(adapter: str, fmt: str) -> list[str]:
                                                ("megatron_torch_dist", "megatron-torch-dist")])
 def test_a_static_plane_checkpoint_from_an_unqualified_release_is_refused(name: str, adapter: str, signer: Signer,
                                                                           tmp_path: Path) -> None:
+    """The producer-release gate applies in the static plane too: an unqualified release is refused."""
     src, meta, fmt = _fixture(name)
     assert "15.0.0" not in _qualified_versions(adapter, fmt)
     att = attest(signer, src, tmp_path / "att.json", fmt=fmt, meta=meta, version="15.0.0")

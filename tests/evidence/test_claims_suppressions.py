@@ -254,3 +254,16 @@ def test_the_test_command_records_the_run_where_check_reads_it() -> None:
     repo = Path(__file__).resolve().parents[2]
     assert f'LAST_TEST_RUN = "{LAST_TEST_RUN}"' in (repo / "scripts" / "bootstrap.py").read_text()
     assert f"/{LAST_TEST_RUN}" in (repo / ".gitignore").read_text().splitlines()
+
+
+def test_a_suppression_shown_as_code_is_text_not_a_suppression() -> None:
+    """Documentation that shows the suppression syntax (in a code span or a code block) suppresses nothing
+    and is not an invalid suppression."""
+    from ckptgate.evidence import suppressions
+
+    text = ("Write `<!-- ckptgate: allow CODE — reason -->` above the paragraph.\n\n```\n"
+            "<!-- ckptgate: allow claims_x — an example -->\n```\n")
+    assert suppressions.inline(text, file="d.md") == ([], [])
+    real = "<!-- ckptgate: allow claims_support_not_in_matrix — reviewed wording -->\nA sentence.\n"
+    found, bad = suppressions.inline(real, file="d.md")
+    assert [s.code for s in found] == ["claims_support_not_in_matrix"] and bad == []

@@ -43,7 +43,7 @@ _CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 def assign_by_size(items: Sequence[tuple[str, int]], world: int, *, first: Collection[str] = ()) -> list[list[str]]:
     """Items to ranks, largest first to the rank with the fewest bytes so far (ties: by name, then
     the lowest rank): deterministic on every rank.  The items named in ``first`` (the files that
-    need a framework load) are spread before all others, so that every rank loads a share."""
+    need a framework load) are spread before all others, so that the framework loads are shared out first."""
     loads = [0] * world
     out: list[list[str]] = [[] for _ in range(world)]
     early = set(first)

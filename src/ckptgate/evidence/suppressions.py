@@ -32,6 +32,9 @@ _COMMENT = re.compile(
     re.IGNORECASE,
 )
 _CODE = re.compile(r"^(?:check\.claims\.)?(claims_[a-z_]+)$")
+#: An inline code span: a comment written inside one is shown as text, never a suppression.
+_CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
+_FENCE = re.compile(r"^\s*(```|~~~)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,8 +74,17 @@ def inline(text: str, *, file: str) -> tuple[list[Suppression], list[dict[str, A
     lines = text.splitlines()
     found: list[Suppression] = []
     bad: list[dict[str, Any]] = []
+    fenced = False
     for i, line in enumerate(lines):
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        if fenced:  # an example in a code block is text
+            continue
+        spans = [c.span() for c in _CODE_SPAN.finditer(line)]
         for m in _COMMENT.finditer(line):
+            if any(a <= m.start() < b for a, b in spans):
+                continue
             code_m = _CODE.match(m.group("code") or "")
             reason = (m.group("reason") or "").strip()
             if code_m is None or len(reason) < 3:

@@ -109,3 +109,42 @@ def test_a_checkpoint_folder_beside_its_own_attestation_is_still_the_one_checkpo
     (tmp_path / "checkpoint-2.intoto.dsse.json").write_text("{}")  # another checkpoint's envelope is another entry
     with pytest.raises(UsageError):
         select_checkpoint(tmp_path, None)
+
+
+def _megatron_run(root: Path, iterations: list[int], tracker: str | None) -> Path:
+    for i in iterations:
+        (root / f"iter_{i:07d}").mkdir(parents=True)
+        (root / f"iter_{i:07d}" / "metadata.json").write_text("{}")
+    if tracker is not None:
+        (root / "latest_checkpointed_iteration.txt").write_text(tracker)
+    return root
+
+
+def test_a_megatron_lm_run_is_taken_one_iteration_at_a_time(tmp_path: Path) -> None:
+    """Megatron-LM's iter_NNNNNNN/ folders are a run like Trainer's checkpoint-N/ (issue #39): one is
+    chosen, and latest is the iteration the tracker names (the last completed save), not the highest."""
+    run = _megatron_run(tmp_path / "run", [100, 200, 300], "200\n")
+    with pytest.raises(UsageError) as e:
+        select_checkpoint(run, None)
+    assert e.value.code == "usage.checkpoint.ambiguous" and "iter_0000300" in e.value.message
+    assert select_checkpoint(run, "100") == run / "iter_0000100"
+    assert select_checkpoint(run, "latest") == run / "iter_0000200"  # 300 is not a completed save
+    one = _megatron_run(tmp_path / "one", [5], "5")
+    assert select_checkpoint(one, None) == one / "iter_0000005"  # the tracker beside it is no other entry
+
+
+@pytest.mark.parametrize("tracker", ["400", "release", "", "2" * 70])
+def test_a_tracker_that_names_no_iteration_here_is_refused_for_latest(tmp_path: Path, tracker: str) -> None:
+    run = _megatron_run(tmp_path / "run", [100, 200], tracker)
+    with pytest.raises(UsageError) as e:
+        select_checkpoint(run, "latest")
+    assert e.value.code == "usage.checkpoint.tracker" and "iter_0000100" in e.value.message
+    assert select_checkpoint(run, "200") == run / "iter_0000200"
+
+
+def test_equal_iterations_in_both_spellings_are_ambiguous(tmp_path: Path) -> None:
+    run = _megatron_run(tmp_path / "run", [7], None)
+    (run / "checkpoint-7").mkdir()
+    with pytest.raises(UsageError) as e:
+        select_checkpoint(run, "7")
+    assert e.value.code == "usage.checkpoint.ambiguous"

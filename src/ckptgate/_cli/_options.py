@@ -176,8 +176,9 @@ def checkpoint_option(arg: str) -> Callable[[F], F]:
                 "checkpoint",
                 default=None,
                 metavar="N|latest",
-                help="In a Trainer output directory holding checkpoint-N folders, work on "
-                "checkpoint-N (or the highest N with 'latest'); required when it holds several.",
+                help="In a run directory holding Trainer checkpoint-N or Megatron-LM iter_NNNNNNN folders, work "
+                "on step N ('latest': the highest N, or the iteration Megatron-LM's "
+                "latest_checkpointed_iteration.txt names); required when it holds several.",
             )(wrapper),
         )
 

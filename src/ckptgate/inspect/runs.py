@@ -1,4 +1,10 @@
-"""A ``Trainer`` output directory holding several ``checkpoint-N/``: pick one, never guess.
+"""A run directory holding several checkpoints (``Trainer``'s ``checkpoint-N/``, Megatron-LM's
+``iter_NNNNNNN/``): pick one, never guess.
+
+Megatron-LM saves ``iter_{iteration:07d}/`` beside ``latest_checkpointed_iteration.txt``, the
+iteration of its last *completed* save [R07]; ``--checkpoint latest`` in such a run takes the
+iteration that file names (a save still being written is never the latest), and refuses a
+tracker that names no folder here.
 
 The ``Trainer`` documentation defines a save as ``output_dir/checkpoint-N/`` (N the global step)
 [R19]. Given such an output directory, the gate takes in exactly one of them, chosen with
@@ -20,10 +26,14 @@ import re
 from pathlib import Path
 
 from ckptgate.errors import UsageError
+from ckptgate.userfiles import read_regular_file
 
-__all__ = ["CHECKPOINT_DIR", "ENVELOPE_SUFFIX", "list_checkpoints", "select_checkpoint"]
+__all__ = ["CHECKPOINT_DIR", "ENVELOPE_SUFFIX", "MEGATRON_TRACKER", "list_checkpoints", "select_checkpoint"]
 
-CHECKPOINT_DIR = re.compile(r"^checkpoint-([0-9]{1,18})$")
+CHECKPOINT_DIR = re.compile(r"^(?:checkpoint-([0-9]{1,18})|iter_([0-9]{7,18}))$")
+#: Megatron-LM's tracker of its last completed save, beside its ``iter_NNNNNNN/`` folders.
+MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+_MAX_TRACKER_BYTES = 64
 ENVELOPE_SUFFIX = ".intoto.dsse.json"
 """``checkpoint-N.intoto.dsse.json`` beside ``checkpoint-N/`` is where ``ckptgate attest checkpoint`` and the
 ``Trainer`` hook write a checkpoint's training provenance; beside its own folder it is no other entry."""
@@ -35,7 +45,7 @@ def list_checkpoints(root: Path) -> list[tuple[int, str]]:
     try:
         with os.scandir(root) as it:
             found = [
-                (int(m.group(1)), e.name)
+                (int(m.group(1) or m.group(2)), e.name)
                 for e in it
                 if (m := CHECKPOINT_DIR.match(e.name)) and e.is_dir(follow_symlinks=False)
             ]
@@ -52,6 +62,27 @@ def _names(root: Path) -> list[str]:
         return []
 
 
+def _megatron_latest(root: Path, found: list[tuple[int, str]]) -> int:
+    """The iteration Megatron-LM's tracker names: its last completed save, which must be a folder here."""
+    names = [n for _, n in found]
+    try:
+        raw = read_regular_file(root / MEGATRON_TRACKER, limit=_MAX_TRACKER_BYTES)
+        text = raw.decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        text = None
+    step = int(text) if text is not None and len(raw) <= _MAX_TRACKER_BYTES and _STEP.fullmatch(text) else None
+    if step is None or not any(n == step and name.startswith("iter_") for n, name in found):
+        raise UsageError(
+            "usage.checkpoint.tracker",
+            f"{root / MEGATRON_TRACKER} names no iteration folder here "
+            f"({'unreadable or not an iteration number' if step is None else f'iteration {step}'}; "
+            f"it holds {', '.join(names)}): the last completed save is unknown",
+            evidence={"source": str(root), "tracker": str(root / MEGATRON_TRACKER), "checkpoints": names},
+            advice="Choose the iteration with --checkpoint N (of " + ", ".join(names) + ").",
+        )
+    return step
+
+
 def select_checkpoint(root: Path, choice: str | None) -> Path:
     """The directory to take in: ``root`` itself, or the chosen ``root/checkpoint-N``.
 
@@ -63,12 +94,12 @@ def select_checkpoint(root: Path, choice: str | None) -> Path:
     if choice is None:
         if not found:
             return root
-        envelopes = {n + ENVELOPE_SUFFIX for n in names}
-        if len(found) == 1 and [n for n in _names(root) if n not in envelopes] == names:
+        beside = {n + ENVELOPE_SUFFIX for n in names} | {MEGATRON_TRACKER}
+        if len(found) == 1 and [n for n in _names(root) if n not in beside] == names:
             return root / names[0]
         raise UsageError(
             "usage.checkpoint.ambiguous",
-            f"{root} holds {len(found)} Trainer checkpoint folder(s) ({', '.join(names)})"
+            f"{root} holds {len(found)} checkpoint folder(s) of a run ({', '.join(names)})"
             + ("" if len(found) > 1 else " beside other files")
             + "; choose one with --checkpoint N or --checkpoint latest",
             evidence={"source": str(root), "checkpoints": names},
@@ -77,12 +108,12 @@ def select_checkpoint(root: Path, choice: str | None) -> Path:
     if not found:
         raise UsageError(
             "usage.checkpoint.not_a_run",
-            f"--checkpoint {choice}: {root} holds no checkpoint-N folder",
+            f"--checkpoint {choice}: {root} holds no checkpoint-N or iter_NNNNNNN folder",
             evidence={"source": str(root), "checkpoint": choice},
             advice="Give the checkpoint directory itself, without --checkpoint.",
         )
     if choice == "latest":
-        step = found[-1][0]
+        step = _megatron_latest(root, found) if (root / MEGATRON_TRACKER).exists() else found[-1][0]
     elif _STEP.fullmatch(choice):
         step = int(choice)
     else:
@@ -96,7 +127,7 @@ def select_checkpoint(root: Path, choice: str | None) -> Path:
     if not same:
         raise UsageError(
             "usage.checkpoint.not_found",
-            f"{root} holds no checkpoint-{step} (it holds {', '.join(names)})",
+            f"{root} holds no checkpoint for step {step} (it holds {', '.join(names)})",
             evidence={"source": str(root), "checkpoint": choice, "checkpoints": names},
             advice=f"Choose one it holds with --checkpoint N (of {', '.join(names)}), or --checkpoint latest.",
         )

@@ -5,7 +5,9 @@ package ckptgate.intake_test
 
 import data.ckptgate.intake
 
-_hf_qualified_cfg := {"producer": "megatron-core", "qualified": [{"family": "llama", "release": "0.16.1", "tp": 2, "pp": 1, "ep": 1}]}
+_hf_qualified_row := {"family": "llama", "release": "0.16.1", "tp": 2, "pp": 1, "ep": 1}
+
+_hf_qualified_cfg := {"producer": "megatron-core", "qualified": [_hf_qualified_row]}
 
 _hf_input(topology, layout_tp) := {
 	"hf_mapping": {"family": "llama", "layout_tp": layout_tp},

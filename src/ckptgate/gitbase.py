@@ -108,13 +108,7 @@ def materialize(rev: str, start: Path, into: Path) -> BaseConfig:
 
 def _show(top: Path, commit: str, rel: PurePosixPath) -> bytes | None:
     """The blob at ``commit:rel``, or ``None`` when there is none (or it is no regular file)."""
-    proc = subprocess.run(
-        ["git", "cat-file", "-e", f"{commit}:{rel}"], cwd=top, capture_output=True, timeout=60, check=False
-    )
-    if proc.returncode != 0:
-        return None
-    kind = _git(["cat-file", "-t", f"{commit}:{rel}"], top, what=f"{rel}").decode().strip()
-    if kind != "blob":
+    if _kind(top, commit, rel) != "blob":
         return None
     raw = _git(["cat-file", "blob", f"{commit}:{rel}"], top, what=f"{rel}")
     if len(raw) > _MAX_BYTES:
@@ -131,7 +125,7 @@ def _extract(top: Path, commit: str, paths: list[PurePosixPath], into: Path) -> 
     """``git archive`` of ``paths`` at ``commit``, unpacked under ``into`` with tarfile's data filter
     (no links out of it, no devices, no absolute names); a path missing at the commit is skipped,
     and the configuration's own check then reports it."""
-    present = [str(p) for p in paths if _exists(top, commit, p)]
+    present = [str(p) for p in paths if _kind(top, commit, p) is not None]
     if not present:
         return
     archive = _git(["archive", "--format=tar", commit, "--", *present], top, what="git archive")
@@ -148,8 +142,9 @@ def _extract(top: Path, commit: str, paths: list[PurePosixPath], into: Path) -> 
         ) from None
 
 
-def _exists(top: Path, commit: str, rel: PurePosixPath) -> bool:
+def _kind(top: Path, commit: str, rel: PurePosixPath) -> str | None:
+    """The object type at ``commit:rel`` (``blob``, ``tree``...), or ``None`` when there is none."""
     proc = subprocess.run(
-        ["git", "cat-file", "-e", f"{commit}:{rel}"], cwd=top, capture_output=True, timeout=60, check=False
+        ["git", "cat-file", "-t", f"{commit}:{rel}"], cwd=top, capture_output=True, timeout=60, check=False
     )
-    return proc.returncode == 0
+    return proc.stdout.decode().strip() if proc.returncode == 0 else None

@@ -22,7 +22,7 @@ import dataclasses
 import os
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckptgate._resources import default_policy_dir
@@ -42,16 +42,10 @@ _kept: list[tempfile.TemporaryDirectory[str]] = []  # --base files live as long 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Named:
-    """What the command line and the environment named."""
+    """What the command line and the environment named: the engine options as given, and which
+    configuration to use."""
 
-    opa_url: str | None = None
-    opa_token: str | None = None
-    policy_dir: Path | None = None
-    trust_file: Path | None = None
-    timeout_s: float = 5.0
-    policy_bundle: Path | None = None
-    policy_key: Path | None = None
-    sigstore_trust_root: Path | str | None = None
+    engine: EngineOptions = field(default_factory=EngineOptions)
     config: Path | None = None
     isolated: bool = False
     base: str | None = None
@@ -134,36 +128,29 @@ def resolve(named: Named, *, judging: bool = False, say: Callable[[str], None] =
     ``--base`` is read beside it for comparison and settings.  ``say`` announces on stderr which
     configuration is used and what it does not change, as soon as it is known."""
     config, origin, base = find(named, judging=judging, say=say)
-    plain = EngineOptions(
-        opa_url=named.opa_url,
-        opa_token=named.opa_token,
-        policy_dir=named.policy_dir,
-        trust_file=named.trust_file,
-        timeout_s=named.timeout_s,
-        policy_bundle=named.policy_bundle,
-        policy_key=named.policy_key,
-        sigstore_trust_root=named.sigstore_trust_root,
-    )
+    plain = named.engine
     if config is None or origin is None:
         return Resolved(config=config, origin=origin, engine=plain, base=base)
-    if named.opa_url is not None or named.policy_bundle is not None:
+    if named.engine.opa_url is not None or named.engine.policy_bundle is not None:
         if config.trust or config.policy_data or config.extra_rego or config.policies:
             say(
                 "the configuration's trust, overlay, extra Rego and policies are not used: "
-                f"{'--opa-url' if named.opa_url else '--policy-bundle'} decides with its own"
+                f"{'--opa-url' if named.engine.opa_url else '--policy-bundle'} decides with its own"
             )
         return Resolved(config=config, origin=origin, engine=plain, base=base)
     overlay, extra = config.policy_data, config.extra_rego
-    if named.policy_dir is not None and (config.policies or overlay or extra):
+    if named.engine.policy_dir is not None and (config.policies or overlay or extra):
         say("--policies: the configuration's policies, overlay and extra Rego are not used")
         overlay, extra = None, None
-    if named.trust_file is not None and overlay is not None and overlay.signers:
+    if named.engine.trust_file is not None and overlay is not None and overlay.signers:
         say("--trust: the overlay's signers are not added to the trust data named")
         overlay = dataclasses.replace(overlay, doc={k: v for k, v in overlay.doc.items() if k != "signers"})
-    policy_dir = named.policy_dir or config.policies
-    trust_file = named.trust_file or config.trust
+    policy_dir = named.engine.policy_dir or config.policies
+    trust_file = named.engine.trust_file or config.trust
     if origin == "discovered" and not judging:
-        _refuse_widening(config, policy_dir, named.policy_dir is not None, trust_file, named.trust_file, overlay)
+        _refuse_widening(
+            config, policy_dir, named.engine.policy_dir is not None, trust_file, named.engine.trust_file, overlay
+        )
     label = base.label if origin == "base" and base is not None else str(config.source)
 
     def shown(p: Path) -> str:
@@ -172,9 +159,9 @@ def resolve(named: Named, *, judging: bool = False, say: Callable[[str], None] =
         return str(p)
 
     provenance: dict[str, tuple[str, str]] = {}
-    if named.trust_file is None and config.trust is not None:
+    if named.engine.trust_file is None and config.trust is not None:
         provenance["trust"] = (origin, shown(config.trust))
-    if named.policy_dir is None and config.policies is not None:
+    if named.engine.policy_dir is None and config.policies is not None:
         provenance["policy_tree"] = (origin, shown(config.policies))
     if overlay is not None:
         provenance["overlay"] = (origin, shown(overlay.source))

@@ -45,6 +45,7 @@ def engine_options(f: F) -> F:
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from ckptgate.decide.options import EngineOptions  # noqa: PLC0415 - engine stack, ~900 ms
         from ckptgate.precedence import Named, resolve  # noqa: PLC0415 - engine stack, ~900 ms
 
         values = {k: kwargs.pop(k) for k in _ENGINE_KEYS}
@@ -54,14 +55,16 @@ def engine_options(f: F) -> F:
             select_opa_binary(values["opa_binary"])
         resolved = resolve(
             Named(
-                opa_url=values["opa_url"],
-                opa_token=os.environ.get("CKPTGATE_OPA_TOKEN"),
-                policy_dir=values["policy_dir"],
-                trust_file=values["trust_file"],
-                timeout_s=values["opa_timeout"],
-                policy_bundle=values["policy_bundle"],
-                policy_key=values["policy_key"],
-                sigstore_trust_root=values["sigstore_trust_root"],
+                engine=EngineOptions(
+                    opa_url=values["opa_url"],
+                    opa_token=os.environ.get("CKPTGATE_OPA_TOKEN"),
+                    policy_dir=values["policy_dir"],
+                    trust_file=values["trust_file"],
+                    timeout_s=values["opa_timeout"],
+                    policy_bundle=values["policy_bundle"],
+                    policy_key=values["policy_key"],
+                    sigstore_trust_root=values["sigstore_trust_root"],
+                ),
                 config=values["config_file"],
                 isolated=values["isolated"],
                 base=values["base"],

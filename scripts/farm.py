@@ -505,6 +505,11 @@ def qualify_all(locks: Sequence[Lock], outcomes: dict[str, Outcome], commit: boo
         log(f"ckptgate matrix build failed:\n{r.stdout}{r.stderr}")
         return False
     changed = False
+    # Failure logs are kept in the repository only once every qualification has run: a log written
+    # there mid-run makes the tree dirty, and each later `ckptgate qualify` would refuse it
+    # (evidence.qualify.dirty_tree) instead of qualifying its fixture.
+    failures: list[tuple[Lock, FixtureJob, Path]] = []
+    passed: list[tuple[Lock, FixtureJob]] = []
     for lk, job in jobs:
         if qualified_here(home, lk, job):
             continue
@@ -520,10 +525,17 @@ def qualify_all(locks: Sequence[Lock], outcomes: dict[str, Outcome], commit: boo
             _record(home, lk, job).write_text(json.dumps(res, indent=2) + "\n")
         if r.returncode != 0:
             p = home / "logs" / f"{lk.key}-{job.name}-qualify.log"
+            p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(f"$ ckptgate qualify --adapter {job.adapter} --fixture {job.name}\n{r.stdout}\n{r.stderr}")
-            kept = retain_attempt(lk, f"{job.name}-qualify", p)
-            outcomes[lk.env].note += f" qualify {job.name} failed: {kept.relative_to(ROOT)}"
+            failures.append((lk, job, p))
+        else:
+            passed.append((lk, job))
         changed = True
+    for lk, job, p in failures:
+        kept = retain_attempt(lk, f"{job.name}-qualify", p)
+        outcomes[lk.env].note += f" qualify {job.name} failed: {kept.relative_to(ROOT)}"
+    for lk, job in passed:
+        attempt_log(lk, f"{job.name}-qualify").unlink(missing_ok=True)  # qualified now: no longer a failure
     if changed or dirty():
         r = ckptgate("matrix", "build")
         if r.returncode != 0:

@@ -18,6 +18,15 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
 
 from ckptgate.hooks.transformers import AttestCallback
 
+DEEPSPEED = {
+    "zero_optimization": {"stage": 2},
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "zero_allow_untested_optimizer": True,
+    "steps_per_print": 1000,
+}
+"""ZeRO-2 for ``--deepspeed``: each ``checkpoint-N/`` then holds DeepSpeed's ``global_stepN/`` partitions too."""
+
 VOCAB = ["<unk>", "<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(28)]
 
 
@@ -47,6 +56,9 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--builder-id", default=None)
     parser.add_argument("--peft", action="store_true", help="Train a PEFT LoRA adapter (the checkpoint holds it).")
+    parser.add_argument(
+        "--deepspeed", action="store_true", help="Train under DeepSpeed ZeRO-2 (run under torchrun, DS_ACCELERATOR=cpu)."
+    )
     args = parser.parse_args()
     torch.manual_seed(1234)
     tok = tokenizer()
@@ -67,6 +79,7 @@ def main() -> None:
     training = TrainingArguments(
         output_dir=args.out, use_cpu=True, max_steps=2, per_device_train_batch_size=2, learning_rate=1e-2,
         save_strategy="steps", save_steps=2, report_to=[], seed=1234, dataloader_num_workers=0,
+        deepspeed=DEEPSPEED if args.deepspeed else None,
     )
     trainer = Trainer(
         model=model, args=training, train_dataset=Rows(tok), processing_class=tok,

@@ -150,11 +150,22 @@ def ensure_local_venv(shared: Path) -> Path:
     return py
 
 
+#: How each Go tool of pins.toml [tools] is built and asked its version: the package to install
+#: (inside the pinned module), the arguments that print the version, and the variable the version
+#: is linked into (None where the tool reads it from its build information).
+GO_TOOLS = {
+    "opa": ("", ["version"], "github.com/open-policy-agent/opa/v1/version.Version"),
+    "regal": ("", ["version"], "github.com/open-policy-agent/regal/pkg/version.Version"),
+    "actionlint": ("/cmd/actionlint", ["-version"], None),
+}
+
+
 def tool_version_ok(binary: Path, version: str) -> bool:
     if not binary.exists():
         return False
     try:
-        out = subprocess.run([str(binary), "version"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run([str(binary), *GO_TOOLS[binary.name][1]], capture_output=True, text=True,
+                             timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return False
     return version.lstrip("v") in out
@@ -168,19 +179,19 @@ def ensure_go_tools(pins: dict) -> None:
     deprecations), which the proxy here refuses for Regal.  The pin itself stays in pins.toml.
     """
     TOOLS_BIN.mkdir(parents=True, exist_ok=True)
-    for name, spec in pins["tools"].items():
+    for name, spec in {**pins["tools"], **pins.get("dev-tools", {})}.items():
         module, version = spec.rsplit("@", 1)
         if tool_version_ok(TOOLS_BIN / name, version):
             continue
         if not shutil.which("go"):
             sys.exit(f"[bootstrap] Go is needed to install {name} ({spec}); install Go first.")
         log(f"installing {spec} into {TOOLS_BIN}")
-        version_pkg = {"opa": "github.com/open-policy-agent/opa/v1/version",
-                       "regal": "github.com/open-policy-agent/regal/pkg/version"}[name]
+        package, _, version_var = GO_TOOLS[name]
+        ldflags = [f"-ldflags=-X {version_var}={version.lstrip('v')}"] if version_var else []
         with tempfile.TemporaryDirectory(prefix=f"ckptgate-{name}-") as mod:
             Path(mod, "go.mod").write_text(
                 f"module ckptgate.local/tools/{name}\n\ngo 1.24\n\nrequire {module} {version}\n")
-            run(["go", "install", f"-ldflags=-X {version_pkg}.Version={version.lstrip('v')}", module],
+            run(["go", "install", *ldflags, module + package],
                 cwd=mod, env={**os.environ, "GOBIN": str(TOOLS_BIN), "GOFLAGS": "-mod=mod"})
         if not tool_version_ok(TOOLS_BIN / name, version):
             sys.exit(f"[bootstrap] {TOOLS_BIN / name} does not report version {version}")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import html
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -24,9 +23,10 @@ from ckptgate.digest import Digest, fixture_digest
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.evidence.candidate import _filtered_tree, candidate_commit, commit_time, git, head_commit
 from ckptgate.evidence.errors import EvidenceError
-from ckptgate.evidence.fixtures import list_fixtures
+from ckptgate.evidence.fixtures import Fixture, list_fixtures
 from ckptgate.evidence.gates import GATES_IN_BUNDLE, gates_data
 from ckptgate.evidence.layout import DEFAULT_MATRIX, RepoLayout, as_layout
+from ckptgate.evidence.matrix_render import GENERATOR, STATUSES, formats, render_html, render_json, render_markdown
 from ckptgate.inspect import SafeTree
 from ckptgate.userfiles import check_output_file, read_regular_file, write_output_file
 from ckptgate.verify import AttestationStore, verify_attestation
@@ -42,8 +42,6 @@ ROWS_ENTRYPOINT = "ckptgate/support/rows"
 QUALIFIED_ENTRYPOINT = "ckptgate/support/qualified"
 MATRIX_DIR = DEFAULT_MATRIX  # ckptgate's own; a configured repository's is RepoLayout.matrix
 FILES = ("SUPPORT.md", "support.json", "index.html")
-STATUSES = ("supported", "stale", "unqualified", "refused")
-GENERATOR = "ckptgate matrix build"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,19 +115,28 @@ def _parse_time(s: Any) -> datetime | None:
         return None
 
 
-def fixture_digests(repo: Path | RepoLayout) -> dict[Digest, str]:
-    """Digest -> fixture name, measured now over every fixture's ``checkpoint/``."""
-    out: dict[Digest, str] = {}
+def fixture_digests(repo: Path | RepoLayout) -> dict[Digest, Fixture]:
+    """Digest -> fixture, measured now over every fixture's ``checkpoint/``."""
+    out: dict[Digest, Fixture] = {}
     for f in list_fixtures(repo):
         with SafeTree.open(f.checkpoint) as tree:
-            out[fixture_digest(tree).digest] = f.name
+            out[fixture_digest(tree).digest] = f
     return out
+
+
+def fixture_label(f: Fixture) -> dict[str, Any]:
+    """What the matrix shows of a row's fixture: its name, and the device whose location records a
+    synthetic GPU-written fixture carries (written on CPU: ``meta.json`` ``synthetic_device``)."""
+    synthetic = f.meta.get("synthetic_device")
+    location = synthetic.get("location") if isinstance(synthetic, dict) else None
+    return {"name": f.name, "synthetic_device": location if isinstance(location, str) else None}
 
 
 def collect(
     repo: Path | RepoLayout, trust: TrustData, *, now: datetime | None = None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], datetime]:
-    """Verify every stored attestation against the fixture it names; (facts, rejected, as-of time)."""
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], datetime, dict[Digest, Fixture]]:
+    """Verify every stored attestation against the fixture it names; (facts, rejected, as-of time,
+    the measured fixture names by digest)."""
     layout = as_layout(repo)
     repo = layout.root
     # (source, the subject digest its directory names, its bytes): each stored file is read once
@@ -163,7 +170,7 @@ def collect(
             rejected.append(rejection_facts(source, e))
         else:
             facts.append({**va.to_facts(), "retained_result": retained_result(repo, va.statement)})
-    return facts, rejected, now
+    return facts, rejected, now, measured
 
 
 #: The largest result log read back to check its digest (qualification logs are a few KiB).
@@ -179,6 +186,7 @@ def retained_result(repo: Path, statement: dict[str, Any]) -> dict[str, Any]:
     location = field_at(statement, "predicate", "result", "evidence", "location")
     digest = None
     fmt = None
+    mapping = None
     if isinstance(location, str) and location and not location.startswith("/"):
         path = repo / location
         try:
@@ -189,7 +197,8 @@ def retained_result(repo: Path, statement: dict[str, Any]) -> dict[str, Any]:
         if raw is not None and len(raw) <= MAX_RESULT_LOG_BYTES:
             digest = "sha256:" + hashlib.sha256(raw).hexdigest()
             fmt = _logged_format(raw)
-    return {"location": location, "sha256": digest, "format": fmt}
+            mapping = _logged_mapping(raw)
+    return {"location": location, "sha256": digest, "format": fmt, "mapping": mapping}
 
 
 def _logged_format(raw: bytes) -> str | None:
@@ -201,6 +210,24 @@ def _logged_format(raw: bytes) -> str | None:
         return None
     fmt = doc.get("inspected_format") if isinstance(doc, dict) else None
     return fmt if isinstance(fmt, str) and fmt else None
+
+
+def _logged_mapping(raw: bytes) -> dict[str, Any] | None:
+    """The mapping a mapping qualification's log records (its family, and the measured logits
+    delta), from the same bytes as :func:`_logged_format`; ``None`` for a name-preserving one."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    mapping = doc.get("mapping") if isinstance(doc, dict) else None
+    if not isinstance(mapping, dict) or not isinstance(mapping.get("family"), str):
+        return None
+    logits = mapping.get("logits")
+    delta = logits.get("max_abs_delta") if isinstance(logits, dict) else None
+    return {
+        "family": mapping["family"],
+        "max_abs_delta": delta if isinstance(delta, (int, float)) and not isinstance(delta, bool) else None,
+    }
 
 
 def _signed_issue_time(raw: bytes, *, source: str, trust: TrustData, digest: Digest) -> datetime | None:
@@ -229,8 +256,9 @@ def targets(repo: Path | RepoLayout) -> list[str]:
 
 
 def support_input(repo: Path | RepoLayout, trust: TrustData, *, now: datetime | None = None) -> dict[str, Any]:
-    facts, rejected, as_of = collect(repo, trust, now=now)
+    facts, rejected, as_of, names = collect(repo, trust, now=now)
     return {
+        "fixtures": {d.prefixed(): fixture_label(f) for d, f in sorted(names.items(), key=lambda kv: kv[1].name)},
         "attestations": facts,
         "rejected_attestations": rejected,
         "now": iso_utc(as_of),
@@ -267,7 +295,9 @@ def build(
             "data.ckptgate.support.rows is not a list of objects",
             evidence={"type": type(rows).__name__},
         )
-    ordered = sorted(rows, key=_row_key)
+    # Which committed fixture a row's digest is, for the reader (measured by collect; not a policy input).
+    names = doc.get("fixtures") or {}
+    ordered = sorted(({**r, "fixture": names.get(str(r.get("fixture_digest")))} for r in rows), key=_row_key)
     return Matrix(
         rows=tuple(ordered),
         policy_revision=raw.policy_revision,
@@ -281,225 +311,11 @@ def build(
 def _row_key(row: dict[str, Any]) -> tuple[str, ...]:
     return (
         str(row.get("adapter") or ""),
-        str(_formats(row)),
+        str(formats(row)),
         str(row.get("producer_version") or ""),
         str(row.get("fixture_digest") or ""),
         str(row.get("source") or ""),
         str(row.get("status")),
-    )
-
-
-# --------------------------------------------------------------------------------------------- render
-def _formats(row: dict[str, Any]) -> str:
-    f = row.get("format")
-    if isinstance(f, list):
-        return ", ".join(str(x) for x in f) or "-"
-    return str(f) if f else "-"
-
-
-def _topology(row: dict[str, Any]) -> str:
-    t = row.get("topology")
-    if not isinstance(t, dict):
-        return "-"
-    return " ".join(f"{k}={t[k]}" for k in sorted(t) if t[k] not in (None, False)) or "-"
-
-
-def _env(row: dict[str, Any]) -> str:
-    e = row.get("environment")
-    if not isinstance(e, dict):
-        return "-"
-    return ", ".join(f"{k} {e[k]}" for k in ("python", "torch", "arch", "accelerator") if e.get(k)) or "-"
-
-
-def _producer(row: dict[str, Any]) -> str:
-    p, v = row.get("producer"), row.get("producer_version")
-    return f"{p} {v}" if p and v else str(p or "-")
-
-
-def _adapter(row: dict[str, Any]) -> str:
-    a, v = row.get("adapter"), row.get("adapter_version")
-    return f"{a} {v}" if a and v else str(a or "-")
-
-
-def evidence_location(row: dict[str, Any]) -> str | None:
-    ev = row.get("evidence")
-    loc = ev.get("location") if isinstance(ev, dict) else None
-    return loc if isinstance(loc, str) and loc else None
-
-
-def _link(row: dict[str, Any]) -> str | None:
-    """Where a cell links, relative to ``matrix/``: the evidence log, else the attestation file."""
-    target = evidence_location(row) or (row.get("source") if isinstance(row.get("source"), str) else None)
-    return f"../{target}" if target else None
-
-
-def _reasons(row: dict[str, Any]) -> list[str]:
-    out = []
-    for r in row.get("reasons") or []:
-        if isinstance(r, dict):
-            out.append(f"{r.get('code')}: {r.get('message')}")
-    return out
-
-
-def _columns(row: dict[str, Any]) -> list[tuple[str, str]]:
-    digest = str(row.get("fixture_digest") or "-")
-    commit = str(row.get("candidate_commit") or "-")
-    return [
-        ("status", str(row.get("status"))),
-        ("format", _formats(row)),
-        ("adapter", _adapter(row)),
-        ("producer", _producer(row)),
-        ("fixture", digest[:19] + "…" if len(digest) > 20 else digest),
-        ("topology", _topology(row)),
-        ("environment", _env(row)),
-        ("commit", commit[:12] if len(commit) == 40 else commit),
-    ]
-
-
-def _header_lines(m: Matrix) -> list[str]:
-    return [
-        f"Generated by `{GENERATOR}`; do not edit by hand.",
-        f"Policy revision: {m.policy_revision}.",
-        f"Candidate commit: {m.candidate_commit}; evaluated as of {m.as_of}.",
-    ]
-
-
-def render_json(m: Matrix) -> str:
-    doc = {
-        "generated": {
-            "by": GENERATOR,
-            "note": "generated file; do not edit by hand",
-            "policy_revision": m.policy_revision,
-            "candidate_commit": m.candidate_commit,
-            "as_of": m.as_of,
-        },
-        "summary": m.summary(),
-        "rows": list(m.rows),
-    }
-    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-
-
-def _md(s: str) -> str:
-    return s.replace("|", "\\|").replace("\n", " ")
-
-
-def render_markdown(m: Matrix) -> str:
-    lines = [
-        f"<!-- {GENERATOR}: generated file, do not edit. policy revision {m.policy_revision} -->",
-        "",
-        "# Support matrix",
-        "",
-    ]
-    lines += [f"> {h}" for h in _header_lines(m)]
-    lines += [
-        "",
-        "A row is supported only at its exact producer version, adapter version, fixture digest, "
-        "candidate commit, environment and topology, with retained evidence (register rule 3). "
-        "The HTML view is [index.html](index.html).",
-        "",
-    ]
-    summary = m.summary()
-    lines += ["Summary: " + ", ".join(f"{summary[s]} {s}" for s in STATUSES) + ".", ""]
-    cols = [c for c, _ in _columns({})] + ["evidence", "reasons"]
-    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in m.rows:
-        cells = [_md(v) for _, v in _columns(row)]
-        link = _link(row)
-        cells.append(f"[{_md(evidence_location(row) or str(row.get('source') or '-'))}]({link})" if link else "-")
-        cells.append(_md("; ".join(_reasons(row)) or "-"))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-_CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
-table{border-collapse:collapse;width:100%}\
-th,td{border:1px solid #ccc;padding:4px 6px;text-align:left;vertical-align:top}
-th{background:#f3f3f3}a{color:#0550ae;text-decoration:underline}a:visited{color:#6639ba}\
-a:hover,a:focus{color:#033d8b;text-decoration-thickness:2px}
-.c-evidence a{display:block;white-space:nowrap}
-tr.status-supported td.c-status{background:#c8efc8}tr.status-stale td.c-status{background:#fbe6a6}
-tr.status-unqualified td.c-status{background:#e4e4e4}tr.status-refused td.c-status{background:#f6b8b8}
-.meta{color:#555}#filters{margin:1em 0}#filters label{margin-right:1em}.reasons{font-size:12px;color:#444}
-"""
-
-_JS = """
-(function(){
-  var q=document.getElementById('q'), st=document.getElementById('status');
-  function apply(){
-    var text=q.value.toLowerCase(), want=st.value, shown=0;
-    var rows=document.querySelectorAll('#matrix tbody tr');
-    for(var i=0;i<rows.length;i++){
-      var r=rows[i], ok=(!want||r.getAttribute('data-status')===want)&&
-        (!text||r.textContent.toLowerCase().indexOf(text)>=0);
-      r.hidden=!ok; if(ok){shown++;}
-    }
-    document.getElementById('shown').textContent=String(shown);
-  }
-  q.addEventListener('input',apply); st.addEventListener('change',apply);
-  var params=new URLSearchParams(window.location.search);
-  if(params.get('status')){st.value=params.get('status');}
-  if(params.get('q')){q.value=params.get('q');}
-  apply();
-})();
-"""
-
-
-def signers(row: dict[str, Any]) -> list[str]:
-    """The trusted signer ids of a row's attestation (none for a refused row: no trusted key signed it)."""
-    ev = row.get("evidence")
-    ids = ev.get("signers") if isinstance(ev, dict) else None
-    return [str(s) for s in ids if s] if isinstance(ids, list) else []
-
-
-def _evidence_links(row: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """``(class, label, href)`` for a row's attestation file and result log, relative to ``matrix/``."""
-    out = []
-    source = row.get("source")
-    if isinstance(source, str) and source:
-        out.append(("attestation", "attestation", f"../{source}"))
-    location = evidence_location(row)
-    if location:
-        out.append(("log", "result log", f"../{location}"))
-    return out
-
-
-def render_html(m: Matrix) -> str:
-    e = html.escape
-    head = "".join(f'<p class="meta">{e(h.replace("`", ""))}</p>' for h in _header_lines(m))
-    options = "".join(f'<option value="{s}">{s}</option>' for s in STATUSES)
-    cols = [c for c, _ in _columns({})] + ["signed by", "evidence", "reasons"]
-    body = []
-    for row in m.rows:
-        status = str(row.get("status"))
-        cells = [f'<td class="c-{name}">{e(value)}</td>' for name, value in _columns(row)]
-        cells.append(f'<td class="c-signers">{"<br>".join(e(s) for s in signers(row)) or "-"}</td>')
-        links = "".join(f'<a class="{cls}" href="{e(href)}">{label}</a>' for cls, label, href in _evidence_links(row))
-        cells.append(f'<td class="c-evidence">{links or "-"}</td>')
-        reasons = "<br>".join(e(r) for r in _reasons(row)) or "-"
-        cells.append(f'<td class="c-reasons reasons">{reasons}</td>')
-        body.append(f'<tr class="status-{e(status)}" data-status="{e(status)}">{"".join(cells)}</tr>')
-    summary = m.summary()
-    return (
-        "<!DOCTYPE html>\n"
-        f"<!-- {GENERATOR}: generated file, do not edit. policy revision {e(m.policy_revision)} -->\n"
-        '<html lang="en"><head><meta charset="utf-8">'
-        f'<meta name="generator" content="{GENERATOR}">'
-        f'<meta name="policy-revision" content="{e(m.policy_revision)}">'
-        "<title>ckptgate support matrix</title>"
-        f"<style>{_CSS}</style></head><body>\n"
-        "<h1>ckptgate support matrix</h1>\n"
-        f"{head}\n"
-        '<p class="meta">Summary: ' + ", ".join(f"{summary[s]} {s}" for s in STATUSES) + ".</p>\n"
-        '<div id="filters"><label>Filter <input id="q" type="search" placeholder="adapter, format, producer…">'
-        '</label><label>Status <select id="status"><option value="">all</option>'
-        f'{options}</select></label> <span id="shown">{len(m.rows)}</span> shown</div>\n'
-        '<table id="matrix"><thead><tr>'
-        + "".join(f"<th>{c}</th>" for c in cols)
-        + "</tr></thead><tbody>\n"
-        + "\n".join(body)
-        + "\n</tbody></table>\n"
-        f"<script>{_JS}</script>\n</body></html>\n"
     )
 
 
@@ -564,12 +380,23 @@ def render_gate(m: Matrix) -> bytes:
         )
         versions = {fmt: sorted(vs, key=_version_key) for fmt, vs in sorted((entry.get("versions") or {}).items())}
         adapters[name] = {"producer": entry.get("producer"), "versions": versions, "rows": rows}
+    hf_rows = sorted(
+        (m.qualified.get("hf_mapping") or {}).get("qualified") or [],
+        key=lambda r: (
+            str(r.get("family")),
+            _version_key(r.get("release")),
+            [r.get(a) for a in ("tp", "pp", "ep")],
+            str(r.get("fixture_digest")),
+            str(r.get("attestation")),
+        ),
+    )
     doc = {
         "generated": {
             "by": GENERATOR,
             "note": "generated from passing qualification attestations with retained evidence; do not edit by hand",
         },
         "adapters": adapters,
+        "hf_mapping": {"qualified": hf_rows},
     }
     return (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
@@ -639,14 +466,10 @@ __all__ = [
     "build",
     "collect",
     "diff",
-    "evidence_location",
     "fixture_digests",
     "gate_diff",
     "head_facts",
     "render_gate",
-    "render_html",
-    "render_json",
-    "render_markdown",
     "support_input",
     "targets",
     "write",

@@ -233,3 +233,47 @@ def test_keygen_trust_out_admits_training_provenance_from_any_builder_by_default
     assert res.returncode == 0, res.stderr
     rc, receipt = _intake(ck, {"trust": tmp_path / "trust.json"})
     assert rc == 0, receipt
+
+
+def test_the_step_is_the_one_its_folders_record_or_none_never_one_by_listing_order(tmp_path: Path) -> None:
+    from ckptgate.producer.attest import _step
+
+    (tmp_path / "checkpoint-7").mkdir()
+    assert _step(tmp_path / "checkpoint-7") == 7
+    one = tmp_path / "save_dir"
+    (one / "global_step100").mkdir(parents=True)
+    (one / "notes").mkdir()
+    assert _step(one) == 100
+    (one / "global_step200").mkdir()  # a DeepSpeed save_dir holding two saves: which one is unknown
+    assert _step(one) is None
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "global_step5").symlink_to(one / "global_step100")
+    assert _step(linked) is None  # a linked folder records nothing of this save
+
+
+def test_hf_config_records_the_manifest_sha256_intake_records_for_the_same_config(tmp_path: Path, keys: dict) -> None:
+    from ckptgate.consolidate.hf.source import read_hf_config
+
+    config = DATA / "megatron_hf_llama" / "hf_config"
+    ck = _copy(tmp_path, "hf_sharded")
+    rc, doc = _attest(ck, keys, "--hf-config", config)
+    assert rc == 0, doc
+    internal = doc["statement"]["predicate"]["buildDefinition"]["internalParameters"]
+    assert internal["hf_config_manifest_sha256"] == "sha256:" + read_hf_config(config).digest  # intake's digest
+    shown = subprocess.run([sys.executable, "-m", "ckptgate", "attest", "show", str(doc["envelope"])],
+                           capture_output=True, text=True, timeout=120)
+    assert f"hf config   manifest {internal['hf_config_manifest_sha256']}" in shown.stdout
+    rc, plain = _attest(_copy(tmp_path / "again", "hf_sharded"), keys)
+    assert rc == 0 and "hf_config_manifest_sha256" not in json.dumps(plain["statement"])
+
+
+def test_hf_config_that_intake_would_refuse_is_refused_at_attest_with_the_same_code(tmp_path: Path, keys: dict) -> None:
+    config = tmp_path / "cfg"
+    shutil.copytree(DATA / "megatron_hf_llama" / "hf_config", config)
+    (config / "modeling_evil.py").write_text("import os\n")
+    ck = _copy(tmp_path, "hf_sharded")
+    rc, err = _attest(ck, keys, "--hf-config", config)
+    assert rc == 4, err
+    assert err["error"]["code"] == "hf_config.unlisted_file"
+    assert not (tmp_path / "hf_sharded.intoto.dsse.json").exists()

@@ -104,6 +104,52 @@ def test_deepspeed_save_checkpoint_is_attested_by_rank_zero_and_taken_in_on_the_
     assert att["training"]["topology"] == {"dp": 2, "world_size": 2, "zero_stage": 2}
 
 
+@pytest.mark.producers  # a Trainer on DeepSpeed ZeRO-2 over two gloo ranks: about 30 s warm, longer on first build
+def test_trainer_callback_under_deepspeed_attests_each_checkpoint_and_intake_takes_it_in_on_the_framework_plane(
+    tmp_path: Path, keys: dict
+) -> None:
+    run = tmp_path / "run"
+    env = {**os.environ, "CKPTGATE_SIGNING_KEY": str(keys["key"]), "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu",
+           "CUDA_VISIBLE_DEVICES": ""}
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(ROOT / "examples" / "train_with_attestation.py"), str(run), "--builder-id", BUILDER,
+                          "--deepspeed"], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint-2", "checkpoint-2.intoto.dsse.json"]
+    assert (run / "checkpoint-2" / "global_step2").is_dir()  # DeepSpeed's own partitions, in the Trainer's folder
+    receipt = _intake(run / "checkpoint-2", keys, tmp_path / "published")
+    assert receipt["decision"]["allow"] is True
+    assert receipt["decision"]["plane"] == "framework"
+    res = ckptgate_json("verify", run / "checkpoint-2", "--attestation", run / "checkpoint-2.intoto.dsse.json",
+                        "--trust", keys["trust"])
+    (att,) = json.loads(res.stdout)["attestations"]
+    assert att["training"]["format"] == "deepspeed-zero2"
+    assert att["training"]["topology"]["world_size"] == 2 and att["training"]["topology"]["zero_stage"] == 2
+    assert {p["name"] for p in att["training"]["producers"]} >= {"deepspeed", "transformers", "torch"}
+
+
+@pytest.mark.producers  # megatron-core on two gloo ranks: its import alone is about 20 s per rank
+def test_megatron_dist_checkpointing_save_is_attested_per_the_documented_snippet_and_taken_in(
+    tmp_path: Path, keys: dict
+) -> None:
+    save = tmp_path / "save"
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(Path(__file__).with_name("megatron_save_attest.py")), str(save), str(keys["key"]), BUILDER],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    ck = save / "iter_0000001"
+    receipt = _intake(ck, keys, tmp_path / "published")
+    assert receipt["decision"]["allow"] is True
+    res = ckptgate_json("verify", ck, "--attestation", save / "iter_0000001.intoto.dsse.json", "--trust", keys["trust"])
+    (att,) = json.loads(res.stdout)["attestations"]
+    training = att["training"]
+    assert training["format"] == "megatron-torch-dist" and training["step"] == 1
+    assert training["topology"] == {"tp": 2, "world_size": 2}  # tp declared, and consistent with the layout
+    assert {p["name"] for p in training["producers"]} == {"megatron-core", "torch"}
+
+
 def test_trainer_callback_attests_a_peft_adapter_with_its_base_model(tmp_path: Path, keys: dict) -> None:
     run = tmp_path / "run"
     env = {**os.environ, "CKPTGATE_SIGNING_KEY": str(keys["key"]), "HF_HUB_OFFLINE": "1"}

@@ -57,8 +57,19 @@ func main() {
 	statement := flag.String("statement", "-", "in-toto Statement JSON to sign ('-' for stdin)")
 	bundleOut := flag.String("bundle", "", "where to write the Sigstore bundle JSON")
 	rootOut := flag.String("trusted-root", "", "where to write trusted_root.json")
+	listen := flag.String("serve", "", "serve a test Fulcio and Rekor (v1 API) on this address, e.g. 127.0.0.1:0, "+
+		"instead of signing one statement (see serve.go)")
+	configOut := flag.String("trust-config", "", "with -serve: where to write the client trust config (trusted root "+
+		"and signing config naming the served URLs)")
+	tokenOut := flag.String("token", "", "with -serve: where to write an OIDC identity token for -identity/-issuer")
 	flag.Parse()
-	if err := run(*identity, *issuer, *statement, *bundleOut, *rootOut); err != nil {
+	var err error
+	if *listen != "" {
+		err = serve(*listen, *identity, *issuer, *rootOut, *configOut, *tokenOut)
+	} else {
+		err = run(*identity, *issuer, *statement, *bundleOut, *rootOut)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "sigstore-testca:", err)
 		os.Exit(1)
 	}
@@ -100,7 +111,7 @@ func run(identity, issuer, statementPath, bundleOut, rootOut string) error {
 	if err != nil {
 		return err
 	}
-	leaf, err := leafWithSCT(identity, issuer, now, leafKey, interCert, interKey, ctKey)
+	leaf, err := leafWithSCT(identity, issuer, now, leafKey.Public(), interCert, interKey, ctKey)
 	if err != nil {
 		return err
 	}
@@ -186,7 +197,7 @@ func logs(baseURL string, pub crypto.PublicKey, start time.Time) map[string]*roo
 
 // leafWithSCT issues a Fulcio-style leaf certificate with one embedded precertificate SCT.
 // The SCT signs the TBSCertificate without the SCT-list extension, which is what a verifier rebuilds.
-func leafWithSCT(identity, issuer string, now time.Time, key *ecdsa.PrivateKey, parent *x509.Certificate,
+func leafWithSCT(identity, issuer string, now time.Time, pub crypto.PublicKey, parent *x509.Certificate,
 	parentKey *ecdsa.PrivateKey, ctKey *ecdsa.PrivateKey) (*x509.Certificate, error) {
 	issuerV2, err := asn1.MarshalWithParams(issuer, "utf8")
 	if err != nil {
@@ -210,7 +221,7 @@ func leafWithSCT(identity, issuer string, now time.Time, key *ecdsa.PrivateKey, 
 	} else {
 		tmpl.EmailAddresses = []string{identity}
 	}
-	pre, err := x509.CreateCertificate(rand.Reader, tmpl, parent, key.Public(), parentKey)
+	pre, err := x509.CreateCertificate(rand.Reader, tmpl, parent, pub, parentKey)
 	if err != nil {
 		return nil, err
 	}
@@ -229,7 +240,7 @@ func leafWithSCT(identity, issuer string, now time.Time, key *ecdsa.PrivateKey, 
 		return nil, err
 	}
 	tmpl.ExtraExtensions = append(tmpl.ExtraExtensions, pkix.Extension{Id: oidSCTList, Value: ext})
-	final, err := x509.CreateCertificate(rand.Reader, tmpl, parent, key.Public(), parentKey)
+	final, err := x509.CreateCertificate(rand.Reader, tmpl, parent, pub, parentKey)
 	if err != nil {
 		return nil, err
 	}

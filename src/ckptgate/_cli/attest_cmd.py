@@ -27,9 +27,17 @@ def _read(path: str, what: str) -> bytes:
     try:
         raw = read_regular_file(path, limit=_MAX_INPUT)
     except OSError as e:
-        raise UsageError("usage.unreadable", f"cannot read {what} {path}: {e.strerror}") from None
+        raise UsageError(
+            "usage.unreadable",
+            f"cannot read {what} {path}: {e.strerror}",
+            advice=f"Check that {path} exists and is a readable regular file, or name another {what}.",
+        ) from None
     if len(raw) > _MAX_INPUT:
-        raise UsageError("usage.too_large", f"{what} {path} is larger than {_MAX_INPUT >> 20} MiB")
+        raise UsageError(
+            "usage.too_large",
+            f"{what} {path} is larger than {_MAX_INPUT >> 20} MiB",
+            advice=f"Name the {what} itself, not {path}: a {what} is a small JSON document.",
+        )
     return raw
 
 
@@ -224,7 +232,12 @@ def sign(
             "predicate": predicate,
         }
     if not isinstance(statement, dict):
-        raise UsageError("usage.statement_invalid", "the statement is not a JSON object; nothing was signed")
+        raise UsageError(
+            "usage.statement_invalid",
+            "the statement is not a JSON object; nothing was signed",
+            advice=f"Make {statement_path} one JSON object (an in-toto statement), or pass --predicate FILE "
+            "with --subject-digest instead.",
+        )
     if statement_schema(statement) is None:  # every statement signed here is checked by a schema
         raise UsageError(
             "usage.predicate_type",
@@ -409,7 +422,11 @@ def add(files: tuple[str, ...], store_root: str | None, as_json: bool) -> None:
         )
 
     if os.path.exists(store_root) and not os.path.isdir(store_root):
-        raise UsageError("usage.store", f"--store {store_root} is not a directory")
+        raise UsageError(
+            "usage.store",
+            f"--store {store_root} is not a directory",
+            advice=f"Name a directory with --store; {store_root} is a file.",
+        )
     store = AttestationStore(store_root)
     raws = [_read(f, "attestation") for f in files]
     for raw in raws:  # every one is a readable statement before any is stored
@@ -418,7 +435,11 @@ def add(files: tuple[str, ...], store_root: str | None, as_json: bool) -> None:
         paths = [str(store.add(raw, reindex=False)) for raw in raws]
         store.rebuild_index()
     except OSError as e:
-        raise UsageError("usage.store", f"cannot write to the store {store_root}: {e.strerror}") from None
+        raise UsageError(
+            "usage.store",
+            f"cannot write to the store {store_root}: {e.strerror}",
+            advice=f"Make {store_root} writable, or name another directory with --store.",
+        ) from None
     if as_json:
         emit_json({"stored": paths, "index": str(Path(store_root) / "index.json")})
         return
@@ -499,6 +520,41 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
     help="intoto: training provenance in a DSSE envelope; oms: an OpenSSF Model Signing bundle (key method, "
     "ECDSA P-256) over the same files, SRC.sig, for intake --signature SRC.sig --key PUB.pem.",
 )
+@click.option(
+    "--identity-token",
+    default=None,
+    metavar="TOKEN|@FILE",
+    help="Sign keyless (Sigstore) with this OIDC identity token (or @FILE holding it; default: $SIGSTORE_ID_TOKEN "
+    "when no --key is given): a Sigstore bundle, SRC.sigstore.json, for intake --sigstore-trust-root.",
+)
+@click.option(
+    "--sigstore-trust-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --identity-token: a Sigstore ClientTrustConfig JSON naming the trust root, Fulcio and Rekor "
+    "(default: the public-good instance, through TUF).",
+)
+@click.option(
+    "--certificate",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --format oms and --key: the key's X.509 signing certificate (PEM), model_signing's certificate "
+    "method; intake verifies it with --certificate-chain.",
+)
+@click.option(
+    "--certificate-chain",
+    "certificate_chain",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="With --certificate (required): the CA certificates it chains to, carried in the bundle (repeatable).",
+)
+@click.option(
+    "--hf-config",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="The Hugging Face config.json (or its directory) the job trained against: its manifest sha256, as intake "
+    "--hf-config computes it, is recorded (internalParameters.hf_config_manifest_sha256).",
+)
 @checkpoint_option("src")
 @json_option
 def checkpoint(
@@ -515,16 +571,31 @@ def checkpoint(
     training_config: Path | None,
     base_model: str | None,
     fmt: str,
+    identity_token: str | None,
+    sigstore_trust_config: Path | None,
+    certificate: Path | None,
+    certificate_chain: tuple[Path, ...],
+    hf_config: Path | None,
     as_json: bool,
 ) -> None:
     """Measure SRC as intake does and sign its training provenance (in-toto + SLSA Provenance v1).
+
+    Signed with --key (a DSSE envelope, SRC.intoto.dsse.json) or keyless with --identity-token (a
+    Sigstore bundle, SRC.sigstore.json); --format oms signs an OpenSSF Model Signing bundle instead.
 
     Exit 0 when written (or, with --dry-run, when the statement is valid); 2 on a bad flag, a declared
     topology that contradicts the layout, or a statement that fails its schema (every error listed).
     """
     from ckptgate.producer.attest import AttestRequest, attest_checkpoint, parse_topology, statement_json  # noqa: PLC0415 - ~490 ms (inspection, cryptography)
+    from ckptgate.producer.keyless import read_identity_token  # noqa: PLC0415 - ~490 ms (cryptography)
     from ckptgate.verify.training import BaseModel  # noqa: PLC0415 - ~490 ms (cryptography)
 
+    if identity_token is None and not key_path and os.environ.get("SIGSTORE_ID_TOKEN"):
+        identity_token = os.environ["SIGSTORE_ID_TOKEN"]
+    token = read_identity_token(identity_token) if identity_token is not None else None
+    source = click.get_current_context().get_parameter_source("key_path")
+    if token is not None and source == click.core.ParameterSource.ENVIRONMENT:
+        key_path = None  # an explicit --identity-token wins over $CKPTGATE_SIGNING_KEY
     config: dict[str, Any] | None = None
     if training_config is not None:
         doc = loads_strict(
@@ -550,11 +621,12 @@ def checkpoint(
                 advice="Write it as --base-model org/name@REVISION (a commit or tag of the base model).",
             )
         base = BaseModel(repo=repo, revision=rev)
-    if not dry_run and not (key_path or os.environ.get("CKPTGATE_SIGNING_KEY")):
+    if not dry_run and token is None and not key_path:
         raise UsageError(
             "usage.signing_key_missing",
-            "no signing key: pass --key (or --dry-run to only print)",
-            advice="Pass --key KEY.pem (`ckptgate attest keygen --out KEY` makes one), or --dry-run.",
+            "no signing key: pass --key, or --identity-token to sign keyless (or --dry-run to only print)",
+            advice="Pass --key KEY.pem (`ckptgate attest keygen --out KEY` makes one), --identity-token TOKEN, "
+            "or --dry-run.",
         )
     request = AttestRequest(
         src=src,
@@ -570,6 +642,11 @@ def checkpoint(
         base_model=base,
         dry_run=dry_run,
         format=fmt,
+        identity_token=token,
+        sigstore_trust_config=sigstore_trust_config,
+        certificate=certificate,
+        certificate_chain=certificate_chain,
+        hf_config=hf_config,
     )
     done = attest_checkpoint(request)
     if as_json:
@@ -589,7 +666,13 @@ def checkpoint(
             f"dry run: the statement is valid; {len(done.statement['subject'])} file(s), nothing signed", markup=False
         )
         return
-    what = "an OpenSSF Model Signing bundle" if fmt == "oms" else "training provenance"
+    what = (
+        "an OpenSSF Model Signing bundle"
+        if fmt == "oms"
+        else "training provenance (Sigstore keyless)"
+        if token is not None
+        else "training provenance"
+    )
     stdout.print(f"signed [bold]{shown(str(done.path))}[/]: {what} of {shown(str(src))}")
     stdout.print(
         f"  format {done.format}, {len(done.statement['subject'])} file(s), fixture {done.digest.digest.prefixed()}"

@@ -35,9 +35,13 @@ def attest_saved(
     started: datetime | None = None,
     out: Path | str | None = None,
     main_process: bool | None = None,
+    identity_token: str | None = None,
+    sigstore_trust_config: Path | str | None = None,
 ) -> Attested | None:
     """Attest the complete checkpoint at ``path``; returns what was written on the main process, ``None``
-    on the others.  ``key`` defaults to ``$CKPTGATE_SIGNING_KEY``.  With a process group, every rank waits
+    on the others.  ``key`` defaults to ``$CKPTGATE_SIGNING_KEY``; with ``identity_token`` (and
+    ``sigstore_trust_config``) the main process signs keyless instead (Sigstore bundle ``<path>.sigstore.json``).
+    With a process group, every rank waits
     for the others before the main process (rank 0, unless ``main_process`` says) measures the files."""
     dist = _dist()
     if dist is not None:
@@ -59,6 +63,8 @@ def attest_saved(
         training_config=training_config,
         step=step,
         started=started,
+        identity_token=identity_token,
+        sigstore_trust_config=Path(sigstore_trust_config) if sigstore_trust_config is not None else None,
     )
     return attest_checkpoint(request)
 

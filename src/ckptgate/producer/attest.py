@@ -21,14 +21,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ckptgate.consolidate.hf.source import read_hf_config
 from ckptgate.digest import FixtureDigest, fixture_digest
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.inspect import Inspection, SafeTree, inspect_open_tree
 from ckptgate.inspect.runs import ENVELOPE_SUFFIX
 from ckptgate.inspect.topology import TOPOLOGY_FIELDS, contradictions, measured_topology
 from ckptgate.producer.environment import checkpoint_records, code_ref, environment_producers, invocation_id
+from ckptgate.producer.keyless import SIGSTORE_SUFFIX, check_identity_token, load_trust_config, sign_keyless
 from ckptgate.producer.oms import OMS_SUFFIX, sign_oms
-from ckptgate.userfiles import write_output_file
+from ckptgate.userfiles import check_output_file, write_output_file
 from ckptgate.verify.dsse import KeySigner, sign_statement
 from ckptgate.verify.statement import schema_errors
 from ckptgate.verify.training import BaseModel, CodeRef, Producer, training_statement
@@ -108,6 +110,19 @@ class AttestRequest:
     dry_run: bool = False
     format: str = "intoto"
     """``intoto``: the training provenance (DSSE); ``oms``: an OpenSSF Model Signing bundle over the same files."""
+    identity_token: str | None = None
+    """Sign keyless (Sigstore) with this OIDC token instead of ``key``: the training provenance in a Sigstore
+    bundle, ``<src>.sigstore.json`` by default."""
+    sigstore_trust_config: Path | None = None
+    """The Sigstore client trust config (trust root, Fulcio and Rekor URLs); default: the public-good instance."""
+    certificate: Path | None = None
+    """With ``format="oms"`` and ``key``: the X.509 signing certificate (PEM) of ``key`` (model_signing's
+    certificate method); intake verifies it with ``--certificate-chain``."""
+    certificate_chain: tuple[Path, ...] = ()
+    """The intermediate (and root) certificates to put in the bundle with ``certificate``."""
+    hf_config: Path | None = None
+    """The Hugging Face config (``config.json`` or its directory) the job trained against: read as intake
+    ``--hf-config`` reads it, its manifest sha256 recorded as ``internalParameters.hf_config_manifest_sha256``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,11 +168,14 @@ def _dtype(layout: Mapping[str, Any]) -> str:
 
 
 def _step(src: Path) -> int | None:
-    for name in (src.name, *(p.name for p in src.iterdir() if p.is_dir())):
-        m = _STEP_DIR.match(name)
-        if m:
-            return int(m.group(1))
-    return None
+    """The step ``src``'s own name records, else the one step its step folders (``global_stepN/``) all
+    record; ``None`` when they record several (a DeepSpeed save_dir of two saves): never one by listing order."""
+    m = _STEP_DIR.match(src.name)
+    if m:
+        return int(m.group(1))
+    with os.scandir(src) as it:
+        steps = {int(m.group(1)) for e in it if e.is_dir(follow_symlinks=False) and (m := _STEP_DIR.match(e.name))}
+    return steps.pop() if len(steps) == 1 else None
 
 
 def _producers(request: AttestRequest, fmt: str, files: list[str]) -> tuple[list[Producer], BaseModel | None]:
@@ -180,6 +198,37 @@ def _check_out(src: Path, out: Path) -> None:
         )
 
 
+def _check_method(request: AttestRequest) -> None:
+    """One signing method: a key (optionally with its certificate, for ``--format oms``) or keyless."""
+    if request.identity_token is not None and (request.key is not None or request.certificate is not None):
+        raise UsageError(
+            "usage.attest.signing_method",
+            "--identity-token signs keyless (Sigstore): give it without --key and --certificate",
+            advice="Pass either --identity-token (keyless) or --key KEY.pem, not both.",
+        )
+    if request.identity_token is not None and request.format == "oms":
+        raise UsageError(
+            "usage.attest.signing_method",
+            "--identity-token signs the training provenance (--format intoto) only",
+            advice="Drop --format oms, or sign the OMS bundle with --key (and --certificate).",
+        )
+    if (request.certificate is not None or request.certificate_chain) and request.format != "oms":
+        raise UsageError(
+            "usage.attest.signing_method",
+            "--certificate binds a key to an X.509 identity for --format oms (model_signing's certificate "
+            "method); the training provenance is signed with --key (trusted by its public key) or keyless "
+            "(--identity-token, trusted by its Sigstore identity)",
+            advice="Add --format oms, or sign the training provenance with --key or --identity-token.",
+        )
+    if bool(request.certificate_chain) != (request.certificate is not None):
+        raise UsageError(
+            "usage.attest.signing_method",
+            "--certificate and --certificate-chain go together: the bundle carries the signing certificate "
+            "and the chain up to its CA (model_signing's certificate method needs both)",
+            advice="Pass --certificate CERT.pem (the signing certificate of --key) with --certificate-chain CA.pem.",
+        )
+
+
 def attest_checkpoint(request: AttestRequest) -> Attested:
     """Measure ``request.src``, write its training-provenance statement and (unless a dry run) sign it.
 
@@ -189,10 +238,20 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
     """
     started = request.started or datetime.now(UTC)
     src = Path(request.src)
-    suffix = OMS_SUFFIX if request.format == "oms" else ENVELOPE_SUFFIX
+    _check_method(request)
+    keyless = request.identity_token is not None
+    suffix = OMS_SUFFIX if request.format == "oms" else SIGSTORE_SUFFIX if keyless else ENVELOPE_SUFFIX
     out = request.out or src.parent / (src.name + suffix)
     _check_out(src, out)
-    signer = None if request.dry_run or request.format == "oms" else KeySigner.from_pem(request.key)  # before the hash
+    if not request.dry_run:  # before anything is signed or logged (a keyless signature is a public log entry)
+        check_output_file(out, what="the envelope", exclusive=True, not_inside=(src,))
+    signer = token = config = None  # every signing input is checked before the hash
+    if not request.dry_run and keyless:
+        token = check_identity_token(str(request.identity_token))
+        config = load_trust_config(request.sigstore_trust_config)
+    elif not request.dry_run and request.format != "oms":
+        signer = KeySigner.from_pem(request.key)
+    hf_sha256 = "sha256:" + read_hf_config(request.hf_config).digest if request.hf_config is not None else None
     inspection, digest = _measure(src)
     measured = measured_topology(inspection.format, inspection.layout)
     bad = contradictions(request.topology, measured)
@@ -224,6 +283,7 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
         "training_config": request.training_config,
         "code": code,
         "base_model": request.base_model or recorded_base,
+        "hf_config_sha256": hf_sha256,
     }
     try:
         statement = training_statement(**kwargs)
@@ -247,12 +307,15 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
                 "no signing key: pass --key",
                 advice="Pass --key KEY.pem (an EC key for --format oms).",
             )
-        sign_oms(src, Path(request.key), out)
+        sign_oms(src, Path(request.key), out, certificate=request.certificate, chain=request.certificate_chain)
         return Attested(
             statement=statement, digest=digest, format=inspection.format, measured_topology=measured, path=out
         )
-    assert signer is not None
-    envelope = sign_statement(statement, signer)
+    if keyless:
+        envelope = sign_keyless(statement, token, config)
+    else:
+        assert signer is not None
+        envelope = sign_statement(statement, signer)
     write_output_file(out, envelope, what="the envelope", exclusive=True, not_inside=(src,))
     return Attested(
         statement=statement,

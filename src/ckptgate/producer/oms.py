@@ -1,4 +1,4 @@
-"""``attest checkpoint --format oms``: an OpenSSF Model Signing bundle (key method) over the same files.
+"""``attest checkpoint --format oms``: an OpenSSF Model Signing bundle (key or certificate method) over the same files.
 
 The bundle is made by the ``model_signing`` library itself (``model_signing sign key``), with no path
 ignored, so that every file intake measures is a resource of the bundle; intake verifies it with
@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -21,6 +22,27 @@ __all__ = ["OMS_SUFFIX", "sign_oms"]
 
 OMS_SUFFIX = ".sig"
 """``<checkpoint>.sig`` beside the checkpoint is where the bundle goes by default (as ``model_signing`` names it)."""
+
+
+def _check_certificate(key: Path, certificate: Path, chain: tuple[Path, ...]) -> None:
+    """The certificate is a PEM certificate of ``key``'s public key, and each chain file holds certificates."""
+    private = serialization.load_pem_private_key(read_regular_file(key, limit=1 << 20), password=None)
+    for path in (certificate, *chain):
+        try:
+            certs = x509.load_pem_x509_certificates(read_regular_file(path, limit=1 << 20))
+        except (OSError, ValueError) as e:
+            raise UsageError(
+                "usage.certificate",
+                f"cannot read the certificate {path}: {getattr(e, 'strerror', None) or e}",
+                advice=f"Check that {path} is a PEM certificate file.",
+            ) from None
+        if path == certificate and certs[0].public_key() != private.public_key():
+            raise UsageError(
+                "usage.certificate_key_mismatch",
+                f"the certificate {certificate} is not for the key --key {key}: its public key differs",
+                advice=f"Pass with --certificate the certificate issued for --key {key}, or with --key the key "
+                f"{certificate} was issued for.",
+            )
 
 
 def _check_key(key: Path) -> None:
@@ -41,9 +63,13 @@ def _check_key(key: Path) -> None:
         )
 
 
-def sign_oms(src: Path, key: Path, out: Path) -> Path:
-    """Sign every file under ``src`` into the OMS bundle ``out`` (which must not exist); returns ``out``."""
+def sign_oms(src: Path, key: Path, out: Path, *, certificate: Path | None = None, chain: tuple[Path, ...] = ()) -> Path:
+    """Sign every file under ``src`` into the OMS bundle ``out`` (which must not exist); returns ``out``.
+    With ``certificate`` (the X.509 certificate of ``key``, and its ``chain``): model_signing's certificate
+    method, the chain carried in the bundle, verified at intake against ``--certificate-chain`` anchors."""
     _check_key(key)
+    if certificate is not None:
+        _check_certificate(key, certificate, chain)
     if out.exists() or out.is_symlink():
         raise UsageError(
             "usage.exists", f"{out} exists; refusing to overwrite", advice=f"Remove {out}, or name another --out."
@@ -52,5 +78,12 @@ def sign_oms(src: Path, key: Path, out: Path) -> Path:
 
     ms: Any = model_signing
     hashing = ms.hashing.Config().set_ignored_paths(paths=[], ignore_git_paths=False)
-    ms.signing.Config().use_elliptic_key_signer(private_key=key).set_hashing_config(hashing).sign(src, out)
+    config = ms.signing.Config()
+    if certificate is None:
+        config = config.use_elliptic_key_signer(private_key=key)
+    else:
+        config = config.use_certificate_signer(
+            private_key=key, signing_certificate=certificate, certificate_chain=list(chain)
+        )
+    config.set_hashing_config(hashing).sign(src, out)
     return out

@@ -7,5 +7,6 @@
   source ledger proves every element of every model tensor is consumed exactly once or is a
   declared drop;
 * :mod:`.source`: ``--hf-config``: the config file or directory, read once with a size cap, with
-  its manifest (path, size, sha256).
+  its manifest (path, size, sha256);
+* :mod:`.tokens`: the published tokenizer's token ids index rows of the published embedding.
 """

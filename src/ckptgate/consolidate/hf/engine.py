@@ -18,6 +18,7 @@ exactly the names and shapes the table expects from the config (:func:`expected_
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,9 +30,10 @@ from ckptgate.consolidate.plan import DTYPE_SIZES, OutputTensor, Placement, merg
 
 __all__ = ["EXCLUDED", "expected_parameters", "map_tensors"]
 
-#: Keys that are training state, never the model: excluded and listed in the report.
-EXCLUDED = re.compile(r"^(optimizer\.|optimizer$|rng_state|rerun_state_machine)")
-_EXTRA_STATE = re.compile(r"\._extra_state(/shard_[0-9_]+)?$")
+#: Keys that are training state, never the model: excluded and listed in the report.  The common
+#: state (megatron-core 0.19's BYTE_IO item; inspection reads it, and the args in it) is not the model.
+EXCLUDED = re.compile(r"^(optimizer\.|optimizer$|rng_state|rerun_state_machine|common_state/shard_0_1$)")
+_EXTRA_STATE = re.compile(r"\._extra_state(/shard_[0-9._]+)?$")  # shard_L_N, or shard_L.E_N.M (experts)
 
 
 def _refuse(code: str, message: str, **evidence: Any) -> MappingRefused:
@@ -46,12 +48,21 @@ def _prod(names: Sequence[str], symbols: Mapping[str, int]) -> int:
     return math.prod(symbols[n] for n in names)
 
 
-def _layers(rule: Rule, d: Declared) -> list[int | None]:
-    return list(range(d.symbols["num_hidden_layers"])) if rule.layers else [None]
+def _lead(rule: Rule, d: Declared) -> tuple[int, ...]:
+    """The leading axes of the rule's source tensor: layers, then experts (global offsets)."""
+    s = d.symbols
+    return (*((s["num_hidden_layers"],) if rule.layers else ()), *((s["num_experts"],) if rule.experts else ()))
 
 
-def _dst(part_dst: str, layer: int | None) -> str:
-    return part_dst.format(layer=layer) if layer is not None else part_dst
+def _layers(rule: Rule, d: Declared) -> list[dict[str, int]]:
+    """Every index of the leading axes, in the source's row-major order, as format fields."""
+    lead = _lead(rule, d)
+    names = [n for n, on in (("layer", rule.layers), ("expert", rule.experts)) if on]
+    return [dict(zip(names, idx, strict=True)) for idx in itertools.product(*(range(n) for n in lead))]
+
+
+def _dst(part_dst: str, index: Mapping[str, int]) -> str:
+    return part_dst.format(**index) if index else part_dst
 
 
 def _shape(rows: int, cols: int | None) -> tuple[int, ...]:
@@ -151,7 +162,7 @@ def _check_shape(rule: Rule, t: OutputTensor, d: Declared) -> tuple[int, int]:
     reps = s[rule.repeat] if rule.repeat else 1
     need = reps * sum(_prod(p.rows, s) for p in rule.parts)
     cols = _prod(rule.cols, s) if rule.cols else None
-    lead = (s["num_hidden_layers"],) if rule.layers else ()
+    lead = _lead(rule, d)
     expected = (*lead, need, *(() if cols is None else (cols,)))
     found = t.shape
     ok = (
@@ -185,6 +196,8 @@ def _symbols(rule: Rule) -> set[str]:
     names = set(rule.cols) | {n for p in rule.parts for n in p.rows}
     if rule.layers:
         names.add("num_hidden_layers")
+    if rule.experts:
+        names.add("num_experts")
     if rule.repeat:
         names.add(rule.repeat)
     return names

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from ckptgate.consolidate.adapters import dcp
+from ckptgate.consolidate.hf.args import ArgsAgreement, agree, common_args
 from ckptgate.consolidate.hf.engine import map_tensors
 from ckptgate.consolidate.hf.source import HfConfig
 from ckptgate.consolidate.hf.table import MappingRefused
@@ -16,7 +18,7 @@ from ckptgate.consolidate.plan import ConsolidationPlan, PlanError, no_tensors, 
 from ckptgate.consolidate.writer import WrittenFile
 from ckptgate.dtypes import TORCH_TO_SAFETENSORS
 
-__all__ = ["check_dtype", "hf_plan", "layout_tp", "write_config_files"]
+__all__ = ["args_agreement", "check_dtype", "hf_plan", "layout_ep", "layout_tp", "mapping_facts", "write_config_files"]
 
 _TORCH_NAME = {code: name for name, code in TORCH_TO_SAFETENSORS.items()}
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -32,6 +34,47 @@ def layout_tp(layout: Mapping[str, Any]) -> int | None:
     return None
 
 
+def args_agreement(layout: Mapping[str, Any], hf: HfConfig) -> ArgsAgreement:
+    """The checkpoint's Megatron-LM ``args`` (if any) against the config, or a typed refusal."""
+    inner = layout.get("dcp")
+    tp = layout_tp(inner) if isinstance(inner, Mapping) else None
+    return agree(common_args(layout), hf.declared, hf.config, layout_tp=tp)
+
+
+def mapping_facts(layout: Mapping[str, Any], hf: HfConfig) -> dict[str, Any]:
+    """``input.hf_mapping``: the config's facts, the TP the layout shows, and what the args agreed."""
+    inner = layout.get("dcp")
+    if not isinstance(inner, Mapping):
+        return hf.facts(None, None, args_agreement(layout, hf))
+    return hf.facts(layout_tp(inner), layout_ep(inner), args_agreement(layout, hf))
+
+
+_WRITER = re.compile(r"^__([0-9]+)_[0-9]+\.distcp$")
+_EXPERT_FC2 = ".experts.experts.linear_fc2.weight"
+
+
+def layout_ep(layout: Mapping[str, Any]) -> int | None:
+    """The expert-parallel degree the layout shows: the ranks that wrote the chunks of the stacked
+    experts' ``linear_fc2.weight`` (each EP rank writes its own experts; a replica along expert data
+    parallelism is not written twice), over its tensor-parallel split (its input dim, per ETP
+    rank); ``None`` when the checkpoint has no experts or its files are not named by rank."""
+    for t in layout.get("tensors", []):
+        fqn = str(t.get("fqn", ""))
+        if not fqn.endswith(_EXPERT_FC2):
+            continue
+        ranks = set()
+        for s in layout.get("storage", []):
+            if s.get("fqn") == fqn:
+                m = _WRITER.match(str(s.get("relative_path", "")))
+                if m is None:
+                    return None
+                ranks.add(int(m.group(1)))
+        size = t["size"]
+        etp = len({tuple(c["offsets"][len(size) - 1 :]) for c in t["chunks"]})
+        return len(ranks) // etp if ranks and len(ranks) % etp == 0 else None
+    return None
+
+
 def hf_plan(fmt: str | None, layout: Mapping[str, Any], hf: HfConfig, *, max_shard_bytes: int) -> ConsolidationPlan:
     """The mapped plan (HF names, sharded at ``max_shard_bytes``), or a typed refusal."""
     if fmt != "megatron-torch-dist":
@@ -43,6 +86,7 @@ def hf_plan(fmt: str | None, layout: Mapping[str, Any], hf: HfConfig, *, max_sha
     inner = layout.get("dcp")
     if not isinstance(inner, Mapping):
         raise PlanError("plan.megatron.layout", "the torch_dist layout has no DCP metadata")
+    agreement = args_agreement(layout, hf)
     tensors = dcp.torch_save_tensors(inner)
     if not tensors:
         raise no_tensors()
@@ -53,6 +97,8 @@ def hf_plan(fmt: str | None, layout: Mapping[str, Any], hf: HfConfig, *, max_sha
         "mapping": "hf",
         "hf_config": hf.to_json(),
         "layout_tp": layout_tp(inner),
+        "megatron_args": agreement.to_json(),
+        "layout_ep": layout_ep(inner),
         **report,
     }
     return shard_tensors(out, max_shard_bytes=max_shard_bytes, report=report)

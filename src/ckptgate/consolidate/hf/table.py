@@ -11,6 +11,7 @@ pinned transformers' ``rope_parameters`` and the hub's top-level ``rope_theta``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -48,6 +49,7 @@ class Rule:
     parts: tuple[Part, ...]
     cols: tuple[str, ...] = ()
     layers: bool = False
+    experts: bool = False
     repeat: str | None = None
     when: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     drop_tail: str | None = None
@@ -64,6 +66,8 @@ class Family:
     features: Mapping[str, Any]
     head_dim_default: int | str
     config: Mapping[str, Mapping[str, Any]]
+    symbols: Mapping[str, tuple[str, ...]]
+    """Family symbols -> the config keys each is read from (alternative spellings)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +85,7 @@ def _rule(d: Mapping[str, Any]) -> Rule:
         parts=tuple(Part(dst=p["dst"], rows=tuple(p["rows"])) for p in d["parts"]),
         cols=tuple(d.get("cols", ())),
         layers=bool(d.get("layers", False)),
+        experts=bool(d.get("experts", False)),
         repeat=d.get("repeat"),
         when=MappingProxyType(dict(d.get("when", {}))),
         drop_tail=d.get("drop_tail"),
@@ -119,6 +124,7 @@ def families() -> Mapping[str, Family]:
                 features=MappingProxyType(dict(f["features"])),
                 head_dim_default=f["head_dim_default"],
                 config=MappingProxyType({k: MappingProxyType(dict(v)) for k, v in f["config"].items()}),
+                symbols=MappingProxyType({k: tuple(v["keys"]) for k, v in f.get("symbols", {}).items()}),
             )
             for name, f in _table()["families"].items()
         }
@@ -210,9 +216,35 @@ def _rope(config: Mapping[str, Any], allowed: tuple[str, ...]) -> float:
         raise _refuse("mapping.config.rope", "rope_theta and rope_parameters.rope_theta disagree", found=[top, theta])
     if theta is None:
         theta = 10000.0  # every family's default in the pinned transformers
-    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
-        raise _refuse("mapping.config.rope", f"rope_theta must be a positive number, found {theta!r}", found=theta)
-    return float(theta)
+    value = _positive_finite(theta)
+    if value is None:
+        raise _refuse(
+            "mapping.config.rope",
+            f"rope_theta must be a positive finite number, found {_show(theta)}",
+            found=_show(theta),
+        )
+    return value
+
+
+def _show(v: Any) -> str:
+    return repr(v)[:60]
+
+
+def _positive_finite(v: Any) -> float | None:
+    """``v`` as a float when it is a JSON number, positive and finite as a double, else ``None`` (an
+    integer too large for a double is not a number the forward pass can use)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) and f > 0 else None
+
+
+#: Config values that shape the forward pass but no tensor shows ("declared, not measured"), beside
+#: rope_theta: each must be a positive finite number when present (the family's default otherwise).
+_DECLARED_NUMBERS = ("rms_norm_eps",)
 
 
 def _allowed(fam: Family, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -238,11 +270,36 @@ def _allowed(fam: Family, config: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _family_symbols(fam: Family, config: Mapping[str, Any]) -> dict[str, int]:
+    """The family's own symbols (experts...), each from whichever of its spellings the config uses;
+    two spellings that disagree, or none, are refused."""
+    out: dict[str, int] = {}
+    for symbol, keys in fam.symbols.items():
+        found = {k: config[k] for k in keys if k in config}
+        if len({json.dumps(v) for v in found.values()}) > 1:
+            raise _refuse(
+                "mapping.config.value",
+                f"{fam.name}: {' and '.join(found)} disagree ({found})",
+                family=fam.name,
+                keys=sorted(found),
+                found=list(found.values()),
+            )
+        if not found:
+            raise _refuse(
+                "mapping.config.value",
+                f"{fam.name}: the config has none of {', '.join(keys)} (symbol {symbol})",
+                family=fam.name,
+                keys=list(keys),
+            )
+        out[symbol] = _int(config, next(iter(found)))
+    return out
+
+
 def declare(config: Mapping[str, Any]) -> Declared:
     """The declared model of ``config`` (a parsed ``config.json``), or a typed refusal."""
     fam = _family_of(config)
     sh = shared()
-    known = sh.config_ignored | sh.config_shape | set(fam.config)
+    known = sh.config_ignored | sh.config_shape | set(fam.config) | {k for ks in fam.symbols.values() for k in ks}
     unknown = sorted(set(config) - known)
     if unknown:
         raise _refuse(
@@ -254,6 +311,14 @@ def declare(config: Mapping[str, Any]) -> Declared:
         )
     values = _allowed(fam, config)
     theta = _rope(config, sh.rope_types)
+    for key in _DECLARED_NUMBERS:
+        if key in config and _positive_finite(config[key]) is None:
+            raise _refuse(
+                "mapping.config.value",
+                f"{key} must be a positive finite number, found {_show(config[key])}",
+                key=key,
+                found=_show(config[key]),
+            )
     hidden = _int(config, "hidden_size")
     heads = _int(config, "num_attention_heads")
     groups = _int(config, "num_key_value_heads", heads)
@@ -265,6 +330,10 @@ def declare(config: Mapping[str, Any]) -> Declared:
             groups=groups,
         )
     not_measured = ["rms_norm_eps", "rope_theta", "hidden_act"]
+    vocab = _int(config, "vocab_size")
+    # Megatron pads the vocabulary to a multiple its arguments set; without them the rows at or beyond
+    # vocab_size are taken for padding on the config's word, so a smaller vocab_size drops trained rows
+    not_measured.append(f"vocab_size ({vocab}): embedding and output rows at or beyond it are dropped as padding")
     if config.get("head_dim") is None:
         d = fam.head_dim_default
         if isinstance(d, int):
@@ -291,8 +360,17 @@ def declare(config: Mapping[str, Any]) -> Declared:
         "heads_per_group": heads // groups,
         "head_dim": head_dim,
         "num_hidden_layers": _int(config, "num_hidden_layers"),
-        "vocab_size": _int(config, "vocab_size"),
+        "vocab_size": vocab,
     }
+    symbols.update(_family_symbols(fam, config))
+    if symbols.get("num_experts_per_tok", 0) > symbols.get("num_experts", 0):
+        raise _refuse(
+            "mapping.config.value",
+            f"num_experts_per_tok {symbols['num_experts_per_tok']} exceeds the {symbols['num_experts']} experts",
+            found=symbols["num_experts_per_tok"],
+        )
+    if "num_experts_per_tok" in symbols:
+        not_measured.append("num_experts_per_tok (the router's top-k)")
     tie = values.get("tie_word_embeddings", config.get("tie_word_embeddings", False))
     if not isinstance(tie, bool):
         raise _refuse("mapping.config.value", f"tie_word_embeddings must be a boolean, found {tie!r}", found=tie)

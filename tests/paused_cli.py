@@ -27,6 +27,9 @@ STAGE, MARK = sys.argv[1], Path(sys.argv[2])
 sys.argv[1:] = sys.argv[3:]
 
 import ckptgate.digest  # noqa: E402
+import ckptgate.grouped  # noqa: E402
+import ckptgate.onepass  # noqa: E402
+import ckptgate.outcome  # noqa: E402
 import ckptgate.pipeline  # noqa: E402
 import ckptgate.publish  # noqa: E402
 from ckptgate import interrupts  # noqa: E402
@@ -66,8 +69,9 @@ def _staging(f: Any) -> Any:
     return staging
 
 
-patch(ckptgate.pipeline, "staging", _staging)
-patch(ckptgate.pipeline, "write_index", lambda f: lambda *a, **k: (pause("consolidation"), f(*a, **k))[1])
+for composer in (ckptgate.grouped, ckptgate.onepass):
+    patch(composer, "staging", _staging)
+    patch(composer, "write_index", lambda f: lambda *a, **k: (pause("consolidation"), f(*a, **k))[1])
 
 
 def _is_within(f: Any) -> Any:
@@ -91,6 +95,6 @@ def _renameat2(f: Any) -> Any:
 
 patch(ckptgate.publish, "is_within", _is_within)
 patch(ckptgate.publish, "renameat2", _renameat2)
-patch(ckptgate.pipeline, "publish", lambda f: lambda *a, **k: (f(*a, **k), pause("after_rename"))[0])
+patch(ckptgate.outcome, "publish", lambda f: lambda *a, **k: (f(*a, **k), pause("after_rename"))[0])
 
 _main.main()

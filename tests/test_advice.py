@@ -166,14 +166,10 @@ def generic_sites() -> Counter[tuple[str, str]]:
 
 
 def test_every_error_site_advises_a_next_step_of_this_run():
-    """No error site gives generic advice beyond the recorded debt (DEBT), and the debt only shrinks:
-    a site given specific advice must leave DEBT in the same change."""
+    """No error site gives generic advice: each names a file, option, command or value of this run."""
     generic = generic_sites()
-    new = {k: n for k, n in generic.items() if n > DEBT.get(k, 0)}
-    assert not new, "error sites with generic advice (name a file, option, command or value of this run):\n" + \
-        "\n".join(f"{p} {code} x{n}" for (p, code), n in sorted(new.items()))
-    paid = {k: n for k, n in DEBT.items() if generic.get(k, 0) < n}
-    assert not paid, f"these sites now give specific advice: lower or remove their DEBT entries: {sorted(paid)}"
+    assert not generic, "error sites with generic advice (name a file, option, command or value of this run):\n" + \
+        "\n".join(f"{p} {code} x{n}" for (p, code), n in sorted(generic.items()))
 
 
 def rego_reason_codes() -> set[str]:
@@ -208,48 +204,3 @@ def test_a_refusal_carries_the_advice_of_the_reason_that_decided_it(refusal_clas
         error = refusal([Reason(code=code, message="m")], "d", "r", refusal_class)
         assert REASON_ADVICE[code] in error.diagnostics(), code
 
-
-#: Error sites whose advice is still generic (the class default "Run the command with --help", or a
-#: sentence that names nothing of the run), by file and code, with how many sites.  Recorded for #33 so
-#: that no new one appears; each entry leaves as its sites get advice of their own.
-DEBT: dict[tuple[str, str], int] = {
-    ("src/ckptgate/_cli/_base.py", "usage.platform.unsupported"): 1,
-    ("src/ckptgate/_cli/attest_cmd.py", "usage.statement_invalid"): 1,
-    ("src/ckptgate/_cli/attest_cmd.py", "usage.store"): 2,
-    ("src/ckptgate/_cli/attest_cmd.py", "usage.too_large"): 1,
-    ("src/ckptgate/_cli/attest_cmd.py", "usage.unreadable"): 1,
-    ("src/ckptgate/_cli/intake_cmd.py", "usage.hf_config.combination"): 1,
-    ("src/ckptgate/_cli/qualify_cmd.py", "usage.invalid"): 2,
-    ("src/ckptgate/config.py", "usage.config.path"): 1,
-    ("src/ckptgate/consolidate/adapters/dcp.py", "plan.too_many_runs"): 1,
-    ("src/ckptgate/consolidate/adapters/fsdp.py", "plan.format.not_consolidatable"): 1,
-    ("src/ckptgate/consolidate/plan.py", "input.empty"): 1,
-    ("src/ckptgate/consolidate/writer.py", "runtime.copy.source_changed"): 1,
-    ("src/ckptgate/decide/engine.py", "engine.remote.insecure"): 1,
-    ("src/ckptgate/decide/input.py", "usage.request.action"): 1,
-    ("src/ckptgate/decide/input.py", "usage.request.naive_time"): 1,
-    ("src/ckptgate/distributed.py", "runtime.distributed.peer_lost"): 1,
-    ("src/ckptgate/distributed.py", "usage.distributed.no_gloo"): 1,
-    ("src/ckptgate/distributed.py", "usage.distributed.timeout"): 1,
-    ("src/ckptgate/enforce/load.py", "runtime.worker.input_changed"): 1,
-    ("src/ckptgate/enforce/load.py", "runtime.worker.no_job"): 1,
-    ("src/ckptgate/gitbase.py", "usage.base.link"): 1,
-    ("src/ckptgate/inspect/budget.py", "input.work_budget"): 1,
-    ("src/ckptgate/inspect/hashed.py", "input.walk.changed"): 1,
-    ("src/ckptgate/inspect/runs.py", "usage.checkpoint.ambiguous"): 1,
-    ("src/ckptgate/inspect/walk.py", "input.walk.openat2_unavailable"): 1,
-    ("src/ckptgate/pipeline.py", "runtime.copy.source_changed"): 1,
-    ("src/ckptgate/pipeline.py", "usage.attestation_unreadable"): 1,
-    ("src/ckptgate/pipeline.py", "usage.hf_config.select"): 1,
-    ("src/ckptgate/verify/dsse.py", "usage.algorithm"): 1,
-    ("src/ckptgate/verify/dsse.py", "usage.no_signer"): 1,
-    ("src/ckptgate/verify/dsse.py", "usage.signing_key_invalid"): 2,
-    ("src/ckptgate/verify/dsse.py", "usage.signing_key_missing"): 1,
-    ("src/ckptgate/verify/dsse.py", "usage.signing_key_unreadable"): 1,
-    ("src/ckptgate/verify/dsse.py", "verify.dsse.signature_over_payload"): 1,
-    ("src/ckptgate/verify/dsse.py", "verify.dsse.unsigned"): 2,
-    ("src/ckptgate/verify/oms.py", "usage.certificate_chain_unreadable"): 2,
-    ("src/ckptgate/verify/oms.py", "usage.key_unreadable"): 1,
-    ("src/ckptgate/verify/statement.py", "verify.statement.expired"): 1,
-    ("src/ckptgate/verify/statement.py", "verify.statement.subject_mismatch"): 1,
-}

@@ -19,7 +19,8 @@ BASE = ("errors", "interrupts", "group", "_fs", "_json", "dtypes", "_resources",
 #: The one-way pipeline, in order.
 STEPS = ("inspect", "digest", "verify", "decide", "enforce", "consolidate", "publish")
 #: Above the steps: they compose them and are imported by no step.
-CONSUMERS = ("config", "policydata", "precedence", "gitbase", "widening", "pipeline", "grouped", "receipt",
+CONSUMERS = ("config", "policydata", "precedence", "gitbase", "widening", "pipeline", "grouped", "measure", "judge",
+             "onepass", "outcome", "receipt",
              "distributed", "evidence", "demo", "api", "producer", "hooks", "_cli",
              "__main__")
 
@@ -115,7 +116,7 @@ def test_the_check_sees_an_upward_import(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 #: The modules that compose the steps: they call steps, and implement none.
-COMPOSERS = ("pipeline.py", "grouped.py")
+COMPOSERS = ("pipeline.py", "grouped.py", "measure.py", "judge.py", "onepass.py", "outcome.py")  # the sequence
 #: What only a step does with checkpoint bytes (hash, parse, copy): never in a composer.
 STEP_ONLY_IMPORTS = frozenset({"hashlib", "hmac", "heapq", "zipfile", "pickle", "pickletools", "struct", "zlib",
                                "safetensors", "torch", "mmap"})
@@ -152,6 +153,64 @@ def test_distributed_is_the_launch_and_the_group_only() -> None:
     foreign = sorted({m for m, _ in imports(path)} - LAUNCH_IMPORTS)
     assert foreign == []
     assert len(path.read_text(encoding="utf-8").splitlines()) < LAUNCH_MAX_LINES
+
+
+#: The modules of the one intake sequence (docs/architecture.md): only they run steps one after another.
+SEQUENCE = ("pipeline.py", "grouped.py", "measure.py", "judge.py", "onepass.py", "outcome.py")
+#: What runs a step of the intake (hash the shares, ask the policy, enforce, plan, write, stage, publish):
+#: called from the step's own package and from the sequence, nowhere else (a second copy of a step).
+STEP_ENTRIES = frozenset({"hash_files", "precheck", "decide", "enforce", "plan_for", "adapter_plan", "write_plan",
+                          "write_share", "write_output", "StreamedPlan", "staging", "open_stage", "publish"})
+#: What the launch may do with bytes: authenticate its messages (HMAC-SHA256), and move them with torch.
+LAUNCH_STEP_LOGIC = frozenset({"hashlib", "hmac", "torch", "torch.distributed"})
+
+
+def step_calls(path: Path) -> list[str]:
+    """The calls in ``path`` that run a step of the intake (:data:`STEP_ENTRIES`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in STEP_ENTRIES:
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
+def outside_steps() -> Iterator[Path]:
+    """Every module that is neither in a step's package nor one of the sequence's modules."""
+    for path in sorted(SRC.rglob("*.py")):
+        if unit(module_of(path)) not in STEPS and str(path.relative_to(SRC)) not in SEQUENCE:
+            yield path
+
+
+def test_every_step_runs_in_its_package_or_the_one_sequence() -> None:
+    """No module outside a step's package and the sequence runs a step: a second copy of the
+    pipeline (the launch's old phases, say) would have to."""
+    assert {str(p.relative_to(SRC)): step_calls(p) for p in outside_steps() if step_calls(p)} == {}
+
+
+def test_distributed_holds_no_step_logic() -> None:
+    """distributed.py hashes only its messages' HMACs and moves them with torch: no other byte-level
+    work, and no step (it runs grouped.py's sequence)."""
+    path = SRC / "distributed.py"
+    found = {f.split(":")[0].split(" ")[-1] for f in step_logic(path)}
+    assert found <= LAUNCH_STEP_LOGIC and step_calls(path) == []
+
+
+def test_the_check_sees_a_step_outside_its_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check can fail: a launch that enforces and writes a share itself is reported."""
+    fake = tmp_path / "ckptgate"
+    fake.mkdir()
+    (fake / "distributed.py").write_text("import zlib\n\ndef phases(t, p):\n    enforce(t)\n    shares.write_share(t, p)\n")
+    (fake / "grouped.py").write_text("def f(t):\n    enforce(t)\n")
+    monkeypatch.setattr(__import__(__name__), "SRC", fake)
+    assert step_calls(fake / "distributed.py") == ["enforce:4", "write_share:5"]
+    with pytest.raises(AssertionError):
+        test_every_step_runs_in_its_package_or_the_one_sequence()
+    with pytest.raises(AssertionError):
+        test_distributed_holds_no_step_logic()
+    assert [p.name for p in outside_steps()] == ["distributed.py"]  # the sequence may run steps
 
 
 def test_the_check_sees_a_step_in_a_composer(tmp_path: Path) -> None:

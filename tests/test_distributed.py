@@ -652,3 +652,45 @@ def test_the_fixture_digest_is_bound_into_every_later_message() -> None:
     for t in threads:
         t.join(timeout=60)
     assert [e.code for e in errors] == ["runtime.distributed.unauthenticated"] * 2
+
+
+def test_a_model_signing_signature_under_a_key_is_verified_on_rank_0_as_on_one_process(tmp_path: Path) -> None:
+    """``--signature --key`` (and ``--certificate-chain``): rank 0 reads the verification material with
+    its trust data, as one process does; it read none, so every --distributed intake with a Model
+    Signing signature failed with usage.signature_needs_key (review2 A5)."""
+    import shutil
+
+    from tests.verify.oms_helpers import HF, keypair, sign
+
+    ck = tmp_path / "ck"
+    shutil.copytree(HF, ck)
+    priv, pub = keypair(tmp_path, "signer")
+    sig = sign(ck, priv, tmp_path / "model.sig")
+
+    def args(out: str) -> list[str]:
+        return ["intake", str(ck), "--out", str(tmp_path / out), "--json", "--max-shard-size", str(SHARD),
+                "--signature", str(sig), "--key", str(pub)]
+
+    single, dist = _same_output(ck, 2, (args("single"), args("dist")), tmp_path)
+    (att,) = dist["attestations"]
+    assert att["signers"][0]["offered"] == str(pub) and dist["decision"]["allow"] is True
+
+
+def test_an_engine_read_for_other_signatures_is_never_used(tmp_path: Path) -> None:
+    """grouped_intake refuses rank 0's engine when its verification material was read for other
+    --signature/--key/--certificate-chain than the intake offers (they would verify under no key)."""
+    import contextlib
+
+    from ckptgate.decide.options import EngineOptions
+    from ckptgate.errors import Error
+    from ckptgate.group import LocalGroup
+    from ckptgate.grouped import EarlyEngine, grouped_intake
+
+    with contextlib.ExitStack() as stack:
+        engine = EarlyEngine(EngineOptions(), stack, start=False)
+        with pytest.raises(Error) as e:
+            grouped_intake(LocalGroup(), stack, FIXTURES / "hf_sharded" / "checkpoint", tmp_path / "o",
+                           attestations=(), options=EngineOptions(), engine=engine, max_shard_bytes=SHARD,
+                           signatures=(tmp_path / "model.sig",), key=tmp_path / "pub.pem", certificate_chain=(),
+                           receipt_signer=None, backend=None)
+    assert e.value.code == "internal.unexpected" and not (tmp_path / "o").exists()

@@ -198,3 +198,38 @@ def test_a_failure_kept_at_the_same_lock_is_not_rerun_unless_asked(tmp_path: Pat
     # a fixture current at this lock is neither, whatever was kept
     _fixture(fixtures, lock, job)
     assert farm.todo_fixtures(lock, retry_failed=False, fixtures=fixtures, attempts=attempts) == ([], [])
+
+
+def test_failed_qualifications_are_kept_only_after_every_fixture_was_qualified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure log kept in the repository mid-run would make the tree dirty for every later
+    `ckptgate qualify` (which then refuses with evidence.qualify.dirty_tree, not qualifying at all)."""
+    two = LOCK.replace('adapter = "deepspeed-zero" }', 'adapter = "deepspeed-zero" }\n'
+                       'deepspeed_zero3_y = { spec = "deepspeed_zero3", adapter = "deepspeed-zero" }')
+    lock = farm.parse_lock(_write(tmp_path, two))
+    assert [j.name for j in lock.fixtures] == ["deepspeed_zero3_x", "deepspeed_zero3_y"]
+    events: list[tuple[str, str]] = []
+
+    def fake_ckptgate(*args: str):
+        if args[0] == "qualify":
+            name = args[args.index("--fixture") + 1]
+            events.append(("qualify", name))
+            return farm.subprocess.CompletedProcess(args, 4, stdout='{"error": {}}', stderr="")
+        return farm.subprocess.CompletedProcess(args, 0, stdout="", stderr="")
+
+    def fake_retain(lk, step: str, log_path: Path) -> Path:
+        assert log_path.is_file()
+        events.append(("keep", step))
+        return farm.ROOT / "qualification" / "attempts" / f"{lk.key}-{step}.log"
+
+    monkeypatch.setattr(farm, "ckptgate", fake_ckptgate)
+    monkeypatch.setattr(farm, "retain_attempt", fake_retain)
+    monkeypatch.setattr(farm, "fixture_current", lambda lk, job, fixtures=None: True)
+    monkeypatch.setattr(farm, "dirty", lambda *a, **k: [])
+    monkeypatch.setattr(farm, "matrix_rows", lambda digest: [])
+    outcomes = {lock.env: farm.Outcome(env=lock.env)}
+    assert farm.qualify_all([lock], outcomes, False, tmp_path / "home")
+    assert events == [("qualify", "deepspeed_zero3_x"), ("qualify", "deepspeed_zero3_y"),
+                      ("keep", "deepspeed_zero3_x-qualify"), ("keep", "deepspeed_zero3_y-qualify")]
+    assert outcomes[lock.env].note.count("failed: qualification/attempts/") == 2

@@ -25,16 +25,16 @@ def test_a_world_of_one_raises_its_own_failure_unchanged() -> None:
     assert e.value.code == "usage.x"
 
 
-def test_an_os_error_and_a_bug_become_typed_errors() -> None:
+def test_a_world_of_one_raises_an_os_error_and_a_bug_as_one_process_does() -> None:
+    """Nobody to tell: the caller's handlers see the exception itself (the CLI's runtime.io advice)."""
     def io() -> None:
         raise OSError(28, "No space left on device")
 
-    with pytest.raises(RuntimeFailure) as e:
+    with pytest.raises(OSError) as e:
         LocalGroup().agree("write", io)
-    assert e.value.code == "runtime.io"
-    with pytest.raises(Error) as bug:
+    assert e.value.errno == 28
+    with pytest.raises(ZeroDivisionError):
         LocalGroup().agree("write", lambda: 1 // 0)
-    assert bug.value.code == "internal.unexpected"
 
 
 class _Peers(Group):
@@ -47,6 +47,20 @@ class _Peers(Group):
         out = list(self.others)
         out.insert(self.rank, data)
         return out
+
+
+def test_above_a_world_of_one_an_os_error_and_a_bug_become_typed_errors() -> None:
+    """The other ranks must hear of them, not wait for the deadline."""
+    def io() -> None:
+        raise OSError(28, "No space left on device")
+
+    alive = [{"ok": True, "data": None}]
+    with pytest.raises(RuntimeFailure) as e:
+        _Peers(0, alive).agree("write", io)
+    assert e.value.code == "runtime.io"
+    with pytest.raises(Error) as bug:
+        _Peers(0, alive).agree("write", lambda: 1 // 0)
+    assert bug.value.code == "internal.unexpected"
 
 
 def test_every_rank_raises_the_lowest_failing_ranks_code_and_exit_code() -> None:

@@ -23,12 +23,18 @@ def test_accepts_a_plain_document_from_bytes_and_text() -> None:
     (b'{"a": 1, "a": 2}', "duplicate_key"),
     (b'[{"b": {"c": 1, "c": 1}}]', "duplicate_key"),
     (b'[NaN]', "malformed"), (b'[Infinity]', "malformed"), (b'[-Infinity]', "malformed"),
+    (b'[1e400]', "malformed"), (b'{"a": -1.5e309}', "malformed"),  # overflow to +-inf: Infinity by another name
     (b'{"a": 1', "malformed"), (b'{"a": 1} x', "malformed"), (b'\xef\xbb\xbf{}', "malformed"),
     (b'{"a": "\xff"}', "not_utf8"),
     (b"[" * 100_000 + b"]" * 100_000, "too_deep"),
 ])
 def test_refusals(raw: bytes, kind: str) -> None:
     assert _kind(raw) == kind
+
+
+def test_finite_numbers_and_big_integers_are_kept_exactly() -> None:
+    assert loads_strict(b"[1e308, -2.5e-400, 1.0]", what="t") == [1e308, -0.0, 1.0]
+    assert loads_strict(b"[" + b"9" * 400 + b"]", what="t") == [int("9" * 400)]  # an int never overflows
 
 
 def test_size_is_checked_first_and_counts_bytes_of_text_too() -> None:

@@ -84,9 +84,9 @@ def test_a_predicate_type_without_a_schema_names_the_ones_there_are(work: Path) 
 
 @pytest.mark.parametrize("err", [errno.ENOSPC, errno.EDQUOT])
 def test_a_full_disk_names_the_file_system_not_the_workers_limits(tmp_path: Path, err: int) -> None:
-    from ckptgate.pipeline import _io_failure
+    from ckptgate.outcome import io_failure
 
-    failure = _io_failure(OSError(err, os.strerror(err)), tmp_path / "out")
+    failure = io_failure(OSError(err, os.strerror(err)), tmp_path / "out")
     assert failure.code == "runtime.io" and failure.exit_code == ExitCode.RUNTIME_FAILED
     advice = failure.diagnostics()
     assert f"df -h {tmp_path}" in advice and "--out" in advice

@@ -13,11 +13,10 @@ import importlib.metadata as md
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
-import sys
 import textwrap
-import venv
 import zipfile
 from pathlib import Path
 
@@ -25,28 +24,13 @@ import pytest
 
 from ckptgate.decide.bundle import find_opa
 from ckptgate.errors import EngineUnavailable, ExitCode
+from tests.wheel_helpers import EXTRAS_ONLY, build_wheel, dependency_dirs, fresh_venv
 
 pytestmark = pytest.mark.package
 
 REPO = Path(__file__).resolve().parent.parent
 HF = REPO / "tests" / "fixtures" / "data" / "hf_sharded" / "checkpoint"
-#: What the core must never need; the extras ([dtype], [torch], [qualify]) bring them.
-EXTRAS_ONLY = ("torch", "numpy", "deepspeed", "megatron", "peft", "huggingface_hub", "transformers")
 CORE_BUDGET_BYTES = 80 * 1000 * 1000
-
-BLOCKER = f'''\
-"""Installed by tests/test_package.py: the venv behaves as a core install without the extras."""
-import sys
-
-class _CoreOnly:
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name.split(".")[0] in {EXTRAS_ONLY!r}:
-            raise ModuleNotFoundError(f"No module named {{name!r}} (core install only)", name=name)
-        return None
-
-sys.meta_path.insert(0, _CoreOnly)
-'''
 
 MAKE_STATEMENT = '''\
 import json, platform, sys
@@ -73,29 +57,6 @@ statement = qualification_statement(
 out.write_text(json.dumps(statement))
 print(digest)
 '''
-
-
-def build_wheel(out: Path) -> Path:
-    """The wheel, built from this clone without downloading anything."""
-    if importlib.util.find_spec("build") is not None:
-        cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(REPO)]
-    elif importlib.util.find_spec("hatchling") is not None:
-        cmd = [sys.executable, "-c", "import sys, hatchling.build as b; b.build_wheel(sys.argv[1])", str(out)]
-    else:
-        pytest.skip("neither build nor hatchling is installed, and nothing may be downloaded")
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr
-    (wheel,) = out.glob("ckptgate-*.whl")
-    return wheel
-
-
-def dependency_dirs() -> list[str]:
-    """The installed environment's site-packages, none inside this clone (so never its src/)."""
-    dirs = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()
-            and not Path(p).resolve().is_relative_to(REPO)]
-    if not dirs:
-        pytest.skip("the dependencies are installed only inside the clone; no venv without a path back to it")
-    return dirs
 
 
 def core_requirements(wheel: Path) -> list[str]:
@@ -133,13 +94,7 @@ def installed(tmp_path_factory):
     assert not root.resolve().is_relative_to(REPO)
     wheel = build_wheel(root / "dist")
     env_dir = root / "venv"
-    venv.EnvBuilder(with_pip=False, clear=True).create(env_dir)
-    py = env_dir / "bin" / "python"
-    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
-    (site / "_ckptgate_deps.pth").write_text("".join(d + "\n" for d in dependency_dirs()))
-    (site / "_ckptgate_core_only.py").write_text(BLOCKER)
-    (site / "_ckptgate_core_only.pth").write_text("import _ckptgate_core_only\n")
+    py = fresh_venv(env_dir, core_only=True)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CKPTGATE_", "PYTHON")) and k not in ("VIRTUAL_ENV",)}
     scratch = root / "scratch"
@@ -192,7 +147,7 @@ def test_ckptgate_comes_from_the_venv_not_the_clone(installed):
 
 def test_the_core_install_never_imports_torch_or_numpy(installed):
     proc = run(installed, str(installed[0] / "bin" / "python"), "-c", "import numpy")
-    assert proc.returncode != 0 and "core install only" in proc.stderr  # the blocker is in force
+    assert proc.returncode != 0 and "No module named 'numpy'" in proc.stderr  # the core view is in force
 
 
 def test_a_real_checkpoint_is_taken_in_with_the_core_install_only(installed):
@@ -384,6 +339,36 @@ def test_the_pre_commit_hook_runs_check_in_a_consumer_repository(installed):
     assert "claims_containment_as_proof" in hook.stdout and "docs/x.md" in hook.stdout
 
 
+
+def test_the_user_guides_local_pre_commit_hook_runs_the_installed_ckptgate(installed):
+    """The user guide's `.pre-commit-config.yaml`, extracted from it: a `repo: local` hook that runs
+    the wheel-installed ckptgate with `--base origin/main`; it fails on an over-claim in the docs."""
+    tool = pre_commit()
+    assert tool is not None, "pre-commit is not installed: run `python3 scripts/bootstrap.py setup`"
+    guide = (REPO / "docs" / "user-guide.md").read_text(encoding="utf-8")
+    block = re.search(r"test_package.py runs `pre-commit run`[^\n]*\n```yaml\n(.*?)```", guide, re.S)
+    assert block is not None, "the user guide's pre-commit configuration block is gone"
+    env_dir, _, scratch, env = installed
+    env = {**env, "CKPTGATE_OPA": find_opa(), "PRE_COMMIT_HOME": str(scratch / "pre-commit-home-local")}
+    repo = scratch / "hooked-local"
+    (repo / "docs").mkdir(parents=True)
+    (repo / "docs" / "x.md").write_text("# Models\n")
+    (repo / "ckptgate.toml").write_text('docs = ["docs/*.md"]\n')
+    (repo / ".pre-commit-config.yaml").write_text(block.group(1))
+    _git(repo, env, "init", "-q", "-b", "main")
+    _git(repo, env, "add", "-A")
+    _git(repo, env, "commit", "-q", "-m", "x")
+    _git(repo, env, "update-ref", "refs/remotes/origin/main", "HEAD")
+    (repo / "docs" / "x.md").write_text("ckptgate makes loading any pickle checkpoint safe.\n")
+    hook = subprocess.run([tool, "run", "--all-files"], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert hook.returncode == 1, hook.stdout + hook.stderr
+    assert "ckptgate check" in hook.stdout and "Failed" in hook.stdout
+    assert "claims_containment_as_proof" in hook.stdout and "docs/x.md" in hook.stdout
+    (repo / "docs" / "x.md").write_text("# Models\n")
+    assert subprocess.run([tool, "run", "--all-files"], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=300, check=False).returncode == 0
+
 WORKER_LOAD = '''\
 import hashlib, json, os, sys
 from pathlib import Path
@@ -434,11 +419,7 @@ def installed_torch(installed, tmp_path_factory):
         pytest.skip("torch is not installed, and nothing may be downloaded here")
     _, wheel, scratch, env = installed
     env_dir = tmp_path_factory.mktemp("package-torch") / "venv"
-    venv.EnvBuilder(with_pip=False, clear=True).create(env_dir)
-    py = env_dir / "bin" / "python"
-    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
-    (site / "_ckptgate_deps.pth").write_text("".join(d + "\n" for d in dependency_dirs()))
+    py = fresh_venv(env_dir)
     proc = subprocess.run([str(py), "-m", "pip", "install", "--no-index", "--disable-pip-version-check", "--no-input",
                            "--find-links", str(wheel.parent), "ckptgate[torch]"], cwd=scratch, env=env,
                           capture_output=True, text=True, timeout=300, check=False)

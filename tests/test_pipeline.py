@@ -18,6 +18,10 @@ from pathlib import Path
 
 import pytest
 
+import ckptgate.grouped as grouped
+import ckptgate.measure as measure
+import ckptgate.onepass as onepass
+import ckptgate.outcome as outcome
 import ckptgate.pipeline as pipeline
 from ckptgate.decide.engine import EmbeddedOpa
 from ckptgate.demo import demo_statement
@@ -249,8 +253,8 @@ def test_a_checkpoint_refused_by_its_structure_is_not_hashed_in_full(tmp_path, m
         f.write(len(header).to_bytes(8, "little") + header)
         f.truncate(size)  # sparse: 64 GiB of zeros behind a header whose tensor needs 8 bytes, not 4
     hashed = []
-    real = pipeline.fixture_digest
-    monkeypatch.setattr(pipeline, "fixture_digest", lambda tree, **kw: real(tree, **{**kw, "progress": hashed.append}))
+    real = measure.hash_files
+    monkeypatch.setattr(measure, "hash_files", lambda tree, paths, **kw: real(tree, paths, **{**kw, "progress": hashed.append}))
     with pytest.raises(InputRejected) as e:
         intake(src, tmp_path / "out", attestations=[])
     assert e.value.code == "input.refused_by_policy"
@@ -276,8 +280,8 @@ def test_a_precheck_that_cannot_be_asked_stops_the_digest_and_is_raised(tmp_path
             pass
 
     hashed = []
-    real = pipeline.fixture_digest
-    monkeypatch.setattr(pipeline, "fixture_digest", lambda tree, **kw: real(tree, **{**kw, "progress": hashed.append}))
+    real = measure.hash_files
+    monkeypatch.setattr(measure, "hash_files", lambda tree, paths, **kw: real(tree, paths, **{**kw, "progress": hashed.append}))
     with SafeTree.open(src) as tree, pytest.raises(EngineUnavailable) as e:
         pipeline.evaluate(tree, attestations=[], engine=Unreachable(), trust=None, refuse_early=True)
     assert e.value.code == "engine.unreachable"
@@ -332,21 +336,21 @@ def test_the_containment_preflight_runs_while_the_digest_hashes(monkeypatch, fix
         started.set()
         return "profile"
 
-    def digest(tree, **_kw):
+    def digest(tree, paths, **_kw):
         if needs_profile:
             assert started.wait(10), "the preflight had not started when hashing began"
-        return "digest"
+        return []
 
     def judge(inspection, measured, **kw):
         seen.update(kw, digest=measured, loaders=inspection.loaders)
         return "evaluation"
 
-    monkeypatch.setattr(pipeline, "_preflight", preflight)
-    monkeypatch.setattr(pipeline, "fixture_digest", digest)
+    monkeypatch.setattr(measure, "run_preflight", preflight)
+    monkeypatch.setattr(measure, "hash_files", digest)
     monkeypatch.setattr(pipeline, "judge", judge)
     with SafeTree.open(REPO / "tests" / "fixtures" / "data" / fixture / "checkpoint") as tree:
         assert pipeline.evaluate(tree, attestations=[], engine=None, trust=None) == "evaluation"
-    assert seen["digest"] == "digest"
+    assert seen["digest"].manifest == ()  # what the (replaced) hashing returned
     if needs_profile:
         assert "static_pickle" in seen["loaders"]
         assert seen["containment"] == "profile" and ran_on and ran_on[0].startswith("ckptgate-beside-digest")
@@ -363,8 +367,8 @@ def test_a_plan_the_checkpoint_contradicts_is_a_rejected_input(setup, monkeypatc
     def contradicted(*args, **kwargs):
         raise PlanError("plan.tensor.gap", "w: bytes 4-8 are covered by no chunk")
 
-    monkeypatch.setattr(pipeline, "plan_for", contradicted)
-    monkeypatch.setattr(pipeline, "adapter_plan", contradicted)  # the one pass falls back; the refusal stays
+    monkeypatch.setattr(grouped, "plan_for", contradicted)
+    monkeypatch.setattr(onepass, "adapter_plan", contradicted)  # the one pass falls back; the refusal stays
     monkeypatch.setattr(sys, "argv", ["ckptgate", "intake", str(setup["src"]), "--out", str(setup["dst"]),
                                       "--trust", str(setup["trust"]), "--attestation", str(setup["attest"]()), "--json"])
     with pytest.raises(SystemExit) as e:
@@ -396,14 +400,14 @@ def test_a_file_rewritten_between_inspection_and_digest_is_refused(setup, monkey
     att = setup["attest"]()  # for Y
     victim.write_bytes(x)  # same inode
     writer = os.open(victim, os.O_WRONLY)
-    real = pipeline.inspect_open_tree
+    real = measure.inspect_open_tree
 
     def inspect_then_rewrite(tree, **kw):
         found = real(tree, **kw)
         os.pwrite(writer, y, 0)
         return found
 
-    monkeypatch.setattr(pipeline, "inspect_open_tree", inspect_then_rewrite)
+    monkeypatch.setattr(measure, "inspect_open_tree", inspect_then_rewrite)
     try:
         with pytest.raises(InputRejected) as e:
             intake(setup["src"], setup["dst"], attestations=[att], options=EngineOptions(trust_file=setup["trust"]))
@@ -419,20 +423,20 @@ def _listing(root: Path) -> list[tuple[str, int]]:
     return sorted((str(p.relative_to(root)), p.lstat().st_size) for p in root.rglob("*"))
 
 
-@pytest.mark.parametrize("hook", ["check_destination", "evaluate", "OnePass.begin", "OnePass.finish",
-                                  "consolidate_into"])
+@pytest.mark.parametrize("hook", ["check_destination", "measure", "OnePass.begin", "OnePass.finish",
+                                  "write_all"])
 def test_swapping_the_parent_of_dst_for_a_symlink_into_the_source_never_writes_inside_it(setup, monkeypatch,
                                                                                           hook):
     """Issue #16, F7: after the destination checks, DST's parent is swapped for a symlink into the
     checkpoint.  The intake either refuses with a typed error or publishes at the original parent;
     nothing is ever written inside the source.  Pure data is written in the digest's pass
-    (``OnePass``); a cast takes two passes (``consolidate_into``)."""
+    (``OnePass``); a cast takes two passes (``write_all``)."""
     src, parent = setup["src"], setup["tmp"] / "parent"
     parent.mkdir()
     dst = parent / "out"
     before = _listing(src)
     moved = parent.with_name("parent.orig")
-    owner, name = (pipeline.OnePass, hook.split(".")[1]) if "." in hook else (pipeline, hook)
+    owner, name = (pipeline.OnePass, hook.split(".")[1]) if "." in hook else (grouped, hook)
     real = getattr(owner, name)
 
     def then_swap(*args, **kwargs):
@@ -442,7 +446,7 @@ def test_swapping_the_parent_of_dst_for_a_symlink_into_the_source_never_writes_i
         return result
 
     monkeypatch.setattr(owner, name, then_swap)
-    extra = {"dtype": "BF16"} if hook == "consolidate_into" else {}
+    extra = {"dtype": "BF16"} if hook == "write_all" else {}
     try:
         intake(src, dst, attestations=[setup["attest"]()], options=EngineOptions(trust_file=setup["trust"]), **extra)
     except UsageError as e:  # resolved after the swap: the parent is proved to be inside the source
@@ -466,9 +470,9 @@ def test_receipt_containment_is_what_the_worker_measured_not_the_preflight() -> 
                 "namespaces": {"ipc": {"worker": "ipc:[2]", "parent": "ipc:[1]"}}}
     worker = {"job": "deepspeed", "controls": {"seccomp": True, "ipc_ns": True}, "measured": measured, "wall_s": 1.0}
     done = pipeline.Consolidated(outputs=(), plan_report={"trees_from": "contained_worker", "worker": worker})
-    record = pipeline._containment_record(evaluation, done)  # type: ignore[arg-type]
+    record = outcome._containment_record(evaluation, done)  # type: ignore[arg-type]
     assert record == {"worker": {"job": "deepspeed", "controls": worker["controls"], "measured": measured},
                       "preflight": preflight}
     nothing_ran = pipeline.Consolidated(outputs=(), plan_report={})
-    none = pipeline._containment_record(evaluation, nothing_ran)  # type: ignore[arg-type]
+    none = outcome._containment_record(evaluation, nothing_ran)  # type: ignore[arg-type]
     assert none == {"worker": None, "preflight": preflight}

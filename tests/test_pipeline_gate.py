@@ -7,6 +7,7 @@ release of the same bytes is taken in.  The gate is the committed, generated
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,8 @@ def test_a_static_plane_checkpoint_from_an_unqualified_release_is_refused(name: 
 def test_the_same_dcp_bytes_from_the_qualified_release_are_taken_in(signer: Signer, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     src, meta, fmt = _fixture("dcp_torch_save")
-    [version] = _qualified_versions("dcp", fmt)
+    version = meta["versions"]["torch"]  # the release that wrote these bytes, one of the qualified ones
+    assert version in _qualified_versions("dcp", fmt)
     att = attest(signer, src, tmp_path / "att.json", fmt=fmt, meta=meta, version=version)
     res = intake(src, tmp_path / "out", attestations=[att], options=signer.options)
     assert res.outputs
@@ -90,11 +92,14 @@ def test_a_megatron_checkpoint_attested_at_an_unqualified_topology_is_refused(si
 
 def test_the_cli_names_the_unqualified_release_at_the_top(signer: Signer, tmp_path: Path) -> None:
     src, meta, fmt = _fixture("dcp_torch_save")
-    att = attest(signer, src, tmp_path / "att.json", fmt=fmt, meta=meta, version="2.15.0")
+    unqualified = "2.9.1"  # a torch release no retained qualification names
+    assert unqualified not in _qualified_versions("dcp", fmt)
+    att = attest(signer, src, tmp_path / "att.json", fmt=fmt, meta=meta, version=unqualified)
     proc = ckptgate_json("intake", src, "--out", tmp_path / "out", "--attestation", att, "--trust", signer.trust_file)
     assert proc.returncode == 3, proc.stderr
     doc = json.loads(proc.stdout or proc.stderr)
     error = doc.get("error", doc)
     assert error["code"] == "policy.producer_release_unqualified"
-    assert "torch 2.15.0 is not a qualified release for adapter dcp reading dcp-torch-save" in error["message"]
-    assert "qualified: 2.13.0 (tp=1 pp=1 dp=2 cp=1 ep=1 etp=1 world_size=2)" in error["message"]
+    assert f"torch {unqualified} is not a qualified release for adapter dcp reading dcp-torch-save" in error["message"]
+    nearest = re.search(r"qualified: (\S+) \(tp=", error["message"])
+    assert nearest is not None and nearest.group(1) in _qualified_versions("dcp", fmt), error["message"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ckptgate import pipeline
+from ckptgate import grouped, measure, pipeline
 from ckptgate.errors import PolicyDenied
 from ckptgate.inspect import SafeTree, inspect_open_tree
 from ckptgate.pipeline import intake
@@ -53,13 +53,13 @@ def test_a_deny_removes_what_was_staged_and_publishes_nothing(name, signer, tmp_
     """The output is written beside DST while the digest hashes; the decision then denies (no
     attestation): the staging directory goes and DST never appears."""
     seen: list[dict[str, list[tuple[str, int]]]] = []
-    real = pipeline.judge
+    real = grouped.judge
 
     def judge(*args: Any, **kwargs: Any) -> Any:  # called once the digest is complete
         seen.append(_staged(tmp_path))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "judge", judge)
+    monkeypatch.setattr(grouped, "judge", judge)
     dst = tmp_path / "out"
     with pytest.raises(PolicyDenied) as e:
         intake(_src(name), dst, attestations=[], options=signer.options)
@@ -147,7 +147,7 @@ def test_an_engine_that_fails_to_start_beside_the_pass_publishes_nothing(name, s
     rego = next(p for p in sorted(policies.rglob("*.rego")) if not p.name.endswith("_test.rego"))
     rego.write_text(rego.read_text() + "\nthis is not rego\n")
     staged: list[dict[str, list[tuple[str, int]]]] = []
-    real = pipeline.fixture_digest
+    real = measure.hash_files
 
     def digest(*args: Any, **kwargs: Any) -> Any:  # the pass runs, and stages, while OPA starts
         try:
@@ -155,7 +155,7 @@ def test_an_engine_that_fails_to_start_beside_the_pass_publishes_nothing(name, s
         finally:
             staged.append(_staged(tmp_path))
 
-    monkeypatch.setattr(pipeline, "fixture_digest", digest)
+    monkeypatch.setattr(measure, "hash_files", digest)
     dst = tmp_path / "out"
     with pytest.raises(EngineUnavailable) as e:
         intake(_src(name), dst, attestations=[_attestation(name, signer, tmp_path)],

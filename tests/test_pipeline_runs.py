@@ -174,15 +174,15 @@ def test_a_companion_staged_in_the_one_pass_but_not_named_by_the_decision_is_not
     companions the decision names are published."""
     import dataclasses
 
-    from ckptgate import pipeline
+    from ckptgate import onepass
 
-    real, dropped = pipeline.with_companions, []
+    real, dropped = onepass.with_companions, []
 
     def fewer(plan, inspection, decision):
         dropped.append(decision.companions[0])
         return real(plan, inspection, dataclasses.replace(decision, companions=decision.companions[1:]))
 
-    monkeypatch.setattr(pipeline, "with_companions", fewer)
+    monkeypatch.setattr(onepass, "with_companions", fewer)
     src = produce(tmp_path / "pretrained", "pretrained")
     dst = tmp_path / "out"
     res = gate(src, dst)

@@ -1,7 +1,7 @@
 """One strict JSON parser for untrusted bytes, below every step of the pipeline.
 
-Exact UTF-8, no duplicate keys, no ``NaN``/``Infinity``, no lone surrogate (``"\\ud800"``), a size cap and
-a nesting cap.  A refusal is a
+Exact UTF-8, no duplicate keys, no ``NaN``/``Infinity`` (nor a number that overflows to it), no lone
+surrogate (``"\\ud800"``), a size cap and a nesting cap.  A refusal is a
 :class:`JSONRejected` (a ``ValueError``) naming its ``kind``; a caller that reports a typed error of its
 own passes ``error``, which turns the refusal into that error (:func:`verify_error` gives the
 ``verify.json.*`` codes).  Any step may import this module; it imports nothing from ckptgate but
@@ -11,6 +11,7 @@ own passes ``error``, which turns the refusal into that error (:func:`verify_err
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +58,15 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
+
+
+def _finite(text: str) -> float:
+    """A JSON number with a fraction or exponent, refused when it overflows a double (``1e400``):
+    Python would read it as ``inf``, the value that ``Infinity`` spells and no strict JSON holds."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} overflows a double")
+    return value
 
 
 #: A surrogate code point (U+D800..U+DFFF), as a character of text.  In JSON text it can only come from
@@ -125,7 +135,7 @@ def _parse(raw: bytes | str, what: str, max_bytes: int | None, max_depth: int | 
                 "too_large", f"{what} is {n} bytes, over the {max_bytes}-byte cap", what=what, size=n, cap=max_bytes
             )
     try:
-        doc = json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant)
+        doc = json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant, parse_float=_finite)
     except _DuplicateKey as e:
         raise JSONRejected("duplicate_key", f"{what} repeats the key {e.key!r}", what=what, key=e.key) from None
     except RecursionError:  # the C scanner stops at the interpreter's recursion limit
@@ -160,7 +170,8 @@ def loads_strict(
     """Parse ``raw`` as one strict JSON document, in this order of checks.
 
     1. size, when ``max_bytes`` is given (``too_large``); 2. UTF-8, for bytes (``not_utf8``; text the
-    caller decoded skips it); 3. syntax, ``NaN``/``Infinity`` included (``malformed``); 4. duplicate keys
+    caller decoded skips it); 3. syntax, ``NaN``/``Infinity`` and numbers that overflow a double (``1e400``) included
+    (``malformed``); 4. duplicate keys
     anywhere (``duplicate_key``); 5. nesting deeper than ``max_depth``, when given (``too_deep``); 6. a lone
     surrogate (a high ``\\uD800``-``\\uDBFF`` escape not followed by a low one, a low one alone) in any string or
     key (``malformed``, as strict parsers see it: no Unicode scalar value).

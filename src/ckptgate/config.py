@@ -384,7 +384,7 @@ def from_table(table: dict[str, Any], *, root: Path, source: Path | None = None)
                 "usage.config.path",
                 f"{where}: {key} = {value!r} is outside {root}",
                 evidence={"file": where, "key": key, "value": value},
-                advice="Name a path relative to the configuration file, inside its directory.",
+                advice=f"In {where}, set {key} to a path relative to {root} and inside it.",
             )
         if must_exist and not full.exists():
             raise ConfigError(

@@ -64,6 +64,7 @@ class DistributedOptions:
             raise UsageError(
                 "usage.distributed.timeout",
                 f"the distributed deadline must be between 0 and 86400 seconds, not {self.timeout_s!r}",
+                advice=f"Pass --dist-timeout with a number of seconds in (0, 86400] instead of {self.timeout_s!r}.",
             )
 
 
@@ -73,7 +74,8 @@ def _peer_lost(what: str, e: BaseException) -> RuntimeFailure:
         f"a rank did not answer in the {what} exchange (it died, or passed the deadline): "
         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; nothing was published",
         evidence={"phase": what},
-        advice="Check every rank's output and the launcher's; take the checkpoint in again.",
+        advice=f"Read every rank's output and the launcher's for why a rank stopped in the {what} exchange, "
+        "then run the intake again (raise --dist-timeout if a rank was only slow).",
     )
 
 
@@ -197,7 +199,12 @@ def _process_group(timeout_s: float) -> Iterator[tuple[Any, Any]]:
             advice="pip install 'ckptgate[torch]'",
         ) from None
     if not dist.is_available() or not dist.is_gloo_available():
-        raise UsageError("usage.distributed.no_gloo", "this torch build has no torch.distributed gloo backend")
+        raise UsageError(
+            "usage.distributed.no_gloo",
+            "this torch build has no torch.distributed gloo backend",
+            advice=f"Install a torch build with gloo (this one is {torch.__version__}), or take the checkpoint in "
+            "without --distributed.",
+        )
     try:
         dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=timeout_s))
     except Exception as e:
@@ -266,7 +273,11 @@ def distributed_intake(
     secret = _secret()
     _launcher_env()
     with contextlib.ExitStack() as early:
-        engine = EarlyEngine(options, early) if os.environ.get("RANK") == "0" else None
+        engine = (  # rank 0 reads --key and --certificate-chain with the trust data, as one process does
+            EarlyEngine(options, early, signatures=signatures, key=key, certificate_chain=certificate_chain)
+            if os.environ.get("RANK") == "0"
+            else None
+        )
         with _process_group(dist_options.timeout_s) as (torch, dist):
             comm = TorchGroup(dist, torch, secret)
             comm.start()

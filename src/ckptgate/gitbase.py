@@ -137,8 +137,8 @@ def _extract(top: Path, commit: str, paths: list[PurePosixPath], into: Path) -> 
             "usage.base.link",
             f"--base: a file the configuration at {commit[:12]} names cannot be read from git's objects: {e}",
             evidence={"commit": commit, "paths": present},
-            advice="At the base revision, name regular files inside the repository (no links to absolute "
-            "paths or out of it) for trust, policy_data, extra_rego and policies.",
+            advice=f"At {commit[:12]}, make {', '.join(present)} regular files inside the repository (no links "
+            "to absolute paths or out of it), or pass another --base REV.",
         ) from None
 
 

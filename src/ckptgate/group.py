@@ -48,6 +48,13 @@ def _failure(e: Error) -> dict[str, Any]:
     return {"ok": False, "error": {"code": e.code, "exit": int(e.exit_code), "message": e.message}}
 
 
+def _as_error(e: Exception, rank: int) -> Error:
+    """This rank's OSError or bug, as the error the other ranks are told of (not to wait for the deadline)."""
+    if isinstance(e, OSError):
+        return RuntimeFailure("runtime.io", f"rank {rank}: {e.strerror or e}", evidence={"errno": e.errno})
+    return Error("internal.unexpected", f"rank {rank}: {type(e).__name__}: {e}")
+
+
 class Group:
     """The ranks of one intake.  Subclasses implement :meth:`exchange`; :meth:`agree` and
     :meth:`broadcast` (and so the abort) are the same for every world size."""
@@ -74,11 +81,10 @@ class Group:
             msg = _failure(e.error())
         except Error as e:
             own, msg = e, _failure(e)
-        except OSError as e:
-            own = RuntimeFailure("runtime.io", f"rank {self.rank}: {e.strerror or e}", evidence={"errno": e.errno})
-            msg = _failure(own)
-        except Exception as e:  # a bug on this rank: the others must still hear of it, not wait for the deadline
-            own = Error("internal.unexpected", f"rank {self.rank}: {type(e).__name__}: {e}")
+        except Exception as e:
+            if self.world == 1:  # nobody to tell: raised as one process raises it
+                raise
+            own = _as_error(e, self.rank)
             msg = _failure(own)
         msgs = self.exchange(phase, msg)
         if stopped is not None:

@@ -55,11 +55,15 @@ def io_advice(
 _READ_STEP = 1 << 20
 
 
-def read_regular_file(path: Path | str, *, limit: int) -> bytes:
+def read_regular_file(
+    path: Path | str, *, limit: int, dir_fd: int | None = None, follow_symlinks: bool = True
+) -> bytes:
     """At most ``limit + 1`` bytes of the regular file ``path``: one more than allowed, so the caller
     can tell that it is too large.  Raises :class:`OSError` (``EINVAL``, "not a regular file") for
-    anything else, before reading."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    anything else, before reading; with ``follow_symlinks=False`` a symbolic link is ``ELOOP``.
+    ``dir_fd`` is a directory descriptor ``path`` is relative to."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    fd = os.open(path, flags, dir_fd=dir_fd)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))

@@ -4,6 +4,7 @@ layer unstacking and reported semantics, Universal aliases."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -190,10 +191,17 @@ def test_megatron_unstacks_layers_only_when_the_mapping_is_declared() -> None:
     assert e.value.code == "plan.mapping.unknown"
 
 
-def test_universal_alias_takes_the_target_fp32() -> None:
-    if not (FIXTURES / "deepspeed_universal").exists():
-        pytest.skip("no deepspeed_universal fixture in this checkout")
-    with SafeTree.open(FIXTURES / "deepspeed_universal" / "checkpoint") as tree:
+@pytest.mark.parametrize("name, alias_folder", [
+    ("deepspeed_universal", True),         # DeepSpeed 0.19.8 writes zero/head.weight/fp32.pt (bf16 values up-cast)
+    ("deepspeed_universal_ds0189", False),  # DeepSpeed 0.18.9 writes no folder for the tied alias
+    ("deepspeed_universal_ds0176", False),  # nor does 0.17.6
+])
+def test_universal_alias_takes_the_target_fp32(name: str, alias_folder: bool) -> None:
+    if not (FIXTURES / name).exists():
+        pytest.skip(f"no {name} fixture in this checkout")
+    root = FIXTURES / name / "checkpoint"
+    assert (root / "global_step2_universal" / "zero" / "head.weight").is_dir() is alias_folder
+    with SafeTree.open(root) as tree:
         plan = plan_for(inspect_open_tree(tree), decision=ALLOW, max_shard_bytes=1 << 20)
     ts = {t.name: t for s in plan.shards for t in s.tensors}
     assert plan.report["shared_params"] == [["head.weight", "embed.weight"]]
@@ -281,3 +289,90 @@ def test_a_70b_row_parallel_layout_plans_to_a_placement_per_tensor_and_rank_not_
     assert per_row > 55_000_000  # the per-row plan: a placement per row and rank of every matrix
     assert sum(p.count for p in placed) == per_row  # the same runs, held as strided records
     assert plan.total_size == 2 * sum(numel(full) for full in shapes.values()) > 140 * 10**9
+
+
+@pytest.mark.parametrize("name", ["deepspeed_universal_zero3", "deepspeed_universal_zero3_ds0189",
+                                  "deepspeed_universal_zero3_ds0176"])
+def test_universal_from_zero3_takes_the_model_states_shapes(name: str) -> None:
+    """ds_to_universal of a ZeRO-3 run (DeepSpeed 0.17.6, 0.18.9, 0.19.8) saves each fp32.pt as a bare
+    flat tensor; the output takes the shape the folder's model states record, and the tied alias its
+    target's bytes."""
+    if not (FIXTURES / name).exists():
+        pytest.skip(f"no {name} fixture in this checkout")
+    import json
+
+    with SafeTree.open(FIXTURES / name / "checkpoint") as tree:
+        plan = plan_for(inspect_open_tree(tree), decision=ALLOW, max_shard_bytes=1 << 20)
+    ts = {t.name: t for s in plan.shards for t in s.tensors}
+    raw = (FIXTURES / name / "expected.safetensors").read_bytes()
+    header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+    header.pop("__metadata__", None)
+    assert {k: tuple(ts[k].shape) for k in ts} == {k: tuple(v["shape"]) for k, v in header.items()}
+    assert ts["embed.weight"].shape == (7, 6)  # flat [42] in fp32.pt
+    assert ts["head.weight"].placements == ts["embed.weight"].placements
+
+
+def _universal_mutated(tmp_path: Path, name: str, mutate: Any) -> Any:
+    import shutil
+
+    if not (FIXTURES / name).exists():
+        pytest.skip(f"no {name} fixture in this checkout")
+    root = tmp_path / "c"
+    shutil.copytree(FIXTURES / name / "checkpoint", root)
+    mutate(root / "global_step2_universal" / "zero")
+    with SafeTree.open(root) as tree:
+        return inspect_open_tree(tree)
+
+
+def _flat(n: int) -> Any:
+    def mutate(zero: Path) -> None:
+        import torch
+
+        torch.save(torch.zeros(n), zero / "embed.weight" / "fp32.pt")
+
+    return mutate
+
+
+def _transposed(zero: Path) -> None:
+    import torch
+
+    torch.save(torch.zeros(6, 7), zero / "embed.weight" / "fp32.pt")  # param_shapes: (7, 6)
+
+
+def _removed(zero: Path) -> None:
+    import shutil
+
+    shutil.rmtree(zero / "fc2.weight")
+
+
+def _no_model_states(zero: Path) -> None:
+    for p in zero.parent.glob("*model_states.pt"):
+        p.unlink()
+
+
+@pytest.mark.parametrize("name", ["deepspeed_universal", "deepspeed_universal_zero3"])
+@pytest.mark.parametrize(
+    ("mutate", "code"),
+    [
+        (_flat(43), "plan.universal.shape_mismatch"),  # 43 elements where param_shapes records 7 x 6
+        (_transposed, "plan.universal.shape_mismatch"),
+        (_removed, "plan.universal.param_missing"),
+        (_no_model_states, "plan.universal.no_param_shapes"),  # flat ZeRO-3 tensors had no shape to take
+    ],
+)
+def test_universal_fp32_that_disagrees_with_param_shapes_is_refused(
+    tmp_path: Path, name: str, mutate: Any, code: str
+) -> None:
+    """A fp32.pt is published in the shape the model states record or not at all: another element
+    count was published flat, another 2-D shape as written, and a param with no folder was left out
+    (review2 A2)."""
+    insp = _universal_mutated(tmp_path, name, mutate)
+    with pytest.raises(PlanError) as e:
+        plan_for(insp, decision=ALLOW, max_shard_bytes=1 << 20)
+    assert e.value.code == code
+
+
+def test_universal_flat_fp32_with_the_recorded_count_still_takes_the_recorded_shape(tmp_path: Path) -> None:
+    insp = _universal_mutated(tmp_path, "deepspeed_universal_zero3", _flat(42))
+    plan = plan_for(insp, decision=ALLOW, max_shard_bytes=1 << 20)
+    assert {t.name: t.shape for s in plan.shards for t in s.tensors}["embed.weight"] == (7, 6)

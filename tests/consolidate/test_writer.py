@@ -11,7 +11,7 @@ import os
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from ckptgate.consolidate import writer
+from ckptgate.consolidate import diskwrite, held, writer
 from ckptgate.consolidate.plan import OutputTensor, Placement, shard_tensors
 from ckptgate.consolidate.streamed import StreamedPlan
 from ckptgate.consolidate.writer import INDEX_NAME, write_plan
@@ -26,7 +26,7 @@ class DiskPath:
     def __init__(self, monkeypatch, *, fail_direct_with: int | None = None) -> None:
         self.direct: dict[int, list[tuple[int, int]]] = {}
         self.hinted: dict[int, list[tuple[int, int]]] = {}
-        real_hint, real_pwrite = writer._sync_file_range, writer._pwrite_all
+        real_hint, real_pwrite = diskwrite._sync_file_range, diskwrite.pwrite_all
 
         def hint(fd, offset, length, flags):
             self.hinted.setdefault(os.fstat(fd).st_ino, []).append((offset, length))
@@ -39,8 +39,8 @@ class DiskPath:
                 self.direct.setdefault(os.fstat(fd).st_ino, []).append((offset, len(data)))
             return real_pwrite(fd, data, offset)
 
-        monkeypatch.setattr(writer, "_sync_file_range", hint)
-        monkeypatch.setattr(writer, "_pwrite_all", pwrite_all)
+        monkeypatch.setattr(diskwrite, "_sync_file_range", hint)
+        monkeypatch.setattr(diskwrite, "pwrite_all", pwrite_all)
 
     def covered(self, path) -> list[tuple[int, int]]:
         """Merged ranges of ``path`` that went to the disk path, either way."""
@@ -115,7 +115,7 @@ def test_resharded_copy_is_bit_identical(tmp_path, mode, monkeypatch):
 def test_held_mode_writes_whole_blocks_directly_and_the_rest_buffered(tmp_path, monkeypatch, direct):
     """Windows of several blocks, an unaligned tail; and where O_DIRECT is refused, all buffered."""
     if direct == "refused_by_fcntl":
-        monkeypatch.setattr(writer, "_set_direct", lambda fd, on: not on)
+        monkeypatch.setattr(held, "_set_direct", lambda fd, on: not on)
     disk = DiskPath(monkeypatch, fail_direct_with=errno.EINVAL if direct == "einval_on_write" else None)
     rng = np.random.default_rng(1)
     tensors = {"a": rng.standard_normal((3001,)).astype(np.float32),

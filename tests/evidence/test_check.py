@@ -16,7 +16,7 @@ from evidence_helpers import commit_all
 
 from ckptgate.config import Config
 from ckptgate.decide.options import EngineOptions
-from ckptgate.evidence import check
+from ckptgate.evidence import check, check_tools
 from ckptgate.evidence.check import parse_opa_test_json, run_check, to_junit, to_sarif
 
 FAST = ("policy_tests", "opa_fmt", "regal_lint")
@@ -225,9 +225,9 @@ def test_run_check_tests_the_configured_policies_when_the_options_name_none(tmp_
         cwds.append(cwd)
         return 0, "[]"
 
-    monkeypatch.setattr(check, "_run", fake_run)
-    monkeypatch.setattr(check, "find_tool", lambda name, repo: name)
-    monkeypatch.setattr(check, "tool_version", lambda exe: check.GO_TOOLS[exe].version)
+    monkeypatch.setattr(check_tools, "_run", fake_run)
+    monkeypatch.setattr(check_tools, "find_tool", lambda name, repo: name)
+    monkeypatch.setattr(check_tools, "tool_version", lambda exe: check_tools.GO_TOOLS[exe].version)
     monkeypatch.setattr(check, "candidate_commit", lambda repo, exclude=(): "0" * 40)
     config = Config(root=tmp_path, policies=policies)
     report = run_check(tmp_path, options=EngineOptions(), config=config,

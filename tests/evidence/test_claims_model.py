@@ -119,7 +119,7 @@ GENERATED = """# Page
 | status | format | adapter | fixture |
 |---|---|---|---|
 | supported | fsdp-full | fsdp-full 0.1.0 | sha256:4057d89ae0c0… |
-| supported | fsdp-local | fsdp-full 0.1.0 | sha256:4057d89ae0c0… |
+| supported | fsdp-local | fsdp-full 0.1.0 | fsdp_full (sha256:4057d89ae0c0…) |
 <!-- /ckptgate:generated -->
 
 ckptgate reads FSDP2 checkpoints.
@@ -134,6 +134,7 @@ def test_generated_blocks_are_checked_against_data_not_as_prose(tmp_path: Path) 
     assert [g.line for g in gen] == [6, 7]
     assert gen[0].row == {"status": "supported", "adapter": "fsdp-full", "adapter_version": "0.1.0",
                           "format": ["fsdp-full"], "fixture": "sha256:4057d89ae0c0"}
+    assert gen[1].row["fixture"] == "sha256:4057d89ae0c0"  # the name beside the digest, as SUPPORT.md shows it
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "d.md").write_text(GENERATED)
     rows = json.loads((DATA / "claims_matrix.json").read_text())["rows"]

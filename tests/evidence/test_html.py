@@ -47,7 +47,7 @@ def test_unfiltered_shows_every_row(qualified_repo: EvidenceRepo, tmp_path: Path
 _STYLE_PROBE = """<script>
 (function () {
   const out = [];
-  for (const a of document.querySelectorAll("#matrix td.c-evidence a")) {
+  for (const a of document.querySelectorAll("table.matrix td.c-evidence a")) {
     const s = getComputedStyle(a), cell = getComputedStyle(a.closest("td"));
     out.push({cls: a.className, href: a.getAttribute("href"), underline: s.textDecorationLine.includes("underline"),
               distinct: s.color !== cell.color, visible: a.getBoundingClientRect().width > 0});
@@ -76,7 +76,7 @@ def test_each_row_shows_its_signer_and_links_its_evidence(qualified_repo: Eviden
     probe.write_text(page.read_text().replace("</body>", _STYLE_PROBE + "</body>"))
     dom = _dom(probe.as_uri(), tmp_path)
     row = _supported_row(dom)
-    assert re.search(r'<td class="c-signers">ci-qualification</td>', row)
+    assert re.search(r'<td class="c-signers"[^>]*>ci-qualification</td>', row)
     hrefs = dict(re.findall(r'<a class="(attestation|log)" href="([^"]+)"', row))
     assert set(hrefs) == {"attestation", "log"}
     for href in hrefs.values():  # relative to matrix/, and each names a file the repository holds

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ckptgate.evidence import matrix
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
-from evidence_helpers import EvidenceRepo
+from chromium_helpers import layout, needs_chromium
+from evidence_helpers import FIXTURE, EvidenceRepo
 
 
 def _build(repo: Path) -> matrix.Matrix:
@@ -104,3 +105,30 @@ def test_a_retained_result_that_changed_is_refused_by_the_policy(clone: Path) ->
     log.unlink()
     [row] = [r for r in _build(clone).rows if (r.get("source") or "").endswith(".dsse.json")]
     assert row["status"] == "refused" and "result_not_retained" in [r["code"] for r in row["reasons"]]
+
+
+def test_rows_name_their_fixture_and_are_grouped_by_adapter(qualified_repo: EvidenceRepo) -> None:
+    """SUPPORT.md and index.html show each row's fixture by name beside its digest, under a heading for
+    its adapter; the name is the committed fixture whose measured digest the row names."""
+    repo = qualified_repo.path
+    doc = json.loads((repo / "matrix" / "support.json").read_text())
+    [supported] = [r for r in doc["rows"] if r["status"] == "supported"]
+    assert supported["fixture"] == {"name": FIXTURE, "synthetic_device": None}
+    md = (repo / "matrix" / "SUPPORT.md").read_text()
+    html = (repo / "matrix" / "index.html").read_text()
+    adapters = sorted({r["adapter"] for r in doc["rows"]})
+    assert len(adapters) > 1
+    assert [line[3:] for line in md.splitlines() if line.startswith("## ")] == adapters
+    assert f"| {FIXTURE} (sha256:" in md
+    for adapter in adapters:
+        assert f'<section class="adapter" id="adapter-{adapter}">' in html
+    assert f"{FIXTURE} (sha256:" in html.replace("<wbr>", "")
+
+
+@needs_chromium
+def test_the_matrix_page_is_not_cut_off_at_a_narrow_window(qualified_repo: EvidenceRepo, tmp_path: Path) -> None:
+    page = (qualified_repo.path / "matrix" / "index.html").read_text()
+    for width in (1280, 500):
+        out = layout(page, tmp_path, width)
+        assert out["scroll"] <= out["width"] and out["wide"] == [], (width, out)
+        assert out["broken"] == [], (width, out["broken"])

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,52 +14,18 @@ import pytest
 
 from ckptgate.evidence.report import build_report, render_html
 from ckptgate.decide.options import EngineOptions
+from chromium_helpers import chromium, layout, needs_chromium
 from evidence_helpers import FIXTURE, REPO, EvidenceRepo
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None,
-                                    reason="Debian's chromium is not installed (apt-get install -y chromium)")
 SECTIONS = ("verdict", "inspected", "attestations", "attestation-1", "decision", "about", "json")
+#: A4 at 96 px/in less the report's 15 mm page margins: the width a printout lays the page out at.
+PRINT_WIDTH = 680
 LONG = "x" * 700  # one unbroken token, far wider than any screen
 HOSTILE = '<img src=x onerror="document.title=1">'
 
-# Appended by the test only: measures the laid-out page and writes the result into the DOM.
-_PROBE = """<script>
-(function () {
-  const de = document.documentElement, width = de.clientWidth, out = {scroll: de.scrollWidth, width: width,
-    sections: {}, wide: [], hostile: document.querySelectorAll("img").length};
-  for (const id of %s) {
-    const el = document.getElementById(id);
-    out.sections[id] = el !== null && el.getBoundingClientRect().height > 0;
-  }
-  for (const el of document.body.querySelectorAll("*")) {
-    // An element past the viewport's right edge, or one whose content spills out of its own box.
-    if (el.getBoundingClientRect().right > width + 0.5 || (el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1))
-      out.wide.push(el.tagName + "#" + el.id + "." + el.className);
-  }
-  const p = document.createElement("output"); p.id = "probe"; p.textContent = JSON.stringify(out);
-  document.body.appendChild(p);
-})();
-</script>"""
 
-
-def _chromium(tmp_path: Path, *args: str) -> str:
-    assert CHROMIUM is not None
-    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                           "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}", *args],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
-
-
-def _layout(page: str, tmp_path: Path, width: int) -> dict[str, Any]:
-    probe = tmp_path / f"probe-{width}.html"
-    probe.write_text(page.replace("</body>", _PROBE % json.dumps(SECTIONS) + "</body>"), encoding="utf-8")
-    dom = _chromium(tmp_path, f"--window-size={width},900", "--virtual-time-budget=2000", "--dump-dom",
-                    probe.as_uri())
-    m = re.search(r'<output id="probe">(.*?)</output>', dom)
-    assert m, dom[-2000:]
-    return json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+def _layout_s(page: str, tmp_path: Path, width: int) -> dict[str, Any]:
+    return layout(page, tmp_path, width, SECTIONS)
 
 
 def _checkpoint(repo: Path) -> Path:
@@ -111,28 +76,67 @@ def test_the_document_is_complete_and_escaped(qualified_repo: EvidenceRepo, tmp_
 
 
 def html_escaped(text: str) -> str:
-    import html
+    from markupsafe import escape  # the escaping the templates' autoescape applies
 
-    return html.escape(text)
+    return str(escape(text))
 
 
 @needs_chromium
-@pytest.mark.parametrize("width", [1280, 500])
-def test_no_horizontal_overflow_and_every_section_present(qualified_repo: EvidenceRepo, tmp_path: Path,
-                                                           width: int) -> None:
+@pytest.mark.parametrize("width", [1280, PRINT_WIDTH, 500])
+def test_no_horizontal_overflow_no_word_broken_and_every_section_present(qualified_repo: EvidenceRepo,
+                                                                          tmp_path: Path, width: int) -> None:
     [att] = list((qualified_repo.path / "attestations").glob("sha256-*/*.dsse.json"))
     doc = _report(qualified_repo, [att, _hostile_attestation(qualified_repo, tmp_path)])
-    out = _layout(render_html(doc), tmp_path, width)
+    out = _layout_s(render_html(doc), tmp_path, width)
     assert out["sections"] == {s: True for s in SECTIONS}
     assert out["scroll"] <= out["width"], out
     assert out["wide"] == []
     assert out["hostile"] == 0  # the predicate's markup stayed text
+    assert out["broken"] == []  # no header, code or term breaks mid-word ("Severit/y", "trus/ted")
+    assert 0 < out["json_height"] < 60  # the raw JSON is folded to its summary line: not in a printout
+
+
+@needs_chromium
+def test_the_word_probe_sees_a_broken_word(tmp_path: Path) -> None:
+    """The probe fails a header squeezed until it breaks, so the assertion above can fail."""
+    page = ('<html><body><table style="width:10px"><tr><th style="overflow-wrap:anywhere;white-space:normal">'
+            "Severity</th></tr></table></body></html>")
+    assert _layout_s(page, tmp_path, 500)["broken"] == ["Severity"]
+
+
+def test_a_filed_record_names_files_by_sha256_the_absolute_path_the_opa_version_and_its_references(
+        qualified_repo: EvidenceRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = qualified_repo.path
+    monkeypatch.chdir(repo)
+    relative = _checkpoint(repo).relative_to(repo)
+    doc = build_report(relative, [], options=EngineOptions(policy_dir=repo / "policies"))
+    page = render_html(doc)
+    c = doc["checkpoint"]
+    assert c["path"] == str(repo / relative) and c["path_as_given"] == str(relative)
+    assert c["files"] and all(re.fullmatch(r"[0-9a-f]{64}", f["sha256"]) for f in c["files"])
+    assert all(f["sha256"] in page for f in c["files"])
+    assert str(repo / relative) in page
+    assert "pid" not in page.split('id="h-json"')[0]  # the engine is named by version, not by process
+    assert f"OPA {doc['generated']['engine']['opa_version']}" in page
+    assert doc["generated"]["engine"]["opa_version"]
+    for rid in ("R28", "R30"):  # cited by the containment note, explained on the page
+        assert f'<dt id="{rid}">{rid}</dt>' in page
+    assert 'id="revision-note"' in page and "trust data" in page.split('id="revision-note"')[1].split("</p>")[0]
+    assert "<details>" in page and "<details open" not in page
+
+
+def test_the_register_titles_are_the_docs_references_table() -> None:
+    """``evidence/register.json`` (in the wheel, which has no docs/) is the references table's IDs and
+    titles, exactly."""
+    table = dict(re.findall(r"^\| (R\d\d) \| ([^|]+?) \|", (REPO / "docs" / "references.md").read_text(), re.M))
+    shipped = json.loads((REPO / "src" / "ckptgate" / "evidence" / "register.json").read_text())
+    assert shipped == table and len(table) >= 30
 
 
 @needs_chromium
 def test_layout_probe_sees_overflow(tmp_path: Path) -> None:
     """The probe itself fails a page that is too wide, so the assertions above can fail."""
-    out = _layout(f"<html><body><pre style=\"white-space:pre\">{LONG}</pre></body></html>", tmp_path, 500)
+    out = _layout_s(f"<html><body><pre style=\"white-space:pre\">{LONG}</pre></body></html>", tmp_path, 500)
     assert out["scroll"] > out["width"] and out["wide"]
 
 
@@ -144,7 +148,7 @@ def test_screenshot(qualified_repo: EvidenceRepo, tmp_path: Path) -> None:
     page = tmp_path / "report.html"
     page.write_text(render_html(_report(qualified_repo, [att])), encoding="utf-8")
     shot = tmp_path / "report.png"
-    _chromium(tmp_path, "--window-size=1100,2600", f"--screenshot={shot}", page.as_uri())
+    chromium(tmp_path, "--window-size=1100,2600", f"--screenshot={shot}", page.as_uri())
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if os.environ.get("CKPTGATE_UPDATE_SCREENSHOT") == "1":
         dest = REPO / "docs" / "img" / "reviewer-report.png"

@@ -50,6 +50,9 @@ REPO = Path(__file__).resolve().parents[2]
 #: ``model.safetensors`` beside the pickled state.
 RUN_FORMATS = {"trainer-safetensors": "safetensors", "trainer-peft": "peft-lora",
                "trainer-deepspeed": "deepspeed-zero{zero_stage}", "accelerate-save-state": "safetensors"}
+#: Producer formats whose files are another format's layout: ZeRO-1 writes ZeRO-2's file names, and
+#: only ``zero_stage`` inside the optimizer states tells them apart (the row's topology carries it).
+SAME_LAYOUT = {"deepspeed-zero1": "deepspeed-zero2"}
 
 
 def _known_format(meta: dict) -> str:
@@ -58,6 +61,8 @@ def _known_format(meta: dict) -> str:
     formats = (gates_data(REPO) or {}).get("formats") or {}
     if meta["format"] in formats:
         return meta["format"]
+    if meta["format"] in SAME_LAYOUT:
+        return SAME_LAYOUT[meta["format"]]
     if meta["format"] not in RUN_FORMATS:
         pytest.fail(f"meta format {meta['format']!r} is neither in the gates data nor a known run producer's")
     want = RUN_FORMATS[meta["format"]].format(**meta["topology"])
@@ -89,7 +94,14 @@ def test_hf_sharded_layout_matches_expected(name: str) -> None:
     assert got == {k: (v["dtype"], v["shape"]) for k, v in meta["expected"]["tensors"].items()}
 
 
-@pytest.mark.parametrize("name", ["dcp_torch_save", "dcp_torch_save_bytes"])
+#: The DCP torch_save fixtures: the project's and those farm environments wrote with other torch
+#: releases (``dcp_torch_save_pt215``, ...), whose ``.metadata`` shapes differ (TensorProperties).
+DCP_TORCH_SAVE = sorted(p.name for p in FIXTURES.iterdir()
+                        if p.name in ("dcp_torch_save", "dcp_torch_save_bytes")
+                        or p.name.startswith(("dcp_torch_save_pt", "dcp_torch_save_bytes_pt")))
+
+
+@pytest.mark.parametrize("name", DCP_TORCH_SAVE)
 def test_dcp_torch_save_byte_ranges_hold_the_expected_values(name: str) -> None:
     d, meta = _fixture(name)
     insp = inspect_tree(d / "checkpoint")
@@ -317,6 +329,45 @@ def _rewrite_metadata(root: Path, edit) -> None:  # noqa: ANN001
     md = pickle.loads((root / ".metadata").read_bytes())  # our own test file, written just above
     edit(md)
     (root / ".metadata").write_bytes(pickle.dumps(md, protocol=4))
+
+
+def _props_state(monkeypatch: pytest.MonkeyPatch, state) -> None:
+    """Make this torch pickle ``TensorProperties`` with ``state(props, original_state)``."""
+    from torch.distributed.checkpoint.metadata import TensorProperties
+
+    original = TensorProperties.__getstate__
+    monkeypatch.setattr(TensorProperties, "__getstate__", lambda self: state(self, original(self)))
+
+
+def _metadata_refusals(root: Path) -> list[str]:
+    return [f.message for f in inspect_tree(root).findings if f.code == "dcp.metadata_shape"]
+
+
+def test_dcp_tensor_properties_of_torch_2_15_with_strides_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.15 appends the full tensor's strides to TensorProperties (6 fields, version still
+    "1.0.0"); the real ``dcp_torch_save_pt215`` fixture holds them.  Emulated here on the project's torch."""
+    _props_state(monkeypatch, lambda self, st: (*st, (4, 1)))
+    root = _dcp(tmp_path / "ck", {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)})
+    insp = inspect_tree(root)
+    assert insp.clean and insp.layout["tensors"][0]["dtype"] == "float32"
+
+
+@pytest.mark.parametrize(("state", "why"), [
+    (lambda self, st: st[:4], "4 fields"),
+    (lambda self, st: (*st, (4, 1), "extra"), "7 fields"),
+    (lambda self, st: (*st, (4,)), "strides [4] do not match its 2 dimensions"),
+    (lambda self, st: (*st, ("4", 1)), "strides is not a tuple"),
+    (lambda self, st: (st[0], torch.sparse_coo, *st[2:]), "layout is not torch.strided"),
+])
+def test_dcp_tensor_properties_of_an_unknown_shape_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state, why: str
+) -> None:
+    """A TensorProperties no torch release writes is refused, not read by position (issue #31 item 4)."""
+    _props_state(monkeypatch, state)
+    root = _dcp(tmp_path / "ck", {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)})
+    msgs = _metadata_refusals(root)
+    assert msgs and why in msgs[0], msgs
+    assert not inspect_tree(root).consolidatable
 
 
 def test_dcp_relative_path_escape(tmp_path: Path) -> None:

@@ -148,3 +148,29 @@ def test_equal_iterations_in_both_spellings_are_ambiguous(tmp_path: Path) -> Non
     with pytest.raises(UsageError) as e:
         select_checkpoint(run, "7")
     assert e.value.code == "usage.checkpoint.ambiguous"
+
+
+@pytest.mark.parametrize("tracker", ["missing", "dangling_link", "link_to_a_file"])
+def test_latest_in_a_megatron_run_needs_the_tracker_itself(tmp_path: Path, tracker: str) -> None:
+    """Without the tracker the last completed save is unknown: the highest iter_ folder may be a save
+    still being written, so latest is refused, never the highest; a linked tracker is not Megatron's."""
+    run = _megatron_run(tmp_path / "run", [100, 200], None)
+    if tracker == "dangling_link":
+        (run / "latest_checkpointed_iteration.txt").symlink_to(tmp_path / "gone")
+    elif tracker == "link_to_a_file":
+        (tmp_path / "elsewhere.txt").write_text("100")
+        (run / "latest_checkpointed_iteration.txt").symlink_to(tmp_path / "elsewhere.txt")
+    with pytest.raises(UsageError) as e:
+        select_checkpoint(run, "latest")
+    assert e.value.code == "usage.checkpoint.tracker" and "iter_0000200" in e.value.message
+    assert select_checkpoint(run, "200") == run / "iter_0000200"  # a named iteration needs no tracker
+
+
+def test_the_only_iteration_is_taken_alone_only_when_the_tracker_names_it(tmp_path: Path) -> None:
+    """A tracker beside one iter_ folder that names another iteration (its folder gone) says that folder
+    is not a completed save: it is refused, not taken because it is alone."""
+    run = _megatron_run(tmp_path / "run", [300], "200")
+    with pytest.raises(UsageError) as e:
+        select_checkpoint(run, None)
+    assert e.value.code == "usage.checkpoint.tracker" and "iteration 200" in e.value.message
+    assert select_checkpoint(run, "300") == run / "iter_0000300"  # named explicitly, it is the user's choice

@@ -173,3 +173,24 @@ def test_intake_decision_accepts_a_sigstore_bundle_through_the_cli(testca: Path,
     assert without_root.returncode == 5  # verification alone failed
     assert json.loads(without_root.stdout)["input"]["rejected_attestations"][0]["code"] == \
         "verify.sigstore.no_trust_root"
+
+
+def test_the_sigstore_trust_root_is_a_named_input_of_the_decision(testca: Path, signed: Signed,
+                                                                   tmp_path: Path) -> None:
+    """The trusted_root.json decides which CAs and logs a Sigstore bundle may come from: each decision
+    names it with the sha256 of its bytes (it was named nowhere, so another root under the same
+    identity and issuer decided under the same inputs and revision; review2 A3)."""
+    import hashlib
+
+    from ckptgate.decide.options import EngineOptions, decision_inputs
+
+    other = _sign(testca, tmp_path / "other", json.dumps(STATEMENT).encode())
+    named = {}
+    for root in (signed.trusted_root, other.trusted_root):
+        (i,) = [i for i in decision_inputs(EngineOptions(sigstore_trust_root=root), None, {})
+                if i.role == "sigstore_trust_root"]
+        assert i.path == str(root) and i.origin == "explicit"
+        assert i.sha256 == "sha256:" + hashlib.sha256(root.read_bytes()).hexdigest()
+        named[root] = i.sha256
+    assert len(set(named.values())) == 2
+    assert not [i for i in decision_inputs(EngineOptions(), None, {}) if i.role == "sigstore_trust_root"]

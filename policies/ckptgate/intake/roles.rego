@@ -19,7 +19,12 @@ companions := sort([f.path |
 ]) if {
 	allow
 	_intake_cfg.companions.travel == true
+	not _hf_mapping_requested
 }
+
+# With --hf-config the published config and tokenizer files are the config's, never the
+# checkpoint's: its companions do not travel, and the decision names each one it leaves behind.
+_hf_mapping_requested if is_string(input.hf_mapping.family)
 
 # Resume state (optimizer, scheduler, RNG state, training arguments) is never loaded or published,
 # but a global outside what its producers write is a sign of tampering: the whole intake is refused.
@@ -42,6 +47,23 @@ info_reasons contains reason if {
 		"resume_state_excluded",
 		sprintf("%v is training resume state: reported, never loaded or published", [f.path]),
 		{"path": f.path},
+	)
+}
+
+info_reasons contains reason if {
+	_hf_mapping_requested
+	some f in object.get(input, ["inspection", "files"], [])
+	object.get(f, "role", null) == "companion"
+	reason := _reason(
+		"hf_mapping_companion_not_published",
+		sprintf(
+			concat(" ", [
+				"%v is a companion of the checkpoint; with --hf-config the published config and tokenizer",
+				"files are the config's (%v), so it is not published",
+			]),
+			[f.path, object.get(input.hf_mapping, "config_sha256", null)],
+		),
+		{"path": f.path, "config_sha256": object.get(input.hf_mapping, "config_sha256", null)},
 	)
 }
 

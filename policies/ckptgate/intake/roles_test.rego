@@ -86,3 +86,17 @@ test_resume_state_is_reported_only_for_files_with_that_role if {
 	}
 	excluded == {"training_args.bin"}
 }
+
+test_with_hf_config_the_checkpoint_companions_stay_and_are_named if {
+	inp := json.patch(_trainer_input(_trainer_args), [{
+		"op": "add", "path": "/hf_mapping",
+		"value": {"family": "llama", "config_sha256": "sha256:ab"},
+	}])
+	cs := intake.companions with input as inp
+		with intake.allow as true
+		with data.ckptgate.config.trust as td.trust
+	cs == []
+	infos := intake.info_reasons with input as inp with data.ckptgate.config.trust as td.trust
+	named := {r.evidence.path | some r in infos; r.code == "hf_mapping_companion_not_published"}
+	named == {"config.json", "tokenizer.model"}
+}

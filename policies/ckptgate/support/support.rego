@@ -104,9 +104,51 @@ target_rows := [row |
 #   requalification fails and supersedes it). Never from rows marked supported: a row is
 #   unqualified when the gate refuses it, so that could never admit a new release.
 # entrypoint: true
-qualified := {"adapters": {adapter: _qualified_adapter(adapter) |
-	some adapter, _ in data.ckptgate.config.gates.adapters
-}}
+qualified := {
+	"adapters": {adapter: _qualified_adapter(adapter) |
+		some adapter, _ in data.ckptgate.config.gates.adapters
+	},
+	"hf_mapping": {"qualified": sort(_hf_mapping_rows)},
+}
+
+# The check a mapping qualification signs (a logits-parity qualification of intake --hf-config):
+# such a statement qualifies a (family, release, topology) row of the mapping, never the adapter's
+# name-preserving reading.
+_logits_check := "logits_parity_1e-4_fp32"
+
+_mapping_qualification(att) if _logits_check in _p(att, ["result", "checks_run"])
+
+# METADATA
+# description: >-
+#   The generated Megatron -> Hugging Face mapping rows (data.ckptgate.config.qualified.hf_mapping,
+#   read by ckptgate.intake's hfmapping.rego): one per passing mapping qualification with retained
+#   evidence, its family read from that evidence (the retained log whose sha256 is the attested
+#   one), its release and topology from the signed statement.
+# scope: document
+_hf_mapping_rows contains row if {
+	some i, att in _attestations
+	trust.at(att, ["statement", "predicateType"]) == _qualification_type
+	_mapping_qualification(att)
+	problems := trust.problems(i, att, _context, _config) | qualification_problems(i, att)
+	every problem in problems {
+		problem.code in _gate_tolerated
+	}
+	mapping := object.get(att, ["retained_result", "mapping"], null)
+	is_string(mapping.family)
+	topology := _p(att, ["topology"])
+	row := {
+		"family": mapping.family,
+		"release": _p(att, ["producer", "version"]),
+		"tp": object.get(topology, "tp", 1),
+		"pp": object.get(topology, "pp", 1),
+		"ep": object.get(topology, "ep", 1),
+		"checks_run": _p(att, ["result", "checks_run"]),
+		"max_abs_delta": object.get(mapping, "max_abs_delta", null),
+		"fixture_digest": _p(att, ["fixture", "digest"]),
+		"attestation": trust.at(att, ["source"]),
+		"evidence": _p(att, ["result", "evidence", "location"]),
+	}
+}
 
 _qualified_adapter(adapter) := {
 	"producer": g.producer,
@@ -125,6 +167,7 @@ _gate_tolerated := {"attestation_wrong_commit"}
 _gate_rows contains row if {
 	some i, att in _attestations
 	trust.at(att, ["statement", "predicateType"]) == _qualification_type
+	not _mapping_qualification(att)
 	problems := trust.problems(i, att, _context, _config) | qualification_problems(i, att)
 	every problem in problems {
 		problem.code in _gate_tolerated

@@ -170,3 +170,43 @@ test_an_overlay_restriction_makes_a_qualified_row_unqualified if {
 	row.status == "unqualified"
 	"producer_release_unqualified" in _row_codes(row)
 }
+
+# A mapping qualification: megatron-core, its checks_run naming the logits check, its retained log
+# recording the mapping's family.
+_mapping_att(ops) := json.patch(_retained(td.attestation, "megatron-torch-dist"), array.concat(
+	[
+		{"op": "replace", "path": "/statement/predicate/producer", "value": {"name": "megatron-core", "version": "0.16.1"}},
+		{"op": "replace", "path": "/statement/predicate/adapter/name", "value": "megatron-torch-dist"},
+		{"op": "replace", "path": "/statement/predicate/topology", "value": _mapping_topology},
+		{"op": "replace", "path": "/statement/predicate/result/checks_run", "value": ["logits_parity_1e-4_fp32"]},
+		{"op": "add", "path": "/retained_result/mapping", "value": {"family": "mixtral", "max_abs_delta": 0.000002}},
+	],
+	ops,
+))
+
+_mapping_topology := {"tp": 1, "pp": 1, "dp": 2, "cp": 1, "ep": 2, "etp": 1, "world_size": 2}
+
+test_a_passing_mapping_qualification_is_a_generated_mapping_row_and_not_a_gate_row if {
+	q := _qualified([_mapping_att([])])
+	[row] := q.hf_mapping.qualified
+	object.filter(row, ["family", "release", "tp", "pp", "ep"]) == {
+		"family": "mixtral", "release": "0.16.1",
+		"tp": 1, "pp": 1, "ep": 2,
+	}
+	row.checks_run == ["logits_parity_1e-4_fp32"]
+	row.max_abs_delta == 0.000002
+	q.adapters["megatron-torch-dist"].rows == [] # it never qualifies the name-preserving reading
+}
+
+test_no_failing_or_unretained_mapping_qualification_is_a_mapping_row if {
+	failed := {"op": "replace", "path": "/statement/predicate/result/status", "value": "failed"}
+	_qualified([_mapping_att([failed])]).hf_mapping.qualified == []
+	unretained := {"op": "replace", "path": "/retained_result/sha256", "value": null}
+	_qualified([_mapping_att([unretained])]).hf_mapping.qualified == []
+	no_family := {"op": "remove", "path": "/retained_result/mapping"}
+	_qualified([_mapping_att([no_family])]).hf_mapping.qualified == []
+}
+
+test_a_name_preserving_qualification_is_no_mapping_row if {
+	_qualified([_retained(td.attestation, "deepspeed-zero2")]).hf_mapping.qualified == []
+}

@@ -98,7 +98,8 @@ def check_platform(platform: str | None = None) -> None:
             "usage.platform.unsupported",
             f"ckptgate runs on Linux only, not on {platform}: it relies on openat2, namespaces and seccomp",
             evidence={"platform": platform},
-            advice="Run ckptgate on a Linux host, or in a Linux container or virtual machine.",
+            advice=f"Run ckptgate on a Linux host (kernel 5.6 or later), or in a Linux container or virtual "
+            f"machine on this {platform} host.",
         )
 
 

@@ -189,7 +189,8 @@ def register(cli: click.Group) -> None:
             raise UsageError(
                 "usage.hf_config.combination",
                 f"--hf-config does not combine with {'--select' if select is not None else '--distributed'}",
-                advice="Leave that option out: a mapped intake takes the whole model and runs as one process.",
+                advice=f"Leave {'--select' if select is not None else '--distributed'} out: a mapped intake "
+                "(--hf-config) takes the whole model and runs as one process.",
             )
         if distributed:
             return _run_distributed(

@@ -61,7 +61,12 @@ def register(cli: click.Group) -> None:
         root, options = evidence_repo(repo, engine)  # the configured layout
         if all_:
             if adapter or fixture:
-                raise UsageError("usage.invalid", "--all takes no --adapter or --fixture")
+                raise UsageError(
+                    "usage.invalid",
+                    "--all takes no --adapter or --fixture",
+                    advice="Run `ckptgate qualify --all` alone, or name one pair: "
+                    "`ckptgate qualify --adapter ADAPTER --fixture FIXTURE`.",
+                )
             results = qualify_all(root, key=key, options=options, allow_dirty=allow_dirty)
             if as_json:
                 emit_json({"results": results})
@@ -73,7 +78,12 @@ def register(cli: click.Group) -> None:
                     )
             return 0 if all(r["status"] in ("passed", "skipped") for r in results) else 7
         if not adapter or not fixture:
-            raise UsageError("usage.invalid", "give --adapter and --fixture, or --all")
+            raise UsageError(
+                "usage.invalid",
+                "give --adapter and --fixture, or --all",
+                advice="Run `ckptgate qualify --adapter ADAPTER --fixture FIXTURE` for one pair, "
+                "or `ckptgate qualify --all` for every one.",
+            )
         result = qualify(root, find_fixture(root, fixture), adapter, key=key, options=options, allow_dirty=allow_dirty)
         if as_json:
             emit_json(result.to_json())

@@ -56,7 +56,12 @@ class EmptyCheckpoint(InputRejected):
 
 
 def no_tensors(what: str = "tensors") -> EmptyCheckpoint:
-    return EmptyCheckpoint("input.empty", f"the checkpoint holds no {what}")
+    return EmptyCheckpoint(
+        "input.empty",
+        f"the checkpoint holds no {what}",
+        advice=f"Check that SRC is the checkpoint itself, not a parent or a partial copy: `ckptgate inspect SRC` "
+        f"lists the files it holds and the {what} in them.",
+    )
 
 
 class NotConsolidatable(InputRejected):

@@ -15,8 +15,10 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from ckptgate.consolidate.diskwrite import write_back
 from ckptgate.consolidate.plan import ConsolidationPlan
-from ckptgate.consolidate.writer import DEFAULT_CHUNK, PENDING_CAP, Segment, WrittenFile, in_order, lay_out, write_back
+from ckptgate.consolidate.segments import Segment, in_order
+from ckptgate.consolidate.writer import DEFAULT_CHUNK, PENDING_CAP, WrittenFile, lay_out
 from ckptgate.errors import RuntimeFailure
 
 __all__ = ["StreamedPlan"]

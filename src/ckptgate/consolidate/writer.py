@@ -21,7 +21,7 @@ modes expand it run by run as they reach it, merging the runs of every placement
 (held mode) or of a source (verified mode) in order, so the writer too holds O(placements).
 
 A third way, :mod:`ckptgate.consolidate.streamed`, writes from bytes someone else reads: intake's one pass,
-where the fixture digest hands it each chunk it has just hashed (``ckptgate.pipeline.OnePass``).
+where the fixture digest hands it each chunk it has just hashed (``ckptgate.onepass.OnePass``).
 
 Durability is publication's job (:func:`ckptgate.publish.publish` fsyncs every staged file
 once).  Which write path, by a fixed rule rather than a measurement at start:
@@ -41,22 +41,20 @@ thread pool.
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import fcntl
 import hashlib
-import heapq
 import json
-import mmap
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptgate.consolidate import diskwrite as disk
 from ckptgate.consolidate.cast import convert
+from ckptgate.consolidate.held import copy_in_order
 from ckptgate.consolidate.plan import DTYPE_SIZES, ConsolidationPlan, ShardTask
+from ckptgate.consolidate.segments import Segment, in_order
 from ckptgate.errors import RuntimeFailure
 
 #: 4 MiB, measured: on the 2-core development VM, held-mode windows of 2-4 MiB copied 2 GB 15-20%
@@ -65,12 +63,7 @@ DEFAULT_CHUNK = 4 << 20
 #: The bytes a streamed plan may hold for outputs whose pieces arrive out of order (all outputs
 #: together); beyond it, the rest of such an output is hashed by reading it back.
 PENDING_CAP = 128 << 20
-_RING = 4  # windows per output in held mode: one being filled, the others being hashed and written
-_ALIGN = 4096  # O_DIRECT: buffer address, file offset and length in whole blocks
 INDEX_NAME = "model.safetensors.index.json"
-_SYNC_FILE_RANGE_WRITE = 2
-_sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
-_sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 _CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -97,60 +90,6 @@ def header_bytes(task: ShardTask) -> bytes:
     return len(raw).to_bytes(8, "little") + raw
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """``length`` source bytes at ``src_offset`` go to ``out_offset`` of ``out_fd``, converted from
-    ``conv[0]`` to ``conv[1]`` when the user asked for a cast (the output length then differs).
-    With ``count`` > 1, ``count`` such runs, each ``src_stride`` and ``out_stride`` after the last."""
-
-    src_offset: int
-    length: int
-    out_fd: int
-    out_offset: int
-    conv: tuple[str, str] | None = None
-    count: int = 1
-    src_stride: int = 0
-    out_stride: int = 0
-
-    @property
-    def src_end(self) -> int:
-        return self.src_offset + (self.count - 1) * self.src_stride + self.length
-
-    def runs(self) -> Iterator[Segment]:
-        """Each run as a plain segment, built one at a time."""
-        if self.count == 1:
-            yield self
-            return
-        for k in range(self.count):
-            yield Segment(
-                self.src_offset + k * self.src_stride,
-                self.length,
-                self.out_fd,
-                self.out_offset + k * self.out_stride,
-                self.conv,
-            )
-
-
-def in_order(segments: Iterable[Segment], key: Callable[[Segment], int]) -> Iterator[Segment]:
-    """Every run of ``segments``, ordered by ``key``: strided segments are expanded lazily."""
-    segs = list(segments)
-    plain = sorted((s for s in segs if s.count == 1), key=key)
-    strided = [s.runs() for s in segs if s.count > 1]
-    return heapq.merge(plain, *strided, key=key) if strided else iter(plain)
-
-
-def _runs_in_output_order(pieces: list[tuple[str, Segment]]) -> Iterator[tuple[str, Segment]]:
-    """``(src, run)`` for every run of ``pieces``, by output offset; strided ones expanded lazily."""
-    plain = sorted(((src, g) for src, g in pieces if g.count == 1), key=lambda p: p[1].out_offset)
-    strided = [_tagged(src, g) for src, g in pieces if g.count > 1]
-    return heapq.merge(plain, *strided, key=lambda p: p[1].out_offset) if strided else iter(plain)
-
-
-def _tagged(src: str, segment: Segment) -> Iterator[tuple[str, Segment]]:
-    for run in segment.runs():
-        yield src, run
-
-
 def lay_out(
     plan: ConsolidationPlan, out_fd: int, opened: dict[str, int], *, write_heads: bool
 ) -> tuple[dict[str, list[Segment]], dict[str, int], dict[str, bytes]]:
@@ -172,7 +111,7 @@ def lay_out(
         head = heads[task.filename] = header_bytes(task)
         fd = create(task.filename, len(head) + task.nbytes)
         if write_heads:
-            _pwrite_all(fd, head, 0)
+            disk.pwrite_all(fd, head, 0)
         base = len(head)
         for t in task.tensors:
             conv = (t.source_dtype, t.dtype) if t.source_dtype else None
@@ -196,22 +135,6 @@ def lay_out(
         if c.size:
             segments.setdefault(c.src, []).append(Segment(0, c.size, fd, 0))
     return segments, sizes, heads
-
-
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
-
-
-def write_back(fd: int, data: memoryview, offset: int) -> None:
-    """Write ``data`` at ``offset`` and start (never wait for) its write-back to the disk.
-
-    The hint's result is ignored: where the file system refuses it, fsync simply does it all.
-    """
-    _pwrite_all(fd, data, offset)
-    _sync_file_range(fd, offset, len(data), _SYNC_FILE_RANGE_WRITE)
 
 
 def _scatter_source(
@@ -253,7 +176,7 @@ def _scatter_source(
         for s in active:
             lo, hi = max(pos, s.src_offset), min(end, s.src_offset + s.length)
             if lo < hi and s.conv is None:
-                write_back(s.out_fd, view[lo - pos : hi - pos], s.out_offset + (lo - s.src_offset))
+                disk.write_back(s.out_fd, view[lo - pos : hi - pos], s.out_offset + (lo - s.src_offset))
                 if on_bytes:
                     on_bytes(hi - lo)
             elif lo < hi and s.conv is not None:  # whole elements only: a chunk may end inside one
@@ -261,7 +184,7 @@ def _scatter_source(
                 data = part + view[lo - pos : hi - pos].tobytes()
                 whole = len(data) - len(data) % DTYPE_SIZES[s.conv[0]]
                 out = convert(data[:whole], *s.conv)
-                write_back(s.out_fd, memoryview(out), s.out_offset + done)
+                disk.write_back(s.out_fd, memoryview(out), s.out_offset + done)
                 carry[id(s)] = (data[whole:], done + len(out))
                 if on_bytes:
                     on_bytes(len(out))
@@ -275,8 +198,8 @@ def _scatter_source(
             "runtime.copy.source_changed",
             f"{src} no longer has the sha256 that was measured and decided on; nothing was published",
             evidence={"source": src, "expected": expected_sha256, "actual": h.hexdigest()},
-            advice="The checkpoint changed while it was being taken in. Take it in again "
-            "from a copy that nothing else writes to.",
+            advice=f"{src} changed while it was being taken in: copy the checkpoint to a directory that nothing "
+            "else writes to (`cp -a SRC COPY`), and take that copy in.",
         )
 
 
@@ -291,151 +214,6 @@ def _hash_file(fd: int, chunk_size: int) -> str:
     return h.hexdigest()
 
 
-class _Sink:
-    """One output file, written by one thread: whole aligned blocks with ``O_DIRECT`` where the file
-    system takes it (no page cache to fill and no write-back left for the fsync; on this project's
-    VM, page-cache writes vary several-fold in speed from one run to the next), the rest buffered."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.direct = _set_direct(fd, True)
-
-    def write(self, data: memoryview, offset: int) -> None:
-        n = len(data) & -_ALIGN if self.direct else 0
-        if n:
-            try:
-                _pwrite_all(self.fd, data[:n], offset)
-            except OSError as e:
-                if e.errno != errno.EINVAL:  # EINVAL: this file system's direct I/O wants other alignment
-                    raise
-                n = 0
-        if n < len(data):
-            if self.direct:  # the unaligned tail, or the rest after EINVAL: buffered from here on
-                _set_direct(self.fd, False)
-                self.direct = False
-            write_back(self.fd, data[n:], offset + n)
-
-
-def _set_direct(fd: int, on: bool) -> bool:
-    """Turn ``O_DIRECT`` on or off for ``fd``; whether that worked."""
-    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT if on else flags & ~os.O_DIRECT)
-    except OSError:
-        return False
-    return True
-
-
-def _copy_in_order(
-    name: str,
-    fd: int,
-    size: int,
-    head: bytes,
-    pieces: list[tuple[str, Segment]],
-    sources: Mapping[str, int],
-    chunk_size: int,
-    on_bytes: Callable[[int], None] | None,
-) -> str:
-    """Write output ``name`` front to back from held sources; return its sha256.
-
-    ``pieces`` are ``(src, segment)``; the runs of the segments, expanded one at a time in output
-    order, must tile ``[0, size)`` exactly together with the header.  The output is assembled in
-    page-aligned windows of about ``chunk_size`` bytes: the header, then every placed range read
-    with ``preadv`` straight into its place.  Each full window is hashed on one thread and written
-    (:class:`_Sink`) on another while this thread fills the next, through a ring of :data:`_RING`
-    windows.  A piece with ``conv`` (a cast the user asked for) is read in whole elements, converted
-    (:func:`~ckptgate.consolidate.cast.convert`) and taken like the header.
-    """
-    window = max(_ALIGN, chunk_size - chunk_size % _ALIGN)
-    ring = [mmap.mmap(-1, window) for _ in range(_RING)]  # anonymous maps: page-aligned, as O_DIRECT needs
-    views = [memoryview(m) for m in ring]
-    pending: list[tuple[Future[None], ...]] = [()] * _RING
-    h = hashlib.sha256()
-    sink = _Sink(fd)
-    k = fill = base = 0  # window k holds the output bytes [base, base + fill)
-    with (
-        ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-hash") as hasher,  # FIFO: in order
-        ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-write") as writer,
-    ):
-
-        def ship() -> None:
-            nonlocal k, fill, base
-            view = views[k][:fill]
-            pending[k] = (hasher.submit(h.update, view), writer.submit(sink.write, view, base))
-            k, base, fill = (k + 1) % _RING, base + fill, 0
-            for f in pending[k]:  # the next window is free once it is hashed and written
-                f.result()
-
-        def take(src: str, sfd: int | None, src_off: int, length: int, mem: bytes = head) -> None:
-            nonlocal fill
-            while length:
-                n = min(window - fill, length)
-                if sfd is None:
-                    views[k][fill : fill + n] = mem[src_off : src_off + n]
-                else:
-                    n = os.preadv(sfd, [views[k][fill : fill + n]], src_off)
-                    if n <= 0:
-                        raise RuntimeFailure(
-                            "runtime.copy.short_read",
-                            f"{src}: the source ended early at byte {src_off}",
-                            evidence={"source": src, "offset": src_off},
-                        )
-                    if on_bytes:
-                        on_bytes(n)
-                fill, src_off, length = fill + n, src_off + n, length - n
-                if fill == window:
-                    ship()
-
-        def take_converted(src: str, sfd: int, src_off: int, length: int, conv: tuple[str, str]) -> int:
-            """Read whole elements into ``scratch``, convert them and take the result; return its size."""
-            out_len = 0
-            while length:
-                n = min(len(scratch), length)
-                got = os.preadv(sfd, [scratch[:n]], src_off)
-                if got != n:
-                    raise RuntimeFailure(
-                        "runtime.copy.short_read",
-                        f"{src}: the source ended early at byte {src_off + max(got, 0)}",
-                        evidence={"source": src, "offset": src_off},
-                    )
-                out = convert(scratch[:n], *conv)
-                take(src, None, 0, len(out), out)
-                if on_bytes:
-                    on_bytes(len(out))  # progress counts output bytes, as the plan's total does
-                out_len, src_off, length = out_len + len(out), src_off + n, length - n
-            return out_len
-
-        # a multiple of 8: whole elements
-        scratch = memoryview(bytearray(window if any(g.conv for _, g in pieces) else 0))
-        take(name, None, 0, len(head))
-        pos = len(head)
-        for src, run in _runs_in_output_order(pieces):
-            out_off, src_off, length, conv = run.out_offset, run.src_offset, run.length, run.conv
-            if out_off != pos:
-                raise RuntimeFailure(
-                    "runtime.copy.not_tiled",
-                    f"{name}: the plan leaves a gap or an overlap at byte {min(pos, out_off)}",
-                    evidence={"output": name, "at": pos, "next": out_off},
-                )
-            if conv is None:
-                take(src, sources[src], src_off, length)
-                pos += length
-            else:
-                pos += take_converted(src, sources[src], src_off, length, conv)
-        if fill:
-            ship()
-        for fs in pending:
-            for f in fs:
-                f.result()
-    if pos != size:
-        raise RuntimeFailure(
-            "runtime.copy.not_tiled",
-            f"{name}: the plan covers {pos} of {size} bytes",
-            evidence={"output": name, "covered": pos, "size": size},
-        )
-    return h.hexdigest()
-
-
 def write_index(plan: ConsolidationPlan, out_fd: int) -> WrittenFile | None:
     """Write ``model.safetensors.index.json`` for ``plan`` into ``out_fd``; ``None`` if it has none."""
     if not plan.write_index:
@@ -447,7 +225,7 @@ def write_index(plan: ConsolidationPlan, out_fd: int) -> WrittenFile | None:
     raw = (json.dumps(index, indent=2, sort_keys=False) + "\n").encode()
     fd = os.open(INDEX_NAME, os.O_WRONLY | _CREATE, 0o644, dir_fd=out_fd)
     try:
-        _pwrite_all(fd, raw, 0)
+        disk.pwrite_all(fd, raw, 0)
     finally:
         os.close(fd)
     return WrittenFile(filename=INDEX_NAME, size=len(raw), sha256=hashlib.sha256(raw).hexdigest())
@@ -515,7 +293,7 @@ def _write_plan(
                         pieces[g.out_fd].append((src, g))
                 futures = {
                     name: pool.submit(
-                        _copy_in_order,
+                        copy_in_order,
                         name,
                         fd,
                         sizes[name],

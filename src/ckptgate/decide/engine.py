@@ -142,7 +142,8 @@ class RemoteOpa(_ClientEngine):
                 "engine.remote.insecure",
                 f"{url!r} is plain http to another host: the bearer "
                 "token and the decisions would travel unprotected; use https",
-                advice="Serve OPA over TLS, or reach it through a loopback tunnel.",
+                advice=f"Pass --opa-url https://{parsed.hostname}:PORT (OPA served over TLS), or reach it "
+                "through a loopback tunnel: --opa-url http://127.0.0.1:PORT.",
             )
         port = explicit_port or (443 if parsed.scheme == "https" else 80)
         self._client = OpaHttp(

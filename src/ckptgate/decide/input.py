@@ -59,9 +59,17 @@ class Request:
                 "`ckptgate inspect SRC --json` shows the tree's keys.",
             )
         if self.action not in ACTIONS:
-            raise UsageError("usage.request.action", f"unknown action {self.action!r}")
+            raise UsageError(
+                "usage.request.action",
+                f"unknown action {self.action!r}",
+                advice=f"Give the request one of the actions {', '.join(ACTIONS)}, not {self.action!r}.",
+            )
         if self.now.tzinfo is None:
-            raise UsageError("usage.request.naive_time", "the request time must be timezone-aware")
+            raise UsageError(
+                "usage.request.naive_time",
+                "the request time must be timezone-aware",
+                advice=f"Give the request an aware time, such as `datetime.now(UTC)`, not {self.now.isoformat()}.",
+            )
         if self.candidate_commit is not None:
             check_commit(self.candidate_commit)
 

@@ -35,6 +35,7 @@ ROLES = (
     "policy_bundle",
     "remote_engine",
     "hf_config",  # intake --hf-config: the declared Hugging Face config's manifest (path, size, sha256)
+    "sigstore_trust_root",  # --sigstore-trust-root: the CAs and logs a Sigstore bundle is verified against
 )
 ORIGINS = ("explicit", "environment", "discovered", "base", "bundled", "signed")
 

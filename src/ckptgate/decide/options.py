@@ -33,7 +33,7 @@ from ckptgate.decide.engine import PolicyEngine, open_engine
 from ckptgate.decide.inputs import DecisionInput, revision_document, sha256_of
 from ckptgate.errors import UsageError
 from ckptgate.verify import TrustData
-from ckptgate.verify.sigstore import check_trust_root
+from ckptgate.verify.sigstore import check_trust_root, trust_root_sha256
 
 __all__ = ["TRUST_IN_BUNDLE", "EngineOptions", "engine_for", "load_trust", "trust_file_in"]
 
@@ -223,6 +223,16 @@ def decision_inputs(
         default = "explicit" if options.trust_file is not None else _default_origin(options.policy_dir)
         origin, path = named("trust", options.trust_file or trust.source or "", default)
         out.append(DecisionInput(role="trust", path=path, origin=origin, sha256=sha256_of(trust.raw)))
+    if options.sigstore_trust_root is not None:  # Python verifies with it, whichever engine decides
+        origin, path = named("sigstore_trust_root", options.sigstore_trust_root)
+        out.append(
+            DecisionInput(
+                role="sigstore_trust_root",
+                path=path,
+                origin=origin,
+                sha256=trust_root_sha256(options.sigstore_trust_root),
+            )
+        )
     return tuple(out)
 
 

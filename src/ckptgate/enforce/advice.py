@@ -21,6 +21,9 @@ INFORMATIONAL = frozenset(
         "training_state_selected",
         "resume_state_excluded",
         "containment_optional_control_absent",
+        "hf_mapping_declared_not_measured",
+        "hf_mapping_args_agreed",
+        "hf_mapping_companion_not_published",
     }
 )
 
@@ -77,6 +80,11 @@ REASON_ADVICE: dict[str, str] = {
     "ckptgate/config/intake/data.json.",
     "hf_mapping_provenance_unknown": "Offer the producer's attestation that states the megatron-core release and "
     "topology with --attestation FILE, or leave --hf-config out.",
+    "hf_config_contradicts_attestation": "Declare with --hf-config the config the job trained against (the "
+    "training provenance records its manifest sha256: `ckptgate attest show FILE`), or offer the provenance of "
+    "this config.",
+    "hf_config_not_attested": "Offer training provenance made with `ckptgate attest checkpoint --hf-config DIR` "
+    "for this config, or set hf_mapping.require_attested_config to false in a policy-data overlay.",
     "hf_mapping_topology_mismatch": "Offer the attestation made for this checkpoint's own tensor-parallel layout "
     "(`ckptgate inspect SRC --json` shows it) with --attestation FILE.",
     "resume_state_global_not_allowlisted": "`ckptgate inspect SRC --json` names the file and the global, which the "

@@ -75,7 +75,8 @@ def job_for(loader: str) -> str:
         "runtime.worker.no_job",
         f"the contained worker has no job for loader {loader!r}",
         evidence={"loader": loader, "jobs": dict(JOBS)},
-        advice="This loader cannot run in the contained worker yet; nothing was loaded.",
+        advice=f"Loader {loader!r} cannot run in the contained worker yet; nothing was loaded. This is a bug in "
+        "ckptgate: report it with the --json output.",
     )
 
 
@@ -148,8 +149,8 @@ def _sealed_copy(tree: SafeTree, rel: str, sha256: str) -> int:
                 "runtime.worker.input_changed",
                 f"{rel} no longer has the sha256 that was measured and decided on; nothing was loaded",
                 evidence={"source": rel, "expected": sha256, "actual": h.hexdigest()},
-                advice="The checkpoint changed while it was being taken in. Take it in again "
-                "from a copy that nothing else writes to.",
+                advice=f"{rel} changed while it was being taken in: copy the checkpoint to a directory that "
+                "nothing else writes to (`cp -a SRC COPY`), and take that copy in.",
             )
         fcntl.fcntl(mem, fcntl.F_ADD_SEALS, _SEALS)
         return os.open(f"/proc/self/fd/{mem}", os.O_RDONLY | os.O_CLOEXEC)  # a read-only description

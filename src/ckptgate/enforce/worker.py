@@ -22,38 +22,31 @@ safe, and the controls hold only as measured on this host [R30-R35, claim rules 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
-import re
 import signal
 import stat
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ckptgate.digest import Digest
 from ckptgate.enforce import protocol as wp
-from ckptgate.enforce.containment import (
-    CONTROLS,
-    NAMESPACES,
-    RLIMITS,
-    ContainmentProfile,
-    cgroup_v2_slot,
-    namespace_ids,
-)
-from ckptgate.enforce.protocol import (
-    JOBS,
-    MEASURED_FIELDS,
-    RECORD_FIELDS,
-    PermitTerms,
-    SpecError,
-    SpecFile,
-    WorkerSpec,
+from ckptgate.enforce.containment import NAMESPACES, ContainmentProfile, cgroup_v2_slot, namespace_ids
+from ckptgate.enforce.protocol import JOBS, PermitTerms, SpecError, SpecFile, WorkerSpec
+from ckptgate.enforce.worker_records import RecordReader
+from ckptgate.enforce.worker_terms import (
+    PREIMPORT_ROOTS,
+    ChunkSink,
+    OpenedInput,
+    TensorBytes,
+    TensorHeader,
+    WorkerLimits,
+    WorkerResult,
 )
 from ckptgate.errors import RuntimeFailure
 
@@ -74,158 +67,6 @@ __all__ = [
 
 #: Seconds to wait, after the worker's process group is reaped, for its output to be parsed.
 _READER_JOIN_S = 120.0
-
-#: Top-level packages the worker may pre-import before the filter is loaded.  A module outside
-#: these is refused before spawn: importing it would run its top-level code unfiltered.
-PREIMPORT_ROOTS: frozenset[str] = frozenset(
-    {
-        "torch",
-        "numpy",
-        "collections",
-        "deepspeed",
-        "megatron",
-        "peft",
-        "transformers",
-        "argparse",
-        "enum",
-        "datetime",
-        "decimal",
-        "fractions",
-        "pathlib",
-        "typing",
-        "dataclasses",
-        "functools",
-        "_codecs",
-        "codecs",
-        "copyreg",
-        "builtins",
-        "types",
-    }
-)
-
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_STDERR_TAIL = 64 << 10
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OpenedInput:
-    """An input the parent opened read-only and hashed (consolidation hands over a sealed in-memory
-    copy read through the tree); the worker inherits ``fd``, and re-hashes it against ``sha256``."""
-
-    fd: int
-    relpath: str
-    sha256: str
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.fd, int) or self.fd < 3:
-            raise ValueError("fd must be an int >= 3")
-        if not isinstance(self.relpath, str) or not self.relpath or "\0" in self.relpath:
-            raise ValueError("relpath must be a non-empty string")
-        if not isinstance(self.sha256, str) or not _SHA256.match(self.sha256):
-            raise ValueError("sha256 must be 64 lower-case hex digits")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerLimits:
-    """Resource limits of one worker run."""
-
-    #: RLIMIT_AS; torch alone maps about 4.5 GB of address space.
-    address_space_bytes: int = 32 << 30
-    #: RLIMIT_CPU (all threads together).
-    cpu_seconds: int = 3600
-    #: RLIMIT_FSIZE: the worker writes no file, so 0.
-    file_size_bytes: int = 0
-    #: RLIMIT_NOFILE.
-    open_files: int = 256
-    #: RLIMIT_NPROC (threads count too).
-    processes: int = 256
-    #: cgroup v2 ``memory.max`` and ``pids.max``, where the host has them.
-    cgroup_memory_bytes: int = 32 << 30
-    cgroup_pids: int = 256
-    #: Seconds for interpreter start, pre-imports and setup, before the ``ready`` record.
-    setup_timeout_s: float = 120.0
-    #: Largest JSON record accepted from the worker.
-    max_json_bytes: int = 256 << 20
-    #: Tensor bytes are sent in chunks of at most this size.
-    chunk_bytes: int = 8 << 20
-    #: Largest total of tensor bytes collected in memory when no sink is given.
-    max_collected_bytes: int = 1 << 30
-    #: Object-tree limits of the placement plan.
-    max_nodes: int = 2_000_000
-    max_depth: int = 200
-
-    def __post_init__(self) -> None:
-        for name in (
-            "address_space_bytes",
-            "cpu_seconds",
-            "open_files",
-            "processes",
-            "cgroup_memory_bytes",
-            "cgroup_pids",
-            "max_json_bytes",
-            "chunk_bytes",
-            "max_collected_bytes",
-            "max_nodes",
-            "max_depth",
-        ):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name} must be a positive int")
-        if not isinstance(self.file_size_bytes, int) or self.file_size_bytes < 0:
-            raise ValueError("file_size_bytes must be an int >= 0")
-        if not self.setup_timeout_s > 0:
-            raise ValueError("setup_timeout_s must be positive")
-
-    def rlimits(self) -> dict[str, int]:
-        out = {
-            "AS": self.address_space_bytes,
-            "CPU": self.cpu_seconds,
-            "FSIZE": self.file_size_bytes,
-            "NOFILE": self.open_files,
-            "NPROC": self.processes,
-        }
-        assert set(out) == set(RLIMITS)
-        return out
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TensorHeader:
-    """A tensor the worker streams as raw bytes (C-contiguous, native little-endian)."""
-
-    file: str
-    path: tuple[str | int, ...]
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TensorBytes:
-    """A streamed tensor collected in memory (when no sink was given)."""
-
-    header: TensorHeader
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerResult:
-    """What a worker run produced: per-file placement plans and, for bytes jobs, tensors."""
-
-    job: str
-    plans: Mapping[str, Any]
-    controls: Mapping[str, bool]
-    #: What the worker measured in itself once its filter was loaded, before it read an input:
-    #: seccomp mode and filter, ``NoNewPrivs``, its namespace ids beside the parent's, rlimits.
-    measured: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    tensors: tuple[TensorBytes, ...] = ()
-    streamed: tuple[TensorHeader, ...] = ()
-    wall_s: float = 0.0
-    pid: int = 0
-    stderr_tail: str = field(default="", repr=False)
-
-
-#: A sink receives each chunk of a streamed tensor: (header, offset, bytes).
-ChunkSink = Callable[[TensorHeader, int, bytes], None]
 
 
 def run_contained(
@@ -349,7 +190,7 @@ def _check_preimports(preimports: Sequence[str]) -> list[str]:
     return mods
 
 
-class _Run:
+class _Run(RecordReader):
     """One worker process, its reader threads and its clocks."""
 
     def __init__(
@@ -482,179 +323,6 @@ class _Run:
                 evidence={"pid": proc.pid, "phase": "load"},
             ) from None
 
-    # ---- readers
-
-    def _read_stderr(self, stream: Any) -> None:
-        while True:
-            chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
-            if not chunk:
-                return
-            self.stderr += chunk
-            if len(self.stderr) > _STDERR_TAIL:
-                del self.stderr[:-_STDERR_TAIL]
-
-    def _read_output(self, rfd: int) -> None:
-        try:
-            with os.fdopen(rfd, "rb", buffering=1 << 20) as f:
-                self._parse(f)
-        finally:
-            self.ready.set()  # wake the waiter; it checks the exit status
-
-    def _violation(self, why: str) -> None:
-        """Record the first protocol violation and kill the worker: its output is not trusted."""
-        if self.bad is None:
-            self.bad = why
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def _parse(self, f: Any) -> None:
-        current: TensorHeader | None = None
-        received = 0
-        buf: bytearray | None = None
-        collected = 0
-        while True:
-            head = f.read(wp.HEADER.size)
-            if not head:
-                if current is not None:
-                    self._violation("the output ended inside a tensor")
-                return
-            if len(head) < wp.HEADER.size:
-                return self._violation("the output ended inside a record header")
-            kind, length = wp.HEADER.unpack(head)
-            if kind == wp.REC_BYTES:
-                if current is None or received + length > current.nbytes:
-                    return self._violation("tensor bytes that no tensor record announced")
-                if length > self.limits.chunk_bytes:
-                    return self._violation("a tensor chunk larger than the chunk limit")
-                data = f.read(length)
-                if len(data) != length:
-                    return self._violation("the output ended inside a tensor chunk")
-                if self.sink is not None:
-                    try:
-                        self.sink(current, received, data)
-                    except BaseException as e:  # re-raised by the caller's thread
-                        self.sink_error = e
-                        return self._violation("the sink refused a chunk")
-                else:
-                    assert buf is not None
-                    buf += data
-                received += length
-                if received == current.nbytes:
-                    self._finish_tensor(current, buf)
-                    current, buf = None, None
-                continue
-            if kind != wp.REC_JSON:
-                return self._violation(f"unknown record type {kind!r}")
-            if current is not None:
-                return self._violation("a JSON record inside a tensor")
-            if length > self.limits.max_json_bytes:
-                return self._violation(f"a JSON record of {length} bytes, over the limit")
-            payload = f.read(length)
-            if len(payload) != length:
-                return self._violation("the output ended inside a JSON record")
-            try:
-                doc = json.loads(payload)
-            except ValueError:
-                return self._violation("a JSON record that is not JSON")
-            hdr = self._event(doc)
-            if self.bad is not None:
-                return
-            if hdr is not None:
-                collected += hdr.nbytes
-                if self.sink is None and collected > self.limits.max_collected_bytes:
-                    return self._violation("more tensor bytes than max_collected_bytes")
-                current, received = hdr, 0
-                buf = bytearray() if self.sink is None else None
-                if hdr.nbytes == 0:
-                    self._finish_tensor(hdr, buf)
-                    current, buf = None, None
-
-    def _finish_tensor(self, hdr: TensorHeader, buf: bytearray | None) -> None:
-        self.streamed.append(hdr)
-        if buf is not None:
-            self.tensors.append(TensorBytes(header=hdr, data=bytes(buf)))
-
-    def _event(self, doc: Any) -> TensorHeader | None:
-        if not isinstance(doc, dict) or not isinstance(doc.get("event"), str):
-            self._violation("a JSON record that is not an event object")
-            return None
-        ev = doc["event"]
-        if self.done or self.error is not None:
-            self._violation(f"a {ev!r} record after the end")
-            return None
-        if ev == "ready":
-            if (
-                self.controls is not None
-                or set(doc) != RECORD_FIELDS["ready"]
-                or not isinstance(doc["controls"], dict)
-                or set(doc["controls"]) != set(CONTROLS)
-                or not all(isinstance(v, bool) for v in doc["controls"].values())
-            ):
-                self._violation("a malformed or repeated ready record")
-                return None
-            why = _measured_mismatch(doc["controls"], doc["measured"], self.spec.parent_namespaces)
-            if why:
-                self._violation(f"a ready record whose measurements do not support its controls: {why}")
-                return None
-            self.controls = dict(doc["controls"])
-            self.measured = doc["measured"]
-            self.ready.set()
-            return None
-        if ev == "error":
-            if (
-                set(doc) != RECORD_FIELDS["error"]
-                or doc["code"] not in wp.WORKER_ERROR_CODES
-                or not isinstance(doc["message"], str)
-            ):
-                self._violation("a malformed error record")
-                return None
-            self.error = doc
-            return None
-        if self.controls is None:
-            self._violation(f"a {ev!r} record before the worker was ready")
-            return None
-        if ev == "plan":
-            if (
-                set(doc) != RECORD_FIELDS["plan"]
-                or doc["file"] not in {f.relpath for f in self.files}
-                or doc["file"] in self.plans
-            ):
-                self._violation("a malformed or repeated plan record")
-                return None
-            self.plans[doc["file"]] = doc["tree"]
-            return None
-        if ev == "tensor":
-            return self._tensor_header(doc)
-        if ev == "done":
-            if set(doc) != RECORD_FIELDS["done"]:
-                self._violation("a malformed done record")
-                return None
-            self.done = True
-            return None
-        self._violation(f"an unknown event {ev!r}")
-        return None
-
-    def _tensor_header(self, doc: dict[str, Any]) -> TensorHeader | None:
-        if self.spec.job != wp.BYTES_JOB or set(doc) != RECORD_FIELDS["tensor"]:
-            self._violation("a tensor record that this job does not produce")
-            return None
-        shape, nbytes, path = doc["shape"], doc["nbytes"], doc["path"]
-        ok = (
-            doc["file"] in self.plans
-            and isinstance(path, list)
-            and all(type(p) in (str, int) for p in path)
-            and type(nbytes) is int
-            and nbytes >= 0
-            and wp.tensor_nbytes(doc["dtype"], shape) == nbytes
-        )
-        if not ok:
-            self._violation("a malformed tensor record (shape, dtype and byte count must agree)")
-            return None
-        return TensorHeader(file=doc["file"], path=tuple(path), dtype=doc["dtype"], shape=tuple(shape), nbytes=nbytes)
-
     # ---- outcome
 
     def _result(self, proc: subprocess.Popen[bytes], status: int, wall: float) -> WorkerResult:
@@ -714,36 +382,6 @@ class _Run:
             pid=proc.pid,
             stderr_tail=tail,
         )
-
-
-def _measured_mismatch(controls: Mapping[str, bool], measured: Any, parent_ns: Any) -> str:
-    """Why the worker's measurements do not back the controls it claims ("" when they do).
-
-    The ``ready`` record is written by ckptgate's own code before any input byte is read; this is
-    a consistency check of that record, so that a control reaches the receipt only with the
-    measurement behind it: seccomp in filter mode with the allowlist, ``NoNewPrivs: 1``, and each
-    namespace id different from the parent's (the ids the parent measured in itself).
-    """
-    if not isinstance(measured, dict) or set(measured) != MEASURED_FIELDS:
-        return "the measured object has the wrong fields"
-    sec, ns = measured["seccomp"], measured["namespaces"]
-    if (
-        not isinstance(sec, dict)
-        or not isinstance(ns, dict)
-        or set(ns) != set(NAMESPACES)
-        or not all(isinstance(v, dict) and set(v) == {"worker", "parent"} for v in ns.values())
-    ):
-        return "malformed seccomp or namespace measurements"
-    if controls.get("seccomp") and (sec.get("status") != 2 or sec.get("mode") != "allowlist"):
-        return "seccomp is claimed without Seccomp: 2 and the allowlist"
-    if controls.get("no_new_privs") and measured["no_new_privs"] != 1:
-        return "no_new_privs is claimed without NoNewPrivs: 1"
-    for name, ids in ns.items():
-        if isinstance(parent_ns, Mapping) and ids["parent"] != parent_ns.get(name):
-            return f"the {name} namespace id of the parent is not the one the parent measured"
-        if controls.get(f"{name}_ns") and (not isinstance(ids["worker"], str) or ids["worker"] == ids["parent"]):
-            return f"{name}_ns is claimed but the worker's {name} namespace is the parent's"
-    return ""
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -12,263 +12,36 @@ and JUnit XML.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import shutil
-import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from xml.etree import ElementTree as ET
 
-from ckptgate import __version__
-from ckptgate._resources import GO_TOOLS, clone_tool, default_policy_dir
+from ckptgate._resources import default_policy_dir
 from ckptgate.config import from_table
-from ckptgate.decide.bundle import selected_opa_binary
-from ckptgate.decide.install import reported_version
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.errors import Error
 from ckptgate.evidence import claims, matrix
 from ckptgate.evidence.candidate import candidate_commit
-from ckptgate.evidence.findings import CHECK_DESCRIPTIONS, CHECK_NAMES, CheckFinding, CheckResult
+from ckptgate.evidence.check_render import Report, to_github, to_junit, to_sarif
+from ckptgate.evidence.check_tools import (
+    PINNED_ONLY,
+    extra_policy_tests,
+    find_tool,
+    opa_fmt,
+    parse_opa_test_json,
+    policy_tests,
+    regal_lint,
+    version_skip_reason,
+)
+from ckptgate.evidence.findings import CHECK_NAMES, CheckFinding, CheckResult
 from ckptgate.evidence.layout import RepoLayout
-from ckptgate.evidence.matrix import evidence_location
+from ckptgate.evidence.matrix_render import evidence_location
 from ckptgate.evidence.widening_check import widening_check
 from ckptgate.gitbase import BaseConfig
 
-TOOL_TIMEOUT_S = 300
-SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
-DOCS_URI = "https://ckptgate.dev/docs/user-guide"
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Report:
-    results: tuple[CheckResult, ...]
-    skipped: tuple[str, ...] = ()
-    #: (check, why) for each skipped check.
-    skip_reasons: tuple[tuple[str, str], ...] = ()
-    candidate_commit: str | None = None
-    policy_revision: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def passed(self) -> bool:
-        return all(r.passed for r in self.results)
-
-    @property
-    def findings(self) -> list[CheckFinding]:
-        return [f for r in self.results for f in r.findings]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "passed": self.passed,
-            "candidate_commit": self.candidate_commit,
-            "policy_revision": self.policy_revision,
-            "checks": [
-                {
-                    "name": r.name,
-                    "passed": r.passed,
-                    "summary": r.summary,
-                    "seconds": round(r.seconds, 3),
-                    "findings": [f.to_json() for f in r.findings],
-                }
-                for r in self.results
-            ],
-            "skipped": list(self.skipped),
-            "skip_reasons": dict(self.skip_reasons),
-        }
-
-    def reason(self, name: str) -> str:
-        """Why ``name`` was skipped."""
-        return dict(self.skip_reasons).get(name, f"--skip {name}")
-
-
-# --------------------------------------------------------------------------------------------- tools
-def find_tool(name: str, repo: Path) -> str | None:
-    """``--opa-binary`` for OPA, else ``$CKPTGATE_<NAME>``, else ``name`` on PATH, else the pinned
-    ``REPO/.tools/bin`` (or the development clone's): the order
-    :func:`ckptgate.decide.bundle.find_opa` uses, so ``opa test`` runs the binary the engine runs."""
-    selected = selected_opa_binary() if name == "opa" else None
-    if selected is not None:
-        return str(selected)
-    explicit = os.environ.get(f"CKPTGATE_{name.upper()}")
-    if explicit:
-        return explicit
-    found = shutil.which(name)
-    if found:
-        return found
-    p = repo / ".tools" / "bin" / name
-    if p.exists():
-        return str(p)
-    local = clone_tool(name)
-    return str(local) if local is not None else None
-
-
-#: The checks whose verdict depends on the tool's release (formatting and lint rules change between
-#: releases): they run only with the pinned version.  ``opa test`` runs on any supported OPA.
-PINNED_ONLY = {"opa_fmt": "opa", "regal_lint": "regal"}
-
-
-def tool_version(exe: str) -> tuple[int, int, int] | None:
-    """The version ``EXE version`` reports, else ``None``."""
-    return reported_version(Path(exe))
-
-
-def version_skip_reason(name: str, repo: Path) -> str | None:
-    """Why the pinned-only check ``name`` is skipped: its tool is not the pinned release (found and
-    pinned versions named); ``None`` when it runs (pinned, or not found: then it fails as missing)."""
-    tool = PINNED_ONLY[name]
-    exe = find_tool(tool, repo)
-    if exe is None:
-        return None
-    found = tool_version(exe)
-    pinned = GO_TOOLS[tool]
-    if found == pinned.version:
-        return None
-    shown = ".".join(map(str, found)) if found else "an unknown version"
-    return (
-        f"{tool} at {exe} is {shown}, not the pinned {pinned.version_text}; {name} runs only with the "
-        f"pinned release (`ckptgate engine install{' --regal' if tool == 'regal' else ''}` installs it)"
-    )
-
-
-def _run(cmd: Sequence[str], cwd: Path) -> tuple[int, str]:
-    try:
-        proc = subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        return 124, f"{cmd[0]} did not finish in {TOOL_TIMEOUT_S} s"
-    except OSError as e:
-        return 127, f"cannot run {cmd[0]}: {e.strerror}"
-    return proc.returncode, (proc.stdout + proc.stderr).strip()
-
-
-def _tool_check(
-    name: str, tool: str, args: Sequence[str], policies: Path, repo: Path, parse: Callable[[str], list[CheckFinding]]
-) -> CheckResult:
-    exe = find_tool(tool, repo)
-    if exe is None:
-        return CheckResult(
-            name=name,
-            passed=False,
-            summary=f"{tool} not found",
-            findings=(
-                CheckFinding(
-                    check=name,
-                    code=f"check.{name}.tool_missing",
-                    message=f"{tool} is not installed (set CKPTGATE_{tool.upper()} or run scripts/bootstrap.py setup)",
-                ),
-            ),
-        )
-    started = time.monotonic()
-    rc, out = _run([exe, *args], cwd=policies)
-    seconds = time.monotonic() - started
-    if rc == 0:
-        return CheckResult(name=name, passed=True, summary=f"{tool} {' '.join(args)}: ok", seconds=seconds)
-    findings = parse(out) or [
-        CheckFinding(
-            check=name, code=f"check.{name}.failed", message=f"{tool} {' '.join(args)} exited {rc}", detail=out[-4000:]
-        )
-    ]
-    return CheckResult(
-        name=name, passed=False, summary=f"{len(findings)} problem(s)", findings=tuple(findings), seconds=seconds
-    )
-
-
-def _rel_policy(policies: Path, repo: Path, path: str) -> str:
-    p = (policies / path).resolve()
-    try:
-        return p.relative_to(repo.resolve()).as_posix()
-    except ValueError:
-        return path
-
-
-def parse_opa_test_json(out: str, policies: Path, repo: Path) -> list[CheckFinding]:
-    """Failed and erroring tests from ``opa test --format json``, each with its file and line."""
-    start = out.find("[")
-    try:
-        doc = json.loads(out[start:]) if start >= 0 else None
-    except ValueError:
-        return []
-    if not isinstance(doc, list):
-        return []
-    found = []
-    for t in doc:
-        if not isinstance(t, dict) or not (t.get("fail") or t.get("error")):
-            continue
-        raw_loc = t.get("location")
-        loc: dict[str, Any] = raw_loc if isinstance(raw_loc, dict) else {}
-        name = f"{t.get('package', '?')}.{t.get('name', '?')}".removeprefix("data.")
-        err = t.get("error")
-        what = "raised an error" if err else "failed"
-        if isinstance(err, dict) and err.get("message"):
-            what += f": {err['message']}"
-        row = loc.get("row")
-        code = "check.policy_tests.error" if err else "check.policy_tests.failed"
-        found.append(
-            CheckFinding(
-                check="policy_tests",
-                code=code,
-                message=f"policy test {name} {what}",
-                file=_rel_policy(policies, repo, str(loc["file"])) if loc.get("file") else None,
-                line=row if isinstance(row, int) and row > 0 else None,
-            )
-        )
-    return found
-
-
-def policy_tests(policies: Path, repo: Path) -> CheckResult:
-    return _tool_check(
-        "policy_tests",
-        "opa",
-        ["test", "--format", "json", "."],
-        policies,
-        repo,
-        lambda out: parse_opa_test_json(out, policies, repo),
-    )
-
-
-def opa_fmt(policies: Path, repo: Path) -> CheckResult:
-    def parse(out: str) -> list[CheckFinding]:
-        return [
-            CheckFinding(
-                check="opa_fmt",
-                code="check.opa_fmt.unformatted",
-                message="not formatted (run opa fmt -w on it)",
-                file=_rel_policy(policies, repo, line.strip()),
-            )
-            for line in out.splitlines()
-            if line.strip().endswith(".rego")
-        ]
-
-    return _tool_check("opa_fmt", "opa", ["fmt", "--fail", "-l", "."], policies, repo, parse)
-
-
-def regal_lint(policies: Path, repo: Path) -> CheckResult:
-    def parse(out: str) -> list[CheckFinding]:
-        try:
-            doc = json.loads(out[out.find("{") :]) if "{" in out else {}
-        except ValueError:
-            return []
-        found = []
-        for v in doc.get("violations") or []:
-            loc = v.get("location") or {}
-            found.append(
-                CheckFinding(
-                    check="regal_lint",
-                    code=f"check.regal_lint.{v.get('title', 'violation')}",
-                    message=f"{v.get('title')}: {v.get('description')}",
-                    file=(_rel_policy(policies, repo, str(loc.get("file", ""))) if loc.get("file") else None),
-                    line=loc.get("row"),
-                )
-            )
-        return found
-
-    return _tool_check("regal_lint", "regal", ["lint", "--format", "json", "."], policies, repo, parse)
-
-
-# --------------------------------------------------------------------------------------------- matrix
 def _sha256(path: Path) -> str:
     return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -360,18 +133,6 @@ def _gate_drift(built: matrix.Matrix, layout: RepoLayout) -> CheckResult:
                 detail=drift[:20000],
             ),
         ),
-    )
-
-
-def extra_policy_tests(extra: Path, repo: Path, bundled: Path) -> CheckResult:
-    """``opa test`` of the extra Rego with the bundled policies loaded beside it."""
-    return _tool_check(
-        "policy_tests",
-        "opa",
-        ["test", "--format", "json", str(bundled), "."],
-        extra,
-        repo,
-        lambda out: parse_opa_test_json(out, extra, repo),
     )
 
 
@@ -582,135 +343,6 @@ def _diff_name(d: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- outputs
-def _rule(code: str, findings: Sequence[CheckFinding]) -> dict[str, Any]:
-    check = findings[0].check
-    short, full = CHECK_DESCRIPTIONS.get(check, (f"ckptgate check finding {code}.", f"ckptgate check finding {code}."))
-    return {
-        "id": code,
-        "name": code.replace(".", "_"),
-        "shortDescription": {"text": short},
-        "fullDescription": {"text": f"{full} (check {check}, code {code})"},
-        "helpUri": f"{DOCS_URI}#check-{check.replace('_', '-')}",
-        "properties": {"check": check},
-        "defaultConfiguration": {"level": findings[0].severity},
-    }
-
-
-def to_sarif(report: Report) -> dict[str, Any]:
-    """SARIF 2.1.0: one rule per finding code (with descriptions and a link into the docs), one result
-    per finding (with a fingerprint), and each skipped check as a tool execution notification."""
-    by_code: dict[str, list[CheckFinding]] = {}
-    for f in report.findings:
-        by_code.setdefault(f.code, []).append(f)
-    codes = sorted(by_code)
-    results = []
-    for f in report.findings:
-        res: dict[str, Any] = {
-            "ruleId": f.code,
-            "ruleIndex": codes.index(f.code),
-            "level": f.severity,
-            "message": {"text": f.message},
-            "partialFingerprints": {"ckptgateFinding/v1": f.fingerprint},
-        }
-        if f.suppressed is not None:
-            res["suppressions"] = [{"kind": f.suppressed[0], "justification": f.suppressed[1]}]
-        if f.file:
-            loc: dict[str, Any] = {"physicalLocation": {"artifactLocation": {"uri": f.file}}}
-            if f.line:
-                loc["physicalLocation"]["region"] = {"startLine": f.line}
-            res["locations"] = [loc]
-        results.append(res)
-    notifications = [
-        {
-            "level": "note",
-            "descriptor": {"id": "check.skipped"},
-            "message": {"text": f"check {name} skipped ({report.reason(name)})"},
-        }
-        for name in report.skipped
-    ]
-    return {
-        "$schema": SARIF_SCHEMA,
-        "version": "2.1.0",
-        "runs": [
-            {
-                "tool": {
-                    "driver": {
-                        "name": "ckptgate check",
-                        "version": __version__,
-                        "informationUri": DOCS_URI,
-                        "rules": [_rule(c, by_code[c]) for c in codes],
-                    }
-                },
-                "invocations": [{"executionSuccessful": True, "toolExecutionNotifications": notifications}],
-                "results": results,
-            }
-        ],
-    }
-
-
-def to_junit(report: Report) -> bytes:
-    """JUnit XML: one testcase per check, with its time; a failure element listing its findings; a
-    skipped element for each skipped check."""
-    failures = sum(1 for r in report.results if not r.passed)
-    tests = len(report.results) + len(report.skipped)
-    total = f"{sum(r.seconds for r in report.results):.3f}"
-    suites = ET.Element(
-        "testsuites",
-        name="ckptgate check",
-        tests=str(tests),
-        failures=str(failures),
-        skipped=str(len(report.skipped)),
-        time=total,
-    )
-    suite = ET.SubElement(
-        suites,
-        "testsuite",
-        name="ckptgate.check",
-        tests=str(tests),
-        failures=str(failures),
-        errors="0",
-        skipped=str(len(report.skipped)),
-        time=total,
-    )
-    for r in report.results:
-        case = ET.SubElement(suite, "testcase", classname="ckptgate.check", name=r.name, time=f"{r.seconds:.3f}")
-        if not r.passed:
-            fail = ET.SubElement(case, "failure", message=r.summary, type="ckptgate.check")
-            fail.text = "\n".join(
-                f"[{f.code}] {f.file or ''}{':' + str(f.line) if f.line else ''} {f.message}" for f in r.findings
-            )
-    for name in report.skipped:
-        case = ET.SubElement(suite, "testcase", classname="ckptgate.check", name=name, time="0.000")
-        ET.SubElement(case, "skipped", message=f"skipped: {report.reason(name)}")
-    data: bytes = ET.tostring(suites, encoding="utf-8", xml_declaration=True)  # typeshed: Any for this overload
-    return data
-
-
-def _gh_data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def _gh_prop(text: str) -> str:
-    return _gh_data(text).replace(":", "%3A").replace(",", "%2C")
-
-
-def to_github(report: Report) -> list[str]:
-    """GitHub Actions workflow commands: ``::error``/``::warning`` per finding (with file and line when
-    known), ``::notice`` per skipped check."""
-    lines = []
-    for f in report.findings:
-        props = [f"title={_gh_prop(f.code)}"]
-        if f.file:
-            props.insert(0, f"file={_gh_prop(f.file)}")
-            if f.line:
-                props.insert(1, f"line={f.line}")
-        level = "notice" if f.suppressed else f.severity
-        lines.append(f"::{level} {','.join(props)}::{_gh_data(f.message)}")
-    lines += [
-        f"::notice title=check.skipped::check {name} skipped ({_gh_data(report.reason(name))})"
-        for name in report.skipped
-    ]
-    return lines
 
 
 __all__ = [

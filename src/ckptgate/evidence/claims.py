@@ -208,6 +208,16 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
 
 
+_DIGEST_PREFIX = re.compile(r"sha256:[0-9a-f]+")
+
+
+def _fixture_digest_prefix(cell: str) -> str:
+    """The fixture digest (prefix) a matrix cell shows: ``name (sha256:abcd…)`` or ``sha256:abcd…``;
+    the cell as written when it shows none, so that it matches no row."""
+    m = _DIGEST_PREFIX.search(cell)
+    return m.group(0) if m else cell.rstrip("\u2026.").strip()
+
+
 def generated_rows(text: str, *, file: str) -> list[GeneratedRow]:
     """Matrix table rows (a header with ``status`` and ``adapter``) inside generated blocks."""
     lines = text.splitlines()
@@ -233,7 +243,7 @@ def generated_rows(text: str, *, file: str) -> list[GeneratedRow]:
             "adapter": adapter,
             "adapter_version": version.strip(),
             "format": [f.strip() for f in got.get("format", "").split(",") if f.strip()],
-            "fixture": got.get("fixture", "").rstrip("\u2026.").strip(),
+            "fixture": _fixture_digest_prefix(got.get("fixture", "")),
         }
         out.append(GeneratedRow(file=file, line=n, text=_clean(line), row=row))
     return out

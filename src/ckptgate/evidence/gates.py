@@ -78,11 +78,12 @@ def validity(repo: Path | RepoLayout) -> timedelta:
 
 
 def qualifiable(repo: Path | RepoLayout) -> list[tuple[Fixture, str]]:
-    """Every fixture whose format the gates data maps to an adapter, with that adapter; a fixture whose
-    expected output is not the consolidated weights (a mapping's logits) is not a name-preserving row."""
+    """Every fixture whose format the gates data maps to an adapter, with that adapter: a fixture whose
+    expected output is the consolidated weights qualifies the adapter's name-preserving reading, one
+    whose expected output is the producer's logits (with ``hf_config/``) qualifies a mapping row."""
     out = []
     for f in list_fixtures(repo):
-        if f.expected_kind != "weights":
+        if f.expected_kind not in ("weights", "logits"):
             continue
         adapter = fixture_adapter(repo, f)
         if adapter is not None:

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate import __version__
+from ckptgate.consolidate.hf.engine import expected_parameters
+from ckptgate.consolidate.hf.source import HfConfig, read_hf_config
 from ckptgate.consolidate.plan import PlanError
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
 from ckptgate.digest import Digest, FixtureDigest, fixture_digest
@@ -38,6 +40,7 @@ from ckptgate.evidence.errors import EvidenceError, QualificationFailed
 from ckptgate.evidence.fixtures import Fixture, repo_relative, resolve_key
 from ckptgate.evidence.gates import adapter_for_format, fixture_format, gate_producer, qualifiable, validity
 from ckptgate.evidence.layout import RepoLayout, as_layout
+from ckptgate.evidence.logits import LOGITS_CHECK, compare_logits, published_parameters
 from ckptgate.evidence.stored import supersede_qualifications
 from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
 from ckptgate.pipeline import consolidate_into, judge
@@ -46,6 +49,10 @@ from ckptgate.verify.statement import iso_utc, qualification_statement
 
 LOG_VERSION = 1
 CHECKS = ("expected_digest", "policy_allows_qualify", "tensor_names", "dtype_shape", "tensor_bytes_bit_exact")
+#: A mapping qualification (a fixture whose expected output is the producer's logits): the intake
+#: through ``--hf-config`` publishes exactly the parameters the table expects, and transformers'
+#: logits on the fixture's tokens match the producer's.
+MAPPING_CHECKS = ("expected_digest", "policy_allows_qualify", "hf_parameters", LOGITS_CHECK)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,6 +111,7 @@ def _consolidate(
     commit: str,
     now: datetime,
     key: Path,
+    hf: HfConfig | None = None,
 ) -> dict[str, Any]:
     """Decide (action qualify) on the measured fixture, plan and write it into ``out_dir``.
 
@@ -154,7 +162,7 @@ def _consolidate(
                 "signed_now": fresh is not None,
                 "superseded": [repo_relative(repo, p) for p in superseded],
             }
-        written = consolidate_into(tree, ev, out_dir, max_shard_bytes=2 << 30).outputs
+        written = consolidate_into(tree, ev, out_dir, max_shard_bytes=2 << 30, hf=hf).outputs
     d = ev.decision
     return {
         "fixture_digest": digest.digest.prefixed(),
@@ -226,6 +234,9 @@ def qualify(
         producer = fixture.producer(gate_producer(layout, adapter))
         topology = fixture.topology()
         env = environment()
+        mapping = fixture.expected_kind == "logits"
+        hf = read_hf_config(fixture.root / "hf_config") if mapping else None
+        required = MAPPING_CHECKS if mapping else CHECKS
         expected_sha = _sha256_file(fixture.expected)
         checks: dict[str, bool] = {
             "expected_digest": expected_sha == (fixture.meta.get("expected") or {}).get("sha256")
@@ -249,6 +260,8 @@ def qualify(
             "expected": {"file": repo_relative(layout, fixture.expected), "sha256": expected_sha},
             "started_at": iso_utc(now),
         }
+        if hf is not None:
+            log["mapping"] = {"family": hf.declared.family, "hf_config": hf.to_json()}
         status = "error"
         with tempfile.TemporaryDirectory(prefix="ckptgate-qualify-") as tmp:
             out_dir = Path(tmp) / "out"
@@ -265,14 +278,22 @@ def qualify(
                     commit=commit,
                     now=now,
                     key=key_path,
+                    hf=hf,
                 )
                 log.update(run)
                 checks["policy_allows_qualify"] = bool(run["decision"]["allow"])
-                comparison = compare_outputs(out_dir, fixture.expected)
-                log["comparison"] = comparison["tensors"]
-                for c in ("tensor_names", "dtype_shape", "tensor_bytes_bit_exact"):
-                    checks[c] = comparison[c]
-                status = "passed" if all(checks.get(c) for c in CHECKS) else "failed"
+                if hf is not None:
+                    published = published_parameters(out_dir)
+                    checks["hf_parameters"] = published == expected_parameters(hf.declared)
+                    logits = compare_logits(out_dir, fixture.expected, hf.declared.symbols["vocab_size"])
+                    log["mapping"]["logits"] = logits
+                    checks[LOGITS_CHECK] = bool(logits["passed"])
+                else:
+                    comparison = compare_outputs(out_dir, fixture.expected)
+                    log["comparison"] = comparison["tensors"]
+                    for c in ("tensor_names", "dtype_shape", "tensor_bytes_bit_exact"):
+                        checks[c] = comparison[c]
+                status = "passed" if all(checks.get(c) for c in required) else "failed"
             except (PlanError, RuntimeFailure) as e:
                 # The adapter itself failed: that is a result worth signing.  Anything else (engine
                 # unavailable, policy deny, bad input) raises and nothing is signed.
@@ -326,7 +347,7 @@ def qualify(
         provenance=tuple((log.get("provenance") or {}).get("attestations") or ()),
     )
     if status != "passed":
-        failing = [c for c in CHECKS if not checks.get(c)]
+        failing = [c for c in (MAPPING_CHECKS if "mapping" in log else CHECKS) if not checks.get(c)]
         raise QualificationFailed(
             "evidence.qualify.failed",
             f"{adapter} on {fixture.name}: {status}; failing checks: {', '.join(failing)}",
@@ -372,4 +393,4 @@ def qualify_all(
     return results
 
 
-__all__ = ["CHECKS", "QualificationResult", "qualify", "qualify_all"]
+__all__ = ["CHECKS", "MAPPING_CHECKS", "QualificationResult", "qualify", "qualify_all"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ckptgate.dtypes import STORAGE_DTYPES as _STORAGE_DTYPES
 from ckptgate.dtypes import TORCH_ITEMSIZE
 
-__all__ = ["ALLOWLISTS", "DTYPE_ITEMSIZE", "STORAGE_DTYPES", "Allowlist"]
+__all__ = ["ALLOWLISTS", "DTYPE_ITEMSIZE", "MEGATRON_ARGS_CLASSES", "STORAGE_DTYPES", "Allowlist"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,11 +77,16 @@ DCP_METADATA = Allowlist(
 )
 
 _PLANNER = "torch.distributed.checkpoint.planner."
+_MCORE_TORCH = "megatron.core.dist_checkpointing.strategies.torch."
 # Megatron Core caches every rank's SavePlan in Metadata.all_local_plans (plain DCP dataclasses).
+# megatron-core 0.15 pickles its own subclasses instead, MCoreMetadata(Metadata) and
+# MCoreSavePlan(SavePlan), each with one more field, ``mcore_data`` (strategies/torch.py at
+# core_v0.15.3, lines 461-474); 0.16 and later write the torch classes.  dcp.py reads them.
 MEGATRON_DCP_METADATA = Allowlist(
     name="megatron_dcp_metadata",
     callables=DCP_METADATA.callables
-    | frozenset(_PLANNER + c for c in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData")),
+    | frozenset(_PLANNER + c for c in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData"))
+    | frozenset(_MCORE_TORCH + c for c in ("MCoreMetadata", "MCoreSavePlan")),
     values=DCP_METADATA.values,
     dict_like=DCP_METADATA.dict_like,
 )
@@ -147,6 +152,36 @@ RESUME_STATE = Allowlist(
     dict_like=frozenset({"collections.OrderedDict"}),
 )
 
+_MCORE_ENUMS = "megatron.core.transformer.enums."
+# The common state of a Megatron-LM save (``common.pt`` up to megatron-core 0.16.x, the BYTE_IO item
+# ``common_state/shard_0_1`` of the ``.distcp`` files from 0.19): megatron/training/checkpointing.py
+# ``generate_state_dict`` puts ``args`` there, the ``argparse.Namespace`` that arguments.py builds.
+# Its non-plain values, found by pickling a real ``parse_args()`` + ``validate_args()`` of Megatron-LM
+# core_v0.16.1 and read from the sources of core_v0.16.1 and core_v0.19.0: ``attention_backend``
+# (``AttnBackend[...]``), ``exit_signal`` (``signal.SIGTERM``), the ``*_dtype`` arguments (torch
+# dtypes), ``model_type`` (training.py sets a ``ModelType``), ``cuda_graph_scope`` (0.16:
+# ``CudaGraphScope[...]``), ``cuda_graph_modules`` and ``inference_cuda_graph_scope`` (0.19).  An
+# enum is pickled as a call of its class on its value, a Namespace as NEWOBJ + BUILD of its dict:
+# read statically, neither is ever constructed.  Nothing else (no ``PipelineParallelLayerLayout``,
+# no activation function): anything outside is a finding.
+MEGATRON_ARGS_CLASSES = frozenset(
+    {
+        "argparse.Namespace",
+        "signal.Signals",
+        "megatron.core.enums.ModelType",
+        _MCORE_ENUMS + "AttnBackend",
+        _MCORE_ENUMS + "CudaGraphScope",
+        _MCORE_ENUMS + "CudaGraphModule",
+        _MCORE_ENUMS + "InferenceCudaGraphScope",
+    }
+)
+MEGATRON_COMMON = Allowlist(
+    name="megatron_common",
+    callables=_TENSOR_CALLABLES | MEGATRON_ARGS_CLASSES,
+    values=_TENSOR_VALUES,
+    dict_like=frozenset({"collections.OrderedDict"}),
+)
+
 ALLOWLISTS: dict[str, Allowlist] = {
-    a.name: a for a in (TENSORS, DCP_METADATA, MEGATRON_DCP_METADATA, DEEPSPEED, RESUME_STATE)
+    a.name: a for a in (TENSORS, DCP_METADATA, MEGATRON_DCP_METADATA, MEGATRON_COMMON, DEEPSPEED, RESUME_STATE)
 }

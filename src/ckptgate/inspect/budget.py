@@ -71,8 +71,8 @@ class WorkBudget:
                 f"{self.limit} units ({self.limits.intake_base} + {self.limits.intake_per_byte} "
                 "per byte of the tree)",
                 evidence={"budget": "intake", "limit": self.limit, "used": used, "path": path},
-                advice="Some file's pickle expands far beyond its bytes (memo expansion, deep "
-                "nesting, repeated strings). Nothing was loaded. If the checkpoint is "
+                advice=f"A pickle (the budget ran out in {path}) expands far beyond its bytes (memo expansion, "
+                "deep nesting, repeated strings). Nothing was loaded. If the checkpoint is "
                 "genuine, raise WorkLimits.intake_base or intake_per_byte.",
             )
 

@@ -112,12 +112,47 @@ def _ints(v: Any, what: str) -> tuple[int, ...]:
     raise _Bad(f"{what} is not a tuple of non-negative integers")
 
 
-def _dtype(props: Any) -> str:
+#: ``TensorProperties`` as each torch release pickles it (``__getstate__``), by tuple length:
+#: (dtype, layout, requires_grad, memory_format encoding, pin_memory) up to torch 2.14, and
+#: with ``strides`` (the full tensor's, or None) appended from torch 2.15; ``.metadata`` says
+#: version "1.0.0" in both.  A dataclass field map (no ``__getstate__``) may hold these names.
+_PROPS_TUPLE_LENGTHS = (5, 6)
+_PROPS_FIELDS = ("dtype", "layout", "requires_grad", "memory_format", "pin_memory", "strides")
+
+
+def _dtype(props: Any, size: tuple[int, ...]) -> str:
+    """The torch dtype name of a ``TensorProperties``, whose shape must be one a torch release
+    writes (:data:`_PROPS_TUPLE_LENGTHS`): any other is refused, never read by position."""
     c = _cls(props)
     if c is None or not c.endswith("TensorProperties"):
         raise _Bad("tensor properties missing")
     st = props.state
-    dt = st[0] if isinstance(st, tuple) and st else dict(st.items).get("dtype") if isinstance(st, SDict) else None
+    if isinstance(st, tuple):
+        if len(st) not in _PROPS_TUPLE_LENGTHS:
+            raise _Bad(
+                f"tensor properties hold {len(st)} fields; torch writes {' or '.join(map(str, _PROPS_TUPLE_LENGTHS))}"
+            )
+        fields = dict(zip(_PROPS_FIELDS, st, strict=False))
+    elif isinstance(st, SDict) and all(isinstance(k, str) for k, _ in st.items):
+        fields = dict(st.items)
+        unknown = sorted(set(fields) - set(_PROPS_FIELDS))
+        if unknown:
+            raise _Bad(f"tensor properties have unknown fields {unknown}")
+    else:
+        raise _Bad("tensor properties are neither a field tuple nor a field map")
+    layout = fields.get("layout")
+    if layout is not None and not (
+        _cls(layout) == "torch.serialization._get_layout"
+        and isinstance(layout.args, tuple)
+        and layout.args == ("torch.strided",)
+    ):
+        raise _Bad("tensor layout is not torch.strided")
+    strides = fields.get("strides")
+    if strides is not None:
+        got = _ints(strides, "tensor strides")
+        if len(got) != len(size):
+            raise _Bad(f"tensor strides {list(got)} do not match its {len(size)} dimensions")
+    dt = fields.get("dtype")
     if not isinstance(dt, Global) or dt.module != "torch":
         raise _Bad("tensor dtype is not a torch dtype")
     return dt.name
@@ -135,6 +170,23 @@ def _int(v: Any, what: str) -> int:
     return v
 
 
+def _check_mcore_data(mcore: Any) -> None:
+    """megatron-core 0.15's ``MCoreMetadata.mcore_data``: per tensor, the metadata its ShardedTensor
+    carried.  Empty per tensor is the layout the other releases write with no such field.  A
+    non-empty entry (``nd_reformulated_orig_global_shape``: a flattened-range tensor saved under
+    another global shape) changes what the stored shapes mean, so it is refused, never guessed."""
+    if mcore is None:
+        return
+    if not isinstance(mcore, SDict):
+        raise _Bad("mcore_data is not a dict")
+    for fqn, entry in mcore.items:
+        if not isinstance(entry, SDict):
+            raise _Bad(f"mcore_data of {fqn!r} is not a dict")
+        if entry.items:
+            keys = sorted(str(k) for k, _ in entry.items)
+            raise _Bad(f"mcore_data of {fqn!r} holds {keys}: a reformulated global shape is not read")
+
+
 def extract_dcp_metadata(rep: PickleReport) -> tuple[DcpMetadata | None, tuple[Finding, ...]]:
     """Interpret a read ``.metadata`` pickle; a finding explains any refusal."""
     if rep.value is None or not rep.inside_allowlist:
@@ -146,14 +198,19 @@ def extract_dcp_metadata(rep: PickleReport) -> tuple[DcpMetadata | None, tuple[F
             ),
         )
     try:
-        top = _fields(rep.value, "Metadata")
+        top = _fields(rep.value, "Metadata", "MCoreMetadata")
+        _check_mcore_data(top.get("mcore_data"))
         sdm = top.get("state_dict_metadata")
         if not isinstance(sdm, SDict):
             raise _Bad("state_dict_metadata is not a dict")
         tensors: list[DcpTensor] = []
         byte_items: list[str] = []
+        seen_fqns: set[str] = set()
         for fqn, md in sdm.items:
             fqn = _str(fqn, "fqn")
+            if fqn in seen_fqns:  # torch's unpickler keeps one of them (the last value): never two readings
+                raise _Bad(f"state_dict_metadata names {fqn!r} twice")
+            seen_fqns.add(fqn)
             kind = _cls(md) or ""
             if kind == _M + "BytesStorageMetadata":
                 byte_items.append(fqn)
@@ -177,11 +234,12 @@ def extract_dcp_metadata(rep: PickleReport) -> tuple[DcpMetadata | None, tuple[F
                 ):
                     raise _Bad(f"{fqn}: chunk lies outside the tensor")
                 chunks.append(c)
-            tensors.append(DcpTensor(fqn=fqn, dtype=_dtype(f.get("properties")), size=size, chunks=tuple(chunks)))
+            tensors.append(DcpTensor(fqn=fqn, dtype=_dtype(f.get("properties"), size), size=size, chunks=tuple(chunks)))
         sd = top.get("storage_data")
         if not isinstance(sd, SDict):
             raise _Bad("storage_data is not a dict")
         storage: list[DcpStorageItem] = []
+        seen_keys: set[tuple[str, tuple[int, ...] | None]] = set()
         for idx, info in sd.items:
             fi = _fields(idx, "MetadataIndex")
             si = _fields(info, "_StorageInfo")
@@ -203,6 +261,12 @@ def extract_dcp_metadata(rep: PickleReport) -> tuple[DcpMetadata | None, tuple[F
                     transforms=tr,
                 )
             )
+            # MetadataIndex compares (and hashes) by fqn and offset only, not by index: torch's
+            # unpickler keeps one value for keys that differ in index alone, which a save never writes
+            key = (storage[-1].fqn, storage[-1].offset)
+            if key in seen_keys:
+                raise _Bad(f"storage_data indexes {key[0]!r} at offset {key[1]} twice")
+            seen_keys.add(key)
         pd_v = top.get("planner_data")
         planner: dict[str, tuple[str, ...]] = {}
         if isinstance(pd_v, SDict):

@@ -29,12 +29,15 @@ from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
 from ckptgate.inspect.walk import SafeTree
 from ckptgate.inspect.zipcheck import CrcMode, check_zip
 
-__all__ = ["FileFacts", "analyse_file", "pickle_context"]
+__all__ = ["SIBLING_CONTEXTS", "FileFacts", "analyse_file", "pickle_context"]
 
 MAX_JSON = 64 << 20
 MAX_TEXT = 1 << 20
 _DS = re.compile(r"(^|/)(bf16_)?(zero_pp_rank_\d+_)?mp_rank_\d+_(model|optim)_states\.pt$")
 _NPY_DESCR = re.compile(rb"'descr'\s*:\s*'([^']*)'")
+#: Pickle contexts a file gets from a sibling (``metadata.json`` beside it), not from itself: wider
+#: allowlists that hold only where the detected format claims the file as its own (inspection.py).
+SIBLING_CONTEXTS = frozenset({"megatron_common", "megatron_dcp_metadata"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,16 +72,25 @@ def pickle_context(path: str) -> str:
 
 
 def analyse_file(
-    tree: SafeTree, path: str, *, verify_crc: CrcMode = True, work: WorkBudget | None = None
+    tree: SafeTree,
+    path: str,
+    *,
+    verify_crc: CrcMode = True,
+    work: WorkBudget | None = None,
+    sibling_contexts: bool = True,
 ) -> tuple[FileFacts, list[Finding]]:
     """Open ``path`` through the tree, classify it and run the reader for its kind; a pickle in it
-    is read within its own budget and ``work``, the whole tree's (:mod:`.budget`)."""
+    is read within its own budget and ``work``, the whole tree's (:mod:`.budget`).  With
+    ``sibling_contexts`` false, a :data:`SIBLING_CONTEXTS` context is never chosen."""
     entry = tree.entry(path)
     assert entry is not None
     ctx = pickle_context(path)
     folder = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
-    if ctx == "dcp_metadata" and tree.entry(folder + "metadata.json") is not None:
+    megatron = sibling_contexts and tree.entry(folder + "metadata.json") is not None
+    if ctx == "dcp_metadata" and megatron:
         ctx = "megatron_dcp_metadata"
+    if os.path.basename(path) == "common.pt" and megatron:
+        ctx = "megatron_common"  # Megatron-LM's common state: args (a Namespace) and enums, read as data
     if resume_state_name(
         path,
         lambda rel: tree.entry(rel) is not None,

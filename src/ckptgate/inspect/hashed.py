@@ -45,7 +45,8 @@ def changed(path: str, **evidence: object) -> InputRejected:
         "input.walk.changed",
         f"{path!r} changed while it was taken in: the bytes inspected are not the bytes hashed",
         evidence={"path": path, **evidence},
-        advice="Take the checkpoint in again from a copy that nothing else writes to.",
+        advice=f"{path} changed while it was taken in: copy the checkpoint to a directory that nothing else "
+        "writes to (`cp -a SRC COPY`), and take that copy in.",
     )
 
 

@@ -12,7 +12,7 @@ from ckptgate.errors import InputRejected
 from ckptgate.inspect._threads import map_in_threads
 from ckptgate.inspect.budget import WorkBudget
 from ckptgate.inspect.classify import FileKind
-from ckptgate.inspect.files import FileFacts, analyse_file
+from ckptgate.inspect.files import SIBLING_CONTEXTS, FileFacts, analyse_file
 from ckptgate.inspect.findings import Finding, Severity, error
 from ckptgate.inspect.formats import Context, FormatResult, detect_format
 from ckptgate.inspect.pickle import PickleReport
@@ -75,10 +75,10 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: CrcMode = True) -> Inspecti
     tensors = _TensorCount(tree.limits.max_tensors)
     work = WorkBudget(tree.limits.work, sum(e.size for e in tree.entries))
 
-    def analyse(e: FileEntry) -> tuple[FileFacts, list[Finding]]:
+    def analyse(e: FileEntry, sibling_contexts: bool = True) -> tuple[FileFacts, list[Finding]]:
         work.charge(0, e.path)  # once the intake's budget is spent, no further file is even opened
         try:
-            done = analyse_file(tree, e.path, verify_crc=verify_crc, work=work)
+            done = analyse_file(tree, e.path, verify_crc=verify_crc, work=work, sibling_contexts=sibling_contexts)
         except InputRejected:
             raise
         except Exception as exc:  # a reader crash is a reject, never "clean"
@@ -93,32 +93,35 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: CrcMode = True) -> Inspecti
                     )
                 ],
             )
-        tensors.add(done[0])
+        if sibling_contexts:  # a file read again is counted once
+            tensors.add(done[0])
         return done
 
+    per_file: dict[str, list[Finding]] = {}
     for e, (f, fs) in zip(tree.entries, map_in_threads(analyse, tree.entries, lambda e: e.size), strict=True):
-        facts[e.path] = f
-        findings.extend(fs)
-    # resume state is reported, never part of the model: the format is detected without it
-    ctx = Context(tree=tree, files={p: f for p, f in facts.items() if f.role != "resume_state"}, work=work)
-    try:
-        res = detect_format(ctx, verify_crc=verify_crc)
-    except InputRejected:
-        raise
-    except Exception as exc:
-        res = FormatResult(
-            format="unknown",
-            layout={},
-            loaders=(),
-            consolidatable=False,
-            findings=(error("inspect.detector_failed", "", f"format detection failed: {type(exc).__name__}"),),
-        )
+        facts[e.path], per_file[e.path] = f, fs
+    res = _detect(tree, facts, work, verify_crc)
+    # A context a sibling chose (metadata.json beside common.pt) holds only for a file the detected
+    # format claims as its own; any other is read again in its own context, and detected again.
+    unclaimed = [
+        e
+        for e in tree.entries
+        if (p := facts[e.path].pickle) is not None
+        and p.context in SIBLING_CONTEXTS
+        and (e.path, p.context) not in res.claims
+    ]
+    if unclaimed:
+        for e in unclaimed:
+            facts[e.path], per_file[e.path] = analyse(e, sibling_contexts=False)
+        res = _detect(tree, facts, work, verify_crc)
+    for e in tree.entries:
+        findings.extend(per_file[e.path])
     findings.extend(res.findings)
     loaders = set(res.loaders)
     for f in facts.values():
         if f.kind in (FileKind.LEGACY_TORCH, FileKind.TORCHSCRIPT):
             loaders.add("torch_load")
-    pickles = tuple(f.pickle for f in facts.values() if f.pickle is not None)
+    pickles = (*(f.pickle for f in facts.values() if f.pickle is not None), *res.pickles)
     return Inspection(
         format=res.format,
         files=tuple(facts[p] for p in sorted(facts)),
@@ -128,6 +131,24 @@ def inspect_open_tree(tree: SafeTree, *, verify_crc: CrcMode = True) -> Inspecti
         pickles=pickles,
         consolidatable=res.consolidatable,
     )
+
+
+def _detect(tree: SafeTree, facts: dict[str, FileFacts], work: WorkBudget, verify_crc: CrcMode) -> FormatResult:
+    """The format of the inspected files; resume state is reported, never part of the model, so the
+    format is detected without it."""
+    ctx = Context(tree=tree, files={p: f for p, f in facts.items() if f.role != "resume_state"}, work=work)
+    try:
+        return detect_format(ctx, verify_crc=verify_crc)
+    except InputRejected:
+        raise
+    except Exception as exc:
+        return FormatResult(
+            format="unknown",
+            layout={},
+            loaders=(),
+            consolidatable=False,
+            findings=(error("inspect.detector_failed", "", f"format detection failed: {type(exc).__name__}"),),
+        )
 
 
 class _TensorCount:

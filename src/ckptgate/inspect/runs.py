@@ -4,7 +4,8 @@
 Megatron-LM saves ``iter_{iteration:07d}/`` beside ``latest_checkpointed_iteration.txt``, the
 iteration of its last *completed* save [R07]; ``--checkpoint latest`` in such a run takes the
 iteration that file names (a save still being written is never the latest), and refuses a
-tracker that names no folder here.
+tracker that names no folder here, and a tracker that is missing (or a symbolic link) where
+``iter_`` folders are, as Megatron-LM's own loader does: the highest folder is never assumed.
 
 The ``Trainer`` documentation defines a save as ``output_dir/checkpoint-N/`` (N the global step)
 [R19]. Given such an output directory, the gate takes in exactly one of them, chosen with
@@ -62,11 +63,20 @@ def _names(root: Path) -> list[str]:
         return []
 
 
+def _why(root: Path) -> str:
+    tracker = root / MEGATRON_TRACKER
+    if not os.path.lexists(tracker):
+        return "it is missing"
+    if os.path.islink(tracker):
+        return "it is a symbolic link"
+    return "unreadable or not an iteration number"
+
+
 def _megatron_latest(root: Path, found: list[tuple[int, str]]) -> int:
     """The iteration Megatron-LM's tracker names: its last completed save, which must be a folder here."""
     names = [n for _, n in found]
     try:
-        raw = read_regular_file(root / MEGATRON_TRACKER, limit=_MAX_TRACKER_BYTES)
+        raw = read_regular_file(root / MEGATRON_TRACKER, limit=_MAX_TRACKER_BYTES, follow_symlinks=False)
         text = raw.decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         text = None
@@ -75,7 +85,7 @@ def _megatron_latest(root: Path, found: list[tuple[int, str]]) -> int:
         raise UsageError(
             "usage.checkpoint.tracker",
             f"{root / MEGATRON_TRACKER} names no iteration folder here "
-            f"({'unreadable or not an iteration number' if step is None else f'iteration {step}'}; "
+            f"({_why(root) if step is None else f'iteration {step}'}; "
             f"it holds {', '.join(names)}): the last completed save is unknown",
             evidence={"source": str(root), "tracker": str(root / MEGATRON_TRACKER), "checkpoints": names},
             advice="Choose the iteration with --checkpoint N (of " + ", ".join(names) + ").",
@@ -96,6 +106,8 @@ def select_checkpoint(root: Path, choice: str | None) -> Path:
             return root
         beside = {n + ENVELOPE_SUFFIX for n in names} | {MEGATRON_TRACKER}
         if len(found) == 1 and [n for n in _names(root) if n not in beside] == names:
+            if os.path.lexists(root / MEGATRON_TRACKER):  # the one folder must be the last completed save
+                _megatron_latest(root, found)
             return root / names[0]
         raise UsageError(
             "usage.checkpoint.ambiguous",
@@ -113,7 +125,8 @@ def select_checkpoint(root: Path, choice: str | None) -> Path:
             advice="Give the checkpoint directory itself, without --checkpoint.",
         )
     if choice == "latest":
-        step = _megatron_latest(root, found) if (root / MEGATRON_TRACKER).exists() else found[-1][0]
+        megatron = os.path.lexists(root / MEGATRON_TRACKER) or any(n.startswith("iter_") for n in names)
+        step = _megatron_latest(root, found) if megatron else found[-1][0]
     elif _STEP.fullmatch(choice):
         step = int(choice)
     else:
@@ -137,6 +150,7 @@ def select_checkpoint(root: Path, choice: str | None) -> Path:
             f"--checkpoint {choice}: {root} holds {len(same)} folders for step {step} ({', '.join(same)}); "
             "their step numbers are equal, so neither is chosen",
             evidence={"source": str(root), "checkpoint": choice, "step": step, "checkpoints": same},
-            advice="Remove or rename all but one of these folders, or give that folder itself as the checkpoint.",
+            advice=f"Remove or rename all but one of {', '.join(same)}, or give that folder itself as the "
+            f"checkpoint (such as {root / same[0]}).",
         )
     return root / same[0]

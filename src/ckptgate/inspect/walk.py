@@ -155,7 +155,8 @@ class SafeTree:
                         "openat2 with RESOLVE_BENEATH is not available on this kernel; refusing to read "
                         "an untrusted tree without root-confined path resolution [R35]",
                         evidence={"errno": e.errno},
-                        advice="Run ckptgate on Linux 5.6 or later without a seccomp filter denying openat2.",
+                        advice=f"Run ckptgate on Linux 5.6 or later (this kernel is {os.uname().release}) without "
+                        "a seccomp filter denying openat2.",
                     ) from None
                 raise
             st = _WalkState(limits=limits)

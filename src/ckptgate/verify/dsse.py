@@ -113,7 +113,8 @@ class Envelope:
             raise VerificationError(
                 "verify.dsse.unsigned",
                 "envelope carries no signatures",
-                advice="An unsigned envelope proves nothing; obtain the signed attestation.",
+                advice="An unsigned envelope proves nothing: obtain the signed attestation, or sign the statement "
+                "with `ckptgate attest sign --key KEY`.",
             )
         if not isinstance(sigs, list):
             raise VerificationError("verify.dsse.shape", "signatures must be a list")
@@ -141,7 +142,8 @@ class Envelope:
             raise VerificationError(
                 "verify.dsse.unsigned",
                 "every signature of the envelope is empty",
-                advice="An unsigned envelope proves nothing; obtain the signed attestation.",
+                advice="An unsigned envelope proves nothing: obtain the signed attestation, or sign the statement "
+                "with `ckptgate attest sign --key KEY`.",
             )
         return cls(payload_type=ptype, payload=_b64(payload, "payload"), signatures=tuple(parsed))
 
@@ -194,7 +196,8 @@ def verify_envelope(env: Envelope, keys: Sequence[TrustedKey]) -> tuple[Verified
                     "verify.dsse.signature_over_payload",
                     f"signature by {k.id!r} covers the raw payload, not DSSE PAE",
                     evidence={"signer_id": k.id},
-                    advice="The signer does not implement DSSE; re-sign over PAE(payloadType, payload).",
+                    advice=f"The signer of {k.id!r} does not implement DSSE: sign the statement again with "
+                    "`ckptgate attest sign --key KEY`, which signs PAE(payloadType, payload).",
                 )
     named = [k.id for k in keys if any(h in (k.spki_sha256, k.id) for h in hints)]
     if named:
@@ -253,18 +256,34 @@ class KeySigner:
         """Load an unencrypted PKCS#8 PEM private key from ``path`` or ``$CKPTGATE_SIGNING_KEY``."""
         p = path if path is not None else os.environ.get(SIGNING_KEY_ENV)
         if not p:
-            raise UsageError("usage.signing_key_missing", f"no signing key: pass --key or set {SIGNING_KEY_ENV}")
+            raise UsageError(
+                "usage.signing_key_missing",
+                f"no signing key: pass --key or set {SIGNING_KEY_ENV}",
+                advice=f"Pass --key KEY or set {SIGNING_KEY_ENV}; `ckptgate attest keygen --out KEY` makes a key pair.",
+            )
         try:
             key = serialization.load_pem_private_key(read_regular_file(p, limit=_MAX_KEY_BYTES), password=None)
         except OSError as e:
-            raise UsageError("usage.signing_key_unreadable", f"cannot read signing key {p}: {e.strerror}") from None
+            raise UsageError(
+                "usage.signing_key_unreadable",
+                f"cannot read signing key {p}: {e.strerror}",
+                advice=f"Check that {p} is a readable regular file, or pass another key with --key.",
+            ) from None
         except (ValueError, TypeError) as e:
-            raise UsageError("usage.signing_key_invalid", f"{p} is not an unencrypted PEM private key: {e}") from None
+            raise UsageError(
+                "usage.signing_key_invalid",
+                f"{p} is not an unencrypted PEM private key: {e}",
+                advice=f"Pass the private key (not the .pub.pem) with --key; {p} must be unencrypted PKCS#8 PEM, "
+                "as `ckptgate attest keygen --out KEY` writes it.",
+            ) from None
         try:
             return cls.from_key(key, keyid=keyid)  # type: ignore[arg-type]
         except ValueError:
             raise UsageError(
-                "usage.signing_key_invalid", f"{p}: only Ed25519 and ECDSA P-256 keys are supported"
+                "usage.signing_key_invalid",
+                f"{p}: only Ed25519 and ECDSA P-256 keys are supported",
+                advice=f"Replace {p} with an Ed25519 or ECDSA P-256 key: "
+                "`ckptgate attest keygen --out KEY --algorithm ecdsa-p256` makes one.",
             ) from None
 
     @property
@@ -287,7 +306,11 @@ def canonical_payload(statement: dict[str, Any]) -> bytes:
 def sign_payload(payload: bytes, signers: Sequence[Signer], *, payload_type: str = IN_TOTO_PAYLOAD_TYPE) -> bytes:
     """Sign exact payload bytes with each signer; returns the envelope JSON bytes."""
     if not signers:
-        raise UsageError("usage.no_signer", "at least one signer is required")
+        raise UsageError(
+            "usage.no_signer",
+            "at least one signer is required",
+            advice=f"Pass a signing key with --key or set {SIGNING_KEY_ENV}.",
+        )
     message = pae(payload_type, payload)
     env = {
         "payloadType": payload_type,
@@ -311,7 +334,11 @@ def generate_keypair(algorithm: str = "ed25519") -> tuple[bytes, bytes]:
     elif algorithm == "ecdsa-p256":
         key = ec.generate_private_key(ec.SECP256R1())
     else:
-        raise UsageError("usage.algorithm", f"unsupported algorithm {algorithm!r}; use ed25519 or ecdsa-p256")
+        raise UsageError(
+            "usage.algorithm",
+            f"unsupported algorithm {algorithm!r}; use ed25519 or ecdsa-p256",
+            advice=f"Pass --algorithm ed25519 or --algorithm ecdsa-p256 instead of {algorithm!r}.",
+        )
     private = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )

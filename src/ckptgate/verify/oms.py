@@ -73,7 +73,10 @@ class OfferedKey:
             pem = read_regular_file(path, limit=_MAX_KEY_BYTES)
         except OSError as e:
             raise UsageError(
-                "usage.key_unreadable", f"cannot read the public key {path}: {e.strerror}", evidence={"path": str(path)}
+                "usage.key_unreadable",
+                f"cannot read the public key {path}: {e.strerror}",
+                evidence={"path": str(path)},
+                advice=f"Check that {path} is a readable regular file, or name another public key with --key.",
             ) from None
         try:
             key = serialization.load_pem_public_key(pem)
@@ -222,6 +225,7 @@ class CertificateChain:
                     "usage.certificate_chain_unreadable",
                     f"cannot read the certificate chain {path}: {e.strerror}",
                     evidence={"path": str(path)},
+                    advice=f"Check that {path} is a readable PEM file, or name another with --certificate-chain.",
                 ) from None
             try:
                 count += len(x509.load_pem_x509_certificates(pem))
@@ -231,7 +235,11 @@ class CertificateChain:
                 ) from None
             blobs.append(pem.rstrip(b"\n") + b"\n")
         if not blobs:
-            raise UsageError("usage.certificate_chain_unreadable", "no certificate chain was named")
+            raise UsageError(
+                "usage.certificate_chain_unreadable",
+                "no certificate chain was named",
+                advice="Name the CA certificates (PEM) of the signing certificate with --certificate-chain CA.pem.",
+            )
         return cls(sources=tuple(str(p) for p in paths), pem=b"".join(blobs), count=count)
 
 

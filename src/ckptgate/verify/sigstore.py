@@ -7,6 +7,8 @@ does that.  Identity is decided by an identity policy (certificate SAN plus OIDC
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import logging
 import os
 import stat
@@ -20,6 +22,7 @@ from cryptography import x509
 from cryptography.x509.oid import ObjectIdentifier
 
 from ckptgate.errors import UsageError, VerificationError
+from ckptgate.userfiles import read_regular_file
 
 PRODUCTION = "production"
 """Pass as ``trust_root`` to use the production root embedded in ``sigstore`` (offline, no TUF refresh)."""
@@ -154,6 +157,27 @@ def _verifier(trust_root: Path | str) -> Any:
             evidence={"trust_root": str(trust_root)},
             advice="Pass a trusted_root.json (Sigstore TrustedRoot v0.1+) that you obtained out of band.",
         ) from None
+
+
+def trust_root_sha256(trust_root: Path | str) -> str:
+    """``sha256:<hex>`` of the Sigstore trust root bundles are verified against, for the decision's
+    inputs: the bytes of the named trusted_root.json, or for :data:`PRODUCTION` the JSON of the
+    root ``sigstore`` loads from its offline cache.  Unreadable: ``usage.sigstore_trust_root``."""
+    try:
+        if trust_root == PRODUCTION:
+            data = _verifier(trust_root)._trusted_root._inner.to_json().encode()
+        else:
+            data = read_regular_file(Path(trust_root), limit=MAX_TRUST_ROOT_BYTES)
+            if len(data) > MAX_TRUST_ROOT_BYTES:
+                raise OSError(errno.EFBIG, f"larger than {MAX_TRUST_ROOT_BYTES} bytes")
+    except (OSError, VerificationError) as e:
+        raise UsageError(
+            "usage.sigstore_trust_root",
+            f"cannot read the Sigstore trust root {trust_root}: {e}",
+            evidence={"trust_root": str(trust_root)},
+            advice="Pass a readable trusted_root.json (Sigstore TrustedRoot v0.1+) that you obtained out of band.",
+        ) from None
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def check_trust_root(trust_root: Path | str) -> None:

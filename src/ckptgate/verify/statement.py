@@ -258,7 +258,8 @@ def bind_subject(statement: dict[str, Any], measured_digest: Digest | str) -> Su
             "measured": measured_digest.prefixed(),
             "subjects": [s["digest"].get("sha256") for s in statement["subject"]],
         },
-        advice="The attestation was made for different bytes: do not reuse it for this checkpoint.",
+        advice=f"The attestation was made for other bytes ({expected}{more}), not for the measured "
+        f"{measured_digest.prefixed()}: do not reuse it; attest these bytes with `ckptgate attest sign`.",
     )
 
 
@@ -317,7 +318,8 @@ def check_validity(statement: dict[str, Any], now: datetime, *, max_clock_skew: 
             "verify.statement.expired",
             f"expired at {raw['expires_at']} (now {now.isoformat()})",
             evidence={**raw, "now": now.isoformat()},
-            advice="Re-run the qualification for this commit to obtain fresh evidence.",
+            advice=f"The evidence expired at {raw['expires_at']}: run `ckptgate qualify` for this commit again "
+            "to obtain fresh evidence.",
         )
     return v
 

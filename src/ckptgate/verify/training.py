@@ -96,11 +96,14 @@ def training_statement(
     training_config: Mapping[str, Any] | None = None,
     code: CodeRef | None = None,
     base_model: BaseModel | None = None,
+    hf_config_sha256: str | None = None,
     check: bool = True,
 ) -> dict[str, Any]:
     """The training-provenance statement over every file of ``digest``'s manifest; checked against its
     schema before it is returned (:class:`~ckptgate.errors.VerificationError` when it does not match;
-    ``check=False``: unchecked, for reporting every schema error at once)."""
+    ``check=False``: unchecked, for reporting every schema error at once).  ``hf_config_sha256``
+    (``sha256:<hex>``): the manifest digest of the Hugging Face config the job declares, which intake
+    ``--hf-config`` policy can require to be the declared one."""
     deps = [p.to_dependency() for p in sorted(producers, key=lambda p: p.name)]
     if code is not None:
         deps.append(code.to_dependency())
@@ -120,6 +123,7 @@ def training_statement(
                     "step": step,
                     "format": fmt,
                     "fixture_digest": digest.digest.prefixed(),
+                    **({"hf_config_manifest_sha256": hf_config_sha256} if hf_config_sha256 is not None else {}),
                 },
                 "resolvedDependencies": deps,
             },
@@ -163,6 +167,8 @@ class TrainingFacts:
     producers: tuple[Producer, ...] = ()
     code: CodeRef | None = None
     base_model: BaseModel | None = None
+    hf_config_sha256: str | None = None
+    """``internalParameters.hf_config_manifest_sha256``: the Hugging Face config the job declares."""
 
     @classmethod
     def from_statement(cls, statement: Mapping[str, Any]) -> TrainingFacts:
@@ -202,6 +208,7 @@ class TrainingFacts:
             producers=tuple(producers),
             code=code,
             base_model=base,
+            hf_config_sha256=internal.get("hf_config_manifest_sha256"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -223,7 +230,7 @@ class TrainingFacts:
             "base_model": None
             if self.base_model is None
             else {"repo": self.base_model.repo, "revision": self.base_model.revision, "sha256": self.base_model.sha256},
-        }
+        } | ({"hf_config_sha256": self.hf_config_sha256} if self.hf_config_sha256 is not None else {})
 
     def lines(self) -> list[tuple[str, str]]:
         """The provenance in plain words, one ``(label, text)`` per line (``attest show``, the report)."""
@@ -248,4 +255,6 @@ class TrainingFacts:
         if self.base_model is not None:
             b = self.base_model
             out.append(("base model", f"{b.repo} revision {b.revision}" + (f" sha256:{b.sha256}" if b.sha256 else "")))
+        if self.hf_config_sha256 is not None:
+            out.append(("hf config", f"manifest {self.hf_config_sha256}"))
         return out

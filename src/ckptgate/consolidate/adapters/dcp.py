@@ -97,8 +97,9 @@ def _tensors(
                     "plan.too_many_runs",
                     f"{fqn}: the layout splits its tensors into more than {MAX_PLAN_RUNS:,} placements",
                     evidence={"tensor": fqn, "limit": MAX_PLAN_RUNS},
-                    advice="A chunk split on several leading dimensions needs a placement per index "
-                    "of them; ckptgate bounds the plan's memory instead of building them.",
+                    advice=f"{fqn} is split on several leading dimensions, which needs a placement per index "
+                    "of them; ckptgate bounds the plan's memory instead of building them. Save it again sharded "
+                    "on its first dimension only (`Shard(0)`), then take that in.",
                 )
             src, base = locate(fqn, dtype, c, offsets, sizes, size)
             if numel(sizes):

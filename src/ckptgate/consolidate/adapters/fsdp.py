@@ -48,8 +48,8 @@ def plan(fmt: str, layout: Mapping[str, Any], *, max_shard_bytes: int) -> Consol
             "FSDP LOCAL_STATE_DICT flat_param shards record no per-parameter names, shapes "
             "or padding; ckptgate does not guess them [R03]",
             evidence={"format": fmt, "files": list(layout.get("files", []))},
-            advice="Save the model again with SHARDED_STATE_DICT through "
-            "torch.distributed.checkpoint, or with FULL_STATE_DICT.",
+            advice="Save the model again with `StateDictType.SHARDED_STATE_DICT` through "
+            "`torch.distributed.checkpoint.save`, or with `StateDictType.FULL_STATE_DICT`, then take that in.",
         )
     if fmt != "fsdp-full":
         raise PlanError("plan.format.unsupported", f"{fmt!r} is not an FSDP torch.save layout")

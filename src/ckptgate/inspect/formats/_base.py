@@ -9,6 +9,7 @@ from typing import Any
 from ckptgate.inspect.budget import WorkBudget
 from ckptgate.inspect.files import FileFacts
 from ckptgate.inspect.findings import Finding, error
+from ckptgate.inspect.pickle import PickleReport
 from ckptgate.inspect.walk import SafeTree
 
 __all__ = ["Context", "FormatResult", "plain_basename"]
@@ -34,6 +35,12 @@ class FormatResult:
     loaders: tuple[str, ...]
     findings: tuple[Finding, ...] = ()
     consolidatable: bool = True
+    #: pickles the detector read inside other files (a BYTE_IO item of a .distcp file), for the policy
+    pickles: tuple[PickleReport, ...] = ()
+    #: (path, pickle context) of each file the detector takes as its own in a context a sibling
+    #: chose (:data:`ckptgate.inspect.files.SIBLING_CONTEXTS`); any other such file is read again
+    #: in its own context
+    claims: tuple[tuple[str, str], ...] = ()
 
 
 def plain_basename(value: Any, path: str, what: str, prefix: str = "index") -> Finding | None:

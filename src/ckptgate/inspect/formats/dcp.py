@@ -9,6 +9,8 @@ tensor whose shape and dtype match its chunk, and each tensor's chunks covering 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from ckptgate._json import JSONRejected, loads_strict
@@ -18,7 +20,7 @@ from ckptgate.inspect.dcp import DcpMetadata, DcpStorageItem, extract_dcp_metada
 from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.formats._base import Context, FormatResult, plain_basename
 from ckptgate.inspect.formats.registry import register_detector
-from ckptgate.inspect.pickle import SList
+from ckptgate.inspect.pickle import PickleReport, SList
 from ckptgate.inspect.safetensors import TORCH_DTYPES
 from ckptgate.inspect.torchzip import TorchZipLayout, inspect_torch_zip
 from ckptgate.inspect.treefacts import tree_facts
@@ -46,9 +48,18 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def dcp_layout(
-    ctx: Context, folder: str, *, verify_crc: CrcMode = True
+    ctx: Context,
+    folder: str,
+    *,
+    verify_crc: CrcMode = True,
+    byte_contexts: Mapping[str, str] = MappingProxyType({}),
+    kept: dict[str, PickleReport] | None = None,
 ) -> tuple[dict[str, Any] | None, list[Finding], set[str]]:
-    """Layout of the DCP checkpoint in ``folder`` ('' = root); returns (layout, findings, loaders)."""
+    """Layout of the DCP checkpoint in ``folder`` ('' = root); returns (layout, findings, loaders).
+
+    A BYTE_IO item named in ``byte_contexts`` is read against that pickle context (not the plain
+    tensor one), and its report is put in ``kept`` (its statically read value, for the format
+    that knows what the item is: Megatron's common state)."""
     pre = f"{folder}/" if folder else ""
     mp = pre + ".metadata"
     f = ctx.files.get(mp)
@@ -63,7 +74,7 @@ def dcp_layout(
         loaders.add("torch_load")
         return None, findings, loaders
     loaders.add("static_pickle")
-    items = _check_items(ctx, pre, md, findings, loaders, verify_crc)
+    items = _check_items(ctx, pre, md, findings, loaders, verify_crc, byte_contexts, kept)
     _check_chunks(md, mp, findings)
     referenced = {s.relative_path for s in md.storage}
     for p in ctx.files:
@@ -77,7 +88,14 @@ def dcp_layout(
 
 
 def _check_items(
-    ctx: Context, pre: str, md: DcpMetadata, findings: list[Finding], loaders: set[str], verify_crc: CrcMode
+    ctx: Context,
+    pre: str,
+    md: DcpMetadata,
+    findings: list[Finding],
+    loaders: set[str],
+    verify_crc: CrcMode,
+    byte_contexts: Mapping[str, str],
+    kept: dict[str, PickleReport] | None,
 ) -> list[dict[str, Any]]:
     tensors = {t.fqn: t for t in md.tensors}
     byfile: dict[str, list[tuple[int, int, str, int]]] = {}
@@ -146,7 +164,10 @@ def _check_items(
     def read_item(item: tuple[DcpStorageItem, str]) -> tuple[TorchZipLayout | None, tuple[Finding, ...]]:
         s, path = item
         with ctx.tree.reader(path) as src:
-            return inspect_torch_zip(src, s.length, path=path, base=s.file_offset, verify_crc=verify_crc, work=ctx.work)
+            context = byte_contexts.get(s.fqn, "tensors") if s.offset is None else "tensors"
+            return inspect_torch_zip(
+                src, s.length, path=path, base=s.file_offset, context=context, verify_crc=verify_crc, work=ctx.work
+            )
 
     for (s, path), (lay, fs) in zip(items, map_in_threads(read_item, items, lambda it: it[0].length), strict=True):
         findings.extend(fs)
@@ -163,8 +184,14 @@ def _check_items(
         if s.offset is None:  # BYTE_IO
             rec["kind"] = "bytes"
             rec["plain"] = lay.pickle.plain_tensors
+            if s.fqn in byte_contexts:
+                rec["context"] = byte_contexts[s.fqn]
+                rec["inside_allowlist"] = lay.pickle.inside_allowlist
+                if kept is not None:
+                    kept[s.fqn] = lay.pickle
             rec["empty"] = bool(lay.pickle.complete and not lay.tensors and empty_value(lay.pickle.value))
-            loaders.add("static_pickle" if lay.pickle.plain_tensors else "torch_load")
+            static = lay.pickle.plain_tensors or (s.fqn in byte_contexts and lay.pickle.inside_allowlist)
+            loaders.add("static_pickle" if static else "torch_load")
             out.append(rec)
             continue
         rec["kind"] = "tensor"

@@ -15,14 +15,16 @@ from ckptgate.inspect.formats._base import Context, FormatResult, plain_basename
 from ckptgate.inspect.formats.registry import register_detector
 from ckptgate.inspect.pickle import Call, Global, SDict, SList, key_text
 
-__all__ = ["detect_deepspeed", "detect_universal"]
+__all__ = ["detect_deepspeed", "detect_universal", "param_shapes"]
 
 _MODEL = re.compile(r"^(zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
 _OPTIM = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 _UNIVERSAL = re.compile(r"^(?:(.*)/)?zero/([^/]+)/(fp32|exp_avg|exp_avg_sq|step)\.pt$")
 
 
-def _param_shapes(value: Any) -> list[dict[str, list[int]]] | None:
+def param_shapes(value: Any) -> list[dict[str, list[int]]] | None:
+    """``param_shapes`` of a ZeRO ``*model_states.pt`` pickle's symbolic value: per param group,
+    name -> shape (``torch.Size`` calls only); None when it is not that shape."""
     if not isinstance(value, SDict):
         return None
     ps = {k: v for k, v in value.items if isinstance(k, str)}.get("param_shapes")
@@ -97,7 +99,7 @@ def detect_deepspeed(ctx: Context) -> FormatResult | None:
         entry: dict[str, Any] = {"path": f.path}
         if f.torch is not None:
             entry["tensors"] = [t.to_json() for t in f.torch.tensors]
-            entry["param_shapes"] = _param_shapes(f.pickle.value if f.pickle else None)
+            entry["param_shapes"] = param_shapes(f.pickle.value if f.pickle else None)
             entry["inside_allowlist"] = bool(f.pickle and f.pickle.inside_allowlist)
         model_layout.append(entry)
     optim_layout = []

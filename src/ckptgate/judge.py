@@ -1,0 +1,149 @@
+"""Verify and decide: the evidence offered for one measured checkpoint, and the policy's answer.
+
+:func:`judge` is the verify and decide steps of the one sequence (:mod:`ckptgate.grouped`): rank 0
+runs it once, on the inspection and the fixture digest every rank formed (:mod:`ckptgate.measure`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from ckptgate.consolidate.hf.plan import mapping_facts
+from ckptgate.consolidate.hf.source import HfConfig
+from ckptgate.decide import PolicyEngine, PolicyInputBuilder, Precheck, Request, decide, now_utc
+from ckptgate.decide.inputs import DecisionInput
+from ckptgate.digest import FixtureDigest
+from ckptgate.enforce.containment import ContainmentProfile, preflight
+from ckptgate.enforce.gate import refusal
+from ckptgate.errors import UsageError, VerificationError
+from ckptgate.inspect import Inspection
+from ckptgate.outcome import Evaluation
+from ckptgate.userfiles import read_regular_file
+from ckptgate.verify import TrustData, verify_attestation
+from ckptgate.verify.dsse import MAX_ENVELOPE_BYTES
+from ckptgate.verify.oms import CertificateChain, OfferedKey, check_signature_flags, verify_oms_bundle
+
+__all__ = ["PURE_DATA_LOADERS", "judge", "needs_profile", "read_attestation", "refuse_if", "run_preflight"]
+
+PURE_DATA_LOADERS = frozenset({"safetensors", "json"})
+
+
+def read_attestation(path: Path) -> bytes:
+    try:
+        raw = read_regular_file(path, limit=MAX_ENVELOPE_BYTES)  # one byte more, so verification sees it is too large
+    except OSError as e:
+        raise UsageError(
+            "usage.attestation_unreadable",
+            f"cannot read attestation {path}: {e.strerror}",
+            advice=f"Check that {path} is a regular file this user can read, or drop that --attestation/--signature.",
+        ) from None
+    return raw
+
+
+def refuse_if(found: Precheck | None) -> None:
+    """Raise the refusal of a precheck that refuses (the structure is refused before the digest)."""
+    if found is not None and found.refuse:
+        raise refusal(
+            found.deny_reasons, found.decision_id, found.policy_revision, found.refusal or "policy", before_digest=True
+        )
+
+
+def needs_profile(inspection: Inspection) -> bool:
+    """Only loads beyond pure data can need containment; the policy decides which controls."""
+    return not set(inspection.loaders) <= PURE_DATA_LOADERS
+
+
+def run_preflight() -> ContainmentProfile:
+    """Only when a framework load may follow (tests replace it)."""
+    return preflight()
+
+
+def judge(
+    inspection: Inspection,
+    digest: FixtureDigest,
+    *,
+    attestations: Sequence[Path],
+    engine: PolicyEngine,
+    trust: TrustData,
+    action: str = "intake",
+    now: datetime | None = None,
+    candidate_commit: str | None = None,
+    containment: ContainmentProfile | None = None,
+    sigstore_trust_root: Path | str | None = None,
+    signatures: Sequence[Path] = (),
+    offered_key: OfferedKey | None = None,
+    certificate_chain: CertificateChain | None = None,
+    select: str | None = None,
+    hf: HfConfig | None = None,
+) -> Evaluation:
+    """Verify ``attestations`` against what was measured and decide; :func:`ckptgate.measure.measure` measures first.
+
+    ``signatures`` are OpenSSF Model Signing bundles, verified under ``offered_key`` (``--key``) or
+    against ``certificate_chain`` (``--certificate-chain``), as each bundle's method says, and
+    bound file by file to the measured manifest (:mod:`ckptgate.verify.oms`).  An in-toto statement in
+    ``attestations`` whose subjects list the checkpoint's files (SLSA provenance, say) binds to the same
+    manifest (:func:`ckptgate.verify.statement.bind_manifest`).
+    For a second decision on the same measurement (more evidence, same bytes), without inspecting
+    and hashing again.
+    """
+    check_signature_flags(signatures, offered_key, certificate_chain is not None or sigstore_trust_root is not None)
+    now = now or now_utc()
+    builder = (
+        PolicyInputBuilder(Request(action=action, now=now, candidate_commit=candidate_commit, select=select))
+        .fixture(digest)
+        .inspection(inspection)
+    )
+    manifest = digest.file_hashes()
+    for path in attestations:
+        raw = read_attestation(path)
+        try:
+            verified = verify_attestation(
+                raw,
+                source=str(path),
+                trust=trust,
+                measured_digest=digest.digest,
+                now=now,
+                sigstore_trust_root=sigstore_trust_root,
+                manifest=manifest,
+            )
+        except VerificationError as e:
+            builder.rejected_attestation(str(path), e)
+        else:
+            builder.attestation(verified)
+    if offered_key is not None:
+        builder.offered_key(offered_key)
+    if offered_key is not None or certificate_chain is not None or sigstore_trust_root is not None:
+        for path in signatures:
+            raw = read_attestation(path)
+            try:
+                verified = verify_oms_bundle(
+                    raw,
+                    source=str(path),
+                    key=offered_key,
+                    manifest=manifest,
+                    measured_digest=digest.digest,
+                    now=now,
+                    certificate_chain=certificate_chain,
+                    sigstore_trust_root=sigstore_trust_root,
+                    trust=trust,
+                )
+            except VerificationError as e:
+                builder.rejected_attestation(str(path), e)
+            else:
+                builder.attestation(verified)
+    if containment is None and needs_profile(inspection):
+        containment = run_preflight()
+    builder.containment(containment)
+    if hf is not None:
+        builder.hf_mapping(mapping_facts(inspection.layout if isinstance(inspection.layout, dict) else {}, hf))
+    policy_input = builder.build()
+    decision = decide(engine, policy_input)
+    if hf is not None:  # the config decides too: named in the decision, as every other input
+        config_input = DecisionInput(role="hf_config", path=hf.source, origin="explicit", sha256="sha256:" + hf.digest)
+        decision = dataclasses.replace(decision, inputs=(*decision.inputs, config_input))
+    return Evaluation(
+        policy_input=policy_input, decision=decision, inspection=inspection, digest=digest, containment=containment
+    )

@@ -85,7 +85,9 @@ def judge(
     against ``certificate_chain`` (``--certificate-chain``), as each bundle's method says, and
     bound file by file to the measured manifest (:mod:`ckptgate.verify.oms`).  An in-toto statement in
     ``attestations`` whose subjects list the checkpoint's files (SLSA provenance, say) binds to the same
-    manifest (:func:`ckptgate.verify.statement.bind_manifest`).
+    manifest (:func:`ckptgate.verify.statement.bind_manifest`); one in a Sigstore bundle signed under an
+    X.509 certificate with no log entry is verified against ``certificate_chain`` too
+    (:mod:`ckptgate.verify.x509bundle`).
     For a second decision on the same measurement (more evidence, same bytes), without inspecting
     and hashing again.
     """
@@ -108,6 +110,7 @@ def judge(
                 now=now,
                 sigstore_trust_root=sigstore_trust_root,
                 manifest=manifest,
+                certificate_chain=certificate_chain,
             )
         except VerificationError as e:
             builder.rejected_attestation(str(path), e)

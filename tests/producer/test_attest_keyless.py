@@ -3,7 +3,8 @@ sigstore-python's own ``SigningContext``, against the project's test instance (`
 -serve``: a local Fulcio that checks the token against its own OIDC key and issues a certificate with an
 SCT, and a Rekor that logs the DSSE entry); then intake accepts the bundle when the trust data names that
 identity, issuer and builder id, and refuses it, typed, otherwise.  Also ``--format oms --certificate``
-(model_signing's certificate method) taken in with ``--certificate-chain``."""
+(model_signing's certificate method) taken in with ``--certificate-chain``; the training provenance under a
+certificate is ``test_attest_certificate.py``'s."""
 
 from __future__ import annotations
 
@@ -264,10 +265,12 @@ def test_a_certificate_of_another_key_is_refused(tmp_path: Path, pki: dict) -> N
     assert not (tmp_path / "hf_sharded.sig").exists()
 
 
-@pytest.mark.parametrize("extra", [["--certificate-chain", "root.pem"], ["--format", "oms"]])
-def test_certificate_without_format_oms_or_chain_is_a_usage_error(tmp_path: Path, pki: dict, extra: list) -> None:
+@pytest.mark.parametrize("extra", [["--certificate-chain", "root.pem"], ["--format", "oms", "--certificate", "signer.crt"]])
+def test_a_chain_without_a_certificate_or_an_oms_certificate_without_a_chain_is_a_usage_error(
+    tmp_path: Path, pki: dict, extra: list
+) -> None:
     ck = _copy(tmp_path)
-    res = ckptgate_json("attest", "checkpoint", ck, "--key", pki["key"], "--certificate", pki["cert"],
-                        *[tmp_path / e if e.endswith(".pem") else e for e in extra])
+    res = ckptgate_json("attest", "checkpoint", ck, "--key", pki["key"],
+                        *[tmp_path / e if e.endswith((".pem", ".crt")) else e for e in extra])
     assert res.returncode == 2
     assert _doc(res.stdout or res.stderr)["error"]["code"] == "usage.attest.signing_method"

@@ -205,3 +205,42 @@ test_training_provenance_bound_by_the_fixture_digest_alone_is_refused if {
 	d.allow == false
 	"training_not_bound_per_file" in _codes(d)
 }
+
+# Training provenance signed under an X.509 certificate (a certificate-signed Sigstore bundle, verified by
+# Python against --certificate-chain): trusted through a certificate entry naming a SAN, the root and the
+# builder id, exactly as for a key.
+_x509_training_root := concat("", ["ab", substring(td.key_spki, 2, 62)])
+
+_x509_training_trust(builders) := {"signers": [{
+	"id": "ca-trainer", "kind": "certificate", "identity": _training_builder, "root_sha256": _x509_training_root,
+	"predicate_types": [_slsa_type], "producers": ["*"], "scopes": ["training_provenance"],
+	"builder_ids": builders,
+}]}
+
+_x509_training(root) := json.patch(_training_attestation, [{"op": "replace", "path": "/signers", "value": [{
+	"kind": "certificate", "signer_id": "ca-trainer", "identity": _training_builder,
+	"identities": ["ml@example.com", _training_builder], "issuer": "CN=root", "root_sha256": root,
+	"subject": "CN=trainer", "not_after": "2027-01-01T00:00:00+00:00",
+}]}])
+
+_x509_training_decide(att, builders) := d if {
+	d := intake.decision with input as _framework_training_input(att)
+		with data.ckptgate.config.trust as _x509_training_trust(builders)
+		with data.ckptgate.config.qualified as td.qualified
+}
+
+test_training_provenance_under_a_certificate_is_trusted_for_its_san_root_and_builder if {
+	_x509_training_decide(_x509_training(_x509_training_root), [_training_builder]).allow == true
+}
+
+test_training_provenance_under_a_certificate_for_another_builder_is_untrusted if {
+	d := _x509_training_decide(_x509_training(_x509_training_root), ["https://ci.example/another"])
+	d.allow == false
+	"attestation_untrusted_signer" in _codes(d)
+}
+
+test_training_provenance_under_a_certificate_of_another_root_is_untrusted if {
+	d := _x509_training_decide(_x509_training(td.key_spki), [_training_builder])
+	d.allow == false
+	"attestation_untrusted_signer" in _codes(d)
+}

@@ -234,8 +234,9 @@ def signature_options(f: F) -> F:
         "certificate_chains",
         multiple=True,
         type=click.Path(dir_okay=False, path_type=Path),
-        help="PEM CA certificates that a certificate-method --signature must chain to (repeatable); "
-        "which signer identity is trusted comes from the trust data's certificate signers.",
+        help="PEM CA certificates that a certificate-method --signature, or an --attestation signed under an "
+        "X.509 certificate, must chain to (repeatable); which signer identity is trusted comes from the trust "
+        "data's certificate signers.",
     )(f)
     f = click.option(
         "--key",

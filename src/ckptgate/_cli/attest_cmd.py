@@ -538,15 +538,17 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
     "--certificate",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="With --format oms and --key: the key's X.509 signing certificate (PEM), model_signing's certificate "
-    "method; intake verifies it with --certificate-chain.",
+    help="With --key: the key's X.509 signing certificate (PEM). The training provenance is written in a Sigstore "
+    "bundle carrying it, SRC.sigstore.json (with --format oms: model_signing's certificate method); intake "
+    "verifies either with --certificate-chain.",
 )
 @click.option(
     "--certificate-chain",
     "certificate_chain",
     multiple=True,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="With --certificate (required): the CA certificates it chains to, carried in the bundle (repeatable).",
+    help="With --certificate: the CA certificates it chains to (repeatable); checked before signing, and with "
+    "--format oms (where it is required) carried in the bundle.",
 )
 @click.option(
     "--hf-config",
@@ -580,7 +582,8 @@ def checkpoint(
 ) -> None:
     """Measure SRC as intake does and sign its training provenance (in-toto + SLSA Provenance v1).
 
-    Signed with --key (a DSSE envelope, SRC.intoto.dsse.json) or keyless with --identity-token (a
+    Signed with --key (a DSSE envelope, SRC.intoto.dsse.json), with --key and --certificate (a Sigstore
+    bundle carrying the X.509 certificate, SRC.sigstore.json) or keyless with --identity-token (a
     Sigstore bundle, SRC.sigstore.json); --format oms signs an OpenSSF Model Signing bundle instead.
 
     Exit 0 when written (or, with --dry-run, when the statement is valid); 2 on a bad flag, a declared
@@ -671,6 +674,8 @@ def checkpoint(
         if fmt == "oms"
         else "training provenance (Sigstore keyless)"
         if token is not None
+        else "training provenance (under an X.509 certificate)"
+        if certificate is not None
         else "training provenance"
     )
     stdout.print(f"signed [bold]{shown(str(done.path))}[/]: {what} of {shown(str(src))}")

@@ -27,6 +27,7 @@ from ckptgate.errors import UsageError, VerificationError
 from ckptgate.inspect import Inspection, SafeTree, inspect_open_tree
 from ckptgate.inspect.runs import ENVELOPE_SUFFIX
 from ckptgate.inspect.topology import TOPOLOGY_FIELDS, contradictions, measured_topology
+from ckptgate.producer.certificate import check_certificate, sign_with_certificate
 from ckptgate.producer.environment import checkpoint_records, code_ref, environment_producers, invocation_id
 from ckptgate.producer.keyless import SIGSTORE_SUFFIX, check_identity_token, load_trust_config, sign_keyless
 from ckptgate.producer.oms import OMS_SUFFIX, sign_oms
@@ -116,10 +117,13 @@ class AttestRequest:
     sigstore_trust_config: Path | None = None
     """The Sigstore client trust config (trust root, Fulcio and Rekor URLs); default: the public-good instance."""
     certificate: Path | None = None
-    """With ``format="oms"`` and ``key``: the X.509 signing certificate (PEM) of ``key`` (model_signing's
-    certificate method); intake verifies it with ``--certificate-chain``."""
+    """With ``key``: the X.509 signing certificate (PEM) of ``key``.  The training provenance is then written in
+    a Sigstore bundle v0.3 carrying that certificate, ``<src>.sigstore.json`` by default
+    (:mod:`ckptgate.producer.certificate`); with ``format="oms"``, model_signing's certificate method.  Intake
+    verifies either with ``--certificate-chain``."""
     certificate_chain: tuple[Path, ...] = ()
-    """The intermediate (and root) certificates to put in the bundle with ``certificate``."""
+    """The CA certificates of ``certificate``: with ``format="oms"``, put in the bundle (required); otherwise the
+    certificate is checked against them before signing, and the bundle carries the certificate alone."""
     hf_config: Path | None = None
     """The Hugging Face config (``config.json`` or its directory) the job trained against: read as intake
     ``--hf-config`` reads it, its manifest sha256 recorded as ``internalParameters.hf_config_manifest_sha256``."""
@@ -199,12 +203,13 @@ def _check_out(src: Path, out: Path) -> None:
 
 
 def _check_method(request: AttestRequest) -> None:
-    """One signing method: a key (optionally with its certificate, for ``--format oms``) or keyless."""
+    """One signing method: a key (optionally with its X.509 certificate) or keyless."""
     if request.identity_token is not None and (request.key is not None or request.certificate is not None):
         raise UsageError(
             "usage.attest.signing_method",
             "--identity-token signs keyless (Sigstore): give it without --key and --certificate",
-            advice="Pass either --identity-token (keyless) or --key KEY.pem, not both.",
+            advice="Pass either --identity-token (keyless) or --key KEY.pem (with --certificate CERT.pem to sign "
+            "under a certificate), not both.",
         )
     if request.identity_token is not None and request.format == "oms":
         raise UsageError(
@@ -212,19 +217,18 @@ def _check_method(request: AttestRequest) -> None:
             "--identity-token signs the training provenance (--format intoto) only",
             advice="Drop --format oms, or sign the OMS bundle with --key (and --certificate).",
         )
-    if (request.certificate is not None or request.certificate_chain) and request.format != "oms":
+    if request.certificate_chain and request.certificate is None:
         raise UsageError(
             "usage.attest.signing_method",
-            "--certificate binds a key to an X.509 identity for --format oms (model_signing's certificate "
-            "method); the training provenance is signed with --key (trusted by its public key) or keyless "
-            "(--identity-token, trusted by its Sigstore identity)",
-            advice="Add --format oms, or sign the training provenance with --key or --identity-token.",
+            "--certificate-chain goes with --certificate: it names the CA certificates of the signing certificate",
+            advice="Pass --certificate CERT.pem (the signing certificate of --key) with --certificate-chain CA.pem, "
+            "or drop --certificate-chain.",
         )
-    if bool(request.certificate_chain) != (request.certificate is not None):
+    if request.format == "oms" and request.certificate is not None and not request.certificate_chain:
         raise UsageError(
             "usage.attest.signing_method",
-            "--certificate and --certificate-chain go together: the bundle carries the signing certificate "
-            "and the chain up to its CA (model_signing's certificate method needs both)",
+            "with --format oms, --certificate and --certificate-chain go together: the bundle carries the signing "
+            "certificate and the chain up to its CA (model_signing's certificate method needs both)",
             advice="Pass --certificate CERT.pem (the signing certificate of --key) with --certificate-chain CA.pem.",
         )
 
@@ -240,17 +244,20 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
     src = Path(request.src)
     _check_method(request)
     keyless = request.identity_token is not None
-    suffix = OMS_SUFFIX if request.format == "oms" else SIGSTORE_SUFFIX if keyless else ENVELOPE_SUFFIX
+    in_bundle = keyless or request.certificate is not None  # a Sigstore bundle: keyless, or under a certificate
+    suffix = OMS_SUFFIX if request.format == "oms" else SIGSTORE_SUFFIX if in_bundle else ENVELOPE_SUFFIX
     out = request.out or src.parent / (src.name + suffix)
     _check_out(src, out)
     if not request.dry_run:  # before anything is signed or logged (a keyless signature is a public log entry)
         check_output_file(out, what="the envelope", exclusive=True, not_inside=(src,))
-    signer = token = config = None  # every signing input is checked before the hash
+    signer = token = config = leaf = None  # every signing input is checked before the hash
     if not request.dry_run and keyless:
         token = check_identity_token(str(request.identity_token))
         config = load_trust_config(request.sigstore_trust_config)
     elif not request.dry_run and request.format != "oms":
         signer = KeySigner.from_pem(request.key)
+        if request.certificate is not None:
+            leaf = check_certificate(signer, request.certificate, request.certificate_chain, datetime.now(UTC))
     hf_sha256 = "sha256:" + read_hf_config(request.hf_config).digest if request.hf_config is not None else None
     inspection, digest = _measure(src)
     measured = measured_topology(inspection.format, inspection.layout)
@@ -313,6 +320,9 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
         )
     if keyless:
         envelope = sign_keyless(statement, token, config)
+    elif leaf is not None:
+        assert signer is not None
+        envelope = sign_with_certificate(statement, signer, leaf)
     else:
         assert signer is not None
         envelope = sign_statement(statement, signer)

@@ -32,6 +32,8 @@ from ckptgate.verify.statement import (
 )
 from ckptgate.verify.training import TrainingFacts, is_training
 from ckptgate.verify.trust import TrustData
+from ckptgate.verify.x509bundle import is_certificate_bundle, verify_certificate_bundle
+from ckptgate.verify.x509chain import CertificateChain
 
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 """The statement inside an envelope may not be larger than this."""
@@ -59,8 +61,9 @@ class SignerFacts:
     offered: str | None = None
     """For a key named on the command line (``--key``), where it came from; ``None`` for trust data."""
     identities: tuple[str, ...] = ()
-    """For an X.509 certificate signer (OpenSSF Model Signing certificate method): every SAN (email, URI,
-    DNS) of the signing certificate; ``identity`` is the first."""
+    """For an X.509 certificate signer (OpenSSF Model Signing certificate method, or a certificate-signed
+    Sigstore bundle): every SAN (email, URI, DNS) of the signing certificate; ``identity`` is the one a
+    trust-data signer names, else the first."""
     root_sha256: str | None = None
     """For a certificate signer: SHA-256 of the DER trust anchor the verified chain led to."""
     subject: str | None = None
@@ -114,7 +117,9 @@ class VerifiedAttestation:
     statement: dict[str, Any] = field(repr=False)
     payload_sha256: str
     """SHA-256 of the exact signed payload bytes."""
-    method: Literal["dsse", "sigstore", "model_signing"]
+    method: Literal["dsse", "sigstore", "x509", "model_signing"]
+    """``x509``: a DSSE envelope in a Sigstore bundle signed under an X.509 certificate, no log
+    (:mod:`ckptgate.verify.x509bundle`)."""
     signers: tuple[SignerFacts, ...]
     checks: tuple[str, ...]
     verified_at: datetime
@@ -241,6 +246,7 @@ def verify_attestation(
     expected_commit: str | None = None,
     max_clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
     manifest: Mapping[str, str] | None = None,
+    certificate_chain: CertificateChain | None = None,
 ) -> VerifiedAttestation:
     """Verify one attestation file's bytes for the fixture whose digest was measured.
 
@@ -252,6 +258,8 @@ def verify_attestation(
     is not ckptgate's own and has no subject equal to the fixture digest binds file by file instead
     (:func:`~ckptgate.verify.statement.bind_manifest`, ``binding: "manifest"``).
     ``expected_identity`` is ``(identity, issuer)``; without it the trust data's Sigstore identities apply.
+    A Sigstore bundle with an X.509 certificate and no transparency-log entry is verified against
+    ``certificate_chain`` (``--certificate-chain``) at ``now`` instead (:mod:`ckptgate.verify.x509bundle`).
     Raises :class:`VerificationError` with a ``verify.*`` code on any failure.
     """
     if now.tzinfo is None:
@@ -264,11 +272,35 @@ def verify_attestation(
             evidence={"size": len(raw), "cap": dsse.MAX_ENVELOPE_BYTES},
         )
     doc = loads_strict(raw, what="attestation", max_bytes=dsse.MAX_ENVELOPE_BYTES, error=verify_error)
-    method = _detect(doc)
+    method: Literal["dsse", "sigstore", "x509"] = _detect(doc)
+    if method == "sigstore" and is_certificate_bundle(doc):
+        method = "x509"
     checks: list[str] = []
     signers: list[SignerFacts]
     timing: dict[str, str] = {}
-    if method == "dsse":
+    if method == "x509":
+        found = verify_certificate_bundle(doc, chain=certificate_chain, trust=trust, now=now)
+        cert = found.certificate
+        payload = found.payload
+        checks += ["bundle", "certificate_chain", "certificate_validity", "payload_type", "signature"]
+        signers = [
+            SignerFacts(
+                kind="certificate",
+                signer_id=found.signer_id,
+                identity=found.identity,
+                identities=cert.identities,
+                issuer=cert.root_subject,
+                root_sha256=cert.root_sha256,
+                subject=cert.subject,
+                not_after=_iso(cert.not_after),
+            )
+        ]
+        timing = {
+            "cert_not_before": _iso(cert.not_before),
+            "cert_not_after": _iso(cert.not_after),
+            "certificate_checked_at": _iso(cert.checked_at),
+        }
+    elif method == "dsse":
         env = dsse.Envelope.from_doc(doc)
         checks += ["envelope", "payload_type"]
         verified = dsse.verify_envelope(env, trust.keys)

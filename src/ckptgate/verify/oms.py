@@ -42,6 +42,9 @@ from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, SignerFacts, VerifiedAttest
 from ckptgate.verify.sigstore import verify_bundle_dsse
 from ckptgate.verify.statement import STATEMENT_TYPE
 from ckptgate.verify.trust import spki_sha256
+from ckptgate.verify.x509chain import CertificateChain, verify_chain
+
+__all__ = ["BUNDLE_MEDIA_TYPE", "OMS_PREDICATE_TYPE", "CertificateChain", "OfferedKey", "verify_oms_bundle"]
 
 OMS_PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 """The predicate type of an OpenSSF Model Signing v1.0 signature."""
@@ -202,56 +205,17 @@ def _signature_check(raw: bytes, key: OfferedKey) -> Any:
             ) from None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CertificateChain:
-    """The trust anchors named on the command line (``--certificate-chain``, repeatable): the roots (and any
-    intermediates) that a certificate-method signature's chain must lead to.  Which signer identity is
-    trusted comes from the trust data (a ``certificate`` signer: SAN and root fingerprint), never from here."""
-
-    sources: tuple[str, ...]
-    pem: bytes = field(repr=False)
-    count: int
-
-    @classmethod
-    def from_files(cls, paths: Any) -> CertificateChain:
-        """Read PEM certificates; ``usage.certificate_chain_unreadable`` or ``verify.oms.certificate_chain_invalid``."""
-        blobs: list[bytes] = []
-        count = 0
-        for path in paths:
-            try:
-                pem = read_regular_file(path, limit=_MAX_KEY_BYTES * 16)
-            except OSError as e:
-                raise UsageError(
-                    "usage.certificate_chain_unreadable",
-                    f"cannot read the certificate chain {path}: {e.strerror}",
-                    evidence={"path": str(path)},
-                    advice=f"Check that {path} is a readable PEM file, or name another with --certificate-chain.",
-                ) from None
-            try:
-                count += len(x509.load_pem_x509_certificates(pem))
-            except ValueError as e:
-                raise _fail(
-                    "certificate_chain_invalid", f"{path} holds no PEM certificate: {e}", path=str(path)
-                ) from None
-            blobs.append(pem.rstrip(b"\n") + b"\n")
-        if not blobs:
-            raise UsageError(
-                "usage.certificate_chain_unreadable",
-                "no certificate chain was named",
-                advice="Name the CA certificates (PEM) of the signing certificate with --certificate-chain CA.pem.",
-            )
-        return cls(sources=tuple(str(p) for p in paths), pem=b"".join(blobs), count=count)
-
-
 def _certificate_check(
     doc: dict[str, Any], raw: bytes, chain: CertificateChain, now: datetime
 ) -> tuple[Any, dict[str, Any]]:
     """The reference implementation's certificate verification (``model_signing``: the bundle's chain leads
     to a certificate of ``chain``, the leaf may sign, the DSSE signature verifies under the leaf's key), then
-    ours: every certificate of the verified chain is valid at ``now`` (the library checks the chain at the
-    leaf's notBefore only), and the signer facts (SANs, root fingerprint) that the trust data is matched on."""
+    ckptgate's one chain verification (:func:`~ckptgate.verify.x509chain.verify_chain`, ``cryptography``'s path
+    validation to the self-signed certificates of ``chain``): every certificate of the path valid at ``now``
+    (the library checks the chain at the leaf's notBefore only), and the signer facts (SANs, root
+    fingerprint) that the trust data is matched on."""
     from model_signing._signing import sign_certificate, sign_sigstore_pb  # noqa: PLC0415 - model_signing: 1.7 s import
-    from OpenSSL import crypto  # noqa: PLC0415 - pyOpenSSL: 33 ms import
+    from OpenSSL import crypto  # noqa: PLC0415 - pyOpenSSL: 33 ms import, for the library's error type
 
     try:
         ders = [
@@ -286,62 +250,24 @@ def _certificate_check(
                 f"the model_signing certificate signature does not verify: {type(e).__name__}: {str(e)[:300]}",
                 chain=list(chain.sources),
             ) from None
-        # The same store and inputs as the library's, to learn which anchor the chain led to.
-        store = crypto.X509Store()
-        for c in x509.load_pem_x509_certificates(chain.pem):
-            store.add_cert(crypto.X509.from_cryptography(c))
-        store.set_time(bundled[0].not_valid_before_utc)
-        try:
-            verified = [
-                c.to_cryptography()
-                for c in crypto.X509StoreContext(
-                    store,
-                    crypto.X509.from_cryptography(bundled[0]),
-                    [crypto.X509.from_cryptography(c) for c in bundled[1:]],
-                ).get_verified_chain()
-            ]
-        except crypto.X509StoreContextError as e:
-            raise _fail(
-                "certificate_chain",
-                f"the signing certificate does not chain to {', '.join(chain.sources)}: {str(e)[:300]}",
-                chain=list(chain.sources),
-            ) from None
-    for c in verified:
-        if now > c.not_valid_after_utc:
-            raise _fail(
-                "certificate_expired",
-                f"certificate {c.subject.rfc4514_string()!r} expired at {c.not_valid_after_utc.isoformat()}",
-                subject=c.subject.rfc4514_string(),
-                not_after=c.not_valid_after_utc.isoformat(),
-            )
-        if now < c.not_valid_before_utc:
-            raise _fail(
-                "certificate_not_yet_valid",
-                f"certificate {c.subject.rfc4514_string()!r} is valid from {c.not_valid_before_utc.isoformat()} only",
-                subject=c.subject.rfc4514_string(),
-            )
-    leaf, root = verified[0], verified[-1]
-    try:
-        san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        identities = [
-            str(v)
-            for t in (x509.RFC822Name, x509.UniformResourceIdentifier, x509.DNSName)
-            for v in san.get_values_for_type(t)
-        ]
-    except x509.ExtensionNotFound:
-        identities = []
-    if not identities:
-        raise _fail(
-            "certificate_identity",
-            "the signing certificate has no subject alternative name (email, URI or DNS) for the trust data to name",
-            subject=leaf.subject.rfc4514_string(),
-        )
+    # ckptgate's own chain verification (the one every certificate signer goes through), at the time of the
+    # run: the library checks the chain at the leaf's notBefore only; it also names the anchor reached.
+    offered = x509.load_pem_x509_certificates(chain.pem)
+    roots = chain.roots()
+    cert = verify_chain(
+        bundled[0],
+        intermediates=[c for c in offered if c not in roots] + bundled[1:],
+        anchors=roots,
+        now=now,
+        code="verify.oms",
+        sources=chain.sources,
+    )
     facts = {
-        "identities": tuple(identities),
-        "subject": leaf.subject.rfc4514_string(),
-        "root_sha256": hashlib.sha256(root.public_bytes(serialization.Encoding.DER)).hexdigest(),
-        "root_subject": root.subject.rfc4514_string(),
-        "not_after": leaf.not_valid_after_utc.isoformat(),
+        "identities": cert.identities,
+        "subject": cert.subject,
+        "root_sha256": cert.root_sha256,
+        "root_subject": cert.root_subject,
+        "not_after": cert.not_after.isoformat(),
     }
     return lib_manifest, facts
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import farm_runtime as rt  # noqa: E402 - a sibling script module, found through the line above
+import farm_runtime as rt  # a sibling script module, found through the line above
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCKS = ROOT / "qualification" / "locks"
@@ -647,10 +647,7 @@ def qualify_all(locks: Sequence[Lock], outcomes: dict[str, Outcome], commit: boo
         if trace is not None:
             trace.parent.mkdir(parents=True, exist_ok=True)
         r = ckptgate("qualify", "--adapter", q.adapter, "--fixture", q.fixture, "--json", exe=exe, trace=trace)
-        try:
-            res = json.loads(r.stdout)
-        except ValueError:
-            res = {}
+        res = qualify_result(r.stdout)
         status = res.get("status") or f"exit {r.returncode}"
         log(f"{q.lock.env}: qualify {q.adapter} on {q.fixture}: {status}")
         if trace is not None:
@@ -662,7 +659,11 @@ def qualify_all(locks: Sequence[Lock], outcomes: dict[str, Outcome], commit: boo
             p = home / "logs" / f"{q.lock.key}-{q.fixture}-qualify.log"
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(f"$ ckptgate qualify --adapter {q.adapter} --fixture {q.fixture}\n{r.stdout}\n{r.stderr}")
-            failures.append((q, p))
+            # A runtime qualification that stored its signed failed or error result has its evidence
+            # (the statement and the retained log: a refused matrix row); a copy under attempts/
+            # would only move the candidate commit and make every row stale.
+            if not (q.lock.kind == "runtime" and res.get("attestation")):
+                failures.append((q, p))
         else:
             passed.append(q)
         changed = True
@@ -692,6 +693,21 @@ def qualify_all(locks: Sequence[Lock], outcomes: dict[str, Outcome], commit: boo
         git("add", "-A", "--", *EVIDENCE, str(ATTEMPTS.relative_to(ROOT)), str(SECCOMP_FACTS.relative_to(ROOT)))
         git("commit", "-q", "-m", "farm: qualifications and matrix for " + ", ".join(lk.env for lk in locks))
     return True
+
+
+def qualify_result(stdout: str) -> dict:
+    """``ckptgate qualify --json``'s result: the object itself when it passed, the error's evidence
+    when a signed failed or error result was stored (``evidence.qualify.failed``), else {}."""
+    try:
+        res = json.loads(stdout)
+    except ValueError:
+        return {}
+    if not isinstance(res, dict):
+        return {}
+    err = res.get("error")
+    if isinstance(err, dict) and isinstance(err.get("evidence"), dict) and "status" in err["evidence"]:
+        return err["evidence"]
+    return res if "status" in res else {}
 
 
 def write_seccomp_facts(lock: Lock, home: Path, loads: Sequence[tuple[str, str, str, Path]]) -> bool:

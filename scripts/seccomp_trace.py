@@ -68,6 +68,7 @@ def parse_trace(lines: Iterable[str]) -> dict[str, list[str]]:
     the trace ends (a futex wait) is listed with no result."""
     procs: dict[int, Process] = {}
     exec_worker: dict[int, bool] = {}
+    unfinished: dict[int, str] = {}  # pid -> the entry text of its call still in progress
 
     def proc(pid: int) -> Process:
         return procs.setdefault(pid, Process(pid))
@@ -81,13 +82,17 @@ def parse_trace(lines: Iterable[str]) -> dict[str, list[str]]:
         resumed = _RESUMED.match(rest)
         if resumed:
             name = resumed.group(1)
-            full = name + "(" + rest[resumed.end():]
+            # the call's arguments are on its entry line: ``seccomp(SECCOMP_SET_MODE_FILTER, ...`` is
+            # split like that when another thread runs meanwhile (TSYNC)
+            full = unfinished.pop(pid, name + "(") + rest[resumed.end():]
         else:
             call = _CALL.match(rest)
             if call is None:
                 continue  # signals, exits
             name = call.group(1)
             full = rest
+        if full.endswith("<unfinished ...>"):
+            unfinished[pid] = full.removesuffix("<unfinished ...>").rstrip()
         result = None if full.endswith("<unfinished ...>") else _result(full)
         p.lines.append((ts, f"{name}\0{result or ''}"))
         if name == "execve" and not resumed:

@@ -161,7 +161,8 @@ test_no_failing_or_unretained_or_untrusted_qualification_enters_the_gate if {
 _runtime := {"lock": "runtime-torch-2.10.0", "lock_sha256": concat("", ["ab" | some _ in numbers.range(1, 32)])}
 
 test_a_runtime_qualification_is_its_own_supported_row_but_no_gate_row if {
-	runtime := _retained(_att([{"op": "add", "path": "/statement/predicate/environment/runtime", "value": _runtime}]), "deepspeed-zero2")
+	add := [{"op": "add", "path": "/statement/predicate/environment/runtime", "value": _runtime}]
+	runtime := _retained(_att(add), "deepspeed-zero2")
 	own := _retained(td.attestation, "deepspeed-zero2")
 	row := _row(runtime)
 	row.status == "supported"

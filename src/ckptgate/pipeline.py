@@ -146,8 +146,8 @@ def consolidate_into(
     its files, only the placed bytes are read, and the leases must still hold after the write;
     otherwise every source is re-hashed in the writer's single pass and must match the manifest.
     Dtypes are preserved unless ``dtype`` names one to cast every floating-point tensor to.
-    ``worker``: load every file the adapter can load in the contained worker, even those the static
-    reader read (a runtime qualification, about the worker's torch).
+    ``worker``: the contained worker takes the adapter's whole ``worker_files`` set, static reader or
+    not (a runtime qualification, about the worker's torch).
     """
     check_cast(dtype)
     enforced = enforce(

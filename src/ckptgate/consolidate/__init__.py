@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 def framework_files(inspection: Inspection, *, worker: bool = False) -> tuple[str, ...]:
     """The files of ``inspection`` that no plan can be built from without a framework load (the
     enforce step loads them in the contained worker); empty when the plan needs only what inspection
-    read.  The format's adapter answers.  ``worker``: every file the adapter can load in the worker
-    (its ``worker_files``), even those the static reader read (a runtime qualification)."""
+    read.  The format's adapter answers.  ``worker``: the adapter's ``worker_files`` instead (the
+    whole set its worker job takes, static reader or not), for a runtime qualification."""
     if not inspection.consolidatable:
         return ()
     adapter = adapter_for(inspection.format)

@@ -41,10 +41,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import farm_runtime as rt  # a sibling script module, found through the line above
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCKS = ROOT / "qualification" / "locks"
 ATTEMPTS = ROOT / "qualification" / "attempts"
 FIXTURES = ROOT / "tests" / "fixtures" / "data"
+#: Per runtime environment, the measured calls of the contained worker after its seccomp filter
+#: (scripts/seccomp_trace.py writes them; tests/enforce/test_seccomp_facts.py checks them).
+SECCOMP_FACTS = ROOT / "qualification" / "seccomp"
+SECCOMP_TRACE = ROOT / "scripts" / "seccomp_trace.py"
 GENERATOR = ROOT / "tests" / "fixtures" / "generate.py"
 PINS = ROOT / "pins.toml"
 #: What `ckptgate qualify` and `ckptgate matrix build` write (ckptgate's layout `evidence_paths`):
@@ -87,6 +94,21 @@ class FixtureJob:
 
 
 @dataclass(frozen=True, slots=True)
+class QualifyJob:
+    """A committed fixture a runtime environment qualifies (``[qualify]``): ckptgate itself runs in
+    that environment, so the contained worker's ``torch.load`` is that environment's torch."""
+
+    fixture: str
+    adapter: str
+
+
+#: ``kind`` of a lock: ``producer`` environments write fixtures; ``runtime`` environments are ckptgate's
+#: own dependencies (the core and the ``torch`` extra, plus DeepSpeed for its loader classes) at another
+#: torch, with ckptgate linked from the checkout, and qualify committed framework-plane fixtures.
+KINDS = ("producer", "runtime")
+
+
+@dataclass(frozen=True, slots=True)
 class Lock:
     """A parsed ``qualification/locks/<env>.toml``."""
 
@@ -95,6 +117,8 @@ class Lock:
     requirements: tuple[str, ...]
     fixtures: tuple[FixtureJob, ...]
     packages: Mapping[str, str] = field(repr=False)
+    kind: str = "producer"
+    qualify: tuple[QualifyJob, ...] = ()
 
     @property
     def digest(self) -> str:
@@ -124,9 +148,13 @@ def parse_lock(path: Path) -> Lock:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise FarmError(f"{path}: cannot read the lock ({e}); fix the TOML or restore it from git") from None
-    unknown = set(data) - {"python", "requirements", "fixtures", "lock"}
+    unknown = set(data) - {"kind", "python", "requirements", "fixtures", "qualify", "lock"}
     if unknown:
-        raise FarmError(f"{path}: unknown keys {sorted(unknown)}; a lock has python, requirements, fixtures, lock")
+        raise FarmError(f"{path}: unknown keys {sorted(unknown)}; a lock has kind, python, requirements, "
+                        "fixtures (producer) or qualify (runtime), lock")
+    kind = data.get("kind", "producer")
+    if kind not in KINDS:
+        raise FarmError(f"{path}: 'kind' must be one of {', '.join(KINDS)}, not {kind!r}")
     python = data.get("python")
     if not isinstance(python, str) or not _PYTHON.match(python):
         raise FarmError(f"{path}: 'python' must be an exact version such as \"3.11.7\", not {python!r}")
@@ -144,6 +172,7 @@ def parse_lock(path: Path) -> Lock:
             raise FarmError(f"{path}: fixture {name!r} must be {{spec = \"<generator spec>\", "
                             f"adapter = \"<adapter>\"}}")
         fixtures.append(FixtureJob(name=name, spec=spec["spec"], adapter=spec["adapter"]))
+    qualify = _parse_qualify(path, kind, data.get("qualify"), fixtures)
     lock = data.get("lock")
     if not isinstance(lock, dict) or not lock:
         raise FarmError(f"{path}: no [lock] table; run `python3 scripts/farm.py lock {env}`")
@@ -161,7 +190,31 @@ def parse_lock(path: Path) -> Lock:
         if packages.get(normalize(m.group(1))) != m.group(2):
             raise FarmError(f"{path}: requirement {req} is not what [lock] holds; "
                             f"run `python3 scripts/farm.py lock {env}`")
-    return Lock(env=env, python=python, requirements=tuple(reqs), fixtures=tuple(fixtures), packages=packages)
+    if kind == "runtime" and ("torch" not in packages or not any(normalize(r.split("==")[0]) == "torch"
+                                                                  for r in reqs)):
+        raise FarmError(f"{path}: a runtime lock pins torch in its requirements (it is what the runtime row names)")
+    return Lock(env=env, python=python, requirements=tuple(reqs), fixtures=tuple(fixtures), packages=packages,
+                kind=kind, qualify=qualify)
+
+
+def _parse_qualify(path: Path, kind: str, raw: object, fixtures: list[FixtureJob]) -> tuple[QualifyJob, ...]:
+    """``[qualify]`` of a runtime lock: committed fixture name -> adapter; a producer lock has none,
+    and a runtime lock writes no fixtures."""
+    if kind == "producer":
+        if raw is not None:
+            raise FarmError(f"{path}: [qualify] belongs to a runtime lock (kind = \"runtime\"); "
+                            "a producer lock lists what it writes under [fixtures]")
+        return ()
+    if fixtures:
+        raise FarmError(f"{path}: a runtime lock writes no fixtures; list committed fixtures under [qualify]")
+    if not isinstance(raw, dict) or not raw:
+        raise FarmError(f"{path}: a runtime lock needs [qualify]: committed fixture name = \"<adapter>\"")
+    jobs = []
+    for name, adapter in raw.items():
+        if not _FIXTURE.match(name) or not isinstance(adapter, str) or not adapter:
+            raise FarmError(f"{path}: [qualify] {name!r} must name a fixture and map it to an adapter name")
+        jobs.append(QualifyJob(fixture=name, adapter=adapter))
+    return tuple(jobs)
 
 
 def parse_compiled(text: str) -> dict[str, str]:
@@ -183,10 +236,15 @@ def render_lock(lock: Lock, header: str) -> str:
     """The lock file's text (a fixed TOML shape, so the file diffs line by line)."""
     q = json.dumps
     lines = [f"# {h}".rstrip() for h in header.splitlines()]
-    lines += ["", f"python = {q(lock.python)}", "requirements = ["]
+    lines += [""] + ([f"kind = {q(lock.kind)}"] if lock.kind != "producer" else [])
+    lines += [f"python = {q(lock.python)}", "requirements = ["]
     lines += [f"  {q(r)}," for r in lock.requirements]
-    lines += ["]", "", "[fixtures]"]
-    lines += [f"{f.name} = {{ spec = {q(f.spec)}, adapter = {q(f.adapter)} }}" for f in lock.fixtures]
+    if lock.kind == "runtime":
+        lines += ["]", "", "[qualify]"]
+        lines += [f"{j.fixture} = {q(j.adapter)}" for j in lock.qualify]
+    else:
+        lines += ["]", "", "[fixtures]"]
+        lines += [f"{f.name} = {{ spec = {q(f.spec)}, adapter = {q(f.adapter)} }}" for f in lock.fixtures]
     lines += ["", "[lock]"]
     lines += [f"{q(n)} = {q(v)}" for n, v in sorted(lock.packages.items())]
     return "\n".join(lines) + "\n"
@@ -378,15 +436,20 @@ def dirty(paths: Sequence[str] = (), *, exclude: Sequence[str] = ()) -> list[str
             if not any(p == e or p.startswith(e.rstrip("/") + "/") for e in exclude)]
 
 
-def ckptgate(*args: str) -> subprocess.CompletedProcess[str]:
-    exe = ROOT / ".venv" / "bin" / "ckptgate"
+def ckptgate(*args: str, exe: Path | None = None, trace: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``ckptgate ARGS`` with the project's own environment, or ``exe`` (a runtime link's ckptgate);
+    under strace writing ``trace`` when given."""
+    exe = exe or ROOT / ".venv" / "bin" / "ckptgate"
     if not exe.exists():
-        raise FarmError("no .venv/bin/ckptgate; run `python3 scripts/bootstrap.py setup` first")
-    env = dict(os.environ)
+        raise FarmError(f"no {exe}; run `python3 scripts/bootstrap.py setup` (or build the runtime lock) first")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     key = Path("/work/shared/keys/ci-qualification.ed25519.pem")
     if "CKPTGATE_SIGNING_KEY" not in env and not (ROOT / ".." / "shared" / "keys").is_dir() and key.is_file():
         env["CKPTGATE_SIGNING_KEY"] = str(key)
-    return subprocess.run([str(exe), *args], cwd=ROOT, capture_output=True, text=True, env=env, check=False)
+    cmd = [str(exe), *args]
+    if trace is not None:
+        cmd = rt.traced(cmd, trace)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
 
 
 def matrix_rows(digest: str) -> list[str]:
@@ -398,18 +461,27 @@ def matrix_rows(digest: str) -> list[str]:
     return [str(r.get("status")) for r in rows if r.get("fixture_digest") == digest]
 
 
-def _record(home: Path, lock: Lock, job: FixtureJob) -> Path:
-    return home / "qualified" / f"{lock.key}-{job.name}.json"
+def _record(home: Path, lock: Lock, fixture: str) -> Path:
+    return home / "qualified" / f"{lock.key}-{fixture}.json"
 
 
-def qualified_here(home: Path, lock: Lock, job: FixtureJob) -> str | None:
-    """The fixture digest of ``job`` when this lock's fixture was qualified and the matrix has a
-    supported row for that digest (so the row is current at HEAD's candidate commit)."""
+def qualified_here(home: Path, lock: Lock, fixture: str) -> str | None:
+    """The fixture digest of ``fixture`` when this lock qualified it and the matrix has a supported
+    row for that digest (for a runtime lock: one qualified in that runtime), so the row is current
+    at HEAD's candidate commit."""
     try:
-        digest = json.loads(_record(home, lock, job).read_text())["fixture_digest"]
+        digest = json.loads(_record(home, lock, fixture).read_text())["fixture_digest"]
     except (OSError, ValueError, KeyError):
         return None
-    return digest if "supported" in matrix_rows(digest) else None
+    rows = (rt.runtime_rows(ROOT / "matrix" / "support.json", digest, lock.env) if lock.kind == "runtime"
+            else matrix_rows(digest))
+    return digest if "supported" in rows else None
+
+
+def runtime_link(lock: Lock, home: Path) -> Path:
+    """This checkout's ckptgate in the built runtime environment ``lock`` (made when missing)."""
+    return rt.link_runtime(env_prefix=env_dir(lock, home), link=rt.link_dir(home, lock.key, ROOT),
+                           python=find_python(lock.python), root=ROOT, lock_name=lock.env, lock_sha256=lock.digest)
 
 
 # ---- the run ----------------------------------------------------------------------------------
@@ -447,7 +519,37 @@ def todo_fixtures(lock: Lock, *, retry_failed: bool, fixtures: Path = FIXTURES,
     return todo, failed
 
 
+def build_runtime(lock: Lock, home: Path, *, retry_failed: bool = False) -> Outcome:
+    """A runtime lock: build its environment and link this checkout's ckptgate into it; it writes no
+    fixture (its [qualify] fixtures are qualified with the others)."""
+    out = Outcome(env=lock.env)
+    t0 = time.monotonic()
+    out.reused = [q.fixture for q in lock.qualify]
+    if attempt_log(lock, "build").exists() and not retry_failed:
+        out.failed, out.reused = out.reused, []
+        out.note = "build failed before at this lock (--retry-failed reruns it)"
+        return out
+    try:
+        log(f"{lock.env}: building {lock.key} ({len(lock.packages)} packages)")
+        out.build_seconds = build_env(lock, home)
+        runtime_link(lock, home)
+        log(f"{lock.env}: runtime environment ready ({out.build_seconds:.0f}s)")
+    except StepFailed as e:
+        kept = retain_attempt(lock, "build", e.log_path)
+        out.failed, out.reused = out.reused, []
+        out.note = f"build failed: {kept.relative_to(ROOT)}"
+        log(f"{lock.env}: {e}; log kept in {kept.relative_to(ROOT)}")
+    except (FarmError, OSError, subprocess.SubprocessError) as e:
+        out.failed, out.reused = out.reused, []
+        out.note = f"not built: {e}"
+        log(f"{lock.env}: {e}")
+    out.seconds = time.monotonic() - t0
+    return out
+
+
 def build_and_generate(lock: Lock, home: Path, *, retry_failed: bool = False) -> Outcome:
+    if lock.kind == "runtime":
+        return build_runtime(lock, home, retry_failed=retry_failed)
     out = Outcome(env=lock.env)
     t0 = time.monotonic()
     todo, known_failed = todo_fixtures(lock, retry_failed=retry_failed)
@@ -483,10 +585,35 @@ def build_and_generate(lock: Lock, home: Path, *, retry_failed: bool = False) ->
     return out
 
 
-def qualify_all(locks: Sequence[Lock], outcomes: dict[str, Outcome], commit: bool, home: Path) -> bool:
-    """Qualify every produced fixture that has no supported row yet, then rebuild the matrix."""
-    jobs = [(lk, j) for lk in locks for j in lk.fixtures if fixture_current(lk, j)]
-    paths = [str(FIXTURES.relative_to(ROOT) / j.name) for _, j in jobs] + [str(ATTEMPTS.relative_to(ROOT))]
+@dataclass(frozen=True, slots=True)
+class Qualification:
+    """One ``ckptgate qualify`` the run makes: a producer lock's new fixture (with ckptgate's own
+    environment) or a runtime lock's committed fixture (with ckptgate in that runtime)."""
+
+    lock: Lock
+    fixture: str
+    adapter: str
+
+
+def qualifications(locks: Sequence[Lock], home: Path) -> list[Qualification]:
+    out = [Qualification(lk, j.name, j.adapter) for lk in locks for j in lk.fixtures if fixture_current(lk, j)]
+    out += [Qualification(lk, q.fixture, q.adapter) for lk in locks if lk.kind == "runtime" and env_ready(lk, home)
+            for q in lk.qualify]
+    return out
+
+
+def seccomp_facts_path(lock: Lock, facts: Path = SECCOMP_FACTS) -> Path:
+    return facts / f"{lock.env}.json"
+
+
+def qualify_all(locks: Sequence[Lock], outcomes: dict[str, Outcome], commit: bool, home: Path,
+                *, measure_seccomp: bool = False) -> bool:
+    """Qualify every produced fixture that has no supported row yet, and every runtime lock's fixtures
+    that have no supported row in that runtime, then rebuild the matrix.  With ``measure_seccomp``,
+    each runtime lock's qualifications run again under strace and its seccomp fact file is rewritten."""
+    jobs = qualifications(locks, home)
+    paths = [str(FIXTURES.relative_to(ROOT) / q.fixture) for q in jobs if q.lock.kind == "producer"]
+    paths.append(str(ATTEMPTS.relative_to(ROOT)))
     pending = dirty(paths)
     if pending:
         if not commit:
@@ -494,7 +621,7 @@ def qualify_all(locks: Sequence[Lock], outcomes: dict[str, Outcome], commit: boo
                 "Commit them (or rerun with --commit): the run resumes from here.")
             return False
         git("add", "--", *[p for p in paths if (ROOT / p).exists()])
-        git("commit", "-q", "-m", "farm: fixtures from " + ", ".join(sorted({lk.env for lk, _ in jobs})))
+        git("commit", "-q", "-m", "farm: fixtures from " + ", ".join(sorted({q.lock.env for q in jobs})))
     if dirty(exclude=EVIDENCE):
         log("the work tree has uncommitted changes; commit or stash them before qualifying")
         return False
@@ -507,50 +634,93 @@ def qualify_all(locks: Sequence[Lock], outcomes: dict[str, Outcome], commit: boo
     changed = False
     # Failure logs are kept in the repository only once every qualification has run: a log written
     # there mid-run makes the tree dirty, and each later `ckptgate qualify` would refuse it
-    # (evidence.qualify.dirty_tree) instead of qualifying its fixture.
-    failures: list[tuple[Lock, FixtureJob, Path]] = []
-    passed: list[tuple[Lock, FixtureJob]] = []
-    for lk, job in jobs:
-        if qualified_here(home, lk, job):
+    # (evidence.qualify.dirty_tree) instead of qualifying its fixture.  The seccomp facts likewise.
+    failures: list[tuple[Qualification, Path]] = []
+    passed: list[Qualification] = []
+    traces: dict[str, list[tuple[Qualification, str, Path]]] = {}
+    for q in jobs:
+        measure = measure_seccomp and q.lock.kind == "runtime"
+        if not measure and qualified_here(home, q.lock, q.fixture):
             continue
-        r = ckptgate("qualify", "--adapter", job.adapter, "--fixture", job.name, "--json")
-        try:
-            res = json.loads(r.stdout)
-        except ValueError:
-            res = {}
+        exe = runtime_link(q.lock, home) if q.lock.kind == "runtime" else None
+        trace = home / "seccomp" / f"{q.lock.key}-{q.fixture}.strace" if measure else None
+        if trace is not None:
+            trace.parent.mkdir(parents=True, exist_ok=True)
+        r = ckptgate("qualify", "--adapter", q.adapter, "--fixture", q.fixture, "--json", exe=exe, trace=trace)
+        res = qualify_result(r.stdout)
         status = res.get("status") or f"exit {r.returncode}"
-        log(f"{lk.env}: qualify {job.adapter} on {job.name}: {status}")
+        log(f"{q.lock.env}: qualify {q.adapter} on {q.fixture}: {status}")
+        if trace is not None:
+            traces.setdefault(q.lock.env, []).append((q, str(status), trace))
         if res.get("fixture_digest"):
-            _record(home, lk, job).parent.mkdir(parents=True, exist_ok=True)
-            _record(home, lk, job).write_text(json.dumps(res, indent=2) + "\n")
+            _record(home, q.lock, q.fixture).parent.mkdir(parents=True, exist_ok=True)
+            _record(home, q.lock, q.fixture).write_text(json.dumps(res, indent=2) + "\n")
         if r.returncode != 0:
-            p = home / "logs" / f"{lk.key}-{job.name}-qualify.log"
+            p = home / "logs" / f"{q.lock.key}-{q.fixture}-qualify.log"
             p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(f"$ ckptgate qualify --adapter {job.adapter} --fixture {job.name}\n{r.stdout}\n{r.stderr}")
-            failures.append((lk, job, p))
+            p.write_text(f"$ ckptgate qualify --adapter {q.adapter} --fixture {q.fixture}\n{r.stdout}\n{r.stderr}")
+            # A runtime qualification that stored its signed failed or error result has its evidence
+            # (the statement and the retained log: a refused matrix row); a copy under attempts/
+            # would only move the candidate commit and make every row stale.
+            if not (q.lock.kind == "runtime" and res.get("attestation")):
+                failures.append((q, p))
         else:
-            passed.append((lk, job))
+            passed.append(q)
         changed = True
-    for lk, job, p in failures:
-        kept = retain_attempt(lk, f"{job.name}-qualify", p)
-        outcomes[lk.env].note += f" qualify {job.name} failed: {kept.relative_to(ROOT)}"
-    for lk, job in passed:
-        attempt_log(lk, f"{job.name}-qualify").unlink(missing_ok=True)  # qualified now: no longer a failure
+    for q, p in failures:
+        kept = retain_attempt(q.lock, f"{q.fixture}-qualify", p)
+        outcomes[q.lock.env].note += f" qualify {q.fixture} failed: {kept.relative_to(ROOT)}"
+    for q in passed:
+        attempt_log(q.lock, f"{q.fixture}-qualify").unlink(missing_ok=True)  # qualified now: no longer a failure
+    for env, measured in traces.items():
+        lk = measured[0][0].lock
+        if not write_seccomp_facts(lk, home, [(q.fixture, q.adapter, st, t) for q, st, t in measured]):
+            outcomes[env].note += " seccomp measurement failed"
     if changed or dirty():
         r = ckptgate("matrix", "build")
         if r.returncode != 0:
             log(f"ckptgate matrix build failed:\n{r.stdout}{r.stderr}")
             return False
-    for lk, job in jobs:
+    for q in jobs:
         try:
-            digest = json.loads(_record(home, lk, job).read_text())["fixture_digest"]
+            digest = json.loads(_record(home, q.lock, q.fixture).read_text())["fixture_digest"]
         except (OSError, ValueError, KeyError):
             digest = None
-        outcomes[lk.env].rows[job.name] = matrix_rows(digest) if digest else []
+        rows = ((rt.runtime_rows(ROOT / "matrix" / "support.json", digest, q.lock.env) if q.lock.kind == "runtime"
+                 else matrix_rows(digest)) if digest else [])
+        outcomes[q.lock.env].rows[q.fixture] = rows
     if commit and dirty():
-        git("add", "-A", "--", *EVIDENCE, str(ATTEMPTS.relative_to(ROOT)))
+        git("add", "-A", "--", *EVIDENCE, str(ATTEMPTS.relative_to(ROOT)), str(SECCOMP_FACTS.relative_to(ROOT)))
         git("commit", "-q", "-m", "farm: qualifications and matrix for " + ", ".join(lk.env for lk in locks))
     return True
+
+
+def qualify_result(stdout: str) -> dict:
+    """``ckptgate qualify --json``'s result: the object itself when it passed, the error's evidence
+    when a signed failed or error result was stored (``evidence.qualify.failed``), else {}."""
+    try:
+        res = json.loads(stdout)
+    except ValueError:
+        return {}
+    if not isinstance(res, dict):
+        return {}
+    err = res.get("error")
+    if isinstance(err, dict) and isinstance(err.get("evidence"), dict) and "status" in err["evidence"]:
+        return err["evidence"]
+    return res if "status" in res else {}
+
+
+def write_seccomp_facts(lock: Lock, home: Path, loads: Sequence[tuple[str, str, str, Path]]) -> bool:
+    """Classify the traced worker calls of a runtime lock's qualifications into its fact file
+    (scripts/seccomp_trace.py, run with the runtime's interpreter: the filter tables need pyseccomp)."""
+    py = rt.link_dir(home, lock.key, ROOT) / "bin" / "python"
+    cmd = [str(py), str(SECCOMP_TRACE), "--env", lock.env, "--lock-sha256", lock.digest,
+           "--out", str(seccomp_facts_path(lock))]
+    for fixture, adapter, status, trace in loads:
+        cmd += ["--load", fixture, adapter, status, str(trace)]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    log(f"{lock.env}: seccomp: {(r.stdout + r.stderr).strip()}")
+    return r.returncode == 0
 
 
 def du(path: Path) -> str:
@@ -584,7 +754,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         outcomes[lk.env].disk = du(env_dir(lk, home))
     ok = all(not o.failed for o in outcomes.values())
     if not ns.no_qualify:
-        ok = qualify_all(locks, outcomes, ns.commit, home) and ok
+        ok = qualify_all(locks, outcomes, ns.commit, home, measure_seccomp=ns.measure_seccomp) and ok
     print(summary(list(outcomes.values())))
     both = subprocess.run(["du", "-shc", str(uv_cache()), str(home / "envs")], capture_output=True, text=True,
                           check=False).stdout.splitlines()
@@ -623,8 +793,9 @@ def cmd_lock(ns: argparse.Namespace) -> int:
         packages = compile_lock(home, data["python"], [*data["requirements"], *missing])
     fixtures = tuple(FixtureJob(name=n, spec=s["spec"], adapter=s["adapter"])
                      for n, s in data.get("fixtures", {}).items())
+    qualify = tuple(QualifyJob(fixture=n, adapter=a) for n, a in data.get("qualify", {}).items())
     lock = Lock(env=ns.env, python=data["python"], requirements=tuple(data["requirements"]), fixtures=fixtures,
-                packages=packages)
+                packages=packages, kind=data.get("kind", "producer"), qualify=qualify)
     path.write_text(render_lock(lock, header))
     parse_lock(path)
     print(f"{path.relative_to(ROOT)}: {len(packages)} packages, digest {lock.digest[:16]}")
@@ -638,6 +809,9 @@ def cmd_status(_: argparse.Namespace) -> int:
         todo, failed = todo_fixtures(lk, retry_failed=False)
         fx = ", ".join(j.name + (" (to generate)" if j in todo else " (failed, log kept)" if j in failed else "")
                        for j in lk.fixtures)
+        if lk.kind == "runtime":
+            facts = "measured" if seccomp_facts_path(lk).is_file() else "not measured"
+            fx = f"runtime, seccomp {facts}; qualifies " + ", ".join(q.fixture for q in lk.qualify)
         print(f"{lk.env:28} {lk.digest[:16]} {built:9} {fx}")
     return 0
 
@@ -650,6 +824,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--jobs", type=int, default=None, help="environments built in parallel (default: the cores)")
     run.add_argument("--commit", action="store_true", help="commit new fixtures, evidence and the matrix")
     run.add_argument("--no-qualify", action="store_true", help="stop after generating the fixtures")
+    run.add_argument("--measure-seccomp", action="store_true",
+                     help="runtime locks: qualify under strace and rewrite qualification/seccomp/<env>.json")
     run.add_argument("--retry-failed", action="store_true",
                      help="rerun builds and producers whose failure at the same lock is kept in qualification/attempts")
     lk = sub.add_parser("lock", help="resolve ENV's requirements into its [lock] with uv pip compile")

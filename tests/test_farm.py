@@ -55,7 +55,7 @@ def test_committed_locks_parse_and_pin_every_requirement() -> None:
         for req in lock.requirements:
             name, version = req.split("==")
             assert lock.version(name) == version
-        assert lock.fixtures
+        assert lock.fixtures or lock.qualify  # a producer lock writes fixtures, a runtime lock qualifies some
         # sdists (DeepSpeed) are built without isolation: their build tools must be in the env
         assert all(tool in lock.packages for tool in farm.BUILD_TOOLS)
 
@@ -211,7 +211,7 @@ def test_failed_qualifications_are_kept_only_after_every_fixture_was_qualified(
     assert [j.name for j in lock.fixtures] == ["deepspeed_zero3_x", "deepspeed_zero3_y"]
     events: list[tuple[str, str]] = []
 
-    def fake_ckptgate(*args: str):
+    def fake_ckptgate(*args: str, exe=None, trace=None):
         if args[0] == "qualify":
             name = args[args.index("--fixture") + 1]
             events.append(("qualify", name))

@@ -134,6 +134,7 @@ def consolidate_into(
     on_plan: Callable[[int], None] | None = None,
     dtype: str | None = None,
     hf: HfConfig | None = None,
+    worker: bool = False,
 ) -> Consolidated:
     """Enforce an evaluated decision and write the consolidated output into ``out_dir`` (a
     directory descriptor, or a path the writer opens once as one): the sequence's enforce, plan
@@ -145,6 +146,8 @@ def consolidate_into(
     its files, only the placed bytes are read, and the leases must still hold after the write;
     otherwise every source is re-hashed in the writer's single pass and must match the manifest.
     Dtypes are preserved unless ``dtype`` names one to cast every floating-point tensor to.
+    ``worker``: the contained worker takes the adapter's whole ``worker_files`` set, static reader or
+    not (a runtime qualification, about the worker's torch).
     """
     check_cast(dtype)
     enforced = enforce(
@@ -152,7 +155,7 @@ def consolidate_into(
         evaluation.inspection,
         decision=evaluation.decision,
         fixture_digest=evaluation.digest,
-        framework_files=framework_files(evaluation.inspection),
+        framework_files=framework_files(evaluation.inspection, worker=worker),
         worker=WorkerOptions(profile=evaluation.containment),
     )
     plan = plan_output(

@@ -189,3 +189,17 @@ def test_a_malformed_static_tree_is_a_typed_error(bad: dict) -> None:
     with pytest.raises(RuntimeFailure) as e:
         deepspeed.zero_plan(ins.layout, trees, files, max_shard_bytes=300, trees_from="static_reader")
     assert e.value.code.startswith("runtime.plan.")
+
+
+@pytest.mark.parametrize("name", ["deepspeed_zero2", "deepspeed_zero3"])
+def test_a_runtime_qualification_asks_the_worker_for_every_state_file(name: str) -> None:
+    """``framework_files(worker=True)`` (a runtime qualification, issue #31 item 2) names every
+    state file the worker job takes, although the static reader covers them; other formats have
+    none."""
+    with SafeTree.open(FIXTURES / name / "checkpoint") as tree:
+        ins = inspect_open_tree(tree)
+    assert framework_files(ins) == ()
+    assert framework_files(ins, worker=True) == tuple(deepspeed.zero_files(ins.layout))
+    assert framework_files(ins, worker=True) == framework_files(_framework(ins))
+    with SafeTree.open(FIXTURES / "hf_sharded" / "checkpoint") as tree:
+        assert framework_files(inspect_open_tree(tree), worker=True) == ()

@@ -113,3 +113,29 @@ def test_a_trainer_output_fixture_is_qualified_on_its_selected_checkpoint_only()
     plain = find_fixture(repo, "hf_sharded")
     assert plain.checkpoint == plain.root / "checkpoint"
     assert plain.recorded_files() == plain.meta["checkpoint_files"]
+
+
+def test_a_runtime_qualification_is_its_own_statement_and_log_beside_the_projects(
+    clone: Path, qualified_repo: EvidenceRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ckptgate run from a farm runtime link (issue #31 item 2): the statement names the runtime
+    lock, the log has its own name, and only that runtime's earlier statement is superseded."""
+    import sys
+
+    from ckptgate.evidence.environment import RUNTIME_RECORD
+
+    own = _only_attestation(clone)
+    prefix = tmp_path / "link"
+    prefix.mkdir()
+    (prefix / RUNTIME_RECORD).write_text(json.dumps({"lock": "runtime-torch-2.10.0", "lock_sha256": "ab" * 32}))
+    monkeypatch.setattr(sys, "prefix", str(prefix))
+    first = qualify(clone, find_fixture(clone, FIXTURE), "hf-safetensors", key=qualified_repo.key,
+                    allow_dirty=False, now=datetime(2031, 1, 1, tzinfo=timezone.utc))
+    assert first.superseded == () and own.exists()
+    assert first.log.name == "hf-safetensors@runtime-torch-2.10.0.log.json"
+    _, stmt, _ = statement_of(first.attestation.read_bytes())  # type: ignore[union-attr]
+    assert stmt["predicate"]["environment"]["runtime"] == {"lock": "runtime-torch-2.10.0", "lock_sha256": "ab" * 32}
+    again = qualify(clone, find_fixture(clone, FIXTURE), "hf-safetensors", key=qualified_repo.key,
+                    now=datetime(2031, 1, 2, tzinfo=timezone.utc))
+    assert again.superseded == (first.attestation,) and own.exists()
+    assert len(list(AttestationStore(clone / "attestations").iter())) == 2

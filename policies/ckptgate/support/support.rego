@@ -120,6 +120,14 @@ _mapping_qualification(att) if _logits_check in _p(att, ["result", "checks_run"]
 
 # METADATA
 # description: >-
+#   A qualification run with ckptgate in a farm runtime environment (issue #31 item 2): its
+#   environment names the runtime lock. It makes its own matrix row (the runtime torch is in the
+#   environment column) but no gate row: the gate is the producer release gate, and the same
+#   fixture's qualification in ckptgate's own environment is what names its release there.
+runtime_qualification(att) if is_object(_p(att, ["environment", "runtime"]))
+
+# METADATA
+# description: >-
 #   The generated Megatron -> Hugging Face mapping rows (data.ckptgate.config.qualified.hf_mapping,
 #   read by ckptgate.intake's hfmapping.rego): one per passing mapping qualification with retained
 #   evidence, its family read from that evidence (the retained log whose sha256 is the attested
@@ -129,6 +137,7 @@ _hf_mapping_rows contains row if {
 	some i, att in _attestations
 	trust.at(att, ["statement", "predicateType"]) == _qualification_type
 	_mapping_qualification(att)
+	not runtime_qualification(att)
 	problems := trust.problems(i, att, _context, _config) | qualification_problems(i, att)
 	every problem in problems {
 		problem.code in _gate_tolerated
@@ -168,6 +177,7 @@ _gate_rows contains row if {
 	some i, att in _attestations
 	trust.at(att, ["statement", "predicateType"]) == _qualification_type
 	not _mapping_qualification(att)
+	not runtime_qualification(att)
 	problems := trust.problems(i, att, _context, _config) | qualification_problems(i, att)
 	every problem in problems {
 		problem.code in _gate_tolerated

@@ -158,6 +158,21 @@ test_no_failing_or_unretained_or_untrusted_qualification_enters_the_gate if {
 	}
 }
 
+_runtime := {"lock": "runtime-torch-2.10.0", "lock_sha256": concat("", ["ab" | some _ in numbers.range(1, 32)])}
+
+test_a_runtime_qualification_is_its_own_supported_row_but_no_gate_row if {
+	add := [{"op": "add", "path": "/statement/predicate/environment/runtime", "value": _runtime}]
+	runtime := _retained(_att(add), "deepspeed-zero2")
+	own := _retained(td.attestation, "deepspeed-zero2")
+	row := _row(runtime)
+	row.status == "supported"
+	row.environment.runtime.lock == "runtime-torch-2.10.0"
+	_qualified([runtime]).adapters["deepspeed-zero"].rows == []
+	[gate_row] := _qualified([own, runtime]).adapters["deepspeed-zero"].rows
+	gate_row.evidence == "attestations/evidence/run.log"
+	count([r | some r in _rows(_input([own, runtime])); r.status == "supported"]) == 2
+}
+
 test_a_qualification_without_a_retained_format_of_its_adapter_does_not_enter_the_gate if {
 	_qualified([td.attestation]).adapters["deepspeed-zero"].rows == []
 	_qualified([_retained(td.attestation, "dcp-torch-save")]).adapters["deepspeed-zero"].rows == []

@@ -33,14 +33,18 @@ if TYPE_CHECKING:
     from ckptgate.enforce.load import LoadedTrees
 
 
-def framework_files(inspection: Inspection) -> tuple[str, ...]:
+def framework_files(inspection: Inspection, *, worker: bool = False) -> tuple[str, ...]:
     """The files of ``inspection`` that no plan can be built from without a framework load (the
     enforce step loads them in the contained worker); empty when the plan needs only what inspection
-    read.  The format's adapter answers."""
+    read.  The format's adapter answers.  ``worker``: the adapter's ``worker_files`` instead (the
+    whole set its worker job takes, static reader or not), for a runtime qualification."""
     if not inspection.consolidatable:
         return ()
     adapter = adapter_for(inspection.format)
-    return adapter.framework_files(inspection) if adapter is not None else ()
+    if adapter is None:
+        return ()
+    every = getattr(adapter, "worker_files", None) if worker else None
+    return tuple(every(inspection)) if callable(every) else adapter.framework_files(inspection)
 
 
 def plan_for(
@@ -161,7 +165,8 @@ def _adapter_plan(
         max_shard_bytes=max_shard_bytes,
         mapping=mapping,
         selection=selection,
-        loaded=loaded if needed else None,
+        # a worker load the qualification asked for (framework_files(worker=True)) is used too
+        loaded=loaded,
     )
 
 

@@ -35,7 +35,11 @@ def _env(row: dict[str, Any]) -> str:
     e = row.get("environment")
     if not isinstance(e, dict):
         return "-"
-    return ", ".join(f"{k} {e[k]}" for k in ("python", "torch", "arch", "accelerator") if e.get(k)) or "-"
+    text = ", ".join(f"{k} {e[k]}" for k in ("python", "torch", "arch", "accelerator") if e.get(k)) or "-"
+    runtime = e.get("runtime")
+    lock = runtime.get("lock") if isinstance(runtime, dict) else None
+    # a farm runtime row (issue #31 item 2): ckptgate ran with the user's torch, built from this lock
+    return f"{text}, runtime lock {lock}" if isinstance(lock, str) else text
 
 
 def _producer(row: dict[str, Any]) -> str:

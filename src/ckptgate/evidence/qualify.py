@@ -35,7 +35,7 @@ from ckptgate.errors import Error, InputRejected, PolicyDenied, RuntimeFailure, 
 from ckptgate.evidence import provenance as prov
 from ckptgate.evidence.candidate import candidate_commit, dirty_paths, head_commit
 from ckptgate.evidence.compare import compare_outputs
-from ckptgate.evidence.environment import environment
+from ckptgate.evidence.environment import environment, runtime_lock
 from ckptgate.evidence.errors import EvidenceError, QualificationFailed
 from ckptgate.evidence.fixtures import Fixture, repo_relative, resolve_key
 from ckptgate.evidence.gates import adapter_for_format, fixture_format, gate_producer, qualifiable, validity
@@ -112,6 +112,7 @@ def _consolidate(
     now: datetime,
     key: Path,
     hf: HfConfig | None = None,
+    worker: bool = False,
 ) -> dict[str, Any]:
     """Decide (action qualify) on the measured fixture, plan and write it into ``out_dir``.
 
@@ -162,13 +163,16 @@ def _consolidate(
                 "signed_now": fresh is not None,
                 "superseded": [repo_relative(repo, p) for p in superseded],
             }
-        written = consolidate_into(tree, ev, out_dir, max_shard_bytes=2 << 30, hf=hf).outputs
+        done = consolidate_into(tree, ev, out_dir, max_shard_bytes=2 << 30, hf=hf, worker=worker)
+    written = done.outputs
     d = ev.decision
     return {
         "fixture_digest": digest.digest.prefixed(),
         "inspected_format": inspection.format,
         "decision": {"id": d.decision_id, "allow": d.allow, "plane": d.plane, "policy_revision": d.policy_revision},
         "provenance": used,
+        # where the adapter's trees came from: the static reader, or torch.load in the contained worker
+        "trees_from": done.plan_report.get("trees_from"),
         "outputs": [{"file": w.filename, "size": w.size, "sha256": w.sha256} for w in written],
     }
 
@@ -234,6 +238,9 @@ def qualify(
         producer = fixture.producer(gate_producer(layout, adapter))
         topology = fixture.topology()
         env = environment()
+        # A runtime qualification is about the worker's torch: its framework files are loaded in the
+        # contained worker even where the static reader could read them.
+        runtime = runtime_lock(env)
         mapping = fixture.expected_kind == "logits"
         hf = read_hf_config(fixture.root / "hf_config") if mapping else None
         required = MAPPING_CHECKS if mapping else CHECKS
@@ -279,6 +286,7 @@ def qualify(
                     now=now,
                     key=key_path,
                     hf=hf,
+                    worker=runtime is not None,
                 )
                 log.update(run)
                 checks["policy_allows_qualify"] = bool(run["decision"]["allow"])
@@ -307,7 +315,10 @@ def qualify(
                 status = "error"
     log["checks"] = checks
     log["status"] = status
-    log_path = layout.evidence_dir / digest.filename_stem() / f"{adapter}.log.json"
+    # A runtime environment's qualification is its own row beside the one from ckptgate's own
+    # environment: its log has its own name, and it supersedes only the same runtime's.
+    log_name = f"{adapter}.log.json" if runtime is None else f"{adapter}@{runtime}.log.json"
+    log_path = layout.evidence_dir / digest.filename_stem() / log_name
     log_raw = (json.dumps(log, indent=2, sort_keys=True) + "\n").encode()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_bytes(log_raw)
@@ -332,7 +343,7 @@ def qualify(
     # Storing is only useful when the trust data accepts the signer: verify before storing.
     verify_attestation(envelope, source="<new>", trust=load_trust(options), measured_digest=digest, now=now)
     store = AttestationStore(layout.attestations)
-    superseded = supersede_qualifications(store, digest, adapter)
+    superseded = supersede_qualifications(store, digest, adapter, runtime=runtime)
     stored = store.add(envelope)
     result = QualificationResult(
         fixture=fixture.name,

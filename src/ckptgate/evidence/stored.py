@@ -1,4 +1,5 @@
-"""The repository's attestation store as evidence sees it: one qualification per adapter and fixture."""
+"""The repository's attestation store as evidence sees it: one qualification per adapter, fixture and
+environment kind (ckptgate's own, or one farm runtime lock)."""
 
 from __future__ import annotations
 
@@ -6,20 +7,26 @@ from pathlib import Path
 
 from ckptgate.digest import Digest
 from ckptgate.errors import VerificationError
+from ckptgate.evidence.environment import runtime_lock
 from ckptgate.verify import AttestationStore
 from ckptgate.verify.statement import field_at
 from ckptgate.verify.store import statement_of
 
 
-def supersede_qualifications(store: AttestationStore, digest: Digest, adapter: str) -> tuple[Path, ...]:
-    """Remove earlier qualifications of the same adapter on the same fixture: their log is replaced."""
+def supersede_qualifications(
+    store: AttestationStore, digest: Digest, adapter: str, *, runtime: str | None = None
+) -> tuple[Path, ...]:
+    """Remove earlier qualifications of the same adapter on the same fixture in the same environment
+    kind (``runtime``: the farm runtime lock, None for ckptgate's own): their log is replaced.  A
+    qualification in another runtime is another row and stays."""
     removed = []
     for p in store.find(digest):
         try:
             _fmt, stmt, _ = statement_of(p.read_bytes())
         except VerificationError:
             continue
-        if field_at(stmt, "predicate", "adapter", "name") == adapter:  # any shape, for unknown predicate types
+        same_adapter = field_at(stmt, "predicate", "adapter", "name") == adapter  # any shape, for unknown types
+        if same_adapter and runtime_lock(field_at(stmt, "predicate", "environment")) == runtime:
             p.unlink()
             removed.append(p)
     return tuple(removed)

@@ -644,6 +644,11 @@ class ZeroAdapter:
         files = {f.path: f for f in inspection.files}
         return () if statically_readable(files, rels) else tuple(rels)
 
+    def worker_files(self, inspection: Inspection) -> tuple[str, ...]:
+        """Every state file, for a load that must go through the contained worker (a runtime
+        qualification: it is about the worker's torch) even where the static reader could read them."""
+        return tuple(zero_files(inspection.layout))
+
     def plan(
         self,
         inspection: Inspection,

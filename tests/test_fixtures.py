@@ -108,6 +108,32 @@ def test_meta_records_producer_versions_and_provenance(name: str) -> None:
     assert isinstance(meta.get("notes", []), list)
 
 
+#: (lock, job) of every farm job that writes the bytes of another committed fixture
+SAME_BYTES = sorted(((lock, job) for lock, job in FARM.values() if job.same_bytes_as), key=lambda lj: lj[1].name)
+
+
+@pytest.mark.parametrize(("lock", "job"), SAME_BYTES, ids=[job.name for _, job in SAME_BYTES])
+def test_a_generation_record_is_its_locks_and_names_the_fixtures_bytes(lock, job) -> None:  # noqa: ANN001
+    """``written_by/<job>.json`` is the meta.json the lock's environment wrote: that lock, those
+    versions, and exactly the committed fixture's files and ground truth (so no second copy)."""
+    record = json.loads(farm.record_path(job, catalog.DATA).read_text())
+    meta = load_meta(job.same_bytes_as)
+    assert record["name"] == job.name
+    assert record["farm"] == {"environment": lock.env, "lock": f"qualification/locks/{lock.env}.toml",
+                              "lock_sha256": lock.digest, "spec": job.spec}
+    assert record["versions"]["python"] == lock.python
+    assert all(got == lock.version(d) for d, got in record["versions"].items() if d != "python")
+    assert record["checkpoint_files"] == meta["checkpoint_files"]
+    assert record["expected"] == meta["expected"]
+    assert record["versions"] != meta["versions"]  # another environment, or no record is needed
+
+
+def test_every_generation_record_is_a_farm_job() -> None:
+    records = {p.stem for p in catalog.DATA.glob(f"*/{farm.WRITTEN_BY}/*.json")}
+    assert records == {job.name for _, job in SAME_BYTES}
+    assert records  # the torch lines' fsdp_full
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_checkpoint_files_match_the_manifest(name: str) -> None:
     root = checkpoint_dir(name)

@@ -113,7 +113,7 @@ SAME_BYTES = sorted(((lock, job) for lock, job in FARM.values() if job.same_byte
 
 
 @pytest.mark.parametrize(("lock", "job"), SAME_BYTES, ids=[job.name for _, job in SAME_BYTES])
-def test_a_generation_record_is_its_locks_and_names_the_fixtures_bytes(lock, job) -> None:  # noqa: ANN001
+def test_a_generation_record_is_its_locks_and_names_the_fixtures_bytes(lock, job) -> None:
     """``written_by/<job>.json`` is the meta.json the lock's environment wrote: that lock, those
     versions, and exactly the committed fixture's files and ground truth (so no second copy)."""
     record = json.loads(farm.record_path(job, catalog.DATA).read_text())

@@ -350,8 +350,8 @@ def qualification_statement(
     """A qualification Statement v1 for one fixture; checked against its schema before it is returned.
 
     ``producer_releases``: other releases of the producer that wrote exactly the fixture's bytes,
-    each ``{name, version, provenance, manifest}`` (the stored fixture-provenance statement and the
-    generation record that vouch for it); absent when there are none."""
+    each ``{name, version, provenance, manifest}``: the stored fixture-provenance statement that
+    states it, and the generation record that statement rests on; absent when there are none."""
     fixture_digest = Digest.of(fixture_digest)
     predicate: dict[str, Any] = {
         "producer": producer,

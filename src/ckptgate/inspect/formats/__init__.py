@@ -12,7 +12,18 @@ from ckptgate.inspect.formats._base import Context, FormatResult
 from ckptgate.inspect.formats.registry import detectors
 from ckptgate.inspect.zipcheck import CrcMode
 
-__all__ = ["Context", "FormatResult", "dcp", "dcp_folders", "deepspeed", "detect_format", "fsdp", "hf", "megatron", "peft"]
+__all__ = [
+    "Context",
+    "FormatResult",
+    "dcp",
+    "dcp_folders",
+    "deepspeed",
+    "detect_format",
+    "fsdp",
+    "hf",
+    "megatron",
+    "peft",
+]
 
 
 def detect_format(ctx: Context, *, verify_crc: CrcMode = True) -> FormatResult:

@@ -170,11 +170,34 @@ def test_a_provenance_statement_for_another_release_does_not_vouch(repo: tuple[P
     assert "2.10.0" not in built.qualified["adapters"]["fsdp-full"]["versions"]["fsdp-full"]
 
 
-def test_the_intake_gate_admits_a_named_release(repo: tuple[Path, Path], tmp_path: Path) -> None:
-    """The generated gate, written as `ckptgate matrix build` does, lists the release for intake."""
+def test_the_intake_gate_admits_each_named_release_and_refuses_others(repo: tuple[Path, Path], tmp_path: Path) -> None:
+    """The generated gate, written as `ckptgate matrix build` does, lets intake take in the fixture's
+    bytes under a trusted statement naming torch 2.10.0 or 2.15.0, and refuses 2.11.0 (its record
+    names other bytes) and 2.9.0 (no record)."""
+    import sys
+
+    from ckptgate.errors import PolicyDenied
+    from ckptgate.pipeline import intake
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from pipeline_helpers import attest, make_signer
+
     clone = _clone(repo[0], tmp_path)
     gate_file = clone / "policies" / "ckptgate" / "config" / "qualified" / "data.json"
     matrix.write_gate(_built(clone), gate_file)
-    doc = json.loads(gate_file.read_text())
-    versions = doc["adapters"]["fsdp-full"]["versions"]["fsdp-full"]
-    assert versions == ["2.10.0", "2.13.0", "2.15.0"]
+    assert json.loads(gate_file.read_text())["adapters"]["fsdp-full"]["versions"]["fsdp-full"] == [
+        "2.10.0", "2.13.0", "2.15.0"]
+    signer = make_signer(tmp_path)
+    options = EngineOptions(policy_dir=clone / "policies", trust_file=signer.trust_file)
+    src = clone / DATA / "checkpoint"
+    meta = json.loads((clone / DATA / "meta.json").read_text())
+    for version in ("2.10.0", "2.15.0"):
+        att = attest(signer, src, tmp_path / f"{version}.json", fmt="fsdp-full", meta=meta, version=version)
+        intake(src, tmp_path / f"out-{version}", attestations=[att], options=options)
+        assert (tmp_path / f"out-{version}").is_dir()
+    for version in ("2.11.0", "2.9.0"):
+        att = attest(signer, src, tmp_path / f"{version}.json", fmt="fsdp-full", meta=meta, version=version)
+        with pytest.raises(PolicyDenied) as e:
+            intake(src, tmp_path / f"out-{version}", attestations=[att], options=options)
+        assert e.value.code == "policy.producer_release_unqualified"
+        assert not (tmp_path / f"out-{version}").exists()

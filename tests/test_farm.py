@@ -233,3 +233,58 @@ def test_failed_qualifications_are_kept_only_after_every_fixture_was_qualified(
     assert events == [("qualify", "deepspeed_zero3_x"), ("qualify", "deepspeed_zero3_y"),
                       ("keep", "deepspeed_zero3_x-qualify"), ("keep", "deepspeed_zero3_y-qualify")]
     assert outcomes[lock.env].note.count("failed: qualification/attempts/") == 2
+
+
+SAME = LOCK.replace('deepspeed_zero3_x = { spec = "deepspeed_zero3", adapter = "deepspeed-zero" }',
+                    'deepspeed_zero3_x = { spec = "deepspeed_zero3", adapter = "deepspeed-zero", '
+                    'same_bytes_as = "deepspeed_zero3" }')
+
+
+def test_same_bytes_as_parses_renders_and_names_the_committed_fixture(tmp_path: Path) -> None:
+    lock = farm.parse_lock(_write(tmp_path, SAME))
+    [job] = lock.fixtures
+    assert (job.same_bytes_as, job.committed) == ("deepspeed_zero3", "deepspeed_zero3")
+    want = tmp_path / "data" / "deepspeed_zero3" / "written_by" / "deepspeed_zero3_x.json"
+    assert farm.record_path(job, tmp_path / "data") == want
+    assert farm.parse_lock(_write(tmp_path, farm.render_lock(lock, "h"), "again.toml")).fixtures == lock.fixtures
+    for bad in ('same_bytes_as = "deepspeed_zero3_x"', 'same_bytes_as = "Bad Name"', 'other = "x"'):
+        text = SAME.replace('same_bytes_as = "deepspeed_zero3"', bad)
+        with pytest.raises(farm.FarmError, match="deepspeed_zero3_x"):
+            farm.parse_lock(_write(tmp_path, text, "bad.toml"))
+
+
+def _produced(root: Path, files: dict, truth: str = "t") -> Path:
+    root.mkdir(parents=True)
+    (root / "meta.json").write_text(json.dumps({"checkpoint_files": files, "expected": {"sha256": truth},
+                                                "farm": {"lock_sha256": "x", "spec": "deepspeed_zero3"}}))
+    return root
+
+
+def test_a_same_bytes_output_is_kept_as_a_record_only_when_its_bytes_are_the_fixtures(tmp_path: Path) -> None:
+    lock = farm.parse_lock(_write(tmp_path, SAME))
+    [job] = lock.fixtures
+    fixtures = tmp_path / "data"
+    target = fixtures / "deepspeed_zero3"
+    (target / "checkpoint").mkdir(parents=True)
+    (target / "checkpoint" / "a.pt").write_bytes(b"12345")
+    (target / "expected.safetensors").write_bytes(b"x")
+    files = {"a.pt": {"size": 5, "sha256": "s"}}
+    (target / "meta.json").write_text(json.dumps({"checkpoint_files": files, "expected": {"sha256": "t"}}))
+    log = tmp_path / "log"
+    with log.open("w") as logf, pytest.raises(farm.StepFailed, match="not the bytes of deepspeed_zero3"):
+        farm.keep_record(job, _produced(tmp_path / "p1", {"a.pt": {"size": 5, "sha256": "other"}}), logf, log, fixtures)
+    assert "files differ ['a.pt']" in log.read_text()
+    with log.open("w") as logf, pytest.raises(farm.StepFailed):
+        farm.keep_record(job, _produced(tmp_path / "p2", files, truth="other truth"), logf, log, fixtures)
+    assert not farm.record_path(job, fixtures).exists()
+    with log.open("w") as logf:
+        kept = farm.keep_record(job, _produced(tmp_path / "p3", files), logf, log, fixtures)
+    assert kept.read_bytes() == (tmp_path / "p3" / "meta.json").read_bytes()
+    # current only when the record names this very lock and spec
+    assert not farm.fixture_current(lock, job, fixtures)
+    record = json.loads(kept.read_text())
+    record["farm"]["lock_sha256"] = lock.digest
+    kept.write_text(json.dumps(record))
+    assert farm.fixture_current(lock, job, fixtures)
+    (target / "meta.json").write_text(json.dumps({"checkpoint_files": files, "expected": {"sha256": "new"}}))
+    assert not farm.fixture_current(lock, job, fixtures)  # the committed fixture changed since

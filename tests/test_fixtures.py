@@ -108,6 +108,32 @@ def test_meta_records_producer_versions_and_provenance(name: str) -> None:
     assert isinstance(meta.get("notes", []), list)
 
 
+#: (lock, job) of every farm job that writes the bytes of another committed fixture
+SAME_BYTES = sorted(((lock, job) for lock, job in FARM.values() if job.same_bytes_as), key=lambda lj: lj[1].name)
+
+
+@pytest.mark.parametrize(("lock", "job"), SAME_BYTES, ids=[job.name for _, job in SAME_BYTES])
+def test_a_generation_record_is_its_locks_and_names_the_fixtures_bytes(lock, job) -> None:
+    """``written_by/<job>.json`` is the meta.json the lock's environment wrote: that lock, those
+    versions, and exactly the committed fixture's files and ground truth (so no second copy)."""
+    record = json.loads(farm.record_path(job, catalog.DATA).read_text())
+    meta = load_meta(job.same_bytes_as)
+    assert record["name"] == job.name
+    assert record["farm"] == {"environment": lock.env, "lock": f"qualification/locks/{lock.env}.toml",
+                              "lock_sha256": lock.digest, "spec": job.spec}
+    assert record["versions"]["python"] == lock.python
+    assert all(got == lock.version(d) for d, got in record["versions"].items() if d != "python")
+    assert record["checkpoint_files"] == meta["checkpoint_files"]
+    assert record["expected"] == meta["expected"]
+    assert record["versions"] != meta["versions"]  # another environment, or no record is needed
+
+
+def test_every_generation_record_is_a_farm_job() -> None:
+    records = {p.stem for p in catalog.DATA.glob(f"*/{farm.WRITTEN_BY}/*.json")}
+    assert records == {job.name for _, job in SAME_BYTES}
+    assert records  # the torch lines' fsdp_full
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_checkpoint_files_match_the_manifest(name: str) -> None:
     root = checkpoint_dir(name)
@@ -216,11 +242,13 @@ OWN_CONSOLIDATION = ("dcp_torch_save", "dcp_torch_save_bytes", "dcp_hf_safetenso
 def test_farm_fixture_equals_its_own_torch_consolidation(name: str) -> None:
     """Each torch release's output equals that release's own consolidation, bit for bit (issue
     #31 item 4): the producer compared them in the farm environment and recorded the result."""
-    lock, _ = FARM[name]
-    own = load_meta(name)["observed"]["own_consolidation"]
+    lock, job = FARM[name]
+    # a generation record (same bytes as a committed fixture) keeps its own environment's check
+    meta = json.loads(farm.record_path(job, catalog.DATA).read_text()) if job.same_bytes_as else load_meta(name)
+    own = meta["observed"]["own_consolidation"]
     assert own["equal"] is True and "error" not in own
     assert own["torch"].split("+", 1)[0] == lock.version("torch")
-    want = load_meta(name)["expected"]["tensors"]
+    want = meta["expected"]["tensors"]
     assert own["tensors"] + len(own.get("skipped", [])) == len(want)
     assert all(want[k]["dtype"] in ("I64", "I32", "I16", "I8", "U8", "BOOL") for k in own.get("skipped", []))
 

@@ -233,3 +233,46 @@ def test_a_plain_dcp_model_tree_is_written_whole_with_its_top_level_keys_named(s
     assert "selection" not in receipt["plan"] and res.evaluation.decision.selection is None
     unknown = [r for r in res.evaluation.decision.reasons if r.code == "training_state_layout_unknown"]
     assert [list(r.evidence["top_level_keys"]) for r in unknown] == [["embed", "fc1", "fc2", "gate", "head", "token_ids"]]
+
+
+# -- Trainer under FSDP (SHARDED_STATE_DICT): DCP folders of the model and of the optimizer --------------
+def test_trainer_fsdp_checkpoint_publishes_the_model_folder_only_bit_exact(signer: Signer, tmp_path: Path) -> None:
+    """``checkpoint-2/`` holds ``pytorch_model_fsdp_0/`` ({"model": ...}) and ``optimizer_0/``
+    ({"optimizer": ...}): read together as one training-state tree, the optimizer is resume state by
+    its structure and is never written, the model subtree is published bit-exact without its prefix,
+    and the rng and scheduler files are listed as resume state."""
+    pytest.importorskip("torch")
+    name = "trainer_fsdp_sharded"
+    src = FIXTURES / name / "checkpoint" / "checkpoint-2"
+    att = _attest(name, src, signer, tmp_path)
+    dst = tmp_path / "out"
+    res = intake(src, dst, attestations=[att], options=signer.options)
+    receipt = json.loads((dst / RECEIPT_NAME).read_text())
+    assert receipt["decision"]["allow"] is True
+    assert {r["path"] for r in receipt["resume_state"]} == {"scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"}
+    sel = receipt["plan"]["selection"]
+    assert (sel["prefix"], sel["layout"], sel["source"]) == ("model", "resume_state_structure", "policy")
+    assert sel["excluded"] == ["optimizer"] and sel["excluded_tensors"] == 36
+    assert "training_state_selected" in {r.code for r in res.evaluation.decision.reasons}
+    got = _tensors(sorted(dst.glob("*.safetensors")))
+    assert not any("exp_avg" in k or k.startswith(("optimizer", "model.model")) for k in got)
+    _assert_bit_exact(got, _tensors([FIXTURES / name / "expected.safetensors"]))
+    assert not {p.name for p in dst.iterdir()} & {"optimizer_0", "pytorch_model_fsdp_0", "trainer_state.json"}
+
+
+def test_trainer_fsdp_optimizer_folder_alone_is_refused_never_published_as_weights(signer: Signer,
+                                                                                   tmp_path: Path) -> None:
+    """Without the model folder, the tree is resume state beside no model: refused, nothing written."""
+    import shutil
+
+    from ckptgate.errors import Error
+
+    name = "trainer_fsdp_sharded"
+    src = tmp_path / "checkpoint-2"
+    shutil.copytree(FIXTURES / name / "checkpoint" / "checkpoint-2", src,
+                    ignore=shutil.ignore_patterns("pytorch_model_fsdp_0"))
+    att = _attest(name, src, signer, tmp_path)
+    with pytest.raises(Error) as e:
+        intake(src, tmp_path / "out", attestations=[att], options=signer.options)
+    assert "training_state_ambiguous" in {r["code"] for r in e.value.reasons}, e.value.reasons
+    assert not (tmp_path / "out").exists()

@@ -47,9 +47,11 @@ REPO = Path(__file__).resolve().parents[2]
 #: training run rather than a checkpoint format (the gates data does not list them): a Trainer's
 #: ``checkpoint-N/`` holds ``model.safetensors`` (plus pickled optimizer, scheduler and RNG state),
 #: a PEFT adapter, or DeepSpeed's ``global_stepN/`` at the run's ZeRO stage; ``save_state`` writes
-#: ``model.safetensors`` beside the pickled state.
+#: ``model.safetensors`` beside the pickled state; a Trainer under FSDP with SHARDED_STATE_DICT writes
+#: DCP folders of the model and the optimizer (one DCP training-state tree).
 RUN_FORMATS = {"trainer-safetensors": "safetensors", "trainer-peft": "peft-lora",
-               "trainer-deepspeed": "deepspeed-zero{zero_stage}", "accelerate-save-state": "safetensors"}
+               "trainer-deepspeed": "deepspeed-zero{zero_stage}", "accelerate-save-state": "safetensors",
+               "trainer-fsdp": "dcp-torch-save"}
 #: Producer formats whose files are another format's layout: ZeRO-1 writes ZeRO-2's file names, and
 #: only ``zero_stage`` inside the optimizer states tells them apart (the row's topology carries it).
 SAME_LAYOUT = {"deepspeed-zero1": "deepspeed-zero2"}

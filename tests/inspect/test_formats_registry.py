@@ -9,9 +9,10 @@ from ckptgate.inspect.formats import registry
 
 def test_builtin_detectors_run_in_the_documented_order() -> None:
     assert [d.name for d in registry.detectors()] == [
-        "hf-sharded-safetensors", "peft", "megatron-torch-dist", "dcp-torch-save", "dcp-hf-safetensors",
-        "deepspeed-universal", "deepspeed-zero", "fsdp", "safetensors"]
-    assert [d.name for d in registry.detectors() if d.takes_crc] == ["megatron-torch-dist", "dcp-torch-save"]
+        "hf-sharded-safetensors", "peft", "megatron-torch-dist", "dcp-torch-save", "dcp-folders",
+        "dcp-hf-safetensors", "deepspeed-universal", "deepspeed-zero", "fsdp", "safetensors"]
+    assert [d.name for d in registry.detectors() if d.takes_crc] == [
+        "megatron-torch-dist", "dcp-torch-save", "dcp-folders"]
 
 
 @pytest.mark.parametrize("name, order", [("fsdp", 5), ("another", 80)])

@@ -23,6 +23,79 @@ _row_problems(att) := array.concat(_qualification_problems(att), _gate_problems(
 # METADATA
 # scope: document
 # description: >-
+#   The other producer releases a qualification names (producer_releases): each wrote the very
+#   bytes of the fixture, as a fixture-provenance statement about the same digest says.
+default releases(_) := []
+
+releases(att) := r if {
+	r := _p(att, ["producer_releases"])
+	is_array(r)
+}
+
+# METADATA
+# scope: document
+# description: >-
+#   The problems of the row of one release a qualification names: the qualification's own, that
+#   release's gate, and whether a stored, trusted provenance statement vouches for it.
+release_problems(i, att, release) := {_reason(code, msg, object.union(_ref(i, att), ev)) |
+	some [code, msg, ev] in array.concat(
+		array.concat(_qualification_problems(att), _release_gate_problems(att, release)),
+		_unproven(att, release),
+	)
+}
+
+_release_gate_problems(att, release) := [problem |
+	adapter := _p(att, ["adapter", "name"])
+	problem := _gate_problem(adapter, gates.gate(adapter, data.ckptgate.config), {
+		"name": object.get(release, "name", null),
+		"version": object.get(release, "version", null),
+	})
+]
+
+_unproven(att, release) := [] if [_p(att, ["fixture", "digest"]), release] in vouched
+
+else := [[
+	"producer_release_unproven",
+	sprintf("no trusted fixture-provenance statement %v says %v %v wrote fixture %v (manifest %v)", [
+		object.get(release, "provenance", null), object.get(release, "name", null),
+		object.get(release, "version", null), _p(att, ["fixture", "digest"]), object.get(release, "manifest", null),
+	]),
+	{"release": release, "fixture_digest": _p(att, ["fixture", "digest"])},
+]]
+
+# The stored provenance statements, by source: a release names the one that vouches for it.
+_provenance_by_source[trust.at(p, ["source"])] := [j, p] if {
+	some j, p in _attestations
+	trust.at(p, ["statement", "predicateType"]) == data.ckptgate.config.intake.predicates.provenance.type
+}
+
+# METADATA
+# scope: document
+# description: >-
+#   [fixture digest, release] for each release a qualification names whose provenance statement is
+#   stored and verified, is about that fixture digest (its only subject) through the release's
+#   generation record, names exactly that release and is trusted (a statement of an earlier
+#   candidate commit counts, as for the gate).
+vouched contains [digest, release] if {
+	some att in _attestations
+	trust.at(att, ["statement", "predicateType"]) == _qualification_type
+	some release in releases(att)
+	semver.is_valid(release.version)
+	digest := _p(att, ["fixture", "digest"])
+	[j, p] := _provenance_by_source[release.provenance]
+	_p(p, ["fixture", "digest"]) == digest
+	_single_subject(p, digest)
+	_p(p, ["fixture", "manifest"]) == release.manifest
+	_p(p, ["producer", "name"]) == release.name
+	_p(p, ["producer", "version"]) == release.version
+	every problem in trust.problems(j, p, _context, _config) {
+		problem.code in _gate_tolerated
+	}
+}
+
+# METADATA
+# scope: document
+# description: >-
 #   The problems of a qualification beyond trust, without the gate's: what decides whether it
 #   is a passing qualification with retained evidence (the generated gate, support.qualified).
 qualification_problems(i, att) := {_reason(code, msg, object.union(_ref(i, att), ev)) |

@@ -44,11 +44,23 @@ summary[status] := count([1 | some row in rows; row.status == status]) if {
 }
 
 # METADATA
-# description: The rows of verified qualification attestations.
-attestation_rows := [row |
+# description: >-
+#   The rows of verified qualification attestations: one per attestation, then one per other
+#   producer release an attestation names (producer_releases: releases that wrote the very same
+#   bytes, each vouched for by a stored fixture-provenance statement).
+attestation_rows := array.concat(_primary_rows, _release_rows)
+
+_primary_rows := [row |
 	some i, att in _attestations
 	trust.at(att, ["statement", "predicateType"]) == _qualification_type
 	row := _row(i, att)
+]
+
+_release_rows := [row |
+	some i, att in _attestations
+	trust.at(att, ["statement", "predicateType"]) == _qualification_type
+	some release in releases(att)
+	row := _release_row(i, att, release)
 ]
 
 # METADATA
@@ -159,6 +171,30 @@ _hf_mapping_rows contains row if {
 	}
 }
 
+# The part of a gate row that a qualification gives every release it names, by attestation index.
+_gate_base[i] := {
+	"adapter": adapter,
+	"format": fmt,
+	"topology": _p(att, ["topology"]),
+	"fixture_digest": _p(att, ["fixture", "digest"]),
+	"attestation": trust.at(att, ["source"]),
+	"evidence": _p(att, ["result", "evidence", "location"]),
+	"gate_producer": g.producer,
+} if {
+	some i, att in _attestations
+	trust.at(att, ["statement", "predicateType"]) == _qualification_type
+	not _mapping_qualification(att)
+	not runtime_qualification(att)
+	problems := trust.problems(i, att, _context, _config) | qualification_problems(i, att)
+	every problem in problems {
+		problem.code in _gate_tolerated
+	}
+	adapter := _p(att, ["adapter", "name"])
+	g := data.ckptgate.config.gates.adapters[adapter]
+	fmt := object.get(att, ["retained_result", "format"], null)
+	data.ckptgate.config.gates.formats[fmt].adapter == adapter
+}
+
 _qualified_adapter(adapter) := {
 	"producer": g.producer,
 	"versions": {row.format: sort({r.producer_version | some r in rows; r.format == row.format}) |
@@ -174,30 +210,28 @@ _qualified_adapter(adapter) := {
 _gate_tolerated := {"attestation_wrong_commit"}
 
 _gate_rows contains row if {
-	some i, att in _attestations
-	trust.at(att, ["statement", "predicateType"]) == _qualification_type
-	not _mapping_qualification(att)
-	not runtime_qualification(att)
-	problems := trust.problems(i, att, _context, _config) | qualification_problems(i, att)
-	every problem in problems {
-		problem.code in _gate_tolerated
-	}
-	adapter := _p(att, ["adapter", "name"])
-	g := data.ckptgate.config.gates.adapters[adapter]
-	fmt := object.get(att, ["retained_result", "format"], null)
-	data.ckptgate.config.gates.formats[fmt].adapter == adapter
+	some i, base in _gate_base
+	att := _attestations[i]
 	producer := _p(att, ["producer", "name"])
-	gates.producer_matches(producer, g.producer)
-	row := {
-		"adapter": adapter,
-		"format": fmt,
+	gates.producer_matches(producer, base.gate_producer)
+	row := object.union(object.remove(base, ["gate_producer"]), {
 		"producer": producer,
 		"producer_version": _p(att, ["producer", "version"]),
-		"topology": _p(att, ["topology"]),
-		"fixture_digest": _p(att, ["fixture", "digest"]),
-		"attestation": trust.at(att, ["source"]),
-		"evidence": _p(att, ["result", "evidence", "location"]),
-	}
+	})
+}
+
+# A release the qualification names, vouched for by its trusted provenance statement: the same row
+# with that release, and the statement that shows it wrote these bytes.
+_gate_rows contains row if {
+	some i, base in _gate_base
+	some release in releases(_attestations[i])
+	[base.fixture_digest, release] in vouched
+	gates.producer_matches(release.name, base.gate_producer)
+	row := object.union(object.remove(base, ["gate_producer"]), {
+		"producer": release.name,
+		"producer_version": release.version,
+		"provenance": release.provenance,
+	})
 }
 
 _supported_adapters contains row.adapter if {
@@ -260,6 +294,19 @@ _row(i, att) := {
 	reasons := trust.problems(i, att, _context, _config) | row_problems(i, att)
 }
 
+_release_row(i, att, release) := object.union(_row(i, att), {
+	"producer": release.name,
+	"producer_version": release.version,
+	"status": _status(reasons, status_of),
+	"reasons": sort(reasons),
+	"evidence": object.union(_row(i, att).evidence, {
+		"provenance": release.provenance,
+		"manifest": release.manifest,
+	}),
+}) if {
+	reasons := trust.problems(i, att, _context, _config) | release_problems(i, att, release)
+}
+
 default _p(_, _) := null
 
 _p(att, path) := object.get(att.statement.predicate, path, null) if is_object(att.statement.predicate)
@@ -281,6 +328,7 @@ status_of := {
 	"attestation_freshness_unchecked": "stale",
 	"claim_incomplete": "unqualified",
 	"producer_release_unqualified": "unqualified",
+	"producer_release_unproven": "unqualified",
 	"adapter_unknown": "unqualified",
 	"candidate_commit_unverified": "unqualified",
 	"attestation_unchecked": "refused",

@@ -225,3 +225,65 @@ test_no_failing_or_unretained_mapping_qualification_is_a_mapping_row if {
 test_a_name_preserving_qualification_is_no_mapping_row if {
 	_qualified([_retained(td.attestation, "deepspeed-zero2")]).hf_mapping.qualified == []
 }
+
+# One fixture digest, several releases: a qualification naming another release (producer_releases)
+# gets a row for it when the provenance statement it names vouches for that release.
+_release := {
+	"name": "deepspeed", "version": "0.18.9",
+	"provenance": "attestations/prov-0189.dsse.json", "manifest": "written_by/ds0189.json",
+}
+
+_named_release := _att([{"op": "add", "path": "/statement/predicate/producer_releases", "value": [_release]}])
+
+_vouching(ops) := json.patch(td.attestation, array.concat(
+	[
+		{"op": "replace", "path": "/source", "value": _release.provenance},
+		{"op": "replace", "path": "/statement/predicateType", "value": td.provenance},
+		{"op": "replace", "path": "/statement/predicate/producer/version", "value": "0.18.9"},
+		{"op": "replace", "path": "/statement/predicate/fixture/manifest", "value": _release.manifest},
+	],
+	ops,
+))
+
+_release_row(atts) := [row |
+	some row in _rows(_input(atts))
+	row.producer_version == "0.18.9"
+][0]
+
+_with_format(att) := object.union(att, {"retained_result": object.union(
+	att.retained_result,
+	{"format": "deepspeed-zero2"},
+)})
+
+_gate(atts) := gate if {
+	gate := support.qualified with input as _input([_with_format(a) | some a in atts])
+		with data.ckptgate.config.trust as td.trust
+}
+
+test_a_vouched_release_gets_its_own_supported_row_and_gate_version if {
+	row := _release_row([_named_release, _vouching([])])
+	row.status == "supported"
+	row.producer == "deepspeed"
+	row.evidence.provenance == _release.provenance
+	row.fixture_digest == concat(":", ["sha256", td.fixture_hex])
+	gate := _gate([_named_release, _vouching([])])
+	gate.adapters["deepspeed-zero"].versions["deepspeed-zero2"] == ["0.18.9", "0.19.8"]
+}
+
+test_every_unvouched_release_is_unqualified_and_not_gated if {
+	every atts in [
+		[_named_release],
+		[_named_release, _vouching([{"op": "replace", "path": "/statement/predicate/producer/version", "value": "0.17.6"}])],
+		[_named_release, _vouching([{"op": "replace", "path": "/statement/predicate/fixture/manifest", "value": "x"}])],
+		[_named_release, _vouching([{"op": "replace", "path": "/signers/0/spki_sha256", "value": "00"}])],
+		[_named_release, _vouching([{
+			"op": "replace", "path": "/statement/predicate/fixture/digest",
+			"value": concat(":", ["sha256", td.key_spki]),
+		}])],
+	] {
+		row := _release_row(atts)
+		row.status == "unqualified"
+		"producer_release_unproven" in _row_codes(row)
+		_gate(atts).adapters["deepspeed-zero"].versions["deepspeed-zero2"] == ["0.19.8"]
+	}
+}

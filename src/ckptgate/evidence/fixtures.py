@@ -22,6 +22,10 @@ EVIDENCE_DIR = STORE_DIR / "evidence"
 DEFAULT_KEY = Path("..") / "shared" / "keys" / "ci-qualification.ed25519.pem"
 """Relative to the repository root; the private key is read, never copied or printed."""
 _AXES = ("tp", "pp", "dp", "cp", "ep", "etp")
+WRITTEN_BY = "written_by"
+"""A fixture's folder of generation records: ``<fixture>/written_by/<name>.json`` is the
+``meta.json`` another environment (another producer release) wrote for exactly these bytes,
+kept by ``scripts/farm.py`` instead of a second copy (``same_bytes_as`` in a farm lock)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,6 +35,9 @@ class Fixture:
     name: str
     root: Path
     meta: Mapping[str, Any] = field(repr=False)
+    manifest_file: Path | None = None
+    """The ``meta.json`` this view reads: the fixture's own (None), or a generation record's
+    (:meth:`written_by`): the same bytes, as another environment recorded them."""
 
     def __post_init__(self) -> None:
         for need in ("format", "producer", "versions", "topology"):
@@ -48,18 +55,38 @@ class Fixture:
             )
 
     @classmethod
-    def load(cls, root: Path) -> Fixture:
+    def load(cls, root: Path, *, manifest: Path | None = None) -> Fixture:
+        """The fixture at ``root``; with ``manifest``, its view through that generation record."""
+        path = manifest or root / "meta.json"
         try:
-            meta = json.loads((root / "meta.json").read_text(encoding="utf-8"))
+            meta = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise EvidenceError(
                 "evidence.fixture.meta_unreadable",
-                f"cannot read {root / 'meta.json'}: {e}",
+                f"cannot read {path}: {e}",
                 evidence={"fixture": str(root)},
             ) from None
         if not isinstance(meta, dict):
-            raise EvidenceError("evidence.fixture.meta_unreadable", f"{root / 'meta.json'} is not an object")
-        return cls(name=root.name, root=root, meta=meta)
+            raise EvidenceError("evidence.fixture.meta_unreadable", f"{path} is not an object")
+        name = root.name if manifest is None else manifest.stem
+        return cls(name=name, root=root, meta=meta, manifest_file=manifest)
+
+    @property
+    def manifest(self) -> Path:
+        """The file :attr:`meta` was read from (``meta.json``, or a generation record)."""
+        return self.manifest_file or self.root / "meta.json"
+
+    def written_by(self) -> tuple[Fixture, ...]:
+        """The generation records of other environments that wrote exactly these bytes, each as a
+        view of this fixture (same ``checkpoint/`` and ground truth) with that environment's
+        ``meta.json``: its name, producer versions and command.  Whether a record names exactly
+        these bytes is checked where it is vouched for (:mod:`ckptgate.evidence.provenance`)."""
+        if self.manifest_file is not None:
+            return ()
+        folder = self.root / WRITTEN_BY
+        if not folder.is_dir():
+            return ()
+        return tuple(Fixture.load(self.root, manifest=p) for p in sorted(folder.glob("*.json")))
 
     @property
     def checkpoint(self) -> Path:
@@ -175,6 +202,7 @@ __all__ = [
     "EVIDENCE_DIR",
     "FIXTURES_DIR",
     "STORE_DIR",
+    "WRITTEN_BY",
     "Fixture",
     "find_fixture",
     "list_fixtures",

@@ -176,7 +176,11 @@ def _fixture(row: dict[str, Any]) -> str:
         return short
     device = f.get("synthetic_device")
     synthetic = f" [synthetic: {device} location records, written on CPU]" if device else ""
-    return f"{f['name']} ({short}){synthetic}"
+    evidence = row.get("evidence")
+    record = evidence.get("manifest") if isinstance(evidence, dict) else None
+    # A row for another release that wrote the same bytes: the generation record it rests on.
+    written = f" [same bytes, written by this release: {record}]" if isinstance(record, str) and record else ""
+    return f"{f['name']} ({short}){synthetic}{written}"
 
 
 def render_html(m: Matrix) -> str:

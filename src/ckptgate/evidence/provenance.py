@@ -8,6 +8,10 @@ asks for a trusted ``provenance`` attestation of the exact fixture digest.  This
 What the statement asserts, and on what basis: the bytes under ``tests/fixtures/data/<name>/checkpoint``
 equal the git tree committed at the candidate commit (every blob is hashed again here) and the
 file manifest the generator wrote into ``meta.json``; ``meta.json`` itself is committed unchanged.
+A fixture that other environments (other producer releases) also wrote byte for byte keeps each
+one's ``meta.json`` as a generation record (``written_by/<name>.json``, from ``scripts/farm.py``);
+each record gets its own statement about the same digest, naming that record as its manifest and
+its release as the producer: the signed evidence that this release wrote these bytes.
 The trust basis is the repository's review of that commit (``basis: repository-review``), not a
 fresh regeneration.  A signature is integrity and origin under a separately trusted key [R27];
 it is not evidence that deserializing the bytes is safe, so containment still applies [R28].
@@ -133,11 +137,14 @@ def committed_fixture(
     ``tree`` is the open :class:`~ckptgate.inspect.SafeTree` of the checkpoint and ``digest`` its
     :class:`~ckptgate.digest.FixtureDigest`.  Codes: ``evidence.provenance.outside_repo``,
     ``.meta_uncommitted`` (meta.json differs from the commit), ``.meta_mismatch`` (the generator's
-    ``checkpoint_files`` differ from the measured files), ``.not_committed`` (no tree at the commit),
-    ``.files_differ`` (file sets differ), ``.bytes_differ`` (a blob differs).
+    ``checkpoint_files`` differ from the measured files), ``.expected_mismatch`` (the ground truth
+    is not the one the generator recorded), ``.not_committed`` (no tree at the commit),
+    ``.files_differ`` (file sets differ), ``.bytes_differ`` (a blob differs).  ``meta.json`` is
+    the fixture's :attr:`~ckptgate.evidence.fixtures.Fixture.manifest`: a generation record's for
+    its view (:meth:`~ckptgate.evidence.fixtures.Fixture.written_by`).
     """
     repo = as_layout(repo).root
-    location, manifest = repo_relative(repo, fixture.checkpoint), repo_relative(repo, fixture.root / "meta.json")
+    location, manifest = repo_relative(repo, fixture.checkpoint), repo_relative(repo, fixture.manifest)
     if Path(location).is_absolute() or Path(manifest).is_absolute():
         raise EvidenceError(
             "evidence.provenance.outside_repo",
@@ -146,7 +153,7 @@ def committed_fixture(
         )
     fmt = _object_format(repo)
     want_meta = git(repo, "rev-parse", "--verify", "-q", f"{commit}:{manifest}", check=False).strip()
-    meta_bytes = (fixture.root / "meta.json").read_bytes()
+    meta_bytes = fixture.manifest.read_bytes()
     got_meta = hashlib.new(fmt, b"blob %d\0" % len(meta_bytes) + meta_bytes).hexdigest()
     if want_meta != got_meta or _json_or_none(meta_bytes) != fixture.meta:
         raise EvidenceError(
@@ -166,6 +173,14 @@ def committed_fixture(
             f"fixture {fixture.name}: the files differ from the generator's checkpoint_files in meta.json",
             evidence={"paths": differ[:50], "recorded": isinstance(recorded, dict)},
             advice="Regenerate the fixture with tests/fixtures/generate.py and commit it.",
+        )
+    truth = hashlib.sha256(fixture.expected.read_bytes()).hexdigest()
+    if (fixture.meta.get("expected") or {}).get("sha256") != truth:
+        raise EvidenceError(
+            "evidence.provenance.expected_mismatch",
+            f"fixture {fixture.name}: expected.safetensors is not the ground truth {manifest} records",
+            evidence={"manifest": manifest, "measured": truth},
+            advice="Regenerate the fixture with tests/fixtures/generate.py (or scripts/farm.py) and commit it.",
         )
     git_tree = git(repo, "rev-parse", "--verify", "-q", f"{commit}:{location}", check=False).strip()
     blobs = _committed_blobs(repo, commit, location) if git_tree else {}
@@ -283,15 +298,24 @@ def _provenance_files(store: AttestationStore, digest: Digest) -> list[tuple[Pat
 
 
 def usable_provenance(
-    repo: Path | RepoLayout, digest: Digest, *, trust: TrustData, commit: str, now: datetime
+    repo: Path | RepoLayout,
+    digest: Digest,
+    *,
+    trust: TrustData,
+    commit: str,
+    now: datetime,
+    manifest: str | None = None,
 ) -> list[Path]:
-    """Stored provenance statements for ``digest`` that verify now, for ``commit``, under ``trust``.
+    """Stored provenance statements for ``digest`` that verify now, for ``commit``, under ``trust``
+    (with ``manifest``: only those about that repository-relative ``meta.json`` or generation record).
 
     Only statements that verify are returned, so a stale one never reaches policy as a rejected
     attestation (which would deny).  Whether the signer is trusted *for provenance* is policy's call.
     """
     ok = []
-    for p, _stmt in _provenance_files(AttestationStore(as_layout(repo).attestations), digest):
+    for p, stmt in _provenance_files(AttestationStore(as_layout(repo).attestations), digest):
+        if manifest is not None and _fixture_field(stmt, "manifest") != manifest:
+            continue
         try:
             verify_attestation(
                 p.read_bytes(), source=str(p), trust=trust, measured_digest=digest, now=now, expected_commit=commit
@@ -336,13 +360,20 @@ def discard_provenance(repo: Path | RepoLayout, path: Path) -> None:
     AttestationStore(as_layout(repo).attestations).rebuild_index()
 
 
+def _fixture_field(stmt: dict[str, Any], name: str) -> Any:
+    fixture = (stmt.get("predicate") or {}).get("fixture")
+    return fixture.get(name) if isinstance(fixture, dict) else None
+
+
 def supersede_provenance(repo: Path | RepoLayout, keep: Path, digest: Digest) -> tuple[Path, ...]:
-    """Remove every other stored provenance statement for ``digest`` with the same fixture location."""
+    """Remove every other stored provenance statement for ``digest`` with the same fixture location
+    and manifest (a generation record's statement never supersedes the fixture's own)."""
     store = AttestationStore(as_layout(repo).attestations)
-    location = statement_of(keep.read_bytes())[1]["predicate"]["fixture"]["location"]
+    kept = statement_of(keep.read_bytes())[1]
+    location, manifest = _fixture_field(kept, "location"), _fixture_field(kept, "manifest")
     removed = []
     for p, stmt in _provenance_files(store, digest):
-        if p != keep and (stmt["predicate"].get("fixture") or {}).get("location") == location:
+        if p != keep and _fixture_field(stmt, "location") == location and _fixture_field(stmt, "manifest") == manifest:
             p.unlink()
             removed.append(p)
     if removed:

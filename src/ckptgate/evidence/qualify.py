@@ -41,6 +41,7 @@ from ckptgate.evidence.fixtures import Fixture, repo_relative, resolve_key
 from ckptgate.evidence.gates import adapter_for_format, fixture_format, gate_producer, qualifiable, validity
 from ckptgate.evidence.layout import RepoLayout, as_layout
 from ckptgate.evidence.logits import LOGITS_CHECK, compare_logits, published_parameters
+from ckptgate.evidence.releases import vouched_releases
 from ckptgate.evidence.stored import supersede_qualifications
 from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
 from ckptgate.pipeline import consolidate_into, judge
@@ -313,6 +314,23 @@ def qualify(
                     ) from None
                 log["error"] = e.to_json()["error"]
                 status = "error"
+        releases: tuple[dict[str, str], ...] = ()
+        if status == "passed" and fixture.written_by():
+            # Other releases that wrote these very bytes: each named only with its signed provenance.
+            found = vouched_releases(
+                layout,
+                fixture,
+                tree,
+                measured,
+                producer=producer,
+                gate_producer=gate_producer(layout, adapter),
+                key=key_path,
+                trust=load_trust(options),
+                commit=commit,
+                now=now,
+            )
+            releases = found.named
+            log["producer_releases"] = found.to_log()
     log["checks"] = checks
     log["status"] = status
     # A runtime environment's qualification is its own row beside the one from ckptgate's own
@@ -338,6 +356,7 @@ def qualify(
         evidence_location=repo_relative(layout, log_path),
         issued_at=now,
         valid_for=validity(layout),
+        producer_releases=list(releases),
     )
     envelope = sign_statement(statement, signer)
     # Storing is only useful when the trust data accepts the signer: verify before storing.

@@ -345,31 +345,39 @@ def qualification_statement(
     evidence_location: str,
     issued_at: datetime,
     valid_for: timedelta,
+    producer_releases: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """A qualification Statement v1 for one fixture; checked against its schema before it is returned."""
+    """A qualification Statement v1 for one fixture; checked against its schema before it is returned.
+
+    ``producer_releases``: other releases of the producer that wrote exactly the fixture's bytes,
+    each ``{name, version, provenance, manifest}``: the stored fixture-provenance statement that
+    states it, and the generation record that statement rests on; absent when there are none."""
     fixture_digest = Digest.of(fixture_digest)
+    predicate: dict[str, Any] = {
+        "producer": producer,
+        "adapter": adapter,
+        "fixture": {
+            "digest": fixture_digest.prefixed(),
+            "digest_algorithm": fixture_digest.algorithm,
+            "manifest": manifest,
+        },
+        "candidate_commit": candidate_commit,
+        "environment": environment,
+        "topology": topology,
+        "result": {
+            "status": status,
+            "checks_run": list(checks_run),
+            "evidence": {"digest": evidence_digest, "location": evidence_location},
+        },
+        "validity": {"issued_at": iso_utc(issued_at), "expires_at": iso_utc(issued_at + valid_for)},
+    }
+    if producer_releases:
+        predicate["producer_releases"] = [dict(r) for r in producer_releases]
     statement = {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": subject_name, "digest": fixture_digest.dsse_subject()}],
         "predicateType": QUALIFICATION_PREDICATE_TYPE,
-        "predicate": {
-            "producer": producer,
-            "adapter": adapter,
-            "fixture": {
-                "digest": fixture_digest.prefixed(),
-                "digest_algorithm": fixture_digest.algorithm,
-                "manifest": manifest,
-            },
-            "candidate_commit": candidate_commit,
-            "environment": environment,
-            "topology": topology,
-            "result": {
-                "status": status,
-                "checks_run": list(checks_run),
-                "evidence": {"digest": evidence_digest, "location": evidence_location},
-            },
-            "validity": {"issued_at": iso_utc(issued_at), "expires_at": iso_utc(issued_at + valid_for)},
-        },
+        "predicate": predicate,
     }
     check_statement(statement)
     return statement

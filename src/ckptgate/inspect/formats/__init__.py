@@ -7,12 +7,23 @@ its place in the detection order; importing this package imports them all.
 from __future__ import annotations
 
 from ckptgate.inspect.findings import warning
-from ckptgate.inspect.formats import dcp, deepspeed, fsdp, hf, megatron, peft  # registers each
+from ckptgate.inspect.formats import dcp, dcp_folders, deepspeed, fsdp, hf, megatron, peft  # registers each
 from ckptgate.inspect.formats._base import Context, FormatResult
 from ckptgate.inspect.formats.registry import detectors
 from ckptgate.inspect.zipcheck import CrcMode
 
-__all__ = ["Context", "FormatResult", "dcp", "deepspeed", "detect_format", "fsdp", "hf", "megatron", "peft"]
+__all__ = [
+    "Context",
+    "FormatResult",
+    "dcp",
+    "dcp_folders",
+    "deepspeed",
+    "detect_format",
+    "fsdp",
+    "hf",
+    "megatron",
+    "peft",
+]
 
 
 def detect_format(ctx: Context, *, verify_crc: CrcMode = True) -> FormatResult:

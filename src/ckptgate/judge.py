@@ -85,7 +85,7 @@ def judge(
     against ``certificate_chain`` (``--certificate-chain``), as each bundle's method says, and
     bound file by file to the measured manifest (:mod:`ckptgate.verify.oms`).  An in-toto statement in
     ``attestations`` whose subjects list the checkpoint's files (SLSA provenance, say) binds to the same
-    manifest (:func:`ckptgate.verify.statement.bind_manifest`).
+    manifest (:func:`ckptgate.verify.binding.bind_manifest`).
     For a second decision on the same measurement (more evidence, same bytes), without inspecting
     and hashing again.
     """

@@ -1,5 +1,5 @@
 """The sweep of abandoned staging directories beside a destination: a directory named like
-:mod:`ckptgate.publish`'s staging directories, owned by this user, that no live process holds
+the publish step's staging directories, owned by this user, that no live process holds
 (its flock) is removed by the next intake that stages in the same parent."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate.decide import now_utc
-from ckptgate.digest import fixture_digest
+from ckptgate.digest import Digest, fixture_digest
 from ckptgate.evidence.fixtures import Fixture
 from ckptgate.inspect import SafeTree
 from ckptgate.decide.options import EngineOptions
@@ -67,7 +67,7 @@ def topology_for(meta: dict[str, Any]) -> dict[str, Any]:
     return {"tp": 1, "pp": 1, "dp": 2, "cp": 1, "ep": 1, "etp": 1, "world_size": 2}
 
 
-def qualification(src: Path, digest: str, *, fmt: str, meta: dict[str, Any], issued_at: Any = None,
+def qualification(src: Path, digest: Digest | str, *, fmt: str, meta: dict[str, Any], issued_at: Any = None,
                   version: str | None = None) -> dict[str, Any]:
     """A passing qualification statement of ``fmt``'s adapter for the checkpoint ``src`` whose
     measured digest is ``digest``, at the fixture's own topology, valid for one hour from
@@ -75,7 +75,7 @@ def qualification(src: Path, digest: str, *, fmt: str, meta: dict[str, Any], iss
     adapter, name, recorded = producer_for(fmt, meta)
     version = version or recorded
     return qualification_statement(
-        subject_name=src.parent.name, fixture_digest=digest, manifest=src.parent.name,
+        subject_name=src.parent.name, fixture_digest=digest if isinstance(digest, Digest) else Digest.parse(digest), manifest=src.parent.name,
         producer={"name": name, "version": version}, adapter={"name": adapter, "version": "1"},
         candidate_commit="0" * 40,
         environment={"python": platform.python_version(), "torch": "2.13.0", "os": "linux",
@@ -116,7 +116,7 @@ def demo_attested(src: Path, workdir: Path, *, name: str = "att") -> Attested:
     trust.write_text(json.dumps({"signers": [trust_entry(public_pem, signer_id="test-key",
                                                          predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}))
     with SafeTree.open(src) as tree:
-        digest = fixture_digest(tree).digest.prefixed()
+        digest = fixture_digest(tree).digest
     attestation = workdir / f"{name}.json"
     attestation.write_bytes(sign_statement(demo_statement(digest, "hf_sharded",
                                                           producer=("huggingface_hub", "2.4.0")),

@@ -15,7 +15,7 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src" / "ckptgate"
 
 #: Below every step: any step may import these, and they import only each other.
-BASE = ("errors", "interrupts", "group", "_fs", "_json", "dtypes", "_resources", "userfiles", "workdirs", "ckptgate")
+BASE = ("errors", "interrupts", "group", "digestvalue", "_fs", "_json", "dtypes", "_resources", "userfiles", "workdirs", "ckptgate")
 #: The one-way pipeline, in order.
 STEPS = ("inspect", "digest", "verify", "decide", "enforce", "consolidate", "publish")
 #: Above the steps: they compose them and are imported by no step.
@@ -198,13 +198,30 @@ def test_distributed_holds_no_step_logic() -> None:
     assert found <= LAUNCH_STEP_LOGIC and step_calls(path) == []
 
 
+def step_definitions(path: Path) -> list[str]:
+    """The functions and classes ``path`` defines under the name of a step's entry (:data:`STEP_ENTRIES`)."""
+    return [f"{node.name}:{node.lineno}" for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in STEP_ENTRIES]
+
+
+def test_every_step_is_implemented_in_its_package() -> None:
+    """A step's entry (hash_files, enforce, write_share, publish ...) is defined only in the step's
+    package: one defined anywhere else, the sequence's modules and the launch included, is a second
+    implementation of that step."""
+    outside = (p for p in sorted(SRC.rglob("*.py")) if unit(module_of(p)) not in STEPS)
+    assert {str(p.relative_to(SRC)): step_definitions(p) for p in outside if step_definitions(p)} == {}
+
+
 def test_the_check_sees_a_step_outside_its_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The check can fail: a launch that enforces and writes a share itself is reported."""
     fake = tmp_path / "ckptgate"
     fake.mkdir()
     (fake / "distributed.py").write_text("import zlib\n\ndef phases(t, p):\n    enforce(t)\n    shares.write_share(t, p)\n")
-    (fake / "grouped.py").write_text("def f(t):\n    enforce(t)\n")
+    (fake / "grouped.py").write_text("def f(t):\n    enforce(t)\n\n\ndef write_share(t, p):\n    pass\n")
     monkeypatch.setattr(__import__(__name__), "SRC", fake)
+    assert step_definitions(fake / "grouped.py") == ["write_share:5"]
+    with pytest.raises(AssertionError):
+        test_every_step_is_implemented_in_its_package()
     assert step_calls(fake / "distributed.py") == ["enforce:4", "write_share:5"]
     with pytest.raises(AssertionError):
         test_every_step_runs_in_its_package_or_the_one_sequence()

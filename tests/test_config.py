@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from ckptgate import config as cfg
-from ckptgate.decide.bundle import extra_rego_overlays
+from ckptgate.config.template import INIT_TEMPLATE
+from ckptgate.decide.extra_rego import extra_rego_overlays
 from ckptgate.errors import ExitCode
 from ckptgate.evidence.check import CHECK_NAMES, plan
 
@@ -143,7 +144,7 @@ def test_init_writes_commented_defaults_that_validate_and_never_overwrites(tmp_p
     doc = json.loads(made.stdout)
     assert doc["config"] == str(root / "ckptgate.toml") and doc["created"] is True
     text = (root / "ckptgate.toml").read_text()
-    assert text == cfg.INIT_TEMPLATE and "# trust =" in text
+    assert text == INIT_TEMPLATE and "# trust =" in text
     again = ckptgate(sub, "init", "--json")
     assert again.returncode == ExitCode.USAGE
     assert json.loads(again.stdout)["error"]["code"] == "usage.config.exists"
@@ -169,7 +170,7 @@ def test_a_bad_configuration_stops_every_engine_command_with_its_code(tmp_path):
 
 def test_check_plan_for_a_consumer_skips_what_is_not_configured(tmp_path):
     root = git_repo(tmp_path)
-    (root / "ckptgate.toml").write_text(cfg.INIT_TEMPLATE)
+    (root / "ckptgate.toml").write_text(INIT_TEMPLATE)
     reasons = plan(cfg.load(root))
     assert set(reasons) == set(CHECK_NAMES) - {"claims"}
     assert "no matrix" in reasons["matrix_drift"] and "no extra_rego" in reasons["policy_tests"]

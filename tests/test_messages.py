@@ -194,12 +194,13 @@ def test_explain_marks_cut_evidence_with_an_ellipsis(work: Path) -> None:
 
 def test_a_subject_mismatch_shows_the_expected_digest_beside_the_measured_one() -> None:
     from ckptgate.errors import VerificationError
-    from ckptgate.verify.statement import bind_subject
+    from ckptgate.digest import Digest
+    from ckptgate.verify.binding import bind_subject
 
     other = "cd" * 32
     statement = {"subject": [{"name": "ckpt", "digest": {"sha256": other}}], "predicateType": "x", "predicate": {}}
     with pytest.raises(VerificationError) as e:
-        bind_subject(statement, "sha256:" + "ab" * 32)
+        bind_subject(statement, Digest.parse("sha256:" + "ab" * 32))
     assert e.value.code == "verify.statement.subject_mismatch"
     assert f"measured sha256:{'ab' * 32}" in e.value.message and f"sha256:{other}" in e.value.message
 

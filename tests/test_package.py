@@ -44,7 +44,7 @@ from ckptgate.verify.statement import qualification_statement
 
 src, out = Path(sys.argv[1]), Path(sys.argv[2])
 with SafeTree.open(src) as tree:
-    digest = fixture_digest(tree).digest.prefixed()
+    digest = fixture_digest(tree).digest
 statement = qualification_statement(
     subject_name="package-test", fixture_digest=digest, manifest="hf_sharded",
     producer={"name": "huggingface_hub", "version": "2.4.0"}, adapter={"name": "hf-safetensors", "version": "1"},

@@ -25,7 +25,7 @@ import ckptgate.outcome as outcome
 import ckptgate.pipeline as pipeline
 from ckptgate.decide.engine import EmbeddedOpa
 from ckptgate.demo import demo_statement
-from ckptgate.digest import fixture_digest
+from ckptgate.digest import Digest, fixture_digest
 from ckptgate.errors import EngineUnavailable, ExitCode, InputRejected, PolicyDenied, UsageError
 from ckptgate.inspect import SafeTree
 from ckptgate.decide.options import EngineOptions
@@ -54,7 +54,7 @@ def setup(tmp_path):
         digest = fixture_digest(tree).digest.prefixed()
 
     def attest(name="trusted", *, subject=None, path=None, status="passed"):
-        statement = demo_statement(subject or digest, "hf_sharded", producer=("huggingface_hub", "2.4.0"))
+        statement = demo_statement(Digest.parse(subject or digest), "hf_sharded", producer=("huggingface_hub", "2.4.0"))
         statement["predicate"]["result"]["status"] = status
         out = path or tmp_path / f"att-{name}-{(subject or digest)[7:15]}.json"
         out.write_bytes(sign_statement(statement, KeySigner.from_pem(keys[name][0])))

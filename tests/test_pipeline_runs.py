@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from ckptgate.demo import demo_statement
-from ckptgate.digest import fixture_digest
+from ckptgate.digest import Digest, fixture_digest
 from ckptgate.errors import InputRejected
 from ckptgate.inspect import SafeTree, inspect_tree
 from ckptgate.decide.options import EngineOptions
@@ -142,7 +142,7 @@ def gate(tmp_path):
         with SafeTree.open(src) as tree:
             digest = fixture_digest(tree).digest.prefixed()
         att = tmp_path / f"att-{digest[7:15]}.json"
-        att.write_bytes(sign_statement(demo_statement(digest, "hf_sharded", producer=("huggingface_hub", "2.4.0")),
+        att.write_bytes(sign_statement(demo_statement(Digest.parse(digest), "hf_sharded", producer=("huggingface_hub", "2.4.0")),
                                        KeySigner.from_pem(key)))
         return intake(src, dst, attestations=[att], options=EngineOptions(trust_file=trust))
 

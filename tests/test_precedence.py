@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ckptgate import config as cfg
+from ckptgate.config.owners import _private_group
 from ckptgate import policydata
 from ckptgate.errors import ExitCode
 from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, trust_entry
@@ -93,8 +94,8 @@ def test_group_write_counts_only_for_a_group_others_are_in(tmp_path):
         cfg.check_owner(f, "the configuration file")
     assert e.value.code == "usage.config.unsafe_mode"
     private = max(g.gr_gid for g in grp.getgrall()) + 1000  # a group no user is in or has as primary
-    assert cfg._private_group(private, 0) is False  # unknown to the system: not known to be private
-    assert cfg._private_group(0, 0) is all(p.pw_uid == 0 for p in __import__("pwd").getpwall() if p.pw_gid == 0)
+    assert _private_group(private, 0) is False  # unknown to the system: not known to be private
+    assert _private_group(0, 0) is all(p.pw_uid == 0 for p in __import__("pwd").getpwall() if p.pw_gid == 0)
 
 
 def test_isolated_and_the_environment_use_no_configuration(tmp_path, checkpoint):

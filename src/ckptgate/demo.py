@@ -87,11 +87,10 @@ def git_head() -> str:
     return head if len(head) == 40 else "0" * 40
 
 
-def demo_statement(digest: Digest | str, manifest: str, *, producer: tuple[str, str]) -> dict[str, Any]:
+def demo_statement(digest: Digest, manifest: str, *, producer: tuple[str, str]) -> dict[str, Any]:
     """A qualification statement for the demo checkpoint, valid for one hour."""
     import torch  # noqa: PLC0415 — torch, heavy optional (the [torch] extra; the core install has none)
 
-    digest = Digest.of(digest)
     return qualification_statement(
         subject_name="demo-checkpoint",
         fixture_digest=digest,

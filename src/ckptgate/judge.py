@@ -7,9 +7,10 @@ runs it once, on the inspection and the fixture digest every rank formed (:mod:`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from ckptgate.consolidate.hf.plan import mapping_facts
 from ckptgate.consolidate.hf.source import HfConfig
@@ -22,7 +23,7 @@ from ckptgate.errors import UsageError, VerificationError
 from ckptgate.inspect import Inspection
 from ckptgate.outcome import Evaluation
 from ckptgate.userfiles import read_regular_file
-from ckptgate.verify import TrustData, verify_attestation
+from ckptgate.verify import TrustData, VerifiedAttestation, verify_attestation
 from ckptgate.verify.dsse import MAX_ENVELOPE_BYTES
 from ckptgate.verify.oms import CertificateChain, OfferedKey, check_signature_flags, verify_oms_bundle
 
@@ -85,7 +86,7 @@ def judge(
     against ``certificate_chain`` (``--certificate-chain``), as each bundle's method says, and
     bound file by file to the measured manifest (:mod:`ckptgate.verify.oms`).  An in-toto statement in
     ``attestations`` whose subjects list the checkpoint's files (SLSA provenance, say) binds to the same
-    manifest (:func:`ckptgate.verify.statement.bind_manifest`); one in a Sigstore bundle signed under an
+    manifest (:func:`ckptgate.verify.binding.bind_manifest`); one in a Sigstore bundle signed under an
     X.509 certificate with no log entry is verified against ``certificate_chain`` too
     (:mod:`ckptgate.verify.x509bundle`).
     For a second decision on the same measurement (more evidence, same bytes), without inspecting
@@ -98,45 +99,37 @@ def judge(
         .fixture(digest)
         .inspection(inspection)
     )
-    manifest = digest.file_hashes()
-    for path in attestations:
-        raw = read_attestation(path)
-        try:
-            verified = verify_attestation(
-                raw,
-                source=str(path),
-                trust=trust,
-                measured_digest=digest.digest,
-                now=now,
-                sigstore_trust_root=sigstore_trust_root,
-                manifest=manifest,
-                certificate_chain=certificate_chain,
-            )
-        except VerificationError as e:
-            builder.rejected_attestation(str(path), e)
-        else:
-            builder.attestation(verified)
-    if offered_key is not None:
-        builder.offered_key(offered_key)
-    if offered_key is not None or certificate_chain is not None or sigstore_trust_root is not None:
-        for path in signatures:
+    bound = {"measured_digest": digest.digest, "now": now, "manifest": digest.file_hashes()}
+
+    def take(paths: Sequence[Path], verify: Callable[..., VerifiedAttestation], **kw: Any) -> None:
+        """Verify each file of ``paths`` with ``verify``: a verified attestation or a rejection."""
+        for path in paths:
             raw = read_attestation(path)
             try:
-                verified = verify_oms_bundle(
-                    raw,
-                    source=str(path),
-                    key=offered_key,
-                    manifest=manifest,
-                    measured_digest=digest.digest,
-                    now=now,
-                    certificate_chain=certificate_chain,
-                    sigstore_trust_root=sigstore_trust_root,
-                    trust=trust,
-                )
+                verified = verify(raw, source=str(path), **bound, **kw)
             except VerificationError as e:
                 builder.rejected_attestation(str(path), e)
             else:
                 builder.attestation(verified)
+
+    take(
+        attestations,
+        verify_attestation,
+        trust=trust,
+        sigstore_trust_root=sigstore_trust_root,
+        certificate_chain=certificate_chain,
+    )
+    if offered_key is not None:
+        builder.offered_key(offered_key)
+    if offered_key is not None or certificate_chain is not None or sigstore_trust_root is not None:
+        take(
+            signatures,
+            verify_oms_bundle,
+            key=offered_key,
+            certificate_chain=certificate_chain,
+            sigstore_trust_root=sigstore_trust_root,
+            trust=trust,
+        )
     if containment is None and needs_profile(inspection):
         containment = run_preflight()
     builder.containment(containment)

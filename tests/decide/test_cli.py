@@ -127,7 +127,7 @@ def test_a_signed_bundle_brings_its_own_trust_data(tmp_path):
     assert cli("policy", "build", "--signing-key", tmp_path / "k.pem", "--out", bundle,
                "--policies", policies).returncode == 0
     with SafeTree.open(HF) as tree:
-        digest = fixture_digest(tree).digest.prefixed()
+        digest = fixture_digest(tree).digest
     att = tmp_path / "att.json"
     att.write_bytes(sign_statement(demo_statement(digest, "hf", producer=("huggingface_hub", "2.4.0")),
                                    KeySigner.from_pem(tmp_path / "signer.pem")))

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from ckptgate import pipeline
-from ckptgate.decide.bundle import check_extra_rego, extra_rego_overlays, find_opa
+from ckptgate.decide.bundle import find_opa
+from ckptgate.decide.extra_rego import check_extra_rego, extra_rego_overlays
 from ckptgate.decide.engine import EmbeddedOpa
 from ckptgate.errors import ConfigError, EngineUnavailable, ExitCode
 from ckptgate.inspect import SafeTree
@@ -356,13 +357,13 @@ def test_the_cli_applies_the_consumer_deny_from_the_configuration(tmp_path, auto
 def test_without_opa_the_configuration_loads_and_the_engine_refuses(tmp_path, monkeypatch):
     """A command that starts no engine reads the configuration without an OPA binary; the parse
     then happens where the extra Rego is loaded, which needs OPA anyway, so nothing unparsed loads."""
-    from ckptgate.decide import bundle
+    from ckptgate.decide import extra_rego
 
     def missing() -> str:
         raise EngineUnavailable("engine.opa.not_installed", "no OPA here")
 
     extra = _write(tmp_path / "policy", {"a.rego": f'package ckptgate["intake"]\n\n{WIDEN}'})
-    monkeypatch.setattr(bundle, "find_opa", missing)
+    monkeypatch.setattr(extra_rego, "find_opa", missing)
     check_extra_rego(extra)
     with pytest.raises(EngineUnavailable):
         extra_rego_overlays(extra)

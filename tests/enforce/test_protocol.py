@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from ckptgate.digest import Digest
 from ckptgate.enforce import protocol as wp
 
-DIGEST = "sha256:" + "ab" * 32
+DIGEST = Digest.parse("sha256:" + "ab" * 32)
 
 
 def _spec(**over: Any) -> wp.WorkerSpec:
@@ -33,7 +34,8 @@ def test_the_spec_round_trips_and_carries_the_fixture_digest_once() -> None:
     assert wp.WorkerSpec.loads(spec.dumps()) == wp.WorkerSpec.from_json(doc)
     again = wp.WorkerSpec.loads(spec.dumps())
     assert again == spec and again.to_json() == doc and again.loader == "torch_load"
-    assert spec.dumps().count(DIGEST.encode()) == 1
+    assert spec.dumps().count(DIGEST.prefixed().encode()) == 1
+    assert isinstance(again.permit.fixture_digest, Digest)
     assert "fixture_digest" not in doc and "loader" not in doc  # only in the permit's terms
     assert again.select == {"m.pt": (("a", 0),)}
 
@@ -44,6 +46,7 @@ def test_the_spec_round_trips_and_carries_the_fixture_digest_once() -> None:
     (lambda d: d.update(version=2), "version-1"),
     (lambda d: d.update(job="exec_python"), "unknown job"),
     (lambda d: d["permit"].update(fixture_digest=None), "permit.fixture_digest"),
+    (lambda d: d["permit"].update(fixture_digest="sha256:" + "AB" * 32), "permit.fixture_digest"),
     (lambda d: d["permit"].pop("decision_id"), "permit must be"),
     (lambda d: d.update(namespaces=1), "namespaces must be a bool"),
     (lambda d: d["parent_namespaces"].pop("pid"), "parent_namespaces"),

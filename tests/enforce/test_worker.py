@@ -652,7 +652,7 @@ def _spec(job: str = "torch_load", *, loader: str = "torch_load", required: tupl
           **over: Any) -> wp.WorkerSpec:
     fields: dict[str, Any] = {
         "job": job,
-        "permit": wp.PermitTerms(fixture_digest=DIGEST.prefixed(), loader=loader, required_controls=required, decision_id="d"),
+        "permit": wp.PermitTerms(fixture_digest=DIGEST, loader=loader, required_controls=required, decision_id="d"),
         "openat2": True, "namespaces": True, "pid_ns": True,
         "parent_namespaces": {ns: f"{ns}:[1]" for ns in ("user", "net", "ipc", "pid")},
         "rlimits": LIMITS.rlimits(), "cgroup": None, "preimports": (),

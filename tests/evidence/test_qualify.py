@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ckptgate.digest import Digest
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.fixtures import find_fixture
 from ckptgate.evidence.qualify import qualify
@@ -27,7 +28,7 @@ def test_qualified_statement_verifies_and_names_exact_facts(qualified_repo: Evid
     repo = qualified_repo.path
     att = _only_attestation(repo)
     trust = TrustData.from_file(repo / "policies" / "ckptgate" / "config" / "trust" / "data.json")
-    digest = "sha256:" + att.parent.name.removeprefix("sha256-")
+    digest = Digest.from_filename_stem(att.parent.name)
     va = verify_attestation(att.read_bytes(), source=str(att), trust=trust, measured_digest=digest,
                             now=datetime.now(timezone.utc))
     pred = va.statement["predicate"]
@@ -36,7 +37,7 @@ def test_qualified_statement_verifies_and_names_exact_facts(qualified_repo: Evid
     assert pred["adapter"]["name"] == "hf-safetensors"
     assert pred["candidate_commit"] == qualified_repo.code_commit
     assert pred["topology"]["world_size"] == 1 and pred["topology"]["tp"] == 1
-    assert pred["fixture"]["digest"] == digest
+    assert pred["fixture"]["digest"] == digest.prefixed()
     assert pred["result"]["status"] == "passed"
     assert "tensor_bytes_bit_exact" in pred["result"]["checks_run"]
     log = repo / pred["result"]["evidence"]["location"]

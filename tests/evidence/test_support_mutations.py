@@ -11,6 +11,7 @@ from typing import Any
 from mutations import single_changes
 from pipeline_helpers import GATES
 
+from ckptgate.digest import Digest
 from ckptgate.errors import VerificationError
 from ckptgate.evidence import matrix
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
@@ -41,7 +42,7 @@ def test_a_changed_claim_is_never_supported(qualified_repo: EvidenceRepo) -> Non
     repo = qualified_repo.path
     [stored] = (repo / "attestations").glob("sha256-*/*.dsse.json")
     _, genuine, _ = statement_of(stored.read_bytes())
-    digest = "sha256:" + stored.parent.name.removeprefix("sha256-")
+    digest = Digest.from_filename_stem(stored.parent.name)
     options = EngineOptions(policy_dir=repo / "policies")
     trust, key = load_trust(options), KeySigner.from_pem(qualified_repo.key)
     base = matrix.support_input(repo, trust)
@@ -77,7 +78,7 @@ def test_a_co_subject_never_inherits_another_fixtures_row(qualified_repo: Eviden
     repo = qualified_repo.path
     [stored] = (repo / "attestations").glob("sha256-*/*.dsse.json")
     _, genuine, _ = statement_of(stored.read_bytes())
-    digest = "sha256:" + stored.parent.name.removeprefix("sha256-")
+    digest = Digest.from_filename_stem(stored.parent.name)
     other = "ab" * 32
     statement = {**genuine, "subject": [{"name": "other", "digest": {"sha256": other}}, *genuine["subject"]],
                  "predicate": {**genuine["predicate"], "fixture": {**genuine["predicate"]["fixture"],

@@ -196,7 +196,7 @@ def _intake(tmp: Path, signer: dict[str, Path], files: dict[str, Any]) -> subpro
         (src / name).parent.mkdir(exist_ok=True)
         (src / name).write_text(json.dumps(doc))
     with SafeTree.open(src) as tree:
-        digest = fixture_digest(tree).digest.prefixed()
+        digest = fixture_digest(tree).digest
     att = tmp / "att.json"
     statement = demo_statement(digest, "hf_sharded", producer=("huggingface_hub", "2.4.0"))
     att.write_bytes(sign_statement(statement, KeySigner.from_pem(signer["key"])))
@@ -272,7 +272,7 @@ def test_a_code_reference_hidden_from_the_sniffer_is_refused_under_an_exception(
     shutil.copytree(HF, src)
     (src / "config.json").write_bytes(raw)
     with SafeTree.open(src) as tree:
-        digest = fixture_digest(tree).digest.prefixed()
+        digest = fixture_digest(tree).digest
     att = tmp_path / "att.json"
     att.write_bytes(sign_statement(demo_statement(digest, "hf_sharded", producer=("huggingface_hub", "2.4.0")),
                                    KeySigner.from_pem(signer["key"])))

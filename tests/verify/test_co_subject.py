@@ -19,12 +19,12 @@ import pytest
 from pipeline_helpers import FIXTURES, attest, make_signer, qualification
 from verify_helpers import FIXTURE_HEX
 
-from ckptgate.digest import fixture_digest
+from ckptgate.digest import Digest, fixture_digest
 from ckptgate.errors import ExitCode
 from ckptgate.inspect import SafeTree, inspect_open_tree
 from ckptgate.verify import KeySigner, check_statement, verify_attestation
 from ckptgate.verify.dsse import sign_statement
-from ckptgate.verify.statement import bind_subject
+from ckptgate.verify.binding import bind_subject
 from ckptgate.verify.trust import TrustData
 
 pytestmark = pytest.mark.opa
@@ -68,15 +68,15 @@ def test_python_reports_the_bound_subject_and_that_the_predicate_names_another(c
     from ckptgate.decide import now_utc
 
     va = verify_attestation(case["co_subject"].read_bytes(), source="co", trust=trust,
-                            measured_digest=case["measured"], now=now_utc())
+                            measured_digest=Digest.parse(case["measured"]), now=now_utc())
     facts = va.to_facts()["verification"]
     assert facts["subject_digest"] == case["measured"]
     assert facts["predicate_subject"] == {"fixture.digest": False}
     genuine = verify_attestation(case["genuine"].read_bytes(), source="g", trust=trust,
-                                 measured_digest=case["measured"], now=now_utc())
+                                 measured_digest=Digest.parse(case["measured"]), now=now_utc())
     assert genuine.to_facts()["verification"]["predicate_subject"] == {"fixture.digest": True}
     # bound to Z instead (Z's own bytes), the same statement is about its subject
-    assert bind_subject(json.loads(json.dumps(va.statement)), case["other"]).predicate_matches is True
+    assert bind_subject(json.loads(json.dumps(va.statement)), Digest.parse(case["other"])).predicate_matches is True
 
 
 def test_decide_denies_the_co_subject_and_allows_the_genuine_statement(case: dict[str, Any]) -> None:

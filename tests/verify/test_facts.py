@@ -7,12 +7,13 @@ from datetime import timedelta
 import pytest
 from verify_helpers import COMMIT, FIXTURE_HEX, NOW, STATEMENT, signer, statement, trust_for
 
+from ckptgate.digest import Digest
 from ckptgate.errors import VerificationError
 from ckptgate.verify import dsse, rejection_facts, sign_statement, verify_attestation
 
 
 def _verify(raw: bytes, trust, digest: str = "sha256:" + FIXTURE_HEX, **kw):
-    return verify_attestation(raw, source="a.dsse.json", trust=trust, measured_digest=digest,
+    return verify_attestation(raw, source="a.dsse.json", trust=trust, measured_digest=Digest.parse(digest),
                               now=kw.pop("now", NOW), **kw)
 
 

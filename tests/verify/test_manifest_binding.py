@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from ckptgate.digest import Digest
 from ckptgate.errors import VerificationError
 from ckptgate.verify import sign_statement, verify_attestation
-from ckptgate.verify.statement import bind_manifest
+from ckptgate.verify.binding import bind_manifest
 from tests.verify.slsa_helpers import slsa_statement, slsa_trust
 from tests.verify.verify_helpers import NOW, signer
 
@@ -23,7 +24,7 @@ FILES = {"model-00001-of-00002.safetensors": "11" * 32, "model-00002-of-00002.sa
 def _verify(stmt: dict[str, Any], manifest: dict[str, str]) -> Any:
     s = signer()
     return verify_attestation(sign_statement(stmt, s), source="slsa.json", trust=slsa_trust(s),
-                              measured_digest=FIXTURE, now=NOW, manifest=manifest)
+                              measured_digest=Digest.parse(FIXTURE), now=NOW, manifest=manifest)
 
 
 def _refused(code: str, stmt: dict[str, Any], manifest: dict[str, str]) -> VerificationError:
@@ -102,7 +103,7 @@ def test_without_a_manifest_a_per_file_statement_does_not_bind() -> None:
     s = signer()
     with pytest.raises(VerificationError) as e:
         verify_attestation(sign_statement(slsa_statement(FILES), s), source="x", trust=slsa_trust(s),
-                           measured_digest=FIXTURE, now=NOW)
+                           measured_digest=Digest.parse(FIXTURE), now=NOW)
     assert e.value.code == "verify.statement.subject_mismatch"
 
 
@@ -114,7 +115,7 @@ def test_a_ckptgate_predicate_never_binds_file_by_file() -> None:
     stmt["predicate"]["fixture"]["digest"] = "sha256:" + FILES["model.safetensors.index.json"]
     s = signer()
     with pytest.raises(VerificationError) as e:
-        verify_attestation(sign_statement(stmt, s), source="x", trust=trust_for(s), measured_digest=FIXTURE,
+        verify_attestation(sign_statement(stmt, s), source="x", trust=trust_for(s), measured_digest=Digest.parse(FIXTURE),
                            now=NOW, manifest=dict(FILES))
     assert e.value.code == "verify.statement.subject_mismatch"
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from verify_helpers import NOW, trust_for
 
+from ckptgate.digest import Digest
 from ckptgate.errors import VerificationError
 from ckptgate.verify import TrustData, verify_attestation
 from ckptgate.verify.sigstore import PRODUCTION, verify_bundle_artifact, verify_bundle_dsse
@@ -60,8 +61,8 @@ def _artifact(case: Path) -> bytes:
     return (case / "artifact").read_bytes() if (case / "artifact").exists() else (ASSETS / "a.txt").read_bytes()
 
 
-def _subject_digest(case: Path) -> str:
-    return "sha256:" + hashlib.sha256(_artifact(case)).hexdigest()
+def _subject_digest(case: Path) -> Digest:
+    return Digest.from_hex(hashlib.sha256(_artifact(case)).hexdigest())
 
 
 def _verify_case(name: str):
@@ -108,7 +109,7 @@ def test_dsse_bundle_subject_is_bound_by_us() -> None:
     res = verify_bundle_dsse(raw, trust_root=case / "trusted_root.json", identities=[(IDENTITY, ISSUER)])
     assert res.payload_type == "application/vnd.in-toto+json"
     with pytest.raises(VerificationError) as ei:
-        verify_attestation(raw, source="b", trust=trust_for(), measured_digest="sha256:" + "00" * 32, now=NOW,
+        verify_attestation(raw, source="b", trust=trust_for(), measured_digest=Digest.from_hex("00" * 32), now=NOW,
                            sigstore_trust_root=case / "trusted_root.json", expected_identity=(IDENTITY, ISSUER))
     assert ei.value.code == "verify.statement.subject_mismatch"
 

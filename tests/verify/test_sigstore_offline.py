@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from verify_helpers import FIXTURE_HEX, NOW, STATEMENT, trust_for
 
+from ckptgate.digest import Digest
 from ckptgate.errors import VerificationError
 from ckptgate.verify import TrustData, verify_attestation
 
@@ -54,7 +55,7 @@ def _sign(testca: Path, out: Path, statement: bytes, identity: str = IDENTITY, i
 def _verify(signed: Signed, *, expected: tuple[str, str] | None = (IDENTITY, ISSUER), digest: str = DIGEST,
             trust: TrustData | None = None, root: Path | None = None):
     return verify_attestation(signed.bundle, source="bundle.sigstore.json", trust=trust or trust_for(),
-                              measured_digest=digest, now=NOW, sigstore_trust_root=root or signed.trusted_root,
+                              measured_digest=Digest.parse(digest), now=NOW, sigstore_trust_root=root or signed.trusted_root,
                               expected_identity=expected)
 
 
@@ -142,7 +143,7 @@ def test_intake_decision_accepts_a_sigstore_bundle_through_the_cli(testca: Path,
 
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "data" / "hf_sharded" / "checkpoint"
     with SafeTree.open(fixture) as tree:
-        digest = fixture_digest(tree).digest.prefixed()
+        digest = fixture_digest(tree).digest
     statement = qualification_statement(
         subject_name="hf_sharded", fixture_digest=digest, manifest="hf_sharded",
         producer={"name": "huggingface_hub", "version": "2.4.0"}, adapter={"name": "hf-safetensors", "version": "1"},

@@ -5,6 +5,7 @@ import json
 import pytest
 from verify_helpers import FIXTURE_HEX, STATEMENT, statement
 
+from ckptgate.digest import Digest
 from ckptgate.errors import VerificationError
 from ckptgate.verify import AttestationStore, sign_statement
 from ckptgate.verify.store import predicate_slug
@@ -19,8 +20,8 @@ def test_layout_index_and_find(tmp_path, ed_signer, ec_signer) -> None:
         "ckptgate.dev-attestation-qualification-v1-") and pa.name.endswith(".dsse.json")
     assert pa != pb and pa.read_bytes() == a
     assert store.add(a) == pa  # idempotent
-    assert sorted(store.find("sha256:" + FIXTURE_HEX)) == sorted([pa, pb])
-    assert store.find("00" * 32) == []
+    assert sorted(store.find(Digest.parse("sha256:" + FIXTURE_HEX))) == sorted([pa, pb])
+    assert store.find(Digest.from_hex("00" * 32)) == []
     index = json.loads((tmp_path / "index.json").read_text())
     assert [e["path"] for e in index["attestations"]] == sorted(e["path"] for e in index["attestations"])
     assert index["attestations"][0]["subjects"] == ["sha256:" + FIXTURE_HEX]

@@ -249,6 +249,17 @@ def signature_options(f: F) -> F:
     return f
 
 
+def qualification_key_option(f: F) -> F:
+    """``--key PEM``: the key that signs a qualification or fixture-provenance statement."""
+    return click.option(
+        "--key",
+        "key",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="PEM private key (default: $CKPTGATE_SIGNING_KEY, else ../shared/keys/ci-qualification).",
+    )(f)
+
+
 def repo_option(f: F) -> F:
     """``--repo DIR``: the repository the evidence commands work on."""
     return click.option(

@@ -14,6 +14,7 @@ _MODULES = (
     "demo_cmd",
     "inspect_cmd",
     "attest_cmd",
+    "attest_checkpoint_cmd",
     "provenance_cmd",
     "decide_cmd",
     "qualify_cmd",

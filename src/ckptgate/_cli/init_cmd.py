@@ -18,7 +18,8 @@ def register(cli: click.Group) -> None:
         Never overwrites: when ckptgate.toml, or a pyproject.toml with a [tool.ckptgate] table, is
         already found from here, it exits 2 and names that file.
         """
-        from ckptgate.config import git_root, init, load_file  # noqa: PLC0415 - ~22 ms
+        from ckptgate.config import git_root, load_file  # noqa: PLC0415 - ~22 ms
+        from ckptgate.config.template import init  # noqa: PLC0415
 
         here = Path.cwd()
         written = init(git_root(here) or here)

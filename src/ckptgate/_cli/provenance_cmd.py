@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
-from ckptgate._cli._options import engine_options, evidence_repo, repo_option
+from ckptgate._cli._options import engine_options, evidence_repo, qualification_key_option, repo_option
 from ckptgate.errors import Error
 
 
@@ -18,13 +18,7 @@ from ckptgate.errors import Error
     required=True,
     help="Fixture name under the configured fixtures directory (default tests/fixtures/data), or its directory.",
 )
-@click.option(
-    "--key",
-    "key",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="PEM private key (default: $CKPTGATE_SIGNING_KEY, else ../shared/keys/ci-qualification).",
-)
+@qualification_key_option
 @repo_option
 @engine_options
 @json_option

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ckptgate._cli._base import emit_json, json_option, stdout
-from ckptgate._cli._options import engine_options, evidence_repo, repo_option
+from ckptgate._cli._options import engine_options, evidence_repo, qualification_key_option, repo_option
 from ckptgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -25,13 +25,7 @@ def register(cli: click.Group) -> None:
     )
     @click.option("--all", "all_", is_flag=True, help="Qualify every fixture whose format has an adapter.")
     @click.option("--allow-dirty", is_flag=True, help="Run on a work tree with uncommitted changes (recorded).")
-    @click.option(
-        "--key",
-        "key",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="PEM private key (default: $CKPTGATE_SIGNING_KEY, else ../shared/keys/ci-qualification).",
-    )
+    @qualification_key_option
     @repo_option
     @engine_options
     @json_option

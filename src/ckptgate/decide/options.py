@@ -22,14 +22,9 @@ from typing import Any
 
 from ckptgate._json import loads_strict
 from ckptgate._resources import default_policy_dir
-from ckptgate.decide.bundle import (
-    EXTRA_IN_BUNDLE,
-    PolicyBundle,
-    check_policy_dir,
-    extra_rego_overlays,
-    policy_revision,
-)
+from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, policy_revision
 from ckptgate.decide.engine import PolicyEngine, open_engine
+from ckptgate.decide.extra_rego import EXTRA_IN_BUNDLE, extra_rego_overlays
 from ckptgate.decide.inputs import DecisionInput, revision_document, sha256_of
 from ckptgate.errors import UsageError
 from ckptgate.verify import TrustData

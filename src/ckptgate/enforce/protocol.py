@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from ckptgate.digestvalue import Digest, MalformedDigest
 from ckptgate.dtypes import TORCH_ITEMSIZE
 from ckptgate.enforce.containment import NAMESPACES, RLIMITS
 
@@ -206,7 +207,7 @@ class PermitTerms:
     """What the worker needs of the permit the parent checked: the fixture digest (carried only
     here), the loader, the controls the policy required, and the decision behind it."""
 
-    fixture_digest: str
+    fixture_digest: Digest
     loader: str
     required_controls: tuple[str, ...]
     decision_id: str
@@ -214,7 +215,8 @@ class PermitTerms:
     _FIELDS = frozenset({"fixture_digest", "loader", "required_controls", "decision_id"})
 
     def __post_init__(self) -> None:
-        _str(self.fixture_digest, "permit.fixture_digest")
+        if not isinstance(self.fixture_digest, Digest):
+            raise SpecError("permit.fixture_digest must be a Digest")
         _str(self.loader, "permit.loader")
         if not isinstance(self.required_controls, tuple) or not all(isinstance(c, str) for c in self.required_controls):
             raise SpecError("permit.required_controls must be a tuple of strings")
@@ -223,7 +225,7 @@ class PermitTerms:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "fixture_digest": self.fixture_digest,
+            "fixture_digest": self.fixture_digest.prefixed(),
             "loader": self.loader,
             "required_controls": list(self.required_controls),
             "decision_id": self.decision_id,
@@ -235,8 +237,12 @@ class PermitTerms:
         rc = d["required_controls"]
         if not isinstance(rc, list):
             raise SpecError("permit.required_controls must be a list")
+        try:
+            digest = Digest.parse(d["fixture_digest"])
+        except MalformedDigest:
+            raise SpecError("permit.fixture_digest must be sha256:<64 hex>") from None
         return cls(
-            fixture_digest=d["fixture_digest"],
+            fixture_digest=digest,
             loader=d["loader"],
             required_controls=tuple(rc),
             decision_id=d["decision_id"],

@@ -127,7 +127,7 @@ def run_contained(
         spec = WorkerSpec(
             job=job,
             permit=PermitTerms(
-                fixture_digest=permit.fixture_digest.prefixed(),  # the wire form, for the worker
+                fixture_digest=permit.fixture_digest,
                 loader=permit.loader,
                 required_controls=tuple(permit.required_controls),
                 decision_id=permit.decision_id,

@@ -25,10 +25,10 @@ mention, not a claim, and is blanked before analysis.  The facts are plain JSON;
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
+
+from ckptgate.evidence.claim_impossible import impossible_facts
+from ckptgate.evidence.claimvocab import Vocabulary
 
 _CLAUSE = re.compile(
     r"\s*;\s*|:\s+(?!(?:false|true|no|none|null)\b)|\s+[\u2014\u2013]\s+|\s+--?\s+|\s*\u2014\s*"
@@ -47,102 +47,9 @@ _CAND = re.compile(
 _CODE = re.compile(r"(`+)[^`]+?\1")
 #: A name alone in parentheses ("(LoadedTrees)") refers to an identifier.
 _PAREN_NAME = re.compile(r"\(\s*[A-Za-z_][\w.]*\s*\)")
-#: Impossibility (a modal negation) and the verbs after it that state a limit of a control, not a
-#: safety conclusion ("cannot prove", "cannot make ... safe", "cannot stop a kernel exploit").
-_IMPOSSIBLE = re.compile(
-    r"\b(?:cannot|can ?not|can't|could not|couldn't|can never|could never|will never|won't|will not|"
-    r"is unable to|are unable to|has no way to|have no way to|no way (?:for [\w -]{1,40}? )?to|"
-    r"(?:is|it is|it's) impossible (?:for [\w -]{1,40}? )?to)\s+",
-    re.IGNORECASE,
-)
-_NONE_CAN = re.compile(
-    r"\b(?:no|nothing|none|not a single|not one)\b\s*(?:[\w-]+\s+){0,3}?(?:can|could|will|would|is able to|"
-    r"gets? to|may)\s+(?:ever\s+|possibly\s+)?",
-    re.IGNORECASE,
-)
 #: A capability predicate that ends in a preposition of place ("runs on", "deployed in"): its claim is its object.
 _LOCATIVE = re.compile(r"\b(?:on|under|across|inside|in)$", re.IGNORECASE)
 _VERSION = re.compile(r"\s*(?:version\s+|v(?=\d))?(\d+(?:\.\d+){0,2}(?:\.x|\.\*)?)")
-
-
-@dataclass(frozen=True)
-class Vocabulary:
-    """The claims policy data (``config/claims/data.json``): systems, producers and the lexicon."""
-
-    data: Mapping[str, Any]
-
-    @cached_property
-    def lexicon(self) -> Mapping[str, Any]:
-        return self.data.get("lexicon") or {}
-
-    def rx(self, *path: str) -> re.Pattern[str]:
-        node: Any = self.lexicon
-        for p in path:
-            node = node[p]
-        return _compile(node)
-
-    @cached_property
-    def aliases(self) -> list[tuple[re.Pattern[str], str, str]]:
-        """(pattern, system id, alias), longest alias first."""
-        out = []
-        for sid, entry in (self.data.get("systems") or {}).items():
-            for alias in entry.get("aliases") or []:
-                exact = alias.startswith("=") or len(alias) <= 3
-                text = alias.lstrip("=")
-                flags = 0 if exact else re.IGNORECASE
-                body = re.escape(text).replace(r"\ ", r"[\s_-]+")
-                pat = re.compile(r"(?<![\w./-])" + body + r"(?![\w/-]|\.\w)", flags)
-                out.append((pat, sid, text))
-        out.sort(key=lambda t: -len(t[2]))
-        return out
-
-    @cached_property
-    def producers(self) -> list[tuple[re.Pattern[str], str]]:
-        out = []
-        for pid, names in (self.data.get("producers") or {}).items():
-            for n in names:
-                out.append((re.compile(r"(?<![\w./-])" + re.escape(n) + r"(?![\w/-])", re.IGNORECASE), pid))
-        return out
-
-    @cached_property
-    def kinds(self) -> dict[str, str]:
-        return {sid: str(e.get("kind")) for sid, e in (self.data.get("systems") or {}).items()}
-
-    def related(self, variant: str, family: str) -> bool:
-        """Whether ``family`` is an ancestor or the producer framework of ``variant``."""
-        systems = self.data.get("systems") or {}
-        seen: set[str] = set()
-        sid: str | None = variant
-        while sid and sid not in seen:
-            seen.add(sid)
-            entry = systems.get(sid) or {}
-            if sid != variant and sid == family:
-                return True
-            if (
-                entry.get("producer")
-                and entry.get("producer") == (systems.get(family) or {}).get("producer")
-                and self.kinds.get(family) == "framework"
-            ):
-                return True
-            sid = entry.get("family")
-        return False
-
-    @cached_property
-    def non_systems(self) -> set[str]:
-        return {s.lower() for s in self.data.get("non_systems") or []}
-
-    @cached_property
-    def alias_words(self) -> set[str]:
-        return {a.lower() for _, _, a in self.aliases}
-
-
-_CACHE: dict[str, re.Pattern[str]] = {}
-
-
-def _compile(p: str) -> re.Pattern[str]:
-    if p not in _CACHE:
-        _CACHE[p] = re.compile(p, re.IGNORECASE)
-    return _CACHE[p]
 
 
 def _mask(text: str, spans: list[tuple[int, int]]) -> str:
@@ -345,61 +252,6 @@ def _object(masked: str, end: int) -> str:
     return masked[end : stop.start() if stop else len(masked)]
 
 
-_THREAT = re.compile(
-    r"\b(?:pickles?|checkpoints?|models?|payloads?|code|attackers?|adversar\w+|loaders?|torch\.load|"
-    r"deseriali[sz]\w*|files?|weights|archives?|bundles?|tensors?|objects?|programs?|exploits?|malware|"
-    r"it|they|load(?:s|ing)?|inputs?|uploads?|shards?)\b",
-    re.IGNORECASE,
-)
-_CONTROL = re.compile(
-    r"\b(?:ckptgate|we|the gate|worker|containment|sandbox|seccomp|namespaces?|rlimits?|cgroups?|signatures?|"
-    r"checksums?|digests?|hash(?:es)?|weights_only|reader|inspector|inspection|lint|policy|polic(?:ies)|"
-    r"receipt|matrix|filter|controls?|preflight|docs?|page|guide|this|nobody|no one|one)\b",
-    re.IGNORECASE,
-)
-_LIMIT_VERBS = re.compile(
-    r"(?:also\s+|itself\s+|alone\s+|on its own\s+|by itself\s+)?(?:prove|make|guarantee|establish|stop|block|"
-    r"prevent|detect|replace|tell|say|show|decide|confirm|verify|vouch|ensure|promise|rule out|catch|know|"
-    r"see|be (?:trusted|sure|used|proof|a proof|evidence)|substitute|turn|certify|reach (?:the )?(?:outside|network)"
-    r"|(?:be )?qualif|be more than|do more|claim|distinguish|check|read the (?:outside|network))\b",
-    re.IGNORECASE,
-)
-
-
-#: What a threat is said to be unable to do, for "cannot" to be a safety conclusion: act on the host,
-#: its files, network or secrets, or run code (not "cannot be consolidated", "cannot plan").
-_HARM = re.compile(
-    r"(?!be\b)(?:\w+\s+)?(?:read|write|open|access|reach|touch|see|run|execute|escape|break out|get out|harm|hurt|"
-    r"damage|compromise|exfiltrate|leak|tamper|infect|attack|exploit|contain (?:\w+\s+)?(?:malicious|code|payloads?|"
-    r"malware|backdoors?|exploits?)|modify|delete|import|spawn|connect|affect|steal|do (?:any )?(?:harm|damage)|"
-    r"take over|call (?:out|home|any)|install)\b",
-    re.IGNORECASE,
-)
-
-
-def _impossible(vocab: Vocabulary, masked: str) -> list[dict[str, Any]]:
-    """Safety conclusions phrased as impossibility: a threat (a pickle, a checkpoint, a loader, code)
-    that "cannot", "has no way to", "will never" do something, or "no code can" / "nothing can".
-    A control that cannot do something ("the worker cannot stop a kernel exploit", "a signature
-    cannot prove") states a limit, not a safety conclusion."""
-    out = []
-    for m in _IMPOSSIBLE.finditer(masked):
-        head, tail = masked[: m.start()], masked[m.end() :]
-        if _LIMIT_VERBS.match(tail) or not _HARM.match(tail):
-            continue
-        threats = [t.end() for t in _THREAT.finditer(head)]
-        controls = [c.end() for c in _CONTROL.finditer(head)]
-        if threats and (not controls or max(threats) > max(controls)):
-            out.append({"class": "impossible", "term": m.group().strip(), "at": m.start()})
-    for m in _NONE_CAN.finditer(masked):
-        tail = masked[m.end() :]
-        if _LIMIT_VERBS.match(tail) or not _HARM.match(tail) or _CONTROL.search(masked[m.start() : m.end()]):
-            continue
-        if _THREAT.search(masked[m.start() : m.end()]) or re.match(r"nothing\b", m.group(), re.IGNORECASE):
-            out.append({"class": "impossible", "term": m.group().strip(), "at": m.start()})
-    return out
-
-
 def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
     code = [(m.start(), m.end()) for m in _CODE.finditer(clause)]
     clause = clause.replace("`", " ")
@@ -416,7 +268,7 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
             safety.append({"class": cls, "term": m.group(), "at": m.start()})
             if cls == "harm":
                 consumed.append((m.start(), m.end()))
-    for imp in _impossible(vocab, masked):
+    for imp in impossible_facts(masked):
         if not any(a <= imp["at"] < b for a, b in consumed):
             safety.append(imp)
             consumed.append((imp["at"], imp["at"] + len(imp["term"])))

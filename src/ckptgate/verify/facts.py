@@ -20,16 +20,8 @@ from ckptgate._json import loads_strict, verify_error
 from ckptgate.digest import Digest
 from ckptgate.errors import Error, VerificationError
 from ckptgate.verify import dsse, sigstore
-from ckptgate.verify.statement import (
-    PREDICATE_SCHEMAS,
-    ManifestBinding,
-    SubjectBinding,
-    Validity,
-    bind_manifest,
-    bind_subject,
-    check_statement,
-    check_validity,
-)
+from ckptgate.verify.binding import ManifestBinding, SubjectBinding, bind_manifest, bind_subject
+from ckptgate.verify.statement import PREDICATE_SCHEMAS, Validity, check_statement, check_validity
 from ckptgate.verify.training import TrainingFacts, is_training
 from ckptgate.verify.trust import TrustData
 from ckptgate.verify.x509bundle import is_certificate_bundle, verify_certificate_bundle
@@ -128,13 +120,13 @@ class VerifiedAttestation:
     """``sha256:<hex>``: the digest measured, and so the digest of the subject that was bound."""
     predicate_subject: dict[str, bool] = field(default_factory=dict)
     """Per predicate field that names the attested checkpoint (``fixture.digest``), whether it names
-    the bound subject (:class:`~ckptgate.verify.statement.SubjectBinding`); policy refuses a ckptgate
+    the bound subject (:class:`~ckptgate.verify.binding.SubjectBinding`); policy refuses a ckptgate
     predicate where any is false or none was checked."""
     validity: Validity | None
     binding: Literal["subject", "manifest"] = "subject"
     """``subject``: a statement subject is the fixture digest.  ``manifest``: Python bound the statement's
     per-file resources exactly to the measured per-file manifest (OpenSSF Model Signing), or a statement's
-    subjects cover every measured file with the same sha256 (:func:`~ckptgate.verify.statement.bind_manifest`)."""
+    subjects cover every measured file with the same sha256 (:func:`~ckptgate.verify.binding.bind_manifest`)."""
     manifest_binding: ManifestBinding | None = None
     """For a statement bound file by file by its subjects: how names matched and how many subjects are extra."""
     timing: dict[str, str] = field(default_factory=dict)
@@ -239,7 +231,7 @@ def verify_attestation(
     *,
     source: str,
     trust: TrustData,
-    measured_digest: Digest | str,
+    measured_digest: Digest,
     now: datetime,
     sigstore_trust_root: Path | str | None = None,
     expected_identity: tuple[str, str] | None = None,
@@ -256,7 +248,7 @@ def verify_attestation(
     validity window at ``now`` -> optional ``expected_commit``.
     With ``manifest`` (relative path -> sha256 of every measured file), a statement of a predicate type that
     is not ckptgate's own and has no subject equal to the fixture digest binds file by file instead
-    (:func:`~ckptgate.verify.statement.bind_manifest`, ``binding: "manifest"``).
+    (:func:`~ckptgate.verify.binding.bind_manifest`, ``binding: "manifest"``).
     ``expected_identity`` is ``(identity, issuer)``; without it the trust data's Sigstore identities apply.
     A Sigstore bundle with an X.509 certificate and no transparency-log entry is verified against
     ``certificate_chain`` (``--certificate-chain``) at ``now`` instead (:mod:`ckptgate.verify.x509bundle`).
@@ -264,7 +256,6 @@ def verify_attestation(
     """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
-    measured = Digest.of(measured_digest)
     if len(raw) > dsse.MAX_ENVELOPE_BYTES:
         raise VerificationError(
             "verify.dsse.too_large",
@@ -351,7 +342,7 @@ def verify_attestation(
     checks.append("statement_schema")
     files: ManifestBinding | None = None
     try:
-        binding = bind_subject(stmt, measured)
+        binding = bind_subject(stmt, measured_digest)
         checks.append("subject_digest")
     except VerificationError as e:
         if (
@@ -362,7 +353,7 @@ def verify_attestation(
             raise
         files = bind_manifest(stmt, manifest)
         checks.append("subjects_bound_to_files")
-        binding = SubjectBinding(name=f"{files.files} files by {files.match}", digest=measured.prefixed())
+        binding = SubjectBinding(name=f"{files.files} files by {files.match}", digest=measured_digest.prefixed())
     validity = check_validity(stmt, now, max_clock_skew=max_clock_skew)
     if validity is not None:
         checks.append("validity_window")

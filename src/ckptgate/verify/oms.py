@@ -453,7 +453,7 @@ def verify_oms_bundle(
     source: str,
     key: OfferedKey | None,
     manifest: dict[str, str],
-    measured_digest: Digest | str,
+    measured_digest: Digest,
     now: datetime,
     certificate_chain: CertificateChain | None = None,
     sigstore_trust_root: Path | str | None = None,
@@ -551,7 +551,7 @@ def verify_oms_bundle(
         checks=checks,
         verified_at=now,
         subject_name=stmt["subject"][0]["name"],
-        measured_digest=Digest.of(measured_digest).prefixed(),
+        measured_digest=measured_digest.prefixed(),
         binding="manifest",
         validity=None,
     )

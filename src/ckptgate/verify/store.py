@@ -116,9 +116,9 @@ class AttestationStore:
                 if f.is_file() and not f.is_symlink() and _FILE.match(f.name):
                     yield f
 
-    def find(self, digest: Digest | str) -> list[Path]:
-        """Stored files whose directory is the given subject digest (a string as :meth:`Digest.of` reads it)."""
-        d = self.root / Digest.of(digest).filename_stem()
+    def find(self, digest: Digest) -> list[Path]:
+        """Stored files whose directory is the given subject digest."""
+        d = self.root / digest.filename_stem()
         if not d.is_dir() or d.is_symlink():
             return []
         return [f for f in sorted(d.iterdir()) if f.is_file() and not f.is_symlink() and _FILE.match(f.name)]

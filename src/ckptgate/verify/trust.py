@@ -76,23 +76,29 @@ def _strs(entry: dict[str, Any], name: str, sid: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TrustedKey:
-    """A trusted public key."""
+class _Grant:
+    """What every kind of trusted signer is trusted for."""
 
     id: str
     """Stable signer id, e.g. ``ci-qualification``."""
-    algorithm: Algorithm
-    """``ed25519`` or ``ecdsa-p256``."""
-    public_key: PublicKey = field(repr=False)
-    """The parsed key (from the PEM in trust data)."""
-    spki_sha256: str
-    """Hex SHA-256 of the DER SPKI, recomputed and checked against trust data."""
     predicate_types: tuple[str, ...]
     producers: tuple[str, ...]
     scopes: tuple[str, ...]
     builder_ids: tuple[str, ...] = ()
     """Builder ids (SLSA ``runDetails.builder.id``, or ``*``) whose training provenance this signer may
     vouch for; empty: none (docs/attestations.md)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrustedKey(_Grant):
+    """A trusted public key."""
+
+    algorithm: Algorithm
+    """``ed25519`` or ``ecdsa-p256``."""
+    public_key: PublicKey = field(repr=False)
+    """The parsed key (from the PEM in trust data)."""
+    spki_sha256: str
+    """Hex SHA-256 of the DER SPKI, recomputed and checked against trust data."""
 
     def __post_init__(self) -> None:
         if key_algorithm(self.public_key) != self.algorithm:
@@ -102,34 +108,20 @@ class TrustedKey:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TrustedIdentity:
+class TrustedIdentity(_Grant):
     """A trusted Sigstore identity: certificate SAN plus OIDC issuer."""
 
-    id: str
     identity: str
     issuer: str
-    predicate_types: tuple[str, ...]
-    producers: tuple[str, ...]
-    scopes: tuple[str, ...]
-    builder_ids: tuple[str, ...] = ()
-    """Builder ids (SLSA ``runDetails.builder.id``, or ``*``) whose training provenance this signer may
-    vouch for; empty: none (docs/attestations.md)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TrustedCertificate:
+class TrustedCertificate(_Grant):
     """A trusted X.509 signer (OpenSSF Model Signing certificate method): a SAN of the signing certificate
     and the SHA-256 of the DER root certificate its chain must lead to."""
 
-    id: str
     identity: str
     root_sha256: str
-    predicate_types: tuple[str, ...]
-    producers: tuple[str, ...]
-    scopes: tuple[str, ...]
-    builder_ids: tuple[str, ...] = ()
-    """Builder ids (SLSA ``runDetails.builder.id``, or ``*``) whose training provenance this signer may
-    vouch for; empty: none (docs/attestations.md)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,7 +4,15 @@ Each adapter module registers its :class:`~ckptgate.consolidate.adapters.registr
 import; importing this package imports them all, so the registry's format table is complete.
 """
 
-from ckptgate.consolidate.adapters import dcp, deepspeed, fsdp, megatron, peft, safetensors  # registers each
+from ckptgate.consolidate.adapters import (  # registers each
+    dcp,
+    deepspeed,
+    deepspeed_universal,
+    fsdp,
+    megatron,
+    peft,
+    safetensors,
+)
 from ckptgate.consolidate.adapters.registry import Adapter, adapter_for, adapter_name_for, format_table, register
 
 __all__ = [
@@ -13,6 +21,7 @@ __all__ = [
     "adapter_name_for",
     "dcp",
     "deepspeed",
+    "deepspeed_universal",
     "format_table",
     "fsdp",
     "megatron",

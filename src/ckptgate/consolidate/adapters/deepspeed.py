@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-2/3 to fp32, and DeepSpeed Universal, into HF safetensors [R08, R09, R10].
+"""DeepSpeed ZeRO-2/3 to fp32, into HF safetensors [R08, R10].
 
 ZeRO checkpoints are pickles with DeepSpeed objects in them; the policy classes their loader,
 ``deepspeed``, as a framework deserializer, and gates them as such (attestation, containment).
@@ -28,8 +28,7 @@ what the static reader saw.  The rules follow DeepSpeed 0.19.8's ``zero_to_fp32.
   ``frozen_param_fragments`` in their saved dtype.  Buffers keep their saved dtype (zero_to_fp32
   up-casts floating buffers to fp32; ckptgate preserves dtypes and says so in the report).
 
-Universal checkpoints hold one ``zero/<param>/fp32.pt`` per parameter: the ``param`` tensor in it
-is the full fp32 parameter [R09].
+Universal checkpoints: :mod:`ckptgate.consolidate.adapters.deepspeed_universal`.
 """
 
 from __future__ import annotations
@@ -39,9 +38,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ckptgate.consolidate.adapters._common import Segment, record_segment, segment_tensor, take
-from ckptgate.consolidate.adapters.registry import Static, register
+from ckptgate.consolidate.adapters.deepspeed_static import static_trees, statically_readable
+from ckptgate.consolidate.adapters.registry import register
 from ckptgate.consolidate.plan import (
-    DTYPE_SIZES,
     ConsolidationPlan,
     OutputTensor,
     PlanError,
@@ -51,112 +50,11 @@ from ckptgate.consolidate.plan import (
     st_dtype,
 )
 from ckptgate.errors import RuntimeFailure
-from ckptgate.inspect.formats.deepspeed import param_shapes
-from ckptgate.inspect.pickle import Call, Global, SDict, SList, SSet, key_text
 
 if TYPE_CHECKING:
     from ckptgate.decide.decision import Selection
     from ckptgate.enforce.load import LoadedTrees
     from ckptgate.inspect import Inspection
-
-
-#: Classes a ZeRO pickle rebuilds as ``REDUCE(cls, (value,))`` that are enums [R10].
-_ENUMS = frozenset({"deepspeed.runtime.zero.config.ZeroStageEnum"})
-_MAX_NODES = 5_000_000
-_MAX_DEPTH = 200
-
-
-def statically_readable(files: Mapping[str, Any], rels: Sequence[str]) -> bool:
-    """Whether every file in ``rels`` is a torch zip whose pickle the static reader read completely
-    inside its allowlist."""
-    return all(
-        (f := files.get(rel)) is not None
-        and f.torch is not None
-        and f.pickle is not None
-        and f.pickle.complete
-        and f.pickle.inside_allowlist
-        and f.pickle.value is not None
-        for rel in rels
-    )
-
-
-def static_trees(files: Mapping[str, Any], rels: Sequence[str]) -> dict[str, Any]:
-    """The worker's JSON trees for ``rels``, built from the static reader's symbolic values.
-
-    Tensors become ``__tensor__`` records from the statically read torch-zip layout; an
-    OrderedDict becomes a dict, ``torch.Size`` a list, a known enum ``{"__enum__", "value"}``, and
-    any other call ``{"__object__", "state"}`` (its arguments are never interpreted).
-    """
-    out: dict[str, Any] = {}
-    for rel in rels:
-        if not statically_readable(files, [rel]):
-            raise RuntimeFailure(
-                "runtime.plan.not_static",
-                f"{rel} was not read statically inside the allowlist, "
-                "so no plan can be built from it without a framework load",
-                evidence={"path": rel},
-            )
-        f = files[rel]
-        tensors = {t.name: t for t in f.torch.tensors}
-        # the reader measured (and charged) the value as a tree before keeping it: no walk exceeds that
-        out[rel] = _json(f.pickle.value, "", tensors, [min(_MAX_NODES, f.pickle.tree_units)], 0, rel)
-    return out
-
-
-def _json(v: Any, path: str, tensors: Mapping[str, Any], budget: list[int], depth: int, rel: str) -> Any:
-    budget[0] -= 1
-    if budget[0] < 0 or depth > _MAX_DEPTH:
-        raise RuntimeFailure(
-            "runtime.plan.too_large",
-            f"{rel}: the pickle's object tree is too large or too deep to plan from",
-            evidence={"path": rel},
-        )
-
-    def sub(k: Any, x: Any) -> Any:
-        key = key_text(k)
-        return _json(x, f"{path}.{key}" if path else key, tensors, budget, depth + 1, rel)
-
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, (bytes, bytearray)):
-        return {"__bytes__": None, "len": len(v)}
-    if isinstance(v, tuple):
-        return [sub(i, x) for i, x in enumerate(v)]
-    if isinstance(v, SList):
-        return [sub(i, x) for i, x in enumerate(v.items)]
-    if isinstance(v, SSet):
-        return {"__set__": [sub(i, x) for i, x in enumerate(v.items)]}
-    if isinstance(v, SDict) or (
-        isinstance(v, Call)
-        and (
-            v.dict_items is not None
-            or (isinstance(v.func, Global) and v.func.dotted == "collections.OrderedDict" and not v.args)
-        )
-    ):
-        items = v.items if isinstance(v, SDict) else v.dict_items or []
-        if all(isinstance(k, str) for k, _ in items):
-            return {k: sub(k, x) for k, x in items}
-        return {"__map__": [[sub(i, k), sub(k, x)] for i, (k, x) in enumerate(items)]}
-    if isinstance(v, Call):
-        if path in tensors:
-            t = tensors[path]
-            return {
-                "__tensor__": {
-                    "storage_key": t.storage_key,
-                    "dtype": t.dtype,
-                    "shape": list(t.shape),
-                    "stride": list(t.stride),
-                    "storage_offset": t.storage_offset,
-                    "storage_nbytes": t.storage_nbytes,
-                }
-            }
-        func = v.func.dotted if isinstance(v.func, Global) else "?"
-        if func == "torch.Size" and isinstance(v.args, tuple) and len(v.args) == 1 and isinstance(v.args[0], tuple):
-            return [sub(i, x) for i, x in enumerate(v.args[0])]
-        if func in _ENUMS and isinstance(v.args, tuple) and len(v.args) == 1:
-            return {"__enum__": func, "value": sub(0, v.args[0])}
-        return {"__object__": func, "state": sub("state", v.state) if v.state is not None else {}}
-    return {"__unknown__": type(v).__name__}
 
 
 class StorageMap:
@@ -471,164 +369,6 @@ def zero_plan(
     return shard_tensors(tensors, max_shard_bytes=max_shard_bytes, report=report)
 
 
-def universal_aliases(layout: Mapping[str, Any], files: Mapping[str, Any]) -> dict[str, str]:
-    """Tied aliases of a Universal checkpoint: ``{alias: target}``.
-
-    ``ds_to_universal`` of DeepSpeed 0.19.8 writes a ``zero/<alias>/fp32.pt`` for a tied alias too,
-    holding the bf16 model weights up-cast, not the fp32 master weights; the alias must take its
-    target's ``fp32.pt``.  DeepSpeed 0.17.6 and 0.18.9 write no folder for the alias at all; the alias is
-    still in the model states, and takes its target's ``fp32.pt`` the same way.  An alias is a key
-    of ``shared_params`` in the folder's ``*model_states.pt``; its target is the one *other* param
-    in ``param_shapes`` whose saved tensor is the same view of the same storage (static reader
-    only).  Anything else is refused, not guessed.
-    """
-    folders = {rec.get("folder", "") for rec in layout.get("params", {}).values()}
-    out: dict[str, str] = {}
-    for folder in sorted(folders):
-        pre = f"{folder}/" if folder else ""
-        states = [
-            f
-            for p, f in files.items()
-            if p.startswith(pre) and "/" not in p[len(pre) :] and p.endswith("model_states.pt")
-        ]
-        for f in states:
-            if f.torch is None:
-                continue
-            aliases = [k.removeprefix("shared_params.") for k in f.torch.values if k.startswith("shared_params.")]
-            if not aliases:
-                continue
-            trainable = {
-                k.split(".", 2)[2] for k in f.torch.values if k.startswith("param_shapes.") and k.count(".") >= 2
-            }
-            views = {
-                r.name.removeprefix("module."): (r.storage_key, r.storage_offset, r.shape, r.stride, r.dtype)
-                for r in f.torch.tensors
-                if r.name.startswith("module.")
-            }
-            for alias in aliases:
-                view = views.get(alias)
-                targets = [n for n, v in views.items() if n != alias and v == view and n in trainable]
-                if view is None or len(targets) != 1:
-                    raise PlanError(
-                        "plan.universal.alias_unresolved",
-                        f"{f.path}: tied alias {alias!r} has no single trainable parameter sharing its storage",
-                        evidence={"alias": alias, "candidates": targets},
-                    )
-                out[alias] = targets[0]
-    return out
-
-
-def universal_shapes(layout: Mapping[str, Any], files: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-    """``param_shapes`` of the Universal folders' ``*model_states.pt`` (static reader only): name -> shape.
-
-    Converted from ZeRO-3, ``ds_to_universal`` (DeepSpeed 0.17.6, 0.18.9, 0.19.8) saves each ``fp32.pt`` as the bare
-    merged tensor, flat; the shape is the one the model states record.  Files that disagree are refused,
-    and so is a folder with no model states' param_shapes.
-    """
-    folders = {rec.get("folder", "") for rec in layout.get("params", {}).values()}
-    out: dict[str, tuple[int, ...]] = {}
-    for folder in sorted(folders):
-        pre = f"{folder}/" if folder else ""
-        states = [
-            (p, param_shapes(f.pickle.value if f.pickle is not None else None))
-            for p, f in sorted(files.items())
-            if p.startswith(pre) and "/" not in p[len(pre) :] and p.endswith("model_states.pt")
-        ]
-        if not any(groups for _, groups in states):
-            # without them a flat fp32.pt (ZeRO-3) has no shape, and a tied alias no name: never guessed
-            raise PlanError(
-                "plan.universal.no_param_shapes",
-                f"the Universal folder {folder or '.'!r} holds no *model_states.pt with param_shapes",
-                evidence={"folder": folder},
-            )
-        for p, found in states:
-            groups = found or []
-            for g in groups:
-                for name, shape in g.items():
-                    if out.setdefault(name, tuple(shape)) != tuple(shape):
-                        raise PlanError(
-                            "plan.universal.shape_conflict",
-                            f"{p}: param_shapes gives {name!r} shape {list(shape)}, another model states file "
-                            f"{list(out[name])}",
-                            evidence={"param": name, "path": p},
-                        )
-    return out
-
-
-def universal_tensors(
-    layout: Mapping[str, Any],
-    aliases: Mapping[str, str] | None = None,
-    shapes: Mapping[str, tuple[int, ...]] | None = None,
-) -> list[OutputTensor]:
-    """Output tensors of a Universal checkpoint: the ``param`` tensor of each ``zero/<name>/fp32.pt``
-    (an alias takes its target's, whether or not the release wrote a folder for the alias).  A flat
-    tensor takes the shape ``shapes`` (the model states' ``param_shapes``) gives it when the element
-    counts are equal; the bytes are the same row-major elements either way.  Any other disagreement
-    with ``shapes``, and a parameter of ``shapes`` with no tensor, is refused."""
-    aliases = aliases or {}
-    shapes = shapes or {}
-    params = layout.get("params", {})
-    out = []
-    for name in sorted({*params, *(a for a, t in aliases.items() if t in params)}):
-        rec = params[aliases.get(name, name)] if aliases.get(name, name) in params else params[name]
-        info = rec.get("files", {}).get("fp32")
-        if info is None or "tensors" not in info:
-            raise PlanError(
-                "plan.universal.no_fp32", f"parameter {name!r} has no readable fp32.pt", evidence={"param": name}
-            )
-        tensors = info["tensors"]
-        chosen = [t for t in tensors if t["name"] == "param"] or (tensors if len(tensors) == 1 else [])
-        if len(chosen) != 1:
-            raise PlanError(
-                "plan.universal.ambiguous",
-                f"{info['path']}: no single 'param' tensor",
-                evidence={"param": name, "tensors": [t["name"] for t in tensors]},
-            )
-        t = chosen[0]
-        seg = record_segment(info["path"], t, what=name)
-        dtype = st_dtype(t["dtype"], what=name)
-        if DTYPE_SIZES[dtype] != seg.itemsize:
-            raise PlanError("plan.tensor.dtype", f"{name}: dtype size mismatch")
-        shape = t["shape"]
-        recorded = shapes.get(aliases.get(name, name))
-        if recorded is not None and tuple(shape) != recorded:
-            if len(shape) != 1 or numel(recorded) != numel(shape):
-                raise PlanError(
-                    "plan.universal.shape_mismatch",
-                    f"{info['path']}: {name!r} holds shape {list(shape)}, the model states' param_shapes "
-                    f"record {list(recorded)}",
-                    evidence={"param": name, "shape": list(shape), "param_shapes": list(recorded)},
-                )
-            shape = list(recorded)  # a flat ZeRO-3 fp32.pt: the same row-major elements
-        out.append(segment_tensor(name, dtype, shape, seg))
-    written = {t.name for t in out}
-    missing = sorted(n for n in shapes if n not in written and aliases.get(n, n) not in written)
-    if missing:
-        raise PlanError(
-            "plan.universal.param_missing",
-            f"the model states' param_shapes name {len(missing)} parameter(s) with no zero/<name>/fp32.pt: "
-            f"{missing[:5]}",
-            evidence={"params": missing[:50]},
-        )
-    return out
-
-
-def universal_plan(layout: Mapping[str, Any], files: Mapping[str, Any], *, max_shard_bytes: int) -> ConsolidationPlan:
-    aliases = universal_aliases(layout, files)
-    tensors = universal_tensors(layout, aliases, universal_shapes(layout, files))
-    if not tensors:
-        raise no_tensors("parameters")
-    return shard_tensors(
-        tensors,
-        max_shard_bytes=max_shard_bytes,
-        report={
-            "adapter": "deepspeed-universal",
-            "params": len(tensors),
-            "shared_params": [[a, t] for a, t in sorted(aliases.items())],
-        },
-    )
-
-
 class ZeroAdapter:
     """``deepspeed-zero``: ZeRO-2/3 partitions.  Gated as a framework load; when every state file
     stayed inside the static reader's allowlist, the plan is built from the static reader and no
@@ -682,12 +422,4 @@ class ZeroAdapter:
         )
 
 
-#: ``deepspeed-universal``: Universal Checkpointing's per-parameter ``fp32.pt`` files.
-register(
-    Static(
-        "deepspeed-universal",
-        ("deepspeed-universal",),
-        lambda i, size, _m, _s: universal_plan(i.layout, {f.path: f for f in i.files}, max_shard_bytes=size),
-    )
-)
 register(ZeroAdapter())

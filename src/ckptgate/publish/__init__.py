@@ -32,7 +32,6 @@ import errno
 import fcntl
 import json
 import os
-import re
 import secrets
 import shutil
 import stat
@@ -45,14 +44,14 @@ from typing import Any
 from ckptgate import interrupts
 from ckptgate._fs import RENAME_NOREPLACE, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, is_within, openat2, renameat2
 from ckptgate.errors import Error, RuntimeFailure, UsageError
+from ckptgate.publish.sweep import remove_stale_staging
 from ckptgate.verify.dsse import Signer, sign_payload
-from ckptgate.workdirs import lock_held, registered, sweep_registry
+from ckptgate.workdirs import registered, sweep_registry
 
 RECEIPT_NAME = "ckptgate-receipt.json"
 RECEIPT_SIGNATURE_NAME = "ckptgate-receipt.dsse.json"
 RECEIPT_PAYLOAD_TYPE = "application/vnd.ckptgate.receipt+json"
 _AT_FDCWD = -100
-_STAGING = re.compile(r"^\..+\.ckptgate-staging-[A-Za-z0-9_]+$")
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -120,57 +119,6 @@ def _parent_advice(dst: Path) -> str:
         f"ckptgate creates DST itself but not its parent: `mkdir -p {dst.parent}`, then run the command again, "
         "or name a destination in an existing directory with --out."
     )
-
-
-def _held(parent_fd: int, name: str) -> bool:
-    """Whether a live ckptgate still holds the staging directory (its flock); a dead one cannot."""
-    try:
-        fd = os.open(name, _DIR, dir_fd=parent_fd)
-    except OSError:
-        return True  # cannot tell: leave it alone
-    try:
-        return lock_held(fd)
-    finally:
-        os.close(fd)  # closing releases a lock we just took
-
-
-def _ours(parent_fd: int, name: str) -> bool:
-    """A real directory (not a symlink) owned by this user: only those are ever swept."""
-    try:
-        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
-
-
-def remove_stale_staging(parent_fd: int) -> list[str]:
-    """Remove staging directories in the directory ``parent_fd`` whose owner is gone (no one holds
-    their lock); returns their names.
-
-    Runs only with an exclusive lock on the parent itself; an intake holds that lock shared from
-    creating its staging directory until it has locked it (:func:`staging`), so a directory
-    that is not yet locked is never mistaken for a stale one.  If the lock is taken, the clean-up
-    is left to a later intake.
-    """
-    removed: list[str] = []
-    try:
-        pfd = os.open(".", _DIR, dir_fd=parent_fd)  # a lock of our own: flock belongs to the open file
-    except OSError:
-        return removed
-    try:
-        try:
-            fcntl.flock(pfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # taken (another intake is starting), or no flock here: that intake refuses it
-            return removed
-        with os.scandir(pfd) as it:
-            names = sorted(e.name for e in it if _STAGING.match(e.name) and e.is_dir(follow_symlinks=False))
-        for name in names:
-            if _ours(pfd, name) and not _held(pfd, name):
-                shutil.rmtree(name, dir_fd=pfd, ignore_errors=True)
-                removed.append(name)
-    finally:
-        os.close(pfd)  # releases the lock
-    return removed
 
 
 def check_destination(dst: Path, *, source: Path | None = None) -> Path:

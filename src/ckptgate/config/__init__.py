@@ -29,12 +29,8 @@ Keys (all optional)::
 from __future__ import annotations
 
 import dataclasses
-import grp
 import hashlib
 import json
-import os
-import pwd
-import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +38,8 @@ from typing import Any
 
 from ckptgate import policydata
 from ckptgate._resources import default_policy_dir
-from ckptgate.decide.bundle import check_extra_rego
+from ckptgate.config.owners import SAFE_OWNERS_ENV, check_owner, safe_owners
+from ckptgate.decide.extra_rego import check_extra_rego
 from ckptgate.errors import ConfigError as ConfigError  # re-exported: ckptgate.config.ConfigError, as before
 from ckptgate.errors import EngineUnavailable
 from ckptgate.policydata import PolicyData
@@ -87,40 +84,6 @@ SCHEMA: dict[str, Any] = {
         },
     },
 }
-#: Names or uids of owners, besides the invoking user and root, whose files may configure ckptgate.
-SAFE_OWNERS_ENV = "CKPTGATE_SAFE_OWNERS"
-
-
-INIT_TEMPLATE = """\
-# ckptgate configuration (https://ckptgate.dev/docs/user-guide#configuration).
-# Every ckptgate command run inside this repository reads it. Paths are relative to this file.
-
-# Trust data: the signers whose attestations count. `ckptgate attest keygen --trust-out trust.json`
-# writes one. An explicit --trust on the command line wins. Default: the bundled trust data.
-# trust = "trust.json"
-
-# A directory of extra Rego, loaded beside the bundled policies; it can only add reasons to deny.
-# Its packages are ckptgate_consumer or below it; it may read data.ckptgate and the input, and each
-# {"code": ..., "message": ...} in the set data.ckptgate_consumer.deny denies as consumer.<code>
-# (exit 3). `ckptgate check` runs its tests, opa fmt and regal lint on it.
-# extra_rego = "policy"
-
-# A policy-data overlay (JSON), merged over the bundled data: extra signers, the producer-version
-# gates of bundled adapters, extra finding exceptions, and the attestation freshness window.
-# See the user guide's Configuration section for the merge rule.
-# policy_data = "ckptgate-data.json"
-
-# What the claims lint reads: glob patterns, relative to this file.
-docs = ["README.md", "docs/**/*.md"]
-
-# The attestation store.
-# attestations = "attestations"
-
-# The support matrix and the fixtures it is built from: set both only if this repository
-# qualifies adapters. Without them `ckptgate check` lints claims against an empty matrix.
-# matrix = "matrix"
-# fixtures = "tests/fixtures/data"
-"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -213,82 +176,6 @@ def _home() -> Path | None:
         return Path.home().absolute()
     except (RuntimeError, KeyError):
         return None
-
-
-def safe_owners() -> set[int]:
-    """The uids whose files may configure ckptgate: the invoking user, root, and ``$CKPTGATE_SAFE_OWNERS``
-    (a comma-separated list of user names or uids)."""
-    owners = {os.geteuid(), 0}
-    for name in (os.environ.get(SAFE_OWNERS_ENV) or "").split(","):
-        name = name.strip()
-        if not name:
-            continue
-        if name.isdigit():
-            owners.add(int(name))
-            continue
-        try:
-            owners.add(pwd.getpwnam(name).pw_uid)
-        except KeyError:
-            raise ConfigError(
-                "usage.config.safe_owner",
-                f"{SAFE_OWNERS_ENV} names {name!r}, which is no user on this host",
-                evidence={"owner": name},
-                advice=f"Set {SAFE_OWNERS_ENV} to user names or uids of this host, separated by commas.",
-            ) from None
-    return owners
-
-
-def check_owner(path: Path, what: str) -> None:
-    """Refuse ``path`` (and, for a directory, every file under it) unless it is owned by a safe owner
-    (:func:`safe_owners`) and not writable by group or others: a file another user can write could
-    configure the gate that judges their checkpoint (git's ``safe.directory`` rule)."""
-    owners = safe_owners()
-    for p in [path, *(sorted(path.rglob("*")) if path.is_dir() else [])]:
-        try:
-            st = p.stat()
-        except OSError as e:
-            raise ConfigError(
-                "usage.config.unreadable", f"cannot read {what} {p}: {e.strerror}", evidence={"file": str(p)}
-            ) from None
-        if st.st_uid not in owners:
-            try:
-                owner = pwd.getpwuid(st.st_uid).pw_name
-            except KeyError:
-                owner = str(st.st_uid)
-            raise ConfigError(
-                "usage.config.unsafe_owner",
-                f"{what} {p} is owned by {owner}, not by the invoking user or root: another user's file "
-                "cannot configure ckptgate",
-                evidence={"file": str(p), "owner": owner, "uid": st.st_uid},
-                advice=f"Remove it, or run with --isolated (or --config PATH); if {owner} is trusted, "
-                f"set {SAFE_OWNERS_ENV}={owner}.",
-            )
-        writable_by_group = bool(st.st_mode & stat.S_IWGRP) and not _private_group(st.st_gid, st.st_uid)
-        if st.st_mode & stat.S_IWOTH or writable_by_group:
-            raise ConfigError(
-                "usage.config.unsafe_mode",
-                f"{what} {p} is writable by group or others (mode {stat.filemode(st.st_mode)}): "
-                "another user could change how ckptgate decides",
-                evidence={"file": str(p), "mode": oct(stat.S_IMODE(st.st_mode))},
-                advice=f"Run `chmod go-w {p}`.",
-            )
-
-
-def _private_group(gid: int, uid: int) -> bool:
-    """Whether group ``gid`` is ``uid``'s own private group (the user-private-group scheme of Debian and
-    Ubuntu, whose umask 002 makes every file group-writable): no other user is a member of it or has it
-    as their primary group, so its write bit gives no one else a way in."""
-    try:
-        members = grp.getgrgid(gid).gr_mem
-    except KeyError:
-        return False
-    for name in members:
-        try:
-            if pwd.getpwnam(name).pw_uid != uid:
-                return False
-        except KeyError:
-            return False
-    return all(p.pw_uid == uid for p in pwd.getpwall() if p.pw_gid == gid)
 
 
 def load(start: Path | None = None) -> Config | None:
@@ -485,34 +372,6 @@ def load_policy_data(path: Path, policies: Path | None = None, trust: Path | Non
     return data
 
 
-def init(directory: Path) -> Path:
-    """Write ``ckptgate.toml`` with commented defaults into ``directory``; never overwrites."""
-    target = directory / CONFIG_FILE
-    existing = discover(directory)
-    if existing is not None:
-        raise ConfigError(
-            "usage.config.exists",
-            f"{existing} already configures ckptgate here",
-            evidence={"file": str(existing)},
-            advice="Edit that file; `ckptgate init` never overwrites.",
-        )
-    try:
-        with target.open("x", encoding="utf-8") as f:
-            f.write(INIT_TEMPLATE)
-    except FileExistsError:
-        raise ConfigError(
-            "usage.config.exists",
-            f"{target} already exists",
-            evidence={"file": str(target)},
-            advice="Edit that file; `ckptgate init` never overwrites.",
-        ) from None
-    except OSError as e:
-        raise ConfigError(
-            "usage.config.unwritable", f"cannot write {target}: {e.strerror}", evidence={"file": str(target)}
-        ) from None
-    return target
-
-
 __all__ = [
     "CONFIG_FILE",
     "SAFE_OWNERS_ENV",
@@ -521,7 +380,6 @@ __all__ = [
     "check_owner",
     "discover",
     "from_table",
-    "init",
     "load",
     "load_file",
     "load_policy_data",

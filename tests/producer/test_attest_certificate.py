@@ -169,3 +169,27 @@ def test_the_docs_certificate_example_runs_as_written(tmp_path: Path) -> None:
     assert res.returncode == 0, f"{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
     assert "allowed plane=pure_data" in res.stdout
     assert (tmp_path / "published" / "ckptgate-receipt.json").is_file()
+
+
+def test_attest_verify_checks_a_certificate_bundle_against_the_chain_it_is_given(pki: dict) -> None:
+    rc, done = _attest(pki, "--key", pki["key"], "--certificate", pki["cert"], "--certificate-chain", pki["root_pem"])
+    assert rc == 0, done
+    bundle = pki["dir"] / "hf_sharded.sigstore.json"
+    trust = pki["dir"] / "trust.json"
+    trust.write_text(json.dumps({"signers": [{
+        "id": "ca-trainer", "kind": "certificate", "identity": BUILDER, "root_sha256": root_sha256(pki["root"]),
+        "predicate_types": ["https://slsa.dev/provenance/v1"], "producers": ["*"],
+        "scopes": ["training_provenance"], "builder_ids": [BUILDER]}]}))
+    base = ("attest", "verify", bundle, "--checkpoint", pki["ck"], "--trust", trust)
+    ok = ckptgate_json(*base, "--certificate-chain", pki["root_pem"])
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    facts = _doc(ok.stdout)["attestation"]
+    assert facts["verification"]["method"] == "x509"
+    assert [s["kind"] for s in facts["signers"]] == ["certificate"] and facts["signers"][0]["identity"] == BUILDER
+    (pki["dir"] / "other").mkdir()
+    _, _, other_pem = ca(pki["dir"] / "other", "root", start=NOW - timedelta(days=2), end=NOW + timedelta(days=30))
+    for extra, code in (((), "verify.x509.no_certificate_chain"),
+                        (("--certificate-chain", other_pem), "verify.x509.untrusted_root")):
+        bad = ckptgate_json(*base, *extra)
+        assert bad.returncode == 5, bad.stdout + bad.stderr
+        assert code in _codes(_doc(bad.stdout if bad.stdout.strip() else bad.stderr))

@@ -1,5 +1,5 @@
 """``ckptgate attest``: keygen (development), sign, verify, show, add to the store (``attest checkpoint``:
-:mod:`ckptgate._cli.attest_checkpoint_cmd`)."""
+:mod:`ckptgate._cli.attest_checkpoint_cmd`, ``attest verify`` in :mod:`ckptgate._cli.attest_verify_cmd`)."""
 
 from __future__ import annotations
 
@@ -269,82 +269,6 @@ def sign(
         )
         return
     stdout.print(f"signed [bold]{out_path}[/] with {signer.algorithm} key {signer.keyid[:16]}…")
-
-
-@attest.command("verify")
-@click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--digest", required=True, help="sha256:<hex> of the fixture actually measured.")
-@click.option("--trust", "trust_path", default=None, help="Trust data (default: the bundled policies' trust data).")
-@click.option(
-    "--sigstore-trust-root", default=None, help="trusted_root.json for Sigstore bundles ('production': embedded)."
-)
-@click.option("--identity", default=None, help="Expected Sigstore certificate identity (with --issuer).")
-@click.option("--issuer", default=None, help="Expected Sigstore OIDC issuer (with --identity).")
-@click.option("--commit", "expected_commit", default=None, help="Require this candidate commit (40 hex).")
-@click.option("--now", "now_s", default=None, help="Evaluate validity at this time (ISO 8601, default: now).")
-@json_option
-def verify(
-    file: str,
-    digest: str,
-    trust_path: str | None,
-    sigstore_trust_root: str | None,
-    identity: str | None,
-    issuer: str | None,
-    expected_commit: str | None,
-    now_s: str | None,
-    as_json: bool,
-) -> None:
-    """Verify an attestation for a measured fixture digest; exit 5 when it does not verify."""
-    from ckptgate.decide.input import check_commit  # noqa: PLC0415 - ~550 ms (the engine stack)
-    from ckptgate.verify import TrustData, verify_attestation  # noqa: PLC0415 - ~490 ms (cryptography)
-    from ckptgate.verify.sigstore import check_trust_root  # noqa: PLC0415 - ~490 ms (cryptography, sigstore)
-
-    if (identity is None) != (issuer is None):
-        raise UsageError(
-            "usage.invalid",
-            "--identity and --issuer go together",
-            advice="Pass both --identity EMAIL-OR-URI and --issuer URL, or neither.",
-        )
-    measured = _digest_arg(digest, "--digest")
-    if expected_commit is not None:
-        check_commit(expected_commit, "--commit")
-    if sigstore_trust_root is not None:
-        check_trust_root(sigstore_trust_root)
-    raw = _read(file, "attestation")
-    trust = TrustData.from_file(trust_path)
-    va = verify_attestation(
-        raw,
-        source=file,
-        trust=trust,
-        measured_digest=measured,
-        now=_now(now_s),
-        sigstore_trust_root=sigstore_trust_root,
-        expected_identity=(identity, issuer) if identity and issuer else None,
-        expected_commit=expected_commit,
-    )
-    facts = va.to_facts()
-    if as_json:
-        emit_json({"verified": True, "attestation": facts})
-        return
-    stdout.print(f"[bold green]VERIFIED[/] {shown(file)}")
-    stdout.print(f"  predicate  {shown(va.predicate_type)}")
-    stdout.print(f"  subject    {shown(va.subject_name)} = {va.measured_digest}")
-    for s in facts["signers"]:
-        who = (
-            f"{s['signer_id']} ({s['algorithm']}, spki {s['spki_sha256'][:16]}…)"
-            if s["kind"] == "key"
-            else f"{s['identity']} via {s['issuer']}"
-        )
-        stdout.print(f"  signer     {s['kind']}: {shown(who)}")
-    stdout.print(f"  checks     {', '.join(va.checks)}")
-    if va.validity is not None:
-        stdout.print(
-            f"  valid      {facts['verification']['validity']['issued_at']} .. "
-            f"{facts['verification']['validity']['expires_at']}"
-        )
-    pred = va.statement.get("predicate") or {}
-    if isinstance(pred, dict) and "candidate_commit" in pred:
-        stdout.print(f"  commit     {shown(pred['candidate_commit'])} (policy decides whether it is the candidate)")
 
 
 def _unverified(raw: bytes) -> dict[str, Any]:

@@ -15,6 +15,7 @@ _MODULES = (
     "inspect_cmd",
     "attest_cmd",
     "attest_checkpoint_cmd",
+    "attest_verify_cmd",
     "provenance_cmd",
     "decide_cmd",
     "qualify_cmd",

@@ -44,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -240,8 +241,11 @@ def write_plan(
     chunk_size: int = DEFAULT_CHUNK,
     threads: int = 2,
     on_bytes: Callable[[int], None] | None = None,
+    index: bool = True,
+    cancel: threading.Event | None = None,
 ) -> tuple[WrittenFile, ...]:
-    """Write every shard, copied file and the index into ``out_dir`` (which must be empty).
+    """Write every shard, copied file and (unless ``index`` is false) the index into ``out_dir``
+    (which must be empty).  Setting ``cancel`` stops a held-mode copy at its next window.
 
     :param out_dir: a directory descriptor (an intake passes its staging directory's,
         :class:`ckptgate.publish.Stage`), or a path, opened once as one.  Every output is created
@@ -259,17 +263,31 @@ def write_plan(
         raise RuntimeFailure(
             "runtime.copy.source_missing", f"no open, measured source for {missing[0]!r}", evidence={"missing": missing}
         )
+    own = not isinstance(out_dir, int)
     if isinstance(out_dir, int):
-        return _write_plan(
-            plan, out_dir, sources, expected=expected, chunk_size=chunk_size, threads=threads, on_bytes=on_bytes
-        )
-    out_fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        out_fd = out_dir
+    else:
+        out_fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        return _write_plan(
-            plan, out_fd, sources, expected=expected, chunk_size=chunk_size, threads=threads, on_bytes=on_bytes
+        written = _write_plan(
+            plan,
+            out_fd,
+            sources,
+            expected=expected,
+            chunk_size=chunk_size,
+            threads=threads,
+            on_bytes=on_bytes,
+            cancel=cancel,
         )
+        return _with_index(plan, out_fd, written) if index else written
     finally:
-        os.close(out_fd)
+        if own:
+            os.close(out_fd)
+
+
+def _with_index(plan: ConsolidationPlan, out_fd: int, written: tuple[WrittenFile, ...]) -> tuple[WrittenFile, ...]:
+    made = write_index(plan, out_fd)
+    return written if made is None else (*written, made)
 
 
 def _write_plan(
@@ -281,6 +299,7 @@ def _write_plan(
     chunk_size: int,
     threads: int,
     on_bytes: Callable[[int], None] | None,
+    cancel: threading.Event | None,
 ) -> tuple[WrittenFile, ...]:
     opened: dict[str, int] = {}
     try:
@@ -302,6 +321,7 @@ def _write_plan(
                         sources,
                         chunk_size,
                         on_bytes,
+                        cancel,
                     )
                     for name, fd in opened.items()
                 }
@@ -317,6 +337,4 @@ def _write_plan(
     finally:
         for fd in opened.values():
             os.close(fd)
-    written = [WrittenFile(filename=name, size=sizes[name], sha256=digests[name]) for name in opened]
-    index = write_index(plan, out_fd)
-    return tuple(written) if index is None else (*written, index)
+    return tuple(WrittenFile(filename=name, size=sizes[name], sha256=digests[name]) for name in opened)

@@ -469,6 +469,8 @@ def main() -> None:
         t = res["targets"]["le_1.3x_floor_plus_start"]
         rows.append([case, "floor + start (issue 36)", round(t["floor_s"] + t["start_s"], 2), "", "", "",
                      round((t["floor_s"] + t["start_s"]) / res[gate]["wall_s"], 2), round(disk)])
+        for _, out, _ in sides.values():  # every side's output goes; --keep keeps only the checkpoint
+            shutil.rmtree(out, ignore_errors=True)
         if not args.keep:
             shutil.rmtree(work / case, ignore_errors=True)
         print(f"{case}: input {nbytes / MIB:.0f} MiB, largest tensor {res['largest_tensor_bytes'] / MIB:.0f} MiB, "

@@ -180,6 +180,7 @@ def main() -> None:
     ap.add_argument("--streamed", action="store_true", help="the one pass's streamed writer even where the "
                     "sources are held (the path before issue #36)")
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--max-shard-bytes", type=int, default=2 << 30)
     args = ap.parse_args()
     t_start = time.perf_counter()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -204,7 +205,7 @@ def main() -> None:
     kw = {"workers": args.workers} if args.workers else {}
     c0, w0 = time.process_time(), time.perf_counter()
     pipeline.intake(args.src, args.dst, attestations=[args.attestation], options=s.options,
-                    max_shard_bytes=2 << 30, **kw)
+                    max_shard_bytes=args.max_shard_bytes, **kw)
     wall = time.perf_counter() - w0
     main_total = time.thread_time()
     ru_self, ru_kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)

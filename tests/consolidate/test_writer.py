@@ -439,3 +439,37 @@ def test_a_cancelled_held_copy_stops_at_its_next_window(tmp_path):
             write_plan(plan, out, {"src.safetensors": fd}, expected=None, chunk_size=4096, cancel=cancel)
     finally:
         os.close(fd)
+
+
+def test_held_mode_holds_at_most_its_window_cap_whatever_the_threads(tmp_path, monkeypatch):
+    """Issue #36: each output being written holds a ring of windows; the outputs written at once
+    are capped so that the windows stay within ``HELD_WINDOWS_CAP`` at any ``--workers``."""
+    import threading
+    import time
+
+    tensors, src, raw, plan = _three_shards(tmp_path)
+    real, lock = writer.copy_in_order, threading.Lock()
+    state = {"now": 0, "most": 0}
+
+    def counted(*args, **kwargs):
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(0.2)  # long enough for every thread the pool has to be inside at once
+        try:
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                state["now"] -= 1
+
+    monkeypatch.setattr(writer, "copy_in_order", counted)
+    chunk = writer.HELD_WINDOWS_CAP // (held.RING * 2)  # room for two outputs' windows
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        written = write_plan(plan, out, {"src.safetensors": fd}, expected=None, chunk_size=chunk, threads=8)
+    finally:
+        os.close(fd)
+    assert state["most"] == 2 and len(plan.shards) == 3
+    assert all(hashlib.sha256((out / w.filename).read_bytes()).hexdigest() == w.sha256 for w in written)

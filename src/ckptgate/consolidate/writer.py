@@ -1,7 +1,8 @@
 """The streaming safetensors writer: executes a plan by moving raw bytes.
 
 It runs in one of two modes; neither holds more than a few ``chunk_size`` buffers per output
-being written (a ring of :data:`_RING` in held mode), never the model:
+being written (a ring of :data:`~ckptgate.consolidate.held.RING` in held mode, at most
+:data:`HELD_WINDOWS_CAP` of them for all outputs together), never the model:
 
 * **Held sources** (``expected=None``): the caller holds every source unchanged
   (:meth:`ckptgate.inspect.SafeTree.hold`: read leases, checked with ``intact()`` after the
@@ -53,7 +54,7 @@ from typing import Any
 
 from ckptgate.consolidate import diskwrite as disk
 from ckptgate.consolidate.cast import convert
-from ckptgate.consolidate.held import copy_in_order
+from ckptgate.consolidate.held import RING, copy_in_order
 from ckptgate.consolidate.plan import DTYPE_SIZES, ConsolidationPlan, ShardTask
 from ckptgate.consolidate.segments import Segment, in_order
 from ckptgate.errors import RuntimeFailure
@@ -65,6 +66,10 @@ DEFAULT_CHUNK = 4 << 20
 #: together); beyond it, the rest of such an output is hashed by reading it back.
 PENDING_CAP = 128 << 20
 INDEX_NAME = "model.safetensors.index.json"
+#: The held mode's windows in flight, all outputs together (each output being written holds a ring
+#: of :data:`~ckptgate.consolidate.held.RING` windows): at most this many bytes, whatever the
+#: thread count, so that peak RSS stays within 256 MB + the largest tensor at 16 workers (issue #36).
+HELD_WINDOWS_CAP = 128 << 20
 _CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -304,7 +309,8 @@ def _write_plan(
     opened: dict[str, int] = {}
     try:
         segments, sizes, heads = lay_out(plan, out_fd, opened, write_heads=expected is not None)
-        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        at_once = threads if expected is not None else min(threads, HELD_WINDOWS_CAP // (RING * chunk_size))
+        with ThreadPoolExecutor(max_workers=max(1, at_once)) as pool:
             if expected is None:
                 pieces: dict[int, list[tuple[str, Segment]]] = {fd: [] for fd in opened.values()}
                 for src, segs in segments.items():

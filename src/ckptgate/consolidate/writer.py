@@ -1,8 +1,8 @@
 """The streaming safetensors writer: executes a plan by moving raw bytes.
 
 It runs in one of two modes; neither holds more than a few ``chunk_size`` buffers per output
-being written (a ring of :data:`~ckptgate.consolidate.held.RING` in held mode, at most
-:data:`HELD_WINDOWS_CAP` of them for all outputs together), never the model:
+being written (a ring of :data:`~ckptgate.consolidate.held.RING` in held mode, within
+:data:`HELD_WINDOWS_CAP` bytes for all outputs together), never the model:
 
 * **Held sources** (``expected=None``): the caller holds every source unchanged
   (:meth:`ckptgate.inspect.SafeTree.hold`: read leases, checked with ``intact()`` after the

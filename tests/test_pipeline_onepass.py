@@ -4,6 +4,7 @@ removes it and publishes nothing; an allow publishes the same bytes and receipt 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -74,11 +75,13 @@ def test_a_deny_removes_what_was_staged_and_publishes_nothing(name, signer, tmp_
 
 class _Reads:
     """Bytes read with ``preadv`` (the bulk reads: the digest's pass and the writer's) per file of
-    the checkpoint, counted on the descriptors; inspection's header reads use ``pread``."""
+    the checkpoint, counted on the descriptors and split by reader: the digest's pass (``_hash_fd``)
+    or a copy; inspection's header reads use ``pread``."""
 
     def __init__(self, root: Path) -> None:
         self.root = str(root.resolve()) + "/"
         self.bytes: dict[str, int] = {}
+        self.copied: dict[str, int] = {}
         self._real = os.preadv
 
     def preadv(self, fd: int, buffers: Any, offset: int, *flags: int) -> int:
@@ -86,19 +89,53 @@ class _Reads:
         target = os.readlink(f"/proc/self/fd/{fd}")
         if target.startswith(self.root):
             rel = target[len(self.root):]
-            self.bytes[rel] = self.bytes.get(rel, 0) + max(n, 0)
+            count = self.bytes if sys._getframe(1).f_code.co_name == "_hash_fd" else self.copied
+            count[rel] = count.get(rel, 0) + max(n, 0)
         return n
 
 
 @pytest.mark.parametrize("name", ONE_PASS)
-def test_every_input_byte_is_read_once(name, signer, tmp_path, monkeypatch):
+def test_every_input_byte_is_read_once_where_the_sources_are_not_held(name, signer, tmp_path, monkeypatch):
+    """Without read leases the output is written from the digest's own buffer: one read in all."""
     att = _attestation(name, signer, tmp_path)
     reads = _Reads(_src(name))
     monkeypatch.setattr(os, "preadv", reads.preadv)
+    monkeypatch.setattr(SafeTree, "hold", lambda self: False)
     result = intake(_src(name), tmp_path / "out", attestations=[att], options=signer.options)
     sizes = {e.path: e.size for e in result.evaluation.digest.manifest}
     assert reads.bytes == {p: s for p, s in sizes.items() if s}  # each file once, in full: no second pass
+    assert reads.copied == {}
     assert (tmp_path / "out" / RECEIPT_NAME).is_file()
+
+
+@pytest.mark.parametrize("name", ONE_PASS)
+def test_held_sources_are_hashed_once_and_copied_beside_the_digest(name, signer, tmp_path, monkeypatch):
+    """Issue #36: with every source held, the digest hashes each file once, and the held copy reads
+    each placed byte once (no header, nothing twice), beside the digest and before the decision."""
+    att = _attestation(name, signer, tmp_path)
+    reads = _Reads(_src(name))
+    monkeypatch.setattr(os, "preadv", reads.preadv)
+    copied_before_decision: list[dict[str, int]] = []
+    real = grouped.judge
+
+    def judge(*args: Any, **kwargs: Any) -> Any:
+        copied_before_decision.append(dict(reads.copied))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grouped, "judge", judge)
+    result = intake(_src(name), tmp_path / "out", attestations=[att], options=signer.options)
+    with SafeTree.open(_src(name)) as tree:
+        if not tree.hold():
+            pytest.skip("this file system grants no read lease")
+    sizes = {e.path: e.size for e in result.evaluation.digest.manifest}
+    assert reads.bytes == {p: s for p, s in sizes.items() if s}
+    assert reads.copied and all(0 < n <= sizes[p] for p, n in reads.copied.items())
+    placed = sum(o["size"] for o in result.receipt["outputs"] if o["file"].endswith(".safetensors"))
+    assert sum(reads.copied.values()) < placed  # the tensors' bytes, not the output headers
+    assert copied_before_decision and copied_before_decision[0]  # the copy ran beside the digest
+    for o in result.receipt["outputs"]:  # the receipt's hashes are the bytes on disk
+        data = (tmp_path / "out" / o["file"]).read_bytes()
+        assert len(data) == o["size"] and hashlib.sha256(data).hexdigest() == o["sha256"]
 
 
 def _published(dst: Path) -> dict[str, Any]:
@@ -163,3 +200,31 @@ def test_an_engine_that_fails_to_start_beside_the_pass_publishes_nothing(name, s
     assert e.value.code == "engine.opa.start_failed" and e.value.exit_code == ExitCode.ENGINE_UNAVAILABLE
     assert len(staged) == 1 and len(staged[0]) == 1  # the pass was staging the output meanwhile
     assert not dst.exists() and _staged(tmp_path) == {}
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["held", "streamed"])
+@pytest.mark.parametrize("name", ONE_PASS)
+def test_the_number_of_workers_does_not_change_what_is_published(name, held, signer, tmp_path, monkeypatch):
+    """``workers`` (``--workers``) spreads hashing and writing over threads; the published bytes and
+    the receipt are the same for 1, 2 and 3 workers, on the held copy and on the streamed writer."""
+    att = _attestation(name, signer, tmp_path)
+    if not held:
+        monkeypatch.setattr(SafeTree, "hold", lambda self: False)
+    seen = []
+    for workers in (1, 2, 3):
+        intake(_src(name), tmp_path / f"w{workers}", attestations=[att], options=signer.options, workers=workers)
+        got = _published(tmp_path / f"w{workers}")
+        got["receipt"]["decision"].pop("id"), got["receipt"]["decision"].pop("engine")
+        for o in got["receipt"]["outputs"]:
+            assert hashlib.sha256(got["files"][o["file"]]).hexdigest() == o["sha256"]
+        seen.append(got)
+    assert seen[0] == seen[1] == seen[2]
+
+
+def test_workers_below_one_is_a_usage_error(signer, tmp_path):
+    from ckptgate.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        intake(_src("hf_sharded"), tmp_path / "out", attestations=[], options=signer.options, workers=0)
+    assert e.value.code == "usage.workers" and "--workers" in e.value.diagnostics()
+    assert not (tmp_path / "out").exists()

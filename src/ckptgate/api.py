@@ -76,10 +76,13 @@ def intake(
     options: EngineOptions | None = None,
     max_shard_bytes: int = 2 << 30,
     hf_config: Path | str | None = None,
+    workers: int | None = None,
 ) -> IntakeResult:
     """Take ``src`` in through the gate and publish Hugging Face sharded safetensors at ``dst``,
     only on allow (``ckptgate intake``); raises on deny, publishing nothing.  ``hf_config``
-    (``--hf-config``) maps a Megatron checkpoint to the Hugging Face model that config declares."""
+    (``--hf-config``) maps a Megatron checkpoint to the Hugging Face model that config declares.
+    ``workers`` (``--workers``): threads that hash and write; by default the cores this process
+    may run on.  The published bytes do not depend on it."""
     return run_intake(
         Path(src),
         Path(dst),
@@ -87,6 +90,7 @@ def intake(
         options=options,
         max_shard_bytes=max_shard_bytes,
         hf_config=Path(hf_config) if hf_config is not None else None,
+        workers=workers,
     )
 
 

@@ -39,6 +39,7 @@ from ckptgate.enforce.load import loaded_json, merge_loaded, worker_record
 from ckptgate.errors import Error, RuntimeFailure
 from ckptgate.group import Group
 from ckptgate.inspect import Inspection, SafeTree
+from ckptgate.inspect._threads import usable_cores
 from ckptgate.judge import judge
 from ckptgate.measure import NO_PROGRESS, Also, Measured, Progress, measure
 from ckptgate.onepass import OnePass
@@ -148,12 +149,21 @@ def write_all(
     chunk_size: int,
     on_bytes: Callable[[int], None] | None,
     hf: HfConfig | None,
+    workers: int | None = None,
 ) -> tuple[WrittenFile, ...]:
     """One writer writes every output (a world of one): under the tree's leases, checked after the
     copy, or re-hashing every source against ``expected`` (the manifest) in the writer's one pass."""
     still_held(tree)
     with open_sources(tree, plan) as sources:
-        outputs = write_plan(plan, out_dir, sources, expected=expected, chunk_size=chunk_size, on_bytes=on_bytes)
+        outputs = write_plan(
+            plan,
+            out_dir,
+            sources,
+            expected=expected,
+            chunk_size=chunk_size,
+            threads=max(1, workers or usable_cores()),
+            on_bytes=on_bytes,
+        )
     still_held(tree)
     if hf is None:
         return outputs
@@ -187,10 +197,12 @@ def grouped_intake(
     select: str | None = None,
     hf: HfConfig | None = None,
     progress: Progress = NO_PROGRESS,
+    workers: int | None = None,
 ) -> IntakeResult | None:
     """Take ``src`` in across ``group``; rank 0 publishes at ``dst`` and returns the result, the
     other ranks return ``None``.  What each step opens is closed by ``stack``.  The receipt records
-    the topology unless ``backend`` is None (one process's receipt)."""
+    the topology unless ``backend`` is None (one process's receipt).  ``workers`` threads hash
+    and write (default: the cores this process may run on)."""
     rank, world = group.rank, group.world
     now = now or now_utc()
     state: dict[str, Any] = {}
@@ -221,7 +233,7 @@ def grouped_intake(
 
     def open_tree() -> tuple[SafeTree, bool]:
         state["dst"] = check_destination(dst, source=src)
-        tree = stack.enter_context(SafeTree.open(src))
+        tree = state["tree"] = stack.enter_context(SafeTree.open(src))
         # DST's parent is resolved once, into a descriptor proved to lie outside the root that is
         # walked; staging, writing, fsync and the final rename are all relative to it.
         state["destination"] = stack.enter_context(open_destination(state["dst"], source_root=tree.root_id))
@@ -238,6 +250,8 @@ def grouped_intake(
                 dtype=dtype,
                 select=select,
                 hf=hf,
+                tree=state["tree"],
+                workers=workers,
             )
         )
         return one.begin(inspection)
@@ -249,6 +263,7 @@ def grouped_intake(
         ask=lambda inspection: precheck(early().get()[1], inspection, request),
         stage=one_pass if world == 1 else None,
         progress=progress,
+        workers=workers,
     )
     tree = m.tree
 
@@ -296,8 +311,8 @@ def grouped_intake(
         )
         return loaded_json(enforced.loaded) if enforced.loaded is not None else None
 
-    workers = group.agree("load", load_mine)
-    loaded = merge_loaded(workers, owned_needs) if needed else None
+    loads = group.agree("load", load_mine)
+    loaded = merge_loaded(loads, owned_needs) if needed else None
 
     def stage_dir() -> dict[str, Any]:
         one: OnePass | None = state.get("one")
@@ -342,6 +357,7 @@ def grouped_intake(
                     chunk_size=chunk_size,
                     on_bytes=progress.written,
                     hf=hf,
+                    workers=workers,
                 ),
                 plan_report=dict(plan.report),
             )
@@ -361,7 +377,7 @@ def grouped_intake(
         return wrote
 
     wrote = group.agree("write", writing(write))
-    topology = None if backend is None else _topology(m, wrote, workers, backend)
+    topology = None if backend is None else _topology(m, wrote, loads, backend)
 
     def publish_once() -> dict[str, Any]:
         assert evaluation is not None

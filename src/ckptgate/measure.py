@@ -106,11 +106,13 @@ def measure(
     containment: ContainmentProfile | None = None,
     stage: Callable[[Inspection], Also | None] | None = None,
     progress: Progress = NO_PROGRESS,
+    workers: int | None = None,
 ) -> Measured:
     """Inspect and digest across ``group``.  ``open_tree`` opens SRC (and says whether it holds
     its files) in the inspect step; ``ask`` is rank 0's precheck; ``stage``, at a world of one, is
     handed the inspection before the digest and may return an ``also`` that writes the output from
-    the digest's own buffer (:class:`ckptgate.onepass.OnePass`)."""
+    the digest's own buffer (:class:`ckptgate.onepass.OnePass`).  ``workers`` threads hash
+    (default: the cores this process may run on)."""
     rank, world = group.rank, group.world
     crcs = DeferredCrcs()
     state: dict[str, Any] = {}
@@ -169,7 +171,7 @@ def measure(
             also = combine_also(recorders.get, crcs.reader, stage(inspection) if stage is not None else None)
             t0 = time.perf_counter()
             try:
-                entries = hash_files(tree, mine, also=also, cancel=stop, progress=progress.hash_bytes)
+                entries = hash_files(tree, mine, workers=workers, also=also, cancel=stop, progress=progress.hash_bytes)
             except DigestCancelled:
                 entries = None
             seconds = time.perf_counter() - t0

@@ -10,16 +10,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from ckptgate.consolidate import adapter_plan, framework_files, with_companions
 from ckptgate.consolidate.hf.plan import check_dtype, write_config_files
 from ckptgate.consolidate.hf.source import HfConfig
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile
 from ckptgate.consolidate.streamed import StreamedPlan
-from ckptgate.consolidate.writer import DEFAULT_CHUNK, write_index
+from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_index, write_plan
 from ckptgate.errors import Error, RuntimeFailure
 from ckptgate.inspect import Inspection, SafeTree
+from ckptgate.inspect._threads import usable_cores
 from ckptgate.judge import PURE_DATA_LOADERS
 from ckptgate.outcome import Consolidated, Evaluation, io_failure, still_held
 from ckptgate.publish import Destination, Stage, staging
@@ -48,6 +51,16 @@ class OnePass:
     leaving the ``with`` block any other way removes the staging directory (a ``kill -9`` leaves it
     to the next run's sweep, :mod:`ckptgate.workdirs`).
 
+    When the ``tree`` holds every source unchanged (:meth:`~ckptgate.inspect.SafeTree.hold`: read
+    leases), the staged outputs are instead written beside the digest by the writer's held mode
+    (:func:`~ckptgate.consolidate.writer.write_plan` with ``expected=None``): each output assembled
+    front to back in page-aligned windows from the held sources, hashed window by window and
+    written with ``O_DIRECT``, ``workers`` outputs at a time; :meth:`finish` waits for it and
+    checks the leases after it, as two passes do.  The output's hash then never waits on the
+    input's read order, no piece is copied to wait for its turn, and no page cache is filled
+    (issue #36: a third of the one pass's CPU went to buffered writes and to reading the output
+    back).  The bytes written are the bytes hashed in either mode.
+
     Everything else takes two passes (the sequence's plan and write steps after the decision): the framework
     plane (nothing is loaded, or staged, before the permit; DeepSpeed ZeRO included), casts
     (``--dtype``: the plan's output sizes depend on it, and the streaming writer does not
@@ -64,13 +77,17 @@ class OnePass:
         dtype: str | None = None,
         select: str | None = None,
         hf: HfConfig | None = None,
+        tree: SafeTree | None = None,
+        workers: int | None = None,
     ) -> None:
         self._destination, self._max, self._chunk, self._dtype = destination, max_shard_bytes, chunk_size, dtype
-        self._select, self._hf = select, hf
+        self._select, self._hf, self._tree = select, hf, tree
+        self._workers = max(1, workers or usable_cores())
         self._stack = contextlib.ExitStack()
         self.stage: Stage | None = None  # once the output is being written in the digest's pass
         self._plan: ConsolidationPlan | None = None
         self._writer: StreamedPlan | None = None
+        self._held: Future[tuple[WrittenFile, ...]] | None = None  # the held-mode copy beside the digest
 
     def __enter__(self) -> OnePass:
         return self
@@ -103,6 +120,10 @@ class OnePass:
         staged = dataclasses.replace(plan, copies=plan.copies + maybe)
         try:
             self.stage = self._stack.enter_context(staging(self._destination))
+            if self._tree is not None and self._tree.held:
+                self._plan = plan
+                self._start_held(staged, self._tree, self.stage.fd)
+                return lambda path: None  # the digest only hashes: the held copy reads for itself
             self._writer = self._stack.enter_context(StreamedPlan(staged, self.stage.fd, chunk_size=self._chunk))
         except OSError as e:
             raise io_failure(e, self._destination.path) from None
@@ -124,6 +145,49 @@ class OnePass:
 
         return also
 
+    def _start_held(self, staged: ConsolidationPlan, tree: SafeTree, stage_fd: int) -> None:
+        """Start writing ``staged`` from the held sources on a thread of its own; leaving the
+        ``with`` block cancels it, waits for it and closes the sources, before the staging
+        directory goes."""
+        fds: dict[str, int] = {}
+        cancel = threading.Event()
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-copy")
+
+        def stop() -> None:
+            cancel.set()
+            pool.shutdown(wait=True)
+            for fd in fds.values():
+                os.close(fd)
+
+        self._stack.callback(stop)
+        for src in staged.source_paths:
+            fds[src] = tree.open_file(src)
+        self._held = pool.submit(
+            write_plan,
+            staged,
+            stage_fd,
+            fds,
+            expected=None,
+            chunk_size=self._chunk,
+            threads=self._workers,
+            index=False,
+            cancel=cancel,
+        )
+
+    def _written(self, tree: SafeTree) -> dict[str, WrittenFile]:
+        """The staged outputs, by name: the held copy's once it is done (then the leases checked),
+        or the streamed writer's."""
+        if self._held is not None:
+            try:
+                done = self._held.result()
+            except OSError as e:
+                raise io_failure(e, self._destination.path) from None
+            still_held(tree)  # the sources held unchanged from the walk to the last byte copied
+            return {w.filename: w for w in done}
+        assert self._writer is not None
+        still_held(tree)  # the leases held from the walk to the last byte written, as in two passes
+        return self._writer.finish(threads=self._workers)
+
     def finish(
         self,
         tree: SafeTree,
@@ -136,18 +200,17 @@ class OnePass:
         companions the decision did not name, are removed) and write the index.  ``None`` when the
         decision selects a subtree (the staged plan is the whole tree's): the staging directory is
         removed and the caller takes the two-pass path with the decision's plan."""
-        assert self.stage is not None and self._writer is not None and self._plan is not None
+        assert self.stage is not None and self._plan is not None
         if evaluation.decision.selection is not None:
             self._stack.close()
-            self.stage = self._writer = None
+            self.stage = self._writer = self._held = None
             return None
         plan = self._plan if self._hf else with_companions(self._plan, evaluation.inspection, evaluation.decision)
         if on_plan:
             on_plan(plan.total_size)
         if on_bytes:  # every placed byte was written in the digest's pass
             on_bytes(plan.total_size)
-        still_held(tree)  # the leases held from the walk to the last byte written, as in two passes
-        written = self._writer.finish()
+        written = self._written(tree)
         names = [s.filename for s in plan.shards] + [c.filename for c in plan.copies]
         for name in set(written) - set(names):
             os.unlink(name, dir_fd=self.stage.fd)

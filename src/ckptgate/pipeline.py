@@ -193,6 +193,7 @@ def intake(
     on_hash_bytes: Callable[[int], None] | None = None,
     select: str | None = None,
     hf_config: Path | None = None,
+    workers: int | None = None,
 ) -> IntakeResult:
     """Take ``src`` in through the gate and publish HF sharded safetensors at ``dst`` (every
     floating-point tensor cast to ``dtype`` if one is named; dtypes are otherwise preserved).
@@ -202,7 +203,15 @@ def intake(
     (``--select PREFIX``) names the subtree of a training-state tree to write; by default the
     policy picks the model subtree of a layout its data describes.  ``hf_config`` (``--hf-config``)
     maps a Megatron checkpoint to the Hugging Face model that config declares
-    (:mod:`ckptgate.consolidate.hf`) and publishes the config's files beside it."""
+    (:mod:`ckptgate.consolidate.hf`) and publishes the config's files beside it.  ``workers``
+    (``--workers``) is the number of threads that hash and write (default: the cores this process
+    may run on); the published bytes are the same for every value."""
+    if workers is not None and workers < 1:
+        raise UsageError(
+            "usage.workers",
+            f"--workers must be at least 1, not {workers}",
+            advice="Give --workers a positive number of threads, or leave it out to use every core.",
+        )
     options = options or EngineOptions()
     if hf_config is not None and select is not None:
         raise UsageError(
@@ -240,6 +249,7 @@ def intake(
             select=select,
             hf=hf,
             progress=Progress(hash_plan=on_hash_plan, hash_bytes=on_hash_bytes, plan=on_plan, written=on_bytes),
+            workers=workers,
         )
     assert result is not None  # a world of one is rank 0
     return result

@@ -381,3 +381,95 @@ def test_a_streamed_plan_refuses_bytes_handed_over_twice_or_out_of_order(tmp_pat
                 streamed.feeder(name)  # a second feeder
     finally:
         os.close(out_fd)
+
+
+def _three_shards(tmp_path):
+    rng = np.random.default_rng(36)
+    tensors = {f"t{i}": rng.standard_normal((64, 96)).astype(np.float32) for i in range(6)}
+    return tensors, *_plan_from(tmp_path, tensors, max_shard_bytes=2 * 64 * 96 * 4)
+
+
+@pytest.mark.parametrize("mode", ["verified", "held"])
+def test_the_output_bytes_do_not_depend_on_the_number_of_threads(tmp_path, mode):
+    """Issue #36: ``--workers`` only spreads the outputs over threads; the bytes and their hashes stay."""
+    tensors, src, raw, plan = _three_shards(tmp_path)
+    assert len(plan.shards) == 3
+    seen = []
+    for threads in (1, 2, 5):
+        out = tmp_path / f"out{threads}"
+        out.mkdir()
+        fd = os.open(src, os.O_RDONLY)
+        try:
+            written = write_plan(plan, out, {"src.safetensors": fd}, chunk_size=8192, threads=threads,
+                                 expected={"src.safetensors": hashlib.sha256(raw).hexdigest()}
+                                 if mode == "verified" else None)
+        finally:
+            os.close(fd)
+        files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+        assert {w.filename: w.sha256 for w in written} == {n: hashlib.sha256(b).hexdigest() for n, b in files.items()}
+        seen.append(files)
+    assert seen[0] == seen[1] == seen[2]
+
+
+def test_without_the_index_the_plan_writes_only_its_outputs(tmp_path):
+    tensors, src, raw, plan = _three_shards(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        written = write_plan(plan, out, {"src.safetensors": fd}, expected=None, chunk_size=8192, index=False)
+    finally:
+        os.close(fd)
+    assert sorted(w.filename for w in written) == sorted(p.name for p in out.iterdir())
+    assert INDEX_NAME not in {p.name for p in out.iterdir()} and len(written) == len(plan.shards)
+
+
+def test_a_cancelled_held_copy_stops_at_its_next_window(tmp_path):
+    """The one pass's held copy runs beside the digest; a refusal cancels it before it finishes."""
+    import threading
+
+    tensors, src, raw, plan = _three_shards(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    cancel = threading.Event()
+    cancel.set()
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        with pytest.raises(held.CopyCancelled):
+            write_plan(plan, out, {"src.safetensors": fd}, expected=None, chunk_size=4096, cancel=cancel)
+    finally:
+        os.close(fd)
+
+
+def test_held_mode_holds_at_most_its_window_cap_whatever_the_threads(tmp_path, monkeypatch):
+    """Issue #36: each output being written holds a ring of windows; the outputs written at once
+    are capped so that the windows stay within ``HELD_WINDOWS_CAP`` at any ``--workers``."""
+    import threading
+    import time
+
+    tensors, src, raw, plan = _three_shards(tmp_path)
+    real, lock = writer.copy_in_order, threading.Lock()
+    state = {"now": 0, "most": 0}
+
+    def counted(*args, **kwargs):
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(0.2)  # long enough for every thread the pool has to be inside at once
+        try:
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                state["now"] -= 1
+
+    monkeypatch.setattr(writer, "copy_in_order", counted)
+    chunk = writer.HELD_WINDOWS_CAP // (held.RING * 2)  # room for two outputs' windows
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        written = write_plan(plan, out, {"src.safetensors": fd}, expected=None, chunk_size=chunk, threads=8)
+    finally:
+        os.close(fd)
+    assert state["most"] == 2 and len(plan.shards) == 3
+    assert all(hashlib.sha256((out / w.filename).read_bytes()).hexdigest() == w.sha256 for w in written)

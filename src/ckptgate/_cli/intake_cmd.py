@@ -35,6 +35,7 @@ def run_intake(
     select: str | None = None,
     certificate_chains: tuple[Path, ...] = (),
     hf_config: Path | None = None,
+    workers: int | None = None,
 ) -> IntakeResult:
     """Intake, with a labelled bar for hashing and then one for consolidating when ``show_progress``."""
     from ckptgate.pipeline import intake  # noqa: PLC0415 - ~1.8 s (every step)
@@ -57,6 +58,7 @@ def run_intake(
             select=select,
             certificate_chain=list(certificate_chains),
             hf_config=hf_config,
+            workers=workers,
         )
 
 
@@ -106,6 +108,14 @@ def register(cli: click.Group) -> None:
         default="2GiB",
         show_default=True,
         help="Maximum output shard size: bytes, or 5GB, 500MB (powers of 1000) or 2GiB (of 1024).",
+    )
+    @click.option(
+        "--workers",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Threads that hash the input and hash and write the output (one output file per thread). "
+        "Default: the cores this process may run on. Memory grows by about 20 MiB per worker; the "
+        "published bytes are the same for any value.",
     )
     @click.option(
         "--dtype",
@@ -164,6 +174,7 @@ def register(cli: click.Group) -> None:
         out: Path,
         attestations: tuple[Path, ...],
         max_shard_size: int,
+        workers: int | None,
         dtype: str | None,
         receipt_key: Path | None,
         select: str | None,
@@ -222,6 +233,7 @@ def register(cli: click.Group) -> None:
             select=select,
             certificate_chains=certificate_chains,
             hf_config=hf_config,
+            workers=workers,
         )
         if as_json:
             emit_json({"result": "published", "destination": str(result.destination), "receipt": result.receipt})

@@ -1,6 +1,6 @@
 """The writer's held mode: each output assembled front to back from sources the caller holds.
 
-Page-aligned windows, a ring of :data:`_RING` per output: the header, then every placed range
+Page-aligned windows, a ring of :data:`RING` per output: the header, then every placed range
 read from its source with ``preadv`` straight into place; each full window is hashed and
 written (``O_DIRECT`` where the file system takes it) while the next one is filled
 (:mod:`ckptgate.consolidate.writer` describes both modes).
@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import mmap
 import os
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -21,10 +22,14 @@ from ckptgate.consolidate.cast import convert
 from ckptgate.consolidate.segments import Segment, runs_in_output_order
 from ckptgate.errors import RuntimeFailure
 
-__all__ = ["copy_in_order"]
+__all__ = ["RING", "CopyCancelled", "copy_in_order"]
 
-_RING = 4  # windows per output in held mode: one being filled, the others being hashed and written
+RING = 4  # windows per output in held mode: one being filled, the others being hashed and written
 _ALIGN = 4096  # O_DIRECT: buffer address, file offset and length in whole blocks
+
+
+class CopyCancelled(Exception):
+    """The caller cancelled the copy (its ``cancel`` event was set): the output is incomplete."""
 
 
 class _Sink:
@@ -71,6 +76,7 @@ def copy_in_order(
     sources: Mapping[str, int],
     chunk_size: int,
     on_bytes: Callable[[int], None] | None,
+    cancel: threading.Event | None = None,
 ) -> str:
     """Write output ``name`` front to back from held sources; return its sha256.
 
@@ -78,14 +84,15 @@ def copy_in_order(
     order, must tile ``[0, size)`` exactly together with the header.  The output is assembled in
     page-aligned windows of about ``chunk_size`` bytes: the header, then every placed range read
     with ``preadv`` straight into its place.  Each full window is hashed on one thread and written
-    (:class:`_Sink`) on another while this thread fills the next, through a ring of :data:`_RING`
+    (:class:`_Sink`) on another while this thread fills the next, through a ring of :data:`RING`
     windows.  A piece with ``conv`` (a cast the user asked for) is read in whole elements, converted
-    (:func:`~ckptgate.consolidate.cast.convert`) and taken like the header.
+    (:func:`~ckptgate.consolidate.cast.convert`) and taken like the header.  Setting ``cancel``
+    stops the copy at its next window (:class:`CopyCancelled`).
     """
     window = max(_ALIGN, chunk_size - chunk_size % _ALIGN)
-    ring = [mmap.mmap(-1, window) for _ in range(_RING)]  # anonymous maps: page-aligned, as O_DIRECT needs
+    ring = [mmap.mmap(-1, window) for _ in range(RING)]  # anonymous maps: page-aligned, as O_DIRECT needs
     views = [memoryview(m) for m in ring]
-    pending: list[tuple[Future[None], ...]] = [()] * _RING
+    pending: list[tuple[Future[None], ...]] = [()] * RING
     h = hashlib.sha256()
     sink = _Sink(fd)
     k = fill = base = 0  # window k holds the output bytes [base, base + fill)
@@ -96,9 +103,11 @@ def copy_in_order(
 
         def ship() -> None:
             nonlocal k, fill, base
+            if cancel is not None and cancel.is_set():
+                raise CopyCancelled(name)
             view = views[k][:fill]
             pending[k] = (hasher.submit(h.update, view), writer.submit(sink.write, view, base))
-            k, base, fill = (k + 1) % _RING, base + fill, 0
+            k, base, fill = (k + 1) % RING, base + fill, 0
             for f in pending[k]:  # the next window is free once it is hashed and written
                 f.result()
 

@@ -1,7 +1,8 @@
 """The streaming safetensors writer: executes a plan by moving raw bytes.
 
 It runs in one of two modes; neither holds more than a few ``chunk_size`` buffers per output
-being written (a ring of :data:`_RING` in held mode), never the model:
+being written (a ring of :data:`~ckptgate.consolidate.held.RING` in held mode, within
+:data:`HELD_WINDOWS_CAP` bytes for all outputs together), never the model:
 
 * **Held sources** (``expected=None``): the caller holds every source unchanged
   (:meth:`ckptgate.inspect.SafeTree.hold`: read leases, checked with ``intact()`` after the
@@ -44,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,7 +54,7 @@ from typing import Any
 
 from ckptgate.consolidate import diskwrite as disk
 from ckptgate.consolidate.cast import convert
-from ckptgate.consolidate.held import copy_in_order
+from ckptgate.consolidate.held import RING, copy_in_order
 from ckptgate.consolidate.plan import DTYPE_SIZES, ConsolidationPlan, ShardTask
 from ckptgate.consolidate.segments import Segment, in_order
 from ckptgate.errors import RuntimeFailure
@@ -64,6 +66,10 @@ DEFAULT_CHUNK = 4 << 20
 #: together); beyond it, the rest of such an output is hashed by reading it back.
 PENDING_CAP = 128 << 20
 INDEX_NAME = "model.safetensors.index.json"
+#: The held mode's windows in flight, all outputs together (each output being written holds a ring
+#: of :data:`~ckptgate.consolidate.held.RING` windows): at most this many bytes, whatever the
+#: thread count, so that peak RSS stays within 256 MB + the largest tensor at 16 workers (issue #36).
+HELD_WINDOWS_CAP = 128 << 20
 _CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -240,8 +246,11 @@ def write_plan(
     chunk_size: int = DEFAULT_CHUNK,
     threads: int = 2,
     on_bytes: Callable[[int], None] | None = None,
+    index: bool = True,
+    cancel: threading.Event | None = None,
 ) -> tuple[WrittenFile, ...]:
-    """Write every shard, copied file and the index into ``out_dir`` (which must be empty).
+    """Write every shard, copied file and (unless ``index`` is false) the index into ``out_dir``
+    (which must be empty).  Setting ``cancel`` stops a held-mode copy at its next window.
 
     :param out_dir: a directory descriptor (an intake passes its staging directory's,
         :class:`ckptgate.publish.Stage`), or a path, opened once as one.  Every output is created
@@ -259,17 +268,31 @@ def write_plan(
         raise RuntimeFailure(
             "runtime.copy.source_missing", f"no open, measured source for {missing[0]!r}", evidence={"missing": missing}
         )
+    own = not isinstance(out_dir, int)
     if isinstance(out_dir, int):
-        return _write_plan(
-            plan, out_dir, sources, expected=expected, chunk_size=chunk_size, threads=threads, on_bytes=on_bytes
-        )
-    out_fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        out_fd = out_dir
+    else:
+        out_fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        return _write_plan(
-            plan, out_fd, sources, expected=expected, chunk_size=chunk_size, threads=threads, on_bytes=on_bytes
+        written = _write_plan(
+            plan,
+            out_fd,
+            sources,
+            expected=expected,
+            chunk_size=chunk_size,
+            threads=threads,
+            on_bytes=on_bytes,
+            cancel=cancel,
         )
+        return _with_index(plan, out_fd, written) if index else written
     finally:
-        os.close(out_fd)
+        if own:
+            os.close(out_fd)
+
+
+def _with_index(plan: ConsolidationPlan, out_fd: int, written: tuple[WrittenFile, ...]) -> tuple[WrittenFile, ...]:
+    made = write_index(plan, out_fd)
+    return written if made is None else (*written, made)
 
 
 def _write_plan(
@@ -281,11 +304,13 @@ def _write_plan(
     chunk_size: int,
     threads: int,
     on_bytes: Callable[[int], None] | None,
+    cancel: threading.Event | None,
 ) -> tuple[WrittenFile, ...]:
     opened: dict[str, int] = {}
     try:
         segments, sizes, heads = lay_out(plan, out_fd, opened, write_heads=expected is not None)
-        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        at_once = threads if expected is not None else min(threads, HELD_WINDOWS_CAP // (RING * chunk_size))
+        with ThreadPoolExecutor(max_workers=max(1, at_once)) as pool:
             if expected is None:
                 pieces: dict[int, list[tuple[str, Segment]]] = {fd: [] for fd in opened.values()}
                 for src, segs in segments.items():
@@ -302,6 +327,7 @@ def _write_plan(
                         sources,
                         chunk_size,
                         on_bytes,
+                        cancel,
                     )
                     for name, fd in opened.items()
                 }
@@ -317,6 +343,4 @@ def _write_plan(
     finally:
         for fd in opened.values():
             os.close(fd)
-    written = [WrittenFile(filename=name, size=sizes[name], sha256=digests[name]) for name in opened]
-    index = write_index(plan, out_fd)
-    return tuple(written) if index is None else (*written, index)
+    return tuple(WrittenFile(filename=name, size=sizes[name], sha256=digests[name]) for name in opened)

@@ -17,7 +17,11 @@ _MAX_THREADS = 8
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its affinity), not the machine's."""
+    """The cores this process may run on (its affinity: ``os.process_cpu_count`` where Python has
+    it, else ``sched_getaffinity``), not the machine's."""
+    count = getattr(os, "process_cpu_count", None)  # Python 3.13+
+    if count is not None:
+        return int(count() or 1)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 

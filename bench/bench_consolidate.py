@@ -173,13 +173,14 @@ if pid == 0:
     os.execv(sys.argv[1], sys.argv[1:])
 _, status, ru = os.wait4(pid, 0)
 sys.stderr.write("\n" + json.dumps({"rc": os.waitstatus_to_exitcode(status), "wall_s": time.perf_counter() - t0,
-                                    "maxrss_kib": ru.ru_maxrss}) + "\n")
+                                    "maxrss_kib": ru.ru_maxrss, "cpu_s": ru.ru_utime + ru.ru_stime}) + "\n")
 """
 
 
 def run_measured(argv: list[str]) -> dict[str, Any]:
-    """Run argv under the launcher; its wall time and peak RSS (``wait4`` of that one process tree:
-    the process and every descendant it waited for)."""
+    """Run argv under the launcher; its wall time, peak RSS and CPU seconds (user + system) (``wait4``
+    of that one process tree: the process and every descendant it waited for).  On a shared machine
+    the CPU seconds move less than the wall time: they do not count the time spent waiting for a core."""
     proc = subprocess.run([sys.executable, "-I", "-c", _LAUNCH, *argv], capture_output=True, check=False)
     err = proc.stderr.decode()
     rec = json.loads(err.strip().splitlines()[-1])
@@ -188,6 +189,7 @@ def run_measured(argv: list[str]) -> dict[str, Any]:
     out = proc.stdout.decode().strip()
     inner = json.loads(out.splitlines()[-1]) if out else {}
     return {"wall_s": rec["wall_s"], "inner_s": inner.get("wall_s"), "peak_rss_bytes": rec["maxrss_kib"] * 1024,
+            "cpu_s": rec.get("cpu_s"),
             **{k: v for k, v in inner.items() if k in ("gate_s", "copy_s")}}
 
 

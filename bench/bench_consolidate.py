@@ -190,8 +190,9 @@ sys.stderr.write("\n" + json.dumps({"rc": os.waitstatus_to_exitcode(status), "wa
 
 
 def run_measured(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run argv under the launcher; its wall time, CPU time and peak RSS (``wait4`` of that one
-    process tree: the process and every descendant it waited for)."""
+    """Run argv under the launcher; its wall time, peak RSS and CPU seconds (user + system) (``wait4``
+    of that one process tree: the process and every descendant it waited for).  On a shared machine
+    the CPU seconds move less than the wall time: they do not count the time spent waiting for a core."""
     proc = subprocess.run([sys.executable, "-I", "-c", _LAUNCH, *argv], capture_output=True, check=False,
                           env=None if env is None else {**os.environ, **env})
     err = proc.stderr.decode()

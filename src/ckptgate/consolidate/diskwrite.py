@@ -2,7 +2,7 @@
 
 One module, so that every writer (:mod:`~ckptgate.consolidate.writer`, its held mode
 :mod:`~ckptgate.consolidate.held`, and :mod:`~ckptgate.consolidate.streamed`) writes through the
-same two calls.
+same calls.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-__all__ = ["pwrite_all", "write_back"]
+__all__ = ["pwrite_all", "start_write_back", "write_back"]
 
 _SYNC_FILE_RANGE_WRITE = 2
 _sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
@@ -22,6 +22,13 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
     while view:
         n = os.pwrite(fd, view, offset)
         view, offset = view[n:], offset + n
+
+
+def start_write_back(fd: int, offset: int, length: int) -> None:
+    """Start (never wait for) the write-back of bytes ``[offset, offset + length)`` already written
+    to ``fd``: one call for the many small writes of a window (the runs of strided placements)."""
+    if length > 0:
+        _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
 def write_back(fd: int, data: memoryview, offset: int) -> None:

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ckptgate.consolidate.diskwrite import write_back
+from ckptgate.consolidate.diskwrite import pwrite_all, start_write_back
 from ckptgate.consolidate.plan import ConsolidationPlan
 from ckptgate.consolidate.segments import Segment, in_order
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, PENDING_CAP, WrittenFile, lay_out
@@ -108,7 +108,8 @@ class StreamedPlan:
     made.  :meth:`feeder` gives, per source, the callable the digest hands every chunk it has
     just hashed, ``(offset, bytes)`` in order (:func:`ckptgate.digest.fixture_digest`'s ``also``);
     the placed parts of that very buffer are written at their output offsets (buffered, with
-    write-back started at once, :func:`write_back`), so the bytes written are the bytes hashed,
+    write-back started at once per output for the chunk, :func:`start_write_back`), so the bytes
+    written are the bytes hashed,
     and each output is hashed as its bytes arrive in order (:class:`_InOrderHash`).
     :meth:`finish` checks that every placed byte came, hashes what could not be hashed in order
     (outputs in parallel, on ``threads`` threads) and returns the outputs.  Pieces waiting for
@@ -168,13 +169,20 @@ class StreamedPlan:
                 active.append(pending)
                 pending = next(order, None)
             done = 0
+            spans: dict[int, tuple[int, int]] = {}  # per output: the range this chunk's pieces wrote
             for s in active:
                 lo, hi = max(pos, s.src_offset), min(end, s.src_offset + s.length)
                 if lo < hi:
                     piece, at = view[lo - pos : hi - pos], s.out_offset + (lo - s.src_offset)
-                    write_back(s.out_fd, piece, at)
+                    pwrite_all(s.out_fd, piece, at)
                     hashes[s.out_fd].add(at, piece)
+                    a, b = spans.get(s.out_fd, (at, at + len(piece)))
+                    spans[s.out_fd] = (min(a, at), max(b, at + len(piece)))
                     done += hi - lo
+            # write-back started once per output and chunk, not per piece: a strided placement
+            # (a row split over TP) is thousands of pieces of a few KB per chunk
+            for fd, (a, b) in spans.items():
+                start_write_back(fd, a, b - a)
             active = [s for s in active if s.src_offset + s.length > end]
             with self._lock:
                 self._written[src] += done

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ckptgate.consolidate.adapters._common import slice_placements
+from ckptgate.consolidate.hf.stacking import stack_per_layer
 from ckptgate.consolidate.hf.table import Declared, MappingRefused, Rule, shared
 from ckptgate.consolidate.plan import DTYPE_SIZES, OutputTensor, Placement, merge_placements
 
@@ -218,7 +219,11 @@ def map_tensors(
 
     :param tensors: the global tensors, with their placements (the DCP adapter's).
     :param bytes_items: the checkpoint's non-tensor items (``fqn``, ``empty``).
+
+    Per-layer and per-expert keys (``singleton_local_shards``) are read through their stacked
+    view (:func:`~ckptgate.consolidate.hf.stacking.stack_per_layer`).
     """
+    tensors, gathered = stack_per_layer(tensors, d)
     excluded = sorted(t.name for t in tensors if EXCLUDED.match(t.name))
     by_name = {t.name: t for t in tensors if not EXCLUDED.match(t.name)}
     ledger = _Ledger()
@@ -282,6 +287,7 @@ def map_tensors(
                 "empty_extra_state": {"items": sorted(dropped_state), "why": shared().drops["empty_extra_state"]},
             },
             "excluded": sorted(excluded),
+            "per_layer_keys": {name: len(keys) for name, keys in sorted(gathered.items())},
         },
     }
     return out, report

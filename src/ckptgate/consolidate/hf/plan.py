@@ -50,29 +50,33 @@ def mapping_facts(layout: Mapping[str, Any], hf: HfConfig) -> dict[str, Any]:
 
 
 _WRITER = re.compile(r"^__([0-9]+)_[0-9]+\.distcp$")
-_EXPERT_FC2 = ".experts.experts.linear_fc2.weight"
+#: the experts' linear_fc2: stacked (``...experts.experts.linear_fc2.weight``) or, saved with
+#: singleton_local_shards, one key per expert (``...experts.experts.<e>.linear_fc2.weight``)
+_EXPERT_FC2 = re.compile(r"^(.*\.experts\.experts\.)(?:[0-9]+\.)?linear_fc2\.weight$")
 
 
 def layout_ep(layout: Mapping[str, Any]) -> int | None:
-    """The expert-parallel degree the layout shows: the ranks that wrote the chunks of the stacked
-    experts' ``linear_fc2.weight`` (each EP rank writes its own experts; a replica along expert data
+    """The expert-parallel degree the layout shows: the ranks that wrote the chunks of the
+    experts' ``linear_fc2.weight`` of the first layer that has them (stacked, or every per-expert
+    key of that layer; each EP rank writes its own experts; a replica along expert data
     parallelism is not written twice), over its tensor-parallel split (its input dim, per ETP
     rank); ``None`` when the checkpoint has no experts or its files are not named by rank."""
-    for t in layout.get("tensors", []):
-        fqn = str(t.get("fqn", ""))
-        if not fqn.endswith(_EXPERT_FC2):
-            continue
-        ranks = set()
-        for s in layout.get("storage", []):
-            if s.get("fqn") == fqn:
-                m = _WRITER.match(str(s.get("relative_path", "")))
-                if m is None:
-                    return None
-                ranks.add(int(m.group(1)))
-        size = t["size"]
-        etp = len({tuple(c["offsets"][len(size) - 1 :]) for c in t["chunks"]})
-        return len(ranks) // etp if ranks and len(ranks) % etp == 0 else None
-    return None
+    found = [(m.group(1), t) for t in layout.get("tensors", []) if (m := _EXPERT_FC2.match(str(t.get("fqn", ""))))]
+    if not found:
+        return None
+    first = min(prefix for prefix, _ in found)
+    group = [t for prefix, t in found if prefix == first]
+    fqns = {str(t["fqn"]) for t in group}
+    ranks = set()
+    for s in layout.get("storage", []):
+        if s.get("fqn") in fqns:
+            m = _WRITER.match(str(s.get("relative_path", "")))
+            if m is None:
+                return None
+            ranks.add(int(m.group(1)))
+    size = group[0]["size"]
+    etp = len({tuple(c["offsets"][len(size) - 1 :]) for c in group[0]["chunks"]})
+    return len(ranks) // etp if ranks and len(ranks) % etp == 0 else None
 
 
 def hf_plan(fmt: str | None, layout: Mapping[str, Any], hf: HfConfig, *, max_shard_bytes: int) -> ConsolidationPlan:

@@ -98,6 +98,8 @@ class CertificateChain:
                     "verify.oms.certificate_chain_invalid",
                     f"{path} holds no PEM certificate: {e}",
                     evidence={"path": str(path)},
+                    advice=f"Name with --certificate-chain a PEM file of the CA certificates (-----BEGIN "
+                    f"CERTIFICATE-----), not {path}; `openssl x509 -in FILE -inform DER -out CA.pem` converts DER.",
                 ) from None
             blobs.append(pem.rstrip(b"\n") + b"\n")
         if not blobs:

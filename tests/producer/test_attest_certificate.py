@@ -193,3 +193,24 @@ def test_attest_verify_checks_a_certificate_bundle_against_the_chain_it_is_given
         bad = ckptgate_json(*base, *extra)
         assert bad.returncode == 5, bad.stdout + bad.stderr
         assert code in _codes(_doc(bad.stdout if bad.stdout.strip() else bad.stderr))
+
+
+def test_attest_verify_says_when_no_trust_data_signer_names_the_certificate(pki: dict) -> None:
+    """A certificate under a trusted root whose SAN no trust-data entry names verifies (policy refuses it at
+    intake), and `attest verify` says that no signer of the trust data names it rather than a bare VERIFIED."""
+    rc, done = _attest(pki, "--key", pki["key"], "--certificate", pki["cert"], "--certificate-chain", pki["root_pem"])
+    assert rc == 0, done
+    bundle = pki["dir"] / "hf_sharded.sigstore.json"
+    for identity, shown in ((BUILDER, "trust-data signer ca-trainer"),
+                            ("https://ci.example/someone-else", "no trust-data signer names it")):
+        trust = pki["dir"] / "trust-named.json"
+        trust.write_text(json.dumps({"signers": [{
+            "id": "ca-trainer", "kind": "certificate", "identity": identity, "root_sha256": root_sha256(pki["root"]),
+            "predicate_types": ["https://slsa.dev/provenance/v1"], "producers": ["*"],
+            "scopes": ["training_provenance"], "builder_ids": [BUILDER]}]}))
+        args = ("attest", "verify", bundle, "--checkpoint", pki["ck"], "--trust", trust,
+                "--certificate-chain", pki["root_pem"])
+        res = subprocess.run([sys.executable, "-m", "ckptgate", *map(str, args)], capture_output=True, text=True,
+                             timeout=300, env={**os.environ, "COLUMNS": "300"})
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert shown in " ".join(res.stdout.split()), res.stdout

@@ -13,7 +13,8 @@ from verify_helpers import COMMIT, FIXTURE_HEX, STATEMENT
 # The real ``ckptgate`` group and error translation, with only ``attest`` registered (so this test does not
 # depend on other sub-commands importing cleanly).
 CLI = [sys.executable, "-c",
-       "from ckptgate._cli._base import cli; from ckptgate._cli import attest_cmd; attest_cmd.register(cli); cli()"]
+       "from ckptgate._cli._base import cli; from ckptgate._cli import attest_cmd, attest_verify_cmd; "
+       "attest_cmd.register(cli); attest_verify_cmd.register(cli); cli()"]
 
 
 def run(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -107,6 +107,8 @@ def test_a_chain_file_without_certificates_is_refused(pki: dict[str, Any]) -> No
     with pytest.raises(VerificationError) as e:
         CertificateChain.from_files([bad])
     assert e.value.code == "verify.oms.certificate_chain_invalid"
+    # the file is the user's option value, not the evidence: the advice names the option, not distrust
+    assert "--certificate-chain" in e.value.diagnostics() and "Do not trust" not in e.value.diagnostics()
     with pytest.raises(UsageError) as u:
         CertificateChain.from_files([pki["dir"] / "absent.pem"])
     assert u.value.code == "usage.certificate_chain_unreadable"

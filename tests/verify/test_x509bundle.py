@@ -193,3 +193,93 @@ def test_a_malformed_or_unsupported_bundle_is_refused_with_its_code(pki: dict[st
 def test_a_bundle_with_a_log_entry_goes_the_sigstore_way(pki: dict[str, Any]) -> None:
     logged = _edit(lambda d: d["verificationMaterial"].update(tlogEntries=[{"logIndex": "1"}]))(pki["bundle"])
     refused("verify.sigstore.no_trust_root", pki, logged, [pki["root_pem"]])
+
+
+# Adversarial certificate shapes: a CA certificate as the signing certificate, key usages that forbid
+# signing, an expired intermediate, an issuer that is not a CA, a SAN the trust data does not name.
+_KU = {"content_commitment": False, "key_encipherment": False, "data_encipherment": False,
+       "key_agreement": False, "crl_sign": False, "encipher_only": False, "decipher_only": False}
+
+
+def _cert(issuer: tuple[Any, x509.Certificate], *, ca: bool | None, digital_signature: bool | None,
+          cert_sign: bool = False, eku: list[x509.ObjectIdentifier] | None = None, name: str = "signer",
+          start: Any = START, end: Any = END) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A certificate for the adversarial shapes below (None: the extension is absent)."""
+    k = ec.generate_private_key(ec.SECP256R1())
+    b = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, name)]))
+         .issuer_name(issuer[1].subject).public_key(k.public_key()).serial_number(x509.random_serial_number())
+         .not_valid_before(start).not_valid_after(end)
+         .add_extension(x509.SubjectAlternativeName([SAN]), critical=False))
+    if ca is not None:
+        b = b.add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    if digital_signature is not None:
+        b = b.add_extension(x509.KeyUsage(digital_signature=digital_signature, key_cert_sign=cert_sign, **_KU),
+                            critical=True)
+    if eku is not None:
+        b = b.add_extension(x509.ExtendedKeyUsage(eku), critical=False)
+    return k, b.sign(issuer[0], hashes.SHA256())
+
+
+def _bundle(pki: dict[str, Any], key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> bytes:
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    path = pki["dir"] / f"k{id(cert)}.pem"
+    path.write_bytes(pem)
+    return sign_with_certificate(pki["statement"], KeySigner.from_pem(path), cert)
+
+
+def _pem(d: Path, cert: x509.Certificate, name: str) -> Path:
+    p = d / f"{name}.pem"
+    p.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return p
+
+
+def test_a_ca_certificate_as_the_signing_certificate_is_refused(pki: dict[str, Any]) -> None:
+    k, c = _cert((pki["root_key"], pki["root"]), ca=True, digital_signature=True, cert_sign=True)
+    refused("verify.x509.certificate_chain", pki, _bundle(pki, k, c), [pki["root_pem"]])
+
+
+def test_a_key_usage_without_digital_signature_is_refused_even_with_code_signing(pki: dict[str, Any]) -> None:
+    """RFC 5280 4.2.1.12: with both extensions the key serves only purposes consistent with both; a key usage
+    that states no digitalSignature forbids signing whatever the extended key usage says."""
+    k, c = _cert((pki["root_key"], pki["root"]), ca=False, digital_signature=False,
+                 eku=[x509.oid.ExtendedKeyUsageOID.CODE_SIGNING])
+    refused("verify.x509.certificate_usage", pki, _bundle(pki, k, c), [pki["root_pem"]])
+
+
+def test_neither_key_usage_nor_extended_key_usage_is_refused(pki: dict[str, Any]) -> None:
+    k, c = _cert((pki["root_key"], pki["root"]), ca=False, digital_signature=None)
+    refused("verify.x509.certificate_usage", pki, _bundle(pki, k, c), [pki["root_pem"]])
+
+
+def test_an_expired_intermediate_is_refused(pki: dict[str, Any]) -> None:
+    ik, ic = _cert((pki["root_key"], pki["root"]), ca=True, digital_signature=None, name="inter",
+                   start=START - timedelta(days=5), end=START + timedelta(hours=1))
+    k, c = _cert((ik, ic), ca=False, digital_signature=True)
+    e = refused("verify.x509.certificate_expired", pki, _bundle(pki, k, c),
+                [pki["root_pem"], _pem(pki["dir"], ic, "inter-expired")], now=START + timedelta(days=2))
+    assert "inter" in e.message
+
+
+def test_an_issuer_that_is_not_a_ca_is_refused(pki: dict[str, Any]) -> None:
+    ik, ic = _cert((pki["root_key"], pki["root"]), ca=False, digital_signature=True, cert_sign=True, name="notca")
+    k, c = _cert((ik, ic), ca=False, digital_signature=True)
+    refused("verify.x509.certificate_chain", pki, _bundle(pki, k, c),
+            [pki["root_pem"], _pem(pki["dir"], ic, "notca")])
+
+
+def test_a_san_the_trust_data_does_not_name_has_no_signer_id(pki: dict[str, Any]) -> None:
+    facts = verify(pki, pki["bundle"], [pki["root_pem"]], trust=_trust(pki["root"], identity="https://other/"))
+    assert facts["signers"][0]["signer_id"] is None
+
+
+def test_an_extended_key_usage_without_code_signing_is_refused(pki: dict[str, Any]) -> None:
+    k, c = _cert((pki["root_key"], pki["root"]), ca=False, digital_signature=True,
+                 eku=[x509.oid.ExtendedKeyUsageOID.SERVER_AUTH])
+    refused("verify.x509.certificate_usage", pki, _bundle(pki, k, c), [pki["root_pem"]])
+
+
+def test_digital_signature_with_code_signing_verifies(pki: dict[str, Any]) -> None:
+    k, c = _cert((pki["root_key"], pki["root"]), ca=False, digital_signature=True,
+                 eku=[x509.oid.ExtendedKeyUsageOID.CODE_SIGNING])
+    assert verify(pki, _bundle(pki, k, c), [pki["root_pem"]])["signers"][0]["signer_id"] == "ca-trainer"

@@ -113,7 +113,8 @@ def verify(
         who = (
             f"{s['signer_id']} ({s['algorithm']}, spki {s['spki_sha256'][:16]}…)"
             if s["kind"] == "key"
-            else f"{s['identity']} (X.509, root sha256 {s['root_sha256'][:16]}…)"
+            else f"{s['identity']} (X.509, root sha256 {s['root_sha256'][:16]}…, "
+            f"{'trust-data signer ' + s['signer_id'] if s['signer_id'] else 'no trust-data signer names it'})"
             if s["kind"] == "certificate"
             else f"{s['identity']} via {s['issuer']}"
         )

@@ -8,8 +8,9 @@ constraints and path length, and every certificate of the path (the trust anchor
 given.  Its extension profile is relaxed from the Web PKI's to a code-signing PKI's: an issuer must be a CA
 (basicConstraints ``cA``) and, where it states a key usage, may sign certificates; the signing certificate
 must not be a CA, must allow digital signatures (key usage ``digitalSignature`` or extended key usage
-``codeSigning``, the rule of ``model_signing``'s certificate verifier) and must name its signer in a subject
-alternative name (email, URI or DNS) for the trust data to match.  No revocation (CRL, OCSP) is consulted.
+``codeSigning``, the rule of ``model_signing``'s certificate verifier, with neither extension forbidding
+it) and must name its signer in a subject alternative name (email, URI or DNS) for the trust data to
+match.  No revocation (CRL, OCSP) is consulted.
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class CertificateChain:
                     "verify.oms.certificate_chain_invalid",
                     f"{path} holds no PEM certificate: {e}",
                     evidence={"path": str(path)},
+                    advice=f"Name with --certificate-chain a PEM file of the CA certificates (-----BEGIN "
+                    f"CERTIFICATE-----), not {path}; `openssl x509 -in FILE -inform DER -out CA.pem` converts DER.",
                 ) from None
             blobs.append(pem.rstrip(b"\n") + b"\n")
         if not blobs:
@@ -163,16 +166,23 @@ def _path(
 
 
 def _may_sign(cert: x509.Certificate) -> bool:
-    """``model_signing``'s rule: key usage ``digitalSignature``, or extended key usage ``codeSigning``."""
+    """Key usage ``digitalSignature`` or extended key usage ``codeSigning`` (``model_signing``'s rule), and no
+    extension that forbids signing (RFC 5280 4.2.1.12: with both, the key serves only purposes both allow): a
+    key usage without ``digitalSignature``, or an extended key usage without ``codeSigning`` (or ``any``)."""
     try:
-        if cert.extensions.get_extension_for_class(x509.KeyUsage).value.digital_signature:
-            return True
+        usage: x509.KeyUsage | None = cert.extensions.get_extension_for_class(x509.KeyUsage).value
     except x509.ExtensionNotFound:
-        pass
+        usage = None
     try:
-        return ExtendedKeyUsageOID.CODE_SIGNING in cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        purposes: x509.ExtendedKeyUsage | None = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     except x509.ExtensionNotFound:
+        purposes = None
+    if usage is None and purposes is None:
         return False
+    if usage is not None and not usage.digital_signature:
+        return False
+    allowed = {ExtendedKeyUsageOID.CODE_SIGNING, ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE}
+    return purposes is None or any(p in allowed for p in purposes)
 
 
 def _window(chain: Sequence[x509.Certificate], now: datetime, code: str) -> VerificationError | None:

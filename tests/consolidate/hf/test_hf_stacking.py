@@ -187,3 +187,17 @@ def test_stacked_tensors_pass_through_unchanged() -> None:
     stacked = dcp.torch_save_tensors(_layout("megatron_hf_llama"))
     out, gathered = stack_per_layer(stacked, declare(_config("megatron_hf_llama")))
     assert out == stacked and gathered == {}
+
+
+@pytest.mark.parametrize("spelling", ["decoder.layers.01.mlp.linear_fc2.weight",
+                                      "decoder.layers.00.mlp.experts.experts.03.linear_fc2.weight"])
+def test_two_keys_for_one_layer_or_expert_are_refused_not_one_dropped(spelling: str) -> None:
+    """``decoder.layers.1.`` and ``decoder.layers.01.`` (or experts ``3`` and ``03``) are two keys of the save
+    that name one member of the stacked view: refused as ambiguous, never one of them silently published."""
+    fixture = "megatron_hf_qwen3_moe_ep2" if "experts" in spelling else "megatron_hf_llama"
+    keys = _keys(fixture)
+    canonical = spelling.replace(".01.", ".1.").replace(".00.", ".0.").replace(".03.", ".3.")
+    twin = next(t for t in keys if t.name == canonical)
+    e = _refused([*keys, OutputTensor(name=spelling, dtype=twin.dtype, shape=twin.shape,
+                                      placements=twin.placements)], fixture)
+    assert e.code == "mapping.source.ambiguous" and sorted(e.evidence["tensors"]) == sorted([canonical, spelling])

@@ -14,8 +14,9 @@ shifted to the member's row-major position (``[gate; up]`` for the halves), so t
 and the engine's source ledger apply unchanged, and every element of every member is consumed
 exactly once because the view is a bijection.  Nothing is read.  A family that does not tile its
 stacked shape exactly (a missing layer, expert or half, members of different shapes or dtypes, a
-layer number beyond the config's ``num_hidden_layers``), or a key present both stacked and per
-layer, is refused with a typed reason.
+layer number beyond the config's ``num_hidden_layers``), a key present both stacked and per
+layer, or two keys naming one member (``decoder.layers.1.`` and ``decoder.layers.01.``), is refused
+with a typed reason.
 """
 
 from __future__ import annotations
@@ -134,7 +135,12 @@ def stack_per_layer(tensors: Sequence[OutputTensor], d: Declared) -> tuple[list[
             raise _refuse(
                 "mapping.per_layer.mixed", f"{name}: per-expert and per-layer keys of the same tensor", tensor=name
             )
-        group.members[(layer, expert, half)] = t
+        twin = group.members.setdefault((layer, expert, half), t)
+        if twin is not t:  # decoder.layers.1. and decoder.layers.01.: two keys for one member, never one dropped
+            both = sorted((twin.name, t.name))
+            raise _refuse(
+                "mapping.source.ambiguous", f"{both[0]} and {both[1]} are the same member of {name}", tensors=both
+            )
     stacked = {t.name for t in out}
     both = sorted(stacked & set(groups))
     if both:

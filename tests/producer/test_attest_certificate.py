@@ -214,3 +214,14 @@ def test_attest_verify_says_when_no_trust_data_signer_names_the_certificate(pki:
                              timeout=300, env={**os.environ, "COLUMNS": "300"})
         assert res.returncode == 0, res.stdout + res.stderr
         assert shown in " ".join(res.stdout.split()), res.stdout
+
+
+def test_attest_verify_refuses_a_checkpoint_that_intake_would_refuse_for_its_walk(pki: dict) -> None:
+    rc, done = _attest(pki, "--key", pki["key"], "--certificate", pki["cert"], "--certificate-chain", pki["root_pem"])
+    assert rc == 0, done
+    (pki["ck"] / "extra.bin").symlink_to(pki["ck"] / "model.safetensors.index.json")  # not a regular file: intake refuses
+    res = ckptgate_json("attest", "verify", pki["dir"] / "hf_sharded.sigstore.json", "--checkpoint", pki["ck"],
+                        "--certificate-chain", pki["root_pem"])
+    err = _doc(res.stdout if res.stdout.strip() else res.stderr)
+    assert res.returncode == 4, err
+    assert err["error"]["code"] == "input.walk.not_clean" and "extra.bin" in err["error"]["message"], err

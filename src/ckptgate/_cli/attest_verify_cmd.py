@@ -9,7 +9,7 @@ import click
 
 from ckptgate._cli._base import emit_json, json_option, shown, stdout
 from ckptgate._cli.attest_cmd import _digest_arg, _now, _read, attest
-from ckptgate.errors import UsageError
+from ckptgate.errors import InputRejected, UsageError
 
 
 @click.command("verify")
@@ -79,6 +79,17 @@ def verify(
         from ckptgate.inspect import SafeTree  # noqa: PLC0415 - the walk
 
         with SafeTree.open(checkpoint) as tree:
+            walk_errors = [f for f in tree.findings if f.severity == "error"]
+            if walk_errors:  # intake refuses such a tree: say so rather than verify the files it skipped
+                raise InputRejected(
+                    "input.walk.not_clean",
+                    f"{checkpoint}: the walk found what intake refuses: "
+                    + "; ".join(f"{f.path or '.'}: {f.message} ({f.code})" for f in walk_errors[:3])
+                    + (f"; and {len(walk_errors) - 3} more" if len(walk_errors) > 3 else ""),
+                    evidence={"findings": [f.to_json() for f in walk_errors]},
+                    advice="Run `ckptgate inspect DIR` to see every finding; remove what is not a regular file "
+                    "(a symlink, FIFO or device) or obtain the checkpoint again from its producer.",
+                )
             fixture = fixture_digest(tree)
         measured, manifest = fixture.digest, fixture.file_hashes()
     else:

@@ -36,7 +36,7 @@ __all__ = ["check_certificate", "sign_with_certificate"]
 _MAX_PEM_BYTES = 1 << 20
 
 
-def _read(path: Path, option: str) -> list[x509.Certificate]:
+def read_certificates(path: Path, option: str) -> list[x509.Certificate]:
     try:
         certs = x509.load_pem_x509_certificates(read_regular_file(path, limit=_MAX_PEM_BYTES))
     except (OSError, ValueError) as e:
@@ -51,7 +51,7 @@ def _read(path: Path, option: str) -> list[x509.Certificate]:
 def check_certificate(signer: KeySigner, certificate: Path, chain: Sequence[Path], now: datetime) -> x509.Certificate:
     """The signing certificate of ``signer``'s key, valid at ``now``, naming a signer (and, with ``chain``,
     chaining to it); raises :class:`UsageError` (exit 2) naming the option to fix."""
-    leaf = _read(certificate, "--certificate")[0]
+    leaf = read_certificates(certificate, "--certificate")[0]
     mine = signer.public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     theirs = leaf.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     if mine != theirs:

@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from ckptgate.errors import UsageError
+from ckptgate.producer.certificate import read_certificates
 from ckptgate.userfiles import read_regular_file
 
 __all__ = ["OMS_SUFFIX", "sign_oms"]
@@ -28,14 +28,7 @@ def _check_certificate(key: Path, certificate: Path, chain: tuple[Path, ...]) ->
     """The certificate is a PEM certificate of ``key``'s public key, and each chain file holds certificates."""
     private = serialization.load_pem_private_key(read_regular_file(key, limit=1 << 20), password=None)
     for path in (certificate, *chain):
-        try:
-            certs = x509.load_pem_x509_certificates(read_regular_file(path, limit=1 << 20))
-        except (OSError, ValueError) as e:
-            raise UsageError(
-                "usage.certificate",
-                f"cannot read the certificate {path}: {getattr(e, 'strerror', None) or e}",
-                advice=f"Check that {path} is a PEM certificate file.",
-            ) from None
+        certs = read_certificates(path, "--certificate" if path == certificate else "--certificate-chain")
         if path == certificate and certs[0].public_key() != private.public_key():
             raise UsageError(
                 "usage.certificate_key_mismatch",

@@ -8,14 +8,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ckptgate.enforce.plan_encoder import PlanBudget, PlanEncoder, dtype_name  # noqa: E402
+from ckptgate.enforce.plan_encoder import PlanBudget, PlanEncoder, StorageRecord, dtype_name  # noqa: E402
 from ckptgate.enforce.protocol import WorkerError  # noqa: E402
 
 
 def test_tensors_become_records_without_data_and_are_listed_in_tree_order() -> None:
     w = torch.arange(6, dtype=torch.float16).reshape(2, 3)
     obj = {"w": w, "t": w.t(), "meta": collections.OrderedDict(step=3, lr=float("inf")), 1: b"ab"}
-    enc = PlanEncoder({w.untyped_storage()._cdata: "0"}, PlanBudget(100, 10))
+    enc = PlanEncoder({w.untyped_storage()._cdata: StorageRecord("0", None)}, PlanBudget(100, 10))
     tree = enc.encode(obj, [])
     rec = tree["__map__"][0][1]["__tensor__"]
     assert rec == {"storage_key": "0", "dtype": "float16", "shape": [2, 3], "stride": [3, 1], "storage_offset": 0,
@@ -24,6 +24,20 @@ def test_tensors_become_records_without_data_and_are_listed_in_tree_order() -> N
     assert tree["__map__"][2][1] == {"step": 3, "lr": {"__float__": "inf"}}
     assert [p for p, _ in enc.tensors] == [["w"], ["t"]]
     assert dtype_name(torch.bfloat16) == "bfloat16"
+
+
+def test_the_declared_storage_size_is_reported_not_the_allocation() -> None:
+    """torch 2.10's ``skip_data`` allocates ``numel x itemsize**2`` bytes: the plan reports the size
+    the pickle declared, which the parent compares with the zip record; with no declared size, the
+    storage's own."""
+    w = torch.zeros(51, dtype=torch.float32)  # 204 bytes, as a 2.10 load would over-allocate to 816
+    big = torch.zeros(204, dtype=torch.float32)[:51]
+    declared = PlanEncoder({big.untyped_storage()._cdata: StorageRecord("3", 204)}, PlanBudget(100, 10))
+    assert declared.encode({"w": big}, [])["w"]["__tensor__"]["storage_nbytes"] == 204
+    own = PlanEncoder({w.untyped_storage()._cdata: StorageRecord("3", None)}, PlanBudget(100, 10))
+    assert own.encode({"w": w}, [])["w"]["__tensor__"]["storage_nbytes"] == 204
+    unknown = PlanEncoder({}, PlanBudget(100, 10)).encode({"w": big}, [])["w"]["__tensor__"]
+    assert unknown["storage_key"] is None and unknown["storage_nbytes"] == 816
 
 
 def test_the_budget_bounds_nodes_and_depth() -> None:

@@ -166,6 +166,28 @@ def test_benign_torch_save_gives_plan_with_storage_keys_and_bytes(inputs: _Input
         os.kill(res.pid, 0)
 
 
+def test_the_plan_load_records_each_storage_key_with_its_declared_size(tmp_path: Path) -> None:
+    """The plan job loads under ``skip_data``; the sizes it reports are the pickle's declared ones
+    (``numel x element size``), equal to the zip records, whatever torch allocated (torch 2.10
+    allocates ``numel x itemsize**2`` there)."""
+    from ckptgate.enforce.plan_encoder import PlanBudget, PlanEncoder  # noqa: PLC0415
+
+    path = tmp_path / "m.pt"
+    torch.save({"w": torch.ones(51), "b": torch.ones(3, dtype=torch.bfloat16), "u": torch.zeros(5, dtype=torch.uint8)},
+               path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        obj, record, _keep = wm._load_one(wp.SpecFile(fd=fd, relpath="m.pt", sha256="0" * 64), with_data=False)
+    finally:
+        os.close(fd)
+    tree = PlanEncoder(record, PlanBudget(100, 10)).encode(obj, [])
+    with zipfile.ZipFile(path) as z:
+        sizes = {n.split("/data/", 1)[1]: z.getinfo(n).file_size for n in z.namelist() if "/data/" in n}
+    got = {k: (v["__tensor__"]["storage_key"], v["__tensor__"]["storage_nbytes"]) for k, v in tree.items()}
+    assert {k: n for k, (_, n) in got.items()} == {"w": 204, "b": 6, "u": 5}
+    assert all(sizes[key] == n for key, n in got.values())
+
+
 def test_select_streams_only_the_requested_tensor_through_a_sink(inputs: _Inputs, profile: ContainmentProfile) -> None:
     big = torch.arange(50_000, dtype=torch.float32)
     torch.save({"a": big, "b": torch.ones(3)}, inputs.root / "m.pt")

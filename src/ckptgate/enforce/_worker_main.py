@@ -26,7 +26,7 @@ import types
 from typing import Any, cast
 
 from ckptgate.enforce import containment as c
-from ckptgate.enforce.plan_encoder import PlanBudget, PlanEncoder, dtype_name
+from ckptgate.enforce.plan_encoder import PlanBudget, PlanEncoder, StorageRecord, dtype_name
 from ckptgate.enforce.protocol import (
     BYTES_JOB,
     EXIT_ERROR,
@@ -199,8 +199,22 @@ def _verify_inputs(files: tuple[SpecFile, ...]) -> None:
 # --------------------------------------------------------------------------- load
 
 
-def _recording_pickle(record: dict[int, str], keep: list[Any]) -> Any:
-    """A ``pickle_module`` whose Unpickler records which storage key each storage came from."""
+def _declared_nbytes(saved_id: tuple[Any, ...], storage: Any) -> int | None:
+    """``numel x element size`` from a torch-zip persistent id ``('storage', type, key, location,
+    numel)``; None when the id carries no element count (the legacy format)."""
+    numel = saved_id[4] if len(saved_id) >= 5 else None
+    if type(numel) is not int or numel < 0:
+        return None
+    size = storage.element_size() if hasattr(storage, "element_size") else 1
+    return numel * int(size)
+
+
+def _recording_pickle(record: dict[int, StorageRecord], keep: list[Any]) -> Any:
+    """A ``pickle_module`` whose Unpickler records which storage key each storage came from, and
+    the byte size the pickle declares for it (its persistent id's element count times the element
+    size).  The declared size, not the size of what torch allocated, is what the plan reports: under
+    ``skip_data`` torch 2.10 allocates ``numel x itemsize**2`` bytes, 2.11 and later ``numel x
+    itemsize``.  The parent compares it with the zip record it read statically."""
     # typeshed declares persistent_load a method; the C Unpickler's is a getset descriptor.
     base = cast(types.GetSetDescriptorType, pickle.Unpickler.persistent_load)
 
@@ -215,7 +229,7 @@ def _recording_pickle(record: dict[int, str], keep: list[Any]) -> Any:
                 storage = fn(saved_id)
                 untyped = getattr(storage, "_untyped_storage", storage)
                 if isinstance(saved_id, tuple) and len(saved_id) >= 3 and hasattr(untyped, "_cdata"):
-                    record[untyped._cdata] = str(saved_id[2])
+                    record[untyped._cdata] = StorageRecord(str(saved_id[2]), _declared_nbytes(saved_id, storage))
                     keep.append(storage)  # keeps _cdata from being reused
                 return storage
 
@@ -231,13 +245,13 @@ def _recording_pickle(record: dict[int, str], keep: list[Any]) -> Any:
 # --------------------------------------------------------------------------- jobs
 
 
-def _load_one(item: SpecFile, *, with_data: bool) -> tuple[Any, dict[int, str], list[Any]]:
+def _load_one(item: SpecFile, *, with_data: bool) -> tuple[Any, dict[int, StorageRecord], list[Any]]:
     """``torch.load`` one file.  Without ``with_data`` the storages are allocated but never
     filled (``torch.serialization.skip_data``): the plan needs only keys, dtypes, shapes and
     offsets, so the worker's resident memory stays small whatever the checkpoint's size."""
     import torch  # noqa: PLC0415 - torch, heavy optional: pre-imported in step 4
 
-    record: dict[int, str] = {}
+    record: dict[int, StorageRecord] = {}
     keep: list[Any] = []
     try:
         # weights_only=False: the policy allowed a framework load of these exact bytes, under

@@ -14,7 +14,7 @@ import enum
 import math
 import sys
 import types
-from typing import Any
+from typing import Any, NamedTuple
 
 from ckptgate.enforce.protocol import WorkerError
 
@@ -49,10 +49,18 @@ def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+class StorageRecord(NamedTuple):
+    """What the unpickler saw for one storage: its key in the torch zip, and the byte size its
+    persistent id declares (None when the id carries no element count)."""
+
+    key: str
+    nbytes: int | None
+
+
 class PlanEncoder:
     """Turns an unpickled object tree into JSON; tensors become ``__tensor__`` records."""
 
-    def __init__(self, storage_keys: dict[int, str], budget: PlanBudget) -> None:
+    def __init__(self, storage_keys: dict[int, StorageRecord], budget: PlanBudget) -> None:
         import torch  # noqa: PLC0415 - torch, heavy optional: worker only
 
         self.torch = torch
@@ -167,14 +175,16 @@ class PlanEncoder:
             return {"__object__": _qualname(t), "tensor": True, "supported": False, "layout": str(t.layout)}
         storage = t.untyped_storage()
         self.tensors.append((list(path), t))
+        seen = self.keys.get(storage._cdata)
+        nbytes = seen.nbytes if seen is not None and seen.nbytes is not None else int(storage.nbytes())
         return {
             "__tensor__": {
-                "storage_key": self.keys.get(storage._cdata),
+                "storage_key": seen.key if seen is not None else None,
                 "dtype": dtype_name(t.dtype),
                 "shape": [int(d) for d in t.shape],
                 "stride": [int(s) for s in t.stride()],
                 "storage_offset": int(t.storage_offset()),
-                "storage_nbytes": int(storage.nbytes()),
+                "storage_nbytes": nbytes,
                 "parameter": type(t) is torch.nn.Parameter,
             }
         }

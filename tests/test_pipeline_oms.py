@@ -3,6 +3,7 @@ OpenSSF Model Signing signature (made by the real ``model_signing`` API) and the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from datetime import UTC, datetime, timedelta
@@ -44,6 +45,10 @@ def test_intake_with_a_model_signing_signature_and_key_is_allowed_for_pure_data(
     assert signer["offered"] == str(case["pub"]) and signer["signer_id"].startswith("key:")
     assert any(r["code"] == "attestation_trusted" for r in receipt["decision"]["reasons"])
     assert (out / "model.safetensors.index.json").is_file()
+    # the offered key decided too: named by path and the sha256 of the bytes read, as every input
+    (key_input,) = [i for i in receipt["inputs"] if i["role"] == "verification_key"]
+    assert key_input == {"role": "verification_key", "path": str(case["pub"]), "origin": "explicit",
+                         "sha256": "sha256:" + hashlib.sha256(case["pub"].read_bytes()).hexdigest()}
 
 
 def test_the_reviewer_report_names_the_signer_and_the_model(case: dict[str, Path]) -> None:
@@ -112,6 +117,9 @@ def test_intake_with_a_certificate_signature_named_by_trust_data_is_allowed(case
     assert receipt["decision"]["allow"] is True
     (signer,) = receipt["attestations"][0]["signers"]
     assert signer["kind"] == "certificate" and signer["identity"] == "ml@example.com"
+    chain = [i for i in receipt["inputs"] if i["role"] == "certificate_chain"]
+    assert chain == [{"role": "certificate_chain", "path": str(pki["root"]), "origin": "explicit",
+                      "sha256": "sha256:" + hashlib.sha256(pki["root"].read_bytes()).hexdigest()}]
 
 
 def test_a_certificate_signer_the_trust_data_does_not_name_is_refused(case: dict[str, Path],

@@ -137,9 +137,24 @@ def judge(
         builder.hf_mapping(mapping_facts(inspection.layout if isinstance(inspection.layout, dict) else {}, hf))
     policy_input = builder.build()
     decision = decide(engine, policy_input)
-    if hf is not None:  # the config decides too: named in the decision, as every other input
-        config_input = DecisionInput(role="hf_config", path=hf.source, origin="explicit", sha256="sha256:" + hf.digest)
-        decision = dataclasses.replace(decision, inputs=(*decision.inputs, config_input))
+    # What the caller offered beside the engine's inputs decides too: named in the decision (and
+    # so the receipt), as every other input, by path and the sha256 of the bytes that were used.
+    offered: list[DecisionInput] = []
+    if offered_key is not None:
+        offered.append(
+            DecisionInput(
+                role="verification_key", path=offered_key.source, origin="explicit", sha256=offered_key.file_sha256
+            )
+        )
+    if certificate_chain is not None:
+        offered += [
+            DecisionInput(role="certificate_chain", path=path, origin="explicit", sha256=sha)
+            for path, sha in zip(certificate_chain.sources, certificate_chain.digests, strict=True)
+        ]
+    if hf is not None:
+        offered.append(DecisionInput(role="hf_config", path=hf.source, origin="explicit", sha256="sha256:" + hf.digest))
+    if offered:
+        decision = dataclasses.replace(decision, inputs=(*decision.inputs, *offered))
     return Evaluation(
         policy_input=policy_input, decision=decision, inspection=inspection, digest=digest, containment=containment
     )

@@ -170,7 +170,7 @@ def test_the_plan_load_records_each_storage_key_with_its_declared_size(tmp_path:
     """The plan job loads under ``skip_data``; the sizes it reports are the pickle's declared ones
     (``numel x element size``), equal to the zip records, whatever torch allocated (torch 2.10
     allocates ``numel x itemsize**2`` there)."""
-    from ckptgate.enforce.plan_encoder import PlanBudget, PlanEncoder  # noqa: PLC0415
+    from ckptgate.enforce.plan_encoder import PlanBudget, PlanEncoder
 
     path = tmp_path / "m.pt"
     torch.save({"w": torch.ones(51), "b": torch.ones(3, dtype=torch.bfloat16), "u": torch.zeros(5, dtype=torch.uint8)},

@@ -36,6 +36,8 @@ ROLES = (
     "remote_engine",
     "hf_config",  # intake --hf-config: the declared Hugging Face config's manifest (path, size, sha256)
     "sigstore_trust_root",  # --sigstore-trust-root: the CAs and logs a Sigstore bundle is verified against
+    "verification_key",  # --key: a public key an OMS bundle is verified under
+    "certificate_chain",  # --certificate-chain: the CA certificates a signing certificate must chain to
 )
 ORIGINS = ("explicit", "environment", "discovered", "base", "bundled", "signed")
 

@@ -68,6 +68,11 @@ class OfferedKey:
     def signer_id(self) -> str:
         return f"key:{self.spki_sha256[:16]}"
 
+    @property
+    def file_sha256(self) -> str:
+        """``sha256:<hex>`` of the file's bytes as read (what a decision names it by)."""
+        return "sha256:" + hashlib.sha256(self.pem).hexdigest()
+
     @classmethod
     def from_file(cls, path: Path | str) -> OfferedKey:
         """Read a PEM public key (ECDSA P-256 or P-384, or Ed25519); ``usage.key_unreadable`` or

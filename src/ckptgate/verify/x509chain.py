@@ -75,11 +75,14 @@ class CertificateChain:
     sources: tuple[str, ...]
     pem: bytes = field(repr=False)
     count: int
+    #: the sha256 of each file's bytes as read, in the order of ``sources`` (``sha256:<hex>``)
+    digests: tuple[str, ...]
 
     @classmethod
     def from_files(cls, paths: Any) -> CertificateChain:
         """Read PEM certificates; ``usage.certificate_chain_unreadable`` or ``verify.oms.certificate_chain_invalid``."""
         blobs: list[bytes] = []
+        digests: list[str] = []
         count = 0
         for path in paths:
             try:
@@ -102,13 +105,14 @@ class CertificateChain:
                     f"CERTIFICATE-----), not {path}; `openssl x509 -in FILE -inform DER -out CA.pem` converts DER.",
                 ) from None
             blobs.append(pem.rstrip(b"\n") + b"\n")
+            digests.append("sha256:" + hashlib.sha256(pem).hexdigest())
         if not blobs:
             raise UsageError(
                 "usage.certificate_chain_unreadable",
                 "no certificate chain was named",
                 advice="Name the CA certificates (PEM) of the signing certificate with --certificate-chain CA.pem.",
             )
-        return cls(sources=tuple(str(p) for p in paths), pem=b"".join(blobs), count=count)
+        return cls(sources=tuple(str(p) for p in paths), pem=b"".join(blobs), count=count, digests=tuple(digests))
 
     def certificates(self) -> list[x509.Certificate]:
         return x509.load_pem_x509_certificates(self.pem)

@@ -353,15 +353,19 @@ def uv(home: Path) -> Path:
     want = pins.get("farm", {}).get("uv")
     tools = home / "tools"
     binary = tools / "bin" / "uv"
-    if binary.exists() and want and want in subprocess.run([str(binary), "--version"], capture_output=True,
-                                                              text=True, check=False).stdout:
+    home.mkdir(parents=True, exist_ok=True)
+    # one installer at a time: two farm runs started together raced on the same venv
+    with (home / "tools.lock").open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if binary.exists() and want and want in subprocess.run([str(binary), "--version"], capture_output=True,
+                                                                  text=True, check=False).stdout:
+            return binary
+        if not (tools / "bin" / "python").exists():
+            subprocess.run([sys.executable, "-m", "venv", str(tools)], check=True)
+        spec = f"uv=={want}" if want else "uv"
+        subprocess.run([str(tools / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        spec], check=True)
         return binary
-    if not (tools / "bin" / "python").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(tools)], check=True)
-    spec = f"uv=={want}" if want else "uv"
-    subprocess.run([str(tools / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", spec],
-                   check=True)
-    return binary
 
 
 def find_python(version: str) -> str:

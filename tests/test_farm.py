@@ -288,3 +288,31 @@ def test_a_same_bytes_output_is_kept_as_a_record_only_when_its_bytes_are_the_fix
     assert farm.fixture_current(lock, job, fixtures)
     (target / "meta.json").write_text(json.dumps({"checkpoint_files": files, "expected": {"sha256": "new"}}))
     assert not farm.fixture_current(lock, job, fixtures)  # the committed fixture changed since
+
+
+def test_two_runs_install_the_farms_uv_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two farm runs started together raced on installing uv into the same tool venv."""
+    import threading
+    import time
+
+    active, peak, lock = [0], [0], threading.Lock()
+
+    def fake_run(cmd, **_kw):
+        if "install" in cmd:
+            with lock:
+                active[0] += 1
+                peak[0] = max(peak[0], active[0])
+            time.sleep(0.2)
+            with lock:
+                active[0] -= 1
+        return type("Done", (), {"stdout": "", "returncode": 0})()
+
+    monkeypatch.setattr(farm.subprocess, "run", fake_run)
+    (tmp_path / "tools" / "bin").mkdir(parents=True)
+    (tmp_path / "tools" / "bin" / "python").touch()
+    threads = [threading.Thread(target=farm.uv, args=(tmp_path,)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert peak[0] == 1

@@ -23,14 +23,17 @@ from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, AttestationStore, gene
 from ckptgate.verify.store import statement_of
 
 FIXTURE = "megatron_hf_mixtral_ep2"
+#: fixture -> (family, release, tp, pp, ep) of the row its passing qualification generates: 0.16.1 at ep2,
+#: and 0.19.2 (common state in the .distcp files) at pp2 with Qwen3's embeddings tied across stages
+PASSING = {FIXTURE: ("mixtral", "0.16.1", 1, 1, 2), "megatron_hf_qwen3_pp2_mc0192": ("qwen3", "0.19.2", 1, 2, 1)}
 
 
-def _repo(root: Path, *, perturb: bool = False) -> tuple[Path, Path]:
+def _repo(root: Path, *, perturb: bool = False, fixture: str = FIXTURE) -> tuple[Path, Path]:
     repo = root / "repo"
     repo.mkdir()
     shutil.copytree(REPO / "policies", repo / "policies", ignore=shutil.ignore_patterns(".opa*", "__pycache__"))
-    fx = repo / "tests" / "fixtures" / "data" / FIXTURE
-    shutil.copytree(REPO / "tests" / "fixtures" / "data" / FIXTURE, fx)
+    fx = repo / "tests" / "fixtures" / "data" / fixture
+    shutil.copytree(REPO / "tests" / "fixtures" / "data" / fixture, fx)
     if perturb:  # logits 1e-3 off: the fixture's record is consistent, the check must fail
         import hashlib
 
@@ -61,23 +64,25 @@ def _gate(repo: Path) -> dict:
         return matrix.build(repo, engine, trust).qualified
 
 
-def test_a_passing_mapping_qualification_generates_its_mapping_row(tmp_path: Path) -> None:
-    repo, key = _repo(tmp_path)
+@pytest.mark.parametrize("fixture", sorted(PASSING))
+def test_a_passing_mapping_qualification_generates_its_mapping_row(fixture: str, tmp_path: Path) -> None:
+    family, release, tp, pp, ep = PASSING[fixture]
+    repo, key = _repo(tmp_path, fixture=fixture)
     options = EngineOptions(policy_dir=repo / "policies")
-    result = qualify(repo, find_fixture(repo, FIXTURE), "megatron-torch-dist", key=key, options=options)
+    result = qualify(repo, find_fixture(repo, fixture), "megatron-torch-dist", key=key, options=options)
     assert result.status == "passed"
     _, statement, _ = statement_of(result.attestation.read_bytes())
     pred = statement["predicate"]
     assert LOGITS_CHECK in pred["result"]["checks_run"] and "hf_parameters" in pred["result"]["checks_run"]
-    assert (pred["producer"], pred["topology"]["tp"], pred["topology"]["ep"]) == (
-        {"name": "megatron-core", "version": "0.16.1"}, 1, 2)
+    assert (pred["producer"], pred["topology"]["tp"], pred["topology"]["pp"], pred["topology"]["ep"]) == (
+        {"name": "megatron-core", "version": release}, tp, pp, ep)
     log = json.loads(result.log.read_text())
-    assert log["mapping"]["family"] == "mixtral"
+    assert log["mapping"]["family"] == family
     assert log["mapping"]["logits"]["max_abs_delta"] <= 1e-4 and log["mapping"]["logits"]["passed"]
     gate = _gate(repo)
     [row] = gate["hf_mapping"]["qualified"]
     assert {k: row[k] for k in ("family", "release", "tp", "pp", "ep")} == {
-        "family": "mixtral", "release": "0.16.1", "tp": 1, "pp": 1, "ep": 2}
+        "family": family, "release": release, "tp": tp, "pp": pp, "ep": ep}
     assert row["max_abs_delta"] == log["mapping"]["logits"]["max_abs_delta"]
     assert gate["adapters"]["megatron-torch-dist"]["rows"] == []  # not a name-preserving row
 

@@ -9,6 +9,8 @@ transformers with no remote code, and compared with those logits by the qualific
 (``ckptgate.evidence.logits.compare_logits``: max |delta| <= 1e-4 in fp32 over the first
 ``vocab_size`` columns).  No Megatron runs here.  The ``_singleton`` ones were saved with
 ``singleton_local_shards`` (per-layer and per-expert keys, ``linear_fc1.weight_w`` / ``weight_v``).
+With 0.19.2 every row issue #39 requires is here: the four dense families at tp2, Llama and Qwen3 at
+pp2 and tp2 x pp2 (Qwen3's tied embeddings across stages), Mixtral and Qwen3-MoE at ep2.
 
 The signed rows these fixtures yield come from ``ckptgate qualify`` (``tests/evidence``), not from here.
 """
@@ -60,12 +62,19 @@ def _convert(name: str, out: Path) -> dict[str, Any]:
     return {**report, "layout_tp": layout_tp(inner), "layout_ep": layout_ep(inner)}
 
 
+#: (family, tp, pp, ep) of every row issue #39 requires of the newest release: every family at tp2,
+#: Llama and Qwen3 at pp2 (tied Qwen3 embeddings across stages) and tp2 x pp2, both MoE families at ep2
+ROWS_0192 = {*((f, 2, 1, 1) for f in ("llama", "mistral", "qwen2", "qwen3")),
+             ("llama", 1, 2, 1), ("qwen3", 1, 2, 1), ("llama", 2, 2, 1), ("qwen3", 2, 2, 1),
+             ("mixtral", 1, 1, 2), ("qwen3_moe", 1, 1, 2)}
+
+
 def test_the_farm_wrote_logits_fixtures_with_the_newer_releases() -> None:
     releases = {_meta(n)["versions"]["megatron-core"] for n in FARM_LOGITS}
     assert {"0.17.1", "0.18.2", "0.19.2"} <= releases, FARM_LOGITS
-    topologies = {(_meta(n)["family"], _meta(n)["topology"]["tp"], _meta(n)["topology"]["ep"]) for n in FARM_LOGITS
-                  if _meta(n)["versions"]["megatron-core"] == "0.19.2"}
-    assert {("llama", 2, 1), ("mixtral", 1, 2), ("qwen3_moe", 1, 2)} <= topologies
+    rows = {(m["family"], m["topology"]["tp"], m["topology"]["pp"], m["topology"]["ep"])
+            for m in map(_meta, FARM_LOGITS) if m["versions"]["megatron-core"] == "0.19.2"}
+    assert rows >= ROWS_0192, sorted(ROWS_0192 - rows)
 
 
 @pytest.mark.parametrize("name", FARM_LOGITS)

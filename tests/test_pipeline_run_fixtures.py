@@ -1,5 +1,7 @@
 """The real training-run fixtures taken in end to end (issue 25): a ``Trainer`` output directory
-(tiny Llama, two ``checkpoint-N``), ``Trainer`` with PEFT LoRA, ``Accelerator.save_state``.
+(tiny Llama, two ``checkpoint-N``), ``Trainer`` with PEFT LoRA, DeepSpeed or FSDP,
+``Accelerator.save_state``; the project's own and those the farm's environments wrote with other
+transformers and Accelerate releases (issue 31).
 
 Each is attested for its measured digest with a throwaway key and taken in through the real
 embedded OPA; the published weights are compared with the producer's ``expected.safetensors`` bit
@@ -30,8 +32,8 @@ from pipeline_helpers import FIXTURES, Signer, attest, ckptgate_json, make_signe
 
 pytestmark = pytest.mark.opa
 
-#: fixture -> (the checkpoint folder inside checkpoint/, the resume files the producer wrote)
-RUNS: dict[str, tuple[str | None, set[str]]] = {
+#: generator spec -> (the checkpoint folder inside checkpoint/, the resume files the producer wrote)
+RUN_SPECS: dict[str, tuple[str | None, set[str]]] = {
     "trainer_llama": ("checkpoint-2", {"optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"}),
     "trainer_peft_lora": ("checkpoint-2", {"optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"}),
     "accelerate_save_state": (None, {"optimizer.bin", "scheduler.bin", "random_states_0.pkl"}),
@@ -41,6 +43,20 @@ RUNS: dict[str, tuple[str | None, set[str]]] = {
     "trainer_deepspeed_zero3": ("checkpoint-2", {"scheduler.pt", "rng_state_0.pth", "rng_state_1.pth",
                                                  "training_args.bin"}),
 }
+
+
+def _spec(name: str) -> str:
+    """The generator spec that made a committed fixture: its own name, or for one written by another
+    release in a farm environment (``trainer_llama_tf5250``), the spec its meta.json records."""
+    meta = json.loads((FIXTURES / name / "meta.json").read_text())
+    return str((meta.get("farm") or {}).get("spec") or name)
+
+
+_ALL = sorted(p.name for p in FIXTURES.iterdir() if (p / "meta.json").is_file())
+#: fixture -> (checkpoint folder, resume files): every release's Trainer and Accelerate outputs
+RUNS: dict[str, tuple[str | None, set[str]]] = {n: RUN_SPECS[_spec(n)] for n in _ALL if _spec(n) in RUN_SPECS}
+#: the Trainer + FSDP (SHARDED_STATE_DICT) outputs of every release
+FSDP_RUNS = [n for n in _ALL if _spec(n) == "trainer_fsdp_sharded"]
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +122,7 @@ def test_run_fixture_is_published_bit_exact_with_its_resume_state_listed(name: s
     assert "resume_state_excluded" in {r.code for r in res.evaluation.decision.reasons}
     _assert_bit_exact(_tensors(sorted(dst.glob("*.safetensors"))),
                       _tensors([FIXTURES / name / "expected.safetensors"]))
-    if name.startswith("trainer"):
+    if _spec(name).startswith("trainer"):
         for companion in ("tokenizer.json", "tokenizer_config.json"):
             assert (dst / companion).read_bytes() == (src / companion).read_bytes(), companion
 
@@ -236,13 +252,15 @@ def test_a_plain_dcp_model_tree_is_written_whole_with_its_top_level_keys_named(s
 
 
 # -- Trainer under FSDP (SHARDED_STATE_DICT): DCP folders of the model and of the optimizer --------------
-def test_trainer_fsdp_checkpoint_publishes_the_model_folder_only_bit_exact(signer: Signer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", FSDP_RUNS)
+def test_trainer_fsdp_checkpoint_publishes_the_model_folder_only_bit_exact(name: str, signer: Signer,
+                                                                           tmp_path: Path) -> None:
     """``checkpoint-2/`` holds ``pytorch_model_fsdp_0/`` ({"model": ...}) and ``optimizer_0/``
     ({"optimizer": ...}): read together as one training-state tree, the optimizer is resume state by
     its structure and is never written, the model subtree is published bit-exact without its prefix,
-    and the rng and scheduler files are listed as resume state."""
+    and the rng and scheduler files are listed as resume state (FSDP2 under transformers 5.x, FSDP1
+    under 4.57)."""
     pytest.importorskip("torch")
-    name = "trainer_fsdp_sharded"
     src = FIXTURES / name / "checkpoint" / "checkpoint-2"
     att = _attest(name, src, signer, tmp_path)
     dst = tmp_path / "out"
@@ -260,14 +278,14 @@ def test_trainer_fsdp_checkpoint_publishes_the_model_folder_only_bit_exact(signe
     assert not {p.name for p in dst.iterdir()} & {"optimizer_0", "pytorch_model_fsdp_0", "trainer_state.json"}
 
 
-def test_trainer_fsdp_optimizer_folder_alone_is_refused_never_published_as_weights(signer: Signer,
+@pytest.mark.parametrize("name", FSDP_RUNS)
+def test_trainer_fsdp_optimizer_folder_alone_is_refused_never_published_as_weights(name: str, signer: Signer,
                                                                                    tmp_path: Path) -> None:
     """Without the model folder, the tree is resume state beside no model: refused, nothing written."""
     import shutil
 
     from ckptgate.errors import Error
 
-    name = "trainer_fsdp_sharded"
     src = tmp_path / "checkpoint-2"
     shutil.copytree(FIXTURES / name / "checkpoint" / "checkpoint-2", src,
                     ignore=shutil.ignore_patterns("pytorch_model_fsdp_0"))

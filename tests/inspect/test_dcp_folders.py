@@ -4,13 +4,22 @@ or a pickle beside the folders, are not this layout."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from ckptgate.inspect import inspect_tree
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "data" / "trainer_fsdp_sharded"
+DATA = Path(__file__).resolve().parents[1] / "fixtures" / "data"
+FIXTURE = DATA / "trainer_fsdp_sharded"
 STEP = FIXTURE / "checkpoint" / "checkpoint-2"
+#: every release's Trainer + FSDP SHARDED_STATE_DICT output: the project's (FSDP2, transformers 5.24) and
+#: the farm's (``farm.spec`` in meta.json: FSDP1 under transformers 4.57, FSDP2 under 5.25)
+RELEASES = sorted(p.name for p in DATA.iterdir() if (p / "meta.json").is_file() and (
+    p.name == "trainer_fsdp_sharded"
+    or (json.loads((p / "meta.json").read_text()).get("farm") or {}).get("spec") == "trainer_fsdp_sharded"))
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -19,8 +28,9 @@ def _copy(tmp_path: Path) -> Path:
     return dest
 
 
-def test_the_model_and_optimizer_folders_make_one_tree() -> None:
-    ins = inspect_tree(STEP)
+@pytest.mark.parametrize("name", RELEASES)
+def test_the_model_and_optimizer_folders_make_one_tree(name: str) -> None:
+    ins = inspect_tree(DATA / name / "checkpoint" / "checkpoint-2")
     assert ins.format == "dcp-torch-save" and ins.consolidatable
     assert not [f for f in ins.findings if f.severity.value == "error"]
     layout = ins.layout

@@ -1,12 +1,17 @@
 """The streaming safetensors writer: executes a plan by moving raw bytes.
 
-It runs in one of two modes; neither holds more than a few ``chunk_size`` buffers per output
-being written (a ring of :data:`~ckptgate.consolidate.held.RING` in held mode, within
-:data:`HELD_WINDOWS_CAP` bytes for all outputs together), never the model:
+It is the one writer of a plan's outputs from their sources: a single process's, and each rank's
+share of a group's plan (:func:`ckptgate.consolidate.shares.share_of`).  It runs in one of two
+modes; neither holds more than a few ``chunk_size`` buffers per output being written (a ring of
+:data:`~ckptgate.consolidate.held.RING` in held mode, within :data:`HELD_WINDOWS_CAP` bytes for
+all outputs together; with ``chunks``, also the last checked chunk of a few sources), never the model:
 
 * **Held sources** (``expected=None``): the caller holds every source unchanged
   (:meth:`ckptgate.inspect.SafeTree.hold`: read leases, checked with ``intact()`` after the
-  write), so the bytes read here are the bytes that were inspected and hashed.  Each output file
+  write), so the bytes read here are the bytes that were inspected and hashed; or, with
+  ``chunks`` (a rank of a group whose leases do not bind it to the rank that hashed), every
+  source is read in whole chunks, each checked against the chunk manifest before use
+  (:class:`~ckptgate.consolidate.chunks.ChunkChecked`).  Each output file
   is assembled front to back in page-aligned windows: its header, then every placed range read
   from its source with ``preadv`` straight into place.  Each full window is hashed (so the
   receipt's sha256 costs no second pass) and written, with ``O_DIRECT`` where the file system
@@ -46,7 +51,7 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +59,7 @@ from typing import Any
 
 from ckptgate.consolidate import diskwrite as disk
 from ckptgate.consolidate.cast import convert
+from ckptgate.consolidate.chunks import ChunkChecked, direct, ended_early
 from ckptgate.consolidate.held import RING, copy_in_order
 from ckptgate.consolidate.plan import DTYPE_SIZES, ConsolidationPlan, ShardTask
 from ckptgate.consolidate.segments import Segment, in_order
@@ -169,11 +175,7 @@ def _scatter_source(
     while pos < size:
         got = os.preadv(fd, [view[: min(len(buf), size - pos)]], pos)
         if got <= 0:
-            raise RuntimeFailure(
-                "runtime.copy.short_read",
-                f"{src}: the source ended early at byte {pos}",
-                evidence={"source": src, "offset": pos},
-            )
+            raise ended_early(src, pos)
         end = pos + got
         h.update(view[:got])
         while upcoming is not None and upcoming.src_offset < end:
@@ -243,6 +245,7 @@ def write_plan(
     sources: Mapping[str, int],
     *,
     expected: Mapping[str, str] | None,
+    chunks: Mapping[str, Sequence[str]] | None = None,
     chunk_size: int = DEFAULT_CHUNK,
     threads: int = 2,
     on_bytes: Callable[[int], None] | None = None,
@@ -259,11 +262,14 @@ def write_plan(
     :param expected: source relpath -> the sha256 recorded in the fixture manifest; every source
         the plan reads must have one, and must still have it when its single pass ends.  ``None``
         only when the caller holds every source unchanged and checks that after this returns
-        (:meth:`ckptgate.inspect.SafeTree.intact`).
+        (:meth:`ckptgate.inspect.SafeTree.intact`), or passes ``chunks``.
+    :param chunks: with ``expected=None``, source relpath -> the sha256 of each of its chunks (the
+        chunk manifest): each chunk read is checked before use.  A rank of a group writes its share
+        this way where read leases do not bind its copy to another rank's digest.
     """
     missing = sorted(set(plan.source_paths) - set(sources))
-    if expected is not None:
-        missing += sorted(set(plan.source_paths) - set(expected))
+    for measured in [m for m in (expected, chunks) if m is not None]:
+        missing += sorted(set(plan.source_paths) - set(measured))
     if missing:
         raise RuntimeFailure(
             "runtime.copy.source_missing", f"no open, measured source for {missing[0]!r}", evidence={"missing": missing}
@@ -279,6 +285,7 @@ def write_plan(
             out_fd,
             sources,
             expected=expected,
+            chunks=chunks,
             chunk_size=chunk_size,
             threads=threads,
             on_bytes=on_bytes,
@@ -301,6 +308,7 @@ def _write_plan(
     sources: Mapping[str, int],
     *,
     expected: Mapping[str, str] | None,
+    chunks: Mapping[str, Sequence[str]] | None,
     chunk_size: int,
     threads: int,
     on_bytes: Callable[[int], None] | None,
@@ -324,7 +332,7 @@ def _write_plan(
                         sizes[name],
                         heads.get(name, b""),
                         pieces[fd],
-                        sources,
+                        direct(sources) if chunks is None else ChunkChecked(sources, chunks),
                         chunk_size,
                         on_bytes,
                         cancel,

@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ckptgate.consolidate import plan_for, shares
+from ckptgate.consolidate.chunks import open_sources
 from ckptgate.consolidate.hf.plan import check_dtype, write_config_files
 from ckptgate.consolidate.hf.source import HfConfig
 from ckptgate.consolidate.plan import ConsolidationPlan, cast_plan
@@ -109,18 +110,6 @@ class EarlyEngine:
         self.check()
         assert self.trust is not None and self.engine is not None
         return self.trust, self.engine
-
-
-@contextlib.contextmanager
-def open_sources(tree: SafeTree, plan: ConsolidationPlan) -> Iterator[dict[str, int]]:
-    fds: dict[str, int] = {}
-    try:
-        for src in plan.source_paths:
-            fds[src] = tree.open_file(src)
-        yield fds
-    finally:
-        for fd in fds.values():
-            os.close(fd)
 
 
 def plan_output(

@@ -1,4 +1,5 @@
-"""How the writer reads its sources: straight from held ones, or checked against the chunk manifest.
+"""How the writer opens (:func:`open_sources`) and reads its sources: straight from held ones, or
+checked against the chunk manifest.
 
 The manifest is the sha256 of every :data:`COPY_CHUNK`-aligned chunk of each file, recorded as the
 digest streams it (:class:`ChunkRecorder`).  Where a group of ranks is not bound by read leases, a
@@ -8,13 +9,19 @@ checked against its recorded hash before any of its bytes are used (:class:`Chun
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ckptgate.errors import RuntimeFailure
 
-__all__ = ["COPY_CHUNK", "ChunkChecked", "ChunkRecorder", "Read", "direct", "ended_early"]
+if TYPE_CHECKING:
+    from ckptgate.consolidate.plan import ConsolidationPlan
+    from ckptgate.inspect import SafeTree
+
+__all__ = ["COPY_CHUNK", "ChunkChecked", "ChunkRecorder", "Read", "direct", "ended_early", "open_sources"]
 
 #: The chunk manifest's granularity: 4 MiB, so a terabyte's manifest is about 8 MB of digests.
 COPY_CHUNK = 4 << 20
@@ -46,6 +53,19 @@ class ChunkRecorder:
         if self._fill:
             self.hashes.append(self._h.hexdigest())
             self._h, self._fill = hashlib.sha256(), 0
+
+
+@contextlib.contextmanager
+def open_sources(tree: SafeTree, plan: ConsolidationPlan) -> Iterator[dict[str, int]]:
+    """Every source ``plan`` reads, opened beneath ``tree``'s root: relpath -> fd, closed on exit."""
+    fds: dict[str, int] = {}
+    try:
+        for src in plan.source_paths:
+            fds[src] = tree.open_file(src)
+        yield fds
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
 def ended_early(src: str, offset: int) -> RuntimeFailure:

@@ -52,7 +52,7 @@ import json
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -253,7 +253,8 @@ def write_plan(
     cancel: threading.Event | None = None,
 ) -> tuple[WrittenFile, ...]:
     """Write every shard, copied file and (unless ``index`` is false) the index into ``out_dir``
-    (which must be empty).  Setting ``cancel`` stops a held-mode copy at its next window.
+    (which must be empty).  Setting ``cancel`` stops a held-mode copy at its next window, as
+    does a failed output, or an exception here (a signal), for the outputs still being written.
 
     :param out_dir: a directory descriptor (an intake passes its staging directory's,
         :class:`ckptgate.publish.Stage`), or a path, opened once as one.  Every output is created
@@ -320,6 +321,7 @@ def _write_plan(
         at_once = threads if expected is not None else min(threads, HELD_WINDOWS_CAP // (RING * chunk_size))
         with ThreadPoolExecutor(max_workers=max(1, at_once)) as pool:
             if expected is None:
+                stop = cancel or threading.Event()
                 pieces: dict[int, list[tuple[str, Segment]]] = {fd: [] for fd in opened.values()}
                 for src, segs in segments.items():
                     for g in segs:
@@ -335,10 +337,17 @@ def _write_plan(
                         direct(sources) if chunks is None else ChunkChecked(sources, chunks),
                         chunk_size,
                         on_bytes,
-                        cancel,
+                        stop,
                     )
                     for name, fd in opened.items()
                 }
+                try:
+                    for done in as_completed(futures.values()):
+                        done.result()  # the first failure, as soon as it happens
+                except BaseException:  # a failed output, or this process stopped: the others stop too
+                    stop.set()
+                    pool.shutdown(cancel_futures=True)
+                    raise
                 digests = {name: f.result() for name, f in futures.items()}
             else:
                 for f in [

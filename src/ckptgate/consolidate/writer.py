@@ -211,11 +211,11 @@ def _scatter_source(
         )
 
 
-def _hash_file(fd: int, chunk_size: int) -> str:
-    h = hashlib.sha256()
+def hash_back(fd: int, chunk_size: int, h: hashlib._Hash | None = None, pos: int = 0) -> str:
+    """The sha256 of output ``fd`` read back from byte ``pos`` on, after ``h`` (what came before)."""
+    h = h or hashlib.sha256()
     size = os.fstat(fd).st_size
-    buf = memoryview(bytearray(max(1, min(chunk_size, size))))
-    pos = 0
+    buf = memoryview(bytearray(max(1, min(chunk_size, size - pos))))
     while pos < size and (n := os.preadv(fd, [buf[: size - pos]], pos)) > 0:
         h.update(buf[:n])
         pos += n
@@ -355,7 +355,7 @@ def _write_plan(
                     for src, segs in sorted(segments.items())
                 ]:
                     f.result()
-                hashed = pool.map(lambda fd: _hash_file(fd, chunk_size), opened.values())
+                hashed = pool.map(lambda fd: hash_back(fd, chunk_size), opened.values())
                 digests = dict(zip(opened, hashed, strict=True))
     finally:
         for fd in opened.values():

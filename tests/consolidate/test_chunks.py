@@ -14,7 +14,8 @@ from ckptgate.errors import RuntimeFailure
 
 def _read(check: ChunkChecked, src: str, offset: int, length: int) -> bytes:
     into = memoryview(bytearray(length))
-    return bytes(into[: check(src, into, offset)])
+    check(src, into, offset)
+    return bytes(into)
 
 
 def test_bytes_another_rank_hashed_are_checked_chunk_by_chunk(tmp_path: Path) -> None:
@@ -30,8 +31,7 @@ def test_bytes_another_rank_hashed_are_checked_chunk_by_chunk(tmp_path: Path) ->
     try:
         check = ChunkChecked({"src": fd}, {"src": rec.hashes})
         assert _read(check, "src", 10, COPY_CHUNK) == data[10:COPY_CHUNK + 10]  # across a chunk boundary
-        assert _read(check, "src", len(data) - 5, 100) == data[-5:]  # the end of the source: fewer bytes
-        assert _read(check, "src", len(data), 10) == b""  # past what was hashed: nothing
+        assert _read(check, "src", len(data) - 5, 5) == data[-5:]
         with open(f, "r+b") as w:  # the second chunk changes after it was hashed
             w.seek(COPY_CHUNK + 5)
             w.write(bytes([data[COPY_CHUNK + 5] ^ 0xFF]))
@@ -40,6 +40,10 @@ def test_bytes_another_rank_hashed_are_checked_chunk_by_chunk(tmp_path: Path) ->
             _read(ChunkChecked({"src": fd}, {"src": rec.hashes}), "src", COPY_CHUNK + 1, 10)
         assert e.value.code == "runtime.copy.source_changed"
         assert _read(ChunkChecked({"src": fd}, {"src": rec.hashes}), "src", 0, 10) == data[:10]  # the first is intact
+        for offset in (len(data) - 5, len(data), len(data) + COPY_CHUNK):  # past what was hashed
+            with pytest.raises(RuntimeFailure) as e:
+                _read(check, "src", offset, 10)
+            assert e.value.code == "runtime.copy.short_read"
     finally:
         os.close(fd)
 

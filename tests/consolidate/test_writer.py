@@ -503,3 +503,28 @@ def test_a_failed_output_stops_the_others_at_their_next_window(tmp_path, monkeyp
     finally:
         os.close(fd)
     assert e.value.code == "runtime.copy.source_changed" and told.is_set()
+
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_a_source_that_ends_before_the_plan_is_a_short_read(tmp_path, checked):
+    """Held mode, reading held sources directly or checked against a chunk manifest (one that
+    records the shorter file): a source that ends before the bytes the plan places is refused."""
+    from ckptgate.consolidate.chunks import ChunkRecorder
+    from ckptgate.errors import RuntimeFailure
+
+    tensors, src, raw, plan = _three_shards(tmp_path)
+    with open(src, "r+b") as f:
+        f.truncate(len(raw) - 100)
+    rec = ChunkRecorder()
+    rec(0, memoryview(raw[:-100]))
+    rec.done()
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        with pytest.raises(RuntimeFailure) as e:
+            write_plan(plan, out, {"src.safetensors": fd}, expected=None, chunk_size=8192,
+                       chunks={"src.safetensors": rec.hashes} if checked else None)
+    finally:
+        os.close(fd)
+    assert e.value.code == "runtime.copy.short_read"

@@ -119,7 +119,7 @@ def _hash_by_caller(data: Any = b"") -> _Hash:
         ("ckptgate.consolidate.streamed", "_drop"): "output sha256",
         ("ckptgate.consolidate.streamed", "add"): "output sha256",
         ("ckptgate.consolidate.held", "copy_in_order"): "output sha256",
-        ("ckptgate.consolidate.writer", "_hash_file"): "output sha256 (read back)",
+        ("ckptgate.consolidate.writer", "hash_back"): "output sha256 (read back)",
         ("ckptgate.consolidate.writer", "_scatter_source"): "input sha256 (second pass)",
     }.get((mod, fn), f"other sha256 ({mod}.{fn})")
     return _Hash(step, data)

@@ -4,7 +4,7 @@ It runs the real CLI, and records this rank's exit status in ``$CKPTGATE_TEST_RC
 (torchrun reports only its own).  Test hooks, both set through the environment:
 ``CKPTGATE_TEST_SECRET_RANK<R>`` replaces rank R's secret (a wrong HMAC key), and
 ``CKPTGATE_TEST_KILL_RANK=R`` makes rank R SIGKILL itself after writing part of its first output,
-``CKPTGATE_TEST_STALL_RANK=R`` makes rank R stop answering there instead, and
+``CKPTGATE_TEST_STALL_RANK=R`` makes rank R stop answering once it has created its outputs, and
 ``CKPTGATE_TEST_WRITER_RANK=R`` makes another process open ``$CKPTGATE_TEST_WRITER_PATH`` for
 writing just before rank R writes each output, and ``CKPTGATE_TEST_FLIP_RANK=R`` makes rank R
 flip the byte at ``$CKPTGATE_TEST_FLIP_OFFSET`` of ``$CKPTGATE_TEST_FLIP_PATH`` in the stage phase.
@@ -25,33 +25,35 @@ if secret is not None:
     else:
         os.environ.pop("CKPTGATE_DIST_SECRET", None)
 if os.environ.get("CKPTGATE_TEST_KILL_RANK") == rank:
-    import ckptgate.consolidate.shares as d
+    import ckptgate.consolidate.writer as d
 
-    def _die(stage_fd: int, name: str, *args: object, **kwargs: object) -> object:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=stage_fd)
+    def _die(name: str, fd: int, *args: object, **kwargs: object) -> object:
         os.write(fd, b"partial")
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("unreachable")
 
-    d.write_output = _die  # the test's kill point, mid-write
+    d.copy_in_order = _die  # the test's kill point, mid-write
 
 if os.environ.get("CKPTGATE_TEST_STALL_RANK") == rank:
     import time
 
-    import ckptgate.consolidate.shares as d
+    import ckptgate.consolidate.writer as d
+
+    _lay_out = d.lay_out
 
     def _stall(*args: object, **kwargs: object) -> object:
-        time.sleep(3600)  # stops answering, mid-write, without dying
+        _lay_out(*args, **kwargs)  # the outputs created, then it stops answering without dying
+        time.sleep(3600)  # (on the main thread, where the launcher's SIGTERM ends it)
         raise AssertionError("unreachable")
 
-    d.write_output = _stall
+    d.lay_out = _stall
 
 if os.environ.get("CKPTGATE_TEST_WRITER_RANK") == rank:
     import subprocess
 
-    import ckptgate.consolidate.shares as d
+    import ckptgate.consolidate.writer as d
 
-    _write = d.write_output
+    _write = d.copy_in_order
 
     def _opened_for_writing(*args: object, **kwargs: object) -> object:
         # another process opens a source for writing mid-copy; O_NONBLOCK: it fails at once, and the
@@ -62,7 +64,7 @@ if os.environ.get("CKPTGATE_TEST_WRITER_RANK") == rank:
                        env={**os.environ, "P": os.environ["CKPTGATE_TEST_WRITER_PATH"]})
         return _write(*args, **kwargs)
 
-    d.write_output = _opened_for_writing
+    d.copy_in_order = _opened_for_writing
 
 if os.environ.get("CKPTGATE_TEST_FLIP_RANK") == rank:
     import ckptgate.consolidate.shares as d

@@ -160,7 +160,7 @@ SEQUENCE = ("pipeline.py", "grouped.py", "measure.py", "judge.py", "onepass.py",
 #: What runs a step of the intake (hash the shares, ask the policy, enforce, plan, write, stage, publish):
 #: called from the step's own package and from the sequence, nowhere else (a second copy of a step).
 STEP_ENTRIES = frozenset({"hash_files", "precheck", "decide", "enforce", "plan_for", "adapter_plan", "write_plan",
-                          "write_share", "write_output", "StreamedPlan", "staging", "open_stage", "publish"})
+                          "share_of", "StreamedPlan", "staging", "open_stage", "publish"})
 #: What the launch may do with bytes: authenticate its messages (HMAC-SHA256), and move them with torch.
 LAUNCH_STEP_LOGIC = frozenset({"hashlib", "hmac", "torch", "torch.distributed"})
 
@@ -205,7 +205,7 @@ def step_definitions(path: Path) -> list[str]:
 
 
 def test_every_step_is_implemented_in_its_package() -> None:
-    """A step's entry (hash_files, enforce, write_share, publish ...) is defined only in the step's
+    """A step's entry (hash_files, enforce, write_plan, publish ...) is defined only in the step's
     package: one defined anywhere else, the sequence's modules and the launch included, is a second
     implementation of that step."""
     outside = (p for p in sorted(SRC.rglob("*.py")) if unit(module_of(p)) not in STEPS)
@@ -216,13 +216,13 @@ def test_the_check_sees_a_step_outside_its_package(tmp_path: Path, monkeypatch: 
     """The check can fail: a launch that enforces and writes a share itself is reported."""
     fake = tmp_path / "ckptgate"
     fake.mkdir()
-    (fake / "distributed.py").write_text("import zlib\n\ndef phases(t, p):\n    enforce(t)\n    shares.write_share(t, p)\n")
-    (fake / "grouped.py").write_text("def f(t):\n    enforce(t)\n\n\ndef write_share(t, p):\n    pass\n")
+    (fake / "distributed.py").write_text("import zlib\n\ndef phases(t, p):\n    enforce(t)\n    writer.write_plan(t, p)\n")
+    (fake / "grouped.py").write_text("def f(t):\n    enforce(t)\n\n\ndef write_plan(t, p):\n    pass\n")
     monkeypatch.setattr(__import__(__name__), "SRC", fake)
-    assert step_definitions(fake / "grouped.py") == ["write_share:5"]
+    assert step_definitions(fake / "grouped.py") == ["write_plan:5"]
     with pytest.raises(AssertionError):
         test_every_step_is_implemented_in_its_package()
-    assert step_calls(fake / "distributed.py") == ["enforce:4", "write_share:5"]
+    assert step_calls(fake / "distributed.py") == ["enforce:4", "write_plan:5"]
     with pytest.raises(AssertionError):
         test_every_step_runs_in_its_package_or_the_one_sequence()
     with pytest.raises(AssertionError):

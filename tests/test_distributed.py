@@ -346,34 +346,6 @@ def test_files_are_assigned_by_size_deterministically() -> None:
     assert [sorted(n for n in names if n.endswith(".pt")) for names in first] == [["s0.pt", "s2.pt"], ["s1.pt", "s3.pt"]]
 
 
-def test_bytes_another_rank_hashed_are_checked_chunk_by_chunk(tmp_path: Path) -> None:
-    import hashlib
-
-    from ckptgate.consolidate.shares import COPY_CHUNK, ChunkRecorder, Source
-    from ckptgate.errors import RuntimeFailure
-
-    data = os.urandom(COPY_CHUNK + 1000)
-    rec = ChunkRecorder()
-    for off in range(0, len(data), 3 << 20):  # pieces that do not line up with the chunks
-        rec(off, memoryview(data)[off:off + (3 << 20)])
-    rec.done()
-    assert rec.hashes == [hashlib.sha256(data[:COPY_CHUNK]).hexdigest(), hashlib.sha256(data[COPY_CHUNK:]).hexdigest()]
-    f = tmp_path / "src"
-    f.write_bytes(data)
-    fd = os.open(f, os.O_RDONLY)
-    try:
-        got = b"".join(Source("src", fd, len(data), rec.hashes).read(10, COPY_CHUNK))
-        assert got == data[10:COPY_CHUNK + 10]
-        with open(f, "r+b") as w:  # the second chunk changes after it was hashed
-            w.seek(COPY_CHUNK + 5)
-            w.write(bytes([data[COPY_CHUNK + 5] ^ 0xFF]))
-        with pytest.raises(RuntimeFailure) as e:
-            b"".join(Source("src", fd, len(data), rec.hashes).read(COPY_CHUNK + 1, 10))
-        assert e.value.code == "runtime.copy.source_changed"
-    finally:
-        os.close(fd)
-
-
 def test_the_decision_crosses_ranks_as_json_unchanged() -> None:
     from ckptgate.decide.decision import Decision, Reason
     from ckptgate.decide.decision import decision_from_json
@@ -402,43 +374,6 @@ def test_a_staging_directory_this_rank_cannot_see_means_dst_is_not_shared(tmp_pa
         assert e.value.code == "runtime.distributed.not_shared"
         with staging(dest) as stage:  # the one rank 0 made is found
             os.close(open_stage(dest, stage.name))
-
-
-def test_the_ranks_writer_expands_strided_placements_as_the_writer_does(tmp_path: Path) -> None:
-    """A tensor-parallel (row-parallel) layout's strided placements: the bytes each rank's writer
-    assembles for an output shard are the single-process writer's, and a gap is refused."""
-    import dataclasses
-    from types import SimpleNamespace
-
-    from ckptgate.consolidate import adapter_plan
-    from ckptgate.consolidate.writer import header_bytes, write_plan
-    from ckptgate.consolidate.shares import shard_pieces
-    from ckptgate.errors import RuntimeFailure
-
-    src = FIXTURES / "megatron_torch_dist" / "checkpoint"
-    with SafeTree.open(src) as tree:
-        plan = adapter_plan(inspect_open_tree(tree), max_shard_bytes=700)
-        assert any(p.count > 1 for s in plan.shards for t in s.tensors for p in t.placements)
-        fds = {p: tree.open_file(p) for p in plan.source_paths}
-        try:
-            write_plan(plan, tmp_path, fds, expected=None)
-        finally:
-            for fd in fds.values():
-                os.close(fd)
-    for s in plan.shards:
-        body = b"".join((src / name).read_bytes()[off:off + n] for name, off, n in shard_pieces(s))
-        assert header_bytes(s) + body == (tmp_path / s.filename).read_bytes(), s.filename
-    task = next(s for s in plan.shards if any(p.count > 1 for t in s.tensors for p in t.placements))
-    t0 = next(t for t in task.tensors if any(p.count > 1 for p in t.placements))
-    p0 = next(p for p in t0.placements if p.count > 1)
-    short = dataclasses.replace(p0, count=p0.count - 1)  # one run fewer: a gap in the output
-    # (a TensorTask refuses that gap itself; the ranks' writer checks again, on what it is handed)
-    gapped = SimpleNamespace(filename=task.filename, nbytes=task.nbytes, tensors=[
-        SimpleNamespace(nbytes=t.nbytes, placements=[short if p is p0 else p for p in t.placements])
-        for t in task.tensors])
-    with pytest.raises(RuntimeFailure) as e:
-        list(shard_pieces(gapped))
-    assert e.value.code == "runtime.copy.not_tiled"
 
 
 def test_gathered_worker_trees_must_be_exactly_what_each_rank_owns() -> None:

@@ -2,7 +2,8 @@
 (gloo on one host, under torchrun): the same exit code, refusal code and reasons, the same output
 bytes, and the same receipt but for the topology and the times.  One committed fixture per plane,
 and the refusals: a deny, the precheck's refusal before the digest, and a bad zip CRC that only
-the digest's read finds.  The cases of one world size share one job (one rendezvous, one torch
+the digest's read finds; and tensor-parallel (strided) placements, which the ranks' writer once
+ignored.  The cases of one world size share one job (one rendezvous, one torch
 import per rank), to keep the suite's time down."""
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from ckptgate.pipeline import intake
 
 pytestmark = [pytest.mark.opa, pytest.mark.distributed]
 RANK_SCRIPT = Path(__file__).resolve().parent / "world_rank.py"
-#: (name, fixture, attested): pure data, static pickle, framework; a deny; the precheck's refusal; a bad CRC.
+#: (name, fixture, attested): pure data, static pickle, framework; a deny; the precheck's refusal; a bad CRC;
+#: tensor-parallel (strided) placements, each rank writing a share of the outputs.
 CASES = [("pure_data", "hf_sharded", True), ("static_pickle", "dcp_torch_save", True),
          ("framework", "deepspeed_zero3", True), ("deny", "hf_sharded", False),
-         ("precheck", "fsdp_local", True), ("bad_crc", "fsdp_full", True)]
+         ("precheck", "fsdp_local", True), ("bad_crc", "fsdp_full", True), ("strided", "megatron_torch_dist", True)]
+PUBLISHED = ("pure_data", "static_pickle", "framework", "strided")
 
 
 def _bad_crc(signer: Signer, tmp: Path) -> tuple[Path, Path]:
@@ -90,7 +93,7 @@ def test_the_same_intake_at_world_1_2_and_4(tmp_path: Path) -> None:
                                              options=signer.options, max_shard_bytes=SHARD)) for c in cases[1]]
     for i, s in enumerate(specs):
         one = worlds[1][i]
-        assert ("published" in one) == (s["name"] in ("pure_data", "static_pickle", "framework")), (s["name"], one)
+        assert ("published" in one) == (s["name"] in PUBLISHED), (s["name"], one)
         for n in (2, 4):
             other = worlds[n][i]
             assert other.keys() == one.keys(), (s["name"], n, one, other)
@@ -99,6 +102,9 @@ def test_the_same_intake_at_world_1_2_and_4(tmp_path: Path) -> None:
             else:
                 assert _comparable(other["published"]) == _comparable(one["published"]), (s["name"], n)
                 assert other["published"]["topology"]["world_size"] == n and "topology" not in one["published"]
+                shares = [r["outputs_written"] for r in other["published"]["topology"]["ranks"]]
+                outputs = [o for o in one["published"]["outputs"] if o["file"] != "model.safetensors.index.json"]
+                assert sum(1 for k in shares if k) == min(n, len(outputs)), (s["name"], n, shares)  # split
             assert _files(tmp_path / f"w{n}" / s["name"]) == _files(tmp_path / "w1" / s["name"]), (s["name"], n)
     crc = worlds[1][5]["refused"]
     assert crc[1] == 4 and "zip.bad_crc" in json.dumps(crc[3])  # refused for the CRC the digest's read found

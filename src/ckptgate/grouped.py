@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ckptgate.consolidate import plan_for, shares
+from ckptgate.consolidate.chunks import open_sources
 from ckptgate.consolidate.hf.plan import check_dtype, write_config_files
 from ckptgate.consolidate.hf.source import HfConfig
 from ckptgate.consolidate.plan import ConsolidationPlan, cast_plan
@@ -111,18 +112,6 @@ class EarlyEngine:
         return self.trust, self.engine
 
 
-@contextlib.contextmanager
-def open_sources(tree: SafeTree, plan: ConsolidationPlan) -> Iterator[dict[str, int]]:
-    fds: dict[str, int] = {}
-    try:
-        for src in plan.source_paths:
-            fds[src] = tree.open_file(src)
-        yield fds
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-
-
 def plan_output(
     inspection: Inspection,
     decision: Decision,
@@ -150,21 +139,27 @@ def write_all(
     on_bytes: Callable[[int], None] | None,
     hf: HfConfig | None,
     workers: int | None = None,
+    chunks: dict[str, list[str]] | None = None,
 ) -> tuple[WrittenFile, ...]:
-    """One writer writes every output (a world of one): under the tree's leases, checked after the
-    copy, or re-hashing every source against ``expected`` (the manifest) in the writer's one pass."""
-    still_held(tree)
+    """The one writer writes every output of ``plan`` (a world of one's plan, or a rank's share of
+    it, :func:`~ckptgate.consolidate.shares.share_of`): under the tree's leases, checked after the
+    copy; re-hashing every source against ``expected`` (the manifest) in the writer's one pass; or
+    checking every chunk read against ``chunks`` (the chunk manifest)."""
+    if chunks is None:
+        still_held(tree)
     with open_sources(tree, plan) as sources:
         outputs = write_plan(
             plan,
             out_dir,
             sources,
             expected=expected,
+            chunks=chunks,
             chunk_size=chunk_size,
             threads=max(1, workers or usable_cores()),
             on_bytes=on_bytes,
         )
-    still_held(tree)
+    if chunks is None:
+        still_held(tree)
     if hf is None:
         return outputs
     if isinstance(out_dir, int):
@@ -343,38 +338,33 @@ def grouped_intake(
     plan: ConsolidationPlan | None = state.get("plan")
     writers = [] if plan is None or world == 1 else shares.assign_by_size(shares.output_sizes(plan), world)
 
-    def write() -> dict[str, Any]:
+    def write() -> dict[str, Any]:  # the one writer: every output at a world of one (the index included),
+        # above it this rank's share (rank 0 writes the index when it publishes; --hf-config is refused there)
         t0 = time.perf_counter()
-        if "done" not in state and world == 1:  # one writer writes every output, the index included
+        if "done" in state:
+            outputs = state["done"].outputs
+        else:
             assert plan is not None
-            expected = None if tree.held else m.digest.file_hashes()
-            state["done"] = Consolidated(
-                outputs=write_all(
+            stage_fd = state["stage"].fd if rank == 0 else open_stage(state["destination"], staged[0]["stage"])
+            try:
+                outputs = write_all(
                     tree,
-                    plan,
-                    state["stage"].fd,
-                    expected=expected,
+                    plan if world == 1 else shares.share_of(plan, writers[rank]),
+                    stage_fd,
+                    expected=None if tree.held or m.chunks is not None else m.digest.file_hashes(),
+                    chunks=m.chunks,
                     chunk_size=chunk_size,
                     on_bytes=progress.written,
-                    hf=hf,
+                    hf=hf if world == 1 else None,
                     workers=workers,
-                ),
-                plan_report=dict(plan.report),
-            )
-        if "done" in state:
-            done: Consolidated = state["done"]
-            outputs = [[o.filename, o.size, o.sha256] for o in done.outputs]
-            return {"written": outputs, "seconds": round(time.perf_counter() - t0, 3)}
-        assert plan is not None
-        stage_fd = state["stage"].fd if rank == 0 else open_stage(state["destination"], staged[0]["stage"])
-        try:
-            wrote = shares.write_share(tree, stage_fd, plan, set(writers[rank]), None if m.leased else m.chunks)
-            if m.leased:
-                still_held(tree)
-        finally:
-            if rank != 0:
-                os.close(stage_fd)
-        return wrote
+                )
+            finally:
+                if rank != 0:
+                    os.close(stage_fd)
+            if world == 1:
+                state["done"] = Consolidated(outputs=outputs, plan_report=dict(plan.report))
+        written = [[o.filename, o.size, o.sha256] for o in outputs]
+        return {"written": written, "seconds": round(time.perf_counter() - t0, 3)}
 
     wrote = group.agree("write", writing(write))
     topology = None if backend is None else _topology(m, wrote, loads, backend)

@@ -19,6 +19,7 @@ from typing import Any
 
 from ckptgate import interrupts
 from ckptgate.consolidate import framework_files, shares
+from ckptgate.consolidate.chunks import ChunkRecorder
 from ckptgate.decide import Precheck
 from ckptgate.digest import DigestCancelled, FixtureDigest, ManifestEntry, hash_files
 from ckptgate.enforce.containment import ContainmentProfile
@@ -156,7 +157,7 @@ def measure(
             for path in mine:
                 for i, d in other["ledgers"].get(path, {}).items():
                     tree.ledger(path).record(int(i), bytes.fromhex(d))
-        recorders = {p: shares.ChunkRecorder() for p in mine} if manifest else {}
+        recorders = {p: ChunkRecorder() for p in mine} if manifest else {}
         stop = threading.Event()  # set by a refusing precheck, or by a signal that aborts the run
         with (
             interrupts.cancelling(stop),

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from ckptgate.consolidate import adapter_plan, framework_files, with_companions
+from ckptgate.consolidate.chunks import open_sources
 from ckptgate.consolidate.hf.plan import check_dtype, write_config_files
 from ckptgate.consolidate.hf.source import HfConfig
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile
@@ -149,19 +150,15 @@ class OnePass:
         """Start writing ``staged`` from the held sources on a thread of its own; leaving the
         ``with`` block cancels it, waits for it and closes the sources, before the staging
         directory goes."""
-        fds: dict[str, int] = {}
+        fds = self._stack.enter_context(open_sources(tree, staged))  # closed after stop()
         cancel = threading.Event()
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-copy")
 
         def stop() -> None:
             cancel.set()
             pool.shutdown(wait=True)
-            for fd in fds.values():
-                os.close(fd)
 
         self._stack.callback(stop)
-        for src in staged.source_paths:
-            fds[src] = tree.open_file(src)
         self._held = pool.submit(
             write_plan,
             staged,

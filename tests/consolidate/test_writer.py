@@ -473,3 +473,58 @@ def test_held_mode_holds_at_most_its_window_cap_whatever_the_threads(tmp_path, m
         os.close(fd)
     assert state["most"] == 2 and len(plan.shards) == 3
     assert all(hashlib.sha256((out / w.filename).read_bytes()).hexdigest() == w.sha256 for w in written)
+
+
+def test_a_failed_output_stops_the_others_at_their_next_window(tmp_path, monkeypatch):
+    """The held mode's outputs run side by side: when one fails (a source changed, a signal in the
+    caller), the others are told to stop rather than copied to their end, and the first failure is raised."""
+    import threading
+
+    from ckptgate.errors import RuntimeFailure
+
+    tensors, src, raw, plan = _three_shards(tmp_path)
+    last, told = plan.shards[-1].filename, threading.Event()
+
+    def copy(name, *args):
+        stop = args[-1]
+        if name == last:
+            raise RuntimeFailure("runtime.copy.source_changed", "changed")
+        if stop.wait(10):  # the others: until they are told to stop
+            told.set()
+        raise held.CopyCancelled(name)
+
+    monkeypatch.setattr(writer, "copy_in_order", copy)
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        with pytest.raises(RuntimeFailure) as e:
+            write_plan(plan, out, {"src.safetensors": fd}, expected=None, chunk_size=8192, threads=3)
+    finally:
+        os.close(fd)
+    assert e.value.code == "runtime.copy.source_changed" and told.is_set()
+
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_a_source_that_ends_before_the_plan_is_a_short_read(tmp_path, checked):
+    """Held mode, reading held sources directly or checked against a chunk manifest (one that
+    records the shorter file): a source that ends before the bytes the plan places is refused."""
+    from ckptgate.consolidate.chunks import ChunkRecorder
+    from ckptgate.errors import RuntimeFailure
+
+    tensors, src, raw, plan = _three_shards(tmp_path)
+    with open(src, "r+b") as f:
+        f.truncate(len(raw) - 100)
+    rec = ChunkRecorder()
+    rec(0, memoryview(raw[:-100]))
+    rec.done()
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        with pytest.raises(RuntimeFailure) as e:
+            write_plan(plan, out, {"src.safetensors": fd}, expected=None, chunk_size=8192,
+                       chunks={"src.safetensors": rec.hashes} if checked else None)
+    finally:
+        os.close(fd)
+    assert e.value.code == "runtime.copy.short_read"

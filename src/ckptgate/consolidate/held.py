@@ -1,4 +1,5 @@
-"""The writer's held mode: each output assembled front to back from sources the caller holds.
+"""The writer's held mode: each output assembled front to back from sources the caller holds
+(read leases) or checks chunk by chunk against the chunk manifest (a rank of a group).
 
 Page-aligned windows, a ring of :data:`RING` per output: the header, then every placed range
 read from its source with ``preadv`` straight into place; each full window is hashed and
@@ -14,11 +15,12 @@ import hashlib
 import mmap
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from ckptgate.consolidate import diskwrite as disk
 from ckptgate.consolidate.cast import convert
+from ckptgate.consolidate.chunks import Read
 from ckptgate.consolidate.segments import Segment, runs_in_output_order
 from ckptgate.errors import RuntimeFailure
 
@@ -73,12 +75,14 @@ def copy_in_order(
     size: int,
     head: bytes,
     pieces: list[tuple[str, Segment]],
-    sources: Mapping[str, int],
+    read: Read,
     chunk_size: int,
     on_bytes: Callable[[int], None] | None,
     cancel: threading.Event | None = None,
 ) -> str:
-    """Write output ``name`` front to back from held sources; return its sha256.
+    """Write output ``name`` front to back from its sources, each read with ``read`` (held ones
+    directly, or checked against the chunk manifest: :mod:`~ckptgate.consolidate.chunks`); return
+    its sha256.
 
     ``pieces`` are ``(src, segment)``; the runs of the segments, expanded one at a time in output
     order, must tile ``[0, size)`` exactly together with the header.  The output is assembled in
@@ -111,40 +115,28 @@ def copy_in_order(
             for f in pending[k]:  # the next window is free once it is hashed and written
                 f.result()
 
-        def take(src: str, sfd: int | None, src_off: int, length: int, mem: bytes = head) -> None:
+        def take(src: str, from_src: bool, src_off: int, length: int, mem: bytes = head) -> None:
             nonlocal fill
             while length:
                 n = min(window - fill, length)
-                if sfd is None:
+                if not from_src:
                     views[k][fill : fill + n] = mem[src_off : src_off + n]
                 else:
-                    n = os.preadv(sfd, [views[k][fill : fill + n]], src_off)
-                    if n <= 0:
-                        raise RuntimeFailure(
-                            "runtime.copy.short_read",
-                            f"{src}: the source ended early at byte {src_off}",
-                            evidence={"source": src, "offset": src_off},
-                        )
+                    read(src, views[k][fill : fill + n], src_off)
                     if on_bytes:
                         on_bytes(n)
                 fill, src_off, length = fill + n, src_off + n, length - n
                 if fill == window:
                     ship()
 
-        def take_converted(src: str, sfd: int, src_off: int, length: int, conv: tuple[str, str]) -> int:
+        def take_converted(src: str, src_off: int, length: int, conv: tuple[str, str]) -> int:
             """Read whole elements into ``scratch``, convert them and take the result; return its size."""
             out_len = 0
             while length:
                 n = min(len(scratch), length)
-                got = os.preadv(sfd, [scratch[:n]], src_off)
-                if got != n:
-                    raise RuntimeFailure(
-                        "runtime.copy.short_read",
-                        f"{src}: the source ended early at byte {src_off + max(got, 0)}",
-                        evidence={"source": src, "offset": src_off},
-                    )
+                read(src, scratch[:n], src_off)
                 out = convert(scratch[:n], *conv)
-                take(src, None, 0, len(out), out)
+                take(src, False, 0, len(out), out)
                 if on_bytes:
                     on_bytes(len(out))  # progress counts output bytes, as the plan's total does
                 out_len, src_off, length = out_len + len(out), src_off + n, length - n
@@ -152,7 +144,7 @@ def copy_in_order(
 
         # a multiple of 8: whole elements
         scratch = memoryview(bytearray(window if any(g.conv for _, g in pieces) else 0))
-        take(name, None, 0, len(head))
+        take(name, False, 0, len(head))
         pos = len(head)
         for src, run in runs_in_output_order(pieces):
             out_off, src_off, length, conv = run.out_offset, run.src_offset, run.length, run.conv
@@ -163,10 +155,10 @@ def copy_in_order(
                     evidence={"output": name, "at": pos, "next": out_off},
                 )
             if conv is None:
-                take(src, sources[src], src_off, length)
+                take(src, True, src_off, length)
                 pos += length
             else:
-                pos += take_converted(src, sources[src], src_off, length, conv)
+                pos += take_converted(src, src_off, length, conv)
         if fill:
             ship()
         for fs in pending:

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ckptgate.consolidate.diskwrite import pwrite_all, start_write_back
 from ckptgate.consolidate.plan import ConsolidationPlan
 from ckptgate.consolidate.segments import Segment, in_order
-from ckptgate.consolidate.writer import DEFAULT_CHUNK, PENDING_CAP, WrittenFile, lay_out
+from ckptgate.consolidate.writer import DEFAULT_CHUNK, PENDING_CAP, WrittenFile, hash_back, lay_out
 from ckptgate.errors import RuntimeFailure
 
 __all__ = ["StreamedPlan"]
@@ -90,15 +90,9 @@ class _InOrderHash:
                 self._h.update(nxt)
                 self.pos += len(nxt)
 
-    def finish(self, fd: int, size: int, chunk_size: int) -> str:
+    def finish(self, fd: int, chunk_size: int) -> str:
         """The output's sha256: the hashed prefix, then the rest read back from ``fd``."""
-        h, pos = self._h, self.pos
-        if pos < size:
-            buf = memoryview(bytearray(max(1, min(chunk_size, size - pos))))
-            while pos < size and (n := os.preadv(fd, [buf[: size - pos]], pos)) > 0:
-                h.update(buf[:n])
-                pos += n
-        return h.hexdigest()
+        return hash_back(fd, chunk_size, self._h, self.pos)
 
 
 class StreamedPlan:
@@ -203,9 +197,7 @@ class StreamedPlan:
         names = list(self._opened)
         with ThreadPoolExecutor(max_workers=max(1, min(threads, len(names)))) as pool:
             digests = list(
-                pool.map(
-                    lambda n: self._hashes[self._opened[n]].finish(self._opened[n], self._sizes[n], self._chunk), names
-                )
+                pool.map(lambda n: self._hashes[self._opened[n]].finish(self._opened[n], self._chunk), names)
             )
         return {n: WrittenFile(filename=n, size=self._sizes[n], sha256=d) for n, d in zip(names, digests, strict=True)}
 

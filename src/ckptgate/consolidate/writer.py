@@ -1,12 +1,17 @@
 """The streaming safetensors writer: executes a plan by moving raw bytes.
 
-It runs in one of two modes; neither holds more than a few ``chunk_size`` buffers per output
-being written (a ring of :data:`~ckptgate.consolidate.held.RING` in held mode, within
-:data:`HELD_WINDOWS_CAP` bytes for all outputs together), never the model:
+It is the one writer of a plan's outputs from their sources: a single process's, and each rank's
+share of a group's plan (:func:`ckptgate.consolidate.shares.share_of`).  It runs in one of two
+modes; neither holds more than a few ``chunk_size`` buffers per output being written (a ring of
+:data:`~ckptgate.consolidate.held.RING` in held mode, within :data:`HELD_WINDOWS_CAP` bytes for
+all outputs together; with ``chunks``, also the last checked chunk of a few sources), never the model:
 
 * **Held sources** (``expected=None``): the caller holds every source unchanged
   (:meth:`ckptgate.inspect.SafeTree.hold`: read leases, checked with ``intact()`` after the
-  write), so the bytes read here are the bytes that were inspected and hashed.  Each output file
+  write), so the bytes read here are the bytes that were inspected and hashed; or, with
+  ``chunks`` (a rank of a group whose leases do not bind it to the rank that hashed), every
+  source is read in whole chunks, each checked against the chunk manifest before use
+  (:class:`~ckptgate.consolidate.chunks.ChunkChecked`).  Each output file
   is assembled front to back in page-aligned windows: its header, then every placed range read
   from its source with ``preadv`` straight into place.  Each full window is hashed (so the
   receipt's sha256 costs no second pass) and written, with ``O_DIRECT`` where the file system
@@ -46,14 +51,15 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ckptgate.consolidate import diskwrite as disk
 from ckptgate.consolidate.cast import convert
+from ckptgate.consolidate.chunks import ChunkChecked, direct, ended_early
 from ckptgate.consolidate.held import RING, copy_in_order
 from ckptgate.consolidate.plan import DTYPE_SIZES, ConsolidationPlan, ShardTask
 from ckptgate.consolidate.segments import Segment, in_order
@@ -169,11 +175,7 @@ def _scatter_source(
     while pos < size:
         got = os.preadv(fd, [view[: min(len(buf), size - pos)]], pos)
         if got <= 0:
-            raise RuntimeFailure(
-                "runtime.copy.short_read",
-                f"{src}: the source ended early at byte {pos}",
-                evidence={"source": src, "offset": pos},
-            )
+            raise ended_early(src, pos)
         end = pos + got
         h.update(view[:got])
         while upcoming is not None and upcoming.src_offset < end:
@@ -209,11 +211,11 @@ def _scatter_source(
         )
 
 
-def _hash_file(fd: int, chunk_size: int) -> str:
-    h = hashlib.sha256()
+def hash_back(fd: int, chunk_size: int, h: hashlib._Hash | None = None, pos: int = 0) -> str:
+    """The sha256 of output ``fd`` read back from byte ``pos`` on, after ``h`` (what came before)."""
+    h = h or hashlib.sha256()
     size = os.fstat(fd).st_size
-    buf = memoryview(bytearray(max(1, min(chunk_size, size))))
-    pos = 0
+    buf = memoryview(bytearray(max(1, min(chunk_size, size - pos))))
     while pos < size and (n := os.preadv(fd, [buf[: size - pos]], pos)) > 0:
         h.update(buf[:n])
         pos += n
@@ -243,6 +245,7 @@ def write_plan(
     sources: Mapping[str, int],
     *,
     expected: Mapping[str, str] | None,
+    chunks: Mapping[str, Sequence[str]] | None = None,
     chunk_size: int = DEFAULT_CHUNK,
     threads: int = 2,
     on_bytes: Callable[[int], None] | None = None,
@@ -250,7 +253,8 @@ def write_plan(
     cancel: threading.Event | None = None,
 ) -> tuple[WrittenFile, ...]:
     """Write every shard, copied file and (unless ``index`` is false) the index into ``out_dir``
-    (which must be empty).  Setting ``cancel`` stops a held-mode copy at its next window.
+    (which must be empty).  Setting ``cancel`` stops a held-mode copy at its next window, as
+    does a failed output, or an exception here (a signal), for the outputs still being written.
 
     :param out_dir: a directory descriptor (an intake passes its staging directory's,
         :class:`ckptgate.publish.Stage`), or a path, opened once as one.  Every output is created
@@ -259,11 +263,14 @@ def write_plan(
     :param expected: source relpath -> the sha256 recorded in the fixture manifest; every source
         the plan reads must have one, and must still have it when its single pass ends.  ``None``
         only when the caller holds every source unchanged and checks that after this returns
-        (:meth:`ckptgate.inspect.SafeTree.intact`).
+        (:meth:`ckptgate.inspect.SafeTree.intact`), or passes ``chunks``.
+    :param chunks: with ``expected=None``, source relpath -> the sha256 of each of its chunks (the
+        chunk manifest): each chunk read is checked before use.  A rank of a group writes its share
+        this way where read leases do not bind its copy to another rank's digest.
     """
     missing = sorted(set(plan.source_paths) - set(sources))
-    if expected is not None:
-        missing += sorted(set(plan.source_paths) - set(expected))
+    for measured in [m for m in (expected, chunks) if m is not None]:
+        missing += sorted(set(plan.source_paths) - set(measured))
     if missing:
         raise RuntimeFailure(
             "runtime.copy.source_missing", f"no open, measured source for {missing[0]!r}", evidence={"missing": missing}
@@ -279,6 +286,7 @@ def write_plan(
             out_fd,
             sources,
             expected=expected,
+            chunks=chunks,
             chunk_size=chunk_size,
             threads=threads,
             on_bytes=on_bytes,
@@ -301,6 +309,7 @@ def _write_plan(
     sources: Mapping[str, int],
     *,
     expected: Mapping[str, str] | None,
+    chunks: Mapping[str, Sequence[str]] | None,
     chunk_size: int,
     threads: int,
     on_bytes: Callable[[int], None] | None,
@@ -312,6 +321,7 @@ def _write_plan(
         at_once = threads if expected is not None else min(threads, HELD_WINDOWS_CAP // (RING * chunk_size))
         with ThreadPoolExecutor(max_workers=max(1, at_once)) as pool:
             if expected is None:
+                stop = cancel or threading.Event()
                 pieces: dict[int, list[tuple[str, Segment]]] = {fd: [] for fd in opened.values()}
                 for src, segs in segments.items():
                     for g in segs:
@@ -324,13 +334,20 @@ def _write_plan(
                         sizes[name],
                         heads.get(name, b""),
                         pieces[fd],
-                        sources,
+                        direct(sources) if chunks is None else ChunkChecked(sources, chunks),
                         chunk_size,
                         on_bytes,
-                        cancel,
+                        stop,
                     )
                     for name, fd in opened.items()
                 }
+                try:
+                    for done in as_completed(futures.values()):
+                        done.result()  # the first failure, as soon as it happens
+                except BaseException:  # a failed output, or this process stopped: the others stop too
+                    stop.set()
+                    pool.shutdown(cancel_futures=True)
+                    raise
                 digests = {name: f.result() for name, f in futures.items()}
             else:
                 for f in [
@@ -338,7 +355,7 @@ def _write_plan(
                     for src, segs in sorted(segments.items())
                 ]:
                     f.result()
-                hashed = pool.map(lambda fd: _hash_file(fd, chunk_size), opened.values())
+                hashed = pool.map(lambda fd: hash_back(fd, chunk_size), opened.values())
                 digests = dict(zip(opened, hashed, strict=True))
     finally:
         for fd in opened.values():

@@ -62,3 +62,38 @@ def test_a_source_that_grew_after_it_was_hashed_is_refused_in_its_last_chunk(tmp
         assert e.value.code == "runtime.copy.source_changed"
     finally:
         os.close(fd)
+
+
+def test_an_output_keeps_no_more_source_chunks_than_it_was_allowed(tmp_path: Path) -> None:
+    """Each output's reader keeps the last checked chunk of at most ``kept`` sources, which the
+    writer counts in its memory cap (held_outputs_at_once)."""
+    fds, hashes = {}, {}
+    for n in range(5):
+        data = os.urandom(100)
+        (tmp_path / f"s{n}").write_bytes(data)
+        fds[f"s{n}"] = os.open(tmp_path / f"s{n}", os.O_RDONLY)
+        hashes[f"s{n}"] = [hashlib.sha256(data).hexdigest()]
+    try:
+        check = ChunkChecked(fds, hashes, kept=2)
+        for n in range(5):
+            _read(check, f"s{n}", 0, 10)
+            assert len(check._kept) == min(n + 1, 2)
+        assert list(check._kept) == ["s3", "s4"]  # the most recent sources
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def test_outputs_written_at_once_stay_within_the_windows_cap() -> None:
+    from ckptgate.consolidate.chunks import MAX_KEPT
+    from ckptgate.consolidate.held import RING
+    from ckptgate.consolidate.writer import DEFAULT_CHUNK, HELD_WINDOWS_CAP, held_outputs_at_once
+
+    for threads in (1, 2, 8, 16, 64):
+        for kept in (0, 1, 2, 8, MAX_KEPT, 100):
+            n = held_outputs_at_once(threads, DEFAULT_CHUNK, kept)
+            assert 1 <= n <= threads
+            per_output = RING * DEFAULT_CHUNK + min(kept, MAX_KEPT) * COPY_CHUNK
+            assert n == 1 or n * per_output <= HELD_WINDOWS_CAP
+    assert held_outputs_at_once(16, DEFAULT_CHUNK) == HELD_WINDOWS_CAP // (RING * DEFAULT_CHUNK)
+    assert held_outputs_at_once(16, DEFAULT_CHUNK, 2) < held_outputs_at_once(16, DEFAULT_CHUNK)

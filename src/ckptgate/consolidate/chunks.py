@@ -25,8 +25,9 @@ __all__ = ["COPY_CHUNK", "ChunkChecked", "ChunkRecorder", "Read", "direct", "end
 
 #: The chunk manifest's granularity: 4 MiB, so a terabyte's manifest is about 8 MB of digests.
 COPY_CHUNK = 4 << 20
-#: Sources whose last chunk one output's reads keep (a tensor-parallel output takes a row from each in turn).
-_KEPT = 16
+#: At most this many sources' last chunks are kept by one output's reads (a tensor-parallel output
+#: takes a row from each of its sources in turn); the writer counts them in its memory cap.
+MAX_KEPT = 16
 #: ``read(src, into, offset)``: fill ``into`` from source ``src`` at ``offset``, whole
 #: (``runtime.copy.short_read`` where the source ends first).
 Read = Callable[[str, memoryview, int], None]
@@ -94,8 +95,9 @@ class ChunkChecked:
     """One output's reads (one thread's): each source read in whole chunks, each checked against
     ``manifest`` before use; the last chunk of each of the last few sources kept."""
 
-    def __init__(self, fds: Mapping[str, int], manifest: Mapping[str, Sequence[str]]) -> None:
+    def __init__(self, fds: Mapping[str, int], manifest: Mapping[str, Sequence[str]], *, kept: int = MAX_KEPT) -> None:
         self._fds, self._manifest = fds, manifest
+        self._limit = max(1, min(kept, MAX_KEPT))
         self._kept: dict[str, tuple[int, memoryview]] = {}
 
     def __call__(self, src: str, into: memoryview, offset: int) -> None:
@@ -125,7 +127,7 @@ class ChunkChecked:
                 advice=f"{src} changed while it was being taken in: take it in again with "
                 "`ckptgate intake` from a copy that nothing else writes to.",
             )
-        if len(self._kept) >= _KEPT:
+        if len(self._kept) >= self._limit:
             del self._kept[next(iter(self._kept))]
         self._kept[src] = (i, memoryview(data))
         return self._kept[src][1]

@@ -59,7 +59,7 @@ from typing import Any
 
 from ckptgate.consolidate import diskwrite as disk
 from ckptgate.consolidate.cast import convert
-from ckptgate.consolidate.chunks import ChunkChecked, direct, ended_early
+from ckptgate.consolidate.chunks import COPY_CHUNK, MAX_KEPT, ChunkChecked, direct, ended_early
 from ckptgate.consolidate.held import RING, copy_in_order
 from ckptgate.consolidate.plan import DTYPE_SIZES, ConsolidationPlan, ShardTask
 from ckptgate.consolidate.segments import Segment, in_order
@@ -76,6 +76,16 @@ INDEX_NAME = "model.safetensors.index.json"
 #: of :data:`~ckptgate.consolidate.held.RING` windows): at most this many bytes, whatever the
 #: thread count, so that peak RSS stays within 256 MB + the largest tensor at 16 workers (issue #36).
 HELD_WINDOWS_CAP = 128 << 20
+
+
+def held_outputs_at_once(threads: int, chunk_size: int, kept_chunks: int = 0) -> int:
+    """How many outputs held mode writes at once: at most ``threads``, and few enough that their
+    windows (and, checked against a chunk manifest, the ``kept_chunks`` source chunks each keeps)
+    stay within :data:`HELD_WINDOWS_CAP`; at least one."""
+    per_output = RING * chunk_size + min(kept_chunks, MAX_KEPT) * COPY_CHUNK
+    return max(1, min(threads, HELD_WINDOWS_CAP // per_output))
+
+
 _CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -318,14 +328,16 @@ def _write_plan(
     opened: dict[str, int] = {}
     try:
         segments, sizes, heads = lay_out(plan, out_fd, opened, write_heads=expected is not None)
-        at_once = threads if expected is not None else min(threads, HELD_WINDOWS_CAP // (RING * chunk_size))
-        with ThreadPoolExecutor(max_workers=max(1, at_once)) as pool:
+        pieces: dict[int, list[tuple[str, Segment]]] = {fd: [] for fd in opened.values()}
+        for src, segs in segments.items():
+            for g in segs:
+                pieces[g.out_fd].append((src, g))
+        # with chunks, each output also keeps the last checked chunk of each source it interleaves
+        kept = max((len({src for src, _ in p}) for p in pieces.values()), default=1) if chunks is not None else 0
+        at_once = threads if expected is not None else held_outputs_at_once(threads, chunk_size, kept)
+        with ThreadPoolExecutor(max_workers=at_once) as pool:
             if expected is None:
                 stop = cancel or threading.Event()
-                pieces: dict[int, list[tuple[str, Segment]]] = {fd: [] for fd in opened.values()}
-                for src, segs in segments.items():
-                    for g in segs:
-                        pieces[g.out_fd].append((src, g))
                 futures = {
                     name: pool.submit(
                         copy_in_order,
@@ -334,7 +346,7 @@ def _write_plan(
                         sizes[name],
                         heads.get(name, b""),
                         pieces[fd],
-                        direct(sources) if chunks is None else ChunkChecked(sources, chunks),
+                        direct(sources) if chunks is None else ChunkChecked(sources, chunks, kept=kept),
                         chunk_size,
                         on_bytes,
                         stop,

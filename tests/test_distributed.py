@@ -309,13 +309,6 @@ def test_a_missing_secret_is_refused_before_any_work(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
-def test_a_cast_is_refused_with_distributed(tmp_path: Path) -> None:
-    proc = _single(["intake", str(FIXTURES / "hf_sharded" / "checkpoint"), "--out", str(tmp_path / "o"), "--json",
-                    "--dtype", "BF16", "--distributed"], _env())
-    assert proc.returncode == 2
-    assert json.loads(proc.stdout)["error"]["code"] == "usage.distributed.dtype"
-
-
 def test_a_selection_is_refused_with_distributed(tmp_path: Path) -> None:
     proc = _single(["intake", str(FIXTURES / "hf_sharded" / "checkpoint"), "--out", str(tmp_path / "o"), "--json",
                     "--select", "model", "--distributed"], _env())

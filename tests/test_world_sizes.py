@@ -33,8 +33,11 @@ RANK_SCRIPT = Path(__file__).resolve().parent / "world_rank.py"
 #: tensor-parallel (strided) placements, each rank writing a share of the outputs.
 CASES = [("pure_data", "hf_sharded", True), ("static_pickle", "dcp_torch_save", True),
          ("framework", "deepspeed_zero3", True), ("deny", "hf_sharded", False),
-         ("precheck", "fsdp_local", True), ("bad_crc", "fsdp_full", True), ("strided", "megatron_torch_dist", True)]
-PUBLISHED = ("pure_data", "static_pickle", "framework", "strided")
+         ("precheck", "fsdp_local", True), ("bad_crc", "fsdp_full", True), ("strided", "megatron_torch_dist", True),
+         ("cast", "megatron_torch_dist", True)]
+PUBLISHED = ("pure_data", "static_pickle", "framework", "strided", "cast")
+#: --dtype: the one writer casts at any world size (strided placements, cast on the way)
+CAST = {"cast": "F16"}
 
 
 def _bad_crc(signer: Signer, tmp: Path) -> tuple[Path, Path]:
@@ -84,13 +87,14 @@ def test_the_same_intake_at_world_1_2_and_4(tmp_path: Path) -> None:
         src, att = _bad_crc(signer, tmp_path) if name == "bad_crc" else (FIXTURES / fixture / "checkpoint", None)
         atts = [str(att or _attest(fixture, signer, tmp_path))] if attested else []
         specs.append({"name": name, "src": str(src), "attestations": atts, "trust": str(signer.trust_file),
-                      "shard": SHARD})
+                      "shard": SHARD, "dtype": CAST.get(name)})
     cases = {n: [{**c, "dst": str(tmp_path / f"w{n}" / c["name"])} for c in specs] for n in (1, 2, 4)}
     for n in cases:
         (tmp_path / f"w{n}").mkdir()
     worlds = _worlds({2: cases[2], 4: cases[4]}, tmp_path)
     worlds[1] = [_outcome(lambda c=c: intake(Path(c["src"]), Path(c["dst"]), attestations=c["attestations"],
-                                             options=signer.options, max_shard_bytes=SHARD)) for c in cases[1]]
+                                             options=signer.options, max_shard_bytes=SHARD, dtype=c["dtype"]))
+                 for c in cases[1]]
     for i, s in enumerate(specs):
         one = worlds[1][i]
         assert ("published" in one) == (s["name"] in PUBLISHED), (s["name"], one)
@@ -106,6 +110,8 @@ def test_the_same_intake_at_world_1_2_and_4(tmp_path: Path) -> None:
                 outputs = [o for o in one["published"]["outputs"] if o["file"] != "model.safetensors.index.json"]
                 assert sum(1 for k in shares if k) == min(n, len(outputs)), (s["name"], n, shares)  # split
             assert _files(tmp_path / f"w{n}" / s["name"]) == _files(tmp_path / "w1" / s["name"]), (s["name"], n)
+    cast = worlds[1][[s["name"] for s in specs].index("cast")]["published"]
+    assert cast["plan"]["cast"]["dtype"] == "F16" and cast["plan"]["cast"]["tensors"] > 0  # cast, the same at every world
     crc = worlds[1][5]["refused"]
     assert crc[1] == 4 and "zip.bad_crc" in json.dumps(crc[3])  # refused for the CRC the digest's read found
     for n in (1, 2, 4):

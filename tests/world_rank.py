@@ -4,7 +4,7 @@ serve two world sizes: every case at a world of 4 over the job's group, then at 
 the group of ranks 0 and 1 (ranks 2 and 3 wait).
 
 ``argv[1]`` is a JSON file: ``{"4": [case, ...], "2": [case, ...]}``, a case being
-``{"src", "dst", "attestations", "trust", "shard"}``.  Each intake runs through the launch's own
+``{"src", "dst", "attestations", "trust", "shard"}`` and an optional ``"dtype"``.  Each intake runs through the launch's own
 group and steps (:class:`ckptgate.distributed.TorchGroup`, :func:`ckptgate.grouped.grouped_intake`),
 rank 0's engine opened once per world; rank 0 writes each outcome to ``argv[2]``-<world>.jsonl:
 the receipt, or the error's code, exit code, refusal class and reasons.
@@ -54,7 +54,7 @@ def _run(group: TorchGroup, cases: list[dict[str, Any]], out: Path) -> None:
                         group, stack, Path(case["src"]), Path(case["dst"]),
                         attestations=[Path(a) for a in case["attestations"]], options=options, engine=engine,
                         max_shard_bytes=case["shard"], signatures=(), key=None, certificate_chain=(),
-                        receipt_signer=None)
+                        receipt_signer=None, dtype=case.get("dtype"))
                 outcomes.append({"published": result.receipt if result is not None else None})
             except Error as e:
                 outcomes.append({"refused": [e.code, int(e.exit_code), e.evidence.get("refusal"), list(e.reasons)]})

@@ -16,7 +16,7 @@ answering (the collectives' timeout), fails every rank (:meth:`ckptgate.group.Gr
 staging directory is removed and nothing is published.  A SIGTERM (the launcher stopping this rank
 after another failed) unwinds it the same way, unless the rename has already published.
 gloo is unencrypted: the rendezvous and the ranks must stay on the job's private network [R28].
-``--dtype`` and ``--select`` are refused.
+``--select`` is refused; ``--dtype`` casts in the one writer, at any world size.
 """
 
 from __future__ import annotations
@@ -264,12 +264,6 @@ def distributed_intake(
             advice="Drop --select (the policy's default selection still applies), or take the "
             "checkpoint in on one process.",
         )
-    if dtype is not None:
-        raise UsageError(
-            "usage.distributed.dtype",
-            "--dtype is not supported with --distributed yet: the ranks copy bytes verbatim",
-            advice="Drop --dtype, or take the checkpoint in on one process.",
-        )
     secret = _secret()
     _launcher_env()
     with contextlib.ExitStack() as early:
@@ -293,6 +287,7 @@ def distributed_intake(
                 key=key,
                 certificate_chain=certificate_chain,
                 receipt_signer=receipt_signer,
+                dtype=dtype,
             )
 
 

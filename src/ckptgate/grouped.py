@@ -30,7 +30,7 @@ from ckptgate.consolidate import plan_for, shares
 from ckptgate.consolidate.chunks import open_sources
 from ckptgate.consolidate.hf.plan import check_dtype, write_config_files
 from ckptgate.consolidate.hf.source import HfConfig
-from ckptgate.consolidate.plan import ConsolidationPlan, cast_plan
+from ckptgate.consolidate.plan import ConsolidationPlan, cast_plan, check_cast
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_index, write_plan
 from ckptgate.decide import Decision, PolicyEngine, Request, now_utc, precheck
 from ckptgate.decide.decision import decision_from_json
@@ -199,6 +199,7 @@ def grouped_intake(
     the topology unless ``backend`` is None (one process's receipt).  ``workers`` threads hash
     and write (default: the cores this process may run on)."""
     rank, world = group.rank, group.world
+    check_cast(dtype)  # a usage error on every rank alike, before anything is opened
     now = now or now_utc()
     state: dict[str, Any] = {}
 

@@ -229,7 +229,15 @@ def _recording_pickle(record: dict[int, StorageRecord], keep: list[Any]) -> Any:
                 storage = fn(saved_id)
                 untyped = getattr(storage, "_untyped_storage", storage)
                 if isinstance(saved_id, tuple) and len(saved_id) >= 3 and hasattr(untyped, "_cdata"):
-                    record[untyped._cdata] = StorageRecord(str(saved_id[2]), _declared_nbytes(saved_id, storage))
+                    seen = StorageRecord(str(saved_id[2]), _declared_nbytes(saved_id, storage))
+                    first = record.setdefault(untyped._cdata, seen)
+                    if first != seen:
+                        # torch allocates a key's storage from its first id and hands the same
+                        # storage to every later id: a later id declaring another size must not
+                        # replace the size torch built (torch.save never writes one)
+                        raise ValueError(
+                            f"storage {first.key!r} is declared as {first.nbytes} bytes, then as {seen.nbytes}"
+                        )
                     keep.append(storage)  # keeps _cdata from being reused
                 return storage
 

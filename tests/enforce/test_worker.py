@@ -230,6 +230,19 @@ def test_a_storage_key_declared_twice_with_two_sizes_is_refused(tmp_path: Path) 
     assert "storage '0' is declared as 4000 bytes, then as 204" in str(ei.value)
 
 
+def test_a_legacy_format_storage_reports_its_own_size(tmp_path: Path) -> None:
+    """A legacy (non-zip) persistent id counts its root storage's elements, which need not be those of
+    the view it returns: no declared size is taken from it (and no zip record exists to compare)."""
+    path = tmp_path / "legacy.pt"
+    torch.save({"w": torch.ones(51)}, path, _use_new_zipfile_serialization=False)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _obj, record, _keep = wm._load_one(wp.SpecFile(fd=fd, relpath="legacy.pt", sha256="0" * 64), with_data=False)
+    finally:
+        os.close(fd)
+    assert [r.nbytes for r in record.values()] == [None]
+
+
 def test_select_streams_only_the_requested_tensor_through_a_sink(inputs: _Inputs, profile: ContainmentProfile) -> None:
     big = torch.arange(50_000, dtype=torch.float32)
     torch.save({"a": big, "b": torch.ones(3)}, inputs.root / "m.pt")

@@ -201,8 +201,9 @@ def _verify_inputs(files: tuple[SpecFile, ...]) -> None:
 
 def _declared_nbytes(saved_id: tuple[Any, ...], storage: Any) -> int | None:
     """``numel x element size`` from a torch-zip persistent id ``('storage', type, key, location,
-    numel)``; None when the id carries no element count (the legacy format)."""
-    numel = saved_id[4] if len(saved_id) >= 5 else None
+    numel)``; None for any other id: the legacy (non-zip) format's ``(..., numel, view_metadata)``
+    counts the root storage's elements, not those of the view it may return."""
+    numel = saved_id[4] if len(saved_id) == 5 else None
     if type(numel) is not int or numel < 0:
         return None
     size = storage.element_size() if hasattr(storage, "element_size") else 1

@@ -3,6 +3,7 @@ connect, exec or read outside their descriptors; benign files give the right pla
 
 from __future__ import annotations
 
+import collections
 import errno
 import hashlib
 import importlib.util
@@ -186,6 +187,60 @@ def test_the_plan_load_records_each_storage_key_with_its_declared_size(tmp_path:
     got = {k: (v["__tensor__"]["storage_key"], v["__tensor__"]["storage_nbytes"]) for k, v in tree.items()}
     assert {k: n for k, (_, n) in got.items()} == {"w": 204, "b": 6, "u": 5}
     assert all(sizes[key] == n for key, n in got.values())
+
+
+class _StorageId:
+    def __init__(self, numel: int) -> None:
+        self.numel = numel
+
+
+class _Rebuilt:
+    def __init__(self, ref: _StorageId, n: int) -> None:
+        self.ref, self.n = ref, n
+
+    def __reduce__(self) -> Any:
+        return (torch._utils._rebuild_tensor_v2, (self.ref, 0, (self.n,), (1,), False, collections.OrderedDict()))
+
+
+def test_a_storage_key_declared_twice_with_two_sizes_is_refused(tmp_path: Path) -> None:
+    """torch builds a key's storage from its first persistent id (here 1000 floats) and returns it
+    for every later id of that key; a later id declaring the zip record's size (51 floats) must not
+    become the size the plan reports, or the parent's record-size comparison passes for a storage
+    torch built four times larger (and which a load with data refuses)."""
+
+    class _Pickler(pickle.Pickler):
+        def persistent_id(self, o: Any) -> Any:
+            return ("storage", torch.FloatStorage, "0", "cpu", o.numel) if isinstance(o, _StorageId) else None
+
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=2).dump({"a": _Rebuilt(_StorageId(1000), 51), "b": _Rebuilt(_StorageId(51), 51)})
+    path = tmp_path / "m.pt"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", buf.getvalue())
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/data/0", bytes(204))
+        z.writestr("archive/version", "3\n")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(wp.WorkerError) as ei:
+            wm._load_one(wp.SpecFile(fd=fd, relpath="m.pt", sha256="0" * 64), with_data=False)
+    finally:
+        os.close(fd)
+    assert ei.value.code == "runtime.worker.load_failed"
+    assert "storage '0' is declared as 4000 bytes, then as 204" in str(ei.value)
+
+
+def test_a_legacy_format_storage_reports_its_own_size(tmp_path: Path) -> None:
+    """A legacy (non-zip) persistent id counts its root storage's elements, which need not be those of
+    the view it returns: no declared size is taken from it (and no zip record exists to compare)."""
+    path = tmp_path / "legacy.pt"
+    torch.save({"w": torch.ones(51)}, path, _use_new_zipfile_serialization=False)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _obj, record, _keep = wm._load_one(wp.SpecFile(fd=fd, relpath="legacy.pt", sha256="0" * 64), with_data=False)
+    finally:
+        os.close(fd)
+    assert [r.nbytes for r in record.values()] == [None]
 
 
 def test_select_streams_only_the_requested_tensor_through_a_sink(inputs: _Inputs, profile: ContainmentProfile) -> None:

@@ -201,8 +201,9 @@ def _verify_inputs(files: tuple[SpecFile, ...]) -> None:
 
 def _declared_nbytes(saved_id: tuple[Any, ...], storage: Any) -> int | None:
     """``numel x element size`` from a torch-zip persistent id ``('storage', type, key, location,
-    numel)``; None when the id carries no element count (the legacy format)."""
-    numel = saved_id[4] if len(saved_id) >= 5 else None
+    numel)``; None for any other id: the legacy (non-zip) format's ``(..., numel, view_metadata)``
+    counts the root storage's elements, not those of the view it may return."""
+    numel = saved_id[4] if len(saved_id) == 5 else None
     if type(numel) is not int or numel < 0:
         return None
     size = storage.element_size() if hasattr(storage, "element_size") else 1
@@ -229,7 +230,15 @@ def _recording_pickle(record: dict[int, StorageRecord], keep: list[Any]) -> Any:
                 storage = fn(saved_id)
                 untyped = getattr(storage, "_untyped_storage", storage)
                 if isinstance(saved_id, tuple) and len(saved_id) >= 3 and hasattr(untyped, "_cdata"):
-                    record[untyped._cdata] = StorageRecord(str(saved_id[2]), _declared_nbytes(saved_id, storage))
+                    seen = StorageRecord(str(saved_id[2]), _declared_nbytes(saved_id, storage))
+                    first = record.setdefault(untyped._cdata, seen)
+                    if first != seen:
+                        # torch allocates a key's storage from its first id and hands the same
+                        # storage to every later id: a later id declaring another size must not
+                        # replace the size torch built (torch.save never writes one)
+                        raise ValueError(
+                            f"storage {first.key!r} is declared as {first.nbytes} bytes, then as {seen.nbytes}"
+                        )
                     keep.append(storage)  # keeps _cdata from being reused
                 return storage
 

@@ -361,3 +361,15 @@ def test_zero_to_fp32_readback_equals_expected(name: str, monkeypatch: pytest.Mo
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     _torch_equal(get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(name))), name)
+
+
+def test_every_farm_run_fixture_is_taken_in_by_the_run_tests() -> None:
+    """tests/test_pipeline_run_fixtures.py finds each release's Trainer and Accelerate outputs by the
+    generator spec in their meta.json; a fixture a lock makes with such a spec must be among them
+    (a missing or misspelled ``farm.spec`` would otherwise drop it silently)."""
+    from tests.test_pipeline_run_fixtures import FSDP_RUNS, RUN_SPECS, RUNS
+
+    made = {job.name: job.spec for _, job in FARM.values() if job.same_bytes_as is None and job.name in NAMES}
+    want = {n for n, spec in made.items() if spec in RUN_SPECS}
+    assert want and want <= set(RUNS)
+    assert {n for n, spec in made.items() if spec == "trainer_fsdp_sharded"} <= set(FSDP_RUNS)

@@ -5,11 +5,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ckptgate.digest import Digest, FixtureDigest, MalformedDigest, ManifestEntry, canonical_manifest, fixture_digest
+from ckptgate.digest import (
+    YIELD_NICENESS,
+    Digest,
+    FixtureDigest,
+    MalformedDigest,
+    ManifestEntry,
+    canonical_manifest,
+    fixture_digest,
+    hash_files,
+)
 from ckptgate.errors import InputRejected, VerificationError
 from ckptgate.inspect.walk import SafeTree
 
@@ -47,6 +58,31 @@ def test_parallel_equals_sequential_and_progress_counts_bytes(tmp_path: Path) ->
         many = fixture_digest(t, workers=4, progress=seen.append)
         assert sum(seen) == t.total_bytes
     assert one == many
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_yielding_digest_hashes_on_nicer_threads_of_its_own(tmp_path: Path, workers: int) -> None:
+    """Issue #36: ``yielding`` lowers the priority of the digest's own threads (even at one worker,
+    where the digest otherwise runs on the caller's thread) and never the caller's."""
+
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    root = _tree(tmp_path / "ck")
+    caller = niceness()
+    seen: dict[bool, set[tuple[int, int]]] = {True: set(), False: set()}
+    with SafeTree.open(root) as t:
+        for yielding in (True, False):
+
+            def also(path: str, yielding: bool = yielding) -> Callable[[int, memoryview], None]:
+                return lambda off, view: seen[yielding].add((threading.get_native_id(), niceness()))
+
+            got = hash_files(t, [e.path for e in t.entries], workers=workers, also=also, yielding=yielding)
+            assert sorted(got, key=lambda e: e.path) == list(fixture_digest(t, workers=1).manifest)
+    assert {n for _, n in seen[True]} == {min(19, caller + YIELD_NICENESS)}
+    assert threading.get_native_id() not in {tid for tid, _ in seen[True]}
+    assert {n for _, n in seen[False]} == {caller}
+    assert niceness() == caller
 
 
 def test_any_change_changes_the_digest(tmp_path: Path) -> None:

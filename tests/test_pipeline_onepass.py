@@ -8,12 +8,14 @@ import hashlib
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ckptgate import grouped, measure, pipeline
+from ckptgate.digest import YIELD_NICENESS
 from ckptgate.errors import PolicyDenied
 from ckptgate.inspect import SafeTree, inspect_open_tree
 from ckptgate.pipeline import intake
@@ -73,6 +75,10 @@ def test_a_deny_removes_what_was_staged_and_publishes_nothing(name, signer, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def _niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
 class _Reads:
     """Bytes read with ``preadv`` (the bulk reads: the digest's pass and the writer's) per file of
     the checkpoint, counted on the descriptors and split by reader: the digest's pass (``_hash_fd``)
@@ -82,6 +88,7 @@ class _Reads:
         self.root = str(root.resolve()) + "/"
         self.bytes: dict[str, int] = {}
         self.copied: dict[str, int] = {}
+        self.niceness: dict[str, set[int]] = {"digest": set(), "copy": set()}  # of the reading threads
         self._real = os.preadv
 
     def preadv(self, fd: int, buffers: Any, offset: int, *flags: int) -> int:
@@ -89,8 +96,10 @@ class _Reads:
         target = os.readlink(f"/proc/self/fd/{fd}")
         if target.startswith(self.root):
             rel = target[len(self.root):]
-            count = self.bytes if sys._getframe(1).f_code.co_name == "_hash_fd" else self.copied
+            digest = sys._getframe(1).f_code.co_name == "_hash_fd"
+            count = self.bytes if digest else self.copied
             count[rel] = count.get(rel, 0) + max(n, 0)
+            self.niceness["digest" if digest else "copy"].add(_niceness())
         return n
 
 
@@ -105,6 +114,7 @@ def test_every_input_byte_is_read_once_where_the_sources_are_not_held(name, sign
     sizes = {e.path: e.size for e in result.evaluation.digest.manifest}
     assert reads.bytes == {p: s for p, s in sizes.items() if s}  # each file once, in full: no second pass
     assert reads.copied == {}
+    assert reads.niceness["digest"] == {_niceness()}  # no copy beside it to yield to
     assert (tmp_path / "out" / RECEIPT_NAME).is_file()
 
 
@@ -133,6 +143,8 @@ def test_held_sources_are_hashed_once_and_copied_beside_the_digest(name, signer,
     placed = sum(o["size"] for o in result.receipt["outputs"] if o["file"].endswith(".safetensors"))
     assert sum(reads.copied.values()) < placed  # the tensors' bytes, not the output headers
     assert copied_before_decision and copied_before_decision[0]  # the copy ran beside the digest
+    # the digest's threads yield to the copy's serial chain; the caller's thread keeps its priority
+    assert reads.niceness == {"digest": {min(19, _niceness() + YIELD_NICENESS)}, "copy": {_niceness()}}
     for o in result.receipt["outputs"]:  # the receipt's hashes are the bytes on disk
         data = (tmp_path / "out" / o["file"]).read_bytes()
         assert len(data) == o["size"] and hashlib.sha256(data).hexdigest() == o["sha256"]

@@ -42,7 +42,7 @@ from ckptgate.group import Group
 from ckptgate.inspect import Inspection, SafeTree
 from ckptgate.inspect._threads import usable_cores
 from ckptgate.judge import judge
-from ckptgate.measure import NO_PROGRESS, Also, Measured, Progress, measure
+from ckptgate.measure import NO_PROGRESS, Measured, Progress, Staged, measure
 from ckptgate.onepass import OnePass
 from ckptgate.outcome import Consolidated, Evaluation, IntakeResult, io_failure, published, still_held
 from ckptgate.publish import check_destination, open_destination, open_stage, staging
@@ -237,7 +237,7 @@ def grouped_intake(
             early().start()  # the embedded OPA launches while inspection reads
         return tree, tree.hold()  # before anything is read: a read lease on every file, where the kernel gives one
 
-    def one_pass(inspection: Inspection) -> Also | None:  # a world of one writes in the digest's pass where it can
+    def one_pass(inspection: Inspection) -> Staged | None:  # a world of one writes in the digest's pass where it can
         one = state["one"] = stack.enter_context(
             OnePass(
                 state["destination"],

@@ -29,9 +29,8 @@ from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tr
 from ckptgate.inspect.findings import finding_from_json
 from ckptgate.inspect.leases import lease_facts, leases_bind
 from ckptgate.judge import needs_profile, refuse_if, run_preflight
-from ckptgate.verify import prepare_statement_checks
 
-__all__ = ["NO_PROGRESS", "Also", "Asker", "Measured", "Progress", "combine_also", "measure"]
+__all__ = ["NO_PROGRESS", "Also", "Asker", "Measured", "Progress", "Staged", "combine_also", "measure"]
 
 #: What the digest hands each file's chunks to, besides its hash: ``path -> callable or None``.
 Also = Callable[[str], Callable[[int, memoryview], None] | None]
@@ -66,6 +65,17 @@ class Measured:
     leased: bool  # whether the ranks' read leases bind what one copies to what another hashed
     chunks: dict[str, list[str]] | None  # the chunk manifest, where leases do not bind a world above one
     hash_seconds: list[float]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Staged:
+    """What a one pass staged before the digest (:class:`ckptgate.onepass.OnePass`): the ``also``
+    that writes the output from the digest's own buffer, or ``copy_beside`` when the output is
+    copied by a serial chain of its own beside the digest, to which the digest's threads yield
+    (:func:`~ckptgate.digest.hash_files`, ``yielding``)."""
+
+    also: Also | None = None
+    copy_beside: bool = False
 
 
 def combine_also(*readers: Also | None) -> Also:
@@ -105,14 +115,14 @@ def measure(
     *,
     ask: Asker | None = None,
     containment: ContainmentProfile | None = None,
-    stage: Callable[[Inspection], Also | None] | None = None,
+    stage: Callable[[Inspection], Staged | None] | None = None,
     progress: Progress = NO_PROGRESS,
     workers: int | None = None,
 ) -> Measured:
     """Inspect and digest across ``group``.  ``open_tree`` opens SRC (and says whether it holds
     its files) in the inspect step; ``ask`` is rank 0's precheck; ``stage``, at a world of one, is
-    handed the inspection before the digest and may return an ``also`` that writes the output from
-    the digest's own buffer (:class:`ckptgate.onepass.OnePass`).  ``workers`` threads hash
+    handed the inspection before the digest and may stage the output in the digest's pass
+    (:class:`Staged`, :class:`ckptgate.onepass.OnePass`).  ``workers`` threads hash
     (default: the cores this process may run on)."""
     rank, world = group.rank, group.world
     crcs = DeferredCrcs()
@@ -161,18 +171,26 @@ def measure(
         stop = threading.Event()  # set by a refusing precheck, or by a signal that aborts the run
         with (
             interrupts.cancelling(stop),
-            ThreadPoolExecutor(max_workers=3, thread_name_prefix="ckptgate-beside-digest") as pool,
+            ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptgate-beside-digest") as pool,
         ):
-            pool.submit(prepare_statement_checks)
             wanted = rank == 0 and containment is None and needs_profile(inspection)
             profile = pool.submit(run_preflight) if wanted else None
             early = pool.submit(_precheck, ask, inspection, stop) if ask is not None and rank == 0 else None
             if progress.hash_plan is not None:
                 progress.hash_plan(sum(e.size for e in tree.entries if e.path in set(mine)))
-            also = combine_also(recorders.get, crcs.reader, stage(inspection) if stage is not None else None)
+            staged = stage(inspection) if stage is not None else None
+            also = combine_also(recorders.get, crcs.reader, staged.also if staged is not None else None)
             t0 = time.perf_counter()
             try:
-                entries = hash_files(tree, mine, workers=workers, also=also, cancel=stop, progress=progress.hash_bytes)
+                entries = hash_files(
+                    tree,
+                    mine,
+                    workers=workers,
+                    also=also,
+                    cancel=stop,
+                    progress=progress.hash_bytes,
+                    yielding=staged is not None and staged.copy_beside,
+                )
             except DigestCancelled:
                 entries = None
             seconds = time.perf_counter() - t0

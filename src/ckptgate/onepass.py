@@ -25,6 +25,7 @@ from ckptgate.errors import Error, RuntimeFailure
 from ckptgate.inspect import Inspection, SafeTree
 from ckptgate.inspect._threads import usable_cores
 from ckptgate.judge import PURE_DATA_LOADERS
+from ckptgate.measure import Staged
 from ckptgate.outcome import Consolidated, Evaluation, io_failure, still_held
 from ckptgate.publish import Destination, Stage, staging
 
@@ -96,7 +97,7 @@ class OnePass:
     def __exit__(self, *exc: object) -> None:
         self._stack.close()  # closes the outputs, then removes the staging directory unless published
 
-    def begin(self, inspection: Inspection) -> Callable[[str], Callable[[int, memoryview], None] | None] | None:
+    def begin(self, inspection: Inspection) -> Staged | None:
         """Plan and stage for the one pass, or ``None`` for two passes."""
         if (
             self._dtype is not None
@@ -124,7 +125,7 @@ class OnePass:
             if self._tree is not None and self._tree.held:
                 self._plan = plan
                 self._start_held(staged, self._tree, self.stage.fd)
-                return lambda path: None  # the digest only hashes: the held copy reads for itself
+                return Staged(copy_beside=True)  # the digest only hashes: the held copy reads for itself
             self._writer = self._stack.enter_context(StreamedPlan(staged, self.stage.fd, chunk_size=self._chunk))
         except OSError as e:
             raise io_failure(e, self._destination.path) from None
@@ -144,7 +145,7 @@ class OnePass:
 
             return write
 
-        return also
+        return Staged(also=also)
 
     def _start_held(self, staged: ConsolidationPlan, tree: SafeTree, stage_fd: int) -> None:
         """Start writing ``staged`` from the held sources on a thread of its own; leaving the

@@ -190,11 +190,3 @@ def test_provenance_fast_and_reference_validators_agree() -> None:
         except fastjsonschema.JsonSchemaException:
             got.append(False)
     assert got == ref
-
-
-def test_prepare_statement_checks_compiles_every_known_predicate_schema():
-    from ckptgate.verify.statement import PREDICATE_SCHEMAS, TRAINING_SCHEMA, _fast, prepare_statement_checks
-
-    _fast.cache_clear()
-    prepare_statement_checks()
-    assert _fast.cache_info().currsize == len({*PREDICATE_SCHEMAS.values(), TRAINING_SCHEMA})

@@ -23,7 +23,6 @@ from ckptgate.verify.statement import (
     QUALIFICATION_PREDICATE_TYPE,
     STATEMENT_TYPE,
     check_statement,
-    prepare_statement_checks,
 )
 from ckptgate.verify.store import AttestationStore
 from ckptgate.verify.trust import TrustData, TrustDataError, TrustedIdentity, TrustedKey
@@ -47,7 +46,6 @@ __all__ = [
     "check_statement",
     "generate_keypair",
     "pae",
-    "prepare_statement_checks",
     "rejection_facts",
     "sign_payload",
     "sign_statement",

@@ -94,13 +94,6 @@ def _fast(name: str) -> Callable[[Any], Any]:
     return validate
 
 
-def prepare_statement_checks() -> None:
-    """Compile the known predicate schemas now (about 50 ms) rather than on the first statement:
-    the pipeline does it on a thread while the digest hashes."""
-    for name in (*PREDICATE_SCHEMAS.values(), TRAINING_SCHEMA):
-        _fast(name)
-
-
 def schema_text(predicate_type: str = QUALIFICATION_PREDICATE_TYPE) -> str:
     """The JSON Schema (text) for a known predicate type."""
     return (

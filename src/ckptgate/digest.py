@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -159,8 +160,11 @@ def _hash_fd(
 
 
 def _yield_cpu() -> None:
-    """Make the calling (pool) thread :data:`YIELD_NICENESS` nicer; Linux keeps niceness per thread.
-    Advisory: where the platform or a sandbox refuses, the thread keeps its priority."""
+    """Make the calling (pool) thread :data:`YIELD_NICENESS` nicer; Linux keeps niceness per thread
+    (elsewhere ``PRIO_PROCESS`` takes a process id, never a thread's: nothing is changed there).
+    Advisory: where a sandbox refuses, the thread keeps its priority."""
+    if sys.platform != "linux":  # pragma: no cover - the project's platform is Linux
+        return
     tid = threading.get_native_id()
     try:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + YIELD_NICENESS))

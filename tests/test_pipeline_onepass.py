@@ -150,6 +150,29 @@ def test_held_sources_are_hashed_once_and_copied_beside_the_digest(name, signer,
         assert len(data) == o["size"] and hashlib.sha256(data).hexdigest() == o["sha256"]
 
 
+def test_the_digest_yields_only_to_a_copy_beside_it(signer, tmp_path, monkeypatch):
+    """Issue #36: the digest's threads run nicer only while the held copy runs beside them; where
+    the digest writes the output itself (no read leases) or nothing is staged before the decision
+    (a cast: two passes), it keeps the caller's priority."""
+    name = ONE_PASS[0]
+    att = _attestation(name, signer, tmp_path)
+    with SafeTree.open(_src(name)) as tree:
+        held = tree.hold()
+    asked: list[bool] = []
+    real = measure.hash_files
+
+    def hash_files(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs["yielding"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "hash_files", hash_files)
+    intake(_src(name), tmp_path / "held", attestations=[att], options=signer.options)
+    intake(_src(name), tmp_path / "cast", attestations=[att], options=signer.options, dtype="F16")
+    monkeypatch.setattr(SafeTree, "hold", lambda self: False)
+    intake(_src(name), tmp_path / "streamed", attestations=[att], options=signer.options)
+    assert asked == [held, False, False]
+
+
 def _published(dst: Path) -> dict[str, Any]:
     files = {p.name: p.read_bytes() for p in dst.iterdir() if p.name != RECEIPT_NAME}
     receipt = json.loads((dst / RECEIPT_NAME).read_text())

@@ -36,6 +36,7 @@ from ckptgate.inspect._threads import usable_cores
 from ckptgate.inspect.walk import SafeTree
 
 __all__ = [
+    "YIELD_NICENESS",
     "Digest",
     "DigestCancelled",
     "FixtureDigest",

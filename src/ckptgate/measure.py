@@ -3,9 +3,11 @@
 Every rank inspects SRC itself; at a world above one the ranks exchange what inspection read (the
 read ledgers) and split the files by bytes (:func:`~ckptgate.consolidate.shares.assign_by_size`):
 each rank hashes its own share, checking every chunk any rank's inspection read.  At a world of
-one the share is every file.  Beside the digest run the statement schemas' compilation, the
-containment preflight (when a framework load may follow) and, on rank 0, the policy's precheck:
-a precheck that refuses (or cannot be asked), or a signal, stops the digest where it is.
+one the share is every file.  Beside the digest run the containment preflight (when a framework
+load may follow) and, on rank 0, the policy's precheck: a precheck that refuses (or cannot be
+asked), or a signal, stops the digest where it is.  Nothing else runs Python beside it: the
+digest's and the copy's threads each take the GIL between their large reads, hashes and writes,
+so a thread that computes in Python slows all of them (issue #36).
 """
 
 from __future__ import annotations
@@ -76,6 +78,10 @@ class Staged:
 
     also: Also | None = None
     copy_beside: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.also is None) == (not self.copy_beside):
+            raise ValueError("a one pass stages either through the digest's also or by a copy beside it")
 
 
 def combine_also(*readers: Also | None) -> Also:

@@ -44,8 +44,9 @@ class OnePass:
     (:data:`ONE_PASS_LOADERS`: pure data, or the static reader's facts) and no cast was asked
     for, :meth:`begin` (called by :func:`ckptgate.measure.measure` with the inspection, before the digest) plans
     from the inspection, opens a private staging directory beside DST
-    (:func:`ckptgate.publish.staging`) and returns the digest's ``also``: every chunk the digest
-    hashes is written, from the digest's own buffer, into the staged outputs
+    (:func:`ckptgate.publish.staging`) and returns what it staged (:class:`~ckptgate.measure.Staged`):
+    the digest's ``also``, by which every chunk the digest hashes is written, from the digest's own
+    buffer, into the staged outputs
     (:class:`~ckptgate.consolidate.streamed.StreamedPlan`), so the input is read once and the bytes
     written are the bytes hashed.  Every companion inspection checked is staged too; the decision
     names which stay.  Nothing is published before the sequence's enforce step has enforced the decision
@@ -61,7 +62,9 @@ class OnePass:
     checks the leases after it, as two passes do.  The output's hash then never waits on the
     input's read order, no piece is copied to wait for its turn, and no page cache is filled
     (issue #36: a third of the one pass's CPU went to buffered writes and to reading the output
-    back).  The bytes written are the bytes hashed in either mode.
+    back).  :meth:`begin` then returns ``Staged(copy_beside=True)``: the digest's threads yield
+    the cores to the copy's serial chain (:func:`~ckptgate.digest.hash_files`).  The bytes written
+    are the bytes hashed in either mode.
 
     Everything else takes two passes (the sequence's plan and write steps after the decision): the framework
     plane (nothing is loaded, or staged, before the permit; DeepSpeed ZeRO included), casts

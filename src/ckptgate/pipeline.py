@@ -88,8 +88,8 @@ def evaluate(
     loads anything from the checkpoint.
 
     The CRC-32 of torch-zip entries is computed from the bytes the digest reads (one read of the
-    input, not two).  While the digest hashes, the statement schemas are compiled and, when the
-    loaders need a containment profile, the preflight's child runs.  With ``refuse_early``, the
+    input, not two).  While the digest hashes, when the loaders need a containment profile, the
+    preflight's child runs.  With ``refuse_early``, the
     policy's precheck is asked beside the digest, from the inspection alone; when it refuses, the
     digest stops where it is and the refusal is raised (:func:`ckptgate.measure.measure`).
     ``on_hash_plan`` is told the bytes the digest will hash; ``on_hash_bytes`` then receives byte

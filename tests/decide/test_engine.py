@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
 import textwrap
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -46,6 +49,36 @@ def test_embedded_answers_with_revision_and_decision_id(policy_dir):
     assert raw.result["echo"] == {"ok": True, "decision_inputs": []}  # the engine names its inputs (none here)
     assert raw.policy_revision == policy_revision(root)
     assert raw.decision_id  # decision logging is on, so OPA assigns an id
+
+
+def test_a_port_taken_before_opa_binds_is_launched_again_by_the_keeper(policy_dir, monkeypatch):
+    """Review (session 44): after a port collision the relaunch ran on the thread that first asked
+    (the precheck's, a pool thread beside the digest); OPA's PDEATHSIG follows the thread that
+    forks it, so the server died when that thread ended.  Only the keeper forks OPA now."""
+    from ckptgate.decide import engine as eng
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = [taken.getsockname()[1]]
+    real_free, real_launch = eng._free_port, EmbeddedOpa._launch
+    forked_by: list[str] = []
+
+    def launch(self: EmbeddedOpa) -> None:
+        forked_by.append(threading.current_thread().name)
+        real_launch(self)
+
+    monkeypatch.setattr(eng, "_free_port", lambda: ports.pop() if ports else real_free())
+    monkeypatch.setattr(EmbeddedOpa, "_launch", launch)
+    try:
+        with EmbeddedOpa(policy_dir=policy_dir(ECHO), wait=False) as opa:
+            with ThreadPoolExecutor(max_workers=1) as pool:  # the first to ask is a thread that then ends
+                assert pool.submit(opa.evaluate, "ckptgate/intake/decision", {"ok": True}).result().result["allow"]
+            time.sleep(0.3)  # a PDEATHSIG would have been delivered by now
+            assert forked_by == ["ckptgate-opa", "ckptgate-opa"]
+            assert opa.evaluate("ckptgate/intake/decision", {"ok": True}).result["allow"] is True
+    finally:
+        taken.close()
 
 
 def test_embedded_refuses_requests_without_the_owner_token(policy_dir):

@@ -190,7 +190,7 @@ class EmbeddedOpa(_ClientEngine):
         self._revision = bundle.revision if bundle else ""
         self._timeout_s, self._start_timeout_s = timeout_s, start_timeout_s
         self._log_path = log_path or self._workdir / "opa.log"
-        self._ready, self._stop = threading.Event(), threading.Event()
+        self._ready, self._stop, self._wake = threading.Event(), threading.Event(), threading.Event()
         self._failure: BaseException | None = None
         self._staged = ("", "")  # (staged bundle directory, the policy directory it was staged from)
         _install_cleanup()  # signal handlers can only be set from the main thread
@@ -207,8 +207,9 @@ class EmbeddedOpa(_ClientEngine):
                 raise
 
     def _keep(self, bundle: PolicyBundle | None, policy_dir: Path | None, overlays: dict[str, bytes] | None) -> None:
-        """Build the bundle and launch OPA, then stay alive until :meth:`close`: OPA's PDEATHSIG
-        follows the thread that forked it, so this thread must outlive the server."""
+        """Build the bundle and launch OPA, then stay alive until :meth:`close`, launching it again
+        when :meth:`_ensure_started` asks: OPA's PDEATHSIG follows the thread that forked it, so
+        only this thread, which outlives the server, ever forks it."""
         try:
             workdirs.sweep()  # what killed runs left: their owners are provably dead (see ckptgate.workdirs)
             if bundle is None:
@@ -229,7 +230,17 @@ class EmbeddedOpa(_ClientEngine):
             self._failure = e
         finally:
             self._ready.set()
-        self._stop.wait()
+        while True:  # until close(): relaunch on request (the port was taken between the probe and OPA's bind)
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._launch()
+            except BaseException as e:  # raised again in the caller's thread by _ensure_started
+                self._failure = e
+            finally:
+                self._ready.set()
 
     def evaluate(self, entrypoint: str, input_doc: dict[str, Any]) -> RawDecision:
         self._ensure_started()
@@ -253,7 +264,12 @@ class EmbeddedOpa(_ClientEngine):
                     self.close()
                     raise
                 self._attempt += 1
-                self._launch()
+                self._ready.clear()
+                self._wake.set()  # the keeper relaunches: OPA's PDEATHSIG follows the thread that forks it
+                self._ready.wait()
+                if self._failure is not None:
+                    self.close()
+                    raise self._failure from None
             else:
                 self._started = True
                 return
@@ -334,6 +350,7 @@ class EmbeddedOpa(_ClientEngine):
             return
         self._closed = True
         self._stop.set()
+        self._wake.set()
         if self._keeper is not threading.current_thread() and self._keeper.ident is not None:
             self._keeper.join()  # a launch in progress finishes first, so no server outlives close()
         proc = self._proc

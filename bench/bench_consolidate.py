@@ -64,25 +64,29 @@ sys.path.insert(0, str(REPO / "tests"))
 _GEN = r"""
 import os, sys, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import distribute_tensor, Shard
+from torch.distributed.tensor import DTensor, Shard
 import torch.distributed.checkpoint as dcp
 kind, out, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
 dist.init_process_group("gloo")
-mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+rank, world = dist.get_rank(), dist.get_world_size()
+mesh = init_device_mesh("cpu", (world,))
 n_tensors = 16
-rows = max(2, size // n_tensors // (4 * 4096))
-g = torch.Generator().manual_seed(0)
+rows = max(world, size // n_tensors // (4 * 4096) // world * world)
 sd = {}
-for i in range(n_tensors):
-    full = torch.randn(rows, 4096, generator=g)
-    sd[f"layers.{i}.weight"] = distribute_tensor(full, mesh, [Shard(0)])
+for i in range(n_tensors):  # each rank makes only its own shard: memory is the rank's share, not the model
+    g = torch.Generator().manual_seed(i * world + rank)
+    local = torch.randn(rows // world, 4096, generator=g)
+    sd[f"layers.{i}.weight"] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
 if kind == "hf":
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
     writer = HuggingFaceStorageWriter(out, save_distributed=True)
 else:
     writer = dcp.FileSystemWriter(out)
 dcp.save(sd, storage_writer=writer)
+print(f"rank {rank} saved", flush=True)
+dist.barrier()
 dist.destroy_process_group()
+print(f"rank {rank} done", flush=True)
 """
 
 _SIDE = r"""

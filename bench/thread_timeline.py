@@ -5,8 +5,9 @@ OPA, a contained worker) every ``--sample`` seconds, and prints, per ``--bin``, 
 were busy and the busiest threads by name.  Python before 3.14 gives its threads no kernel name,
 so a ``sitecustomize`` put first on the command's ``PYTHONPATH`` names each ``threading.Thread``
 after its Python name (``ckptgate-digest_0`` -> ``ckptgate-digest``), truncated to the kernel's
-15 characters.  Resolution is the kernel's clock tick (10 ms here); the sampler's own CPU is not
-counted.  Used in ``docs/benchmarks.md`` (issue #36) to find idle cores and a copy that fell
+15 characters (it takes the place of any ``sitecustomize`` the interpreter has).  Resolution is
+the kernel's clock tick (10 ms here); the sampler's own CPU is not counted, nor a thread's CPU
+after its last sample.  Used in ``docs/benchmarks.md`` (issue #36) to find idle cores and a copy that fell
 behind the digest.
 
     .venv/bin/python bench/thread_timeline.py [--bin 0.1] [--json OUT] -- .venv/bin/python SCRIPT ARGS...
@@ -109,7 +110,7 @@ def main() -> None:
     print(f"wall {wall:.2f} s, exit {proc.returncode}, CPU {total:.2f} s ({total / wall:.2f} cores on average)")
     if args.json:
         args.json.write_text(json.dumps({"wall_s": wall, "cpu_s": total, "rows": rows}, indent=1))
-    sys.exit(proc.returncode)
+    sys.exit(proc.returncode if proc.returncode >= 0 else 128 - proc.returncode)
 
 
 if __name__ == "__main__":

@@ -157,7 +157,8 @@ def test_the_digest_yields_only_to_a_copy_beside_it(signer, tmp_path, monkeypatc
     name = ONE_PASS[0]
     att = _attestation(name, signer, tmp_path)
     with SafeTree.open(_src(name)) as tree:
-        held = tree.hold()
+        if not tree.hold():
+            pytest.skip("this file system grants no read lease: no copy runs beside the digest")
     asked: list[bool] = []
     real = measure.hash_files
 
@@ -170,7 +171,7 @@ def test_the_digest_yields_only_to_a_copy_beside_it(signer, tmp_path, monkeypatc
     intake(_src(name), tmp_path / "cast", attestations=[att], options=signer.options, dtype="F16")
     monkeypatch.setattr(SafeTree, "hold", lambda self: False)
     intake(_src(name), tmp_path / "streamed", attestations=[att], options=signer.options)
-    assert asked == [held, False, False]
+    assert asked == [True, False, False]
 
 
 def _published(dst: Path) -> dict[str, Any]:

@@ -58,8 +58,7 @@ def test_a_port_taken_before_opa_binds_is_launched_again_by_the_keeper(policy_di
     from ckptgate.decide import engine as eng
 
     taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
+    taken.bind(("127.0.0.1", 0))  # bound, not listening: OPA's bind fails, a probe is refused at once
     ports = [taken.getsockname()[1]]
     real_free, real_launch = eng._free_port, EmbeddedOpa._launch
     forked_by: list[str] = []
@@ -79,6 +78,47 @@ def test_a_port_taken_before_opa_binds_is_launched_again_by_the_keeper(policy_di
             assert opa.evaluate("ckptgate/intake/decision", {"ok": True}).result["allow"] is True
     finally:
         taken.close()
+
+
+def test_a_relaunch_that_cannot_fork_is_an_unavailable_engine(policy_dir, monkeypatch):
+    """Review (session 44): an I/O error of the relaunch (EAGAIN at fork, ENOSPC for the log) is
+    ``engine.opa.start_failed`` (a deny, exit 6), as it is for the first launch."""
+    from ckptgate.decide import engine as eng
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    ports = [taken.getsockname()[1]]
+    real_free, real_launch = eng._free_port, EmbeddedOpa._launch
+    launches: list[int] = []
+
+    def launch(self: EmbeddedOpa) -> None:
+        launches.append(1)
+        if len(launches) > 1:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        real_launch(self)
+
+    monkeypatch.setattr(eng, "_free_port", lambda: ports.pop() if ports else real_free())
+    monkeypatch.setattr(EmbeddedOpa, "_launch", launch)
+    try:
+        opa = EmbeddedOpa(policy_dir=policy_dir(ECHO), wait=False)
+        with pytest.raises(EngineUnavailable) as e:
+            opa.evaluate("ckptgate/intake/decision", {"ok": True})
+        assert e.value.code == "engine.opa.start_failed" and "Resource temporarily unavailable" in e.value.message
+        assert len(launches) == 2 and opa._closed
+    finally:
+        taken.close()
+
+
+def test_close_ends_a_wait_for_a_relaunch(policy_dir):
+    """Review (session 44): a caller waiting for the keeper's relaunch when another thread closes the
+    engine gets ``engine.opa.closed``; it does not wait forever for a launch that will not come."""
+    opa = EmbeddedOpa(policy_dir=policy_dir(ECHO))
+    opa._ready.clear()  # as _ensure_started does before it asks the keeper to relaunch
+    threading.Timer(0.2, opa.close).start()
+    start = time.monotonic()
+    with pytest.raises(EngineUnavailable) as e:
+        opa._wait_ready()
+    assert e.value.code == "engine.opa.closed" and time.monotonic() - start < 5
 
 
 def test_embedded_refuses_requests_without_the_owner_token(policy_dir):

@@ -25,14 +25,11 @@ The embedded server:
 from __future__ import annotations
 
 import atexit
-import ctypes
 import functools
 import hashlib
-import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -44,6 +41,9 @@ from urllib.parse import urlencode, urlparse
 from ckptgate import workdirs
 from ckptgate._resources import default_policy_dir
 from ckptgate.decide._http import Late, OpaHttp, Unreachable
+from ckptgate.decide._opaproc import die_with_parent as _die_with_parent
+from ckptgate.decide._opaproc import free_port as _free_port
+from ckptgate.decide._opaproc import tail as _tail
 from ckptgate.decide.bundle import PolicyBundle, find_opa
 from ckptgate.decide.inputs import DecisionInput
 from ckptgate.errors import EngineUnavailable
@@ -54,7 +54,6 @@ _LATE_ADVICE = (
     "large policy input: raise --opa-timeout. Otherwise the engine or the machine is overloaded."
 )
 _PORT_ATTEMPTS = 3
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,6 +190,7 @@ class EmbeddedOpa(_ClientEngine):
         self._timeout_s, self._start_timeout_s = timeout_s, start_timeout_s
         self._log_path = log_path or self._workdir / "opa.log"
         self._ready, self._stop, self._wake = threading.Event(), threading.Event(), threading.Event()
+        self._starting = threading.Lock()
         self._failure: BaseException | None = None
         self._staged = ("", "")  # (staged bundle directory, the policy directory it was staged from)
         _install_cleanup()  # signal handlers can only be set from the main thread
@@ -220,27 +220,35 @@ class EmbeddedOpa(_ClientEngine):
             self._bundle = bundle
             if not self._stop.is_set():
                 self._launch()
-        except OSError as e:  # EFBIG, ENOSPC... in the private work directory: no engine, which is a deny
-            self._failure = EngineUnavailable(
-                "engine.opa.start_failed",
-                f"the embedded OPA could not be prepared: {e.strerror or e}",
-                evidence={"workdir": str(self._workdir)},
-            )
         except BaseException as e:  # raised again in the caller's thread by _ensure_started
-            self._failure = e
+            self._failure = self._launch_failure(e)
         finally:
             self._ready.set()
-        while True:  # until close(): relaunch on request (the port was taken between the probe and OPA's bind)
-            self._wake.wait()
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self._launch()
-            except BaseException as e:  # raised again in the caller's thread by _ensure_started
-                self._failure = e
-            finally:
-                self._ready.set()
+        try:
+            while True:  # until close(): relaunch on request (the port was taken between the probe and OPA's bind)
+                self._wake.wait()
+                self._wake.clear()
+                if self._stop.is_set():
+                    return
+                try:
+                    self._launch()
+                except BaseException as e:
+                    self._failure = self._launch_failure(e)
+                finally:
+                    self._ready.set()
+        finally:
+            self._ready.set()  # a caller that asked for a relaunch close() cancelled stops waiting
+
+    def _launch_failure(self, e: BaseException) -> BaseException:
+        """What the caller raises for a failure to prepare or launch OPA: an I/O error (EFBIG, ENOSPC
+        in the private work directory; EAGAIN, ENOMEM at fork) is no engine, which is a deny."""
+        if isinstance(e, OSError):
+            return EngineUnavailable(
+                "engine.opa.start_failed",
+                f"the embedded OPA could not be prepared or launched: {e.strerror or e}",
+                evidence={"workdir": str(self._workdir)},
+            )
+        return e
 
     def evaluate(self, entrypoint: str, input_doc: dict[str, Any]) -> RawDecision:
         self._ensure_started()
@@ -249,30 +257,39 @@ class EmbeddedOpa(_ClientEngine):
     def _ensure_started(self) -> None:
         if self._started:
             return
+        with self._starting:  # one caller at a time waits for the start, and asks for any relaunch
+            if self._started:
+                return
+            self._wait_ready()
+            if self._failure is not None:
+                self.close()
+                raise self._failure
+            while True:
+                try:
+                    self._wait_healthy()
+                except EngineUnavailable as e:
+                    # The free port was taken between our probe and OPA's bind: try another one.
+                    if "address already in use" not in e.message or self._attempt >= _PORT_ATTEMPTS - 1:
+                        self.close()
+                        raise
+                    self._attempt += 1
+                    self._ready.clear()
+                    self._wake.set()  # the keeper relaunches: OPA's PDEATHSIG follows the thread that forks it
+                    self._wait_ready()
+                    if self._failure is not None:
+                        self.close()
+                        raise self._failure from None
+                else:
+                    self._started = True
+                    return
+
+    def _wait_ready(self) -> None:
+        """Wait for the keeper's launch; :meth:`close` meanwhile ends the wait (``engine.opa.closed``)."""
+        while not self._ready.wait(0.05):
+            if self._closed:
+                break
         if self._closed:
             raise EngineUnavailable("engine.opa.closed", "the embedded OPA has been stopped")
-        self._ready.wait()
-        if self._failure is not None:
-            self.close()
-            raise self._failure
-        while True:
-            try:
-                self._wait_healthy()
-            except EngineUnavailable as e:
-                # The free port was taken between our probe and OPA's bind: try another one.
-                if "address already in use" not in e.message or self._attempt >= _PORT_ATTEMPTS - 1:
-                    self.close()
-                    raise
-                self._attempt += 1
-                self._ready.clear()
-                self._wake.set()  # the keeper relaunches: OPA's PDEATHSIG follows the thread that forks it
-                self._ready.wait()
-                if self._failure is not None:
-                    self.close()
-                    raise self._failure from None
-            else:
-                self._started = True
-                return
 
     @property
     def pid(self) -> int | None:
@@ -390,41 +407,6 @@ def open_engine(
     return EmbeddedOpa(
         bundle=bundle, policy_dir=policy_dir, overlays=overlays, timeout_s=timeout_s, wait=False, inputs=inputs
     )
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    os.setpgid(0, 0)  # Ctrl-C in a terminal reaches ckptgate, which then stops OPA itself
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _tail(path: Path, limit: int = 800) -> str:
-    """What OPA said last: its exit message (plain text, which for a policy that does not compile
-    spans the error, the source line and a caret), else its last error record."""
-    try:
-        lines = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    plain: list[str] = []
-    for line in reversed(lines):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            plain.append(line.strip())
-            continue
-        if plain:
-            break
-        if isinstance(rec, dict) and (rec.get("level") == "error" or "err" in rec):
-            return str(rec.get("err") or rec.get("msg"))[-limit:]
-    if plain:
-        return " / ".join(reversed([p for p in plain if p]))[:limit]
-    return (lines[-1] if lines else "")[-limit:]
 
 
 def _close_all() -> None:

@@ -1,0 +1,50 @@
+"""The embedded OPA's process, from outside: the child's set-up between fork and exec, a free
+loopback port to launch it on, and what it said last (:mod:`ckptgate.decide.engine` owns it)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+
+__all__ = ["die_with_parent", "free_port", "tail"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    os.setpgid(0, 0)  # Ctrl-C in a terminal reaches ckptgate, which then stops OPA itself
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tail(path: Path, limit: int = 800) -> str:
+    """What OPA said last: its exit message (plain text, which for a policy that does not compile
+    spans the error, the source line and a caret), else its last error record."""
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    plain: list[str] = []
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            plain.append(line.strip())
+            continue
+        if plain:
+            break
+        if isinstance(rec, dict) and (rec.get("level") == "error" or "err" in rec):
+            return str(rec.get("err") or rec.get("msg"))[-limit:]
+    if plain:
+        return " / ".join(reversed([p for p in plain if p]))[:limit]
+    return (lines[-1] if lines else "")[-limit:]

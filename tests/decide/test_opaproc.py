@@ -1,0 +1,26 @@
+"""The embedded OPA's process helpers: a free port, and what OPA said last."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+from ckptgate.decide._opaproc import free_port, tail
+
+
+def test_a_free_port_is_a_loopback_port_nobody_holds() -> None:
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # free: binding it again succeeds
+
+
+def test_tail_prefers_the_plain_exit_message_then_the_last_error_record(tmp_path: Path) -> None:
+    log = tmp_path / "opa.log"
+    info = json.dumps({"level": "info", "msg": "Initializing server."})
+    error = json.dumps({"level": "error", "err": "listen tcp 127.0.0.1:1: bind: address already in use"})
+    log.write_text("\n".join([info, error, info]) + "\n")
+    assert tail(log) == "listen tcp 127.0.0.1:1: bind: address already in use"
+    log.write_text("\n".join([info, "error: 1 error occurred: x.rego:3: rego_parse_error", "  allow :=", "  ^"]))
+    assert tail(log) == "error: 1 error occurred: x.rego:3: rego_parse_error / allow := / ^"
+    assert tail(tmp_path / "missing.log") == ""

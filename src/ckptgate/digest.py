@@ -26,7 +26,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -276,4 +276,21 @@ def hash_files(
     if n_workers == 1 and not yielding:  # yielding threads are the pool's, never the caller's
         return [one(p) for p in order]
     with ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="ckptgate-digest") as ex:
-        return list(ex.map(one, order))
+        futures = [ex.submit(one, p) for p in order]
+        try:
+            return [_result(f) for f in futures]
+        except BaseException:
+            for f in futures:  # as Executor.map does: what has not started never starts
+                f.cancel()
+            raise
+
+
+def _result(future: Future[ManifestEntry]) -> ManifestEntry:
+    """The future's result, waited for in short steps: the kernel may hand a signal to any thread,
+    and Python runs its handler (which cancels the digest) only when the main thread runs again,
+    so a wait with no end could hold an abort until the file is hashed."""
+    while True:
+        try:
+            return future.result(timeout=0.05)
+        except TimeoutError:
+            continue

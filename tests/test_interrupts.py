@@ -76,3 +76,23 @@ def test_without_handling_nothing_changes():
     with interrupts.critical():
         interrupts.committed()
     assert {s: signal.getsignal(s) for s in interrupts.SIGNALS} == before
+
+
+def test_a_wait_for_a_future_ends_when_another_thread_takes_the_signal():
+    """Session 44: the kernel may hand a signal to any thread; the main thread, waiting on a future
+    in :func:`interrupts.result`, still raises the abort within its step, not when the work ends."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    release = threading.Event()
+    with interrupts.handling(), ThreadPoolExecutor(max_workers=1) as pool:
+        busy = pool.submit(release.wait, 20)
+        worker = next(t for t in threading.enumerate() if t.name.startswith("ThreadPoolExecutor"))
+        start = time.monotonic()
+        threading.Timer(0.1, signal.pthread_kill, (worker.ident, signal.SIGTERM)).start()
+        try:
+            with pytest.raises(interrupts.Interrupted):
+                interrupts.result(busy)
+        finally:
+            release.set()
+    assert time.monotonic() - start < 5

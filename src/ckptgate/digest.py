@@ -26,10 +26,11 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ckptgate import interrupts
 from ckptgate.digestvalue import _HEX, ALGORITHM, Digest, MalformedDigest
 from ckptgate.errors import InputRejected
 from ckptgate.inspect._threads import usable_cores
@@ -278,19 +279,8 @@ def hash_files(
     with ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="ckptgate-digest") as ex:
         futures = [ex.submit(one, p) for p in order]
         try:
-            return [_result(f) for f in futures]
+            return [interrupts.result(f) for f in futures]
         except BaseException:
             for f in futures:  # as Executor.map does: what has not started never starts
                 f.cancel()
             raise
-
-
-def _result(future: Future[ManifestEntry]) -> ManifestEntry:
-    """The future's result, waited for in short steps: the kernel may hand a signal to any thread,
-    and Python runs its handler (which cancels the digest) only when the main thread runs again,
-    so a wait with no end could hold an abort until the file is hashed."""
-    while True:
-        try:
-            return future.result(timeout=0.05)
-        except TimeoutError:
-            continue

@@ -25,11 +25,22 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 from ckptgate.errors import Aborted
 
-__all__ = ["SIGNALS", "Interrupted", "cancelling", "committed", "critical", "handling", "past_commit", "received"]
+__all__ = [
+    "SIGNALS",
+    "Interrupted",
+    "cancelling",
+    "committed",
+    "critical",
+    "handling",
+    "past_commit",
+    "received",
+    "result",
+]
 
 #: The signals that abort a run: a hang-up, an interrupt (Ctrl-C), a polite termination.
 SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
@@ -154,3 +165,17 @@ def cancelling(event: threading.Event) -> Iterator[threading.Event]:
         yield event
     finally:
         _state.cancels.discard(event)
+
+
+T = TypeVar("T")
+
+
+def result(future: Future[T]) -> T:
+    """``future.result()``, waited for in short steps.  The kernel may hand a signal to any thread,
+    and Python runs its handler (which raises :class:`Interrupted` and cancels the digest) only
+    when the main thread runs again: a wait with no end could hold an abort until the work is done."""
+    while True:
+        try:
+            return future.result(timeout=0.05)
+        except TimeoutError:
+            continue

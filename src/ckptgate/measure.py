@@ -200,9 +200,9 @@ def measure(
             except DigestCancelled:
                 entries = None
             seconds = time.perf_counter() - t0
-            refuse_if(early.result() if early is not None else None)  # raises what the precheck raised
+            refuse_if(interrupts.result(early) if early is not None else None)  # raises what the precheck raised
             assert entries is not None  # only a refusal or a failed precheck cancels it
-            state["containment"] = profile.result() if profile is not None else containment
+            state["containment"] = interrupts.result(profile) if profile is not None else containment
         for r in recorders.values():
             r.done()
         own = set(mine)

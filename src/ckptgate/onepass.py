@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from ckptgate import interrupts
 from ckptgate.consolidate import adapter_plan, framework_files, with_companions
 from ckptgate.consolidate.chunks import open_sources
 from ckptgate.consolidate.hf.plan import check_dtype, write_config_files
@@ -180,7 +181,7 @@ class OnePass:
         or the streamed writer's."""
         if self._held is not None:
             try:
-                done = self._held.result()
+                done = interrupts.result(self._held)
             except OSError as e:
                 raise io_failure(e, self._destination.path) from None
             still_held(tree)  # the sources held unchanged from the walk to the last byte copied

@@ -85,6 +85,62 @@ def test_a_yielding_digest_hashes_on_nicer_threads_of_its_own(tmp_path: Path, wo
     assert niceness() == caller
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_check_apart_sees_every_chunk_in_order_on_another_thread(tmp_path: Path, workers: int) -> None:
+    """Issue #36: ``apart`` (the CRC-32 pass) runs beside the hashing thread, never on it, and each
+    chunk it is handed still holds the file's bytes while it runs: the hashing thread reads the
+    next chunk into the other buffer, never into the one the check holds."""
+    root = _tree(tmp_path / "ck")
+    hashing: set[int] = set()
+    apart_threads: set[int] = set()
+    got: dict[str, list[tuple[int, bytes]]] = {}
+    lock = threading.Lock()
+
+    def also(path: str) -> Callable[[int, memoryview], None]:
+        return lambda off, view: hashing.add(threading.get_native_id())
+
+    def apart(path: str) -> Callable[[int, memoryview], None]:
+        def check(off: int, view: memoryview) -> None:
+            first = bytes(view)
+            threading.Event().wait(0.002)  # held long enough for the hashing thread to read on
+            with lock:
+                apart_threads.add(threading.get_native_id())
+                got.setdefault(path, []).append((off, first))
+            assert bytes(view) == first  # nobody wrote into the buffer while the check held it
+
+        return check
+
+    with SafeTree.open(root) as t:
+        entries = hash_files(t, [e.path for e in t.entries], workers=workers, buffer_size=1 << 16,
+                             also=also, apart=apart)
+        assert sorted(entries, key=lambda e: e.path) == list(fixture_digest(t, workers=1).manifest)
+    assert hashing and apart_threads and not hashing & apart_threads
+    for path, chunks in got.items():
+        assert [off for off, _ in chunks] == sorted(off for off, _ in chunks)
+        assert b"".join(data for _, data in chunks) == (root / path).read_bytes()
+    assert set(got) == {"a.json", "b.bin", "sub/\u00e9t\u00e9.txt"}  # the empty file has no chunk
+
+
+def test_an_error_in_a_check_apart_is_raised_and_nothing_runs_after(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "ck")
+    calls: list[int] = []
+
+    def apart(path: str) -> Callable[[int, memoryview], None] | None:
+        def check(off: int, view: memoryview) -> None:
+            calls.append(off)
+            if off >= 1 << 20:
+                raise InputRejected("input.test.bad", "a bad chunk")
+
+        return check if path == "b.bin" else None
+
+    with SafeTree.open(root) as t, pytest.raises(InputRejected) as err:
+        hash_files(t, [e.path for e in t.entries], workers=2, buffer_size=1 << 16, apart=apart)
+    assert err.value.code == "input.test.bad"
+    seen = len(calls)
+    threading.Event().wait(0.05)
+    assert len(calls) == seen  # every hand-off was waited for or cancelled before the raise
+
+
 def test_any_change_changes_the_digest(tmp_path: Path) -> None:
     """Capability: digest binding (any change to the tree changes the fixture digest)."""
     root = _tree(tmp_path / "ck")

@@ -20,13 +20,14 @@ named methods (:meth:`Digest.prefixed`, :attr:`Digest.hex`, :meth:`Digest.filena
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,29 +131,49 @@ def canonical_manifest(manifest: tuple[ManifestEntry, ...] | list[ManifestEntry]
 def _hash_fd(
     fd: int,
     size: int,
-    buf: memoryview,
+    bufs: tuple[memoryview, ...],
     progress: Callable[[int], None] | None,
     also: Callable[[int, memoryview], None] | None,
+    apart: tuple[Callable[[int, memoryview], None], ThreadPoolExecutor] | None,
     cancel: threading.Event | None,
 ) -> str:
+    """The sha256 of ``size`` bytes of ``fd``, read into ``bufs`` in turn.  ``also`` sees every
+    chunk on this thread; ``apart`` = ``(check, companion)`` sees it on the companion's thread,
+    while this thread reads and hashes the next chunk into the other buffer (each buffer is
+    reused only once the companion is done with it, and every hand-off is waited for before
+    this returns or raises)."""
     h = hashlib.sha256()
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
     except OSError:  # pragma: no cover - advisory only
         pass
-    off = 0
-    while off < size:
-        if cancel is not None and cancel.is_set():
-            raise DigestCancelled
-        n = os.preadv(fd, [buf[: min(len(buf), size - off)]], off)
-        if n <= 0:
-            break
-        h.update(buf[:n])
-        if also is not None:
-            also(off, buf[:n])
-        off += n
-        if progress is not None:
-            progress(n)
+    handed: collections.deque[Future[None]] = collections.deque()
+    off, turn = 0, 0
+    try:
+        while off < size:
+            if cancel is not None and cancel.is_set():
+                raise DigestCancelled
+            if len(handed) == len(bufs):  # the companion still holds the buffer read next
+                interrupts.result(handed.popleft())
+            buf = bufs[turn % len(bufs)]
+            turn += 1
+            n = os.preadv(fd, [buf[: min(len(buf), size - off)]], off)
+            if n <= 0:
+                break
+            h.update(buf[:n])
+            if also is not None:
+                also(off, buf[:n])
+            if apart is not None:
+                handed.append(apart[1].submit(apart[0], off, buf[:n]))
+            off += n
+            if progress is not None:
+                progress(n)
+        while handed:
+            interrupts.result(handed.popleft())
+    finally:
+        for f in handed:  # on an error: nothing may still read a buffer once this returns
+            f.cancel()
+        wait(handed)
     extra = os.pread(fd, 1, off)
     if off != size or extra:
         raise InputRejected(
@@ -194,15 +215,17 @@ def fixture_digest(
     buffer_size: int = DEFAULT_BUFFER,
     progress: Callable[[int], None] | None = None,
     also: Callable[[str], Callable[[int, memoryview], None] | None] | None = None,
+    apart: Callable[[str], Callable[[int, memoryview], None] | None] | None = None,
     cancel: threading.Event | None = None,
 ) -> FixtureDigest:
     """Hash every walked file of ``tree`` and return the fixture digest.
 
     ``progress`` (thread-safe calls) receives byte counts as they are hashed.  ``also(path)`` may
     return a callable that is handed every chunk of that file as well, ``(offset, bytes)`` in
-    order, on the thread hashing it: another check of the same bytes without another read (the
-    deferred CRC pass, :class:`ckptgate.inspect.DeferredCrcs`).  Setting ``cancel`` stops every
-    thread at its next chunk and raises :class:`DigestCancelled`.
+    order, on the thread hashing it: another check of the same bytes without another read.
+    ``apart(path)`` is the same, on a companion thread (the deferred CRC pass,
+    :class:`ckptgate.inspect.DeferredCrcs`: :func:`hash_files` says why).  Setting ``cancel``
+    stops every thread at its next chunk and raises :class:`DigestCancelled`.
 
     Every byte inspection read through the tree (:meth:`~ckptgate.inspect.SafeTree.reader`) is
     checked against this pass, chunk by chunk: the bytes that decided the layout are the bytes
@@ -216,6 +239,7 @@ def fixture_digest(
             buffer_size=buffer_size,
             progress=progress,
             also=also,
+            apart=apart,
             cancel=cancel,
         )
     )
@@ -229,6 +253,7 @@ def hash_files(
     buffer_size: int = DEFAULT_BUFFER,
     progress: Callable[[int], None] | None = None,
     also: Callable[[str], Callable[[int, memoryview], None] | None] | None = None,
+    apart: Callable[[str], Callable[[int, memoryview], None] | None] | None = None,
     cancel: threading.Event | None = None,
     yielding: bool = False,
 ) -> list[ManifestEntry]:
@@ -236,35 +261,70 @@ def hash_files(
     hashes them (each file's read ledger sealed and checked in the same pass): the per-file part
     of the digest, for a caller that hashes a share of the files (one rank of a distributed intake).
 
-    ``yielding``: the hashing threads run :data:`YIELD_NICENESS` nicer than the caller's other
-    threads (their own threads, never the caller's), for a caller whose copy runs beside the
-    digest.  That copy is one serial chain per output (read, hash, write at the disk's pace); the
-    digest is parallel across files.  Where they share too few cores, the scheduler otherwise
-    splits the cores evenly between the threads, the copy falls behind and finishes alone after
-    the digest (issue #36: 0.4-0.8 s of a 2 GiB intake on 2 cores, one core idle)."""
+    ``apart(path)``, like ``also``, may return a check handed every chunk of that file in order,
+    but on a companion thread of the hashing thread, never on the thread that computes the
+    sha256: the deferred CRC-32 pass (:class:`ckptgate.inspect.DeferredCrcs`).  ISA-L's AVX-512
+    CRC-32 returns without ``vzeroupper`` (intel/isa-l#24), and the SHA-NI instructions OpenSSL's
+    sha256 runs on the same thread afterwards then take about a third longer (issue #36: 0.45
+    CPU-seconds of a 2 GiB torch-zip digest).  A worker that has such a check reads into two
+    buffers in turn, so the check of one chunk runs while the next is read and hashed.
+
+    ``yielding``: the hashing threads (and their companions) run :data:`YIELD_NICENESS` nicer
+    than the caller's other threads (their own threads, never the caller's), for a caller whose
+    copy runs beside the digest.  That copy is one serial chain per output (read, hash, write at
+    the disk's pace); the digest is parallel across files.  Where they share too few cores, the
+    scheduler otherwise splits the cores evenly between the threads, the copy falls behind and
+    finishes alone after the digest (issue #36: 0.4-0.8 s of a 2 GiB intake on 2 cores, one
+    core idle)."""
     if buffer_size < 4096:
         raise ValueError("buffer_size must be at least 4096")
     n_workers = max(1, min(workers or usable_cores(), max(1, len(paths))))
     local = threading.local()
     lock = threading.Lock()
+    companions: list[ThreadPoolExecutor] = []
 
     def tick(n: int) -> None:
         if progress is not None:
             with lock:
                 progress(n)
 
-    def one(path: str) -> ManifestEntry:
-        buf = getattr(local, "buf", None)
-        if buf is None:
-            buf = local.buf = memoryview(bytearray(buffer_size))
+    def buffers(two: bool) -> tuple[memoryview, ...]:
+        bufs: tuple[memoryview, ...] | None = getattr(local, "bufs", None)
+        if bufs is None:
+            bufs = local.bufs = (memoryview(bytearray(buffer_size)),)
             if yielding:
                 _yield_cpu()
+        if two and len(bufs) == 1:
+            bufs = local.bufs = (*bufs, memoryview(bytearray(buffer_size)))
+        return bufs
+
+    def companion() -> ThreadPoolExecutor:
+        ex: ThreadPoolExecutor | None = getattr(local, "companion", None)
+        if ex is None:
+            ex = local.companion = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="ckptgate-digest-apart", initializer=_yield_cpu if yielding else None
+            )
+            with lock:
+                companions.append(ex)
+        return ex
+
+    def one(path: str) -> ManifestEntry:
         entry = tree.entry(path)
         assert entry is not None
         checks = [c for c in (checkers[path], also(path) if also else None) if c is not None]
+        aside = apart(path) if apart else None
+        bufs = buffers(aside is not None)
         fd = tree.open_file(path)
         try:
-            digest = _hash_fd(fd, entry.size, buf, tick if progress else None, _each(checks), cancel)
+            digest = _hash_fd(
+                fd,
+                entry.size,
+                bufs,
+                tick if progress else None,
+                _each(checks),
+                (aside, companion()) if aside is not None else None,
+                cancel,
+            )
         finally:
             os.close(fd)
         return ManifestEntry(path=path, size=entry.size, sha256=digest)
@@ -274,13 +334,17 @@ def hash_files(
             raise ValueError(f"{path!r} is not a walked file of the tree")
     order = sorted(paths, key=lambda p: (-tree.entry(p).size, p))  # type: ignore[union-attr]
     checkers = {p: tree.ledger(p).checker() for p in order}  # all sealed before any hashing begins
-    if n_workers == 1 and not yielding:  # yielding threads are the pool's, never the caller's
-        return [one(p) for p in order]
-    with ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="ckptgate-digest") as ex:
-        futures = [ex.submit(one, p) for p in order]
-        try:
-            return [interrupts.result(f) for f in futures]
-        except BaseException:
-            for f in futures:  # as Executor.map does: what has not started never starts
-                f.cancel()
-            raise
+    try:
+        if n_workers == 1 and not yielding:  # yielding threads are the pool's, never the caller's
+            return [one(p) for p in order]
+        with ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="ckptgate-digest") as ex:
+            futures = [ex.submit(one, p) for p in order]
+            try:
+                return [interrupts.result(f) for f in futures]
+            except BaseException:
+                for f in futures:  # as Executor.map does: what has not started never starts
+                    f.cancel()
+                raise
+    finally:
+        for c in companions:
+            c.shutdown(wait=True)

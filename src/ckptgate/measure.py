@@ -185,7 +185,7 @@ def measure(
             if progress.hash_plan is not None:
                 progress.hash_plan(sum(e.size for e in tree.entries if e.path in set(mine)))
             staged = stage(inspection) if stage is not None else None
-            also = combine_also(recorders.get, crcs.reader, staged.also if staged is not None else None)
+            also = combine_also(recorders.get, staged.also if staged is not None else None)
             t0 = time.perf_counter()
             try:
                 entries = hash_files(
@@ -193,6 +193,7 @@ def measure(
                     mine,
                     workers=workers,
                     also=also,
+                    apart=crcs.reader,
                     cancel=stop,
                     progress=progress.hash_bytes,
                     yielding=staged is not None and staged.copy_beside,

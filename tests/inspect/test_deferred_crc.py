@@ -27,7 +27,7 @@ def _both_ways(root: Path) -> tuple[dict, dict]:
         now = inspect_open_tree(tree).to_facts()
         crcs = DeferredCrcs()
         later = inspect_open_tree(tree, verify_crc=crcs)
-        fixture_digest(tree, also=crcs.reader, buffer_size=4096)  # small chunks: entries span many
+        fixture_digest(tree, apart=crcs.reader, buffer_size=4096)  # small chunks: entries span many
         return now, later.with_findings(crcs.findings()).to_facts()
 
 

@@ -96,7 +96,7 @@ def _measure(tree: SafeTree) -> tuple[Inspection, FixtureDigest]:
     bytes the digest reads, as in :func:`ckptgate.pipeline.evaluate`."""
     crcs = DeferredCrcs()
     inspection = inspect_open_tree(tree, verify_crc=crcs)
-    digest = fixture_digest(tree, also=crcs.reader)
+    digest = fixture_digest(tree, apart=crcs.reader)
     return inspection.with_findings(crcs.findings()), digest
 
 

@@ -96,3 +96,32 @@ def test_a_wait_for_a_future_ends_when_another_thread_takes_the_signal():
         finally:
             release.set()
     assert time.monotonic() - start < 5
+
+
+def test_a_wait_for_many_futures_ends_on_a_signal_or_the_first_failure():
+    """The writer's wait for its outputs (:func:`interrupts.all_done`): a signal handed to a worker
+    thread still aborts the main thread's wait within its step, and the first failure is raised
+    while the other futures still run."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    release = threading.Event()
+
+    def fail() -> None:
+        raise OSError(28, "No space left on device")
+
+    with interrupts.handling(), ThreadPoolExecutor(max_workers=2) as pool:
+        try:
+            busy = [pool.submit(release.wait, 20), pool.submit(fail)]
+            start = time.monotonic()
+            with pytest.raises(OSError, match="No space"):
+                interrupts.all_done(busy)
+            assert time.monotonic() - start < 5 and not busy[0].done()
+            busy = [pool.submit(release.wait, 20)]
+            worker = next(t for t in threading.enumerate() if t.name.startswith("ThreadPoolExecutor"))
+            threading.Timer(0.1, signal.pthread_kill, (worker.ident, signal.SIGTERM)).start()
+            with pytest.raises(interrupts.Interrupted):
+                interrupts.all_done(busy)
+            assert time.monotonic() - start < 5
+        finally:
+            release.set()

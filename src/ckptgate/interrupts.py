@@ -24,8 +24,8 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
-from concurrent.futures import Future
+from collections.abc import Iterable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from typing import Any, TypeVar
 
 from ckptgate.errors import Aborted
@@ -179,3 +179,13 @@ def result(future: Future[T]) -> T:
             return future.result(timeout=0.05)
         except TimeoutError:
             continue
+
+
+def all_done(futures: Iterable[Future[Any]]) -> None:
+    """Wait for every future in short steps (as :func:`result` does), raising the first failure as
+    soon as it happens, not after the others end."""
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=0.05, return_when=FIRST_EXCEPTION)
+        for f in done:
+            f.result()

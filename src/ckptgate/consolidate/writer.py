@@ -52,11 +52,12 @@ import json
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptgate import interrupts
 from ckptgate.consolidate import diskwrite as disk
 from ckptgate.consolidate.cast import convert
 from ckptgate.consolidate.chunks import COPY_CHUNK, MAX_KEPT, ChunkChecked, direct, ended_early
@@ -354,8 +355,7 @@ def _write_plan(
                     for name, fd in opened.items()
                 }
                 try:
-                    for done in as_completed(futures.values()):
-                        done.result()  # the first failure, as soon as it happens
+                    interrupts.all_done(futures.values())  # the first failure, as soon as it happens
                 except BaseException:  # a failed output, or this process stopped: the others stop too
                     stop.set()
                     pool.shutdown(cancel_futures=True)
@@ -366,9 +366,9 @@ def _write_plan(
                     pool.submit(_scatter_source, src, sources[src], segs, expected[src], chunk_size, on_bytes)
                     for src, segs in sorted(segments.items())
                 ]:
-                    f.result()
-                hashed = pool.map(lambda fd: hash_back(fd, chunk_size), opened.values())
-                digests = dict(zip(opened, hashed, strict=True))
+                    interrupts.result(f)
+                hashed = {name: pool.submit(hash_back, fd, chunk_size) for name, fd in opened.items()}
+                digests = {name: interrupts.result(f) for name, f in hashed.items()}
     finally:
         for fd in opened.values():
             os.close(fd)

@@ -1,11 +1,12 @@
-"""A root-confined walk of a checkpoint directory: every open goes through ``openat2``.
+"""The open checkpoint tree (:class:`SafeTree`): every open goes through ``openat2`` beneath the root.
 
-Every path is opened relative to the root directory descriptor with
+:meth:`SafeTree.open` opens the root directory and walks it (the walk, its records
+:class:`FileEntry` and :class:`WalkLimits`, and what it refuses: :mod:`ckptgate.inspect.walkdir`).
+Every walked file is later reopened relative to the root directory descriptor with
 ``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`` plus ``O_NOFOLLOW``
-[R35].  Only regular files are read; symlinks, FIFOs, devices and sockets are refused with
-findings and never opened for reading (a FIFO is only ever ``fstatat``-ed, so it cannot block).
-Where ``openat2`` is unavailable the walk refuses with ``input.walk.openat2_unavailable``:
-there is no fallback to a weaker path resolution.
+[R35], and refused if it is no longer the file that was walked.  Where ``openat2`` is unavailable
+the tree refuses with ``input.walk.openat2_unavailable``: there is no fallback to a weaker path
+resolution.
 
 Inspection reads only through :meth:`SafeTree.reader`, which records the sha256 of every chunk
 it reads; the fixture digest checks those chunks against its own single pass
@@ -21,7 +22,8 @@ snapshot.  Where the kernel refuses a lease (another owner without ``CAP_LEASE``
 disabled, a writer that keeps a file open), and on any file system that is not a local one
 (where a write from another host need not break a lease), ``hold`` returns False and the copy
 hashes every byte it reads and compares with the manifest before anything is published; a contained loader
-always reads a sealed in-memory copy that was hashed as it was made.
+always reads a sealed in-memory copy that was hashed as it was made.  The leases live here, with
+the opens, because a held file's reads go through its leased descriptor (:meth:`SafeTree.open_file`).
 """
 
 from __future__ import annotations
@@ -33,74 +35,19 @@ import resource
 import signal
 import stat
 import threading
-import unicodedata
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 from ckptgate._fs import LOCAL_FILE_SYSTEMS, file_id, fs_magic, openat2  # one openat2 for the whole project [R35]
 from ckptgate.errors import InputRejected
-from ckptgate.inspect.budget import WorkLimits
 from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.hashed import HashedFile, ReadLedger
+from ckptgate.inspect.walkdir import FileEntry, WalkLimits, _walk_dir, _WalkState
 
 __all__ = ["FileEntry", "SafeTree", "WalkLimits", "openat2"]
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WalkLimits:
-    """Bounds on what one walk accepts, and on the tensors its inspection reads across the whole
-    tree; exceeding one refuses the whole tree."""
-
-    max_files: int = 100_000
-    max_depth: int = 32
-    max_name_bytes: int = 255
-    max_total_bytes: int = 1 << 44  # 16 TiB of declared sizes
-    max_tensors: int = 1 << 21  # safetensors and torch-zip tensors, all files together
-    #: Work units per pickle stream and for the whole tree (budget.py).
-    work: WorkLimits = field(default_factory=WorkLimits)
-
-    def __post_init__(self) -> None:
-        for name in ("max_files", "max_depth", "max_name_bytes", "max_total_bytes", "max_tensors"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"WalkLimits.{name} must be a positive int")
-        if not isinstance(self.work, WorkLimits):
-            raise ValueError("WalkLimits.work must be a WorkLimits")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FileEntry:
-    """A regular file found beneath the root, as first seen by ``fstatat``."""
-
-    path: str  # posix, relative to the root, UTF-8
-    size: int
-    dev: int
-    ino: int
-
-    def __post_init__(self) -> None:
-        if not self.path or self.path.startswith("/") or ".." in self.path.split("/"):
-            raise ValueError(f"bad relative path {self.path!r}")
-        if self.size < 0:
-            raise ValueError("negative size")
-
-
-_KIND_NAMES = {
-    stat.S_IFLNK: "symlink",
-    stat.S_IFIFO: "fifo",
-    stat.S_IFCHR: "char_device",
-    stat.S_IFBLK: "block_device",
-    stat.S_IFSOCK: "socket",
-}
-
-
-@dataclass(slots=True)
-class _WalkState:
-    limits: WalkLimits
-    entries: list[FileEntry] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-    total: int = 0
-    count: int = 0
+#: The limits of a walk when the caller names none (frozen, so one instance serves every call).
+_DEFAULT_LIMITS = WalkLimits()
 
 
 class SafeTree:
@@ -132,7 +79,7 @@ class SafeTree:
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
-    def open(cls, root: Path, limits: WalkLimits = WalkLimits()) -> SafeTree:
+    def open(cls, root: Path, limits: WalkLimits = _DEFAULT_LIMITS) -> SafeTree:
         """Open ``root`` (a directory) and walk it beneath its own descriptor."""
         root = Path(root)
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -335,120 +282,3 @@ def _lease(fd: int) -> int:
         return fcntl.fcntl(fd, fcntl.F_GETLEASE)
     except OSError:
         return fcntl.F_UNLCK
-
-
-def _name_ok(name: str, rel: str, st: _WalkState) -> bool:
-    try:
-        raw = name.encode("utf-8")
-    except UnicodeEncodeError:
-        st.findings.append(
-            error("walk.name_not_utf8", rel, "file name is not valid UTF-8; refused", name=repr(os.fsencode(name)))
-        )
-        return False
-    if len(raw) > st.limits.max_name_bytes:
-        st.findings.append(
-            error(
-                "walk.name_too_long",
-                rel,
-                "file name exceeds the name-length limit; refused",
-                length=len(raw),
-                limit=st.limits.max_name_bytes,
-            )
-        )
-        return False
-    if any(ord(c) < 0x20 or c == "\x7f" or c == "\\" for c in name):
-        st.findings.append(
-            error("walk.name_control_chars", rel, "file name contains control characters or a backslash; refused")
-        )
-        return False
-    return True
-
-
-def _walk_dir(dir_fd_rel_root: int, prefix: str, depth: int, st: _WalkState) -> None:
-    if depth > st.limits.max_depth:
-        raise InputRejected(
-            "input.walk.too_deep",
-            f"directory nesting exceeds {st.limits.max_depth}",
-            evidence={"path": prefix, "limit": st.limits.max_depth},
-        )
-    if prefix:
-        try:
-            dfd = openat2(dir_fd_rel_root, prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError as e:
-            st.findings.append(
-                error("walk.dir_unreadable", prefix, f"cannot open directory: {e.strerror}", errno=e.errno)
-            )
-            return
-    else:
-        dfd = os.dup(dir_fd_rel_root)
-    try:
-        names: list[str] = []
-        with os.scandir(dfd) as it:  # streamed, so a huge directory is refused before it is listed
-            for de in it:
-                st.count += 1
-                if st.count > st.limits.max_files:
-                    raise InputRejected(
-                        "input.walk.too_many_files",
-                        f"the tree holds more than {st.limits.max_files} entries",
-                        evidence={"limit": st.limits.max_files},
-                    )
-                names.append(de.name)
-        names.sort()
-        seen: dict[str, str] = {}
-        subdirs: list[str] = []
-        for name in names:
-            rel = f"{prefix}/{name}" if prefix else name
-            if not _name_ok(name, rel, st):
-                continue
-            key = unicodedata.normalize("NFC", name).casefold()
-            if key in seen:
-                st.findings.append(
-                    error(
-                        "walk.name_collision",
-                        rel,
-                        "name collides with another by case or Unicode normalisation",
-                        other=f"{prefix}/{seen[key]}" if prefix else seen[key],
-                    )
-                )
-            else:
-                seen[key] = name
-            try:
-                s = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            except OSError as e:
-                st.findings.append(error("walk.stat_failed", rel, f"cannot stat: {e.strerror}", errno=e.errno))
-                continue
-            fmt = stat.S_IFMT(s.st_mode)
-            if fmt == stat.S_IFDIR:
-                subdirs.append(rel)
-            elif fmt == stat.S_IFREG:
-                if s.st_nlink > 1:
-                    st.findings.append(
-                        error(
-                            "walk.hardlink",
-                            rel,
-                            "regular file has more than one hard link; its content may be "
-                            "shared with a file outside the checkpoint",
-                            nlink=s.st_nlink,
-                        )
-                    )
-                st.total += s.st_size
-                if st.total > st.limits.max_total_bytes:
-                    raise InputRejected(
-                        "input.walk.too_large",
-                        f"the tree's files exceed {st.limits.max_total_bytes} bytes",
-                        evidence={"limit": st.limits.max_total_bytes},
-                    )
-                st.entries.append(FileEntry(path=rel, size=s.st_size, dev=s.st_dev, ino=s.st_ino))
-            else:
-                kind = _KIND_NAMES.get(fmt, "unknown")
-                st.findings.append(
-                    error(
-                        f"walk.{kind}",
-                        rel,
-                        f"{kind.replace('_', ' ')} refused; only regular files and directories are read",
-                    )
-                )
-        for rel in subdirs:
-            _walk_dir(dir_fd_rel_root, rel, depth + 1, st)
-    finally:
-        os.close(dfd)

@@ -2,35 +2,28 @@
 
 Checks, in order: end-of-central-directory at the very end (no comment, no trailing bytes),
 zip64 records consistent, central entries parsed with relative, canonical UTF-8 names that stay
-distinct under case folding, Unicode normalisation and path normalisation (:func:`name_collisions`),
-each local header matches its central entry (name, flags, method, sizes), entries are
-contiguous from offset 0 up to the central directory (no bytes before, between or after),
-no encryption or unknown flag bits, no entry marked as a directory by its external attributes
-(miniz extracts none of its bytes), data descriptors (torch's writer sets bit 3) match the
-central directory, compression ratio capped, and each entry's CRC-32 streamed (ISA-L's CRC-32
-through ``isal``: the same checksum as ``zlib.crc32``, several times faster, which matters because
-it covers every stored tensor byte).  The alignment padding torch writes sits inside the local
-extra field, so it is allowed.
+distinct under case folding, Unicode normalisation and path normalisation (the name rules:
+:mod:`ckptgate.inspect.zipnames`), each local header matches its central entry (name, flags,
+method, sizes), entries are contiguous from offset 0 up to the central directory (no bytes before,
+between or after), no encryption or unknown flag bits, no entry marked as a directory by its
+external attributes (miniz extracts none of its bytes), data descriptors (torch's writer sets
+bit 3) match the central directory, compression ratio capped, and then, unless the caller leaves
+it out, each entry's CRC-32 (:mod:`ckptgate.inspect.zipcrc`, which also holds
+:class:`DeferredCrcs` for a CRC pass left to a reader that streams every file anyway).  The
+alignment padding torch writes sits inside the local extra field, so it is allowed.
 
-The CRC pass is the only part that reads every byte.  :class:`DeferredCrcs` lets another reader
-that streams every file once anyway (the fixture digest) compute it from the same bytes, so an
-intake reads its input one time fewer; its findings are the same as the immediate pass's.
+The records it returns and the bounded view it reads through are in :mod:`ckptgate.inspect.zipview`;
+this module re-exports every name it exported before they moved.
 """
 
 from __future__ import annotations
 
-import posixpath
 import struct
-import threading
-import unicodedata
-import zlib
-from collections.abc import Callable
-from dataclasses import dataclass
 
-from isal.isal_zlib import crc32
-
-from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.hashed import HashedFile
+from ckptgate.inspect.zipcrc import CrcMode, DeferredCrcs, _crc, verify_crcs
+from ckptgate.inspect.zipnames import _canonical, name_collisions
+from ckptgate.inspect.zipview import _Z, ZipEntry, ZipReport, _Fail
 
 __all__ = [
     "CrcMode",
@@ -54,109 +47,6 @@ _ALLOWED_FLAGS = 0x0002 | 0x0004 | 0x0008 | 0x0800
 #: entry with it set as a directory, whatever its name, and extracts none of its bytes: torch then
 #: returns an uninitialised buffer of the entry's size instead of the stored data.
 _DOS_DIRECTORY = 0x10
-_CHUNK = 1 << 20
-_STORED_CHUNK = 8 << 20
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ZipEntry:
-    name: str
-    flags: int
-    method: int
-    crc: int
-    compressed_size: int
-    size: int
-    header_offset: int  # relative to the zip's start
-    data_offset: int  # relative to the zip's start; from the *local* header's name and extra lengths
-    index: int  # position in the central directory (what miniz's file index means)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ZipReport:
-    entries: tuple[ZipEntry, ...]
-    findings: tuple[Finding, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not any(f.severity == "error" for f in self.findings)
-
-    def by_name(self) -> dict[str, ZipEntry]:
-        return {e.name: e for e in self.entries}
-
-
-#: Ways two distinct entry names can name one file for some reader.  miniz (torch's reader) folds
-#: ASCII case; file systems and other zip readers fold Unicode case, compose or compatibility-
-#: normalise, or normalise paths.  ``casefold`` covers miniz's ASCII folding: two names that differ
-#: only by ASCII case have the same ``casefold``.
-def _path_fold(name: str) -> str:
-    return posixpath.normpath("/" + name.replace("\\", "/")).lstrip("/")
-
-
-_FOLDS: tuple[tuple[str, Callable[[str], str]], ...] = (
-    ("case", str.casefold),
-    ("nfc", lambda n: unicodedata.normalize("NFC", n)),
-    ("nfkc", lambda n: unicodedata.normalize("NFKC", n)),
-    ("path", _path_fold),
-    ("combined", lambda n: _combined(n)),
-)
-
-
-def _combined(name: str) -> str:
-    """Every fold at once, to a fixed point: NFKC can make a ``/`` or ``.`` (U+FF0F, U+FE52) that
-    path folding then removes, and case folding can un-normalise."""
-    for _ in range(4):
-        k = _path_fold(unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold()))
-        if k == name:
-            break
-        name = k
-    return name
-
-
-def name_collisions(names: list[str] | tuple[str, ...]) -> list[tuple[str, str, str]]:
-    """``(fold, first, second)`` for each pair of distinct names that a fold maps to the same key,
-    named by the first fold that does (exact duplicates are left to the caller)."""
-    out: list[tuple[str, str, str]] = []
-    pairs: set[tuple[str, str]] = set()
-    distinct = list(dict.fromkeys(names))
-    for fold, f in _FOLDS:
-        seen: dict[str, str] = {}
-        for n in distinct:
-            other = seen.setdefault(f(n), n)
-            if other != n and (other, n) not in pairs:
-                pairs.add((other, n))
-                out.append((fold, other, n))
-    return out
-
-
-def _canonical(name: str) -> bool:
-    """No empty, ``.`` or ``..`` segment: no ``a//b``, ``a/./b``, leading or trailing slash
-    (a directory entry).  torch's writer never produces one; readers normalise them differently."""
-    return all(seg not in ("", ".", "..") for seg in name.split("/"))
-
-
-class _Fail(Exception):
-    pass
-
-
-class _Z:
-    def __init__(self, src: HashedFile, base: int, size: int, path: str) -> None:
-        self.src, self.base, self.size, self.path = src, base, size, path
-        self.findings: list[Finding] = []
-
-    def read(self, off: int, n: int) -> bytes:
-        if off < 0 or n < 0 or off + n > self.size:
-            self.fail("zip.truncated", "a structure points beyond the end of the zip", offset=off, length=n)
-        b = self.src.pread(n, self.base + off)
-        if len(b) != n:
-            self.fail("zip.truncated", "short read", offset=off, length=n)
-        return b
-
-    def err(self, code: str, msg: str, **ev: object) -> None:
-        self.findings.append(error(code, self.path, msg, **ev))
-
-    def fail(self, code: str, msg: str, **ev: object) -> None:
-        self.err(code, msg, **ev)
-        raise _Fail
 
 
 def _zip64_extra(extra: bytes, usize: int, csize: int, off: int) -> tuple[int, int, int] | None:
@@ -324,42 +214,6 @@ def _descriptor(z: _Z, at: int, crc: int, csize: int, usize: int, limit: int) ->
     return 0  # unreachable
 
 
-def _crc(z: _Z, e: ZipEntry) -> None:
-    crc = 0
-    left = e.compressed_size
-    pos = e.data_offset
-    if e.method == 0:  # stored: every tensor byte of a torch zip; one reused buffer, no copies
-        if pos < 0 or pos + left > z.size:
-            z.fail("zip.truncated", "a structure points beyond the end of the zip", offset=pos, length=left)
-        buf = memoryview(bytearray(min(_STORED_CHUNK, left)))
-        while left:
-            n = z.src.read_unrecorded(buf[: min(len(buf), left)], z.base + pos)  # CRC only: adds findings
-            if n <= 0:
-                z.fail("zip.truncated", "short read", offset=pos, length=left)
-            crc = crc32(buf[:n], crc)
-            pos += n
-            left -= n
-    else:
-        d = zlib.decompressobj(-15)
-        out = 0
-        while left:
-            b = z.read(pos, min(_CHUNK, left))
-            pos += len(b)
-            left -= len(b)
-            while b:
-                chunk = d.decompress(b, _CHUNK)
-                out += len(chunk)
-                if out > e.size:
-                    z.fail("zip.size_mismatch", "entry inflates beyond its declared size", name=e.name)
-                crc = crc32(chunk, crc)
-                b = d.unconsumed_tail
-        out += len(d.flush())
-        if out != e.size:
-            z.fail("zip.size_mismatch", "entry inflates to a size other than declared", name=e.name)
-    if crc != e.crc:
-        z.err("zip.bad_crc", "CRC-32 of the entry does not match", name=e.name, expected=e.crc, actual=crc)
-
-
 def check_zip(
     src: HashedFile,
     size: int,
@@ -469,129 +323,6 @@ def check_zip(
         pass
     # central directory order: torch derives the archive's prefix from entry 0
     return ZipReport(entries=tuple(sorted(entries, key=lambda e: e.index)), findings=tuple(z.findings))
-
-
-def verify_crcs(
-    src: HashedFile, size: int, entries: tuple[ZipEntry, ...], *, path: str, base: int = 0
-) -> tuple[Finding, ...]:
-    """Stream the CRC-32 of already checked entries (run after the cheap structural checks)."""
-    z = _Z(src, base, size, path)
-    try:
-        for e in entries:
-            _crc(z, e)
-    except _Fail:
-        pass
-    return tuple(z.findings)
-
-
-class DeferredCrcs:
-    """CRC-32 checks of stored zip entries, left to a reader that streams each file once, in order.
-
-    Inspection adds (:meth:`add`) the entries of every torch zip it would otherwise CRC; the reader
-    asks :meth:`reader` for a per-file callable and feeds it every chunk of that file, in order
-    (the fixture digest does, from the same descriptors it hashes).  :meth:`findings` then gives
-    what the immediate pass would have: ``zip.bad_crc``, plus ``zip.truncated`` for an entry the
-    reader never reached and ``zip.crc_not_checked`` for a file it never streamed, so a check that
-    was skipped is never read as one that passed.  Safe to use from several threads.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._spans: dict[str, list[tuple[int, ZipEntry]]] = {}
-        self._files: dict[str, _StreamedCrcs] = {}
-
-    def add(self, path: str, base: int, entries: tuple[ZipEntry, ...]) -> None:
-        """Entries of the zip at offset ``base`` of ``path`` (stored entries only)."""
-        if any(e.method != 0 for e in entries):
-            raise ValueError("only stored entries can be checked from streamed bytes")
-        with self._lock:
-            self._spans.setdefault(path, []).extend((base + e.data_offset, e) for e in entries)
-
-    def reader(self, path: str) -> Callable[[int, memoryview], None] | None:
-        """The callable that takes ``(offset, chunk)`` of ``path`` in order; ``None`` if it has no entries."""
-        with self._lock:
-            spans = self._spans.get(path)
-            if not spans:
-                return None
-            f = self._files[path] = _StreamedCrcs(path, spans)
-        return f.update
-
-    def findings(self) -> list[Finding]:
-        out: list[Finding] = []
-        with self._lock:
-            for path in sorted(self._spans):
-                f = self._files.get(path)
-                if f is None:
-                    out.append(
-                        error("zip.crc_not_checked", path, "the CRC-32 of this file's zip entries was never computed")
-                    )
-                else:
-                    out.extend(f.findings())
-        return out
-
-
-#: ``True``: CRC every entry now; ``False``: do not; :class:`DeferredCrcs`: leave stored entries to it.
-CrcMode = bool | DeferredCrcs
-
-
-class _StreamedCrcs:
-    def __init__(self, path: str, spans: list[tuple[int, ZipEntry]]) -> None:
-        self.path = path
-        self.spans = sorted(spans, key=lambda s: s[0])
-        self.crcs = [0] * len(self.spans)
-        self.pos = 0
-        self.next = 0
-        self.active: list[int] = []
-        self.out_of_order = False
-
-    def update(self, offset: int, chunk: memoryview) -> None:
-        if offset != self.pos:
-            self.out_of_order = True
-            return
-        end = offset + len(chunk)
-        while self.next < len(self.spans) and self.spans[self.next][0] < end:
-            self.active.append(self.next)
-            self.next += 1
-        for i in self.active:
-            start, e = self.spans[i]
-            lo, hi = max(offset, start), min(end, start + e.compressed_size)
-            if lo < hi:
-                self.crcs[i] = crc32(chunk[lo - offset : hi - offset], self.crcs[i])
-        self.active = [i for i in self.active if self.spans[i][0] + self.spans[i][1].compressed_size > end]
-        self.pos = end
-
-    def findings(self) -> list[Finding]:
-        if self.out_of_order:
-            return [
-                error(
-                    "zip.crc_not_checked", self.path, "the file was not streamed in order; its CRC-32 cannot be trusted"
-                )
-            ]
-        out = []
-        for (start, e), crc in zip(self.spans, self.crcs, strict=True):
-            if self.pos < start + e.compressed_size:
-                out.append(
-                    error(
-                        "zip.truncated",
-                        self.path,
-                        "the file ended before this entry's data did",
-                        name=e.name,
-                        offset=start,
-                        length=e.compressed_size,
-                    )
-                )
-            elif crc != e.crc:
-                out.append(
-                    error(
-                        "zip.bad_crc",
-                        self.path,
-                        "CRC-32 of the entry does not match",
-                        name=e.name,
-                        expected=e.crc,
-                        actual=crc,
-                    )
-                )
-        return out
 
 
 def list_zip_names(

@@ -67,7 +67,8 @@ def test_parallel_equals_sequential_and_progress_counts_bytes(tmp_path: Path) ->
 @pytest.mark.parametrize("workers", [1, 3])
 def test_a_yielding_digest_hashes_on_nicer_threads_of_its_own(tmp_path: Path, workers: int) -> None:
     """Issue #36: ``yielding`` lowers the priority of the digest's own threads (even at one worker,
-    where the digest otherwise runs on the caller's thread) and never the caller's."""
+    where the digest otherwise runs on the caller's thread) and of their companions (``apart``),
+    by one step (a companion inherits its hashing thread's), and never the caller's."""
 
     def niceness() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
@@ -83,7 +84,8 @@ def test_a_yielding_digest_hashes_on_nicer_threads_of_its_own(tmp_path: Path, wo
             def also(path: str, yielding: bool = yielding) -> Callable[[int, memoryview], None]:
                 return lambda off, view: seen[yielding].add((threading.get_native_id(), niceness()))
 
-            got = hash_files(t, [e.path for e in t.entries], workers=workers, also=also, yielding=yielding)
+            got = hash_files(t, [e.path for e in t.entries], workers=workers, also=also, apart=also,
+                             yielding=yielding)
             assert sorted(got, key=lambda e: e.path) == list(fixture_digest(t, workers=1).manifest)
     assert {n for _, n in seen[True]} == {min(19, caller + YIELD_NICENESS)}
     assert threading.get_native_id() not in {tid for tid, _ in seen[True]}

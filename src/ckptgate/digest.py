@@ -154,7 +154,8 @@ def _hash_fd(
             if cancel is not None and cancel.is_set():
                 raise DigestCancelled
             if len(handed) == len(bufs):  # the companion still holds the buffer read next
-                interrupts.result(handed.popleft())
+                interrupts.result(handed[0])  # popped once done: an abort in the wait still waits for it below
+                handed.popleft()
             buf = bufs[turn % len(bufs)]
             turn += 1
             n = os.preadv(fd, [buf[: min(len(buf), size - off)]], off)
@@ -169,7 +170,8 @@ def _hash_fd(
             if progress is not None:
                 progress(n)
         while handed:
-            interrupts.result(handed.popleft())
+            interrupts.result(handed[0])
+            handed.popleft()
     finally:
         for f in handed:  # on an error: nothing may still read a buffer once this returns
             f.cancel()
@@ -301,9 +303,8 @@ def hash_files(
     def companion() -> ThreadPoolExecutor:
         ex: ThreadPoolExecutor | None = getattr(local, "companion", None)
         if ex is None:
-            ex = local.companion = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="ckptgate-digest-apart", initializer=_yield_cpu if yielding else None
-            )
+            # started from this (already yielding) thread, whose niceness Linux gives the new thread
+            ex = local.companion = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-digest-apart")
             with lock:
                 companions.append(ex)
         return ex

@@ -33,6 +33,7 @@ from ckptgate.errors import Aborted
 __all__ = [
     "SIGNALS",
     "Interrupted",
+    "all_done",
     "cancelling",
     "committed",
     "critical",

@@ -441,6 +441,53 @@ def test_a_cancelled_held_copy_stops_at_its_next_window(tmp_path):
         os.close(fd)
 
 
+def test_a_cancelled_two_pass_copy_stops_at_its_next_chunk(tmp_path):
+    """Two passes (the framework plane, casts) stop as the held copy does: a set ``cancel`` (a
+    signal, a failed output) ends each source's scatter at its next chunk."""
+    import threading
+
+    tensors, src, raw, plan = _three_shards(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    cancel = threading.Event()
+    cancel.set()
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        with pytest.raises(held.CopyCancelled):
+            write_plan(plan, out, {"src.safetensors": fd}, chunk_size=4096, cancel=cancel,
+                       expected={"src.safetensors": hashlib.sha256(raw).hexdigest()})
+    finally:
+        os.close(fd)
+
+
+def test_a_failed_read_back_in_two_passes_starts_no_other(tmp_path, monkeypatch):
+    """The first failure of the two-pass read-back is raised at once, and the outputs not yet read
+    back are never started (as ``Executor.map`` did before the waits took interrupts' step)."""
+    import threading
+
+    tensors, src, raw, plan = _three_shards(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    calls = []
+
+    def failing(fd, chunk_size, *a, **k):
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(5, "Input/output error")
+        threading.Event().wait(0.3)  # a read-back that takes a while: started only if not cancelled
+        return "0" * 64
+
+    monkeypatch.setattr(writer, "hash_back", failing)
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError, match="Input/output"):
+            write_plan(plan, out, {"src.safetensors": fd}, chunk_size=4096, threads=1,
+                       expected={"src.safetensors": hashlib.sha256(raw).hexdigest()})
+    finally:
+        os.close(fd)
+    assert len(plan.shards) == 3 and len(calls) < 3  # the one running may finish; the last never starts
+
+
 def test_held_mode_holds_at_most_its_window_cap_whatever_the_threads(tmp_path, monkeypatch):
     """Issue #36: each output being written holds a ring of windows; the outputs written at once
     are capped so that the windows stay within ``HELD_WINDOWS_CAP`` at any ``--workers``."""

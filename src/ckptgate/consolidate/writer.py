@@ -61,7 +61,7 @@ from ckptgate import interrupts
 from ckptgate.consolidate import diskwrite as disk
 from ckptgate.consolidate.cast import convert
 from ckptgate.consolidate.chunks import COPY_CHUNK, MAX_KEPT, ChunkChecked, direct, ended_early
-from ckptgate.consolidate.held import RING, copy_in_order
+from ckptgate.consolidate.held import RING, CopyCancelled, copy_in_order
 from ckptgate.consolidate.plan import DTYPE_SIZES, ConsolidationPlan, ShardTask
 from ckptgate.consolidate.segments import Segment, in_order
 from ckptgate.errors import RuntimeFailure
@@ -167,8 +167,10 @@ def _scatter_source(
     expected_sha256: str,
     chunk_size: int,
     on_bytes: Callable[[int], None] | None,
+    stop: threading.Event | None = None,
 ) -> None:
-    """Read ``src`` once from start to end, hashing it and writing the placed parts."""
+    """Read ``src`` once from start to end, hashing it and writing the placed parts; setting
+    ``stop`` ends it at its next chunk (:class:`~ckptgate.consolidate.held.CopyCancelled`)."""
     size = os.fstat(fd).st_size
     if any(s.src_end > size for s in segments):
         raise RuntimeFailure(
@@ -184,6 +186,8 @@ def _scatter_source(
     view = memoryview(buf)
     pos, active = 0, []
     while pos < size:
+        if stop is not None and stop.is_set():
+            raise CopyCancelled(src)
         got = os.preadv(fd, [view[: min(len(buf), size - pos)]], pos)
         if got <= 0:
             raise ended_early(src, pos)
@@ -222,12 +226,17 @@ def _scatter_source(
         )
 
 
-def hash_back(fd: int, chunk_size: int, h: hashlib._Hash | None = None, pos: int = 0) -> str:
-    """The sha256 of output ``fd`` read back from byte ``pos`` on, after ``h`` (what came before)."""
+def hash_back(
+    fd: int, chunk_size: int, h: hashlib._Hash | None = None, pos: int = 0, stop: threading.Event | None = None
+) -> str:
+    """The sha256 of output ``fd`` read back from byte ``pos`` on, after ``h`` (what came before);
+    setting ``stop`` ends it at its next chunk (:class:`~ckptgate.consolidate.held.CopyCancelled`)."""
     h = h or hashlib.sha256()
     size = os.fstat(fd).st_size
     buf = memoryview(bytearray(max(1, min(chunk_size, size - pos))))
     while pos < size and (n := os.preadv(fd, [buf[: size - pos]], pos)) > 0:
+        if stop is not None and stop.is_set():
+            raise CopyCancelled(str(fd))
         h.update(buf[:n])
         pos += n
     return h.hexdigest()
@@ -264,8 +273,9 @@ def write_plan(
     cancel: threading.Event | None = None,
 ) -> tuple[WrittenFile, ...]:
     """Write every shard, copied file and (unless ``index`` is false) the index into ``out_dir``
-    (which must be empty).  Setting ``cancel`` stops a held-mode copy at its next window, as
-    does a failed output, or an exception here (a signal), for the outputs still being written.
+    (which must be empty).  Setting ``cancel`` stops the copy at its next window (held mode) or
+    chunk (two passes), as does a failed output, or an exception here (a signal), for the outputs
+    still being written; what has not started never starts.
 
     :param out_dir: a directory descriptor (an intake passes its staging directory's,
         :class:`ckptgate.publish.Stage`), or a path, opened once as one.  Every output is created
@@ -336,9 +346,9 @@ def _write_plan(
         # with chunks, each output also keeps the last checked chunk of each source it interleaves
         kept = max((len({src for src, _ in p}) for p in pieces.values()), default=1) if chunks is not None else 0
         at_once = threads if expected is not None else held_outputs_at_once(threads, chunk_size, kept)
+        stop = cancel or threading.Event()
         with ThreadPoolExecutor(max_workers=at_once) as pool:
             if expected is None:
-                stop = cancel or threading.Event()
                 futures = {
                     name: pool.submit(
                         copy_in_order,
@@ -362,13 +372,22 @@ def _write_plan(
                     raise
                 digests = {name: f.result() for name, f in futures.items()}
             else:
-                for f in [
-                    pool.submit(_scatter_source, src, sources[src], segs, expected[src], chunk_size, on_bytes)
-                    for src, segs in sorted(segments.items())
-                ]:
-                    interrupts.result(f)
-                hashed = {name: pool.submit(hash_back, fd, chunk_size) for name, fd in opened.items()}
-                digests = {name: interrupts.result(f) for name, f in hashed.items()}
+                try:
+                    interrupts.all_done(
+                        [
+                            pool.submit(
+                                _scatter_source, src, sources[src], segs, expected[src], chunk_size, on_bytes, stop
+                            )
+                            for src, segs in sorted(segments.items())
+                        ]
+                    )
+                    hashed = {name: pool.submit(hash_back, fd, chunk_size, stop=stop) for name, fd in opened.items()}
+                    interrupts.all_done(hashed.values())
+                except BaseException:  # as above: the other sources and outputs stop at their next chunk
+                    stop.set()
+                    pool.shutdown(cancel_futures=True)
+                    raise
+                digests = {name: f.result() for name, f in hashed.items()}
     finally:
         for fd in opened.values():
             os.close(fd)

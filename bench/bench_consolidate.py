@@ -33,7 +33,8 @@ per CPU-second ("GB/s per core used": less noisy than the wall time on a shared 
 outputs of the worker counts must be the same bytes, or the bench fails.
 
 The targets are issue #36's (:func:`targets`): the floor is the largest of ``dd oflag=direct``
-of the same bytes (the disk's speed, printed beside every result), the input's and the output's
+of the output (the ``dd`` side copies the input; its rate, printed beside every result, is
+scaled to the output's bytes), the input's and the output's
 sha256 spread over the cores, and one core's sha256 of the largest output shard; the process
 start is the time from exec to the first byte read (``start_s``, measured in the side).
 ckptgate's side also reports the gate (inspect, digest, decide; in one pass the staged copy runs

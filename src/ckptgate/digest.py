@@ -304,7 +304,7 @@ def hash_files(
         ex: ThreadPoolExecutor | None = getattr(local, "companion", None)
         if ex is None:
             # started from this (already yielding) thread, whose niceness Linux gives the new thread
-            ex = local.companion = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-digest-apart")
+            ex = local.companion = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-apart")
             with lock:
                 companions.append(ex)
         return ex

@@ -177,7 +177,7 @@ def tables_sha256(tables: Mapping[str, object]) -> str:
 
 
 #: Calls the worker makes itself right after loading the filter, to measure that it holds
-#: (``ckptgate.enforce.containment.seccomp_active``): ``openat`` and the unlisted syscall number
+#: (``ckptgate.enforce.process_controls.seccomp_active``): ``openat`` and the unlisted syscall number
 #: 0x3fff must fail with EPERM.  They are the filter working, not missing entries.
 PROBES = ("openat", "syscall_0x3fff")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ckptgate.enforce import containment
+from ckptgate.enforce import cgroup, containment
 from ckptgate.enforce.containment import CONTROLS, ContainmentProfile, cgroup_v2_slot, openat2, preflight
 from ckptgate.enforce.seccomp import ALLOWED, CONDITIONAL, KEPT, KILL, build_filter
 from ckptgate.errors import RuntimeFailure
@@ -87,8 +87,8 @@ def test_preflight_namespaces_agree_with_unshare_1(host_profile: ContainmentProf
 
 
 def test_preflight_cgroup_v2_agrees_with_the_hierarchy(host_profile: ContainmentProfile) -> None:
-    mount = containment._v2_mount(Path("/proc/self/mountinfo").read_text())
-    rel = containment._v2_relpath(Path("/proc/self/cgroup").read_text())
+    mount = cgroup._v2_mount(Path("/proc/self/mountinfo").read_text())
+    rel = cgroup._v2_relpath(Path("/proc/self/cgroup").read_text())
     if mount is None or rel is None:
         assert host_profile.controls["cgroup_v2"] is False
         return

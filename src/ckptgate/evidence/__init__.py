@@ -10,6 +10,8 @@ reviewer reports.
   where a qualification ran, the bit-for-bit comparison, and superseding an earlier qualification.
 * :mod:`~ckptgate.evidence.provenance` -- CI vouches for a fixture's committed bytes before a framework load.
 * :mod:`~ckptgate.evidence.matrix` -- verify stored attestations, ask ``ckptgate.support``, render ``matrix/``.
+  Its policy input is :mod:`~ckptgate.evidence.matrix_input`'s, its pages :mod:`~ckptgate.evidence.matrix_render`'s,
+  the generated gate :mod:`~ckptgate.evidence.matrix_gate`'s.
 * :mod:`~ckptgate.evidence.claims` -- extract doc sentences and citations for ``ckptgate.claims``.
 * :mod:`~ckptgate.evidence.check` -- the pre-merge gate (policy tests, fmt, lint, drift, evidence, claims).
 * :mod:`~ckptgate.evidence.report` -- the reviewer report for one checkpoint.

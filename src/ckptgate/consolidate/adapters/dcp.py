@@ -5,7 +5,7 @@
   ``.distcp`` file and the stored (uncompressed) tensor bytes in it.  Each chunk is placed by its
   ``offsets``/``sizes``: a chunk of a tensor sharded on dim 0 is one contiguous range; a chunk
   split on another dim (a tensor-parallel ``Shard(1)``) is a regular run of rows, one strided
-  placement (:func:`~ckptgate.consolidate.plan.chunk_strided_runs`).
+  placement (:func:`~ckptgate.consolidate.runs.chunk_strided_runs`).
 * HF-safetensors storage (``shard-*-model-*.safetensors``): each shard's ``DCP_SHARDING_INFO``
   gives ``saved_offsets`` per tensor; the full shape is the largest ``offset + size`` (there is
   no ``.metadata``), and the plan invariants refuse any gap or overlap, which torch's own

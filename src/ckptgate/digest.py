@@ -266,10 +266,10 @@ def hash_files(
     ``apart(path)``, like ``also``, may return a check handed every chunk of that file in order,
     but on a companion thread of the hashing thread, never on the thread that computes the
     sha256: the deferred CRC-32 pass (:class:`ckptgate.inspect.DeferredCrcs`).  ISA-L's AVX-512
-    CRC-32 returns without ``vzeroupper`` (intel/isa-l#24), and the SHA-NI instructions OpenSSL's
-    sha256 runs on the same thread afterwards then take about a third longer (issue #36: 0.45
-    CPU-seconds of a 2 GiB torch-zip digest).  A worker that has such a check reads into two
-    buffers in turn, so the check of one chunk runs while the next is read and hashed.
+    CRC-32 returns without ``vzeroupper`` (``crc/crc32_gzip_refl_by16_10.asm``), and OpenSSL's
+    SHA-NI sha256 on the same thread was then about a third slower (issue #36: 0.45 CPU-seconds
+    per 2 GiB; docs/benchmarks.md).  A worker that has such a check fills two buffers in turn,
+    so the check of one chunk goes on while the next is hashed.
 
     ``yielding``: the hashing threads (and their companions) run :data:`YIELD_NICENESS` nicer
     than the caller's other threads (their own threads, never the caller's), for a caller whose

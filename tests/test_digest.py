@@ -149,6 +149,30 @@ def test_an_error_in_a_check_apart_is_raised_and_nothing_runs_after(tmp_path: Pa
     assert len(calls) == seen  # every hand-off was waited for or cancelled before the raise
 
 
+def test_a_failed_file_stops_the_others_at_their_next_chunk(tmp_path: Path) -> None:
+    """The first file's failure is raised, and the files being hashed beside it stop at their next
+    chunk rather than being read to their end first."""
+    root = tmp_path / "ck"
+    root.mkdir()
+    for name in ("x.bin", "y.bin"):
+        (root / name).write_bytes(os.urandom(3 << 20))
+    chunks = {"x.bin": 0, "y.bin": 0}
+
+    def also(path: str) -> Callable[[int, memoryview], None]:
+        def check(off: int, view: memoryview) -> None:
+            chunks[path] += 1
+            if path == "x.bin" and off >= 4 << 16:
+                raise InputRejected("input.test.bad", "a bad chunk")
+            threading.Event().wait(0.005)
+
+        return check
+
+    with SafeTree.open(root) as t, pytest.raises(InputRejected) as err:
+        hash_files(t, ["x.bin", "y.bin"], workers=2, buffer_size=1 << 16, also=also)
+    assert err.value.code == "input.test.bad"
+    assert chunks["y.bin"] < 48 // 2  # 48 chunks of 64 KiB: stopped well before its end
+
+
 def test_any_change_changes_the_digest(tmp_path: Path) -> None:
     """Capability: digest binding (any change to the tree changes the fixture digest)."""
     root = _tree(tmp_path / "ck")

@@ -135,6 +135,7 @@ def _hash_fd(
     progress: Callable[[int], None] | None,
     also: Callable[[int, memoryview], None] | None,
     apart: tuple[Callable[[int, memoryview], None], ThreadPoolExecutor] | None,
+    abandon: threading.Event | None,
     cancel: threading.Event | None,
 ) -> str:
     """The sha256 of ``size`` bytes of ``fd``, read into ``bufs`` in turn.  ``also`` sees every
@@ -153,6 +154,8 @@ def _hash_fd(
         while off < size:
             if cancel is not None and cancel.is_set():
                 raise DigestCancelled
+            if abandon is not None and abandon.is_set():
+                raise _Abandoned
             if len(handed) == len(bufs):  # the companion still holds the buffer read next
                 interrupts.result(handed[0])  # popped once done: an abort in the wait still waits for it below
                 handed.popleft()
@@ -182,6 +185,11 @@ def _hash_fd(
             "input.walk.changed", "a file changed size while it was hashed", evidence={"read": off, "expected": size}
         )
     return h.hexdigest()
+
+
+class _Abandoned(Exception):
+    """Another file of the same :func:`hash_files` failed: this one stops at its next chunk, and
+    the caller gets that failure, never this."""
 
 
 def _yield_cpu() -> None:
@@ -271,6 +279,9 @@ def hash_files(
     per 2 GiB; docs/benchmarks.md).  A worker that has such a check fills two buffers in turn,
     so the check of one chunk goes on while the next is hashed.
 
+    A failure in one file (a changed file, a check that raises, a cancel) stops the other files
+    at their next chunk, and that first failure is what is raised.
+
     ``yielding``: the hashing threads (and their companions) run :data:`YIELD_NICENESS` nicer
     than the caller's other threads (their own threads, never the caller's), for a caller whose
     copy runs beside the digest.  That copy is one serial chain per output (read, hash, write at
@@ -284,6 +295,8 @@ def hash_files(
     local = threading.local()
     lock = threading.Lock()
     companions: list[ThreadPoolExecutor] = []
+    failed: list[BaseException] = []  # the first file's failure: the others stop at their next chunk
+    abandon = threading.Event()
 
     def tick(n: int) -> None:
         if progress is not None:
@@ -310,6 +323,17 @@ def hash_files(
         return ex
 
     def one(path: str) -> ManifestEntry:
+        try:
+            return hash_one(path)
+        except _Abandoned:
+            raise
+        except BaseException as e:
+            with lock:
+                failed.append(e)
+            abandon.set()
+            raise
+
+    def hash_one(path: str) -> ManifestEntry:
         entry = tree.entry(path)
         assert entry is not None
         checks = [c for c in (checkers[path], also(path) if also else None) if c is not None]
@@ -324,6 +348,7 @@ def hash_files(
                 tick if progress else None,
                 _each(checks),
                 (aside, companion()) if aside is not None else None,
+                abandon,
                 cancel,
             )
         finally:
@@ -342,8 +367,13 @@ def hash_files(
             futures = [ex.submit(one, p) for p in order]
             try:
                 return [interrupts.result(f) for f in futures]
-            except BaseException:
+            except _Abandoned:
                 for f in futures:  # as Executor.map does: what has not started never starts
+                    f.cancel()
+                raise failed[0] from None  # the failure that stopped the others
+            except BaseException:
+                abandon.set()  # a failure, or a signal on this thread: the others stop too
+                for f in futures:
                     f.cancel()
                 raise
     finally:

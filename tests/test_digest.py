@@ -154,15 +154,15 @@ def test_a_failed_file_stops_the_others_at_their_next_chunk(tmp_path: Path) -> N
     chunk rather than being read to their end first."""
     root = tmp_path / "ck"
     root.mkdir()
-    for name in ("x.bin", "y.bin"):
-        (root / name).write_bytes(os.urandom(3 << 20))
+    (root / "x.bin").write_bytes(os.urandom(2 << 20))  # hashed second (largest first): its failure
+    (root / "y.bin").write_bytes(os.urandom(3 << 20))  # is not the future the caller waits on first
     chunks = {"x.bin": 0, "y.bin": 0}
 
     def also(path: str) -> Callable[[int, memoryview], None]:
         def check(off: int, view: memoryview) -> None:
             chunks[path] += 1
             if path == "x.bin" and off >= 4 << 16:
-                raise InputRejected("input.test.bad", "a bad chunk")
+                raise InputRejected("input.test.bad", "a bad chunk") from KeyError("why")
             threading.Event().wait(0.005)
 
         return check
@@ -170,6 +170,7 @@ def test_a_failed_file_stops_the_others_at_their_next_chunk(tmp_path: Path) -> N
     with SafeTree.open(root) as t, pytest.raises(InputRejected) as err:
         hash_files(t, ["x.bin", "y.bin"], workers=2, buffer_size=1 << 16, also=also)
     assert err.value.code == "input.test.bad"
+    assert isinstance(err.value.__cause__, KeyError)  # raised as its thread raised it
     assert chunks["y.bin"] < 48 // 2  # 48 chunks of 64 KiB: stopped well before its end
 
 

@@ -295,7 +295,7 @@ def hash_files(
     local = threading.local()
     lock = threading.Lock()
     companions: list[ThreadPoolExecutor] = []
-    failed: list[BaseException] = []  # the first file's failure: the others stop at their next chunk
+    failed: list[str] = []  # the files that failed, first first: the others stop at their next chunk
     abandon = threading.Event()
 
     def tick(n: int) -> None:
@@ -327,9 +327,9 @@ def hash_files(
             return hash_one(path)
         except _Abandoned:
             raise
-        except BaseException as e:
+        except BaseException:
             with lock:
-                failed.append(e)
+                failed.append(path)
             abandon.set()
             raise
 
@@ -364,18 +364,25 @@ def hash_files(
         if n_workers == 1 and not yielding:  # yielding threads are the pool's, never the caller's
             return [one(p) for p in order]
         with ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="ckptgate-digest") as ex:
-            futures = [ex.submit(one, p) for p in order]
+            futures = {p: ex.submit(one, p) for p in order}
             try:
-                return [interrupts.result(f) for f in futures]
-            except _Abandoned:
-                for f in futures:  # as Executor.map does: what has not started never starts
-                    f.cancel()
-                raise failed[0] from None  # the failure that stopped the others
-            except BaseException:
-                abandon.set()  # a failure, or a signal on this thread: the others stop too
-                for f in futures:
+                return [interrupts.result(f) for f in futures.values()]
+            except Exception:  # a file failed, or was stopped by another's failure
+                first = futures[failed[0]] if failed else None
+                if first is None:
+                    raise
+            except BaseException:  # a signal on this thread: the others stop too
+                abandon.set()
+                for f in futures.values():
                     f.cancel()
                 raise
+            finally:
+                for f in futures.values():  # as Executor.map does: what has not started never starts
+                    f.cancel()
+            # the first file's failure, as its own thread raised it (its cause kept), once that
+            # thread has finished raising it
+            interrupts.result(first)
+            raise AssertionError("unreachable: the first failure was raised above")
     finally:
         for c in companions:
             c.shutdown(wait=True)

@@ -1,17 +1,23 @@
-"""OpenSSF Model Signing (OMS) bundles, key method: verified offline, bound exactly to the measured files.
+"""OpenSSF Model Signing (OMS) bundles: verified offline, bound exactly to the measured files.
 
-The signature check is the reference implementation's (``model_signing``, the elliptic-key
-verifier on a Sigstore bundle v0.3 with a DSSE envelope) for ECDSA keys.  The pinned library has no
-Ed25519 verifier, so for an Ed25519 key ckptgate checks the DSSE signature itself with
-``cryptography``; the statement checks and the binding are the same.
+The bundle's verification material names its method, and each is checked through the reference
+implementation (``model_signing``) with ckptgate's own checks added
+(:mod:`ckptgate.verify.oms_methods`): a key (ECDSA by the library's verifier; the pinned library
+has no Ed25519 verifier, so for an Ed25519 key ckptgate checks the DSSE signature itself with
+``cryptography``), an X.509 certificate chain (the library's check, then ckptgate's path
+validation to the trusted chain at the verification time), and Sigstore keyless (ckptgate's
+offline Sigstore verification: chain to the trust root, transparency-log entry, identity and
+issuer from the trust data).  The statement checks and the binding are the same for all three.
 ckptgate then checks the statement itself and binds its ``resources`` to the fixture digest's per-file
 manifest: every file that ckptgate measured (and so reads and may publish) is a resource with the same
 sha256, and every resource is a measured file.  ``model_signing``'s own model hashing is not used, so checkpoint
 bytes are read only through the measured manifest.
 
-Refused (``verify.oms.*``): another predicate type (including the pre-1.0 form the library still
-accepts), a serialisation other than ``files``/``sha256``, ``allow_symlinks``, a certificate or
-transparency-log bundle (later work), duplicated resource names, and any difference between the
+Refused (``verify.oms.*``): a bundle that is not a Sigstore bundle v0.3 with a DSSE envelope, any
+other verification material (``verify.oms.method_unsupported``), a method whose trust input was not
+given (``--key``, ``--certificate-chain``, ``--sigstore-trust-root``), another predicate type
+(including the pre-1.0 form the library still accepts), a serialisation other than
+``files``/``sha256``, ``allow_symlinks``, duplicated resource names, and any difference between the
 resources and the measured files.
 
 This module tells the bundle's method and runs the checks in order (:func:`verify_oms_bundle`); the
@@ -65,7 +71,8 @@ def is_oms_bundle(doc: Any) -> bool:
 
 
 def _check_method(doc: Any) -> str:
-    """``key`` (a public-key hint) or ``certificate`` (an X.509 chain); anything else is refused."""
+    """``key`` (a public-key hint), ``certificate`` (an X.509 chain) or ``sigstore`` (a certificate with a
+    transparency-log entry); anything else is refused."""
     if not is_oms_bundle(doc) or doc.get("mediaType") != BUNDLE_MEDIA_TYPE:
         raise _fail("not_a_bundle", f"not a Sigstore bundle v0.3 with a DSSE envelope ({BUNDLE_MEDIA_TYPE})")
     vm = doc.get("verificationMaterial")

@@ -373,8 +373,6 @@ def hash_files(
                     raise
             except BaseException:  # a signal on this thread: the others stop too
                 abandon.set()
-                for f in futures.values():
-                    f.cancel()
                 raise
             finally:
                 for f in futures.values():  # as Executor.map does: what has not started never starts

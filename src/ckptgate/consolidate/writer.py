@@ -348,31 +348,24 @@ def _write_plan(
         at_once = threads if expected is not None else held_outputs_at_once(threads, chunk_size, kept)
         stop = cancel or threading.Event()
         with ThreadPoolExecutor(max_workers=at_once) as pool:
-            if expected is None:
-                futures = {
-                    name: pool.submit(
-                        copy_in_order,
-                        name,
-                        fd,
-                        sizes[name],
-                        heads.get(name, b""),
-                        pieces[fd],
-                        direct(sources) if chunks is None else ChunkChecked(sources, chunks, kept=kept),
-                        chunk_size,
-                        on_bytes,
-                        stop,
-                    )
-                    for name, fd in opened.items()
-                }
-                try:
-                    interrupts.all_done(futures.values())  # the first failure, as soon as it happens
-                except BaseException:  # a failed output, or this process stopped: the others stop too
-                    stop.set()
-                    pool.shutdown(cancel_futures=True)
-                    raise
-                digests = {name: f.result() for name, f in futures.items()}
-            else:
-                try:
+            try:
+                if expected is None:
+                    futures = {
+                        name: pool.submit(
+                            copy_in_order,
+                            name,
+                            fd,
+                            sizes[name],
+                            heads.get(name, b""),
+                            pieces[fd],
+                            direct(sources) if chunks is None else ChunkChecked(sources, chunks, kept=kept),
+                            chunk_size,
+                            on_bytes,
+                            stop,
+                        )
+                        for name, fd in opened.items()
+                    }
+                else:
                     interrupts.all_done(
                         [
                             pool.submit(
@@ -381,13 +374,13 @@ def _write_plan(
                             for src, segs in sorted(segments.items())
                         ]
                     )
-                    hashed = {name: pool.submit(hash_back, fd, chunk_size, stop=stop) for name, fd in opened.items()}
-                    interrupts.all_done(hashed.values())
-                except BaseException:  # as above: the other sources and outputs stop at their next chunk
-                    stop.set()
-                    pool.shutdown(cancel_futures=True)
-                    raise
-                digests = {name: f.result() for name, f in hashed.items()}
+                    futures = {name: pool.submit(hash_back, fd, chunk_size, stop=stop) for name, fd in opened.items()}
+                interrupts.all_done(futures.values())  # the first failure, as soon as it happens
+            except BaseException:  # a failed output, or this process stopped: the others stop at their
+                stop.set()  # next window or chunk, and what has not started never starts
+                pool.shutdown(cancel_futures=True)
+                raise
+            digests = {name: f.result() for name, f in futures.items()}
     finally:
         for fd in opened.values():
             os.close(fd)

@@ -16,7 +16,6 @@ input is collected by :mod:`~ckptgate.evidence.matrix_input`, the pages rendered
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ckptgate.errors import UsageError
 from ckptgate.evidence.errors import EvidenceError
 from ckptgate.evidence.layout import DEFAULT_MATRIX, RepoLayout
-from ckptgate.evidence.matrix_gate import gate_diff, render_gate, write_gate
+from ckptgate.evidence.matrix_gate import drift, gate_diff, render_gate, write_gate
 from ckptgate.evidence.matrix_input import (
     MAX_RESULT_LOG_BYTES,
     Head,
@@ -153,18 +152,7 @@ def diff(m: Matrix, committed_dir: Path) -> list[str]:
         old = p.read_text(encoding="utf-8") if p.is_file() else ""
         new = data.decode()
         if old != new:
-            out.append(
-                "".join(
-                    difflib.unified_diff(
-                        old.splitlines(keepends=True),
-                        new.splitlines(keepends=True),
-                        fromfile=f"committed/{name}",
-                        tofile=f"regenerated/{name}",
-                        n=1,
-                    )
-                )
-                or f"{name} differs\n"
-            )
+            out.append(drift(old, new, name, context=1))
     return out
 
 

@@ -74,18 +74,20 @@ def gate_diff(m: Matrix, gate_file: Path) -> str | None:
         old = ""
     if old == new:
         return None
-    return (
-        "".join(
-            difflib.unified_diff(
-                old.splitlines(keepends=True),
-                new.splitlines(keepends=True),
-                fromfile=f"committed/{gate_file.name}",
-                tofile=f"regenerated/{gate_file.name}",
-                n=2,
-            )
-        )
-        or f"{gate_file.name} differs\n"
+    return drift(old, new, gate_file.name, context=2)
+
+
+def drift(old: str, new: str, name: str, *, context: int) -> str:
+    """The unified diff from the committed ``old`` to the regenerated ``new`` text of ``name``
+    (a line naming the file when they differ in nothing a line diff shows)."""
+    lines = difflib.unified_diff(
+        old.splitlines(keepends=True),
+        new.splitlines(keepends=True),
+        fromfile=f"committed/{name}",
+        tofile=f"regenerated/{name}",
+        n=context,
     )
+    return "".join(lines) or f"{name} differs\n"
 
 
 def write_gate(m: Matrix, gate_file: Path) -> bool:

@@ -115,7 +115,6 @@ def _hash_by_caller(data: Any = b"") -> _Hash:
     mod, fn = f.f_globals.get("__name__", ""), f.f_code.co_name
     step = {
         ("ckptgate.digest", "_hash_fd"): "input sha256",
-        ("ckptgate.digest.fed", "__init__"): "input sha256",
         ("ckptgate.consolidate.streamed", "__init__"): "output sha256",
         ("ckptgate.consolidate.streamed", "_drop"): "output sha256",
         ("ckptgate.consolidate.streamed", "add"): "output sha256",
@@ -132,10 +131,9 @@ def install() -> None:
     import ckptgate.consolidate.streamed as streamed
     import ckptgate.consolidate.writer as writer
     import ckptgate.digest as digest
-    import ckptgate.digest.fed as fed
     import ckptgate.publish as publish
 
-    for mod in (digest, fed, streamed, held, writer):
+    for mod in (digest, streamed, held, writer):
         mod.hashlib = type("H", (), {"sha256": staticmethod(_hash_by_caller)})  # type: ignore[attr-defined]
     preadv = os.preadv
     os.preadv = timed("read (preadv)", preadv, lambda a, k: 0)  # type: ignore[assignment]
@@ -143,8 +141,6 @@ def install() -> None:
     dw._sync_file_range = timed("sync_file_range (start write-back)", dw._sync_file_range)
     os.fsync = timed("fsync (publication)", os.fsync)  # type: ignore[assignment]
     digest._hash_fd = outer("digest loop, Python per chunk", digest._hash_fd)
-    fed.FedDigest._drain = outer(  # type: ignore[method-assign]
-        "digest of the copy's windows: Python per chunk (and its reads between them)", fed.FedDigest._drain)
     orig_feeder = streamed.StreamedPlan.feeder
 
     def feeder(self: Any, src: str) -> Any:

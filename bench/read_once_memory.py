@@ -47,27 +47,30 @@ def output_runs(plan: ConsolidationPlan) -> list[tuple[str, int, int]]:
 
 
 def peaks(runs: list[tuple[str, int, int]]) -> dict[str, int]:
-    """The peak bytes held by each way of reading once (the module's docstring)."""
-    by_src: dict[str, list[tuple[int, int]]] = {}
+    """The peak bytes held by each way of reading once (the module's docstring).  A range placed
+    twice (tied weights) is held until its first use: the figures are lower bounds."""
+    ranges: dict[str, list[tuple[int, int]]] = {}
     for src, off, n in runs:
-        by_src.setdefault(src, []).append((off, n))
-    rank = {src: {r: i for i, r in enumerate(sorted(rs))} for src, rs in by_src.items()}
-    sizes = {src: [n for _, n in sorted(rs)] for src, rs in by_src.items()}
-    # file order: source s has been read up to its run read[s]; a run is held from its read to its use
-    read = dict.fromkeys(by_src, 0)
+        ranges.setdefault(src, []).append((off, n))
+    rank = {src: {r: i for i, r in enumerate(sorted(set(rs)))} for src, rs in ranges.items()}
+    sizes = {src: [n for _, n in sorted(set(rs))] for src, rs in ranges.items()}
+    # file order: source s has been read up to its range read[s]; a range is held from its read to its use
+    read = dict.fromkeys(ranges, 0)
     held = peak_file = 0
-    # output order: runs taken so far; each file's hash has reached its run hashed[s]
-    taken: dict[str, set[int]] = {s: set() for s in by_src}
-    hashed = dict.fromkeys(by_src, 0)
+    # output order: ranges taken so far; each file's hash has reached its range hashed[s]
+    taken: dict[str, set[int]] = {s: set() for s in ranges}
+    hashed = dict.fromkeys(ranges, 0)
     waiting = peak_out = 0
     for src, off, n in runs:
         i = rank[src][(off, n)]
-        while read[src] <= i:  # file order: read up to this run, holding each run read
+        if i in taken[src]:  # placed again: used from what was read for its first use
+            continue
+        while read[src] <= i:  # file order: read up to this range, holding each range read
             held += sizes[src][read[src]]
             read[src] += 1
-        held -= n  # this run is used as it is read: what is held is what waits
+        held -= n  # this range is used as it is read: what is held is what waits
         peak_file = max(peak_file, held)
-        taken[src].add(i)  # output order: this run is read now and waits for its file's hash
+        taken[src].add(i)  # output order: this range is read now and waits for its file's hash
         waiting += n
         while hashed[src] in taken[src]:
             waiting -= sizes[src][hashed[src]]

@@ -28,10 +28,6 @@ pytestmark = pytest.mark.opa
 
 #: one fixture per plane that runs no loader
 ONE_PASS = ["hf_sharded", "dcp_torch_save"]
-#: The sources the held copy reads front to back (the output's tensor order is the file's): the
-#: digest hashes them from the copy's windows.  dcp_torch_save's files hold the tensors in the
-#: state dict's order, not the output's (by name).
-FRONT_TO_BACK = {"hf_sharded": {"model-00001-of-00003.safetensors"}, "dcp_torch_save": set()}
 
 
 @pytest.fixture(scope="module")
@@ -85,16 +81,14 @@ def _niceness() -> int:
 
 class _Reads:
     """Bytes read with ``preadv`` (the bulk reads: the digest's pass and the writer's) per file of
-    the checkpoint, counted on the descriptors and split by reader: the digest's pass over a whole
-    file (``_hash_fd``), the digest's reads of what a copy did not hand it (``FedDigest._read``),
+    the checkpoint, counted on the descriptors and split by reader: the digest's pass (``_hash_fd``)
     or a copy; inspection's header reads use ``pread``."""
 
     def __init__(self, root: Path) -> None:
         self.root = str(root.resolve()) + "/"
         self.bytes: dict[str, int] = {}
-        self.fed: dict[str, int] = {}
         self.copied: dict[str, int] = {}
-        self.niceness: dict[str, set[int]] = {"digest": set(), "fed": set(), "copy": set()}  # of the reading threads
+        self.niceness: dict[str, set[int]] = {"digest": set(), "copy": set()}  # of the reading threads
         self._real = os.preadv
 
     def preadv(self, fd: int, buffers: Any, offset: int, *flags: int) -> int:
@@ -102,12 +96,10 @@ class _Reads:
         target = os.readlink(f"/proc/self/fd/{fd}")
         if target.startswith(self.root):
             rel = target[len(self.root):]
-            caller = sys._getframe(1).f_code.co_name
-            by = {"_hash_fd": "digest", "_read": "fed"}.get(sys._getframe(2).f_code.co_name, "copy") \
-                if caller == "hash_range" else "copy"
-            count = {"digest": self.bytes, "fed": self.fed, "copy": self.copied}[by]
+            digest = sys._getframe(1).f_code.co_name == "_hash_fd"
+            count = self.bytes if digest else self.copied
             count[rel] = count.get(rel, 0) + max(n, 0)
-            self.niceness[by].add(_niceness())
+            self.niceness["digest" if digest else "copy"].add(_niceness())
         return n
 
 
@@ -121,16 +113,15 @@ def test_every_input_byte_is_read_once_where_the_sources_are_not_held(name, sign
     result = intake(_src(name), tmp_path / "out", attestations=[att], options=signer.options)
     sizes = {e.path: e.size for e in result.evaluation.digest.manifest}
     assert reads.bytes == {p: s for p, s in sizes.items() if s}  # each file once, in full: no second pass
-    assert reads.copied == reads.fed == {}
+    assert reads.copied == {}
     assert reads.niceness["digest"] == {_niceness()}  # no copy beside it to yield to
     assert (tmp_path / "out" / RECEIPT_NAME).is_file()
 
 
 @pytest.mark.parametrize("name", ONE_PASS)
-def test_held_sources_are_read_once_and_copied_beside_the_digest(name, signer, tmp_path, monkeypatch):
-    """Issue #36: with every source held, the held copy reads each placed byte once (no header),
-    beside the digest and before the decision, and the digest hashes every source the copy reads
-    front to back from the copy's windows, reading only the rest itself: each byte is read once."""
+def test_held_sources_are_hashed_once_and_copied_beside_the_digest(name, signer, tmp_path, monkeypatch):
+    """Issue #36: with every source held, the digest hashes each file once, and the held copy reads
+    each placed byte once (no header, nothing twice), beside the digest and before the decision."""
     att = _attestation(name, signer, tmp_path)
     reads = _Reads(_src(name))
     monkeypatch.setattr(os, "preadv", reads.preadv)
@@ -147,19 +138,14 @@ def test_held_sources_are_read_once_and_copied_beside_the_digest(name, signer, t
         if not tree.hold():
             pytest.skip("this file system grants no read lease")
     sizes = {e.path: e.size for e in result.evaluation.digest.manifest}
+    assert reads.bytes == {p: s for p, s in sizes.items() if s}
     assert reads.copied and all(0 < n <= sizes[p] for p, n in reads.copied.items())
-    fed = set(reads.copied) - set(reads.bytes)  # the sources the digest took from the copy's windows
-    assert fed == FRONT_TO_BACK[name]
-    assert {p: reads.copied.get(p, 0) + reads.fed.get(p, 0) for p in fed} == {p: sizes[p] for p in fed}  # once
-    assert reads.bytes == {p: s for p, s in sizes.items() if s and p not in fed}  # the rest, whole
     placed = sum(o["size"] for o in result.receipt["outputs"] if o["file"].endswith(".safetensors"))
     assert sum(reads.copied.values()) < placed  # the tensors' bytes, not the output headers
     assert copied_before_decision and copied_before_decision[0]  # the copy ran beside the digest
-    # the digest's threads yield to the copy's serial chain; the caller's thread keeps its priority,
-    # and so do the threads that hash the copy's windows (the copy waits for them)
+    # the digest's threads yield to the copy's serial chain; the caller's thread keeps its priority
     nicer = min(19, _niceness() + YIELD_NICENESS) if renice_permitted() else _niceness()
-    assert reads.niceness["copy"] == {_niceness()} and reads.niceness["fed"] <= {_niceness()}
-    assert reads.niceness["digest"] <= {nicer}
+    assert reads.niceness == {"digest": {nicer}, "copy": {_niceness()}}
     for o in result.receipt["outputs"]:  # the receipt's hashes are the bytes on disk
         data = (tmp_path / "out" / o["file"]).read_bytes()
         assert len(data) == o["size"] and hashlib.sha256(data).hexdigest() == o["sha256"]
@@ -204,7 +190,7 @@ def test_one_pass_publishes_what_two_passes_publish(name, signer, tmp_path, monk
     staged: list[bool] = []
     real = pipeline.OnePass.begin
 
-    def two_passes(self: Any, inspection: Any, fed: Any = None) -> None:
+    def two_passes(self: Any, inspection: Any) -> None:
         staged.append(real(self, inspection) is not None)  # it would have staged ...
         self.stage, self._writer = None, None  # ... but takes the two-pass path (its stage is cleaned up)
         return None

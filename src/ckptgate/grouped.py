@@ -35,7 +35,6 @@ from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_index,
 from ckptgate.decide import Decision, PolicyEngine, Request, now_utc, precheck
 from ckptgate.decide.decision import decision_from_json
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
-from ckptgate.digest.fed import FedDigest
 from ckptgate.enforce.gate import WorkerOptions, enforce
 from ckptgate.enforce.load import loaded_json, merge_loaded, worker_record
 from ckptgate.errors import Error, RuntimeFailure
@@ -238,8 +237,7 @@ def grouped_intake(
             early().start()  # the embedded OPA launches while inspection reads
         return tree, tree.hold()  # before anything is read: a read lease on every file, where the kernel gives one
 
-    # a world of one writes in the digest's pass where it can
-    def one_pass(inspection: Inspection, fed: FedDigest) -> Staged | None:
+    def one_pass(inspection: Inspection) -> Staged | None:  # a world of one writes in the digest's pass where it can
         one = state["one"] = stack.enter_context(
             OnePass(
                 state["destination"],
@@ -252,7 +250,7 @@ def grouped_intake(
                 workers=workers,
             )
         )
-        return one.begin(inspection, fed)
+        return one.begin(inspection)
 
     request = Request(action="intake", now=now, select=select)
     m: Measured = measure(

@@ -24,12 +24,10 @@ from ckptgate.consolidate import framework_files, shares
 from ckptgate.consolidate.chunks import ChunkRecorder
 from ckptgate.decide import Precheck
 from ckptgate.digest import DigestCancelled, FixtureDigest, ManifestEntry, hash_files
-from ckptgate.digest.fed import FedDigest
 from ckptgate.enforce.containment import ContainmentProfile
 from ckptgate.errors import RuntimeFailure
 from ckptgate.group import Group
 from ckptgate.inspect import DeferredCrcs, Inspection, SafeTree, inspect_open_tree
-from ckptgate.inspect._threads import usable_cores
 from ckptgate.inspect.findings import finding_from_json
 from ckptgate.inspect.leases import lease_facts, leases_bind
 from ckptgate.judge import needs_profile, refuse_if, run_preflight
@@ -104,19 +102,6 @@ def combine_also(*readers: Also | None) -> Also:
     return also
 
 
-def _serialized(fn: Callable[[int], None] | None) -> Callable[[int], None] | None:
-    """``fn``, called by one thread at a time."""
-    if fn is None:
-        return None
-    lock = threading.Lock()
-
-    def call(n: int) -> None:
-        with lock:
-            fn(n)
-
-    return call
-
-
 def _precheck(ask: Asker, inspection: Inspection, stop: threading.Event) -> Precheck | None:
     """The policy's precheck; a refusal, or a failure to ask, stops the digest (the failure is
     raised to the caller, as the decision's would be)."""
@@ -136,16 +121,15 @@ def measure(
     *,
     ask: Asker | None = None,
     containment: ContainmentProfile | None = None,
-    stage: Callable[[Inspection, FedDigest], Staged | None] | None = None,
+    stage: Callable[[Inspection], Staged | None] | None = None,
     progress: Progress = NO_PROGRESS,
     workers: int | None = None,
 ) -> Measured:
     """Inspect and digest across ``group``.  ``open_tree`` opens SRC (and says whether it holds
     its files) in the inspect step; ``ask`` is rank 0's precheck; ``stage``, at a world of one, is
     handed the inspection before the digest and may stage the output in the digest's pass
-    (:class:`Staged`, :class:`ckptgate.onepass.OnePass`), and a :class:`~ckptgate.digest.fed.FedDigest`
-    to which a copy beside the digest may hand the sources it reads front to back, so that they
-    are read once.  ``workers`` threads hash (default: the cores this process may run on)."""
+    (:class:`Staged`, :class:`ckptgate.onepass.OnePass`).  ``workers`` threads hash
+    (default: the cores this process may run on)."""
     rank, world = group.rank, group.world
     crcs = DeferredCrcs()
     state: dict[str, Any] = {}
@@ -190,33 +174,30 @@ def measure(
                 for i, d in other["ledgers"].get(path, {}).items():
                     tree.ledger(path).record(int(i), bytes.fromhex(d))
         recorders = {p: ChunkRecorder() for p in mine} if manifest else {}
-        tick = _serialized(progress.hash_bytes)  # the digest's threads and the fed digest's
         stop = threading.Event()  # set by a refusing precheck, or by a signal that aborts the run
         with (
             interrupts.cancelling(stop),
             ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptgate-beside-digest") as pool,
-            FedDigest(tree, workers=workers or usable_cores(), apart=crcs.reader, progress=tick, cancel=stop) as fed,
         ):
             wanted = rank == 0 and containment is None and needs_profile(inspection)
             profile = pool.submit(run_preflight) if wanted else None
             early = pool.submit(_precheck, ask, inspection, stop) if ask is not None and rank == 0 else None
             if progress.hash_plan is not None:
                 progress.hash_plan(sum(e.size for e in tree.entries if e.path in set(mine)))
-            staged = stage(inspection, fed) if stage is not None else None
+            staged = stage(inspection) if stage is not None else None
             also = combine_also(recorders.get, staged.also if staged is not None else None)
             t0 = time.perf_counter()
             try:
                 entries = hash_files(
                     tree,
-                    [p for p in mine if p not in fed.paths],
+                    mine,
                     workers=workers,
                     also=also,
                     apart=crcs.reader,
                     cancel=stop,
-                    progress=tick,
+                    progress=progress.hash_bytes,
                     yielding=staged is not None and staged.copy_beside,
                 )
-                entries += fed.entries()
             except DigestCancelled:
                 entries = None
             seconds = time.perf_counter() - t0

@@ -17,13 +17,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from ckptgate import interrupts
 from ckptgate.consolidate import adapter_plan, framework_files, with_companions
 from ckptgate.consolidate.chunks import open_sources
-from ckptgate.consolidate.held import read_front_to_back
 from ckptgate.consolidate.hf.plan import check_dtype, write_config_files
 from ckptgate.consolidate.hf.source import HfConfig
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile
 from ckptgate.consolidate.streamed import StreamedPlan
 from ckptgate.consolidate.writer import DEFAULT_CHUNK, WrittenFile, write_index, write_plan
-from ckptgate.digest.fed import FedDigest
 from ckptgate.errors import Error, RuntimeFailure
 from ckptgate.inspect import Inspection, SafeTree
 from ckptgate.inspect._threads import usable_cores
@@ -66,11 +64,8 @@ class OnePass:
     input's read order, no piece is copied to wait for its turn, and no page cache is filled
     (issue #36: a third of the one pass's CPU went to buffered writes and to reading the output
     back).  :meth:`begin` then returns ``Staged(copy_beside=True)``: the digest's threads yield
-    the cores to the copy's serial chain (:func:`~ckptgate.digest.hash_files`), and the digest
-    takes the sha256 of each source the copy reads front to back
-    (:func:`~ckptgate.consolidate.held.read_front_to_back`) from the copy's own windows
-    (:class:`~ckptgate.digest.fed.FedDigest`), so those sources too are read once.  The bytes
-    written are the bytes hashed in either mode.
+    the cores to the copy's serial chain (:func:`~ckptgate.digest.hash_files`).  The bytes written
+    are the bytes hashed in either mode.
 
     Everything else takes two passes (the sequence's plan and write steps after the decision): the framework
     plane (nothing is loaded, or staged, before the permit; DeepSpeed ZeRO included), casts
@@ -106,9 +101,8 @@ class OnePass:
     def __exit__(self, *exc: object) -> None:
         self._stack.close()  # closes the outputs, then removes the staging directory unless published
 
-    def begin(self, inspection: Inspection, fed: FedDigest | None = None) -> Staged | None:
-        """Plan and stage for the one pass, or ``None`` for two passes; in held mode, ``fed`` takes
-        over the sha256 of the sources the copy reads front to back."""
+    def begin(self, inspection: Inspection) -> Staged | None:
+        """Plan and stage for the one pass, or ``None`` for two passes."""
         if (
             self._dtype is not None
             or self._select is not None  # a subtree the decision will select: nothing staged before it
@@ -134,9 +128,7 @@ class OnePass:
             self.stage = self._stack.enter_context(staging(self._destination))
             if self._tree is not None and self._tree.held:
                 self._plan = plan
-                if fed is not None:
-                    fed.adopt(read_front_to_back(staged))
-                self._start_held(staged, self._tree, self.stage.fd, fed)
+                self._start_held(staged, self._tree, self.stage.fd)
                 return Staged(copy_beside=True)  # the digest only hashes: the held copy reads for itself
             self._writer = self._stack.enter_context(StreamedPlan(staged, self.stage.fd, chunk_size=self._chunk))
         except OSError as e:
@@ -159,16 +151,11 @@ class OnePass:
 
         return Staged(also=also)
 
-    def _start_held(self, staged: ConsolidationPlan, tree: SafeTree, stage_fd: int, fed: FedDigest | None) -> None:
-        """Start writing ``staged`` from the held sources on a thread of its own, handing ``fed``
-        what it reads (and telling it when the copy ends, however it ends); leaving the ``with``
-        block cancels it, waits for it and closes the sources, before the staging directory goes."""
-        try:
-            fds = self._stack.enter_context(open_sources(tree, staged))  # closed after stop()
-        except BaseException:
-            if fed is not None:
-                fed.end()
-            raise
+    def _start_held(self, staged: ConsolidationPlan, tree: SafeTree, stage_fd: int) -> None:
+        """Start writing ``staged`` from the held sources on a thread of its own; leaving the
+        ``with`` block cancels it, waits for it and closes the sources, before the staging
+        directory goes."""
+        fds = self._stack.enter_context(open_sources(tree, staged))  # closed after stop()
         cancel = threading.Event()
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptgate-copy")
 
@@ -187,10 +174,7 @@ class OnePass:
             threads=self._workers,
             index=False,
             cancel=cancel,
-            tap=fed.tap if fed is not None else None,
         )
-        if fed is not None:
-            self._held.add_done_callback(lambda _: fed.end())
 
     def _written(self, tree: SafeTree) -> dict[str, WrittenFile]:
         """The staged outputs, by name: the held copy's once it is done (then the leases checked),

@@ -12,13 +12,11 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
-import itertools
 import mmap
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from ckptgate.consolidate import diskwrite as disk
 from ckptgate.consolidate.cast import convert
@@ -26,14 +24,7 @@ from ckptgate.consolidate.chunks import Read
 from ckptgate.consolidate.segments import Segment, runs_in_output_order
 from ckptgate.errors import RuntimeFailure
 
-if TYPE_CHECKING:
-    from ckptgate.consolidate.plan import ConsolidationPlan
-
-__all__ = ["RING", "CopyCancelled", "Tap", "copy_in_order", "read_front_to_back"]
-
-#: ``tap(src, offset, view)``: hand another reader the bytes of ``src`` at ``offset`` just read into
-#: ``view``, which stays unchanged until the returned future is done (``None``: not taken).
-Tap = Callable[[str, int, memoryview], "Future[None] | None"]
+__all__ = ["RING", "CopyCancelled", "copy_in_order"]
 
 RING = 4  # windows per output in held mode: one being filled, the others being hashed and written
 _ALIGN = 4096  # O_DIRECT: buffer address, file offset and length in whole blocks
@@ -88,7 +79,6 @@ def copy_in_order(
     chunk_size: int,
     on_bytes: Callable[[int], None] | None,
     cancel: threading.Event | None = None,
-    tap: Tap | None = None,
 ) -> str:
     """Write output ``name`` front to back from its sources, each read with ``read`` (held ones
     directly, or checked against the chunk manifest: :mod:`~ckptgate.consolidate.chunks`); return
@@ -101,15 +91,12 @@ def copy_in_order(
     (:class:`_Sink`) on another while this thread fills the next, through a ring of :data:`RING`
     windows.  A piece with ``conv`` (a cast the user asked for) is read in whole elements, converted
     (:func:`~ckptgate.consolidate.cast.convert`) and taken like the header.  Setting ``cancel``
-    stops the copy at its next window (:class:`CopyCancelled`).  ``tap`` is handed every range read
-    from a source, in place in its window; a window is reused only once what ``tap`` returned for
-    it is done (the one pass's digest hashes the input from them: :class:`ckptgate.digest.fed.FedDigest`).
+    stops the copy at its next window (:class:`CopyCancelled`).
     """
     window = max(_ALIGN, chunk_size - chunk_size % _ALIGN)
     ring = [mmap.mmap(-1, window) for _ in range(RING)]  # anonymous maps: page-aligned, as O_DIRECT needs
     views = [memoryview(m) for m in ring]
     pending: list[tuple[Future[None], ...]] = [()] * RING
-    tapped: list[Future[None]] = []  # what tap took of the window being filled
     h = hashlib.sha256()
     sink = _Sink(fd)
     k = fill = base = 0  # window k holds the output bytes [base, base + fill)
@@ -123,8 +110,7 @@ def copy_in_order(
             if cancel is not None and cancel.is_set():
                 raise CopyCancelled(name)
             view = views[k][:fill]
-            pending[k] = (hasher.submit(h.update, view), writer.submit(sink.write, view, base), *tapped)
-            tapped.clear()
+            pending[k] = (hasher.submit(h.update, view), writer.submit(sink.write, view, base))
             k, base, fill = (k + 1) % RING, base + fill, 0
             for f in pending[k]:  # the next window is free once it is hashed and written
                 f.result()
@@ -137,8 +123,6 @@ def copy_in_order(
                     views[k][fill : fill + n] = mem[src_off : src_off + n]
                 else:
                     read(src, views[k][fill : fill + n], src_off)
-                    if tap is not None and (t := tap(src, src_off, views[k][fill : fill + n])) is not None:
-                        tapped.append(t)
                     if on_bytes:
                         on_bytes(n)
                 fill, src_off, length = fill + n, src_off + n, length - n
@@ -187,30 +171,3 @@ def copy_in_order(
             evidence={"output": name, "covered": pos, "size": size},
         )
     return h.hexdigest()
-
-
-def read_front_to_back(plan: ConsolidationPlan) -> frozenset[str]:
-    """The sources that the held copy reads front to back: each placed in one output only, its
-    placements (and the runs of a strided one) in increasing source order as the output goes.  A
-    reader handed the copy's reads of such a source (``tap``) sees the whole of it in order but
-    for the bytes between placed ranges."""
-    # src -> (output, out start, out end, src start, src end) of each placement
-    spans: dict[str, list[tuple[int, int, int, int, int]]] = {}
-    for k, shard in enumerate(plan.shards):
-        base = 0
-        for t in shard.tensors:
-            for p in t.placements:
-                last = p.count - 1  # a strided placement's runs go forward in both (each stride >= length)
-                out = base + p.dst_offset
-                spans.setdefault(p.src, []).append(
-                    (k, out, out + last * p.dst_stride + p.length, p.src_offset, p.src_end)
-                )
-            base += t.nbytes
-    for k, c in enumerate(plan.copies, start=len(plan.shards)):
-        spans.setdefault(c.src, []).append((k, 0, c.size, 0, c.size))
-    ordered = set()
-    for src, got in spans.items():
-        got.sort(key=lambda g: g[1])
-        if len({g[0] for g in got}) == 1 and all(a[2] <= b[1] and a[4] <= b[3] for a, b in itertools.pairwise(got)):
-            ordered.add(src)
-    return frozenset(ordered)

@@ -61,7 +61,7 @@ from ckptgate import interrupts
 from ckptgate.consolidate import diskwrite as disk
 from ckptgate.consolidate.cast import convert
 from ckptgate.consolidate.chunks import COPY_CHUNK, MAX_KEPT, ChunkChecked, direct, ended_early
-from ckptgate.consolidate.held import RING, CopyCancelled, Tap, copy_in_order
+from ckptgate.consolidate.held import RING, CopyCancelled, copy_in_order
 from ckptgate.consolidate.plan import DTYPE_SIZES, ConsolidationPlan, ShardTask
 from ckptgate.consolidate.segments import Segment, in_order
 from ckptgate.errors import RuntimeFailure
@@ -271,7 +271,6 @@ def write_plan(
     on_bytes: Callable[[int], None] | None = None,
     index: bool = True,
     cancel: threading.Event | None = None,
-    tap: Tap | None = None,
 ) -> tuple[WrittenFile, ...]:
     """Write every shard, copied file and (unless ``index`` is false) the index into ``out_dir``
     (which must be empty).  Setting ``cancel`` stops the copy at its next window (held mode) or
@@ -289,8 +288,6 @@ def write_plan(
     :param chunks: with ``expected=None``, source relpath -> the sha256 of each of its chunks (the
         chunk manifest): each chunk read is checked before use.  A rank of a group writes its share
         this way where read leases do not bind its copy to another rank's digest.
-    :param tap: held mode only: handed every range read from a source
-        (:func:`~ckptgate.consolidate.held.copy_in_order`).
     """
     missing = sorted(set(plan.source_paths) - set(sources))
     for measured in [m for m in (expected, chunks) if m is not None]:
@@ -315,7 +312,6 @@ def write_plan(
             threads=threads,
             on_bytes=on_bytes,
             cancel=cancel,
-            tap=tap,
         )
         return _with_index(plan, out_fd, written) if index else written
     finally:
@@ -339,7 +335,6 @@ def _write_plan(
     threads: int,
     on_bytes: Callable[[int], None] | None,
     cancel: threading.Event | None,
-    tap: Tap | None,
 ) -> tuple[WrittenFile, ...]:
     opened: dict[str, int] = {}
     try:
@@ -367,7 +362,6 @@ def _write_plan(
                             chunk_size,
                             on_bytes,
                             stop,
-                            tap if chunks is None else None,
                         )
                         for name, fd in opened.items()
                     }

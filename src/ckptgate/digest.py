@@ -138,51 +138,20 @@ def _hash_fd(
     abandon: threading.Event | None,
     cancel: threading.Event | None,
 ) -> str:
-    """The sha256 of ``size`` bytes of ``fd``, read into ``bufs`` in turn (:func:`hash_range`)."""
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-    except OSError:  # pragma: no cover - advisory only
-        pass
-    h = hashlib.sha256()
-    hash_range(fd, h, 0, size, bufs, progress, also, apart, abandon, cancel)
-    ends_at(fd, size)
-    return h.hexdigest()
-
-
-def ends_at(fd: int, size: int) -> None:
-    """``input.walk.changed`` unless ``fd`` holds no byte at ``size`` (it grew while it was hashed)."""
-    if os.pread(fd, 1, size):
-        raise _changed(size, size)  # as much as expected, and more after it
-
-
-def _changed(read: int, expected: int) -> InputRejected:
-    return InputRejected(
-        "input.walk.changed", "a file changed size while it was hashed", evidence={"read": read, "expected": expected}
-    )
-
-
-def hash_range(
-    fd: int,
-    h: Any,
-    start: int,
-    end: int,
-    bufs: tuple[memoryview, ...],
-    progress: Callable[[int], None] | None,
-    also: Callable[[int, memoryview], None] | None,
-    apart: tuple[Callable[[int, memoryview], None], ThreadPoolExecutor] | None,
-    abandon: threading.Event | None,
-    cancel: threading.Event | None,
-) -> None:
-    """Hash bytes ``[start, end)`` of ``fd`` into ``h``, read into ``bufs`` in turn; a file that
-    ends before ``end`` is ``input.walk.changed`` (:func:`ends_at` checks it does not go on).  ``also`` sees every
+    """The sha256 of ``size`` bytes of ``fd``, read into ``bufs`` in turn.  ``also`` sees every
     chunk on this thread; ``apart`` = ``(check, companion)`` sees it on the companion's thread,
     while this thread reads and hashes the next chunk into the other buffer (each buffer is
     reused only once the companion is done with it, and every hand-off is waited for before
     this returns or raises)."""
-    handed: collections.deque[Future[None]] = collections.deque()
-    off, turn = start, 0
+    h = hashlib.sha256()
     try:
-        while off < end:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    except OSError:  # pragma: no cover - advisory only
+        pass
+    handed: collections.deque[Future[None]] = collections.deque()
+    off, turn = 0, 0
+    try:
+        while off < size:
             if cancel is not None and cancel.is_set():
                 raise DigestCancelled
             if abandon is not None and abandon.is_set():
@@ -192,7 +161,7 @@ def hash_range(
                 handed.popleft()
             buf = bufs[turn % len(bufs)]
             turn += 1
-            n = os.preadv(fd, [buf[: min(len(buf), end - off)]], off)
+            n = os.preadv(fd, [buf[: min(len(buf), size - off)]], off)
             if n <= 0:
                 break
             h.update(buf[:n])
@@ -210,8 +179,12 @@ def hash_range(
         for f in handed:  # on an error: nothing may still read a buffer once this returns
             f.cancel()
         wait(handed)
-    if off != end:
-        raise _changed(off, end)
+    extra = os.pread(fd, 1, off)
+    if off != size or extra:
+        raise InputRejected(
+            "input.walk.changed", "a file changed size while it was hashed", evidence={"read": off, "expected": size}
+        )
+    return h.hexdigest()
 
 
 class _Abandoned(Exception):

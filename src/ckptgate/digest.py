@@ -47,6 +47,7 @@ __all__ = [
     "canonical_manifest",
     "fixture_digest",
     "hash_files",
+    "in_turn",
 ]
 
 DEFAULT_BUFFER = 4 << 20
@@ -205,7 +206,9 @@ def _yield_cpu() -> None:
         pass
 
 
-def _each(checks: list[Callable[[int, memoryview], None]]) -> Callable[[int, memoryview], None] | None:
+def in_turn(checks: list[Callable[[int, memoryview], None]]) -> Callable[[int, memoryview], None] | None:
+    """One callable that hands each ``(offset, chunk)`` to every one of ``checks`` in turn
+    (``None`` for none, the check itself for one)."""
     if not checks:
         return None
     if len(checks) == 1:
@@ -346,7 +349,7 @@ def hash_files(
                 entry.size,
                 bufs,
                 tick if progress else None,
-                _each(checks),
+                in_turn(checks),
                 (aside, companion()) if aside is not None else None,
                 abandon,
                 cancel,

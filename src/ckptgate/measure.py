@@ -23,7 +23,7 @@ from ckptgate import interrupts
 from ckptgate.consolidate import framework_files, shares
 from ckptgate.consolidate.chunks import ChunkRecorder
 from ckptgate.decide import Precheck
-from ckptgate.digest import DigestCancelled, FixtureDigest, ManifestEntry, hash_files
+from ckptgate.digest import DigestCancelled, FixtureDigest, ManifestEntry, hash_files, in_turn
 from ckptgate.enforce.containment import ContainmentProfile
 from ckptgate.errors import RuntimeFailure
 from ckptgate.group import Group
@@ -89,15 +89,7 @@ def combine_also(*readers: Also | None) -> Also:
     given = [r for r in readers if r is not None]
 
     def also(path: str) -> Callable[[int, memoryview], None] | None:
-        taken = [f for f in (r(path) for r in given) if f is not None]
-        if len(taken) <= 1:
-            return taken[0] if taken else None
-
-        def each(offset: int, view: memoryview) -> None:
-            for f in taken:
-                f(offset, view)
-
-        return each
+        return in_turn([f for f in (r(path) for r in given) if f is not None])
 
     return also
 

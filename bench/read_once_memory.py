@@ -12,7 +12,9 @@ this computes the peak of bytes held by the two ways of reading once:
   held until its file's hash reaches it (the bytes no output takes are read when the hash needs
   them, and held for no time).
 
-Both read each source as lazily as their order allows.  The plan is the one intake makes
+Both read each source as lazily as their order allows, and take the outputs as one order (the
+held copy writes several outputs at once).  A range placed twice is held until its first use, and
+ranges that overlap are counted apart.  The plan is the one intake makes
 (``adapter_plan`` over the static inspection); nothing is loaded.  Prints one JSON document.
 
     .venv/bin/python bench/read_once_memory.py CHECKPOINT [CHECKPOINT ...]
@@ -33,6 +35,8 @@ from ckptgate.inspect import SafeTree, inspect_open_tree
 def output_runs(plan: ConsolidationPlan) -> list[tuple[str, int, int]]:
     """``(source, offset, length)`` of every placed run, in the order the outputs are written."""
     runs: list[tuple[str, int, int]] = []
+    if any(t.source_dtype for s in plan.shards for t in s.tensors):
+        raise SystemExit("a plan with a cast: placements in the source dtype's units are not modelled")
     for shard in plan.shards:
         base, placed = 0, []
         for t in shard.tensors:

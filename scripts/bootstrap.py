@@ -66,9 +66,10 @@ def load_pins() -> dict:
 
 
 def env_key() -> str:
-    """The shared environment is keyed by the Python pins alone: tool pins and pyproject.toml
-    edits do not rebuild it."""
-    pins = json.dumps(load_pins()["python"], sort_keys=True, separators=(",", ":"))
+    """The shared environment is keyed by the Python pins and the reference releases it is
+    constrained to: tool pins and pyproject.toml edits do not rebuild it."""
+    pinned = load_pins()
+    pins = json.dumps([pinned["python"], pinned["reference"]], sort_keys=True, separators=(",", ":"))
     h = hashlib.sha256(pins.encode())
     h.update(sysconfig.get_python_version().encode())
     return h.hexdigest()[:16]
@@ -118,7 +119,11 @@ def ensure_shared_env(pins: dict) -> Path:
         pkgs = pins["python"]
         first = [f"{n}=={pkgs[n]}" for n in FIRST_PHASE]
         rest = [f"{n}=={v}" for n, v in pkgs.items() if n not in FIRST_PHASE]
-        pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+        # the reference releases come in as dependencies (transformers, through peft): held to the
+        # pinned release, or a new machine would take whatever is newest that day
+        constraints = env / "reference-constraints.txt"
+        constraints.write_text("".join(f"{n}=={v}\n" for n, v in pins["reference"].items()))
+        pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-c", str(constraints)]
         run(pip + [*BUILD_REQUIREMENTS, *first])
         # DeepSpeed ships an sdist whose setup.py imports torch; its ops are JIT-built, never here.
         run(pip + ["--no-build-isolation", *first, *rest], env={**os.environ, "DS_BUILD_OPS": "0"})

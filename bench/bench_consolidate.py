@@ -322,10 +322,11 @@ def targets(case: str, res: dict[str, Any], tools: list[str], gate: str) -> dict
     * peak RSS at most 256 MB + the largest tensor (for every ckptgate side, whatever its workers);
     * on a slow disk (the output's ``dd oflag=direct`` slower than the sha256 terms), within 1.1x of it.
 
-    Beside the first target it records the least wall time the gate side's own CPU allows here,
-    ``cpu_bound_s`` = start + (CPU-seconds - start) / cores (the start runs on one core, the rest
-    at best on all of them), and that bound's ratio: where the ratio is above 1.3, the target is
-    out of reach at the CPU ckptgate spends, however well its threads are scheduled.
+    Beside the first target it records the least wall time the gate side's own CPU allows here if
+    its start runs on one core and the rest at best on all of them, ``cpu_bound_s`` = start +
+    (CPU-seconds - start) / cores (the medians of the runs' CPU and start), and that bound's ratio:
+    where the ratio is above 1.3, the target is out of reach at the CPU ckptgate spends, however
+    well its threads are scheduled after the start.
     """
     g = res[gate]
     h = res["floor"]

@@ -12,7 +12,8 @@ Set-up is idempotent and cheap when nothing changed:
 
 * The Python environment (torch and the producers are large) lives *outside* the clone, in
   ``$CKPTGATE_ENV_HOME`` (default ``~/.cache/ckptgate``), in a folder keyed by a digest of the
-  ``[python]`` pins in ``pins.toml``.  Every clone with the same pins reuses it.
+  ``[python]`` and ``[reference]`` pins in ``pins.toml`` (and the Python version).  Every clone
+  with the same pins reuses it; a folder of an earlier key is left in place.
 * Each clone gets a thin ``.venv`` whose only contents are a ``.pth`` link to that shared
   environment and an editable install of this clone.
 * OPA and Regal are installed with ``go install <module>@<version>`` into ``.tools/bin``; the

@@ -29,23 +29,24 @@ from typing import Any
 
 from ckptgate.consolidate import adapter_plan
 from ckptgate.consolidate.plan import ConsolidationPlan
+from ckptgate.consolidate.segments import Segment, runs_in_output_order
 from ckptgate.inspect import SafeTree, inspect_open_tree
 
 
 def output_runs(plan: ConsolidationPlan) -> list[tuple[str, int, int]]:
-    """``(source, offset, length)`` of every placed run, in the order the outputs are written."""
-    runs: list[tuple[str, int, int]] = []
+    """``(source, offset, length)`` of every placed run, in the order the held copy takes them
+    (the writer's own :func:`~ckptgate.consolidate.segments.runs_in_output_order`), output by output."""
     if any(t.source_dtype for s in plan.shards for t in s.tensors):
         raise SystemExit("a plan with a cast: placements in the source dtype's units are not modelled")
-    for shard in plan.shards:
-        base, placed = 0, []
+    runs: list[tuple[str, int, int]] = []
+    for k, shard in enumerate(plan.shards):
+        base, pieces = 0, []
         for t in shard.tensors:
             for p in t.placements:
-                for k in range(p.count):
-                    out, off = base + p.dst_offset + k * p.dst_stride, p.src_offset + k * p.src_stride
-                    placed.append((out, p.src, off, p.length))
+                seg = Segment(p.src_offset, p.length, k, base + p.dst_offset, None, p.count, p.src_stride, p.dst_stride)
+                pieces.append((p.src, seg))
             base += t.nbytes
-        runs += [(src, off, n) for _, src, off, n in sorted(placed)]
+        runs += [(src, g.src_offset, g.length) for src, g in runs_in_output_order(pieces)]
     runs += [(c.src, 0, c.size) for c in plan.copies if c.size]
     return runs
 
@@ -56,8 +57,9 @@ def peaks(runs: list[tuple[str, int, int]]) -> dict[str, int]:
     ranges: dict[str, list[tuple[int, int]]] = {}
     for src, off, n in runs:
         ranges.setdefault(src, []).append((off, n))
-    rank = {src: {r: i for i, r in enumerate(sorted(set(rs)))} for src, rs in ranges.items()}
-    sizes = {src: [n for _, n in sorted(set(rs))] for src, rs in ranges.items()}
+    ordered = {src: sorted(set(rs)) for src, rs in ranges.items()}  # each source's ranges, in file order
+    rank = {src: {r: i for i, r in enumerate(rs)} for src, rs in ordered.items()}
+    sizes = {src: [n for _, n in rs] for src, rs in ordered.items()}
     # file order: source s has been read up to its range read[s]; a range is held from its read to its use
     read = dict.fromkeys(ranges, 0)
     held = peak_file = 0

@@ -277,3 +277,30 @@ def test_hf_config_that_intake_would_refuse_is_refused_at_attest_with_the_same_c
     assert rc == 4, err
     assert err["error"]["code"] == "hf_config.unlisted_file"
     assert not (tmp_path / "hf_sharded.intoto.dsse.json").exists()
+
+
+def test_a_tree_with_a_symlink_out_of_it_is_refused_and_nothing_is_written(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    (ck / "global_step2" / "extra.pt").symlink_to("/etc/hostname")  # the walk never hashes it: no subject would
+    rc, doc = _attest(ck, keys)
+    assert rc == 4, doc
+    assert doc["error"]["code"] == "input.walk.not_clean" and "extra.pt" in doc["error"]["message"], doc
+    assert not (tmp_path / "deepspeed_zero2.intoto.dsse.json").exists()
+
+
+def test_a_missing_ranks_file_is_refused_even_when_no_topology_is_declared(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "dcp_torch_save")
+    (ck / "__1_0.distcp").unlink()  # rank 1 has not written (or its node's files are not visible here)
+    rc, doc = _attest(ck, keys, "--dry-run")
+    assert rc == 4, doc
+    assert doc["error"]["code"] == "input.attest.incomplete" and "__1_0.distcp" in doc["error"]["message"], doc
+    assert "Traceback" not in json.dumps(doc)
+
+
+def test_a_save_still_being_written_is_refused(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "dcp_torch_save")
+    (ck / ".metadata").unlink()  # dcp.save writes .metadata last: before it, no format is recognised
+    rc, doc = _attest(ck, keys)
+    assert rc == 4, doc
+    assert doc["error"]["code"] == "input.attest.format_unknown", doc
+    assert not (tmp_path / "dcp_torch_save.intoto.dsse.json").exists()

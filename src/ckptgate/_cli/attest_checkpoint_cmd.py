@@ -159,7 +159,9 @@ def checkpoint(
     Sigstore bundle, SRC.sigstore.json); --format oms signs an OpenSSF Model Signing bundle instead.
 
     Exit 0 when written (or, with --dry-run, when the statement is valid); 2 on a bad flag, a declared
-    topology that contradicts the layout, or a statement that fails its schema (every error listed).
+    topology that contradicts the layout, or a statement that fails its schema (every error listed); 4 on a
+    checkpoint it cannot vouch for (a symlink, FIFO or hard link in it, a rank's files missing, a save still
+    being written).
     """
     from ckptgate.producer.attest import AttestRequest, attest_checkpoint, parse_topology, statement_json  # noqa: PLC0415 - ~490 ms (inspection, cryptography)
     from ckptgate.producer.keyless import read_identity_token  # noqa: PLC0415 - ~490 ms (cryptography)

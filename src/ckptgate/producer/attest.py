@@ -23,8 +23,9 @@ from typing import Any
 
 from ckptgate.consolidate.hf.source import read_hf_config
 from ckptgate.digest import FixtureDigest, fixture_digest
-from ckptgate.errors import UsageError, VerificationError
-from ckptgate.inspect import Inspection, SafeTree, inspect_open_tree
+from ckptgate.errors import InputRejected, UsageError, VerificationError
+from ckptgate.inspect import Inspection, SafeTree, Severity, inspect_open_tree
+from ckptgate.inspect.findings import Finding
 from ckptgate.inspect.runs import ENVELOPE_SUFFIX
 from ckptgate.inspect.topology import TOPOLOGY_FIELDS, contradictions, measured_topology
 from ckptgate.producer.certificate import check_certificate, sign_with_certificate
@@ -141,9 +142,68 @@ class Attested:
     path: Path | None = None
 
 
+INCOMPLETE_FINDINGS = frozenset(
+    {
+        "dcp.storage_file_missing",
+        "dcp.chunks_incomplete",
+        "deepspeed.ranks_incomplete",
+        "deepspeed.tag_missing",
+        "index.missing_shard",
+        "index.tensor_missing",
+        "megatron.common_missing",
+        "peft.weights_missing",
+        "torch.storage_missing",
+        "zip.eocd_missing",
+        "zip.truncated",
+    }
+)
+"""Error findings that say the checkpoint is not all there (a rank's files missing, a file cut short, a
+save still being written): the statement would vouch for a checkpoint no one wrote, so nothing is signed."""
+
+
+def _findings_text(findings: list[Finding]) -> str:
+    return "; ".join(f"{f.path or '.'}: {f.message} ({f.code})" for f in findings[:3]) + (
+        f"; and {len(findings) - 3} more" if len(findings) > 3 else ""
+    )
+
+
+def _check_whole(src: Path, tree: SafeTree, inspection: Inspection) -> None:
+    """Refuse a tree the statement could not cover: anything the walk refuses (a symlink, FIFO, device or
+    hard link is not hashed, so no subject would name it), a layout that is not there in full, or one that
+    is no recognised format (a DCP save before its ``.metadata``, a file still being written)."""
+    walk = [f for f in tree.findings if f.severity == Severity.ERROR]
+    if walk:
+        raise InputRejected(
+            "input.walk.not_clean",
+            f"{src}: the walk found what intake refuses, so it cannot be attested: {_findings_text(walk)}",
+            evidence={"findings": [f.to_json() for f in walk]},
+            advice="Run `ckptgate inspect DIR` to see every finding; write only regular files into the "
+            "checkpoint (no symlink, FIFO, device or hard link), then attest again.",
+        )
+    missing = [f for f in inspection.findings if f.severity == Severity.ERROR and f.code in INCOMPLETE_FINDINGS]
+    if missing:
+        raise InputRejected(
+            "input.attest.incomplete",
+            f"{src}: the checkpoint is not all there, so it cannot be attested: {_findings_text(missing)}",
+            evidence={"findings": [f.to_json() for f in missing], "format": inspection.format},
+            advice="Attest after every rank has finished writing (the hooks in ckptgate.hooks wait for every "
+            "rank); on several nodes, attest where every rank's files are visible.",
+        )
+    if inspection.format == "unknown":
+        raise InputRejected(
+            "input.attest.format_unknown",
+            f"{src}: no checkpoint format ckptgate recognises (a save still being written, such as a "
+            "torch.distributed.checkpoint folder before its .metadata, or not a checkpoint), so it cannot be "
+            "attested",
+            evidence={"files": [e.path for e in tree.entries][:20]},
+            advice="Attest once the save has returned on every rank; `ckptgate inspect DIR` shows what was found.",
+        )
+
+
 def _measure(src: Path) -> tuple[Inspection, FixtureDigest]:
     with SafeTree.open(src) as tree:
         inspection = inspect_open_tree(tree)
+        _check_whole(src, tree, inspection)
         digest = fixture_digest(tree)
     return inspection, digest
 

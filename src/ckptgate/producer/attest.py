@@ -320,7 +320,7 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
             leaf = check_certificate(signer, request.certificate, request.certificate_chain, datetime.now(UTC))
     hf_sha256 = "sha256:" + read_hf_config(request.hf_config).digest if request.hf_config is not None else None
     inspection, digest = _measure(src)
-    measured = measured_topology(inspection.format, inspection.layout)
+    measured = measured_topology(inspection.format, inspection.layout, (f.path for f in inspection.files))
     bad = contradictions(request.topology, measured)
     if bad:
         raise UsageError(

@@ -304,3 +304,19 @@ def test_a_save_still_being_written_is_refused(tmp_path: Path, keys: dict) -> No
     assert rc == 4, doc
     assert doc["error"]["code"] == "input.attest.format_unknown", doc
     assert not (tmp_path / "dcp_torch_save.intoto.dsse.json").exists()
+
+
+@pytest.mark.parametrize(("text", "code"), [
+    ("{bad", "usage.json.malformed"),
+    ('{"lr": NaN}', "usage.json.malformed"),
+    ('{"lr": 1, "lr": 2}', "usage.json.duplicate_key"),
+])
+def test_a_malformed_training_config_is_a_usage_error_not_a_verification_failure(
+    tmp_path: Path, keys: dict, text: str, code: str
+) -> None:
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    (tmp_path / "cfg.json").write_text(text)
+    rc, doc = _attest(ck, keys, "--training-config", tmp_path / "cfg.json")
+    assert rc == 2, doc  # the producer's own flag, not evidence that failed to verify (exit 5)
+    assert doc["error"]["code"] == code and doc["error"]["evidence"]["what"] == "training config", doc
+    assert not (tmp_path / "deepspeed_zero2.intoto.dsse.json").exists()

@@ -12,7 +12,7 @@ import click
 from ckptgate._cli._base import emit_json, json_option, shown, stdout
 from ckptgate._cli._options import checkpoint_option
 from ckptgate._cli.attest_cmd import _MAX_INPUT, _read, attest
-from ckptgate._json import loads_strict, verify_error
+from ckptgate._json import loads_strict, usage_error
 from ckptgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ def checkpoint(
             _read(str(training_config), "training config"),
             what="training config",
             max_bytes=_MAX_INPUT,
-            error=verify_error,
+            error=usage_error,
         )
         if not isinstance(doc, dict):
             raise UsageError(

@@ -13,7 +13,7 @@ import click
 
 from ckptgate._cli._base import emit_json, json_option, shown, stdout
 from ckptgate._cli._options import load_config
-from ckptgate._json import loads_strict, verify_error
+from ckptgate._json import loads_strict, usage_error, verify_error
 from ckptgate.digestvalue import Digest
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import read_regular_file, write_output_file
@@ -208,7 +208,7 @@ def sign(
     signer = KeySigner.from_pem(key_path, keyid=keyid)
     if statement_path is not None:
         statement = loads_strict(
-            _read(statement_path, "statement"), what="statement", max_bytes=8 << 20, error=verify_error
+            _read(statement_path, "statement"), what="statement", max_bytes=8 << 20, error=usage_error
         )
     else:
         if subject_digest is None or predicate_path is None:
@@ -219,7 +219,7 @@ def sign(
             )
         subject = _digest_arg(subject_digest, "--subject-digest")
         predicate = loads_strict(
-            _read(predicate_path, "predicate"), what="predicate", max_bytes=8 << 20, error=verify_error
+            _read(predicate_path, "predicate"), what="predicate", max_bytes=8 << 20, error=usage_error
         )
         statement = {
             "_type": STATEMENT_TYPE,

@@ -320,3 +320,24 @@ def test_a_malformed_training_config_is_a_usage_error_not_a_verification_failure
     assert rc == 2, doc  # the producer's own flag, not evidence that failed to verify (exit 5)
     assert doc["error"]["code"] == code and doc["error"]["evidence"]["what"] == "training config", doc
     assert not (tmp_path / "deepspeed_zero2.intoto.dsse.json").exists()
+
+
+@pytest.mark.parametrize("fmt", ["intoto", "oms"])
+@pytest.mark.parametrize("via", ["flag", "env"])
+def test_a_key_given_as_pem_text_is_refused_without_printing_it(
+    tmp_path: Path, keys: dict, monkeypatch: pytest.MonkeyPatch, fmt: str, via: str
+) -> None:
+    """A CI secret holding the PEM itself, put where a path goes: the error used to repeat it (message and
+    advice), printing the private key into the job's log."""
+    ck = _copy(tmp_path, "hf_sharded")
+    pem = keys["key"].read_text()
+    secret = pem.splitlines()[1]
+    if via == "env":
+        monkeypatch.setenv("CKPTGATE_SIGNING_KEY", pem)
+        res = ckptgate_json("attest", "checkpoint", ck, "--format", fmt, "--builder-id", BUILDER)
+    else:
+        res = ckptgate_json("attest", "checkpoint", ck, "--format", fmt, "--key", pem, "--builder-id", BUILDER)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert secret not in res.stdout + res.stderr
+    assert _doc(res.stdout or res.stderr)["error"]["code"] == "usage.signing_key_not_a_path"
+    assert not list(tmp_path.glob("hf_sharded.*"))

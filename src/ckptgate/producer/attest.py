@@ -31,7 +31,7 @@ from ckptgate.inspect.topology import TOPOLOGY_FIELDS, contradictions, measured_
 from ckptgate.producer.certificate import check_certificate, sign_with_certificate
 from ckptgate.producer.environment import checkpoint_records, code_ref, environment_producers, invocation_id
 from ckptgate.producer.keyless import SIGSTORE_SUFFIX, check_identity_token, load_trust_config, sign_keyless
-from ckptgate.producer.oms import OMS_SUFFIX, sign_oms
+from ckptgate.producer.oms import OMS_SUFFIX, check_oms_signing, sign_oms
 from ckptgate.userfiles import check_output_file, write_output_file
 from ckptgate.verify.dsse import KeySigner, sign_statement
 from ckptgate.verify.statement import schema_errors
@@ -318,6 +318,14 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
         signer = KeySigner.from_pem(request.key)
         if request.certificate is not None:
             leaf = check_certificate(signer, request.certificate, request.certificate_chain, datetime.now(UTC))
+    elif not request.dry_run:  # --format oms: the same checks sign_oms makes, before hours of hashing
+        if request.key is None:
+            raise UsageError(
+                "usage.signing_key_missing",
+                "no signing key: pass --key",
+                advice="Pass --key KEY.pem (an EC key for --format oms).",
+            )
+        check_oms_signing(Path(request.key), request.certificate, request.certificate_chain)
     hf_sha256 = "sha256:" + read_hf_config(request.hf_config).digest if request.hf_config is not None else None
     inspection, digest = _measure(src)
     measured = measured_topology(inspection.format, inspection.layout, (f.path for f in inspection.files))

@@ -93,3 +93,14 @@ def test_a_two_rank_dcp_save_of_replicated_state_measures_two_ranks(tmp_path: Pa
     # the hook declares the process group's size: the save is attested, not refused as contradicting it
     done_ = attest_checkpoint(AttestRequest(src=ck, dry_run=True, topology={"world_size": 2}, environment=False))
     assert done_.statement["predicate"]["buildDefinition"]["internalParameters"]["topology"] == {"world_size": 2}
+
+
+def test_a_trainer_or_accelerate_save_measures_its_processes_by_their_rng_state() -> None:
+    """Every process of a Trainer (``rng_state_<i>.pth``) or Accelerate (``random_states_<i>.pkl``) save writes its
+    own RNG state; a format that records the world size keeps its own measure."""
+    assert measured_topology("safetensors", {}, ["model.safetensors", "random_states_0.pkl"]) == {"world_size": [1]}
+    files = ["model.safetensors", *(f"rng_state_{i}.pth" for i in range(4))]
+    assert measured_topology("hf-sharded-safetensors", {}, files) == {"world_size": [4]}
+    assert measured_topology("hf-sharded-safetensors", {}, ["rng_state.pth", "sub/rng_state_3.pth"]) == {}
+    ins = inspect(DATA / "trainer_fsdp_sharded" / "checkpoint" / "checkpoint-2")
+    assert ins.to_facts()["topology"] == {"world_size": [2]}

@@ -341,3 +341,21 @@ def test_a_key_given_as_pem_text_is_refused_without_printing_it(
     assert secret not in res.stdout + res.stderr
     assert _doc(res.stdout or res.stderr)["error"]["code"] == "usage.signing_key_not_a_path"
     assert not list(tmp_path.glob("hf_sharded.*"))
+
+
+def test_a_process_whose_rng_state_is_missing_is_refused(tmp_path: Path, keys: dict) -> None:
+    """A two-process FSDP Trainer save seen from a node that holds rank 0's files only: its DCP shards are both
+    there, but rank 1's rng_state_1.pth is not."""
+    ck = _copy(tmp_path, "trainer_fsdp_sharded")
+    (ck / "checkpoint-2" / "rng_state_1.pth").unlink()
+    rc, doc = _attest(ck, keys, "--dry-run")
+    assert rc == 4, doc
+    assert doc["error"]["code"] == "input.attest.incomplete", doc
+    assert doc["error"]["evidence"]["findings"][0] == {"code": "resume.rank_state_missing", "missing": [1],
+                                                       "present": [0]}
+
+
+def test_an_accelerate_save_from_fewer_processes_than_declared_is_refused(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "accelerate_save_state")  # one process wrote random_states_0.pkl
+    rc, doc = _attest(ck, keys, "--dry-run", "--topology", "world_size=2")
+    assert rc == 2 and doc["error"]["code"] == "usage.topology.contradicts_layout", doc

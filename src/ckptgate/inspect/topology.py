@@ -21,6 +21,19 @@ TOPOLOGY_FIELDS = ("tp", "pp", "dp", "ep", "etp", "cp", "world_size", "zero_stag
 """The topology fields of the training-provenance predicate, in order."""
 
 _DISTCP = re.compile(r"^__([0-9]+)_[0-9]+\.distcp$")
+_RANK_STATE = re.compile(r"^(?:rng_state_([0-9]{1,9})\.pth|random_states_([0-9]{1,9})\.pkl)$")
+"""The per-process RNG state a ``transformers.Trainer`` save (``rng_state_<process>.pth``, only when it runs on
+more than one process) and ``Accelerator.save_state`` (``random_states_<process>.pkl``) write, every process its
+own, at the top of the checkpoint."""
+
+
+def rank_state_ranks(files: Iterable[str]) -> list[int]:
+    """The process indices of the per-process RNG state files at the top of the checkpoint, sorted."""
+    out = set()
+    for path in files:
+        if (m := _RANK_STATE.match(path)) is not None:
+            out.add(int(m.group(1) or m.group(2)))
+    return sorted(out)
 
 
 def _dcp_world_size(dcp: Mapping[str, Any], files: Iterable[str] = ()) -> int | None:
@@ -52,7 +65,8 @@ def _tp(dcp: Mapping[str, Any]) -> int | None:
 
 def measured_topology(fmt: str, layout: Mapping[str, Any], files: Iterable[str] = ()) -> dict[str, list[Any]]:
     """Topology field -> the values the layout of format ``fmt`` allows (sorted); empty when it records none.
-    ``files``: the paths of the checkpoint's files (a DCP rank that wrote no item is counted by its file)."""
+    ``files``: the paths of the checkpoint's files (a DCP rank that wrote no item is counted by its file; a
+    Trainer or Accelerate save by its processes' RNG state files)."""
     files = tuple(files)
     out: dict[str, list[Any]] = {}
     if fmt in ("dcp-torch-save", "dcp-hf-safetensors"):
@@ -81,6 +95,9 @@ def measured_topology(fmt: str, layout: Mapping[str, Any], files: Iterable[str] 
         out["fsdp_mode"] = ["full_state_dict"]
     elif fmt == "fsdp-local":
         out["fsdp_mode"] = ["local_state_dict"]
+    processes = rank_state_ranks(files)
+    if processes and "world_size" not in out:  # every process wrote its RNG state: the highest index is world - 1
+        out["world_size"] = [processes[-1] + 1]
     return out
 
 

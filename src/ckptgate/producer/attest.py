@@ -27,7 +27,7 @@ from ckptgate.errors import InputRejected, UsageError, VerificationError
 from ckptgate.inspect import Inspection, SafeTree, Severity, inspect_open_tree
 from ckptgate.inspect.findings import Finding
 from ckptgate.inspect.runs import ENVELOPE_SUFFIX
-from ckptgate.inspect.topology import TOPOLOGY_FIELDS, contradictions, measured_topology
+from ckptgate.inspect.topology import TOPOLOGY_FIELDS, contradictions, measured_topology, rank_state_ranks
 from ckptgate.producer.certificate import check_certificate, sign_with_certificate
 from ckptgate.producer.environment import checkpoint_records, code_ref, environment_producers, invocation_id
 from ckptgate.producer.keyless import SIGSTORE_SUFFIX, check_identity_token, load_trust_config, sign_keyless
@@ -200,6 +200,32 @@ def _check_whole(src: Path, tree: SafeTree, inspection: Inspection) -> None:
         )
 
 
+def _check_rank_states(src: Path, files: list[str], world_size: Any) -> None:
+    """Every process of a Trainer or Accelerate save writes its RNG state: with the world size measured or
+    declared, those of processes ``0..world_size-1`` must all be there (a node's files missing from the folder
+    rank 0 measures), else at least ``0..`` the highest one."""
+    ranks = rank_state_ranks(files)
+    if not ranks:
+        return
+    world = world_size if isinstance(world_size, int) and not isinstance(world_size, bool) else ranks[-1] + 1
+    expected = list(range(max(world, ranks[-1] + 1)))
+    if ranks == expected:
+        return
+    absent = sorted(set(expected) - set(ranks))
+    raise InputRejected(
+        "input.attest.incomplete",
+        f"{src}: the checkpoint is not all there, so it cannot be attested: the per-process RNG state of "
+        f"process(es) {absent[:8]}{' ...' if len(absent) > 8 else ''} is missing ({len(ranks)} of {len(expected)} "
+        "processes wrote theirs) (resume.rank_state_missing)",
+        evidence={
+            "findings": [{"code": "resume.rank_state_missing", "missing": absent, "present": ranks}],
+            "world_size": len(expected),
+        },
+        advice="Attest after every process has finished writing (the hooks in ckptgate.hooks wait for every "
+        "rank); on several nodes, attest where every process's files are visible.",
+    )
+
+
 def _measure(src: Path) -> tuple[Inspection, FixtureDigest]:
     with SafeTree.open(src) as tree:
         inspection = inspect_open_tree(tree)
@@ -341,6 +367,7 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
         )
     topology = {k: v[0] for k, v in measured.items() if len(v) == 1}
     topology.update(request.topology)
+    _check_rank_states(src, [e.path for e in digest.manifest], topology.get("world_size"))
     files = [e.path for e in digest.manifest]
     producers, recorded_base = _producers(request, inspection.format, files)
     code = request.code if request.code is not None else code_ref(request.code_dir)

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ckptgate.inspect.runs import ENVELOPE_SUFFIX
 from ckptgate.producer.attest import Attested, AttestRequest, attest_checkpoint
+from ckptgate.producer.keyless import SIGSTORE_SUFFIX
+from ckptgate.userfiles import read_regular_file
 
 __all__ = ["after_accelerate_save", "after_dcp_save", "after_deepspeed_save", "attest_saved"]
+
+_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_GLOBAL_STEP = re.compile(r"^global_step([0-9]{1,18})$")
 
 
 def _dist() -> Any:
@@ -83,11 +90,35 @@ def after_accelerate_save(accelerator: Any, output_dir: Path | str, **kwargs: An
     return attest_saved(output_dir, main_process=bool(accelerator.is_main_process), **kwargs)
 
 
+def _latest_tag(save_dir: Path) -> str | None:
+    """The tag DeepSpeed's ``latest`` names (the save just made), or ``None`` without one."""
+    try:
+        raw = read_regular_file(save_dir / "latest", limit=4096, follow_symlinks=False)
+    except OSError:
+        return None
+    tag = raw.decode("utf-8", "replace").strip()
+    return tag if _TAG.match(tag) else None
+
+
 def after_deepspeed_save(engine: Any, save_dir: Path | str, **kwargs: Any) -> Attested | None:
-    """Call on every rank right after ``engine.save_checkpoint(save_dir)``: rank 0 attests ``save_dir`` (its
-    ``latest`` and ``global_stepN/`` partitions) once every rank has written its partition."""
+    """Call on every rank right after ``engine.save_checkpoint(save_dir)`` (or ``(save_dir, tag)``, then pass
+    ``tag=``): rank 0 attests ``save_dir`` (its ``latest`` and ``global_stepN/`` partitions) once every rank has
+    written its partition.  A training job saves into the same ``save_dir`` again and again, so each save gets
+    its own statement, ``<save_dir>.<tag>.intoto.dsse.json`` (``.sigstore.json`` keyless), the tag being the one
+    ``latest`` names, and its step is the tag's ``global_stepN`` unless ``step`` says."""
     topology = dict(kwargs.pop("topology", None) or {})
     stage = getattr(engine, "zero_optimization_stage", None)
     if callable(stage):
         topology.setdefault("zero_stage", int(stage()))
+    tag = kwargs.pop("tag", None)
+    dist = _dist()
+    if dist is not None:
+        dist.barrier()  # rank 0 writes latest: read it once every rank is past save_checkpoint
+    root = Path(save_dir)
+    tag = tag if tag is not None else _latest_tag(root)
+    if tag is not None and kwargs.get("out") is None:
+        suffix = SIGSTORE_SUFFIX if kwargs.get("identity_token") is not None else ENVELOPE_SUFFIX
+        kwargs["out"] = root.parent / f"{root.name}.{tag}{suffix}"
+    if tag is not None and kwargs.get("step") is None and (m := _GLOBAL_STEP.match(tag)):
+        kwargs["step"] = int(m.group(1))
     return attest_saved(save_dir, topology=topology, **kwargs)

@@ -191,3 +191,43 @@ def test_after_deepspeed_save_attests_each_save_into_the_same_save_dir(tmp_path:
     assert second is not None and second.path == tmp_path / "ds.global_step4.intoto.dsse.json"
     assert second.statement["predicate"]["buildDefinition"]["internalParameters"]["step"] == 4
     assert _intake(sd, keys, tmp_path / "published", second.path)["decision"]["allow"] is True
+
+
+_FAILING_SAVE = """
+import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+def main(rank, path, port, report):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dcp.save({"w": torch.ones(2, 2) * rank}, checkpoint_id=path)
+    from ckptgate.errors import Error
+    from ckptgate.hooks import after_dcp_save
+    try:
+        after_dcp_save(path, key=os.path.join(path, "..", "no-such-key.pem"), builder_id="b")
+        code = "none"
+    except Error as e:
+        code = e.code
+    with open(f"{report}.{rank}", "w") as f:
+        f.write(code)
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    mp.spawn(main, args=tuple(sys.argv[1:4]), nprocs=2)
+"""
+
+
+def test_a_refusal_on_the_main_process_is_raised_on_every_rank(tmp_path: Path) -> None:
+    """Rank 0 cannot attest (here: no key file): every rank raises, instead of the others training on into a
+    collective rank 0 never reaches."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    (tmp_path / "save.py").write_text(_FAILING_SAVE)
+    done = subprocess.run([sys.executable, str(tmp_path / "save.py"), str(tmp_path / "ck"), port,
+                           str(tmp_path / "code")], capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "code.0").read_text() == "usage.signing_key_unreadable"
+    assert (tmp_path / "code.1").read_text() == "runtime.attest.failed_on_main"
+    assert not list(tmp_path.glob("ck.*"))

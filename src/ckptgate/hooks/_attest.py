@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ckptgate.errors import Error, RuntimeFailure
 from ckptgate.inspect.runs import ENVELOPE_SUFFIX
 from ckptgate.producer.attest import Attested, AttestRequest, attest_checkpoint
 from ckptgate.producer.keyless import SIGSTORE_SUFFIX
@@ -56,7 +57,71 @@ def attest_saved(
     if main_process is None:
         main_process = dist is None or dist.get_rank() == 0
     if not main_process:
+        _shared_outcome(dist, None, path)  # raises what the main process raised
         return None
+    try:
+        done = _attest_main(
+            dist,
+            path,
+            key,
+            builder_id,
+            topology,
+            producers,
+            training_config,
+            step,
+            started,
+            out,
+            identity_token,
+            sigstore_trust_config,
+        )
+    except BaseException as e:
+        _shared_outcome(dist, e, path)
+        raise
+    _shared_outcome(dist, None, path)
+    return done
+
+
+def _shared_outcome(dist: Any, failure: BaseException | None, path: Path | str) -> None:
+    """With a process group, every rank learns how the main process's attestation went (one
+    ``all_gather_object``): a refusal there is raised on every rank, so no rank trains on into a collective
+    the failed one never reaches."""
+    if dist is None:
+        return
+    mine = None
+    if failure is not None:
+        mine = (
+            failure.to_json()["error"]
+            if isinstance(failure, Error)
+            else {"code": "runtime.attest.failed", "message": type(failure).__name__}
+        )
+    outcomes: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, mine)
+    if failure is not None:
+        return  # the main process raises its own error
+    failed = next((o for o in outcomes if isinstance(o, dict)), None)
+    if failed is not None:
+        raise RuntimeFailure(
+            "runtime.attest.failed_on_main",
+            f"the main process did not attest {path}: [{failed.get('code')}] {failed.get('message')}",
+            evidence={"code": failed.get("code"), "path": str(path)},
+            advice="The main process's error says why; nothing was signed.",
+        )
+
+
+def _attest_main(
+    dist: Any,
+    path: Path | str,
+    key: Path | str | None,
+    builder_id: str | None,
+    topology: Mapping[str, Any] | None,
+    producers: Mapping[str, str] | None,
+    training_config: Mapping[str, Any] | None,
+    step: int | None,
+    started: datetime | None,
+    out: Path | str | None,
+    identity_token: str | None,
+    sigstore_trust_config: Path | str | None,
+) -> Attested:
     declared = dict(topology or {})
     if dist is not None:
         declared.setdefault("world_size", dist.get_world_size())

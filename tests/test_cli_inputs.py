@@ -127,3 +127,15 @@ def test_terminal_controls_in_a_file_name_reach_the_terminal_escaped(tmp_path: P
     assert "\x1b]" not in res.stdout and "\x07" not in res.stdout and "\x1b[2J" not in res.stdout
     assert "\\x1b]0;pwned\\x07\\x1b[2Jx.json" in res.stdout
     assert "walk.name_control_chars" in res.stdout
+
+
+@pytest.mark.parametrize("flag", ["--statement", "--predicate"])
+def test_attest_sign_a_malformed_file_of_the_user_is_a_usage_error(work: Path, flag: str) -> None:
+    """The statement or predicate to sign is the user's own input: exit 2 (usage.json.*), as its schema errors
+    are, never 'verification failed' (exit 5)."""
+    assert cli("attest", "keygen", "--out", "k", cwd=work).returncode == 0
+    extra = ["--subject-digest", "sha256:" + HEX] if flag == "--predicate" else []
+    res = cli("attest", "sign", "--key", "k.pem", flag, "garbage.json", *extra, "--out", "s.json", cwd=work)
+    assert res.returncode == ExitCode.USAGE, res.stdout + res.stderr
+    assert json.loads(res.stdout)["error"]["code"] == "usage.json.malformed" and "Traceback" not in res.stderr
+    assert not (work / "s.json").exists()

@@ -253,3 +253,29 @@ def test_digest_is_a_frozen_hashable_value() -> None:
         d.hex = "00" * 32  # type: ignore[misc]
     assert {d: 1}[Digest.parse("sha256:" + HEX)] == 1
     assert d != "sha256:" + HEX  # never equal to a string: compare printed forms explicitly
+
+
+def test_a_file_rewritten_in_place_while_it_is_hashed_is_refused(tmp_path: Path) -> None:
+    """Same size, other bytes, written during the pass (a preallocated file still being filled): the digest
+    would mix bytes from before and after the write, so the file is refused, not hashed."""
+    root = tmp_path / "ck"
+    root.mkdir()
+    (root / "big.bin").write_bytes(b"a" * (1 << 16))
+    written = []
+
+    def write_during(path: str) -> Callable[[int, memoryview], None] | None:
+        def check(off: int, chunk: memoryview) -> None:
+            if not written:
+                with open(root / path, "r+b") as f:
+                    f.seek(1 << 15)
+                    f.write(b"b" * 16)
+                    f.flush()
+                    os.fsync(f.fileno())
+                written.append(off)
+
+        return check
+
+    with SafeTree.open(root) as t:
+        with pytest.raises(InputRejected) as e:
+            fixture_digest(t, buffer_size=4096, also=write_during)
+    assert e.value.code == "input.walk.changed" and e.value.evidence["path"] == "big.bin"

@@ -16,9 +16,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ckptgate.errors import VerificationError
+from ckptgate.errors import UsageError, VerificationError
 
-__all__ = ["MAX_DEPTH", "JSONRejected", "depth", "loads_strict", "verify_error"]
+__all__ = ["MAX_DEPTH", "JSONRejected", "depth", "loads_strict", "usage_error", "verify_error"]
 
 MAX_DEPTH = 64
 """Deepest nesting of arrays and objects accepted by default."""
@@ -188,3 +188,14 @@ def loads_strict(
 def verify_error(r: JSONRejected) -> VerificationError:
     """The evidence codes: ``verify.json.<kind>``, with ``what`` and the detail as evidence."""
     return VerificationError(f"verify.json.{r.kind}", r.message, evidence={"what": r.what, **r.detail})
+
+
+def usage_error(r: JSONRejected) -> UsageError:
+    """For a file the user passes as a flag (the producer's own input, not evidence): ``usage.json.<kind>``,
+    exit 2, with ``what`` and the detail as evidence."""
+    return UsageError(
+        f"usage.json.{r.kind}",
+        r.message,
+        evidence={"what": r.what, **r.detail},
+        advice=f"Fix the {r.what} so that it is one strict JSON document (no NaN, no repeated key), then run again.",
+    )

@@ -344,6 +344,7 @@ def hash_files(
         bufs = buffers(aside is not None)
         fd = tree.open_file(path)
         try:
+            before = os.fstat(fd)
             digest = _hash_fd(
                 fd,
                 entry.size,
@@ -354,8 +355,17 @@ def hash_files(
                 abandon,
                 cancel,
             )
+            after = os.fstat(fd)
         finally:
             os.close(fd)
+        if (before.st_mtime_ns, before.st_ctime_ns) != (after.st_mtime_ns, after.st_ctime_ns):
+            # written in place while it was read (a preallocated file still being filled keeps its size):
+            # the digest would be of bytes that were never on disk at one time
+            raise InputRejected(
+                "input.walk.changed",
+                f"{path!r} was written while it was hashed (its modification time changed)",
+                evidence={"path": path, "mtime_ns": [before.st_mtime_ns, after.st_mtime_ns]},
+            )
         return ManifestEntry(path=path, size=entry.size, sha256=digest)
 
     for path in paths:

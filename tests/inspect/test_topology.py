@@ -43,3 +43,64 @@ def test_contradictions_name_each_field_the_layout_refutes() -> None:
         "dp": {"declared": 4, "measured": [2]},
         "zero_stage": {"declared": 3, "measured": [1, 2]},
     }
+
+
+def test_a_dcp_rank_that_wrote_no_item_is_counted_by_its_file() -> None:
+    """State replicated across ranks (DDP) is deduplicated to one rank; the other still writes its
+    ``__1_0.distcp``, empty, and the metadata never names it: that is still a two-rank save."""
+    layout = {"folder": "", "storage": [{"relative_path": "__0_0.distcp"}]}
+    files = [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert measured_topology("dcp-torch-save", layout) == {"world_size": [1]}
+    assert measured_topology("dcp-torch-save", layout, files) == {"world_size": [2]}
+    inner = {"folder": "iter_0000001", "storage": [{"relative_path": "__0_0.distcp"}]}
+    assert measured_topology("megatron-torch-dist", {"dcp": inner}, [f"iter_0000001/{f}" for f in files]) == {
+        "world_size": [2]
+    }
+
+
+_DDP_SAVE = """
+import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+def main(rank, path, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dcp.save({"model": {"w": torch.ones(4, 4)}}, checkpoint_id=path)  # one replicated tensor: rank 1 writes none
+    dist.barrier()
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    mp.spawn(main, args=(sys.argv[1], sys.argv[2]), nprocs=2)
+"""
+
+
+def test_a_two_rank_dcp_save_of_replicated_state_measures_two_ranks(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed.checkpoint")
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    (tmp_path / "save.py").write_text(_DDP_SAVE)
+    ck = tmp_path / "ck"
+    done = subprocess.run([sys.executable, str(tmp_path / "save.py"), str(ck), port], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (ck / "__1_0.distcp").stat().st_size == 0  # the deduplicated rank's file
+    assert inspect(ck).to_facts()["topology"] == {"world_size": [2]}
+    from ckptgate.producer.attest import AttestRequest, attest_checkpoint
+
+    # the hook declares the process group's size: the save is attested, not refused as contradicting it
+    done_ = attest_checkpoint(AttestRequest(src=ck, dry_run=True, topology={"world_size": 2}, environment=False))
+    assert done_.statement["predicate"]["buildDefinition"]["internalParameters"]["topology"] == {"world_size": 2}
+
+
+def test_a_trainer_or_accelerate_save_measures_its_processes_by_their_rng_state() -> None:
+    """Every process of a Trainer (``rng_state_<i>.pth``) or Accelerate (``random_states_<i>.pkl``) save writes its
+    own RNG state; a format that records the world size keeps its own measure."""
+    assert measured_topology("safetensors", {}, ["model.safetensors", "random_states_0.pkl"]) == {"world_size": [1]}
+    files = ["model.safetensors", *(f"rng_state_{i}.pth" for i in range(4))]
+    assert measured_topology("hf-sharded-safetensors", {}, files) == {"world_size": [4]}
+    assert measured_topology("hf-sharded-safetensors", {}, ["rng_state.pth", "sub/rng_state_3.pth"]) == {}
+    ins = inspect(DATA / "trainer_fsdp_sharded" / "checkpoint" / "checkpoint-2")
+    assert ins.to_facts()["topology"] == {"world_size": [2]}

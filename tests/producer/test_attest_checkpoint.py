@@ -277,3 +277,85 @@ def test_hf_config_that_intake_would_refuse_is_refused_at_attest_with_the_same_c
     assert rc == 4, err
     assert err["error"]["code"] == "hf_config.unlisted_file"
     assert not (tmp_path / "hf_sharded.intoto.dsse.json").exists()
+
+
+def test_a_tree_with_a_symlink_out_of_it_is_refused_and_nothing_is_written(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    (ck / "global_step2" / "extra.pt").symlink_to("/etc/hostname")  # the walk never hashes it: no subject would
+    rc, doc = _attest(ck, keys)
+    assert rc == 4, doc
+    assert doc["error"]["code"] == "input.walk.not_clean" and "extra.pt" in doc["error"]["message"], doc
+    assert not (tmp_path / "deepspeed_zero2.intoto.dsse.json").exists()
+
+
+def test_a_missing_ranks_file_is_refused_even_when_no_topology_is_declared(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "dcp_torch_save")
+    (ck / "__1_0.distcp").unlink()  # rank 1 has not written (or its node's files are not visible here)
+    rc, doc = _attest(ck, keys, "--dry-run")
+    assert rc == 4, doc
+    assert doc["error"]["code"] == "input.attest.incomplete" and "__1_0.distcp" in doc["error"]["message"], doc
+    assert "Traceback" not in json.dumps(doc)
+
+
+def test_a_save_still_being_written_is_refused(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "dcp_torch_save")
+    (ck / ".metadata").unlink()  # dcp.save writes .metadata last: before it, no format is recognised
+    rc, doc = _attest(ck, keys)
+    assert rc == 4, doc
+    assert doc["error"]["code"] == "input.attest.format_unknown", doc
+    assert not (tmp_path / "dcp_torch_save.intoto.dsse.json").exists()
+
+
+@pytest.mark.parametrize(("text", "code"), [
+    ("{bad", "usage.json.malformed"),
+    ('{"lr": NaN}', "usage.json.malformed"),
+    ('{"lr": 1, "lr": 2}', "usage.json.duplicate_key"),
+])
+def test_a_malformed_training_config_is_a_usage_error_not_a_verification_failure(
+    tmp_path: Path, keys: dict, text: str, code: str
+) -> None:
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    (tmp_path / "cfg.json").write_text(text)
+    rc, doc = _attest(ck, keys, "--training-config", tmp_path / "cfg.json")
+    assert rc == 2, doc  # the producer's own flag, not evidence that failed to verify (exit 5)
+    assert doc["error"]["code"] == code and doc["error"]["evidence"]["what"] == "training config", doc
+    assert not (tmp_path / "deepspeed_zero2.intoto.dsse.json").exists()
+
+
+@pytest.mark.parametrize("fmt", ["intoto", "oms"])
+@pytest.mark.parametrize("via", ["flag", "env"])
+def test_a_key_given_as_pem_text_is_refused_without_printing_it(
+    tmp_path: Path, keys: dict, monkeypatch: pytest.MonkeyPatch, fmt: str, via: str
+) -> None:
+    """A CI secret holding the PEM itself, put where a path goes: the error used to repeat it (message and
+    advice), printing the private key into the job's log."""
+    ck = _copy(tmp_path, "hf_sharded")
+    pem = keys["key"].read_text()
+    secret = pem.splitlines()[1]
+    if via == "env":
+        monkeypatch.setenv("CKPTGATE_SIGNING_KEY", pem)
+        res = ckptgate_json("attest", "checkpoint", ck, "--format", fmt, "--builder-id", BUILDER)
+    else:
+        res = ckptgate_json("attest", "checkpoint", ck, "--format", fmt, "--key", pem, "--builder-id", BUILDER)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert secret not in res.stdout + res.stderr
+    assert _doc(res.stdout or res.stderr)["error"]["code"] == "usage.signing_key_not_a_path"
+    assert not list(tmp_path.glob("hf_sharded.*"))
+
+
+def test_a_process_whose_rng_state_is_missing_is_refused(tmp_path: Path, keys: dict) -> None:
+    """A two-process FSDP Trainer save seen from a node that holds rank 0's files only: its DCP shards are both
+    there, but rank 1's rng_state_1.pth is not."""
+    ck = _copy(tmp_path, "trainer_fsdp_sharded")
+    (ck / "checkpoint-2" / "rng_state_1.pth").unlink()
+    rc, doc = _attest(ck, keys, "--dry-run")
+    assert rc == 4, doc
+    assert doc["error"]["code"] == "input.attest.incomplete", doc
+    assert doc["error"]["evidence"]["findings"][0] == {"code": "resume.rank_state_missing", "missing": [1],
+                                                       "present": [0]}
+
+
+def test_an_accelerate_save_from_fewer_processes_than_declared_is_refused(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "accelerate_save_state")  # one process wrote random_states_0.pkl
+    rc, doc = _attest(ck, keys, "--dry-run", "--topology", "world_size=2")
+    assert rc == 2 and doc["error"]["code"] == "usage.topology.contradicts_layout", doc

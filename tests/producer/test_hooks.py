@@ -26,9 +26,9 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"key": d / "k.pem", "trust": d / "trust.json"}
 
 
-def _intake(ck: Path, keys: dict[str, Path], out: Path) -> dict:
-    res = ckptgate_json("intake", ck, "--out", out, "--attestation", ck.parent / (ck.name + ".intoto.dsse.json"),
-                        "--trust", keys["trust"])
+def _intake(ck: Path, keys: dict[str, Path], out: Path, att: Path | None = None) -> dict:
+    att = att or ck.parent / (ck.name + ".intoto.dsse.json")
+    res = ckptgate_json("intake", ck, "--out", out, "--attestation", att, "--trust", keys["trust"])
     assert res.returncode == 0, res.stdout + res.stderr
     return json.loads(res.stdout)["receipt"]
 
@@ -96,10 +96,11 @@ def test_deepspeed_save_checkpoint_is_attested_by_rank_zero_and_taken_in_on_the_
         env={**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""},
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    receipt = _intake(ck, keys, tmp_path / "published")
+    (envelope,) = tmp_path.glob("ds.global_step*.intoto.dsse.json")  # one statement per save, named by its tag
+    receipt = _intake(ck, keys, tmp_path / "published", envelope)
     assert receipt["decision"]["allow"] is True
     assert receipt["decision"]["plane"] == "framework"
-    res = ckptgate_json("verify", ck, "--attestation", tmp_path / "ds.intoto.dsse.json", "--trust", keys["trust"])
+    res = ckptgate_json("verify", ck, "--attestation", envelope, "--trust", keys["trust"])
     (att,) = json.loads(res.stdout)["attestations"]
     assert att["training"]["topology"] == {"dp": 2, "world_size": 2, "zero_stage": 2}
 
@@ -166,3 +167,67 @@ def test_trainer_callback_attests_a_peft_adapter_with_its_base_model(tmp_path: P
     assert att["training"]["base_model"]["repo"] == "example/tiny-llama"
     assert att["training"]["base_model"]["revision"] == "0123456789abcdef0123456789abcdef01234567"
     assert any(p["name"] == "peft" for p in att["training"]["producers"])
+
+
+def test_after_deepspeed_save_attests_each_save_into_the_same_save_dir(tmp_path: Path, keys: dict) -> None:
+    """A job saves into one save_dir again and again: the second save used to be refused (usage.exists: the
+    first save's <save_dir>.intoto.dsse.json), raising out of the training loop.  Each save gets its own
+    statement, named by the tag ``latest`` names, with that tag's step."""
+    import shutil
+
+    from ckptgate.hooks import after_deepspeed_save
+
+    class Engine:
+        def zero_optimization_stage(self) -> int:
+            return 2
+
+    sd = tmp_path / "ds"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "data" / "deepspeed_zero2" / "checkpoint", sd)
+    first = after_deepspeed_save(Engine(), sd, key=keys["key"], builder_id=BUILDER)
+    assert first is not None and first.path == tmp_path / "ds.global_step2.intoto.dsse.json"
+    shutil.copytree(sd / "global_step2", sd / "global_step4")  # the next save
+    (sd / "latest").write_text("global_step4")
+    second = after_deepspeed_save(Engine(), sd, key=keys["key"], builder_id=BUILDER)
+    assert second is not None and second.path == tmp_path / "ds.global_step4.intoto.dsse.json"
+    assert second.statement["predicate"]["buildDefinition"]["internalParameters"]["step"] == 4
+    assert _intake(sd, keys, tmp_path / "published", second.path)["decision"]["allow"] is True
+
+
+_FAILING_SAVE = """
+import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+def main(rank, path, port, report):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dcp.save({"w": torch.ones(2, 2) * rank}, checkpoint_id=path)
+    from ckptgate.errors import Error
+    from ckptgate.hooks import after_dcp_save
+    try:
+        after_dcp_save(path, key=os.path.join(path, "..", "no-such-key.pem"), builder_id="b")
+        code = "none"
+    except Error as e:
+        code = e.code
+    with open(f"{report}.{rank}", "w") as f:
+        f.write(code)
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    mp.spawn(main, args=tuple(sys.argv[1:4]), nprocs=2)
+"""
+
+
+def test_a_refusal_on_the_main_process_is_raised_on_every_rank(tmp_path: Path) -> None:
+    """Rank 0 cannot attest (here: no key file): every rank raises, instead of the others training on into a
+    collective rank 0 never reaches."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    (tmp_path / "save.py").write_text(_FAILING_SAVE)
+    done = subprocess.run([sys.executable, str(tmp_path / "save.py"), str(tmp_path / "ck"), port,
+                           str(tmp_path / "code")], capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "code.0").read_text() == "usage.signing_key_unreadable"
+    assert (tmp_path / "code.1").read_text() == "runtime.attest.failed_on_main"
+    assert not list(tmp_path.glob("ck.*"))

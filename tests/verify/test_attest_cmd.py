@@ -98,3 +98,16 @@ def test_signing_an_invalid_predicate_is_a_usage_error_not_untrusted_evidence(tm
     err = json.loads(r.stdout)["error"]
     assert r.returncode == 2 and err["code"] == "usage.statement_invalid"
     assert "do not trust" not in err["advice"].lower() and not (tmp_path / "att.json").exists()
+
+
+def test_keygen_writes_no_key_pair_when_its_trust_file_cannot_be_written(tmp_path: Path) -> None:
+    """--trust-out in a missing directory used to leave k.pem and k.pub.pem behind; an existing one is named
+    by its own flag in the advice."""
+    r = run("attest", "keygen", "--out", "k", "--trust-out", "nodir/trust.json", "--json", cwd=tmp_path)
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["code"] == "usage.output_parent"
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    (tmp_path / "trust.json").write_text("{}")
+    r = run("attest", "keygen", "--out", "k", "--trust-out", "trust.json", "--json", cwd=tmp_path)
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 2 and err["code"] == "usage.exists" and "--trust-out" in err["advice"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trust.json"]

@@ -125,3 +125,15 @@ def test_bind_manifest_is_exact_about_names() -> None:
     with pytest.raises(VerificationError) as e:
         bind_manifest(stmt, {"model.safetensors": "11" * 32})
     assert e.value.code == "verify.statement.renamed_file"
+
+
+def test_a_per_file_statement_checked_against_a_digest_alone_says_to_measure_the_files() -> None:
+    """``attest verify FILE --digest``: a statement naming each file cannot bind one fixture digest; the
+    refusal says so, and how to verify it, instead of "made for other bytes"."""
+    s = signer()
+    with pytest.raises(VerificationError) as e:
+        verify_attestation(sign_statement(slsa_statement(FILES), s), source="slsa.json", trust=slsa_trust(s),
+                           measured_digest=Digest.parse(FIXTURE), now=NOW)
+    assert e.value.code == "verify.statement.subject_mismatch"
+    assert "3 files, one subject each" in e.value.message and "--checkpoint DIR" in e.value.diagnostics()
+    assert "other bytes" not in e.value.diagnostics()

@@ -12,7 +12,7 @@ import click
 from ckptgate._cli._base import emit_json, json_option, shown, stdout
 from ckptgate._cli._options import checkpoint_option
 from ckptgate._cli.attest_cmd import _MAX_INPUT, _read, attest
-from ckptgate._json import loads_strict, verify_error
+from ckptgate._json import loads_strict, usage_error
 from ckptgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -159,7 +159,9 @@ def checkpoint(
     Sigstore bundle, SRC.sigstore.json); --format oms signs an OpenSSF Model Signing bundle instead.
 
     Exit 0 when written (or, with --dry-run, when the statement is valid); 2 on a bad flag, a declared
-    topology that contradicts the layout, or a statement that fails its schema (every error listed).
+    topology that contradicts the layout, or a statement that fails its schema (every error listed); 4 on a
+    checkpoint it cannot vouch for (a symlink, FIFO or hard link in it, a rank's files missing, a save still
+    being written).
     """
     from ckptgate.producer.attest import AttestRequest, attest_checkpoint, parse_topology, statement_json  # noqa: PLC0415 - ~490 ms (inspection, cryptography)
     from ckptgate.producer.keyless import read_identity_token  # noqa: PLC0415 - ~490 ms (cryptography)
@@ -177,7 +179,7 @@ def checkpoint(
             _read(str(training_config), "training config"),
             what="training config",
             max_bytes=_MAX_INPUT,
-            error=verify_error,
+            error=usage_error,
         )
         if not isinstance(doc, dict):
             raise UsageError(

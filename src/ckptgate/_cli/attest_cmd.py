@@ -13,10 +13,10 @@ import click
 
 from ckptgate._cli._base import emit_json, json_option, shown, stdout
 from ckptgate._cli._options import load_config
-from ckptgate._json import loads_strict, verify_error
+from ckptgate._json import loads_strict, usage_error, verify_error
 from ckptgate.digestvalue import Digest
 from ckptgate.errors import UsageError, VerificationError
-from ckptgate.userfiles import read_regular_file, write_output_file
+from ckptgate.userfiles import check_output_file, read_regular_file, write_output_file
 
 _MAX_INPUT = 16 << 20  # a statement, predicate or envelope; larger ones are refused, never read whole
 
@@ -115,13 +115,17 @@ def keygen(
             advice="Name a prefix such as --out keys/dev; keygen writes keys/dev.pem and keys/dev.pub.pem.",
         )
     priv_path, pub_path = Path(prefix + ".pem"), Path(prefix + ".pub.pem")
-    for p in (priv_path, pub_path, *([trust_out] if trust_out else [])):  # all checked before any is written
+    targets = [(priv_path, "the private key", "--out prefix"), (pub_path, "the public key", "--out prefix")]
+    if trust_out is not None:
+        targets.append((trust_out, "the trust file", "--trust-out file"))
+    for p, what, flag in targets:  # all checked before any is written: no key pair without its trust file
         if os.path.lexists(p):
             raise UsageError(
                 "usage.exists",
                 f"{p} exists; refusing to overwrite",
-                advice=f"Remove {p}, or name another --out prefix.",
+                advice=f"Remove {p}, or name another {flag}.",
             )
+        check_output_file(p, what=what, exclusive=True)
     private, public = generate_keypair(algorithm)
     write_output_file(priv_path, private, what="the private key", mode=0o600, exclusive=True)
     try:
@@ -137,12 +141,17 @@ def keygen(
         builder_ids=list(dict.fromkeys(builder_ids)) or ["*"],
     )
     if trust_out is not None:
-        write_output_file(
-            trust_out,
-            (json.dumps({"signers": [entry]}, indent=2) + "\n").encode(),
-            what="the trust file",
-            exclusive=True,
-        )
+        try:
+            write_output_file(
+                trust_out,
+                (json.dumps({"signers": [entry]}, indent=2) + "\n").encode(),
+                what="the trust file",
+                exclusive=True,
+            )
+        except BaseException:
+            priv_path.unlink(missing_ok=True)  # no key pair left behind without the trust file asked for
+            pub_path.unlink(missing_ok=True)
+            raise
     if as_json:
         emit_json(
             {
@@ -208,7 +217,7 @@ def sign(
     signer = KeySigner.from_pem(key_path, keyid=keyid)
     if statement_path is not None:
         statement = loads_strict(
-            _read(statement_path, "statement"), what="statement", max_bytes=8 << 20, error=verify_error
+            _read(statement_path, "statement"), what="statement", max_bytes=8 << 20, error=usage_error
         )
     else:
         if subject_digest is None or predicate_path is None:
@@ -219,7 +228,7 @@ def sign(
             )
         subject = _digest_arg(subject_digest, "--subject-digest")
         predicate = loads_strict(
-            _read(predicate_path, "predicate"), what="predicate", max_bytes=8 << 20, error=verify_error
+            _read(predicate_path, "predicate"), what="predicate", max_bytes=8 << 20, error=usage_error
         )
         statement = {
             "_type": STATEMENT_TYPE,

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ckptgate.errors import Error, RuntimeFailure
+from ckptgate.inspect.runs import ENVELOPE_SUFFIX
 from ckptgate.producer.attest import Attested, AttestRequest, attest_checkpoint
+from ckptgate.producer.keyless import SIGSTORE_SUFFIX
+from ckptgate.userfiles import read_regular_file
 
 __all__ = ["after_accelerate_save", "after_dcp_save", "after_deepspeed_save", "attest_saved"]
+
+_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_GLOBAL_STEP = re.compile(r"^global_step([0-9]{1,18})$")
 
 
 def _dist() -> Any:
@@ -49,7 +57,71 @@ def attest_saved(
     if main_process is None:
         main_process = dist is None or dist.get_rank() == 0
     if not main_process:
+        _shared_outcome(dist, None, path)  # raises what the main process raised
         return None
+    try:
+        done = _attest_main(
+            dist,
+            path,
+            key,
+            builder_id,
+            topology,
+            producers,
+            training_config,
+            step,
+            started,
+            out,
+            identity_token,
+            sigstore_trust_config,
+        )
+    except BaseException as e:
+        _shared_outcome(dist, e, path)
+        raise
+    _shared_outcome(dist, None, path)
+    return done
+
+
+def _shared_outcome(dist: Any, failure: BaseException | None, path: Path | str) -> None:
+    """With a process group, every rank learns how the main process's attestation went (one
+    ``all_gather_object``): a refusal there is raised on every rank, so no rank trains on into a collective
+    the failed one never reaches."""
+    if dist is None:
+        return
+    mine = None
+    if failure is not None:
+        mine = (
+            failure.to_json()["error"]
+            if isinstance(failure, Error)
+            else {"code": "runtime.attest.failed", "message": type(failure).__name__}
+        )
+    outcomes: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, mine)
+    if failure is not None:
+        return  # the main process raises its own error
+    failed = next((o for o in outcomes if isinstance(o, dict)), None)
+    if failed is not None:
+        raise RuntimeFailure(
+            "runtime.attest.failed_on_main",
+            f"the main process did not attest {path}: [{failed.get('code')}] {failed.get('message')}",
+            evidence={"code": failed.get("code"), "path": str(path)},
+            advice="The main process's error says why; nothing was signed.",
+        )
+
+
+def _attest_main(
+    dist: Any,
+    path: Path | str,
+    key: Path | str | None,
+    builder_id: str | None,
+    topology: Mapping[str, Any] | None,
+    producers: Mapping[str, str] | None,
+    training_config: Mapping[str, Any] | None,
+    step: int | None,
+    started: datetime | None,
+    out: Path | str | None,
+    identity_token: str | None,
+    sigstore_trust_config: Path | str | None,
+) -> Attested:
     declared = dict(topology or {})
     if dist is not None:
         declared.setdefault("world_size", dist.get_world_size())
@@ -83,11 +155,35 @@ def after_accelerate_save(accelerator: Any, output_dir: Path | str, **kwargs: An
     return attest_saved(output_dir, main_process=bool(accelerator.is_main_process), **kwargs)
 
 
+def _latest_tag(save_dir: Path) -> str | None:
+    """The tag DeepSpeed's ``latest`` names (the save just made), or ``None`` without one."""
+    try:
+        raw = read_regular_file(save_dir / "latest", limit=4096, follow_symlinks=False)
+    except OSError:
+        return None
+    tag = raw.decode("utf-8", "replace").strip()
+    return tag if _TAG.match(tag) else None
+
+
 def after_deepspeed_save(engine: Any, save_dir: Path | str, **kwargs: Any) -> Attested | None:
-    """Call on every rank right after ``engine.save_checkpoint(save_dir)``: rank 0 attests ``save_dir`` (its
-    ``latest`` and ``global_stepN/`` partitions) once every rank has written its partition."""
+    """Call on every rank right after ``engine.save_checkpoint(save_dir)`` (or ``(save_dir, tag)``, then pass
+    ``tag=``): rank 0 attests ``save_dir`` (its ``latest`` and ``global_stepN/`` partitions) once every rank has
+    written its partition.  A training job saves into the same ``save_dir`` again and again, so each save gets
+    its own statement, ``<save_dir>.<tag>.intoto.dsse.json`` (``.sigstore.json`` keyless), the tag being the one
+    ``latest`` names, and its step is the tag's ``global_stepN`` unless ``step`` says."""
     topology = dict(kwargs.pop("topology", None) or {})
     stage = getattr(engine, "zero_optimization_stage", None)
     if callable(stage):
         topology.setdefault("zero_stage", int(stage()))
+    tag = kwargs.pop("tag", None)
+    dist = _dist()
+    if dist is not None:
+        dist.barrier()  # rank 0 writes latest: read it once every rank is past save_checkpoint
+    root = Path(save_dir)
+    tag = tag if tag is not None else _latest_tag(root)
+    if tag is not None and kwargs.get("out") is None:
+        suffix = SIGSTORE_SUFFIX if kwargs.get("identity_token") is not None else ENVELOPE_SUFFIX
+        kwargs["out"] = root.parent / f"{root.name}.{tag}{suffix}"
+    if tag is not None and kwargs.get("step") is None and (m := _GLOBAL_STEP.match(tag)):
+        kwargs["step"] = int(m.group(1))
     return attest_saved(save_dir, topology=topology, **kwargs)

@@ -64,7 +64,7 @@ class Inspection:
             "files": [f.to_json() for f in self.files],
             "pickles": {p.path: p.to_json() for p in self.pickles},
             "layout": self.layout,
-            "topology": measured_topology(self.format, self.layout),
+            "topology": measured_topology(self.format, self.layout, (f.path for f in self.files)),
         }
 
 

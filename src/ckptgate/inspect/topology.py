@@ -12,7 +12,7 @@ not record is absent: a declared value for it is neither confirmed nor contradic
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = ["TOPOLOGY_FIELDS", "contradictions", "measured_topology"]
@@ -21,15 +21,37 @@ TOPOLOGY_FIELDS = ("tp", "pp", "dp", "ep", "etp", "cp", "world_size", "zero_stag
 """The topology fields of the training-provenance predicate, in order."""
 
 _DISTCP = re.compile(r"^__([0-9]+)_[0-9]+\.distcp$")
+_RANK_STATE = re.compile(r"^(?:rng_state_([0-9]{1,9})\.pth|random_states_([0-9]{1,9})\.pkl)$")
+"""The per-process RNG state a ``transformers.Trainer`` save (``rng_state_<process>.pth``, only when it runs on
+more than one process) and ``Accelerator.save_state`` (``random_states_<process>.pkl``) write, every process its
+own, at the top of the checkpoint."""
 
 
-def _dcp_world_size(dcp: Mapping[str, Any]) -> int | None:
+def rank_state_ranks(files: Iterable[str]) -> list[int]:
+    """The process indices of the per-process RNG state files at the top of the checkpoint, sorted."""
+    out = set()
+    for path in files:
+        if (m := _RANK_STATE.match(path)) is not None:
+            out.add(int(m.group(1) or m.group(2)))
+    return sorted(out)
+
+
+def _dcp_world_size(dcp: Mapping[str, Any], files: Iterable[str] = ()) -> int | None:
+    """The ranks that wrote: those the ``.metadata`` names, and those whose ``__<rank>_<n>.distcp`` file is in
+    the folder though it names none.  A rank whose items were all deduplicated to another (state replicated
+    across ranks, as under DDP) still writes its file, empty, and the metadata never names it: counting the
+    metadata alone measured such a two-rank save as one rank."""
     ranks = set()
     for s in dcp.get("storage", []) or []:
         m = _DISTCP.match(str(s.get("relative_path") or ""))
         if m is None:
             return None  # a file not named by rank: the writers cannot be counted
         ranks.add(int(m.group(1)))
+    folder = str(dcp.get("folder") or "")
+    pre = f"{folder}/" if folder else ""
+    for path in files:
+        if path.startswith(pre) and (m := _DISTCP.match(path[len(pre) :])):
+            ranks.add(int(m.group(1)))
     return len(ranks) or None
 
 
@@ -41,17 +63,20 @@ def _tp(dcp: Mapping[str, Any]) -> int | None:
     return None
 
 
-def measured_topology(fmt: str, layout: Mapping[str, Any]) -> dict[str, list[Any]]:
-    """Topology field -> the values the layout of format ``fmt`` allows (sorted); empty when it records none."""
+def measured_topology(fmt: str, layout: Mapping[str, Any], files: Iterable[str] = ()) -> dict[str, list[Any]]:
+    """Topology field -> the values the layout of format ``fmt`` allows (sorted); empty when it records none.
+    ``files``: the paths of the checkpoint's files (a DCP rank that wrote no item is counted by its file; a
+    Trainer or Accelerate save by its processes' RNG state files)."""
+    files = tuple(files)
     out: dict[str, list[Any]] = {}
     if fmt in ("dcp-torch-save", "dcp-hf-safetensors"):
-        ws = _dcp_world_size(layout)
+        ws = _dcp_world_size(layout, files)
         if ws is not None:
             out["world_size"] = [ws]
     elif fmt == "megatron-torch-dist":
         inner = layout.get("dcp")
         if isinstance(inner, Mapping):
-            ws = _dcp_world_size(inner)
+            ws = _dcp_world_size(inner, files)
             if ws is not None:
                 out["world_size"] = [ws]
             tp = _tp(inner)
@@ -70,6 +95,9 @@ def measured_topology(fmt: str, layout: Mapping[str, Any]) -> dict[str, list[Any
         out["fsdp_mode"] = ["full_state_dict"]
     elif fmt == "fsdp-local":
         out["fsdp_mode"] = ["local_state_dict"]
+    processes = rank_state_ranks(files)
+    if processes and "world_size" not in out:  # every process wrote its RNG state: the highest index is world - 1
+        out["world_size"] = [processes[-1] + 1]
     return out
 
 

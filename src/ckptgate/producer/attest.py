@@ -23,14 +23,15 @@ from typing import Any
 
 from ckptgate.consolidate.hf.source import read_hf_config
 from ckptgate.digest import FixtureDigest, fixture_digest
-from ckptgate.errors import UsageError, VerificationError
-from ckptgate.inspect import Inspection, SafeTree, inspect_open_tree
+from ckptgate.errors import InputRejected, UsageError, VerificationError
+from ckptgate.inspect import Inspection, SafeTree, Severity, inspect_open_tree
+from ckptgate.inspect.findings import Finding
 from ckptgate.inspect.runs import ENVELOPE_SUFFIX
-from ckptgate.inspect.topology import TOPOLOGY_FIELDS, contradictions, measured_topology
+from ckptgate.inspect.topology import TOPOLOGY_FIELDS, contradictions, measured_topology, rank_state_ranks
 from ckptgate.producer.certificate import check_certificate, sign_with_certificate
 from ckptgate.producer.environment import checkpoint_records, code_ref, environment_producers, invocation_id
 from ckptgate.producer.keyless import SIGSTORE_SUFFIX, check_identity_token, load_trust_config, sign_keyless
-from ckptgate.producer.oms import OMS_SUFFIX, sign_oms
+from ckptgate.producer.oms import OMS_SUFFIX, check_oms_signing, sign_oms
 from ckptgate.userfiles import check_output_file, write_output_file
 from ckptgate.verify.dsse import KeySigner, sign_statement
 from ckptgate.verify.statement import schema_errors
@@ -141,9 +142,94 @@ class Attested:
     path: Path | None = None
 
 
+INCOMPLETE_FINDINGS = frozenset(
+    {
+        "dcp.storage_file_missing",
+        "dcp.chunks_incomplete",
+        "deepspeed.ranks_incomplete",
+        "deepspeed.tag_missing",
+        "index.missing_shard",
+        "index.tensor_missing",
+        "megatron.common_missing",
+        "peft.weights_missing",
+        "torch.storage_missing",
+        "zip.eocd_missing",
+        "zip.truncated",
+    }
+)
+"""Error findings that say the checkpoint is not all there (a rank's files missing, a file cut short, a
+save still being written): the statement would vouch for a checkpoint no one wrote, so nothing is signed."""
+
+
+def _findings_text(findings: list[Finding]) -> str:
+    return "; ".join(f"{f.path or '.'}: {f.message} ({f.code})" for f in findings[:3]) + (
+        f"; and {len(findings) - 3} more" if len(findings) > 3 else ""
+    )
+
+
+def _check_whole(src: Path, tree: SafeTree, inspection: Inspection) -> None:
+    """Refuse a tree the statement could not cover: anything the walk refuses (a symlink, FIFO, device or
+    hard link is not hashed, so no subject would name it), a layout that is not there in full, or one that
+    is no recognised format (a DCP save before its ``.metadata``, a file still being written)."""
+    walk = [f for f in tree.findings if f.severity == Severity.ERROR]
+    if walk:
+        raise InputRejected(
+            "input.walk.not_clean",
+            f"{src}: the walk found what intake refuses, so it cannot be attested: {_findings_text(walk)}",
+            evidence={"findings": [f.to_json() for f in walk]},
+            advice="Run `ckptgate inspect DIR` to see every finding; write only regular files into the "
+            "checkpoint (no symlink, FIFO, device or hard link), then attest again.",
+        )
+    missing = [f for f in inspection.findings if f.severity == Severity.ERROR and f.code in INCOMPLETE_FINDINGS]
+    if missing:
+        raise InputRejected(
+            "input.attest.incomplete",
+            f"{src}: the checkpoint is not all there, so it cannot be attested: {_findings_text(missing)}",
+            evidence={"findings": [f.to_json() for f in missing], "format": inspection.format},
+            advice="Attest after every rank has finished writing (the hooks in ckptgate.hooks wait for every "
+            "rank); on several nodes, attest where every rank's files are visible.",
+        )
+    if inspection.format == "unknown":
+        raise InputRejected(
+            "input.attest.format_unknown",
+            f"{src}: no checkpoint format ckptgate recognises (a save still being written, such as a "
+            "torch.distributed.checkpoint folder before its .metadata, or not a checkpoint), so it cannot be "
+            "attested",
+            evidence={"files": [e.path for e in tree.entries][:20]},
+            advice="Attest once the save has returned on every rank; `ckptgate inspect DIR` shows what was found.",
+        )
+
+
+def _check_rank_states(src: Path, files: list[str], world_size: Any) -> None:
+    """Every process of a Trainer or Accelerate save writes its RNG state: with the world size measured or
+    declared, those of processes ``0..world_size-1`` must all be there (a node's files missing from the folder
+    rank 0 measures), else at least ``0..`` the highest one."""
+    ranks = rank_state_ranks(files)
+    if not ranks:
+        return
+    world = world_size if isinstance(world_size, int) and not isinstance(world_size, bool) else ranks[-1] + 1
+    expected = list(range(max(world, ranks[-1] + 1)))
+    if ranks == expected:
+        return
+    absent = sorted(set(expected) - set(ranks))
+    raise InputRejected(
+        "input.attest.incomplete",
+        f"{src}: the checkpoint is not all there, so it cannot be attested: the per-process RNG state of "
+        f"process(es) {absent[:8]}{' ...' if len(absent) > 8 else ''} is missing ({len(ranks)} of {len(expected)} "
+        "processes wrote theirs) (resume.rank_state_missing)",
+        evidence={
+            "findings": [{"code": "resume.rank_state_missing", "missing": absent, "present": ranks}],
+            "world_size": len(expected),
+        },
+        advice="Attest after every process has finished writing (the hooks in ckptgate.hooks wait for every "
+        "rank); on several nodes, attest where every process's files are visible.",
+    )
+
+
 def _measure(src: Path) -> tuple[Inspection, FixtureDigest]:
     with SafeTree.open(src) as tree:
         inspection = inspect_open_tree(tree)
+        _check_whole(src, tree, inspection)
         digest = fixture_digest(tree)
     return inspection, digest
 
@@ -258,9 +344,17 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
         signer = KeySigner.from_pem(request.key)
         if request.certificate is not None:
             leaf = check_certificate(signer, request.certificate, request.certificate_chain, datetime.now(UTC))
+    elif not request.dry_run:  # --format oms: the same checks sign_oms makes, before hours of hashing
+        if request.key is None:
+            raise UsageError(
+                "usage.signing_key_missing",
+                "no signing key: pass --key",
+                advice="Pass --key KEY.pem (an EC key for --format oms).",
+            )
+        check_oms_signing(Path(request.key), request.certificate, request.certificate_chain)
     hf_sha256 = "sha256:" + read_hf_config(request.hf_config).digest if request.hf_config is not None else None
     inspection, digest = _measure(src)
-    measured = measured_topology(inspection.format, inspection.layout)
+    measured = measured_topology(inspection.format, inspection.layout, (f.path for f in inspection.files))
     bad = contradictions(request.topology, measured)
     if bad:
         raise UsageError(
@@ -273,6 +367,7 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
         )
     topology = {k: v[0] for k, v in measured.items() if len(v) == 1}
     topology.update(request.topology)
+    _check_rank_states(src, [e.path for e in digest.manifest], topology.get("world_size"))
     files = [e.path for e in digest.manifest]
     producers, recorded_base = _producers(request, inspection.format, files)
     code = request.code if request.code is not None else code_ref(request.code_dir)

@@ -10,10 +10,18 @@ import uuid
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from ckptgate.verify.training import BaseModel, CodeRef, Producer
 
-__all__ = ["PRODUCERS_BY_FORMAT", "checkpoint_records", "code_ref", "environment_producers", "invocation_id"]
+__all__ = [
+    "PRODUCERS_BY_FORMAT",
+    "checkpoint_records",
+    "code_ref",
+    "environment_producers",
+    "invocation_id",
+    "public_uri",
+]
 
 PRODUCERS_BY_FORMAT: Mapping[str, tuple[str, ...]] = {
     "hf-sharded-safetensors": ("transformers", "safetensors", "torch"),
@@ -91,6 +99,16 @@ def _git(cwd: Path, *args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def public_uri(url: str) -> str:
+    """``url`` without the credentials a remote may carry (``https://user:token@host/...``, a token in the
+    query): the statement is signed and, keyless, logged publicly, so a secret written into it is published."""
+    parts = urlsplit(url)
+    if not parts.scheme or "://" not in url:
+        return url  # scp-like ``git@host:org/repo`` (a user name, never a password) or a local path
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
 def code_ref(cwd: Path | None = None) -> CodeRef | None:
     """The training code: the git commit checked out in ``cwd`` (default: the current directory), its
     origin URL (else the work tree's path) and whether the work tree has uncommitted changes; ``None``
@@ -99,9 +117,8 @@ def code_ref(cwd: Path | None = None) -> CodeRef | None:
     commit = _git(where, "rev-parse", "HEAD")
     if commit is None or len(commit) != 40:
         return None
-    uri = _git(where, "config", "--get", "remote.origin.url") or (
-        "git+file://" + (_git(where, "rev-parse", "--show-toplevel") or str(where))
-    )
+    origin = _git(where, "config", "--get", "remote.origin.url")
+    uri = public_uri(origin) if origin else "git+file://" + (_git(where, "rev-parse", "--show-toplevel") or str(where))
     status = _git(where, "status", "--porcelain", "--untracked-files=no")
     return CodeRef(uri=uri, commit=commit.lower(), dirty=bool(status))
 

@@ -17,8 +17,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from ckptgate.errors import UsageError
 from ckptgate.producer.certificate import read_certificates
 from ckptgate.userfiles import read_regular_file
+from ckptgate.verify.dsse import check_key_path
 
-__all__ = ["OMS_SUFFIX", "sign_oms"]
+__all__ = ["OMS_SUFFIX", "check_oms_signing", "sign_oms"]
 
 OMS_SUFFIX = ".sig"
 """``<checkpoint>.sig`` beside the checkpoint is where the bundle goes by default (as ``model_signing`` names it)."""
@@ -39,6 +40,7 @@ def _check_certificate(key: Path, certificate: Path, chain: tuple[Path, ...]) ->
 
 
 def _check_key(key: Path) -> None:
+    check_key_path(key)
     try:
         pem = read_regular_file(key, limit=1 << 20)
         private = serialization.load_pem_private_key(pem, password=None)
@@ -54,6 +56,13 @@ def _check_key(key: Path) -> None:
             f"--format oms signs with an elliptic-curve key (the model_signing key method); {key} is not one",
             advice="Make one with `ckptgate attest keygen --algorithm ecdsa-p256`.",
         )
+
+
+def check_oms_signing(key: Path, certificate: Path | None = None, chain: tuple[Path, ...] = ()) -> None:
+    """The key (and certificate) ``sign_oms`` will sign with, checked before anything is hashed."""
+    _check_key(key)
+    if certificate is not None:
+        _check_certificate(key, certificate, chain)
 
 
 def sign_oms(src: Path, key: Path, out: Path, *, certificate: Path | None = None, chain: tuple[Path, ...] = ()) -> Path:

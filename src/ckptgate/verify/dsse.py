@@ -34,6 +34,20 @@ MAX_SIGNATURES = 16
 SIGNING_KEY_ENV = "CKPTGATE_SIGNING_KEY"
 
 
+def check_key_path(path: str | os.PathLike[str]) -> None:
+    """Refuse a signing key given as its PEM text (a CI secret put in ``--key`` or ``$CKPTGATE_SIGNING_KEY``
+    instead of a file's path) without repeating it: every later message names the path, and that would print
+    the private key into the job's log."""
+    text = os.fspath(path)
+    if "-----BEGIN" in text or "PRIVATE KEY" in text or "\n" in text or "\r" in text:
+        raise UsageError(
+            "usage.signing_key_not_a_path",
+            "the signing key was given as PEM text, not as the path of a PEM file (its value is not shown)",
+            advice=f"Write the key to a file only the job can read (chmod 600) and pass its path with --key or "
+            f"{SIGNING_KEY_ENV}; treat the key as exposed if the text reached a log.",
+        )
+
+
 def pae(payload_type: str, payload: bytes) -> bytes:
     """DSSE v1 Pre-Authentication Encoding: ``DSSEv1 SP LEN(type) SP type SP LEN(body) SP body``."""
     t = payload_type.encode("utf-8")
@@ -261,6 +275,7 @@ class KeySigner:
                 f"no signing key: pass --key or set {SIGNING_KEY_ENV}",
                 advice=f"Pass --key KEY or set {SIGNING_KEY_ENV}; `ckptgate attest keygen --out KEY` makes a key pair.",
             )
+        check_key_path(p)
         try:
             key = serialization.load_pem_private_key(read_regular_file(p, limit=_MAX_KEY_BYTES), password=None)
         except OSError as e:

@@ -345,6 +345,19 @@ def verify_attestation(
         binding = bind_subject(stmt, measured_digest)
         checks.append("subject_digest")
     except VerificationError as e:
+        per_file = len(stmt["subject"]) > 1 or is_training(stmt)
+        if manifest is None and stmt["predicateType"] not in PREDICATE_SCHEMAS and per_file:
+            # a subject per file binds files, never one fixture digest: say how to verify it, not that
+            # it was made for other bytes (it may well name exactly these files)
+            raise VerificationError(
+                e.code,
+                f"the statement names {len(stmt['subject'])} files, one subject each: it binds the checkpoint's "
+                f"files, not the fixture digest {measured_digest.prefixed()}, so it cannot be checked against a "
+                "digest alone",
+                evidence={**e.evidence, "subjects_per_file": len(stmt["subject"])},
+                advice="Measure the checkpoint itself: `ckptgate attest verify FILE --checkpoint DIR`, or "
+                "`ckptgate verify DIR --attestation FILE`.",
+            ) from None
         if (
             manifest is None
             or stmt["predicateType"] in PREDICATE_SCHEMAS

@@ -228,3 +228,14 @@ def test_a_config_that_contradicts_the_args_publishes_nothing(signer: Signer, tm
     assert e.value.code == "mapping.args.contradicts_config"
     assert e.value.evidence["arg"] == "layernorm_epsilon" and e.value.evidence["config_value"] == 1e-6
     assert not (tmp_path / "out").exists()
+
+
+def test_an_explicit_head_dim_no_tensor_measures_is_declared_not_measured() -> None:
+    """2 heads of 8 in one group have the shapes of the saved 4 heads of 4 in two: without q/k norms and
+    without args, an explicit head_dim is the config's word, and the words say so."""
+    cfg = json.loads((FIXTURES / "megatron_hf_llama" / "hf_config" / "config.json").read_text())
+    got = _agree(None, {**cfg, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8})
+    assert any(n.startswith("head_dim (explicit: 8): how heads split kv_channels") for n in got.not_measured)
+    qwen3 = json.loads((FIXTURES / "megatron_hf_qwen3" / "hf_config" / "config.json").read_text())
+    assert "head_dim" in qwen3  # its q/k norms have head_dim entries: measured
+    assert not [n for n in _agree(None, qwen3).not_measured if n.startswith("head_dim (explicit")]

@@ -345,6 +345,10 @@ def declare(config: Mapping[str, Any]) -> Declared:
         not_measured.append(f"head_dim (implicit: {head_dim}): how heads split kv_channels")
     else:
         head_dim = _int(config, "head_dim")
+        if not fam.features.get("qk_norm"):
+            # nothing of head_dim's size is saved without q/k norms: 2 heads of 8 in 1 group give the same
+            # shapes as 4 heads of 4 in 2 groups, and a different split of the fused QKV rows
+            not_measured.append(f"head_dim (explicit: {head_dim}): how heads split kv_channels")
     dtype = config.get("dtype", config.get("torch_dtype"))
     if "dtype" in config and "torch_dtype" in config and config["dtype"] != config["torch_dtype"]:
         raise _refuse(

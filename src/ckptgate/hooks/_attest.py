@@ -104,7 +104,7 @@ def _shared_outcome(dist: Any, failure: BaseException | None, path: Path | str) 
             "runtime.attest.failed_on_main",
             f"the main process did not attest {path}: [{failed.get('code')}] {failed.get('message')}",
             evidence={"code": failed.get("code"), "path": str(path)},
-            advice="The main process's error says why; nothing was signed.",
+            advice=f"Read the main process's error ({failed.get('code')}) in its log; nothing was signed for {path}.",
         )
 
 

@@ -186,8 +186,8 @@ def _check_whole(src: Path, tree: SafeTree, inspection: Inspection) -> None:
             "input.attest.incomplete",
             f"{src}: the checkpoint is not all there, so it cannot be attested: {_findings_text(missing)}",
             evidence={"findings": [f.to_json() for f in missing], "format": inspection.format},
-            advice="Attest after every rank has finished writing (the hooks in ckptgate.hooks wait for every "
-            "rank); on several nodes, attest where every rank's files are visible.",
+            advice=f"Attest {src} after every rank has finished writing (the hooks in ckptgate.hooks wait for "
+            "every rank); on several nodes, attest where every rank's files are visible.",
         )
     if inspection.format == "unknown":
         raise InputRejected(
@@ -221,8 +221,8 @@ def _check_rank_states(src: Path, files: list[str], world_size: Any) -> None:
             "findings": [{"code": "resume.rank_state_missing", "missing": absent, "present": ranks}],
             "world_size": len(expected),
         },
-        advice="Attest after every process has finished writing (the hooks in ckptgate.hooks wait for every "
-        "rank); on several nodes, attest where every process's files are visible.",
+        advice=f"Attest {src} after every process has finished writing (the hooks in ckptgate.hooks wait for "
+        "every rank); on several nodes, attest where every process's files are visible.",
     )
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptgate.decide.options import TRUST_IN_BUNDLE, EngineOptions, load_trust, trust_file_in
+from ckptgate.decide.options import TRUST_IN_BUNDLE, EngineOptions, engine_for, load_trust, resolved, trust_file_in
 from ckptgate.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,3 +39,21 @@ def test_a_policy_bundle_that_is_not_a_bundle_is_a_usage_error(tmp_path: Path) -
     with pytest.raises(UsageError) as e:
         load_trust(EngineOptions(policy_bundle=bundle, policy_key=tmp_path / "k.pem"))
     assert e.value.code == "usage.policy_bundle"
+
+
+def test_a_remote_engine_named_by_the_environment_is_the_one_the_options_describe(monkeypatch, tmp_path: Path) -> None:
+    """$CKPTGATE_OPA_URL once switched the engine behind engine_for's back: a library caller's
+    --trust (or overlay) was read and named in the decision as local trust while a remote engine
+    decided, past the check that refuses --trust beside a remote engine."""
+    monkeypatch.setenv("CKPTGATE_OPA_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("CKPTGATE_OPA_TOKEN", "t0ken")
+    trust = REPO / "policies" / TRUST_IN_BUNDLE
+    for call in (load_trust, lambda o: engine_for(o).__enter__()):
+        with pytest.raises(UsageError) as e:
+            call(EngineOptions(trust_file=trust))
+        assert e.value.code == "usage.trust_with_remote_opa"
+    options = resolved(EngineOptions())
+    assert (options.opa_url, options.opa_token) == ("http://127.0.0.1:1", "t0ken")
+    assert resolved(EngineOptions(opa_url="https://opa.example")).opa_url == "https://opa.example"
+    monkeypatch.delenv("CKPTGATE_OPA_URL")
+    assert resolved(EngineOptions()).opa_url is None

@@ -30,7 +30,7 @@ from ckptgate.errors import UsageError
 from ckptgate.verify import TrustData
 from ckptgate.verify.sigstore import check_trust_root, trust_root_sha256
 
-__all__ = ["TRUST_IN_BUNDLE", "EngineOptions", "engine_for", "load_trust", "trust_file_in"]
+__all__ = ["TRUST_IN_BUNDLE", "EngineOptions", "engine_for", "load_trust", "resolved", "trust_file_in"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,6 +98,7 @@ class EngineOptions:
 def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterator[PolicyEngine]:
     """The policy engine ``options`` name.  With ``--trust``, the engine carries the very bytes
     ``trust`` was parsed from (read here when ``trust`` is not given), never a second read."""
+    options = resolved(options)
     overlays: dict[str, bytes] = {}
     local = options.opa_url is None and options.policy_bundle is None
     if local:
@@ -135,12 +136,29 @@ def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterat
         engine.close()
 
 
+def resolved(options: EngineOptions) -> EngineOptions:
+    """``options`` with the remote engine ``$CKPTGATE_OPA_URL`` names (and ``$CKPTGATE_OPA_TOKEN``)
+    made explicit, so the engine that decides is the engine the options describe: the checks that
+    refuse ``--trust`` or an overlay beside a remote engine apply, and the decision's inputs name
+    no local trust, policy tree or extra Rego that did not decide.  The engine itself reads no
+    environment variable behind them (:func:`~ckptgate.decide.engine.open_engine` is given the URL)."""
+    url = os.environ.get(OPA_URL_ENV)
+    if options.opa_url is not None or not url:
+        return options
+    return dataclasses.replace(
+        options,
+        opa_url=url,
+        opa_token=options.opa_token or os.environ.get(OPA_TOKEN_ENV),
+    )
+
+
 def load_trust(options: EngineOptions) -> TrustData:
     """The trust data Python verifies signatures with: the same file the policy engine carries.
 
     With a signed bundle, that is the bundle's own trust data (OPA refuses the bundle at start-up
     if it was tampered with, and the result is then a deny).
     """
+    options = resolved(options)
     if options.policy_data is not None:  # the trust data with the overlay's signers added
         base = TrustData.from_file(options.trust_file or trust_file_in(options.policy_dir or default_policy_dir()))
         return TrustData.from_json(options.policy_data.merge_trust(base.raw), source=base.source)
@@ -176,6 +194,8 @@ def _bundle_trust(bundle: Path) -> bytes:
 
 
 TRUST_IN_BUNDLE = "ckptgate/config/trust/data.json"
+#: The environment variables that name a remote engine (read by :func:`resolved`, and the CLI's ``--opa-url``).
+OPA_URL_ENV, OPA_TOKEN_ENV = "CKPTGATE_OPA_URL", "CKPTGATE_OPA_TOKEN"
 #: The environment variable :func:`~ckptgate._resources.default_policy_dir` reads.
 POLICIES_ENV = "CKPTGATE_POLICIES"
 #: The manifest of decision inputs in the embedded bundle (``data.ckptgate_inputs``): the revision covers it.

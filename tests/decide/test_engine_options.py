@@ -57,3 +57,28 @@ def test_a_remote_engine_named_by_the_environment_is_the_one_the_options_describ
     assert resolved(EngineOptions(opa_url="https://opa.example")).opa_url == "https://opa.example"
     monkeypatch.delenv("CKPTGATE_OPA_URL")
     assert resolved(EngineOptions()).opa_url is None
+
+
+def test_the_policy_tree_is_read_once_and_the_bytes_that_decide_are_the_bytes_named(monkeypatch, policy_dir) -> None:
+    """The policy tree was read three times (its input's digest, the bundle's revision, the staged
+    copy): a file swapped between them decided while the decision and the receipt named the bytes
+    before the swap.  Here the swap lands right after the one read, and changes nothing."""
+    from ckptgate.decide import options as options_module
+    from ckptgate.decide.bundle import policy_revision, read_policy_files
+
+    root = policy_dir('package ckptgate.intake\n\ndecision := {"allow": false}\n')
+    rego = root / "ckptgate" / "intake" / "intake.rego"
+    before = policy_revision(root)
+
+    def read_then_swap(tree: Path) -> dict[str, bytes]:
+        files = read_policy_files(tree)
+        rego.write_text('package ckptgate.intake\n\ndecision := {"allow": true}\n')
+        return files
+
+    monkeypatch.delenv("CKPTGATE_OPA_URL", raising=False)
+    monkeypatch.setattr(options_module, "read_policy_files", read_then_swap)
+    with engine_for(EngineOptions(policy_dir=root, trust_file=REPO / "policies" / TRUST_IN_BUNDLE)) as engine:
+        raw = engine.evaluate("ckptgate/intake/decision", {})
+    assert raw.result["allow"] is False
+    (tree,) = [i for i in raw.inputs if i.role == "policy_tree"]
+    assert tree.sha256 == before != policy_revision(root)

@@ -22,7 +22,7 @@ from typing import Any
 
 from ckptgate._json import loads_strict
 from ckptgate._resources import default_policy_dir
-from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, policy_revision
+from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, policy_revision, read_policy_files
 from ckptgate.decide.engine import PolicyEngine, open_engine
 from ckptgate.decide.extra_rego import EXTRA_IN_BUNDLE, extra_rego_overlays
 from ckptgate.decide.inputs import DecisionInput, revision_document, sha256_of
@@ -101,14 +101,16 @@ def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterat
     options = resolved(options)
     overlays: dict[str, bytes] = {}
     local = options.opa_url is None and options.policy_bundle is None
-    if local:
+    files = None
+    if local:  # the policy tree, read once: the bytes its input names are the bytes staged for OPA
+        files = read_policy_files(options.policy_dir or default_policy_dir())
         trust = trust or load_trust(options)
         overlays[TRUST_IN_BUNDLE] = trust.raw  # the engine decides with the very bytes named and hashed
         if options.policy_data is not None:
             overlays.update(options.policy_data.overlays(options.policy_dir or default_policy_dir()))
         if options.extra_rego is not None:
             overlays.update(extra_rego_overlays(options.extra_rego))
-    inputs = decision_inputs(options, trust if local else None, overlays)
+    inputs = decision_inputs(options, trust if local else None, overlays, files)
     if local:  # the embedded engine's policy revision covers every input, the configuration included
         overlays[INPUTS_IN_BUNDLE] = json.dumps(revision_document(inputs), sort_keys=True).encode()
     bundle = None
@@ -129,6 +131,7 @@ def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterat
         overlays=overlays or None,
         timeout_s=options.timeout_s,
         inputs=inputs,
+        files=files,
     )
     try:
         yield engine
@@ -203,10 +206,14 @@ INPUTS_IN_BUNDLE = "ckptgate_inputs/data.json"
 
 
 def decision_inputs(
-    options: EngineOptions, trust: TrustData | None, overlays: Mapping[str, bytes]
+    options: EngineOptions,
+    trust: TrustData | None,
+    overlays: Mapping[str, bytes],
+    files: dict[str, bytes] | None = None,
 ) -> tuple[DecisionInput, ...]:
     """Every input that shapes the decisions these options make, each with the sha256 of the very
-    bytes the engine is given (``overlays``) or Python verifies with (``trust``)."""
+    bytes the engine is given (``overlays``, and ``files``, the policy tree's snapshot) or Python
+    verifies with (``trust``)."""
 
     def named(role: str, path: Path | str, default: str = "explicit") -> tuple[str, str]:
         return options.provenance.get(role, (default, str(path)))
@@ -222,7 +229,9 @@ def decision_inputs(
     elif options.opa_url is None:
         tree = options.policy_dir or default_policy_dir()
         origin, path = named("policy_tree", tree, _default_origin(options.policy_dir))
-        out.append(DecisionInput(role="policy_tree", path=path, origin=origin, sha256=policy_revision(tree)))
+        out.append(
+            DecisionInput(role="policy_tree", path=path, origin=origin, sha256=policy_revision(tree, files=files))
+        )
     if options.policy_data is not None:
         origin, path = named("overlay", options.policy_data.source)
         out.append(DecisionInput(role="overlay", path=path, origin=origin, sha256=options.policy_data.sha256))

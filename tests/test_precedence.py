@@ -349,3 +349,34 @@ def test_a_policy_tree_named_by_the_environment_is_named_so(tmp_path, checkpoint
     out = run(tmp_path, "decide", str(checkpoint), "--json", "--isolated")
     assert {i["role"]: i["origin"] for i in json.loads(out.stdout)["decision"]["inputs"]} == {
         "policy_tree": "bundled", "trust": "bundled"}
+
+
+def test_a_discovered_trust_file_swapped_after_the_widening_check_is_not_read_again(tmp_path, monkeypatch):
+    """The widening check read the work tree's trust file, and the verifier read it a second time:
+    a signer added between the two reads was trusted.  Now both read one copy of the bytes."""
+    from ckptgate import precedence
+    from ckptgate._resources import default_policy_dir
+    from ckptgate.decide.options import load_trust
+
+    git(tmp_path, "init", "-q")
+    bundled = (default_policy_dir() / policydata.TRUST_IN_BUNDLE).read_bytes()
+    (tmp_path / "trust.json").write_bytes(bundled)
+    (tmp_path / "ckptgate.toml").write_text('trust = "trust.json"\npolicies = "policies"\n')
+    shutil.copytree(default_policy_dir(), tmp_path / "policies")  # the bundled tree's bytes: no widening
+    checked = precedence._refuse_widening
+
+    def check_then_swap(*args, **kwargs):
+        checked(*args, **kwargs)
+        doc = json.loads(bundled)
+        doc["signers"].append({**doc["signers"][0], "id": "added-after-the-check"})
+        (tmp_path / "trust.json").write_text(json.dumps(doc))
+        (tmp_path / "policies" / "ckptgate" / "intake" / "swapped.rego").write_text("package ckptgate.intake\n")
+
+    monkeypatch.delenv("CKPTGATE_NO_CONFIG", raising=False)
+    monkeypatch.setattr(precedence, "_refuse_widening", check_then_swap)
+    resolved = precedence.resolve(precedence.Named(start=tmp_path))
+    assert [s["id"] for s in json.loads(load_trust(resolved.engine).raw)["signers"]] == [
+        s["id"] for s in json.loads(bundled)["signers"]
+    ]
+    assert resolved.engine.policy_dir == default_policy_dir()  # the tree checked is the tree loaded
+    assert resolved.engine.provenance["trust"] == ("discovered", str(tmp_path / "trust.json"))

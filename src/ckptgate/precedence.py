@@ -32,6 +32,8 @@ from ckptgate.decide.inputs import DecisionInput
 from ckptgate.decide.options import EngineOptions
 from ckptgate.errors import ConfigError, UsageError
 from ckptgate.gitbase import BaseConfig, materialize
+from ckptgate.userfiles import read_regular_file
+from ckptgate.verify.trust import MAX_TRUST_BYTES
 from ckptgate.widening import effective, widenings
 
 __all__ = ["NO_CONFIG_ENV", "Named", "Resolved", "resolve"]
@@ -146,7 +148,12 @@ def resolve(named: Named, *, judging: bool = False, say: Callable[[str], None] =
         say("--trust: the overlay's signers are not added to the trust data named")
         overlay = dataclasses.replace(overlay, doc={k: v for k, v in overlay.doc.items() if k != "signers"})
     policy_dir = named.engine.policy_dir or config.policies
-    trust_file = named.engine.trust_file or config.trust
+    # the configuration's trust data, read once: the widening check and the verifier read that copy
+    trust_file = named.engine.trust_file or (config.trust and _read_once(config.trust))
+    if origin == "discovered" and not judging and named.engine.policy_dir is None and config.policies is not None:
+        bundled = default_policy_dir()
+        if _same_tree(config.policies, bundled):  # the same bytes, from where the change cannot edit them
+            policy_dir = bundled
     if origin == "discovered" and not judging:
         _refuse_widening(
             config, policy_dir, named.engine.policy_dir is not None, trust_file, named.engine.trust_file, overlay
@@ -219,6 +226,22 @@ def _refuse(config: Config, found: list[str]) -> None:
             "change under review can edit it. Read it from a reviewed revision with --base REV (in CI: "
             "--base origin/main; locally: --base HEAD), or name it explicitly with --config PATH or --trust FILE.",
         )
+
+
+def _read_once(path: Path) -> Path:
+    """A private copy of the configuration's file ``path``, read once: every later reader (the
+    widening check, the verifier, the engine) reads these bytes, not a file the work tree can swap
+    between the check and the use.  ``path`` itself where it cannot be read, for the reader to
+    report."""
+    try:
+        raw = read_regular_file(path, limit=MAX_TRUST_BYTES)
+    except OSError:
+        return path
+    tmp = tempfile.TemporaryDirectory(prefix="ckptgate-config-")  # mode 0700
+    _kept.append(tmp)
+    copy = Path(tmp.name) / path.name
+    copy.write_bytes(raw)
+    return copy
 
 
 def _same_tree(a: Path, b: Path) -> bool:

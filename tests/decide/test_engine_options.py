@@ -17,6 +17,11 @@ REPO = Path(__file__).resolve().parents[2]
     ({"timeout_s": float("nan")}, "usage.opa_timeout"),
     ({"opa_url": "http://127.0.0.1:1", "trust_file": Path("t.json")}, "usage.trust_with_remote_opa"),
     ({"policy_key": Path("k.pem")}, "usage.policy_bundle"),
+    # a bundle decides with its own trust data: --trust beside it was refused only once the engine
+    # opened, so load_trust alone (qualify's verification) verified with the --trust file
+    ({"policy_bundle": Path("b.tar.gz")}, "usage.policy_bundle"),
+    ({"policy_bundle": Path("b.tar.gz"), "policy_key": Path("k.pem"), "trust_file": Path("t.json")},
+     "usage.policy_bundle"),
 ])
 def test_bad_options_are_usage_errors(kwargs: dict, code: str) -> None:
     with pytest.raises(UsageError) as e:

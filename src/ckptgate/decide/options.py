@@ -78,6 +78,15 @@ class EngineOptions:
                 advice="Remove policy_data from ckptgate.toml (or run with CKPTGATE_NO_CONFIG=1), or drop "
                 "--opa-url / --policy-bundle to decide with the embedded engine and the overlay.",
             )
+        if self.policy_bundle is not None and (self.policy_key is None or self.trust_file is not None):
+            # checked here, not only when the engine opens: load_trust alone (qualify verifies with
+            # it) would otherwise verify with --trust while the bundle's own trust data decides
+            raise UsageError(
+                "usage.policy_bundle",
+                "--policy-bundle needs --policy-key, and its trust data is "
+                "the bundle's own (--trust cannot overlay a signed bundle)",
+                advice="Pass --policy-key with the bundle's public key, and drop --trust.",
+            )
         if self.policy_key is not None and self.policy_bundle is None:
             raise UsageError(
                 "usage.policy_bundle",
@@ -114,14 +123,7 @@ def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterat
     if local:  # the embedded engine's policy revision covers every input, the configuration included
         overlays[INPUTS_IN_BUNDLE] = json.dumps(revision_document(inputs), sort_keys=True).encode()
     bundle = None
-    if options.policy_bundle is not None:
-        if options.policy_key is None or options.trust_file is not None:
-            raise UsageError(
-                "usage.policy_bundle",
-                "--policy-bundle needs --policy-key, and its trust data is "
-                "the bundle's own (--trust cannot overlay a signed bundle)",
-                advice="Pass --policy-key with the bundle's public key, and drop --trust.",
-            )
+    if options.policy_bundle is not None and options.policy_key is not None:  # both, by __post_init__
         bundle = PolicyBundle.from_signed_file(options.policy_bundle, options.policy_key)
     engine = open_engine(
         opa_url=options.opa_url,

@@ -4,6 +4,7 @@ reads the configuration from git's objects; every input is named in the decision
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -380,3 +381,22 @@ def test_a_discovered_trust_file_swapped_after_the_widening_check_is_not_read_ag
     ]
     assert resolved.engine.policy_dir == default_policy_dir()  # the tree checked is the tree loaded
     assert resolved.engine.provenance["trust"] == ("discovered", str(tmp_path / "trust.json"))
+
+
+def test_a_signed_bundle_is_read_once_and_named_by_the_path_given(tmp_path, monkeypatch):
+    """The bundle's digest (its decision input), its trust data (Python's verifier) and the bundle
+    OPA loads were three reads of one path: another bundle signed with the same key (an older one)
+    put there between them decided while the decision named the first.  Now one copy serves all."""
+    from ckptgate import precedence
+    from ckptgate.decide.options import EngineOptions, decision_inputs
+
+    bundle, key = tmp_path / "policy.tar.gz", tmp_path / "k.pub"
+    bundle.write_bytes(b"first bundle")
+    key.write_bytes(b"key")
+    monkeypatch.setenv("CKPTGATE_NO_CONFIG", "1")
+    resolved = precedence.resolve(precedence.Named(engine=EngineOptions(policy_bundle=bundle, policy_key=key)))
+    bundle.write_bytes(b"second bundle")  # replaced after the run read it
+    assert resolved.engine.policy_bundle != bundle and resolved.engine.policy_bundle.read_bytes() == b"first bundle"
+    (named,) = [i for i in decision_inputs(resolved.engine, None, {}) if i.role == "policy_bundle"]
+    assert (named.path, named.origin) == (str(bundle), "signed")
+    assert named.sha256 == "sha256:" + hashlib.sha256(b"first bundle").hexdigest()

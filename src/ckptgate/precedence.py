@@ -39,7 +39,9 @@ from ckptgate.widening import effective, widenings
 __all__ = ["NO_CONFIG_ENV", "Named", "Resolved", "resolve"]
 
 NO_CONFIG_ENV = "CKPTGATE_NO_CONFIG"
-_kept: list[tempfile.TemporaryDirectory[str]] = []  # --base files live as long as the process
+_kept: list[tempfile.TemporaryDirectory[str]] = []
+#: The largest signed policy bundle copied once (:func:`_read_once`); a larger one is read where it is.
+MAX_BUNDLE_BYTES = 256 << 20  # --base files live as long as the process
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,6 +133,14 @@ def resolve(named: Named, *, judging: bool = False, say: Callable[[str], None] =
     configuration is used and what it does not change, as soon as it is known."""
     config, origin, base = find(named, judging=judging, say=say)
     plain = named.engine
+    if plain.policy_bundle is not None and plain.policy_key is not None:
+        # read once: the digest the decision names, the trust data Python verifies with and the bundle
+        # OPA verifies and loads are one copy, not three reads of a path another bundle can replace
+        plain = dataclasses.replace(
+            plain,
+            policy_bundle=_read_once(plain.policy_bundle, limit=MAX_BUNDLE_BYTES),
+            provenance={**plain.provenance, "policy_bundle": ("signed", str(plain.policy_bundle))},
+        )
     if config is None or origin is None:
         return Resolved(config=config, origin=origin, engine=plain, base=base)
     if named.engine.opa_url is not None or named.engine.policy_bundle is not None:
@@ -228,14 +238,16 @@ def _refuse(config: Config, found: list[str]) -> None:
         )
 
 
-def _read_once(path: Path) -> Path:
+def _read_once(path: Path, *, limit: int = MAX_TRUST_BYTES) -> Path:
     """A private copy of the configuration's file ``path``, read once: every later reader (the
     widening check, the verifier, the engine) reads these bytes, not a file the work tree can swap
     between the check and the use.  ``path`` itself where it cannot be read, for the reader to
-    report."""
+    report (and where it is over ``limit`` bytes)."""
     try:
-        raw = read_regular_file(path, limit=MAX_TRUST_BYTES)
+        raw = read_regular_file(path, limit=limit)
     except OSError:
+        return path
+    if len(raw) > limit:
         return path
     tmp = tempfile.TemporaryDirectory(prefix="ckptgate-config-")  # mode 0700
     _kept.append(tmp)

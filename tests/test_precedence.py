@@ -400,3 +400,18 @@ def test_a_signed_bundle_is_read_once_and_named_by_the_path_given(tmp_path, monk
     (named,) = [i for i in decision_inputs(resolved.engine, None, {}) if i.role == "policy_bundle"]
     assert (named.path, named.origin) == (str(bundle), "signed")
     assert named.sha256 == "sha256:" + hashlib.sha256(b"first bundle").hexdigest()
+
+
+def test_a_malformed_discovered_trust_file_is_a_typed_error_naming_it(tmp_path, monkeypatch):
+    """{"signers": 3} in a discovered trust file reached the widening check, which iterated it:
+    internal.unexpected (exit 1).  It is the trust data's own typed error, naming the configured path."""
+    from ckptgate import precedence
+    from ckptgate.verify.trust import TrustDataError
+
+    git(tmp_path, "init", "-q")
+    (tmp_path / "trust.json").write_text('{"signers": 3}')
+    (tmp_path / "ckptgate.toml").write_text('trust = "trust.json"\n')
+    monkeypatch.delenv("CKPTGATE_NO_CONFIG", raising=False)
+    with pytest.raises(TrustDataError) as e:
+        precedence.resolve(precedence.Named(start=tmp_path))
+    assert e.value.code == "verify.trust.shape" and str(tmp_path / "trust.json") in e.value.message

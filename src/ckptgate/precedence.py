@@ -33,7 +33,7 @@ from ckptgate.decide.options import EngineOptions
 from ckptgate.errors import ConfigError, UsageError
 from ckptgate.gitbase import BaseConfig, materialize
 from ckptgate.userfiles import read_regular_file
-from ckptgate.verify.trust import MAX_TRUST_BYTES
+from ckptgate.verify.trust import MAX_TRUST_BYTES, TrustData
 from ckptgate.widening import effective, widenings
 
 __all__ = ["NO_CONFIG_ENV", "Named", "Resolved", "resolve"]
@@ -160,6 +160,10 @@ def resolve(named: Named, *, judging: bool = False, say: Callable[[str], None] =
     policy_dir = named.engine.policy_dir or config.policies
     # the configuration's trust data, read once: the widening check and the verifier read that copy
     trust_file = named.engine.trust_file or (config.trust and _read_once(config.trust))
+    if named.engine.trust_file is None and trust_file is not None and trust_file != config.trust:
+        # malformed trust data is its own typed error, named by the configured path, before the
+        # widening check compares it (which reads it as JSON and would fail on a malformed shape)
+        TrustData.from_json(trust_file.read_bytes(), source=str(config.trust))
     if origin == "discovered" and not judging and named.engine.policy_dir is None and config.policies is not None:
         bundled = default_policy_dir()
         if _same_tree(config.policies, bundled):  # the same bytes, from where the change cannot edit them

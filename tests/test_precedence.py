@@ -4,6 +4,7 @@ reads the configuration from git's objects; every input is named in the decision
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -349,3 +350,68 @@ def test_a_policy_tree_named_by_the_environment_is_named_so(tmp_path, checkpoint
     out = run(tmp_path, "decide", str(checkpoint), "--json", "--isolated")
     assert {i["role"]: i["origin"] for i in json.loads(out.stdout)["decision"]["inputs"]} == {
         "policy_tree": "bundled", "trust": "bundled"}
+
+
+def test_a_discovered_trust_file_swapped_after_the_widening_check_is_not_read_again(tmp_path, monkeypatch):
+    """The widening check read the work tree's trust file, and the verifier read it a second time:
+    a signer added between the two reads was trusted.  Now both read one copy of the bytes."""
+    from ckptgate import precedence
+    from ckptgate._resources import default_policy_dir
+    from ckptgate.decide.options import load_trust
+
+    git(tmp_path, "init", "-q")
+    bundled = (default_policy_dir() / policydata.TRUST_IN_BUNDLE).read_bytes()
+    (tmp_path / "trust.json").write_bytes(bundled)
+    (tmp_path / "ckptgate.toml").write_text('trust = "trust.json"\npolicies = "policies"\n')
+    shutil.copytree(default_policy_dir(), tmp_path / "policies")  # the bundled tree's bytes: no widening
+    checked = precedence._refuse_widening
+
+    def check_then_swap(*args, **kwargs):
+        checked(*args, **kwargs)
+        doc = json.loads(bundled)
+        doc["signers"].append({**doc["signers"][0], "id": "added-after-the-check"})
+        (tmp_path / "trust.json").write_text(json.dumps(doc))
+        (tmp_path / "policies" / "ckptgate" / "intake" / "swapped.rego").write_text("package ckptgate.intake\n")
+
+    monkeypatch.delenv("CKPTGATE_NO_CONFIG", raising=False)
+    monkeypatch.setattr(precedence, "_refuse_widening", check_then_swap)
+    resolved = precedence.resolve(precedence.Named(start=tmp_path))
+    assert [s["id"] for s in json.loads(load_trust(resolved.engine).raw)["signers"]] == [
+        s["id"] for s in json.loads(bundled)["signers"]
+    ]
+    assert resolved.engine.policy_dir == default_policy_dir()  # the tree checked is the tree loaded
+    assert resolved.engine.provenance["trust"] == ("discovered", str(tmp_path / "trust.json"))
+
+
+def test_a_signed_bundle_is_read_once_and_named_by_the_path_given(tmp_path, monkeypatch):
+    """The bundle's digest (its decision input), its trust data (Python's verifier) and the bundle
+    OPA loads were three reads of one path: another bundle signed with the same key (an older one)
+    put there between them decided while the decision named the first.  Now one copy serves all."""
+    from ckptgate import precedence
+    from ckptgate.decide.options import EngineOptions, decision_inputs
+
+    bundle, key = tmp_path / "policy.tar.gz", tmp_path / "k.pub"
+    bundle.write_bytes(b"first bundle")
+    key.write_bytes(b"key")
+    monkeypatch.setenv("CKPTGATE_NO_CONFIG", "1")
+    resolved = precedence.resolve(precedence.Named(engine=EngineOptions(policy_bundle=bundle, policy_key=key)))
+    bundle.write_bytes(b"second bundle")  # replaced after the run read it
+    assert resolved.engine.policy_bundle != bundle and resolved.engine.policy_bundle.read_bytes() == b"first bundle"
+    (named,) = [i for i in decision_inputs(resolved.engine, None, {}) if i.role == "policy_bundle"]
+    assert (named.path, named.origin) == (str(bundle), "signed")
+    assert named.sha256 == "sha256:" + hashlib.sha256(b"first bundle").hexdigest()
+
+
+def test_a_malformed_discovered_trust_file_is_a_typed_error_naming_it(tmp_path, monkeypatch):
+    """{"signers": 3} in a discovered trust file reached the widening check, which iterated it:
+    internal.unexpected (exit 1).  It is the trust data's own typed error, naming the configured path."""
+    from ckptgate import precedence
+    from ckptgate.verify.trust import TrustDataError
+
+    git(tmp_path, "init", "-q")
+    (tmp_path / "trust.json").write_text('{"signers": 3}')
+    (tmp_path / "ckptgate.toml").write_text('trust = "trust.json"\n')
+    monkeypatch.delenv("CKPTGATE_NO_CONFIG", raising=False)
+    with pytest.raises(TrustDataError) as e:
+        precedence.resolve(precedence.Named(start=tmp_path))
+    assert e.value.code == "verify.trust.shape" and str(tmp_path / "trust.json") in e.value.message

@@ -32,12 +32,16 @@ from ckptgate.decide.inputs import DecisionInput
 from ckptgate.decide.options import EngineOptions
 from ckptgate.errors import ConfigError, UsageError
 from ckptgate.gitbase import BaseConfig, materialize
+from ckptgate.userfiles import read_regular_file
+from ckptgate.verify.trust import MAX_TRUST_BYTES, TrustData
 from ckptgate.widening import effective, widenings
 
 __all__ = ["NO_CONFIG_ENV", "Named", "Resolved", "resolve"]
 
 NO_CONFIG_ENV = "CKPTGATE_NO_CONFIG"
-_kept: list[tempfile.TemporaryDirectory[str]] = []  # --base files live as long as the process
+_kept: list[tempfile.TemporaryDirectory[str]] = []
+#: The largest signed policy bundle copied once (:func:`_read_once`); a larger one is read where it is.
+MAX_BUNDLE_BYTES = 256 << 20  # --base files live as long as the process
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +133,14 @@ def resolve(named: Named, *, judging: bool = False, say: Callable[[str], None] =
     configuration is used and what it does not change, as soon as it is known."""
     config, origin, base = find(named, judging=judging, say=say)
     plain = named.engine
+    if plain.policy_bundle is not None and plain.policy_key is not None:
+        # read once: the digest the decision names, the trust data Python verifies with and the bundle
+        # OPA verifies and loads are one copy, not three reads of a path another bundle can replace
+        plain = dataclasses.replace(
+            plain,
+            policy_bundle=_read_once(plain.policy_bundle, limit=MAX_BUNDLE_BYTES),
+            provenance={**plain.provenance, "policy_bundle": ("signed", str(plain.policy_bundle))},
+        )
     if config is None or origin is None:
         return Resolved(config=config, origin=origin, engine=plain, base=base)
     if named.engine.opa_url is not None or named.engine.policy_bundle is not None:
@@ -146,7 +158,16 @@ def resolve(named: Named, *, judging: bool = False, say: Callable[[str], None] =
         say("--trust: the overlay's signers are not added to the trust data named")
         overlay = dataclasses.replace(overlay, doc={k: v for k, v in overlay.doc.items() if k != "signers"})
     policy_dir = named.engine.policy_dir or config.policies
-    trust_file = named.engine.trust_file or config.trust
+    # the configuration's trust data, read once: the widening check and the verifier read that copy
+    trust_file = named.engine.trust_file or (config.trust and _read_once(config.trust))
+    if named.engine.trust_file is None and trust_file is not None and trust_file != config.trust:
+        # malformed trust data is its own typed error, named by the configured path, before the
+        # widening check compares it (which reads it as JSON and would fail on a malformed shape)
+        TrustData.from_json(trust_file.read_bytes(), source=str(config.trust))
+    if origin == "discovered" and not judging and named.engine.policy_dir is None and config.policies is not None:
+        bundled = default_policy_dir()
+        if _same_tree(config.policies, bundled):  # the same bytes, from where the change cannot edit them
+            policy_dir = bundled
     if origin == "discovered" and not judging:
         _refuse_widening(
             config, policy_dir, named.engine.policy_dir is not None, trust_file, named.engine.trust_file, overlay
@@ -219,6 +240,24 @@ def _refuse(config: Config, found: list[str]) -> None:
             "change under review can edit it. Read it from a reviewed revision with --base REV (in CI: "
             "--base origin/main; locally: --base HEAD), or name it explicitly with --config PATH or --trust FILE.",
         )
+
+
+def _read_once(path: Path, *, limit: int = MAX_TRUST_BYTES) -> Path:
+    """A private copy of the configuration's file ``path``, read once: every later reader (the
+    widening check, the verifier, the engine) reads these bytes, not a file the work tree can swap
+    between the check and the use.  ``path`` itself where it cannot be read, for the reader to
+    report (and where it is over ``limit`` bytes)."""
+    try:
+        raw = read_regular_file(path, limit=limit)
+    except OSError:
+        return path
+    if len(raw) > limit:
+        return path
+    tmp = tempfile.TemporaryDirectory(prefix="ckptgate-config-")  # mode 0700
+    _kept.append(tmp)
+    copy = Path(tmp.name) / path.name
+    copy.write_bytes(raw)
+    return copy
 
 
 def _same_tree(a: Path, b: Path) -> bool:

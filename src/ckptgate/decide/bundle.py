@@ -201,10 +201,20 @@ def check_policy_dir(policy_dir: Path) -> None:
         )
 
 
-def policy_revision(policy_dir: Path, overlays: dict[str, bytes] | None = None) -> str:
-    """sha256 over (relative path, content) of every bundled file, overlays included."""
+def read_policy_files(policy_dir: Path) -> dict[str, bytes]:
+    """``{bundle-relative path: bytes}`` of every file :func:`policy_files` names, each read once:
+    the snapshot a revision is computed over and a bundle is staged from, so the bytes OPA loads
+    are the bytes the revision (and the decision's ``policy_tree`` input) names."""
+    return {p.relative_to(policy_dir).as_posix(): p.read_bytes() for p in policy_files(policy_dir)}
+
+
+def policy_revision(
+    policy_dir: Path, overlays: dict[str, bytes] | None = None, *, files: dict[str, bytes] | None = None
+) -> str:
+    """sha256 over (relative path, content) of every bundled file, overlays included; ``files`` is
+    a snapshot :func:`read_policy_files` took of ``policy_dir`` (read here when not given)."""
     h = hashlib.sha256()
-    files = {str(p.relative_to(policy_dir)): p.read_bytes() for p in policy_files(policy_dir)}
+    files = dict(read_policy_files(policy_dir) if files is None else files)
     files.update(overlays or {})
     for rel in sorted(files):
         data = files[rel]
@@ -223,24 +233,31 @@ class PolicyBundle:
 
     @classmethod
     def from_directory(
-        cls, policy_dir: Path, workdir: Path, *, overlays: dict[str, bytes] | None = None
+        cls,
+        policy_dir: Path,
+        workdir: Path,
+        *,
+        overlays: dict[str, bytes] | None = None,
+        files: dict[str, bytes] | None = None,
     ) -> PolicyBundle:
         """Stage ``policy_dir`` as a bundle directory inside the private ``workdir`` and sign it.
 
         ``overlays`` maps bundle-relative paths to replacement contents (for example a trust
         data file named on the command line); they count toward the revision.  OPA records the
         directory's absolute path in the signature, so the bundle loads only from where it was
-        signed.
+        signed.  ``files`` is the snapshot of ``policy_dir`` (:func:`read_policy_files`) to stage,
+        taken here when not given: the revision and the staged bundle are made from one read.
         """
         check_policy_dir(policy_dir)
+        files = read_policy_files(policy_dir) if files is None else files
         key = ec.generate_private_key(ec.SECP256R1())
         pub_path = workdir / "bundle-verify.pem"
         pub_path.write_bytes(
             key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
         )
-        revision = policy_revision(policy_dir, overlays)
+        revision = policy_revision(policy_dir, overlays, files=files)
         root = (workdir / "bundle").absolute()
-        _stage(policy_dir, root, overlays)
+        _stage(files, root, overlays)
         (root / ".manifest").write_text(json.dumps({"revision": revision}))
         with _in_memory(
             key.private_bytes(
@@ -280,7 +297,7 @@ def build_signed(
     _check_signing_key(signing_key)
     with tempfile.TemporaryDirectory(prefix="ckptgate-bundle-") as stage:
         root = Path(stage) / "bundle"
-        _stage(policy_dir, root, overlays)
+        _stage(read_policy_files(policy_dir), root, overlays)
         _opa(
             "build",
             "--bundle",
@@ -297,13 +314,9 @@ def build_signed(
         )
 
 
-def _stage(policy_dir: Path, root: Path, overlays: dict[str, bytes] | None) -> None:
-    """Copy every bundled file of ``policy_dir`` under ``root``, then the overlays over them."""
-    for p in policy_files(policy_dir):
-        dst = root / p.relative_to(policy_dir)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(p, dst)
-    for rel, data in (overlays or {}).items():
+def _stage(files: dict[str, bytes], root: Path, overlays: dict[str, bytes] | None) -> None:
+    """Write the snapshot ``files`` (:func:`read_policy_files`) under ``root``, then the overlays over them."""
+    for rel, data in {**files, **(overlays or {})}.items():
         dst = root / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         dst.write_bytes(data)

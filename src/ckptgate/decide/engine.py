@@ -175,10 +175,13 @@ class EmbeddedOpa(_ClientEngine):
         log_path: Path | None = None,
         wait: bool = True,
         inputs: tuple[DecisionInput, ...] = (),
+        files: dict[str, bytes] | None = None,
     ) -> None:
         """Build the bundle and launch OPA on a keeper thread.  With ``wait=False`` the wait for the
         bundle and for OPA to become healthy is left to the first :meth:`evaluate`, so the caller's
-        own work overlaps both; a failure to build or launch is raised there."""
+        own work overlaps both; a failure to build or launch is raised there.  ``files`` is the
+        snapshot of ``policy_dir`` (:func:`~ckptgate.decide.bundle.read_policy_files`) that ``inputs``
+        name, staged as read (taken when the bundle is built when not given)."""
         self._inputs = inputs
         self._lease = workdirs.create_work_dir()  # mode 0700, locked and registered until close()
         self._workdir = self._lease.path
@@ -195,7 +198,7 @@ class EmbeddedOpa(_ClientEngine):
         self._staged = ("", "")  # (staged bundle directory, the policy directory it was staged from)
         _install_cleanup()  # signal handlers can only be set from the main thread
         self._keeper = threading.Thread(
-            target=self._keep, args=(bundle, policy_dir, overlays), name="ckptgate-opa", daemon=True
+            target=self._keep, args=(bundle, policy_dir, overlays, files), name="ckptgate-opa", daemon=True
         )
         EmbeddedOpa._live.add(self)  # until close(): a signal even during the bundle's staging removes the workdir
         self._keeper.start()
@@ -206,7 +209,13 @@ class EmbeddedOpa(_ClientEngine):
                 self.close()
                 raise
 
-    def _keep(self, bundle: PolicyBundle | None, policy_dir: Path | None, overlays: dict[str, bytes] | None) -> None:
+    def _keep(
+        self,
+        bundle: PolicyBundle | None,
+        policy_dir: Path | None,
+        overlays: dict[str, bytes] | None,
+        files: dict[str, bytes] | None = None,
+    ) -> None:
         """Build the bundle and launch OPA, then stay alive until :meth:`close`, launching it again
         when :meth:`_ensure_started` asks: OPA's PDEATHSIG follows the thread that forked it, so
         only this thread, which outlives the server, ever forks it."""
@@ -214,7 +223,7 @@ class EmbeddedOpa(_ClientEngine):
             workdirs.sweep()  # what killed runs left: their owners are provably dead (see ckptgate.workdirs)
             if bundle is None:
                 source = policy_dir or default_policy_dir()
-                bundle = PolicyBundle.from_directory(source, self._workdir, overlays=overlays)
+                bundle = PolicyBundle.from_directory(source, self._workdir, overlays=overlays, files=files)
                 self._revision = bundle.revision
                 self._staged = (str(bundle.path), str(source))  # OPA's errors name the staged copy
             self._bundle = bundle
@@ -397,6 +406,7 @@ def open_engine(
     overlays: dict[str, bytes] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     inputs: tuple[DecisionInput, ...] = (),
+    files: dict[str, bytes] | None = None,
 ) -> PolicyEngine:
     """The remote OPA named by ``opa_url`` (or ``$CKPTGATE_OPA_URL``), else the embedded default;
     ``inputs`` are named in every decision it makes."""
@@ -405,7 +415,13 @@ def open_engine(
         token = opa_token or os.environ.get("CKPTGATE_OPA_TOKEN")
         return RemoteOpa(url, token=token, timeout_s=timeout_s, inputs=inputs)
     return EmbeddedOpa(
-        bundle=bundle, policy_dir=policy_dir, overlays=overlays, timeout_s=timeout_s, wait=False, inputs=inputs
+        bundle=bundle,
+        policy_dir=policy_dir,
+        overlays=overlays,
+        timeout_s=timeout_s,
+        wait=False,
+        inputs=inputs,
+        files=files,
     )
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from ckptgate._json import loads_strict
 from ckptgate._resources import default_policy_dir
-from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, policy_revision
+from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, policy_revision, read_policy_files
 from ckptgate.decide.engine import PolicyEngine, open_engine
 from ckptgate.decide.extra_rego import EXTRA_IN_BUNDLE, extra_rego_overlays
 from ckptgate.decide.inputs import DecisionInput, revision_document, sha256_of
@@ -30,7 +30,7 @@ from ckptgate.errors import UsageError
 from ckptgate.verify import TrustData
 from ckptgate.verify.sigstore import check_trust_root, trust_root_sha256
 
-__all__ = ["TRUST_IN_BUNDLE", "EngineOptions", "engine_for", "load_trust", "trust_file_in"]
+__all__ = ["TRUST_IN_BUNDLE", "EngineOptions", "engine_for", "load_trust", "resolved", "trust_file_in"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,6 +78,15 @@ class EngineOptions:
                 advice="Remove policy_data from ckptgate.toml (or run with CKPTGATE_NO_CONFIG=1), or drop "
                 "--opa-url / --policy-bundle to decide with the embedded engine and the overlay.",
             )
+        if self.policy_bundle is not None and (self.policy_key is None or self.trust_file is not None):
+            # checked here, not only when the engine opens: load_trust alone (qualify verifies with
+            # it) would otherwise verify with --trust while the bundle's own trust data decides
+            raise UsageError(
+                "usage.policy_bundle",
+                "--policy-bundle needs --policy-key, and its trust data is "
+                "the bundle's own (--trust cannot overlay a signed bundle)",
+                advice="Pass --policy-key with the bundle's public key, and drop --trust.",
+            )
         if self.policy_key is not None and self.policy_bundle is None:
             raise UsageError(
                 "usage.policy_bundle",
@@ -98,27 +107,23 @@ class EngineOptions:
 def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterator[PolicyEngine]:
     """The policy engine ``options`` name.  With ``--trust``, the engine carries the very bytes
     ``trust`` was parsed from (read here when ``trust`` is not given), never a second read."""
+    options = resolved(options)
     overlays: dict[str, bytes] = {}
     local = options.opa_url is None and options.policy_bundle is None
-    if local:
+    files = None
+    if local:  # the policy tree, read once: the bytes its input names are the bytes staged for OPA
+        files = read_policy_files(options.policy_dir or default_policy_dir())
         trust = trust or load_trust(options)
         overlays[TRUST_IN_BUNDLE] = trust.raw  # the engine decides with the very bytes named and hashed
         if options.policy_data is not None:
             overlays.update(options.policy_data.overlays(options.policy_dir or default_policy_dir()))
         if options.extra_rego is not None:
             overlays.update(extra_rego_overlays(options.extra_rego))
-    inputs = decision_inputs(options, trust if local else None, overlays)
+    inputs = decision_inputs(options, trust if local else None, overlays, files)
     if local:  # the embedded engine's policy revision covers every input, the configuration included
         overlays[INPUTS_IN_BUNDLE] = json.dumps(revision_document(inputs), sort_keys=True).encode()
     bundle = None
-    if options.policy_bundle is not None:
-        if options.policy_key is None or options.trust_file is not None:
-            raise UsageError(
-                "usage.policy_bundle",
-                "--policy-bundle needs --policy-key, and its trust data is "
-                "the bundle's own (--trust cannot overlay a signed bundle)",
-                advice="Pass --policy-key with the bundle's public key, and drop --trust.",
-            )
+    if options.policy_bundle is not None and options.policy_key is not None:  # both, by __post_init__
         bundle = PolicyBundle.from_signed_file(options.policy_bundle, options.policy_key)
     engine = open_engine(
         opa_url=options.opa_url,
@@ -128,11 +133,28 @@ def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterat
         overlays=overlays or None,
         timeout_s=options.timeout_s,
         inputs=inputs,
+        files=files,
     )
     try:
         yield engine
     finally:
         engine.close()
+
+
+def resolved(options: EngineOptions) -> EngineOptions:
+    """``options`` with the remote engine ``$CKPTGATE_OPA_URL`` names (and ``$CKPTGATE_OPA_TOKEN``)
+    made explicit, so the engine that decides is the engine the options describe: the checks that
+    refuse ``--trust`` or an overlay beside a remote engine apply, and the decision's inputs name
+    no local trust, policy tree or extra Rego that did not decide.  The engine itself reads no
+    environment variable behind them (:func:`~ckptgate.decide.engine.open_engine` is given the URL)."""
+    url = os.environ.get(OPA_URL_ENV)
+    if options.opa_url is not None or not url:
+        return options
+    return dataclasses.replace(
+        options,
+        opa_url=url,
+        opa_token=options.opa_token or os.environ.get(OPA_TOKEN_ENV),
+    )
 
 
 def load_trust(options: EngineOptions) -> TrustData:
@@ -141,6 +163,7 @@ def load_trust(options: EngineOptions) -> TrustData:
     With a signed bundle, that is the bundle's own trust data (OPA refuses the bundle at start-up
     if it was tampered with, and the result is then a deny).
     """
+    options = resolved(options)
     if options.policy_data is not None:  # the trust data with the overlay's signers added
         base = TrustData.from_file(options.trust_file or trust_file_in(options.policy_dir or default_policy_dir()))
         return TrustData.from_json(options.policy_data.merge_trust(base.raw), source=base.source)
@@ -176,6 +199,8 @@ def _bundle_trust(bundle: Path) -> bytes:
 
 
 TRUST_IN_BUNDLE = "ckptgate/config/trust/data.json"
+#: The environment variables that name a remote engine (read by :func:`resolved`, and the CLI's ``--opa-url``).
+OPA_URL_ENV, OPA_TOKEN_ENV = "CKPTGATE_OPA_URL", "CKPTGATE_OPA_TOKEN"
 #: The environment variable :func:`~ckptgate._resources.default_policy_dir` reads.
 POLICIES_ENV = "CKPTGATE_POLICIES"
 #: The manifest of decision inputs in the embedded bundle (``data.ckptgate_inputs``): the revision covers it.
@@ -183,10 +208,14 @@ INPUTS_IN_BUNDLE = "ckptgate_inputs/data.json"
 
 
 def decision_inputs(
-    options: EngineOptions, trust: TrustData | None, overlays: Mapping[str, bytes]
+    options: EngineOptions,
+    trust: TrustData | None,
+    overlays: Mapping[str, bytes],
+    files: dict[str, bytes] | None = None,
 ) -> tuple[DecisionInput, ...]:
     """Every input that shapes the decisions these options make, each with the sha256 of the very
-    bytes the engine is given (``overlays``) or Python verifies with (``trust``)."""
+    bytes the engine is given (``overlays``, and ``files``, the policy tree's snapshot) or Python
+    verifies with (``trust``)."""
 
     def named(role: str, path: Path | str, default: str = "explicit") -> tuple[str, str]:
         return options.provenance.get(role, (default, str(path)))
@@ -202,7 +231,9 @@ def decision_inputs(
     elif options.opa_url is None:
         tree = options.policy_dir or default_policy_dir()
         origin, path = named("policy_tree", tree, _default_origin(options.policy_dir))
-        out.append(DecisionInput(role="policy_tree", path=path, origin=origin, sha256=policy_revision(tree)))
+        out.append(
+            DecisionInput(role="policy_tree", path=path, origin=origin, sha256=policy_revision(tree, files=files))
+        )
     if options.policy_data is not None:
         origin, path = named("overlay", options.policy_data.source)
         out.append(DecisionInput(role="overlay", path=path, origin=origin, sha256=options.policy_data.sha256))

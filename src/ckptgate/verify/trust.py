@@ -27,6 +27,8 @@ PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
 TRUST_RELATIVE = Path("policies/ckptgate/config/trust/data.json")
 TRUST_ENV = "CKPTGATE_TRUST"
 _MAX_TRUST_BYTES = 4 * 1024 * 1024
+#: The most bytes of trust data read (one more is read, so that a larger file is refused as such).
+MAX_TRUST_BYTES = _MAX_TRUST_BYTES
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 

@@ -169,18 +169,23 @@ def test_a_receipt_or_key_that_is_a_fifo_is_refused_without_blocking(tmp_path):
     assert res.returncode == ExitCode.USAGE and json.loads(res.stdout)["error"]["code"] == "usage.receipt_unreadable"
 
 
-@pytest.mark.parametrize("kind", ["rsa", "ec-p384", "x25519"])
+@pytest.mark.parametrize("kind", ["rsa", "ec-p384", "x25519", "secp112r1"])
 def test_a_key_of_an_unsupported_type_is_a_usage_error(tmp_path, kind):
     """An RSA, P-384 or X25519 public key is refused as ``usage.key_invalid``; before, RSA and X25519
     ended in an internal error from ``verify``, and P-384 was checked with the wrong hash."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, rsa, x25519
 
-    private = {"rsa": lambda: rsa.generate_private_key(public_exponent=65537, key_size=1024),
-               "ec-p384": lambda: ec.generate_private_key(ec.SECP384R1()),
-               "x25519": x25519.X25519PrivateKey.generate}[kind]()
-    (tmp_path / "key.pub").write_bytes(private.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    from tests.verify.verify_helpers import UNSUPPORTED_CURVE_PUBLIC_PEM
+
+    if kind == "secp112r1":  # a curve cryptography knows only by OID: UnsupportedAlgorithm, not ValueError
+        (tmp_path / "key.pub").write_bytes(UNSUPPORTED_CURVE_PUBLIC_PEM)
+    else:
+        private = {"rsa": lambda: rsa.generate_private_key(public_exponent=65537, key_size=1024),
+                   "ec-p384": lambda: ec.generate_private_key(ec.SECP384R1()),
+                   "x25519": x25519.X25519PrivateKey.generate}[kind]()
+        (tmp_path / "key.pub").write_bytes(private.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     dst = tmp_path / "dst"
     dst.mkdir()
     (dst / RECEIPT_NAME).write_text('{"outputs": []}')

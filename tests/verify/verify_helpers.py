@@ -15,6 +15,19 @@ from ckptgate.verify.statement import QUALIFICATION_PREDICATE_TYPE
 from cryptography.hazmat.primitives import serialization
 
 FIXTURE_HEX = "ab" * 32
+#: A key pair on secp112r1, a curve ``cryptography`` parses the OID of but does not support: loading
+#: either raises ``UnsupportedAlgorithm`` (not ``ValueError``).  Made with ``openssl ecparam -name
+#: secp112r1 -genkey`` for these tests only; it protects nothing.
+UNSUPPORTED_CURVE_PUBLIC_PEM = b"""-----BEGIN PUBLIC KEY-----
+MDIwEAYHKoZIzj0CAQYFK4EEAAYDHgAEkOkJ/i7nzrXST0Uave4onDQT7mEd8YYh
+VB0JVg==
+-----END PUBLIC KEY-----
+"""
+UNSUPPORTED_CURVE_PRIVATE_PEM = b"""-----BEGIN PRIVATE KEY-----
+ME4CAQAwEAYHKoZIzj0CAQYFK4EEAAYENzA1AgEBBA42flUVQ84qrXuqZWwI5qEg
+Ax4ABJDpCf4u58610k9FGr3uKJw0E+5hHfGGIVQdCVY=
+-----END PRIVATE KEY-----
+"""
 NOW = datetime(2026, 11, 29, 17, 0, 0, tzinfo=timezone.utc)
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

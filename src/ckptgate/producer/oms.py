@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -44,7 +45,7 @@ def _check_key(key: Path) -> None:
     try:
         pem = read_regular_file(key, limit=1 << 20)
         private = serialization.load_pem_private_key(pem, password=None)
-    except (OSError, ValueError, TypeError) as e:
+    except (OSError, ValueError, TypeError, UnsupportedAlgorithm) as e:
         raise UsageError(
             "usage.signing_key",
             f"cannot read the private key {key}: {e}",

@@ -115,6 +115,24 @@ def test_attest_add_stores_nothing_when_one_envelope_is_bad(work: Path) -> None:
     assert not (work / "store").exists()
 
 
+def test_attest_add_stores_nothing_when_a_stored_entry_is_corrupt(work: Path) -> None:
+    """The index is rebuilt from every stored file after storing: a corrupt one found only then left the
+    new envelope stored and the index stale (exit 5, naming no file).  It is found first, and named."""
+    assert cli("attest", "keygen", "--out", "k", cwd=work).returncode == 0
+    (work / "stmt.json").write_text(json.dumps(STATEMENT))
+    assert cli("attest", "sign", "--key", "k.pem", "--statement", "stmt.json", "--out", "good.json",
+               cwd=work).returncode == 0
+    corrupt = work / "store" / ("sha256-" + "cd" * 32) / "slsa.dev-provenance-v1-0123456789abcdef.dsse.json"
+    corrupt.parent.mkdir(parents=True)
+    corrupt.write_text("{oops")
+    before = _tree(work / "store")
+    res = cli("attest", "add", "good.json", "--store", "store", cwd=work)
+    assert res.returncode == ExitCode.VERIFICATION_FAILED and "Traceback" not in res.stderr
+    error = json.loads(res.stdout)["error"]
+    assert error["code"] == "verify.store.entry_invalid" and corrupt.name in error["message"]
+    assert _tree(work / "store") == before
+
+
 def test_terminal_controls_in_a_file_name_reach_the_terminal_escaped(tmp_path: Path) -> None:
     """A name that would retitle the window and clear the screen is shown, not obeyed."""
     (tmp_path / "ckpt").mkdir()

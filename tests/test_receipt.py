@@ -3,6 +3,7 @@ sha256 and size, and reports missing and extra files (exit 5), through the CLI a
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -132,3 +133,74 @@ def test_a_receipt_with_a_repeated_key_is_not_a_receipt(tmp_path):
     with pytest.raises(UsageError) as e:
         verify_receipt(tmp_path)
     assert e.value.code == "usage.receipt_invalid"
+
+
+@pytest.mark.parametrize("outputs", [
+    [{"file": 5, "size": 1, "sha256": "x"}],  # a name that is not a string
+    [{"file": "a", "size": 1, "sha256": "x"}, {"file": None, "size": 1, "sha256": "x"}],  # unsortable names
+    [{"file": "a", "size": True, "sha256": "x"}],
+    [{"file": "a", "size": 1.5, "sha256": "x"}],
+    [{"file": "a", "size": 1, "sha256": 7}],
+    [{"file": "a", "size": 1, "sha256": "x"}, {"file": "a", "size": 2, "sha256": "y"}],  # a file listed twice
+    ["a"],
+])
+def test_a_receipt_of_the_wrong_shape_is_not_a_receipt(tmp_path, outputs):
+    """Every field a check reads is typed first: a wrong one is ``usage.receipt_invalid``, never an
+    internal error (exit 1) from a path built from a number or names that cannot be sorted."""
+    (tmp_path / RECEIPT_NAME).write_text(json.dumps({"outputs": outputs}))
+    res = cli("receipt", "verify", tmp_path, "--json")
+    assert res.returncode == ExitCode.USAGE, res.stdout + res.stderr
+    assert json.loads(res.stdout)["error"]["code"] == "usage.receipt_invalid"
+
+
+def test_a_receipt_or_key_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    os.mkfifo(dst / RECEIPT_NAME)
+    res = cli("receipt", "verify", dst, "--json")
+    assert res.returncode == ExitCode.USAGE and json.loads(res.stdout)["error"]["code"] == "usage.receipt_unreadable"
+    (dst / RECEIPT_NAME).unlink()
+    (dst / RECEIPT_NAME).write_text('{"outputs": []}')
+    envelope = {"payloadType": "application/vnd.ckptgate.receipt+json", "signatures": [{"keyid": "", "sig": "AAAA"}],
+                "payload": base64.b64encode(b'{"outputs": []}').decode()}
+    (dst / RECEIPT_SIGNATURE_NAME).write_text(json.dumps(envelope))
+    os.mkfifo(tmp_path / "key.pub")
+    res = cli("receipt", "verify", dst, "--key", tmp_path / "key.pub", "--json")
+    assert res.returncode == ExitCode.USAGE and json.loads(res.stdout)["error"]["code"] == "usage.receipt_unreadable"
+
+
+@pytest.mark.parametrize("kind", ["rsa", "ec-p384", "x25519", "secp112r1"])
+def test_a_key_of_an_unsupported_type_is_a_usage_error(tmp_path, kind):
+    """An RSA, P-384 or X25519 public key is refused as ``usage.key_invalid``; before, RSA and X25519
+    ended in an internal error from ``verify``, and P-384 was checked with the wrong hash."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa, x25519
+
+    from tests.verify.verify_helpers import UNSUPPORTED_CURVE_PUBLIC_PEM
+
+    if kind == "secp112r1":  # a curve cryptography knows only by OID: UnsupportedAlgorithm, not ValueError
+        (tmp_path / "key.pub").write_bytes(UNSUPPORTED_CURVE_PUBLIC_PEM)
+    else:
+        private = {"rsa": lambda: rsa.generate_private_key(public_exponent=65537, key_size=1024),
+                   "ec-p384": lambda: ec.generate_private_key(ec.SECP384R1()),
+                   "x25519": x25519.X25519PrivateKey.generate}[kind]()
+        (tmp_path / "key.pub").write_bytes(private.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / RECEIPT_NAME).write_text('{"outputs": []}')
+    envelope = {"payloadType": "application/vnd.ckptgate.receipt+json", "signatures": [{"keyid": "", "sig": "AAAA"}],
+                "payload": base64.b64encode(b'{"outputs": []}').decode()}
+    (dst / RECEIPT_SIGNATURE_NAME).write_text(json.dumps(envelope))
+    res = cli("receipt", "verify", dst, "--key", tmp_path / "key.pub", "--json")
+    assert "Traceback" not in res.stderr
+    assert res.returncode == ExitCode.USAGE, res.stdout + res.stderr
+    assert json.loads(res.stdout)["error"]["code"] == "usage.key_invalid"
+
+
+def test_an_output_that_is_a_fifo_is_missing_and_never_blocks(tmp_path):
+    (tmp_path / RECEIPT_NAME).write_text(json.dumps({"outputs": [{"file": "w.safetensors", "size": 1, "sha256": "x"}]}))
+    os.mkfifo(tmp_path / "w.safetensors")
+    res = cli("receipt", "verify", tmp_path, "--json")
+    assert res.returncode == ExitCode.VERIFICATION_FAILED
+    assert [f["status"] for f in json.loads(res.stdout)["files"]] == ["missing"]

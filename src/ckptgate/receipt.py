@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
 from ckptgate._json import loads_strict
 from ckptgate.errors import UsageError, VerificationError
 from ckptgate.publish import RECEIPT_NAME, RECEIPT_PAYLOAD_TYPE, RECEIPT_SIGNATURE_NAME
+from ckptgate.userfiles import read_regular_file
 from ckptgate.verify.dsse import Envelope, _verifies, pae
+from ckptgate.verify.trust import key_algorithm
 
 MAX_RECEIPT_BYTES = 64 << 20
 
@@ -64,9 +68,8 @@ class ReceiptCheck:
 
 
 def _read(path: Path, what: str, advice: str) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_RECEIPT_BYTES + 1)
+    try:  # a regular file only: a FIFO would block, /dev/zero never ends
+        raw = read_regular_file(path, limit=MAX_RECEIPT_BYTES)
     except OSError as e:
         raise UsageError(
             "usage.receipt_unreadable",
@@ -111,10 +114,11 @@ def _signature(dst: Path, raw: bytes, key: Path | None) -> tuple[str, str | None
                 key, "the public key", f"Pass --key the public key the receipt was signed for ({key} is not readable)."
             )
         )
-    except ValueError as e:
+        key_algorithm(public)  # only the key types a receipt is signed with (Ed25519, ECDSA P-256)
+    except (ValueError, UnsupportedAlgorithm) as e:
         raise UsageError(
             "usage.key_invalid",
-            f"{key} is not a PEM public key: {e}",
+            f"{key} is not an Ed25519 or ECDSA P-256 PEM public key: {e}",
             advice=f"Pass --key the public key (the .pub.pem `ckptgate attest keygen` wrote), not {key}.",
         ) from None
     message = pae(env.payload_type, env.payload)
@@ -123,10 +127,37 @@ def _signature(dst: Path, raw: bytes, key: Path | None) -> tuple[str, str | None
     return "invalid", f"no signature verifies with {key}"
 
 
-def _digest(path: Path) -> tuple[int, str]:
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        return size, hashlib.file_digest(fh, "sha256").hexdigest()
+def _digest(path: Path) -> tuple[int, str] | None:
+    """Size and sha256 of the regular file ``path``; ``None`` for anything else (a symlink, a FIFO,
+    a file that cannot be opened), which the check reports as missing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return st.st_size, hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _outputs(receipt: object) -> dict[str, tuple[int, str]]:
+    """The receipt's ``outputs``, by file name; raises ``ValueError`` for any other shape (a name that
+    is not a string, a size that is not an integer, a file listed twice)."""
+    outputs = receipt.get("outputs") if isinstance(receipt, dict) else None
+    if not isinstance(outputs, list):
+        raise ValueError("outputs is not a list")
+    expected: dict[str, tuple[int, str]] = {}
+    for o in outputs:
+        if not isinstance(o, dict):
+            raise ValueError("an output is not an object")
+        name, size, sha = o.get("file"), o.get("size"), o.get("sha256")
+        if not isinstance(name, str) or not name or "\0" in name or name in expected:
+            raise ValueError("an output's file is not a unique file name")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(sha, str):
+            raise ValueError("an output's size or sha256 has the wrong type")
+        expected[name] = (size, sha)
+    return expected
 
 
 def verify_receipt(dst: Path, *, key: Path | None = None) -> ReceiptCheck:
@@ -135,10 +166,8 @@ def verify_receipt(dst: Path, *, key: Path | None = None) -> ReceiptCheck:
         raise UsageError("usage.invalid", f"{dst} is not a directory", advice=_receipt_advice(dst))
     raw = _read(dst / RECEIPT_NAME, "the receipt", _receipt_advice(dst))
     try:
-        receipt = loads_strict(raw, what="the receipt")
-        outputs = receipt["outputs"]
-        expected = {o["file"]: (int(o["size"]), str(o["sha256"])) for o in outputs}
-    except (ValueError, KeyError, TypeError):
+        expected = _outputs(loads_strict(raw, what="the receipt"))
+    except ValueError:
         raise UsageError(
             "usage.receipt_invalid",
             f"{dst / RECEIPT_NAME} is not a ckptgate receipt",
@@ -151,10 +180,11 @@ def verify_receipt(dst: Path, *, key: Path | None = None) -> ReceiptCheck:
     for name in sorted(expected):
         size_e, sha_e = expected[name]
         path = dst / name
-        if name not in present or not path.is_file() or path.is_symlink():
+        measured = _digest(path) if name in present else None
+        if measured is None:
             files.append(FileCheck(file=name, status="missing", expected_size=size_e, expected_sha256=sha_e))
             continue
-        size, sha = _digest(path)
+        size, sha = measured
         status = "ok" if (size, sha) == (size_e, sha_e) else "size_mismatch" if size != size_e else "sha256_mismatch"
         files.append(
             FileCheck(file=name, status=status, expected_size=size_e, size=size, expected_sha256=sha_e, sha256=sha)

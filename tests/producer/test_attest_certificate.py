@@ -139,6 +139,19 @@ def test_a_certificate_that_cannot_sign_is_a_usage_error_before_anything_is_writ
     assert not (pki["dir"] / "hf_sharded.sigstore.json").exists()
 
 
+def test_a_certificate_for_a_key_cryptography_does_not_support_is_a_key_mismatch(pki: dict) -> None:
+    """Its ``public_key()`` raises ``UnsupportedAlgorithm``: before, an internal error (exit 1)."""
+    from tests.verify.verify_helpers import UNSUPPORTED_CURVE_CERTIFICATE_PEM
+
+    cert = pki["dir"] / "secp160r1.crt"
+    cert.write_bytes(UNSUPPORTED_CURVE_CERTIFICATE_PEM)
+    with pytest.raises(UsageError) as e:
+        attest_checkpoint(AttestRequest(src=pki["ck"], builder_id=BUILDER, environment=False, key=pki["key"],
+                                        certificate=cert))
+    assert e.value.code == "usage.certificate_key_mismatch" and e.value.exit_code == 2, e.value.message
+    assert not (pki["dir"] / "hf_sharded.sigstore.json").exists()
+
+
 def test_a_chain_without_a_root_is_a_usage_error(pki: dict) -> None:
     with pytest.raises(UsageError) as e:  # the signing certificate itself is no trust anchor
         attest_checkpoint(AttestRequest(src=pki["ck"], builder_id=BUILDER, environment=False, key=pki["key"],

@@ -9,7 +9,7 @@ from ckptgate.errors import UsageError, VerificationError
 from ckptgate.verify import dsse
 from ckptgate.verify.dsse import Envelope, KeySigner, generate_keypair, pae, sign_statement, verify_envelope
 
-from verify_helpers import STATEMENT, public_pem, signer, trust_for
+from verify_helpers import STATEMENT, UNSUPPORTED_CURVE_PRIVATE_PEM, public_pem, signer, trust_for
 
 
 def test_pae_matches_the_dsse_spec_example() -> None:
@@ -40,6 +40,10 @@ def test_key_signer_from_pem_and_env(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(dsse.SIGNING_KEY_ENV, str(p))
     assert KeySigner.from_pem().keyid == s.keyid
     p.write_bytes(b"junk")
+    with pytest.raises(UsageError) as ei:
+        KeySigner.from_pem(p)
+    assert ei.value.code == "usage.signing_key_invalid"
+    p.write_bytes(UNSUPPORTED_CURVE_PRIVATE_PEM)  # UnsupportedAlgorithm from cryptography, not ValueError
     with pytest.raises(UsageError) as ei:
         KeySigner.from_pem(p)
     assert ei.value.code == "usage.signing_key_invalid"

@@ -19,6 +19,7 @@ from ckptgate.errors import UsageError, VerificationError
 from ckptgate.inspect import SafeTree
 from ckptgate.verify.oms import OMS_PREDICATE_TYPE, OfferedKey, verify_oms_bundle
 from tests.verify.oms_helpers import HF, OTHER, ed25519_keypair, keypair, resign, sign, sign_ed25519
+from tests.verify.verify_helpers import UNSUPPORTED_CURVE_PUBLIC_PEM
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -201,6 +202,15 @@ def test_an_rsa_key_is_refused_with_a_code(tmp_path: Path) -> None:
     pub = tmp_path / "rsa.pub"
     pub.write_bytes(rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    with pytest.raises(VerificationError) as e:
+        OfferedKey.from_file(pub)
+    assert e.value.code == "verify.oms.key_unsupported"
+
+
+def test_a_key_on_an_unsupported_curve_is_refused_with_a_code(tmp_path: Path) -> None:
+    """``cryptography`` raises ``UnsupportedAlgorithm`` (not ``ValueError``) for a curve it knows only by OID."""
+    pub = tmp_path / "c112.pub"
+    pub.write_bytes(UNSUPPORTED_CURVE_PUBLIC_PEM)
     with pytest.raises(VerificationError) as e:
         OfferedKey.from_file(pub)
     assert e.value.code == "verify.oms.key_unsupported"

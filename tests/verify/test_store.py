@@ -54,3 +54,33 @@ def test_iter_ignores_foreign_files(tmp_path, ed_signer) -> None:
 def test_predicate_slug() -> None:
     assert predicate_slug("https://slsa.dev/provenance/v1") == "slsa.dev-provenance-v1"
     assert predicate_slug("") == "predicate"
+
+
+def test_a_subject_directory_that_is_a_link_is_refused_and_nothing_leaves_the_store(tmp_path, ed_signer) -> None:
+    """``sha256-<subject>`` as a symlink would carry the write out of the store (and ``find`` never reads
+    through it): refused before anything is written, and the index never lists what is behind it."""
+    from ckptgate.errors import UsageError
+
+    store_dir, outside = tmp_path / "store", tmp_path / "outside"
+    store_dir.mkdir()
+    outside.mkdir()
+    (store_dir / f"sha256-{FIXTURE_HEX}").symlink_to(outside)
+    store = AttestationStore(store_dir)
+    with pytest.raises(UsageError) as ei:
+        store.add(sign_statement(STATEMENT, ed_signer))
+    assert ei.value.code == "usage.store"
+    assert list(outside.iterdir()) == [] and list(store.iter()) == []
+
+
+def test_a_corrupt_stored_entry_is_named_and_a_conflict_is_found_before_writing(tmp_path, ed_signer) -> None:
+    store = AttestationStore(tmp_path)
+    a = sign_statement(STATEMENT, ed_signer)
+    dest = store.path_for(a)
+    dest.parent.mkdir()
+    dest.write_bytes(b"{oops")
+    with pytest.raises(VerificationError) as ei:  # a path_for that would store over it refuses
+        store.path_for(a)
+    assert ei.value.code == "verify.store.conflict"
+    with pytest.raises(VerificationError) as ei:  # the index names the file that is wrong
+        store.index_bytes()
+    assert ei.value.code == "verify.store.entry_invalid" and str(dest) in ei.value.message

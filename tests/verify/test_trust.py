@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from verify_helpers import public_pem, signer
+from verify_helpers import UNSUPPORTED_CURVE_PUBLIC_PEM, public_pem, signer
 
 from ckptgate.verify import TrustData, TrustDataError, trust_entry
 from ckptgate.verify.trust import TRUST_ENV, default_trust_path
@@ -48,6 +48,8 @@ def test_valid_entries_load() -> None:
     ([_entry(algorithm="ecdsa-p256")], "verify.trust.algorithm"),
     ([_entry(algorithm="rsa")], "verify.trust.algorithm"),
     ([_entry(public_key="not a pem")], "verify.trust.public_key"),
+    # a curve cryptography knows by OID but does not support: UnsupportedAlgorithm, not an internal error
+    ([_entry(public_key=UNSUPPORTED_CURVE_PUBLIC_PEM.decode())], "verify.trust.public_key"),
     ([_entry(kind="x509")], "verify.trust.kind"),
     ([_entry(), _entry()], "verify.trust.duplicate_id"),
     ([_entry(predicate_types=[])], "verify.trust.field"),

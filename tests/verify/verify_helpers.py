@@ -15,6 +15,31 @@ from ckptgate.verify.statement import QUALIFICATION_PREDICATE_TYPE
 from cryptography.hazmat.primitives import serialization
 
 FIXTURE_HEX = "ab" * 32
+#: A key pair on secp112r1, a curve ``cryptography`` parses the OID of but does not support: loading
+#: either raises ``UnsupportedAlgorithm`` (not ``ValueError``).  Made with ``openssl ecparam -name
+#: secp112r1 -genkey`` for these tests only; it protects nothing.
+UNSUPPORTED_CURVE_PUBLIC_PEM = b"""-----BEGIN PUBLIC KEY-----
+MDIwEAYHKoZIzj0CAQYFK4EEAAYDHgAEkOkJ/i7nzrXST0Uave4onDQT7mEd8YYh
+VB0JVg==
+-----END PUBLIC KEY-----
+"""
+UNSUPPORTED_CURVE_PRIVATE_PEM = b"""-----BEGIN PRIVATE KEY-----
+ME4CAQAwEAYHKoZIzj0CAQYFK4EEAAYENzA1AgEBBA42flUVQ84qrXuqZWwI5qEg
+Ax4ABJDpCf4u58610k9FGr3uKJw0E+5hHfGGIVQdCVY=
+-----END PRIVATE KEY-----
+"""
+#: A self-signed certificate whose key is on secp160r1 (unsupported the same way): its
+#: ``public_key()`` raises ``UnsupportedAlgorithm``.  Made with openssl for these tests only.
+UNSUPPORTED_CURVE_CERTIFICATE_PEM = b"""-----BEGIN CERTIFICATE-----
+MIIBNzCB96ADAgECAhQFF9vP7bHySB7zxg0Fuhqgtnd6ajAJBgcqhkjOPQQBMAwx
+CjAIBgNVBAMMAXgwHhcNMjYxMjA0MTMyNDQ1WhcNMjYxMjA3MTMyNDQ1WjAMMQow
+CAYDVQQDDAF4MD4wEAYHKoZIzj0CAQYFK4EEAAgDKgAEl09uxXwxgQKXdCZv9SvL
+yGg0EXRlJHVucWKoIuAINmkmW0S4xW4pKKNTMFEwHQYDVR0OBBYEFIJEPOAZ+aLO
+HsulaAIlYTKmW7g6MB8GA1UdIwQYMBaAFIJEPOAZ+aLOHsulaAIlYTKmW7g6MA8G
+A1UdEwEB/wQFMAMBAf8wCQYHKoZIzj0EAQMwADAtAhUA6UGPZFrdJUS8In0HrUrp
+UdBJn38CFENqBv+ZsPl6E6BPJA4Yu1LHIDQM
+-----END CERTIFICATE-----
+"""
 NOW = datetime(2026, 11, 29, 17, 0, 0, tzinfo=timezone.utc)
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

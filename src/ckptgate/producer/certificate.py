@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
 from ckptgate.errors import UsageError, VerificationError
@@ -53,7 +54,12 @@ def check_certificate(signer: KeySigner, certificate: Path, chain: Sequence[Path
     chaining to it); raises :class:`UsageError` (exit 2) naming the option to fix."""
     leaf = read_certificates(certificate, "--certificate")[0]
     mine = signer.public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    theirs = leaf.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    try:
+        theirs = leaf.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    except UnsupportedAlgorithm:  # a curve cryptography knows only by OID: not the signing key either
+        theirs = b""
     if mine != theirs:
         raise UsageError(
             "usage.certificate_key_mismatch",

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -25,12 +27,21 @@ OMS_SUFFIX = ".sig"
 """``<checkpoint>.sig`` beside the checkpoint is where the bundle goes by default (as ``model_signing`` names it)."""
 
 
+def _public_key(cert: x509.Certificate) -> object:
+    """The certificate's public key; ``None`` for one ``cryptography`` does not support (a curve it knows
+    only by OID), which is then not the signing key either."""
+    try:
+        return cert.public_key()
+    except UnsupportedAlgorithm:
+        return None
+
+
 def _check_certificate(key: Path, certificate: Path, chain: tuple[Path, ...]) -> None:
     """The certificate is a PEM certificate of ``key``'s public key, and each chain file holds certificates."""
     private = serialization.load_pem_private_key(read_regular_file(key, limit=1 << 20), password=None)
     for path in (certificate, *chain):
         certs = read_certificates(path, "--certificate" if path == certificate else "--certificate-chain")
-        if path == certificate and certs[0].public_key() != private.public_key():
+        if path == certificate and _public_key(certs[0]) != private.public_key():
             raise UsageError(
                 "usage.certificate_key_mismatch",
                 f"the certificate {certificate} is not for the key --key {key}: its public key differs",
@@ -44,7 +55,7 @@ def _check_key(key: Path) -> None:
     try:
         pem = read_regular_file(key, limit=1 << 20)
         private = serialization.load_pem_private_key(pem, password=None)
-    except (OSError, ValueError, TypeError) as e:
+    except (OSError, ValueError, TypeError, UnsupportedAlgorithm) as e:
         raise UsageError(
             "usage.signing_key",
             f"cannot read the private key {key}: {e}",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
@@ -284,7 +284,7 @@ class KeySigner:
                 f"cannot read signing key {p}: {e.strerror}",
                 advice=f"Check that {p} is a readable regular file, or pass another key with --key.",
             ) from None
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, UnsupportedAlgorithm) as e:
             raise UsageError(
                 "usage.signing_key_invalid",
                 f"{p} is not an unencrypted PEM private key: {e}",

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
@@ -55,7 +56,7 @@ class OfferedKey:
             ) from None
         try:
             key = serialization.load_pem_public_key(pem)
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, UnsupportedAlgorithm) as e:
             raise VerificationError(
                 "verify.oms.key_unsupported", f"{path} is not a PEM public key: {e}", evidence={"path": str(path)}
             ) from None

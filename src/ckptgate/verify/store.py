@@ -22,7 +22,7 @@ from typing import Any
 
 from ckptgate._json import loads_strict, verify_error
 from ckptgate.digest import Digest
-from ckptgate.errors import VerificationError
+from ckptgate.errors import UsageError, VerificationError
 from ckptgate.userfiles import replace_whole
 from ckptgate.verify import dsse
 from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, read_envelope
@@ -83,25 +83,43 @@ class AttestationStore:
         self.root = Path(root)
 
     def path_for(self, raw: bytes) -> Path:
-        """Where ``raw`` belongs (first subject's digest, predicate slug, payload digest)."""
+        """Where ``raw`` belongs (first subject's digest, predicate slug, payload digest); refused where the
+        subject's directory is a link or not a directory, or another file is already there
+        (``verify.store.conflict``): checked for every envelope before any is stored."""
         fmt, stmt, payload = statement_of(raw)
         sha = stmt["subject"][0]["digest"].get("sha256")
         if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
             raise VerificationError("verify.store.no_sha256_subject", "the first subject has no sha256 digest")
         name = f"{predicate_slug(stmt['predicateType'])}-{hashlib.sha256(payload).hexdigest()[:16]}.{fmt}.json"
-        return self.root / Digest.from_hex(sha.lower()).filename_stem() / name
+        dest = self.root / Digest.from_hex(sha.lower()).filename_stem() / name
+        subject_dir = dest.parent
+        if subject_dir.is_symlink() or (subject_dir.exists() and not subject_dir.is_dir()):
+            # a link would carry the write out of the store (and find() would never read it back)
+            raise UsageError(
+                "usage.store",
+                f"{subject_dir} in the store is a symbolic link or not a directory; refusing to store through it",
+                evidence={"path": str(subject_dir)},
+                advice=f"Remove {subject_dir} (the store keeps one real directory per subject), or name another "
+                "directory with --store.",
+            )
+        if dest.is_symlink() or (dest.exists() and not dest.is_file()):
+            raise VerificationError(
+                "verify.store.conflict",
+                f"{dest} already exists and is not a regular file",
+                evidence={"path": str(dest)},
+            )
+        if dest.exists() and dest.read_bytes() != raw:
+            raise VerificationError(
+                "verify.store.conflict",
+                f"{dest} already holds a different envelope for the same statement",
+                evidence={"path": str(dest)},
+            )
+        return dest
 
     def add(self, raw: bytes, *, reindex: bool = True) -> Path:
         """Store ``raw`` (idempotent) and rebuild the index; a different file at the same name is an error."""
-        dest = self.path_for(raw)
-        if dest.exists():
-            if dest.read_bytes() != raw:
-                raise VerificationError(
-                    "verify.store.conflict",
-                    f"{dest} already holds a different envelope for the same statement",
-                    evidence={"path": str(dest)},
-                )
-        else:
+        dest = self.path_for(raw)  # refuses a link, a conflict
+        if not dest.exists():
             _atomic_write(dest, raw)
         if reindex:
             self.rebuild_index()
@@ -111,7 +129,7 @@ class AttestationStore:
         """Stored attestation files, sorted; files that do not follow the layout are skipped."""
         if not self.root.is_dir():
             return
-        for d in sorted(p for p in self.root.iterdir() if p.is_dir() and _DIR.match(p.name)):
+        for d in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.is_symlink() and _DIR.match(p.name)):
             for f in sorted(d.iterdir()):
                 if f.is_file() and not f.is_symlink() and _FILE.match(f.name):
                     yield f
@@ -127,7 +145,16 @@ class AttestationStore:
         out = []
         for p in self.iter():
             raw = p.read_bytes()
-            fmt, stmt, _ = statement_of(raw)
+            try:
+                fmt, stmt, _ = statement_of(raw)
+            except VerificationError as e:  # name the stored file, not only what is wrong with it
+                raise VerificationError(
+                    "verify.store.entry_invalid",
+                    f"{p} in the store is not a valid attestation ({e.code}: {e.message})",
+                    evidence={"path": str(p), "cause": e.code},
+                    advice=f"Move {p} out of the store (or restore it from version control), then run the command "
+                    "again.",
+                ) from None
             out.append(
                 StoredAttestation(
                     path=p.relative_to(self.root).as_posix(),

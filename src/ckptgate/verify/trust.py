@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
@@ -235,7 +236,7 @@ def _key_signer(e: dict[str, Any], sid: str, common: dict[str, Any], source: str
         )
     try:
         key = serialization.load_pem_public_key(pem.encode("ascii"))
-    except (ValueError, UnicodeEncodeError, TypeError) as ex:
+    except (ValueError, UnicodeEncodeError, TypeError, UnsupportedAlgorithm) as ex:
         raise TrustDataError(
             "verify.trust.public_key",
             f"signer {sid!r}: public_key is not a PEM public key: {ex}",

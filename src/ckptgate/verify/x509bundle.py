@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 
 from ckptgate.errors import VerificationError
 from ckptgate.verify.dsse import Envelope, _verifies, pae
@@ -150,7 +151,13 @@ def verify_certificate_bundle(
         code="verify.x509",
         sources=chain.sources,
     )
-    public = leaf.public_key()
+    try:
+        public = leaf.public_key()
+    except UnsupportedAlgorithm as e:  # a curve cryptography knows only by OID
+        raise _fail(
+            "key_unsupported",
+            f"the signing certificate's key is unsupported ({e}); ckptgate verifies Ed25519 and ECDSA P-256",
+        ) from None
     try:
         key_algorithm(public)
     except ValueError:

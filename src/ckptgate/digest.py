@@ -358,9 +358,10 @@ def hash_files(
             after = os.fstat(fd)
         finally:
             os.close(fd)
-        if (before.st_mtime_ns, before.st_ctime_ns) != (after.st_mtime_ns, after.st_ctime_ns):
+        if (before.st_mtime_ns, before.st_size) != (after.st_mtime_ns, after.st_size):
             # written in place while it was read (a preallocated file still being filled keeps its size):
-            # the digest would be of bytes that were never on disk at one time
+            # the digest would be of bytes that were never on disk at one time.  Not the ctime: a chmod, an
+            # xattr or a link changes it and no byte
             raise InputRejected(
                 "input.walk.changed",
                 f"{path!r} was written while it was hashed (its modification time changed)",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ckptgate.api import inspect
-from ckptgate.inspect.topology import contradictions, measured_topology
+from ckptgate.inspect.topology import contradictions, measured_topology, rank_state_ranks
 
 DATA = Path(__file__).resolve().parents[1] / "fixtures" / "data"
 
@@ -45,17 +45,34 @@ def test_contradictions_name_each_field_the_layout_refutes() -> None:
     }
 
 
-def test_a_dcp_rank_that_wrote_no_item_is_counted_by_its_file() -> None:
+def test_a_dcp_rank_that_wrote_no_item_is_counted_by_its_empty_file() -> None:
     """State replicated across ranks (DDP) is deduplicated to one rank; the other still writes its
-    ``__1_0.distcp``, empty, and the metadata never names it: that is still a two-rank save."""
+    ``__1_0.distcp``, empty, and the metadata never names it: that is still a two-rank save.  A file with
+    data that the metadata does not name is an earlier save's, left in the folder: not a writer."""
     layout = {"folder": "", "storage": [{"relative_path": "__0_0.distcp"}]}
-    files = [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert measured_topology("dcp-torch-save", layout) == {"world_size": [1]}
-    assert measured_topology("dcp-torch-save", layout, files) == {"world_size": [2]}
+    assert measured_topology("dcp-torch-save", layout, ["__1_0.distcp"]) == {"world_size": [2]}
     inner = {"folder": "iter_0000001", "storage": [{"relative_path": "__0_0.distcp"}]}
-    assert measured_topology("megatron-torch-dist", {"dcp": inner}, [f"iter_0000001/{f}" for f in files]) == {
+    assert measured_topology("megatron-torch-dist", {"dcp": inner}, ["iter_0000001/__1_0.distcp"]) == {
         "world_size": [2]
     }
+    assert measured_topology("megatron-torch-dist", {"dcp": inner}, ["iter_00000010/__1_0.distcp"]) == {
+        "world_size": [1]
+    }
+
+
+def test_a_stale_distcp_file_with_data_is_not_a_rank(tmp_path: Path) -> None:
+    """A 2-rank save over an earlier 4-rank save in the same folder leaves ``__2_0`` and ``__3_0`` behind,
+    full: the measure stays the metadata's two ranks (an attested world_size=2 is not contradicted)."""
+    import shutil
+
+    ck = tmp_path / "ck"
+    shutil.copytree(DATA / "dcp_torch_save" / "checkpoint", ck)
+    expected = inspect(ck).to_facts()["topology"]
+    (ck / "__7_0.distcp").write_bytes(b"x" * 64)
+    assert inspect(ck).to_facts()["topology"] == expected
+    (ck / "__7_0.distcp").write_bytes(b"")
+    assert inspect(ck).to_facts()["topology"] == {"world_size": [expected["world_size"][0] + 1]}
 
 
 _DDP_SAVE = """
@@ -95,12 +112,13 @@ def test_a_two_rank_dcp_save_of_replicated_state_measures_two_ranks(tmp_path: Pa
     assert done_.statement["predicate"]["buildDefinition"]["internalParameters"]["topology"] == {"world_size": 2}
 
 
-def test_a_trainer_or_accelerate_save_measures_its_processes_by_their_rng_state() -> None:
-    """Every process of a Trainer (``rng_state_<i>.pth``) or Accelerate (``random_states_<i>.pkl``) save writes its
-    own RNG state; a format that records the world size keeps its own measure."""
-    assert measured_topology("safetensors", {}, ["model.safetensors", "random_states_0.pkl"]) == {"world_size": [1]}
-    files = ["model.safetensors", *(f"rng_state_{i}.pth" for i in range(4))]
-    assert measured_topology("hf-sharded-safetensors", {}, files) == {"world_size": [4]}
-    assert measured_topology("hf-sharded-safetensors", {}, ["rng_state.pth", "sub/rng_state_3.pth"]) == {}
+def test_rng_state_files_are_not_a_measure_of_the_world_size() -> None:
+    """A save into a folder an earlier, larger run wrote holds more RNG state files; one called on the main
+    process only holds one: they find gaps (attest), they do not measure the topology."""
+    assert measured_topology("safetensors", {}, ["random_states_0.pkl"]) == {}
+    assert rank_state_ranks(["model.safetensors", *(f"rng_state_{i}.pth" for i in (3, 0, 1))]) == [0, 1, 3]
+    assert rank_state_ranks(["rng_state.pth", "sub/rng_state_3.pth", "random_states_2.pkl"]) == [2]
     ins = inspect(DATA / "trainer_fsdp_sharded" / "checkpoint" / "checkpoint-2")
-    assert ins.to_facts()["topology"] == {"world_size": [2]}
+    assert ins.to_facts()["topology"] == {"world_size": [2]}  # its DCP shards' measure
+
+

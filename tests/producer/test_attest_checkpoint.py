@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ckptgate.errors import InputRejected
 from tests.pipeline_helpers import ckptgate_json
 
 DATA = Path(__file__).resolve().parents[1] / "fixtures" / "data"
@@ -355,7 +356,29 @@ def test_a_process_whose_rng_state_is_missing_is_refused(tmp_path: Path, keys: d
                                                        "present": [0]}
 
 
-def test_an_accelerate_save_from_fewer_processes_than_declared_is_refused(tmp_path: Path, keys: dict) -> None:
+def test_a_declared_world_size_is_not_held_against_the_rng_state_files(tmp_path: Path, keys: dict) -> None:
+    """``save_state`` called on the main process only writes ``random_states_0.pkl``: a declared world of 2
+    is attested as declared, not refused as incomplete or contradicted."""
     ck = _copy(tmp_path, "accelerate_save_state")  # one process wrote random_states_0.pkl
     rc, doc = _attest(ck, keys, "--dry-run", "--topology", "world_size=2")
-    assert rc == 2 and doc["error"]["code"] == "usage.topology.contradicts_layout", doc
+    assert rc == 0, doc
+
+
+def test_a_gap_in_the_rng_state_files_is_refused_before_hashing(tmp_path: Path, keys: dict,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Processes 0 and 999999999 wrote theirs: the gap is counted, not listed whole (a list of a billion
+    indices was a MemoryError), and nothing is hashed first."""
+    import ckptgate.producer.attest as attest_mod
+
+    ck = _copy(tmp_path, "accelerate_save_state")
+    (ck / "random_states_999999999.pkl").write_bytes((ck / "random_states_0.pkl").read_bytes())
+
+    def no_hashing(*_a: object, **_k: object) -> None:
+        raise AssertionError("hashed before the refusal")
+
+    monkeypatch.setattr(attest_mod, "fixture_digest", no_hashing)
+    with pytest.raises(InputRejected) as e:
+        attest_mod.attest_checkpoint(attest_mod.AttestRequest(src=ck, dry_run=True, environment=False))
+    assert e.value.code == "input.attest.incomplete"
+    finding = e.value.evidence["findings"][0]
+    assert finding["missing"] == list(range(1, 9)) and e.value.evidence["world_size"] == 1_000_000_000

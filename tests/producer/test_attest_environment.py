@@ -17,7 +17,11 @@ from ckptgate.producer.environment import code_ref, public_uri
         ("https://oauth2:glpat-TOKEN@gitlab.example/org/train", "https://gitlab.example/org/train"),
         ("https://x-access-token:TOKEN@github.com:443/org/train.git", "https://github.com:443/org/train.git"),
         ("https://github.com/org/train.git?private_token=TOKEN#frag", "https://github.com/org/train.git"),
-        ("ssh://git@github.com/org/train.git", "ssh://github.com/org/train.git"),
+        ("ssh://git@github.com/org/train.git", "ssh://git@github.com/org/train.git"),  # a user name, kept
+        ("ssh://git:PASSWORD@github.com/org/train.git", "ssh://git@github.com/org/train.git"),
+        ("https://user:pa?ss@host/org/train", "https://host/org/train"),
+        ("https://[bad/org/train", "https://[bad/org/train"),  # does not parse: no ValueError, nothing to drop
+        ("https://TOKEN@[bad/org/train?t=1", "https://[bad/org/train"),
         ("git@github.com:org/train.git", "git@github.com:org/train.git"),
         ("https://github.com/org/train.git", "https://github.com/org/train.git"),
     ],

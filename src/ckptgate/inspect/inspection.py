@@ -16,7 +16,7 @@ from ckptgate.inspect.files import SIBLING_CONTEXTS, FileFacts, analyse_file
 from ckptgate.inspect.findings import Finding, Severity, error
 from ckptgate.inspect.formats import Context, FormatResult, detect_format
 from ckptgate.inspect.pickle import PickleReport
-from ckptgate.inspect.topology import measured_topology
+from ckptgate.inspect.topology import empty_paths, measured_topology
 from ckptgate.inspect.walk import FileEntry, SafeTree, WalkLimits
 from ckptgate.inspect.zipcheck import CrcMode
 
@@ -64,7 +64,7 @@ class Inspection:
             "files": [f.to_json() for f in self.files],
             "pickles": {p.path: p.to_json() for p in self.pickles},
             "layout": self.layout,
-            "topology": measured_topology(self.format, self.layout, (f.path for f in self.files)),
+            "topology": measured_topology(self.format, self.layout, empty_paths(self.files)),
         }
 
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["TOPOLOGY_FIELDS", "contradictions", "measured_topology"]
+__all__ = ["TOPOLOGY_FIELDS", "contradictions", "empty_paths", "measured_topology", "rank_state_ranks"]
 
 TOPOLOGY_FIELDS = ("tp", "pp", "dp", "ep", "etp", "cp", "world_size", "zero_stage", "fsdp_mode")
 """The topology fields of the training-provenance predicate, in order."""
@@ -27,6 +27,11 @@ more than one process) and ``Accelerator.save_state`` (``random_states_<process>
 own, at the top of the checkpoint."""
 
 
+def empty_paths(files: Iterable[Any]) -> tuple[str, ...]:
+    """The paths of the empty files among ``files`` (anything with ``path`` and ``size``)."""
+    return tuple(f.path for f in files if f.size == 0)
+
+
 def rank_state_ranks(files: Iterable[str]) -> list[int]:
     """The process indices of the per-process RNG state files at the top of the checkpoint, sorted."""
     out = set()
@@ -36,11 +41,13 @@ def rank_state_ranks(files: Iterable[str]) -> list[int]:
     return sorted(out)
 
 
-def _dcp_world_size(dcp: Mapping[str, Any], files: Iterable[str] = ()) -> int | None:
+def _dcp_world_size(dcp: Mapping[str, Any], empty_files: Iterable[str] = ()) -> int | None:
     """The ranks that wrote: those the ``.metadata`` names, and those whose ``__<rank>_<n>.distcp`` file is in
-    the folder though it names none.  A rank whose items were all deduplicated to another (state replicated
-    across ranks, as under DDP) still writes its file, empty, and the metadata never names it: counting the
-    metadata alone measured such a two-rank save as one rank."""
+    the folder, empty, though it names none.  A rank whose items were all deduplicated to another (state
+    replicated across ranks, as under DDP) still writes its file, empty, and the metadata never names it:
+    counting the metadata alone measured such a two-rank save as one rank.  A file that holds data and that the
+    metadata does not name is another save's, left in the folder (a save by more ranks before this one): it is
+    not a writer of this save."""
     ranks = set()
     for s in dcp.get("storage", []) or []:
         m = _DISTCP.match(str(s.get("relative_path") or ""))
@@ -49,7 +56,7 @@ def _dcp_world_size(dcp: Mapping[str, Any], files: Iterable[str] = ()) -> int | 
         ranks.add(int(m.group(1)))
     folder = str(dcp.get("folder") or "")
     pre = f"{folder}/" if folder else ""
-    for path in files:
+    for path in empty_files:
         if path.startswith(pre) and (m := _DISTCP.match(path[len(pre) :])):
             ranks.add(int(m.group(1)))
     return len(ranks) or None
@@ -63,20 +70,22 @@ def _tp(dcp: Mapping[str, Any]) -> int | None:
     return None
 
 
-def measured_topology(fmt: str, layout: Mapping[str, Any], files: Iterable[str] = ()) -> dict[str, list[Any]]:
+def measured_topology(fmt: str, layout: Mapping[str, Any], empty_files: Iterable[str] = ()) -> dict[str, list[Any]]:
     """Topology field -> the values the layout of format ``fmt`` allows (sorted); empty when it records none.
-    ``files``: the paths of the checkpoint's files (a DCP rank that wrote no item is counted by its file; a
-    Trainer or Accelerate save by its processes' RNG state files)."""
-    files = tuple(files)
+    ``empty_files``: the paths of the checkpoint's empty files (a DCP rank that wrote no item is counted by its
+    empty file).  The per-process RNG state of a Trainer or Accelerate save is not a measure: a save into a
+    folder an earlier, larger run wrote holds more, and one called on the main process only holds one
+    (:func:`rank_state_ranks` finds the gaps between them)."""
+    empty_files = tuple(empty_files)
     out: dict[str, list[Any]] = {}
     if fmt in ("dcp-torch-save", "dcp-hf-safetensors"):
-        ws = _dcp_world_size(layout, files)
+        ws = _dcp_world_size(layout, empty_files)
         if ws is not None:
             out["world_size"] = [ws]
     elif fmt == "megatron-torch-dist":
         inner = layout.get("dcp")
         if isinstance(inner, Mapping):
-            ws = _dcp_world_size(inner, files)
+            ws = _dcp_world_size(inner, empty_files)
             if ws is not None:
                 out["world_size"] = [ws]
             tp = _tp(inner)
@@ -95,9 +104,6 @@ def measured_topology(fmt: str, layout: Mapping[str, Any], files: Iterable[str] 
         out["fsdp_mode"] = ["full_state_dict"]
     elif fmt == "fsdp-local":
         out["fsdp_mode"] = ["local_state_dict"]
-    processes = rank_state_ranks(files)
-    if processes and "world_size" not in out:  # every process wrote its RNG state: the highest index is world - 1
-        out["world_size"] = [processes[-1] + 1]
     return out
 
 

@@ -10,6 +10,7 @@ wins).  The envelope is written beside the checkpoint, never inside it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -27,7 +28,7 @@ from ckptgate.errors import InputRejected, UsageError, VerificationError
 from ckptgate.inspect import Inspection, SafeTree, Severity, inspect_open_tree
 from ckptgate.inspect.findings import Finding
 from ckptgate.inspect.runs import ENVELOPE_SUFFIX
-from ckptgate.inspect.topology import TOPOLOGY_FIELDS, contradictions, measured_topology, rank_state_ranks
+from ckptgate.inspect.topology import TOPOLOGY_FIELDS, contradictions, empty_paths, measured_topology, rank_state_ranks
 from ckptgate.producer.certificate import check_certificate, sign_with_certificate
 from ckptgate.producer.environment import checkpoint_records, code_ref, environment_producers, invocation_id
 from ckptgate.producer.keyless import SIGSTORE_SUFFIX, check_identity_token, load_trust_config, sign_keyless
@@ -144,15 +145,27 @@ class Attested:
 
 INCOMPLETE_FINDINGS = frozenset(
     {
-        "dcp.storage_file_missing",
         "dcp.chunks_incomplete",
+        "dcp.item_out_of_range",
+        "dcp.metadata_unreadable",
+        "dcp.metadata_unresolved",
+        "dcp.storage_file_missing",
         "deepspeed.ranks_incomplete",
         "deepspeed.tag_missing",
         "index.missing_shard",
+        "index.shard_not_safetensors",
         "index.tensor_missing",
+        "index.total_size",
+        "input.safetensors.header_beyond_file",
+        "input.safetensors.offsets_beyond_file",
+        "input.safetensors.too_small",
         "megatron.common_missing",
         "peft.weights_missing",
+        "pickle.incomplete",
+        "pickle.no_stop",
         "torch.storage_missing",
+        "torch.storage_size_mismatch",
+        "torch.tensor_out_of_bounds",
         "zip.eocd_missing",
         "zip.truncated",
     }
@@ -200,38 +213,54 @@ def _check_whole(src: Path, tree: SafeTree, inspection: Inspection) -> None:
         )
 
 
-def _check_rank_states(src: Path, files: list[str], world_size: Any) -> None:
-    """Every process of a Trainer or Accelerate save writes its RNG state: with the world size measured or
-    declared, those of processes ``0..world_size-1`` must all be there (a node's files missing from the folder
-    rank 0 measures), else at least ``0..`` the highest one."""
+def _check_rank_states(src: Path, files: list[str], measured_world: Any) -> None:
+    """Every process of a Trainer or Accelerate save writes its RNG state: those of processes ``0..`` the
+    highest one present, and ``0..world_size-1`` where the layout measures the world size, must all be there (a
+    node's files missing from the folder rank 0 measures).  A declared world size is not held against them: a
+    save called on the main process only writes one."""
     ranks = rank_state_ranks(files)
     if not ranks:
         return
-    world = world_size if isinstance(world_size, int) and not isinstance(world_size, bool) else ranks[-1] + 1
-    expected = list(range(max(world, ranks[-1] + 1)))
-    if ranks == expected:
+    world = ranks[-1] + 1
+    if isinstance(measured_world, int) and not isinstance(measured_world, bool):
+        world = max(world, measured_world)
+    if len(ranks) == world:
         return
-    absent = sorted(set(expected) - set(ranks))
+    present = set(ranks)
+    absent = list(itertools.islice((i for i in range(world) if i not in present), 8))
     raise InputRejected(
         "input.attest.incomplete",
         f"{src}: the checkpoint is not all there, so it cannot be attested: the per-process RNG state of "
-        f"process(es) {absent[:8]}{' ...' if len(absent) > 8 else ''} is missing ({len(ranks)} of {len(expected)} "
-        "processes wrote theirs) (resume.rank_state_missing)",
+        f"{world - len(ranks)} of {world} processes is missing, first {absent} (resume.rank_state_missing)",
         evidence={
-            "findings": [{"code": "resume.rank_state_missing", "missing": absent, "present": ranks}],
-            "world_size": len(expected),
+            "findings": [{"code": "resume.rank_state_missing", "missing": absent, "present": ranks[:64]}],
+            "world_size": world,
         },
         advice=f"Attest {src} after every process has finished writing (the hooks in ckptgate.hooks wait for "
         "every rank); on several nodes, attest where every process's files are visible.",
     )
 
 
-def _measure(src: Path) -> tuple[Inspection, FixtureDigest]:
+def _measure(src: Path, declared: Mapping[str, Any]) -> tuple[Inspection, FixtureDigest, dict[str, list[Any]]]:
+    """Inspect ``src``, refuse what cannot be attested (before anything is hashed), then hash it."""
     with SafeTree.open(src) as tree:
         inspection = inspect_open_tree(tree)
         _check_whole(src, tree, inspection)
+        measured = measured_topology(inspection.format, inspection.layout, empty_paths(inspection.files))
+        bad = contradictions(declared, measured)
+        if bad:
+            raise UsageError(
+                "usage.topology.contradicts_layout",
+                "the declared topology contradicts what the checkpoint's layout records: "
+                + "; ".join(f"{k} declared {v['declared']}, layout {v['measured']}" for k, v in bad.items()),
+                evidence={"contradictions": bad, "format": inspection.format},
+                advice="Declare the topology the job ran with, or leave that --topology field out: it is measured "
+                "from the layout (`ckptgate attest checkpoint SRC --dry-run` shows what was measured).",
+            )
+        world = measured.get("world_size", [None])
+        _check_rank_states(src, [e.path for e in tree.entries], world[0] if len(world) == 1 else None)
         digest = fixture_digest(tree)
-    return inspection, digest
+    return inspection, digest, measured
 
 
 def _dtypes(x: Any, into: Counter[str]) -> None:
@@ -353,21 +382,9 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
             )
         check_oms_signing(Path(request.key), request.certificate, request.certificate_chain)
     hf_sha256 = "sha256:" + read_hf_config(request.hf_config).digest if request.hf_config is not None else None
-    inspection, digest = _measure(src)
-    measured = measured_topology(inspection.format, inspection.layout, (f.path for f in inspection.files))
-    bad = contradictions(request.topology, measured)
-    if bad:
-        raise UsageError(
-            "usage.topology.contradicts_layout",
-            "the declared topology contradicts what the checkpoint's layout records: "
-            + "; ".join(f"{k} declared {v['declared']}, layout {v['measured']}" for k, v in bad.items()),
-            evidence={"contradictions": bad, "format": inspection.format},
-            advice="Declare the topology the job ran with, or leave that --topology field out: it is measured from "
-            "the layout (`ckptgate attest checkpoint SRC --dry-run` shows what was measured).",
-        )
+    inspection, digest, measured = _measure(src, request.topology)
     topology = {k: v[0] for k, v in measured.items() if len(v) == 1}
     topology.update(request.topology)
-    _check_rank_states(src, [e.path for e in digest.manifest], topology.get("world_size"))
     files = [e.path for e in digest.manifest]
     producers, recorded_base = _producers(request, inspection.format, files)
     code = request.code if request.code is not None else code_ref(request.code_dir)

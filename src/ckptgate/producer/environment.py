@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from ckptgate.verify.training import BaseModel, CodeRef, Producer
 
@@ -101,12 +101,21 @@ def _git(cwd: Path, *args: str) -> str | None:
 
 def public_uri(url: str) -> str:
     """``url`` without the credentials a remote may carry (``https://user:token@host/...``, a token in the
-    query): the statement is signed and, keyless, logged publicly, so a secret written into it is published."""
-    parts = urlsplit(url)
-    if not parts.scheme or "://" not in url:
+    query): the statement is signed and, keyless, logged publicly, so a secret written into it is published.
+    The user name of an ``ssh://`` remote is kept (``git@host:org/repo``, scp-like, is kept whole: it carries
+    no password); a URL that does not parse keeps its scheme and path only."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
         return url  # scp-like ``git@host:org/repo`` (a user name, never a password) or a local path
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    slash = rest.find("/")
+    authority, path = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
+    userinfo, at, host = authority.rpartition("@")
+    user = userinfo.partition(":")[0] if at and scheme.lower() in ("ssh", "git+ssh") else ""
+    try:
+        path = urlsplit(f"{scheme}://h{path}").path  # no query or fragment (a token may ride in either)
+    except ValueError:
+        path = path.partition("?")[0].partition("#")[0]
+    return f"{scheme}://{user + '@' if user else ''}{host}{path}"
 
 
 def code_ref(cwd: Path | None = None) -> CodeRef | None:

@@ -193,6 +193,29 @@ def test_after_deepspeed_save_attests_each_save_into_the_same_save_dir(tmp_path:
     assert _intake(sd, keys, tmp_path / "published", second.path)["decision"]["allow"] is True
 
 
+def test_after_deepspeed_save_names_the_save_by_the_engine_step_when_latest_is_stale(
+    tmp_path: Path, keys: dict
+) -> None:
+    """``save_checkpoint(dir, save_latest=False)`` leaves ``latest`` naming the previous tag: the save is the
+    engine's own default tag, ``global_step<global_steps>``, not the one ``latest`` names."""
+    import shutil
+
+    from ckptgate.hooks import after_deepspeed_save
+
+    class Engine:
+        global_steps = 6
+
+        def zero_optimization_stage(self) -> int:
+            return 2
+
+    sd = tmp_path / "ds"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "data" / "deepspeed_zero2" / "checkpoint", sd)
+    shutil.copytree(sd / "global_step2", sd / "global_step6")  # saved with save_latest=False: latest still says 2
+    done = after_deepspeed_save(Engine(), sd, key=keys["key"], builder_id=BUILDER)
+    assert done is not None and done.path == tmp_path / "ds.global_step6.intoto.dsse.json"
+    assert done.statement["predicate"]["buildDefinition"]["internalParameters"]["step"] == 6
+
+
 _FAILING_SAVE = """
 import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp

@@ -169,8 +169,10 @@ def after_deepspeed_save(engine: Any, save_dir: Path | str, **kwargs: Any) -> At
     """Call on every rank right after ``engine.save_checkpoint(save_dir)`` (or ``(save_dir, tag)``, then pass
     ``tag=``): rank 0 attests ``save_dir`` (its ``latest`` and ``global_stepN/`` partitions) once every rank has
     written its partition.  A training job saves into the same ``save_dir`` again and again, so each save gets
-    its own statement, ``<save_dir>.<tag>.intoto.dsse.json`` (``.sigstore.json`` keyless), the tag being the one
-    ``latest`` names, and its step is the tag's ``global_stepN`` unless ``step`` says."""
+    its own statement, ``<save_dir>.<tag>.intoto.dsse.json`` (``.sigstore.json`` keyless), the tag being
+    DeepSpeed's default, ``global_step<engine.global_steps>``, where that folder is there (``latest`` is stale
+    after ``save_latest=False``), else the one ``latest`` names; its step is the tag's ``global_stepN`` unless
+    ``step`` says."""
     topology = dict(kwargs.pop("topology", None) or {})
     stage = getattr(engine, "zero_optimization_stage", None)
     if callable(stage):
@@ -180,7 +182,10 @@ def after_deepspeed_save(engine: Any, save_dir: Path | str, **kwargs: Any) -> At
     if dist is not None:
         dist.barrier()  # rank 0 writes latest: read it once every rank is past save_checkpoint
     root = Path(save_dir)
-    tag = tag if tag is not None else _latest_tag(root)
+    if tag is None:  # DeepSpeed's own default tag, whose folder this save wrote; else the one ``latest`` names
+        steps = getattr(engine, "global_steps", None)
+        default = f"global_step{steps}" if isinstance(steps, int) and not isinstance(steps, bool) else None
+        tag = default if default is not None and (root / default).is_dir() else _latest_tag(root)
     if tag is not None and kwargs.get("out") is None:
         suffix = SIGSTORE_SUFFIX if kwargs.get("identity_token") is not None else ENVELOPE_SUFFIX
         kwargs["out"] = root.parent / f"{root.name}.{tag}{suffix}"

@@ -415,3 +415,21 @@ def test_a_malformed_discovered_trust_file_is_a_typed_error_naming_it(tmp_path, 
     with pytest.raises(TrustDataError) as e:
         precedence.resolve(precedence.Named(start=tmp_path))
     assert e.value.code == "verify.trust.shape" and str(tmp_path / "trust.json") in e.value.message
+
+
+def test_a_configuration_file_that_cannot_be_copied_whole_is_refused_not_handed_on(tmp_path: Path) -> None:
+    """The private copy fell back to the work-tree path for a file over the limit (or a FIFO): each later
+    reader then read that path again, so a file swapped after the widening check still decided."""
+    import os
+
+    from ckptgate.errors import ConfigError
+    from ckptgate.precedence import _read_once
+
+    big = tmp_path / "trust.json"
+    big.write_bytes(b" " * 65)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    for path in (big, fifo, tmp_path / "absent.json"):
+        with pytest.raises(ConfigError) as e:
+            _read_once(path, limit=64, what="the trust data")
+        assert e.value.code == "usage.config.path" and str(path) in e.value.message

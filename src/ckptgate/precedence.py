@@ -30,7 +30,7 @@ from ckptgate.config import Config, check_owner, discover, load_file
 from ckptgate.decide.bundle import policy_revision
 from ckptgate.decide.inputs import DecisionInput
 from ckptgate.decide.options import EngineOptions
-from ckptgate.errors import ConfigError, UsageError
+from ckptgate.errors import ConfigError, EngineUnavailable, UsageError
 from ckptgate.gitbase import BaseConfig, materialize
 from ckptgate.userfiles import read_regular_file
 from ckptgate.verify.trust import MAX_TRUST_BYTES, TrustData
@@ -138,7 +138,7 @@ def resolve(named: Named, *, judging: bool = False, say: Callable[[str], None] =
         # OPA verifies and loads are one copy, not three reads of a path another bundle can replace
         plain = dataclasses.replace(
             plain,
-            policy_bundle=_read_once(plain.policy_bundle, limit=MAX_BUNDLE_BYTES),
+            policy_bundle=_read_once(plain.policy_bundle, limit=MAX_BUNDLE_BYTES, what="the policy bundle"),
             provenance={**plain.provenance, "policy_bundle": ("signed", str(plain.policy_bundle))},
         )
     if config is None or origin is None:
@@ -159,7 +159,7 @@ def resolve(named: Named, *, judging: bool = False, say: Callable[[str], None] =
         overlay = dataclasses.replace(overlay, doc={k: v for k, v in overlay.doc.items() if k != "signers"})
     policy_dir = named.engine.policy_dir or config.policies
     # the configuration's trust data, read once: the widening check and the verifier read that copy
-    trust_file = named.engine.trust_file or (config.trust and _read_once(config.trust))
+    trust_file = named.engine.trust_file or (config.trust and _read_once(config.trust, what="the trust data"))
     if named.engine.trust_file is None and trust_file is not None and trust_file != config.trust:
         # malformed trust data is its own typed error, named by the configured path, before the
         # widening check compares it (which reads it as JSON and would fail on a malformed shape)
@@ -242,21 +242,48 @@ def _refuse(config: Config, found: list[str]) -> None:
         )
 
 
-def _read_once(path: Path, *, limit: int = MAX_TRUST_BYTES) -> Path:
-    """A private copy of the configuration's file ``path``, read once: every later reader (the
-    widening check, the verifier, the engine) reads these bytes, not a file the work tree can swap
-    between the check and the use.  ``path`` itself where it cannot be read, for the reader to
-    report (and where it is over ``limit`` bytes)."""
+def _read_once(path: Path, *, limit: int = MAX_TRUST_BYTES, what: str) -> Path:
+    """A private copy of ``path`` (the configuration's trust file, a signed policy bundle), read once:
+    every later reader (the widening check, the verifier, the engine) reads these bytes, not a file the
+    work tree can swap between the check and the use.  A file that cannot be read whole is refused here,
+    never handed on by its path (each reader would read it again)."""
     try:
         raw = read_regular_file(path, limit=limit)
-    except OSError:
-        return path
+    except FileNotFoundError:
+        if what == "the policy bundle":  # as the engine says it (exit 6), before this copy was made
+            raise EngineUnavailable("engine.bundle.missing", f"{path} does not exist") from None
+        raise ConfigError(
+            "usage.config.path",
+            f"{what} {path} does not exist",
+            evidence={"file": str(path), "what": what},
+            advice=f"Name an existing file as {what} ({path} is not there).",
+        ) from None
+    except OSError as e:
+        raise ConfigError(
+            "usage.config.path",
+            f"cannot read {what} {path}: {e.strerror or e}",
+            evidence={"file": str(path), "what": what},
+            advice=f"Name a regular file you can read as {what} ({path} is not one).",
+        ) from None
     if len(raw) > limit:
-        return path
+        raise ConfigError(
+            "usage.config.path",
+            f"{what} {path} is larger than {limit} bytes",
+            evidence={"file": str(path), "what": what, "limit": limit},
+            advice=f"Name {what} of at most {limit} bytes ({path} is larger).",
+        )
     tmp = tempfile.TemporaryDirectory(prefix="ckptgate-config-")  # mode 0700
     _kept.append(tmp)
     copy = Path(tmp.name) / path.name
-    copy.write_bytes(raw)
+    try:
+        copy.write_bytes(raw)
+    except OSError as e:
+        raise ConfigError(
+            "usage.config.path",
+            f"cannot keep a private copy of {what} {path} in {tmp.name}: {e.strerror or e}",
+            evidence={"file": str(path), "what": what},
+            advice=f"Free space in {Path(tmp.name).parent} (or set TMPDIR to a directory with room), then run again.",
+        ) from None
     return copy
 
 

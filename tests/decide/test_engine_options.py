@@ -22,6 +22,12 @@ REPO = Path(__file__).resolve().parents[2]
     ({"policy_bundle": Path("b.tar.gz")}, "usage.policy_bundle"),
     ({"policy_bundle": Path("b.tar.gz"), "policy_key": Path("k.pem"), "trust_file": Path("t.json")},
      "usage.policy_bundle"),
+    # a remote engine decides with its own policies: the decision would name a bundle that did not decide
+    ({"opa_url": "http://127.0.0.1:1", "policy_bundle": Path("b.tar.gz"), "policy_key": Path("k.pem")},
+     "usage.policy_bundle"),
+    # an empty URL is not "no URL": the embedded engine decided while the decision named no input
+    ({"opa_url": ""}, "usage.opa_url"),
+    ({"opa_url": "  "}, "usage.opa_url"),
 ])
 def test_bad_options_are_usage_errors(kwargs: dict, code: str) -> None:
     with pytest.raises(UsageError) as e:

@@ -370,3 +370,16 @@ def test_without_opa_the_configuration_loads_and_the_engine_refuses(tmp_path, mo
     monkeypatch.undo()
     with pytest.raises(ConfigError):
         extra_rego_overlays(extra)
+
+
+def test_an_extra_rego_link_is_never_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A committed ``extra/x.rego -> /proc/self/environ``: OPA's parse error quoted the file back, so a pull
+    request could print the CI job's secrets into the refusal.  A link is refused unread."""
+    monkeypatch.setenv("CKPTGATE_TEST_SECRET", "hunter2-SECRET")
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "x.rego").symlink_to("/proc/self/environ")
+    with pytest.raises(ConfigError) as e:
+        check_extra_rego(extra)
+    assert e.value.code == "usage.config.extra_rego"
+    assert "hunter2" not in json.dumps(e.value.to_json())

@@ -364,6 +364,17 @@ def test_a_declared_world_size_is_not_held_against_the_rng_state_files(tmp_path:
     assert rc == 0, doc
 
 
+def test_a_trainer_save_from_fewer_processes_than_declared_is_refused(tmp_path: Path, keys: dict) -> None:
+    """A Trainer writes ``rng_state_<i>.pth`` on every process when there are several: rank 0's alone, with
+    a world of 2 declared, is a node's files missing."""
+    ck = _copy(tmp_path, "trainer_llama")
+    (ck / "checkpoint-2" / "rng_state.pth").rename(ck / "checkpoint-2" / "rng_state_0.pth")
+    rc, doc = _attest(ck / "checkpoint-2", keys, "--dry-run", "--topology", "world_size=2")
+    assert rc == 4, doc
+    assert doc["error"]["code"] == "input.attest.incomplete", doc
+    assert doc["error"]["evidence"]["findings"][0]["missing"] == [1]
+
+
 def test_a_gap_in_the_rng_state_files_is_refused_before_hashing(tmp_path: Path, keys: dict,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Processes 0 and 999999999 wrote theirs: the gap is counted, not listed whole (a list of a billion

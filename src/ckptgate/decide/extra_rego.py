@@ -15,6 +15,7 @@ from typing import Any, TypeGuard
 
 from ckptgate.decide.bundle import find_opa
 from ckptgate.errors import ConfigError, EngineUnavailable
+from ckptgate.userfiles import read_regular_file
 
 EXTRA_IN_BUNDLE = "extra/"
 
@@ -37,6 +38,9 @@ _ADVICE = (
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: sha256 of extra Rego sources that passed :func:`_check_sources` in this process.
 _passed: set[str] = set()
+
+MAX_EXTRA_REGO_BYTES = 1 << 20
+"""The largest module of extra Rego read (1 MiB)."""
 
 
 def extra_rego_files(extra: Path) -> list[Path]:
@@ -85,11 +89,24 @@ def _read_extra(extra: Path, where: str) -> dict[str, bytes]:
     out = {}
     for f in extra_rego_files(extra):
         try:
-            out[f.relative_to(extra).as_posix()] = f.read_bytes()
+            # never through a link (a committed extra_rego/x.rego -> /proc/self/environ would be quoted back
+            # in OPA's parse error), never more than a module can be
+            raw = read_regular_file(f, limit=MAX_EXTRA_REGO_BYTES, follow_symlinks=False)
         except OSError as e:
             raise ConfigError(
-                "usage.config.extra_rego", f"cannot read {f}: {e.strerror or e}", evidence={"file": str(f)}
+                "usage.config.extra_rego",
+                f"cannot read {f}: {e.strerror or e} (a symbolic link is not read)",
+                evidence={"file": str(f)},
+                advice=f"Make {f} a regular Rego file inside {extra}, not a link.",
             ) from None
+        if len(raw) > MAX_EXTRA_REGO_BYTES:
+            raise ConfigError(
+                "usage.config.extra_rego",
+                f"{f} is larger than {MAX_EXTRA_REGO_BYTES} bytes",
+                evidence={"file": str(f), "limit": MAX_EXTRA_REGO_BYTES},
+                advice=f"Split {f} or shorten it: a module of extra Rego is at most {MAX_EXTRA_REGO_BYTES} bytes.",
+            )
+        out[f.relative_to(extra).as_posix()] = raw
     return out
 
 

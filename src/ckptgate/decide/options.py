@@ -62,6 +62,22 @@ class EngineOptions:
                 f"the decision timeout must be a positive number of seconds, not {self.timeout_s!r}",
                 advice="Give --opa-timeout a positive number of seconds, such as --opa-timeout 10.",
             )
+        if self.opa_url is not None and not self.opa_url.strip():
+            # an empty URL is not "no URL": the embedded engine would decide while the decision names no input
+            raise UsageError(
+                "usage.opa_url",
+                "--opa-url (or $CKPTGATE_OPA_URL) is empty",
+                advice="Give --opa-url the remote OPA's URL, such as https://opa.example:8181, or unset "
+                "CKPTGATE_OPA_URL to decide with the embedded engine.",
+            )
+        if self.opa_url is not None and self.policy_bundle is not None:
+            raise UsageError(
+                "usage.policy_bundle",
+                "--policy-bundle cannot be combined with --opa-url: the remote engine decides with its own "
+                "policies and trust data, not the bundle's",
+                advice="Drop --opa-url (and unset CKPTGATE_OPA_URL) to decide with the signed bundle, or drop "
+                "--policy-bundle/--policy-key to decide remotely.",
+            )
         if self.opa_url is not None and self.trust_file is not None:
             raise UsageError(
                 "usage.trust_with_remote_opa",

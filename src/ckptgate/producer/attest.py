@@ -213,17 +213,21 @@ def _check_whole(src: Path, tree: SafeTree, inspection: Inspection) -> None:
         )
 
 
-def _check_rank_states(src: Path, files: list[str], measured_world: Any) -> None:
+def _check_rank_states(src: Path, files: list[str], measured_world: Any, declared_world: Any) -> None:
     """Every process of a Trainer or Accelerate save writes its RNG state: those of processes ``0..`` the
     highest one present, and ``0..world_size-1`` where the layout measures the world size, must all be there (a
-    node's files missing from the folder rank 0 measures).  A declared world size is not held against them: a
-    save called on the main process only writes one."""
+    node's files missing from the folder rank 0 measures).  A declared world size is held against a Trainer's
+    ``rng_state_<i>.pth`` (every process writes one when there are several), not against Accelerate's
+    ``random_states_<i>.pkl`` (``save_state`` called on the main process only writes one)."""
     ranks = rank_state_ranks(files)
     if not ranks:
         return
     world = ranks[-1] + 1
     if isinstance(measured_world, int) and not isinstance(measured_world, bool):
         world = max(world, measured_world)
+    trainer = any(f.startswith("rng_state_") for f in files)
+    if trainer and isinstance(declared_world, int) and not isinstance(declared_world, bool):
+        world = max(world, declared_world)
     if len(ranks) == world:
         return
     present = set(ranks)
@@ -258,7 +262,9 @@ def _measure(src: Path, declared: Mapping[str, Any]) -> tuple[Inspection, Fixtur
                 "from the layout (`ckptgate attest checkpoint SRC --dry-run` shows what was measured).",
             )
         world = measured.get("world_size", [None])
-        _check_rank_states(src, [e.path for e in tree.entries], world[0] if len(world) == 1 else None)
+        _check_rank_states(
+            src, [e.path for e in tree.entries], world[0] if len(world) == 1 else None, declared.get("world_size")
+        )
         digest = fixture_digest(tree)
     return inspection, digest, measured
 

@@ -108,9 +108,10 @@ def public_uri(url: str) -> str:
     if not sep:
         return url  # scp-like ``git@host:org/repo`` (a user name, never a password) or a local path
     slash = rest.find("/")
-    authority, path = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
-    userinfo, at, host = authority.rpartition("@")
-    user = userinfo.partition(":")[0] if at and scheme.lower() in ("ssh", "git+ssh") else ""
+    at = rest.rfind("@", 0, slash if slash >= 0 else len(rest))  # user info may hold '?' or '#', not '/'
+    end = min((i for i in (rest.find(c, at + 1) for c in "/?#") if i >= 0), default=len(rest))
+    userinfo, host, path = rest[: max(at, 0)], rest[at + 1 : end], rest[end:]
+    user = userinfo.partition(":")[0] if at >= 0 and scheme.lower() in ("ssh", "git+ssh") else ""
     try:
         path = urlsplit(f"{scheme}://h{path}").path  # no query or fragment (a token may ride in either)
     except ValueError:

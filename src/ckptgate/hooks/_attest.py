@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import re
 import sys
 from collections.abc import Mapping
@@ -19,6 +21,7 @@ __all__ = ["after_accelerate_save", "after_dcp_save", "after_deepspeed_save", "a
 
 _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _GLOBAL_STEP = re.compile(r"^global_step([0-9]{1,18})$")
+_CALLS = itertools.count()  # this process's hook calls, in order: the key of each call's outcome
 
 
 def _dist() -> Any:
@@ -57,7 +60,7 @@ def attest_saved(
     if main_process is None:
         main_process = dist is None or dist.get_rank() == 0
     if not main_process:
-        _shared_outcome(dist, None, path)  # raises what the main process raised
+        _shared_outcome(dist, None, path, main=False)  # raises what the main process raised
         return None
     try:
         done = _attest_main(
@@ -75,31 +78,38 @@ def attest_saved(
             sigstore_trust_config,
         )
     except BaseException as e:
-        _shared_outcome(dist, e, path)
+        _shared_outcome(dist, e, path, main=True)
         raise
-    _shared_outcome(dist, None, path)
+    _shared_outcome(dist, None, path, main=True)
     return done
 
 
-def _shared_outcome(dist: Any, failure: BaseException | None, path: Path | str) -> None:
-    """With a process group, every rank learns how the main process's attestation went (one
-    ``all_gather_object``): a refusal there is raised on every rank, so no rank trains on into a collective
-    the failed one never reaches."""
+def _shared_outcome(dist: Any, failure: BaseException | None, path: Path | str, *, main: bool) -> None:
+    """With a process group, every rank learns how the main process's attestation went: a refusal there is
+    raised on every rank, so no rank trains on into a collective the failed one never reaches.
+
+    The outcome goes through the process group's store as JSON, never through a tensor collective: a gloo
+    worker thread drops a finished collective's tensors a moment after the call returns, and when the job
+    exits right after its last save (an FSDP model keeps the group alive past ``destroy_process_group``)
+    that drop needs the GIL during interpreter shutdown and aborts the rank (about one run in ten on torch
+    2.13). Nothing is unpickled either. One key per call: every rank calls the hooks in the same order.
+    Keys are not deleted (a few dozen bytes per save on the job's store)."""
     if dist is None:
         return
-    mine = None
-    if failure is not None:
-        mine = (
-            failure.to_json()["error"]
-            if isinstance(failure, Error)
-            else {"code": "runtime.attest.failed", "message": type(failure).__name__}
-        )
-    outcomes: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(outcomes, mine)
-    if failure is not None:
+    store = dist.distributed_c10d._get_default_store()
+    key = f"ckptgate/attest/{next(_CALLS)}"
+    if main:
+        outcome: dict[str, Any] = {"ok": True}
+        if failure is not None:
+            outcome = (
+                failure.to_json()["error"]
+                if isinstance(failure, Error)
+                else {"code": "runtime.attest.failed", "message": type(failure).__name__}
+            )
+        store.set(key, json.dumps(outcome))
         return  # the main process raises its own error
-    failed = next((o for o in outcomes if isinstance(o, dict)), None)
-    if failed is not None:
+    failed = json.loads(store.get(key))
+    if failed.get("ok") is not True:
         raise RuntimeFailure(
             "runtime.attest.failed_on_main",
             f"the main process did not attest {path}: [{failed.get('code')}] {failed.get('message')}",

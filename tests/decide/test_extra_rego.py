@@ -145,6 +145,27 @@ for target, imports in _WITH:
         text = f"package ckptgate_consumer.sub\n\n{imports}{body.format(t=target)}"
         REFUSED.append((f"with {target} in {where}", {"w.rego": text}, "w.rego", {"rule": "x"}))
 
+# A judged change's Rego must not reach the network, the engine's runtime, the clock or randomness (a
+# metadata endpoint's credentials, read with http.send and sent on with another, in pre-merge CI).
+_SEND = 'http.send({"method": "get", "url": "http://169.254.169.254/latest/meta-data/"})'
+for called, body in [
+    ("http.send", f'deny contains {{"code": "x", "message": m}} if {{\n\tm := {_SEND}.raw_body\n}}\n'),
+    ("http.send", f"x if {{\n\t{_SEND}\n}}\n"),
+    ("http.send", f"x := [r | r := {_SEND}]\n"),
+    ("http.send", f"x := 1 if false\n\nelse := 2 if {{\n\tevery y in [1] {{\n\t\t{_SEND}.status_code == y\n\t}}\n}}\n"),
+    ("opa.runtime", "x := opa.runtime().env\n"),
+    ("net.lookup_ip_addr", 'x if net.lookup_ip_addr("exfil.example")\n'),
+    ("time.now_ns", "x if time.now_ns() > 0\n"),
+    ("rand.intn", 'x := rand.intn("a", 10)\n'),
+    ("uuid.rfc4122", 'x := uuid.rfc4122("a")\n'),
+]:
+    text = f"package ckptgate_consumer\n\n{body}"
+    rule = "deny" if body.startswith("deny") else "x"
+    REFUSED.append((f"{called} in {body.split()[0]} ({len(REFUSED)})", {"n.rego": text}, "n.rego",
+                    {"builtin": called, "rule": rule}))
+REFUSED.append(("http.send in a test file", {"n_test.rego": f"package ckptgate_consumer\n\ntest_x if {{\n\t{_SEND}\n}}\n"},
+                "n_test.rego", {"builtin": "http.send", "rule": "test_x"}))
+
 # (case id, {file name: text}): accepted, and still unable to widen.
 ACCEPTED: list[tuple[str, dict[str, str]]] = [
     (f"helpers in package {pkg}", {"a.rego": f"package {pkg}\n\n{WIDEN}"})
@@ -175,6 +196,13 @@ ACCEPTED += [
     (
         "one package across files",
         {"a.rego": f"package ckptgate_consumer.sub\n\n{WIDEN}", "b.rego": "package ckptgate_consumer.sub\n\nmore := 1\n"},
+    ),
+    (
+        "http.send replaced with a mock in a test, never called",
+        {
+            "a_test.rego": "package ckptgate_consumer\n\nmock(_) := {\"status_code\": 200}\n\n"
+            "test_x if {\n\tallow with http.send as mock\n}\n\nallow := true\n"
+        },
     ),
     (
         "with on input and the consumer's own data",

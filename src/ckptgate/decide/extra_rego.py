@@ -5,6 +5,7 @@ bundle as overlays under ``extra/``."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import re
@@ -125,7 +126,7 @@ def _check_sources(extra: Path, sources: dict[str, bytes], opa: str) -> None:
             ) from None
     modules = _parse_modules(extra, texts, opa)
     for rel in sorted(texts):
-        _check_module(extra / rel, modules.get(rel))
+        _check_module(extra / rel, modules.get(rel), _nondeterministic_builtins(opa))
     _passed.add(digest)
 
 
@@ -168,6 +169,26 @@ def _parse_modules(extra: Path, texts: dict[str, str], opa: str) -> dict[str, An
     )
 
 
+@functools.cache
+def _nondeterministic_builtins(opa: str) -> frozenset[str]:
+    """The builtins this OPA marks nondeterministic (``opa capabilities --current``): the network
+    (``http.send``, ``net.lookup_ip_addr``), the engine's runtime and environment (``opa.runtime``), the
+    clock and randomness, and schema checks that may fetch a remote ``$ref``."""
+    try:
+        proc = subprocess.run([opa, "capabilities", "--current"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EngineUnavailable("engine.bundle.build_failed", f"{opa} did not list its builtins: {e}") from None
+    names: set[str] = set()
+    with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        names = {b["name"] for b in json.loads(proc.stdout)["builtins"] if b.get("nondeterministic")}
+    if "http.send" not in names:  # every supported OPA marks it: anything else is not OPA's answer
+        raise EngineUnavailable(
+            "engine.bundle.build_failed",
+            f"{opa} did not list its builtins (opa capabilities --current): {(proc.stderr or proc.stdout)[:500]}",
+        )
+    return frozenset(names)
+
+
 def _refuse(file: Path, message: str, **evidence: str) -> ConfigError:
     return ConfigError(
         "usage.config.extra_rego",
@@ -177,8 +198,10 @@ def _refuse(file: Path, message: str, **evidence: str) -> ConfigError:
     )
 
 
-def _check_module(file: Path, module: Any) -> None:
-    """Refuse a parsed module (OPA's JSON AST) that defines anything outside ``data.ckptgate_consumer``."""
+def _check_module(file: Path, module: Any, nondeterministic: frozenset[str]) -> None:
+    """Refuse a parsed module (OPA's JSON AST) that defines anything outside ``data.ckptgate_consumer``,
+    or that calls a builtin in ``nondeterministic``: a decision is a function of the inputs it names, and a
+    judged change must not reach the network (``http.send`` to a metadata endpoint) or the engine's runtime."""
     if not isinstance(module, dict) or not isinstance(module.get("package"), dict):
         raise _refuse(file, "OPA returned no module for this file")
     path = module["package"].get("path")
@@ -232,6 +255,17 @@ def _check_module(file: Path, module: Any) -> None:
                 package=package,
                 rule=name,
             )
+        for called in _called(rule):
+            if called in nondeterministic:
+                raise _refuse(
+                    file,
+                    f"the rule {name} calls {called}, which OPA marks nondeterministic: extra Rego decides "
+                    "from the input and the bundled data only, never the network, the clock, randomness or "
+                    "the engine's runtime",
+                    package=package,
+                    rule=name,
+                    builtin=called,
+                )
         for target in _with_targets(rule):
             terms = target.get("value") if target.get("type") == "ref" else [target]
             if not _is_ref(terms):
@@ -283,6 +317,22 @@ def _with_targets(node: Any) -> Iterator[dict[str, Any]]:
     elif isinstance(node, list):
         for v in node:
             yield from _with_targets(v)
+
+
+def _called(node: Any) -> Iterator[str]:
+    """The name of every function called anywhere in ``node``: a call term's operator, and the operator of
+    an expression that is a bare call (OPA's AST writes ``f(x)`` alone as ``terms: [f, x]``)."""
+    if isinstance(node, dict):
+        value, terms = node.get("value"), node.get("terms")
+        if node.get("type") == "call" and isinstance(value, list) and value and isinstance(value[0], dict):
+            yield _ref_text(value[0].get("value"))
+        if isinstance(terms, list) and terms and isinstance(terms[0], dict) and terms[0].get("type") == "ref":
+            yield _ref_text(terms[0].get("value"))
+        for v in node.values():
+            yield from _called(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _called(v)
 
 
 def _is_ref(terms: Any) -> TypeGuard[list[dict[str, Any]]]:

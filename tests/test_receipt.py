@@ -204,3 +204,41 @@ def test_an_output_that_is_a_fifo_is_missing_and_never_blocks(tmp_path):
     res = cli("receipt", "verify", tmp_path, "--json")
     assert res.returncode == ExitCode.VERIFICATION_FAILED
     assert [f["status"] for f in json.loads(res.stdout)["files"]] == ["missing"]
+
+
+def test_a_receipt_made_by_a_remote_engine_says_so_and_names_it(published, tmp_path):
+    """A remote OPA decided, yet the receipt named no engine among its inputs and ``receipt verify``
+    said nothing of it: only ``opa_version: null`` told it apart from the embedded engine's."""
+    from ckptgate.decide.engine import EmbeddedOpa
+    from ckptgate.decide.options import TRUST_IN_BUNDLE
+
+    # the server and this client verify with the same trust data: the client's comes from
+    # $CKPTGATE_POLICIES (--trust is refused beside a remote engine)
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    (policies / TRUST_IN_BUNDLE).write_bytes((published["tmp"] / "trust.json").read_bytes())
+    att = published["tmp"] / "att.json"
+    with EmbeddedOpa(policy_dir=policies) as server:
+        token = server._client.headers["Authorization"].split()[1]
+        name = f"http://127.0.0.1:{server._client.port}"
+        env = {**os.environ, "CKPTGATE_POLICIES": str(policies), "CKPTGATE_OPA_TOKEN": token,
+               "CKPTGATE_OPA_URL": f"http://op:pw@127.0.0.1:{server._client.port}/?token=t0ken"}
+        res = subprocess.run([sys.executable, "-m", "ckptgate", "intake", str(published["src"]), "--out",
+                              str(tmp_path / "out"), "--attestation", str(att), "--json"],
+                             capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    receipt = json.loads((tmp_path / "out" / RECEIPT_NAME).read_text())
+    assert "pw" not in json.dumps(receipt) and "t0ken" not in json.dumps(receipt)
+    (remote,) = [i for i in receipt["inputs"] if i["role"] == "remote_engine"]
+    assert (remote["path"], remote["origin"]) == (name, "environment")
+    assert remote["revision"] == receipt["policy_revision"] != "unknown"
+    assert not any(i["role"] == "policy_tree" for i in receipt["inputs"])
+    assert receipt["engine"] == {"kind": "remote", "url": name, "revision": remote["revision"]}
+    assert receipt["opa_version"] is None and receipt["decision"]["engine"] == name
+    checked = cli("receipt", "verify", tmp_path / "out", "--json")
+    assert checked.returncode == 0 and json.loads(checked.stdout)["engine"]["kind"] == "remote"
+    human = cli("receipt", "verify", tmp_path / "out")
+    assert f"engine     remote OPA {name} (bundle revision {remote['revision']})" in human.stdout
+    embedded = cli("receipt", "verify", published["plain"])
+    assert "engine     embedded OPA" in embedded.stdout
+    assert json.loads(cli("receipt", "verify", published["plain"], "--json").stdout)["engine"]["kind"] == "embedded"

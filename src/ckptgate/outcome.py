@@ -92,7 +92,8 @@ def published(
     topology: dict[str, Any] | None = None,
 ) -> IntakeResult:
     """Write the receipt (with ``topology`` when a group of ranks took the input in) and publish."""
-    receipt = receipt_for(src, evaluation, done, opa_version=None if options.opa_url else local_opa_version())
+    remote = evaluation.decision.remote or options.opa_url is not None
+    receipt = receipt_for(src, evaluation, done, opa_version=None if remote else local_opa_version())
     if topology is not None:
         receipt["topology"] = topology
     try:
@@ -160,6 +161,8 @@ def receipt_for(
             **d.to_json("allow", "plane", "permitted_loaders", "required_controls", "reasons", "engine"),
         },
         "policy_revision": d.policy_revision,
+        # which engine decided: a remote OPA by its URL and reported revision, never mistaken for ours
+        "engine": d.engine_json(opa_version),
         "inputs": [i.to_json() for i in d.inputs],
         "containment": _containment_record(evaluation, done),
         "attestations": [

@@ -52,6 +52,9 @@ class ReceiptCheck:
     envelope), ``unchecked`` (an envelope, no key) or ``absent`` (neither)."""
     signature_detail: str | None
     files: tuple[FileCheck, ...]
+    engine: dict[str, Any] | None = None
+    """Which engine the receipt says decided (:func:`engine_of`); authentic only when ``signature``
+    is ``verified``."""
 
     @property
     def ok(self) -> bool:
@@ -64,6 +67,7 @@ class ReceiptCheck:
             "signature": self.signature,
             "signature_detail": self.signature_detail,
             "files": [f.to_json() for f in self.files],
+            "engine": self.engine,
         }
 
 
@@ -160,13 +164,36 @@ def _outputs(receipt: object) -> dict[str, tuple[int, str]]:
     return expected
 
 
+def engine_of(receipt: object) -> dict[str, Any] | None:
+    """The engine a receipt says decided: its ``engine`` record, else (a receipt from before it was
+    written) ``remote`` when an input names a remote engine or the decision's engine is a URL,
+    ``embedded`` with its ``opa_version`` otherwise; None for a receipt that says neither."""
+    if not isinstance(receipt, dict):
+        return None
+    engine = receipt.get("engine")
+    if isinstance(engine, dict) and engine.get("kind") in ("remote", "embedded"):
+        return engine
+    inputs = receipt.get("inputs")
+    for i in inputs if isinstance(inputs, list) else []:
+        if isinstance(i, dict) and i.get("role") == "remote_engine":
+            return {"kind": "remote", "url": i.get("path"), "revision": i.get("revision")}
+    decision = receipt.get("decision")
+    name = decision.get("engine") if isinstance(decision, dict) else None
+    if not isinstance(name, str):
+        return None
+    if "://" in name:
+        return {"kind": "remote", "url": name, "revision": None}
+    return {"kind": "embedded", "opa_version": receipt.get("opa_version")}
+
+
 def verify_receipt(dst: Path, *, key: Path | None = None) -> ReceiptCheck:
     """Check ``dst`` against its receipt; never raises for a mismatch (see :attr:`ReceiptCheck.ok`)."""
     if not dst.is_dir():
         raise UsageError("usage.invalid", f"{dst} is not a directory", advice=_receipt_advice(dst))
     raw = _read(dst / RECEIPT_NAME, "the receipt", _receipt_advice(dst))
     try:
-        expected = _outputs(loads_strict(raw, what="the receipt"))
+        receipt = loads_strict(raw, what="the receipt")
+        expected = _outputs(receipt)
     except ValueError:
         raise UsageError(
             "usage.receipt_invalid",
@@ -190,7 +217,13 @@ def verify_receipt(dst: Path, *, key: Path | None = None) -> ReceiptCheck:
             FileCheck(file=name, status=status, expected_size=size_e, size=size, expected_sha256=sha_e, sha256=sha)
         )
     files += [FileCheck(file=name, status="extra") for name in sorted(present - set(expected))]
-    return ReceiptCheck(destination=str(dst), signature=signature, signature_detail=detail, files=tuple(files))
+    return ReceiptCheck(
+        destination=str(dst),
+        signature=signature,
+        signature_detail=detail,
+        files=tuple(files),
+        engine=engine_of(receipt),
+    )
 
 
-__all__ = ["FileCheck", "ReceiptCheck", "verify_receipt"]
+__all__ = ["FileCheck", "ReceiptCheck", "engine_of", "verify_receipt"]

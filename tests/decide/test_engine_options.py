@@ -93,3 +93,15 @@ def test_the_policy_tree_is_read_once_and_the_bytes_that_decide_are_the_bytes_na
     assert raw.result["allow"] is False
     (tree,) = [i for i in raw.inputs if i.role == "policy_tree"]
     assert tree.sha256 == before != policy_revision(root)
+
+
+def test_the_engine_commands_ignore_ckptgate_trust_as_the_docs_say(monkeypatch, tmp_path: Path) -> None:
+    """$CKPTGATE_TRUST is the default of `attest verify --trust` only: the engine's trust data is
+    --trust, the configuration's, or the policy tree's (docs/user-guide.md#precedence)."""
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"signers": [{"kind": "key"}]}')
+    monkeypatch.setenv("CKPTGATE_TRUST", str(bad))
+    monkeypatch.delenv("CKPTGATE_OPA_URL", raising=False)
+    monkeypatch.delenv("CKPTGATE_POLICIES", raising=False)
+    policies = REPO / "policies"
+    assert load_trust(EngineOptions(policy_dir=policies)).raw == trust_file_in(policies).read_bytes()

@@ -40,6 +40,14 @@ _ENGINE_KEYS = (
 )
 
 
+def _remote_engine_origin() -> dict[str, tuple[str, str]]:
+    """``--opa-url`` taken from ``$CKPTGATE_OPA_URL`` (click's envvar) is named by the environment:
+    the decision's ``remote_engine`` input says so, as ``resolved`` says it for a library caller."""
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source("opa_url") if ctx is not None else None
+    return {"remote_engine": ("environment", "")} if source is click.core.ParameterSource.ENVIRONMENT else {}
+
+
 def engine_options(f: F) -> F:
     """Add the policy-engine options; the command receives them as one ``engine: EngineOptions``."""
 
@@ -64,6 +72,7 @@ def engine_options(f: F) -> F:
                     policy_bundle=values["policy_bundle"],
                     policy_key=values["policy_key"],
                     sigstore_trust_root=values["sigstore_trust_root"],
+                    provenance=_remote_engine_origin(),
                 ),
                 config=values["config_file"],
                 isolated=values["isolated"],

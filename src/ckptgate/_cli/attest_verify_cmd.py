@@ -23,7 +23,12 @@ from ckptgate.errors import InputRejected, UsageError
     help="Measure this checkpoint as intake does instead of --digest: a statement with a subject per file "
     "(training provenance, SLSA) binds file by file.",
 )
-@click.option("--trust", "trust_path", default=None, help="Trust data (default: the bundled policies' trust data).")
+@click.option(
+    "--trust",
+    "trust_path",
+    default=None,
+    help="Trust data (default: $CKPTGATE_TRUST, else the bundled policies' trust data).",
+)
 @click.option(
     "--sigstore-trust-root", default=None, help="trusted_root.json for Sigstore bundles ('production': embedded)."
 )

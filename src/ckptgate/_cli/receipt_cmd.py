@@ -41,6 +41,17 @@ def register(cli: click.Group) -> None:
                     + (f" ({result.signature_detail})" if result.signature_detail else "")
                 )
             )
+            engine = result.engine or {}
+            if engine.get("kind") == "remote":
+                revision = engine.get("revision")
+                stdout.print(
+                    shown(
+                        f"engine     remote OPA {engine.get('url')}"
+                        + (f" (bundle revision {revision})" if revision else " (no bundle revision reported)")
+                    )
+                )
+            elif engine.get("kind") == "embedded":
+                stdout.print(shown(f"engine     embedded OPA {engine.get('opa_version') or '(version not recorded)'}"))
             for f in result.files:
                 stdout.print(shown(f"{f.status:<15} {f.file}"))
             stdout.print("receipt verified" if result.ok else "receipt does NOT match (exit 5)")

@@ -104,7 +104,22 @@ class Decision:
     def remote(self) -> bool:
         """Whether a remote OPA (``--opa-url``) decided: its name is its URL, and its own bundle holds
         the trust data it decided with (``--trust`` is refused with it)."""
-        return "://" in self.engine
+        return "://" in self.engine or self.remote_engine is not None
+
+    @property
+    def remote_engine(self) -> DecisionInput | None:
+        """The input that names the remote OPA that decided (role ``remote_engine``), or None."""
+        return next((i for i in self.inputs if i.role == "remote_engine"), None)
+
+    def engine_json(self, opa_version: str | None) -> dict[str, Any]:
+        """Which engine decided, as the receipt and the report record it: ``remote`` with its URL (no
+        credentials) and the bundle revision it reported, or ``embedded`` with the local OPA's version."""
+        remote = self.remote_engine
+        if remote is not None:
+            return {"kind": "remote", "url": remote.path, "revision": remote.revision}
+        if self.remote:  # a decision from before the input was named: its engine is its URL
+            return {"kind": "remote", "url": self.engine, "revision": None}
+        return {"kind": "embedded", "opa_version": opa_version}
 
     @property
     def exit_code(self) -> ExitCode:
@@ -361,6 +376,8 @@ def decision_from_json(doc: dict[str, Any]) -> Decision:
                 )
                 for r in v
             )
+        elif f.name == "inputs":
+            v = tuple(DecisionInput.from_json(i) for i in v)
         elif isinstance(v, list):
             v = tuple(v)
         values[f.name] = v

@@ -25,6 +25,7 @@ The embedded server:
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import hashlib
 import os
@@ -45,7 +46,7 @@ from ckptgate.decide._opaproc import die_with_parent as _die_with_parent
 from ckptgate.decide._opaproc import free_port as _free_port
 from ckptgate.decide._opaproc import tail as _tail
 from ckptgate.decide.bundle import PolicyBundle, find_opa
-from ckptgate.decide.inputs import DecisionInput
+from ckptgate.decide.inputs import DecisionInput, sha256_of
 from ckptgate.errors import EngineUnavailable
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -107,14 +108,18 @@ class _ClientEngine:
             )
         bundles = (body.get("provenance") or {}).get("bundles") or {}
         revisions = sorted({str(b.get("revision", "")) for b in bundles.values() if isinstance(b, dict)})
-        revision = ",".join(r for r in revisions if r) or self._revision or "unknown"
+        reported = ",".join(r for r in revisions if r)
         return RawDecision(
             result=body["result"],
             decision_id=str(body.get("decision_id") or ""),
-            policy_revision=revision,
+            policy_revision=reported or self._revision or "unknown",
             engine=self._name,
-            inputs=self._inputs,
+            inputs=self._decided_with(reported or None),
         )
+
+    def _decided_with(self, reported: str | None) -> tuple[DecisionInput, ...]:
+        """The inputs one decision names; a remote engine's carries what it reported of its bundles."""
+        return self._inputs
 
 
 class RemoteOpa(_ClientEngine):
@@ -127,36 +132,78 @@ class RemoteOpa(_ClientEngine):
         token: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         inputs: tuple[DecisionInput, ...] = (),
+        origin: str = "explicit",
     ) -> None:
+        scheme, host, port = _remote_address(url)
+        self._client = OpaHttp(host=host, port=port, ssl=scheme == "https", token=token, timeout=timeout_s)
+        self._name = remote_engine_name(url)  # Decision.remote reads the scheme
+        if not any(i.role == "remote_engine" for i in inputs):  # every decision names the engine that made it
+            inputs = (*inputs, remote_engine_input(url, origin))
         self._inputs = inputs
-        try:
-            parsed = urlparse(url)
-            explicit_port = parsed.port  # raises ValueError for a port that is not a number in range
-        except ValueError:
-            parsed, explicit_port = None, None
-        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise EngineUnavailable("engine.remote.bad_url", f"--opa-url must be http(s)://host:port, got {url!r}")
-        if parsed.scheme == "http" and parsed.hostname not in ("127.0.0.1", "::1", "localhost"):
-            raise EngineUnavailable(
-                "engine.remote.insecure",
-                f"{url!r} is plain http to another host: the bearer "
-                "token and the decisions would travel unprotected; use https",
-                advice=f"Pass --opa-url https://{parsed.hostname}:PORT (OPA served over TLS), or reach it "
-                "through a loopback tunnel: --opa-url http://127.0.0.1:PORT.",
-            )
-        port = explicit_port or (443 if parsed.scheme == "https" else 80)
-        self._client = OpaHttp(
-            host=parsed.hostname, port=port, ssl=parsed.scheme == "https", token=token, timeout=timeout_s
-        )
-        self._name = f"{parsed.scheme}://{parsed.hostname}:{port}"  # is_remote_engine() reads the scheme
         self._revision = ""
         if not self._client.check_health():
             raise EngineUnavailable(
                 "engine.remote.unhealthy", f"the OPA at {self._name} is not healthy or not reachable"
             )
 
+    def _decided_with(self, reported: str | None) -> tuple[DecisionInput, ...]:
+        return tuple(
+            dataclasses.replace(i, revision=reported) if i.role == "remote_engine" else i for i in self._inputs
+        )
+
     def close(self) -> None:
         """Nothing to release: every exchange closes its own connection."""
+
+
+def _remote_address(url: str) -> tuple[str, str, int]:
+    """The scheme, host and port of the remote OPA at ``url``; a URL that is not ``http(s)://host[:port]``
+    and plain http to another host than this one are refused (``engine.remote.*``, a deny)."""
+    try:
+        parsed = urlparse(url)
+        explicit_port = parsed.port  # raises ValueError for a port that is not a number in range
+    except ValueError:
+        parsed, explicit_port = None, None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise EngineUnavailable(
+            "engine.remote.bad_url",
+            f"--opa-url must be http(s)://host:port, got {remote_engine_shown(url)!r}",
+            advice=f"Pass --opa-url (or set CKPTGATE_OPA_URL to) the server's https://HOST:PORT; "
+            f"{remote_engine_shown(url)!r} is not one.",
+        )
+    if parsed.scheme == "http" and parsed.hostname not in ("127.0.0.1", "::1", "localhost"):
+        raise EngineUnavailable(
+            "engine.remote.insecure",
+            f"{remote_engine_shown(url)!r} is plain http to another host: the bearer "
+            "token and the decisions would travel unprotected; use https",
+            advice=f"Pass --opa-url https://{parsed.hostname}:PORT (OPA served over TLS), or reach it "
+            "through a loopback tunnel: --opa-url http://127.0.0.1:PORT.",
+        )
+    return parsed.scheme, parsed.hostname, explicit_port or (443 if parsed.scheme == "https" else 80)
+
+
+def remote_engine_shown(url: str) -> str:
+    """``url`` as an error may quote it: without the user name, password, query or fragment it may carry."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    rest = rest.split("#", 1)[0].split("?", 1)[0]  # a token may ride in the query
+    authority, slash, tail = rest.partition("/")
+    return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{tail}"
+
+
+def remote_engine_name(url: str) -> str:
+    """The remote OPA at ``url`` as decisions, receipts and reports name it: ``scheme://host:port``,
+    never the credentials, path, query or fragment the URL may carry (a token in ``?token=``)."""
+    scheme, host, port = _remote_address(url)
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def remote_engine_input(url: str, origin: str) -> DecisionInput:
+    """The decision input that names the remote OPA at ``url`` (``origin``: who named it): its name,
+    and the sha256 of that name.  Its policies, data and trust are the server's, which ckptgate never
+    reads; what the server reports of its bundles is added to each decision (``revision``)."""
+    name = remote_engine_name(url)
+    return DecisionInput(role="remote_engine", path=name, origin=origin, sha256=sha256_of(name.encode()))
 
 
 class EmbeddedOpa(_ClientEngine):
@@ -413,7 +460,8 @@ def open_engine(
     url = opa_url or os.environ.get("CKPTGATE_OPA_URL")
     if url:
         token = opa_token or os.environ.get("CKPTGATE_OPA_TOKEN")
-        return RemoteOpa(url, token=token, timeout_s=timeout_s, inputs=inputs)
+        origin = "explicit" if opa_url else "environment"
+        return RemoteOpa(url, token=token, timeout_s=timeout_s, inputs=inputs, origin=origin)
     return EmbeddedOpa(
         bundle=bundle,
         policy_dir=policy_dir,

@@ -14,7 +14,13 @@ embedded engine's policy revision covers it (:func:`revision_document`).
 * ``discovered``: found from the current directory (the work tree a change under review can edit);
 * ``base``: read from the git object store at ``--base REV`` (immutable objects, not the work tree);
 * ``bundled``: installed with ckptgate (the package's policies and trust data);
-* ``signed``: a signed policy bundle, verified by OPA at start-up, or a remote engine's own.
+* ``signed``: a signed policy bundle, verified by OPA at start-up.
+
+A remote OPA (``--opa-url``, ``$CKPTGATE_OPA_URL``) decides with policies, data and trust that
+ckptgate never reads: its input (role ``remote_engine``, origin ``explicit`` or ``environment``)
+names it by its URL without credentials, path or query (``https://host:port``), with the sha256 of
+that URL, and carries the ``revision`` the server reported of its bundles for that decision (null
+when it reported none).  Only that role has a ``revision``.
 """
 
 from __future__ import annotations
@@ -55,15 +61,33 @@ class DecisionInput:
     path: str
     origin: str
     sha256: str
+    #: ``remote_engine`` only: the bundle revision(s) the server reported with the decision, or None
+    revision: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES or self.origin not in ORIGINS:
             raise ValueError(f"decision input {self.role!r} from {self.origin!r}: unknown role or origin")
         if not self.sha256.startswith("sha256:") or len(self.sha256) != 71:
             raise ValueError(f"decision input {self.path!r}: not a sha256 digest: {self.sha256!r}")
+        if self.revision is not None and self.role != "remote_engine":
+            raise ValueError(f"decision input {self.path!r}: only a remote engine reports a revision")
 
     def to_json(self) -> dict[str, Any]:
-        return {"role": self.role, "path": self.path, "origin": self.origin, "sha256": self.sha256}
+        doc: dict[str, Any] = {"role": self.role, "path": self.path, "origin": self.origin, "sha256": self.sha256}
+        if self.role == "remote_engine":
+            doc["revision"] = self.revision
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> DecisionInput:
+        """The input :meth:`to_json` wrote (a rank's decision sent to the others, a receipt read back)."""
+        return cls(
+            role=doc["role"],
+            path=doc["path"],
+            origin=doc["origin"],
+            sha256=doc["sha256"],
+            revision=doc.get("revision"),
+        )
 
 
 def revision_document(inputs: Iterable[DecisionInput]) -> dict[str, Any]:

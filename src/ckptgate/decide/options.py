@@ -23,7 +23,7 @@ from typing import Any
 from ckptgate._json import loads_strict
 from ckptgate._resources import default_policy_dir
 from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, policy_revision, read_policy_files
-from ckptgate.decide.engine import PolicyEngine, open_engine
+from ckptgate.decide.engine import PolicyEngine, open_engine, remote_engine_input
 from ckptgate.decide.extra_rego import EXTRA_IN_BUNDLE, extra_rego_overlays
 from ckptgate.decide.inputs import DecisionInput, revision_document, sha256_of
 from ckptgate.errors import UsageError
@@ -170,6 +170,7 @@ def resolved(options: EngineOptions) -> EngineOptions:
         options,
         opa_url=url,
         opa_token=options.opa_token or os.environ.get(OPA_TOKEN_ENV),
+        provenance={**options.provenance, "remote_engine": ("environment", "")},
     )
 
 
@@ -250,6 +251,9 @@ def decision_inputs(
         out.append(
             DecisionInput(role="policy_tree", path=path, origin=origin, sha256=policy_revision(tree, files=files))
         )
+    else:  # the engine that decides, by its URL without credentials (never the URL as given)
+        origin, _ = named("remote_engine", "")
+        out.append(remote_engine_input(options.opa_url, origin))
     if options.policy_data is not None:
         origin, path = named("overlay", options.policy_data.source)
         out.append(DecisionInput(role="overlay", path=path, origin=origin, sha256=options.policy_data.sha256))

@@ -115,9 +115,9 @@ def build_report(
             "ckptgate_version": __version__,
             "policy_revision": d.policy_revision,
             "trust_data": {"source": trust.source, "sha256": f"sha256:{hashlib.sha256(trust.raw).hexdigest()}"},
-            "engine": {"kind": "remote", "url": options.opa_url}
-            if options.opa_url
-            else {"kind": "embedded", "opa_version": opa_version()},
+            # from the decision, not the options: $CKPTGATE_OPA_URL may have named the engine, and
+            # the URL as given may carry credentials
+            "engine": d.engine_json(None if d.remote else opa_version()),
         },
         "checkpoint": {
             "path": str(Path(path).absolute()),
@@ -253,7 +253,8 @@ def engine_text(doc: dict[str, Any]) -> str:
     """Which OPA decided, as a filed record wants it: its version, or the server it was asked."""
     engine = (doc.get("generated") or {}).get("engine") or {}
     if engine.get("kind") == "remote":
-        return f"OPA server {engine.get('url')}"
+        revision = engine.get("revision")
+        return f"OPA server {engine.get('url')}" + (f", bundle revision {revision}" if revision else "")
     return f"OPA {engine.get('opa_version') or '(version not reported)'}, embedded: started and owned by this run"
 
 

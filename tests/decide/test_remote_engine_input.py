@@ -138,3 +138,20 @@ def test_only_a_remote_engine_reports_a_revision() -> None:
         DecisionInput(role="trust", path="t.json", origin="explicit", sha256=sha256_of(b""), revision="r")
     assert "revision" not in DecisionInput(role="trust", path="t.json", origin="explicit",
                                            sha256=sha256_of(b"")).to_json()
+
+
+def test_a_remote_decision_names_the_local_trust_python_verified_signatures_with(policy_dir, monkeypatch) -> None:
+    """Python checks every signature against the local trust data, whichever engine decides: a key missing
+    there leaves a signature unverified, so that file shapes a remote decision too and is named in it."""
+    from ckptgate.decide.options import engine_for, load_trust
+
+    monkeypatch.delenv("CKPTGATE_OPA_URL", raising=False)
+    with EmbeddedOpa(policy_dir=policy_dir(ALLOW)) as server:
+        token = server._client.headers["Authorization"].split()[1]
+        options = EngineOptions(opa_url=f"http://127.0.0.1:{server._client.port}", opa_token=token)
+        trust = load_trust(options)
+        with engine_for(options) as remote:
+            raw = remote.evaluate("ckptgate/intake/decision", {})
+    roles = {i.role: i for i in raw.inputs}
+    assert set(roles) == {"remote_engine", "trust"}
+    assert roles["trust"].sha256 == sha256_of(trust.raw) and roles["trust"].origin == "bundled"

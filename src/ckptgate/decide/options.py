@@ -127,15 +127,18 @@ def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterat
     overlays: dict[str, bytes] = {}
     local = options.opa_url is None and options.policy_bundle is None
     files = None
+    if options.policy_bundle is None:  # Python verifies signatures with it, whichever engine decides
+        trust = trust or load_trust(options)
     if local:  # the policy tree, read once: the bytes its input names are the bytes staged for OPA
         files = read_policy_files(options.policy_dir or default_policy_dir())
-        trust = trust or load_trust(options)
+        assert trust is not None
         overlays[TRUST_IN_BUNDLE] = trust.raw  # the engine decides with the very bytes named and hashed
         if options.policy_data is not None:
             overlays.update(options.policy_data.overlays(options.policy_dir or default_policy_dir()))
         if options.extra_rego is not None:
             overlays.update(extra_rego_overlays(options.extra_rego))
-    inputs = decision_inputs(options, trust if local else None, overlays, files)
+    # a signed bundle's trust data is named by the bundle's digest; every other is named as the trust input
+    inputs = decision_inputs(options, trust if options.policy_bundle is None else None, overlays, files)
     if local:  # the embedded engine's policy revision covers every input, the configuration included
         overlays[INPUTS_IN_BUNDLE] = json.dumps(revision_document(inputs), sort_keys=True).encode()
     bundle = None
@@ -161,7 +164,8 @@ def resolved(options: EngineOptions) -> EngineOptions:
     """``options`` with the remote engine ``$CKPTGATE_OPA_URL`` names (and ``$CKPTGATE_OPA_TOKEN``)
     made explicit, so the engine that decides is the engine the options describe: the checks that
     refuse ``--trust`` or an overlay beside a remote engine apply, and the decision's inputs name
-    no local trust, policy tree or extra Rego that did not decide.  The engine itself reads no
+    no local policy tree or extra Rego that did not decide (they do name the local trust data Python
+    verified signatures with: a key it lacks leaves a signature unverified, whichever engine decides).  The engine itself reads no
     environment variable behind them (:func:`~ckptgate.decide.engine.open_engine` is given the URL)."""
     url = os.environ.get(OPA_URL_ENV)
     if options.opa_url is not None or not url:

@@ -563,3 +563,82 @@ def test_deepspeed_universal_fixture_fp32_values(name: str) -> None:
         assert torch.equal(got.to(v.dtype), v), k
         checked += 1
     assert checked
+
+
+DEEPSPEED_ZERO = sorted(p.name for p in FIXTURES.iterdir()
+                        if p.name.startswith(("deepspeed_zero", "trainer_deepspeed")))
+
+
+def _deepspeed_copy(name: str, tmp_path: Path) -> tuple[Path, Path]:
+    """A real DeepSpeed save copied: its root (beside ``latest``) and its tag folder."""
+    import shutil
+
+    src, _ = _fixture(name)
+    shutil.copytree(src / "checkpoint", tmp_path / "ck")
+    root = next((tmp_path / "ck").rglob("latest")).parent
+    return root, root / (root / "latest").read_text().strip()
+
+
+@pytest.mark.parametrize("name", DEEPSPEED_ZERO)
+def test_a_deepspeed_tag_missing_a_model_states_file_is_incomplete(name: str, tmp_path: Path) -> None:
+    """Optimizer partitions without mp_rank_00_model_states.pt (ZeRO-3: one rank's zero_pp_rank_<r>_ model
+    states) used to have no finding, and `attest checkpoint` signed the rest."""
+    root, tag = _deepspeed_copy(name, tmp_path)
+    assert not {"deepspeed.model_states_missing", "deepspeed.ranks_incomplete"} & _codes(inspect_tree(root))
+    model = sorted(tag.glob("*model_states.pt"))[-1]
+    model.unlink()
+    insp = inspect_tree(root)
+    found = [f for f in insp.findings if f.code == "deepspeed.model_states_missing"]
+    assert len(found) == 1 and found[0].evidence["missing"] == [model.name], insp.findings
+    assert "deepspeed.ranks_incomplete" not in _codes(insp)
+
+
+@pytest.mark.parametrize("name", DEEPSPEED_ZERO)
+def test_a_deepspeed_tag_missing_its_last_optimizer_partition_is_incomplete(name: str, tmp_path: Path) -> None:
+    """The highest data-parallel rank's partition missing left ranks 0..N-2, which looked whole: the world size
+    the model states record (dp_world_size; ZeRO-3: their zero_pp_rank_<r> names) says otherwise."""
+    root, tag = _deepspeed_copy(name, tmp_path)
+    optim = sorted(tag.glob("*optim_states.pt"))[-1]
+    optim.unlink()
+    insp = inspect_tree(root)
+    found = [f for f in insp.findings if f.code == "deepspeed.ranks_incomplete"]
+    assert len(found) == 1 and found[0].evidence["missing"] == [optim.name], insp.findings
+    assert "deepspeed.model_states_missing" not in _codes(insp)
+
+
+def _deepspeed_mp(root: Path, mp: int, dp: int, *, skip: tuple[str, ...] = (), huge_rank: bool = False) -> Path:
+    """A synthetic tensor-parallel ZeRO-1/2 save: one model-states file per mp rank, dp partitions of each."""
+    from collections import OrderedDict
+
+    tag = root / "global_step2"
+    tag.mkdir(parents=True)
+    write(root, "latest", "global_step2")
+    for m in range(mp):
+        name = f"mp_rank_{m:02d}_model_states.pt"
+        if name not in skip:
+            torch.save({"module": OrderedDict(w=torch.ones(2)), "dp_world_size": dp, "mp_world_size": mp},
+                       tag / name)
+        for r in range(dp):
+            name = f"zero_pp_rank_{r}_mp_rank_{m:02d}_optim_states.pt"
+            if name not in skip:
+                torch.save({"optimizer_state_dict": {}}, tag / name)
+    if huge_rank:
+        torch.save({"optimizer_state_dict": {}}, tag / "zero_pp_rank_4000000000_mp_rank_00_optim_states.pt")
+    return root
+
+
+def test_a_tensor_parallel_deepspeed_save_is_whole_and_a_missing_rank_is_named(tmp_path: Path) -> None:
+    """Two mp ranks each with partitions 0..N-1 used to read as ranks [0, 0, 1, 1], "not 0..N-1"."""
+    assert not {"deepspeed.ranks_incomplete", "deepspeed.model_states_missing"} & _codes(
+        inspect_tree(_deepspeed_mp(tmp_path / "whole", 2, 2)))
+    insp = inspect_tree(_deepspeed_mp(tmp_path / "gap", 2, 2, skip=("mp_rank_01_model_states.pt",
+                                                                   "zero_pp_rank_1_mp_rank_01_optim_states.pt")))
+    by_code = {f.code: f for f in insp.findings}
+    assert by_code["deepspeed.model_states_missing"].evidence["missing"] == ["mp_rank_01_model_states.pt"]
+    assert by_code["deepspeed.ranks_incomplete"].evidence["missing"] == ["zero_pp_rank_1_mp_rank_01_optim_states.pt"]
+
+
+def test_a_rank_number_out_of_all_proportion_is_counted_not_listed(tmp_path: Path) -> None:
+    insp = inspect_tree(_deepspeed_mp(tmp_path, 1, 2, huge_rank=True))
+    f = next(f for f in insp.findings if f.code == "deepspeed.ranks_incomplete")
+    assert len(f.evidence["missing"]) == 64 and "3999999998" in f.message

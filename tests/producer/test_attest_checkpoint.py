@@ -393,3 +393,18 @@ def test_a_gap_in_the_rng_state_files_is_refused_before_hashing(tmp_path: Path, 
     assert e.value.code == "input.attest.incomplete"
     finding = e.value.evidence["findings"][0]
     assert finding["missing"] == list(range(1, 9)) and e.value.evidence["world_size"] == 1_000_000_000
+
+
+@pytest.mark.parametrize(("name", "gone"), [
+    ("deepspeed_zero2", "mp_rank_00_model_states.pt"),
+    ("deepspeed_zero3", "zero_pp_rank_1_mp_rank_00_model_states.pt"),
+    ("deepspeed_zero2", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"),
+])
+def test_a_deepspeed_save_missing_a_ranks_file_is_refused(tmp_path: Path, keys: dict, name: str, gone: str) -> None:
+    """A tag folder without its model-states file (or the last rank's optimizer partition) used to be signed."""
+    ck = _copy(tmp_path, name)
+    (ck / "global_step2" / gone).unlink()
+    rc, doc = _attest(ck, keys)
+    assert rc == 4, doc
+    assert doc["error"]["code"] == "input.attest.incomplete" and gone in doc["error"]["message"], doc
+    assert not (tmp_path / f"{name}.intoto.dsse.json").exists()

@@ -111,3 +111,32 @@ def test_keygen_writes_no_key_pair_when_its_trust_file_cannot_be_written(tmp_pat
     err = json.loads(r.stdout)["error"]
     assert r.returncode == 2 and err["code"] == "usage.exists" and "--trust-out" in err["advice"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trust.json"]
+
+
+def test_add_with_two_envelopes_for_one_statement_writes_nothing(tmp_path: Path) -> None:
+    """Issue: `attest add` wrote the envelopes before the conflicting one, then failed (partial store, no
+    index).  Now every conflict, also between two FILES of the call, is found before anything is written."""
+    for k in ("k1", "k2"):
+        assert run("attest", "keygen", "--out", k, cwd=tmp_path).returncode == 0
+    (tmp_path / "predicate.json").write_text(json.dumps(STATEMENT["predicate"]))
+    (tmp_path / "other.json").write_text(json.dumps({**STATEMENT["predicate"], "candidate_commit": "f" * 40}))
+    for key, predicate, out in (("k1", "other.json", "b.dsse.json"), ("k1", "predicate.json", "a1.dsse.json"),
+                                ("k2", "predicate.json", "a2.dsse.json")):
+        r = run("attest", "sign", "--predicate", predicate, "--subject-digest", "sha256:" + FIXTURE_HEX,
+                "--key", f"{key}.pem", "--out", out, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+    r = run("attest", "add", "b.dsse.json", "a1.dsse.json", "a2.dsse.json", "--store", "store", "--json",
+            cwd=tmp_path)
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 5 and err["code"] == "verify.store.conflict" and "Traceback" not in r.stderr
+    assert "a1.dsse.json" in err["message"] and "a2.dsse.json" in err["message"]
+    assert not (tmp_path / "store").exists()
+    r = run("attest", "add", "a1.dsse.json", "--store", "store", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    before = sorted((p.relative_to(tmp_path).as_posix(), p.read_bytes()) for p in (tmp_path / "store").rglob("*")
+                    if p.is_file())
+    r = run("attest", "add", "b.dsse.json", "a2.dsse.json", "--store", "store", "--json", cwd=tmp_path)
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 5 and err["code"] == "verify.store.conflict" and "a2.dsse.json" in err["message"]
+    assert sorted((p.relative_to(tmp_path).as_posix(), p.read_bytes()) for p in (tmp_path / "store").rglob("*")
+                  if p.is_file()) == before

@@ -84,3 +84,64 @@ def test_a_corrupt_stored_entry_is_named_and_a_conflict_is_found_before_writing(
     with pytest.raises(VerificationError) as ei:  # the index names the file that is wrong
         store.index_bytes()
     assert ei.value.code == "verify.store.entry_invalid" and str(dest) in ei.value.message
+
+
+def _listing(root) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_two_envelopes_for_one_statement_in_one_call_store_nothing(tmp_path, ed_signer, ec_signer) -> None:
+    """The same statement signed by two keys lands at one name: the second used to be refused only after the
+    first (and every one before it) was written, with no index."""
+    store = AttestationStore(tmp_path / "store")
+    other = sign_statement(statement(candidate_commit="f" * 40), ed_signer)
+    a, b = sign_statement(STATEMENT, ed_signer), sign_statement(STATEMENT, ec_signer)
+    with pytest.raises(VerificationError) as ei:
+        store.add_all([other, a, b], names=["other.json", "a.json", "b.json"])
+    assert ei.value.code == "verify.store.conflict"
+    assert "a.json" in ei.value.message and "b.json" in ei.value.message
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_conflict_with_a_stored_envelope_leaves_the_store_as_it_was(tmp_path, ed_signer, ec_signer) -> None:
+    store = AttestationStore(tmp_path)
+    store.add(sign_statement(STATEMENT, ed_signer))
+    before = _listing(tmp_path)
+    with pytest.raises(VerificationError) as ei:
+        store.add_all([sign_statement(statement(candidate_commit="f" * 40), ed_signer),
+                       sign_statement(STATEMENT, ec_signer)], names=["new.json", "b.json"])
+    assert ei.value.code == "verify.store.conflict" and "b.json" in ei.value.message
+    assert _listing(tmp_path) == before
+
+
+def test_the_same_envelope_twice_in_one_call_is_stored_once(tmp_path, ed_signer) -> None:
+    store = AttestationStore(tmp_path)
+    a = sign_statement(STATEMENT, ed_signer)
+    pa, pb = store.add_all([a, a])
+    assert pa == pb and [e.path for e in store.entries()] == [pa.relative_to(tmp_path).as_posix()]
+
+
+@pytest.mark.parametrize("fail_at", [2, 3])  # the second envelope; the index, after both envelopes
+def test_a_write_that_fails_part_way_takes_back_what_was_written(tmp_path, ed_signer, monkeypatch, fail_at) -> None:
+    import ckptgate.verify.store as store_module
+
+    store = AttestationStore(tmp_path / "store")
+    store.add(sign_statement(statement(candidate_commit="e" * 40), ed_signer))
+    before = _listing(tmp_path / "store")
+    real, calls = store_module.replace_whole, []
+
+    def failing(path, data, **kw):
+        calls.append(path)
+        if len(calls) == fail_at:
+            raise OSError(28, "No space left on device")
+        real(path, data, **kw)
+
+    monkeypatch.setattr(store_module, "replace_whole", failing)
+    other_subject = statement(candidate_commit="f" * 40)
+    other_subject["subject"] = [{"name": "x", "digest": {"sha256": "cd" * 32}}]
+    other_subject["predicate"]["fixture"]["digest"] = "sha256:" + "cd" * 32
+    with pytest.raises(OSError):
+        store.add_all([sign_statement(STATEMENT, ed_signer), sign_statement(other_subject, ed_signer)])
+    assert len(calls) == fail_at
+    assert _listing(tmp_path / "store") == before
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == sorted({k.split("/")[0] for k in before})

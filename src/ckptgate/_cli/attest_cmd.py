@@ -358,12 +358,8 @@ def add(files: tuple[str, ...], store_root: str | None, as_json: bool) -> None:
         )
     store = AttestationStore(store_root)
     raws = [_read(f, "attestation") for f in files]
-    for raw in raws:  # every one is a readable statement before any is stored
-        store.path_for(raw)
-    store.index_bytes()  # and every stored one is, or the index could not be rebuilt after storing
-    try:
-        paths = [str(store.add(raw, reindex=False)) for raw in raws]
-        store.rebuild_index()
+    try:  # all or nothing: every envelope and conflict (with the store, or between two of FILES) checked first
+        paths = [str(p) for p in store.add_all(raws, names=list(files))]
     except OSError as e:
         raise UsageError(
             "usage.store",

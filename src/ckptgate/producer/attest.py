@@ -150,6 +150,7 @@ INCOMPLETE_FINDINGS = frozenset(
         "dcp.metadata_unreadable",
         "dcp.metadata_unresolved",
         "dcp.storage_file_missing",
+        "deepspeed.model_states_missing",
         "deepspeed.ranks_incomplete",
         "deepspeed.tag_missing",
         "index.missing_shard",

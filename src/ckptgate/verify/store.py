@@ -8,14 +8,20 @@ Layout::
       sha256-<subject hex>/<slug>-<payload sha256[:16]>.sigstore.json  # Sigstore bundle
 
 Storing is not trusting: :meth:`AttestationStore.add` checks structure only; verify at use.
+
+Storing several is all or nothing (:meth:`AttestationStore.add_all`): every envelope, every conflict (with a
+stored file or between two of them) and the new index are checked before the first file is written; each
+file goes in whole (a temporary file beside it, linked into place), the index last, and a failure on the
+way takes back what was written, so a refusal leaves the store as it was.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,16 +88,18 @@ class AttestationStore:
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
 
-    def path_for(self, raw: bytes) -> Path:
+    def path_for(self, raw: bytes, *, name: str | None = None) -> Path:
         """Where ``raw`` belongs (first subject's digest, predicate slug, payload digest); refused where the
         subject's directory is a link or not a directory, or another file is already there
-        (``verify.store.conflict``): checked for every envelope before any is stored."""
+        (``verify.store.conflict``): checked for every envelope before any is stored.
+
+        :param name: the file ``raw`` was read from, named in a refusal."""
         fmt, stmt, payload = statement_of(raw)
         sha = stmt["subject"][0]["digest"].get("sha256")
         if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
             raise VerificationError("verify.store.no_sha256_subject", "the first subject has no sha256 digest")
-        name = f"{predicate_slug(stmt['predicateType'])}-{hashlib.sha256(payload).hexdigest()[:16]}.{fmt}.json"
-        dest = self.root / Digest.from_hex(sha.lower()).filename_stem() / name
+        stored_name = f"{predicate_slug(stmt['predicateType'])}-{hashlib.sha256(payload).hexdigest()[:16]}.{fmt}.json"
+        dest = self.root / Digest.from_hex(sha.lower()).filename_stem() / stored_name
         subject_dir = dest.parent
         if subject_dir.is_symlink() or (subject_dir.exists() and not subject_dir.is_dir()):
             # a link would carry the write out of the store (and find() would never read it back)
@@ -109,21 +117,73 @@ class AttestationStore:
                 evidence={"path": str(dest)},
             )
         if dest.exists() and dest.read_bytes() != raw:
+            what = "the envelope" if name is None else name
             raise VerificationError(
                 "verify.store.conflict",
-                f"{dest} already holds a different envelope for the same statement",
-                evidence={"path": str(dest)},
+                f"{dest} already holds a different envelope for the same statement as {what}",
+                evidence={"path": str(dest), **({} if name is None else {"input": name})},
+                advice=f"Keep one envelope per statement: leave {what} out, or move {dest} out of the store "
+                f"first if {what} is to replace it.",
             )
         return dest
 
+    def plan(self, raws: Sequence[bytes], *, names: Sequence[str] | None = None) -> list[Path]:
+        """Where each of ``raws`` belongs (:meth:`path_for`), or ``verify.store.conflict`` where two of them
+        are different envelopes for the same statement: nothing is written."""
+        dests: list[Path] = []
+        first: dict[Path, int] = {}
+        for i, raw in enumerate(raws):
+            dest = self.path_for(raw, name=None if names is None else names[i])
+            j = first.setdefault(dest, i)
+            if raws[j] != raw:
+                a, b = (f"envelope {j + 1}", f"envelope {i + 1}") if names is None else (names[j], names[i])
+                raise VerificationError(
+                    "verify.store.conflict",
+                    f"{a} and {b} are different envelopes for the same statement: both would be stored as {dest}",
+                    evidence={"path": str(dest), "inputs": [a, b]},
+                    advice=f"Keep one envelope per statement: store {a} or {b}, not both.",
+                )
+            dests.append(dest)
+        return dests
+
     def add(self, raw: bytes, *, reindex: bool = True) -> Path:
         """Store ``raw`` (idempotent) and rebuild the index; a different file at the same name is an error."""
-        dest = self.path_for(raw)  # refuses a link, a conflict
-        if not dest.exists():
-            _atomic_write(dest, raw)
-        if reindex:
-            self.rebuild_index()
-        return dest
+        if not reindex:
+            dest = self.path_for(raw)  # refuses a link, a conflict
+            if not dest.exists():
+                _atomic_write(dest, raw)
+            return dest
+        return self.add_all([raw])[0]
+
+    def add_all(self, raws: Sequence[bytes], *, names: Sequence[str] | None = None) -> list[Path]:
+        """Store every one of ``raws`` (idempotent) and rebuild the index, all or nothing.
+
+        Every envelope is read, every conflict found (:meth:`plan`) and the new index made before anything is
+        written; then each new file goes in whole and the index last.  An error on the way (``OSError``, an
+        interrupt) takes back the files and directories this call made, so the store is as it was.
+        """
+        dests = self.plan(raws, names=names)
+        new = {dest: raw for dest, raw in zip(dests, raws, strict=True) if not dest.exists()}
+        index = self.index_bytes(extra=new)  # every stored file is valid, or no index could be made
+        made: list[Path] = []  # directories and files this call created, in order
+        try:
+            for dest, raw in new.items():
+                for d in (self.root, dest.parent):
+                    if not d.exists():
+                        d.mkdir()
+                        made.append(d)
+                replace_whole(dest, raw, mode=0o600, exclusive=True)  # never over a file that appeared since
+                made.append(dest)
+            _atomic_write(self.root / "index.json", index)
+        except BaseException:
+            for p in reversed(made):
+                with contextlib.suppress(OSError):
+                    if p.is_dir() and not p.is_symlink():
+                        p.rmdir()
+                    else:
+                        p.unlink()
+            raise
+        return dests
 
     def iter(self) -> Iterator[Path]:
         """Stored attestation files, sorted; files that do not follow the layout are skipped."""
@@ -141,10 +201,16 @@ class AttestationStore:
             return []
         return [f for f in sorted(d.iterdir()) if f.is_file() and not f.is_symlink() and _FILE.match(f.name)]
 
-    def entries(self) -> list[StoredAttestation]:
+    def entries(self, *, extra: Mapping[Path, bytes] | None = None) -> list[StoredAttestation]:
+        """The stored files, with ``extra`` (files about to be stored: path in the store -> bytes) among them."""
         out = []
-        for p in self.iter():
-            raw = p.read_bytes()
+        pending = dict(extra or {})
+        files = sorted(
+            {*self.iter(), *pending},
+            key=lambda p: p.relative_to(self.root).as_posix(),
+        )
+        for p in files:
+            raw = pending[p] if p in pending else p.read_bytes()
             try:
                 fmt, stmt, _ = statement_of(raw)
             except VerificationError as e:  # name the stored file, not only what is wrong with it
@@ -172,8 +238,8 @@ class AttestationStore:
             )
         return out
 
-    def index_bytes(self) -> bytes:
-        doc = {"version": INDEX_VERSION, "attestations": [e.to_json() for e in self.entries()]}
+    def index_bytes(self, *, extra: Mapping[Path, bytes] | None = None) -> bytes:
+        doc = {"version": INDEX_VERSION, "attestations": [e.to_json() for e in self.entries(extra=extra)]}
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
     def rebuild_index(self) -> Path:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -49,6 +50,89 @@ def param_shapes(value: Any) -> list[dict[str, list[int]]] | None:
                 return None
         out.append(shapes)
     return out
+
+
+def _recorded(f: Any, key: str) -> int | None:
+    """``dp_world_size`` or ``mp_world_size`` as a ``*model_states.pt`` pickle records it (a plain int), else None."""
+    value = f.pickle.value if f.pickle is not None else None
+    if not isinstance(value, SDict):
+        return None
+    v = {k: v for k, v in value.items if isinstance(k, str)}.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1 << 20 else None
+
+
+def _missing_states(
+    models: dict[str, re.Match[str]], optims: dict[str, re.Match[str]], model_files: dict[str, Any], pre: str
+) -> list[Finding]:
+    """Completeness of a tag folder: every model-parallel rank the files name (and ``0..mp_world_size-1`` as a
+    model-states file records it) has its model-states file(s), and, once any optimizer-state partition is
+    there, its partitions of every data-parallel rank ``0..N-1``, N being the largest the files name or record
+    (``dp_world_size``; under ZeRO-3 also the ``zero_pp_rank_<r>`` model-states files).  A rank whose files are
+    missing (a node's files not yet copied, a save cut short) is ``deepspeed.model_states_missing`` or
+    ``deepspeed.ranks_incomplete``."""
+    recorded = [_recorded(f, k) for f in model_files.values() for k in ("dp_world_size", "mp_world_size")]
+    dp_recorded = [w for w in recorded[0::2] if w is not None]
+    mp_recorded = [w for w in recorded[1::2] if w is not None]
+    mp_named = {int(m.group(3)) for m in (*models.values(), *optims.values())}
+    mp_world = max([*mp_named, *(w - 1 for w in mp_recorded)]) + 1
+    stage3: dict[int, set[int]] = {}  # ZeRO-3 model states: mp rank -> dp ranks
+    for m in models.values():
+        if m.group(1):
+            stage3.setdefault(int(m.group(3)), set()).add(int(m.group(2)))
+    dp_by_mp: dict[int, set[int]] = {}
+    for m in optims.values():
+        dp_by_mp.setdefault(int(m.group(3)), set()).add(int(m.group(2)))
+    dp_world = max([0, *dp_recorded, *(r + 1 for rs in (*dp_by_mp.values(), *stage3.values()) for r in rs)])
+    # counted, and the first 64 named, without a list as long as the largest rank a file name claims
+    findings = []
+    have_model = {int(m.group(3)) for m in models.values() if not m.group(1)}
+    if stage3:
+        n_models = mp_world * dp_world - sum(len(rs) for rs in stage3.values())
+        absent_models = (
+            f"zero_pp_rank_{r}_mp_rank_{mp:02d}_model_states.pt"
+            for mp in range(mp_world)
+            for r in range(dp_world)
+            if r not in stage3.get(mp, ())
+        )
+    else:
+        n_models = mp_world - len(have_model)
+        absent_models = (f"mp_rank_{mp:02d}_model_states.pt" for mp in range(mp_world) if mp not in have_model)
+    if n_models:
+        named = list(itertools.islice(absent_models, 64))
+        findings.append(
+            error(
+                "deepspeed.model_states_missing",
+                pre,
+                f"{n_models} model-states file(s) of the {mp_world} model-parallel rank(s) are missing, "
+                f"first {named[:4]}",
+                missing=named,
+            )
+        )
+    n_optims = mp_world * dp_world - sum(len(rs) for rs in dp_by_mp.values())
+    if optims and n_optims:
+        bf16 = "bf16_" if all(m.group(1) for m in optims.values()) else ""
+        named = list(
+            itertools.islice(
+                (
+                    f"{bf16}zero_pp_rank_{r}_mp_rank_{mp:02d}_optim_states.pt"
+                    for mp in range(mp_world)
+                    for r in range(dp_world)
+                    if r not in dp_by_mp.get(mp, ())
+                ),
+                64,
+            )
+        )
+        findings.append(
+            error(
+                "deepspeed.ranks_incomplete",
+                pre,
+                f"{n_optims} optimizer-state partition(s) of {dp_world} data-parallel x {mp_world} "
+                f"model-parallel rank(s) are missing, first {named[:4]}",
+                missing=named,
+                ranks=sorted(r for rs in dp_by_mp.values() for r in rs)[:64],
+            )
+        )
+    return findings
 
 
 def detect_deepspeed(ctx: Context) -> FormatResult | None:
@@ -115,10 +199,7 @@ def detect_deepspeed(ctx: Context) -> FormatResult | None:
             }
         )
     ranks = sorted(int(m.group(2)) for m in optims.values())
-    if ranks != list(range(len(ranks))):
-        findings.append(
-            error("deepspeed.ranks_incomplete", pre or "", "optimizer state ranks are not 0..N-1", ranks=ranks)
-        )
+    findings.extend(_missing_states(models, optims, {p: ctx.files[pre + p] for p in models}, pre))
     code = sorted(p for p, f in ctx.files.items() if f.kind == FileKind.CODE)
     layout = {
         "tag": tag or None,

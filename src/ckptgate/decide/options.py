@@ -165,8 +165,9 @@ def resolved(options: EngineOptions) -> EngineOptions:
     made explicit, so the engine that decides is the engine the options describe: the checks that
     refuse ``--trust`` or an overlay beside a remote engine apply, and the decision's inputs name
     no local policy tree or extra Rego that did not decide (they do name the local trust data Python
-    verified signatures with: a key it lacks leaves a signature unverified, whichever engine decides).  The engine itself reads no
-    environment variable behind them (:func:`~ckptgate.decide.engine.open_engine` is given the URL)."""
+    verified signatures with: a key it lacks leaves a signature unverified, whichever engine decides).
+    The engine itself reads no environment variable behind them
+    (:func:`~ckptgate.decide.engine.open_engine` is given the URL)."""
     url = os.environ.get(OPA_URL_ENV)
     if options.opa_url is not None or not url:
         return options

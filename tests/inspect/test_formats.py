@@ -591,6 +591,7 @@ def test_a_deepspeed_tag_missing_a_model_states_file_is_incomplete(name: str, tm
     found = [f for f in insp.findings if f.code == "deepspeed.model_states_missing"]
     assert len(found) == 1 and found[0].evidence["missing"] == [model.name], insp.findings
     assert "deepspeed.ranks_incomplete" not in _codes(insp)
+    assert not insp.consolidatable and not insp.clean
 
 
 @pytest.mark.parametrize("name", DEEPSPEED_ZERO)
@@ -604,6 +605,7 @@ def test_a_deepspeed_tag_missing_its_last_optimizer_partition_is_incomplete(name
     found = [f for f in insp.findings if f.code == "deepspeed.ranks_incomplete"]
     assert len(found) == 1 and found[0].evidence["missing"] == [optim.name], insp.findings
     assert "deepspeed.model_states_missing" not in _codes(insp)
+    assert not insp.consolidatable and not insp.clean
 
 
 def _deepspeed_mp(root: Path, mp: int, dp: int, *, skip: tuple[str, ...] = (), huge_rank: bool = False) -> Path:

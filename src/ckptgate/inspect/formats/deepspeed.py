@@ -199,7 +199,8 @@ def detect_deepspeed(ctx: Context) -> FormatResult | None:
             }
         )
     ranks = sorted(int(m.group(2)) for m in optims.values())
-    findings.extend(_missing_states(models, optims, {p: ctx.files[pre + p] for p in models}, pre))
+    missing = _missing_states(models, optims, {p: ctx.files[pre + p] for p in models}, pre)
+    findings.extend(missing)
     code = sorted(p for p, f in ctx.files.items() if f.kind == FileKind.CODE)
     layout = {
         "tag": tag or None,
@@ -210,7 +211,10 @@ def detect_deepspeed(ctx: Context) -> FormatResult | None:
         "code_files": code,
     }
     fmt = "deepspeed-zero3" if stage3 else "deepspeed-zero2"
-    return FormatResult(format=fmt, layout=layout, loaders=("deepspeed",), findings=tuple(findings))
+    # a rank's states missing: nothing whole to consolidate
+    return FormatResult(
+        format=fmt, layout=layout, loaders=("deepspeed",), findings=tuple(findings), consolidatable=not missing
+    )
 
 
 def detect_universal(ctx: Context) -> FormatResult | None:

@@ -163,6 +163,25 @@ for called, body in [
     rule = "deny" if body.startswith("deny") else "x"
     REFUSED.append((f"{called} in {body.split()[0]} ({len(REFUSED)})", {"n.rego": text}, "n.rego",
                     {"builtin": called, "rule": rule}))
+# A builtin named as a `with` value is called wherever the replaced function is: `f(x) with f as
+# http.send` sends x (a request arrived at a local listener from the embedded engine and from `opa test`).
+_SEND_ARG = _SEND.removeprefix("http.send(").removesuffix(")")
+for called, body in [
+    ("http.send", f"f(x) := x\n\nx := r if {{\n\tr := f({_SEND_ARG}) with f as http.send\n}}\n"),
+    ("http.send", f'f(x) := x\n\nx := r if {{\n\tr := f({_SEND_ARG}) with f as http["send"]\n}}\n'),
+    ("http.send", f"f(x) := x\n\nh(x) := f(x)\n\nx := r if {{\n\tr := h({_SEND_ARG}) with f as http.send\n}}\n"),
+    (
+        "http.send",
+        f"import data.ckptgate_consumer.f as q\n\nf(x) := x\n\nx := r if {{\n\tr := q({_SEND_ARG}) with q as http.send\n}}\n",
+    ),
+    ("net.lookup_ip_addr", 'f(x) := x\n\nx := r if {\n\tr := f("exfil.example") with f as net.lookup_ip_addr\n}\n'),
+    ("http.send", f"x if {{\n\tdata.ckptgate_consumer.y[{_SEND}.status_code] with data.ckptgate_consumer.y as 1\n}}\n"),
+]:
+    REFUSED.append((f"{called} as a with value ({len(REFUSED)})", {"n.rego": f"package ckptgate_consumer\n\n{body}"},
+                    "n.rego", {"builtin": called, "rule": "x"}))
+REFUSED.append(("http.send as a with value in a test file",
+                {"n_test.rego": f"package ckptgate_consumer\n\nf(x) := x\n\ntest_x if {{\n\tf({_SEND_ARG}) with f as http.send\n}}\n"},
+                "n_test.rego", {"builtin": "http.send", "rule": "test_x"}))
 REFUSED.append(("http.send in a test file", {"n_test.rego": f"package ckptgate_consumer\n\ntest_x if {{\n\t{_SEND}\n}}\n"},
                 "n_test.rego", {"builtin": "http.send", "rule": "test_x"}))
 

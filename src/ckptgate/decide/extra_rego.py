@@ -259,7 +259,8 @@ def _check_module(file: Path, module: Any, nondeterministic: frozenset[str]) -> 
             if called in nondeterministic:
                 raise _refuse(
                     file,
-                    f"the rule {name} calls {called}, which OPA marks nondeterministic: extra Rego decides "
+                    f"the rule {name} calls {called} (or names it, as a `with` value that a call then runs), which "
+                    "OPA marks nondeterministic: extra Rego decides "
                     "from the input and the bundled data only, never the network, the clock, randomness or "
                     "the engine's runtime",
                     package=package,
@@ -320,16 +321,30 @@ def _with_targets(node: Any) -> Iterator[dict[str, Any]]:
 
 
 def _called(node: Any) -> Iterator[str]:
-    """The name of every function called anywhere in ``node``: a call term's operator, and the operator of
-    an expression that is a bare call (OPA's AST writes ``f(x)`` alone as ``terms: [f, x]``)."""
+    """The name of every function called or named anywhere in ``node``: every reference and variable term
+    (a call term's operator and a bare call's first term are references too), except the target of a
+    ``with``.  A name alone calls a builtin where a ``with`` value replaces a function with it
+    (``f(x) with f as http.send`` runs ``http.send(x)``), so a name counts as a call; a ``with`` target
+    is what is replaced (``with http.send as mock``), never called."""
     if isinstance(node, dict):
-        value, terms = node.get("value"), node.get("terms")
-        if node.get("type") == "call" and isinstance(value, list) and value and isinstance(value[0], dict):
-            yield _ref_text(value[0].get("value"))
-        if isinstance(terms, list) and terms and isinstance(terms[0], dict) and terms[0].get("type") == "ref":
-            yield _ref_text(terms[0].get("value"))
-        for v in node.values():
-            yield from _called(v)
+        if node.get("type") in ("ref", "var"):
+            value = node.get("value")
+            if node.get("type") == "var" and isinstance(value, str):
+                yield value
+            elif _is_ref(value):
+                yield _ref_text(value)
+        withs = node.get("with")
+        for w in withs if isinstance(withs, list) else []:
+            if isinstance(w, dict):
+                yield from _called({k: v for k, v in w.items() if k != "target"})
+                target = w.get("target")
+                # a target's dynamic parts are evaluated: `with data.x[http.send(r)] as 1`
+                if isinstance(target, dict) and _is_ref(target.get("value")):
+                    for part in target["value"][1:]:
+                        yield from _called(part)
+        for k, v in node.items():
+            if k != "with":
+                yield from _called(v)
     elif isinstance(node, list):
         for v in node:
             yield from _called(v)

@@ -216,41 +216,60 @@ def test_after_deepspeed_save_names_the_save_by_the_engine_step_when_latest_is_s
     assert done.statement["predicate"]["buildDefinition"]["internalParameters"]["step"] == 6
 
 
-_FAILING_SAVE = """
+_TWO_RANK_SAVE = """
 import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
-def main(rank, path, port, report):
+def main(rank, path, port, report, key, saves):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    dcp.save({"w": torch.ones(2, 2) * rank}, checkpoint_id=path)
     from ckptgate.errors import Error
     from ckptgate.hooks import after_dcp_save
-    try:
-        after_dcp_save(path, key=os.path.join(path, "..", "no-such-key.pem"), builder_id="b")
-        code = "none"
-    except Error as e:
-        code = e.code
-    with open(f"{report}.{rank}", "w") as f:
-        f.write(code)
+    out = os.open(f"{report}.{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    for i in range(int(saves)):
+        dcp.save({"w": torch.ones(2, 2) * rank}, checkpoint_id=f"{path}{i}")
+        try:
+            done = after_dcp_save(f"{path}{i}", key=key, builder_id="b")
+            code = "signed" if done is not None else "none"
+        except Error as e:
+            code = e.code
+        os.write(out, f"{code} ".encode())
+    if rank == 0:
+        os._exit(0)  # the job's last save: the main process leaves at once (it hosts the store)
     dist.destroy_process_group()
 if __name__ == "__main__":
-    mp.spawn(main, args=tuple(sys.argv[1:4]), nprocs=2)
+    mp.spawn(main, args=tuple(sys.argv[1:6]), nprocs=2)
 """
 
 
-def test_a_refusal_on_the_main_process_is_raised_on_every_rank(tmp_path: Path) -> None:
-    """Rank 0 cannot attest (here: no key file): every rank raises, instead of the others training on into a
-    collective rank 0 never reaches."""
+def _two_ranks(tmp_path: Path, key: Path, saves: int) -> tuple[str, str]:
+    """Run :data:`_TWO_RANK_SAVE`: what each rank's hook calls gave."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    (tmp_path / "save.py").write_text(_FAILING_SAVE)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "save.py").write_text(_TWO_RANK_SAVE)
     done = subprocess.run([sys.executable, str(tmp_path / "save.py"), str(tmp_path / "ck"), port,
-                           str(tmp_path / "code")], capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+                           str(tmp_path / "code"), str(key), str(saves)], capture_output=True, text=True,
+                          timeout=300, check=False, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "code.0").read_text() == "usage.signing_key_unreadable"
-    assert (tmp_path / "code.1").read_text() == "runtime.attest.failed_on_main"
-    assert not list(tmp_path.glob("ck.*"))
+    return (tmp_path / "code.0").read_text().strip(), (tmp_path / "code.1").read_text().strip()
+
+
+def test_a_refusal_on_the_main_process_is_raised_on_every_rank(tmp_path: Path) -> None:
+    """Rank 0 cannot attest (here: no key file): every rank raises, instead of the others training on into a
+    collective rank 0 never reaches."""
+    codes = _two_ranks(tmp_path, tmp_path / "no-such-key.pem", 1)
+    assert codes == ("usage.signing_key_unreadable", "runtime.attest.failed_on_main")
+    assert not list(tmp_path.glob("ck*.*"))
+
+
+def test_the_main_process_returns_once_every_rank_has_read_the_outcome(tmp_path: Path, keys: dict) -> None:
+    """Rank 0 hosts the store and leaves at once after the job's last save: rank 1 has read the outcome by
+    then, every time (it used to read it from a store already gone, in most runs), and each of several saves
+    has its own outcome."""
+    for run in range(2):
+        codes = _two_ranks(tmp_path / str(run), keys["key"], 3)
+        assert codes == ("signed signed signed", "none none none")
+        assert len(list((tmp_path / str(run)).glob("ck*.intoto.dsse.json"))) == 3

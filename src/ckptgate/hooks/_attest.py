@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -92,12 +94,15 @@ def _shared_outcome(dist: Any, failure: BaseException | None, path: Path | str, 
     worker thread drops a finished collective's tensors a moment after the call returns, and when the job
     exits right after its last save (an FSDP model keeps the group alive past ``destroy_process_group``)
     that drop needs the GIL during interpreter shutdown and aborts the rank (about one run in ten on torch
-    2.13). Nothing is unpickled either. One key per call: every rank calls the hooks in the same order.
-    Keys are not deleted (a few dozen bytes per save on the job's store)."""
+    2.13). Nothing is unpickled either. Every rank marks the outcome read, and the main process returns only
+    once all have (it may host the store, and exit right after), then removes the keys. The keys name the
+    elastic restart (a restarted job's store may keep an earlier attempt's) and the call: every rank calls
+    the hooks in the same order."""
     if dist is None:
         return
     store = dist.distributed_c10d._get_default_store()
-    key = f"ckptgate/attest/{next(_CALLS)}"
+    key = f"ckptgate/attest/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_CALLS)}"
+    read = [f"{key}/read/{r}" for r in range(dist.get_world_size())]
     if main:
         outcome: dict[str, Any] = {"ok": True}
         if failure is not None:
@@ -107,8 +112,20 @@ def _shared_outcome(dist: Any, failure: BaseException | None, path: Path | str, 
                 else {"code": "runtime.attest.failed", "message": type(failure).__name__}
             )
         store.set(key, json.dumps(outcome))
+        store.set(read[dist.get_rank()], "1")
+        store.wait(read)  # every rank has read it: the main process may host the store, and exit next
+        for k in (key, *read):  # tidiness only: the next call has its own keys
+            with contextlib.suppress(RuntimeError, NotImplementedError):
+                store.delete_key(k)
         return  # the main process raises its own error
-    failed = json.loads(store.get(key))
+    raw = store.get(key)
+    store.set(read[dist.get_rank()], "1")
+    try:
+        failed = json.loads(raw)
+    except ValueError:
+        failed = None
+    if not isinstance(failed, dict):
+        failed = {"code": "runtime.attest.outcome_unreadable", "message": f"the store held {bytes(raw)[:80]!r}"}
     if failed.get("ok") is not True:
         raise RuntimeFailure(
             "runtime.attest.failed_on_main",

@@ -168,10 +168,10 @@ class AttestationStore:
         made: list[Path] = []  # directories and files this call created, in order
         try:
             for dest, raw in new.items():
-                for d in (self.root, dest.parent):
-                    if not d.exists():
-                        d.mkdir()
-                        made.append(d)
+                missing = [d for d in (dest.parent, *dest.parent.parents) if not d.exists()]
+                for d in reversed(missing):  # the store's own parents too (a configured evidence/att)
+                    d.mkdir()
+                    made.append(d)
                 replace_whole(dest, raw, mode=0o600, exclusive=True)  # never over a file that appeared since
                 made.append(dest)
             _atomic_write(self.root / "index.json", index)

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -45,8 +46,23 @@ MAX_EXTRA_REGO_BYTES = 1 << 20
 
 
 def extra_rego_files(extra: Path) -> list[Path]:
-    """Every ``*.rego`` file under ``extra``, tests included, sorted."""
-    return sorted(p for p in extra.rglob("*.rego") if p.is_file())
+    """Every ``*.rego`` file under ``extra``, tests included, sorted.  A symbolic link to a directory is
+    refused (``usage.config.extra_rego``): the checker never follows one, and ``opa test`` would."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(extra, followlinks=False):
+        here = Path(dirpath)
+        for name in sorted(dirnames):
+            if (here / name).is_symlink():
+                link = here / name
+                raise ConfigError(
+                    "usage.config.extra_rego",
+                    f"{link} is a symbolic link to a directory: extra Rego is read only from regular files and "
+                    f"directories inside {extra}",
+                    evidence={"file": str(link), "key": "extra_rego"},
+                    advice=f"Replace the link {link} with the directory and files it points to, inside {extra}.",
+                )
+        found += [here / n for n in filenames if n.endswith(".rego")]
+    return sorted(found)
 
 
 def check_extra_rego(extra: Path, *, where: str = "the configuration") -> None:
@@ -64,6 +80,15 @@ def check_extra_rego(extra: Path, *, where: str = "the configuration") -> None:
     _check_sources(extra, sources, opa)
 
 
+def checked_extra_rego(extra: Path) -> dict[str, bytes]:
+    """Every file of the extra Rego, tests included, ``{relative path: bytes}``, read once and checked
+    as :func:`extra_rego_overlays` checks it: what ``ckptgate check`` stages for ``opa test``, ``opa fmt``
+    and ``regal lint``, so the tools run on the bytes checked."""
+    sources = _read_extra(extra, "the configuration")
+    _check_sources(extra, sources, find_opa())
+    return sources
+
+
 def extra_rego_overlays(extra: Path) -> dict[str, bytes]:
     """The extra Rego (tests excluded) as bundle overlays under ``extra/``, a directory the bundled
     policies do not use, so no bundled file is ever overwritten.
@@ -75,8 +100,7 @@ def extra_rego_overlays(extra: Path) -> dict[str, bytes]:
     ``with`` overrides ``data`` outside ``data.ckptgate_consumer``.  So the extra Rego can read
     the bundled policies and the input but can only add deny reasons: the decision reads nothing
     of it but ``data.ckptgate_consumer.deny``.  The bytes checked are the bytes returned."""
-    sources = _read_extra(extra, "the configuration")
-    _check_sources(extra, sources, find_opa())
+    sources = checked_extra_rego(extra)
     return {f"{EXTRA_IN_BUNDLE}{rel}": data for rel, data in sources.items() if not rel.endswith("_test.rego")}
 
 

@@ -12,6 +12,7 @@ and JUnit XML.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -20,14 +21,15 @@ from typing import Any
 
 from ckptgate._resources import default_policy_dir
 from ckptgate.config import from_table
+from ckptgate.decide.extra_rego import checked_extra_rego
 from ckptgate.decide.options import EngineOptions, engine_for, load_trust
-from ckptgate.errors import Error
+from ckptgate.errors import ConfigError, Error
 from ckptgate.evidence import claims, matrix
 from ckptgate.evidence.candidate import candidate_commit
 from ckptgate.evidence.check_render import Report, to_github, to_junit, to_sarif
 from ckptgate.evidence.check_tools import (
     PINNED_ONLY,
-    extra_policy_tests,
+    extra_checks,
     find_tool,
     opa_fmt,
     parse_opa_test_json,
@@ -143,6 +145,40 @@ def _base_settings(base: BaseConfig, repo: Path) -> Any:
     return from_table(dict(base.table), root=repo / base.directory, source=repo / base.directory)
 
 
+def _extra_rego_checks(extra: Path, repo: Path, bundled: Path, names: Sequence[str]) -> list[CheckResult]:
+    """The policy tools on the extra Rego, staged from the bytes the extra-Rego checker read and checked
+    (:func:`~ckptgate.decide.extra_rego.checked_extra_rego`); extra Rego the checker refuses fails
+    ``policy_tests`` with the refusal's code, and no tool runs."""
+    try:
+        sources = checked_extra_rego(extra)
+    except ConfigError as e:
+        file = e.evidence.get("file") if isinstance(e.evidence, dict) else None
+        return [
+            CheckResult(
+                name="policy_tests",
+                passed=False,
+                summary=f"the extra Rego is refused: {e.code}",
+                findings=(
+                    CheckFinding(
+                        check="policy_tests",
+                        code=e.code,
+                        message=e.message,
+                        file=_in_repo(str(file), repo) if file else None,
+                    ),
+                ),
+            )
+        ]
+    found = extra_checks(extra, sources, repo, bundled, names)
+    return [found[n] for n in names]
+
+
+def _in_repo(path: str, repo: Path) -> str:
+    try:
+        return Path(os.path.abspath(path)).relative_to(repo).as_posix()
+    except ValueError:
+        return path
+
+
 def run_check(
     repo: Path,
     *,
@@ -184,26 +220,21 @@ def run_check(
     # configuration naming policies with options that name none: the tools must not run in the cwd)
     policies: Path | None = options.policy_dir or (config.policies if config is not None else None)
     results: list[CheckResult] = []
+    tools = [n for n in ("policy_tests", "opa_fmt", "regal_lint") if n not in skip]
     if config is not None and config.policies is None and config.extra_rego is not None:
-        extra = config.extra_rego
-        tool_checks: tuple[tuple[str, Callable[[], CheckResult]], ...] = (
-            ("policy_tests", lambda: extra_policy_tests(extra, repo, policies or default_policy_dir())),
-            ("opa_fmt", lambda: opa_fmt(extra, repo)),
-            ("regal_lint", lambda: regal_lint(extra, repo)),
-        )
+        if tools:
+            results += _extra_rego_checks(config.extra_rego, repo, policies or default_policy_dir(), tools)
     else:
         # policies is None only where plan() skips all three (a configuration with neither)
         def tested() -> Path:
             return policies or default_policy_dir()
 
-        tool_checks = (
-            ("policy_tests", lambda: policy_tests(tested(), repo)),
-            ("opa_fmt", lambda: opa_fmt(tested(), repo)),
-            ("regal_lint", lambda: regal_lint(tested(), repo)),
-        )
-    for name, run in tool_checks:
-        if name not in skip:
-            results.append(run())
+        tool_checks: dict[str, Callable[[], CheckResult]] = {
+            "policy_tests": lambda: policy_tests(tested(), repo),
+            "opa_fmt": lambda: opa_fmt(tested(), repo),
+            "regal_lint": lambda: regal_lint(tested(), repo),
+        }
+        results += [tool_checks[name]() for name in tools]
     results += widening
     revision = None
     if {"matrix_drift", "gate_drift", "evidence", "claims"} <= set(skip):

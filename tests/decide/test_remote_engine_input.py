@@ -155,3 +155,24 @@ def test_a_remote_decision_names_the_local_trust_python_verified_signatures_with
     roles = {i.role: i for i in raw.inputs}
     assert set(roles) == {"remote_engine", "trust"}
     assert roles["trust"].sha256 == sha256_of(trust.raw) and roles["trust"].origin == "bundled"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "//bob:s3cret@opa.example:8181",
+        "bob:s3cret@opa.example:8181",
+        "https:/bob:s3cret@opa.example",
+        "https://bob:s3/cret@opa.example:8181",
+        "https://bob:s3?cret@opa.example:8181",
+        "https://bob:s3#cret@opa.example:8181",
+    ],
+)
+def test_a_malformed_remote_url_is_refused_without_any_part_of_its_password(url: str) -> None:
+    """A URL with no ``://`` (or a password holding ``/``, ``?``, ``#``) was quoted whole, or up to the
+    ``?``, in the engine.remote.bad_url message and advice."""
+    with pytest.raises(EngineUnavailable) as e:
+        remote_engine_name(url)
+    assert e.value.code == "engine.remote.bad_url"
+    shown = e.value.diagnostics()
+    assert "s3" not in shown and "cret" not in shown and "bob" not in shown

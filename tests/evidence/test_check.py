@@ -219,12 +219,15 @@ def test_run_check_tests_the_configured_policies_when_the_options_name_none(tmp_
     the configured policies, never in the current directory (found by mypy: a ``None`` cwd)."""
     policies = tmp_path / "policies"
     policies.mkdir()
+    (policies / "p.rego").write_text("package p\n")
     cwds: list[Path] = []
+    staged: list[list[str]] = []
 
     def fake_run(cmd, cwd):
         if cmd[1] == "capabilities":  # opa test runs without the network builtins (check_tools.NETWORK_BUILTINS)
             return 0, '{"builtins": [{"name": "http.send"}]}'
         cwds.append(cwd)
+        staged.append(sorted(p.name for p in Path(cwd).rglob("*.rego")))
         return 0, "[]"
 
     monkeypatch.setattr(check_tools, "_run", fake_run)
@@ -235,8 +238,9 @@ def test_run_check_tests_the_configured_policies_when_the_options_name_none(tmp_
     report = run_check(tmp_path, options=EngineOptions(), config=config,
                        skip=("matrix_drift", "gate_drift", "evidence", "claims"))
     assert [r.name for r in report.results] == ["policy_tests", "opa_fmt", "regal_lint"]
-    # regal lint runs on a staged copy outside the repository, with ckptgate's configuration
-    assert cwds[:2] == [policies, policies] and not cwds[2].is_relative_to(tmp_path)
+    # each tool runs on a staged copy of the configured policies, outside the repository (never the cwd)
+    assert not any(c.is_relative_to(tmp_path) or c == Path.cwd() for c in cwds)
+    assert staged == [["p.rego"]] * 3
 
 
 def _fake_tool(bin_dir: Path, name: str, version: str, log: Path) -> Path:

@@ -217,3 +217,23 @@ def test_the_capabilities_drop_exactly_the_network_builtins(tmp_path: Path) -> N
     names = {b["name"] for b in json.loads(caps.read_text())["builtins"]}
     assert not names & {"http.send", "net.lookup_ip_addr"}
     assert {"opa.runtime", "time.now_ns", "json.match_schema"} <= names
+
+
+def test_a_linked_file_in_a_judged_policy_tree_is_never_read(tmp_path: Path) -> None:
+    """``opa test`` and ``opa fmt`` ran in the work tree's policy tree: ``leak.rego -> /outside/secret`` was
+    quoted in OPA's parse error (the finding's detail), and a linked ``x.json`` was loaded as data."""
+    _needs("opa")
+    secret = tmp_path / "outside" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("root:x:0:0:S3CRET-LINE\n")
+    repo = tmp_path / "repo"
+    pol = repo / "pol"
+    pol.mkdir(parents=True)
+    (pol / "ok_test.rego").write_text("package pol.ok\n\ntest_ok if true\n")
+    (pol / "leak.rego").symlink_to(secret)
+    (pol / "leak.json").symlink_to(secret)
+    report = _tools_only(repo, Config(root=repo, policies=pol), skip=("regal_lint",))
+    assert [r.name for r in report.results] == ["policy_tests", "opa_fmt"]
+    shown = json.dumps([[f.message, f.detail, f.file] for r in report.results for f in r.findings])
+    assert "S3CRET" not in shown and "root:x" not in shown
+    assert report.results[0].passed, shown  # the linked files are not loaded: ok_test.rego runs alone

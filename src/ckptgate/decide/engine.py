@@ -182,13 +182,18 @@ def _remote_address(url: str) -> tuple[str, str, int]:
 
 
 def remote_engine_shown(url: str) -> str:
-    """``url`` as an error may quote it: without the user name, password, query or fragment it may carry."""
+    """``url`` as an error may quote it: without the user name, password, query or fragment it may carry.
+
+    Everything up to the last ``@`` is dropped first, wherever it is: a URL with no ``://``
+    (``//bob:pw@host``, ``bob:pw@host:8181``, ``https:/bob:pw@host``) or a password holding a ``/``,
+    ``?`` or ``#`` is exactly the malformed URL an error quotes."""
     scheme, sep, rest = url.partition("://")
     if not sep:
-        return url
+        scheme, rest = "", url
+    if "@" in rest:
+        rest = "…@" + rest.rpartition("@")[2]
     rest = rest.split("#", 1)[0].split("?", 1)[0]  # a token may ride in the query
-    authority, slash, tail = rest.partition("/")
-    return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{tail}"
+    return f"{scheme}{sep}{rest}"
 
 
 def remote_engine_name(url: str) -> str:

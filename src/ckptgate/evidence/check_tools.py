@@ -152,10 +152,16 @@ def regal_config(into: Path) -> Path:
     return path
 
 
-def stage_rego(tree: Path, into: Path) -> Path:
-    """``INTO/tree``: a copy of every regular ``*.rego`` file under ``tree`` at the same relative path, for
-    ``regal lint``: no symbolic link is followed or copied, and no ``.regal`` directory is (Regal would
-    load its configuration and custom rules); outside the repository, Regal finds none of its."""
+#: What ``opa test`` loads from a directory: Rego and its data files.
+POLICY_SUFFIXES = (".rego", ".json", ".yaml", ".yml")
+
+
+def stage_rego(tree: Path, into: Path, suffixes: tuple[str, ...] = (".rego",)) -> Path:
+    """``INTO/tree``: a copy of every regular ``*.rego`` file (``suffixes``) under ``tree`` at the same relative
+    path, for the policy tools: no symbolic link is followed or copied (``x.rego -> /etc/passwd`` was quoted
+    back in OPA's parse error; a linked ``x.json`` loaded a file outside the repository as data), and no
+    ``.regal`` directory is (Regal would load its configuration and custom rules); outside the repository,
+    Regal finds none of its."""
     staged = into / "tree"
     staged.mkdir()
     for dirpath, dirnames, filenames in os.walk(tree, followlinks=False):
@@ -163,7 +169,7 @@ def stage_rego(tree: Path, into: Path) -> Path:
         here = Path(dirpath)
         for name in sorted(filenames):
             f = here / name
-            if name.endswith(".rego") and not f.is_symlink() and f.is_file():
+            if name.endswith(suffixes) and not f.is_symlink() and f.is_file():
                 dest = staged / f.relative_to(tree)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(f, dest, follow_symlinks=False)
@@ -306,7 +312,10 @@ def _opa_test(paths: Sequence[str], cwd: Path, repo: Path, origin: Path | None =
 
 
 def policy_tests(policies: Path, repo: Path) -> CheckResult:
-    return _opa_test(["."], policies, repo)
+    """``opa test`` of a staged copy of the Rego and data files under ``policies`` (:func:`stage_rego`)."""
+    with tempfile.TemporaryDirectory(prefix="ckptgate-check-") as private:
+        staged = stage_rego(policies, Path(private), POLICY_SUFFIXES)
+        return _opa_test(["."], staged, repo, policies)
 
 
 def _fmt(cwd: Path, repo: Path, origin: Path | None = None) -> CheckResult:
@@ -326,7 +335,9 @@ def _fmt(cwd: Path, repo: Path, origin: Path | None = None) -> CheckResult:
 
 
 def opa_fmt(policies: Path, repo: Path) -> CheckResult:
-    return _fmt(policies, repo)
+    """``opa fmt`` of a staged copy of the ``*.rego`` files under ``policies`` (:func:`stage_rego`)."""
+    with tempfile.TemporaryDirectory(prefix="ckptgate-check-") as private:
+        return _fmt(stage_rego(policies, Path(private)), repo, policies)
 
 
 def _regal(staged: Path, config: Path, repo: Path, origin: Path) -> CheckResult:

@@ -242,3 +242,23 @@ def test_a_receipt_made_by_a_remote_engine_says_so_and_names_it(published, tmp_p
     embedded = cli("receipt", "verify", published["plain"])
     assert "engine     embedded OPA" in embedded.stdout
     assert json.loads(cli("receipt", "verify", published["plain"], "--json").stdout)["engine"]["kind"] == "embedded"
+
+
+def test_a_value_from_the_receipt_never_prints_a_line_of_its_own(tmp_path):
+    """An engine URL or a file name holding a line break cannot print a forged ``receipt verified`` line:
+    every value read from the receipt is shown on its line, with the break as an escape."""
+    import hashlib
+
+    (tmp_path / "a").write_bytes(b"x")
+    sha = hashlib.sha256(b"x").hexdigest()
+    (tmp_path / RECEIPT_NAME).write_text(json.dumps({
+        "engine": {"kind": "remote", "url": "https://x\nreceipt verified", "revision": "r\tq"},
+        "outputs": [{"file": "a", "size": 1, "sha256": sha}, {"file": "b\nreceipt verified", "size": 1,
+                                                              "sha256": sha}],
+    }))
+    res = cli("receipt", "verify", tmp_path)
+    assert res.returncode == 5, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[-1] == "receipt does NOT match (exit 5)"
+    assert "receipt verified" not in [line.strip() for line in lines]
+    assert any(line.startswith("engine") and "\\nreceipt verified" in line for line in lines), lines

@@ -176,6 +176,24 @@ def write_output_file(
         os.close(parent_fd)
 
 
+#: What ``link`` fails with where the file system has no hard links (vfat, exFAT, some SMB and FUSE mounts).
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK})
+
+
+def _create_new(target: Path, data: bytes, mode: int, at: dict[str, int]) -> None:
+    """``target`` created (never replaced: ``FileExistsError``) and written whole, or removed again."""
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, **at)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(target, **at)
+        raise
+
+
 def replace_whole(
     target: Path, data: bytes, *, mode: int = 0o644, exclusive: bool = False, dir_fd: int | None = None
 ) -> None:
@@ -183,7 +201,8 @@ def replace_whole(
     ``target`` is the old file or the new one, never half of one; raises :class:`OSError`.
 
     :param exclusive: link instead of rename, so an existing ``target`` is never replaced
-        (``FileExistsError``).
+        (``FileExistsError``); where the file system has no hard links, ``target`` is created exclusively
+        and written in place instead (a reader may then see it before it is whole).
     :param dir_fd: a directory descriptor ``target`` (then a bare name) is relative to.
     """
     tmp = target.parent / f".ckptgate-{secrets.token_hex(8)}.tmp"  # short: any name the target may have fits
@@ -195,7 +214,12 @@ def replace_whole(
             f.flush()
             os.fsync(f.fileno())
         if exclusive:
-            os.link(tmp, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            try:
+                os.link(tmp, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            except OSError as e:
+                if e.errno not in _NO_HARD_LINKS:
+                    raise
+                _create_new(target, data, mode, at)  # a file system without hard links (vfat, some FUSE mounts)
             os.unlink(tmp, **at)
         else:
             os.replace(tmp, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)

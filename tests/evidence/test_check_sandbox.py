@@ -201,6 +201,21 @@ def test_opa_test_on_a_judged_policy_tree_has_no_network_and_no_ci_environment(
     assert result.passed, [f.message for f in result.findings]
 
 
+def test_a_json_schema_remote_ref_in_a_judged_policy_tree_is_never_fetched(tmp_path: Path, listener: _Listener) -> None:
+    """``json.match_schema`` stays (the bundled config tests use it), but no host is allowed: a test whose
+    schema has a remote ``$ref`` fails instead of reaching the network."""
+    _needs("opa")
+    repo = tmp_path / "repo"
+    pol = repo / "pol"
+    pol.mkdir(parents=True)
+    (pol / "schema_test.rego").write_text(
+        f'package pol.schema\n\ntest_ref if {{\n\tjson.match_schema({{}}, {{"$ref": "{listener.url}/schema"}})\n}}\n'
+    )
+    (result,) = _tools_only(repo, Config(root=repo, policies=pol), skip=("opa_fmt", "regal_lint")).results
+    assert not result.passed
+    assert listener.hits == []
+
+
 def test_the_bundled_policies_pass_their_tests_without_the_network_builtins(tmp_path: Path) -> None:
     _needs("opa")
     policies = check.default_policy_dir()
@@ -217,6 +232,7 @@ def test_the_capabilities_drop_exactly_the_network_builtins(tmp_path: Path) -> N
     names = {b["name"] for b in json.loads(caps.read_text())["builtins"]}
     assert not names & {"http.send", "net.lookup_ip_addr"}
     assert {"opa.runtime", "time.now_ns", "json.match_schema"} <= names
+    assert json.loads(caps.read_text())["allow_net"] == []
 
 
 def test_a_linked_file_in_a_judged_policy_tree_is_never_read(tmp_path: Path) -> None:

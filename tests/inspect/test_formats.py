@@ -644,3 +644,15 @@ def test_a_rank_number_out_of_all_proportion_is_counted_not_listed(tmp_path: Pat
     insp = inspect_tree(_deepspeed_mp(tmp_path, 1, 2, huge_rank=True))
     f = next(f for f in insp.findings if f.code == "deepspeed.ranks_incomplete")
     assert len(f.evidence["missing"]) == 64 and "3999999998" in f.message
+
+
+def test_a_deepspeed_rank_spelled_in_other_digits_is_not_that_rank(tmp_path: Path) -> None:
+    """``mp_rank_\u0660\u0660_model_states.pt`` (Arabic-Indic digits; ``int()`` reads them as 00) is not the
+    file DeepSpeed loads: the tag folder misses its model states, instead of counting the look-alike as rank 0."""
+    root, tag = _deepspeed_copy("deepspeed_zero2", tmp_path)
+    model = tag / "mp_rank_00_model_states.pt"
+    model.rename(tag / "mp_rank_\u0660\u0660_model_states.pt")
+    insp = inspect_tree(root)
+    found = [f for f in insp.findings if f.code == "deepspeed.model_states_missing"]
+    assert len(found) == 1 and found[0].evidence["missing"] == ["mp_rank_00_model_states.pt"], insp.findings
+    assert not insp.consolidatable

@@ -145,3 +145,33 @@ def test_a_write_that_fails_part_way_takes_back_what_was_written(tmp_path, ed_si
     assert len(calls) == fail_at
     assert _listing(tmp_path / "store") == before
     assert sorted(p.name for p in (tmp_path / "store").iterdir()) == sorted({k.split("/")[0] for k in before})
+
+
+def test_a_store_on_a_file_system_without_hard_links_still_takes_envelopes(tmp_path, monkeypatch) -> None:
+    """``link`` fails with EPERM on vfat and some FUSE mounts: the envelope is created exclusively in place
+    instead, never over a file already there, and no temporary file is left."""
+    import errno
+    import os
+
+    from ckptgate import userfiles
+
+    def no_links(*args, **kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(userfiles.os, "link", no_links)
+    dest = tmp_path / "x.json"
+    userfiles.replace_whole(dest, b"one", exclusive=True)
+    assert dest.read_bytes() == b"one"
+    with pytest.raises(FileExistsError):
+        userfiles.replace_whole(dest, b"two", exclusive=True)
+    assert dest.read_bytes() == b"one"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]
+    assert os.stat(dest).st_mode & 0o777 == 0o644 & ~_umask()
+
+
+def _umask() -> int:
+    import os
+
+    old = os.umask(0)
+    os.umask(old)
+    return old

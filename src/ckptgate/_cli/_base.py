@@ -71,6 +71,15 @@ def shown(text: object) -> str:
     return escape(printable(text))
 
 
+_LINE_BREAKS = re.compile("[\t\n]")
+
+
+def shown_line(text: object) -> str:
+    """:func:`shown`, on one line: a tab or line break in a value read from a file (a receipt's file name or
+    engine URL) is shown as an escape too, so it cannot print a line of its own (``receipt verified``)."""
+    return shown(_LINE_BREAKS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text)))
+
+
 def emit_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
     sys.stdout.flush()

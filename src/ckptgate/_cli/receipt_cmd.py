@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, shown, stdout
+from ckptgate._cli._base import emit_json, json_option, shown_line, stdout
 
 
 def register(cli: click.Group) -> None:
@@ -36,7 +36,7 @@ def register(cli: click.Group) -> None:
             emit_json(result.to_json())
         else:
             stdout.print(
-                shown(
+                shown_line(
                     f"signature  {result.signature}"
                     + (f" ({result.signature_detail})" if result.signature_detail else "")
                 )
@@ -45,14 +45,16 @@ def register(cli: click.Group) -> None:
             if engine.get("kind") == "remote":
                 revision = engine.get("revision")
                 stdout.print(
-                    shown(
+                    shown_line(
                         f"engine     remote OPA {engine.get('url')}"
                         + (f" (bundle revision {revision})" if revision else " (no bundle revision reported)")
                     )
                 )
             elif engine.get("kind") == "embedded":
-                stdout.print(shown(f"engine     embedded OPA {engine.get('opa_version') or '(version not recorded)'}"))
+                stdout.print(
+                    shown_line(f"engine     embedded OPA {engine.get('opa_version') or '(version not recorded)'}")
+                )
             for f in result.files:
-                stdout.print(shown(f"{f.status:<15} {f.file}"))
+                stdout.print(shown_line(f"{f.status:<15} {f.file}"))
             stdout.print("receipt verified" if result.ok else "receipt does NOT match (exit 5)")
         return 0 if result.ok else 5

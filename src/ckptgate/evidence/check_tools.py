@@ -120,8 +120,9 @@ def _run(cmd: Sequence[str], cwd: Path) -> tuple[int, str]:
 
 
 def capabilities_without_network(opa: str, into: Path) -> Path | None:
-    """``INTO/capabilities.json``: ``opa capabilities --current`` less :data:`NETWORK_BUILTINS`, for
-    ``opa test --capabilities``; ``None`` when this OPA does not list them."""
+    """``INTO/capabilities.json``: ``opa capabilities --current`` less :data:`NETWORK_BUILTINS`, with no
+    host allowed (``allow_net: []``), for ``opa test --capabilities``; ``None`` when this OPA does not list
+    them."""
     rc, out = _run([opa, "capabilities", "--current"], cwd=into)
     try:
         doc = json.loads(out) if rc == 0 else None
@@ -134,6 +135,9 @@ def capabilities_without_network(opa: str, into: Path) -> Path | None:
         return None
     assert isinstance(doc, dict)
     doc["builtins"] = [b for b in builtins if not (isinstance(b, dict) and b.get("name") in NETWORK_BUILTINS)]
+    # and no host at all for what stays: a JSON schema's remote $ref (json.match_schema, json.verify_schema,
+    # which the bundled config tests use) is fetched unless allow_net says otherwise
+    doc["allow_net"] = []
     path = into / "capabilities.json"
     path.write_text(json.dumps(doc))
     return path

@@ -33,7 +33,7 @@ __all__ = ["SIBLING_CONTEXTS", "FileFacts", "analyse_file", "pickle_context"]
 
 MAX_JSON = 64 << 20
 MAX_TEXT = 1 << 20
-_DS = re.compile(r"(^|/)(bf16_)?(zero_pp_rank_\d+_)?mp_rank_\d+_(model|optim)_states\.pt$")
+_DS = re.compile(r"(^|/)(bf16_)?(zero_pp_rank_\d+_)?mp_rank_\d+_(model|optim)_states\.pt$", re.ASCII)
 _NPY_DESCR = re.compile(rb"'descr'\s*:\s*'([^']*)'")
 #: Pickle contexts a file gets from a sibling (``metadata.json`` beside it), not from itself: wider
 #: allowlists that hold only where the detected format claims the file as its own (inspection.py).
@@ -64,7 +64,7 @@ class FileFacts:
 
 def pickle_context(path: str) -> str:
     base = os.path.basename(path)
-    if base == ".metadata" or re.fullmatch(r"__\d+\.metadata", base):
+    if base == ".metadata" or re.fullmatch(r"__\d+\.metadata", base, re.ASCII):
         return "dcp_metadata"
     if _DS.search(path) or re.search(r"(^|/)zero/optimizer_state\.pt$", path):
         return "deepspeed"

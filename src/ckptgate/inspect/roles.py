@@ -30,9 +30,13 @@ __all__ = ["COMPANIONS", "RESUME_CONTEXT", "companion_ok", "resume_content_ok", 
 RESUME_CONTEXT = "resume_state"
 MAX_TOKENIZER_MODEL = 64 << 20
 
-_TRAINER_FILES = re.compile(r"^(optimizer\.pt|scheduler\.pt|scaler\.pt|rng_state(_\d+)?\.pth|training_args\.bin)$")
-_ACCELERATE_FILES = re.compile(r"^(optimizer(_\d+)?\.bin|scheduler(_\d+)?\.bin|scaler\.pt|random_states_\d+\.pkl)$")
-_ACCELERATE_MARK = re.compile(r"^random_states_\d+\.pkl$")
+_TRAINER_FILES = re.compile(
+    r"^(optimizer\.pt|scheduler\.pt|scaler\.pt|rng_state(_\d+)?\.pth|training_args\.bin)$", re.ASCII
+)
+_ACCELERATE_FILES = re.compile(
+    r"^(optimizer(_\d+)?\.bin|scheduler(_\d+)?\.bin|scaler\.pt|random_states_\d+\.pkl)$", re.ASCII
+)
+_ACCELERATE_MARK = re.compile(r"^random_states_\d+\.pkl$", re.ASCII)
 _RNG_KEYS = frozenset({"python", "numpy", "cpu", "cuda", "mps", "xpu", "npu", "hpu", "mlu", "musa"})
 _TRAINING_ARGS = frozenset(
     {"transformers.training_args.TrainingArguments", "transformers.training_args_seq2seq.Seq2SeqTrainingArguments"}

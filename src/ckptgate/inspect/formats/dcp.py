@@ -29,7 +29,7 @@ from ckptgate.inspect.zipcheck import CrcMode
 __all__ = ["dcp_layout", "detect_dcp", "detect_dcp_hf"]
 
 _SAFETENSORS_DTYPE = {code: name for name, code in TORCH_DTYPES.items()}
-_HF_NAME = re.compile(r"^shard-\d{5}-model-\d{5}-of-\d{5}\.safetensors$")
+_HF_NAME = re.compile(r"^shard-\d{5}-model-\d{5}-of-\d{5}\.safetensors$", re.ASCII)
 
 
 def empty_value(value: Any) -> bool:

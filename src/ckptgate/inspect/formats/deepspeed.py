@@ -18,8 +18,8 @@ from ckptgate.inspect.pickle import Call, Global, SDict, SList, key_text
 
 __all__ = ["detect_deepspeed", "detect_universal", "param_shapes"]
 
-_MODEL = re.compile(r"^(zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
-_OPTIM = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+_MODEL = re.compile(r"^(zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$", re.ASCII)
+_OPTIM = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$", re.ASCII)
 _UNIVERSAL = re.compile(r"^(?:(.*)/)?zero/([^/]+)/(fp32|exp_avg|exp_avg_sq|step)\.pt$")
 
 

@@ -181,7 +181,8 @@ _NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.
 
 
 def _create_new(target: Path, data: bytes, mode: int, at: dict[str, int]) -> None:
-    """``target`` created (never replaced: ``FileExistsError``) and written whole, or removed again."""
+    """``target`` created (never replaced: ``FileExistsError``; the umask applies to ``mode``), written whole
+    and flushed to disk, or removed again."""
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, **at)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -207,12 +208,8 @@ def replace_whole(
     """
     tmp = target.parent / f".ckptgate-{secrets.token_hex(8)}.tmp"  # short: any name the target may have fits
     at = {} if dir_fd is None else {"dir_fd": dir_fd}
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, **at)  # umask applies
+    _create_new(tmp, data, mode, at)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         if exclusive:
             try:
                 os.link(tmp, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)

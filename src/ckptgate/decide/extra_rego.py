@@ -4,18 +4,15 @@ bundle as overlays under ``extra/``."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import json
 import os
-import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 from ckptgate.decide.bundle import find_opa
+from ckptgate.decide.rego_ast import RegoParseError, called, is_ref, nondeterministic_builtins, parse_modules, ref_text
 from ckptgate.errors import ConfigError, EngineUnavailable
 from ckptgate.userfiles import read_regular_file
 
@@ -27,9 +24,6 @@ CONSUMER_PACKAGE = "ckptgate_consumer"
 #: The one rule of it that the intake decision reads: ``data.ckptgate_consumer.deny``, a set of
 #: ``{code, message}`` objects, each a deny reason ``consumer.<code>`` (``policies/ckptgate/intake/consumer.rego``).
 CONSUMER_DENY = "deny"
-#: Parse every file in one OPA process, with OPA's own parser (the one that loads the bundle);
-#: ``--strict-builtin-errors`` makes a file that does not parse an error rather than a missing key.
-_PARSE_QUERY = "{name: rego.parse_module(name, text) | some name, text in input}"
 _ADVICE = (
     "Extra Rego may read data.ckptgate and input, and defines rules only in package "
     f"{CONSUMER_PACKAGE} or a sub-package of it; to refuse a checkpoint, add an element "
@@ -37,7 +31,6 @@ _ADVICE = (
     f'e.g. `package {CONSUMER_PACKAGE}` and `deny contains {{"code": "no_fridays", '
     '"message": "..."} if ...`.'
 )
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: sha256 of extra Rego sources that passed :func:`_check_sources` in this process.
 _passed: set[str] = set()
 
@@ -148,69 +141,19 @@ def _check_sources(extra: Path, sources: dict[str, bytes], opa: str) -> None:
             raise ConfigError(
                 "usage.config.extra_rego", f"cannot read {extra / rel}: {e}", evidence={"file": str(extra / rel)}
             ) from None
-    modules = _parse_modules(extra, texts, opa)
+    try:
+        modules = parse_modules(texts, opa, what=f"the extra Rego in {extra}")
+    except RegoParseError as e:
+        raise ConfigError(
+            "usage.config.extra_rego",
+            f"extra Rego in {extra} does not parse: {e.message}",
+            evidence={"file": str(extra / e.files[0]) if e.files else str(extra), "error": e.message},
+            advice=f"Extra Rego is Rego v1 (`if` before rule bodies, `contains` for sets); `opa check {extra}` "
+            "names the problem.",
+        ) from None
     for rel in sorted(texts):
-        _check_module(extra / rel, modules.get(rel), _nondeterministic_builtins(opa))
+        _check_module(extra / rel, modules.get(rel), nondeterministic_builtins(opa))
     _passed.add(digest)
-
-
-def _parse_modules(extra: Path, texts: dict[str, str], opa: str) -> dict[str, Any]:
-    """``{relative path: module AST}``, parsed by OPA (``rego.parse_module``) in one process."""
-    try:
-        proc = subprocess.run(
-            [opa, "eval", "--strict-builtin-errors", "--stdin-input", "--format", "json", _PARSE_QUERY],
-            input=json.dumps(texts),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise EngineUnavailable("engine.bundle.build_failed", f"OPA could not parse the extra Rego: {e}") from None
-    try:
-        doc = json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        doc = None
-    if proc.returncode == 0 and isinstance(doc, dict):
-        with contextlib.suppress(KeyError, IndexError, TypeError):
-            modules = doc["result"][0]["expressions"][0]["value"]
-            if isinstance(modules, dict) and set(modules) == set(texts):
-                return modules
-    errors = doc.get("errors") if isinstance(doc, dict) else None
-    message = "; ".join(str(e.get("message", "")) for e in errors if isinstance(e, dict)) if errors else ""
-    if "rego_parse_error" not in message:
-        raise EngineUnavailable(
-            "engine.bundle.build_failed",
-            f"OPA could not parse the extra Rego in {extra}: {(message or proc.stderr or proc.stdout).strip()[:2000]}",
-        )
-    message = message.removeprefix("rego.parse_module: ")
-    named = [rel for rel in sorted(texts) if f"{rel}:" in message]
-    raise ConfigError(
-        "usage.config.extra_rego",
-        f"extra Rego in {extra} does not parse: {message[:2000]}",
-        evidence={"file": str(extra / named[0]) if named else str(extra), "error": message[:2000]},
-        advice="Extra Rego is Rego v1 (`if` before rule bodies, `contains` for sets); `opa check` names the problem.",
-    )
-
-
-@functools.cache
-def _nondeterministic_builtins(opa: str) -> frozenset[str]:
-    """The builtins this OPA marks nondeterministic (``opa capabilities --current``): the network
-    (``http.send``, ``net.lookup_ip_addr``), the engine's runtime and environment (``opa.runtime``), the
-    clock and randomness, and schema checks that may fetch a remote ``$ref``."""
-    try:
-        proc = subprocess.run([opa, "capabilities", "--current"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise EngineUnavailable("engine.bundle.build_failed", f"{opa} did not list its builtins: {e}") from None
-    names: set[str] = set()
-    with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError, AttributeError):
-        names = {b["name"] for b in json.loads(proc.stdout)["builtins"] if b.get("nondeterministic")}
-    if "http.send" not in names:  # every supported OPA marks it: anything else is not OPA's answer
-        raise EngineUnavailable(
-            "engine.bundle.build_failed",
-            f"{opa} did not list its builtins (opa capabilities --current): {(proc.stderr or proc.stdout)[:500]}",
-        )
-    return frozenset(names)
 
 
 def _refuse(file: Path, message: str, **evidence: str) -> ConfigError:
@@ -229,8 +172,8 @@ def _check_module(file: Path, module: Any, nondeterministic: frozenset[str]) -> 
     if not isinstance(module, dict) or not isinstance(module.get("package"), dict):
         raise _refuse(file, "OPA returned no module for this file")
     path = module["package"].get("path")
-    package = _ref_text(path)
-    if not _is_ref(path) or path[0] != {"type": "var", "value": "data"}:
+    package = ref_text(path)
+    if not is_ref(path) or path[0] != {"type": "var", "value": "data"}:
         raise _refuse(file, f"the package {package} is not under data", package=package)
     if len(path) < 2 or path[1] != {"type": "string", "value": CONSUMER_PACKAGE}:
         root = path[1].get("value") if len(path) > 1 else None
@@ -252,9 +195,9 @@ def _check_module(file: Path, module: Any, nondeterministic: frozenset[str]) -> 
     for rule in module.get("rules") or []:
         head = rule.get("head") if isinstance(rule, dict) else None
         ref = head.get("ref") if isinstance(head, dict) else None
-        if not isinstance(head, dict) or not _is_ref(ref):
+        if not isinstance(head, dict) or not is_ref(ref):
             raise _refuse(file, f"a rule in package {package} has a head OPA did not describe", package=package)
-        name = _ref_text(ref)
+        name = ref_text(ref)
         first = ref[0].get("value")
         if ref[0].get("type") == "var" and first in ("data", "input"):
             raise _refuse(
@@ -266,7 +209,7 @@ def _check_module(file: Path, module: Any, nondeterministic: frozenset[str]) -> 
         if ref[0].get("type") == "var" and first in imports:
             raise _refuse(
                 file,
-                f"the rule {name} starts with the imported name {first} ({_ref_text(imports[first])}): it would "
+                f"the rule {name} starts with the imported name {first} ({ref_text(imports[first])}): it would "
                 f"define {package}.{name}, not the imported document; name the rule otherwise",
                 package=package,
                 rule=name,
@@ -279,21 +222,21 @@ def _check_module(file: Path, module: Any, nondeterministic: frozenset[str]) -> 
                 package=package,
                 rule=name,
             )
-        for called in _called(rule):
-            if called in nondeterministic:
+        for builtin in called(rule):
+            if builtin in nondeterministic:
                 raise _refuse(
                     file,
-                    f"the rule {name} calls {called} (or names it, as a `with` value that a call then runs), which "
+                    f"the rule {name} calls {builtin} (or names it, as a `with` value that a call then runs), which "
                     "OPA marks nondeterministic: extra Rego decides "
                     "from the input and the bundled data only, never the network, the clock, randomness or "
                     "the engine's runtime",
                     package=package,
                     rule=name,
-                    builtin=called,
+                    builtin=builtin,
                 )
         for target in _with_targets(rule):
             terms = target.get("value") if target.get("type") == "ref" else [target]
-            if not _is_ref(terms):
+            if not is_ref(terms):
                 continue
             head_var = terms[0].get("value") if terms[0].get("type") == "var" else None
             if isinstance(head_var, str) and head_var in imports:
@@ -301,7 +244,7 @@ def _check_module(file: Path, module: Any, nondeterministic: frozenset[str]) -> 
             if terms[0] == {"type": "var", "value": "data"} and (
                 len(terms) < 2 or terms[1] != {"type": "string", "value": CONSUMER_PACKAGE}
             ):
-                overridden = _ref_text(terms)
+                overridden = ref_text(terms)
                 raise _refuse(
                     file,
                     f"the rule {name} overrides {overridden} with `with`: extra Rego may override input, "
@@ -322,7 +265,7 @@ def _imports(imports: list[Any]) -> dict[str, list[Any]]:
         if not isinstance(term, dict):
             continue
         path = [term] if term.get("type") == "var" else term.get("value")  # `import data`, or a ref
-        if not _is_ref(path) or path[0].get("value") not in ("data", "input"):
+        if not is_ref(path) or path[0].get("value") not in ("data", "input"):
             continue
         name = imp.get("alias") or path[-1].get("value")
         if isinstance(name, str):
@@ -342,53 +285,3 @@ def _with_targets(node: Any) -> Iterator[dict[str, Any]]:
     elif isinstance(node, list):
         for v in node:
             yield from _with_targets(v)
-
-
-def _called(node: Any) -> Iterator[str]:
-    """The name of every function called or named anywhere in ``node``: every reference and variable term
-    (a call term's operator and a bare call's first term are references too), except the target of a
-    ``with``.  A name alone calls a builtin where a ``with`` value replaces a function with it
-    (``f(x) with f as http.send`` runs ``http.send(x)``), so a name counts as a call; a ``with`` target
-    is what is replaced (``with http.send as mock``), never called."""
-    if isinstance(node, dict):
-        if node.get("type") in ("ref", "var"):
-            value = node.get("value")
-            if node.get("type") == "var" and isinstance(value, str):
-                yield value
-            elif _is_ref(value):
-                yield _ref_text(value)
-        withs = node.get("with")
-        for w in withs if isinstance(withs, list) else []:
-            if isinstance(w, dict):
-                yield from _called({k: v for k, v in w.items() if k != "target"})
-                target = w.get("target")
-                # a target's dynamic parts are evaluated: `with data.x[http.send(r)] as 1`
-                if isinstance(target, dict) and _is_ref(target.get("value")):
-                    for part in target["value"][1:]:
-                        yield from _called(part)
-        for k, v in node.items():
-            if k != "with":
-                yield from _called(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _called(v)
-
-
-def _is_ref(terms: Any) -> TypeGuard[list[dict[str, Any]]]:
-    return isinstance(terms, list) and bool(terms) and all(isinstance(t, dict) for t in terms)
-
-
-def _ref_text(terms: Any) -> str:
-    """A reference as Rego writes it: ``data.ckptgate_consumer["x y"]``, ``deny[x]``."""
-    if not _is_ref(terms):
-        return repr(terms)
-    out = str(terms[0].get("value"))
-    for t in terms[1:]:
-        value = t.get("value")
-        if t.get("type") == "string" and isinstance(value, str) and _IDENTIFIER.match(value):
-            out += f".{value}"
-        elif t.get("type") == "string":
-            out += f"[{json.dumps(value)}]"
-        else:
-            out += f"[{value if t.get('type') == 'var' else json.dumps(value)}]"
-    return out

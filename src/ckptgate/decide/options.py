@@ -26,6 +26,7 @@ from ckptgate.decide.bundle import PolicyBundle, check_policy_dir, policy_revisi
 from ckptgate.decide.engine import PolicyEngine, open_engine, remote_engine_input
 from ckptgate.decide.extra_rego import EXTRA_IN_BUNDLE, extra_rego_overlays
 from ckptgate.decide.inputs import DecisionInput, revision_document, sha256_of
+from ckptgate.decide.policy_tree import engine_overlays
 from ckptgate.errors import UsageError
 from ckptgate.verify import TrustData
 from ckptgate.verify.sigstore import check_trust_root, trust_root_sha256
@@ -130,7 +131,9 @@ def engine_for(options: EngineOptions, trust: TrustData | None = None) -> Iterat
     if options.policy_bundle is None:  # Python verifies signatures with it, whichever engine decides
         trust = trust or load_trust(options)
     if local:  # the policy tree, read once: the bytes its input names are the bytes staged for OPA
-        files = read_policy_files(options.policy_dir or default_policy_dir())
+        tree = options.policy_dir or default_policy_dir()
+        files = read_policy_files(tree)
+        overlays.update(engine_overlays(tree, files))  # checked, unless it is the tree ckptgate carries
         assert trust is not None
         overlays[TRUST_IN_BUNDLE] = trust.raw  # the engine decides with the very bytes named and hashed
         if options.policy_data is not None:

@@ -378,6 +378,8 @@ def decision_from_json(doc: dict[str, Any]) -> Decision:
             )
         elif f.name == "inputs":
             v = tuple(DecisionInput.from_json(i) for i in v)
+        elif f.name == "selection":
+            v = _selection(v)
         elif isinstance(v, list):
             v = tuple(v)
         values[f.name] = v

@@ -187,7 +187,7 @@ def test_tampered_maintainer_bundle_makes_opa_refuse_to_start(policy_dir, tmp_pa
     pub_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
                                                        serialization.PublicFormat.SubjectPublicKeyInfo))
     good = tmp_path / "good.tar.gz"
-    build_signed(root, good, signing_key=key_path, revision=policy_revision(root))
+    assert build_signed(root, good, signing_key=key_path) == policy_revision(root)
     tampered = tmp_path / "tampered.tar.gz"
     with tarfile.open(good) as src, tarfile.open(tampered, "w:gz") as dst:
         for member in src.getmembers():
@@ -361,7 +361,7 @@ def test_build_signed_bundle_has_signatures(policy_dir, tmp_path):
     pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                       serialization.NoEncryption()))
     out = tmp_path / "b.tar.gz"
-    build_signed(policy_dir(ECHO), out, signing_key=pem, revision="sha256:test")
+    build_signed(policy_dir(ECHO), out, signing_key=pem)
     with tarfile.open(out) as t:
         names = {m.name.lstrip("/") for m in t.getmembers()}
     assert ".signatures.json" in names

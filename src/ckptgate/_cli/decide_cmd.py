@@ -277,15 +277,18 @@ def register(cli: click.Group) -> None:
     @json_option
     def build_command(signing_key: Path, out: Path, policy_dir: Path | None, as_json: bool) -> int:
         """Build a signed policy bundle with `opa build`; use it with --policy-bundle/--policy-key."""
-        from ckptgate.decide.bundle import build_signed, policy_revision  # noqa: PLC0415 - ~450 ms (the engine stack)
+        from ckptgate.decide.bundle import build_signed, read_policy_files  # noqa: PLC0415 - ~450 ms (the engine stack)
+        from ckptgate.decide.policy_tree import engine_overlays  # noqa: PLC0415 - as above
 
         policy_dir = policy_dir or default_policy_dir()
         if out.exists():
             raise UsageError(
                 "usage.out_exists", f"{out} already exists", advice=f"Name a new file with --out, or move {out} away."
             )
-        revision = policy_revision(policy_dir)
-        build_signed(policy_dir, out, signing_key=signing_key, revision=revision)
+        files = read_policy_files(policy_dir)  # read once: what is checked, hashed and built
+        revision = build_signed(
+            policy_dir, out, signing_key=signing_key, files=files, overlays=engine_overlays(policy_dir, files)
+        )
         if as_json:
             emit_json({"bundle": str(out), "revision": revision})
         else:

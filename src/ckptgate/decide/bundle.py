@@ -288,16 +288,25 @@ class PolicyBundle:
 
 
 def build_signed(
-    policy_dir: Path, out: Path, *, signing_key: Path, revision: str, overlays: dict[str, bytes] | None = None
-) -> None:
-    """``opa build`` a signed bundle of ``policy_dir`` (plus overlays) into ``out``."""
+    policy_dir: Path,
+    out: Path,
+    *,
+    signing_key: Path,
+    overlays: dict[str, bytes] | None = None,
+    files: dict[str, bytes] | None = None,
+) -> str:
+    """``opa build`` a signed bundle of ``policy_dir`` (plus overlays) into ``out``; returns its revision.
+    ``files`` is the snapshot of ``policy_dir`` (:func:`read_policy_files`) to build, taken here when not
+    given: the revision and the bundle are made from one read."""
     out, signing_key = out.absolute(), signing_key.absolute()  # opa build runs in the staging dir
     check_policy_dir(policy_dir)
     check_output_file(out, what="the bundle")
     _check_signing_key(signing_key)
+    files = read_policy_files(policy_dir) if files is None else files
+    revision = policy_revision(policy_dir, overlays, files=files)
     with tempfile.TemporaryDirectory(prefix="ckptgate-bundle-") as stage:
         root = Path(stage) / "bundle"
-        _stage(read_policy_files(policy_dir), root, overlays)
+        _stage(files, root, overlays)
         _opa(
             "build",
             "--bundle",
@@ -312,6 +321,7 @@ def build_signed(
             str(out),
             cwd=root,
         )
+    return revision
 
 
 def _stage(files: dict[str, bytes], root: Path, overlays: dict[str, bytes] | None) -> None:

@@ -433,3 +433,33 @@ def test_a_configuration_file_that_cannot_be_copied_whole_is_refused_not_handed_
         with pytest.raises(ConfigError) as e:
             _read_once(path, limit=64, what="the trust data")
         assert e.value.code == "usage.config.path" and str(path) in e.value.message
+
+
+def test_a_private_copy_a_killed_run_left_is_swept_by_the_next_run(tmp_path: Path) -> None:
+    """The private copies (a configuration's trust data, a signed bundle, ``--base``'s files) were
+    temporary directories in /tmp: a SIGKILL-ed run left them there for good.  They are work
+    directories now, held by the run's lock, and the next run's sweep removes a dead run's."""
+    import os
+
+    from ckptgate import workdirs
+
+    git(tmp_path, "init", "-q")
+    (tmp_path / "trust.json").write_bytes((REPO / "policies" / policydata.TRUST_IN_BUNDLE).read_bytes())
+    (tmp_path / "ckptgate.toml").write_text('trust = "trust.json"\n')
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from ckptgate import precedence\n"
+        "r = precedence.resolve(precedence.Named(start=Path(sys.argv[1])))\n"
+        "print(r.engine.trust_file, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTGATE_")}
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == -9, out.stderr
+    copy = Path(out.stdout.strip())
+    assert copy.read_bytes() == (tmp_path / "trust.json").read_bytes()  # left behind by the kill
+    assert copy.parent.parent.parent == workdirs.runtime_dir()  # in this run's private runtime directory
+    workdirs.sweep()  # what the next run does first
+    assert not copy.exists() and not copy.parent.parent.exists()

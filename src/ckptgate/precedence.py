@@ -18,13 +18,14 @@ Every file used is named, with its origin and sha256, in the decision (:mod:`ckp
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ckptgate import workdirs
 from ckptgate._resources import default_policy_dir
 from ckptgate.config import Config, check_owner, discover, load_file
 from ckptgate.decide.bundle import policy_revision
@@ -39,7 +40,6 @@ from ckptgate.widening import effective, widenings
 __all__ = ["NO_CONFIG_ENV", "Named", "Resolved", "resolve"]
 
 NO_CONFIG_ENV = "CKPTGATE_NO_CONFIG"
-_kept: list[tempfile.TemporaryDirectory[str]] = []
 #: The largest signed policy bundle copied once (:func:`_read_once`); a larger one is read where it is.
 MAX_BUNDLE_BYTES = 256 << 20  # --base files live as long as the process
 
@@ -94,9 +94,9 @@ def find(
         )
     base = None
     if named.base is not None:
-        tmp = tempfile.TemporaryDirectory(prefix="ckptgate-base-")
-        _kept.append(tmp)
-        base = materialize(named.base, named.start or Path.cwd(), Path(tmp.name))
+        into = _private_dir() / "base"  # beside the work directory's lock file, never over it
+        into.mkdir(mode=0o700)
+        base = materialize(named.base, named.start or Path.cwd(), into)
         say(
             f"--base {named.base}: configuration {base.label} (commit {base.commit[:12]})"
             if base.label is not None
@@ -272,19 +272,29 @@ def _read_once(path: Path, *, limit: int = MAX_TRUST_BYTES, what: str) -> Path:
             evidence={"file": str(path), "what": what, "limit": limit},
             advice=f"Name {what} of at most {limit} bytes ({path} is larger).",
         )
-    tmp = tempfile.TemporaryDirectory(prefix="ckptgate-config-")  # mode 0700
-    _kept.append(tmp)
-    copy = Path(tmp.name) / path.name
+    private = _private_dir() / "copy"  # beside the work directory's lock file, never over it
+    copy = private / path.name
     try:
+        private.mkdir(mode=0o700)
         copy.write_bytes(raw)
     except OSError as e:
         raise ConfigError(
             "usage.config.path",
-            f"cannot keep a private copy of {what} {path} in {tmp.name}: {e.strerror or e}",
+            f"cannot keep a private copy of {what} {path} in {private}: {e.strerror or e}",
             evidence={"file": str(path), "what": what},
-            advice=f"Free space in {Path(tmp.name).parent} (or set TMPDIR to a directory with room), then run again.",
+            advice=f"Free space in {private.parent} (or set XDG_RUNTIME_DIR or TMPDIR to a directory with room), "
+            "then run again.",
         ) from None
     return copy
+
+
+def _private_dir() -> Path:
+    """A private directory (mode 0700) that lives as long as this process: a work directory
+    (:mod:`ckptgate.workdirs`), so what a killed run leaves there (a configuration's trust data, a
+    signed bundle, ``--base``'s files) is removed by the next run's sweep, not left in /tmp."""
+    lease = workdirs.create_work_dir()
+    atexit.register(lease.release)
+    return lease.path
 
 
 def _same_tree(a: Path, b: Path) -> bool:

@@ -140,3 +140,27 @@ def test_add_with_two_envelopes_for_one_statement_writes_nothing(tmp_path: Path)
     assert r.returncode == 5 and err["code"] == "verify.store.conflict" and "a2.dsse.json" in err["message"]
     assert sorted((p.relative_to(tmp_path).as_posix(), p.read_bytes()) for p in (tmp_path / "store").rglob("*")
                   if p.is_file()) == before
+
+
+def test_add_to_a_store_another_process_holds_is_busy_and_writes_nothing(tmp_path: Path, ed_signer) -> None:
+    """While another process changes the store, `attest add` waits for it; past the wait (here shortened) it
+    is `verify.store.busy` naming the store, with no traceback and nothing written."""
+    from verify_helpers import statement
+
+    from ckptgate.verify import AttestationStore, sign_statement
+
+    holder = AttestationStore(tmp_path / "store")
+    holder.add(sign_statement(STATEMENT, ed_signer))
+    (tmp_path / "new.json").write_bytes(sign_statement(statement(candidate_commit="f" * 40), ed_signer))
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "store").rglob("*"))
+    cli = [*CLI[:2], "import ckptgate.verify.store as m; m.LOCK_TIMEOUT_S = 0.3; " + CLI[2]]
+    args = ["attest", "add", "new.json", "--store", "store", "--json"]
+    with holder.locked():
+        r = subprocess.run([*cli, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 5 and err["code"] == "verify.store.busy" and "Traceback" not in r.stderr
+    assert "store" in err["message"] and "store" in err["advice"]
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "store").rglob("*")) == before
+    r = subprocess.run([*cli, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(json.loads((tmp_path / "store" / "index.json").read_text())["attestations"]) == 2

@@ -175,3 +175,183 @@ def _umask() -> int:
     old = os.umask(0)
     os.umask(old)
     return old
+
+
+# ------------------------------------------------------------------------------------------- the store's lock
+def _subject(n: int) -> dict:
+    """A statement about its own subject (``sha256:<n as 64 hex digits>``)."""
+    stmt = statement(candidate_commit=f"{n:040x}")
+    stmt["subject"] = [{"name": "x", "digest": {"sha256": f"{n:064x}"}}]
+    stmt["predicate"]["fixture"]["digest"] = f"sha256:{n:064x}"
+    return stmt
+
+
+# A second process storing ``argv[2]`` in the store ``argv[1]``; where it finds the lock held it says so
+# (touches ``argv[3]``) before it waits.
+_OTHER_PROCESS = """
+import sys, time
+from pathlib import Path
+from ckptgate.verify import AttestationStore
+real = time.sleep
+def waiting(s):
+    Path(sys.argv[3]).touch()
+    real(s)
+time.sleep = waiting
+AttestationStore(sys.argv[1]).add_all([Path(sys.argv[2]).read_bytes()])
+"""
+
+
+def test_a_store_by_another_process_meanwhile_stays_in_the_index(tmp_path, ed_signer, monkeypatch) -> None:
+    """Lost update: ``add_all`` made the index from the listing, then wrote it; another process storing in
+    between had its file dropped from the index by the later write.  Now the other process waits for the
+    lock (it says so) and its index lists both."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    store = AttestationStore(tmp_path / "store")
+    store.add(sign_statement(_subject(1), ed_signer))
+    (tmp_path / "other.json").write_bytes(sign_statement(_subject(2), ed_signer))
+    waiting = tmp_path / "waiting"
+    real, children = store.index_bytes, []
+
+    def index_then_the_other(**kw):
+        index = real(**kw)
+        if not children:  # between this index and its write, the other process stores
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+            children.append(subprocess.Popen(
+                [sys.executable, "-c", _OTHER_PROCESS, str(store.root), str(tmp_path / "other.json"), str(waiting)],
+                env=env, stderr=subprocess.PIPE, text=True))
+            deadline = time.monotonic() + 60
+            while children[0].poll() is None and not waiting.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return index
+
+    monkeypatch.setattr(store, "index_bytes", index_then_the_other)
+    [mine] = store.add_all([sign_statement(_subject(3), ed_signer)])
+    assert children[0].wait(timeout=60) == 0, children[0].stderr.read() if children[0].stderr else ""
+    monkeypatch.undo()
+    index = json.loads((store.root / "index.json").read_text())
+    listed = [e["path"] for e in index["attestations"]]
+    assert listed == [p.relative_to(store.root).as_posix() for p in store.iter()]  # the lost update
+    assert len(listed) == 3 and mine.relative_to(store.root).as_posix() in listed
+    assert (store.root / "index.json").read_bytes() == store.index_bytes()
+    assert waiting.exists()  # it waited for this one
+
+
+# Stores ``argv[3:]`` one call at a time in the store ``argv[1]`` after ``argv[2]`` exists (all start at once).
+_ADDER = """
+import sys, time
+from pathlib import Path
+from ckptgate.verify import AttestationStore
+while not Path(sys.argv[2]).exists():
+    time.sleep(0.005)
+for f in sys.argv[3:]:
+    AttestationStore(sys.argv[1]).add(Path(f).read_bytes())
+"""
+
+
+def test_processes_storing_at_once_lose_nothing_from_the_index(tmp_path, ed_signer) -> None:
+    import os
+    import subprocess
+    import sys
+
+    envelopes = tmp_path / "in"
+    envelopes.mkdir()
+    batches = []
+    for proc in range(4):
+        batch = []
+        for k in range(6):
+            f = envelopes / f"{proc}-{k}.json"
+            f.write_bytes(sign_statement(_subject(100 * proc + k + 1), ed_signer))
+            batch.append(str(f))
+        batches.append(batch)
+    root, go = tmp_path / "deep" / "store", tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [subprocess.Popen([sys.executable, "-c", _ADDER, str(root), str(go), *b], env=env,
+                              stderr=subprocess.PIPE, text=True) for b in batches]
+    go.touch()
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stderr.read() if p.stderr else ""
+    store = AttestationStore(root)
+    stored = [p.relative_to(root).as_posix() for p in store.iter()]
+    assert len(stored) == 24
+    assert [e["path"] for e in json.loads((root / "index.json").read_text())["attestations"]] == stored
+
+
+def test_the_lock_file_is_no_attestation(tmp_path, ed_signer) -> None:
+    """``.lock`` is there while a change holds it: never listed, indexed or read as an attestation; gone after."""
+    import os
+    import stat
+
+    from ckptgate.verify.store import LOCK_NAME
+
+    store = AttestationStore(tmp_path / "store")
+    p = store.add(sign_statement(STATEMENT, ed_signer))
+    lock = tmp_path / "store" / LOCK_NAME
+    assert not lock.exists()
+    with store.locked():
+        assert lock.is_file() and stat.S_IMODE(os.stat(lock).st_mode) == 0o600
+        assert list(store.iter()) == [p] and store.find(Digest.parse("sha256:" + FIXTURE_HEX)) == [p]
+        assert [e.path for e in store.entries()] == [p.relative_to(store.root).as_posix()]
+        store.add(sign_statement(statement(candidate_commit="f" * 40), ed_signer))  # reentrant
+        assert LOCK_NAME not in (tmp_path / "store" / "index.json").read_text()
+        assert len(json.loads((tmp_path / "store" / "index.json").read_text())["attestations"]) == 2
+    assert not lock.exists() and len(list(store.iter())) == 2
+
+
+def test_a_lock_file_that_is_a_link_is_refused_and_nothing_is_written(tmp_path, ed_signer) -> None:
+    from ckptgate.errors import UsageError
+    from ckptgate.verify.store import LOCK_NAME
+
+    root, outside = tmp_path / "store", tmp_path / "outside"
+    root.mkdir()
+    (root / LOCK_NAME).symlink_to(outside)
+    with pytest.raises(UsageError) as ei:
+        AttestationStore(root).add(sign_statement(STATEMENT, ed_signer))
+    assert ei.value.code == "usage.store" and str(root / LOCK_NAME) in ei.value.message
+    assert not outside.exists() and sorted(p.name for p in root.iterdir()) == [LOCK_NAME]
+
+
+def test_a_store_locked_elsewhere_past_the_timeout_is_busy_and_untouched(tmp_path, ed_signer) -> None:
+    holder = AttestationStore(tmp_path / "store")
+    holder.add(sign_statement(STATEMENT, ed_signer))
+    before = _listing(tmp_path / "store")
+    other = AttestationStore(tmp_path / "store", lock_timeout=0.2)  # its own open file: flock is per open file
+    with holder.locked(), holder.locked():  # reentrant for the holder
+        with pytest.raises(VerificationError) as ei:
+            other.add(sign_statement(statement(candidate_commit="f" * 40), ed_signer))
+        holder.rebuild_index()  # the holder itself still changes the store
+    assert ei.value.code == "verify.store.busy"
+    assert str(tmp_path / "store") in ei.value.message and ei.value.evidence["path"] == str(tmp_path / "store")
+    assert _listing(tmp_path / "store") == before
+    other.add(sign_statement(statement(candidate_commit="f" * 40), ed_signer))  # released
+    assert len(list(other.iter())) == 2
+
+
+def test_a_failed_first_store_takes_back_the_root_its_parents_and_the_lock_file(
+    tmp_path, ed_signer, monkeypatch
+) -> None:
+    """The lock needs the root first: where the call made it (and its parents), a failure takes them back
+    with the lock file, as if nothing had run."""
+    import ckptgate.verify.store as store_module
+
+    real = store_module.replace_whole
+
+    def failing(path, data, **kw):
+        if path.name == "index.json":
+            raise OSError(28, "No space left on device")
+        real(path, data, **kw)
+
+    monkeypatch.setattr(store_module, "replace_whole", failing)
+    store = AttestationStore(tmp_path / "a" / "b" / "store")
+    with pytest.raises(OSError):
+        store.add_all([sign_statement(STATEMENT, ed_signer), sign_statement(_subject(7), ed_signer)])
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(VerificationError):  # refused on its inputs: the store is never made
+        store.add(b"{oops")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    store.add(sign_statement(STATEMENT, ed_signer))
+    assert len(list(store.iter())) == 1

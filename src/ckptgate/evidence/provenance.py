@@ -356,8 +356,10 @@ def store_provenance(repo: Path | RepoLayout, envelope: bytes) -> Path:
 
 def discard_provenance(repo: Path | RepoLayout, path: Path) -> None:
     """Remove a just-stored provenance envelope that policy did not accept, and rebuild the index."""
-    path.unlink(missing_ok=True)
-    AttestationStore(as_layout(repo).attestations).rebuild_index()
+    store = AttestationStore(as_layout(repo).attestations)
+    with store.locked():
+        path.unlink(missing_ok=True)
+        store.rebuild_index()
 
 
 def _fixture_field(stmt: dict[str, Any], name: str) -> Any:
@@ -372,12 +374,17 @@ def supersede_provenance(repo: Path | RepoLayout, keep: Path, digest: Digest) ->
     kept = statement_of(keep.read_bytes())[1]
     location, manifest = _fixture_field(kept, "location"), _fixture_field(kept, "manifest")
     removed = []
-    for p, stmt in _provenance_files(store, digest):
-        if p != keep and _fixture_field(stmt, "location") == location and _fixture_field(stmt, "manifest") == manifest:
-            p.unlink()
-            removed.append(p)
-    if removed:
-        store.rebuild_index()
+    with store.locked():  # the removals and the index without them, one change of the store
+        for p, stmt in _provenance_files(store, digest):
+            if (
+                p != keep
+                and _fixture_field(stmt, "location") == location
+                and _fixture_field(stmt, "manifest") == manifest
+            ):
+                p.unlink()
+                removed.append(p)
+        if removed:
+            store.rebuild_index()
     return tuple(removed)
 
 

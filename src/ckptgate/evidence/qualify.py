@@ -362,8 +362,9 @@ def qualify(
     # Storing is only useful when the trust data accepts the signer: verify before storing.
     verify_attestation(envelope, source="<new>", trust=load_trust(options), measured_digest=digest, now=now)
     store = AttestationStore(layout.attestations)
-    superseded = supersede_qualifications(store, digest, adapter, runtime=runtime)
-    stored = store.add(envelope)
+    with store.locked():  # no other process's change between the removals and the index that drops them
+        superseded = supersede_qualifications(store, digest, adapter, runtime=runtime)
+        stored = store.add(envelope)
     result = QualificationResult(
         fixture=fixture.name,
         adapter=adapter,

@@ -18,17 +18,19 @@ def supersede_qualifications(
 ) -> tuple[Path, ...]:
     """Remove earlier qualifications of the same adapter on the same fixture in the same environment
     kind (``runtime``: the farm runtime lock, None for ckptgate's own): their log is replaced.  A
-    qualification in another runtime is another row and stays."""
+    qualification in another runtime is another row and stays.  Call it inside ``store.locked()`` with the
+    :meth:`~AttestationStore.add` that stores the new one, so the index is rebuilt in the same hold."""
     removed = []
-    for p in store.find(digest):
-        try:
-            _fmt, stmt, _ = statement_of(p.read_bytes())
-        except VerificationError:
-            continue
-        same_adapter = field_at(stmt, "predicate", "adapter", "name") == adapter  # any shape, for unknown types
-        if same_adapter and runtime_lock(field_at(stmt, "predicate", "environment")) == runtime:
-            p.unlink()
-            removed.append(p)
+    with store.locked():  # the caller stores the new one (and the index) in the same hold
+        for p in store.find(digest):
+            try:
+                _fmt, stmt, _ = statement_of(p.read_bytes())
+            except VerificationError:
+                continue
+            same_adapter = field_at(stmt, "predicate", "adapter", "name") == adapter  # any shape, for unknown types
+            if same_adapter and runtime_lock(field_at(stmt, "predicate", "environment")) == runtime:
+                p.unlink()
+                removed.append(p)
     return tuple(removed)
 
 

@@ -13,14 +13,27 @@ Storing several is all or nothing (:meth:`AttestationStore.add_all`): every enve
 stored file or between two of them) and the new index are checked before the first file is written; each
 file goes in whole (a temporary file beside it, linked into place), the index last, and a failure on the
 way takes back what was written, so a refusal leaves the store as it was.
+
+Every change of the store (:meth:`AttestationStore.add_all`, :meth:`~AttestationStore.add`,
+:meth:`~AttestationStore.rebuild_index`, and a caller's own removals under
+:meth:`~AttestationStore.locked`) holds an exclusive ``flock`` on ``.lock`` in the store root from the listing
+it reads to the index it writes, so two processes storing at once never write an index without the other's
+files.  The lock file lasts as long as the change (and is no attestation: :meth:`~AttestationStore.iter` never
+lists it); a lock held elsewhere for longer than ``lock_timeout`` seconds is ``verify.store.busy``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
+import os
 import re
+import stat
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +50,11 @@ from ckptgate.verify.statement import check_statement
 INDEX_VERSION = 1
 _DIR = re.compile(r"^sha256-[0-9a-f]{64}$")
 _FILE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,80}-[0-9a-f]{16}\.(dsse|sigstore)\.json$")
+LOCK_NAME = ".lock"
+"""The store's lock file (in the root): neither a subject directory nor an attestation."""
+LOCK_TIMEOUT_S = 30.0
+"""How long a change of the store waits for another process's change to end."""
+_LOCK_POLL_S = 0.05
 
 
 def predicate_slug(predicate_type: str) -> str:
@@ -85,8 +103,102 @@ def _atomic_write(path: Path, data: bytes) -> None:
 class AttestationStore:
     """A directory of attestations keyed by subject digest."""
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, *, lock_timeout: float | None = None) -> None:
+        """:param lock_timeout: seconds a change waits for another process's (default :data:`LOCK_TIMEOUT_S`)."""
         self.root = Path(root)
+        self.lock_timeout = LOCK_TIMEOUT_S if lock_timeout is None else lock_timeout
+        self._held = threading.local()  # this thread's depth of locked() on this store
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the store's lock (``flock`` on ``ROOT/.lock``, created with the root and its parents where
+        missing): a read of the store and the change made from it, serialised with every other process's.
+
+        Reentrant in one thread on one :class:`AttestationStore` (another instance for the same root waits).
+        The lock file is removed while still held, at the end, and so are the root and parents this call made
+        where they are empty then (nothing was stored): the store is left as it would be without the lock.
+        A waiter that finds the file it locked removed locks the one there now.  ``verify.store.busy`` after
+        ``lock_timeout`` seconds of waiting."""
+        depth = getattr(self._held, "depth", 0)
+        if depth:
+            self._held.depth = depth + 1
+            try:
+                yield
+            finally:
+                self._held.depth = depth
+            return
+        made: list[Path] = []  # the root and its parents, made here
+        fd = -1
+        try:
+            fd = self._lock(made)
+            self._held.depth = 1
+            try:
+                yield
+            finally:
+                self._held.depth = 0
+        finally:
+            if fd >= 0:
+                # removed while held, never otherwise: a waiter on it then finds it gone and locks the next one
+                with contextlib.suppress(OSError):
+                    os.unlink(self.root / LOCK_NAME)
+            for d in reversed(made):
+                with contextlib.suppress(OSError):
+                    d.rmdir()  # only when empty: nothing was stored
+            if fd >= 0:
+                os.close(fd)  # releases the lock
+
+    def _lock(self, made: list[Path]) -> int:
+        """The lock file's descriptor, flock-ed exclusively; the root and parents this call made in ``made``."""
+        lock = self.root / LOCK_NAME
+        deadline = time.monotonic() + self.lock_timeout
+        while True:
+            for d in reversed([d for d in (self.root, *self.root.parents) if not d.exists()]):
+                try:
+                    d.mkdir()
+                except FileExistsError:  # made meanwhile by another process: not ours to take back
+                    continue
+                if d not in made:
+                    made.append(d)
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                    raise
+                fd = -1
+            try:
+                held = os.fstat(fd) if fd >= 0 else None
+                if held is None or not stat.S_ISREG(held.st_mode):
+                    raise UsageError(
+                        "usage.store",
+                        f"{lock} in the store is a symbolic link or not a regular file; refusing to lock through it",
+                        evidence={"path": str(lock)},
+                        advice=f"Remove {lock} (the store's lock file; the next change of {self.root} creates it), "
+                        "then run the command again.",
+                    )
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() >= deadline:
+                            raise VerificationError(
+                                "verify.store.busy",
+                                f"the attestation store {self.root} is busy: another process has held its lock "
+                                f"{lock} for the {self.lock_timeout:g} s this run waits",
+                                evidence={"path": str(self.root), "lock": str(lock), "timeout_s": self.lock_timeout},
+                                advice=f"Nothing was written to {self.root}. Let the other process storing there "
+                                f"(`fuser -v {lock}` names it) finish, then run the command again.",
+                            ) from None
+                        time.sleep(_LOCK_POLL_S)
+                with contextlib.suppress(FileNotFoundError):
+                    now = os.lstat(lock)
+                    if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                        return fd
+            except BaseException:
+                if fd >= 0:
+                    os.close(fd)
+                raise
+            os.close(fd)  # removed by its holder while this one waited: lock the one there now
 
     def path_for(self, raw: bytes, *, name: str | None = None) -> Path:
         """Where ``raw`` belongs (first subject's digest, predicate slug, payload digest); refused where the
@@ -149,9 +261,10 @@ class AttestationStore:
     def add(self, raw: bytes, *, reindex: bool = True) -> Path:
         """Store ``raw`` (idempotent) and rebuild the index; a different file at the same name is an error."""
         if not reindex:
-            dest = self.path_for(raw)  # refuses a link, a conflict
-            if not dest.exists():
-                _atomic_write(dest, raw)
+            with self.locked():
+                dest = self.path_for(raw)  # refuses a link, a conflict
+                if not dest.exists():
+                    _atomic_write(dest, raw)
             return dest
         return self.add_all([raw])[0]
 
@@ -160,29 +273,33 @@ class AttestationStore:
 
         Every envelope is read, every conflict found (:meth:`plan`) and the new index made before anything is
         written; then each new file goes in whole and the index last.  An error on the way (``OSError``, an
-        interrupt) takes back the files and directories this call made, so the store is as it was.
+        interrupt) takes back the files and directories this call made, so the store is as it was.  All of it
+        holds the store's lock (:meth:`locked`): another process's files stored meanwhile are never left out
+        of the index.
         """
-        dests = self.plan(raws, names=names)
-        new = {dest: raw for dest, raw in zip(dests, raws, strict=True) if not dest.exists()}
-        index = self.index_bytes(extra=new)  # every stored file is valid, or no index could be made
-        made: list[Path] = []  # directories and files this call created, in order
-        try:
-            for dest, raw in new.items():
-                missing = [d for d in (dest.parent, *dest.parent.parents) if not d.exists()]
-                for d in reversed(missing):  # the store's own parents too (a configured evidence/att)
-                    d.mkdir()
-                    made.append(d)
-                replace_whole(dest, raw, mode=0o600, exclusive=True)  # never over a file that appeared since
-                made.append(dest)
-            _atomic_write(self.root / "index.json", index)
-        except BaseException:
-            for p in reversed(made):
-                with contextlib.suppress(OSError):
-                    if p.is_dir() and not p.is_symlink():
-                        p.rmdir()
-                    else:
-                        p.unlink()
-            raise
+        self.plan(raws, names=names)  # a refusal of the inputs themselves before the store is touched (or made)
+        with self.locked():  # the root and parents made for the lock go again (locked) when nothing is stored
+            dests = self.plan(raws, names=names)  # again, now that no other process changes the store
+            new = {dest: raw for dest, raw in zip(dests, raws, strict=True) if not dest.exists()}
+            index = self.index_bytes(extra=new)  # every stored file is valid, or no index could be made
+            made: list[Path] = []  # directories and files this call created, in order
+            try:
+                for dest, raw in new.items():
+                    missing = [d for d in (dest.parent, *dest.parent.parents) if not d.exists()]
+                    for d in reversed(missing):
+                        d.mkdir()
+                        made.append(d)
+                    replace_whole(dest, raw, mode=0o600, exclusive=True)  # never over a file that appeared since
+                    made.append(dest)
+                _atomic_write(self.root / "index.json", index)
+            except BaseException:
+                for p in reversed(made):
+                    with contextlib.suppress(OSError):
+                        if p.is_dir() and not p.is_symlink():
+                            p.rmdir()
+                        else:
+                            p.unlink()
+                raise
         return dests
 
     def iter(self) -> Iterator[Path]:
@@ -243,7 +360,9 @@ class AttestationStore:
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
     def rebuild_index(self) -> Path:
-        """Regenerate ``index.json`` (sorted, deterministic)."""
+        """Regenerate ``index.json`` (sorted, deterministic) under the store's lock (reentrant: a caller that
+        removed files under :meth:`locked` rebuilds in the same hold)."""
         dest = self.root / "index.json"
-        _atomic_write(dest, self.index_bytes())
+        with self.locked():
+            _atomic_write(dest, self.index_bytes())
         return dest

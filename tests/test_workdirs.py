@@ -46,6 +46,12 @@ def _private_tmp(tmp_path, monkeypatch):
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    # and the runtime directory and the registry are this test's own: what earlier tests of this process
+    # still hold (a configuration's private copies live as long as the process) is not this test's to count
+    run = tmp_path / "xdg-runtime"
+    run.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     return tmp
 
 

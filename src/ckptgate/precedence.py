@@ -21,6 +21,8 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,8 @@ from ckptgate.widening import effective, widenings
 __all__ = ["NO_CONFIG_ENV", "Named", "Resolved", "resolve"]
 
 NO_CONFIG_ENV = "CKPTGATE_NO_CONFIG"
+_lease: workdirs.Lease | None = None  # the work directory that holds this process's private copies (_private_dir)
+_leasing = threading.Lock()
 #: The largest signed policy bundle copied once (:func:`_read_once`); a larger one is read where it is.
 MAX_BUNDLE_BYTES = 256 << 20  # --base files live as long as the process
 
@@ -94,9 +98,7 @@ def find(
         )
     base = None
     if named.base is not None:
-        into = _private_dir() / "base"  # beside the work directory's lock file, never over it
-        into.mkdir(mode=0o700)
-        base = materialize(named.base, named.start or Path.cwd(), into)
+        base = materialize(named.base, named.start or Path.cwd(), _private_dir())
         say(
             f"--base {named.base}: configuration {base.label} (commit {base.commit[:12]})"
             if base.label is not None
@@ -272,10 +274,9 @@ def _read_once(path: Path, *, limit: int = MAX_TRUST_BYTES, what: str) -> Path:
             evidence={"file": str(path), "what": what, "limit": limit},
             advice=f"Name {what} of at most {limit} bytes ({path} is larger).",
         )
-    private = _private_dir() / "copy"  # beside the work directory's lock file, never over it
+    private = _private_dir()
     copy = private / path.name
     try:
-        private.mkdir(mode=0o700)
         copy.write_bytes(raw)
     except OSError as e:
         raise ConfigError(
@@ -289,12 +290,18 @@ def _read_once(path: Path, *, limit: int = MAX_TRUST_BYTES, what: str) -> Path:
 
 
 def _private_dir() -> Path:
-    """A private directory (mode 0700) that lives as long as this process: a work directory
-    (:mod:`ckptgate.workdirs`), so what a killed run leaves there (a configuration's trust data, a
-    signed bundle, ``--base``'s files) is removed by the next run's sweep, not left in /tmp."""
-    lease = workdirs.create_work_dir()
-    atexit.register(lease.release)
-    return lease.path
+    """A new private directory (mode 0700) that lives as long as this process, inside one work
+    directory (:mod:`ckptgate.workdirs`) the process holds: what a killed run leaves there (a
+    configuration's trust data, a signed bundle, ``--base``'s files) is removed by the next run's
+    sweep, not left in /tmp.  One lease per process, however many copies: two descriptors, not two
+    per copy."""
+    global _lease
+    with _leasing:
+        if _lease is None:
+            _lease = lease = workdirs.create_work_dir()
+            owner = os.getpid()
+            atexit.register(lambda: lease.release() if os.getpid() == owner else None)  # never a fork's exit
+        return Path(tempfile.mkdtemp(dir=_lease.path))  # mode 0700, beside the lease's lock file, never over it
 
 
 def _same_tree(a: Path, b: Path) -> bool:

@@ -144,7 +144,7 @@ def test_add_with_two_envelopes_for_one_statement_writes_nothing(tmp_path: Path)
 
 def test_add_to_a_store_another_process_holds_is_busy_and_writes_nothing(tmp_path: Path, ed_signer) -> None:
     """While another process changes the store, `attest add` waits for it; past the wait (here shortened) it
-    is `verify.store.busy` naming the store, with no traceback and nothing written."""
+    is `runtime.store.busy` naming the store, with no traceback and nothing written."""
     from verify_helpers import statement
 
     from ckptgate.verify import AttestationStore, sign_statement
@@ -158,7 +158,7 @@ def test_add_to_a_store_another_process_holds_is_busy_and_writes_nothing(tmp_pat
     with holder.locked():
         r = subprocess.run([*cli, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     err = json.loads(r.stdout)["error"]
-    assert r.returncode == 5 and err["code"] == "verify.store.busy" and "Traceback" not in r.stderr
+    assert r.returncode == 7 and err["code"] == "runtime.store.busy" and "Traceback" not in r.stderr
     assert "store" in err["message"] and "store" in err["advice"]
     assert sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "store").rglob("*")) == before
     r = subprocess.run([*cli, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -6,7 +6,7 @@ import pytest
 from verify_helpers import FIXTURE_HEX, STATEMENT, statement
 
 from ckptgate.digest import Digest
-from ckptgate.errors import VerificationError
+from ckptgate.errors import RuntimeFailure, VerificationError
 from ckptgate.verify import AttestationStore, sign_statement
 from ckptgate.verify.store import predicate_slug
 
@@ -320,10 +320,10 @@ def test_a_store_locked_elsewhere_past_the_timeout_is_busy_and_untouched(tmp_pat
     before = _listing(tmp_path / "store")
     other = AttestationStore(tmp_path / "store", lock_timeout=0.2)  # its own open file: flock is per open file
     with holder.locked(), holder.locked():  # reentrant for the holder
-        with pytest.raises(VerificationError) as ei:
+        with pytest.raises(RuntimeFailure) as ei:
             other.add(sign_statement(statement(candidate_commit="f" * 40), ed_signer))
         holder.rebuild_index()  # the holder itself still changes the store
-    assert ei.value.code == "verify.store.busy"
+    assert ei.value.code == "runtime.store.busy"
     assert str(tmp_path / "store") in ei.value.message and ei.value.evidence["path"] == str(tmp_path / "store")
     assert _listing(tmp_path / "store") == before
     other.add(sign_statement(statement(candidate_commit="f" * 40), ed_signer))  # released

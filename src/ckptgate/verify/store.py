@@ -19,7 +19,7 @@ Every change of the store (:meth:`AttestationStore.add_all`, :meth:`~Attestation
 :meth:`~AttestationStore.locked`) holds an exclusive ``flock`` on ``.lock`` in the store root from the listing
 it reads to the index it writes, so two processes storing at once never write an index without the other's
 files.  The lock file lasts as long as the change (and is no attestation: :meth:`~AttestationStore.iter` never
-lists it); a lock held elsewhere for longer than ``lock_timeout`` seconds is ``verify.store.busy``.
+lists it); a lock held elsewhere for longer than ``lock_timeout`` seconds is ``runtime.store.busy``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import Any
 
 from ckptgate._json import loads_strict, verify_error
 from ckptgate.digest import Digest
-from ckptgate.errors import UsageError, VerificationError
+from ckptgate.errors import RuntimeFailure, UsageError, VerificationError
 from ckptgate.userfiles import replace_whole
 from ckptgate.verify import dsse
 from ckptgate.verify.facts import MAX_PAYLOAD_BYTES, read_envelope
@@ -117,7 +117,7 @@ class AttestationStore:
         Reentrant in one thread on one :class:`AttestationStore` (another instance for the same root waits).
         The lock file is removed while still held, at the end, and so are the root and parents this call made
         where they are empty then (nothing was stored): the store is left as it would be without the lock.
-        A waiter that finds the file it locked removed locks the one there now.  ``verify.store.busy`` after
+        A waiter that finds the file it locked removed locks the one there now.  ``runtime.store.busy`` after
         ``lock_timeout`` seconds of waiting."""
         depth = getattr(self._held, "depth", 0)
         if depth:
@@ -181,8 +181,8 @@ class AttestationStore:
                         break
                     except BlockingIOError:
                         if time.monotonic() >= deadline:
-                            raise VerificationError(
-                                "verify.store.busy",
+                            raise RuntimeFailure(
+                                "runtime.store.busy",
                                 f"the attestation store {self.root} is busy: another process has held its lock "
                                 f"{lock} for the {self.lock_timeout:g} s this run waits",
                                 evidence={"path": str(self.root), "lock": str(lock), "timeout_s": self.lock_timeout},

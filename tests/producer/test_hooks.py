@@ -219,7 +219,7 @@ def test_after_deepspeed_save_names_the_save_by_the_engine_step_when_latest_is_s
 _TWO_RANK_SAVE = """
 import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
-def main(rank, path, port, report, key, saves):
+def main(rank, path, port, report, key, saves, mains):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     from ckptgate.errors import Error
@@ -228,7 +228,8 @@ def main(rank, path, port, report, key, saves):
     for i in range(int(saves)):
         dcp.save({"w": torch.ones(2, 2) * rank}, checkpoint_id=f"{path}{i}")
         try:
-            done = after_dcp_save(f"{path}{i}", key=key, builder_id="b")
+            main = None if mains == "-" else mains[rank] == "1"
+            done = after_dcp_save(f"{path}{i}", key=key, builder_id="b", main_process=main)
             code = "signed" if done is not None else "none"
         except Error as e:
             code = e.code
@@ -237,12 +238,13 @@ def main(rank, path, port, report, key, saves):
         os._exit(0)  # the job's last save: the main process leaves at once (it hosts the store)
     dist.destroy_process_group()
 if __name__ == "__main__":
-    mp.spawn(main, args=tuple(sys.argv[1:6]), nprocs=2)
+    mp.spawn(main, args=tuple(sys.argv[1:7]), nprocs=2)
 """
 
 
-def _two_ranks(tmp_path: Path, key: Path, saves: int) -> tuple[str, str]:
-    """Run :data:`_TWO_RANK_SAVE`: what each rank's hook calls gave."""
+def _two_ranks(tmp_path: Path, key: Path, saves: int, mains: str = "-") -> tuple[str, str]:
+    """Run :data:`_TWO_RANK_SAVE` (``mains``: each rank's ``main_process=``, ``"1"``/``"0"``; ``"-"``: unset):
+    what each rank's hook calls gave."""
     import socket
 
     with socket.socket() as s:
@@ -251,7 +253,7 @@ def _two_ranks(tmp_path: Path, key: Path, saves: int) -> tuple[str, str]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "save.py").write_text(_TWO_RANK_SAVE)
     done = subprocess.run([sys.executable, str(tmp_path / "save.py"), str(tmp_path / "ck"), port,
-                           str(tmp_path / "code"), str(key), str(saves)], capture_output=True, text=True,
+                           str(tmp_path / "code"), str(key), str(saves), mains], capture_output=True, text=True,
                           timeout=300, check=False, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 0, done.stderr[-3000:]
     return (tmp_path / "code.0").read_text().strip(), (tmp_path / "code.1").read_text().strip()
@@ -273,3 +275,244 @@ def test_the_main_process_returns_once_every_rank_has_read_the_outcome(tmp_path:
         codes = _two_ranks(tmp_path / str(run), keys["key"], 3)
         assert codes == ("signed signed signed", "none none none")
         assert len(list((tmp_path / str(run)).glob("ck*.intoto.dsse.json"))) == 3
+
+
+def _misuse(tmp_path: Path, mains: str) -> tuple[str, str, float]:
+    """Run :data:`_TWO_RANK_SAVE` with ``main_process=`` per rank (``mains``: ``"00"``, ``"11"``)."""
+    import time
+
+    start = time.monotonic()
+    codes = _two_ranks(tmp_path, tmp_path / "no-key-needed.pem", 1, mains)
+    return *codes, time.monotonic() - start
+
+
+def test_no_rank_that_says_it_is_the_main_process_fails_every_rank_at_once(tmp_path: Path) -> None:
+    """Every rank passes ``main_process=False``: each used to wait for an outcome nobody would give, until the
+    store's timeout (30 minutes); now every rank raises the typed code once all have arrived."""
+    *codes, took = _misuse(tmp_path, "00")
+    assert tuple(codes) == ("runtime.attest.main_process", "runtime.attest.main_process")
+    assert took < 60
+    assert not list(tmp_path.glob("ck*.*"))  # nothing signed
+
+
+def test_two_ranks_that_say_they_are_the_main_process_fail_every_rank(tmp_path: Path) -> None:
+    """Both ranks pass ``main_process=True``: both used to attest the same checkpoint, their store keys
+    colliding; now neither signs and both raise the typed code."""
+    *codes, took = _misuse(tmp_path, "11")
+    assert tuple(codes) == ("runtime.attest.main_process", "runtime.attest.main_process")
+    assert took < 60
+    assert not list(tmp_path.glob("ck*.*"))
+
+
+class _FakeStore:
+    """A process group's store as TCPStore behaves: ``get`` and ``wait`` block until the keys are set,
+    ``add`` returns the new value; a wait past ``timeout`` raises, as the real store does."""
+
+    def __init__(self, timeout: float = 20.0) -> None:
+        import threading
+
+        self.data: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+        self.timeout = timeout
+
+    def _until(self, keys: list[str]) -> None:
+        if not self.cond.wait_for(lambda: all(k in self.data for k in keys), self.timeout):
+            raise RuntimeError(f"Wait timeout for {keys}")
+
+    def set(self, key: str, value: str | bytes) -> None:
+        with self.cond:
+            self.data[key] = value.encode() if isinstance(value, str) else bytes(value)
+            self.cond.notify_all()
+
+    def get(self, key: str) -> bytes:
+        with self.cond:
+            self._until([key])
+            return self.data[key]
+
+    def add(self, key: str, n: int) -> int:
+        with self.cond:
+            value = int(self.data.get(key, b"0")) + n
+            self.data[key] = str(value).encode()
+            self.cond.notify_all()
+            return value
+
+    def wait(self, keys: list[str]) -> None:
+        with self.cond:
+            self._until(list(keys))
+
+    def delete_key(self, key: str) -> bool:
+        with self.cond:
+            return self.data.pop(key, None) is not None
+
+
+class _FakeRanks:
+    """``torch.distributed`` for ranks that are threads of this process: each thread says which rank it is
+    (and so which process's hook-call keys it has) with :meth:`as_rank`."""
+
+    def __init__(self, world: int) -> None:
+        import threading
+        import types
+
+        from ckptgate.hooks import _attest
+
+        self.world = world
+        self.store = _FakeStore()
+        self.local = threading.local()
+        self.keys = [_attest._CallKeys() for _ in range(world)]  # one process's keys per rank
+        self.distributed_c10d = types.SimpleNamespace(_get_default_store=lambda: self.store)
+
+    def as_rank(self, rank: int) -> None:
+        self.local.rank = rank
+
+    def get_rank(self) -> int:
+        return int(self.local.rank)
+
+    def get_world_size(self) -> int:
+        return self.world
+
+    def next(self, path: Path | str) -> str:  # stands in for the module's _KEYS: this thread's rank's
+        return self.keys[self.get_rank()].next(path)
+
+
+@pytest.fixture
+def fake_ranks(monkeypatch: pytest.MonkeyPatch):
+    from ckptgate.hooks import _attest
+
+    def make(world: int, attested: list[str], refuse: frozenset[str] = frozenset()) -> _FakeRanks:
+        ranks = _FakeRanks(world)
+
+        def attest_main(dist, path, **_kw):  # the main process "signs" ``path`` (refusing those in ``refuse``)
+            from ckptgate.errors import UsageError
+
+            if Path(path).name in refuse:
+                raise UsageError("usage.signing_key_unreadable", f"no key for {path}", advice=f"give a key for {path}")
+            attested.append(Path(path).name)
+            return Path(path).name
+
+        monkeypatch.setattr(_attest, "_dist", lambda: ranks)
+        monkeypatch.setattr(_attest, "_KEYS", ranks)
+        monkeypatch.setattr(_attest, "_attest_main", attest_main)
+        return ranks
+
+    return make
+
+
+def _run_ranks(ranks: _FakeRanks, jobs: dict[tuple[int, str], object]) -> dict[tuple[int, str], object]:
+    """Run each ``(rank, name): callable`` on its own thread as that rank: what each returned or raised."""
+    import threading
+
+    got: dict[tuple[int, str], object] = {}
+
+    def run(rank: int, name: str, job) -> None:
+        ranks.as_rank(rank)
+        try:
+            got[(rank, name)] = job()
+        except Exception as e:  # recorded for the test to judge
+            got[(rank, name)] = getattr(e, "code", repr(e))
+
+    threads = [threading.Thread(target=run, args=(r, n, j)) for (r, n), j in jobs.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank never returned"
+    return got
+
+
+def test_the_store_key_names_the_checkpoint_and_the_call_for_that_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    import threading
+
+    from ckptgate.hooks._attest import _CallKeys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
+    keys = _CallKeys()
+    first, second = keys.next("ck"), keys.next(tmp_path / "ck")  # the same checkpoint, named two ways
+    assert first.startswith("ckptgate/attest/3/") and first.endswith("/0") and second.endswith("/1")
+    assert first.rsplit("/", 1)[0] == second.rsplit("/", 1)[0]
+    assert keys.next(tmp_path / "other").endswith("/0")  # another checkpoint counts its own calls
+
+    got: list[str] = []
+    lock = threading.Lock()
+
+    def many(name: str) -> None:
+        for _ in range(200):
+            k = keys.next(tmp_path / name)
+            with lock:
+                got.append(k)
+
+    threads = [threading.Thread(target=many, args=(f"ck{i % 4}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == len(got) == 1600  # no two calls share a key
+    for i in range(4):  # each checkpoint's calls are numbered 0..399, none skipped
+        mine = [k for k in got if k.rsplit("/", 2)[1] == keys.next(tmp_path / f"ck{i}").rsplit("/", 2)[1]]
+        assert sorted(int(k.rsplit("/", 1)[1]) for k in mine) == list(range(400))
+
+
+def test_concurrent_saves_of_different_checkpoints_each_get_their_own_outcome(tmp_path: Path, fake_ranks) -> None:
+    """Two threads per rank save different checkpoints at once, in whatever order they run: each call meets
+    the other rank's call for the same checkpoint (a process-wide call count paired them by arrival, so rank 1's
+    call for one checkpoint could raise the refusal of another)."""
+    attested: list[str] = []
+    ranks = fake_ranks(2, attested, refuse=frozenset({"b0", "b2"}))
+    from ckptgate.hooks import attest_saved
+
+    def saves(name: str, order: range):
+        return lambda: [_code(lambda i=i: attest_saved(tmp_path / f"{name}{i}")) for i in order]
+
+    got = _run_ranks(ranks, {(0, "a"): saves("a", range(3)), (0, "b"): saves("b", range(3)),
+                             (1, "a"): saves("a", range(3)), (1, "b"): saves("b", range(3))})
+    assert got[(0, "a")] == ["a0", "a1", "a2"] and got[(1, "a")] == [None, None, None]
+    assert got[(0, "b")] == ["usage.signing_key_unreadable", "b1", "usage.signing_key_unreadable"]
+    assert got[(1, "b")] == ["runtime.attest.failed_on_main", None, "runtime.attest.failed_on_main"]
+    assert sorted(attested) == ["a0", "a1", "a2", "b1"]
+    assert ranks.store.data == {}  # rank 0 removed every key once every rank had read
+
+
+def _code(call):
+    from ckptgate.errors import Error
+
+    try:
+        return call()
+    except Error as e:
+        return e.code
+
+
+@pytest.mark.parametrize("mains", [(False, False, False), (True, True, False), (None, True, False)])
+def test_unless_exactly_one_rank_is_the_main_process_every_rank_raises_and_nothing_is_signed(
+    tmp_path: Path, fake_ranks, mains: tuple[bool | None, ...]
+) -> None:
+    attested: list[str] = []
+    ranks = fake_ranks(len(mains), attested)
+    from ckptgate.hooks import attest_saved
+
+    got = _run_ranks(ranks, {(r, "ck"): (lambda m=m: _code(lambda: attest_saved(tmp_path / "ck", main_process=m)))
+                             for r, m in enumerate(mains)})
+    assert set(got.values()) == {"runtime.attest.main_process"}
+    assert attested == [] and ranks.store.data == {}
+    # the next save of that checkpoint, with one main process, is attested
+    got = _run_ranks(ranks, {(r, "ck"): (lambda: attest_saved(tmp_path / "ck")) for r in range(len(mains))})
+    assert got == {(0, "ck"): "ck", (1, "ck"): None, (2, "ck"): None}
+
+
+def test_the_main_process_on_another_rank_than_zero_attests_and_rank_zero_tidies(tmp_path: Path, fake_ranks) -> None:
+    attested: list[str] = []
+    ranks = fake_ranks(2, attested)
+    from ckptgate.hooks import attest_saved
+
+    got = _run_ranks(ranks, {(r, "ck"): (lambda m=m: attest_saved(tmp_path / "ck", main_process=m))
+                             for r, m in enumerate((False, True))})
+    assert got == {(0, "ck"): None, (1, "ck"): "ck"} and attested == ["ck"]
+    assert ranks.store.data == {}
+
+
+def test_a_rank_that_never_arrives_is_a_typed_store_failure(tmp_path: Path, fake_ranks) -> None:
+    ranks = fake_ranks(2, [])
+    ranks.store.timeout = 0.5
+    from ckptgate.hooks import attest_saved
+
+    got = _run_ranks(ranks, {(0, "ck"): lambda: _code(lambda: attest_saved(tmp_path / "ck"))})
+    assert got == {(0, "ck"): "runtime.attest.store"}

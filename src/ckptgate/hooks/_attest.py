@@ -1,14 +1,15 @@
-"""The producer-side helpers behind every hook: wait for every rank, then attest on the main process."""
+"""The producer-side helpers behind every hook: every rank arrives, then the main process attests."""
 
 from __future__ import annotations
 
 import contextlib
-import itertools
+import hashlib
 import json
 import os
 import re
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,41 @@ __all__ = ["after_accelerate_save", "after_dcp_save", "after_deepspeed_save", "a
 
 _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _GLOBAL_STEP = re.compile(r"^global_step([0-9]{1,18})$")
-_CALLS = itertools.count()  # this process's hook calls, in order: the key of each call's outcome
+_FIELDS = frozenset(
+    {
+        "key",
+        "builder_id",
+        "topology",
+        "producers",
+        "training_config",
+        "step",
+        "started",
+        "out",
+        "identity_token",
+        "sigstore_trust_config",
+    }
+)  # what the main process's attestation takes (``attest_saved``'s keywords, less ``main_process``)
+
+
+class _CallKeys:
+    """The store key of each hook call of this process: the checkpoint's path (a short sha256 of its absolute
+    path) and how many calls for that path came before, so calls for different checkpoints (from several
+    threads, in any order) never share a key, and each rank's n-th call for a path meets the others' n-th."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: dict[str, int] = {}
+
+    def next(self, path: Path | str) -> str:
+        digest = hashlib.sha256(os.fsencode(os.path.abspath(os.fspath(path)))).hexdigest()[:16]
+        with self._lock:
+            n = self._calls.get(digest, 0)
+            self._calls[digest] = n + 1
+        # the elastic restart too: a restarted job's store may keep an earlier attempt's keys
+        return f"ckptgate/attest/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{digest}/{n}"
+
+
+_KEYS = _CallKeys()
 
 
 def _dist() -> Any:
@@ -54,56 +89,111 @@ def attest_saved(
     """Attest the complete checkpoint at ``path``; returns what was written on the main process, ``None``
     on the others.  ``key`` defaults to ``$CKPTGATE_SIGNING_KEY``; with ``identity_token`` (and
     ``sigstore_trust_config``) the main process signs keyless instead (Sigstore bundle ``<path>.sigstore.json``).
-    With a process group, every rank waits
-    for the others before the main process (rank 0, unless ``main_process`` says) measures the files."""
+
+    With a process group, every rank calls this once its own files of the save are written, and the main
+    process (rank 0, unless ``main_process`` says) measures the files once every rank has arrived.  Exactly
+    one rank must be the main process: when none or several say so, every rank raises
+    ``runtime.attest.main_process`` (promptly, once all have arrived) and nothing is signed.  Every rank
+    names the checkpoint by the same path and calls the hooks for a given path in the same order; calls for
+    different checkpoints (from several threads, say) are independent of one another."""
+    fields: dict[str, Any] = {
+        "key": key,
+        "builder_id": builder_id,
+        "topology": topology,
+        "producers": producers,
+        "training_config": training_config,
+        "step": step,
+        "started": started,
+        "out": out,
+        "identity_token": identity_token,
+        "sigstore_trust_config": sigstore_trust_config,
+    }
+    return _attest_once(path, main_process, lambda dist: _attest_main(dist, path, **fields))
+
+
+def _attest_once(path: Path | str, main_process: bool | None, attest: Callable[[Any], Attested]) -> Attested | None:
+    """Every rank arrives, then ``attest`` runs on the main process alone and every rank learns how it went."""
     dist = _dist()
-    if dist is not None:
-        dist.barrier()  # every rank's files are written before any is measured
+    if dist is None:
+        return attest(None) if main_process is None or main_process else None
+    rank, world = int(dist.get_rank()), int(dist.get_world_size())
     if main_process is None:
-        main_process = dist is None or dist.get_rank() == 0
+        main_process = rank == 0
+    call = _Call(dist.distributed_c10d._get_default_store(), _KEYS.next(path), rank, world, path)
+    mains = call.arrive(bool(main_process))  # the barrier: every rank's files are written before any is measured
+    if mains != 1:
+        call.mark_read()
+        raise RuntimeFailure(
+            "runtime.attest.main_process",
+            f"{mains} of the {world} ranks said they were the main process for {path} (this rank, {rank}, said "
+            f"{'it was' if main_process else 'it was not'}); exactly one must attest, so nothing was signed",
+            evidence={"main_processes": mains, "world_size": world, "rank": rank, "path": str(path)},
+            advice=f"Pass main_process=True on exactly one of the {world} ranks (or leave it unset everywhere: "
+            f"rank 0 is then the main process) and save {path} again; nothing was signed for it.",
+        )
     if not main_process:
-        _shared_outcome(dist, None, path, main=False)  # raises what the main process raised
+        call.read_outcome()  # raises what the main process raised
         return None
     try:
-        done = _attest_main(
-            dist,
-            path,
-            key,
-            builder_id,
-            topology,
-            producers,
-            training_config,
-            step,
-            started,
-            out,
-            identity_token,
-            sigstore_trust_config,
-        )
+        done = attest(dist)
     except BaseException as e:
-        _shared_outcome(dist, e, path, main=True)
+        with contextlib.suppress(Error):  # the main process raises its own error, whatever the store did
+            call.share_outcome(e)
         raise
-    _shared_outcome(dist, None, path, main=True)
+    call.share_outcome(None)
     return done
 
 
-def _shared_outcome(dist: Any, failure: BaseException | None, path: Path | str, *, main: bool) -> None:
-    """With a process group, every rank learns how the main process's attestation went: a refusal there is
-    raised on every rank, so no rank trains on into a collective the failed one never reaches.
-
-    The outcome goes through the process group's store as JSON, never through a tensor collective: a gloo
+class _Call:
+    """One hook call's exchange through the process group's store, as JSON, never a tensor collective: a gloo
     worker thread drops a finished collective's tensors a moment after the call returns, and when the job
-    exits right after its last save (an FSDP model keeps the group alive past ``destroy_process_group``)
-    that drop needs the GIL during interpreter shutdown and aborts the rank (about one run in ten on torch
-    2.13). Nothing is unpickled either. Every rank marks the outcome read, and the main process returns only
-    once all have (it may host the store, and exit right after), then removes the keys. The keys name the
-    elastic restart (a restarted job's store may keep an earlier attempt's) and the call: every rank calls
-    the hooks in the same order."""
-    if dist is None:
-        return
-    store = dist.distributed_c10d._get_default_store()
-    key = f"ckptgate/attest/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_CALLS)}"
-    read = [f"{key}/read/{r}" for r in range(dist.get_world_size())]
-    if main:
+    exits right after its last save (an FSDP model keeps the group alive past ``destroy_process_group``) that
+    drop needs the GIL during interpreter shutdown and aborts the rank (about one run in ten on torch 2.13).
+    Nothing is unpickled either.
+
+    * Arrival, the barrier: each rank adds whether it is the main process to ``<key>/mains``, then sets
+      ``<key>/arrived/<rank>`` and waits for every rank's; ``<key>/mains`` then holds how many ranks said they
+      were the main process, the same total on every rank (each added before it arrived).
+    * Outcome: the main process sets ``<key>`` to how its attestation went (``{"ok": true}`` or its error's
+      code and message); the others read it, and a refusal there is raised on every rank, so no rank trains
+      on into a collective the failed one never reaches.
+    * Every rank marks its reads done (``<key>/read/<rank>``) once it needs the store no more; rank 0 returns
+      only once every rank has (it hosts the store under ``init_process_group``'s ``env://`` and ``tcp://``
+      rendezvous, and may exit right after), then removes the keys, for tidiness only.
+
+    ``key`` names the checkpoint and the call (:class:`_CallKeys`): every rank calls the hooks for a given path
+    in the same order.  A store that fails, or a rank that never arrives before the store's timeout, is
+    ``runtime.attest.store`` on the ranks that saw it."""
+
+    def __init__(self, store: Any, key: str, rank: int, world: int, path: Path | str) -> None:
+        self.store, self.key, self.rank, self.world, self.path = store, key, rank, world, path
+
+    def _do(self, step: str, op: Callable[[Any], Any]) -> Any:
+        try:
+            return op(self.store)
+        except Error:
+            raise
+        except Exception as e:  # a store timeout or a lost connection: typed, never a traceback
+            raise RuntimeFailure(
+                "runtime.attest.store",
+                f"the process group's store failed while {step} for {self.path} (rank {self.rank} of "
+                f"{self.world}): {type(e).__name__}: {str(e)[:300]}",
+                evidence={"step": step, "store_key": self.key, "rank": self.rank, "path": str(self.path)},
+                advice=f"Check that every one of the {self.world} ranks called the hook for {self.path} (by the "
+                f"same path, in the same order of saves) and that the job's store is still up (store key "
+                f"{self.key}).",
+            ) from None
+
+    def arrive(self, main: bool) -> int:
+        """Arrive, wait for every rank, and return how many ranks said they were the main process."""
+        k = self.key
+        self._do("counting the main processes", lambda s: s.add(f"{k}/mains", 1 if main else 0))
+        self._do("arriving", lambda s: s.set(f"{k}/arrived/{self.rank}", "1"))
+        self._do("waiting for every rank", lambda s: s.wait([f"{k}/arrived/{r}" for r in range(self.world)]))
+        return int(self._do("counting the main processes", lambda s: s.add(f"{k}/mains", 0)))
+
+    def share_outcome(self, failure: BaseException | None) -> None:
+        """On the main process: share how its attestation went."""
         outcome: dict[str, Any] = {"ok": True}
         if failure is not None:
             outcome = (
@@ -111,43 +201,56 @@ def _shared_outcome(dist: Any, failure: BaseException | None, path: Path | str, 
                 if isinstance(failure, Error)
                 else {"code": "runtime.attest.failed", "message": type(failure).__name__}
             )
-        store.set(key, json.dumps(outcome))
-        store.set(read[dist.get_rank()], "1")
-        store.wait(read)  # every rank has read it: the main process may host the store, and exit next
-        for k in (key, *read):  # tidiness only: the next call has its own keys
+        self._do("sharing the outcome", lambda s: s.set(self.key, json.dumps(outcome)))
+        self.mark_read()
+
+    def read_outcome(self) -> None:
+        """On the other ranks: raise what the main process raised."""
+        raw = self._do("reading the main process's outcome", lambda s: s.get(self.key))
+        self.mark_read()
+        try:
+            failed = json.loads(raw)
+        except ValueError:
+            failed = None
+        if not isinstance(failed, dict):
+            failed = {"code": "runtime.attest.outcome_unreadable", "message": f"the store held {bytes(raw)[:80]!r}"}
+        if failed.get("ok") is not True:
+            raise RuntimeFailure(
+                "runtime.attest.failed_on_main",
+                f"the main process did not attest {self.path}: [{failed.get('code')}] {failed.get('message')}",
+                evidence={"code": failed.get("code"), "path": str(self.path)},
+                advice=f"Read the main process's error ({failed.get('code')}) in its log; nothing was signed for "
+                f"{self.path}.",
+            )
+
+    def mark_read(self) -> None:
+        """This rank needs the store no more for this call; rank 0 waits for every rank's mark, then tidies."""
+        k = self.key
+        read = [f"{k}/read/{r}" for r in range(self.world)]
+        self._do("marking the outcome read", lambda s: s.set(read[self.rank], "1"))
+        if self.rank != 0:
+            return
+        self._do("waiting for every rank to read the outcome", lambda s: s.wait(read))
+        arrived = [f"{k}/arrived/{r}" for r in range(self.world)]
+        for name in (k, f"{k}/mains", *arrived, *read):  # tidiness only: the next call has its own keys
             with contextlib.suppress(RuntimeError, NotImplementedError):
-                store.delete_key(k)
-        return  # the main process raises its own error
-    raw = store.get(key)
-    store.set(read[dist.get_rank()], "1")
-    try:
-        failed = json.loads(raw)
-    except ValueError:
-        failed = None
-    if not isinstance(failed, dict):
-        failed = {"code": "runtime.attest.outcome_unreadable", "message": f"the store held {bytes(raw)[:80]!r}"}
-    if failed.get("ok") is not True:
-        raise RuntimeFailure(
-            "runtime.attest.failed_on_main",
-            f"the main process did not attest {path}: [{failed.get('code')}] {failed.get('message')}",
-            evidence={"code": failed.get("code"), "path": str(path)},
-            advice=f"Read the main process's error ({failed.get('code')}) in its log; nothing was signed for {path}.",
-        )
+                self.store.delete_key(name)
 
 
 def _attest_main(
     dist: Any,
     path: Path | str,
-    key: Path | str | None,
-    builder_id: str | None,
-    topology: Mapping[str, Any] | None,
-    producers: Mapping[str, str] | None,
-    training_config: Mapping[str, Any] | None,
-    step: int | None,
-    started: datetime | None,
-    out: Path | str | None,
-    identity_token: str | None,
-    sigstore_trust_config: Path | str | None,
+    *,
+    key: Path | str | None = None,
+    builder_id: str | None = None,
+    topology: Mapping[str, Any] | None = None,
+    producers: Mapping[str, str] | None = None,
+    training_config: Mapping[str, Any] | None = None,
+    step: int | None = None,
+    started: datetime | None = None,
+    out: Path | str | None = None,
+    identity_token: str | None = None,
+    sigstore_trust_config: Path | str | None = None,
 ) -> Attested:
     declared = dict(topology or {})
     if dist is not None:
@@ -176,8 +279,10 @@ def after_dcp_save(checkpoint_id: Path | str, **kwargs: Any) -> Attested | None:
 
 def after_accelerate_save(accelerator: Any, output_dir: Path | str, **kwargs: Any) -> Attested | None:
     """Call on every process right after ``accelerator.save_state(output_dir)``: the main process attests
-    ``output_dir`` once every process has finished writing."""
-    accelerator.wait_for_everyone()
+    ``output_dir`` once every process has finished writing (with a ``torch.distributed`` process group, the
+    hook's own exchange through its store is the wait; else ``accelerator.wait_for_everyone()``)."""
+    if _dist() is None:
+        accelerator.wait_for_everyone()
     kwargs.setdefault("topology", {"world_size": accelerator.num_processes})
     return attest_saved(output_dir, main_process=bool(accelerator.is_main_process), **kwargs)
 
@@ -200,22 +305,30 @@ def after_deepspeed_save(engine: Any, save_dir: Path | str, **kwargs: Any) -> At
     DeepSpeed's default, ``global_step<engine.global_steps>``, where that folder is there (``latest`` is stale
     after ``save_latest=False``), else the one ``latest`` names; its step is the tag's ``global_stepN`` unless
     ``step`` says."""
+    unknown = sorted(set(kwargs) - _FIELDS - {"tag", "main_process"})
+    if unknown:
+        raise TypeError(f"after_deepspeed_save() got unexpected keyword arguments {unknown}")
     topology = dict(kwargs.pop("topology", None) or {})
     stage = getattr(engine, "zero_optimization_stage", None)
     if callable(stage):
         topology.setdefault("zero_stage", int(stage()))
     tag = kwargs.pop("tag", None)
-    dist = _dist()
-    if dist is not None:
-        dist.barrier()  # rank 0 writes latest: read it once every rank is past save_checkpoint
+    main_process = kwargs.pop("main_process", None)
     root = Path(save_dir)
-    if tag is None:  # DeepSpeed's own default tag, whose folder this save wrote; else the one ``latest`` names
-        steps = getattr(engine, "global_steps", None)
-        default = f"global_step{steps}" if isinstance(steps, int) and not isinstance(steps, bool) else None
-        tag = default if default is not None and (root / default).is_dir() else _latest_tag(root)
-    if tag is not None and kwargs.get("out") is None:
-        suffix = SIGSTORE_SUFFIX if kwargs.get("identity_token") is not None else ENVELOPE_SUFFIX
-        kwargs["out"] = root.parent / f"{root.name}.{tag}{suffix}"
-    if tag is not None and kwargs.get("step") is None and (m := _GLOBAL_STEP.match(tag)):
-        kwargs["step"] = int(m.group(1))
-    return attest_saved(save_dir, topology=topology, **kwargs)
+
+    def attest(dist: Any) -> Attested:
+        """On the main process, once every rank is past ``save_checkpoint`` (rank 0 writes ``latest``)."""
+        fields = dict(kwargs)
+        named = tag
+        if named is None:  # DeepSpeed's own default tag, whose folder this save wrote; else the one ``latest`` names
+            steps = getattr(engine, "global_steps", None)
+            default = f"global_step{steps}" if isinstance(steps, int) and not isinstance(steps, bool) else None
+            named = default if default is not None and (root / default).is_dir() else _latest_tag(root)
+        if named is not None and fields.get("out") is None:
+            suffix = SIGSTORE_SUFFIX if fields.get("identity_token") is not None else ENVELOPE_SUFFIX
+            fields["out"] = root.parent / f"{root.name}.{named}{suffix}"
+        if named is not None and fields.get("step") is None and (m := _GLOBAL_STEP.match(named)):
+            fields["step"] = int(m.group(1))
+        return _attest_main(dist, save_dir, topology=topology, **fields)
+
+    return _attest_once(save_dir, main_process, attest)

@@ -40,7 +40,7 @@ def engine_overlays(tree: Path, files: dict[str, bytes]) -> dict[str, bytes]:
     tree ckptgate carries; for any other, ckptgate's own ``system.authz``, once the tree is checked
     (``usage.policies`` when a module calls a nondeterministic builtin or defines under ``data.system``)."""
     own = policies_dir()
-    if own is None:  # an installation without policies: the engine refuses to start on its own
+    if own is None or tree.resolve() == own.resolve():  # none (the engine refuses on its own), or ckptgate's own
         return {}
     bundled = _bundled(own)
     if files == bundled:

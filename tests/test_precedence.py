@@ -463,3 +463,25 @@ def test_a_private_copy_a_killed_run_left_is_swept_by_the_next_run(tmp_path: Pat
     assert copy.parent.parent.parent == workdirs.runtime_dir()  # in this run's private runtime directory
     workdirs.sweep()  # what the next run does first
     assert not copy.exists() and not copy.parent.parent.exists()
+
+
+def test_a_lease_directory_removed_under_a_long_lived_process_is_renewed(tmp_path: Path, monkeypatch) -> None:
+    """Review (session 49): once the runtime directory was cleaned under a long-lived process (logind at the
+    user's last logout), every later resolve() raised a bare FileNotFoundError.  A new lease is taken."""
+    import shutil
+
+    from ckptgate import precedence
+
+    monkeypatch.setattr(precedence, "_lease", None)
+    git(tmp_path, "init", "-q")
+    (tmp_path / "trust.json").write_bytes((REPO / "policies" / policydata.TRUST_IN_BUNDLE).read_bytes())
+    (tmp_path / "ckptgate.toml").write_text('trust = "trust.json"\n')
+    monkeypatch.delenv("CKPTGATE_NO_CONFIG", raising=False)
+    first = precedence.resolve(precedence.Named(start=tmp_path)).engine.trust_file
+    old = precedence._lease
+    assert old is not None
+    shutil.rmtree(old.path)
+    second = precedence.resolve(precedence.Named(start=tmp_path)).engine.trust_file
+    assert precedence._lease is not old and second.read_bytes() == (tmp_path / "trust.json").read_bytes()
+    assert not first.exists()
+    precedence._lease.release()

@@ -294,14 +294,27 @@ def _private_dir() -> Path:
     directory (:mod:`ckptgate.workdirs`) the process holds: what a killed run leaves there (a
     configuration's trust data, a signed bundle, ``--base``'s files) is removed by the next run's
     sweep, not left in /tmp.  One lease per process, however many copies: two descriptors, not two
-    per copy."""
+    per copy; a new one where the directory has gone (a long-lived process whose runtime directory
+    was cleaned at logout).  The process that made it removes it at exit: a process forked from it
+    that outlives it keeps no copy."""
     global _lease
     with _leasing:
-        if _lease is None:
+        if _lease is None or not os.path.isdir(_lease.path):
+            if _lease is not None:
+                _lease.release()
             _lease = lease = workdirs.create_work_dir()
             owner = os.getpid()
             atexit.register(lambda: lease.release() if os.getpid() == owner else None)  # never a fork's exit
-        return Path(tempfile.mkdtemp(dir=_lease.path))  # mode 0700, beside the lease's lock file, never over it
+        try:
+            return Path(tempfile.mkdtemp(dir=_lease.path))  # mode 0700, beside the lease's lock file
+        except OSError as e:
+            raise EngineUnavailable(
+                "engine.workdir.unusable",
+                f"a private directory could not be made in {_lease.path}: {e.strerror or e}",
+                evidence={"path": str(_lease.path)},
+                advice=f"Free space in {_lease.path.parent} (or set XDG_RUNTIME_DIR to a private directory with "
+                "room), then run again.",
+            ) from None
 
 
 def _same_tree(a: Path, b: Path) -> bool:

@@ -44,8 +44,11 @@ NONDETERMINISTIC = [
     ("time.now_ns", "x if time.now_ns() > 0\n"),
     ("rand.intn", 'x := rand.intn("a", 10)\n'),
     ("json.match_schema (a remote $ref)", 'x := json.match_schema({}, {"$ref": "URL"})\n'),
+    # verified as of now: a certificate with a NotAfter of the author's choosing flips the decision then
+    ("an x509 chain verified as of now", "x if crypto.x509.parse_and_verify_certificates(input.pem)[0]\n"),
 ]
-BUILTINS = ("http.send", "opa.runtime", "net.lookup_ip_addr", "time.now_ns", "rand.intn", "json.match_schema")
+BUILTINS = ("http.send", "opa.runtime", "net.lookup_ip_addr", "time.now_ns", "rand.intn", "json.match_schema",
+            "crypto.x509.parse_and_verify_certificates")
 
 
 @pytest.fixture
@@ -117,16 +120,65 @@ def test_the_bundled_tree_and_an_identical_copy_are_loaded_as_they_are(tree):
         ("ckptgate/x/brackets.rego", 'package system["authz"]\n\nallow if true\n'),
         ("system/authz/data.json", '{"allow": true}'),
         ("data.json", '{"system": {"authz": {"allow": true}}}'),
+        ("data.json", '{"\\u0073ystem": {"log": {"mask": ["/input"]}}}'),
+        # OPA's decoder reads a stray byte as U+FFFD and loads data.system.log.mask; Python's refuses the file
+        ("data.json", b'{"system": {"log": {"mask": ["/input"]}}, "pad": "\xff"}'),
+        ("data.json", '{"x": ' + "[" * 5000 + "]" * 5000 + "}"),
     ],
-    ids=["system.log", "system.authz elsewhere", "system by brackets", "data under system/", "a system key"],
+    ids=["system.log", "system.authz elsewhere", "system by brackets", "data under system/", "a system key",
+         "an escaped system key", "a stray byte", "nested past Python's depth"],
 )
 def test_a_tree_that_defines_the_engines_namespace_is_refused(tree, rel, text):
     path = tree / rel
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(UsageError) as e:
         _open(tree)
     assert e.value.code == "usage.policies" and e.value.evidence["file"] == str(path)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "import data.system.bundles\n\nx := object.keys(bundles)\n",
+        'x := data.system.version\n',
+        'x := data["system"]\n',
+        "x := data\n",
+        "x := [p | walk(data, [p, _])]\n",
+        'x := data[k] if k := concat("", ["sys", "tem"])\n',
+        "import data as d\n\nx := d.system\n",
+        'x := y if {\n\ty := 1 with data.system.version as {}\n}\n',
+    ],
+    ids=["an import", "a reference", "brackets", "all of data", "walk", "a computed key", "an alias of data",
+         "a with target"],
+)
+def test_a_tree_that_reads_the_engines_namespace_is_refused(tree, body):
+    """data.system.bundles is keyed by the engine's private work directory, opa-<128 random bits>: a coin
+    a policy could toss, and the uid and runtime path besides."""
+    module = tree / "ckptgate" / "peek" / "peek.rego"
+    module.parent.mkdir()
+    module.write_text("package ckptgate.peek\n\n" + body)
+    with pytest.raises(UsageError) as e:
+        _open(tree)
+    assert e.value.code == "usage.policies" and e.value.evidence["file"] == str(module)
+
+
+def test_reading_data_by_name_is_allowed(tree):
+    module = tree / "ckptgate" / "named" / "named.rego"
+    module.parent.mkdir()
+    module.write_text("package ckptgate.named\n\nx := data.ckptgate.config\n\ny := data.ckptgate[k] if k := \"config\"\n")
+    assert engine_overlays(tree, read_policy_files(tree))
+
+
+def test_without_policies_of_its_own_an_installation_refuses_any_other_tree(tree, monkeypatch):
+    """No authorization of ckptgate's own to stage (a zip-imported install has no policies directory):
+    a tree is refused rather than run behind its own system.authz, unchecked."""
+    import ckptgate.decide.policy_tree as pt
+
+    monkeypatch.setattr(pt, "policies_dir", lambda: None)
+    with pytest.raises(UsageError) as e:
+        engine_overlays(tree, read_policy_files(tree))
+    assert e.value.code == "usage.policies" and str(tree) in e.value.message
 
 
 def _anonymous(port: int) -> tuple[int, int]:

@@ -287,3 +287,56 @@ def test_cli_attest_provenance(repo: Path, key: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "ckptgate", "attest", "provenance", "--fixture", "nope", "--key",
                         str(key), "--repo", str(repo), "--json"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and json.loads(r.stdout)["error"]["code"] == "evidence.fixture.unknown"
+
+
+# ------------------------------------------------------------------------------------ two runs at once
+def _two_stored(repo: Path, key: Path) -> tuple[Path, Path, Any]:
+    """The store as two runs for one fixture leave it after each stored its statement, before either
+    superseded: B's run superseded first, then A's store landed."""
+    fixture = find_fixture(repo, ZERO2)
+    t1 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    a = attest_provenance(repo, fixture, key=key, now=t1)
+    env_a = a.attestation.read_bytes()
+    b = attest_provenance(repo, fixture, key=key, now=t1 + timedelta(days=1))  # supersedes A's
+    AttestationStore(repo / "attestations").add(env_a)
+    assert sorted(_provenance_files(repo)) == sorted([a.attestation, b.attestation])
+    return a.attestation, b.attestation, a.fixture_digest
+
+
+def test_the_later_of_two_supersedes_keeps_the_statement_the_earlier_one_kept(repo: Path, key: Path) -> None:
+    """Review (session 49): A's supersede read the statement it keeps, which B's supersede had removed:
+    a bare FileNotFoundError (internal.unexpected).  It is read under the lock now, and a statement
+    another run removed means that run's is kept."""
+    from ckptgate.evidence.provenance import supersede_provenance
+
+    pa, pb, digest = _two_stored(repo, key)
+    assert supersede_provenance(repo, pb, digest) == (pa,)
+    assert supersede_provenance(repo, pa, digest) == ()
+    assert _provenance_files(repo) == [pb]
+
+
+def test_two_concurrent_supersedes_leave_one_statement(repo: Path, key: Path) -> None:
+    """Review (session 49): each run read the statement it keeps before taking the lock, then removed the
+    other's: both reported success and the store held no provenance at all."""
+    import threading
+    import time
+
+    from ckptgate.evidence.provenance import supersede_provenance
+
+    pa, pb, digest = _two_stored(repo, key)
+    errors: list[BaseException] = []
+
+    def run(keep: Path) -> None:
+        try:
+            supersede_provenance(repo, keep, digest)
+        except BaseException as e:  # recorded, asserted below
+            errors.append(e)
+
+    with AttestationStore(repo / "attestations").locked():  # a third change holds the store a moment
+        threads = [threading.Thread(target=run, args=(p,)) for p in (pa, pb)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)  # both wait for the lock
+    for t in threads:
+        t.join(60)
+    assert errors == [] and len(_provenance_files(repo)) == 1

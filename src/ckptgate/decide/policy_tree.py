@@ -6,10 +6,14 @@ the inputs the decision names, and it never governs the engine itself:
 
 * no module (tests aside: they never reach the engine) calls or names a builtin OPA marks
   nondeterministic (``http.send`` to a metadata endpoint from CI, ``opa.runtime``, the clock,
-  randomness), read from OPA's own parse of it (:mod:`ckptgate.decide.rego_ast`);
-* no module or data document defines anything under ``data.system``: the embedded server's
-  authorization (``system.authz``, which admits only this run's token) is always the one ckptgate
-  carries, staged over the tree's own (:data:`AUTHZ_IN_BUNDLE`).
+  randomness) or one that reads the clock unmarked, read from OPA's own parse of it
+  (:mod:`ckptgate.decide.rego_ast`);
+* no module reads ``data.system`` (the engine's own state: its bundle is keyed by the path of a
+  private, randomly named work directory), the whole of ``data``, or ``data[x]`` by a computed key;
+* no module or data document defines anything under ``data.system`` (a root ``data.json`` must be
+  strict JSON in UTF-8, which OPA reads as Python does): the embedded server's authorization
+  (``system.authz``, which admits only this run's token) is always the one ckptgate carries, staged
+  over the tree's own (:data:`AUTHZ_IN_BUNDLE`).
 
 The bundled tree is loaded as it is: it is ckptgate's own."""
 
@@ -21,7 +25,15 @@ from pathlib import Path
 
 from ckptgate._resources import policies_dir
 from ckptgate.decide.bundle import find_opa, read_policy_files
-from ckptgate.decide.rego_ast import RegoParseError, called, is_ref, nondeterministic_builtins, parse_modules, ref_text
+from ckptgate.decide.rego_ast import (
+    RegoParseError,
+    called,
+    data_refs,
+    is_ref,
+    nondeterministic_builtins,
+    parse_modules,
+    ref_text,
+)
 from ckptgate.errors import UsageError
 
 __all__ = ["AUTHZ_IN_BUNDLE", "engine_overlays"]
@@ -38,26 +50,38 @@ def _bundled(root: Path) -> dict[str, bytes]:
 def engine_overlays(tree: Path, files: dict[str, bytes]) -> dict[str, bytes]:
     """What the engine stages over ``files`` (the snapshot of ``tree`` the decision names): nothing for the
     tree ckptgate carries; for any other, ckptgate's own ``system.authz``, once the tree is checked
-    (``usage.policies`` when a module calls a nondeterministic builtin or defines under ``data.system``)."""
+    (``usage.policies`` when a module calls a nondeterministic builtin or reads or defines ``data.system``).
+    An installation that carries no policies has no authorization to stage: a tree is then refused."""
     own = policies_dir()
-    if own is None or tree.resolve() == own.resolve():  # none (the engine refuses on its own), or ckptgate's own
+    if own is not None and tree.resolve() == own.resolve():  # ckptgate's own, by its own path
         return {}
-    bundled = _bundled(own)
-    if files == bundled:
+    bundled = _bundled(own) if own is not None else {}
+    if own is not None and files == bundled:
         return {}
+    if AUTHZ_IN_BUNDLE not in bundled:
+        raise UsageError(
+            "usage.policies",
+            f"this installation of ckptgate carries no policies of its own, so the policy tree {tree} cannot "
+            "run behind ckptgate's authorization of the embedded engine",
+            evidence={"file": str(tree)},
+            advice=f"Reinstall ckptgate from its wheel (it carries policies/), then name {tree} again.",
+        )
     check_tree(tree, files, bundled)
-    return {AUTHZ_IN_BUNDLE: bundled[AUTHZ_IN_BUNDLE]} if AUTHZ_IN_BUNDLE in bundled else {}
+    return {AUTHZ_IN_BUNDLE: bundled[AUTHZ_IN_BUNDLE]}
 
 
 def check_tree(tree: Path, files: dict[str, bytes], bundled: dict[str, bytes]) -> None:
-    """Refuse (``usage.policies``) a tree whose Rego reaches past the inputs, or that defines ``data.system``.
-    A file with the bytes ``bundled`` (the tree ckptgate carries) has at the same path is ckptgate's own."""
+    """Refuse (``usage.policies``) a tree whose Rego reaches past the inputs, or that reads or defines
+    ``data.system``.  A file with the bytes ``bundled`` (the tree ckptgate carries) has at the same path is
+    ckptgate's own."""
     texts: dict[str, str] = {}
     for rel, data in sorted(files.items()):
         if rel == AUTHZ_IN_BUNDLE or bundled.get(rel) == data:
             continue  # replaced by ckptgate's own, or ckptgate's own already
-        if rel.split("/")[0] == "system" or (rel == "data.json" and _has_system_key(data)):
+        if rel.split("/")[0] == "system":
             raise _refuse(tree, rel, "defines data under data.system, the embedded engine's own namespace")
+        if rel == "data.json":
+            _check_root_data(tree, rel, data)
         if not rel.endswith(".rego"):
             continue
         try:
@@ -84,24 +108,37 @@ def check_tree(tree: Path, files: dict[str, bytes], bundled: dict[str, bytes]) -
             raise _refuse(tree, rel, "has no package OPA could describe")
         if len(path) > 1 and path[1] == {"type": "string", "value": "system"}:
             raise _refuse(tree, rel, f"declares package {ref_text(path)}, the embedded engine's own namespace")
+        for ref in data_refs(module):
+            if len(ref) == 1 or ref[1].get("type") != "string" or ref[1].get("value") == "system":
+                raise _refuse(
+                    tree,
+                    rel,
+                    f"reads {ref_text(ref)}: a policy reads data by name, never data.system (the engine's own "
+                    "state, such as the path of its private work directory) nor the whole of data",
+                    reference=ref_text(ref),
+                )
         for builtin in called(module):
             if builtin in nondeterministic:
                 raise _refuse(
                     tree,
                     rel,
-                    f"calls {builtin} (or names it, as a `with` value that a call then runs), which OPA marks "
-                    "nondeterministic: a decision is a function of the inputs it names, never the network, "
-                    "the clock, randomness or the engine's runtime",
+                    f"calls {builtin} (or names it, as a `with` value that a call then runs), which reads the "
+                    "network, the clock, randomness or the engine's runtime: a decision is a function of the "
+                    "inputs it names",
                     builtin=builtin,
                 )
 
 
-def _has_system_key(data: bytes) -> bool:
+def _check_root_data(tree: Path, rel: str, data: bytes) -> None:
+    """The root ``data.json`` must be strict JSON in UTF-8 with no ``system`` key: OPA's decoder accepts what
+    Python's refuses (a stray byte becomes U+FFFD), so what cannot be read here is refused, not let through."""
     try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return False  # OPA refuses malformed data on its own, naming the file
-    return isinstance(doc, dict) and "system" in doc
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        why = "too deeply nested" if isinstance(e, RecursionError) else str(e)[:200]
+        raise _refuse(tree, rel, f"is not strict JSON in UTF-8 ({why})") from None
+    if isinstance(doc, dict) and "system" in doc:
+        raise _refuse(tree, rel, "defines data under data.system, the embedded engine's own namespace")
 
 
 def _refuse(tree: Path, rel: str, why: str, **evidence: str) -> UsageError:

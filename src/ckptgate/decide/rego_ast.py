@@ -18,12 +18,25 @@ from typing import Any, TypeGuard
 
 from ckptgate.errors import EngineUnavailable
 
-__all__ = ["RegoParseError", "called", "is_ref", "nondeterministic_builtins", "parse_modules", "ref_text"]
+__all__ = [
+    "RegoParseError",
+    "called",
+    "data_refs",
+    "is_ref",
+    "nondeterministic_builtins",
+    "parse_modules",
+    "ref_text",
+]
 
 #: Parse every file in one OPA process, with OPA's own parser (the one that loads the bundle);
 #: ``--strict-builtin-errors`` makes a file that does not parse an error rather than a missing key.
 _PARSE_QUERY = "{name: rego.parse_module(name, text) | some name, text in input}"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Builtins OPA does not mark nondeterministic that read the clock all the same: a certificate chain is
+#: verified as of now, so one with a NotAfter of the author's choosing flips a decision on that date.
+CLOCK_READING = frozenset(
+    {"crypto.x509.parse_and_verify_certificates", "crypto.x509.parse_and_verify_certificates_with_options"}
+)
 
 
 class RegoParseError(Exception):
@@ -74,7 +87,8 @@ def parse_modules(texts: dict[str, str], opa: str, *, what: str) -> dict[str, An
 def nondeterministic_builtins(opa: str) -> frozenset[str]:
     """The builtins this OPA marks nondeterministic (``opa capabilities --current``): the network
     (``http.send``, ``net.lookup_ip_addr``), the engine's runtime and environment (``opa.runtime``), the
-    clock and randomness, and schema checks that may fetch a remote ``$ref``."""
+    clock and randomness, and schema checks that may fetch a remote ``$ref``; and those that read the
+    clock unmarked (:data:`CLOCK_READING`)."""
     try:
         proc = subprocess.run([opa, "capabilities", "--current"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -87,7 +101,7 @@ def nondeterministic_builtins(opa: str) -> frozenset[str]:
             "engine.bundle.build_failed",
             f"{opa} did not list its builtins (opa capabilities --current): {(proc.stderr or proc.stdout)[:500]}",
         )
-    return frozenset(names)
+    return frozenset(names | CLOCK_READING)
 
 
 def called(node: Any) -> Iterator[str]:
@@ -118,6 +132,20 @@ def called(node: Any) -> Iterator[str]:
     elif isinstance(node, list):
         for v in node:
             yield from called(v)
+
+
+def data_refs(node: Any) -> Iterator[list[dict[str, Any]]]:
+    """The terms of every reference to ``data`` anywhere in ``node`` (imports, bodies, ``with`` targets and
+    values, rule heads' values, comprehensions); a bare ``data`` is a reference of one term."""
+    if isinstance(node, dict):
+        value = node.get("value")
+        if node.get("type") == "ref" and is_ref(value) and value[0] == {"type": "var", "value": "data"}:
+            yield value
+        for v in node.values():
+            yield from data_refs(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from data_refs(v)
 
 
 def is_ref(terms: Any) -> TypeGuard[list[dict[str, Any]]]:

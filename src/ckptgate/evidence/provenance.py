@@ -369,12 +369,17 @@ def _fixture_field(stmt: dict[str, Any], name: str) -> Any:
 
 def supersede_provenance(repo: Path | RepoLayout, keep: Path, digest: Digest) -> tuple[Path, ...]:
     """Remove every other stored provenance statement for ``digest`` with the same fixture location
-    and manifest (a generation record's statement never supersedes the fixture's own)."""
+    and manifest (a generation record's statement never supersedes the fixture's own).  ``keep`` is read
+    under the store's lock: where another run's supersede has removed it meanwhile, that run's statement
+    is the one kept, and nothing is removed here (two runs never remove each other's)."""
     store = AttestationStore(as_layout(repo).attestations)
-    kept = statement_of(keep.read_bytes())[1]
-    location, manifest = _fixture_field(kept, "location"), _fixture_field(kept, "manifest")
     removed = []
-    with store.locked():  # the removals and the index without them, one change of the store
+    with store.locked():  # keep read, the removals and the index without them: one change of the store
+        try:
+            kept = statement_of(keep.read_bytes())[1]  # a file this process stored
+        except FileNotFoundError:
+            return ()
+        location, manifest = _fixture_field(kept, "location"), _fixture_field(kept, "manifest")
         for p, stmt in _provenance_files(store, digest):
             if (
                 p != keep

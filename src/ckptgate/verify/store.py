@@ -161,6 +161,10 @@ class AttestationStore:
                     made.append(d)
             try:
                 fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+            except FileNotFoundError:  # the root another change made, and took back as it ended: make it again
+                if time.monotonic() >= deadline:
+                    raise
+                continue
             except OSError as e:
                 if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
                     raise

@@ -110,7 +110,7 @@ REFUSED += [
         "a rule head through an aliased import of system",
         {"a.rego": "package ckptgate_consumer\n\nimport data.system.authz as z\n\nz.allow if true\n"},
         "a.rego",
-        {"rule": "z.allow"},
+        {"reference": "data.system.authz"},  # refused first for importing the engine's own namespace
     ),
     (
         "deny as a function",
@@ -143,7 +143,10 @@ for target, imports in _WITH:
         ("an else branch", "x := 1 if false\n\nelse := 2 if {{\n\ttrue with {t} as {{}}\n}}\n"),
     ]:
         text = f"package ckptgate_consumer.sub\n\n{imports}{body.format(t=target)}"
-        REFUSED.append((f"with {target} in {where}", {"w.rego": text}, "w.rego", {"rule": "x"}))
+        # a target of the whole of data or of data.system is refused first as reading the engine's own state
+        state = {"data": "data", "data.system.authz.allow": "data.system.authz.allow", "d.ckptgate": "data"}
+        named = {"reference": state[target]} if target in state else {"rule": "x"}
+        REFUSED.append((f"with {target} in {where}", {"w.rego": text}, "w.rego", named))
 
 # A judged change's Rego must not reach the network, the engine's runtime, the clock or randomness (a
 # metadata endpoint's credentials, read with http.send and sent on with another, in pre-merge CI).
@@ -184,6 +187,17 @@ REFUSED.append(("http.send as a with value in a test file",
                 "n_test.rego", {"builtin": "http.send", "rule": "test_x"}))
 REFUSED.append(("http.send in a test file", {"n_test.rego": f"package ckptgate_consumer\n\ntest_x if {{\n\t{_SEND}\n}}\n"},
                 "n_test.rego", {"builtin": "http.send", "rule": "test_x"}))
+
+# The engine's own state is no input: data.system.bundles is keyed by the engine's private work directory,
+# opa-<128 random bits> (a coin a rule could toss), and walk(data) or data[k] reaches it too.
+for reference, body in [
+    ("data.system.bundles", "x := data.system.bundles\n"),
+    ("data.system", "import data.system as s\n\nx := s.version\n"),
+    ("data", "x := [p | walk(data, [p, _])]\n"),
+    ("data[k]", 'x := data[k] if k := concat("", ["sys", "tem"])\n'),
+]:
+    REFUSED.append((f"reads {reference} ({len(REFUSED)})", {"r.rego": f"package ckptgate_consumer\n\n{body}"},
+                    "r.rego", {"reference": reference}))
 
 # (case id, {file name: text}): accepted, and still unable to widen.
 ACCEPTED: list[tuple[str, dict[str, str]]] = [

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate.decide.bundle import find_opa
-from ckptgate.decide.rego_ast import RegoParseError, called, is_ref, nondeterministic_builtins, parse_modules, ref_text
+from ckptgate.decide.rego_ast import (
+    RegoParseError,
+    called,
+    engine_state_reads,
+    is_ref,
+    nondeterministic_builtins,
+    parse_modules,
+    ref_text,
+)
 from ckptgate.errors import ConfigError, EngineUnavailable
 from ckptgate.userfiles import read_regular_file
 
@@ -190,6 +198,14 @@ def _check_module(file: Path, module: Any, nondeterministic: frozenset[str]) -> 
             f"declares package {package}: data.{CONSUMER_PACKAGE}.{CONSUMER_DENY} is the set of deny "
             "reasons the decision reads, not a package",
             package=package,
+        )
+    for read in engine_state_reads(module):
+        raise _refuse(
+            file,
+            f"reads {ref_text(read)}: extra Rego reads data by name (data.ckptgate, its own package), never "
+            "data.system (the engine's own state), the whole of data, or data by a computed key",
+            package=package,
+            reference=ref_text(read),
         )
     imports = _imports(module.get("imports") or [])
     for rule in module.get("rules") or []:

@@ -28,7 +28,7 @@ from ckptgate.decide.bundle import find_opa, read_policy_files
 from ckptgate.decide.rego_ast import (
     RegoParseError,
     called,
-    data_refs,
+    engine_state_reads,
     is_ref,
     nondeterministic_builtins,
     parse_modules,
@@ -108,15 +108,15 @@ def check_tree(tree: Path, files: dict[str, bytes], bundled: dict[str, bytes]) -
             raise _refuse(tree, rel, "has no package OPA could describe")
         if len(path) > 1 and path[1] == {"type": "string", "value": "system"}:
             raise _refuse(tree, rel, f"declares package {ref_text(path)}, the embedded engine's own namespace")
-        for ref in data_refs(module):
-            if len(ref) == 1 or ref[1].get("type") != "string" or ref[1].get("value") == "system":
-                raise _refuse(
-                    tree,
-                    rel,
-                    f"reads {ref_text(ref)}: a policy reads data by name, never data.system (the engine's own "
-                    "state, such as the path of its private work directory) nor the whole of data",
-                    reference=ref_text(ref),
-                )
+        for read in engine_state_reads(module):
+            raise _refuse(
+                tree,
+                rel,
+                f"reads {ref_text(read)}: a policy reads data by name, never data.system (the engine's own "
+                "state, such as the path of its private work directory), the whole of data, or data by a "
+                "computed key",
+                reference=ref_text(read),
+            )
         for builtin in called(module):
             if builtin in nondeterministic:
                 raise _refuse(

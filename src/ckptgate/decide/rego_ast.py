@@ -21,7 +21,7 @@ from ckptgate.errors import EngineUnavailable
 __all__ = [
     "RegoParseError",
     "called",
-    "data_refs",
+    "engine_state_reads",
     "is_ref",
     "nondeterministic_builtins",
     "parse_modules",
@@ -134,18 +134,22 @@ def called(node: Any) -> Iterator[str]:
             yield from called(v)
 
 
-def data_refs(node: Any) -> Iterator[list[dict[str, Any]]]:
-    """The terms of every reference to ``data`` anywhere in ``node`` (imports, bodies, ``with`` targets and
-    values, rule heads' values, comprehensions); a bare ``data`` is a reference of one term."""
+def engine_state_reads(node: Any) -> Iterator[list[dict[str, Any]]]:
+    """The terms of every reference anywhere in ``node`` (imports, bodies, ``with`` targets and values, rule
+    heads' values, comprehensions) that reads ``data.system`` (the engine's own state: its bundle is keyed
+    by the path of a private, randomly named work directory), the whole of ``data`` (a bare ``data`` is a
+    reference of one term, and ``walk(data)`` reaches ``data.system``), or ``data[x]`` by a computed key."""
     if isinstance(node, dict):
         value = node.get("value")
         if node.get("type") == "ref" and is_ref(value) and value[0] == {"type": "var", "value": "data"}:
-            yield value
+            named = len(value) > 1 and value[1].get("type") == "string" and value[1].get("value") != "system"
+            if not named:
+                yield value
         for v in node.values():
-            yield from data_refs(v)
+            yield from engine_state_reads(v)
     elif isinstance(node, list):
         for v in node:
-            yield from data_refs(v)
+            yield from engine_state_reads(v)
 
 
 def is_ref(terms: Any) -> TypeGuard[list[dict[str, Any]]]:

@@ -381,7 +381,7 @@ def fake_ranks(monkeypatch: pytest.MonkeyPatch):
     def make(world: int, attested: list[str], refuse: frozenset[str] = frozenset()) -> _FakeRanks:
         ranks = _FakeRanks(world)
 
-        def attest_main(dist, path, **_kw):  # the main process "signs" ``path`` (refusing those in ``refuse``)
+        def attest_main(dist, path, _fields):  # the main process "signs" ``path`` (refusing those in ``refuse``)
             from ckptgate.errors import UsageError
 
             if Path(path).name in refuse:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -24,20 +25,6 @@ __all__ = ["after_accelerate_save", "after_dcp_save", "after_deepspeed_save", "a
 
 _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _GLOBAL_STEP = re.compile(r"^global_step([0-9]{1,18})$")
-_FIELDS = frozenset(
-    {
-        "key",
-        "builder_id",
-        "topology",
-        "producers",
-        "training_config",
-        "step",
-        "started",
-        "out",
-        "identity_token",
-        "sigstore_trust_config",
-    }
-)  # what the main process's attestation takes (``attest_saved``'s keywords, less ``main_process``)
 
 
 class _CallKeys:
@@ -97,19 +84,8 @@ def attest_saved(
     ``runtime.attest.main_process`` (promptly, once all have arrived) and nothing is signed.  Every rank
     names the checkpoint by the same path and calls the hooks for a given path in the same order; calls for
     different checkpoints (from several threads, say) are independent of one another."""
-    fields: dict[str, Any] = {
-        "key": key,
-        "builder_id": builder_id,
-        "topology": topology,
-        "producers": producers,
-        "training_config": training_config,
-        "step": step,
-        "started": started,
-        "out": out,
-        "identity_token": identity_token,
-        "sigstore_trust_config": sigstore_trust_config,
-    }
-    return _attest_once(path, main_process, lambda dist: _attest_main(dist, path, **fields))
+    fields = {name: value for name, value in locals().items() if name in _FIELDS}  # the keywords, as given
+    return _attest_once(path, main_process, lambda dist: _attest_main(dist, path, fields))
 
 
 def _attest_once(path: Path | str, main_process: bool | None, attest: Callable[[Any], Attested]) -> Attested | None:
@@ -238,36 +214,32 @@ class _Call:
                 self.store.delete_key(name)
 
 
-def _attest_main(
-    dist: Any,
-    path: Path | str,
-    *,
-    key: Path | str | None = None,
-    builder_id: str | None = None,
-    topology: Mapping[str, Any] | None = None,
-    producers: Mapping[str, str] | None = None,
-    training_config: Mapping[str, Any] | None = None,
-    step: int | None = None,
-    started: datetime | None = None,
-    out: Path | str | None = None,
-    identity_token: str | None = None,
-    sigstore_trust_config: Path | str | None = None,
-) -> Attested:
-    declared = dict(topology or {})
+#: What the main process's attestation takes: ``attest_saved``'s keywords, less ``main_process``.
+_FIELDS = frozenset(inspect.signature(attest_saved).parameters) - {"path", "main_process"}
+
+
+def _attest_main(dist: Any, path: Path | str, fields: Mapping[str, Any]) -> Attested:
+    """The main process's attestation of ``path``; ``fields``: ``attest_saved``'s keywords (:data:`_FIELDS`)."""
+
+    def as_path(name: str) -> Path | None:
+        value = fields.get(name)
+        return Path(value) if value is not None else None
+
+    declared = dict(fields.get("topology") or {})
     if dist is not None:
         declared.setdefault("world_size", dist.get_world_size())
     request = AttestRequest(
         src=Path(path),
-        key=Path(key) if key is not None else None,
-        out=Path(out) if out is not None else None,
-        builder_id=builder_id,
-        producers=dict(producers or {}),
+        key=as_path("key"),
+        out=as_path("out"),
+        builder_id=fields.get("builder_id"),
+        producers=dict(fields.get("producers") or {}),
         topology=declared,
-        training_config=training_config,
-        step=step,
-        started=started,
-        identity_token=identity_token,
-        sigstore_trust_config=Path(sigstore_trust_config) if sigstore_trust_config is not None else None,
+        training_config=fields.get("training_config"),
+        step=fields.get("step"),
+        started=fields.get("started"),
+        identity_token=fields.get("identity_token"),
+        sigstore_trust_config=as_path("sigstore_trust_config"),
     )
     return attest_checkpoint(request)
 
@@ -330,6 +302,6 @@ def after_deepspeed_save(engine: Any, save_dir: Path | str, **kwargs: Any) -> At
             fields["out"] = root.parent / f"{root.name}.{named}{suffix}"
         if named is not None and fields.get("step") is None and (m := _GLOBAL_STEP.match(named)):
             fields["step"] = int(m.group(1))
-        return _attest_main(dist, save_dir, topology=topology, **fields)
+        return _attest_main(dist, save_dir, {**fields, "topology": topology})
 
     return _attest_once(save_dir, main_process, attest)

@@ -164,3 +164,13 @@ def test_add_to_a_store_another_process_holds_is_busy_and_writes_nothing(tmp_pat
     r = subprocess.run([*cli, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(json.loads((tmp_path / "store" / "index.json").read_text())["attestations"]) == 2
+
+
+def test_now_outside_the_years_policy_compares_is_a_usage_error(tmp_path: Path) -> None:
+    # 9999-12-31 plus the clock skew overflowed datetime (internal.unexpected); +14:00 on year 1 overflowed in UTC
+    (tmp_path / "att.dsse.json").write_text("{}")
+    for when in ("9999-12-31T23:59:59Z", "0001-01-01T00:00:00+14:00"):
+        r = run("attest", "verify", "att.dsse.json", "--digest", "sha256:" + FIXTURE_HEX, "--now", when, "--json",
+                cwd=tmp_path)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert json.loads(r.stdout)["error"]["code"] == "usage.invalid"

@@ -220,3 +220,22 @@ def test_an_unreadable_key_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as e:
         OfferedKey.from_file(tmp_path / "absent.pem")
     assert e.value.code == "usage.key_unreadable"
+
+
+@pytest.mark.parametrize("hint", [None, ""])
+def test_a_bundle_without_a_key_hint_prints_nothing_on_stdout(
+    signed: dict[str, Path], hint: str | None, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # model_signing's key verifier printed a warning on stdout for a bundle without a public-key hint: a field
+    # the bundle's author sets, which broke the --json document of verify and intake
+    doc = json.loads(signed["sig"].read_text())
+    if hint is None:
+        del doc["verificationMaterial"]["publicKey"]["hint"]
+    else:
+        doc["verificationMaterial"]["publicKey"]["hint"] = hint
+    bare = signed["dir"] / "bare.sig"
+    bare.write_text(json.dumps(doc))
+    capfd.readouterr()
+    v = verify(signed["ck"], bare, signed["pub"])  # the signature still verifies under the offered key
+    assert v.to_facts()["verification"]["binding"] == "manifest"
+    assert capfd.readouterr().out == ""

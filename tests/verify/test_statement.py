@@ -190,3 +190,33 @@ def test_provenance_fast_and_reference_validators_agree() -> None:
         except fastjsonschema.JsonSchemaException:
             got.append(False)
     assert got == ref
+
+
+@pytest.mark.parametrize(("field", "when"), [
+    ("issued_at", "0001-01-01T00:00:00+14:00"),  # before year 1 once in UTC: astimezone overflowed (internal.unexpected)
+    ("expires_at", "9999-12-31T23:59:59-14:00"),  # after year 9999 once in UTC
+    ("issued_at", "1600-01-01T00:00:00Z"),  # before what policy reads as nanoseconds since the epoch
+    ("expires_at", "3000-01-01T00:00:00Z"),  # after it
+])
+def test_validity_outside_the_years_policy_compares_is_a_typed_refusal(field: str, when: str) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from ckptgate.verify.statement import check_validity
+
+    s = statement(validity={"issued_at": "2026-01-01T00:00:00Z", "expires_at": "2027-01-01T00:00:00Z", field: when})
+    check_statement(s)  # the schema's pattern admits it: the window check refuses it
+    with pytest.raises(VerificationError) as e:
+        check_validity(s, datetime(2026, 12, 1, tzinfo=timezone.utc), max_clock_skew=timedelta(minutes=5))
+    assert e.value.code == "verify.statement.validity_window"
+
+
+def test_validity_is_read_in_utc() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from ckptgate.verify.statement import check_validity
+
+    s = statement(validity={"issued_at": "2026-01-01T09:00:00+09:00", "expires_at": "2027-01-01T00:00:00-05:00"})
+    v = check_validity(s, datetime(2026, 12, 1, tzinfo=timezone.utc), max_clock_skew=timedelta(minutes=5))
+    assert v is not None
+    assert v.issued_at == datetime(2026, 1, 1, tzinfo=timezone.utc) and v.issued_at.utcoffset() == timedelta(0)
+    assert v.expires_at == datetime(2027, 1, 1, 5, tzinfo=timezone.utc)

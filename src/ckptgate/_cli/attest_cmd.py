@@ -66,7 +66,17 @@ def _now(value: str | None) -> datetime:
             "--now needs a UTC offset (e.g. 2026-01-01T00:00:00Z)",
             advice="End --now with Z or +00:00, such as --now 2026-01-01T00:00:00Z.",
         )
-    return t
+    from ckptgate.verify.statement import EARLIEST_TIME, LATEST_TIME, parse_time  # noqa: PLC0415 - fastjsonschema
+
+    try:
+        return parse_time(value)  # in UTC, and within the years policy can compare
+    except ValueError as e:
+        raise UsageError(
+            "usage.invalid",
+            f"--now {value!r}: {e}",
+            advice=f"Give --now a time between {EARLIEST_TIME.year} and {LATEST_TIME.year - 1}, "
+            f"such as --now 2026-01-01T00:00:00Z, not {value!r}.",
+        ) from None
 
 
 @click.group("attest")

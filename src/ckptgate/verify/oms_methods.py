@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
+import io
+import logging
 import os
 import tempfile
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,20 @@ from ckptgate.verify.sigstore import verify_bundle_dsse
 from ckptgate.verify.x509chain import CertificateChain, verify_chain
 
 
+@contextlib.contextmanager
+def _library_stdout() -> Iterator[None]:
+    """Keep what ``model_signing`` prints off ckptgate's stdout, which carries ``--json`` documents: its key
+    verifier prints a warning there for a bundle without a public-key hint (a field of the bundle, so anyone
+    offering one could break the JSON a pipeline reads).  What it printed is logged instead."""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            yield
+    finally:
+        if buf.getvalue().strip():
+            logging.getLogger("ckptgate.oms").warning("model_signing: %s", buf.getvalue().strip()[:500])
+
+
 def _signature_check(raw: bytes, key: OfferedKey) -> Any:
     """The reference implementation's verification of the bundle under ``key``; returns its manifest."""
     from model_signing._signing import sign_ec_key, sign_sigstore_pb  # noqa: PLC0415 - model_signing: 1.7 s import
@@ -40,7 +58,8 @@ def _signature_check(raw: bytes, key: OfferedKey) -> Any:
                 f.write(data)
         try:
             verifier = sign_ec_key.Verifier(kp) if key.algorithm != "ed25519" else _ed25519_verifier(key)
-            return verifier.verify(sign_sigstore_pb.Signature.read(sp))
+            with _library_stdout():
+                return verifier.verify(sign_sigstore_pb.Signature.read(sp))
         except Exception as e:  # the library raises ValueError, InvalidSignature, KeyError...
             raise _fail(
                 "signature",
@@ -82,7 +101,8 @@ def _certificate_check(
                 f.write(data)
         verifier = sign_certificate.Verifier([cp])
         try:
-            lib_manifest = verifier.verify(sign_sigstore_pb.Signature.read(sp))
+            with _library_stdout():
+                lib_manifest = verifier.verify(sign_sigstore_pb.Signature.read(sp))
         except crypto.X509StoreContextError as e:
             raise _fail(
                 "certificate_chain",
@@ -138,7 +158,8 @@ def _sigstore_check(raw: bytes, trust_root: Path | str, identities: list[tuple[s
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
         try:
-            manifest = _SigstoreVerifier().verify(sign_sigstore_pb.Signature.read(sp))
+            with _library_stdout():
+                manifest = _SigstoreVerifier().verify(sign_sigstore_pb.Signature.read(sp))
         except VerificationError:
             raise
         except Exception as e:  # the library's payload checks raise ValueError, KeyError...

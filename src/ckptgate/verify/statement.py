@@ -201,12 +201,30 @@ def field_at(doc: Any, *keys: str) -> Any:
     return doc
 
 
+EARLIEST_TIME = datetime(1678, 1, 1, tzinfo=UTC)
+LATEST_TIME = datetime(2262, 1, 1, tzinfo=UTC)
+"""The times a statement may name: those the policy engine reads as nanoseconds since the epoch (a signed
+64-bit count, 1677-09-21 to 2262-04-11, less a margin), so that Python never accepts a time that policy
+cannot compare, and never computes past the range of :class:`datetime` (``0001-01-01T00:00:00+14:00`` is
+before year 1 in UTC)."""
+
+
 def parse_time(value: str) -> datetime:
-    """RFC 3339 timestamp with an explicit offset -> aware datetime."""
+    """RFC 3339 timestamp with an explicit offset -> aware datetime in UTC.  ``ValueError`` for a time
+    without an offset, or outside :data:`EARLIEST_TIME` .. :data:`LATEST_TIME`."""
     t = datetime.fromisoformat(value.replace("Z", "+00:00"))
     if t.tzinfo is None:
         raise ValueError("timestamp without a UTC offset")
-    return t
+    try:
+        utc = t.astimezone(UTC)
+    except OverflowError:  # a date at the edge of datetime's range, moved out of it by its offset
+        utc = None
+    if utc is None or not EARLIEST_TIME <= utc < LATEST_TIME:
+        raise ValueError(
+            f"timestamp {value[:40]!r} is outside {EARLIEST_TIME.year}..{LATEST_TIME.year - 1}, the years "
+            "policy can compare"
+        )
+    return utc
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,7 +15,7 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src" / "ckptgate"
 
 #: Below every step: any step may import these, and they import only each other.
-BASE = ("errors", "interrupts", "group", "digestvalue", "_fs", "_json", "dtypes", "_resources", "userfiles", "workdirs", "ckptgate")
+BASE = ("errors", "interrupts", "group", "digestvalue", "_fs", "_json", "dtypes", "shapes", "_resources", "userfiles", "workdirs", "ckptgate")
 #: The one-way pipeline, in order.
 STEPS = ("inspect", "digest", "verify", "decide", "enforce", "consolidate", "publish")
 #: Above the steps: they compose them and are imported by no step.

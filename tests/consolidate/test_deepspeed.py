@@ -191,6 +191,22 @@ def test_a_malformed_static_tree_is_a_typed_error(bad: dict) -> None:
     assert e.value.code.startswith("runtime.plan.")
 
 
+@pytest.mark.parametrize("shape", [[1 << 62] * 100_000, [1] * 65, [1 << 63]], ids=["wide", "ndim", "int64"])
+def test_a_shape_torch_could_not_hold_is_refused_before_its_numel(shape: list[int]) -> None:
+    """A worker's torch.Size of 100,000 dims of 2**62 took the plan into a numel product quadratic
+    in the dims (the static layout's param_shapes are checked the same way)."""
+    with SafeTree.open(FIXTURES / "deepspeed_zero2" / "checkpoint") as tree:
+        ins = inspect_open_tree(tree)
+    files = {f.path: f for f in ins.files}
+    rels = deepspeed.zero_files(ins.layout)
+    trees = deepspeed.static_trees(files, rels)
+    trees[rels[0]] = {**trees[rels[0]], "param_shapes": [{"w": shape}]}
+    with pytest.raises(RuntimeFailure) as e:
+        deepspeed.zero_plan(ins.layout, trees, files, max_shard_bytes=300, trees_from="static_reader")
+    assert e.value.code == "runtime.plan.bad_value"
+    assert "param_shapes group" in str(e.value)
+
+
 @pytest.mark.parametrize("name", ["deepspeed_zero2", "deepspeed_zero3"])
 def test_a_runtime_qualification_asks_the_worker_for_every_state_file(name: str) -> None:
     """``framework_files(worker=True)`` (a runtime qualification, issue #31 item 2) names every

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import struct
@@ -233,3 +234,33 @@ def test_huge_sparse_pickle_is_refused_unread(tmp_path: Path) -> None:
         f.truncate(1 << 40)
     insp = inspect_tree(tmp_path)
     assert "pickle.too_large" in {f.code for f in insp.findings} and not insp.clean
+
+
+def _long4(n: int) -> bytes:
+    b = n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True)
+    return b"\x8b" + struct.pack("<i", len(b)) + b
+
+
+@pytest.mark.parametrize("n", [10**6000, -(10**6000), 1 << 2048], ids=["huge", "negative", "just_over"])
+def test_integer_wider_than_the_cap_is_a_finding_not_a_value(n: int, tmp_path: Path) -> None:
+    """An int Python refuses to print (over 4300 digits) never reaches a repr, an f-string or the
+    JSON report: a dict key of one was pickle.malformed, a tensor's shape or offset exit 1."""
+    data = b"\x80\x02}" + _long4(n) + b"K\x01s."
+    rep = read_pickle(data, path="p")
+    assert [f.code for f in rep.findings] == ["pickle.int_too_large"]
+    assert rep.complete and not rep.inside_allowlist
+    ok = b"\x80\x02}" + _long4((1 << 2047) - 1) + b"K\x01s."  # the widest LONG1 could hold, and more
+    assert _codes(ok) == []
+    from ckpt_inspect_helpers import p_int, p_tuple, torch_zip
+
+    off = _long4(n) if n > 0 else p_int(0)
+    t = (
+        b"ctorch._utils\n_rebuild_tensor_v2\n((" + p_str("storage") + b"ctorch\nFloatStorage\n" + p_str("0")
+        + p_str("cpu") + p_int(1) + b"tQ" + off + b"(" + p_int(0) + _long4(abs(n)) + b"t" + p_tuple([1, 1])
+        + b"\x89ccollections\nOrderedDict\n)RtR"
+    )  # fmt: skip
+    (tmp_path / "ck").mkdir()
+    torch_zip(tmp_path / "ck" / "pytorch_model.bin", b"\x80\x02}(" + p_str("w") + t + b"u.", {"0": b"\0" * 4})
+    insp = inspect_tree(tmp_path / "ck")
+    assert "pickle.int_too_large" in {f.code for f in insp.findings}
+    json.dumps(insp.to_facts())

@@ -68,13 +68,17 @@ CASES = {
     "offsets_gap_not_from_zero": st_bytes({"a": _t("U8", [4], 4, 8)}, b"\0" * 8),
     "offsets_overlap": st_bytes({"a": _t("U8", [4], 0, 4), "b": _t("U8", [4], 2, 6)}, b"\0" * 6),
     "shape_overflow": st_bytes({"a": _t("F32", [2**32, 2**32, 2], 0, 0)}),
+    "shape_overflow_behind_zero": st_bytes({"a": _t("F32", [0, 2**64], 0, 0)}),
+    "shape_overflow_behind_zero_many": st_bytes({"a": _t("F32", [0] + [2**62] * 100_000, 0, 0)}),
+    "shape_overflow_huge_behind_zero": st_bytes({"a": _t("F32", [0, 10**4000], 0, 0)}),
     "size_mismatch": st_bytes({"a": _t("F32", [3], 0, 8)}, b"\0" * 8),
     "trailing_bytes": st_bytes(dict(GOOD), b"\0" * 12 + b"PK\x03\x04polyglot"),
     "offsets_beyond_file": st_bytes(dict(GOOD), b"\0" * 10),
 }
 EXPECTED = {"bad_offsets_float": "bad_offsets", "bad_offsets_huge": "bad_offsets",
             "bad_offsets_negative": "bad_offsets", "offsets_gap_not_from_zero": "offsets_gap",
-            "duplicate_metadata": "duplicate_key"}
+            "duplicate_metadata": "duplicate_key", "shape_overflow_behind_zero": "shape_overflow",
+            "shape_overflow_behind_zero_many": "shape_overflow", "shape_overflow_huge_behind_zero": "shape_overflow"}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -12,6 +12,7 @@ from typing import Any
 
 from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.pickle import Call, Global, PickleReport, SDict, SList, key_text
+from ckptgate.shapes import MAX_NDIM, dims_in_bounds
 
 __all__ = ["DcpChunk", "DcpMetadata", "DcpStorageItem", "DcpTensor", "extract_dcp_metadata"]
 
@@ -107,9 +108,9 @@ def _fields(v: Any, *names: str) -> dict[str, Any]:
 def _ints(v: Any, what: str) -> tuple[int, ...]:
     if _cls(v) == "torch.Size" and isinstance(v.args, tuple) and len(v.args) == 1:
         v = v.args[0]
-    if isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+    if isinstance(v, tuple) and dims_in_bounds(v):
         return v
-    raise _Bad(f"{what} is not a tuple of non-negative integers")
+    raise _Bad(f"{what} is not a tuple of at most {MAX_NDIM} integers in [0, 2^63)")
 
 
 #: ``TensorProperties`` as each torch release pickles it (``__getstate__``), by tuple length:

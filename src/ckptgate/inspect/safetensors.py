@@ -227,14 +227,20 @@ def _validate(read: Any, file_size: int, path: str, max_header: int) -> Safetens
             )
         expected = end
     for t in tensors:
-        # 7. checked multiplication
-        numel = 1
+        # 7. checked multiplication, over the non-zero dims: a zero first hid [0, 2**64] and
+        # [0] + [2**62] * 100_000 (whose strides the library refuses to compute, and whose
+        # products grow quadratically in any later walk) behind a numel of 0
+        wide = 1
         for d in t.shape:
-            numel *= d
-            if numel >= 1 << 64:
+            wide *= d or 1
+            if wide >= 1 << 64:
                 raise _rej(
-                    "shape_overflow", f"tensor {t.name!r} shape product overflows 64 bits", path, tensor=t.name[:200]
+                    "shape_overflow",
+                    f"tensor {t.name!r} shape product (of its non-zero dims) overflows 64 bits",
+                    path,
+                    tensor=t.name[:200],
                 )
+        numel = wide if all(t.shape) else 0
         bits = numel * DTYPE_BITS[t.dtype]
         if bits >= 1 << 67:
             raise _rej("shape_overflow", f"tensor {t.name!r} byte size overflows 64 bits", path, tensor=t.name[:200])

@@ -17,6 +17,7 @@ from ckptgate.inspect.allowlist import DTYPE_ITEMSIZE, STORAGE_DTYPES
 from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.pickle import Call, Global, PersId, PickleReport, SDict, SList, key_text
 from ckptgate.inspect.torchrecords import _Records
+from ckptgate.shapes import MAX_DIM, MAX_NDIM, dims_in_bounds
 
 __all__ = ["TensorRecord", "walk_value"]
 
@@ -205,6 +206,18 @@ def _tensor(
         or any(s < 0 for s in stride + shape)
     ):
         findings.append(bad)
+        return None
+    if not (dims_in_bounds(shape) and dims_in_bounds(stride) and dims_in_bounds((off, pid[4]))):
+        findings.append(
+            error(
+                "torch.tensor_geometry",
+                path,
+                f"tensor {name!r} has {len(shape)} dimensions or a size, stride, offset or storage numel "
+                f"outside int64; torch holds at most {MAX_NDIM} here, each at most {MAX_DIM}",
+                name=name,
+                ndim=len(shape),
+            )
+        )
         return None
     key = pid[2]
     if used.setdefault(key, sdtype) != sdtype:

@@ -50,6 +50,7 @@ from ckptgate.consolidate.plan import (
     st_dtype,
 )
 from ckptgate.errors import RuntimeFailure
+from ckptgate.shapes import MAX_NDIM, dims_in_bounds
 
 if TYPE_CHECKING:
     from ckptgate.decide.decision import Selection
@@ -140,11 +141,12 @@ def _shapes(groups: Any, what: str) -> list[dict[str, tuple[int, ...]]]:
         raise RuntimeFailure("runtime.plan.bad_value", f"{what}: param_shapes is not a list")
     out = []
     for g in groups:
-        if not isinstance(g, Mapping) or not all(
-            isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v)
-            for v in g.values()
-        ):
-            raise RuntimeFailure("runtime.plan.bad_value", f"{what}: a param_shapes group is not name -> shape")
+        # a shape torch could not hold is refused before its numel (quadratic in the dims) is taken
+        if not isinstance(g, Mapping) or not all(isinstance(v, list) and dims_in_bounds(v) for v in g.values()):
+            raise RuntimeFailure(
+                "runtime.plan.bad_value",
+                f"{what}: a param_shapes group is not name -> shape (at most {MAX_NDIM} dims, each in int64)",
+            )
         out.append({str(k): tuple(v) for k, v in g.items()})
     return out
 

@@ -41,6 +41,17 @@ class Reader(Machine):
             raise Abort
 
     def _op_int(self, name: str, arg: Any, pos: int) -> None:
+        if isinstance(arg, int) and arg.bit_length() > self.limits.max_int_bits:
+            self.unresolved = True
+            self.err(
+                "pickle.int_too_large",
+                f"{name} holds a {arg.bit_length()}-bit integer, wider than the {self.limits.max_int_bits}-bit cap",
+                pos=pos,
+                bits=arg.bit_length(),
+                limit=self.limits.max_int_bits,
+            )
+            self.push(Unknown(f"{arg.bit_length()}-bit integer"))
+            return
         self.push(arg)
 
     def _op_string(self, name: str, arg: Any, pos: int) -> None:

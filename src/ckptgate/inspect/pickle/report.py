@@ -21,9 +21,22 @@ class PickleLimits:
     max_frame: int = 1 << 26  # 64 MiB, far above what the pickler writes (64 KiB)
     max_blob: int = 1 << 30
     max_depth: int = 200  # nesting of the reconstructed value (the planners recurse)
+    #: widest integer constant kept: LONG1 holds up to 2040 bits, so only LONG4 (and decimal text)
+    #: can exceed it.  A wider one would reach an f-string, a repr or the JSON report, where Python
+    #: refuses to print an int of more than 4300 digits (a ValueError, not a finding).
+    max_int_bits: int = 2048
 
     def __post_init__(self) -> None:
-        for k in ("max_bytes", "max_ops", "max_memo", "max_stack", "max_frame", "max_blob", "max_depth"):
+        for k in (
+            "max_bytes",
+            "max_ops",
+            "max_memo",
+            "max_stack",
+            "max_frame",
+            "max_blob",
+            "max_depth",
+            "max_int_bits",
+        ):
             if getattr(self, k) <= 0:
                 raise ValueError(f"PickleLimits.{k} must be positive")
 

@@ -99,7 +99,7 @@ def check_tree(tree: Path, files: dict[str, bytes], bundled: dict[str, bytes]) -
 def _has_system_key(data: bytes) -> bool:
     try:
         doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return False  # OPA refuses malformed data on its own, naming the file
     return isinstance(doc, dict) and "system" in doc
 

@@ -56,6 +56,10 @@ CASES = [
     (["check", "--repo", REPO, "--sarif", "nodir/x.sarif"], ExitCode.USAGE, "usage.output_parent"),
     (["attest", "keygen", "--out", "kp"], ExitCode.USAGE, "usage.exists"),  # kp.pub.pem exists: no kp.pem either
     (["attest", "keygen", "--out", ""], ExitCode.USAGE, "usage.invalid"),
+    # a signer id the trust data refuses (verify.trust.field) was written, exit 0, with its key pair
+    (["attest", "keygen", "--out", "k", "--id", "", "--trust-out", "t.json"], ExitCode.USAGE, "usage.keygen.id"),
+    (["attest", "keygen", "--out", "k", "--id", "a\x1b[2Jb"], ExitCode.USAGE, "usage.keygen.id"),
+    (["attest", "keygen", "--out", "k", "--builder-id", " "], ExitCode.USAGE, "usage.keygen.id"),
     (["attest", "add", str(HF / "model.safetensors.index.json"), "--store", "afile"], ExitCode.USAGE, "usage.store"),
     (["matrix", "build", "--repo", REPO, "--out", "afile/m"], ExitCode.USAGE, "usage.output_parent"),
     (["demo", "--workdir", "ckpt"], ExitCode.USAGE, "usage.workdir"),

@@ -81,11 +81,20 @@ def test_paths_are_resolved_against_the_file_and_defaults_apply(tmp_path):
     ("attestations = '/tmp/att'", "usage.config.path"),
     ("matrix = 'matrix'", "usage.config.schema"),
     ("extra_rego = 'trust.json'", "usage.config.path"),
+    # paths no file system takes, and TOML nested past the parser: were exit 1 internal.unexpected
+    ('trust = "a\\u0000b"', "usage.config.path"),
+    ('extra_rego = "a\\u0000b"', "usage.config.path"),
+    ("trust = '" + "x" * 5000 + "'", "usage.config.path"),
+    ("trust = 'loop'", "usage.config.path"),
+    ("policies = 'loop/x'", "usage.config.path"),
+    ("a = " + "[" * 5000 + "]" * 5000, "usage.config.syntax"),
+    ("a = " + "{b=" * 2000 + "1" + "}" * 2000, "usage.config.syntax"),
 ])
 def test_bad_configurations_are_typed_usage_errors(tmp_path, text, code):
     root = git_repo(tmp_path)
     (tmp_path / "outside.json").write_text("{}")
     (root / "trust.json").write_text("{}")
+    (root / "loop").symlink_to("loop")
     (root / "ckptgate.toml").write_text(text)
     with pytest.raises(cfg.ConfigError) as e:
         cfg.load(root)

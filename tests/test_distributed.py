@@ -624,3 +624,23 @@ def test_an_engine_read_for_other_signatures_is_never_used(tmp_path: Path) -> No
                            signatures=(tmp_path / "model.sig",), key=tmp_path / "pub.pem", certificate_chain=(),
                            receipt_signer=None, backend=None)
     assert e.value.code == "internal.unexpected" and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("launch", "named"), [
+    ({"RANK": "x", "WORLD_SIZE": "2", "MASTER_PORT": "29511"}, "RANK='x'"),
+    ({"RANK": "3", "WORLD_SIZE": "2", "MASTER_PORT": "29511"}, "RANK='3'"),
+    ({"RANK": "1", "WORLD_SIZE": "0", "MASTER_PORT": "29511"}, "WORLD_SIZE='0'"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "99999"}, "MASTER_PORT='99999'"),
+])
+def test_a_launch_environment_that_names_no_rank_is_refused_before_the_rendezvous(
+        launch: dict[str, str], named: str, tmp_path: Path) -> None:
+    """A RANK that is no rank of WORLD_SIZE, or a port that is none, used to wait for the rendezvous
+    deadline and end as runtime.distributed.peer_lost (exit 7), with torch's C++ frames and, on a
+    rank other than 0, no --json document at all."""
+    proc = _single(["intake", str(FIXTURES / "hf_sharded" / "checkpoint"), "--out", str(tmp_path / "o"), "--json",
+                    "--distributed"], _env(MASTER_ADDR="127.0.0.1", **launch))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    error = json.loads(proc.stdout)["error"]
+    assert error["code"] == "usage.distributed.launcher_env"
+    assert named in error["message"]
+    assert not (tmp_path / "o").exists()

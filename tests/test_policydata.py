@@ -74,6 +74,9 @@ def codes(doc: dict) -> set[str]:
     ({"gates": {"dcp": {"versions": {"any": False, "exact": [], "ranges": []}, "producer": "*"}}},
      "usage.config.policy_data_unknown_key"),
     ({"signers": [{"id": "ci-qualification", "kind": "key"}]}, "usage.config.policy_data"),
+    # nested past the parser (was exit 1 RecursionError), and a repeated key (was: the last one won)
+    ("[" * 100_000 + "]" * 100_000, "usage.config.policy_data"),
+    ('{"freshness": {}, "freshness": {"max_age_seconds": 1}}', "usage.config.policy_data"),
 ])
 def test_a_malformed_overlay_is_a_typed_usage_error(tmp_path, overlay, code):
     root = consumer(tmp_path, overlay)

@@ -206,6 +206,26 @@ def test_an_output_that_is_a_fifo_is_missing_and_never_blocks(tmp_path):
     assert [f["status"] for f in json.loads(res.stdout)["files"]] == ["missing"]
 
 
+def test_an_output_that_is_a_directory_is_missing_not_a_crash(tmp_path):
+    """A directory where an output was ended in IsADirectoryError (exit 1 internal.unexpected)."""
+    (tmp_path / RECEIPT_NAME).write_text(json.dumps({"outputs": [{"file": "w.safetensors", "size": 1, "sha256": "x"}]}))
+    (tmp_path / "w.safetensors").mkdir()
+    res = cli("receipt", "verify", tmp_path, "--json")
+    assert res.returncode == ExitCode.VERIFICATION_FAILED, res.stdout + res.stderr
+    assert [f["status"] for f in json.loads(res.stdout)["files"]] == ["missing"]
+
+
+def test_an_output_of_the_wrong_size_is_not_read(tmp_path):
+    """An output grown to a sparse terabyte was hashed whole before its size was compared (a hang)."""
+    (tmp_path / RECEIPT_NAME).write_text(json.dumps({"outputs": [{"file": "w.safetensors", "size": 1, "sha256": "x"}]}))
+    with open(tmp_path / "w.safetensors", "wb") as f:
+        f.truncate(1 << 40)
+    res = cli("receipt", "verify", tmp_path, "--json")
+    assert res.returncode == ExitCode.VERIFICATION_FAILED, res.stdout + res.stderr
+    [file] = json.loads(res.stdout)["files"]
+    assert (file["status"], file["size"], file["sha256"]) == ("size_mismatch", 1 << 40, None)
+
+
 def test_a_receipt_made_by_a_remote_engine_says_so_and_names_it(published, tmp_path):
     """A remote OPA decided, yet the receipt named no engine among its inputs and ``receipt verify``
     said nothing of it: only ``opa_version: null`` told it apart from the embedded engine's."""

@@ -246,6 +246,21 @@ def test_a_registry_entry_naming_something_else_removes_nothing(tmp_path):
     assert (victim / "keep").read_text() == "x"
 
 
+@pytest.mark.parametrize("doc", [
+    {"kind": "work", "path": "/tmp/a\u0000b/opa-" + "0" * 32},  # a NUL byte: ValueError from realpath
+    {"kind": [], "path": "/tmp/opa-" + "0" * 32},  # an unhashable kind: TypeError from `in`
+    {"kind": {"work": 1}, "path": "/tmp/opa-" + "0" * 32},
+])
+def test_a_corrupt_registry_entry_is_skipped_by_the_sweep_and_doctor(doc):
+    """One such entry made every intake and `ckptgate doctor` of this user exit 1 (internal.unexpected)."""
+    reg = workdirs.registry_dir()
+    (reg / f"{'c' * 32}.json").write_text(json.dumps(doc))
+    workdirs.sweep()
+    rc, out = _doctor()
+    assert rc in (0, 3), out
+    assert "error" not in out
+
+
 def test_a_registry_entry_through_a_symlinked_folder_removes_nothing(tmp_path):
     """An entry whose path reaches a directory with a staging name through a symlinked folder (or
     `..`) is not followed: entries are written canonical, so anything else was not written by us."""

@@ -26,6 +26,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import signal
 import threading
@@ -93,6 +94,18 @@ def _secret() -> bytes:
     return raw.encode()
 
 
+def _count(value: str | None) -> int | None:
+    """A launcher's count (RANK, WORLD_SIZE, MASTER_PORT) as torchrun writes it: decimal digits, no sign."""
+    return int(value) if value is not None and re.fullmatch(r"0|[1-9][0-9]{0,8}", value) else None
+
+
+def silent_rank() -> bool:
+    """Whether this process is a rank other than 0 of a well-formed launch, which leaves a refusal that
+    every rank meets alike to rank 0 to report; a RANK that is no rank (``x``, ``-1``, ``01``) is not."""
+    rank = _count(os.environ.get("RANK", "0"))
+    return rank is not None and rank != 0
+
+
 def _launcher_env() -> None:
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
     if missing:
@@ -101,6 +114,23 @@ def _launcher_env() -> None:
             f"--distributed runs under torchrun or a launcher that "
             f"sets torch.distributed's environment; {', '.join(missing)} is not set",
             advice="Run `torchrun --nproc-per-node N -m ckptgate intake ... --distributed`.",
+        )
+    raw = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    rank, world, port = (_count(raw[k]) for k in ("RANK", "WORLD_SIZE", "MASTER_PORT"))
+    bad = []
+    if world is None or world < 1:
+        bad.append(f"WORLD_SIZE={raw['WORLD_SIZE']!r} is not a positive integer")
+    elif rank is None or rank >= world:
+        bad.append(f"RANK={raw['RANK']!r} is not an integer from 0 to {world - 1} (WORLD_SIZE={world})")
+    if port is None or not 0 < port < 65536:
+        bad.append(f"MASTER_PORT={raw['MASTER_PORT']!r} is not a port from 1 to 65535")
+    if bad:
+        raise UsageError(
+            "usage.distributed.launcher_env",
+            f"--distributed cannot join the job: {'; '.join(bad)}",
+            evidence=raw,
+            advice=f"Launch with `torchrun --nproc-per-node N -m ckptgate intake ... --distributed`, which sets "
+            f"RANK, WORLD_SIZE and MASTER_PORT itself; this process was given {raw}.",
         )
 
 

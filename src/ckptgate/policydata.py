@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckptgate._json import JSONRejected, loads_strict
 from ckptgate.errors import ConfigError
 from ckptgate.userfiles import read_regular_file
 
@@ -96,7 +97,7 @@ class PolicyData:
             return raw
         try:
             trust = json.loads(raw)
-        except ValueError:  # the trust data's own parser reports it, with its own code
+        except (ValueError, RecursionError):  # the trust data's own parser reports it, with its own code
             return raw
         present = {s.get("id") for s in trust.get("signers", []) if isinstance(s, dict)}
         for s in self.signers:
@@ -189,7 +190,14 @@ class PolicyData:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    doc = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        doc = loads_strict(path.read_bytes(), what=str(path))
+    except OSError as e:
+        raise ConfigError(
+            "usage.config.policy_data", f"cannot read {path}: {e.strerror or e}", evidence={"file": str(path)}
+        ) from None
+    except JSONRejected as bad:
+        raise ConfigError("usage.config.policy_data", bad.message, evidence={"file": str(path)}) from None
     if not isinstance(doc, dict):
         raise ConfigError("usage.config.policy_data", f"{path} is not a JSON object", evidence={"file": str(path)})
     return doc
@@ -209,9 +217,9 @@ def load(path: Path) -> PolicyData:
     if len(raw) > MAX_POLICY_DATA_BYTES:
         raise error("usage.config.policy_data", f"over {MAX_POLICY_DATA_BYTES} bytes")
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as bad:
-        raise error("usage.config.policy_data", f"not JSON: {bad}") from None
+        doc = loads_strict(raw, what="the policy-data overlay")
+    except JSONRejected as bad:  # also too deep for the parser, a repeated key, NaN: exit 2, never a traceback
+        raise error("usage.config.policy_data", f"not JSON: {bad.reason}") from None
     errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
         first = errors[0]

@@ -131,18 +131,27 @@ def _signature(dst: Path, raw: bytes, key: Path | None) -> tuple[str, str | None
     return "invalid", f"no signature verifies with {key}"
 
 
-def _digest(path: Path) -> tuple[int, str] | None:
-    """Size and sha256 of the regular file ``path``; ``None`` for anything else (a symlink, a FIFO,
-    a file that cannot be opened), which the check reports as missing."""
+def _digest(path: Path, expected_size: int) -> tuple[int, str | None] | None:
+    """Size and sha256 of the regular file ``path``; ``None`` for anything else (a symlink, a FIFO, a
+    directory, a file that cannot be opened or read), which the check reports as missing.  A file
+    whose size is not ``expected_size`` is not hashed (its sha256 is ``None``): it mismatches
+    whatever it holds, and a sparse terabyte would otherwise be read whole."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # before fdopen, which raises IsADirectoryError for a directory
             return None
-        return st.st_size, hashlib.file_digest(fh, "sha256").hexdigest()
+        if st.st_size != expected_size:
+            return st.st_size, None
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return st.st_size, hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _outputs(receipt: object) -> dict[str, tuple[int, str]]:
@@ -207,7 +216,7 @@ def verify_receipt(dst: Path, *, key: Path | None = None) -> ReceiptCheck:
     for name in sorted(expected):
         size_e, sha_e = expected[name]
         path = dst / name
-        measured = _digest(path) if name in present else None
+        measured = _digest(path, size_e) if name in present else None
         if measured is None:
             files.append(FileCheck(file=name, status="missing", expected_size=size_e, expected_sha256=sha_e))
             continue

@@ -34,3 +34,31 @@ def test_each_decision_is_appended_to_the_audit_log(policy_dir, tmp_path):
     assert all(r["fixture_digest"] == DIGEST and r["decision"]["allow"] is True for r in records)
     assert records[0]["decision"]["policy_revision"] == first.policy_revision
     assert oct(log.stat().st_mode & 0o777) == "0o600"
+
+
+def test_an_audit_log_that_is_a_fifo_no_one_reads_is_refused_not_waited_on(tmp_path):
+    """CKPTGATE_AUDIT_LOG naming a FIFO with no reader used to block the run forever in open()."""
+    import os
+    import signal
+
+    import pytest
+
+    from ckptgate.decide.audit import append
+    from ckptgate.errors import UsageError
+
+    fifo = tmp_path / "decisions.jsonl"
+    os.mkfifo(fifo)
+
+    def hung(*_):
+        raise AssertionError("append() blocked on a FIFO with no reader")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        with pytest.raises(UsageError) as e:
+            append({"x": 1}, fifo)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert e.value.code == "usage.audit_log_unwritable"
+    assert "FIFO" in e.value.message and str(fifo) in e.value.diagnostics()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptgate.producer.environment import code_ref, public_uri
+from ckptgate.producer.environment import checkpoint_records, code_ref, public_uri
 
 
 @pytest.mark.parametrize(
@@ -41,3 +41,12 @@ def test_code_ref_never_records_the_token_in_the_origin_url(tmp_path: Path) -> N
     assert ref is not None
     assert ref.uri == "https://github.com/org/train.git"
     assert "SECRET" not in repr(ref.to_dependency())
+
+
+def test_a_checkpoint_json_nested_past_the_parser_records_nothing(tmp_path: Path) -> None:
+    """config.json is read for the versions it records, best effort: one nested past the parser's
+    recursion limit records nothing (`attest checkpoint` exited 1 with a RecursionError)."""
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "adapter_config.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    producers, base = checkpoint_records(tmp_path, ["config.json", "adapter_config.json"])
+    assert producers == [] and base is None

@@ -124,6 +124,15 @@ def keygen(
             f"--out {prefix!r} names no file prefix (e.g. keys/dev)",
             advice="Name a prefix such as --out keys/dev; keygen writes keys/dev.pem and keys/dev.pub.pem.",
         )
+    for flag, value in [("--id", signer_id), *(("--builder-id", b) for b in builder_ids)]:
+        if not value.strip() or any(ord(c) < 0x20 or c == "\x7f" for c in value):
+            raise UsageError(  # the trust data refuses a signer without an id: refused here, before any key is written
+                "usage.keygen.id",
+                f"{flag} {value!r} is empty or holds control characters",
+                evidence={"option": flag, "value": value},
+                advice=f"Give {flag} a printable name such as {'ci-release' if flag == '--id' else 'https://ci.example/builder'}"
+                f" instead of {value!r}.",
+            )
     priv_path, pub_path = Path(prefix + ".pem"), Path(prefix + ".pub.pem")
     targets = [(priv_path, "the private key", "--out prefix"), (pub_path, "the public key", "--out prefix")]
     if trust_out is not None:

@@ -77,20 +77,24 @@ def register(cli: click.Group) -> None:
             )
         as_json = as_json or fmt == "json"
 
+        root = repo_root(repo)
+        git_dirs = _git_dirs(root)
         for out, what in ((sarif, "the SARIF report"), (junit, "the JUnit report")):
             if out is not None:
-                check_output_file(out, what=what)
-        root = repo_root(repo)
+                _not_an_input(root, check_output_file(out, what=what, not_inside=git_dirs), out, what, resolved)
         config = resolved.config  # the checked repository's configuration: the change under review
         options = engine if config is not None else engine.in_repo(root)
         implied = options.policy_dir if engine.policy_dir is None and config is None else None
         report = run_check(root, options=options, skip=skip, config=config, base=resolved.base, judged_policies=implied)
         if sarif is not None:
             write_output_file(
-                sarif, (json.dumps(to_sarif(report), indent=2, sort_keys=True) + "\n").encode(), what="the SARIF report"
+                sarif,
+                (json.dumps(to_sarif(report), indent=2, sort_keys=True) + "\n").encode(),
+                what="the SARIF report",
+                not_inside=git_dirs,
             )
         if junit is not None:
-            write_output_file(junit, to_junit(report), what="the JUnit report")
+            write_output_file(junit, to_junit(report), what="the JUnit report", not_inside=git_dirs)
         if as_json:
             emit_json(report.to_json())
         elif fmt == "github":
@@ -112,3 +116,32 @@ def register(cli: click.Group) -> None:
                 stdout.print(printable(report.reason(name)), markup=False, highlight=False)
             stdout.print("check passed" if report.passed else "check FAILED (exit 3)")
         return 0 if report.passed else 3
+
+
+def _git_dirs(root: Path) -> list[Path]:
+    """The repository's git directory and common directory (a linked work tree has both)."""
+    from ckptgate.evidence.candidate import git  # noqa: PLC0415 - the evidence machinery
+
+    out = git(root, "rev-parse", "--git-dir", "--git-common-dir").splitlines()
+    return sorted({(root / line.strip()).resolve() for line in out if line.strip()})
+
+
+def _not_an_input(root: Path, target: Path, given: Path, what: str, resolved: Resolved) -> None:
+    """A report replaces no file the check reads: not the configuration, not a file git tracks."""
+    from ckptgate.evidence.candidate import git  # noqa: PLC0415 - the evidence machinery
+
+    config = resolved.config.source if resolved.config is not None else None
+    if not target.exists():
+        return
+    tracked = target.is_relative_to(root.resolve()) and bool(
+        git(root, "ls-files", "-z", "--", str(target.relative_to(root.resolve())), check=False)
+    )
+    if tracked or (config is not None and target == config.resolve()):
+        raise UsageError(
+            "usage.output_inside_input",
+            f"{what} {given} would replace {'the configuration' if not tracked else 'a file git tracks'} "
+            f"in {root}, an input of this check",
+            evidence={"path": str(given), "repository": str(root)},
+            advice=f"Write {what} to a new or untracked file (such as {root / ('ckptgate-report' + given.suffix)}), "
+            f"not {given}.",
+        )

@@ -260,7 +260,7 @@ def _run_distributed(
 ) -> int:
     """One rank of a distributed intake: rank 0 prints the result; another rank prints only its own
     error, and exits with the first failure's exit code when another rank failed."""
-    from ckptgate.distributed import DistributedOptions, Relayed, distributed_intake  # noqa: PLC0415 - ~600 ms (every step), only for --distributed
+    from ckptgate.distributed import DistributedOptions, Relayed, distributed_intake, silent_rank  # noqa: PLC0415 - ~600 ms (every step), only for --distributed
 
     try:
         result = distributed_intake(
@@ -279,7 +279,7 @@ def _run_distributed(
         )
     except Error as e:
         if "torch" not in sys.modules:  # refused before the process group: nothing to tear down
-            if os.environ.get("RANK", "0") == "0":
+            if not silent_rank() or e.code == "usage.distributed.launcher_env":  # rank 0, or no rank at all
                 raise
             raise SystemExit(int(e.exit_code)) from None
         if os.environ.get("RANK", "0") == "0":

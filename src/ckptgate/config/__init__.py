@@ -228,6 +228,13 @@ def _parse_toml(path: Path, raw: bytes) -> dict[str, Any]:
         raise ConfigError(
             "usage.config.syntax", f"{path} is not valid TOML: {e}", evidence={"file": str(path)}
         ) from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise ConfigError(
+            "usage.config.syntax",
+            f"{path} nests its arrays or inline tables deeper than the TOML parser allows",
+            evidence={"file": str(path)},
+            advice=f"Flatten the nested arrays or inline tables in {path}; ckptgate's keys nest at most three deep.",
+        ) from None
 
 
 def _pyproject_table(path: Path) -> dict[str, Any] | None:
@@ -266,14 +273,25 @@ def from_table(table: dict[str, Any], *, root: Path, source: Path | None = None)
             return None
         p = Path(value)
         full = (root / p).absolute()
-        if p.is_absolute() or not full.resolve().is_relative_to(root.resolve()):
+        try:
+            inside = not p.is_absolute() and full.resolve().is_relative_to(root.resolve())
+            exists = full.exists()
+        except (OSError, ValueError, RuntimeError) as e:  # a NUL byte, a name too long, a symlink loop
+            cause = "it holds a NUL byte" if "\0" in value else str(e.strerror if isinstance(e, OSError) else e)
+            raise ConfigError(
+                "usage.config.path",
+                f"{where}: {key} = {value!r} is no usable path: {cause}",
+                evidence={"file": where, "key": key, "value": value},
+                advice=f"In {where}, set {key} to the relative path of an existing file or directory inside {root}.",
+            ) from None
+        if not inside:
             raise ConfigError(
                 "usage.config.path",
                 f"{where}: {key} = {value!r} is outside {root}",
                 evidence={"file": where, "key": key, "value": value},
                 advice=f"In {where}, set {key} to a path relative to {root} and inside it.",
             )
-        if must_exist and not full.exists():
+        if must_exist and not exists:
             raise ConfigError(
                 "usage.config.path",
                 f"{where}: {key} = {value!r} does not exist",

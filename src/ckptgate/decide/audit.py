@@ -29,16 +29,20 @@ def append(record: dict[str, Any], path: Path | None = None) -> Path:
     ).encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # O_NONBLOCK: a FIFO no process reads fails at once (ENXIO) instead of blocking the run forever
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
         try:
             if os.write(fd, line) != len(line):
                 raise OSError(errno.EIO, "short write")
         finally:
             os.close(fd)
     except OSError as e:
+        cause = "it is a FIFO or socket that no process reads" if e.errno == errno.ENXIO else e.strerror or e
         raise UsageError(
             "usage.audit_log_unwritable",
-            f"the decision audit log {path} cannot be written: {e.strerror or e}",
-            advice="Set CKPTGATE_AUDIT_LOG to a writable file; no decision is used unaudited.",
+            f"the decision audit log {path} cannot be written: {cause}",
+            evidence={"path": str(path), "errno": e.errno},
+            advice=f"Set CKPTGATE_AUDIT_LOG to a writable regular file instead of {path}; "
+            "no decision is used unaudited.",
         ) from None
     return path

@@ -113,7 +113,7 @@ class RepoLayout:
             merged = self.policy_data.overlays(policies) if self.policy_data is not None else {}
             raw = merged.get(bundle_path) or (policies / bundle_path).read_bytes()
             doc = json.loads(raw)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
         return doc if isinstance(doc, dict) else None
 

@@ -125,7 +125,7 @@ def _committed_blobs(repo: Path, commit: str, location: str) -> dict[str, tuple[
 def _json_or_none(raw: bytes) -> Any:
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 

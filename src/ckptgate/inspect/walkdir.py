@@ -127,16 +127,22 @@ def _walk_dir(dir_fd_rel_root: int, prefix: str, depth: int, st: _WalkState) -> 
         dfd = os.dup(dir_fd_rel_root)
     try:
         names: list[str] = []
-        with os.scandir(dfd) as it:  # streamed, so a huge directory is refused before it is listed
-            for de in it:
-                st.count += 1
-                if st.count > st.limits.max_files:
-                    raise InputRejected(
-                        "input.walk.too_many_files",
-                        f"the tree holds more than {st.limits.max_files} entries",
-                        evidence={"limit": st.limits.max_files},
-                    )
-                names.append(de.name)
+        try:
+            with os.scandir(dfd) as it:  # streamed, so a huge directory is refused before it is listed
+                for de in it:
+                    st.count += 1
+                    if st.count > st.limits.max_files:
+                        raise InputRejected(
+                            "input.walk.too_many_files",
+                            f"the tree holds more than {st.limits.max_files} entries",
+                            evidence={"limit": st.limits.max_files},
+                        )
+                    names.append(de.name)
+        except OSError as e:  # opened but not listable (EACCES from getdents, EIO, ESTALE): refused like one not opened
+            st.findings.append(
+                error("walk.dir_unreadable", prefix, f"cannot list directory: {e.strerror}", errno=e.errno)
+            )
+            return
         names.sort()
         seen: dict[str, str] = {}
         subdirs: list[str] = []

@@ -58,7 +58,7 @@ def _json_file(path: Path) -> dict[str, object]:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as f:
             doc = json.loads(f.read(1 << 20))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested past the parser
         return {}
     return doc if isinstance(doc, dict) else {}
 

@@ -85,12 +85,14 @@ def _read_entry(fd: int) -> tuple[str, Path] | None:
         raw = os.read(fd, _ENTRY_LIMIT)
         doc = loads_strict(raw, what="a registry entry")
         kind, path = doc["kind"], Path(doc["path"])
-    except (OSError, ValueError, KeyError, TypeError):
+        if not isinstance(kind, str) or kind not in _KINDS or not path.is_absolute():
+            return None
+        if not _KINDS[kind][0].fullmatch(path.name):
+            return None
+        if os.path.realpath(path.parent) != str(path.parent):
+            return None  # entries are written canonical: a symlink or `..` on the way is not ours to follow
+    except (OSError, ValueError, KeyError, TypeError):  # ValueError: a NUL byte in the path, among others
         return None
-    if kind not in _KINDS or not path.is_absolute() or not _KINDS[kind][0].fullmatch(path.name):
-        return None
-    if os.path.realpath(path.parent) != str(path.parent):
-        return None  # entries are written canonical: a symlink or `..` on the way is not ours to follow
     return kind, path
 
 

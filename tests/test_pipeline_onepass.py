@@ -219,7 +219,8 @@ def test_an_engine_that_fails_to_start_beside_the_pass_publishes_nothing(name, s
     policies = tmp_path / "policies"
     shutil.copytree(default_policy_dir(), policies)
     rego = next(p for p in sorted(policies.rglob("*.rego")) if not p.name.endswith("_test.rego"))
-    rego.write_text(rego.read_text() + "\nthis is not rego\n")
+    # parses (a tree that does not is refused before the pass, usage.policies) but does not compile
+    rego.write_text(rego.read_text() + "\n_broken := undefined_function(1)\n")
     staged: list[dict[str, list[tuple[str, int]]]] = []
     real = measure.hash_files
 

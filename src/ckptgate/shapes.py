@@ -1,4 +1,6 @@
-"""The bounds every tensor geometry read from a checkpoint must keep: rank, and each dimension.
+"""The bounds a tensor geometry read from a pickle must keep (torch zip tensors, DCP metadata,
+DeepSpeed's parameter shapes): rank, and each dimension.  (Safetensors headers have their own check,
+``inspect.safetensors``: a header is JSON, bounded in size, whose shape product is checked as usize.)
 
 torch keeps sizes, strides and offsets as int64 and safetensors as usize; no model tensor has
 more than a handful of dimensions.  A geometry outside these bounds is no tensor a loader would

@@ -62,3 +62,37 @@ def test_an_audit_log_that_is_a_fifo_no_one_reads_is_refused_not_waited_on(tmp_p
         signal.signal(signal.SIGALRM, old)
     assert e.value.code == "usage.audit_log_unwritable"
     assert "FIFO" in e.value.message and str(fifo) in e.value.diagnostics()
+
+
+def test_a_fifo_with_a_live_reader_receives_the_whole_record(tmp_path):
+    """Review (session 49): O_NONBLOCK, there so that a FIFO no process reads fails at once, stayed on for the
+    write: a live reader slower than the run (a log shipper's pipe) got a partial line and the decision was
+    refused.  Only the open is non-blocking now, and a long line goes in pieces."""
+    import os
+    import threading
+    import time
+
+    from ckptgate.decide.audit import append
+
+    fifo = tmp_path / "decisions.jsonl"
+    os.mkfifo(fifo)
+    got = bytearray()
+    rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader that is there, but drains only later
+
+    def drain() -> None:
+        time.sleep(0.5)
+        os.set_blocking(rfd, True)
+        while chunk := os.read(rfd, 1 << 16):
+            got.extend(chunk)
+
+    t = threading.Thread(target=drain)
+    t.start()
+    try:
+        append({"decision": {"reasons": ["x" * 200] * 500}}, fifo)  # ~100 KB: more than the pipe holds
+    finally:
+        time.sleep(0.1)
+        wfd = os.open(fifo, os.O_WRONLY)  # keep a writer so the drain sees EOF only after we close it
+        os.close(wfd)
+        t.join(5)
+        os.close(rfd)
+    assert got.endswith(b"\n") and got.count(b"\n") == 1

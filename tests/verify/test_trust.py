@@ -54,6 +54,8 @@ def test_valid_entries_load() -> None:
     ([_entry(), _entry()], "verify.trust.duplicate_id"),
     ([_entry(predicate_types=[])], "verify.trust.field"),
     ([_entry(id="")], "verify.trust.field"),
+    ([_entry(id="   ")], "verify.trust.field"),  # what attest keygen --id refuses, the trust data refuses too
+    ([_entry(id="ci\nsigner verified")], "verify.trust.field"),
     ([{"id": "s", "kind": "sigstore", "identity": "i", "predicate_types": ["t"], "producers": ["*"],
        "scopes": ["q"]}], "verify.trust.field"),
 ])

@@ -117,6 +117,7 @@ def keygen(
     """
     from ckptgate.verify import PROVENANCE_PREDICATE_TYPE, QUALIFICATION_PREDICATE_TYPE, generate_keypair, trust_entry  # noqa: PLC0415 - ~490 ms (cryptography)
     from ckptgate.verify.statement import SLSA_PROVENANCE_V1  # noqa: PLC0415 - ~490 ms (cryptography)
+    from ckptgate.verify.trust import printable_name  # noqa: PLC0415 - as above
 
     if not Path(prefix).name:
         raise UsageError(
@@ -125,7 +126,7 @@ def keygen(
             advice="Name a prefix such as --out keys/dev; keygen writes keys/dev.pem and keys/dev.pub.pem.",
         )
     for flag, value in [("--id", signer_id), *(("--builder-id", b) for b in builder_ids)]:
-        if not value.strip() or any(ord(c) < 0x20 or c == "\x7f" for c in value):
+        if not printable_name(value):
             raise UsageError(  # the trust data refuses a signer without an id: refused here, before any key is written
                 "usage.keygen.id",
                 f"{flag} {value!r} is empty or holds control characters",

@@ -134,7 +134,8 @@ def _not_an_input(root: Path, target: Path, given: Path, what: str, resolved: Re
     if not target.exists():
         return
     tracked = target.is_relative_to(root.resolve()) and bool(
-        git(root, "ls-files", "-z", "--", str(target.relative_to(root.resolve())), check=False)
+        # a name such as ":(glob)*" is a file's name here, never pathspec magic
+        git(root, "--literal-pathspecs", "ls-files", "-z", "--", str(target.relative_to(root.resolve())), check=False)
     )
     if tracked or (config is not None and target == config.resolve()):
         raise UsageError(

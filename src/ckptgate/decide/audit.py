@@ -22,7 +22,8 @@ def default_audit_log() -> Path:
 
 
 def append(record: dict[str, Any], path: Path | None = None) -> Path:
-    """Append one record with a timestamp; one ``write`` of one line, under O_APPEND."""
+    """Append one record with a timestamp: one line, under O_APPEND (a regular file takes it in one
+    ``write``; a pipe whose reader is behind, in pieces)."""
     path = path or default_audit_log()
     line = (
         json.dumps({"logged_at": datetime.now(UTC).isoformat(), **record}, sort_keys=True, default=str) + "\n"
@@ -32,8 +33,10 @@ def append(record: dict[str, Any], path: Path | None = None) -> Path:
         # O_NONBLOCK: a FIFO no process reads fails at once (ENXIO) instead of blocking the run forever
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
         try:
-            if os.write(fd, line) != len(line):
-                raise OSError(errno.EIO, "short write")
+            os.set_blocking(fd, True)  # only the open: a reader that is behind is waited for, as with any pipe
+            view = memoryview(line)
+            while view:  # a pipe takes a long line in pieces
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
     except OSError as e:

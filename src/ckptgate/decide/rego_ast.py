@@ -167,6 +167,12 @@ def ref_text(terms: Any) -> str:
             out += f".{value}"
         elif t.get("type") == "string":
             out += f"[{json.dumps(value)}]"
-        else:
-            out += f"[{value if t.get('type') == 'var' else json.dumps(value)}]"
+        elif t.get("type") == "var":
+            out += f"[{value}]"
+        elif t.get("type") == "ref":
+            out += f"[{ref_text(value)}]"
+        elif t.get("type") in ("number", "boolean", "null"):
+            out += f"[{json.dumps(value)}]"
+        else:  # a call, a comprehension, a composite: computed, not named
+            out += f"[<{t.get('type')}>]"
     return out

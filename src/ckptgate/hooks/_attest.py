@@ -29,8 +29,8 @@ _GLOBAL_STEP = re.compile(r"^global_step([0-9]{1,18})$")
 
 class _CallKeys:
     """The store key of each hook call of this process: the checkpoint's path (a short sha256 of its absolute
-    path, links resolved: a rank may reach it through a symlinked mount) and how many calls for that path came
-    before, so calls for different checkpoints (from several
+    path as spelled, links not resolved: a link may resolve differently on another node, or change between
+    two ranks' reads) and how many calls for that path came before, so calls for different checkpoints (from several
     threads, in any order) never share a key, and each rank's n-th call for a path meets the others' n-th."""
 
     def __init__(self) -> None:
@@ -38,7 +38,7 @@ class _CallKeys:
         self._calls: dict[str, int] = {}
 
     def next(self, path: Path | str) -> str:
-        digest = hashlib.sha256(os.fsencode(os.path.realpath(os.fspath(path)))).hexdigest()[:16]
+        digest = hashlib.sha256(os.fsencode(os.path.abspath(os.fspath(path)))).hexdigest()[:16]
         with self._lock:
             n = self._calls.get(digest, 0)
             self._calls[digest] = n + 1

@@ -163,7 +163,8 @@ class AttestationStore:
                 fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
             except FileNotFoundError:  # the root another change made, and took back as it ended: make it again
                 if time.monotonic() >= deadline:
-                    raise
+                    raise self._busy(lock) from None
+                time.sleep(_LOCK_POLL_S)
                 continue
             except OSError as e:
                 if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
@@ -185,14 +186,7 @@ class AttestationStore:
                         break
                     except BlockingIOError:
                         if time.monotonic() >= deadline:
-                            raise RuntimeFailure(
-                                "runtime.store.busy",
-                                f"the attestation store {self.root} is busy: another process has held its lock "
-                                f"{lock} for the {self.lock_timeout:g} s this run waits",
-                                evidence={"path": str(self.root), "lock": str(lock), "timeout_s": self.lock_timeout},
-                                advice=f"Nothing was written to {self.root}. Let the other process storing there "
-                                f"(`fuser -v {lock}` names it) finish, then run the command again.",
-                            ) from None
+                            raise self._busy(lock) from None
                         time.sleep(_LOCK_POLL_S)
                 with contextlib.suppress(FileNotFoundError):
                     now = os.lstat(lock)
@@ -203,6 +197,16 @@ class AttestationStore:
                     os.close(fd)
                 raise
             os.close(fd)  # removed by its holder while this one waited: lock the one there now
+
+    def _busy(self, lock: Path) -> RuntimeFailure:
+        return RuntimeFailure(
+            "runtime.store.busy",
+            f"the attestation store {self.root} is busy: other processes have changed it for the "
+            f"{self.lock_timeout:g} s this run waits for its lock {lock}",
+            evidence={"path": str(self.root), "lock": str(lock), "timeout_s": self.lock_timeout},
+            advice=f"Nothing was written to {self.root}. Let the other process storing there "
+            f"(`fuser -v {lock}` names it) finish, then run the command again.",
+        )
 
     def path_for(self, raw: bytes, *, name: str | None = None) -> Path:
         """Where ``raw`` belongs (first subject's digest, predicate slug, payload digest); refused where the

@@ -67,6 +67,12 @@ def key_algorithm(key: object) -> Algorithm:
     raise ValueError(f"unsupported key type {type(key).__name__}")
 
 
+def printable_name(value: str) -> bool:
+    """Whether ``value`` is a name a message can quote on one line: not blank, no control character.
+    A signer's id in trust data, and what ``attest keygen --id`` writes there."""
+    return bool(value.strip()) and not any(ord(c) < 0x20 or c == "\x7f" for c in value)
+
+
 def _strs(entry: dict[str, Any], name: str, sid: str) -> tuple[str, ...]:
     v = entry.get(name)
     if not isinstance(v, list) or not v or not all(isinstance(x, str) and x for x in v):
@@ -156,8 +162,12 @@ class TrustData:
         certs: list[TrustedCertificate] = []
         seen: set[str] = set()
         for i, e in enumerate(doc["signers"]):
-            if not isinstance(e, dict) or not isinstance(e.get("id"), str) or not e["id"]:
-                raise TrustDataError("verify.trust.field", f"{source}: signer #{i} has no id", evidence={"index": i})
+            if not isinstance(e, dict) or not isinstance(e.get("id"), str) or not printable_name(e["id"]):
+                raise TrustDataError(
+                    "verify.trust.field",
+                    f"{source}: signer #{i} has no id, or one that is blank or holds control characters",
+                    evidence={"index": i},
+                )
             sid = e["id"]
             if sid in seen:
                 raise TrustDataError(

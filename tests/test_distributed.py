@@ -644,3 +644,13 @@ def test_a_launch_environment_that_names_no_rank_is_refused_before_the_rendezvou
     assert error["code"] == "usage.distributed.launcher_env"
     assert named in error["message"]
     assert not (tmp_path / "o").exists()
+
+
+def test_a_launch_error_every_rank_meets_is_printed_by_rank_0_alone(tmp_path: Path) -> None:
+    """Review (session 49): every rank printed usage.distributed.launcher_env, so N processes sharing stdout
+    wrote N --json documents.  A rank of a well-formed RANK/WORLD_SIZE leaves a bad port to rank 0, and exits
+    with the same code, printing nothing."""
+    proc = _single(["intake", str(FIXTURES / "hf_sharded" / "checkpoint"), "--out", str(tmp_path / "o"), "--json",
+                    "--distributed"], _env(MASTER_ADDR="127.0.0.1", RANK="1", WORLD_SIZE="2", MASTER_PORT="99999"))
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert not (tmp_path / "o").exists()

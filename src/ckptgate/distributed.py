@@ -101,9 +101,10 @@ def _count(value: str | None) -> int | None:
 
 def silent_rank() -> bool:
     """Whether this process is a rank other than 0 of a well-formed launch, which leaves a refusal that
-    every rank meets alike to rank 0 to report; a RANK that is no rank (``x``, ``-1``, ``01``) is not."""
-    rank = _count(os.environ.get("RANK", "0"))
-    return rank is not None and rank != 0
+    every rank meets alike to rank 0 to report; a RANK that is no rank (``x``, ``-1``, ``01``, one past
+    WORLD_SIZE) is not: that process alone knows its launch is wrong, and says so."""
+    rank, world = _count(os.environ.get("RANK", "0")), _count(os.environ.get("WORLD_SIZE", ""))
+    return rank is not None and rank != 0 and (world is None or rank < world)
 
 
 def _launcher_env() -> None:

@@ -279,7 +279,7 @@ def _run_distributed(
         )
     except Error as e:
         if "torch" not in sys.modules:  # refused before the process group: nothing to tear down
-            if not silent_rank() or e.code == "usage.distributed.launcher_env":  # rank 0, or no rank at all
+            if not silent_rank():  # rank 0, or a process whose RANK is no rank of the job
                 raise
             raise SystemExit(int(e.exit_code)) from None
         if os.environ.get("RANK", "0") == "0":

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from verify_helpers import COMMIT, FIXTURE_HEX, STATEMENT
 
 # The real ``ckptgate`` group and error translation, with only ``attest`` registered (so this test does not
@@ -99,6 +101,20 @@ def test_signing_an_invalid_predicate_is_a_usage_error_not_untrusted_evidence(tm
     assert r.returncode == 2 and err["code"] == "usage.statement_invalid"
     assert "do not trust" not in err["advice"].lower() and not (tmp_path / "att.json").exists()
 
+
+@pytest.mark.parametrize("validity", [
+    {"issued_at": "0001-01-01T00:00:00+14:00", "expires_at": "2030-01-01T00:00:00Z"},  # before policy's years
+    {"issued_at": "2026-01-02T00:00:00Z", "expires_at": "2026-01-01T00:00:00Z"},  # inverted
+])
+def test_a_validity_window_no_verifier_accepts_is_not_signed(tmp_path: Path, validity: dict) -> None:
+    """Review (session 49): the schema's pattern admits times no verifier accepts; attest sign signed them."""
+    assert run("attest", "keygen", "--out", "k", cwd=tmp_path).returncode == 0
+    (tmp_path / "predicate.json").write_text(json.dumps({**STATEMENT["predicate"], "validity": validity}))
+    r = run("attest", "sign", "--predicate", "predicate.json", "--subject-digest", "sha256:" + FIXTURE_HEX,
+            "--key", "k.pem", "--out", "att.json", "--json", cwd=tmp_path)
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 2 and err["code"] == "usage.statement_invalid" and "validity" in err["message"]
+    assert not (tmp_path / "att.json").exists()
 
 def test_keygen_writes_no_key_pair_when_its_trust_file_cannot_be_written(tmp_path: Path) -> None:
     """--trust-out in a missing directory used to leave k.pem and k.pub.pem behind; an existing one is named

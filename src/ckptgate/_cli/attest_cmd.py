@@ -226,7 +226,12 @@ def sign(
 ) -> None:
     """Sign a statement (checked against its schema first) into a DSSE envelope."""
     from ckptgate.verify import QUALIFICATION_PREDICATE_TYPE, STATEMENT_TYPE, KeySigner, sign_statement  # noqa: PLC0415 - ~490 ms (cryptography)
-    from ckptgate.verify.statement import PREDICATE_SCHEMAS, schema_errors, statement_schema  # noqa: PLC0415 - ~490 ms (cryptography)
+    from ckptgate.verify.statement import (  # noqa: PLC0415 - ~490 ms (cryptography)
+        PREDICATE_SCHEMAS,
+        schema_errors,
+        statement_schema,
+        validity_window,
+    )
 
     if (statement_path is None) == (predicate_path is None):
         raise UsageError(
@@ -275,8 +280,9 @@ def sign(
         )
     try:
         envelope = sign_statement(statement, signer)
+        validity_window(statement)  # a window no verifier accepts (inverted, or past the years policy compares)
     except VerificationError as e:  # the statement is what is wrong: fix it, then sign
-        errors = schema_errors(statement)
+        errors = schema_errors(statement) or [{"path": "/predicate/validity", "message": e.message}]
         listed = "; ".join(f"{x['path']}: {x['message']}" for x in errors) or e.message
         raise UsageError(
             "usage.statement_invalid",

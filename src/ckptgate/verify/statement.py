@@ -241,15 +241,10 @@ class Validity:
             raise ValueError("validity times must be timezone-aware")
 
 
-def check_validity(statement: dict[str, Any], now: datetime, *, max_clock_skew: timedelta) -> Validity | None:
-    """For a known predicate type, enforce issued_at <= now + skew < expires_at.
-
-    Codes: ``verify.statement.validity_window`` (unparseable or inverted window),
-    ``verify.statement.not_yet_valid``, ``verify.statement.expired``.  Returns ``None`` for
-    predicate types without a validity window (policy decides their freshness).
-    """
-    if now.tzinfo is None:
-        raise ValueError("now must be timezone-aware")
+def validity_window(statement: dict[str, Any]) -> Validity | None:
+    """A known predicate type's validity window, read (``verify.statement.validity_window`` where its times
+    are not RFC 3339 within the years policy compares, or expires_at is not after issued_at); ``None`` for
+    predicate types without one.  ``attest sign`` checks it too: it never signs a window nothing accepts."""
     if statement["predicateType"] not in PREDICATE_SCHEMAS:
         return None
     raw = statement["predicate"]["validity"]
@@ -263,6 +258,22 @@ def check_validity(statement: dict[str, Any], now: datetime, *, max_clock_skew: 
         raise VerificationError(
             "verify.statement.validity_window", "expires_at is not after issued_at", evidence=dict(raw)
         )
+    return v
+
+
+def check_validity(statement: dict[str, Any], now: datetime, *, max_clock_skew: timedelta) -> Validity | None:
+    """For a known predicate type, enforce issued_at <= now + skew < expires_at.
+
+    Codes: ``verify.statement.validity_window`` (unparseable or inverted window),
+    ``verify.statement.not_yet_valid``, ``verify.statement.expired``.  Returns ``None`` for
+    predicate types without a validity window (policy decides their freshness).
+    """
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    v = validity_window(statement)
+    if v is None:
+        return None
+    raw = statement["predicate"]["validity"]
     if v.issued_at > now + max_clock_skew:
         raise VerificationError(
             "verify.statement.not_yet_valid",

@@ -93,6 +93,7 @@ _rule1_vendor_verb(s) := {"claims_vendor_phrasing": msg} if {
 	_vendor_cited(s)
 	_phrasing_applies(s)
 	not _has("vendor_verb", s.text)
+	not _has("interpretation", s.text) # a marked project interpretation (rule 2) is not vendor behaviour
 	msg := _rule_text("r1_phrasing")
 } else := {}
 

@@ -112,6 +112,18 @@ PROBE_OVER = [
     ("Accelerate's device-map places shards on each rank.", "claims_unmarked_interpretation"),
     ("A device map splits the checkpoint by rank.", "claims_unmarked_interpretation"),
     ("Safe parsing of a safetensors header establishes authenticity.", "claims_containment_as_proof"),
+    # enabling and targeting phrasing, "works on", OS nouns under a quantifier, a version series
+    ("ckptgate lets you load FSDP2 checkpoints.", ERROR),
+    ("ckptgate enables consolidation of ZeRO-1 checkpoints.", ERROR),
+    ("ckptgate is designed for FSDP2 checkpoints.", ERROR),
+    ("ckptgate covers ZeRO-1, ZeRO-2 and ZeRO-3.", ERROR),
+    ("ckptgate can be used with NeMo checkpoints.", ERROR),
+    ("You can use ckptgate with any DeepSpeed version.", ERROR),
+    ("ckptgate targets DeepSpeed 0.14 and later.", ERROR),
+    ("ckptgate works on any OS.", ERROR),
+    ("ckptgate runs on any Linux distribution.", ERROR),
+    ("ckptgate supports DeepSpeed 0.19.", ERROR),
+    ("ckptgate supports torch 2.", ERROR),
 ]
 
 PROBE_BOUNDED = [
@@ -131,6 +143,11 @@ PROBE_BOUNDED = [
     "Safe parsing of a safetensors header does not establish authenticity, path safety or provenance.",
     "In our interpretation, device_map places modules within one process and is not checkpoint-rank topology [R14].",
     "The seccomp profile is Linux-only; other platforms need a reviewed equivalent or must refuse.",
+    "If a row is added to the support matrix, ckptgate will support FSDP2.",
+    "ZeRO-1 may load, but it is unqualified and the gate refuses it.",
+    "ckptgate supports DCP checkpoints from torch 2.13.",
+    "The RSS targets are met at 2 GiB.",
+    "A bundle made for other files is refused.",
 ]
 
 

@@ -430,6 +430,7 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
                     "class": cls,
                     "term": m.group(),
                     "at": m.start(),
+                    "hedged": bool(vocab.rx("hedge").search(head) or vocab.rx("hedge").search(m.group())),
                     "passive": passive,
                     "negated": false_after or _negated(vocab, clause, m.start(), consumed),
                     "agent": _agent(vocab, clause, masked, m.start(), systems, passive),
@@ -532,6 +533,13 @@ def sentence_facts(vocab: Vocabulary, text: str) -> dict[str, Any]:
     split += [c for m in _PAREN.finditer(body) if _own_clause(vocab, m.group(1)) for c in _split(m.group(1))]
     facts = [clause_facts(vocab, c) for c, _ in split]
     _fragments_take_their_predicate(vocab, facts, [d for _, d in split])
+    if len(facts) > 1 and any(vocab.rx("hedge_bound").search(c["text"]) for c in facts):
+        for c in facts:  # "FSDP2 may load, but it is unqualified": a hedge the sentence bounds claims nothing
+            for p in c["capability"]:
+                p["negated"] = p["negated"] or p.pop("hedged")
+    for c in facts:
+        for p in c["capability"]:
+            p.pop("hedged", None)
     return {
         "register_entry": bool(vocab.rx("register_entry").search(text)),
         "clauses": facts,

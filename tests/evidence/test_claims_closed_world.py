@@ -70,3 +70,99 @@ def test_a_constant_the_source_uses_is_an_identifier_not_a_product(tmp_path: Pat
     (tmp_path / "src" / "tool" / "sig.py").write_text(f"import signal\n\n{constant}\n")
     doc = claims_input(tmp_path, [], vocabulary=local_vocabulary(REPO))
     assert _violations(doc) == []
+
+
+# Probe of held-back-style phrasing (claims-probe): each over-claim below passed before its fix, each
+# bounded sentence failed.  Classes: versions written after a system ("DCP 2.9", "Megatron 0.20"),
+# version lists and ranges, number lists after a family ("ZeRO-1/2/3", "stages 1-3"), a system in
+# quotation marks, a clause that only lists systems (a label, a table cell, "and ZeRO-1 too"), a
+# capability named as a noun and then denied ("support for X is not implemented"), a negation inside
+# the safety predicate ("is not trusted"), "not tampered with", "no payload can reach the network",
+# "any Linux" for OS controls, "device map" spellings, and an interpretation citing a vendor source.
+PROBE_OVER = [
+    ("ckptgate supports torch DCP 2.9.", ERROR),
+    ("ckptgate supports Megatron 0.20 checkpoints.", ERROR),
+    ("ckptgate supports Megatron-LM 0.12 checkpoints.", ERROR),
+    ("ckptgate supports PyTorch DCP 2.16 checkpoints.", ERROR),
+    ("ckptgate supports PyTorch DCP from 2.10 onwards.", ERROR),
+    ("ckptgate supports checkpoints from torch 2.10 to 2.15 and beyond.", ERROR),
+    ("ckptgate supports DeepSpeed 0.19.8 and 0.20.1.", ERROR),
+    ("ckptgate supports torch >= 2.13.", ERROR),
+    ("ckptgate supports ZeRO stages 1-3.", ERROR),
+    ("ckptgate supports ZeRO stages 1 to 3.", ERROR),
+    ("ckptgate supports ZeRO-1/2/3.", ERROR),
+    ("ckptgate supports ZeRO 1/2/3 checkpoints.", ERROR),
+    ("ckptgate supports FSDP v1/v2.", ERROR),
+    ("ckptgate supports \u201cZeRO-1\u201d checkpoints.", ERROR),
+    ('ckptgate supports "FSDP2".', ERROR),
+    ("ZeRO-1: supported.", ERROR),
+    ("ZeRO-1 \u2014 supported.", ERROR),
+    ("Supported formats: ZeRO-1, FSDP2, NeMo.", ERROR),
+    ("The following are supported: ZeRO-1, FSDP2.", ERROR),
+    ("| ZeRO-1 | supported by ckptgate |", ERROR),
+    ("ckptgate supports ZeRO-2 \u2013 and also ZeRO-1.", ERROR),
+    ("ckptgate reads ZeRO-2 checkpoints, and ZeRO-1 ones too.", ERROR),
+    ("ckptgate supports ZeRO-3 checkpoints; ZeRO-1 works too.", ERROR),
+    ("A matching SHA-256 proves the checkpoint has not been tampered with.", "claims_surrogate_trust"),
+    ("No pickle payload can reach the network from the worker.", "claims_containment_as_proof"),
+    ("Containment works on any Linux.", "claims_portable_sandbox"),
+    ("The sandbox works on all Linux distributions.", "claims_portable_sandbox"),
+    ("The seccomp sandbox works on every Linux kernel.", "claims_portable_sandbox"),
+    ("The containment works on any x86_64 Linux host.", "claims_portable_sandbox"),
+    ("Accelerate's device-map places shards on each rank.", "claims_unmarked_interpretation"),
+    ("A device map splits the checkpoint by rank.", "claims_unmarked_interpretation"),
+    ("Safe parsing of a safetensors header establishes authenticity.", "claims_containment_as_proof"),
+    # enabling and targeting phrasing, "works on", OS nouns under a quantifier, a version series
+    ("ckptgate lets you load FSDP2 checkpoints.", ERROR),
+    ("ckptgate enables consolidation of ZeRO-1 checkpoints.", ERROR),
+    ("ckptgate is designed for FSDP2 checkpoints.", ERROR),
+    ("ckptgate covers ZeRO-1, ZeRO-2 and ZeRO-3.", ERROR),
+    ("ckptgate can be used with NeMo checkpoints.", ERROR),
+    ("You can use ckptgate with any DeepSpeed version.", ERROR),
+    ("ckptgate targets DeepSpeed 0.14 and later.", ERROR),
+    ("ckptgate works on any OS.", ERROR),
+    ("ckptgate runs on any Linux distribution.", ERROR),
+    ("ckptgate supports DeepSpeed 0.19.", ERROR),
+    ("ckptgate supports torch 2.", ERROR),
+]
+
+PROBE_BOUNDED = [
+    "ckptgate supports DCP checkpoints from torch 2.13.0.",
+    "ckptgate supports ZeRO stages 2 and 3 at the versions the support matrix records.",
+    "ckptgate supports ZeRO-2/3 checkpoints from DeepSpeed 0.19.8.",
+    "Support for ZeRO-1 is not implemented.",
+    "Support for FSDP2 is planned but not yet qualified.",
+    "ZeRO-1 support is not available.",
+    "ZeRO-1 support is on the roadmap.",
+    "Compatibility with FSDP2 isn't qualified.",
+    "Not supported: ZeRO-1, FSDP2, NeMo.",
+    "ZeRO-2 and ZeRO-3: supported; ZeRO-1: refused.",
+    "ckptgate supports ZeRO-3, but not ZeRO-1.",
+    "A recognized filename such as model.safetensors is not trusted.",
+    "A file name is never considered trusted.",
+    "Safe parsing of a safetensors header does not establish authenticity, path safety or provenance.",
+    "In our interpretation, device_map places modules within one process and is not checkpoint-rank topology [R14].",
+    "The seccomp profile is Linux-only; other platforms need a reviewed equivalent or must refuse.",
+    "If a row is added to the support matrix, ckptgate will support FSDP2.",
+    "ZeRO-1 may load, but it is unqualified and the gate refuses it.",
+    "ckptgate supports DCP checkpoints from torch 2.13.",
+    "The RSS targets are met at 2 GiB.",
+    "A bundle made for other files is refused.",
+]
+
+
+def test_probe_over_claims_fail_with_their_rule_and_bounded_sentences_pass() -> None:
+    got = _codes([t for t, _ in PROBE_OVER] + PROBE_BOUNDED)
+    assert [(t, sorted(c)) for (t, code), c in zip(PROBE_OVER, got, strict=False) if code not in c] == []
+    assert {t: c for t, c in zip(PROBE_BOUNDED, got[len(PROBE_OVER):], strict=True) if c} == {}
+
+
+@pytest.mark.parametrize(("row", "fails"), [
+    ("| FSDP2 | yes |", True), ("| ZeRO-1 | \u2705 |", True), ("| ZeRO-1 | no |", False),
+    ("| ZeRO-1 | \u274c |", False), ("| ZeRO-3 | yes |", False),
+])
+def test_a_mark_under_a_capability_column_is_read_with_the_column(tmp_path: Path, row: str, fails: bool) -> None:
+    (tmp_path / "README.md").write_text(f"# Formats\n\n| Format | Supported |\n|---|---|\n{row}\n")
+    rows = json.loads((DATA / "claims_matrix.json").read_text())["rows"]
+    doc = claims_input(tmp_path, rows, vocabulary=local_vocabulary(REPO))
+    assert bool([v for v in _violations(doc) if v["code"] == ERROR]) is fails

@@ -93,6 +93,7 @@ _rule1_vendor_verb(s) := {"claims_vendor_phrasing": msg} if {
 	_vendor_cited(s)
 	_phrasing_applies(s)
 	not _has("vendor_verb", s.text)
+	not _has("interpretation", s.text) # a marked project interpretation (rule 2) is not vendor behaviour
 	msg := _rule_text("r1_phrasing")
 } else := {}
 
@@ -200,9 +201,12 @@ _version_supported(v) if {
 	_version_prefix(v.version, row.producer_version)
 }
 
+# "2.13" is "2.13.0"; "0.19" (a series) is not "0.19.8", and "2" is not "2.13.0".
 _version_prefix(v, full) if v == full
 
-_version_prefix(v, full) if startswith(full, concat("", [v, "."]))
+_version_prefix(v, full) if full == concat("", [v, ".0"])
+
+_version_prefix(v, full) if full == concat("", [v, ".0.0"])
 
 # Tools are named as references; a framework counts when it is what the claim is about
 # ("works with PyTorch", "Lightning checkpoints"), not an instrument ("written with torch").

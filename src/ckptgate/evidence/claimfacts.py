@@ -49,7 +49,14 @@ _CODE = re.compile(r"(`+)[^`]+?\1")
 _PAREN_NAME = re.compile(r"\(\s*[A-Za-z_][\w.]*\s*\)")
 #: A capability predicate that ends in a preposition of place ("runs on", "deployed in"): its claim is its object.
 _LOCATIVE = re.compile(r"\b(?:on|under|across|inside|in)$", re.IGNORECASE)
-_VERSION = re.compile(r"\s*(?:version\s+|v(?=\d))?(\d+(?:\.\d+){0,2}(?:\.x|\.\*)?)")
+_VERSION = re.compile(
+    r"\s*(?:(?:versions?|releases?)\s+|v(?=\d))?((?:from|since|>=|\u2265|>|starting (?:with|at)|at least)\s*)?"
+    r"(?:version\s+|v(?=\d))?(\d+(?:\.\d+){0,2}(?:\.x|\.\*)?)"
+)
+#: The rest of a version list or range after its first version: "2.10 to 2.15", "0.17.6, 0.18.9 and 0.19.8".
+_MORE_VERSIONS = re.compile(
+    r"\s*(?:to|through|thru|until|up to|-|\u2013|and|or|,|, and|, or)\s*(?:v(?=\d))?(\d+\.\d+(?:\.\d+)?(?:\.x|\.\*)?)"
+)
 
 
 def _mask(text: str, spans: list[tuple[int, int]]) -> str:
@@ -61,8 +68,51 @@ def _mask(text: str, spans: list[tuple[int, int]]) -> str:
 
 
 def clauses(text: str) -> list[str]:
-    parts = [p for p in _CLAUSE.split(text) if p and p.strip()]
-    return parts or [text]
+    return [c for c, _ in _split(text)]
+
+
+def _split(text: str) -> list[tuple[str, str]]:
+    """The clauses of ``text``, each with the delimiter that ends it ("" for the last)."""
+    out: list[tuple[str, str]] = []
+    at = 0
+    for m in _CLAUSE.finditer(text):
+        if m.start() == m.end() and m.start() == at:
+            continue
+        part = text[at : m.start()]
+        if part.strip():
+            out.append((part, m.group().strip()))
+        at = m.end()
+    if text[at:].strip():
+        out.append((text[at:], ""))
+    return out or [(text, "")]
+
+
+#: A label's delimiter: what follows it is the label's value ("ZeRO-1: supported", "| ZeRO-1 | yes |").
+_LABEL = re.compile(r"^(?::|\||[\u2014\u2013]|--?)$")
+
+
+def _fragments_take_their_predicate(vocab: Vocabulary, facts: list[dict[str, Any]], delims: list[str]) -> None:
+    """A clause that only lists systems ("ZeRO-1, FSDP2 and NeMo", "and ZeRO-1 ones too") has no
+    predicate of its own: it is the object or subject of its neighbour's.  A label ("ZeRO-1: supported",
+    a table cell) takes the next clause's capability predicate; a list after one ("Supported formats:
+    ZeRO-1, FSDP2", "supports ZeRO-2, and ZeRO-1 too") the previous one's, with its polarity."""
+    for i, c in enumerate(facts):
+        if not c["systems"] or c["capability"] or c["safety"] or c["negation"] or c["vendor_phrasing"]:
+            continue
+        rest = c["text"]
+        for sys in c["systems"]:
+            rest = rest.replace(sys["term"], " ")
+        if vocab.rx("fragment_filler").sub(" ", rest).strip(" \t.,;:|!*_()[]'\"\u2019"):
+            continue
+        if _LABEL.match(delims[i]):
+            source = [facts[i + 1]] if i + 1 < len(facts) else []
+        else:
+            source = [f for f in reversed(facts[:i]) if f["capability"]][:1]
+        if source and source[0]["capability"]:
+            c["capability"] = [dict(p) for p in source[0]["capability"]]
+            c["inherited"] = True
+            for sys in c["systems"]:
+                sys["object"] = True
 
 
 def _systems(vocab: Vocabulary, clause: str) -> tuple[list[dict[str, Any]], str]:
@@ -74,6 +124,7 @@ def _systems(vocab: Vocabulary, clause: str) -> tuple[list[dict[str, Any]], str]
             found.append({"id": sid, "term": clause[m.start() : m.end()], "at": m.start()})
             masked = masked[: m.start()] + "\0" * (m.end() - m.start()) + masked[m.end() :]
     found.sort(key=lambda f: f["at"])
+    found = _number_lists(vocab, clause, found)
     kept = []
     after_rx = vocab.rx("artifact_after")
     for f in found:
@@ -89,31 +140,84 @@ def _systems(vocab: Vocabulary, clause: str) -> tuple[list[dict[str, Any]], str]
             and vocab.related(nxt["id"], f["id"])
         ):
             continue
-        if _VERSION.match(clause, end) and vocab.kinds.get(f["id"]) in ("family", "framework"):
+        if _VERSION.match(clause, end) and vocab.kinds.get(f["id"]) in ("family", "framework") and not f.get("listed"):
             continue  # "torch 2.13.0" names a producer version, reported under versions
         kept.append(f)
     return kept, masked
 
 
+#: Numbers after a family or a numbered variant: "ZeRO-1/2/3", "ZeRO stages 1-3", "ZeRO 1, 2 and 3",
+#: "FSDP v1/v2".  A range ("1-3", "1 to 3", "1 through 3") names every number in it.
+_NUMBERS = re.compile(
+    r"(?:[\s-]*(?:stages?|v)?[\s-]*\d+\b)?(?:\s*(?:/|,|,?\s*and|,?\s*or|to|through|thru|-|\u2013)\s*(?:stage\s*|v)?\d+\b)+",
+    re.IGNORECASE,
+)
+_RANGE_WORD = re.compile(r"^\s*(?:to|through|thru|-|\u2013)\s*$", re.IGNORECASE)
+
+
+def _number_lists(vocab: Vocabulary, clause: str, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each variant a number list after a family or numbered variant names ("ZeRO-1/2/3": ZeRO-1,
+    ZeRO-2 and ZeRO-3), found by looking up "<family> <n>" among the aliases."""
+    out: list[dict[str, Any]] = []
+    for f in found:
+        out.append(f)
+        end = f["at"] + len(f["term"])
+        m = _NUMBERS.match(clause, end)
+        if not m or vocab.kinds.get(f["id"]) not in ("family", "variant"):
+            continue
+        root = re.sub(r"(?:[\s-]*(?:stages?|v)?[\s-]*\d+|[\s-]*stages?)$", "", f["term"], flags=re.IGNORECASE)
+        own = re.search(r"(\d+)$", f["term"])
+        text = (own.group(1) if own else "") + m.group()
+        nums = [int(n) for n in re.findall(r"\d+", text)]
+        seps = re.split(r"(?:stage\s*|v)?\d+", text, flags=re.IGNORECASE)[1:-1]
+        names: list[int] = []
+        for i, n in enumerate(nums):
+            if i and _RANGE_WORD.match(seps[i - 1]) and 0 < n - nums[i - 1] <= 8:
+                names.extend(range(nums[i - 1] + 1, n + 1))
+            else:
+                names.append(n)
+        ids = [vocab.alias_ids.get(f"{root} {n}".lower()) for n in names]
+        if len(names) < 2 or not all(ids):
+            continue
+        out.pop()
+        for n, sid in zip(names, ids, strict=True):
+            out.append({"id": sid, "term": f"{root} {n}", "at": f["at"], "listed": True})
+    return out
+
+
 def _versions(vocab: Vocabulary, clause: str) -> list[dict[str, Any]]:
+    """Producer versions: a producer name followed by a version (``torch 2.13.0``), or a system whose
+    producer the vocabulary knows followed by a dotted version (``DCP 2.9``, ``Megatron 0.20``: the
+    producer's release, not a stage or generation such as ``ZeRO 3`` or ``FSDP 2``)."""
     out = []
     open_rx = vocab.rx("version_open")
-    for pat, pid in vocab.producers:
+    ends: set[int] = set()
+    named = [(pat, pid, False) for pat, pid in vocab.producers]
+    named += [(pat, pid, True) for pat, pid in vocab.system_producers]
+    for pat, pid, dotted in named:
         for m in pat.finditer(clause):
             v = _VERSION.match(clause, m.end())
-            if not v:
+            if not v or v.end(2) in ends or (dotted and not re.match(r"\d+\.\d", v.group(2))):
                 continue
             before = clause[max(0, m.start() - 24) : m.start()]
-            after = clause[v.end(1) : v.end(1) + 24]
-            is_open = bool(open_rx.search(after)) or bool(open_rx.search(before)) or v.group(1).endswith(("x", "*"))
-            out.append(
-                {
-                    "producer": pid,
-                    "version": v.group(1).rstrip(".x*").rstrip("."),
-                    "open": is_open,
-                    "term": clause[m.start() : v.end(1)],
-                }
-            )
+            opened = bool(open_rx.search(before)) or bool(v.group(1) and not v.group(1).startswith("from"))
+            found = [(v.group(2), v.end(2))]
+            more = _MORE_VERSIONS.match(clause, v.end(2))
+            while more:  # each version of a list or range ("2.10 to 2.15 and beyond") is its own claim
+                found.append((more.group(1), more.end(1)))
+                more = _MORE_VERSIONS.match(clause, more.end(1))
+            for i, (text, end) in enumerate(found):
+                ends.add(end)
+                after = clause[end : end + 24]
+                is_open = bool(open_rx.search(after)) or (opened and i == 0) or text.endswith(("x", "*"))
+                out.append(
+                    {
+                        "producer": pid,
+                        "version": text.rstrip(".x*").rstrip("."),
+                        "open": is_open,
+                        "term": clause[m.start() : end],
+                    }
+                )
     return out
 
 
@@ -252,6 +356,29 @@ def _object(masked: str, end: int) -> str:
     return masked[end : stop.start() if stop else len(masked)]
 
 
+def _attributive_subject(vocab: Vocabulary, masked: str, s: dict[str, Any]) -> bool:
+    """A safety adjective that opens its clause's subject ("Safe parsing of a header", "A secure
+    format") before a negated predicate describes what the clause denies, not a safety conclusion."""
+    end = s["at"] + len(s["term"])
+    if not re.fullmatch(r"\s*(?:(?:a|an|the|its|this|that)\s+)?", masked[: s["at"]], re.IGNORECASE):
+        return False
+    tail = masked[end:]
+    return bool(re.match(r"\s+[a-z][\w-]*", tail)) and bool(
+        vocab.rx("negation").search(vocab.rx("not_negation").sub(" ", tail))
+    )
+
+
+def _nominal_negated(vocab: Vocabulary, masked: str, m: re.Match[str]) -> bool:
+    """A capability named as a noun ("support for ZeRO-1", "ZeRO-1 support", "compatibility with X")
+    whose own predicate comes after it and denies or defers it: "is not implemented", "is planned",
+    "is missing", "is on the roadmap".  A verb ("we support X that is not ...") is not a noun."""
+    if not vocab.rx("nominal_capability").fullmatch(m.group()):
+        return False
+    if vocab.rx("verb_subject").search(masked[: m.start()]):
+        return False
+    return bool(vocab.rx("nominal_negation").match(masked[m.end() :]))
+
+
 def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
     code = [(m.start(), m.end()) for m in _CODE.finditer(clause)]
     clause = clause.replace("`", " ")
@@ -275,6 +402,10 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
     for s in safety:
         inside = any(a <= s["at"] < b for a, b in consumed) and s["class"] not in ("harm", "impossible")
         s["negated"] = _negated(vocab, clause, s["at"], consumed) if s["class"] != "impossible" else False
+        if s["class"] not in ("harm", "impossible") and vocab.rx("negation").search(s["term"]):
+            s["negated"] = True  # the negation is inside the predicate: "is not trusted", "is never considered safe"
+        if s["class"] == "inherent" and _attributive_subject(vocab, masked, s):
+            s["negated"] = True  # "Safe parsing ... does not establish authenticity": the clause's predicate denies
         s["nested"] = inside
     safety = [s for s in safety if not s.pop("nested")]
     capability: list[dict[str, Any]] = []
@@ -290,13 +421,16 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
             head = masked[: m.start()]
             passive = bool(vocab.rx("passive").search(head)) or cls in ("compatible", "out_of_the_box")
             false_after = bool(
-                vocab.rx("false_after").match(masked[m.end() :]) or vocab.rx("object_negation").match(masked[m.end() :])
+                vocab.rx("false_after").match(masked[m.end() :])
+                or vocab.rx("object_negation").match(masked[m.end() :])
+                or _nominal_negated(vocab, masked, m)
             )
             capability.append(
                 {
                     "class": cls,
                     "term": m.group(),
                     "at": m.start(),
+                    "hedged": bool(vocab.rx("hedge").search(head) or vocab.rx("hedge").search(m.group())),
                     "passive": passive,
                     "negated": false_after or _negated(vocab, clause, m.start(), consumed),
                     "agent": _agent(vocab, clause, masked, m.start(), systems, passive),
@@ -392,14 +526,23 @@ def sentence_facts(vocab: Vocabulary, text: str) -> dict[str, Any]:
     quoted = [
         (m.start(), m.end())
         for m in _QUOTED.finditer(text)
-        if m.group(1) is not None or len((m.group(2) or "").split()) >= 3
-    ]
+        if (m.group(1) is not None and not vocab.is_alias(m.group(1).strip())) or len((m.group(2) or "").split()) >= 3
+    ]  # a system's name in quotation marks ("supports “ZeRO-1” checkpoints") is still that system
     body = _mask(text, quoted)
-    parts = clauses(_PAREN.sub(lambda m: " " * len(m.group()) if _own_clause(vocab, m.group(1)) else m.group(), body))
-    parts += [c for m in _PAREN.finditer(body) if _own_clause(vocab, m.group(1)) for c in clauses(m.group(1))]
+    split = _split(_PAREN.sub(lambda m: " " * len(m.group()) if _own_clause(vocab, m.group(1)) else m.group(), body))
+    split += [c for m in _PAREN.finditer(body) if _own_clause(vocab, m.group(1)) for c in _split(m.group(1))]
+    facts = [clause_facts(vocab, c) for c, _ in split]
+    _fragments_take_their_predicate(vocab, facts, [d for _, d in split])
+    if len(facts) > 1 and any(vocab.rx("hedge_bound").search(c["text"]) for c in facts):
+        for c in facts:  # "FSDP2 may load, but it is unqualified": a hedge the sentence bounds claims nothing
+            for p in c["capability"]:
+                p["negated"] = p["negated"] or p.pop("hedged")
+    for c in facts:
+        for p in c["capability"]:
+            p.pop("hedged", None)
     return {
         "register_entry": bool(vocab.rx("register_entry").search(text)),
-        "clauses": [clause_facts(vocab, c) for c in parts],
+        "clauses": facts,
         "topics": sorted(t for t in vocab.lexicon.get("topics", {}) if vocab.rx("topics", t).search(body)),
         "scope": [m.group() for m in vocab.rx("scope").finditer(body)],
         "vendor_phrasing": bool(vocab.rx("vendor_phrasing").search(body)),

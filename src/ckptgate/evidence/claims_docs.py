@@ -127,11 +127,38 @@ def _table_text(line: str, header: list[str] | None) -> str:
     cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
     if len(cells) != len(header):
         return line
-    out = [f"{h} {c}" if _COLUMN_NEGATION.search(h) and c else c for h, c in zip(header, cells, strict=True)]
+    out = [
+        f"{h} {c}" if _COLUMN_NEGATION.search(h) and c else f"{h} {_MARKS.get(c.lower(), c)}" if _answers(h, c) else c
+        for h, c in zip(header, cells, strict=True)
+    ]
     return "| " + " | ".join(out) + " |"
 
 
 _COLUMN_NEGATION = re.compile(r"\b(?:not|never|no|limits?|out of scope|cannot)\b", re.IGNORECASE)
+#: A column that asks a capability question ("Supported", "Works with ckptgate"), answered per row.
+_COLUMN_CAPABILITY = re.compile(
+    r"\b(?:supported|support|works?|compatible|compatibility|loads?|reads?|consolidates?|converts?|handled|accepted)\b",
+    re.IGNORECASE,
+)
+_MARKS = {
+    "\u2705": "yes",
+    "\u2713": "yes",
+    "\u2714": "yes",
+    "\u2714\ufe0f": "yes",
+    "y": "yes",
+    "\u274c": "no",
+    "\u2717": "no",
+    "\u2718": "no",
+    "n": "no",
+    "-": "no",
+    "\u2014": "no",
+}
+
+
+def _answers(header: str, cell: str) -> bool:
+    """A yes/no mark ("yes", "no", a check or cross) under a capability column is read with the
+    column: "| FSDP2 | yes |" under "Supported" says FSDP2 is supported."""
+    return bool(_COLUMN_CAPABILITY.search(header)) and _MARKS.get(cell.lower(), cell.lower()) in ("yes", "no")
 
 
 def _clean(text: str) -> str:

@@ -36,7 +36,8 @@ class Vocabulary:
                 text = alias.lstrip("=")
                 flags = 0 if exact else re.IGNORECASE
                 body = re.escape(text).replace(r"\ ", r"[\s_-]+")
-                pat = re.compile(r"(?<![\w./-])" + body + r"(?![\w/-]|\.\w)", flags)
+                # a name ends before "/" only when a number list follows ("ZeRO-1/2/3"), not a path ("a/b")
+                pat = re.compile(r"(?<![\w./-])" + body + r"(?![\w-]|/(?!\d+\b)|\.\w)", flags)
                 out.append((pat, sid, text))
         out.sort(key=lambda t: -len(t[2]))
         return out
@@ -48,6 +49,28 @@ class Vocabulary:
             for n in names:
                 out.append((re.compile(r"(?<![\w./-])" + re.escape(n) + r"(?![\w/-])", re.IGNORECASE), pid))
         return out
+
+    @cached_property
+    def system_producers(self) -> list[tuple[re.Pattern[str], str]]:
+        """(pattern, producer) for each alias of a system whose producer is a known producer name:
+        "DCP 2.9" names a torch release, "Megatron 0.20" a megatron-core one."""
+        known = set(self.data.get("producers") or {})
+        systems = self.data.get("systems") or {}
+        return [
+            (pat, systems[sid]["producer"]) for pat, sid, _ in self.aliases if systems[sid].get("producer") in known
+        ]
+
+    @cached_property
+    def alias_ids(self) -> dict[str, str]:
+        """Each alias, lower-case, to its system id (the first, longest-first, when two share one)."""
+        out: dict[str, str] = {}
+        for _, sid, alias in self.aliases:
+            out.setdefault(alias.lower(), sid)
+        return out
+
+    def is_alias(self, text: str) -> bool:
+        """Whether ``text`` is, in full, the name of a system."""
+        return any(pat.fullmatch(text) for pat, _, _ in self.aliases)
 
     @cached_property
     def kinds(self) -> dict[str, str]:

@@ -166,3 +166,27 @@ def test_a_mark_under_a_capability_column_is_read_with_the_column(tmp_path: Path
     rows = json.loads((DATA / "claims_matrix.json").read_text())["rows"]
     doc = claims_input(tmp_path, rows, vocabulary=local_vocabulary(REPO))
     assert bool([v for v in _violations(doc) if v["code"] == ERROR]) is fails
+
+
+# Review of the probe heuristics (claims-review): each over-claim below passed after the probe's
+# heuristics and each bounded sentence failed, before its fix.  A hedge is bounded only by a clause
+# about the same systems (naming them, or naming none and referring back).
+REVIEW_OVER = [
+    ("ZeRO-1 may load; ckptgate refuses FSDP1 checkpoints.", ERROR),
+    ("ckptgate may support ZeRO-1, and FSDP1 is not supported.", ERROR),
+    ("ckptgate might handle NeMo checkpoints too; Megatron Bridge has no supported row.", ERROR),
+    ("ZeRO-1 may load; ckptgate refuses pickled optimizer state.", ERROR),
+    ("ZeRO-1 and FSDP2 may load, but ZeRO-1 is unqualified.", ERROR),
+]
+
+REVIEW_BOUNDED = [
+    "ZeRO-1 may load, but is unqualified.",
+    "ZeRO-2 and ZeRO-3 are supported at the versions in the matrix; ZeRO-1 may load, but it has no supported row.",
+    "NeMo checkpoints might open, but they are not supported.",
+]
+
+
+def test_review_over_claims_fail_with_their_rule_and_bounded_sentences_pass() -> None:
+    got = _codes([t for t, _ in REVIEW_OVER] + REVIEW_BOUNDED)
+    assert [(t, sorted(c)) for (t, code), c in zip(REVIEW_OVER, got, strict=False) if code not in c] == []
+    assert {t: c for t, c in zip(REVIEW_BOUNDED, got[len(REVIEW_OVER):], strict=True) if c} == {}

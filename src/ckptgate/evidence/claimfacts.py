@@ -521,6 +521,30 @@ def _own_clause(vocab: Vocabulary, text: str) -> bool:
     )
 
 
+#: A clause that refers back to another's subject: a pronoun ("but it is unqualified"), a subject left
+#: out ("but is unqualified") or a noun for the outcome ("the result is unqualified").
+_ANAPHORA = re.compile(
+    r"\b(?:it|its|they|them|their|this|these|those|such|either|both)\b"
+    r"|^\W*(?:(?:but|and|yet|though|although|while)\s+)?(?:is|are|was|were|has|have|remains?|stays?)\b"
+    r"|\bthe (?:result|outcome|load|output)s?\b",
+    re.IGNORECASE,
+)
+
+
+def _bounds(vocab: Vocabulary, bound: dict[str, Any], hedged: dict[str, Any]) -> bool:
+    """Whether clause ``bound`` bounds the hedge of clause ``hedged`` ("ZeRO-1 may load, but it is
+    unqualified"): it says unqualified, unsupported, refused or rowless, about the same systems: it
+    names each of them, or it names none and refers back.  A bound on another system ("ZeRO-1 may
+    load, and ckptgate refuses FSDP1") or on something else ("; ckptgate refuses pickles") leaves
+    the hedged claim standing."""
+    if not vocab.rx("hedge_bound").search(bound["text"]):
+        return False
+    named = {s["id"] for s in bound["systems"]}
+    if named:
+        return {s["id"] for s in hedged["systems"]} <= named
+    return bool(_ANAPHORA.search(bound["text"]))
+
+
 def sentence_facts(vocab: Vocabulary, text: str) -> dict[str, Any]:
     """Claim facts for one sentence: its clauses, and sentence-wide cues."""
     quoted = [
@@ -533,8 +557,8 @@ def sentence_facts(vocab: Vocabulary, text: str) -> dict[str, Any]:
     split += [c for m in _PAREN.finditer(body) if _own_clause(vocab, m.group(1)) for c in _split(m.group(1))]
     facts = [clause_facts(vocab, c) for c, _ in split]
     _fragments_take_their_predicate(vocab, facts, [d for _, d in split])
-    if len(facts) > 1 and any(vocab.rx("hedge_bound").search(c["text"]) for c in facts):
-        for c in facts:  # "FSDP2 may load, but it is unqualified": a hedge the sentence bounds claims nothing
+    for c in facts:  # "FSDP2 may load, but it is unqualified": a hedge the sentence bounds claims nothing
+        if any(d is not c and _bounds(vocab, d, c) for d in facts):
             for p in c["capability"]:
                 p["negated"] = p["negated"] or p.pop("hedged")
     for c in facts:

@@ -170,19 +170,27 @@ def test_a_mark_under_a_capability_column_is_read_with_the_column(tmp_path: Path
 
 # Review of the probe heuristics (claims-review): each over-claim below passed after the probe's
 # heuristics and each bounded sentence failed, before its fix.  A hedge is bounded only by a clause
-# about the same systems (naming them, or naming none and referring back).
+# about the same systems (naming them, or naming none and referring back).  A condition is
+# hypothetical when it states that a row is added, listed or qualified, not when it only mentions the matrix.
 REVIEW_OVER = [
     ("ZeRO-1 may load; ckptgate refuses FSDP1 checkpoints.", ERROR),
     ("ckptgate may support ZeRO-1, and FSDP1 is not supported.", ERROR),
     ("ckptgate might handle NeMo checkpoints too; Megatron Bridge has no supported row.", ERROR),
     ("ZeRO-1 may load; ckptgate refuses pickled optimizer state.", ERROR),
     ("ZeRO-1 and FSDP2 may load, but ZeRO-1 is unqualified.", ERROR),
+    ("When you check the support matrix, you will see that ckptgate supports ZeRO-1.", ERROR),
+    ("If you read the matrix, ckptgate supports FSDP2 and ZeRO-1.", ERROR),
+    ("When the matrix is updated, ckptgate already supports ZeRO-1.", ERROR),
+    ("ckptgate supports ZeRO-1 even when the matrix has no row for it.", ERROR),
 ]
 
 REVIEW_BOUNDED = [
     "ZeRO-1 may load, but is unqualified.",
     "ZeRO-2 and ZeRO-3 are supported at the versions in the matrix; ZeRO-1 may load, but it has no supported row.",
     "NeMo checkpoints might open, but they are not supported.",
+    "Once a ZeRO-1 row is qualified, ckptgate will support ZeRO-1 at that version.",
+    "When the matrix lists FSDP2, ckptgate will load it.",
+    "ckptgate will support NeMo once it has a qualified row.",
 ]
 
 

@@ -379,6 +379,21 @@ def _nominal_negated(vocab: Vocabulary, masked: str, m: re.Match[str]) -> bool:
     return bool(vocab.rx("nominal_negation").match(masked[m.end() :]))
 
 
+def _not_enabling(vocab: Vocabulary, masked: str, m: re.Match[str], systems: list[dict[str, Any]]) -> bool:
+    """Targeting and enabling phrasing that claims no capability: a part of the documentation as the
+    subject of "covers" or "targets" ("this section covers ZeRO-1", "chapter 3 covers Megatron": what
+    the text is about), or an audience as the object of "designed for" and its kin ("designed for ML
+    platform teams"), unless a system qualifies it ("designed for ZeRO-1 teams")."""
+    term = m.group().lower()
+    if re.fullmatch(r"(?:targets?|covers?)", term):
+        starts = [x.end() for x in _SUBJECT_START.finditer(masked, 0, m.start())]
+        return bool(vocab.rx("document_subject").search(masked[starts[-1] if starts else 0 : m.start()]))
+    if term.endswith("for"):
+        aud = vocab.rx("audience").match(masked, m.end())
+        return aud is not None and not any(m.end() <= s["at"] < aud.end() for s in systems)
+    return False
+
+
 def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
     code = [(m.start(), m.end()) for m in _CODE.finditer(clause)]
     clause = clause.replace("`", " ")
@@ -417,6 +432,8 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
                 and not _names_object(vocab, masked, m.end(), systems, entities)
                 and not _names_subject(masked, m.start(), systems, entities)
             ):
+                continue
+            if cls == "enable" and _not_enabling(vocab, masked, m, systems):
                 continue
             head = masked[: m.start()]
             passive = bool(vocab.rx("passive").search(head)) or cls in ("compatible", "out_of_the_box")

@@ -173,7 +173,8 @@ def test_a_mark_under_a_capability_column_is_read_with_the_column(tmp_path: Path
 # about the same systems (naming them, or naming none and referring back).  A condition is
 # hypothetical when it states that a row is added, listed or qualified, not when it only mentions the matrix.
 # A part of the docs that "covers" or "targets" a system, and an audience something is "designed for",
-# claim no capability.
+# claim no capability.  A quantified subject restricted by a version or a lack ("any Linux kernel older
+# than 5.6 lacks openat2") is no portability claim, and "refused" bounds a platform like "refuses".
 REVIEW_OVER = [
     ("ZeRO-1 may load; ckptgate refuses FSDP1 checkpoints.", ERROR),
     ("ckptgate may support ZeRO-1, and FSDP1 is not supported.", ERROR),
@@ -187,6 +188,8 @@ REVIEW_OVER = [
     ("ckptgate is designed for ZeRO-1 teams.", ERROR),
     ("The adapter covers FSDP1.", ERROR),
     ("ckptgate covers the NeMo format.", ERROR),
+    ("The seccomp sandbox works on every Linux kernel since 5.6.", "claims_portable_sandbox"),
+    ("The containment is portable to any Linux host newer than 5.6.", "claims_portable_sandbox"),
 ]
 
 REVIEW_BOUNDED = [
@@ -204,6 +207,10 @@ REVIEW_BOUNDED = [
     "The threat model covers CVE-2026-24747.",
     "The table below covers DCP, FSDP and ZeRO.",
     "The guide targets DeepSpeed users migrating from ZeRO-1.",
+    "any Linux kernel older than 5.6 lacks openat2, so ckptgate refuses to run the worker there.",
+    "Every Linux kernel since 5.6 has openat2.",
+    "All Linux kernels before 5.6 lack openat2, so the worker is refused on them.",
+    "The worker is designed for Linux with seccomp; other platforms are refused.",
 ]
 
 

@@ -465,10 +465,21 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
             c["at"] < sys["at"] and len(gap[c["at"] + len(c["term"]) :].split()) <= 2 for c in capability
         )
     topics = sorted(t for t in lex.get("topics", {}) if vocab.rx("topics", t).search(clause))
-    cross = [m.group() for m in vocab.rx("cross_platform").finditer(clause)]
-    cross_negated = any(
-        _negated(vocab, clause, m.start(), consumed) for m in vocab.rx("cross_platform").finditer(clause)
-    )
+    # a quantified subject restricted by a version or a lack ("any Linux kernel older than 5.6 lacks
+    # openat2", "every kernel since 5.6 has it", "any host without cgroup v2 fails preflight") says
+    # what those hosts are: no portability claim.  After a preposition ("works on every kernel since
+    # 5.6") it is still where something is claimed to work.
+    cues = [
+        m
+        for m in vocab.rx("cross_platform").finditer(clause)
+        if not (
+            re.match(r"(?:any|every|all)\b", m.group(), re.IGNORECASE)
+            and vocab.rx("quantifier_restriction").match(clause[m.end() :])
+            and not re.search(r"\b(?:on|under|across|in|inside|for|with|to|onto)\s+$", clause[: m.start()], re.I)
+        )
+    ]
+    cross = [m.group() for m in cues]
+    cross_negated = any(_negated(vocab, clause, m.start(), consumed) for m in cues)
     lead = re.match(
         r"\s*(?:and\s+|,\s*)?(so|therefore|hence|thus|consequently|because|since|which means)\b", clause, re.IGNORECASE
     )

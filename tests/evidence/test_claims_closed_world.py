@@ -158,6 +158,7 @@ def test_probe_over_claims_fail_with_their_rule_and_bounded_sentences_pass() -> 
 
 
 @pytest.mark.parametrize(("row", "fails"), [
+    ("| macOS | yes |", True), ("| Linux | yes |", False), ("| `--json` | yes |", False),
     ("| FSDP2 | yes |", True), ("| ZeRO-1 | \u2705 |", True), ("| ZeRO-1 | no |", False),
     ("| ZeRO-1 | \u274c |", False), ("| ZeRO-3 | yes |", False),
 ])
@@ -175,6 +176,7 @@ def test_a_mark_under_a_capability_column_is_read_with_the_column(tmp_path: Path
 # A part of the docs that "covers" or "targets" a system, and an audience something is "designed for",
 # claim no capability.  A quantified subject restricted by a version or a lack ("any Linux kernel older
 # than 5.6 lacks openat2") is no portability claim, and "refused" bounds a platform like "refuses".
+# A label or list of producer versions or other names takes its neighbour's predicate like systems do.
 REVIEW_OVER = [
     ("ZeRO-1 may load; ckptgate refuses FSDP1 checkpoints.", ERROR),
     ("ckptgate may support ZeRO-1, and FSDP1 is not supported.", ERROR),
@@ -190,6 +192,10 @@ REVIEW_OVER = [
     ("ckptgate covers the NeMo format.", ERROR),
     ("The seccomp sandbox works on every Linux kernel since 5.6.", "claims_portable_sandbox"),
     ("The containment is portable to any Linux host newer than 5.6.", "claims_portable_sandbox"),
+    ("DeepSpeed 0.18.0: supported", ERROR),
+    ("macOS: supported", ERROR),
+    ("Supported platforms: macOS, Windows.", ERROR),
+    ("Supported producer versions: DeepSpeed 0.18.0, torch 2.9.0.", ERROR),
 ]
 
 REVIEW_BOUNDED = [
@@ -211,6 +217,10 @@ REVIEW_BOUNDED = [
     "Every Linux kernel since 5.6 has openat2.",
     "All Linux kernels before 5.6 lack openat2, so the worker is refused on them.",
     "The worker is designed for Linux with seccomp; other platforms are refused.",
+    "DeepSpeed 0.19.8: supported",
+    "DeepSpeed 0.19.8: qualified",
+    "Supported producer versions: DeepSpeed 0.19.8, torch 2.13.0.",
+    "Note: supported rows are listed in matrix/SUPPORT.md.",
 ]
 
 

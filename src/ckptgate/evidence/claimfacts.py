@@ -92,16 +92,19 @@ _LABEL = re.compile(r"^(?::|\||[\u2014\u2013]|--?)$")
 
 
 def _fragments_take_their_predicate(vocab: Vocabulary, facts: list[dict[str, Any]], delims: list[str]) -> None:
-    """A clause that only lists systems ("ZeRO-1, FSDP2 and NeMo", "and ZeRO-1 ones too") has no
-    predicate of its own: it is the object or subject of its neighbour's.  A label ("ZeRO-1: supported",
+    """A clause that only lists systems, producer versions or other names ("ZeRO-1, FSDP2 and NeMo",
+    "and ZeRO-1 ones too", "DeepSpeed 0.18.0", "macOS") has no predicate of its own: it is the object
+    or subject of its neighbour's.  A label ("ZeRO-1: supported",
     a table cell) takes the next clause's capability predicate; a list after one ("Supported formats:
     ZeRO-1, FSDP2", "supports ZeRO-2, and ZeRO-1 too") the previous one's, with its polarity."""
     for i, c in enumerate(facts):
-        if not c["systems"] or c["capability"] or c["safety"] or c["negation"] or c["vendor_phrasing"]:
+        named = [s["term"] for s in c["systems"]] + [v["term"] for v in c["versions"]]
+        named += [e["term"] for e in c["entities"] if e["kind"] in ("name", "platform")]
+        if not named or c["capability"] or c["safety"] or c["negation"] or c["vendor_phrasing"]:
             continue
         rest = c["text"]
-        for sys in c["systems"]:
-            rest = rest.replace(sys["term"], " ")
+        for term in sorted(named, key=len, reverse=True):  # "DeepSpeed 0.18.0", "macOS", as well as systems
+            rest = rest.replace(term, " ")
         if vocab.rx("fragment_filler").sub(" ", rest).strip(" \t.,;:|!*_()[]'\"\u2019"):
             continue
         if _LABEL.match(delims[i]):

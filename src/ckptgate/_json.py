@@ -18,7 +18,7 @@ from typing import Any
 
 from ckptgate.errors import UsageError, VerificationError
 
-__all__ = ["MAX_DEPTH", "JSONRejected", "depth", "loads_strict", "usage_error", "verify_error"]
+__all__ = ["MAX_DEPTH", "JSONRejected", "depth", "loads_or_none", "loads_strict", "usage_error", "verify_error"]
 
 MAX_DEPTH = 64
 """Deepest nesting of arrays and objects accepted by default."""
@@ -183,6 +183,16 @@ def loads_strict(
         if error is None:
             raise
         raise error(r) from None
+
+
+def loads_or_none(raw: bytes | str) -> Any:
+    """``raw`` parsed as JSON where a reader takes what it can, else ``None``: not UTF-8, not JSON, or nested
+    past the parser's recursion limit (``RecursionError``, no ``ValueError``).  A JSON ``null`` is ``None``
+    too: a caller checks the type it needs.  A document that decides is read by :func:`loads_strict`."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
 
 
 def verify_error(r: JSONRejected) -> VerificationError:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckptgate._json import JSONRejected, loads_strict
+from ckptgate._json import JSONRejected, loads_or_none, loads_strict
 from ckptgate.errors import ConfigError
 from ckptgate.userfiles import read_regular_file
 
@@ -95,9 +95,8 @@ class PolicyData:
         """``raw`` trust data with the overlay's signers appended (``raw`` itself when it adds none)."""
         if not self.signers:
             return raw
-        try:
-            trust = json.loads(raw)
-        except (ValueError, RecursionError):  # the trust data's own parser reports it, with its own code
+        trust = loads_or_none(raw)
+        if not isinstance(trust, dict):  # the trust data's own parser reports it, with its own code
             return raw
         present = {s.get("id") for s in trust.get("signers", []) if isinstance(s, dict)}
         for s in self.signers:

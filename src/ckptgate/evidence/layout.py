@@ -10,11 +10,11 @@ the top of the git work tree, which is what git and the stored statements' locat
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ckptgate._json import loads_or_none
 from ckptgate._resources import default_policy_dir
 from ckptgate.errors import EngineUnavailable
 
@@ -112,8 +112,8 @@ class RepoLayout:
         try:
             merged = self.policy_data.overlays(policies) if self.policy_data is not None else {}
             raw = merged.get(bundle_path) or (policies / bundle_path).read_bytes()
-            doc = json.loads(raw)
-        except (OSError, ValueError, RecursionError):
+            doc = loads_or_none(raw)
+        except (OSError, ValueError):
             return None
         return doc if isinstance(doc, dict) else None
 

@@ -20,13 +20,13 @@ it is not evidence that deserializing the bytes is safe, so containment still ap
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ckptgate._json import loads_or_none
 from ckptgate.decide.decision import Decision
 from ckptgate.decide.options import EngineOptions, load_trust
 from ckptgate.digest import Digest, FixtureDigest, fixture_digest
@@ -122,13 +122,6 @@ def _committed_blobs(repo: Path, commit: str, location: str) -> dict[str, tuple[
     return out
 
 
-def _json_or_none(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-
-
 def committed_fixture(
     repo: Path | RepoLayout, fixture: Fixture, tree: SafeTree, digest: FixtureDigest, commit: str
 ) -> CommittedFixture:
@@ -155,7 +148,7 @@ def committed_fixture(
     want_meta = git(repo, "rev-parse", "--verify", "-q", f"{commit}:{manifest}", check=False).strip()
     meta_bytes = fixture.manifest.read_bytes()
     got_meta = hashlib.new(fmt, b"blob %d\0" % len(meta_bytes) + meta_bytes).hexdigest()
-    if want_meta != got_meta or _json_or_none(meta_bytes) != fixture.meta:
+    if want_meta != got_meta or loads_or_none(meta_bytes) != fixture.meta:
         raise EvidenceError(
             "evidence.provenance.meta_uncommitted",
             f"{manifest} is not the file committed at {commit[:12]}",

@@ -3,7 +3,6 @@ the checkpoint's own version records, the training code's git commit, and an inv
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import uuid
@@ -12,6 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ckptgate._json import loads_or_none
 from ckptgate.verify.training import BaseModel, CodeRef, Producer
 
 __all__ = [
@@ -57,8 +57,8 @@ def _json_file(path: Path) -> dict[str, object]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as f:
-            doc = json.loads(f.read(1 << 20))
-    except (OSError, ValueError, RecursionError):  # RecursionError: nested past the parser
+            doc = loads_or_none(f.read(1 << 20))
+    except OSError:
         return {}
     return doc if isinstance(doc, dict) else {}
 

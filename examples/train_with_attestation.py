@@ -86,6 +86,10 @@ def main() -> None:
         callbacks=[AttestCallback(builder_id=args.builder_id)],
     )
     trainer.train()
+    if torch.distributed.is_initialized():
+        # under torchrun: tear the group down before the interpreter does, as PyTorch asks; a gloo worker thread
+        # still holding a finished collective's tensors at exit aborts the process (SIGABRT) now and then
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

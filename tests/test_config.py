@@ -160,6 +160,20 @@ def test_init_writes_commented_defaults_that_validate_and_never_overwrites(tmp_p
     assert (root / "ckptgate.toml").read_text() == text
 
 
+def test_init_outside_a_git_work_tree_refuses_and_writes_nothing(tmp_path):
+    """Its help says "at the top of the current git work tree": with none, it says so, exit 2."""
+    bare = tmp_path / "not-a-repo"
+    bare.mkdir()
+    for args in (("init", "--json"), ("init",)):
+        out = ckptgate(bare, *args)
+        assert out.returncode == ExitCode.USAGE, out.stdout + out.stderr
+        assert "Traceback" not in out.stderr
+        assert not (bare / "ckptgate.toml").exists() and list(bare.iterdir()) == []
+    err = json.loads(ckptgate(bare, "init", "--json").stdout)["error"]
+    assert err["code"] == "usage.init.no_work_tree" and err["evidence"]["directory"] == str(bare)
+    assert str(bare) in err["message"] and "`git init`" in err["advice"]
+
+
 def test_init_refuses_where_pyproject_already_configures_ckptgate(tmp_path):
     root = git_repo(tmp_path)
     (root / "pyproject.toml").write_text("[tool.ckptgate]\n")

@@ -16,13 +16,13 @@ def register(cli: click.Group) -> None:
         """Write ckptgate.toml with commented defaults at the top of the current git work tree.
 
         Never overwrites: when ckptgate.toml, or a pyproject.toml with a [tool.ckptgate] table, is
-        already found from here, it exits 2 and names that file.
+        already found from here, it exits 2 and names that file. Outside a git work tree it writes
+        nothing and exits 2 (usage.init.no_work_tree): run it inside the repository, or `git init` first.
         """
-        from ckptgate.config import git_root, load_file  # noqa: PLC0415 - ~22 ms
+        from ckptgate.config import load_file  # noqa: PLC0415 - ~22 ms
         from ckptgate.config.template import init  # noqa: PLC0415
 
-        here = Path.cwd()
-        written = init(git_root(here) or here)
+        written = init(Path.cwd())
         config = load_file(written)  # what was written validates, or this is a bug
         if as_json:
             emit_json({"config": str(written), "created": True, "settings": config.to_json()})

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ckptgate.config import CONFIG_FILE, discover
-from ckptgate.errors import ConfigError
+from ckptgate.config import CONFIG_FILE, discover, git_root
+from ckptgate.errors import ConfigError, UsageError
 
 INIT_TEMPLATE = """\
 # ckptgate configuration (https://ckptgate.dev/docs/user-guide#configuration).
@@ -39,8 +39,17 @@ docs = ["README.md", "docs/**/*.md"]
 """
 
 
-def init(directory: Path) -> Path:
-    """Write ``ckptgate.toml`` with commented defaults into ``directory``; never overwrites."""
+def init(start: Path) -> Path:
+    """Write ``ckptgate.toml`` with commented defaults at the top of the git work tree holding
+    ``start``; never overwrites, and outside a work tree writes nothing."""
+    directory = git_root(start.absolute())
+    if directory is None:
+        raise UsageError(
+            "usage.init.no_work_tree",
+            f"{start} is not inside a git work tree, so there is no top of one to write {CONFIG_FILE} at",
+            evidence={"directory": str(start)},
+            advice=f"Run `ckptgate init` inside your repository, or make {start} one first with `git init`.",
+        )
     target = directory / CONFIG_FILE
     existing = discover(directory)
     if existing is not None:

@@ -90,7 +90,8 @@ def test_a_statement_whose_topology_contradicts_the_layout_is_refused_at_intake(
     rc, doc = _attest(ck, keys, "--dry-run")
     assert rc == 0, doc
     stmt = doc["statement"]
-    stmt["predicate"]["buildDefinition"]["internalParameters"]["topology"]["dp"] = 4
+    # consistent in itself (dp=4 of world_size=4), contradicted by the two-partition layout
+    stmt["predicate"]["buildDefinition"]["internalParameters"]["topology"].update(dp=4, world_size=4)
     (tmp_path / "stmt.json").write_text(json.dumps(stmt))
     att = tmp_path / "hand.dsse.json"
     res = ckptgate_json("attest", "sign", "--key", keys["key"], "--statement", tmp_path / "stmt.json", "--out", att)
@@ -131,15 +132,47 @@ def test_subjects_that_miss_a_file_are_refused(tmp_path: Path, keys: dict) -> No
 
 def test_dry_run_reports_every_schema_error_with_its_json_path(tmp_path: Path) -> None:
     ck = _copy(tmp_path, "deepspeed_zero2")
-    res = ckptgate_json("attest", "checkpoint", ck, "--dry-run", "--dtype", "Not A Dtype", "--topology",
-                        "fsdp_mode=bogus")
+    res = ckptgate_json("attest", "checkpoint", ck, "--dry-run", "--dtype", "Not A Dtype", "--builder-id",
+                        "b" * 1025)
     assert res.returncode == 2
     err = _doc(res.stdout if res.stdout.strip() else res.stderr)["error"]
     assert err["code"] == "usage.statement_invalid"
     assert {e["path"] for e in err["evidence"]["errors"]} == {
         "/predicate/buildDefinition/internalParameters/dtype",
-        "/predicate/buildDefinition/internalParameters/topology/fsdp_mode",
+        "/predicate/runDetails/builder/id",
     }
+
+
+@pytest.mark.parametrize(("flags", "code"), [
+    (("--topology", "tp=3", "--topology", "world_size=2"), "usage.topology.value"),
+    (("--topology", "world_size=0"), "usage.topology.value"),
+    (("--topology", "fsdp_mode=bogus"), "usage.topology.value"),
+    (("--topology", "world_size=99999999999999999999999999"), "usage.topology.value"),
+    (("--step", "9007199254740992"), "usage.step.value"),
+])
+def test_absurd_topology_or_step_flags_are_refused_and_nothing_is_signed(
+        tmp_path: Path, keys: dict, flags: tuple[str, ...], code: str) -> None:
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    rc, doc = _attest(ck, keys, *flags)
+    assert rc == 2, doc
+    assert doc["error"]["code"] == code and doc["error"]["advice"]
+    assert not (tmp_path / "deepspeed_zero2.intoto.dsse.json").exists()
+
+
+def test_attest_sign_refuses_a_statement_whose_degrees_the_world_size_cannot_hold(tmp_path: Path, keys: dict) -> None:
+    ck = _copy(tmp_path, "deepspeed_zero2")
+    _, doc = _attest(ck, keys, "--dry-run")
+    stmt = doc["statement"]
+    stmt["predicate"]["buildDefinition"]["internalParameters"]["topology"].update(tp=2, pp=2, cp=1, dp=2)
+    (tmp_path / "bad.json").write_text(json.dumps(stmt))
+    res = ckptgate_json("attest", "sign", "--key", keys["key"], "--statement", tmp_path / "bad.json",
+                        "--out", tmp_path / "bad.dsse.json")
+    assert res.returncode == 2, res.stdout
+    err = _doc(res.stdout if res.stdout.strip() else res.stderr)["error"]
+    assert err["code"] == "usage.statement_invalid"
+    assert [e["path"] for e in err["evidence"]["errors"]] == [
+        "/predicate/buildDefinition/internalParameters/topology/world_size"]
+    assert not (tmp_path / "bad.dsse.json").exists()
 
 
 def test_attest_sign_reports_every_schema_error_with_its_json_path(tmp_path: Path, keys: dict) -> None:

@@ -64,7 +64,8 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
     multiple=True,
     metavar="FIELD=VALUE",
     help="tp, pp, dp, ep, etp, cp, world_size, zero_stage or fsdp_mode (repeatable); refused where the layout "
-    "records otherwise.",
+    "records otherwise, or where the degrees cannot be (each from 1 to 1048576 and dividing world_size, "
+    "tp*pp*cp*dp equal to it when all four are given).",
 )
 @click.option(
     "--no-environment",

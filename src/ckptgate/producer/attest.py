@@ -34,11 +34,20 @@ from ckptgate.producer.environment import checkpoint_records, code_ref, environm
 from ckptgate.producer.keyless import SIGSTORE_SUFFIX, check_identity_token, load_trust_config, sign_keyless
 from ckptgate.producer.oms import OMS_SUFFIX, check_oms_signing, sign_oms
 from ckptgate.userfiles import check_output_file, write_output_file
+from ckptgate.verify.declared import FSDP_MODES, MAX_DEGREE, MAX_STEP, DeclaredValueError, Topology, check_step
 from ckptgate.verify.dsse import KeySigner, sign_statement
 from ckptgate.verify.statement import schema_errors
 from ckptgate.verify.training import BaseModel, CodeRef, Producer, training_statement
 
-__all__ = ["ENVELOPE_SUFFIX", "AttestRequest", "Attested", "attest_checkpoint", "default_builder_id", "parse_topology"]
+__all__ = [
+    "ENVELOPE_SUFFIX",
+    "AttestRequest",
+    "Attested",
+    "attest_checkpoint",
+    "checked_declared",
+    "default_builder_id",
+    "parse_topology",
+]
 
 
 BUILDER_ENV = "CKPTGATE_BUILDER_ID"
@@ -62,7 +71,8 @@ def default_builder_id() -> str:
 
 
 def parse_topology(items: Mapping[str, str]) -> dict[str, Any]:
-    """``--topology k=v`` values, typed: the degrees and ``zero_stage`` are integers, ``fsdp_mode`` a name."""
+    """``--topology k=v`` values, typed and validated (:class:`~ckptgate.verify.declared.Topology`): the
+    degrees and ``zero_stage`` are integers, ``fsdp_mode`` a name."""
     out: dict[str, Any] = {}
     for k, v in items.items():
         if k not in TOPOLOGY_FIELDS:
@@ -73,16 +83,47 @@ def parse_topology(items: Mapping[str, str]) -> dict[str, Any]:
                 advice=f"Use one of {', '.join(TOPOLOGY_FIELDS)}.",
             )
         if k in _INT_FIELDS:
-            if not v.isascii() or not v.isdigit():
+            if not v.isascii() or not v.isdigit() or len(v) > 18:
                 raise UsageError(
                     "usage.topology.value",
-                    f"--topology {k}={v}: {k} is a whole number",
+                    f"--topology {k}={v}: {k} is a whole number from 0 to {MAX_DEGREE}",
+                    evidence={"field": k, "value": v},
                     advice=f"Give a whole number, such as --topology {k}=2.",
                 )
             out[k] = int(v)
         else:
             out[k] = v
-    return out
+    return checked_declared(out, None, source="--topology")[0]
+
+
+def checked_declared(
+    topology: Mapping[str, Any], step: Any, *, source: str = "topology"
+) -> tuple[dict[str, Any], int | None]:
+    """A producer's declared topology and step, refused (``usage.topology.value``, ``usage.step.value``)
+    where they cannot be right, before anything is measured or signed: the statement's check would refuse
+    the same values at the end (:mod:`ckptgate.verify.declared`)."""
+    shown = ", ".join(f"{k}={v!r}" for k, v in topology.items()) or "none"
+    try:
+        declared = Topology.from_mapping(topology).to_json()
+    except DeclaredValueError as e:
+        raise UsageError(
+            "usage.topology.value",
+            f"the declared {source} ({shown}) cannot be right: {e.message}; nothing was signed",
+            evidence={"field": e.field, "topology": {str(k): repr(v) for k, v in topology.items()}},
+            advice=f"Declare the topology the job ran with ({source} {e.field}): whole-number degrees from 1 to "
+            f"{MAX_DEGREE} that divide world_size, tp*pp*cp*dp equal to world_size, zero_stage 0-3, "
+            f"fsdp_mode one of {', '.join(FSDP_MODES)}; or leave the field out to have it measured.",
+        ) from None
+    try:
+        return declared, check_step(step)
+    except DeclaredValueError as e:
+        raise UsageError(
+            "usage.step.value",
+            f"the declared step {step!r} cannot be right: {e.message}; nothing was signed",
+            evidence={"step": repr(step)},
+            advice=f"Give the training step as a whole number from 0 to {MAX_STEP} (--step N, or step=N in the "
+            f"hook), not {step!r}; or leave it out to have it read from the folder name.",
+        ) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -365,6 +406,7 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
     started = request.started or datetime.now(UTC)
     src = Path(request.src)
     _check_method(request)
+    declared, step = checked_declared(request.topology, request.step)  # the hooks' values too, not only flags
     keyless = request.identity_token is not None
     in_bundle = keyless or request.certificate is not None  # a Sigstore bundle: keyless, or under a certificate
     suffix = OMS_SUFFIX if request.format == "oms" else SIGSTORE_SUFFIX if in_bundle else ENVELOPE_SUFFIX
@@ -389,9 +431,9 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
             )
         check_oms_signing(Path(request.key), request.certificate, request.certificate_chain)
     hf_sha256 = "sha256:" + read_hf_config(request.hf_config).digest if request.hf_config is not None else None
-    inspection, digest, measured = _measure(src, request.topology)
+    inspection, digest, measured = _measure(src, declared)
     topology = {k: v[0] for k, v in measured.items() if len(v) == 1}
-    topology.update(request.topology)
+    topology.update(declared)
     files = [e.path for e in digest.manifest]
     producers, recorded_base = _producers(request, inspection.format, files)
     code = request.code if request.code is not None else code_ref(request.code_dir)
@@ -400,7 +442,7 @@ def attest_checkpoint(request: AttestRequest) -> Attested:
         "fmt": inspection.format,
         "topology": {k: topology[k] for k in TOPOLOGY_FIELDS if k in topology},
         "dtype": request.dtype or _dtype(inspection.layout),
-        "step": request.step if request.step is not None else _step(src),
+        "step": step if step is not None else _step(src),
         "producers": producers,
         "builder_id": request.builder_id or default_builder_id(),
         "invocation_id": request.invocation or invocation_id(),

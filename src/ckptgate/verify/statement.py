@@ -15,6 +15,7 @@ import fastjsonschema
 
 from ckptgate.digest import Digest
 from ckptgate.errors import VerificationError
+from ckptgate.verify.declared import DeclaredValueError, Topology, check_step
 
 if TYPE_CHECKING:
     import jsonschema
@@ -152,6 +153,14 @@ def check_statement(doc: Any) -> dict[str, Any]:
                     "predicate_type": doc["predicateType"],
                 },
             )
+    if schema == TRAINING_SCHEMA:
+        bad = _declared_error(doc)
+        if bad is not None:
+            raise VerificationError(
+                "verify.statement.predicate_invalid",
+                f"{doc['predicateType']} statement declares what cannot be: {bad['message']}",
+                evidence={"path": bad["path"], "predicate_type": doc["predicateType"]},
+            )
     if schema is not None and schema != TRAINING_SCHEMA:
         pred_digest = doc["predicate"]["fixture"]["digest"]
         if not any("sha256:" + s["digest"]["sha256"] == pred_digest for s in doc["subject"]):
@@ -180,7 +189,29 @@ def schema_errors(doc: Any) -> list[dict[str, str]]:
                 if item not in seen:
                     seen.add(item)
                     out.append({"path": item[0], "message": item[1]})
+    if schema == TRAINING_SCHEMA and not out and (bad := _declared_error(doc)) is not None:
+        out.append(bad)  # what no schema can say: check_statement refuses it too
     return out
+
+
+def _declared_error(doc: Any) -> dict[str, str] | None:
+    """The training statement's declared topology or step that :mod:`ckptgate.verify.declared` refuses,
+    as ``schema_errors`` reports one; ``None`` when both hold (or are not there to read)."""
+    internal = field_at(doc, "predicate", "buildDefinition", "internalParameters")
+    if not isinstance(internal, dict):
+        return None
+    base = "/predicate/buildDefinition/internalParameters"
+    try:
+        check_step(internal.get("step"))
+    except DeclaredValueError as e:
+        return {"path": f"{base}/step", "message": e.message}
+    topology = internal.get("topology")
+    if isinstance(topology, dict):
+        try:
+            Topology.from_mapping(topology)
+        except DeclaredValueError as e:
+            return {"path": f"{base}/topology/{e.field}", "message": e.message}
+    return None
 
 
 def _leaves(err: jsonschema.ValidationError) -> list[jsonschema.ValidationError]:

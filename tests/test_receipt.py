@@ -4,6 +4,7 @@ sha256 and size, and reports missing and extra files (exit 5), through the CLI a
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import shutil
@@ -68,21 +69,41 @@ def test_a_signed_receipt_verifies_with_its_key(published):
     assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads(res.stdout)
     assert doc["ok"] is True and doc["signature"] == "verified"
+    assert doc["files_match"] is True and doc["authenticated"] is True
+    assert doc["signer"]["key"] == str(published["pub"]) and len(doc["signer"]["spki_sha256"]) == 64
     assert {f["file"] for f in doc["files"]} == {o["file"] for o in published["receipt"]["outputs"]}
     assert all(f["status"] == "ok" for f in doc["files"])
     human = cli("receipt", "verify", published["signed"], "--key", published["pub"])
-    assert human.returncode == 0 and "receipt verified" in human.stdout
+    assert human.returncode == 0 and f"receipt verified: signed by {published['pub']}" in human.stdout
 
 
-def test_an_unsigned_receipt_checks_files_and_says_the_signature_is_absent(published):
-    res = cli("receipt", "verify", published["plain"], "--json")
-    assert res.returncode == 0
-    assert json.loads(res.stdout)["signature"] == "absent"
+def test_without_a_key_matching_files_are_not_reported_as_verified(published, tmp_path):
+    """Files that match the receipt beside them prove nothing about who wrote it: before, no --key
+    exited 0 "receipt verified" for an unsigned receipt, and for a signed one whose signature was
+    never checked, though whoever edited the files could have rewritten the receipt too."""
+    for name, signature in (("plain", "absent"), ("signed", "unchecked")):
+        res = cli("receipt", "verify", published[name], "--json")
+        assert res.returncode == ExitCode.VERIFICATION_FAILED, res.stdout + res.stderr
+        doc = json.loads(res.stdout)
+        assert (doc["signature"], doc["ok"], doc["files_match"], doc["authenticated"], doc["signer"]) == (
+            signature, False, True, False, None)
+        assert "who" in doc["signature_detail"] and "unknown" in doc["signature_detail"]
+        human = cli("receipt", "verify", published[name])
+        assert human.returncode == ExitCode.VERIFICATION_FAILED
+        last = human.stdout.splitlines()[-1]
+        assert "NOT authenticated" in last and "who wrote it is unknown" in last and "receipt verified" not in last
+    # the forgery this guards against: edit a file, rewrite the unsigned receipt to match it
+    dst = _copy(published, "plain", tmp_path)
+    receipt = json.loads((dst / RECEIPT_NAME).read_text())
+    out = receipt["outputs"][0]
+    (dst / out["file"]).write_bytes(b"forged")
+    out.update(size=6, sha256=hashlib.sha256(b"forged").hexdigest())
+    (dst / RECEIPT_NAME).write_text(json.dumps(receipt))
+    forged = cli("receipt", "verify", dst, "--json")
+    assert forged.returncode == ExitCode.VERIFICATION_FAILED and json.loads(forged.stdout)["files_match"] is True
     needs = cli("receipt", "verify", published["plain"], "--key", published["pub"], "--json")
     assert needs.returncode == ExitCode.VERIFICATION_FAILED
     assert json.loads(needs.stdout)["signature"] == "missing"
-    unchecked = cli("receipt", "verify", published["signed"], "--json")
-    assert unchecked.returncode == 0 and json.loads(unchecked.stdout)["signature"] == "unchecked"
 
 
 def test_the_wrong_key_or_an_edited_receipt_fails_the_signature(published, tmp_path):
@@ -256,7 +277,8 @@ def test_a_receipt_made_by_a_remote_engine_says_so_and_names_it(published, tmp_p
     assert receipt["engine"] == {"kind": "remote", "url": name, "revision": remote["revision"]}
     assert receipt["opa_version"] is None and receipt["decision"]["engine"] == name
     checked = cli("receipt", "verify", tmp_path / "out", "--json")
-    assert checked.returncode == 0 and json.loads(checked.stdout)["engine"]["kind"] == "remote"
+    assert checked.returncode == ExitCode.VERIFICATION_FAILED  # unsigned: the engine it names is not authenticated
+    assert json.loads(checked.stdout)["files_match"] and json.loads(checked.stdout)["engine"]["kind"] == "remote"
     human = cli("receipt", "verify", tmp_path / "out")
     assert f"engine     remote OPA {name} (bundle revision {remote['revision']})" in human.stdout
     embedded = cli("receipt", "verify", published["plain"])
@@ -267,7 +289,6 @@ def test_a_receipt_made_by_a_remote_engine_says_so_and_names_it(published, tmp_p
 def test_a_value_from_the_receipt_never_prints_a_line_of_its_own(tmp_path):
     """An engine URL or a file name holding a line break cannot print a forged ``receipt verified`` line:
     every value read from the receipt is shown on its line, with the break as an escape."""
-    import hashlib
 
     (tmp_path / "a").write_bytes(b"x")
     sha = hashlib.sha256(b"x").hexdigest()

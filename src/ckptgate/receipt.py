@@ -1,5 +1,10 @@
 """Check a published destination against its receipt, later: the receipt's DSSE signature when
-there is one, and every output file's sha256 and size; missing and extra files are reported."""
+there is one, and every output file's sha256 and size; missing and extra files are reported.
+
+Files that match the receipt beside them show only that the two agree: whoever edited the files could
+have rewritten the receipt too.  Only a signature that verifies with a key the caller names says who
+wrote the receipt, so a check is :attr:`ReceiptCheck.ok` only with one (:attr:`ReceiptCheck.authenticated`).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from ckptgate.errors import UsageError, VerificationError
 from ckptgate.publish import RECEIPT_NAME, RECEIPT_PAYLOAD_TYPE, RECEIPT_SIGNATURE_NAME
 from ckptgate.userfiles import read_regular_file
 from ckptgate.verify.dsse import Envelope, _verifies, pae
-from ckptgate.verify.trust import key_algorithm
+from ckptgate.verify.trust import key_algorithm, spki_sha256
 
 MAX_RECEIPT_BYTES = 64 << 20
 
@@ -55,15 +60,32 @@ class ReceiptCheck:
     engine: dict[str, Any] | None = None
     """Which engine the receipt says decided (:func:`engine_of`); authentic only when ``signature``
     is ``verified``."""
+    signer: dict[str, str] | None = None
+    """The key whose signature over the receipt verified (its file and SPKI SHA-256); ``None``: who
+    wrote the receipt is unknown."""
+
+    @property
+    def files_match(self) -> bool:
+        """Every file is the one the receipt beside it names, and no other is there."""
+        return all(f.status == "ok" for f in self.files)
+
+    @property
+    def authenticated(self) -> bool:
+        """The receipt's signature verified with the key the caller named."""
+        return self.signature == "verified"
 
     @property
     def ok(self) -> bool:
-        return self.signature not in ("invalid", "missing") and all(f.status == "ok" for f in self.files)
+        """The files match a receipt whose signature verified: without a key, never."""
+        return self.authenticated and self.files_match
 
     def to_json(self) -> dict[str, Any]:
         return {
             "destination": self.destination,
             "ok": self.ok,
+            "files_match": self.files_match,
+            "authenticated": self.authenticated,
+            "signer": self.signer,
             "signature": self.signature,
             "signature_detail": self.signature_detail,
             "files": [f.to_json() for f in self.files],
@@ -98,20 +120,28 @@ def _receipt_advice(dst: Path) -> str:
     )
 
 
-def _signature(dst: Path, raw: bytes, key: Path | None) -> tuple[str, str | None]:
+def _signature(dst: Path, raw: bytes, key: Path | None) -> tuple[str, str | None, dict[str, str] | None]:
+    """The signature's state, what it means, and the key that verified it (``None`` unless ``verified``)."""
     env_path = dst / RECEIPT_SIGNATURE_NAME
     if not env_path.is_file():
-        return ("missing", f"--key was given but {RECEIPT_SIGNATURE_NAME} is absent") if key else ("absent", None)
+        if key is not None:
+            return "missing", f"--key was given but {RECEIPT_SIGNATURE_NAME} is absent", None
+        return "absent", f"the receipt is unsigned (no {RECEIPT_SIGNATURE_NAME}): who wrote it is unknown", None
     try:
         env = Envelope.parse(
             _read(env_path, "the receipt signature", _receipt_advice(dst)), payload_type=RECEIPT_PAYLOAD_TYPE
         )
     except VerificationError as e:
-        return "invalid", f"{e.code}: {e.message}"
+        return "invalid", f"{e.code}: {e.message}", None
     if env.payload != raw:
-        return "invalid", f"the envelope is not over the bytes of {RECEIPT_NAME}"
+        return "invalid", f"the envelope is not over the bytes of {RECEIPT_NAME}", None
     if key is None:
-        return "unchecked", "an envelope is present; pass --key PUB.pem to check its signature"
+        return (
+            "unchecked",
+            "the receipt's signature was not checked (no --key): who signed it is unknown; "
+            "pass --key PUB.pem to check it",
+            None,
+        )
     try:
         public = serialization.load_pem_public_key(
             _read(
@@ -127,8 +157,8 @@ def _signature(dst: Path, raw: bytes, key: Path | None) -> tuple[str, str | None
         ) from None
     message = pae(env.payload_type, env.payload)
     if any(_verifies(public, s.sig, message) for s in env.signatures):  # type: ignore[arg-type]
-        return "verified", None
-    return "invalid", f"no signature verifies with {key}"
+        return "verified", None, {"key": str(key), "spki_sha256": spki_sha256(public)}  # type: ignore[arg-type]
+    return "invalid", f"no signature verifies with {key}", None
 
 
 def _digest(path: Path, expected_size: int) -> tuple[int, str | None] | None:
@@ -196,7 +226,8 @@ def engine_of(receipt: object) -> dict[str, Any] | None:
 
 
 def verify_receipt(dst: Path, *, key: Path | None = None) -> ReceiptCheck:
-    """Check ``dst`` against its receipt; never raises for a mismatch (see :attr:`ReceiptCheck.ok`)."""
+    """Check ``dst`` against its receipt; never raises for a mismatch or an unauthenticated receipt
+    (see :attr:`ReceiptCheck.ok`).  Without ``key`` the signature is never checked."""
     if not dst.is_dir():
         raise UsageError("usage.invalid", f"{dst} is not a directory", advice=_receipt_advice(dst))
     raw = _read(dst / RECEIPT_NAME, "the receipt", _receipt_advice(dst))
@@ -210,7 +241,7 @@ def verify_receipt(dst: Path, *, key: Path | None = None) -> ReceiptCheck:
             advice=f"{dst / RECEIPT_NAME} was not written by `ckptgate intake`: take the checkpoint in again with "
             "`ckptgate intake SRC --out DST` to publish it with a receipt.",
         ) from None
-    signature, detail = _signature(dst, raw, key)
+    signature, detail, signer = _signature(dst, raw, key)
     files: list[FileCheck] = []
     present = {e.name for e in os.scandir(dst)} - {RECEIPT_NAME, RECEIPT_SIGNATURE_NAME}
     for name in sorted(expected):
@@ -232,6 +263,7 @@ def verify_receipt(dst: Path, *, key: Path | None = None) -> ReceiptCheck:
         signature_detail=detail,
         files=tuple(files),
         engine=engine_of(receipt),
+        signer=signer,
     )
 
 

@@ -110,7 +110,7 @@ def _exists(dst: Path) -> UsageError:
         f"{dst} already exists; ckptgate never replaces a published output",
         evidence={"destination": str(dst)},
         advice=f"Name a new directory with --out (for example {dst.name}-2 beside it), or check the published "
-        f"one with `ckptgate receipt verify {dst}`.",
+        f"one with `ckptgate receipt verify {dst} --key RECEIPT.pub.pem`.",
     )
 
 

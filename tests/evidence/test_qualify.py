@@ -82,6 +82,25 @@ def test_requalifying_supersedes_the_previous_statement(clone: Path, qualified_r
     assert stmt["predicate"]["validity"]["issued_at"] == "2031-01-01T00:00:00Z"
 
 
+def test_a_failure_storing_the_new_statement_leaves_the_previous_one(
+    clone: Path, qualified_repo: EvidenceRepo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The previous qualification was removed before the new one was stored: a store that failed then
+    (a full disk) left the fixture with none.  Now the new one is stored first."""
+    before = _only_attestation(clone)
+    index = (clone / "attestations" / "index.json").read_bytes()
+
+    def full_disk(self: AttestationStore, raw: bytes, **kw: object) -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(AttestationStore, "add", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        qualify(clone, find_fixture(clone, FIXTURE), "hf-safetensors", key=qualified_repo.key,
+                now=datetime(2031, 1, 1, tzinfo=timezone.utc))
+    assert _only_attestation(clone) == before and before.is_file()
+    assert (clone / "attestations" / "index.json").read_bytes() == index
+
+
 def test_requalifying_beside_a_stored_statement_of_any_shape(clone: Path, qualified_repo: EvidenceRepo) -> None:
     """A stored statement of a predicate type without a schema may name its adapter as a string;
     requalifying used to stop on it with an AttributeError.  It is not this adapter's: it stays."""

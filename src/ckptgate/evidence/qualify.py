@@ -362,9 +362,9 @@ def qualify(
     # Storing is only useful when the trust data accepts the signer: verify before storing.
     verify_attestation(envelope, source="<new>", trust=load_trust(options), measured_digest=digest, now=now)
     store = AttestationStore(layout.attestations)
-    with store.locked():  # no other process's change between the removals and the index that drops them
-        superseded = supersede_qualifications(store, digest, adapter, runtime=runtime)
-        stored = store.add(envelope)
+    with store.locked():  # no other process's change between the store, the removals and the index
+        stored = store.add(envelope)  # first: a failure here leaves the earlier qualification in place
+        superseded = supersede_qualifications(store, digest, adapter, keep=stored, runtime=runtime)
     result = QualificationResult(
         fixture=fixture.name,
         adapter=adapter,

@@ -14,15 +14,19 @@ from ckptgate.verify.store import statement_of
 
 
 def supersede_qualifications(
-    store: AttestationStore, digest: Digest, adapter: str, *, runtime: str | None = None
+    store: AttestationStore, digest: Digest, adapter: str, *, keep: Path, runtime: str | None = None
 ) -> tuple[Path, ...]:
-    """Remove earlier qualifications of the same adapter on the same fixture in the same environment
-    kind (``runtime``: the farm runtime lock, None for ckptgate's own): their log is replaced.  A
-    qualification in another runtime is another row and stays.  Call it inside ``store.locked()`` with the
-    :meth:`~AttestationStore.add` that stores the new one, so the index is rebuilt in the same hold."""
+    """Remove the qualifications of the same adapter on the same fixture in the same environment kind
+    (``runtime``: the farm runtime lock, None for ckptgate's own) other than ``keep``, the new one, already
+    stored: their log is replaced.  A qualification in another runtime is another row and stays.  Call it
+    inside ``store.locked()`` right after the :meth:`~AttestationStore.add` that stored ``keep``: a store
+    that fails then leaves the old ones in place, never the fixture without a qualification.  The index is
+    rebuilt without the removed ones in the same hold."""
     removed = []
-    with store.locked():  # the caller stores the new one (and the index) in the same hold
+    with store.locked():  # the caller stored the new one in the same hold
         for p in store.find(digest):
+            if p == keep:
+                continue
             try:
                 _fmt, stmt, _ = statement_of(p.read_bytes())
             except VerificationError:
@@ -31,6 +35,8 @@ def supersede_qualifications(
             if same_adapter and runtime_lock(field_at(stmt, "predicate", "environment")) == runtime:
                 p.unlink()
                 removed.append(p)
+        if removed:
+            store.rebuild_index()
     return tuple(removed)
 
 

@@ -228,3 +228,166 @@ def test_review_over_claims_fail_with_their_rule_and_bounded_sentences_pass() ->
     got = _codes([t for t, _ in REVIEW_OVER] + REVIEW_BOUNDED)
     assert [(t, sorted(c)) for (t, code), c in zip(REVIEW_OVER, got, strict=False) if code not in c] == []
     assert {t: c for t, c in zip(REVIEW_BOUNDED, got[len(REVIEW_OVER):], strict=True) if c} == {}
+
+
+# Probe of question, label, condition and negation phrasing (claims-qa): each over-claim below passed
+# before its fix, each bounded sentence must keep passing.  Classes: a question and its answer are
+# one claim ("ZeRO-1? Supported.", "Does ckptgate support ZeRO-1? Yes."; "No." denies it, any other
+# answer leaves it a question); a label affirmed by yes/true/a check mark ("FSDP2: yes", "FSDP2 = true",
+# "ZeRO-1 \u2705"); "until" bounds a claim in time and "whether or not" / "whether A or B," / a "whether"
+# after the predicate are concessive, not hypothetical; a negation inside a leading condition ("If no
+# row is qualified, ...") is not the main clause's, and a condition the claim holds against ("anyway",
+# "even if", "regardless", "by default") bounds nothing; a negated refusal or double negation ("does not
+# refuse", "is not unsupported", "never fails to load", "not true that ckptgate cannot load") claims
+# the capability; "no less supported than", "FSDP2-ready", "just works", "ships a ZeRO-1 adapter".
+QA_OVER = [
+    "ZeRO-1? Supported.",
+    "Does ckptgate support ZeRO-1? Yes.",
+    "ZeRO-1 \u2014 supported? Yes",
+    "ZeRO-1? Of course.",
+    "Is FSDP2 supported? Absolutely.",
+    "Can ckptgate load ZeRO-1 checkpoints? It can.",
+    "Which formats does ckptgate support? ZeRO-1 and FSDP2.",
+    "Is a pickle safe to load under the worker? Yes.",
+    "FSDP2: yes.",
+    "FSDP2: true",
+    "FSDP2: \u2713",
+    "FSDP2 = yes",
+    "ZeRO-1 \u2705",
+    "NeMo: Yes, fully.",
+    "ckptgate supports ZeRO-1 until 2027.",
+    "ckptgate supports ZeRO-1 until further notice.",
+    "Until a row is qualified, ckptgate supports ZeRO-1 provisionally.",
+    "ckptgate loads ZeRO-1 checkpoints whether or not they are signed.",
+    "Whether signed or not, ZeRO-1 checkpoints are loaded.",
+    "ckptgate supports ZeRO-1 whether the matrix lists it or not.",
+    "If no row is qualified, ckptgate supports ZeRO-1 anyway.",
+    "Even if no row is qualified, ckptgate supports ZeRO-1.",
+    "If the matrix has no FSDP2 row, ckptgate still loads it.",
+    "When no row exists, ckptgate supports ZeRO-1 by default.",
+    "ckptgate loads FSDP2 even when it is not qualified.",
+    "If a row is missing, ckptgate loads FSDP2 anyway.",
+    "ZeRO-1 is not unsupported.",
+    "ZeRO-1 is not unqualified.",
+    "ckptgate does not refuse ZeRO-1 checkpoints.",
+    "ckptgate never refuses FSDP2.",
+    "ckptgate refuses no FSDP2 checkpoint.",
+    "No ZeRO-1 checkpoint is refused.",
+    "ckptgate never fails to load ZeRO-1 checkpoints.",
+    "It is not true that ckptgate cannot load FSDP2.",
+    "There is no ZeRO-1 checkpoint ckptgate cannot load.",
+    "FSDP2 is no less supported than ZeRO-3.",
+    "ckptgate is FSDP2-ready.",
+    "Loading FSDP2 checkpoints just works.",
+    "ckptgate ships a ZeRO-1 adapter.",
+    "ckptgate includes an FSDP2 reader.",
+]
+
+QA_BOUNDED = [
+    "Does ckptgate support ZeRO-1? No.",
+    "Does ckptgate support ZeRO-1? Not yet: it has no qualified row.",
+    "Is FSDP2 supported? See matrix/SUPPORT.md.",
+    "Does FSDP2 load? Only once a row is qualified.",
+    "Is ZeRO-1 on the roadmap? Maybe.",
+    "What does ckptgate load? The formats with a supported row in matrix/SUPPORT.md.",
+    "Why is ZeRO-1 refused? It has no qualified row.",
+    "ZeRO-1? Refused.",
+    "ZeRO-1? Not supported.",
+    "ZeRO-3? Supported.",
+    "Does ckptgate support ZeRO-3? Yes.",
+    "Is a pickle safe to load under the worker? No.",
+    "Is a pickle safe to load? Containment is not proof of safety.",
+    "FSDP2: no.",
+    "FSDP2: false",
+    "FSDP2: refused.",
+    "ZeRO-3: yes.",
+    "ZeRO-3 \u2705",
+    "ZeRO-1 \u274c",
+    "Signed: yes.",
+    "ckptgate does not support ZeRO-1 until a row is qualified.",
+    "ckptgate refuses ZeRO-1 until the matrix lists it.",
+    "ZeRO-1 checkpoints are refused until a row qualifies them.",
+    "A signal inside the rename is held until it ends.",
+    "Whether ckptgate supports ZeRO-1 is decided by the matrix.",
+    "It is unclear whether FSDP2 checkpoints load.",
+    "ckptgate reports whether a checkpoint matches a supported row.",
+    "ckptgate supports ZeRO-3 checkpoints whether or not they are sharded.",
+    "ckptgate supports ZeRO-1 only if the matrix has a qualified row for it.",
+    "If no row is qualified, ckptgate refuses ZeRO-1.",
+    "If the matrix has no ZeRO-1 row, ckptgate does not support it.",
+    "Once a row is qualified, ckptgate will support FSDP2.",
+    "When a row is added to the matrix, ckptgate supports that exact version.",
+    "Even if a checkpoint is signed, ckptgate refuses ZeRO-1.",
+    "Even when a ZeRO-1 checkpoint is signed, ckptgate does not load it.",
+    "When FSDP2 is not in the matrix, ckptgate refuses it.",
+    "Without a supported row, ckptgate refuses FSDP2.",
+    "ZeRO-1 is unsupported and FSDP2 is refused.",
+    "ckptgate refuses ZeRO-1 as well as FSDP2.",
+    "Neither ZeRO-1 nor FSDP2 is supported.",
+    "ckptgate never loads FSDP2 checkpoints.",
+    "ckptgate cannot load FSDP2 checkpoints.",
+    "No ZeRO-1 checkpoint is loaded.",
+    "ckptgate supports ZeRO-3 as well as ZeRO-2.",
+    "ZeRO-1 is not supported, unlike ZeRO-3.",
+    "ZeRO-1 support is not available.",
+]
+
+
+def test_questions_labels_conditions_and_double_negations_are_read_as_claims() -> None:
+    got = _codes(QA_OVER + QA_BOUNDED)
+    assert [t for t, c in zip(QA_OVER, got, strict=False) if not c] == []
+    assert {t: c for t, c in zip(QA_BOUNDED, got[len(QA_OVER):], strict=True) if c} == {}
+
+
+# What users read in Markdown (claims-qa): a question and the sentence after it, even below a FAQ
+# heading, are read together; the text around an inline HTML comment is prose; an <img> tag's alt text
+# is read and other tags are markup; _underscore_ emphasis is stripped; a check mark under a "Status"
+# or "Works" column is read with the column.  Each over-claim passed before its fix.
+MD_OVER = [
+    "ZeRO-1? Supported.",
+    "Does ckptgate support ZeRO-1? Yes.",
+    "ZeRO-1 \u2014 supported?\nYes",
+    "## Does ckptgate support FSDP2?\n\nYes.",
+    "**Q:** Does ckptgate load ZeRO-1 checkpoints?\n**A:** Yes.",
+    "ckptgate supports _ZeRO-1_ checkpoints.",
+    "ckptgate supports __FSDP2__ checkpoints.",
+    "ckptgate supports ZeRO-1. <!-- TODO: qualify -->",
+    "<!-- note --> ckptgate supports FSDP2.",
+    "Some text <!--\na comment\n--> and ckptgate supports FSDP2.",
+    "### ZeRO-1 \u2705",
+    '<img src="badge.svg" alt="FSDP2: supported">',
+    "<img alt='ckptgate supports ZeRO-1' src='x.png'>",
+    "- ZeRO-1: yes\n- FSDP2: yes",
+    "| Format | Status |\n|---|---|\n| FSDP2 | \u2705 |",
+    "| Format | Works |\n|---|---|\n| FSDP2 | \u2705 |",
+]
+
+MD_BOUNDED = [
+    "Does ckptgate support ZeRO-1? No.",
+    "## Does ckptgate support FSDP2?\n\nNo: it has no qualified row.",
+    "## FAQ\n\nIs ZeRO-1 supported? See matrix/SUPPORT.md.",
+    "See [ZeRO-1](https://deepspeed.ai) for the format; ckptgate refuses it.",
+    '<img src="badge.svg" alt="ZeRO-1: refused">',
+    "ckptgate refuses ZeRO-1. <!-- ckptgate supports ZeRO-1 -->",
+    "<!--\nckptgate supports FSDP2.\n-->",
+    "Write `<!-- ckptgate:generated -->` before a table; ckptgate refuses FSDP2.",
+    "| Format | Signed |\n|---|---|\n| FSDP2 | yes |",
+    "| Format | Works |\n|---|---|\n| FSDP2 | \u274c |",
+    "- ZeRO-3: yes\n- ZeRO-1: no",
+    "`__init__` and `weights_only` are names; ckptgate supports **ZeRO-3**.",
+]
+
+
+def test_markdown_questions_comments_tags_and_emphasis_are_read(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    cases = MD_OVER + MD_BOUNDED
+    paths = []
+    for i, text in enumerate(cases):
+        paths.append(tmp_path / "docs" / f"c{i:02d}.md")
+        paths[-1].write_text(f"# Case\n\n{text}\n")
+    rows = json.loads((DATA / "claims_matrix.json").read_text())["rows"]
+    doc = claims_input(tmp_path, rows, vocabulary=local_vocabulary(REPO), docs=paths)
+    hit = {v["location"]["file"] for v in _violations(doc) if v["severity"] == "error"}
+    flagged = [f"docs/c{i:02d}.md" in hit for i in range(len(cases))]
+    assert [t for t, f in zip(MD_OVER, flagged, strict=False) if not f] == []
+    assert [t for t, f in zip(MD_BOUNDED, flagged[len(MD_OVER):], strict=True) if f] == []

@@ -157,6 +157,7 @@ _clauses(s) := object.get(object.get(s, "facts", {}), "clauses", [])
 _asserted(s, c) if {
 	not s.facts.interrogative
 	not c.hypothetical
+	not c.question # a question its answer neither affirms nor denies (claimfacts)
 }
 
 # A capability claim made by or about ckptgate: positive, not vendor behaviour, not a question.

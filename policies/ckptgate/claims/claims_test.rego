@@ -194,6 +194,12 @@ test_rule3_negated_vendor_and_hypothetical_claims_pass if {
 	count(_fact_codes("x", [], [neg, vendor, hypo], [])) == 0
 }
 
+test_rule3_an_unanswered_question_passes_and_an_affirmed_one_fails if {
+	asked := {"systems": [_mention("zero-1")], "capability": [_cap("support", false, "project")]}
+	count(_fact_codes("x", [], [_clause(object.union(asked, {"question": true}))], [])) == 0
+	"claims_support_not_in_matrix" in _fact_codes("x", [], [_clause(asked)], [])
+}
+
 test_rule3_tools_and_instrument_frameworks_are_not_claims if {
 	tool := _clause({"systems": [_mention("zero_to_fp32")], "capability": [_cap("consolidate", false, "project")]})
 	fw := _clause({

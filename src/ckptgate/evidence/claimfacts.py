@@ -31,7 +31,7 @@ from ckptgate.evidence.claim_impossible import impossible_facts
 from ckptgate.evidence.claimvocab import Vocabulary
 
 _CLAUSE = re.compile(
-    r"\s*;\s*|:\s+(?!(?:false|true|no|none|null)\b)|\s+[\u2014\u2013]\s+|\s+--?\s+|\s*\u2014\s*"
+    r"\s*;\s*|:\s+(?!(?:false|no|none|null)\b)|\s+[\u2014\u2013]\s+|\s+--?\s+|\s*\u2014\s*"
     r"|,\s*(?=(?:but|and|so|while|whereas|yet|though|although|because|since|which|whereby|hence|thus|"
     r"therefore|however|so that)\b)"
     r"|\s+(?=(?:but|whereas|although|though|because|however|therefore)\b)|\s+\|\s+",
@@ -88,7 +88,7 @@ def _split(text: str) -> list[tuple[str, str]]:
 
 
 #: A label's delimiter: what follows it is the label's value ("ZeRO-1: supported", "| ZeRO-1 | yes |").
-_LABEL = re.compile(r"^(?::|\||[\u2014\u2013]|--?)$")
+_LABEL = re.compile(r"^(?::|\||[\u2014\u2013]|--?|\?)$")
 
 
 def _fragments_take_their_predicate(vocab: Vocabulary, facts: list[dict[str, Any]], delims: list[str]) -> None:
@@ -105,17 +105,32 @@ def _fragments_take_their_predicate(vocab: Vocabulary, facts: list[dict[str, Any
         rest = c["text"]
         for term in sorted(named, key=len, reverse=True):  # "DeepSpeed 0.18.0", "macOS", as well as systems
             rest = rest.replace(term, " ")
-        if vocab.rx("fragment_filler").sub(" ", rest).strip(" \t.,;:|!*_()[]'\"\u2019"):
+        if vocab.rx("fragment_filler").sub(" ", rest).strip(" \t.,;:=|!?*_()[]'\"\u2019"):
             continue
+        nxt = facts[i + 1] if i + 1 < len(facts) else None
         if _LABEL.match(delims[i]):
-            source = [facts[i + 1]] if i + 1 < len(facts) else []
+            source = [nxt] if nxt is not None else []
         else:
             source = [f for f in reversed(facts[:i]) if f["capability"]][:1]
+        if (re.search(r"[:=\u2705\u2713\u2714]", rest) and _affirmed(vocab, rest)) or (
+            delims[i] != "|" and _LABEL.match(delims[i]) and nxt is not None and _affirmed(vocab, nxt["text"])
+        ):  # "FSDP2: yes", "FSDP2 = true", "ZeRO-1 \u2705", "ZeRO-1? Yes.": the value affirms the label
+            source = [{"capability": [_AFFIRMED]}]
         if source and source[0]["capability"]:
             c["capability"] = [dict(p) for p in source[0]["capability"]]
             c["inherited"] = True
             for sys in c["systems"]:
                 sys["object"] = True
+
+
+#: What an affirmed label claims ("FSDP2: yes"): that the system is supported.
+_AFFIRMED = {"class": "support", "term": "yes", "passive": True, "negated": False, "agent": "implicit"}
+
+
+def _affirmed(vocab: Vocabulary, text: str) -> bool:
+    """Whether ``text`` is, in full, an affirmation ("yes", "true", "\u2713", "Yes, fully."), with
+    a label's "=" or ":" before it.  In a table a cell is read with its column header instead."""
+    return bool(vocab.rx("affirmation").match(re.sub(r"^[\s:=]+", "", text)))
 
 
 def _systems(vocab: Vocabulary, clause: str) -> tuple[list[dict[str, Any]], str]:
@@ -224,10 +239,28 @@ def _versions(vocab: Vocabulary, clause: str) -> list[dict[str, Any]]:
     return out
 
 
+#: Two negations that cancel before a predicate: "never fails to load", "it is not true that ckptgate
+#: cannot load", "there is no ZeRO-1 checkpoint ckptgate cannot load".
+_DOUBLE_NEGATION = re.compile(
+    r"\b(?:never|not|no longer|n't)\s+(?:\w+\s+)?fail(?:s|ed|ing)?(?:\s+to)?\s*$"
+    r"|\bnot\s+(?:true|the case|correct|so)\s+that\b[^,;]*"
+    r"\b(?:cannot|can't|can not|not|never|unable to|fails? to|n't)\b"
+    r"|\b(?:no|not a single|not one|not any)\s+(?:[\w\0-]+\s+){1,5}?(?:that\s+|which\s+)?"
+    r"(?:ckptgate|it|we|the gate|the adapters?|intake)\s+"
+    r"(?:cannot|can't|can not|is unable to|fails? to|does not|doesn't)\b",
+    re.IGNORECASE,
+)
+
+
 def _negated(vocab: Vocabulary, clause: str, at: int, consumed: list[tuple[int, int]]) -> bool:
     """A negation cue before position ``at`` in the clause (not one consumed as a safety claim)."""
     head = clause[:at]
     head = _mask(head, [(a, min(b, at)) for a, b in consumed if a < at])
+    lead = vocab.rx("leading_condition").match(head)
+    if lead:  # "If no row is qualified, ckptgate supports ZeRO-1": the "no" is the condition's
+        head = " " * lead.end() + head[lead.end() :]
+    if _DOUBLE_NEGATION.search(head):
+        return False
     head = vocab.rx("not_negation").sub(lambda m: " " * len(m.group()), head)
     if vocab.rx("negation").search(head):
         return True
@@ -445,6 +478,14 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
                 or vocab.rx("object_negation").match(masked[m.end() :])
                 or _nominal_negated(vocab, masked, m)
             )
+            own = re.sub(r"(?i)\b(?:refus|reject)\w*", " ", m.group())  # a refusal's own word is its predicate
+            if _DOUBLE_NEGATION.search(masked[: m.end()]):
+                negated = false_after  # "it is not true that ckptgate cannot load X"
+            else:  # "cannot load", "is not unsupported": a negation in the predicate counts too
+                negated = false_after or _negated(vocab, clause, m.start(), consumed)
+                negated = negated or bool(vocab.rx("negation").search(own))
+            if cls == "refuse":  # "refuses ZeRO-1" claims nothing; "never refuses ZeRO-1" claims it
+                negated = not (negated or bool(vocab.rx("object_negation").match(masked[m.end() :])))
             capability.append(
                 {
                     "class": cls,
@@ -452,7 +493,7 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
                     "at": m.start(),
                     "hedged": bool(vocab.rx("hedge").search(head) or vocab.rx("hedge").search(m.group())),
                     "passive": passive,
-                    "negated": false_after or _negated(vocab, clause, m.start(), consumed),
+                    "negated": negated,
                     "agent": _agent(vocab, clause, masked, m.start(), systems, passive),
                 }
             )
@@ -501,11 +542,28 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
         "cross_platform": cross,
         "cross_platform_negated": cross_negated,
         "platform_bounds": [m.group() for m in vocab.rx("platform_bounds").finditer(clause)],
-        "hypothetical": bool(vocab.rx("hypothetical").search(clause)),
+        "hypothetical": _hypothetical(vocab, clause, [*capability, *safety]),
         "unknown": _unknown(vocab, masked, code),
         "entities": [{k: v for k, v in e.items() if k != "at"} for e in entities],
         "features": features,
     }
+
+
+def _hypothetical(vocab: Vocabulary, clause: str, predicates: list[dict[str, Any]]) -> bool:
+    """Whether the clause's claim is conditional or embedded, not asserted: a condition that a row
+    is added or qualified, "would need", or "whether" before the predicate ("whether ckptgate reads
+    FSDP2 is decided by the matrix").  "Whether or not", "whether A or B, ..." and a "whether" after
+    the predicate are concessive ("loads ZeRO-1 whether or not it is signed"), "until" bounds a claim
+    in time, and a condition the claim holds against ("anyway", "even if", "regardless") bounds nothing."""
+    if vocab.rx("concessive").search(clause):
+        return False
+    if vocab.rx("hypothetical").search(clause):
+        return True
+    first = min((p["at"] for p in predicates), default=len(clause))
+    return any(
+        m.start() < first and not re.match(r"\W*whether\b[^,;]*\bor\b[^,;]*,", clause[m.start() :], re.IGNORECASE)
+        for m in re.finditer(r"\bwhether\b", clause, re.IGNORECASE)
+    )
 
 
 def _features(
@@ -576,6 +634,40 @@ def _bounds(vocab: Vocabulary, bound: dict[str, Any], hedged: dict[str, Any]) ->
     return bool(_ANAPHORA.search(bound["text"]))
 
 
+#: A question's auxiliary before its subject ("Can ckptgate load ...?"), put back in statement order.
+_INVERTED = re.compile(
+    r"^(\W*)(can|could|will|would|does|do|did|may|might|shall|should|is|are)\s+"
+    r"(ckptgate|it|we|they|the gate|the adapters?|intake|this (?:tool|library|project))\s+",
+    re.IGNORECASE,
+)
+_QA_LABEL = re.compile(r"^\W*(?:q|a|question|answer)\s*[:.]\s+", re.IGNORECASE)
+#: A question followed by its answer in the same sentence: "?" and then more text.
+_ANSWERED = re.compile(r"\?[\"')\]*_]*\s+(?=\S)")
+
+
+def _split_clauses(vocab: Vocabulary, text: str) -> list[tuple[str, str]]:
+    """The clauses of ``text``, a parenthesis with its own predicate blanked (it is a clause of its own)."""
+    return _split(_PAREN.sub(lambda m: " " * len(m.group()) if _own_clause(vocab, m.group(1)) else m.group(), text))
+
+
+def _answer_the_question(vocab: Vocabulary, asked: list[dict[str, Any]], answer: dict[str, Any]) -> None:
+    """A question and its answer are one claim: "Does ckptgate support ZeRO-1? Yes." asserts the
+    question's predicates, "... ? No." / "Not yet." denies them, and any other answer ("See the
+    matrix.", "Only once a row is qualified.") leaves them a question, which asserts nothing."""
+    text = answer["text"]
+    if answer["negation"] and not _affirmed(vocab, text):
+        for c in asked:
+            for p in [*c["capability"], *c["safety"]]:
+                p["negated"] = True
+        return
+    yes = bool(vocab.rx("answer_yes").match(text)) or (
+        not answer["scope"] and any(not p["negated"] for p in answer["capability"])
+    )
+    if not yes or answer["hypothetical"]:
+        for c in asked:
+            c["question"] = True
+
+
 def sentence_facts(vocab: Vocabulary, text: str) -> dict[str, Any]:
     """Claim facts for one sentence: its clauses, and sentence-wide cues."""
     quoted = [
@@ -584,10 +676,19 @@ def sentence_facts(vocab: Vocabulary, text: str) -> dict[str, Any]:
         if (m.group(1) is not None and not vocab.is_alias(m.group(1).strip())) or len((m.group(2) or "").split()) >= 3
     ]  # a system's name in quotation marks ("supports “ZeRO-1” checkpoints") is still that system
     body = _mask(text, quoted)
-    split = _split(_PAREN.sub(lambda m: " " * len(m.group()) if _own_clause(vocab, m.group(1)) else m.group(), body))
+    # the last question that an answer follows: "ZeRO-1? Supported.", "Does ckptgate load X? Yes."
+    qa = ([None, *_ANSWERED.finditer(body)])[-1]
+    question, answer = (body[: qa.end()], body[qa.end() :]) if qa else ("", body)
+    question, answer = _QA_LABEL.sub("", question), _QA_LABEL.sub("", answer)  # "Q: ...? A: Yes."
+    asked = _split_clauses(vocab, _INVERTED.sub(r"\1\3 \2 ", question)) if question.strip() else []
+    if asked:
+        asked[-1] = (asked[-1][0], "?")  # a question that only names a system is labelled by its answer
+    split = asked + _split_clauses(vocab, answer)
     split += [c for m in _PAREN.finditer(body) if _own_clause(vocab, m.group(1)) for c in _split(m.group(1))]
     facts = [clause_facts(vocab, c) for c, _ in split]
     _fragments_take_their_predicate(vocab, facts, [d for _, d in split])
+    if asked:
+        _answer_the_question(vocab, facts[: len(asked)], facts[len(asked)])
     for c in facts:  # "FSDP2 may load, but it is unqualified": a hedge the sentence bounds claims nothing
         if any(d is not c and _bounds(vocab, d, c) for d in facts):
             for p in c["capability"]:

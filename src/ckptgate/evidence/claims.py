@@ -4,7 +4,8 @@ judged by the ``ckptgate.claims`` Rego package against the register's claim rule
 What users read: ``README.md``, ``docs/**/*.md``, the notes of the generated ``matrix/SUPPORT.md``
 and, in ckptgate's own source tree, the CLI help text (``help=`` and command docstrings in
 ``src/ckptgate/_cli``) and the docstrings of the public API (the modules ``ckptgate/__init__.py``
-names).  Fenced code blocks and HTML comments are skipped; inline code is kept as text.  Table rows
+names).  Fenced code blocks and HTML comments are skipped (the text around a comment is read, and an
+``<img>`` tag's alt text); inline code is kept as text.  Table rows
 between generated-block markers (``<!-- ckptgate:generated ... -->`` ... ``<!-- /ckptgate:generated -->``,
 or a whole file whose first line says ``generated file, do not edit``) are not linted as prose:
 they are checked against the matrix rows they were generated from.

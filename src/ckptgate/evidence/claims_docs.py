@@ -96,9 +96,10 @@ def _blocks(lines: Sequence[str]) -> Iterable[tuple[int, list[tuple[int, str]]]]
             continue
         if in_fence:
             continue
-        if in_comment or "<!--" in line:
-            in_comment = "-->" not in line.split("<!--")[-1] if "<!--" in line else "-->" not in line
-            continue
+        had_comment = in_comment or "<!--" in line
+        line, in_comment = _uncommented(line, in_comment)
+        if had_comment and not line.strip():
+            continue  # a line that only holds a comment neither is prose nor ends a paragraph
         stripped = line.strip()
         if stripped.startswith("|") and not _TABLE_RULE.match(stripped):
             if header is None:
@@ -120,6 +121,33 @@ def _blocks(lines: Sequence[str]) -> Iterable[tuple[int, list[tuple[int, str]]]]
         yield block[0][0], block
 
 
+_CODE_SPAN = re.compile(r"(`+).*?\1")
+
+
+def _uncommented(line: str, in_comment: bool) -> tuple[str, bool]:
+    """The line without its HTML comments (``<!-- ... -->``, outside code spans), and whether a
+    comment is still open at its end: the text around a comment is prose."""
+    spans = [m.span() for m in _CODE_SPAN.finditer(line)]
+    out: list[str] = []
+    i = 0
+    while i < len(line):
+        if in_comment:
+            end = line.find("-->", i)
+            if end < 0:
+                break
+            i, in_comment = end + 3, False
+            continue
+        start = line.find("<!--", i)
+        while start >= 0 and any(a <= start < b for a, b in spans):
+            start = line.find("<!--", start + 1)
+        if start < 0:
+            out.append(line[i:])
+            break
+        out.append(line[i:start] + " ")
+        i, in_comment = start + 4, True
+    return "".join(out).rstrip(), in_comment
+
+
 def _table_text(line: str, header: list[str] | None) -> str:
     """A table row; a cell under a negating column header ("does not", "limits") is read with it."""
     if header is None or not line.lstrip().startswith("|"):
@@ -128,7 +156,11 @@ def _table_text(line: str, header: list[str] | None) -> str:
     if len(cells) != len(header):
         return line
     out = [
-        f"{h} {c}" if _COLUMN_NEGATION.search(h) and c else f"{h} {_MARKS.get(c.lower(), c)}" if _answers(h, c) else c
+        f"{h} {c}"
+        if _COLUMN_NEGATION.search(h) and c
+        else _ANSWER_TEXT[_MARKS.get(c.lower(), c.lower())]
+        if _answers(h, c)
+        else c
         for h, c in zip(header, cells, strict=True)
     ]
     return "| " + " | ".join(out) + " |"
@@ -137,9 +169,12 @@ def _table_text(line: str, header: list[str] | None) -> str:
 _COLUMN_NEGATION = re.compile(r"\b(?:not|never|no|limits?|out of scope|cannot)\b", re.IGNORECASE)
 #: A column that asks a capability question ("Supported", "Works with ckptgate"), answered per row.
 _COLUMN_CAPABILITY = re.compile(
-    r"\b(?:supported|support|works?|compatible|compatibility|loads?|reads?|consolidates?|converts?|handled|accepted)\b",
+    r"\b(?:supported|support|works?|compatible|compatibility|loads?|reads?|consolidates?|converts?|handled|accepted|"
+    r"status|available|availability|ready)\b",
     re.IGNORECASE,
 )
+#: A yes or no under a capability column, as the claim it makes ("| FSDP2 | \u2705 |" under "Works").
+_ANSWER_TEXT = {"yes": "supported", "no": "not supported"}
 _MARKS = {
     "\u2705": "yes",
     "\u2713": "yes",
@@ -161,9 +196,17 @@ def _answers(header: str, cell: str) -> bool:
     return bool(_COLUMN_CAPABILITY.search(header)) and _MARKS.get(cell.lower(), cell.lower()) in ("yes", "no")
 
 
+_EMPHASIS = re.compile(r"(?<![\w`])(__?)(?=[^\s_])([^_`\n]+?)(?<=[^\s_])\1(?![\w`])")
+_ALT = re.compile(r"<img\b[^>]*?\balt\s*=\s*(?:\"([^\"]*)\"|'([^']*)')[^>]*>", re.IGNORECASE)
+_TAG = re.compile(r"</?[A-Za-z][\w-]*(?:\s[^<>]*)?/?>")
+
+
 def _clean(text: str) -> str:
     text = re.sub(r"^(#+|[-*+]|\d+[.)])\s+", "", text)
     text = text.replace("**", "")  # inline code keeps its backticks: the claim model reads it as code
+    text = _EMPHASIS.sub(r"\2", text)  # _ZeRO-1_, __FSDP2__
+    text = _ALT.sub(lambda m: f" {m.group(1) or m.group(2) or ''} ", text)  # an image's alt text is read
+    text = _TAG.sub(" ", text)  # other HTML tags (<b>, <br>, <summary>) are markup
     text = re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", text)  # links keep their words
     return re.sub(r"\s+", " ", text.strip(" |"))
 
@@ -187,6 +230,25 @@ def extract(text: str, *, file: str, origin: str = "doc") -> list[Sentence]:
             cleaned = _clean(piece)
             if re.search(r"[A-Za-z]", cleaned):
                 out.append(Sentence(file=file, line=line, text=cleaned, citations=citations_in(piece), origin=origin))
+    return _answered(out)
+
+
+def _answered(items: list[Sentence]) -> list[Sentence]:
+    """A question and the sentence after it, its answer, read as one sentence: "ZeRO-1? Supported.",
+    "Does ckptgate support FSDP2? Yes.", a FAQ heading and the first sentence below it."""
+    out: list[Sentence] = []
+    for s in items:
+        q = out[-1] if out else None
+        if q is not None and re.search(r"\?[\"')\]*_]*$", q.text):
+            out[-1] = Sentence(
+                file=q.file,
+                line=q.line,
+                text=f"{q.text} {s.text}",
+                citations=tuple(sorted({*q.citations, *s.citations})),
+                origin=q.origin,
+            )
+        else:
+            out.append(s)
     return out
 
 

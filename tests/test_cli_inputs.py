@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 HF = REPO / "tests" / "fixtures" / "data" / "hf_sharded" / "checkpoint"
 TRUST = REPO / "policies" / "ckptgate" / "config" / "trust" / "data.json"
 HEX = "ab" * 32
+LONG = "a" * 300  # over NAME_MAX (255) on every Linux file system
 
 
 def cli(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -63,6 +64,14 @@ CASES = [
     (["attest", "add", str(HF / "model.safetensors.index.json"), "--store", "afile"], ExitCode.USAGE, "usage.store"),
     (["matrix", "build", "--repo", REPO, "--out", "afile/m"], ExitCode.USAGE, "usage.output_parent"),
     (["demo", "--workdir", "ckpt"], ExitCode.USAGE, "usage.workdir"),
+    # a name longer than the file system allows: Path.exists and Path.is_dir raised on it (internal.unexpected, exit 1)
+    (["intake", "ckpt", "--out", LONG], ExitCode.USAGE, "usage.invalid"),
+    (["intake", "ckpt", "--out", "/tmp/" + "b/" * 3000 + "x"], ExitCode.USAGE, "usage.invalid"),
+    (["verify", "ckpt", "--html", f"{LONG}/r.html"], ExitCode.USAGE, "usage.invalid"),
+    (["decide", "ckpt", "--policies", LONG], ExitCode.USAGE, "usage.invalid"),
+    (["check", "--repo", LONG], ExitCode.USAGE, "usage.invalid"),
+    (["check", "--repo", REPO, "--sarif", f"{LONG}/x.sarif"], ExitCode.USAGE, "usage.invalid"),
+    (["attest", "keygen", "--out", f"{LONG}/k"], ExitCode.USAGE, "usage.output_parent"),  # a prefix, not a path option
     # inputs that are not regular files, or not what they claim
     (["decide", "ckpt", "--attestation", "att.fifo"], ExitCode.USAGE, "usage.attestation_unreadable"),
     (["attest", "show", "att.fifo"], ExitCode.USAGE, "usage.unreadable"),
@@ -99,6 +108,15 @@ def test_a_bad_input_is_a_typed_error_that_changes_nothing(work: Path, args: lis
     assert res.returncode == exit_code, res.stdout + res.stderr
     assert json.loads(res.stdout)["error"]["code"] == code
     assert _tree(work) == before
+
+
+def test_a_policy_directory_named_by_the_environment_too_long_to_use_is_a_typed_error(work: Path) -> None:
+    """$CKPTGATE_POLICIES is no option, so no option type checks it: Path.is_dir raised on it (exit 1)."""
+    res = subprocess.run([sys.executable, "-m", "ckptgate", "decide", "ckpt", "--json"], capture_output=True,
+                         text=True, timeout=120, cwd=work, env={**os.environ, "CKPTGATE_POLICIES": LONG})
+    assert "Traceback" not in res.stderr + res.stdout
+    assert res.returncode == ExitCode.ENGINE_UNAVAILABLE, res.stdout + res.stderr
+    assert json.loads(res.stdout)["error"]["code"] == "engine.policies.missing"
 
 
 def test_attest_sign_refuses_a_predicate_type_it_has_no_schema_for(work: Path) -> None:

@@ -89,6 +89,11 @@ def test_paths_are_resolved_against_the_file_and_defaults_apply(tmp_path):
     ("policies = 'loop/x'", "usage.config.path"),
     ("a = " + "[" * 5000 + "]" * 5000, "usage.config.syntax"),
     ("a = " + "{b=" * 2000 + "1" + "}" * 2000, "usage.config.syntax"),
+    # docs globs: an absolute one made pathlib raise NotImplementedError in `check` (exit 1), '..' walked out
+    ("docs = ['/etc/*']", "usage.config.path"),
+    ("docs = ['../*.md']", "usage.config.path"),
+    ("docs = ['**/../../*']", "usage.config.path"),
+    ('docs = ["docs/a\\u0000.md"]', "usage.config.path"),
 ])
 def test_bad_configurations_are_typed_usage_errors(tmp_path, text, code):
     root = git_repo(tmp_path)
@@ -116,6 +121,15 @@ def test_the_store_and_the_matrix_may_not_hold_what_decides(tmp_path, text, key,
     with pytest.raises(cfg.ConfigError) as e:
         cfg.load(root)
     assert (e.value.code, e.value.evidence["key"], e.value.evidence["holds"]) == ("usage.config.path", key, holds)
+
+
+def test_a_docs_pattern_too_long_to_match_is_a_typed_usage_error(tmp_path):
+    """Path.glob raised ENAMETOOLONG on it, and `check` ended as internal.unexpected (exit 1)."""
+    root = git_repo(tmp_path)
+    (root / "ckptgate.toml").write_text("docs = ['" + "a" * 300 + "/*.md']")
+    with pytest.raises(cfg.ConfigError) as e:
+        cfg.load(root).doc_files()
+    assert e.value.code == "usage.config.path" and "File name too long" in e.value.message
 
 
 def test_pyproject_table_must_be_a_table(tmp_path):

@@ -15,7 +15,14 @@ import pytest
 
 from ckptgate._fs import file_id, is_within
 from ckptgate.errors import RuntimeFailure, UsageError
-from ckptgate.publish import RECEIPT_NAME, open_destination, publish, remove_stale_staging, staging
+from ckptgate.publish import (
+    RECEIPT_NAME,
+    check_destination,
+    open_destination,
+    publish,
+    remove_stale_staging,
+    staging,
+)
 
 
 def _put(stage, name: str, data: bytes) -> None:
@@ -294,3 +301,16 @@ def test_another_rename_error_in_the_probe_is_not_mistaken_for_a_missing_feature
             pass
     assert e.value.errno == errno.ENOSPC  # the pipeline maps it to runtime.io, as for any write
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("name", "opened"), [("a" * 300, "usage.dst_unusable"),
+                                              ("a" * 300 + "/out", "usage.dst_parent_unusable")])
+def test_a_destination_too_long_to_name_is_a_typed_usage_error(tmp_path, name, opened):
+    """Path.exists raised ENAMETOOLONG from check_destination, and os.stat from open_destination:
+    internal.unexpected (exit 1) where a usage error belongs."""
+    for check, code in ((lambda: check_destination(tmp_path / name), "usage.dst_unusable"),
+                        (lambda: open_destination(tmp_path / name).__enter__(), opened)):
+        with pytest.raises(UsageError) as e:
+            check()
+        assert e.value.code == code and "too long" in e.value.message
+    assert os.listdir(tmp_path) == []

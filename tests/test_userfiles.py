@@ -80,7 +80,8 @@ def test_a_target_inside_an_input_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("target", "code"), [("missing/r.html", "usage.output_parent"),
                                               ("afile/r.html", "usage.output_parent"),
                                               ("adir", "usage.exists"),
-                                              ("", "usage.output_path")])
+                                              ("", "usage.output_path"),
+                                              ("a" * 300 + "/r.html", "usage.output_parent")])
 def test_bad_targets_are_typed_usage_errors(tmp_path: Path, target: str, code: str) -> None:
     (tmp_path / "afile").write_text("x")
     (tmp_path / "adir").mkdir()

@@ -87,7 +87,7 @@ def default_policy_dir() -> Path:
             advice="Reinstall ckptgate from its wheel, or name a policy directory with "
             "--policies or CKPTGATE_POLICIES.",
         )
-    if not path.is_dir():
+    if not os.path.isdir(path):  # False for any failure, a name too long included (Path.is_dir raises on that)
         raise EngineUnavailable("engine.policies.missing", f"policy directory {path} does not exist")
     return path
 

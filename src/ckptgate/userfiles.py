@@ -87,10 +87,16 @@ def check_output_file(path: Path | str, *, what: str, exclusive: bool = False, n
             advice=f"Name a file to write {what} to, such as ./out/name (not a directory or {str(path)!r}).",
         )
     parent = path.parent.absolute()
-    if not parent.is_dir():
+    try:
+        problem = None if stat.S_ISDIR(os.stat(parent).st_mode) else "is not a directory"
+    except (FileNotFoundError, NotADirectoryError):
+        problem = "does not exist"
+    except OSError as e:  # a name too long, a directory this user may not search: Path.is_dir would raise
+        problem = f"cannot be used: {e.strerror or e}"
+    if problem is not None:
         raise UsageError(
             "usage.output_parent",
-            f"cannot write {what} {path}: {parent} {'is not a directory' if parent.exists() else 'does not exist'}",
+            f"cannot write {what} {path}: {parent} {problem}",
             advice=f"Create the directory first (`mkdir -p {parent}`) or name a file in an existing one.",
         )
     target = parent.resolve() / path.name

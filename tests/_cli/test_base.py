@@ -45,3 +45,26 @@ def test_the_top_level_help_says_where_to_start_in_order():
     assert steps == sorted(steps)
     listed = text[text.index("Commands:"):]
     assert all(name in listed for name in ("demo", "init", "attest"))  # each named step is a real command
+
+
+def test_a_path_option_no_system_call_can_use_is_a_usage_error():
+    """A name over the file system's limit passed click.Path (it need not exist) and then made
+    Path.exists raise: internal.unexpected, exit 1.  UserPath refuses it as it is parsed."""
+    import click  # noqa: PLC0415
+
+    from ckptgate._cli._base import UserPath  # noqa: PLC0415
+
+    with pytest.raises(click.BadParameter) as e:
+        UserPath(dir_okay=False).convert("a" * 300 + "/r.html", None, None)
+    assert "File name too long" in e.value.message and "307 characters" in e.value.message
+    assert UserPath(dir_okay=False).convert("missing/r.html", None, None) == "missing/r.html"  # left to the command
+
+
+def test_every_path_option_of_the_cli_is_a_user_path():
+    """The class of bug above, for options added later: no command declares a bare click.Path."""
+    from pathlib import Path  # noqa: PLC0415
+
+    cli_dir = Path(__file__).resolve().parents[2] / "src" / "ckptgate" / "_cli"
+    bare = [f"{p.name}:{n}" for p in sorted(cli_dir.glob("*.py")) for n, line in
+            enumerate(p.read_text().splitlines(), 1) if "click.Path(" in line]
+    assert bare == []

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import signal
 import sys
@@ -24,6 +26,30 @@ stdout = Console(highlight=False, soft_wrap=True)
 
 #: A command function, as click's decorators take and return it.
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class UserPath(click.Path):
+    """``click.Path`` that also refuses, as it parses, a path no system call can use: a name longer
+    than the file system allows (``ENAMETOOLONG``), a directory on the way this user may not search
+    (``EACCES``), a symbolic-link loop.  ``click.Path`` lets such a path through unless it must exist,
+    and the later checks (``Path.exists``, ``Path.is_dir``) raise on it instead of answering, which
+    ended a command as ``internal.unexpected``.  A path that does not exist yet, or whose parent is
+    a file, is left to the command, which names that case with its own code.  Every path option of
+    the CLI is of this type (tests/_cli/test_base.py checks that no ``click.Path`` is left)."""
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> str | bytes | os.PathLike[str]:
+        converted = super().convert(value, param, ctx)
+        try:
+            os.lstat(os.fsdecode(converted))
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR):
+                shown_value = os.fsdecode(value)
+                if len(shown_value) > 120:
+                    shown_value = f"{shown_value[:60]}...{shown_value[-40:]} ({len(shown_value)} characters)"
+                self.fail(f"{shown_value!r} is not a usable path: {e.strerror or e}", param, ctx)
+        return converted
 
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:

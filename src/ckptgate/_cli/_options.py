@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
-from ckptgate._cli._base import F, shown, stderr
+from ckptgate._cli._base import F, UserPath, shown, stderr
 from ckptgate._resources import OPA_SUPPORTED
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def engine_options(f: F) -> F:
     w = click.option(
         "--config",
         "config_file",
-        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        type=UserPath(dir_okay=False, exists=True, path_type=Path),
         default=None,
         help="The configuration file to use, instead of the one discovered from the current directory.",
     )(w)
@@ -119,7 +119,7 @@ def engine_options(f: F) -> F:
     )(w)
     w = click.option(
         "--opa-binary",
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=UserPath(dir_okay=False, path_type=Path),
         default=None,
         help="The OPA binary for the embedded engine (default: $CKPTGATE_OPA, else `opa` on PATH); "
         f"supported: OPA {OPA_SUPPORTED}.",
@@ -134,19 +134,19 @@ def engine_options(f: F) -> F:
     w = click.option(
         "--policies",
         "policy_dir",
-        type=click.Path(file_okay=False, path_type=Path),
+        type=UserPath(file_okay=False, path_type=Path),
         default=None,
         help="Policy directory for the embedded OPA (default: the bundled policies/).",
     )(w)
     w = click.option(
         "--policy-bundle",
-        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        type=UserPath(dir_okay=False, exists=True, path_type=Path),
         default=None,
         help="A signed bundle from `ckptgate policy build` (needs --policy-key).",
     )(w)
     w = click.option(
         "--policy-key",
-        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        type=UserPath(dir_okay=False, exists=True, path_type=Path),
         default=None,
         help="PEM public key that verifies --policy-bundle; OPA refuses a tampered bundle.",
     )(w)
@@ -161,7 +161,7 @@ def engine_options(f: F) -> F:
     w = click.option(
         "--trust",
         "trust_file",
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=UserPath(dir_okay=False, path_type=Path),
         default=None,
         help="Trust data file (default: the configuration's trust, else policies/ckptgate/config/trust/data.json).",
     )(w)
@@ -234,7 +234,7 @@ def signature_options(f: F) -> F:
         "--signature",
         "signatures",
         multiple=True,
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=UserPath(dir_okay=False, path_type=Path),
         help="An OpenSSF Model Signing bundle (model_signing key or certificate method) about the "
         "checkpoint (repeatable; needs --key or --certificate-chain).",
     )(f)
@@ -242,7 +242,7 @@ def signature_options(f: F) -> F:
         "--certificate-chain",
         "certificate_chains",
         multiple=True,
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=UserPath(dir_okay=False, path_type=Path),
         help="PEM CA certificates that a certificate-method --signature, or an --attestation signed under an "
         "X.509 certificate, must chain to (repeatable); which signer identity is trusted comes from the trust "
         "data's certificate signers.",
@@ -250,7 +250,7 @@ def signature_options(f: F) -> F:
     f = click.option(
         "--key",
         "key",
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=UserPath(dir_okay=False, path_type=Path),
         default=None,
         help="PEM public key (ECDSA P-256 or P-384, or Ed25519) that verifies --signature; trusted by "
         "policy for Model Signing statements only, never added to the trust data.",
@@ -263,7 +263,7 @@ def qualification_key_option(f: F) -> F:
     return click.option(
         "--key",
         "key",
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=UserPath(dir_okay=False, path_type=Path),
         default=None,
         help="PEM private key (default: $CKPTGATE_SIGNING_KEY, else ../shared/keys/ci-qualification).",
     )(f)
@@ -273,7 +273,7 @@ def repo_option(f: F) -> F:
     """``--repo DIR``: the repository the evidence commands work on."""
     return click.option(
         "--repo",
-        type=click.Path(file_okay=False, path_type=Path),
+        type=UserPath(file_okay=False, path_type=Path),
         default=None,
         help="Repository root (default: the git work tree of the current directory).",
     )(f)
@@ -324,7 +324,7 @@ class TrustRoot(click.ParamType[Path | str, Any]):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path | str:
         if value == "production":
             return "production"
-        return click.Path(dir_okay=False, exists=True, path_type=Path).convert(value, param, ctx)
+        return cast(Path, UserPath(dir_okay=False, exists=True, path_type=Path).convert(value, param, ctx))
 
 
 def quiet_option(f: F) -> F:

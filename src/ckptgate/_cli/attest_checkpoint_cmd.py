@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, shown, stdout
+from ckptgate._cli._base import UserPath, emit_json, json_option, shown, stdout
 from ckptgate._cli._options import checkpoint_option
 from ckptgate._cli.attest_cmd import _MAX_INPUT, _read, attest
 from ckptgate._json import loads_strict, usage_error
@@ -36,12 +36,12 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 
 
 @click.command("checkpoint")
-@click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("src", type=UserPath(exists=True, file_okay=False, path_type=Path))
 @click.option("--key", "key_path", envvar="CKPTGATE_SIGNING_KEY", help="PEM private key (or $CKPTGATE_SIGNING_KEY).")
 @click.option(
     "--out",
     "out_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=UserPath(dir_okay=False, path_type=Path),
     default=None,
     help="Where the DSSE envelope goes (default: SRC.intoto.dsse.json beside SRC; never inside it).",
 )
@@ -77,7 +77,7 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--step", type=click.IntRange(min=0), default=None, help="Training step (default: from the folder name).")
 @click.option(
     "--training-config",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=UserPath(dir_okay=False, path_type=Path),
     default=None,
     help="A JSON object: the training configuration the job declares (externalParameters).",
 )
@@ -102,14 +102,14 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 )
 @click.option(
     "--sigstore-trust-config",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=UserPath(dir_okay=False, path_type=Path),
     default=None,
     help="With --identity-token: a Sigstore ClientTrustConfig JSON naming the trust root, Fulcio and Rekor "
     "(default: the public-good instance, through TUF).",
 )
 @click.option(
     "--certificate",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=UserPath(dir_okay=False, path_type=Path),
     default=None,
     help="With --key: the key's X.509 signing certificate (PEM). The training provenance is written in a Sigstore "
     "bundle carrying it, SRC.sigstore.json (with --format oms: model_signing's certificate method); intake "
@@ -119,13 +119,13 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
     "--certificate-chain",
     "certificate_chain",
     multiple=True,
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=UserPath(dir_okay=False, path_type=Path),
     help="With --certificate: the CA certificates it chains to (repeatable); checked before signing, and with "
     "--format oms (where it is required) carried in the bundle.",
 )
 @click.option(
     "--hf-config",
-    type=click.Path(exists=True, path_type=Path),
+    type=UserPath(exists=True, path_type=Path),
     default=None,
     help="The Hugging Face config.json (or its directory) the job trained against: its manifest sha256, as intake "
     "--hf-config computes it, is recorded (internalParameters.hf_config_manifest_sha256).",

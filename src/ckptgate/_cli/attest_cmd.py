@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, shown, stdout
+from ckptgate._cli._base import UserPath, emit_json, json_option, shown, stdout
 from ckptgate._cli._options import load_config
 from ckptgate._json import loads_strict, usage_error, verify_error
 from ckptgate.digestvalue import Digest
@@ -95,7 +95,7 @@ def attest() -> None:
 @click.option("--id", "signer_id", default="dev-key", show_default=True, help="Signer id for the trust entry.")
 @click.option(
     "--trust-out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=UserPath(dir_okay=False, path_type=Path),
     default=None,
     help="Also write a trust file naming only this key, ready for --trust FILE.",
 )
@@ -206,12 +206,12 @@ def keygen(
 @attest.command("sign")
 @click.option("--key", "key_path", envvar="CKPTGATE_SIGNING_KEY", help="PEM private key (or $CKPTGATE_SIGNING_KEY).")
 @click.option("--keyid", default=None, help="keyid hint to record (default: SPKI SHA-256).")
-@click.option("--statement", "statement_path", type=click.Path(dir_okay=False), help="A full in-toto Statement v1.")
-@click.option("--predicate", "predicate_path", type=click.Path(dir_okay=False), help="A predicate to wrap.")
+@click.option("--statement", "statement_path", type=UserPath(dir_okay=False), help="A full in-toto Statement v1.")
+@click.option("--predicate", "predicate_path", type=UserPath(dir_okay=False), help="A predicate to wrap.")
 @click.option("--subject-digest", default=None, help="sha256:<hex> of the fixture (with --predicate).")
 @click.option("--subject-name", default="fixture", show_default=True)
 @click.option("--predicate-type", default=None, help="Default: the ckptgate qualification v1 type.")
-@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--out", "out_path", required=True, type=UserPath(dir_okay=False))
 @json_option
 def sign(
     key_path: str | None,
@@ -322,7 +322,7 @@ def _unverified(raw: bytes) -> dict[str, Any]:
 
 
 @attest.command("show")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=UserPath(dir_okay=False))
 @json_option
 def show(file: str, as_json: bool) -> None:
     """Print an attestation's content WITHOUT verifying it (clearly marked UNVERIFIED); training
@@ -358,7 +358,7 @@ def show(file: str, as_json: bool) -> None:
 
 
 @attest.command("add")
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=UserPath(dir_okay=False))
 @click.option(
     "--store",
     "store_root",

@@ -7,19 +7,19 @@ from pathlib import Path
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, shown, stdout
+from ckptgate._cli._base import UserPath, emit_json, json_option, shown, stdout
 from ckptgate._cli.attest_cmd import _digest_arg, _now, _read, attest
 from ckptgate.errors import InputRejected, UsageError
 
 
 @click.command("verify")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=UserPath(dir_okay=False))
 @click.option("--digest", default=None, help="sha256:<hex> of the fixture actually measured (or --checkpoint).")
 @click.option(
     "--checkpoint",
     "checkpoint",
     default=None,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=UserPath(exists=True, file_okay=False, path_type=Path),
     help="Measure this checkpoint as intake does instead of --digest: a statement with a subject per file "
     "(training provenance, SLSA) binds file by file.",
 )
@@ -38,7 +38,7 @@ from ckptgate.errors import InputRejected, UsageError
     "--certificate-chain",
     "certificate_chains",
     multiple=True,
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=UserPath(dir_okay=False, path_type=Path),
     help="PEM CA certificates that an attestation signed under an X.509 certificate (no log entry) must chain "
     "to (repeatable); the trust data's certificate signers say which identity is trusted.",
 )

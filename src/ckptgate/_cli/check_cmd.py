@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, printable, stdout
+from ckptgate._cli._base import UserPath, emit_json, json_option, printable, stdout
 from ckptgate._cli._options import engine_options, repo_option
 from ckptgate.errors import UsageError
 from ckptgate.evidence.findings import CHECK_NAMES
@@ -24,14 +24,14 @@ def register(cli: click.Group) -> None:
     @click.option(
         "--sarif",
         "sarif",
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=UserPath(dir_okay=False, path_type=Path),
         default=None,
         help="Also write a SARIF 2.1.0 report here (for code scanning).",
     )
     @click.option(
         "--junit",
         "junit",
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=UserPath(dir_okay=False, path_type=Path),
         default=None,
         help="Also write a JUnit XML report here.",
     )

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ckptgate._cli._base import F, emit_json, json_option, print_json_text, shown, stdout
+from ckptgate._cli._base import F, UserPath, emit_json, json_option, print_json_text, shown, stdout
 from ckptgate._cli._options import checkpoint_option, engine_options, signature_options
 from ckptgate._resources import default_policy_dir
 from ckptgate.errors import UsageError
@@ -55,12 +55,12 @@ def _evaluate(
 
 
 def _common(f: F) -> F:
-    f = click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))(f)
+    f = click.argument("src", type=UserPath(exists=True, file_okay=False, path_type=Path))(f)
     f = click.option(
         "--attestation",
         "attestations",
         multiple=True,
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=UserPath(dir_okay=False, path_type=Path),
         help="Attestation about SRC (repeatable).",
     )(f)
     f = click.option("--candidate-commit", default=None, help="Require attestations bound to this 40-hex commit.")(f)
@@ -258,19 +258,19 @@ def register(cli: click.Group) -> None:
     @click.option(
         "--signing-key",
         required=True,
-        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        type=UserPath(dir_okay=False, exists=True, path_type=Path),
         help="PEM ECDSA P-256 private key of the policy maintainer (ES256).",
     )
     @click.option(
         "--out",
         required=True,
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=UserPath(dir_okay=False, path_type=Path),
         help="Where to write the signed bundle (.tar.gz).",
     )
     @click.option(
         "--policies",
         "policy_dir",
-        type=click.Path(file_okay=False, exists=True, path_type=Path),
+        type=UserPath(file_okay=False, exists=True, path_type=Path),
         default=None,
         help="Policy directory (default: the bundled policies/).",
     )

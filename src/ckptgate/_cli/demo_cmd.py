@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, shown, stdout
+from ckptgate._cli._base import UserPath, emit_json, json_option, shown, stdout
 from ckptgate._cli._options import engine_options
 from ckptgate._cli.intake_cmd import published_files
 from ckptgate.errors import UsageError
@@ -21,7 +21,7 @@ def register(cli: click.Group) -> None:
     @cli.command("demo")
     @click.option(
         "--workdir",
-        type=click.Path(file_okay=False, path_type=Path),
+        type=UserPath(file_okay=False, path_type=Path),
         default=None,
         help="Where to put the demo checkpoint, key, attestation and output (default: ./.ckptgate-demo/<time>).",
     )

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, shown, stdout
+from ckptgate._cli._base import UserPath, emit_json, json_option, shown, stdout
 
 
 def register(cli: click.Group) -> None:
@@ -18,7 +18,7 @@ def register(cli: click.Group) -> None:
     @click.option(
         "--dir",
         "directory",
-        type=click.Path(file_okay=False, path_type=Path),
+        type=UserPath(file_okay=False, path_type=Path),
         default=None,
         help="Install into DIR (default: $XDG_DATA_HOME/ckptgate/bin, else ~/.local/share/ckptgate/bin).",
     )

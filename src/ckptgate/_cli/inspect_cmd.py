@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-from ckptgate._cli._base import emit_json, json_option, shown, stdout, table
+from ckptgate._cli._base import UserPath, emit_json, json_option, shown, stdout, table
 from ckptgate._cli._excepted import Excepted, bundled_exceptions
 from ckptgate._cli._options import checkpoint_option
 from ckptgate.errors import InputRejected
@@ -95,7 +95,7 @@ def not_clean(path: Path, facts: dict[str, Any], excepted: list[Excepted]) -> In
 
 def register(cli: click.Group) -> None:
     @cli.command("inspect")
-    @click.argument("path", type=click.Path(path_type=Path, file_okay=False, exists=True))
+    @click.argument("path", type=UserPath(path_type=Path, file_okay=False, exists=True))
     @click.option("--digest", "with_digest", is_flag=True, help="Also compute the fixture digest.")
     @checkpoint_option("path")
     @json_option

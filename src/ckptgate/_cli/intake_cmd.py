@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, report_error, shown, stdout
+from ckptgate._cli._base import UserPath, emit_json, json_option, report_error, shown, stdout
 from ckptgate._cli._options import ByteSize, checkpoint_option, engine_options, quiet_option, signature_options
 from ckptgate._cli._progress import phase_bars
 from ckptgate.errors import Error, UsageError
@@ -87,19 +87,19 @@ def print_result(result: IntakeResult) -> None:
 
 def register(cli: click.Group) -> None:
     @cli.command("intake")
-    @click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
+    @click.argument("src", type=UserPath(exists=True, file_okay=False, path_type=Path))
     @click.option(
         "--out",
         "out",
         required=True,
-        type=click.Path(path_type=Path),
+        type=UserPath(path_type=Path),
         help="Destination directory; must not exist. Published atomically.",
     )
     @click.option(
         "--attestation",
         "attestations",
         multiple=True,
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=UserPath(dir_okay=False, path_type=Path),
         help="A DSSE envelope or Sigstore bundle about SRC (repeatable).",
     )
     @click.option(
@@ -126,7 +126,7 @@ def register(cli: click.Group) -> None:
     )
     @click.option(
         "--receipt-key",
-        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        type=UserPath(dir_okay=False, exists=True, path_type=Path),
         default=None,
         help="PEM private key (Ed25519 or ECDSA P-256) to sign the receipt with, as a DSSE envelope "
         "published beside it; check it later with `ckptgate receipt verify --key`.",
@@ -143,7 +143,7 @@ def register(cli: click.Group) -> None:
     @click.option(
         "--hf-config",
         "hf_config",
-        type=click.Path(exists=True, path_type=Path),
+        type=UserPath(exists=True, path_type=Path),
         default=None,
         help="Map a Megatron Core torch_dist checkpoint to the Hugging Face model this config.json declares "
         "(or a directory of config.json, generation_config.json and tokenizer files, published with it), "

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, stdout
+from ckptgate._cli._base import UserPath, emit_json, json_option, stdout
 from ckptgate._cli._options import engine_options, evidence_repo, repo_option
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ def matrix() -> None:
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=UserPath(file_okay=False, path_type=Path),
     default=None,
     help="Write here instead of the configured matrix directory (default: REPO/matrix).",
 )

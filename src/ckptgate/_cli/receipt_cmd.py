@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, shown_line, stdout
+from ckptgate._cli._base import UserPath, emit_json, json_option, shown_line, stdout
 
 
 def register(cli: click.Group) -> None:
@@ -15,10 +15,10 @@ def register(cli: click.Group) -> None:
         """Receipt tools."""
 
     @receipt_group.command("verify")
-    @click.argument("dst", type=click.Path(exists=True, file_okay=False, path_type=Path))
+    @click.argument("dst", type=UserPath(exists=True, file_okay=False, path_type=Path))
     @click.option(
         "--key",
-        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        type=UserPath(dir_okay=False, exists=True, path_type=Path),
         default=None,
         help="PEM public key the receipt was signed with (intake --receipt-key); without it the signature "
         "is not checked and the run exits 5.",

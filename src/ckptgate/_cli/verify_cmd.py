@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ckptgate._cli._base import emit_json, json_option, printable, stdout
+from ckptgate._cli._base import UserPath, emit_json, json_option, printable, stdout
 from ckptgate._cli._options import engine_options, quiet_option, signature_options
 from ckptgate._cli._progress import phase_bars
 from ckptgate.userfiles import check_output_file, write_output_file
@@ -19,18 +19,18 @@ if TYPE_CHECKING:
 
 def register(cli: click.Group) -> None:
     @cli.command("verify")
-    @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+    @click.argument("path", type=UserPath(exists=True, file_okay=False, path_type=Path))
     @click.option(
         "--attestation",
         "attestations",
         multiple=True,
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=UserPath(dir_okay=False, path_type=Path),
         help="A DSSE envelope or Sigstore bundle about PATH (repeatable).",
     )
     @click.option(
         "--html",
         "html_out",
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=UserPath(dir_okay=False, path_type=Path),
         default=None,
         help="Also write the report as a self-contained HTML file.",
     )

@@ -33,7 +33,7 @@ import hashlib
 import json
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ckptgate import policydata
@@ -128,12 +128,23 @@ class Config:
         }
 
     def doc_files(self) -> list[Path]:
-        """The files the docs globs match, sorted and each once (only files inside the root)."""
+        """The files the docs globs match, sorted and each once (only files inside the root).  A pattern
+        no system call can follow (a name longer than the file system allows) is a :class:`ConfigError`."""
         found: set[Path] = set()
         for pattern in self.docs:
-            for p in self.root.glob(pattern):
-                if p.is_file() and p.resolve().is_relative_to(self.root.resolve()):
-                    found.add(p)
+            try:
+                for p in self.root.glob(pattern):
+                    if p.is_file() and p.resolve().is_relative_to(self.root.resolve()):
+                        found.add(p)
+            except OSError as e:
+                where = str(self.source) if self.source is not None else "the configuration"
+                raise ConfigError(
+                    "usage.config.path",
+                    f"{where}: docs pattern {pattern!r} cannot be matched: {e.strerror or e}",
+                    evidence={"file": where, "key": "docs", "value": pattern},
+                    advice=f"In {where}, give docs glob patterns whose names the file system holding {self.root} "
+                    "allows, such as docs/**/*.md.",
+                ) from None
         return sorted(found)
 
 
@@ -299,6 +310,15 @@ def from_table(table: dict[str, Any], *, root: Path, source: Path | None = None)
             )
         return full
 
+    for pattern in table.get("docs", []):  # relative and inside the root, as every path here: pathlib refuses
+        parts = PurePosixPath(pattern).parts  # an absolute pattern (NotImplementedError), and ".." walks out
+        if pattern.startswith("/") or ".." in parts or "\0" in pattern:
+            raise ConfigError(
+                "usage.config.path",
+                f"{where}: docs pattern {pattern!r} is not a relative glob inside {root}",
+                evidence={"file": where, "key": "docs", "value": pattern},
+                advice=f"In {where}, give docs glob patterns relative to {root} without '..', such as docs/**/*.md.",
+            )
     if "matrix" in table and "fixtures" not in table:
         raise ConfigError(
             "usage.config.schema",

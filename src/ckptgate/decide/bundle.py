@@ -186,10 +186,11 @@ def _check_signing_key(path: Path) -> None:
 
 def check_policy_dir(policy_dir: Path) -> None:
     """Refuse a policy directory that does not exist or holds no policy, before OPA is started."""
-    if not policy_dir.is_dir():
+    if not os.path.isdir(policy_dir):  # False for any failure, a name too long included (Path.is_dir raises)
         raise UsageError(
             "usage.policies",
-            f"the policy directory {policy_dir} {'is not a directory' if policy_dir.exists() else 'does not exist'}",
+            f"the policy directory {policy_dir} "
+            f"{'is not a directory' if os.path.lexists(policy_dir) else 'does not exist or cannot be used'}",
             advice="Name the policies/ directory of a ckptgate checkout with --policies (or CKPTGATE_POLICIES), "
             "or leave it out for the bundled policies.",
         )

@@ -121,6 +121,24 @@ def _parent_advice(dst: Path) -> str:
     )
 
 
+def _probe(path: Path, *, follow_symlinks: bool = False) -> os.stat_result | None:
+    """``path``'s status, ``None`` when it does not exist (or its parent is a file); any other failure
+    (a name longer than the file system allows, a directory on the way this user may not search, a
+    link loop) refuses DST by its cause, where ``Path.exists`` would raise it untyped."""
+    try:
+        return os.stat(path, follow_symlinks=follow_symlinks)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise UsageError(
+            "usage.dst_unusable",
+            f"{path} cannot be used as a destination: {e.strerror or e}",
+            evidence={"destination": str(path), "errno": e.errno},
+            advice=f"Name a destination with --out whose path this user can search and whose names the file "
+            f"system allows (`ls -ld {path.parent}` shows the directory's owner and mode).",
+        ) from None
+
+
 def check_destination(dst: Path, *, source: Path | None = None) -> Path:
     """Refuse a DST that exists, whose parent is missing, or that lies inside ``source`` (publishing
     there would change the checkpoint just measured), before any work is done.
@@ -129,12 +147,13 @@ def check_destination(dst: Path, *, source: Path | None = None) -> Path:
     descriptors that are then used.
     """
     dst = Path(os.path.abspath(dst))
-    if dst.exists() or dst.is_symlink():
+    if _probe(dst) is not None:
         raise _exists(dst)
-    if not dst.parent.is_dir():
+    parent = _probe(dst.parent, follow_symlinks=True)
+    if parent is None or not stat.S_ISDIR(parent.st_mode):
         raise UsageError(
             "usage.dst_parent_missing",
-            f"the parent of {dst} {'is not a directory' if dst.parent.exists() else 'does not exist'}",
+            f"the parent of {dst} {'is not a directory' if parent is not None else 'does not exist'}",
             evidence={"destination": str(dst)},
             advice=_parent_advice(dst),
         )
@@ -194,6 +213,13 @@ def open_destination(dst: Path, *, source_root: tuple[int, int] | None = None) -
             os.stat(dst.name, dir_fd=parent_fd, follow_symlinks=False)
         except FileNotFoundError:
             pass
+        except OSError as e:
+            raise UsageError(
+                "usage.dst_unusable",
+                f"{dst} cannot be used as a destination: {e.strerror or e}",
+                evidence={"destination": str(dst), "errno": e.errno},
+                advice=f"Name a destination with --out whose name the file system holding {parent} allows.",
+            ) from None
         else:
             raise _exists(dst)
         if source_root is not None and is_within(parent_fd, source_root):

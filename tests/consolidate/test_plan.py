@@ -249,3 +249,36 @@ def test_runs_that_interleave_irregularly_are_checked_by_merging_them_lazily():
         OutputTensor(name="w", dtype="U8", shape=(2, 8), placements=tuple(ps[:2]) + (
             Placement(src="a", src_offset=10, dst_offset=9, length=7),))
     assert e.value.code == "plan.tensor.overlap"
+
+
+@pytest.mark.parametrize("name", ["", "__metadata__", "a\x00b", "w\n", "w\x7f", "w\ud800"])
+def test_a_name_a_safetensors_header_cannot_carry_as_its_own_tensor_is_refused(name):
+    with pytest.raises(PlanError) as e:
+        t(name)
+    assert e.value.code == "plan.tensor.name"
+    assert repr(name) in e.value.message
+
+
+@pytest.mark.parametrize("name", ["model.layers.0.weight", "embed\u00e9", "w w", "__metadata", "_"])
+def test_ordinary_names_are_accepted(name):
+    assert t(name).name == name
+
+
+def test_a_dcp_checkpoint_naming_a_tensor_metadata_or_with_a_nul_is_refused_by_its_plan(tmp_path):
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+
+    from ckptgate.consolidate import plan_for
+    from ckptgate.decide.decision import Decision
+    from ckptgate.inspect import SafeTree, inspect_open_tree
+
+    for bad in ("__metadata__", "a\x00b"):
+        ck = tmp_path / f"dcp{len(bad)}"
+        dcp.save({bad: torch.ones(2), "ok.weight": torch.ones(2, 2)}, checkpoint_id=str(ck), no_dist=True)
+        with SafeTree.open(ck) as tree:
+            ins = inspect_open_tree(tree)
+        decision = Decision(allow=True, plane="static_pickle", permitted_loaders=(), required_controls=(), reasons=(),
+                            decision_id="test", policy_revision="test", engine="test")
+        with pytest.raises(PlanError) as e:
+            plan_for(ins, decision=decision, max_shard_bytes=1 << 30)
+        assert e.value.code == "plan.tensor.name"

@@ -83,6 +83,29 @@ def st_dtype(torch_dtype: str, *, what: str) -> str:
     return code
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_tensor_name(name: str) -> None:
+    """Refuse an output tensor name that a safetensors header cannot carry as one distinct tensor: empty,
+    ``__metadata__`` (the header's own key), a control character (a NUL ends the name for a C reader, so two
+    names can read as one) or a lone surrogate (not UTF-8)."""
+    try:
+        name.encode("utf-8")
+        malformed = not name or name == "__metadata__" or _CONTROL.search(name) is not None
+    except UnicodeEncodeError:
+        malformed = True
+    if malformed:
+        raise PlanError(
+            "plan.tensor.name",
+            f"the checkpoint names a tensor {name!r}, which a safetensors header cannot carry as a tensor of its own",
+            evidence={"tensor": ascii(name)},
+            advice=f"Rename the tensor {name!r} in the producer's state dict (an empty name, `__metadata__`, a "
+            "control character or an unpaired surrogate is refused) and save the checkpoint again; nothing was "
+            "written.",
+        )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutputTensor:
     """One tensor of an output shard, and the placements that fill it.
@@ -98,6 +121,7 @@ class OutputTensor:
     source_dtype: str | None = None
 
     def __post_init__(self) -> None:
+        check_tensor_name(self.name)
         if self.dtype not in DTYPE_SIZES:
             raise PlanError("plan.tensor.dtype", f"{self.name}: unknown dtype {self.dtype!r}")
         if self.source_dtype is not None and not {self.source_dtype, self.dtype} <= CASTABLE:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate._resources import GO_TOOLS, clone_tool, policies_dir
-from ckptgate.decide.bundle import selected_opa_binary
+from ckptgate.decide.bundle import OPA_ZONE_ENV, selected_opa_binary
 from ckptgate.decide.install import reported_version
 from ckptgate.evidence.findings import CheckFinding, CheckResult
 
@@ -94,9 +94,11 @@ DEFAULT_REGAL_CONFIG = "features:\n  remote:\n    check-version: false\n"
 
 
 def _tool_env(home: Path) -> dict[str, str]:
-    """The whole environment of a policy tool: ``PATH`` and a private, empty ``HOME``; nothing else, so
-    ``opa.runtime().env`` in a judged test shows no CI secret, and no tool reads the user's configuration."""
-    return {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(home)}
+    """The whole environment of a policy tool: ``PATH``, a private, empty ``HOME`` and ``TZ=UTC``
+    (:data:`~ckptgate.decide.bundle.OPA_ZONE_ENV`, as the engine has); nothing else, so ``opa.runtime().env``
+    in a judged test shows no CI secret, no tool reads the user's configuration, and a test's ``"Local"``
+    time zone is the engine's on every machine."""
+    return {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(home), **OPA_ZONE_ENV}
 
 
 def _run(cmd: Sequence[str], cwd: Path) -> tuple[int, str]:

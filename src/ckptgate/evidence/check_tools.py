@@ -33,6 +33,10 @@ __all__ = [
 ]
 
 TOOL_TIMEOUT_S = 300
+#: How long one Rego test may run under ``opa test`` (its ``--timeout``, passed explicitly rather than left to
+#: the OPA release's default): a judged tree's test that loops is cut off there and reported by name
+#: (``check.policy_tests.timeout``), instead of the whole run meeting :data:`TOOL_TIMEOUT_S`.
+POLICY_TEST_TIMEOUT_S = 5
 
 
 def find_tool(name: str, repo: Path) -> str | None:
@@ -273,6 +277,9 @@ def parse_opa_test_json(out: str, policies: Path, repo: Path, origin: Path | Non
             what += f": {err['message']}"
         row = loc.get("row")
         code = "check.policy_tests.error" if err else "check.policy_tests.failed"
+        if isinstance(err, dict) and err.get("code") == "eval_cancel_error":  # the per-test --timeout
+            code = "check.policy_tests.timeout"
+            what = f"did not finish within the per-test limit of {POLICY_TEST_TIMEOUT_S} s and was stopped"
         found.append(
             CheckFinding(
                 check="policy_tests",
@@ -286,7 +293,8 @@ def parse_opa_test_json(out: str, policies: Path, repo: Path, origin: Path | Non
 
 
 def _opa_test(paths: Sequence[str], cwd: Path, repo: Path, origin: Path | None = None) -> CheckResult:
-    """``opa test`` of ``paths`` in ``cwd`` with the network builtins removed (:data:`NETWORK_BUILTINS`)."""
+    """``opa test`` of ``paths`` in ``cwd`` with the network builtins removed (:data:`NETWORK_BUILTINS`), each
+    test stopped after :data:`POLICY_TEST_TIMEOUT_S`."""
     exe = find_tool("opa", repo)
     if exe is None:
         return _missing("policy_tests", "opa")
@@ -309,7 +317,7 @@ def _opa_test(paths: Sequence[str], cwd: Path, repo: Path, origin: Path | None =
         return _tool_check(
             "policy_tests",
             "opa",
-            ["test", "--capabilities", str(caps), "--format", "json", *paths],
+            ["test", "--capabilities", str(caps), "--timeout", f"{POLICY_TEST_TIMEOUT_S}s", "--format", "json", *paths],
             cwd,
             repo,
             lambda out: parse_opa_test_json(out, cwd, repo, origin),

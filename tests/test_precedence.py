@@ -485,3 +485,58 @@ def test_a_lease_directory_removed_under_a_long_lived_process_is_renewed(tmp_pat
     assert precedence._lease is not old and second.read_bytes() == (tmp_path / "trust.json").read_bytes()
     assert not first.exists()
     precedence._lease.release()
+
+
+_FORKED = """
+import json, os, sys
+from pathlib import Path
+from ckptgate import precedence, workdirs
+
+mode, src = sys.argv[1], Path(sys.argv[2])
+before = precedence._read_once(src, what="trust data")  # the parent's private copy, made before the fork
+go_r, go_w = os.pipe()  # EOF on go_r once the process that exits first is gone (atexit run)
+pid = os.fork()
+me = "child" if pid == 0 else "parent"
+first = mode.startswith(me)
+mine = precedence._read_once(src, what="trust data")  # a copy made after the fork
+if first:
+    os.close(go_r)
+    workdirs.sweep()  # a sweep while the other is alive
+    print(json.dumps([me, before.exists(), mine.exists()]), flush=True)
+    if mode.endswith("os._exit"):
+        os._exit(0)  # as a multiprocessing worker leaves: no atexit
+    sys.exit(0)
+os.close(go_w)
+os.read(go_r, 1)
+if me == "parent":
+    os.waitpid(pid, 0)
+workdirs.sweep()
+print(json.dumps([me, before.exists(), mine.exists()]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["child-first", "parent-first", "child-first-os._exit"])
+def test_a_forked_process_and_its_parent_keep_their_private_copies_until_both_are_gone(
+    tmp_path: Path, mode: str
+) -> None:
+    """A process that forks after making private copies (DataLoader workers, launchers): the parent's exit
+    removed the work directory the child was still using (the copies it inherited and those it made there),
+    and the child's never released what it made.  Now the lease is shared across the fork: whichever exits
+    first, and whatever either's sweep does meanwhile, the other keeps every copy; once both are gone,
+    nothing is left (a child that leaves by ``os._exit`` drops its share all the same)."""
+    runtime, state = tmp_path / "run", tmp_path / "state"
+    runtime.mkdir(mode=0o700)
+    state.mkdir(mode=0o700)
+    (tmp_path / "trust.json").write_bytes((REPO / "policies" / policydata.TRUST_IN_BUNDLE).read_bytes())
+    (tmp_path / "forked.py").write_text(_FORKED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTGATE_")}
+    env.update(XDG_RUNTIME_DIR=str(runtime), XDG_STATE_HOME=str(state))
+    out = subprocess.run([sys.executable, str(tmp_path / "forked.py"), mode, str(tmp_path / "trust.json")],
+                         env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    seen = [json.loads(line) for line in out.stdout.splitlines()]
+    first = mode.split("-")[0]
+    assert [who for who, *_ in seen] == [first, "parent" if first == "child" else "child"]
+    assert all(kept == [True, True] for _, *kept in seen), seen  # every copy, in each, until it exits
+    assert [p.name for p in (runtime / "ckptgate").iterdir()] == []  # nothing left once both are gone
+    assert [p.name for p in (state / "ckptgate" / "live").iterdir()] == []

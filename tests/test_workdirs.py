@@ -191,6 +191,28 @@ def test_the_lock_is_not_inherited_by_children(tmp_path):
         lease.release()
 
 
+def test_a_forked_child_never_releases_its_parents_lease(tmp_path):
+    """A process forked from the owner (no exec: a DataLoader worker) inherits the lease object: its release
+    (the engine's close at the child's exit) removed the parent's directory under it.  A child holds no
+    share unless it takes one (:meth:`Lease.share_after_fork`), and its release does nothing."""
+    lease = workdirs.create_work_dir()
+    try:
+        (lease.path / "bundle.tar.gz").write_bytes(b"x")
+        pid = os.fork()
+        if pid == 0:
+            try:
+                lease.release()
+            finally:
+                os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert (lease.path / "bundle.tar.gz").read_bytes() == b"x"
+        assert workdirs.held(lease.path, "work")  # still locked: no sweep takes it
+        assert workdirs.sweep() == [] and lease.path.is_dir()
+    finally:
+        lease.release()
+    assert not lease.path.exists()
+
+
 def test_only_this_users_directories_are_swept():
     if os.getuid() != 0:
         pytest.skip("needs root to make a directory another user owns")

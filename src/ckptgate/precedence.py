@@ -295,16 +295,16 @@ def _private_dir() -> Path:
     configuration's trust data, a signed bundle, ``--base``'s files) is removed by the next run's
     sweep, not left in /tmp.  One lease per process, however many copies: two descriptors, not two
     per copy; a new one where the directory has gone (a long-lived process whose runtime directory
-    was cleaned at logout).  The process that made it removes it at exit: a process forked from it
-    that outlives it keeps no copy."""
+    was cleaned at logout).  A process forked from this one (``os.fork``, multiprocessing's ``fork``
+    start method: DataLoader workers, some launchers) shares the lease (:func:`_after_fork`): each keeps
+    the copies it was given and makes new ones there, and the directory goes when the last of them
+    exits (normally; after ``os._exit`` or a kill, at the next run's sweep)."""
     global _lease
     with _leasing:
         if _lease is None or not os.path.isdir(_lease.path):
             if _lease is not None:
                 _lease.release()
-            _lease = lease = workdirs.create_work_dir()
-            owner = os.getpid()
-            atexit.register(lambda: lease.release() if os.getpid() == owner else None)  # never a fork's exit
+            _lease = workdirs.create_work_dir()
         try:
             return Path(tempfile.mkdtemp(dir=_lease.path))  # mode 0700, beside the lease's lock file
         except OSError as e:
@@ -315,6 +315,26 @@ def _private_dir() -> Path:
                 advice=f"Free space in {_lease.path.parent} (or set XDG_RUNTIME_DIR to a private directory with "
                 "room), then run again.",
             ) from None
+
+
+def _release_at_exit() -> None:
+    """At this process's exit (a forked one's too): its share of the lease; the last holder removes it."""
+    if _lease is not None:
+        _lease.release()
+
+
+def _after_fork(*, child: bool) -> None:
+    """Right after a fork, in both processes: the lease is shared from now on; the child gets a share of its
+    own and a fresh lock (another thread of the parent may have held ``_leasing`` at the fork)."""
+    global _leasing
+    if child:
+        _leasing = threading.Lock()
+    if _lease is not None:
+        _lease.share_after_fork(child=child)
+
+
+atexit.register(_release_at_exit)
+os.register_at_fork(after_in_parent=lambda: _after_fork(child=False), after_in_child=lambda: _after_fork(child=True))
 
 
 def _same_tree(a: Path, b: Path) -> bool:

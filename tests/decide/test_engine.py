@@ -549,3 +549,19 @@ def test_a_first_decision_long_after_the_launch_still_finds_the_server(policy_di
     with EmbeddedOpa(policy_dir=policy_dir(ECHO), wait=False, start_timeout_s=0.5) as opa:
         time.sleep(2.0)  # the caller inspects and hashes meanwhile
         assert opa.evaluate("ckptgate/intake/decision", {"ok": True}).result is not None
+
+
+def test_the_embedded_opa_reads_local_time_as_utc_on_every_machine(policy_dir):
+    """``"Local"`` in a time builtin is the OPA process's zone: with the host's ``/etc/localtime`` (no ``TZ``)
+    a decision differed between machines; the engine runs with ``TZ=UTC`` and no ``ZONEINFO``."""
+    zone = ECHO + textwrap.dedent("""\
+
+        zone := {
+        \t"tz": object.get(opa.runtime().env, "TZ", null),
+        \t"zoneinfo": object.get(opa.runtime().env, "ZONEINFO", null),
+        \t"clock": time.clock([0, "Local"]),
+        }
+        """)
+    with EmbeddedOpa(policy_dir=policy_dir(zone)) as opa:
+        raw = opa.evaluate("ckptgate/intake/zone", {})
+    assert raw.result == {"tz": "UTC", "zoneinfo": None, "clock": [0, 0, 0]}

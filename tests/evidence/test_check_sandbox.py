@@ -1,7 +1,8 @@
 """``ckptgate check`` runs the policy tools on the change under review without letting it run code of
 its own, reach the network or read the CI environment: no tool from the judged repository's
 ``.tools/bin``, no extra Rego through a linked directory, no Regal configuration or custom rules from
-the repository, no network builtin in ``opa test``, and an environment of ``PATH`` and a private ``HOME``."""
+the repository, no network builtin in ``opa test``, and an environment of ``PATH``, a private ``HOME``
+and ``TZ=UTC``."""
 
 from __future__ import annotations
 
@@ -178,7 +179,7 @@ def test_opa_test_on_a_judged_policy_tree_has_no_network_and_no_ci_environment(
     tmp_path: Path, listener: _Listener, monkeypatch
 ) -> None:
     """``policies = "pol"`` in a changed configuration: its tests run, but ``http.send`` does not
-    compile and ``opa.runtime().env`` holds only ``PATH`` and ``HOME``."""
+    compile and ``opa.runtime().env`` holds only ``PATH``, ``HOME`` and ``TZ`` (``UTC``)."""
     _needs("opa")
     monkeypatch.setenv("CKPTGATE_TEST_CI_SECRET", "s3cret")
     repo = tmp_path / "repo"
@@ -186,7 +187,7 @@ def test_opa_test_on_a_judged_policy_tree_has_no_network_and_no_ci_environment(
     pol.mkdir(parents=True)
     (pol / "env_test.rego").write_text(
         "package pol.env\n\ntest_env_is_minimal if {\n"
-        '\tobject.keys(opa.runtime().env) == {"PATH", "HOME"}\n'
+        '\tobject.keys(opa.runtime().env) == {"PATH", "HOME", "TZ"}\n'
         '\tnot startswith(opa.runtime().env.HOME, "/root")\n}\n'
     )
     (pol / "evil_test.rego").write_text(f"package pol.evil\n\ntest_evil if {{\n\t{_calls(listener.url, 'opa')}\n}}\n")

@@ -219,8 +219,9 @@ def test_after_deepspeed_save_names_the_save_by_the_engine_step_when_latest_is_s
 _TWO_RANK_SAVE = """
 import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
-def main(rank, path, port, report, key, saves, mains):
+def main(rank, path, port, report, key, saves, mains, alias):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    path = alias if alias != "-" and rank == 1 else path  # rank 1 may reach the folder another way
     dist.init_process_group("gloo", rank=rank, world_size=2)
     from ckptgate.errors import Error
     from ckptgate.hooks import after_dcp_save
@@ -238,13 +239,13 @@ def main(rank, path, port, report, key, saves, mains):
         os._exit(0)  # the job's last save: the main process leaves at once (it hosts the store)
     dist.destroy_process_group()
 if __name__ == "__main__":
-    mp.spawn(main, args=tuple(sys.argv[1:7]), nprocs=2)
+    mp.spawn(main, args=tuple(sys.argv[1:8]), nprocs=2)
 """
 
 
-def _two_ranks(tmp_path: Path, key: Path, saves: int, mains: str = "-") -> tuple[str, str]:
-    """Run :data:`_TWO_RANK_SAVE` (``mains``: each rank's ``main_process=``, ``"1"``/``"0"``; ``"-"``: unset):
-    what each rank's hook calls gave."""
+def _two_ranks(tmp_path: Path, key: Path, saves: int, mains: str = "-", alias: str = "-") -> tuple[str, str]:
+    """Run :data:`_TWO_RANK_SAVE` (``mains``: each rank's ``main_process=``, ``"1"``/``"0"``; ``"-"``: unset;
+    ``alias``: how rank 1 spells ``<tmp_path>/ck``, ``"-"``: alike): what each rank's hook calls gave."""
     import socket
 
     with socket.socket() as s:
@@ -253,7 +254,7 @@ def _two_ranks(tmp_path: Path, key: Path, saves: int, mains: str = "-") -> tuple
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "save.py").write_text(_TWO_RANK_SAVE)
     done = subprocess.run([sys.executable, str(tmp_path / "save.py"), str(tmp_path / "ck"), port,
-                           str(tmp_path / "code"), str(key), str(saves), mains], capture_output=True, text=True,
+                           str(tmp_path / "code"), str(key), str(saves), mains, alias], capture_output=True, text=True,
                           timeout=300, check=False, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 0, done.stderr[-3000:]
     return (tmp_path / "code.0").read_text().strip(), (tmp_path / "code.1").read_text().strip()
@@ -304,6 +305,21 @@ def test_two_ranks_that_say_they_are_the_main_process_fail_every_rank(tmp_path: 
     assert not list(tmp_path.glob("ck*.*"))
 
 
+def test_two_gloo_ranks_that_reach_the_checkpoint_by_two_paths_fail_in_seconds(tmp_path: Path, keys: dict) -> None:
+    """The real store (TCPStore under ``init_process_group``): rank 1 saves and attests through a link to the
+    folder rank 0 names; both used to wait at their own key until the store's timeout (30 minutes), now
+    both raise ``runtime.attest.path_mismatch`` in seconds and nothing is signed."""
+    import time
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "link").symlink_to(tmp_path)
+    start = time.monotonic()
+    codes = _two_ranks(tmp_path, keys["key"], 1, alias=str(tmp_path / "link" / "ck"))
+    assert codes == ("runtime.attest.path_mismatch", "runtime.attest.path_mismatch")
+    assert time.monotonic() - start < 60  # torch's start-up included: the wait itself is seconds
+    assert not list(tmp_path.glob("ck*.*"))
+
+
 class _FakeStore:
     """A process group's store as TCPStore behaves: ``get`` and ``wait`` block until the keys are set,
     ``add`` returns the new value; a wait past ``timeout`` raises, as the real store does."""
@@ -336,9 +352,16 @@ class _FakeStore:
             self.cond.notify_all()
             return value
 
-    def wait(self, keys: list[str]) -> None:
+    def wait(self, keys: list[str], timeout=None) -> None:  # timeout: a timedelta, as TCPStore takes it
         with self.cond:
-            self._until(list(keys))
+            if timeout is None:
+                self._until(list(keys))
+            elif not self.cond.wait_for(lambda: all(k in self.data for k in keys), timeout.total_seconds()):
+                raise RuntimeError(f"Wait timeout for {keys}")
+
+    def check(self, keys: list[str]) -> bool:
+        with self.cond:
+            return all(k in self.data for k in keys)
 
     def delete_key(self, key: str) -> bool:
         with self.cond:
@@ -373,6 +396,12 @@ class _FakeRanks:
     def next(self, path: Path | str) -> str:  # stands in for the module's _KEYS: this thread's rank's
         return self.keys[self.get_rank()].next(path)
 
+    def opened(self, store, rank: int, key: str, spelling: str) -> None:
+        self.keys[rank].opened(store, rank, key, spelling)
+
+    def closed(self, store, rank: int, key: str) -> None:
+        self.keys[rank].closed(store, rank, key)
+
 
 @pytest.fixture
 def fake_ranks(monkeypatch: pytest.MonkeyPatch):
@@ -395,6 +424,14 @@ def fake_ranks(monkeypatch: pytest.MonkeyPatch):
         return ranks
 
     return make
+
+
+def _left(ranks: _FakeRanks) -> dict[str, bytes]:
+    """What the calls left in the store besides each rank's record of the calls it waits in (one key per rank,
+    which another rank may be reading), once every such record is empty."""
+    opened = {k: v for k, v in ranks.store.data.items() if "/open/" in k}
+    assert all(v == b"{}" for v in opened.values()), opened
+    return {k: v for k, v in ranks.store.data.items() if k not in opened}
 
 
 def _run_ranks(ranks: _FakeRanks, jobs: dict[tuple[int, str], object]) -> dict[tuple[int, str], object]:
@@ -472,7 +509,7 @@ def test_concurrent_saves_of_different_checkpoints_each_get_their_own_outcome(tm
     assert got[(0, "b")] == ["usage.signing_key_unreadable", "b1", "usage.signing_key_unreadable"]
     assert got[(1, "b")] == ["runtime.attest.failed_on_main", None, "runtime.attest.failed_on_main"]
     assert sorted(attested) == ["a0", "a1", "a2", "b1"]
-    assert ranks.store.data == {}  # rank 0 removed every key once every rank had read
+    assert _left(ranks) == {}  # rank 0 removed every key once every rank had read
 
 
 def _code(call):
@@ -495,7 +532,7 @@ def test_unless_exactly_one_rank_is_the_main_process_every_rank_raises_and_nothi
     got = _run_ranks(ranks, {(r, "ck"): (lambda m=m: _code(lambda: attest_saved(tmp_path / "ck", main_process=m)))
                              for r, m in enumerate(mains)})
     assert set(got.values()) == {"runtime.attest.main_process"}
-    assert attested == [] and ranks.store.data == {}
+    assert attested == [] and _left(ranks) == {}
     # the next save of that checkpoint, with one main process, is attested
     got = _run_ranks(ranks, {(r, "ck"): (lambda: attest_saved(tmp_path / "ck")) for r in range(len(mains))})
     assert got == {(0, "ck"): "ck", (1, "ck"): None, (2, "ck"): None}
@@ -509,7 +546,7 @@ def test_the_main_process_on_another_rank_than_zero_attests_and_rank_zero_tidies
     got = _run_ranks(ranks, {(r, "ck"): (lambda m=m: attest_saved(tmp_path / "ck", main_process=m))
                              for r, m in enumerate((False, True))})
     assert got == {(0, "ck"): None, (1, "ck"): "ck"} and attested == ["ck"]
-    assert ranks.store.data == {}
+    assert _left(ranks) == {}
 
 
 def test_a_rank_that_never_arrives_is_a_typed_store_failure(tmp_path: Path, fake_ranks) -> None:
@@ -520,3 +557,95 @@ def test_a_rank_that_never_arrives_is_a_typed_store_failure(tmp_path: Path, fake
     got = _run_ranks(ranks, {(0, "ck"): lambda: _code(lambda: attest_saved(tmp_path / "ck"))})
     assert got == {(0, "ck"): "runtime.attest.store"}
 
+
+
+def _timed(ranks: _FakeRanks, jobs: dict) -> tuple[dict, float]:
+    import time
+
+    start = time.monotonic()
+    got = _run_ranks(ranks, jobs)
+    return got, time.monotonic() - start
+
+
+def test_ranks_that_spell_the_checkpoint_two_ways_fail_in_seconds_naming_both(tmp_path: Path, fake_ranks) -> None:
+    """Rank 2 reaches the checkpoint through a link (another node's mount): the ranks met at a key per spelling,
+    so both groups waited until the store's timeout (30 minutes) and then failed as ``runtime.attest.store``.
+    Now every rank raises ``runtime.attest.path_mismatch`` within seconds, naming both spellings, and
+    nothing is signed."""
+    (tmp_path / "shared" / "ck").mkdir(parents=True)
+    (tmp_path / "mnt").symlink_to(tmp_path / "shared")
+    attested: list[str] = []
+    ranks = fake_ranks(3, attested)
+    ranks.store.timeout = 60.0
+    from ckptgate.errors import Error
+    from ckptgate.hooks import attest_saved
+
+    def save(path: Path):
+        def call():
+            try:
+                return attest_saved(path)
+            except Error as e:
+                return e.code, e.message
+
+        return call
+
+    spelled = {0: tmp_path / "shared" / "ck", 1: tmp_path / "shared" / "ck", 2: tmp_path / "mnt" / "ck"}
+    got, took = _timed(ranks, {(r, "ck"): save(p) for r, p in spelled.items()})
+    assert took < 10
+    assert {code for code, _ in got.values()} == {"runtime.attest.path_mismatch"}
+    for _, message in got.values():
+        assert str(tmp_path / "shared" / "ck") in message and str(tmp_path / "mnt" / "ck") in message
+    assert attested == []
+
+
+def test_a_rank_whose_spelling_is_not_on_this_node_fails_every_rank_in_seconds(tmp_path: Path, fake_ranks) -> None:
+    """Rank 1 names the checkpoint by a mount point this node lacks (``/data/...`` there, ``.../shared/...``
+    here): found after two looks a poll apart, not at the store's timeout."""
+    (tmp_path / "shared" / "ck").mkdir(parents=True)
+    ranks = fake_ranks(2, [])
+    ranks.store.timeout = 60.0
+    from ckptgate.hooks import attest_saved
+
+    spelled = {0: tmp_path / "shared" / "ck", 1: tmp_path / "data-on-another-node" / "ck"}
+    got, took = _timed(ranks, {(r, "ck"): (lambda p=p: _code(lambda: attest_saved(p))) for r, p in spelled.items()})
+    assert got == {(0, "ck"): "runtime.attest.path_mismatch", (1, "ck"): "runtime.attest.path_mismatch"}
+    assert took < 15
+
+
+def test_threads_saving_different_checkpoints_out_of_step_are_not_a_path_mismatch(tmp_path: Path, fake_ranks) -> None:
+    """Rank 0 saves A then (another thread) B; rank 1 saves B first and A seconds later: each rank waits in a
+    call the other has not made yet, for a checkpoint that is there, for longer than a poll; every call is
+    attested, none is taken for a path mismatch."""
+    import time
+
+    for name in ("A", "B"):
+        (tmp_path / name).mkdir()
+    attested: list[str] = []
+    ranks = fake_ranks(2, attested)
+    ranks.store.timeout = 60.0
+    from ckptgate.hooks import attest_saved
+
+    def later(name: str, delay: float):
+        def call():
+            time.sleep(delay)
+            return _code(lambda: attest_saved(tmp_path / name))
+
+        return call
+
+    got = _run_ranks(ranks, {(0, "A"): later("A", 0), (0, "B"): later("B", 3.5),
+                             (1, "B"): later("B", 0), (1, "A"): later("A", 3.5)})
+    assert got == {(0, "A"): "A", (0, "B"): "B", (1, "B"): None, (1, "A"): None}
+    assert sorted(attested) == ["A", "B"] and _left(ranks) == {}
+
+
+def test_a_torch_without_the_default_store_is_a_typed_refusal(tmp_path: Path, fake_ranks) -> None:
+    """torch has no public accessor for the default group's store; the private one the hook reads, where a torch
+    lacks it, is ``runtime.attest.no_store``, not an AttributeError."""
+    import types
+
+    ranks = fake_ranks(2, [])
+    ranks.distributed_c10d = types.SimpleNamespace()
+    from ckptgate.hooks import attest_saved
+
+    got = _run_ranks(ranks, {(0, "ck"): lambda: _code(lambda: attest_saved(tmp_path / "ck"))})
+    assert got == {(0, "ck"): "runtime.attest.no_store"}

@@ -58,6 +58,15 @@ _selected_opa: Path | None = None
 _checked: dict[tuple[str, int, int], str | None] = {}
 
 
+#: The time zone of every OPA process ckptgate starts that evaluates Rego (the embedded server, ``opa test``):
+#: UTC, so ``"Local"`` in a time builtin (``time.clock``, ``time.date``, ``time.weekday``, ``time.format``,
+#: ``time.add_date``, ``time.diff``), spelled or computed, is UTC on every machine and a decision does not
+#: depend on the host's ``/etc/localtime``.  With ``TZ=UTC`` Go reads no zone file for ``Local``; and the
+#: environments these processes get are built whole, so ``ZONEINFO`` (where Go looks up named zones) is
+#: never passed on.
+OPA_ZONE_ENV = {"TZ": "UTC"}
+
+
 def select_opa_binary(path: Path | None) -> None:
     """``--opa-binary``: the OPA binary this process uses, ahead of ``$CKPTGATE_OPA`` and ``PATH``."""
     global _selected_opa  # one choice per process, made by the CLI

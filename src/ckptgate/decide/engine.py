@@ -14,6 +14,8 @@ The embedded server:
   token is random per start and never written to disk, so other local users cannot query it;
 * loads the policies as a signed bundle and verifies it (``--verification-key``); a tampered
   bundle makes OPA refuse to start;
+* runs with ``TZ=UTC`` and nothing of this process's environment but ``PATH``
+  (:data:`~ckptgate.decide.bundle.OPA_ZONE_ENV`): ``"Local"`` in a time builtin is UTC on every machine;
 * is built and launched on a keeper thread, so the caller inspects and hashes meanwhile;
 * dies with its owner: ``PR_SET_PDEATHSIG`` kills it if ckptgate is killed (even ``kill -9``),
   and :meth:`EmbeddedOpa.close` (context-manager exit, ``atexit``, SIGTERM/SIGINT) stops it;
@@ -45,7 +47,7 @@ from ckptgate.decide._http import Late, OpaHttp, Unreachable
 from ckptgate.decide._opaproc import die_with_parent as _die_with_parent
 from ckptgate.decide._opaproc import free_port as _free_port
 from ckptgate.decide._opaproc import tail as _tail
-from ckptgate.decide.bundle import PolicyBundle, find_opa
+from ckptgate.decide.bundle import OPA_ZONE_ENV, PolicyBundle, find_opa
 from ckptgate.decide.inputs import DecisionInput, sha256_of
 from ckptgate.errors import EngineUnavailable
 
@@ -364,6 +366,7 @@ class EmbeddedOpa(_ClientEngine):
         env = {
             "PATH": os.environ.get("PATH", ""),
             "CKPTGATE_OPA_TOKEN_SHA256": hashlib.sha256(token.encode()).hexdigest(),
+            **OPA_ZONE_ENV,  # "Local" is UTC: a decision does not depend on this machine's zone
         }
         cmd = [
             find_opa(),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptgate._resources import GO_TOOLS, clone_tool, policies_dir
-from ckptgate.decide.bundle import selected_opa_binary
+from ckptgate.decide.bundle import OPA_ZONE_ENV, selected_opa_binary
 from ckptgate.decide.install import reported_version
 from ckptgate.evidence.findings import CheckFinding, CheckResult
 
@@ -33,6 +33,10 @@ __all__ = [
 ]
 
 TOOL_TIMEOUT_S = 300
+#: How long one Rego test may run under ``opa test`` (its ``--timeout``, passed explicitly rather than left to
+#: the OPA release's default): a judged tree's test that loops is cut off there and reported by name
+#: (``check.policy_tests.timeout``), instead of the whole run meeting :data:`TOOL_TIMEOUT_S`.
+POLICY_TEST_TIMEOUT_S = 5
 
 
 def find_tool(name: str, repo: Path) -> str | None:
@@ -94,9 +98,11 @@ DEFAULT_REGAL_CONFIG = "features:\n  remote:\n    check-version: false\n"
 
 
 def _tool_env(home: Path) -> dict[str, str]:
-    """The whole environment of a policy tool: ``PATH`` and a private, empty ``HOME``; nothing else, so
-    ``opa.runtime().env`` in a judged test shows no CI secret, and no tool reads the user's configuration."""
-    return {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(home)}
+    """The whole environment of a policy tool: ``PATH``, a private, empty ``HOME`` and ``TZ=UTC``
+    (:data:`~ckptgate.decide.bundle.OPA_ZONE_ENV`, as the engine has); nothing else, so ``opa.runtime().env``
+    in a judged test shows no CI secret, no tool reads the user's configuration, and a test's ``"Local"``
+    time zone is the engine's on every machine."""
+    return {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(home), **OPA_ZONE_ENV}
 
 
 def _run(cmd: Sequence[str], cwd: Path) -> tuple[int, str]:
@@ -271,6 +277,9 @@ def parse_opa_test_json(out: str, policies: Path, repo: Path, origin: Path | Non
             what += f": {err['message']}"
         row = loc.get("row")
         code = "check.policy_tests.error" if err else "check.policy_tests.failed"
+        if isinstance(err, dict) and err.get("code") == "eval_cancel_error":  # the per-test --timeout
+            code = "check.policy_tests.timeout"
+            what = f"did not finish within the per-test limit of {POLICY_TEST_TIMEOUT_S} s and was stopped"
         found.append(
             CheckFinding(
                 check="policy_tests",
@@ -284,7 +293,8 @@ def parse_opa_test_json(out: str, policies: Path, repo: Path, origin: Path | Non
 
 
 def _opa_test(paths: Sequence[str], cwd: Path, repo: Path, origin: Path | None = None) -> CheckResult:
-    """``opa test`` of ``paths`` in ``cwd`` with the network builtins removed (:data:`NETWORK_BUILTINS`)."""
+    """``opa test`` of ``paths`` in ``cwd`` with the network builtins removed (:data:`NETWORK_BUILTINS`), each
+    test stopped after :data:`POLICY_TEST_TIMEOUT_S`."""
     exe = find_tool("opa", repo)
     if exe is None:
         return _missing("policy_tests", "opa")
@@ -307,7 +317,7 @@ def _opa_test(paths: Sequence[str], cwd: Path, repo: Path, origin: Path | None =
         return _tool_check(
             "policy_tests",
             "opa",
-            ["test", "--capabilities", str(caps), "--format", "json", *paths],
+            ["test", "--capabilities", str(caps), "--timeout", f"{POLICY_TEST_TIMEOUT_S}s", "--format", "json", *paths],
             cwd,
             repo,
             lambda out: parse_opa_test_json(out, cwd, repo, origin),

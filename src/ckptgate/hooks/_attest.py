@@ -10,8 +10,9 @@ import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +32,49 @@ class _CallKeys:
     """The store key of each hook call of this process: the checkpoint's path (a short sha256 of its absolute
     path as spelled, links not resolved: a link may resolve differently on another node, or change between
     two ranks' reads) and how many calls for that path came before, so calls for different checkpoints (from several
-    threads, in any order) never share a key, and each rank's n-th call for a path meets the others' n-th."""
+    threads, in any order) never share a key, and each rank's n-th call for a path meets the others' n-th.
+
+    Also the calls of this process still waiting for the other ranks (:meth:`opened`, :meth:`closed`): their
+    keys and spellings, which this rank publishes in the store (:func:`_open_key`) for the rank before it to
+    compare with its own (:meth:`_Call.arrive`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._calls: dict[str, int] = {}
+        self._open: dict[str, str] = {}
 
     def next(self, path: Path | str) -> str:
-        digest = hashlib.sha256(os.fsencode(os.path.abspath(os.fspath(path)))).hexdigest()[:16]
+        digest = hashlib.sha256(os.fsencode(_spelling(path))).hexdigest()[:16]
         with self._lock:
             n = self._calls.get(digest, 0)
             self._calls[digest] = n + 1
-        # the elastic restart too: a restarted job's store may keep an earlier attempt's keys
-        return f"ckptgate/attest/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{digest}/{n}"
+        return f"{_prefix()}/{digest}/{n}"
+
+    def opened(self, store: Any, rank: int, key: str, spelling: str) -> None:
+        """The call ``key`` (for ``spelling``) waits for the other ranks: published for them."""
+        with self._lock:  # one writer per process, so the store holds the latest set
+            self._open[key] = spelling
+            store.set(_open_key(rank), json.dumps(self._open))
+
+    def closed(self, store: Any, rank: int, key: str) -> None:
+        with self._lock:
+            if self._open.pop(key, None) is not None:
+                store.set(_open_key(rank), json.dumps(self._open))
+
+
+def _spelling(path: Path | str) -> str:
+    """The checkpoint's absolute path as this rank spells it (links not resolved)."""
+    return os.path.abspath(os.fspath(path))
+
+
+def _prefix() -> str:
+    # the elastic restart too: a restarted job's store may keep an earlier attempt's keys
+    return f"ckptgate/attest/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def _open_key(rank: int) -> str:
+    """Where ``rank`` publishes the calls it waits in: ``{key: spelling}``, JSON."""
+    return f"{_prefix()}/open/{rank}"
 
 
 _KEYS = _CallKeys()
@@ -57,6 +88,28 @@ def _dist() -> Any:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist
     return None
+
+
+def _default_store(dist: Any) -> Any:
+    """The default process group's store.  torch has no public accessor for it (none in 2.13's
+    ``torch.distributed``: ``init_process_group`` keeps it in ``distributed_c10d``, read through the private
+    ``_get_default_store``), so this one function reads the private one, and a torch without it is a typed
+    refusal rather than an ``AttributeError``."""
+    get = getattr(getattr(dist, "distributed_c10d", None), "_get_default_store", None)
+    try:
+        if get is None:
+            raise AttributeError("torch.distributed.distributed_c10d._get_default_store")
+        return get()
+    except Exception as e:
+        version = getattr(sys.modules.get("torch"), "__version__", "unknown")
+        raise RuntimeFailure(
+            "runtime.attest.no_store",
+            f"the hook could not reach the default process group's store in this torch ({version}): "
+            f"{type(e).__name__}: {str(e)[:200]}; the ranks cannot meet, so nothing was signed",
+            evidence={"torch": version},
+            advice=f"Use a torch release ckptgate supports (this one is {version}) with a process group started "
+            "by init_process_group, or call the hook without a process group on a single process.",
+        ) from None
 
 
 def attest_saved(
@@ -82,8 +135,10 @@ def attest_saved(
     process (rank 0, unless ``main_process`` says) measures the files once every rank has arrived.  Exactly
     one rank must be the main process: when none or several say so, every rank raises
     ``runtime.attest.main_process`` (promptly, once all have arrived) and nothing is signed.  Every rank
-    names the checkpoint by the same path and calls the hooks for a given path in the same order; calls for
-    different checkpoints (from several threads, say) are independent of one another."""
+    names the checkpoint by the same absolute path and calls the hooks for a given path in the same order;
+    ranks that name it by two paths (a link, another mount point) raise ``runtime.attest.path_mismatch``
+    within seconds.  Calls for different checkpoints (from several threads, say) are independent of one
+    another."""
     fields = {name: value for name, value in locals().items() if name in _FIELDS}  # the keywords, as given
     return _attest_once(path, main_process, lambda dist: _attest_main(dist, path, fields))
 
@@ -96,7 +151,7 @@ def _attest_once(path: Path | str, main_process: bool | None, attest: Callable[[
     rank, world = int(dist.get_rank()), int(dist.get_world_size())
     if main_process is None:
         main_process = rank == 0
-    call = _Call(dist.distributed_c10d._get_default_store(), _KEYS.next(path), rank, world, path)
+    call = _Call(_default_store(dist), _KEYS.next(path), rank, world, path)
     mains = call.arrive(bool(main_process))  # the barrier: every rank's files are written before any is measured
     if mains != 1:
         call.mark_read()
@@ -121,6 +176,21 @@ def _attest_once(path: Path | str, main_process: bool | None, attest: Callable[[
     return done
 
 
+#: How soon a waiting rank first looks for a rank that spells the checkpoint otherwise, and the most it
+#: waits between two looks (each doubles the last).
+_POLL_S, _POLL_MAX_S = 1.0, 4.0
+#: How long rank 0 waits, on a path mismatch, for every rank to have read it before it raises (and may exit).
+_MISMATCH_GRACE_S = 10.0
+
+
+def _store_timeout(store: Any) -> float:
+    """The store's own timeout in seconds (``init_process_group``'s ``timeout``), 30 minutes where not known."""
+    timeout = getattr(store, "timeout", None)
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    return float(timeout) if isinstance(timeout, int | float) else 1800.0
+
+
 class _Call:
     """One hook call's exchange through the process group's store, as JSON, never a tensor collective: a gloo
     worker thread drops a finished collective's tensors a moment after the call returns, and when the job
@@ -139,11 +209,16 @@ class _Call:
       rendezvous, and may exit right after), then removes the keys, for tidiness only.
 
     ``key`` names the checkpoint and the call (:class:`_CallKeys`): every rank calls the hooks for a given path
-    in the same order.  A store that fails, or a rank that never arrives before the store's timeout, is
-    ``runtime.attest.store`` on the ranks that saw it."""
+    in the same order.  Ranks that spell one checkpoint two ways (a link, another node's mount point) wait at
+    two keys: while it waits, each rank compares the calls its next rank waits in with its own, on its own
+    file system, and a spelling of the same folder, or one this node does not have, is
+    ``runtime.attest.path_mismatch`` on every rank within seconds, not at the store's timeout.  A store that
+    fails, or a rank that never arrives before the store's timeout, is ``runtime.attest.store`` on the ranks
+    that saw it."""
 
     def __init__(self, store: Any, key: str, rank: int, world: int, path: Path | str) -> None:
         self.store, self.key, self.rank, self.world, self.path = store, key, rank, world, path
+        self.spelling = _spelling(path)
 
     def _do(self, step: str, op: Callable[[Any], Any]) -> Any:
         try:
@@ -161,13 +236,104 @@ class _Call:
                 f"{self.key}).",
             ) from None
 
+    def _set(self, step: str, name: str, value: str) -> None:
+        self._do(step, lambda s: s.set(name, value))
+
     def arrive(self, main: bool) -> int:
         """Arrive, wait for every rank, and return how many ranks said they were the main process."""
         k = self.key
         self._do("counting the main processes", lambda s: s.add(f"{k}/mains", 1 if main else 0))
         self._do("arriving", lambda s: s.set(f"{k}/arrived/{self.rank}", "1"))
-        self._do("waiting for every rank", lambda s: s.wait([f"{k}/arrived/{r}" for r in range(self.world)]))
+        self._do("publishing this rank's spelling", lambda s: _KEYS.opened(s, self.rank, k, self.spelling))
+        try:
+            self._wait_for_every_rank()
+        finally:
+            with contextlib.suppress(Error):
+                self._do("publishing this rank's spelling", lambda s: _KEYS.closed(s, self.rank, k))
         return int(self._do("counting the main processes", lambda s: s.add(f"{k}/mains", 0)))
+
+    def _wait_for_every_rank(self) -> None:
+        """Wait until every rank has arrived, up to the store's timeout; meanwhile, every few seconds, look for
+        a rank that names this checkpoint by another path (:meth:`_other_spelling`), which would wait at
+        another key until that timeout (30 minutes by default): ``runtime.attest.path_mismatch`` then, on
+        this rank and on the ranks at either key."""
+        k = self.key
+        arrived = [f"{k}/arrived/{r}" for r in range(self.world)]
+        deadline = time.monotonic() + _store_timeout(self.store)
+        poll, absent = _POLL_S, 0
+        while True:
+            step = max(0.01, min(poll, deadline - time.monotonic()))
+            try:
+                self.store.wait(arrived, timedelta(seconds=step))
+                return
+            except Exception:  # the poll's time is up (a lost store fails the calls below, typed)
+                pass
+            if self._do("reading the other ranks' paths", lambda s: s.check([f"{k}/mismatch"])):
+                raise self._mismatch(json.loads(self._do("reading the mismatch", lambda s: s.get(f"{k}/mismatch"))))
+            other = self._other_spelling()
+            absent = absent + 1 if other is not None and other[2] == "absent" else 0
+            if other is not None and (other[2] == "same" or absent >= 2):  # absent twice: no file system lag
+                q, (key, spelling), _ = other
+                found = {"id": min(k, key), "rank": self.rank, "path": self.spelling}
+                found |= {"other_rank": q, "other_path": spelling}
+                for at in (k, key):  # every rank waiting at either key raises it too
+                    self._set("sharing the mismatch", f"{at}/mismatch", json.dumps(found))
+                raise self._mismatch(found)
+            if time.monotonic() >= deadline:
+                self._do("waiting for every rank", lambda s: s.wait(arrived, timedelta(seconds=0.01)))
+                return
+            poll = min(poll * 2, _POLL_MAX_S)
+
+    def _other_spelling(self) -> tuple[int, tuple[str, str], str] | None:
+        """A call the next rank waits in that names this rank's checkpoint by another path, seen from this
+        node: the same file (``"same"``: a link, another mount of it), or a path that is not here while ours
+        is (``"absent"``: a mount point this node lacks).  Only the next rank (modulo the world): where the
+        ranks spell the checkpoint two ways, some rank's next one spells it the other way, so one store read
+        per rank and poll finds it.  A call for another checkpoint that is here (a thread saving it) is not
+        one."""
+        q = (self.rank + 1) % self.world
+        k = self.key
+        if q == self.rank or self._do("reading the other ranks' paths", lambda s: s.check([f"{k}/arrived/{q}"])):
+            return None
+        if not self._do("reading the other ranks' paths", lambda s: s.check([_open_key(q)])):
+            return None
+        try:
+            calls = json.loads(self._do("reading the other ranks' paths", lambda s: s.get(_open_key(q))))
+        except ValueError:
+            return None
+        if not isinstance(calls, dict):
+            return None
+        for key, spelling in calls.items():
+            if key == k or not isinstance(spelling, str) or spelling == self.spelling:
+                continue
+            try:
+                if os.path.samefile(spelling, self.spelling):
+                    return q, (key, spelling), "same"
+            except (OSError, ValueError):
+                if not os.path.lexists(spelling) and os.path.exists(self.spelling):
+                    return q, (key, spelling), "absent"
+        return None
+
+    def _mismatch(self, found: Mapping[str, Any]) -> RuntimeFailure:
+        """``runtime.attest.path_mismatch`` for ``found`` (the record shared at both keys); rank 0, which hosts
+        the store and may exit next, first gives every rank a few seconds to have read it."""
+        seen = f"{_prefix()}/mismatch/{found.get('id')}"
+        with contextlib.suppress(Error):
+            self._do("marking the mismatch read", lambda s: s.set(f"{seen}/{self.rank}", "1"))
+            if self.rank == 0:
+                grace = timedelta(seconds=_MISMATCH_GRACE_S)
+                self._do("waiting for every rank", lambda s: s.wait([f"{seen}/{r}" for r in range(self.world)], grace))
+        a, b = (found.get("rank"), found.get("path")), (found.get("other_rank"), found.get("other_path"))
+        return RuntimeFailure(
+            "runtime.attest.path_mismatch",
+            f"rank {a[0]} names the checkpoint {a[1]} and rank {b[0]} names it {b[1]} (the same checkpoint by another "
+            "path, or a path the other node does not have): the ranks meet by the path as spelled, and would have "
+            f"waited for one another until the store's timeout; this rank ({self.rank}) stopped, nothing was signed",
+            evidence={"rank": a[0], "path": a[1], "other_rank": b[0], "other_path": b[1], "this_rank": self.rank},
+            advice=f"Call the hook with the same absolute path on every rank (rank {a[0]} gave {a[1]}, rank {b[0]} "
+            f"gave {b[1]}): the shared file system's path as every node mounts it, not one node's link or mount "
+            f"point; then start the job again (its ranks now count the saves of {self.path} differently).",
+        )
 
     def share_outcome(self, failure: BaseException | None) -> None:
         """On the main process: share how its attestation went."""

@@ -5,11 +5,13 @@ staged, signed policy bundle, its public verification key and ``opa.log``) and t
 directory** beside DST that :mod:`ckptgate.publish` renames into place.  A ``kill -9`` cannot be
 handled in the process it kills, so each directory is cleaned up by whichever ckptgate runs next:
 
-* **Proof of death, not a guess.**  The owner holds an exclusive ``flock`` on the directory for
-  its whole lifetime (on the file ``.lock`` inside a work directory; on the directory itself for
-  a staging directory, whose every file is published), through a descriptor opened ``O_CLOEXEC``
-  that OPA and the contained worker never inherit.  The kernel drops the lock when the owner
-  dies, however it dies.  A sweep takes the lock without waiting: when it gets it, the owner is
+* **Proof of death, not a guess.**  The owner holds a ``flock`` on the directory for its whole
+  lifetime (on the file ``.lock`` inside a work directory; on the directory itself for a staging
+  directory, whose every file is published), through a descriptor opened ``O_CLOEXEC`` that OPA
+  and the contained worker never inherit.  The lock is shared, so that a process forked from the
+  owner can hold a share of its own (:meth:`Lease.share_after_fork`: the private copies of
+  :mod:`ckptgate.precedence`, which the last holder removes).  The kernel drops the lock when the
+  owner dies, however it dies.  A sweep takes the lock without waiting: when it gets it, the owner is
   provably gone and the directory goes; when it does not, the directory is left alone.  PIDs,
   which are reused, are never consulted.
 * **No half-made directory is swept.**  A directory is created and locked while its creator

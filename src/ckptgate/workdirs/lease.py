@@ -19,25 +19,89 @@ from ckptgate.workdirs.places import _KINDS, LOCK_NAME, registry_dir, runtime_di
 
 class Lease:
     """A live directory this process owns: its lock and its registry entry, both held until
-    :meth:`release`.  Not a record: it holds open descriptors."""
+    :meth:`release`.  Not a record: it holds open descriptors.
+
+    The owner's lock is a shared ``flock`` (a sweep's exclusive test fails on it as on an exclusive
+    one).  A process forked from the owner inherits the lease but holds no share of it: its
+    :meth:`release` does nothing (its exit never removes the owner's directory), unless it takes a
+    share with :meth:`share_after_fork`.  A lease shared so is removed by the last of its holders to
+    release it; one whose last holder left without releasing it (``os._exit``, a kill) is a dead
+    owner's, which the next sweep removes."""
 
     def __init__(self, path: Path, kind: str, lock_fd: int, entry: Path, entry_fd: int) -> None:
         self.path, self.kind = path, kind
         self._lock_fd, self._entry, self._entry_fd = lock_fd, entry, entry_fd
         self._released = False
+        self._holder = os.getpid()  # the process whose share this is
+        self._shared = False  # whether another process may hold a share (:meth:`share_after_fork`)
+
+    def share_after_fork(self, *, child: bool) -> None:
+        """Call in both processes right after a fork (``os.register_at_fork``): from then on the directory
+        stays until both have released it.  The child takes a share of its own (a new open file, flock-ed
+        shared) and closes the descriptor it inherited, which never unlocks the parent's."""
+        if self._released or (os.getpid() != self._holder and not child):  # a parent that holds no share
+            return
+        self._shared = True
+        if not child:
+            return
+        self._holder = os.getpid()
+        inherited, self._lock_fd = self._lock_fd, -1
+        try:
+            fd = _open_lock(self.path, self.kind)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise
+            self._lock_fd = fd
+        except OSError:
+            pass  # gone, or swept: this process holds no share, and its release leaves the directory alone
+        finally:
+            if inherited >= 0:
+                os.close(inherited)
 
     def release(self, *, remove: bool = True) -> None:
-        """Remove the directory (unless ``remove`` is false: it was published), then drop the
-        registry entry and the locks.  A kill at any point leaves something a sweep removes."""
-        if self._released:
+        """Remove the directory (unless ``remove`` is false: it was published, or another process still
+        holds a share of it), then drop the registry entry and the locks.  A kill at any point leaves
+        something a sweep removes.  In a process that holds no share (forked from the owner), nothing."""
+        if self._released or os.getpid() != self._holder:
             return
         self._released = True
+        if self._shared:  # the last holder out removes the directory and the entry
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+            if self._others_hold():
+                os.close(self._entry_fd)  # the entry stays locked while another holder keeps its descriptor
+                return
         if remove and os.path.lexists(self.path):
             _rmtree(self.path)
         with contextlib.suppress(OSError):
             self._entry.unlink()
         os.close(self._entry_fd)
-        os.close(self._lock_fd)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+
+    def _others_hold(self) -> bool:
+        """Whether another process still holds a share: the directory's lock cannot be taken exclusively."""
+        try:
+            fd = _open_lock(self.path, self.kind)
+        except OSError:
+            return False  # gone: nothing to keep
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+
+def _open_lock(path: Path, kind: str) -> int:
+    """A new open file (``O_CLOEXEC``) of what a live directory of ``kind`` is locked on: its lock file, or itself."""
+    if _KINDS[kind][1]:
+        return os.open(path / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
 @contextlib.contextmanager
@@ -106,7 +170,7 @@ def create(parent: Path, name: str, kind: str) -> Lease:
                 )
             else:
                 lock_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new, so never busy
+            fcntl.flock(lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # new, so never busy; shared: see Lease
     except BaseException:
         if lock_fd >= 0:
             os.close(lock_fd)

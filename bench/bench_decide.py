@@ -14,6 +14,7 @@ overhead <= 1.5x raw).  Usage: ``bench/bench_decide.py [--n 1000] [--rows 10000]
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import report, summary_ms, time_calls  # noqa: E402
 
 from ckptgate.decide import PolicyInput, Request, decide  # noqa: E402
+from ckptgate.decide._http import _UnixConnection  # noqa: E402
 from ckptgate.decide.engine import EmbeddedOpa  # noqa: E402
 
 DIGEST = "sha256:" + "ab" * 32
@@ -86,14 +88,20 @@ def main() -> int:
     rows_doc = support_rows(args.rows)
     with tempfile.TemporaryDirectory() as tmp, EmbeddedOpa(timeout_s=600) as opa:
         audit = Path(tmp) / "audit.jsonl"
-        session = requests.Session()
-        session.headers.update(opa._client.headers)
-        base = f"http://127.0.0.1:{opa._client.port}/v1/data"
+        # one kept-alive connection to the engine's Unix socket (it listens on no TCP port)
+        conn = _UnixConnection(opa._client.unix_path or "", timeout=600)
+        headers = {**opa._client.headers, "Content-Type": "application/json"}
+
+        def post(path: str, body: object) -> object:
+            conn.request("POST", f"/v1/data/{path}", body=json.dumps({"input": body}), headers=headers)
+            r = conn.getresponse()
+            data = r.read()
+            if r.status != 200:
+                raise requests.HTTPError(f"HTTP {r.status}")
+            return json.loads(data)["result"]
 
         def raw_single() -> None:
-            r = session.post(f"{base}/ckptgate/intake/decision", json={"input": doc}, timeout=5)
-            r.raise_for_status()
-            r.json()["result"]
+            post("ckptgate/intake/decision", doc)
 
         def engine_single() -> None:
             decide(opa, pi, audit_log=audit)
@@ -102,9 +110,7 @@ def main() -> int:
         eng = time_calls(engine_single, args.n)
 
         def raw_batch() -> None:
-            r = session.post(f"{base}/ckptgate/support/rows", json={"input": rows_doc}, timeout=120)
-            r.raise_for_status()
-            assert len(r.json()["result"]) == args.rows
+            assert len(post("ckptgate/support/rows", rows_doc)) == args.rows  # type: ignore[arg-type]
 
         def engine_batch() -> None:
             assert len(opa.evaluate("ckptgate/support/rows", rows_doc).result) == args.rows

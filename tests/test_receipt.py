@@ -17,6 +17,7 @@ import pytest
 from ckptgate.errors import ExitCode
 from ckptgate.publish import RECEIPT_NAME, RECEIPT_SIGNATURE_NAME
 from ckptgate.verify import generate_keypair
+from tests.opa_front import tcp_front
 from tests.pipeline_helpers import demo_attested
 
 REPO = Path(__file__).resolve().parent.parent
@@ -259,11 +260,11 @@ def test_a_receipt_made_by_a_remote_engine_says_so_and_names_it(published, tmp_p
     shutil.copytree(REPO / "policies", policies)
     (policies / TRUST_IN_BUNDLE).write_bytes((published["tmp"] / "trust.json").read_bytes())
     att = published["tmp"] / "att.json"
-    with EmbeddedOpa(policy_dir=policies) as server:
+    with EmbeddedOpa(policy_dir=policies) as server, tcp_front(server) as port:
         token = server._client.headers["Authorization"].split()[1]
-        name = f"http://127.0.0.1:{server._client.port}"
+        name = f"http://127.0.0.1:{port}"
         env = {**os.environ, "CKPTGATE_POLICIES": str(policies), "CKPTGATE_OPA_TOKEN": token,
-               "CKPTGATE_OPA_URL": f"http://op:pw@127.0.0.1:{server._client.port}/?token=t0ken"}
+               "CKPTGATE_OPA_URL": f"http://op:pw@127.0.0.1:{port}/?token=t0ken"}
         res = subprocess.run([sys.executable, "-m", "ckptgate", "intake", str(published["src"]), "--out",
                               str(tmp_path / "out"), "--attestation", str(att), "--json"],
                              capture_output=True, text=True, env=env, timeout=120, check=False)

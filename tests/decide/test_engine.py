@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
-import socket
+import stat
 import subprocess
 import sys
 import tarfile
 import textwrap
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import typing
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ import requests
 from ckptgate.decide.bundle import PolicyBundle, build_signed, find_opa, policy_revision
 from ckptgate.decide.engine import EmbeddedOpa, RemoteOpa, open_engine
 from ckptgate.errors import EngineUnavailable
+from tests.opa_front import tcp_front
 
 ECHO = textwrap.dedent("""\
     package ckptgate.intake
@@ -51,62 +53,99 @@ def test_embedded_answers_with_revision_and_decision_id(policy_dir):
     assert raw.decision_id  # decision logging is on, so OPA assigns an id
 
 
-def test_a_port_taken_before_opa_binds_is_launched_again_by_the_keeper(policy_dir, monkeypatch):
-    """Review (session 44): after a port collision the relaunch ran on the thread that first asked
-    (the precheck's, a pool thread beside the digest); OPA's PDEATHSIG follows the thread that
-    forks it, so the server died when that thread ended.  Only the keeper forks OPA now."""
-    from ckptgate.decide import engine as eng
+class _Squatter:
+    """Another local process's move: read the embedded OPA's address from the command line of this
+    process's own OPA child (world-readable in /proc) and, if it is a loopback port, bind it first
+    and answer every request with an allow."""
 
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))  # bound, not listening: OPA's bind fails, a probe is refused at once
-    ports = [taken.getsockname()[1]]
-    real_free, real_launch = eng._free_port, EmbeddedOpa._launch
-    forked_by: list[str] = []
+    ALLOW: typing.ClassVar[dict[str, object]] = {"allow": True, "squatted": True}
 
-    def launch(self: EmbeddedOpa) -> None:
-        forked_by.append(threading.current_thread().name)
-        real_launch(self)
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+        self.port: int | None = None
+        self.stop = threading.Event()
+        self.server: http.server.HTTPServer | None = None
+        threading.Thread(target=self._watch, daemon=True).start()
 
-    monkeypatch.setattr(eng, "_free_port", lambda: ports.pop() if ports else real_free())
-    monkeypatch.setattr(EmbeddedOpa, "_launch", launch)
+    def _watch(self) -> None:
+        squatter = self
+
+        class Answer(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, doc: object) -> None:
+                squatter.requests.append(f"{self.command} {self.path}")
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = json.dumps(doc).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                self._send({})
+
+            def do_POST(self) -> None:
+                self._send({"result": squatter.ALLOW})
+
+        while not self.stop.is_set():
+            for proc in Path("/proc").iterdir():
+                try:  # only this test's own OPA child, never another run's
+                    if not proc.name.isdigit() or int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) != os.getpid():
+                        continue
+                    argv = (proc / "cmdline").read_bytes().split(b"\0")
+                except (OSError, ValueError, IndexError):
+                    continue
+                if b"--addr" not in argv:
+                    continue
+                host, _, port = argv[argv.index(b"--addr") + 1].decode().rpartition(":")
+                if host != "127.0.0.1":
+                    return  # not a TCP port: nothing to squat
+                try:
+                    self.server = http.server.HTTPServer(("127.0.0.1", int(port)), Answer)
+                except OSError:
+                    continue
+                self.port = int(port)
+                threading.Thread(target=self.server.serve_forever, daemon=True).start()
+                return
+            time.sleep(0.001)
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def test_no_other_process_can_answer_for_the_embedded_engine(policy_dir):
+    """Attack (session 50): the embedded OPA listened on a loopback port it probed as free, and the
+    port was on its command line.  Another local process that read it there bound the port while OPA
+    was still loading its bundle; ckptgate then asked that process, sent it the bearer token and
+    took its allow (for any input).  The engine now listens on a Unix socket in its 0700 work
+    directory, which only this user can reach and only this OPA can bind."""
+    squatter = _Squatter()
     try:
-        with EmbeddedOpa(policy_dir=policy_dir(ECHO), wait=False) as opa:
-            with ThreadPoolExecutor(max_workers=1) as pool:  # the first to ask is a thread that then ends
-                assert pool.submit(opa.evaluate, "ckptgate/intake/decision", {"ok": True}).result().result["allow"]
-            time.sleep(0.3)  # a PDEATHSIG would have been delivered by now
-            assert forked_by == ["ckptgate-opa", "ckptgate-opa"]
-            assert opa.evaluate("ckptgate/intake/decision", {"ok": True}).result["allow"] is True
+        with EmbeddedOpa(policy_dir=policy_dir(ECHO)) as opa:
+            raw = opa.evaluate("ckptgate/intake/decision", {"ok": False})
+            sock = Path(getattr(opa._client, "unix_path", None) or "")
+            mode, dir_mode = (sock.stat().st_mode, sock.parent.stat().st_mode) if sock.name else (0, 0)
     finally:
-        taken.close()
+        squatter.close()
+    assert squatter.requests == [] and squatter.port is None
+    assert raw.result == {"allow": False, "echo": {"ok": False, "decision_inputs": []}}  # OPA's own answer
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600 and stat.S_IMODE(dir_mode) == 0o700
 
 
-def test_a_relaunch_that_cannot_fork_is_an_unavailable_engine(policy_dir, monkeypatch):
-    """Review (session 44): an I/O error of the relaunch (EAGAIN at fork, ENOSPC for the log) is
-    ``engine.opa.start_failed`` (a deny, exit 6), as it is for the first launch."""
-    from ckptgate.decide import engine as eng
-
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    ports = [taken.getsockname()[1]]
-    real_free, real_launch = eng._free_port, EmbeddedOpa._launch
-    launches: list[int] = []
-
-    def launch(self: EmbeddedOpa) -> None:
-        launches.append(1)
-        if len(launches) > 1:
-            raise BlockingIOError(11, "Resource temporarily unavailable")
-        real_launch(self)
-
-    monkeypatch.setattr(eng, "_free_port", lambda: ports.pop() if ports else real_free())
-    monkeypatch.setattr(EmbeddedOpa, "_launch", launch)
-    try:
-        opa = EmbeddedOpa(policy_dir=policy_dir(ECHO), wait=False)
-        with pytest.raises(EngineUnavailable) as e:
-            opa.evaluate("ckptgate/intake/decision", {"ok": True})
-        assert e.value.code == "engine.opa.start_failed" and "Resource temporarily unavailable" in e.value.message
-        assert len(launches) == 2 and opa._closed
-    finally:
-        taken.close()
+def test_a_socket_path_too_long_for_an_address_is_an_unavailable_engine(policy_dir, tmp_path, monkeypatch):
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(deep))
+    opa = EmbeddedOpa(policy_dir=policy_dir(ECHO), wait=False)
+    with pytest.raises(EngineUnavailable) as e:
+        opa.evaluate("ckptgate/intake/decision", {"ok": True})
+    assert e.value.code == "engine.workdir.path_too_long" and str(deep) in e.value.diagnostics()
+    assert opa._closed
 
 
 def test_close_ends_a_wait_for_a_relaunch(policy_dir):
@@ -122,8 +161,8 @@ def test_close_ends_a_wait_for_a_relaunch(policy_dir):
 
 
 def test_embedded_refuses_requests_without_the_owner_token(policy_dir):
-    with EmbeddedOpa(policy_dir=policy_dir(ECHO)) as opa:
-        url = f"http://127.0.0.1:{opa._client.port}/v1/data/ckptgate/intake/decision"
+    with EmbeddedOpa(policy_dir=policy_dir(ECHO)) as opa, tcp_front(opa) as port:
+        url = f"http://127.0.0.1:{port}/v1/data/ckptgate/intake/decision"
         anonymous = requests.post(url, json={"input": {"ok": True}}, timeout=5)
         guessed = requests.post(url, json={"input": {"ok": True}}, timeout=5,
                                 headers={"Authorization": "Bearer guessed"})
@@ -220,9 +259,9 @@ def test_late_decision_is_a_timeout(policy_dir):
 
 
 def test_remote_engine_is_selected_by_url_and_queried(policy_dir, monkeypatch):
-    with EmbeddedOpa(policy_dir=policy_dir(ECHO)) as opa:
+    with EmbeddedOpa(policy_dir=policy_dir(ECHO)) as opa, tcp_front(opa) as port:
         token = opa._client.headers["Authorization"].split()[1]
-        monkeypatch.setenv("CKPTGATE_OPA_URL", f"http://127.0.0.1:{opa._client.port}")
+        monkeypatch.setenv("CKPTGATE_OPA_URL", f"http://127.0.0.1:{port}")
         remote = open_engine(opa_token=token)
         try:
             assert isinstance(remote, RemoteOpa)
@@ -369,25 +408,6 @@ def test_build_signed_bundle_has_signatures(policy_dir, tmp_path):
     assert "system/authz/authz.rego" in names
 
 
-def test_a_port_taken_before_opa_binds_is_retried(policy_dir, monkeypatch):
-    import socket
-
-    import ckptgate.decide.engine as engine_mod
-
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen(1)
-    ports = iter([taken.getsockname()[1]])
-    real = engine_mod._free_port
-    monkeypatch.setattr(engine_mod, "_free_port", lambda: next(ports, None) or real())
-    try:
-        with EmbeddedOpa(policy_dir=policy_dir(ECHO)) as opa:
-            assert opa._client.port != taken.getsockname()[1]
-            assert opa.evaluate("ckptgate/intake/decision", {"ok": True}).result["allow"] is True
-    finally:
-        taken.close()
-
-
 class _Trickler:
     """A local HTTP server that accepts, reads the request, then sends its whole answer (status
     line, headers and body) one byte every ``gap`` seconds; ``/health`` too unless ``health_ok``.
@@ -480,7 +500,7 @@ def test_the_embedded_engine_cuts_a_trickled_answer_at_the_deadline(policy_dir, 
     server = trickler(gap=0.25)
     with EmbeddedOpa(policy_dir=policy_dir(ECHO), timeout_s=1.0) as opa:
         assert opa.evaluate("ckptgate/intake/decision", {"ok": True}).result["allow"] is True
-        opa._client.port = server.port
+        opa._client.unix_path, opa._client.port = None, server.port  # the same client, now over TCP
         t0 = time.monotonic()
         with pytest.raises(EngineUnavailable) as e:
             opa.evaluate("ckptgate/intake/decision", {"ok": True})

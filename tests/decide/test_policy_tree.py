@@ -21,6 +21,7 @@ from ckptgate.decide.engine import EmbeddedOpa
 from ckptgate.decide.options import EngineOptions, engine_for
 from ckptgate.decide.policy_tree import AUTHZ_IN_BUNDLE, engine_overlays
 from ckptgate.errors import EngineUnavailable, ExitCode, UsageError
+from tests.opa_front import tcp_front
 
 REPO = Path(__file__).resolve().parents[2]
 POLICIES = REPO / "policies"
@@ -192,11 +193,12 @@ def test_a_tree_whose_authz_admits_anyone_runs_behind_ckptgates_own(tree):
     (tree / AUTHZ_IN_BUNDLE).write_text("package system.authz\n\nallow := true\n")
     with engine_for(EngineOptions(policy_dir=tree)) as engine:
         engine.evaluate("ckptgate/intake/decision", {})  # started
-        assert _anonymous(engine._client.port) == (401, 401)  # type: ignore[attr-defined]
+        with tcp_front(engine) as port:
+            assert _anonymous(port) == (401, 401)
     # the control: that tree's own authz, loaded as it is, admits anyone (the write then fails on its own
     # merits, 400: the bundle owns every root)
-    with EmbeddedOpa(policy_dir=tree) as opa:
-        assert _anonymous(opa._client.port) == (200, 400)
+    with EmbeddedOpa(policy_dir=tree) as opa, tcp_front(opa) as port:
+        assert _anonymous(port) == (200, 400)
 
 
 def test_the_cli_refuses_such_a_tree_with_a_usage_error(tree, listener, tmp_path):

@@ -16,6 +16,7 @@ from ckptgate.decide.inputs import DecisionInput, sha256_of
 from ckptgate.decide.options import EngineOptions, decision_inputs, resolved
 from ckptgate.errors import EngineUnavailable
 from ckptgate.receipt import engine_of
+from tests.opa_front import tcp_front
 
 ALLOW = textwrap.dedent("""\
     package ckptgate.intake
@@ -74,9 +75,9 @@ def test_a_bad_remote_url_is_refused_without_quoting_its_credentials() -> None:
 
 def test_a_remote_decision_names_the_engine_and_the_revision_it_reported(policy_dir, monkeypatch) -> None:
     monkeypatch.delenv("CKPTGATE_OPA_URL", raising=False)
-    with EmbeddedOpa(policy_dir=policy_dir(ALLOW)) as server:
+    with EmbeddedOpa(policy_dir=policy_dir(ALLOW)) as server, tcp_front(server) as port:
         token = server._client.headers["Authorization"].split()[1]
-        url = f"http://someone:pw@127.0.0.1:{server._client.port}/?q=1"
+        url = f"http://someone:pw@127.0.0.1:{port}/?q=1"
         options = EngineOptions(opa_url=url)
         remote = open_engine(opa_url=url, opa_token=token, inputs=decision_inputs(options, None, {}))
         try:
@@ -84,7 +85,7 @@ def test_a_remote_decision_names_the_engine_and_the_revision_it_reported(policy_
         finally:
             remote.close()
         served_revision = server.evaluate("ckptgate/intake/decision", {}).policy_revision
-    name = f"http://127.0.0.1:{server._client.port}"
+    name = f"http://127.0.0.1:{port}"
     (named,) = raw.inputs
     assert (named.role, named.path, named.origin) == ("remote_engine", name, "explicit")
     assert named.revision == raw.policy_revision == served_revision  # what the server reported
@@ -98,9 +99,9 @@ def test_a_remote_decision_names_the_engine_and_the_revision_it_reported(policy_
 
 
 def test_a_remote_engine_opened_without_named_inputs_still_names_itself(policy_dir, monkeypatch) -> None:
-    with EmbeddedOpa(policy_dir=policy_dir(ALLOW)) as server:
+    with EmbeddedOpa(policy_dir=policy_dir(ALLOW)) as server, tcp_front(server) as port:
         token = server._client.headers["Authorization"].split()[1]
-        monkeypatch.setenv("CKPTGATE_OPA_URL", f"http://127.0.0.1:{server._client.port}")
+        monkeypatch.setenv("CKPTGATE_OPA_URL", f"http://127.0.0.1:{port}")
         remote = open_engine(opa_token=token)
         try:
             assert isinstance(remote, RemoteOpa)
@@ -146,9 +147,9 @@ def test_a_remote_decision_names_the_local_trust_python_verified_signatures_with
     from ckptgate.decide.options import engine_for, load_trust
 
     monkeypatch.delenv("CKPTGATE_OPA_URL", raising=False)
-    with EmbeddedOpa(policy_dir=policy_dir(ALLOW)) as server:
+    with EmbeddedOpa(policy_dir=policy_dir(ALLOW)) as server, tcp_front(server) as port:
         token = server._client.headers["Authorization"].split()[1]
-        options = EngineOptions(opa_url=f"http://127.0.0.1:{server._client.port}", opa_token=token)
+        options = EngineOptions(opa_url=f"http://127.0.0.1:{port}", opa_token=token)
         trust = load_trust(options)
         with engine_for(options) as remote:
             raw = remote.evaluate("ckptgate/intake/decision", {})

@@ -321,6 +321,24 @@ OPEN_FDS = _open_fds()
 '''
 
 
+_DEEP_CODE = r'''
+import os, stat, struct, time
+out = None
+for f in range(3, 256):  # the output pipe: the one pipe past stderr
+    try:
+        if stat.S_ISFIFO(os.fstat(f).st_mode):
+            out = f
+    except OSError:
+        pass
+payload = b"[" * 200000 + b"]" * 200000
+os.write(out, struct.pack(">BQ", ord("J"), len(payload)))
+view = memoryview(payload)
+while view:
+    view = view[os.write(out, view):]
+time.sleep(600)
+'''
+
+
 def _write_pickle(root: Path, name: str, obj: Any) -> None:
     (root / name).write_bytes(pickle.dumps(obj, protocol=2))
 
@@ -369,6 +387,8 @@ def _scenarios(tmp: Path, root: Path) -> tuple[dict[str, tuple[Any, dict[str, An
                                        "w": torch.ones(1)}, root / "thread.pt"), {"timeout_s": 30.0}),
         "changed": (lambda: _write_pickle(root, "changed.pt", _Reduce(open, (str(c["open"]), "w"))),
                     {"sha256": "0" * 64}),
+        # a record on the output pipe that json.loads cannot parse without RecursionError, then a wait
+        "deep": (lambda: _write_pickle(root, "deep.pt", _Reduce(exec, (_DEEP_CODE,))), {"timeout_s": 30.0}),
     }, c, secret
 
 
@@ -408,6 +428,16 @@ def _failure(m: _Malicious, name: str) -> RuntimeFailure:
     out = m.outcomes[name]
     assert isinstance(out.error, RuntimeFailure), f"{name}: expected RuntimeFailure, got {out.error or out.result!r}"
     return out.error
+
+
+def test_a_record_nested_past_the_parsers_limit_is_bad_output_and_ends_the_worker(malicious: _Malicious) -> None:
+    """Attack (session 50): a payload wrote a JSON record 200,000 arrays deep on the output pipe.
+    json.loads raised RecursionError, which the reader did not catch: its thread died with a
+    traceback on stderr, the worker was not killed, and the parent waited for the load's timeout
+    to report a generic "exited without a complete result"."""
+    out, e = malicious.outcomes["deep"], _failure(malicious, "deep")
+    assert e.code == "runtime.worker.bad_output" and "nested deeper" in e.message
+    assert out.elapsed < 20  # killed at the violation, not at the 30 s timeout
 
 
 def test_malicious_loads_write_nothing(malicious: _Malicious) -> None:

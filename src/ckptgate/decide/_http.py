@@ -44,6 +44,9 @@ class OpaHttp:
     ssl: bool = False
     token: str | None = None
     timeout: float = 5.0
+    #: a Unix domain socket to connect to instead of ``host:port`` (the embedded OPA's, in its
+    #: private work directory: only this user can connect to it, and nobody else can answer on it)
+    unix_path: str | None = None
     headers: dict[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -83,7 +86,9 @@ class OpaHttp:
         if remaining <= 0:
             raise Late("no time left")
         conn: http.client.HTTPConnection
-        if self.ssl:
+        if self.unix_path is not None:
+            conn = _UnixConnection(self.unix_path, timeout=remaining)
+        elif self.ssl:
             conn = http.client.HTTPSConnection(
                 self.host, self.port, timeout=remaining, context=ssl.create_default_context()
             )
@@ -115,6 +120,24 @@ class OpaHttp:
         if expired.is_set():
             raise Late("the deadline passed")
         return status, raw
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over the Unix domain socket at ``path`` (the ``Host`` header says ``localhost``)."""
+
+    def __init__(self, path: str, *, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self._path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
 
 
 def _watch(conn: http.client.HTTPConnection, deadline: float, done: threading.Event, expired: threading.Event) -> None:

@@ -1,5 +1,5 @@
-"""The embedded OPA's process, from outside: the child's set-up between fork and exec, a free
-loopback port to launch it on, and what it said last (:mod:`ckptgate.decide.engine` owns it)."""
+"""The embedded OPA's process, from outside: the child's set-up between fork and exec, and what it
+said last (:mod:`ckptgate.decide.engine` owns it)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import ctypes
 import json
 import os
 import signal
-import socket
 from pathlib import Path
 
-__all__ = ["die_with_parent", "free_port", "tail"]
+__all__ = ["die_with_parent", "tail"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -19,12 +18,6 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     os.setpgid(0, 0)  # Ctrl-C in a terminal reaches ckptgate, which then stops OPA itself
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tail(path: Path, limit: int = 800) -> str:

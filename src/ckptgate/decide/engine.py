@@ -8,10 +8,13 @@ Nothing here interprets a decision: see :mod:`.decision`.
 
 The embedded server:
 
-* listens on ``127.0.0.1`` on a free port, with ``--authentication=token
-  --authorization=basic``.  The ``system.authz`` policy in the bundle admits only a bearer
-  token whose sha256 equals ``CKPTGATE_OPA_TOKEN_SHA256`` in the server's own environment; the
-  token is random per start and never written to disk, so other local users cannot query it;
+* listens on a Unix domain socket in its private work directory (mode 0700; the socket 0600),
+  never on a TCP port: a loopback port is anybody's to bind, and a process that read the port from
+  OPA's command line could bind it while OPA was still loading its bundle and answer every query
+  itself.  Only this user can connect to the socket, and only this OPA can answer on it.  It also
+  runs with ``--authentication=token --authorization=basic``: the ``system.authz`` policy in the
+  bundle admits only a bearer token whose sha256 equals ``CKPTGATE_OPA_TOKEN_SHA256`` in the
+  server's own environment; the token is random per start and never written to disk;
 * loads the policies as a signed bundle and verifies it (``--verification-key``); a tampered
   bundle makes OPA refuse to start;
 * runs with ``TZ=UTC`` and nothing of this process's environment but ``PATH``
@@ -45,7 +48,6 @@ from ckptgate import workdirs
 from ckptgate._resources import default_policy_dir
 from ckptgate.decide._http import Late, OpaHttp, Unreachable
 from ckptgate.decide._opaproc import die_with_parent as _die_with_parent
-from ckptgate.decide._opaproc import free_port as _free_port
 from ckptgate.decide._opaproc import tail as _tail
 from ckptgate.decide.bundle import OPA_ZONE_ENV, PolicyBundle, find_opa
 from ckptgate.decide.inputs import DecisionInput, sha256_of
@@ -56,7 +58,8 @@ _LATE_ADVICE = (
     "The decision is deny because none arrived in time. A checkpoint with a very large layout makes a "
     "large policy input: raise --opa-timeout. Otherwise the engine or the machine is overloaded."
 )
-_PORT_ATTEMPTS = 3
+#: The longest path a Unix domain socket address holds (``sun_path``, less its terminating NUL).
+_SUN_PATH_MAX = 107
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -242,11 +245,10 @@ class EmbeddedOpa(_ClientEngine):
         self._proc: subprocess.Popen[bytes] | None = None
         self._closed = False
         self._started = False
-        self._attempt = 0
         self._revision = bundle.revision if bundle else ""
         self._timeout_s, self._start_timeout_s = timeout_s, start_timeout_s
         self._log_path = log_path or self._workdir / "opa.log"
-        self._ready, self._stop, self._wake = threading.Event(), threading.Event(), threading.Event()
+        self._ready, self._stop = threading.Event(), threading.Event()
         self._starting = threading.Lock()
         self._failure: BaseException | None = None
         self._staged = ("", "")  # (staged bundle directory, the policy directory it was staged from)
@@ -270,9 +272,8 @@ class EmbeddedOpa(_ClientEngine):
         overlays: dict[str, bytes] | None,
         files: dict[str, bytes] | None = None,
     ) -> None:
-        """Build the bundle and launch OPA, then stay alive until :meth:`close`, launching it again
-        when :meth:`_ensure_started` asks: OPA's PDEATHSIG follows the thread that forked it, so
-        only this thread, which outlives the server, ever forks it."""
+        """Build the bundle and launch OPA, then stay alive until :meth:`close`: OPA's PDEATHSIG
+        follows the thread that forked it, so only this thread, which outlives the server, forks it."""
         try:
             workdirs.sweep()  # what killed runs left: their owners are provably dead (see ckptgate.workdirs)
             if bundle is None:
@@ -287,20 +288,7 @@ class EmbeddedOpa(_ClientEngine):
             self._failure = self._launch_failure(e)
         finally:
             self._ready.set()
-        try:
-            while True:  # until close(): relaunch on request (the port was taken between the probe and OPA's bind)
-                self._wake.wait()
-                self._wake.clear()
-                if self._stop.is_set():
-                    return
-                try:
-                    self._launch()
-                except BaseException as e:
-                    self._failure = self._launch_failure(e)
-                finally:
-                    self._ready.set()
-        finally:
-            self._ready.set()  # a caller that asked for a relaunch close() cancelled stops waiting
+        self._stop.wait()  # until close(): OPA's PDEATHSIG follows the thread that forked it
 
     def _launch_failure(self, e: BaseException) -> BaseException:
         """What the caller raises for a failure to prepare or launch OPA: an I/O error (EFBIG, ENOSPC
@@ -320,31 +308,19 @@ class EmbeddedOpa(_ClientEngine):
     def _ensure_started(self) -> None:
         if self._started:
             return
-        with self._starting:  # one caller at a time waits for the start, and asks for any relaunch
+        with self._starting:  # one caller at a time waits for the start
             if self._started:
                 return
             self._wait_ready()
             if self._failure is not None:
                 self.close()
                 raise self._failure
-            while True:
-                try:
-                    self._wait_healthy()
-                except EngineUnavailable as e:
-                    # The free port was taken between our probe and OPA's bind: try another one.
-                    if "address already in use" not in e.message or self._attempt >= _PORT_ATTEMPTS - 1:
-                        self.close()
-                        raise
-                    self._attempt += 1
-                    self._ready.clear()
-                    self._wake.set()  # the keeper relaunches: OPA's PDEATHSIG follows the thread that forks it
-                    self._wait_ready()
-                    if self._failure is not None:
-                        self.close()
-                        raise self._failure from None
-                else:
-                    self._started = True
-                    return
+            try:
+                self._wait_healthy()
+            except EngineUnavailable:
+                self.close()
+                raise
+            self._started = True
 
     def _wait_ready(self) -> None:
         """Wait for the keeper's launch; :meth:`close` meanwhile ends the wait (``engine.opa.closed``)."""
@@ -362,7 +338,15 @@ class EmbeddedOpa(_ClientEngine):
 
     def _launch(self) -> None:
         token = secrets.token_urlsafe(32)
-        port = _free_port()
+        sock = str(self._workdir / "opa.sock")
+        if len(os.fsencode(sock)) > _SUN_PATH_MAX:
+            raise EngineUnavailable(
+                "engine.workdir.path_too_long",
+                f"the embedded OPA's socket path {sock} is longer than a Unix socket address holds "
+                f"({_SUN_PATH_MAX} bytes)",
+                evidence={"workdir": str(self._workdir)},
+                advice=f"Set XDG_RUNTIME_DIR (or TMPDIR) to a shorter private directory than {self._workdir.parent}.",
+            )
         env = {
             "PATH": os.environ.get("PATH", ""),
             "CKPTGATE_OPA_TOKEN_SHA256": hashlib.sha256(token.encode()).hexdigest(),
@@ -373,7 +357,9 @@ class EmbeddedOpa(_ClientEngine):
             "run",
             "--server",
             "--addr",
-            f"127.0.0.1:{port}",
+            f"unix://{sock}",
+            "--unix-socket-perm",
+            "600",
             "--authentication=token",
             "--authorization=basic",
             "--bundle",
@@ -400,13 +386,15 @@ class EmbeddedOpa(_ClientEngine):
                 preexec_fn=_die_with_parent,
                 close_fds=True,
             )
-        self._name = f"embedded OPA (pid {self._proc.pid}, 127.0.0.1:{port})"
-        self._port, self._token = port, token
+        self._name = f"embedded OPA (pid {self._proc.pid}, {sock})"
+        self._socket, self._token = sock, token
         self._deadline = time.monotonic() + self._start_timeout_s
 
     def _wait_healthy(self) -> None:
         assert self._proc is not None
-        self._client = OpaHttp(host="127.0.0.1", port=self._port, token=self._token, timeout=self._timeout_s)
+        self._client = OpaHttp(
+            host="localhost", port=0, token=self._token, timeout=self._timeout_s, unix_path=self._socket
+        )
         while True:  # asked at least once: the first decision may come long after the launch (a large digest)
             if self._proc.poll() is not None:
                 raise EngineUnavailable(
@@ -431,7 +419,6 @@ class EmbeddedOpa(_ClientEngine):
             return
         self._closed = True
         self._stop.set()
-        self._wake.set()
         if self._keeper is not threading.current_thread() and self._keeper.ident is not None:
             self._keeper.join()  # a launch in progress finishes first, so no server outlives close()
         proc = self._proc

@@ -59,6 +59,8 @@ class RecordReader:
         try:
             with os.fdopen(rfd, "rb", buffering=1 << 20) as f:
                 self._parse(f)
+        except Exception as e:  # the worker's output is hostile: whatever it makes the reading raise is its fault
+            self._violation(f"output that could not be read ({type(e).__name__})")
         finally:
             self.ready.set()  # wake the waiter; it checks the exit status
 
@@ -121,6 +123,8 @@ class RecordReader:
                 doc = json.loads(payload)
             except ValueError:
                 return self._violation("a JSON record that is not JSON")
+            except RecursionError:
+                return self._violation("a JSON record nested deeper than the parser's limit")
             hdr = self._event(doc)
             if self.bad is not None:
                 return

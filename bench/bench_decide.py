@@ -50,6 +50,7 @@ def support_rows(n: int) -> dict:
     import json
 
     from ckptgate.demo import demo_statement
+    from ckptgate.digestvalue import Digest
     from ckptgate.verify import (QUALIFICATION_PREDICATE_TYPE, KeySigner, TrustData, generate_keypair, trust_entry,
                                  verify_attestation)
     from ckptgate.verify.dsse import sign_statement
@@ -60,8 +61,8 @@ def support_rows(n: int) -> dict:
         key.write_bytes(priv)
         trust = TrustData.from_json(json.dumps({"signers": [trust_entry(
             pub, signer_id="bench", predicate_types=[QUALIFICATION_PREDICATE_TYPE])]}).encode())
-        raw = sign_statement(demo_statement(DIGEST, "bench", producer=("torch", "2.13.0")), KeySigner.from_pem(key))
-        facts = verify_attestation(raw, source="bench.json", trust=trust, measured_digest=DIGEST,
+        raw = sign_statement(demo_statement(Digest.parse(DIGEST), "bench", producer=("torch", "2.13.0")), KeySigner.from_pem(key))
+        facts = verify_attestation(raw, source="bench.json", trust=trust, measured_digest=Digest.parse(DIGEST),
                                    now=datetime.now(UTC)).to_facts()
     commit = facts["statement"]["predicate"]["candidate_commit"]
     atts = []

@@ -157,9 +157,11 @@ def test_an_untrusted_signer_under_a_remote_engine_is_told_the_servers_bundle_ho
     from pipeline_helpers import demo_attested
 
     att = demo_attested(work / "ckpt", work)  # its key is in att.trust, not in the server's bundle
-    with EmbeddedOpa(policy_dir=default_policy_dir()) as server:
+    from tests.opa_front import tcp_front
+
+    with EmbeddedOpa(policy_dir=default_policy_dir()) as server, tcp_front(server) as port:
         token = server._client.headers["Authorization"].split()[1]
-        url = f"http://127.0.0.1:{server._client.port}"
+        url = f"http://127.0.0.1:{port}"
         remote = cli("intake", "ckpt", "--out", "o", "--attestation", att.attestation, "--opa-url", url, cwd=work,
                      env={"CKPTGATE_OPA_TOKEN": token})
         local = cli("intake", "ckpt", "--out", "o", "--attestation", att.attestation, cwd=work)

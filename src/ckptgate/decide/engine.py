@@ -58,8 +58,8 @@ _LATE_ADVICE = (
     "The decision is deny because none arrived in time. A checkpoint with a very large layout makes a "
     "large policy input: raise --opa-timeout. Otherwise the engine or the machine is overloaded."
 )
-#: The longest path a Unix domain socket address holds (``sun_path``, less its terminating NUL).
-_SUN_PATH_MAX = 107
+#: The embedded OPA's socket, in its work directory.
+_SOCKET = "opa.sock"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -243,6 +243,7 @@ class EmbeddedOpa(_ClientEngine):
         self._lease = workdirs.create_work_dir()  # mode 0700, locked and registered until close()
         self._workdir = self._lease.path
         self._proc: subprocess.Popen[bytes] | None = None
+        self._dir_fd = -1  # the work directory, for the socket's address (:meth:`_launch`)
         self._closed = False
         self._started = False
         self._revision = bundle.revision if bundle else ""
@@ -338,15 +339,11 @@ class EmbeddedOpa(_ClientEngine):
 
     def _launch(self) -> None:
         token = secrets.token_urlsafe(32)
-        sock = str(self._workdir / "opa.sock")
-        if len(os.fsencode(sock)) > _SUN_PATH_MAX:
-            raise EngineUnavailable(
-                "engine.workdir.path_too_long",
-                f"the embedded OPA's socket path {sock} is longer than a Unix socket address holds "
-                f"({_SUN_PATH_MAX} bytes)",
-                evidence={"workdir": str(self._workdir)},
-                advice=f"Set XDG_RUNTIME_DIR (or TMPDIR) to a shorter private directory than {self._workdir.parent}.",
-            )
+        # OPA binds the socket by a path relative to the work directory (its cwd), and this process connects
+        # through a descriptor of that directory: a Unix socket address holds at most 107 bytes, which a
+        # work directory under a deep TMPDIR or XDG_RUNTIME_DIR would exceed
+        self._dir_fd = os.open(self._workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        sock = f"/proc/self/fd/{self._dir_fd}/{_SOCKET}"
         env = {
             "PATH": os.environ.get("PATH", ""),
             "CKPTGATE_OPA_TOKEN_SHA256": hashlib.sha256(token.encode()).hexdigest(),
@@ -357,7 +354,7 @@ class EmbeddedOpa(_ClientEngine):
             "run",
             "--server",
             "--addr",
-            f"unix://{sock}",
+            f"unix://{_SOCKET}",
             "--unix-socket-perm",
             "600",
             "--authentication=token",
@@ -383,10 +380,11 @@ class EmbeddedOpa(_ClientEngine):
                 stdout=log,
                 stderr=log,
                 env=env,
+                cwd=self._workdir,
                 preexec_fn=_die_with_parent,
                 close_fds=True,
             )
-        self._name = f"embedded OPA (pid {self._proc.pid}, {sock})"
+        self._name = f"embedded OPA (pid {self._proc.pid}, {self._workdir / _SOCKET})"
         self._socket, self._token = sock, token
         self._deadline = time.monotonic() + self._start_timeout_s
 
@@ -430,6 +428,9 @@ class EmbeddedOpa(_ClientEngine):
                 proc.kill()
                 proc.wait(timeout=3)
         EmbeddedOpa._live.discard(self)
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
         self._lease.release()  # our private directory (the bundle, its public key, the log), then its lock
 
     def __enter__(self) -> EmbeddedOpa:

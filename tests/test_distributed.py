@@ -342,11 +342,13 @@ def test_files_are_assigned_by_size_deterministically() -> None:
 def test_the_decision_crosses_ranks_as_json_unchanged() -> None:
     from ckptgate.decide.decision import Decision, Reason, Selection
     from ckptgate.decide.decision import decision_from_json
+    from ckptgate.digest import Digest
 
     allow = Decision(allow=True, plane="pure_data", permitted_loaders=("json", "safetensors"),
                      required_controls=("seccomp",), reasons=(Reason(code="w", message="m", severity="warn"),),
                      decision_id="id", policy_revision="sha256:" + "0" * 64, engine="e", companions=("c.json",),
-                     selection=Selection(prefix="app.model", layout="dcp", source="policy", excluded=("app.model.x",)))
+                     selection=Selection(prefix="app.model", layout="dcp", source="policy", excluded=("app.model.x",)),
+                     fixture_digest=Digest.parse("sha256:" + "ab" * 32))
     deny = Decision(allow=False, plane=None, permitted_loaders=(), required_controls=(),
                     reasons=(Reason(code="x", message="m", evidence={"a": [1]}),), decision_id="id",
                     policy_revision="r", engine="e", refusal="input")
@@ -354,6 +356,7 @@ def test_the_decision_crosses_ranks_as_json_unchanged() -> None:
         back = decision_from_json(json.loads(json.dumps(d.to_json())))
         assert back == d and back.exit_code == d.exit_code  # the same typed record, not only the same JSON
         assert back.selection is None or isinstance(back.selection, Selection)
+    assert decision_from_json(json.loads(json.dumps(allow.to_json()))).fixture_digest == allow.fixture_digest
 
 
 def test_a_staging_directory_this_rank_cannot_see_means_dst_is_not_shared(tmp_path: Path) -> None:

@@ -395,7 +395,8 @@ torch.save(state, root / "model.pt")
 digest = Digest.parse("sha256:" + "ab" * 32)
 # The test-only decision the worker tests use: the framework plane, torch_load permitted.
 decision = Decision(allow=True, plane="framework", permitted_loaders=("torch_load",), required_controls=CONTROLS,
-                    reasons=(), decision_id="package-test", policy_revision="test", engine="test")
+                    reasons=(), decision_id="package-test", policy_revision="test", engine="test",
+                    fixture_digest=digest)
 permit = issue_permit(decision, fixture_digest=digest, loader="torch_load")
 dirfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
 opened = OpenedInput(fd=openat2(dirfd, "model.pt"), relpath="model.pt",

@@ -78,6 +78,7 @@ def test_allowed_intake_publishes_bit_identical_shards_and_a_receipt(setup):
     assert receipt["decision"]["allow"] is True and receipt["decision"]["id"]
     assert receipt["policy_revision"].startswith("sha256:")
     assert receipt["input"]["digest"] == res.evaluation.digest.digest.prefixed()
+    assert receipt["decision"]["fixture_digest"] == receipt["input"]["digest"]  # the bytes it was decided for
     src_tensors, out_tensors = {}, {}
     for f in HF.glob("*.safetensors"):
         src_tensors.update(load_file(str(f)))

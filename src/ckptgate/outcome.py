@@ -158,7 +158,9 @@ def receipt_for(
         },
         "decision": {
             "id": d.decision_id,
-            **d.to_json("allow", "plane", "permitted_loaders", "required_controls", "reasons", "engine"),
+            **d.to_json(
+                "allow", "plane", "permitted_loaders", "required_controls", "reasons", "engine", "fixture_digest"
+            ),
         },
         "policy_revision": d.policy_revision,
         # which engine decided: a remote OPA by its URL and reported revision, never mistaken for ours

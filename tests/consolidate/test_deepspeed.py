@@ -21,7 +21,7 @@ from ckptgate.consolidate import framework_files, plan_for  # noqa: E402
 from ckptgate.consolidate.adapters import deepspeed  # noqa: E402
 from ckptgate.consolidate.writer import write_plan  # noqa: E402
 from ckptgate.decide.decision import Decision  # noqa: E402
-from ckptgate.digest import fixture_digest  # noqa: E402
+from ckptgate.digest import Digest, fixture_digest  # noqa: E402
 from ckptgate.enforce.containment import preflight  # noqa: E402
 from ckptgate.enforce.gate import enforce  # noqa: E402
 from ckptgate.enforce.load import WorkerOptions, load_trees  # noqa: E402
@@ -35,10 +35,10 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "data"
 CONTROLS = ("no_new_privs", "seccomp", "rlimits", "user_ns", "net_ns", "ipc_ns", "openat2")
 
 
-def _decision(loaders: tuple[str, ...] = ("deepspeed",)) -> Decision:
+def _decision(loaders: tuple[str, ...] = ("deepspeed",), digest: Digest | None = None) -> Decision:
     # The policy names DeepSpeed checkpoints' loader `deepspeed`; the worker runs it as a plan-only job.
     return Decision(allow=True, plane="framework", permitted_loaders=loaders, required_controls=CONTROLS,
-                    reasons=(), decision_id="test", policy_revision="test", engine="test")
+                    reasons=(), decision_id="test", policy_revision="test", engine="test", fixture_digest=digest)
 
 
 def _framework(ins):
@@ -69,7 +69,7 @@ def test_zero_to_fp32_bit_exact(name: str, path: str, options: WorkerOptions, tm
         digest = fixture_digest(tree)
         ins = ins if path == "static" else _framework(ins)
         assert bool(framework_files(ins)) == (path == "worker")
-        enforced = enforce(tree, ins, decision=_decision(), fixture_digest=digest,
+        enforced = enforce(tree, ins, decision=_decision(digest=digest.digest), fixture_digest=digest,
                            framework_files=framework_files(ins), worker=options)
         assert (enforced.loaded is None) == (path == "static")
         plan = plan_for(ins, decision=_decision(), max_shard_bytes=300, loaded=enforced.loaded)
@@ -111,7 +111,7 @@ def test_static_trees_agree_with_the_worker(name: str, options: WorkerOptions) -
         ins = inspect_open_tree(tree)
         digest = fixture_digest(tree)
         rels = deepspeed.zero_files(ins.layout)
-        permit = issue_permit(_decision(), fixture_digest=digest.digest, loader="deepspeed")
+        permit = issue_permit(_decision(digest=digest.digest), fixture_digest=digest.digest, loader="deepspeed")
         worker = load_trees(tree, ins, rels, permit=permit, digest=digest, options=options).trees
     static = deepspeed.static_trees({f.path: f for f in ins.files}, rels)
     models = {m["path"] for m in ins.layout["model_states"]}
@@ -159,7 +159,8 @@ def test_a_hostile_worker_description_is_a_typed_error(options: WorkerOptions) -
     """Trees from a framework load are untrusted: a wrong shape raises runtime.plan.bad_value."""
     with SafeTree.open(FIXTURES / "deepspeed_zero3" / "checkpoint") as tree:
         ins = _framework(inspect_open_tree(tree))
-        loaded = enforce(tree, ins, decision=_decision(), fixture_digest=fixture_digest(tree),
+        digest = fixture_digest(tree)
+        loaded = enforce(tree, ins, decision=_decision(digest=digest.digest), fixture_digest=digest,
                          framework_files=framework_files(ins), worker=options).loaded
     assert loaded is not None
     hostile = replace(loaded, trees={k: {"optimizer_state_dict": {"partition_count": []}} for k in loaded.trees})

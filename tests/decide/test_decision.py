@@ -198,3 +198,46 @@ def test_selection_is_optional_strict_and_only_on_an_allow():
         assert not d.allow and d.reasons[0].code == "decision_malformed", bad
     denied = parse_decision(raw({**GOOD_DENY, "selection": sel}))
     assert not denied.allow and denied.reasons[0].code == "decision_malformed"
+
+
+def _input(digest):
+    from ckptgate.decide import PolicyInput
+
+    return PolicyInput(request=_request(), fixture={"digest": digest, "algorithm": "sha256", "file_count": 1,
+                                                    "total_bytes": 1},
+                       inspection={"format": "safetensors"}, attestations=(), rejected_attestations=(),
+                       containment=None)
+
+
+@pytest.mark.parametrize("answer", [GOOD_ALLOW, GOOD_DENY, {**GOOD_ALLOW, "fixture_digest": "sha256:" + "cd" * 32}])
+def test_a_decision_names_the_digest_of_its_input_and_the_policy_cannot_set_it(answer, tmp_path):
+    """Found by an attacker: a decision did not say which bytes it was for, so enforce permitted
+    checkpoint B under an allow made for checkpoint A.  decide() sets it from the input document;
+    a policy answer that names one is not the decision shape (a malformed deny, for the same input)."""
+    from ckptgate.decide import decide
+    from ckptgate.digest import Digest
+
+    digest = "sha256:" + "ab" * 32
+    d = decide(_Engine(answer), _input(digest), audit_log=tmp_path / "a")
+    assert d.fixture_digest == Digest.parse(digest) and d.to_json()["fixture_digest"] == digest
+    assert d.allow is (answer is GOOD_ALLOW)
+    assert (d.reasons[0].code == "decision_malformed") == ("fixture_digest" in answer)
+    assert json.loads((tmp_path / "a").read_text())["decision"]["fixture_digest"] == digest
+
+
+def test_a_decision_crosses_json_with_its_digest():
+    """Ranks receive rank 0's decision as JSON: the digest it was made for comes with it, and a
+    digest that is not sha256:<64 hex> is a typed error, not a decision for no bytes."""
+    import dataclasses
+
+    from ckptgate.decide.decision import decision_from_json
+    from ckptgate.digest import Digest
+    from ckptgate.errors import VerificationError
+
+    d = dataclasses.replace(parse_decision(raw(GOOD_ALLOW)), fixture_digest=Digest.parse("sha256:" + "ab" * 32))
+    back = decision_from_json(json.loads(json.dumps(d.to_json())))
+    assert back == d and back.fixture_digest == d.fixture_digest
+    assert decision_from_json(parse_decision(raw(GOOD_ALLOW)).to_json()).fixture_digest is None
+    with pytest.raises(VerificationError) as e:
+        decision_from_json({**d.to_json(), "fixture_digest": "ab" * 32})
+    assert e.value.code == "verify.digest.malformed"

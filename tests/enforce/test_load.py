@@ -57,8 +57,12 @@ def test_a_file_rewritten_after_the_digest_is_never_handed_to_a_loader(tmp_path)
     assert e.value.code == "runtime.worker.input_changed"
 
 
-DECISION = Decision(allow=True, plane="framework", permitted_loaders=("deepspeed",), required_controls=(),
-                    reasons=(), decision_id="test", policy_revision="test", engine="test")
+OTHER = Digest.parse("sha256:" + "cd" * 32)
+
+
+def _decision(digest: Digest) -> Decision:
+    return Decision(allow=True, plane="framework", permitted_loaders=("deepspeed",), required_controls=(),
+                    reasons=(), decision_id="test", policy_revision="test", engine="test", fixture_digest=digest)
 
 
 @pytest.fixture
@@ -83,7 +87,7 @@ def test_no_permit_no_load(zero3) -> None:
 
 def test_permit_for_another_digest_is_refused(zero3) -> None:
     tree, ins, digest, rels, options = zero3
-    other = issue_permit(DECISION, fixture_digest=Digest.parse("sha256:" + "cd" * 32), loader="deepspeed")
+    other = issue_permit(_decision(OTHER), fixture_digest=OTHER, loader="deepspeed")
     with pytest.raises(PolicyDenied) as e:
         load_trees(tree, ins, rels, permit=other, digest=digest, options=options)
     assert e.value.code == "enforce.permit.wrong_digest"
@@ -91,7 +95,7 @@ def test_permit_for_another_digest_is_refused(zero3) -> None:
 
 def test_forged_permit_is_refused(zero3) -> None:
     tree, ins, digest, rels, options = zero3
-    permit = replace(issue_permit(DECISION, fixture_digest=Digest.parse("sha256:" + "cd" * 32), loader="deepspeed"),
+    permit = replace(issue_permit(_decision(OTHER), fixture_digest=OTHER, loader="deepspeed"),
                      fixture_digest=digest.digest)
     with pytest.raises(PolicyDenied) as e:
         load_trees(tree, ins, rels, permit=permit, digest=digest, options=options)
@@ -103,7 +107,7 @@ def test_file_that_differs_from_the_manifest_is_not_loaded(zero3) -> None:
     forged = FixtureDigest.from_manifest([ManifestEntry(path=e.path, size=e.size,
                                                         sha256=("0" * 64 if e.path == rels[0] else e.sha256))
                                           for e in digest.manifest])
-    permit = issue_permit(DECISION, fixture_digest=forged.digest, loader="deepspeed")
+    permit = issue_permit(_decision(forged.digest), fixture_digest=forged.digest, loader="deepspeed")
     with pytest.raises(RuntimeFailure) as e:
         load_trees(tree, ins, rels, permit=permit, digest=forged, options=options)
     assert e.value.code == "runtime.worker.input_changed"

@@ -17,13 +17,14 @@ OTHER = Digest.parse("sha256:" + "cd" * 32)
 CONTROLS = {"no_new_privs": True, "seccomp": True, "rlimits": True}
 
 
-def decision(allow=True, loaders=("torch_load",), controls=("no_new_privs", "seccomp")):
+def decision(allow=True, loaders=("torch_load",), controls=("no_new_privs", "seccomp"), digest=DIGEST):
     result = {"allow": allow, "plane": "framework" if allow else None,
               "permitted_loaders": list(loaders) if allow else [],
               "required_controls": list(controls),
               "reasons": [{"code": "ok" if allow else "attestation_missing", "message": "m", "evidence": {}}],
               "refusal": None if allow else "policy"}
-    return parse_decision(RawDecision(result=result, decision_id="d-7", policy_revision="sha256:r", engine="t"))
+    raw = RawDecision(result=result, decision_id="d-7", policy_revision="sha256:r", engine="t")
+    return dataclasses.replace(parse_decision(raw), fixture_digest=digest)
 
 
 def test_permit_from_allow_checks_for_its_digest_and_loader():
@@ -79,3 +80,11 @@ def test_a_permit_is_minted_only_for_a_loader_the_decision_permits():
     not name, so no caller can seal a permit around the gate's loader check."""
     with pytest.raises(ValueError, match="for a loader it permits"):
         issue_permit(decision(loaders=("deepspeed",)), fixture_digest=DIGEST, loader="torch_load")
+
+
+@pytest.mark.parametrize("decided", [OTHER, None])
+def test_a_permit_is_minted_only_for_the_digest_its_decision_was_made_for(decided):
+    """Found by an attacker: the mint sealed a permit for whatever digest its caller named, so an
+    allow for one checkpoint became a permit for another's bytes."""
+    with pytest.raises(ValueError, match="digest its decision was made for"):
+        issue_permit(decision(digest=decided), fixture_digest=DIGEST, loader="torch_load")

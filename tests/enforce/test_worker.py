@@ -67,7 +67,8 @@ class _Reduce:
 def _permit(*, digest: Digest = DIGEST, loader: str = "torch_load",
             required: tuple[str, ...] = WORKER_CONTROLS) -> Permit:
     decision = Decision(allow=True, plane="framework", permitted_loaders=(loader,), required_controls=required,
-                        reasons=(), decision_id="test-decision", policy_revision="test", engine="test")
+                        reasons=(), decision_id="test-decision", policy_revision="test", engine="test",
+                        fixture_digest=digest)
     return issue_permit(decision, fixture_digest=digest, loader=loader)
 
 

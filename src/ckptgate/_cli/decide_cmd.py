@@ -176,7 +176,16 @@ def explain_doc(ev: Evaluation) -> dict[str, Any]:
         "attestations": attestations,
         "containment": containment,
         "decision": {
-            **d.to_json("allow", "plane", "decision_id", "policy_revision", "refusal", "required_controls", "inputs"),
+            **d.to_json(
+                "allow",
+                "plane",
+                "decision_id",
+                "policy_revision",
+                "refusal",
+                "required_controls",
+                "inputs",
+                "fixture_digest",
+            ),
             "decision_id": d.decision_id or None,
             "exit_code": int(d.exit_code),
         },

@@ -6,12 +6,14 @@ that is not exactly a decision (fail closed).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ckptgate.decide import audit
 from ckptgate.decide.decision import Decision, Precheck, Reason, deny, parse_decision, parse_precheck
 from ckptgate.decide.engine import EmbeddedOpa, PolicyEngine, RawDecision, RemoteOpa, open_engine
 from ckptgate.decide.input import HasFacts, PolicyInput, PolicyInputBuilder, Request, now_utc
+from ckptgate.digestvalue import Digest
 from ckptgate.errors import EngineUnavailable
 
 INTAKE_ENTRYPOINT = "ckptgate/intake/decision"
@@ -47,10 +49,13 @@ def decide(
     audit_log: Path | None = None,
 ) -> Decision:
     """Evaluate ``policy_input``; a malformed answer is a deny.  Engine failures raise
-    :class:`~ckptgate.errors.EngineUnavailable` (the caller must treat that as deny)."""
+    :class:`~ckptgate.errors.EngineUnavailable` (the caller must treat that as deny).
+
+    The decision names the fixture digest of ``policy_input`` (the policy cannot set it): enforce
+    permits nothing for other bytes."""
     doc = policy_input.to_json()
     raw = engine.evaluate(entrypoint, doc)
-    decision = parse_decision(raw)
+    decision = dataclasses.replace(parse_decision(raw), fixture_digest=Digest.parse(doc["fixture"]["digest"]))
     audit.append(
         {
             "entrypoint": entrypoint,

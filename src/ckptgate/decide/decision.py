@@ -14,6 +14,10 @@ byte; without it none does (a missing list publishes less, never more), and a de
 every command (:data:`REFUSAL_EXIT`).  ``selection`` names the subtree of a training-state tree
 that is written (its names lose the prefix); null or absent writes the tree whole.
 
+A :class:`Decision` also names the fixture digest it was made for (``fixture_digest``): Python sets
+it in :func:`ckptgate.decide.decide` from the input document's ``fixture.digest``, never the policy
+(the shape above has no such key), and enforce refuses a decision for other bytes.
+
 :func:`parse_decision` never raises: a malformed answer becomes a deny :class:`Decision` whose
 single reason says what was wrong with it (fail closed).
 """
@@ -29,6 +33,7 @@ from typing import Any
 
 from ckptgate.decide.engine import RawDecision
 from ckptgate.decide.inputs import DecisionInput
+from ckptgate.digestvalue import Digest
 from ckptgate.errors import ExitCode
 
 PLANES = ("pure_data", "static_pickle", "framework")
@@ -91,6 +96,9 @@ class Decision:
     selection: Selection | None = None
     #: every input that shaped the decision, by role, path, origin and sha256 (ckptgate.decide.inputs)
     inputs: tuple[DecisionInput, ...] = ()
+    #: the fixture digest of the input document it was decided on (set by ``decide``, not the policy);
+    #: None: decided on no digest, which enforce refuses
+    fixture_digest: Digest | None = None
 
     def __post_init__(self) -> None:
         if (self.companions or self.selection is not None) and not self.allow:
@@ -145,6 +153,7 @@ class Decision:
             "policy_revision": self.policy_revision,
             "engine": self.engine,
             "inputs": [i.to_json() for i in self.inputs],
+            "fixture_digest": self.fixture_digest.prefixed() if self.fixture_digest is not None else None,
             **({"selection": self.selection.to_json()} if self.selection is not None else {}),
         }
         return {k: doc[k] for k in fields} if fields else doc
@@ -380,6 +389,8 @@ def decision_from_json(doc: dict[str, Any]) -> Decision:
             v = tuple(DecisionInput.from_json(i) for i in v)
         elif f.name == "selection":
             v = _selection(v)
+        elif f.name == "fixture_digest":
+            v = None if v is None else Digest.parse(v)
         elif isinstance(v, list):
             v = tuple(v)
         values[f.name] = v

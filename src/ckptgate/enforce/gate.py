@@ -2,10 +2,12 @@
 
 :func:`enforce` takes the decision and the files that need a framework load, and checks each
 thing once, here: that the decision is *allow* (a deny raises the refusal it stands for), that
-it permits every loader the inspection says the checkpoint needs, and, when some files need a
-framework load, it mints the one :class:`~ckptgate.enforce.permit.Permit`, runs the containment
-preflight (unless the decision's profile is given) and runs the contained worker.  It returns an
-:class:`Enforcement`: what consolidation may build its plan from, and what the receipt records.
+it was decided for the fixture digest it is given (a decision for other bytes, or for none,
+permits nothing), that it permits every loader the inspection says the checkpoint needs, and,
+when some files need a framework load, it mints the one :class:`~ckptgate.enforce.permit.Permit`,
+runs the containment preflight (unless the decision's profile is given) and runs the contained
+worker.  It returns an :class:`Enforcement`: what consolidation may build its plan from, and what
+the receipt records.
 """
 
 from __future__ import annotations
@@ -57,11 +59,26 @@ def enforce(
         (:func:`ckptgate.consolidate.framework_files`).
     :param worker: timeout, limits and containment profile for the framework load.
     :raises PolicyDenied: a deny decision (or :class:`InputRejected`/:class:`VerificationError`, as
-        its refusal class says: :func:`refuse`), a loader the decision does not permit, or no
+        its refusal class says: :func:`refuse`), a decision made for another fixture digest or for
+        none (``enforce.decision_digest_mismatch``), a loader the decision does not permit, or no
         framework loader the worker can run.
     :raises RuntimeFailure: the contained worker failed.
     """
     refuse(decision)
+    if decision.fixture_digest != fixture_digest.digest:
+        decided = decision.fixture_digest.prefixed() if decision.fixture_digest is not None else None
+        raise PolicyDenied(
+            "enforce.decision_digest_mismatch",
+            f"the decision {decision.decision_id or '-'} was made for fixture digest {decided or 'none'}, "
+            f"not for these bytes ({fixture_digest.digest})",
+            evidence={
+                "decision_id": decision.decision_id,
+                "decided": decided,
+                "actual": fixture_digest.digest.prefixed(),
+            },
+            advice=f"Nothing was loaded or published. Decide on {fixture_digest.digest} itself (`ckptgate intake` "
+            "decides on the bytes it hashed) and enforce that decision; a decision never carries over to other bytes.",
+        )
     unpermitted = sorted(set(inspection.loaders) - set(decision.permitted_loaders))
     if unpermitted:
         raise PolicyDenied(

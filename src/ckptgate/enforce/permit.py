@@ -1,9 +1,10 @@
 """Permits: the only way a loader that is not pure data may run.
 
 A :class:`Permit` is minted by :func:`issue_permit`, which only the enforce step calls
-(:func:`ckptgate.enforce.gate.enforce`), once, after it checked that the decision is *allow* and
-that its ``permitted_loaders`` include the loader.  It is bound to the fixture digest, the loader, the
-plane, the controls the policy required and the decision id.  A permit carries a seal (an HMAC
+(:func:`ckptgate.enforce.gate.enforce`), once, after it checked that the decision is *allow*, that
+it was made for the fixture digest of the bytes and that its ``permitted_loaders`` include the
+loader.  It is bound to that fixture digest (the decision's and the bytes', one and the same), the
+loader, the plane, the controls the policy required and the decision id.  A permit carries a seal (an HMAC
 under a key that exists only in this process's memory), so a permit built by hand, or copied
 with ``dataclasses.replace`` to another digest or loader, does not check.
 
@@ -84,11 +85,13 @@ def issue_permit(decision: Decision, *, fixture_digest: Digest, loader: str) -> 
     """Mint a permit for ``loader`` on the bytes with ``fixture_digest``, under ``decision``.
 
     The enforce step checks the decision first and refuses with the typed error its refusal class
-    stands for; a caller that reaches here with a deny, or with a loader the decision does not
-    permit, is a programming error: :class:`ValueError`, and no permit.
+    stands for; a caller that reaches here with a deny, a decision made for another digest, or a
+    loader the decision does not permit, is a programming error: :class:`ValueError`, and no permit.
     """
     if not decision.allow or decision.plane is None or loader not in decision.permitted_loaders:
         raise ValueError("a permit is minted from an allow decision only, for a loader it permits")
+    if decision.fixture_digest != fixture_digest:
+        raise ValueError("a permit is minted only for the fixture digest its decision was made for")
     unsealed = Permit(
         fixture_digest=fixture_digest,
         loader=loader,

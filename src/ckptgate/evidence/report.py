@@ -143,6 +143,7 @@ def build_report(
             "reasons",
             "permitted_loaders",
             "inputs",
+            "fixture_digest",
         ),
         "load_requires": {
             "plane": d.plane,

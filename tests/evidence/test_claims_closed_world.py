@@ -391,3 +391,38 @@ def test_markdown_questions_comments_tags_and_emphasis_are_read(tmp_path: Path) 
     flagged = [f"docs/c{i:02d}.md" in hit for i in range(len(cases))]
     assert [t for t, f in zip(MD_OVER, flagged, strict=False) if not f] == []
     assert [t for t, f in zip(MD_BOUNDED, flagged[len(MD_OVER):], strict=True) if f] == []
+
+
+# A check mark is a check mark in every spelling a keyboard or emoji picker gives: the emoji presentation
+# (U+2714 U+FE0F, U+2705 U+FE0F) and the ballot box with check (U+2611, with or without U+FE0F), in prose and
+# under a capability column.  Each over-claim passed before its fix.
+MARK_OVER = [
+    "ZeRO-1 \u2714\ufe0f",
+    "ZeRO-1 \u2705\ufe0f",
+    "ZeRO-1 \u2611",
+    "ZeRO-1: \u2611\ufe0f",
+    "| Format | Works |\n|---|---|\n| FSDP2 | \u2611 |",
+    "| Format | Status |\n|---|---|\n| FSDP2 | \u2705\ufe0f |",
+]
+
+MARK_BOUNDED = [
+    "ZeRO-3 \u2714\ufe0f",
+    "ZeRO-3 \u2611",
+    "| Format | Works |\n|---|---|\n| ZeRO-3 | \u2611\ufe0f |",
+    "| Format | Signed |\n|---|---|\n| FSDP2 | \u2611 |",
+]
+
+
+def test_every_spelling_of_a_check_mark_affirms_its_label(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    cases = MARK_OVER + MARK_BOUNDED
+    paths = []
+    for i, text in enumerate(cases):
+        paths.append(tmp_path / "docs" / f"m{i:02d}.md")
+        paths[-1].write_text(f"# Case\n\n{text}\n")
+    rows = json.loads((DATA / "claims_matrix.json").read_text())["rows"]
+    doc = claims_input(tmp_path, rows, vocabulary=local_vocabulary(REPO), docs=paths)
+    hit = {v["location"]["file"] for v in _violations(doc) if v["severity"] == "error"}
+    flagged = [f"docs/m{i:02d}.md" in hit for i in range(len(cases))]
+    assert [t for t, f in zip(MARK_OVER, flagged, strict=False) if not f] == []
+    assert [t for t, f in zip(MARK_BOUNDED, flagged[len(MARK_OVER):], strict=True) if f] == []

@@ -649,3 +649,34 @@ def test_a_torch_without_the_default_store_is_a_typed_refusal(tmp_path: Path, fa
 
     got = _run_ranks(ranks, {(0, "ck"): lambda: _code(lambda: attest_saved(tmp_path / "ck"))})
     assert got == {(0, "ck"): "runtime.attest.no_store"}
+
+
+def test_a_later_checkpoint_not_yet_on_this_node_is_not_a_path_mismatch(tmp_path: Path, fake_ranks) -> None:
+    """Node-local checkpoint folders, saves on two threads: rank 1's thread for ``step-200`` reaches the hook before
+    its thread for ``step-100``, while rank 0 waits in ``step-100`` and has not written ``step-200`` on its node
+    yet.  That other checkpoint is absent here because it is not written yet, not because rank 1 spells
+    ``step-100`` by a mount point this node lacks: it was taken for a path mismatch after two polls and both
+    saves failed.  Now a spelling absent here counts only where it names a folder of the same name."""
+    import threading
+    import time
+
+    (tmp_path / "step-100").mkdir()
+    attested: list[str] = []
+    ranks = fake_ranks(2, attested)
+    ranks.store.timeout = 60.0
+    from ckptgate.hooks import attest_saved
+
+    def later(name: str, delay: float):
+        def call():
+            time.sleep(delay)
+            return _code(lambda: attest_saved(tmp_path / name))
+
+        return call
+
+    timer = threading.Timer(4.0, lambda: (tmp_path / "step-200").mkdir())  # rank 0 writes step-200 later
+    timer.start()
+    got = _run_ranks(ranks, {(0, "100"): later("step-100", 0), (0, "200"): later("step-200", 4.5),
+                             (1, "200"): later("step-200", 0), (1, "100"): later("step-100", 4.5)})
+    timer.join()
+    assert got == {(0, "100"): "step-100", (0, "200"): "step-200", (1, "200"): None, (1, "100"): None}
+    assert sorted(attested) == ["step-100", "step-200"] and _left(ranks) == {}

@@ -112,7 +112,7 @@ def _fragments_take_their_predicate(vocab: Vocabulary, facts: list[dict[str, Any
             source = [nxt] if nxt is not None else []
         else:
             source = [f for f in reversed(facts[:i]) if f["capability"]][:1]
-        if (re.search(r"[:=\u2705\u2713\u2714]", rest) and _affirmed(vocab, rest)) or (
+        if (re.search(r"[:=\u2705\u2713\u2714\u2611]", rest) and _affirmed(vocab, rest)) or (
             delims[i] != "|" and _LABEL.match(delims[i]) and nxt is not None and _affirmed(vocab, nxt["text"])
         ):  # "FSDP2: yes", "FSDP2 = true", "ZeRO-1 \u2705", "ZeRO-1? Yes.": the value affirms the label
             source = [{"capability": [_AFFIRMED]}]

@@ -156,11 +156,7 @@ def _table_text(line: str, header: list[str] | None) -> str:
     if len(cells) != len(header):
         return line
     out = [
-        f"{h} {c}"
-        if _COLUMN_NEGATION.search(h) and c
-        else _ANSWER_TEXT[_MARKS.get(c.lower(), c.lower())]
-        if _answers(h, c)
-        else c
+        f"{h} {c}" if _COLUMN_NEGATION.search(h) and c else _ANSWER_TEXT[_mark(c)] if _answers(h, c) else c
         for h, c in zip(header, cells, strict=True)
     ]
     return "| " + " | ".join(out) + " |"
@@ -179,7 +175,7 @@ _MARKS = {
     "\u2705": "yes",
     "\u2713": "yes",
     "\u2714": "yes",
-    "\u2714\ufe0f": "yes",
+    "\u2611": "yes",
     "y": "yes",
     "\u274c": "no",
     "\u2717": "no",
@@ -193,7 +189,13 @@ _MARKS = {
 def _answers(header: str, cell: str) -> bool:
     """A yes/no mark ("yes", "no", a check or cross) under a capability column is read with the
     column: "| FSDP2 | yes |" under "Supported" says FSDP2 is supported."""
-    return bool(_COLUMN_CAPABILITY.search(header)) and _MARKS.get(cell.lower(), cell.lower()) in ("yes", "no")
+    return bool(_COLUMN_CAPABILITY.search(header)) and _mark(cell) in ("yes", "no")
+
+
+def _mark(cell: str) -> str:
+    """A cell as a yes or no where it is one; a mark's emoji presentation ("\u2714\ufe0f") is the mark."""
+    text = cell.lower().replace("\ufe0f", "")
+    return _MARKS.get(text, text)
 
 
 _EMPHASIS = re.compile(r"(?<![\w`])(__?)(?=[^\s_])([^_`\n]+?)(?<=[^\s_])\1(?![\w`])")

@@ -286,8 +286,9 @@ class _Call:
 
     def _other_spelling(self) -> tuple[int, tuple[str, str], str] | None:
         """A call the next rank waits in that names this rank's checkpoint by another path, seen from this
-        node: the same file (``"same"``: a link, another mount of it), or a path that is not here while ours
-        is (``"absent"``: a mount point this node lacks).  Only the next rank (modulo the world): where the
+        node: the same file (``"same"``: a link, another mount of it), or a path to a folder of the same name
+        that is not here while ours is (``"absent"``: a mount point this node lacks; a folder of another name
+        may be another checkpoint, not written on this node yet).  Only the next rank (modulo the world): where the
         ranks spell the checkpoint two ways, some rank's next one spells it the other way, so one store read
         per rank and poll finds it.  A call for another checkpoint that is here (a thread saving it) is not
         one."""
@@ -310,7 +311,9 @@ class _Call:
                 if os.path.samefile(spelling, self.spelling):
                     return q, (key, spelling), "same"
             except (OSError, ValueError):
-                if not os.path.lexists(spelling) and os.path.exists(self.spelling):
+                # only a folder of the same name: another checkpoint may not be written on this node yet
+                same_name = os.path.basename(spelling) == os.path.basename(self.spelling)
+                if same_name and not os.path.lexists(spelling) and os.path.exists(self.spelling):
                     return q, (key, spelling), "absent"
         return None
 

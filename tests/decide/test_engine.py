@@ -276,6 +276,13 @@ def test_unreachable_remote_is_unavailable():
     assert e.value.code == "engine.remote.unhealthy"
 
 
+def test_the_embedded_opa_runs_in_a_process_group_of_its_own(policy_dir):
+    """A terminal's Ctrl-C reaches ckptgate alone, which then stops OPA itself."""
+    with EmbeddedOpa(policy_dir=policy_dir(ECHO)) as opa:
+        assert opa.pid is not None
+        assert os.getpgid(opa.pid) == opa.pid != os.getpgid(0)
+
+
 def test_no_orphan_when_owner_is_killed(policy_dir, tmp_path):
     """kill -9 of the owning process takes the embedded OPA with it (PR_SET_PDEATHSIG)."""
     root = policy_dir(ECHO)

@@ -382,6 +382,7 @@ class EmbeddedOpa(_ClientEngine):
                 env=env,
                 cwd=self._workdir,
                 preexec_fn=_die_with_parent,
+                process_group=0,  # Ctrl-C in a terminal reaches ckptgate, which then stops OPA itself
                 close_fds=True,
             )
         self._name = f"embedded OPA (pid {self._proc.pid}, {self._workdir / _SOCKET})"

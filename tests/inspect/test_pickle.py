@@ -264,3 +264,68 @@ def test_integer_wider_than_the_cap_is_a_finding_not_a_value(n: int, tmp_path: P
     insp = inspect_tree(tmp_path / "ck")
     assert "pickle.int_too_large" in {f.code for f in insp.findings}
     json.dumps(insp.to_facts())
+
+
+# -- constants whose value depends on the unpickler ------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "c_value", "genops_value"),
+    [
+        (b"I010\n", 8, 10),  # strtol(s, 0): a leading 0 is octal
+        (b"I-0777\n", -511, -777),
+        (b"I 010\n", 8, 10),
+        (b"I+1\n", True, 1),  # any 0/1 of three bytes is a bool to C, an int to genops
+        (b"I-0\n", False, 0),
+    ],
+)
+def test_text_int_that_cpython_reads_otherwise_is_ambiguous(text: bytes, c_value: object, genops_value: object) -> None:
+    """torch.load's C unpickler and pickletools disagree on these INT spellings, which the pickler
+    never writes: a tensor's shape (10,) to the reader was (8,) to torch.  Not read as either."""
+    data = b"\x80\x02" + text + b"."
+    assert type(pickle.loads(data)) is type(c_value) and pickle.loads(data) == c_value
+    import pickletools
+
+    assert [a for _op, a, _p in pickletools.genops(data)][1] == genops_value
+    rep = read_pickle(data, path="p")
+    assert [f.code for f in rep.findings] == ["pickle.ambiguous_literal"]
+    assert rep.complete and not rep.inside_allowlist and rep.value is not genops_value
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b"I0\n", b"I00\n", b"I01\n", b"I10\n", b"I-7\n", b"I2147483648\n", b"L0L\n", b"L-987654321098765L\n", b"L7\n"],
+)
+def test_text_int_as_the_pickler_writes_it_is_read(text: bytes) -> None:
+    data = b"\x80\x02" + text + b"."
+    rep = read_pickle(data, path="p")
+    assert rep.findings == () and rep.inside_allowlist
+    assert rep.value == pickle.loads(data) and type(rep.value) is type(pickle.loads(data))
+
+
+@pytest.mark.parametrize("op", [b"U\x03w\xc3\xa9", b"T\x03\x00\x00\x00w\xc3\xa9"], ids=["SHORT_BINSTRING", "BINSTRING"])
+def test_non_ascii_python2_string_is_ambiguous(op: bytes) -> None:
+    """pickletools decodes str8 bytes as latin-1 ('wÃ©'), torch.load as UTF-8 ('wé'): a key the
+    reader saw beside 'wé' was the same key to torch, which kept only the last tensor."""
+    data = b"\x80\x02" + op + b"."
+    assert pickle.loads(data, encoding="utf-8") == "w\u00e9"
+    assert read_pickle(data.replace(op, op.replace(b"w\xc3\xa9", b"wab")), path="p").findings == ()
+    rep = read_pickle(data, path="p")
+    assert [f.code for f in rep.findings] == ["pickle.ambiguous_literal"]
+    assert not rep.inside_allowlist
+
+
+def test_ambiguous_shape_in_a_torch_zip_is_not_clean(tmp_path: Path) -> None:
+    """A tensor whose size is written ``I010``: torch.load builds shape (8,), the reader read (10,)
+    and called the file clean plain tensors (static_pickle), so the published tensor was not the
+    one torch loads."""
+    from ckpt_inspect_helpers import p_int, torch_zip
+
+    t = (
+        b"ctorch._utils\n_rebuild_tensor_v2\n((" + p_str("storage") + b"ctorch\nFloatStorage\n" + p_str("0")
+        + p_str("cpu") + p_int(10) + b"tQ" + p_int(0) + b"(I010\nt(" + p_int(1) + b"t"
+        + b"\x89ccollections\nOrderedDict\n)RtR"
+    )  # fmt: skip
+    (tmp_path / "ck").mkdir()
+    torch_zip(tmp_path / "ck" / "pytorch_model.bin", b"\x80\x02}(" + p_str("w") + t + b"u.", {"0": b"\0" * 40})
+    insp = inspect_tree(tmp_path / "ck")
+    assert "pickle.ambiguous_literal" in {f.code for f in insp.findings}
+    assert not insp.clean

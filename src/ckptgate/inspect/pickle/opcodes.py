@@ -8,6 +8,7 @@ whose methods they would call.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ckptgate.inspect.pickle.machine import Abort, Machine
@@ -17,6 +18,15 @@ from ckptgate.inspect.pickle.values import Call, Global, PersId, SDict, SList, S
 __all__ = ["Reader"]
 
 _NESTED_MIN = 8
+
+#: The decimal text the pickler writes for INT (``I00``/``I01`` are False/True) and LONG.  The C
+#: unpickler torch.load uses reads INT with ``strtol(s, 0)`` and LONG with base 0, and takes any
+#: 0/1 of three bytes (``+1``, `` 1``, ``-0``) as a bool; ``pickletools`` reads both in base 10.
+#: So ``I010`` is 8 to torch and 10 to genops: any other spelling is ambiguous, not read.
+_CANONICAL_TEXT_INT = {
+    "INT": re.compile(rb"(?:0[01]?|-?[1-9][0-9]*)\n"),
+    "LONG": re.compile(rb"(?:0|-?[1-9][0-9]*)L?\n"),
+}
 
 
 class Reader(Machine):
@@ -40,7 +50,25 @@ class Reader(Machine):
             self.err("pickle.stack_limit", "mark depth exceeds the cap")
             raise Abort
 
+    def _ambiguous(self, name: str, pos: int, why: str, **ev: Any) -> None:
+        """A constant whose value depends on the unpickler: never read as any one of them."""
+        self.unresolved = True
+        self.err("pickle.ambiguous_literal", f"{name} at byte {pos} {why}", pos=pos, opcode=name, **ev)
+        self.push(Unknown(f"ambiguous {name}"))
+
     def _op_int(self, name: str, arg: Any, pos: int) -> None:
+        canonical = _CANONICAL_TEXT_INT.get(name)
+        end = self.data.find(b"\n", pos + 1) + 1 if canonical is not None else 0  # genops read the line
+        if canonical is not None and not canonical.fullmatch(self.data, pos + 1, end):
+            text = self.data[pos + 1 : end - 1]
+            self._ambiguous(
+                name,
+                pos,
+                "is not written as the pickler writes it: CPython's unpickler reads it in base 0 "
+                "(a leading 0 is octal) where a base-10 decoder does not",
+                text=short(text),
+            )
+            return
         if isinstance(arg, int) and arg.bit_length() > self.limits.max_int_bits:
             self.unresolved = True
             self.err(
@@ -55,6 +83,11 @@ class Reader(Machine):
         self.push(arg)
 
     def _op_string(self, name: str, arg: Any, pos: int) -> None:
+        if name in ("BINSTRING", "SHORT_BINSTRING") and not arg.isascii():
+            # Python 2 str bytes: pickletools decodes them as latin-1, torch.load's unpickler with
+            # encoding="utf-8", pickle.load's default refuses them and encoding="bytes" keeps bytes.
+            self._ambiguous(name, pos, "holds non-ASCII bytes, which each unpickler decodes with its own encoding")
+            return
         self.push(arg)
 
     def _op_binbytes(self, name: str, arg: Any, pos: int) -> None:

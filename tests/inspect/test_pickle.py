@@ -329,3 +329,49 @@ def test_ambiguous_shape_in_a_torch_zip_is_not_clean(tmp_path: Path) -> None:
     insp = inspect_tree(tmp_path / "ck")
     assert "pickle.ambiguous_literal" in {f.code for f in insp.findings}
     assert not insp.clean
+
+
+
+_ONE = b"K\x01"
+_TUPLE = b"K\x01N\x86"  # (1, None)
+
+
+@pytest.mark.parametrize(
+    ("k1", "k2"),
+    [
+        (p_str("w"), p_str("w")),
+        (_ONE, b"\x88"),  # 1 and True are one key
+        (_ONE, b"G?\xf0\x00\x00\x00\x00\x00\x00"),  # 1 and 1.0
+        (_TUPLE, _TUPLE),
+        (b"ctorch\nfloat32\n", b"ctorch\nfloat32\n"),
+    ],
+    ids=["str", "int_bool", "int_float", "tuple", "global"],
+)
+@pytest.mark.parametrize("build", ["setitems", "dict", "setitem", "ordered_dict"])
+def test_a_repeated_dict_key_is_refused(k1: bytes, k2: bytes, build: str) -> None:
+    """The unpickler keeps the last value of a key that repeats; the reader listed each, so a state
+    dict {'w': A, 'w': B} was two tensors 'w' to inspection and B alone to torch.load."""
+    v1, v2 = b"K\x07", b"K\x08"
+    data = {
+        "setitems": b"\x80\x02}(" + k1 + v1 + k2 + v2 + b"u.",
+        "dict": b"\x80\x02(" + k1 + v1 + k2 + v2 + b"d.",
+        "setitem": b"\x80\x02}" + k1 + v1 + b"s" + k2 + v2 + b"s.",
+        "ordered_dict": b"\x80\x02ccollections\nOrderedDict\n)R(" + k1 + v1 + b"u(" + k2 + v2 + b"u.",
+    }[build]
+    loaded = pickle.loads(data.replace(b"ctorch\nfloat32\n", b"cbuiltins\nint\n"))  # constants and OrderedDict
+    assert list(loaded.values()) == [8]
+    rep = read_pickle(data, path="p", context="dcp_metadata")
+    assert [f.code for f in rep.findings] == ["pickle.duplicate_key"]
+    assert not rep.inside_allowlist and rep.value is None
+    other = read_pickle(data.replace(k2 + v2, p_str("z") + v2), path="p", context="dcp_metadata")
+    assert other.findings == () and other.inside_allowlist
+
+
+def test_symbolic_and_long_tuple_keys_are_not_compared() -> None:
+    """Two calls' results may or may not be equal to the unpickler: not compared (nor refused here).
+    A long tuple key is not hashed at every insert (a memoized one would make that quadratic)."""
+    size = b"ctorch\nSize\n(K\x01tR"
+    data = b"\x80\x02}(" + size + b"K\x07" + size + b"K\x08u."
+    assert read_pickle(data, path="p").findings == ()
+    long_key = b"(" + b"K\x01" * 9 + b"t"
+    assert read_pickle(b"\x80\x02}(" + long_key + b"K\x07" + long_key + b"K\x08u.", path="p").findings == ()

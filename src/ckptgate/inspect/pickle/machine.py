@@ -56,6 +56,8 @@ class Machine:
         self.complete = False
         self.value: Any = None
         self.persistent_ids: list[Any] = []
+        #: id(dict or dict-like call) -> (it, the constant keys it holds); keeps it alive, so no id is reused
+        self.dict_keys: dict[int, tuple[Any, set[Any]]] = {}
 
     # -- helpers --------------------------------------------------------------------------------
     def err(self, code: str, msg: str, **ev: Any) -> None:

@@ -151,7 +151,9 @@ class Reader(Machine):
         if len(items) % 2:
             self.err("pickle.odd_dict_items", "DICT with an odd number of items", pos=pos)
             raise Abort
-        self.push(SDict(list(zip(items[::2], items[1::2], strict=True))))
+        d = SDict(list(zip(items[::2], items[1::2], strict=True)))
+        self._keys_unique(d, d.items, pos)
+        self.push(d)
 
     def _op_frozenset(self, name: str, arg: Any, pos: int) -> None:
         self.push(SSet(self.pop_mark(pos), frozen=True))
@@ -185,8 +187,10 @@ class Reader(Machine):
         target = self.stack[-1] if self.stack else None
         pairs = list(zip(items[::2], items[1::2], strict=True))
         if isinstance(target, SDict):
+            self._keys_unique(target, pairs, pos)
             target.items.extend(pairs)
         elif isinstance(target, Call) and self._is_dict_like(target):
+            self._keys_unique(target, pairs, pos)
             if target.dict_items is None:
                 target.dict_items = []
             target.dict_items.extend(pairs)
@@ -309,6 +313,24 @@ class Reader(Machine):
         self.persistent_ids.append(self.pop(pos))
         self.push(PersId(self.persistent_ids[-1]))
 
+    def _keys_unique(self, target: SDict | Call, pairs: list[tuple[Any, Any]], pos: int) -> None:
+        """A key the dict already holds: the unpickler keeps the last value alone (``1``, ``1.0``
+        and ``True`` are one key), where every reader of the items would see each.  Keys that are
+        constants are compared as Python compares them; a symbolic key (a call's result) cannot be."""
+        seen = self.dict_keys.setdefault(id(target), (target, set()))[1]
+        for k, _v in pairs:
+            if not _constant(k):
+                continue
+            if k in seen:
+                self.err(
+                    "pickle.duplicate_key",
+                    f"a dict key repeats ({short(k)}): an unpickler keeps only its last value",
+                    pos=pos,
+                    key=short(k),
+                )
+                raise Abort
+            seen.add(k)
+
     def _is_dict_like(self, c: Call) -> bool:
         return isinstance(c.func, Global) and c.func.dotted in self.allow.dict_like
 
@@ -385,6 +407,17 @@ Reader.HANDLERS = {
     "PERSID": Reader._op_persid,
     "BINPERSID": Reader._op_binpersid,
 }
+
+
+_SCALAR = (str, bytes, int, float, Global, type(None))
+
+
+def _constant(k: Any) -> bool:
+    """A key whose equality and hash are Python's own: a constant, a global, or a short flat tuple of
+    them (a long or nested one would cost its size at every insert: a memoized one, quadratic)."""
+    if isinstance(k, tuple):
+        return len(k) <= 8 and all(isinstance(x, _SCALAR) for x in k)
+    return isinstance(k, _SCALAR)
 
 
 def _init_list(c: Call) -> list[Any]:

@@ -375,3 +375,36 @@ def test_symbolic_and_long_tuple_keys_are_not_compared() -> None:
     assert read_pickle(data, path="p").findings == ()
     long_key = b"(" + b"K\x01" * 9 + b"t"
     assert read_pickle(b"\x80\x02}(" + long_key + b"K\x07" + long_key + b"K\x08u.", path="p").findings == ()
+
+
+@pytest.mark.parametrize(
+    ("call", "loaded"),
+    [
+        (b"ccollections\nOrderedDict\n(](" + p_str("hidden") + b"K\x01tatR", {"hidden": 1}),  # REDUCE: pairs
+        (b"(ccollections\nOrderedDict\n](" + p_str("hidden") + b"K\x01tao", {"hidden": 1}),  # OBJ
+        (b"ccollections\nOrderedDict\n)}(" + p_str("hidden") + b"K\x01u\x92", {}),  # NEWOBJ_EX: __new__ drops them
+    ],
+    ids=["reduce", "obj", "newobj_ex"],
+)
+def test_an_ordered_dict_built_from_arguments_is_refused(call: bytes, loaded: dict[str, int]) -> None:
+    """The pickler writes OrderedDict() and SETITEMS; one built from arguments holds items that
+    torch.load (weights_only too) loads and no walk of its items saw: a tensor inside was missing
+    from a clean torch zip's layout."""
+    data = b"\x80\x04}(" + p_str("inner") + call + b"u."
+    assert pickle.loads(data)["inner"] == loaded  # noqa: S301 - OrderedDict and constants only
+    rep = read_pickle(data, path="p")
+    assert [f.code for f in rep.findings] == ["pickle.container_args"]
+    assert not rep.inside_allowlist
+    empty = b"\x80\x02}(" + p_str("inner") + b"ccollections\nOrderedDict\n)R(" + p_str("x") + b"K\x01uu."
+    assert read_pickle(empty, path="p").findings == ()
+
+
+def test_a_tensor_in_an_ordered_dict_s_arguments_is_not_clean(tmp_path: Path) -> None:
+    from ckpt_inspect_helpers import p_tensor, torch_zip
+
+    inner = b"ccollections\nOrderedDict\n(](" + p_str("hidden") + p_tensor("0", 3, (3,), (1,)) + b"tatR"
+    (tmp_path / "ck").mkdir()
+    torch_zip(tmp_path / "ck" / "pytorch_model.bin", b"\x80\x02}(" + p_str("inner") + inner + b"u.", {"0": b"\0" * 12})
+    insp = inspect_tree(tmp_path / "ck")
+    assert "pickle.container_args" in {f.code for f in insp.findings}
+    assert not insp.clean

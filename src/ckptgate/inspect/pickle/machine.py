@@ -18,13 +18,18 @@ from ckptgate.inspect.budget import FileWork
 from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.pickle.report import CallSite, PickleLimits
 from ckptgate.inspect.pickle.tree import measure_tree
-from ckptgate.inspect.pickle.values import Call, Global, Unknown, short
+from ckptgate.inspect.pickle.values import Call, Global, SDict, SList, Unknown, short
 
 __all__ = ["Abort", "Machine"]
 
 
 class Abort(Exception):
     pass
+
+
+def _empty(v: Any) -> bool:
+    """No argument at all: none, an empty tuple, or an empty list or dict."""
+    return v is None or v == () or (isinstance(v, SDict | SList) and not v.items)
 
 
 _CHARGE_EVERY = 1024  # opcodes between charges to the work budget
@@ -120,6 +125,19 @@ class Machine:
                 )
             elif target == "copyreg._reconstructor" and target in self.allow.callables:
                 self._check_reconstructor(args, pos)
+            elif (target in self.allow.dict_like or target in self.allow.list_like) and not (
+                _empty(args) and _empty(kwargs)
+            ):
+                # The pickler writes OrderedDict() and fills it with SETITEMS; items given as the
+                # arguments of REDUCE, OBJ or INST are loaded (weights_only too), never walked as items.
+                self.outside = True
+                self.err(
+                    "pickle.container_args",
+                    f"{op} builds {target} from arguments, which the pickler never writes: "
+                    "what they hold is loaded but not read as its items",
+                    pos=pos,
+                    target=target,
+                )
         else:
             target = "<unresolved>"
             self.unresolved = True

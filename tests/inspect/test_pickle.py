@@ -408,3 +408,60 @@ def test_a_tensor_in_an_ordered_dict_s_arguments_is_not_clean(tmp_path: Path) ->
     insp = inspect_tree(tmp_path / "ck")
     assert "pickle.container_args" in {f.code for f in insp.findings}
     assert not insp.clean
+
+
+def _storage(key: str) -> bytes:
+    from ckpt_inspect_helpers import p_int
+
+    return b"(" + p_str("storage") + b"ctorch\nFloatStorage\n" + p_str(key) + p_str("cpu") + p_int(4) + b"tQ"
+
+
+def _v2(extra: bytes = b"") -> bytes:
+    from ckpt_inspect_helpers import p_int, p_tuple
+
+    return (b"ctorch._utils\n_rebuild_tensor_v2\n(" + _storage("0") + p_int(0) + p_tuple((4,)) + p_tuple((1,))
+            + b"\x89ccollections\nOrderedDict\n)R" + extra + b"tR")  # fmt: skip
+
+
+def _from_type(state: bytes) -> bytes:
+    return b"ctorch._tensor\n_rebuild_from_type_v2\n(" + b"ctorch._utils\n_rebuild_tensor_v2\nctorch\nTensor\n(" + (
+        _v2()[len(b"ctorch._utils\n_rebuild_tensor_v2\n(") : -2] + b"t" + state + b"tR"
+    )
+
+
+_SET_STORAGE_1 = b"(" + _storage("1") + b"K\x00(K\x04t(K\x01ttb"  # BUILD: Tensor.set_(storage 1, 0, (4,), (1,))
+
+
+@pytest.mark.parametrize(
+    ("tensor", "torch_sees"),
+    [
+        (_v2() + _SET_STORAGE_1, [6.0] * 4),  # BUILD re-points the tensor at storage 1
+        (_v2(b"}(" + p_str("neg") + b"\x88u"), [-1.0, -2.0, -3.0, -4.0]),  # metadata: the neg bit
+        (_from_type(b"}(" + p_str("data") + _v2().replace(b"0X\x03", b"1X\x03") + b"u"), [6.0] * 4),  # setattr data
+    ],
+    ids=["build_set_", "metadata_neg", "from_type_state_data"],
+)
+def test_state_torch_applies_to_a_rebuilt_tensor_is_refused(tensor: bytes, torch_sees: list[float],
+                                                             tmp_path: Path) -> None:
+    """torch.load (weights_only=True too) applies these to the tensor it rebuilt, and the layout read
+    storage 0's bytes [1, 2, 3, 4] alone: each was a clean static_pickle torch zip whose published
+    tensor was not the one torch loads."""
+    import struct
+
+    import torch
+    from ckpt_inspect_helpers import torch_zip
+
+    (tmp_path / "ck").mkdir()
+    f = torch_zip(tmp_path / "ck" / "pytorch_model.bin", b"\x80\x02}(" + p_str("w") + tensor + b"u.",
+                  {"0": struct.pack("<4f", 1, 2, 3, 4), "1": struct.pack("<4f", 6, 6, 6, 6)})  # fmt: skip
+    assert torch.load(f, weights_only=True)["w"].tolist() == torch_sees
+    insp = inspect_tree(tmp_path / "ck")
+    assert "pickle.tensor_state" in {x.code for x in insp.findings} and not insp.clean
+
+
+@pytest.mark.parametrize("state", [b"N", b"}", b"}(" + p_str("ds_id") + p_str("0_11") + b"u", b"(}Nt"])
+def test_a_subclass_state_producers_write_is_read(state: bytes) -> None:
+    data = b"\x80\x02}(" + p_str("w") + _from_type(state) + b"u."
+    assert read_pickle(data, path="p").findings == ()
+    bad = data.replace(p_str("ds_id") + p_str("0_11"), p_str("ds_id") + b"K\x01")
+    assert bad == data or [f.code for f in read_pickle(bad, path="p").findings] == ["pickle.tensor_state"]

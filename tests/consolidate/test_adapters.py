@@ -3,6 +3,8 @@ layer unstacking and reported semantics, Universal aliases."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +156,22 @@ def test_peft_without_base_revision_is_refused() -> None:
         with pytest.raises(NotConsolidatable) as e:
             plan_for(ins, decision=ALLOW, max_shard_bytes=1 << 20)
     assert e.value.code == "plan.peft.base_revision_missing"
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", " ", "0123456789abcdef"])
+def test_peft_with_a_branch_or_tag_as_base_revision_is_refused(revision: str, tmp_path: Path) -> None:
+    """A branch or tag moves: 'main' was published as a pinned base (only blank was refused)."""
+    root = tmp_path / "adapter"
+    shutil.copytree(FIXTURES / "peft_lora" / "checkpoint", root)
+    config = json.loads((root / "adapter_config.json").read_text())
+    (root / "adapter_config.json").write_text(json.dumps({**config, "revision": revision}))
+    with SafeTree.open(root) as tree:
+        ins = inspect_open_tree(tree)
+        with pytest.raises(NotConsolidatable) as e:
+            plan_for(ins, decision=ALLOW, max_shard_bytes=1 << 20)
+    assert e.value.code == "plan.peft.base_revision_missing"
+    with SafeTree.open(FIXTURES / "peft_lora" / "checkpoint") as tree:
+        assert plan_for(inspect_open_tree(tree), decision=ALLOW, max_shard_bytes=1 << 20).shards
 
 
 def _megatron_layout() -> dict:

@@ -1,7 +1,8 @@
 """A DCP ``.metadata`` whose dicts hold keys torch's unpickler deems equal: ``storage_data`` keys that
 differ in ``MetadataIndex.index`` alone (it compares and hashes by fqn and offset), or one fqn twice in
 ``state_dict_metadata``.  torch keeps one value of each; no save writes them; the static reader saw
-both and read them as two items (review2 A1c).  Refused as ``dcp.metadata_shape``."""
+both and read them as two items (review2 A1c).  Refused as ``dcp.metadata_shape`` (the index
+keys) and ``pickle.duplicate_key`` (an fqn, like any dict key that repeats)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def test_one_fqn_twice_in_state_dict_metadata_is_refused(tmp_path: Path) -> None
     raw = pickle.dumps(md, protocol=2)
     assert raw.count(twin.encode()) == 1
     (root / ".metadata").write_bytes(raw.replace(twin.encode(), fqn.encode()))
-    assert "dcp.metadata_shape" in _codes(root)
+    assert "pickle.duplicate_key" in _codes(root)  # the reader refuses any dict's repeated key
 
 
 def test_the_fixture_itself_is_clean() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -176,6 +177,18 @@ def test_peft_fields(name: str) -> None:
     assert a["fields"]["revision"] == meta["base_model"]["revision"]
     assert sorted(t["name"] for t in a["tensors"]) == meta["observed"]["adapter_keys"]
     assert ("peft.base_not_pinned" in _codes(insp)) == (meta["base_model"]["revision"] is None)
+
+
+@pytest.mark.parametrize("revision", [None, "", "main", "v1.0", "0123456789abcdef", "0123456789ABCDEF" * 2 + "01234567", 5])
+def test_a_peft_revision_that_is_not_a_commit_id_is_not_pinned(revision: object, tmp_path: Path) -> None:
+    """A branch or tag moves: only a full commit id pins the base (the warning fired for null alone)."""
+    d, _meta = _fixture("peft_lora")
+    root = tmp_path / "adapter"
+    shutil.copytree(d / "checkpoint", root)
+    assert "peft.base_not_pinned" not in _codes(inspect_tree(root))
+    config = json.loads((root / "adapter_config.json").read_text())
+    (root / "adapter_config.json").write_text(json.dumps({**config, "revision": revision}))
+    assert "peft.base_not_pinned" in _codes(inspect_tree(root))
 
 
 @pytest.mark.parametrize(("field", "value", "extra"), [

@@ -264,3 +264,204 @@ def test_integer_wider_than_the_cap_is_a_finding_not_a_value(n: int, tmp_path: P
     insp = inspect_tree(tmp_path / "ck")
     assert "pickle.int_too_large" in {f.code for f in insp.findings}
     json.dumps(insp.to_facts())
+
+
+# -- constants whose value depends on the unpickler ------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "c_value", "genops_value"),
+    [
+        (b"I010\n", 8, 10),  # strtol(s, 0): a leading 0 is octal
+        (b"I-0777\n", -511, -777),
+        (b"I 010\n", 8, 10),
+        (b"I+1\n", True, 1),  # any 0/1 of three bytes is a bool to C, an int to genops
+        (b"I-0\n", False, 0),
+    ],
+)
+def test_text_int_that_cpython_reads_otherwise_is_ambiguous(text: bytes, c_value: object, genops_value: object) -> None:
+    """torch.load's C unpickler and pickletools disagree on these INT spellings, which the pickler
+    never writes: a tensor's shape (10,) to the reader was (8,) to torch.  Not read as either."""
+    data = b"\x80\x02" + text + b"."
+    assert type(pickle.loads(data)) is type(c_value) and pickle.loads(data) == c_value
+    import pickletools
+
+    assert [a for _op, a, _p in pickletools.genops(data)][1] == genops_value
+    rep = read_pickle(data, path="p")
+    assert [f.code for f in rep.findings] == ["pickle.ambiguous_literal"]
+    assert rep.complete and not rep.inside_allowlist and rep.value is not genops_value
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b"I0\n", b"I00\n", b"I01\n", b"I10\n", b"I-7\n", b"I2147483648\n", b"L0L\n", b"L-987654321098765L\n", b"L7\n"],
+)
+def test_text_int_as_the_pickler_writes_it_is_read(text: bytes) -> None:
+    data = b"\x80\x02" + text + b"."
+    rep = read_pickle(data, path="p")
+    assert rep.findings == () and rep.inside_allowlist
+    assert rep.value == pickle.loads(data) and type(rep.value) is type(pickle.loads(data))
+
+
+@pytest.mark.parametrize("op", [b"U\x03w\xc3\xa9", b"T\x03\x00\x00\x00w\xc3\xa9"], ids=["SHORT_BINSTRING", "BINSTRING"])
+def test_non_ascii_python2_string_is_ambiguous(op: bytes) -> None:
+    """pickletools decodes str8 bytes as latin-1 ('wÃ©'), torch.load as UTF-8 ('wé'): a key the
+    reader saw beside 'wé' was the same key to torch, which kept only the last tensor."""
+    data = b"\x80\x02" + op + b"."
+    assert pickle.loads(data, encoding="utf-8") == "w\u00e9"
+    assert read_pickle(data.replace(op, op.replace(b"w\xc3\xa9", b"wab")), path="p").findings == ()
+    rep = read_pickle(data, path="p")
+    assert [f.code for f in rep.findings] == ["pickle.ambiguous_literal"]
+    assert not rep.inside_allowlist
+
+
+def test_ambiguous_shape_in_a_torch_zip_is_not_clean(tmp_path: Path) -> None:
+    """A tensor whose size is written ``I010``: torch.load builds shape (8,), the reader read (10,)
+    and called the file clean plain tensors (static_pickle), so the published tensor was not the
+    one torch loads."""
+    from ckpt_inspect_helpers import p_int, torch_zip
+
+    t = (
+        b"ctorch._utils\n_rebuild_tensor_v2\n((" + p_str("storage") + b"ctorch\nFloatStorage\n" + p_str("0")
+        + p_str("cpu") + p_int(10) + b"tQ" + p_int(0) + b"(I010\nt(" + p_int(1) + b"t"
+        + b"\x89ccollections\nOrderedDict\n)RtR"
+    )  # fmt: skip
+    (tmp_path / "ck").mkdir()
+    torch_zip(tmp_path / "ck" / "pytorch_model.bin", b"\x80\x02}(" + p_str("w") + t + b"u.", {"0": b"\0" * 40})
+    insp = inspect_tree(tmp_path / "ck")
+    assert "pickle.ambiguous_literal" in {f.code for f in insp.findings}
+    assert not insp.clean
+
+
+
+_ONE = b"K\x01"
+_TUPLE = b"K\x01N\x86"  # (1, None)
+
+
+@pytest.mark.parametrize(
+    ("k1", "k2"),
+    [
+        (p_str("w"), p_str("w")),
+        (_ONE, b"\x88"),  # 1 and True are one key
+        (_ONE, b"G?\xf0\x00\x00\x00\x00\x00\x00"),  # 1 and 1.0
+        (_TUPLE, _TUPLE),
+        (b"ctorch\nfloat32\n", b"ctorch\nfloat32\n"),
+    ],
+    ids=["str", "int_bool", "int_float", "tuple", "global"],
+)
+@pytest.mark.parametrize("build", ["setitems", "dict", "setitem", "ordered_dict"])
+def test_a_repeated_dict_key_is_refused(k1: bytes, k2: bytes, build: str) -> None:
+    """The unpickler keeps the last value of a key that repeats; the reader listed each, so a state
+    dict {'w': A, 'w': B} was two tensors 'w' to inspection and B alone to torch.load."""
+    v1, v2 = b"K\x07", b"K\x08"
+    data = {
+        "setitems": b"\x80\x02}(" + k1 + v1 + k2 + v2 + b"u.",
+        "dict": b"\x80\x02(" + k1 + v1 + k2 + v2 + b"d.",
+        "setitem": b"\x80\x02}" + k1 + v1 + b"s" + k2 + v2 + b"s.",
+        "ordered_dict": b"\x80\x02ccollections\nOrderedDict\n)R(" + k1 + v1 + b"u(" + k2 + v2 + b"u.",
+    }[build]
+    loaded = pickle.loads(data.replace(b"ctorch\nfloat32\n", b"cbuiltins\nint\n"))  # constants and OrderedDict
+    assert list(loaded.values()) == [8]
+    rep = read_pickle(data, path="p", context="dcp_metadata")
+    assert [f.code for f in rep.findings] == ["pickle.duplicate_key"]
+    assert not rep.inside_allowlist and rep.value is None
+    other = read_pickle(data.replace(k2 + v2, p_str("z") + v2), path="p", context="dcp_metadata")
+    assert other.findings == () and other.inside_allowlist
+
+
+def test_symbolic_and_long_tuple_keys_are_not_compared() -> None:
+    """Two calls' results may or may not be equal to the unpickler: not compared (nor refused here).
+    A long tuple key is not hashed at every insert (a memoized one would make that quadratic)."""
+    size = b"ctorch\nSize\n(K\x01tR"
+    data = b"\x80\x02}(" + size + b"K\x07" + size + b"K\x08u."
+    assert read_pickle(data, path="p").findings == ()
+    long_key = b"(" + b"K\x01" * 9 + b"t"
+    assert read_pickle(b"\x80\x02}(" + long_key + b"K\x07" + long_key + b"K\x08u.", path="p").findings == ()
+
+
+@pytest.mark.parametrize(
+    ("call", "loaded"),
+    [
+        (b"ccollections\nOrderedDict\n(](" + p_str("hidden") + b"K\x01tatR", {"hidden": 1}),  # REDUCE: pairs
+        (b"(ccollections\nOrderedDict\n](" + p_str("hidden") + b"K\x01tao", {"hidden": 1}),  # OBJ
+        (b"ccollections\nOrderedDict\n)}(" + p_str("hidden") + b"K\x01u\x92", {}),  # NEWOBJ_EX: __new__ drops them
+    ],
+    ids=["reduce", "obj", "newobj_ex"],
+)
+def test_an_ordered_dict_built_from_arguments_is_refused(call: bytes, loaded: dict[str, int]) -> None:
+    """The pickler writes OrderedDict() and SETITEMS; one built from arguments holds items that
+    torch.load (weights_only too) loads and no walk of its items saw: a tensor inside was missing
+    from a clean torch zip's layout."""
+    data = b"\x80\x04}(" + p_str("inner") + call + b"u."
+    assert pickle.loads(data)["inner"] == loaded  # noqa: S301 - OrderedDict and constants only
+    rep = read_pickle(data, path="p")
+    assert [f.code for f in rep.findings] == ["pickle.container_args"]
+    assert not rep.inside_allowlist
+    empty = b"\x80\x02}(" + p_str("inner") + b"ccollections\nOrderedDict\n)R(" + p_str("x") + b"K\x01uu."
+    assert read_pickle(empty, path="p").findings == ()
+
+
+def test_a_tensor_in_an_ordered_dict_s_arguments_is_not_clean(tmp_path: Path) -> None:
+    from ckpt_inspect_helpers import p_tensor, torch_zip
+
+    inner = b"ccollections\nOrderedDict\n(](" + p_str("hidden") + p_tensor("0", 3, (3,), (1,)) + b"tatR"
+    (tmp_path / "ck").mkdir()
+    torch_zip(tmp_path / "ck" / "pytorch_model.bin", b"\x80\x02}(" + p_str("inner") + inner + b"u.", {"0": b"\0" * 12})
+    insp = inspect_tree(tmp_path / "ck")
+    assert "pickle.container_args" in {f.code for f in insp.findings}
+    assert not insp.clean
+
+
+def _storage(key: str) -> bytes:
+    from ckpt_inspect_helpers import p_int
+
+    return b"(" + p_str("storage") + b"ctorch\nFloatStorage\n" + p_str(key) + p_str("cpu") + p_int(4) + b"tQ"
+
+
+def _v2(extra: bytes = b"") -> bytes:
+    from ckpt_inspect_helpers import p_int, p_tuple
+
+    return (b"ctorch._utils\n_rebuild_tensor_v2\n(" + _storage("0") + p_int(0) + p_tuple((4,)) + p_tuple((1,))
+            + b"\x89ccollections\nOrderedDict\n)R" + extra + b"tR")  # fmt: skip
+
+
+def _from_type(state: bytes) -> bytes:
+    return b"ctorch._tensor\n_rebuild_from_type_v2\n(" + b"ctorch._utils\n_rebuild_tensor_v2\nctorch\nTensor\n(" + (
+        _v2()[len(b"ctorch._utils\n_rebuild_tensor_v2\n(") : -2] + b"t" + state + b"tR"
+    )
+
+
+_SET_STORAGE_1 = b"(" + _storage("1") + b"K\x00(K\x04t(K\x01ttb"  # BUILD: Tensor.set_(storage 1, 0, (4,), (1,))
+
+
+@pytest.mark.parametrize(
+    ("tensor", "torch_sees"),
+    [
+        (_v2() + _SET_STORAGE_1, [6.0] * 4),  # BUILD re-points the tensor at storage 1
+        (_v2(b"}(" + p_str("neg") + b"\x88u"), [-1.0, -2.0, -3.0, -4.0]),  # metadata: the neg bit
+        (_from_type(b"}(" + p_str("data") + _v2().replace(b"0X\x03", b"1X\x03") + b"u"), [6.0] * 4),  # setattr data
+    ],
+    ids=["build_set_", "metadata_neg", "from_type_state_data"],
+)
+def test_state_torch_applies_to_a_rebuilt_tensor_is_refused(tensor: bytes, torch_sees: list[float],
+                                                             tmp_path: Path) -> None:
+    """torch.load (weights_only=True too) applies these to the tensor it rebuilt, and the layout read
+    storage 0's bytes [1, 2, 3, 4] alone: each was a clean static_pickle torch zip whose published
+    tensor was not the one torch loads."""
+    import struct
+
+    import torch
+    from ckpt_inspect_helpers import torch_zip
+
+    (tmp_path / "ck").mkdir()
+    f = torch_zip(tmp_path / "ck" / "pytorch_model.bin", b"\x80\x02}(" + p_str("w") + tensor + b"u.",
+                  {"0": struct.pack("<4f", 1, 2, 3, 4), "1": struct.pack("<4f", 6, 6, 6, 6)})  # fmt: skip
+    assert torch.load(f, weights_only=True)["w"].tolist() == torch_sees
+    insp = inspect_tree(tmp_path / "ck")
+    assert "pickle.tensor_state" in {x.code for x in insp.findings} and not insp.clean
+
+
+@pytest.mark.parametrize("state", [b"N", b"}", b"}(" + p_str("ds_id") + p_str("0_11") + b"u", b"(}Nt"])
+def test_a_subclass_state_producers_write_is_read(state: bytes) -> None:
+    data = b"\x80\x02}(" + p_str("w") + _from_type(state) + b"u."
+    assert read_pickle(data, path="p").findings == ()
+    bad = data.replace(p_str("ds_id") + p_str("0_11"), p_str("ds_id") + b"K\x01")
+    assert bad == data or [f.code for f in read_pickle(bad, path="p").findings] == ["pickle.tensor_state"]

@@ -206,12 +206,8 @@ def extract_dcp_metadata(rep: PickleReport) -> tuple[DcpMetadata | None, tuple[F
             raise _Bad("state_dict_metadata is not a dict")
         tensors: list[DcpTensor] = []
         byte_items: list[str] = []
-        seen_fqns: set[str] = set()
-        for fqn, md in sdm.items:
+        for fqn, md in sdm.items:  # an fqn twice is the reader's pickle.duplicate_key: no value
             fqn = _str(fqn, "fqn")
-            if fqn in seen_fqns:  # torch's unpickler keeps one of them (the last value): never two readings
-                raise _Bad(f"state_dict_metadata names {fqn!r} twice")
-            seen_fqns.add(fqn)
             kind = _cls(md) or ""
             if kind == _M + "BytesStorageMetadata":
                 byte_items.append(fqn)

@@ -1,9 +1,9 @@
 """PEFT adapters: passed through as ``adapter_model.safetensors`` + ``adapter_config.json`` [R16].
 
 An adapter is meaningless without its base model, so the base revision must be pinned in
-``adapter_config.json``; a null or absent ``revision`` is refused
-(``plan.peft.base_revision_missing``).  The tensors are re-written byte for byte from the
-validated header; the config is copied verbatim.
+``adapter_config.json``; a ``revision`` that is not a commit id (null, absent, or a branch or tag
+name, which can move) is refused (``plan.peft.base_revision_missing``).  The tensors are re-written
+byte for byte from the validated header; the config is copied verbatim.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ckptgate.consolidate.adapters._common import header_tensors
 from ckptgate.consolidate.adapters.registry import Static, register
 from ckptgate.consolidate.plan import ConsolidationPlan, CopiedFile, NotConsolidatable, PlanError, ShardTask
+from ckptgate.inspect.formats.peft import pins_a_commit
 
 if TYPE_CHECKING:
     pass
@@ -36,12 +37,16 @@ def plan(layout: Mapping[str, Any], files: Mapping[str, Any]) -> ConsolidationPl
         )
     a = adapters[0]
     revision = (a.get("fields") or {}).get("revision")
-    if not isinstance(revision, str) or not revision.strip():
+    if not pins_a_commit(revision):
         raise NotConsolidatable(
             "plan.peft.base_revision_missing",
-            "the adapter's base model revision is null or absent; an adapter is published "
-            "only with a pinned base [R16]",
-            evidence={"config": a.get("config"), "base_model": (a.get("fields") or {}).get("base_model_name_or_path")},
+            f"the adapter's base model revision ({str(revision)[:80]!r}) is not a commit id; an adapter "
+            "is published only with a pinned base [R16]",
+            evidence={
+                "config": a.get("config"),
+                "base_model": (a.get("fields") or {}).get("base_model_name_or_path"),
+                "revision": revision,
+            },
             advice="Set `revision` in adapter_config.json to the immutable base revision "
             "(a commit hash) the adapter was trained on, and attest the new digest.",
         )

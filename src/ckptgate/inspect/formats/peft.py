@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ckptgate.inspect.classify import FileKind
@@ -10,7 +11,7 @@ from ckptgate.inspect.findings import Finding, error, warning
 from ckptgate.inspect.formats._base import Context, FormatResult
 from ckptgate.inspect.formats.registry import register_detector
 
-__all__ = ["detect_peft"]
+__all__ = ["detect_peft", "pins_a_commit"]
 
 _FIELDS = (
     "base_model_name_or_path",
@@ -25,6 +26,13 @@ _FIELDS = (
 )
 _MAX_STRING = 4096  # a hub id is at most 96 characters, a local path at most PATH_MAX
 _MAX_FIELD = 64 << 10  # JSON-encoded: a long explicit target_modules list fits
+#: a full commit id (SHA-1, or SHA-256 for a repository that uses it): a branch or tag name moves
+_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
+def pins_a_commit(revision: object) -> bool:
+    """Whether an adapter's ``revision`` names one commit of its base (a branch or a tag can move)."""
+    return isinstance(revision, str) and _COMMIT.fullmatch(revision) is not None
 
 
 def _too_long(value: object) -> bool:
@@ -60,13 +68,15 @@ def detect_peft(ctx: Context) -> FormatResult | None:
             fields[k] = None
         if not isinstance(doc.get("base_model_name_or_path"), str) or not doc["base_model_name_or_path"]:
             findings.append(error("peft.base_model_missing", cp, "adapter_config.json names no base model"))
-        if doc.get("revision") is None:
+        if not pins_a_commit(doc.get("revision")):
             findings.append(
                 warning(
                     "peft.base_not_pinned",
                     cp,
-                    "the base model revision is null: the base is not pinned [R16]",
+                    "the base model revision is not a commit id (null, or a branch or tag name that can "
+                    "move): the base is not pinned [R16]",
                     base=fields.get("base_model_name_or_path"),
+                    revision=fields.get("revision"),
                 )
             )
         pre = f"{folder}/" if folder else ""

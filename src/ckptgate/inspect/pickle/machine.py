@@ -18,13 +18,56 @@ from ckptgate.inspect.budget import FileWork
 from ckptgate.inspect.findings import Finding, error
 from ckptgate.inspect.pickle.report import CallSite, PickleLimits
 from ckptgate.inspect.pickle.tree import measure_tree
-from ckptgate.inspect.pickle.values import Call, Global, Unknown, short
+from ckptgate.inspect.pickle.values import Call, Global, SDict, SList, Unknown, short
 
 __all__ = ["Abort", "Machine"]
 
 
 class Abort(Exception):
     pass
+
+
+def _empty(v: Any) -> bool:
+    """No argument at all: none, an empty tuple, or an empty list or dict."""
+    return v is None or v == () or (isinstance(v, SDict | SList) and not v.items)
+
+
+def _no_state(v: Any) -> bool:
+    """An object state that sets nothing: empty, or an empty ``(dict state, slots state)`` pair."""
+    return _empty(v) or (isinstance(v, tuple) and len(v) == 2 and _empty(v[0]) and _empty(v[1]))
+
+
+#: The attributes producers set on a saved tensor through ``_rebuild_from_type_v2``'s state, with
+#: the type of their value (DeepSpeed ZeRO-3's ``ds_id``; ``_has_been_cloned``, from the pinned
+#: producers' fixtures).  Any other name may be one torch.Tensor defines (``data``, ``real``).
+_TENSOR_ATTRIBUTES: dict[str, type] = {"ds_id": str, "_has_been_cloned": bool}
+
+
+def _plain_attributes(v: Any) -> bool:
+    """A ``_rebuild_from_type_v2`` state that sets only :data:`_TENSOR_ATTRIBUTES` (or nothing)."""
+    if isinstance(v, tuple) and len(v) == 2 and _empty(v[1]):
+        v = v[0]
+    if _empty(v):
+        return True
+    return isinstance(v, SDict) and all(
+        isinstance(k, str) and k in _TENSOR_ATTRIBUTES and isinstance(x, _TENSOR_ATTRIBUTES[k]) for k, x in v.items
+    )
+
+
+#: Tensor rebuilds and the argument (index) holding what torch applies to the tensor after building
+#: it from storage, offset, size and stride: ``metadata`` (``{"neg": True}`` negates it, ``conj``
+#: conjugates it, torch._utils.set_tensor_metadata) and ``_rebuild_from_type_v2``'s state (setattr of
+#: each item: ``data`` swaps in another tensor).  A BUILD on any of their results is ``Tensor.set_``
+#: (Tensor.__setstate__: another storage, offset and size).  torch.load applies each, weights_only
+#: too; the layout reads the storage bytes alone.  A plain tensor's save writes none of them, and a
+#: subclass's state only the :data:`_TENSOR_ATTRIBUTES`.
+_TENSOR_STATE_ARG = {
+    "torch._utils._rebuild_tensor_v2": 6,
+    "torch._utils._rebuild_tensor_v3": 7,
+    "torch._utils._rebuild_parameter": None,
+    "torch._tensor._rebuild_from_type_v2": 3,
+    "torch.Size": None,
+}
 
 
 _CHARGE_EVERY = 1024  # opcodes between charges to the work budget
@@ -56,6 +99,8 @@ class Machine:
         self.complete = False
         self.value: Any = None
         self.persistent_ids: list[Any] = []
+        #: id(dict or dict-like call) -> (it, the constant keys it holds); keeps it alive, so no id is reused
+        self.dict_keys: dict[int, tuple[Any, set[Any]]] = {}
 
     # -- helpers --------------------------------------------------------------------------------
     def err(self, code: str, msg: str, **ev: Any) -> None:
@@ -118,6 +163,25 @@ class Machine:
                 )
             elif target == "copyreg._reconstructor" and target in self.allow.callables:
                 self._check_reconstructor(args, pos)
+            elif (i := _TENSOR_STATE_ARG.get(target)) is not None and (
+                isinstance(args, tuple)
+                and len(args) > i
+                and not (_plain_attributes if target.endswith("_from_type_v2") else _no_state)(args[i])
+            ):
+                self._tensor_state(op, target, pos)
+            elif (target in self.allow.dict_like or target in self.allow.list_like) and not (
+                _empty(args) and _empty(kwargs)
+            ):
+                # The pickler writes OrderedDict() and fills it with SETITEMS; items given as the
+                # arguments of REDUCE, OBJ or INST are loaded (weights_only too), never walked as items.
+                self.outside = True
+                self.err(
+                    "pickle.container_args",
+                    f"{op} builds {target} from arguments, which the pickler never writes: "
+                    "what they hold is loaded but not read as its items",
+                    pos=pos,
+                    target=target,
+                )
         else:
             target = "<unresolved>"
             self.unresolved = True
@@ -129,6 +193,22 @@ class Machine:
             )
         self._call_site(op, target, pos)
         return Call(opcode=op, func=func, args=args, kwargs=kwargs)
+
+    def tensor_built(self, target: Call, state: Any, pos: int) -> None:
+        """BUILD on the result of a tensor rebuild (or a ``torch.Size``): refused unless it sets nothing."""
+        f = target.func.dotted if isinstance(target.func, Global) else None
+        if f in _TENSOR_STATE_ARG and not _no_state(state):
+            self._tensor_state("BUILD", f, pos)
+
+    def _tensor_state(self, op: str, target: str, pos: int) -> None:
+        self.outside = True
+        self.err(
+            "pickle.tensor_state",
+            f"{op} gives the result of {target} a state or metadata, which torch.load applies to the "
+            "tensor (re-pointed, negated, conjugated or an attribute set) and the layout does not read",
+            pos=pos,
+            target=target,
+        )
 
     def _call_site(self, op: str, target: str, pos: int) -> None:
         """The inventory keeps each (opcode, target) once, at its first position: a long run of

@@ -8,6 +8,7 @@ whose methods they would call.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ckptgate.inspect.pickle.machine import Abort, Machine
@@ -17,6 +18,15 @@ from ckptgate.inspect.pickle.values import Call, Global, PersId, SDict, SList, S
 __all__ = ["Reader"]
 
 _NESTED_MIN = 8
+
+#: The decimal text the pickler writes for INT (``I00``/``I01`` are False/True) and LONG.  The C
+#: unpickler torch.load uses reads INT with ``strtol(s, 0)`` and LONG with base 0, and takes any
+#: 0/1 of three bytes (``+1``, `` 1``, ``-0``) as a bool; ``pickletools`` reads both in base 10.
+#: So ``I010`` is 8 to torch and 10 to genops: any other spelling is ambiguous, not read.
+_CANONICAL_TEXT_INT = {
+    "INT": re.compile(rb"(?:0[01]?|-?[1-9][0-9]*)\n"),
+    "LONG": re.compile(rb"(?:0|-?[1-9][0-9]*)L?\n"),
+}
 
 
 class Reader(Machine):
@@ -40,7 +50,25 @@ class Reader(Machine):
             self.err("pickle.stack_limit", "mark depth exceeds the cap")
             raise Abort
 
+    def _ambiguous(self, name: str, pos: int, why: str, **ev: Any) -> None:
+        """A constant whose value depends on the unpickler: never read as any one of them."""
+        self.unresolved = True
+        self.err("pickle.ambiguous_literal", f"{name} at byte {pos} {why}", pos=pos, opcode=name, **ev)
+        self.push(Unknown(f"ambiguous {name}"))
+
     def _op_int(self, name: str, arg: Any, pos: int) -> None:
+        canonical = _CANONICAL_TEXT_INT.get(name)
+        end = self.data.find(b"\n", pos + 1) + 1 if canonical is not None else 0  # genops read the line
+        if canonical is not None and not canonical.fullmatch(self.data, pos + 1, end):
+            text = self.data[pos + 1 : end - 1]
+            self._ambiguous(
+                name,
+                pos,
+                "is not written as the pickler writes it: CPython's unpickler reads it in base 0 "
+                "(a leading 0 is octal) where a base-10 decoder does not",
+                text=short(text),
+            )
+            return
         if isinstance(arg, int) and arg.bit_length() > self.limits.max_int_bits:
             self.unresolved = True
             self.err(
@@ -55,6 +83,11 @@ class Reader(Machine):
         self.push(arg)
 
     def _op_string(self, name: str, arg: Any, pos: int) -> None:
+        if name in ("BINSTRING", "SHORT_BINSTRING") and not arg.isascii():
+            # Python 2 str bytes: pickletools decodes them as latin-1, torch.load's unpickler with
+            # encoding="utf-8", pickle.load's default refuses them and encoding="bytes" keeps bytes.
+            self._ambiguous(name, pos, "holds non-ASCII bytes, which each unpickler decodes with its own encoding")
+            return
         self.push(arg)
 
     def _op_binbytes(self, name: str, arg: Any, pos: int) -> None:
@@ -118,7 +151,9 @@ class Reader(Machine):
         if len(items) % 2:
             self.err("pickle.odd_dict_items", "DICT with an odd number of items", pos=pos)
             raise Abort
-        self.push(SDict(list(zip(items[::2], items[1::2], strict=True))))
+        d = SDict(list(zip(items[::2], items[1::2], strict=True)))
+        self._keys_unique(d, d.items, pos)
+        self.push(d)
 
     def _op_frozenset(self, name: str, arg: Any, pos: int) -> None:
         self.push(SSet(self.pop_mark(pos), frozen=True))
@@ -152,8 +187,10 @@ class Reader(Machine):
         target = self.stack[-1] if self.stack else None
         pairs = list(zip(items[::2], items[1::2], strict=True))
         if isinstance(target, SDict):
+            self._keys_unique(target, pairs, pos)
             target.items.extend(pairs)
         elif isinstance(target, Call) and self._is_dict_like(target):
+            self._keys_unique(target, pairs, pos)
             if target.dict_items is None:
                 target.dict_items = []
             target.dict_items.extend(pairs)
@@ -248,6 +285,7 @@ class Reader(Machine):
         if isinstance(target, Call):
             tname = target.func.dotted if isinstance(target.func, Global) else "<unresolved>"
             self._call_site("BUILD", tname, pos)
+            self.tensor_built(target, state, pos)
             target.state = state
         else:
             self.outside = True
@@ -275,6 +313,24 @@ class Reader(Machine):
     def _op_binpersid(self, name: str, arg: Any, pos: int) -> None:
         self.persistent_ids.append(self.pop(pos))
         self.push(PersId(self.persistent_ids[-1]))
+
+    def _keys_unique(self, target: SDict | Call, pairs: list[tuple[Any, Any]], pos: int) -> None:
+        """A key the dict already holds: the unpickler keeps the last value alone (``1``, ``1.0``
+        and ``True`` are one key), where every reader of the items would see each.  Keys that are
+        constants are compared as Python compares them; a symbolic key (a call's result) cannot be."""
+        seen = self.dict_keys.setdefault(id(target), (target, set()))[1]
+        for k, _v in pairs:
+            if not _constant(k):
+                continue
+            if k in seen:
+                self.err(
+                    "pickle.duplicate_key",
+                    f"a dict key repeats ({short(k)}): an unpickler keeps only its last value",
+                    pos=pos,
+                    key=short(k),
+                )
+                raise Abort
+            seen.add(k)
 
     def _is_dict_like(self, c: Call) -> bool:
         return isinstance(c.func, Global) and c.func.dotted in self.allow.dict_like
@@ -352,6 +408,17 @@ Reader.HANDLERS = {
     "PERSID": Reader._op_persid,
     "BINPERSID": Reader._op_binpersid,
 }
+
+
+_SCALAR = (str, bytes, int, float, Global, type(None))
+
+
+def _constant(k: Any) -> bool:
+    """A key whose equality and hash are Python's own: a constant, a global, or a short flat tuple of
+    them (a long or nested one would cost its size at every insert: a memoized one, quadratic)."""
+    if isinstance(k, tuple):
+        return len(k) <= 8 and all(isinstance(x, _SCALAR) for x in k)
+    return isinstance(k, _SCALAR)
 
 
 def _init_list(c: Call) -> list[Any]:

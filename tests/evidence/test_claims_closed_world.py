@@ -426,3 +426,38 @@ def test_every_spelling_of_a_check_mark_affirms_its_label(tmp_path: Path) -> Non
     flagged = [f"docs/m{i:02d}.md" in hit for i in range(len(cases))]
     assert [t for t, f in zip(MARK_OVER, flagged, strict=False) if not f] == []
     assert [t for t, f in zip(MARK_BOUNDED, flagged[len(MARK_OVER):], strict=True) if f] == []
+
+
+# The review's probe, then the lead's: contracted double negations (with a typographic apostrophe too),
+# a label joined to its value by an arrow or affirmed by a state word, and an "until" whose condition
+# (not the clause it bounds) names a qualification.  Each over-claim passed, and each "until" sentence
+# below was flagged, before its fix.
+LATE_OVER = [
+    "ZeRO-1 isn't unsupported.",
+    "ZeRO-1 aren\u2019t unsupported.",
+    "ZeRO-1 wasn't unqualified.",
+    "FSDP2 \u2192 yes",
+    "FSDP2 -> yes",
+    "FSDP2: enabled",
+    "FSDP2: works",
+    "FSDP2: available",
+    "ckptgate supports ZeRO-1 until 2027.",
+    "ZeRO-1 is supported until the next release.",
+]
+LATE_BOUNDED = [
+    "ZeRO-1 is unsupported until a row is qualified.",
+    "Until a row is qualified, ZeRO-1 is refused.",
+    "FSDP2 stays refused until its row is qualified.",
+    "ckptgate will not load FSDP2 until it is qualified.",
+    "ZeRO-3: enabled",
+    "Signed: available",
+    "FSDP2 isn\u2019t supported.",
+    "Audit log -> enabled",
+    "DeepSpeed\u2019s ZeRO-1 checkpoints are refused.",
+]
+
+
+def test_contractions_arrows_state_words_and_until_conditions() -> None:
+    got = _codes(LATE_OVER + LATE_BOUNDED)
+    assert [t for t, c in zip(LATE_OVER, got, strict=False) if not c] == []
+    assert {t: c for t, c in zip(LATE_BOUNDED, got[len(LATE_OVER):], strict=True) if c} == {}

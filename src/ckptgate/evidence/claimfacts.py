@@ -105,14 +105,14 @@ def _fragments_take_their_predicate(vocab: Vocabulary, facts: list[dict[str, Any
         rest = c["text"]
         for term in sorted(named, key=len, reverse=True):  # "DeepSpeed 0.18.0", "macOS", as well as systems
             rest = rest.replace(term, " ")
-        if vocab.rx("fragment_filler").sub(" ", rest).strip(" \t.,;:=|!?*_()[]'\"\u2019"):
+        if vocab.rx("fragment_filler").sub(" ", rest).strip(" \t.,;:=|!?*_()[]'\"\u2019\u2192\u21d2\u27f6->"):
             continue
         nxt = facts[i + 1] if i + 1 < len(facts) else None
         if _LABEL.match(delims[i]):
             source = [nxt] if nxt is not None else []
         else:
             source = [f for f in reversed(facts[:i]) if f["capability"]][:1]
-        if (re.search(r"[:=\u2705\u2713\u2714\u2611]", rest) and _affirmed(vocab, rest)) or (
+        if (re.search(r"[:=\u2705\u2713\u2714\u2611\u2192\u21d2\u27f6]|->", rest) and _affirmed(vocab, rest)) or (
             delims[i] != "|" and _LABEL.match(delims[i]) and nxt is not None and _affirmed(vocab, nxt["text"])
         ):  # "FSDP2: yes", "FSDP2 = true", "ZeRO-1 \u2705", "ZeRO-1? Yes.": the value affirms the label
             source = [{"capability": [_AFFIRMED]}]
@@ -129,8 +129,12 @@ _AFFIRMED = {"class": "support", "term": "yes", "passive": True, "negated": Fals
 
 def _affirmed(vocab: Vocabulary, text: str) -> bool:
     """Whether ``text`` is, in full, an affirmation ("yes", "true", "\u2713", "Yes, fully."), with
-    a label's "=" or ":" before it.  In a table a cell is read with its column header instead."""
-    return bool(vocab.rx("affirmation").match(re.sub(r"^[\s:=]+", "", text)))
+    a label's "=", ":" or arrow before it.  In a table a cell is read with its column header instead."""
+    return bool(vocab.rx("affirmation").match(_LABEL_MARK.sub("", text)))
+
+
+#: What joins a label to its value: "FSDP2: yes", "FSDP2 = yes", "FSDP2 -> yes", "FSDP2 \u2192 yes".
+_LABEL_MARK = re.compile(r"^(?:[\s:=]|->|=>|[\u2192\u21d2\u27f6])+")
 
 
 def _systems(vocab: Vocabulary, clause: str) -> tuple[list[dict[str, Any]], str]:
@@ -338,6 +342,11 @@ def _entities(vocab: Vocabulary, masked: str, code: list[tuple[int, int]]) -> li
     return out
 
 
+#: A predicate inside the condition an "until" states ("is unsupported until a row is qualified",
+#: "Until a row is qualified, ZeRO-1 is refused"): the clause's claim is the one it bounds in time.
+_UNTIL_CONDITION = re.compile(r"\buntil\s+(?:[^\s,;:]+\s+){0,6}$", re.IGNORECASE)
+
+
 #: Where the object of a "runs on ..." predicate ends: the noun phrase, up to punctuation.
 _OBJECT_END = re.compile(
     r"[,;()\[\]]|\s(?:while|when|whenever|where|because|since|so|and then|before|after|until|that|which|who|whose)\s"
@@ -472,6 +481,8 @@ def clause_facts(vocab: Vocabulary, clause: str) -> dict[str, Any]:
             if cls == "enable" and _not_enabling(vocab, masked, m, systems):
                 continue
             head = masked[: m.start()]
+            if _UNTIL_CONDITION.search(head):
+                continue  # "refused until a row is qualified": what the refusal waits for, never a claim
             passive = bool(vocab.rx("passive").search(head)) or cls in ("compatible", "out_of_the_box")
             false_after = bool(
                 vocab.rx("false_after").match(masked[m.end() :])
@@ -668,8 +679,13 @@ def _answer_the_question(vocab: Vocabulary, asked: list[dict[str, Any]], answer:
             c["question"] = True
 
 
+#: A typographic apostrophe inside a word ("isn\u2019t", "DeepSpeed\u2019s"), not a closing quotation mark.
+_APOSTROPHE = re.compile(r"(?<=[A-Za-z])\u2019(?=[A-Za-z])")
+
+
 def sentence_facts(vocab: Vocabulary, text: str) -> dict[str, Any]:
     """Claim facts for one sentence: its clauses, and sentence-wide cues."""
+    text = _APOSTROPHE.sub("'", text)  # "isn\u2019t" reads as "isn't" (one character for one: positions hold)
     quoted = [
         (m.start(), m.end())
         for m in _QUOTED.finditer(text)

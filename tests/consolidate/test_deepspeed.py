@@ -26,6 +26,7 @@ from ckptgate.enforce.containment import preflight  # noqa: E402
 from ckptgate.enforce.gate import enforce  # noqa: E402
 from ckptgate.enforce.load import WorkerOptions, load_trees  # noqa: E402
 from ckptgate.enforce.permit import issue_permit  # noqa: E402
+from ckptgate.consolidate.plan import PlanError  # noqa: E402
 from ckptgate.errors import RuntimeFailure  # noqa: E402
 from ckptgate.inspect import SafeTree, inspect_open_tree  # noqa: E402
 
@@ -220,3 +221,65 @@ def test_a_runtime_qualification_asks_the_worker_for_every_state_file(name: str)
     assert framework_files(ins, worker=True) == framework_files(_framework(ins))
     with SafeTree.open(FIXTURES / "hf_sharded" / "checkpoint") as tree:
         assert framework_files(inspect_open_tree(tree), worker=True) == ()
+
+
+def _zero_trees(name: str):
+    with SafeTree.open(FIXTURES / name / "checkpoint") as tree:
+        ins = inspect_open_tree(tree)
+    files = {f.path: f for f in ins.files}
+    rels = deepspeed.zero_files(ins.layout)
+    return ins, files, rels, deepspeed.static_trees(files, rels)
+
+
+def _shadow_buffer(m0: dict) -> None:
+    m0["buffer_names"] = ["embed.weight"]  # the module's bf16 copy of a trainable param
+
+
+def _shadow_frozen(m0: dict) -> None:
+    m0["frozen_param_shapes"] = {"fc1.bias": [5]}
+    m0["frozen_param_fragments"] = {"fc1.bias": m0["module"]["fc1.bias"]}
+
+
+def _alias_over_param(m0: dict) -> None:
+    m0["shared_params"] = {"fc1.bias": "embed.weight"}
+
+
+def _alias_to_nothing(m0: dict) -> None:
+    m0["shared_params"] = {"head.weight": "no.such.param"}
+
+
+def _name_in_two_groups(m0: dict) -> None:
+    m0["param_shapes"] = [*m0["param_shapes"], {"gate": [1, 4]}]
+
+
+@pytest.mark.parametrize(("mutate", "code"), [
+    (_shadow_buffer, "plan.zero.duplicate_name"),
+    (_shadow_frozen, "plan.zero.duplicate_name"),
+    (_alias_over_param, "plan.zero.duplicate_name"),
+    (_alias_to_nothing, "plan.zero.shared_params"),
+    (_name_in_two_groups, "plan.zero.duplicate_name"),
+])
+def test_one_name_from_two_sources_or_a_tie_to_nothing_is_refused(mutate, code: str) -> None:
+    """A buffer, frozen param or shared alias named like a trainable param replaced the fp32 master
+    weight in the output (the buffer: with the module's bf16 copy, and the tied head followed it),
+    and an alias tied to no parameter was dropped from the output: each was published without a word."""
+    ins, files, rels, trees = _zero_trees("deepspeed_zero2")
+    mutate(trees[rels[0]])
+    layout = {**ins.layout, "model_states": [{**ins.layout["model_states"][0],
+                                              "param_shapes": trees[rels[0]]["param_shapes"]}]}
+    with pytest.raises(PlanError) as e:
+        deepspeed.zero_plan(layout, trees, files, max_shard_bytes=1 << 30, trees_from="static_reader")
+    assert e.value.code == code
+
+
+@pytest.mark.parametrize("name", ["deepspeed_zero2", "deepspeed_zero3"])
+@pytest.mark.parametrize("key", ["zero_stage", "partition_count"])
+def test_optimizer_files_that_disagree_on_the_partitioning_are_refused(name: str, key: str) -> None:
+    """Only the first optimizer file's zero_stage and partition_count were read: a last file from
+    another save (another stage or world size) was partitioned by the first one's word."""
+    ins, files, rels, trees = _zero_trees(name)
+    sd = trees[rels[-1]]["optimizer_state_dict"]
+    sd[key] = {"__enum__": "deepspeed.runtime.zero.config.ZeroStageEnum", "value": 1} if key == "zero_stage" else [7]
+    with pytest.raises(PlanError) as e:
+        deepspeed.zero_plan(ins.layout, trees, files, max_shard_bytes=1 << 30, trees_from="static_reader")
+    assert e.value.code == "plan.zero.ranks_disagree" and rels[-1] in e.value.evidence["files"]

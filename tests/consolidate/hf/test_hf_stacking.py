@@ -13,9 +13,12 @@ stacked shape is refused with its typed code.  The real saves with that option
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import resource
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +204,48 @@ def test_two_keys_for_one_layer_or_expert_are_refused_not_one_dropped(spelling: 
     e = _refused([*keys, OutputTensor(name=spelling, dtype=twin.dtype, shape=twin.shape,
                                       placements=twin.placements)], fixture)
     assert e.code == "mapping.source.ambiguous" and sorted(e.evidence["tensors"]) == sorted([canonical, spelling])
+
+
+@contextlib.contextmanager
+def _address_space_grows_at_most(extra: int) -> Iterator[None]:
+    """Lower the soft address-space limit to what the process maps now plus ``extra`` bytes, so an
+    allocation that grows with a config's numbers fails with MemoryError instead of exhausting the host."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    mapped = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
+                  if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + extra, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.mark.parametrize(("fixture", "symbol", "first_missing"), [
+    ("megatron_hf_llama", "num_hidden_layers", [2, None, None]),
+    ("megatron_hf_qwen3_moe_ep2", "num_experts", [0, 4, "w"]),
+])
+def test_a_config_declaring_10e12_layers_or_experts_is_refused_without_listing_them(
+    fixture: str, symbol: str, first_missing: list[Any]
+) -> None:
+    """The per-layer keys are checked against the config member by member and by count: a config that
+    declares 10**12 layers (or experts) beside a save of 2 is refused at once, where listing every
+    member the config declares took memory without bound."""
+    config = _config(fixture)
+    key = next(k for k in ("num_experts", "num_local_experts") if k in config) if symbol == "num_experts" else symbol
+    config[key] = 10**12
+    d = declare(config)
+    with _address_space_grows_at_most(256 << 20), pytest.raises(MappingRefused) as e:
+        map_tensors(_keys(fixture), _items(fixture), d)
+    assert e.value.code == "mapping.per_layer.incomplete"
+    assert e.value.evidence["missing"][0] == first_missing and e.value.evidence["unexpected"] == []
+
+
+def test_a_layer_number_of_thousands_of_digits_is_a_tensor_no_rule_maps() -> None:
+    """``decoder.layers.<5000 digits>.x`` is no per-layer key (Python refuses to read an int of over 4300
+    digits: a ValueError and a traceback before): it stays a tensor of its own, refused as unmapped."""
+    keys = _keys()
+    t = keys[0]
+    odd = OutputTensor(name="decoder.layers." + "1" * 5000 + ".mlp.linear_fc2.weight", dtype=t.dtype,
+                       shape=t.shape, placements=t.placements)
+    e = _refused([*keys, odd])
+    assert e.code == "mapping.source.unmapped" and e.evidence["tensor"] == odd.name

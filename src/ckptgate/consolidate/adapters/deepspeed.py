@@ -27,6 +27,10 @@ what the static reader saw.  The rules follow DeepSpeed 0.19.8's ``zero_to_fp32.
 * ``shared_params`` are re-linked (written once per name); frozen params come from
   ``frozen_param_fragments`` in their saved dtype.  Buffers keep their saved dtype (zero_to_fp32
   up-casts floating buffers to fp32; ckptgate preserves dtypes and says so in the report).
+* One name, one source: a name that two of the param groups, the frozen params, the buffers and
+  the aliases give is refused (``plan.zero.duplicate_name``), and so is an alias of no parameter
+  (``plan.zero.shared_params``) and optimizer files that disagree on ``zero_stage`` or
+  ``partition_count`` (``plan.zero.ranks_disagree``).
 
 Universal checkpoints: :mod:`ckptgate.consolidate.adapters.deepspeed_universal`.
 """
@@ -34,6 +38,7 @@ Universal checkpoints: :mod:`ckptgate.consolidate.adapters.deepspeed_universal`.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -151,6 +156,21 @@ def _shapes(groups: Any, what: str) -> list[dict[str, tuple[int, ...]]]:
     return out
 
 
+def _add(out: dict[str, OutputTensor], t: OutputTensor, source: str, sources: dict[str, str]) -> None:
+    """Put ``t`` into ``out``; a name that one source (trainable param, frozen param, buffer, shared
+    alias) already gave is refused, never one of the two silently kept."""
+    if t.name in out:
+        raise PlanError(
+            "plan.zero.duplicate_name",
+            f"{t.name} is both a {sources[t.name]} and a {source} of the checkpoint",
+            evidence={"name": t.name, "sources": [sources[t.name], source]},
+            advice=f"Save the model again so that {t.name} names one tensor; ckptgate does not choose between "
+            f"the {sources[t.name]} and the {source} (`ckptgate inspect SRC` lists them).",
+        )
+    out[t.name] = t
+    sources[t.name] = source
+
+
 def _paths(layout: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     models = [m["path"] for m in layout.get("model_states", [])]
     optims = [o["path"] for o in sorted(layout.get("optim_states", []), key=lambda o: o.get("dp_rank", 0))]
@@ -183,6 +203,17 @@ def zero_tensors(
     osd = [_get(trees[p], "optimizer_state_dict", what=p) for p in optims]
     stage = _int(_get(osd[0], "zero_stage", what=optims[0]), "zero_stage")
     pc = _get(osd[0], "partition_count", what=optims[0])
+    for p, sd in zip(optims[1:], osd[1:], strict=True):
+        other = (_int(_get(sd, "zero_stage", what=p), "zero_stage"), _get(sd, "partition_count", what=p))
+        if other != (stage, pc):
+            raise PlanError(
+                "plan.zero.ranks_disagree",
+                f"{p} says ZeRO stage {other[0]}, partition_count {other[1]!r}; {optims[0]} says stage {stage}, "
+                f"partition_count {pc!r}",
+                evidence={"files": [optims[0], p]},
+                advice=f"Give SRC the optimizer state files of one save: {optims[0]} and {p} disagree on how the "
+                "parameters were partitioned.",
+            )
     world = max(_int(x, "partition_count") for x in pc) if isinstance(pc, list) else _int(pc, "partition_count")
     if world != len(optims) or world != layout.get("world_size", world):
         raise PlanError(
@@ -205,6 +236,7 @@ def zero_tensors(
     if len({len(g) for g in groups}) != 1:
         raise PlanError("plan.zero.groups", "ranks hold different numbers of fp32 groups")
     out: dict[str, OutputTensor] = {}
+    sources: dict[str, str] = {}
     report: dict[str, Any] = {
         "adapter": "deepspeed-zero",
         "zero_stage": stage,
@@ -213,20 +245,39 @@ def zero_tensors(
     }
     if isinstance(m0.get("ds_version"), str):
         report["ds_version"] = m0["ds_version"]
+    names = [name for g in shapes for name in g]
+    if len(set(names)) != len(names):  # a name in two groups would be walked twice and published once
+        twice = sorted(n for n, k in Counter(names).items() if k > 1)
+        raise PlanError(
+            "plan.zero.duplicate_name",
+            f"{twice[0]} is in more than one param_shapes group",
+            evidence={"names": twice[:20]},
+            advice=f"Save the model again so that {twice[0]} names one parameter (`ckptgate inspect SRC` lists "
+            "the param_shapes groups).",
+        )
     if stage == 3:
-        _zero3(shapes, groups, world, out)
+        _zero3(shapes, groups, world, out, sources)
     else:
         paddings = osd[0].get("param_alignment_paddings") if isinstance(osd[0], Mapping) else None
-        _zero2(shapes, groups, world, paddings, out)
-    _frozen(models, trees, smap, stage, world, out, report)
-    _buffers(models[0], m0, smap, out, report)
+        _zero2(shapes, groups, world, paddings, out, sources)
+    _frozen(models, trees, smap, stage, world, out, sources, report)
+    _buffers(models[0], m0, smap, out, sources, report)
     shared = m0.get("shared_params") or {}
-    if isinstance(shared, Mapping):
-        for alias, target in shared.items():
-            if target in out and alias not in out:
-                src = out[target]
-                out[alias] = OutputTensor(name=alias, dtype=src.dtype, shape=src.shape, placements=src.placements)
-        report["shared_params"] = [[a, t] for a, t in shared.items()]
+    if not isinstance(shared, Mapping) or not all(isinstance(v, str) for v in shared.values()):
+        raise RuntimeFailure("runtime.plan.bad_value", f"{models[0]}: shared_params is not name -> name")
+    for alias, target in shared.items():
+        src = out.get(target)
+        if src is None or sources.get(target) == "shared alias":
+            raise PlanError(
+                "plan.zero.shared_params",
+                f"shared_params links {alias} to {target[:200]}, which is no parameter of the checkpoint",
+                evidence={"alias": alias, "target": target[:200]},
+                advice=f"Save the model again: {alias} is tied to {target[:80]!r}, which param_shapes, "
+                "frozen_param_shapes and buffer_names do not hold (`ckptgate inspect SRC` lists them).",
+            )
+        tied = OutputTensor(name=alias, dtype=src.dtype, shape=src.shape, placements=src.placements)
+        _add(out, tied, "shared alias", sources)
+    report["shared_params"] = [[a, t] for a, t in shared.items()]
     return list(out.values()), report
 
 
@@ -236,6 +287,7 @@ def _zero2(
     world: int,
     paddings: Any,
     out: dict[str, OutputTensor],
+    sources: dict[str, str],
 ) -> None:
     if len(shapes) != len(groups[0]):
         raise PlanError("plan.zero.groups", f"{len(shapes)} param_shapes groups but {len(groups[0])} fp32 groups")
@@ -250,7 +302,12 @@ def _zero2(
         for pi, (name, shape) in enumerate(group_shapes.items()):
             n = numel(shape)
             placements = take(merged, offset, n, what=name) if n else []
-            out[name] = OutputTensor(name=name, dtype="F32", shape=shape, placements=tuple(placements))
+            _add(
+                out,
+                OutputTensor(name=name, dtype="F32", shape=shape, placements=tuple(placements)),
+                "trainable param",
+                sources,
+            )
             offset += n + (_int(pads[pi], "padding") if pads is not None else 0)
         aligned_off, aligned_avail = align * math.ceil(offset / align), align * math.ceil(avail / align)
         if aligned_off != aligned_avail:
@@ -263,7 +320,11 @@ def _zero2(
 
 
 def _zero3(
-    shapes: list[dict[str, tuple[int, ...]]], groups: list[list[Segment]], world: int, out: dict[str, OutputTensor]
+    shapes: list[dict[str, tuple[int, ...]]],
+    groups: list[list[Segment]],
+    world: int,
+    out: dict[str, OutputTensor],
+    sources: dict[str, str],
 ) -> None:
     sizes = [[s.count for s in rank] for rank in groups]
     if any(sz != sizes[0] for sz in sizes):
@@ -280,7 +341,12 @@ def _zero3(
             if k > 0:
                 placements += take(groups[r], offset, k, dst_elem=got, what=name)
                 got += k
-        out[name] = OutputTensor(name=name, dtype="F32", shape=shape, placements=tuple(placements))
+        _add(
+            out,
+            OutputTensor(name=name, dtype="F32", shape=shape, placements=tuple(placements)),
+            "trainable param",
+            sources,
+        )
         offset += part
     if offset != sum(sizes[0]):
         raise PlanError(
@@ -297,6 +363,7 @@ def _frozen(
     stage: int,
     world: int,
     out: dict[str, OutputTensor],
+    sources: dict[str, str],
     report: dict[str, Any],
 ) -> None:
     fshapes = trees[models[0]].get("frozen_param_shapes")
@@ -317,13 +384,14 @@ def _frozen(
             ]
         desc = _get(trees[models[0]], "frozen_param_fragments", name, what=models[0])["__tensor__"]
         dtype = st_dtype(str(desc.get("dtype")), what=name)
-        out[name] = OutputTensor(
-            name=name, dtype=dtype, shape=shape, placements=tuple(take(segs, 0, n, what=name)) if n else ()
-        )
+        placements = tuple(take(segs, 0, n, what=name)) if n else ()
+        _add(out, OutputTensor(name=name, dtype=dtype, shape=shape, placements=placements), "frozen param", sources)
     report["frozen_params"] = sorted(shapes)
 
 
-def _buffers(rel: str, m0: Any, smap: StorageMap, out: dict[str, OutputTensor], report: dict[str, Any]) -> None:
+def _buffers(
+    rel: str, m0: Any, smap: StorageMap, out: dict[str, OutputTensor], sources: dict[str, str], report: dict[str, Any]
+) -> None:
     names = m0.get("buffer_names") or []
     module = m0.get("module") or {}
     kept = []
@@ -333,7 +401,7 @@ def _buffers(rel: str, m0: Any, smap: StorageMap, out: dict[str, OutputTensor], 
             continue
         seg = smap.segment(rel, desc, what=name)
         t = desc["__tensor__"]
-        out[name] = segment_tensor(name, st_dtype(t["dtype"], what=name), t["shape"], seg)
+        _add(out, segment_tensor(name, st_dtype(t["dtype"], what=name), t["shape"], seg), "buffer", sources)
         kept.append(name)
     if kept:
         report["buffers_saved_dtype_kept"] = kept

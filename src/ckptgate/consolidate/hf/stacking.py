@@ -16,12 +16,14 @@ exactly once because the view is a bijection.  Nothing is read.  A family that d
 stacked shape exactly (a missing layer, expert or half, members of different shapes or dtypes, a
 layer number beyond the config's ``num_hidden_layers``), a key present both stacked and per
 layer, or two keys naming one member (``decoder.layers.1.`` and ``decoder.layers.01.``), is refused
-with a typed reason.
+with a typed reason.  A layer or expert number of more than 18 digits makes no per-layer key: the
+name stays a tensor of its own, which no rule maps (``mapping.source.unmapped``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -32,8 +34,8 @@ from ckptgate.consolidate.plan import DTYPE_SIZES, OutputTensor, merge_placement
 
 __all__ = ["stack_per_layer"]
 
-_LAYER = re.compile(r"^decoder\.layers\.([0-9]+)\.(.+)$")
-_EXPERT = re.compile(r"^mlp\.experts\.experts\.([0-9]+)\.(.+)$")
+_LAYER = re.compile(r"^decoder\.layers\.([0-9]{1,18})\.(.+)$")
+_EXPERT = re.compile(r"^mlp\.experts\.experts\.([0-9]{1,18})\.(.+)$")
 #: the two halves of a gated linear_fc1 saved with singleton_local_shards: _w (gate), then _v (up)
 _HALF = re.compile(r"^(.*linear_fc1\.(?:weight|bias))_([wv])$")
 _HALVES = ("w", "v")
@@ -89,21 +91,19 @@ def _stack(name: str, group: _Group, d: Declared) -> OutputTensor:
             tensor=name,
             shapes=shapes[:20],
         )
-    want = {
-        (i, e, h)
-        for i in range(layers)
-        for e in (range(experts) if experts is not None else (None,))
-        for h in (_HALVES if split else (None,))
-    }
-    if set(group.members) != want:
-        missing = sorted(want - set(group.members), key=str)
-        extra = sorted(set(group.members) - want, key=str)
-        what = f"{len(missing)} missing, first" if missing else f"{len(extra)} beyond the config, first"
+    # the members must be exactly every (layer, expert, half) the config declares: checked member by
+    # member and by count, never by listing what the config declares (a config may declare 10**12 layers)
+    per_layer = (experts if experts is not None else 1) * (2 if split else 1)
+    extra = sorted((k for k in group.members if not _declared(k, layers, experts, split)), key=str)
+    if extra or len(group.members) != layers * per_layer:
+        missing = [] if extra else _first_missing(group.members, layers, experts, split)
+        short = layers * per_layer - len(group.members)
+        what = f"{len(extra)} beyond the config, first" if extra else f"{short} missing, first"
         raise _refuse(
             "mapping.per_layer.incomplete",
             f"{name}: its per-layer keys do not tile {layers} layers"
             + (f" x {experts} experts" if experts is not None else "")
-            + f" ({what} {(missing or extra)[0]} as (layer, expert, half))",
+            + f" ({what} {(extra or missing)[0]} as (layer, expert, half))",
             tensor=name,
             missing=[list(k) for k in missing[:20]],
             unexpected=[list(k) for k in extra[:20]],
@@ -117,6 +117,27 @@ def _stack(name: str, group: _Group, d: Declared) -> OutputTensor:
         placements += [dataclasses.replace(p, dst_offset=p.dst_offset + at) for p in t.placements]
     lead = (layers, experts) if experts is not None else (layers,)
     return OutputTensor(name=name, dtype=first.dtype, shape=(*lead, *inner), placements=merge_placements(placements))
+
+
+def _declared(key: tuple[int, int | None, str | None], layers: int, experts: int | None, split: bool) -> bool:
+    """Whether ``key`` (layer, expert, half) is a member the config declares."""
+    i, e, h = key
+    in_experts = e is None if experts is None else e is not None and 0 <= e < experts
+    return 0 <= i < layers and in_experts and (h in _HALVES if split else h is None)
+
+
+def _first_missing(
+    members: Mapping[tuple[int, int | None, str | None], Any], layers: int, experts: int | None, split: bool
+) -> list[tuple[int, int | None, str | None]]:
+    """The first declared members absent from ``members`` (all of them declared), in row-major order:
+    among the first ``len(members) + 20`` declared keys, so never more than that is listed."""
+    keys = (  # a generator: itertools.product would first make a tuple of range(layers)
+        (i, e, h)
+        for i in range(layers)
+        for e in (range(experts) if experts is not None else (None,))
+        for h in (_HALVES if split else (None,))
+    )
+    return [k for k in itertools.islice(keys, len(members) + 20) if k not in members][:20]
 
 
 def stack_per_layer(tensors: Sequence[OutputTensor], d: Declared) -> tuple[list[OutputTensor], dict[str, list[str]]]:

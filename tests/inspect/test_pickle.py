@@ -492,3 +492,15 @@ def test_a_rebuild_inside_a_rebuild_is_followed_as_far_as_producers_nest() -> No
         inner = _from_type_of(inner)
     rep = read_pickle(b"\x80\x02}(" + p_str("w") + inner + b"u.", path="p")
     assert "pickle.tensor_state" in [f.code for f in rep.findings]
+
+
+def test_a_python2_name_and_its_python3_name_are_one_key() -> None:
+    """A protocol 2 pickle's ``__builtin__.object`` is imported as ``builtins.object`` (fix_imports):
+    {builtins.object: A, __builtin__.object: B} was two keys to a DeepSpeed file's reader, and
+    the one key object, holding B, to torch.load (weights_only=False, as DeepSpeed loads)."""
+    data = b"\x80\x02}(cbuiltins\nobject\nK\x07c__builtin__\nobject\nK\x08u."
+    assert pickle.loads(data) == {object: 8}  # noqa: S301 - object and constants only
+    rep = read_pickle(data, path="p", context="deepspeed")
+    assert [f.code for f in rep.findings] == ["pickle.duplicate_key"]
+    fine = read_pickle(data.replace(b"c__builtin__\nobject\n", p_str("x")), path="p", context="deepspeed")
+    assert fine.findings == ()

@@ -446,13 +446,15 @@ _SET_STORAGE_1 = b"(" + _storage("1") + b"K\x00(K\x04t(K\x01ttb"  # BUILD: Tenso
     ("tensor", "torch_sees"),
     [
         (_v2() + _SET_STORAGE_1, [6.0] * 4),  # BUILD re-points the tensor at storage 1
+        (_v2() + b")b", []),  # an empty state: Tensor.set_(), an empty tensor
+        (_v2() + b"}b", []),
         (_v2(b"}(" + p_str("neg") + b"\x88u"), [-1.0, -2.0, -3.0, -4.0]),  # metadata: the neg bit
         (_from_type(b"}(" + p_str("data") + _v2().replace(b"0X\x03", b"1X\x03") + b"u"), [6.0] * 4),  # setattr data
         (_from_type_of(_v2(_NEG)), [-1.0, -2.0, -3.0, -4.0]),  # the metadata of the rebuild it calls
         (b"ctorch._utils\n_rebuild_parameter\n(" + _from_type_of(_v2(_NEG)) + b"\x89ccollections\nOrderedDict\n)RtR",
          [-1.0, -2.0, -3.0, -4.0]),
     ],
-    ids=["build_set_", "metadata_neg", "from_type_state_data", "from_type_inner_metadata", "parameter_of_it"],
+    ids=["build_set_", "build_empty_tuple", "build_empty_dict", "metadata_neg", "from_type_state_data", "from_type_inner_metadata", "parameter_of_it"],
 )
 def test_state_torch_applies_to_a_rebuilt_tensor_is_refused(tensor: bytes, torch_sees: list[float],
                                                              tmp_path: Path) -> None:

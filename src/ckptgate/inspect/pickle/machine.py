@@ -212,10 +212,11 @@ class Machine:
         self._call_site(op, target, pos)
         return Call(opcode=op, func=func, args=args, kwargs=kwargs)
 
-    def tensor_built(self, target: Call, state: Any, pos: int) -> None:
-        """BUILD on the result of a tensor rebuild (or a ``torch.Size``): refused unless it sets nothing."""
+    def tensor_built(self, target: Call, pos: int) -> None:
+        """BUILD on the result of a tensor rebuild (or a ``torch.Size``), which the pickler never
+        writes, is refused whatever its state: an empty one is ``Tensor.set_()``, an empty tensor."""
         f = target.func.dotted if isinstance(target.func, Global) else None
-        if f in _TENSOR_STATE_ARG and not _no_state(state):
+        if f in _TENSOR_STATE_ARG:
             self._tensor_state("BUILD", f, pos)
 
     def _tensor_state(self, op: str, target: str, pos: int) -> None:

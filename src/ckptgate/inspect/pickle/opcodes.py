@@ -286,7 +286,7 @@ class Reader(Machine):
         if isinstance(target, Call):
             tname = target.func.dotted if isinstance(target.func, Global) else "<unresolved>"
             self._call_site("BUILD", tname, pos)
-            self.tensor_built(target, state, pos)
+            self.tensor_built(target, pos)
             target.state = state
         else:
             self.outside = True

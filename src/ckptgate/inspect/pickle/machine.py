@@ -214,7 +214,7 @@ class Machine:
 
     def tensor_built(self, target: Call, pos: int) -> None:
         """BUILD on the result of a tensor rebuild (or a ``torch.Size``), which the pickler never
-        writes, is refused whatever its state: an empty one is ``Tensor.set_()``, an empty tensor."""
+        writes, is refused, an empty state too: ``Tensor.set_()`` empties the tensor."""
         f = target.func.dotted if isinstance(target.func, Global) else None
         if f in _TENSOR_STATE_ARG:
             self._tensor_state("BUILD", f, pos)

@@ -429,6 +429,16 @@ def _from_type(state: bytes) -> bytes:
     )
 
 
+_NEG = b"}(" + p_str("neg") + b"\x88u"
+_FROM_TYPE = b"ctorch._tensor\n_rebuild_from_type_v2\n"
+
+
+def _from_type_of(rebuild: bytes, state: bytes = b"}") -> bytes:
+    """``_rebuild_from_type_v2(f, Tensor, args, state)`` for the REDUCE ``rebuild`` = ``f(*args)``."""
+    func, args = rebuild[: rebuild.index(b"\n", rebuild.index(b"\n") + 1) + 1], rebuild.rsplit(b"R", 1)[0]
+    return _FROM_TYPE + b"(" + func + b"ctorch\nTensor\n" + args[len(func) :] + state + b"tR"
+
+
 _SET_STORAGE_1 = b"(" + _storage("1") + b"K\x00(K\x04t(K\x01ttb"  # BUILD: Tensor.set_(storage 1, 0, (4,), (1,))
 
 
@@ -436,10 +446,15 @@ _SET_STORAGE_1 = b"(" + _storage("1") + b"K\x00(K\x04t(K\x01ttb"  # BUILD: Tenso
     ("tensor", "torch_sees"),
     [
         (_v2() + _SET_STORAGE_1, [6.0] * 4),  # BUILD re-points the tensor at storage 1
+        (_v2() + b")b", []),  # an empty state: Tensor.set_(), an empty tensor
+        (_v2() + b"}b", []),
         (_v2(b"}(" + p_str("neg") + b"\x88u"), [-1.0, -2.0, -3.0, -4.0]),  # metadata: the neg bit
         (_from_type(b"}(" + p_str("data") + _v2().replace(b"0X\x03", b"1X\x03") + b"u"), [6.0] * 4),  # setattr data
+        (_from_type_of(_v2(_NEG)), [-1.0, -2.0, -3.0, -4.0]),  # the metadata of the rebuild it calls
+        (b"ctorch._utils\n_rebuild_parameter\n(" + _from_type_of(_v2(_NEG)) + b"\x89ccollections\nOrderedDict\n)RtR",
+         [-1.0, -2.0, -3.0, -4.0]),
     ],
-    ids=["build_set_", "metadata_neg", "from_type_state_data"],
+    ids=["build_set_", "build_empty_tuple", "build_empty_dict", "metadata_neg", "from_type_state_data", "from_type_inner_metadata", "parameter_of_it"],
 )
 def test_state_torch_applies_to_a_rebuilt_tensor_is_refused(tensor: bytes, torch_sees: list[float],
                                                              tmp_path: Path) -> None:
@@ -465,3 +480,29 @@ def test_a_subclass_state_producers_write_is_read(state: bytes) -> None:
     assert read_pickle(data, path="p").findings == ()
     bad = data.replace(p_str("ds_id") + p_str("0_11"), p_str("ds_id") + b"K\x01")
     assert bad == data or [f.code for f in read_pickle(bad, path="p").findings] == ["pickle.tensor_state"]
+
+
+def test_a_rebuild_inside_a_rebuild_is_followed_as_far_as_producers_nest() -> None:
+    """``_rebuild_from_type_v2`` calls the rebuild it names with the arguments it holds: their
+    metadata is applied as if the pickle had called it.  One level of nesting is read; a chain
+    deeper than any producer writes is not followed (each level would be walked at every call)."""
+    inner = _v2()
+    for _ in range(2):
+        inner = _from_type_of(inner)
+    assert read_pickle(b"\x80\x02}(" + p_str("w") + inner + b"u.", path="p").findings == ()
+    for _ in range(4):
+        inner = _from_type_of(inner)
+    rep = read_pickle(b"\x80\x02}(" + p_str("w") + inner + b"u.", path="p")
+    assert "pickle.tensor_state" in [f.code for f in rep.findings]
+
+
+def test_a_python2_name_and_its_python3_name_are_one_key() -> None:
+    """A protocol 2 pickle's ``__builtin__.object`` is imported as ``builtins.object`` (fix_imports):
+    {builtins.object: A, __builtin__.object: B} was two keys to a DeepSpeed file's reader, and
+    the one key object, holding B, to torch.load (weights_only=False, as DeepSpeed loads)."""
+    data = b"\x80\x02}(cbuiltins\nobject\nK\x07c__builtin__\nobject\nK\x08u."
+    assert pickle.loads(data) == {object: 8}  # noqa: S301 - object and constants only
+    rep = read_pickle(data, path="p", context="deepspeed")
+    assert [f.code for f in rep.findings] == ["pickle.duplicate_key"]
+    fine = read_pickle(data.replace(b"c__builtin__\nobject\n", p_str("x")), path="p", context="deepspeed")
+    assert fine.findings == ()

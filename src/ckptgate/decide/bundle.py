@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from ckptgate import _resources  # looked up on use, so a test can stand in for where resources are
 from ckptgate._resources import OPA_PINNED, OPA_SUPPORTED
+from ckptgate.decide._opaproc import fd_path
 from ckptgate.errors import EngineUnavailable, UsageError
 from ckptgate.userfiles import check_output_file
 from ckptgate.verify.dsse import KeySigner
@@ -277,7 +278,7 @@ class PolicyBundle:
             _opa(
                 "sign",
                 "--signing-key",
-                f"/proc/self/fd/{key_fd}",
+                fd_path(key_fd),
                 "--signing-alg",
                 SIGNING_ALG,
                 "--bundle",

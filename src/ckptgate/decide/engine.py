@@ -48,6 +48,7 @@ from ckptgate import workdirs
 from ckptgate._resources import default_policy_dir
 from ckptgate.decide._http import Late, OpaHttp, Unreachable
 from ckptgate.decide._opaproc import die_with_parent as _die_with_parent
+from ckptgate.decide._opaproc import fd_path as _fd_path
 from ckptgate.decide._opaproc import tail as _tail
 from ckptgate.decide.bundle import OPA_ZONE_ENV, PolicyBundle, find_opa
 from ckptgate.decide.inputs import DecisionInput, sha256_of
@@ -343,7 +344,7 @@ class EmbeddedOpa(_ClientEngine):
         # through a descriptor of that directory: a Unix socket address holds at most 107 bytes, which a
         # work directory under a deep TMPDIR or XDG_RUNTIME_DIR would exceed
         self._dir_fd = os.open(self._workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        sock = f"/proc/self/fd/{self._dir_fd}/{_SOCKET}"
+        sock = f"{_fd_path(self._dir_fd)}/{_SOCKET}"
         env = {
             "PATH": os.environ.get("PATH", ""),
             "CKPTGATE_OPA_TOKEN_SHA256": hashlib.sha256(token.encode()).hexdigest(),

@@ -117,20 +117,44 @@ def inspect_torch_zip(
     values: dict[str, str] = {}
     used: dict[str, str] = {}
 
+    leaves: set[str] = set()  # the names given so far
+    named_twice: set[str] = set()
+
+    def leaf(p: str) -> None:
+        """A tensor or value is named by its key path: two under one name are never two readings.
+        A key the reader could not compare (a call's result, a long or nested tuple) repeats
+        there, where torch.load keeps the last value alone; distinct keys such as ``1`` and
+        ``'1'``, or ``'a.b'`` and ``a`` -> ``b``, are one name to the layout and to a plan."""
+        if p in leaves and p not in named_twice:
+            named_twice.add(p)
+            findings.append(
+                error(
+                    "torch.name_repeats",
+                    path,
+                    f"two values of the pickle are named {p[:200]!r} (a key that repeats, or keys "
+                    "written alike): torch.load keeps one value of a repeated key, the layout listed both",
+                    name=p[:200],
+                )
+            )
+        leaves.add(p)
+
     def visit(p: str, v: Any) -> bool:
         if isinstance(v, Call):
             ta = _tensor_args(v)
             if ta is None:
                 if v.dict_items is None:
+                    leaf(p)
                     values[p] = f"call:{v.func.dotted if isinstance(v.func, Global) else '?'}"
                     return True
                 return False
+            leaf(p)
             t = _tensor(p, ta, records, base, findings, path, used)
             if t is not None:
                 tensors.append(t)
             return True
         if isinstance(v, (SDict, SList, tuple)):
             return False
+        leaf(p)
         values[p] = type(v).__name__
         return True
 

@@ -70,6 +70,28 @@ _TENSOR_STATE_ARG = {
 }
 
 
+#: ``_rebuild_from_type_v2`` calls its first argument with its third: the rebuild inside is
+#: followed this many levels (producers write one; each level is a tuple the pickle spelled out)
+_MAX_REBUILD_NESTING = 4
+
+
+def _applies_state(target: str, args: Any) -> bool:
+    """Whether a call of ``target`` with ``args`` applies a state or metadata to the tensor it
+    rebuilds, counting the rebuild ``_rebuild_from_type_v2(func, type, args, state)`` makes of
+    ``func(*args)``: its metadata is applied as if the pickle had called ``func`` itself."""
+    for _ in range(_MAX_REBUILD_NESTING + 1):  # the calls, then the rebuild they name
+        i = _TENSOR_STATE_ARG.get(target)
+        if not isinstance(args, tuple):
+            return False
+        plain = _plain_attributes if target.endswith("_from_type_v2") else _no_state
+        if i is not None and len(args) > i and not plain(args[i]):
+            return True
+        if target != "torch._tensor._rebuild_from_type_v2" or len(args) < 3 or not isinstance(args[0], Global):
+            return False
+        target, args = args[0].dotted, args[2]
+    return True  # nested deeper than any producer writes: not followed, so not read as plain
+
+
 _CHARGE_EVERY = 1024  # opcodes between charges to the work budget
 
 
@@ -163,11 +185,7 @@ class Machine:
                 )
             elif target == "copyreg._reconstructor" and target in self.allow.callables:
                 self._check_reconstructor(args, pos)
-            elif (i := _TENSOR_STATE_ARG.get(target)) is not None and (
-                isinstance(args, tuple)
-                and len(args) > i
-                and not (_plain_attributes if target.endswith("_from_type_v2") else _no_state)(args[i])
-            ):
+            elif _applies_state(target, args):
                 self._tensor_state(op, target, pos)
             elif (target in self.allow.dict_like or target in self.allow.list_like) and not (
                 _empty(args) and _empty(kwargs)
@@ -194,10 +212,11 @@ class Machine:
         self._call_site(op, target, pos)
         return Call(opcode=op, func=func, args=args, kwargs=kwargs)
 
-    def tensor_built(self, target: Call, state: Any, pos: int) -> None:
-        """BUILD on the result of a tensor rebuild (or a ``torch.Size``): refused unless it sets nothing."""
+    def tensor_built(self, target: Call, pos: int) -> None:
+        """BUILD on the result of a tensor rebuild (or a ``torch.Size``), which the pickler never
+        writes, is refused, an empty state too: ``Tensor.set_()`` empties the tensor."""
         f = target.func.dotted if isinstance(target.func, Global) else None
-        if f in _TENSOR_STATE_ARG and not _no_state(state):
+        if f in _TENSOR_STATE_ARG:
             self._tensor_state("BUILD", f, pos)
 
     def _tensor_state(self, op: str, target: str, pos: int) -> None:

@@ -9,6 +9,7 @@ whose methods they would call.
 from __future__ import annotations
 
 import re
+from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
 from typing import Any
 
 from ckptgate.inspect.pickle.machine import Abort, Machine
@@ -285,7 +286,7 @@ class Reader(Machine):
         if isinstance(target, Call):
             tname = target.func.dotted if isinstance(target.func, Global) else "<unresolved>"
             self._call_site("BUILD", tname, pos)
-            self.tensor_built(target, state, pos)
+            self.tensor_built(target, pos)
             target.state = state
         else:
             self.outside = True
@@ -322,6 +323,7 @@ class Reader(Machine):
         for k, _v in pairs:
             if not _constant(k):
                 continue
+            k = tuple(map(_python3_name, k)) if isinstance(k, tuple) else _python3_name(k)
             if k in seen:
                 self.err(
                     "pickle.duplicate_key",
@@ -411,6 +413,15 @@ Reader.HANDLERS = {
 
 
 _SCALAR = (str, bytes, int, float, Global, type(None))
+
+
+def _python3_name(k: Any) -> Any:
+    """A global as the unpickler imports it: a Python 2 name (``__builtin__.object``) is fixed to
+    its Python 3 one (``builtins.object``, one key with it) by pickle's own tables (fix_imports)."""
+    if not isinstance(k, Global):
+        return k
+    module, name = NAME_MAPPING.get((k.module, k.name), (IMPORT_MAPPING.get(k.module, k.module), k.name))
+    return Global(module, name)
 
 
 def _constant(k: Any) -> bool:

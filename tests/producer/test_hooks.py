@@ -521,6 +521,20 @@ def _code(call):
         return e.code
 
 
+def _later(path: Path, delay: float):
+    """A rank's call: after ``delay`` seconds, ``attest_saved(path)``'s outcome (its error code on a refusal)."""
+
+    def call():
+        import time
+
+        from ckptgate.hooks import attest_saved
+
+        time.sleep(delay)
+        return _code(lambda: attest_saved(path))
+
+    return call
+
+
 @pytest.mark.parametrize("mains", [(False, False, False), (True, True, False), (None, True, False)])
 def test_unless_exactly_one_rank_is_the_main_process_every_rank_raises_and_nothing_is_signed(
     tmp_path: Path, fake_ranks, mains: tuple[bool | None, ...]
@@ -616,24 +630,13 @@ def test_threads_saving_different_checkpoints_out_of_step_are_not_a_path_mismatc
     """Rank 0 saves A then (another thread) B; rank 1 saves B first and A seconds later: each rank waits in a
     call the other has not made yet, for a checkpoint that is there, for longer than a poll; every call is
     attested, none is taken for a path mismatch."""
-    import time
-
     for name in ("A", "B"):
         (tmp_path / name).mkdir()
     attested: list[str] = []
     ranks = fake_ranks(2, attested)
     ranks.store.timeout = 60.0
-    from ckptgate.hooks import attest_saved
-
-    def later(name: str, delay: float):
-        def call():
-            time.sleep(delay)
-            return _code(lambda: attest_saved(tmp_path / name))
-
-        return call
-
-    got = _run_ranks(ranks, {(0, "A"): later("A", 0), (0, "B"): later("B", 3.5),
-                             (1, "B"): later("B", 0), (1, "A"): later("A", 3.5)})
+    got = _run_ranks(ranks, {(0, "A"): _later(tmp_path / "A", 0), (0, "B"): _later(tmp_path / "B", 3.5),
+                             (1, "B"): _later(tmp_path / "B", 0), (1, "A"): _later(tmp_path / "A", 3.5)})
     assert got == {(0, "A"): "A", (0, "B"): "B", (1, "B"): None, (1, "A"): None}
     assert sorted(attested) == ["A", "B"] and _left(ranks) == {}
 
@@ -658,25 +661,15 @@ def test_a_later_checkpoint_not_yet_on_this_node_is_not_a_path_mismatch(tmp_path
     ``step-100`` by a mount point this node lacks: it was taken for a path mismatch after two polls and both
     saves failed.  Now a spelling absent here counts only where it names a folder of the same name."""
     import threading
-    import time
 
     (tmp_path / "step-100").mkdir()
     attested: list[str] = []
     ranks = fake_ranks(2, attested)
     ranks.store.timeout = 60.0
-    from ckptgate.hooks import attest_saved
-
-    def later(name: str, delay: float):
-        def call():
-            time.sleep(delay)
-            return _code(lambda: attest_saved(tmp_path / name))
-
-        return call
-
     timer = threading.Timer(4.0, lambda: (tmp_path / "step-200").mkdir())  # rank 0 writes step-200 later
     timer.start()
-    got = _run_ranks(ranks, {(0, "100"): later("step-100", 0), (0, "200"): later("step-200", 4.5),
-                             (1, "200"): later("step-200", 0), (1, "100"): later("step-100", 4.5)})
+    got = _run_ranks(ranks, {(0, "100"): _later(tmp_path / "step-100", 0), (0, "200"): _later(tmp_path / "step-200", 4.5),
+                             (1, "200"): _later(tmp_path / "step-200", 0), (1, "100"): _later(tmp_path / "step-100", 4.5)})
     timer.join()
     assert got == {(0, "100"): "step-100", (0, "200"): "step-200", (1, "200"): None, (1, "100"): None}
     assert sorted(attested) == ["step-100", "step-200"] and _left(ranks) == {}
